@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: Apache-2.0
+# Helpers for hetmesh's own tests, examples, benchmarks and tools (not installed).
+
+# Strict warnings for our own targets only; never on the library's INTERFACE.
+function(hetmesh_strict_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>)
+endfunction()
+
+# Adds every direct subdirectory of DIR that holds a CMakeLists.txt, in sorted order, so each room
+# owns its own CMakeLists.txt and nobody edits a shared list.
+function(hetmesh_add_subdirectories dir)
+  file(GLOB children RELATIVE "${CMAKE_CURRENT_SOURCE_DIR}/${dir}" "${CMAKE_CURRENT_SOURCE_DIR}/${dir}/*")
+  list(SORT children)
+  foreach(child IN LISTS children)
+    if(EXISTS "${CMAKE_CURRENT_SOURCE_DIR}/${dir}/${child}/CMakeLists.txt")
+      add_subdirectory("${dir}/${child}")
+    endif()
+  endforeach()
+endfunction()
+
+# hetmesh_executable(NAME SOURCES ... [LIBS ...]): an example, benchmark or tool with strict warnings.
+function(hetmesh_executable name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE hetmesh::hetmesh ${ARG_LIBS})
+  hetmesh_strict_warnings(${name})
+endfunction()

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh: configuration macros. Every HETMESH_ macro lives here; a user may define any of them
+// before the first include to override the default (fmt's pattern: user value, else detect, else default).
+#pragma once
+
+/// Assertion levels, from cheapest to most expensive. A check runs when its level is at most
+/// HETMESH_ASSERTION_LEVEL.
+///   0 off        : no checks at all.
+///   1 normal     : O(1) or O(n) local precondition checks (the default).
+///   2 collective : checks that communicate (e.g. plan hashes agree across ranks).
+///   3 heavy      : checks that cost more than the operation they guard (e.g. re-verifying a plan).
+#define HETMESH_ASSERTION_LEVEL_OFF 0
+#define HETMESH_ASSERTION_LEVEL_NORMAL 1
+#define HETMESH_ASSERTION_LEVEL_COLLECTIVE 2
+#define HETMESH_ASSERTION_LEVEL_HEAVY 3
+
+#ifndef HETMESH_ASSERTION_LEVEL
+#define HETMESH_ASSERTION_LEVEL HETMESH_ASSERTION_LEVEL_NORMAL
+#endif
+
+/// Default timeout of a collective, in milliseconds, after which it raises `timeout_error`
+/// instead of waiting forever. Communicators take a run-time value; this is only the default.
+#ifndef HETMESH_DEFAULT_TIMEOUT_MS
+#define HETMESH_DEFAULT_TIMEOUT_MS 60000
+#endif
+
+/// Whether the MPI backend is available (set by the hetmesh::mpi CMake target).
+#ifndef HETMESH_HAS_MPI
+#define HETMESH_HAS_MPI 0
+#endif
+
+/// Whether the NCCL backend is available (set by the hetmesh::nccl CMake target).
+#ifndef HETMESH_HAS_NCCL
+#define HETMESH_HAS_NCCL 0
+#endif
+
+/// Function annotation for code callable on host and device.
+#ifndef HETMESH_HOST_DEVICE
+#if defined(__CUDACC__)
+#define HETMESH_HOST_DEVICE __host__ __device__
+#else
+#define HETMESH_HOST_DEVICE
+#endif
+#endif
+
+#define HETMESH_VERSION_MAJOR 0
+#define HETMESH_VERSION_MINOR 1
+#define HETMESH_VERSION_PATCH 0

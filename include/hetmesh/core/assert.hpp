@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh: leveled assertions. A failed check throws hetmesh::assertion_error (never aborts), naming
+// the expression, the location and a formatted explanation.
+#pragma once
+
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "../config.hpp"
+#include "error.hpp"
+
+namespace hetmesh {
+
+/// Assertion levels as values, for `if constexpr (assertion_enabled(assertion_level::heavy))`.
+enum class assertion_level : int {
+  off = HETMESH_ASSERTION_LEVEL_OFF,
+  normal = HETMESH_ASSERTION_LEVEL_NORMAL,
+  collective = HETMESH_ASSERTION_LEVEL_COLLECTIVE,
+  heavy = HETMESH_ASSERTION_LEVEL_HEAVY,
+};
+
+/// True when checks of level `level` are compiled in.
+[[nodiscard]] constexpr bool assertion_enabled(assertion_level level) noexcept {
+  return static_cast<int>(level) <= HETMESH_ASSERTION_LEVEL && level != assertion_level::off;
+}
+
+namespace detail {
+[[noreturn]] inline void assertion_failed(std::string_view expr, std::string_view file, int line,
+                                          const std::string& explanation) {
+  throw assertion_error(fmt::format("assertion `{}` failed at {}:{}: {}", expr, file, line, explanation));
+}
+}  // namespace detail
+
+}  // namespace hetmesh
+
+/// HETMESH_ASSERT_AT(level, cond, fmt, args...): checks `cond` when `level` (off, normal, collective,
+/// heavy) is enabled; otherwise the condition is not evaluated.
+#define HETMESH_ASSERT_AT(level, cond, ...)                                                         \
+  do {                                                                                              \
+    if constexpr (::hetmesh::assertion_enabled(::hetmesh::assertion_level::level)) {                \
+      if (!(cond)) {                                                                                \
+        ::hetmesh::detail::assertion_failed(#cond, __FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
+      }                                                                                             \
+    }                                                                                               \
+  } while (false)
+
+/// HETMESH_ASSERT(cond, fmt, args...): a normal-level precondition check.
+#define HETMESH_ASSERT(cond, ...) HETMESH_ASSERT_AT(normal, cond, __VA_ARGS__)

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh: the exception hierarchy. Every run-time failure hetmesh reports derives from
+// hetmesh::error and carries context: what was being done, and what was expected.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace hetmesh {
+
+/// Base of every exception hetmesh throws. `what()` is the full message: the context frames added
+/// on the way up (outermost first), then the original message.
+class error : public std::runtime_error {
+ public:
+  explicit error(const std::string& message) : std::runtime_error(message), message_(message) {}
+
+  /// The message without context frames.
+  [[nodiscard]] const std::string& message() const noexcept { return message_; }
+
+  /// Adds an outer context frame ("while planning step 7") and returns *this, for rethrow.
+  /// Usage: `catch (hetmesh::error& e) { e.add_context("while ..."); throw; }`
+  error& add_context(const std::string& frame) {
+    full_ = frame + ": " + (full_.empty() ? message_ : full_);
+    return *this;
+  }
+
+  [[nodiscard]] const char* what() const noexcept override {
+    return full_.empty() ? std::runtime_error::what() : full_.c_str();
+  }
+
+ private:
+  std::string message_;
+  std::string full_;
+};
+
+/// A value, size or configuration the caller passed is not acceptable (bad extents, unknown names,
+/// lengths a scheme cannot split, weights that do not sum to one, ...).
+class invalid_argument : public error {
+ public:
+  using error::error;
+};
+
+/// The request is well-formed but does not fit: a sample longer than any rank can hold, a batch that
+/// exceeds capacity even with full offloading.
+class capacity_error : public error {
+ public:
+  using error::error;
+};
+
+/// A collective could not complete within its timeout (a rank never arrived).
+class timeout_error : public error {
+ public:
+  using error::error;
+};
+
+/// Ranks disagree: mismatched sizes in a collective, plan hashes that differ across ranks.
+class mismatch_error : public error {
+ public:
+  using error::error;
+};
+
+/// Data on disk or on the wire is corrupt, truncated, or does not match its index.
+class data_error : public error {
+ public:
+  using error::error;
+};
+
+/// A backend (MPI, NCCL, CUDA) reported failure; `code()` is the backend's own status code and the
+/// message includes the backend's own error text.
+class backend_error : public error {
+ public:
+  backend_error(const std::string& message, int code) : error(message), code_(code) {}
+  [[nodiscard]] int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+/// A precondition checked by HETMESH_ASSERT failed.
+class assertion_error : public error {
+ public:
+  using error::error;
+};
+
+/// Throws E with a message formatted by fmt. `throw_error<invalid_argument>("cp={} ...", cp)`.
+template <class E, class... Args>
+[[noreturn]] void throw_error(fmt::format_string<Args...> format, Args&&... args) {
+  throw E(fmt::format(format, std::forward<Args>(args)...));
+}
+
+}  // namespace hetmesh
