@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::balance: the step model every balancer optimises and every benchmark reports. A step is a
+// set of tasks; a task runs on one rank (a packed micro-batch) or on a ring of ranks (a long sequence
+// split zigzag, or a packed row under static context parallelism), all members together. Each rank
+// runs its tasks in increasing global order; a ring starts when its last member is free. The step
+// ends when the last rank finishes. All of this is *modelled* time from cost/ models, never measured.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "../cost/comm.hpp"
+#include "../cost/compute.hpp"
+#include "../cost/fixed.hpp"
+
+namespace hetmesh::balance {
+
+/// Prices tasks: backbone compute (`llm`, layers of one pipeline stage times `pp_stages` is the whole
+/// model; `llm.layers` is the whole model here), ring communication over `net`, and the size of the
+/// K and V a ring passes per token per layer (`kv_bytes_per_token`; 2 x 8 KV heads x 128 dims x 2 bytes
+/// = 4096 for a GQA 7B-class model).
+struct step_model {
+  cost::llm_compute llm{cost::bytescale_fig6a_layer(), 32, 3.0};
+  cost::network net{};
+  double kv_bytes_per_token = 4096.0;
+  int pp_stages = 1;
+
+  /// One rank running one packed row of `docs`. O(docs).
+  [[nodiscard]] cost::fixed pack_time(std::span<const std::int64_t> docs) const {
+    return cost::fixed::from_units(llm.packed_row(docs));
+  }
+  /// Per-rank time of a ring of `degree` ranks over one causal sequence of s tokens (zigzag shards):
+  /// per layer max(shard compute, (D-1) KV hops), the hop over the inter-node link when the ring
+  /// spans nodes. O(1).
+  [[nodiscard]] cost::fixed ring_time(std::int64_t s, int degree, bool spans_nodes) const {
+    return ring_row_time(std::span<const std::int64_t>(&s, 1), degree, spans_nodes);
+  }
+  /// Per-rank time of a packed row of `docs` split over a ring of `degree` ranks (THD zigzag per
+  /// document: each rank holds 1/D of every document's mask area and tokens). O(docs).
+  [[nodiscard]] cost::fixed ring_row_time(std::span<const std::int64_t> docs, int degree, bool spans_nodes) const {
+    if (degree < 1) throw_error<invalid_argument>("balance::step_model: ring of {} ranks; expected >= 1", degree);
+    if (degree == 1) return pack_time(docs);
+    double quad_lin = 0.0;
+    double tokens = 0.0;
+    for (auto l : docs) {
+      const double x = static_cast<double>(l);
+      quad_lin += (llm.layer.a * x + llm.layer.b) * x;
+      tokens += x;
+    }
+    const double d = static_cast<double>(degree);
+    const double compute = quad_lin / d + llm.layer.c;
+    const cost::link& l = spans_nodes ? net.inter : net.intra;
+    const double comm = (d - 1.0) * l.time(kv_bytes_per_token * tokens / d);
+    const double per_layer = std::max(compute, comm);
+    return cost::fixed::from_units(static_cast<double>(llm.layers) * llm.train_factor * per_layer);
+  }
+  /// Whether `ring` spans more than one node of `net`.
+  [[nodiscard]] bool spans_nodes(std::span<const int> ring) const noexcept {
+    for (int r : ring)
+      if (net.node_of(r) != net.node_of(ring.front())) return true;
+    return false;
+  }
+
+  friend bool operator==(const step_model&, const step_model&) = default;
+  void hash_append(hasher& h) const { append_all(h, llm, net, kv_bytes_per_token, pp_stages); }
+};
+
+/// One task of a step: its ranks (one, or a ring), its global order key and its modelled duration.
+struct task {
+  std::vector<int> ranks;
+  std::int64_t order = 0;
+  cost::fixed duration{};
+  friend bool operator==(const task&, const task&) = default;
+  void hash_append(hasher& h) const { append_all(h, ranks, order, duration); }
+};
+
+/// The simulated step: when each rank finishes, how long it computed, and the step time.
+struct timeline {
+  cost::fixed step{};                 ///< modelled step time (the last finish)
+  std::vector<cost::fixed> busy;      ///< per rank: sum of its task durations
+  std::vector<cost::fixed> finish;    ///< per rank: when its last task ends (waits included)
+  std::vector<std::int64_t> tasks_on; ///< per rank: number of tasks (micro-batches)
+
+  /// max busy / mean busy (1 = perfect balance; 0 when there is no work).
+  [[nodiscard]] double imbalance() const noexcept {
+    if (busy.empty()) return 0.0;
+    double sum = 0.0;
+    double mx = 0.0;
+    for (auto b : busy) {
+      sum += b.units();
+      mx = std::max(mx, b.units());
+    }
+    return sum > 0.0 ? mx * static_cast<double>(busy.size()) / sum : 0.0;
+  }
+};
+
+/// Runs `tasks` on `ranks` ranks: tasks start in (order, position in `tasks`) order; a task starts when
+/// all its ranks are free. With `pp_stages` > 1 every rank is a pipeline: a task occupies it for
+/// duration / pp (one stage's share, the stages overlapping in steady state) and each pipeline adds a
+/// fill-and-drain bubble of (pp - 1) / pp times its longest task (the 1F1B estimate).
+/// Pre: ranks >= 1, every task's ranks distinct and in [0, ranks). Post: step = max finish. Pure;
+/// O(T log T + sum of ring sizes). Not collective.
+[[nodiscard]] inline timeline simulate(int ranks, std::span<const task> tasks, int pp_stages = 1) {
+  if (ranks < 1) throw_error<invalid_argument>("balance::simulate: {} ranks; expected >= 1", ranks);
+  if (pp_stages < 1) throw_error<invalid_argument>("balance::simulate: pp_stages = {}; expected >= 1", pp_stages);
+  std::vector<std::size_t> idx(tasks.size());
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return tasks[a].order < tasks[b].order; });
+  timeline t;
+  const auto n = static_cast<std::size_t>(ranks);
+  t.busy.assign(n, cost::fixed{});
+  t.finish.assign(n, cost::fixed{});
+  t.tasks_on.assign(n, 0);
+  std::vector<cost::fixed> longest(n, cost::fixed{});
+  for (std::size_t i : idx) {
+    const auto& k = tasks[i];
+    if (k.ranks.empty()) throw_error<invalid_argument>("balance::simulate: task {} has no ranks; expected >= 1", i);
+    cost::fixed start{};
+    for (int r : k.ranks) {
+      if (r < 0 || r >= ranks)
+        throw_error<invalid_argument>("balance::simulate: task {} names rank {}; expected [0, {})", i, r, ranks);
+      start = std::max(start, t.finish[static_cast<std::size_t>(r)]);
+    }
+    const cost::fixed share = cost::fixed::from_ticks(k.duration.ticks / pp_stages);
+    for (int r : k.ranks) {
+      const auto u = static_cast<std::size_t>(r);
+      t.finish[u] = start + share;
+      t.busy[u] += share;
+      t.tasks_on[u] += 1;
+      longest[u] = std::max(longest[u], k.duration);
+    }
+  }
+  for (std::size_t r = 0; r < n; ++r) {
+    if (pp_stages > 1 && t.tasks_on[r] > 0) {
+      const auto bubble = cost::fixed::from_ticks(longest[r].ticks * (pp_stages - 1) / pp_stages);
+      t.finish[r] += bubble;
+      t.busy[r] += bubble;
+    }
+    t.step = std::max(t.step, t.finish[r]);
+  }
+  return t;
+}
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::step_model> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::step_model& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "step_model({}, {}, kv_bytes_per_token={}, pp={})", m.llm, m.net,
+                          m.kv_bytes_per_token, m.pp_stages);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::task> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::task& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "task(order={}, ranks={}, duration={})", t.order, t.ranks, t.duration);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::timeline> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::timeline& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "timeline(step={} modelled, ranks={}, imbalance={:.4f})", t.step,
+                          t.busy.size(), t.imbalance());
+  }
+};

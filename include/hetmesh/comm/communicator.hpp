@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::comm: the communicator concept and the one primitive every backend provides, a batch of
+// point-to-point operations. Collectives (collectives.hpp) call a backend's own implementation when
+// it has one and otherwise build the operation from that primitive.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "dtype.hpp"
+
+namespace hetmesh::comm {
+
+/// Where a communicator's buffers live. Host backends (loopback, mpi) read and write the spans they
+/// are given; device backends (nccl) pass the pointers to the device and never dereference them.
+enum class memory_space : std::uint8_t { host, device };
+
+/// Raised on a rank whose communicator was aborted because another rank failed (its body threw, or
+/// it gave up on a collective). The original failure is reported on the rank where it happened;
+/// loopback::run prefers that one over these induced errors.
+class aborted_error : public error {
+ public:
+  using error::error;
+};
+
+/// Largest tag a user may pass to send/recv/p2p ops; tags above it are reserved for the generic
+/// collectives built from point-to-point operations.
+inline constexpr int max_user_tag = (1 << 20) - 1;
+
+/// One operation of a point-to-point batch, type-erased so that a batch may mix element types.
+/// Build them with `send_op` / `recv_op`; the buffers must stay alive until the batch completes.
+struct p2p_op {
+  enum class kind : std::uint8_t { send, recv };
+  kind what = kind::send;
+  int peer = 0;             ///< rank within the communicator's group
+  int tag = 0;              ///< 0 <= tag <= max_user_tag for user batches
+  void* data = nullptr;     ///< host or device pointer, per the backend's memory_space
+  std::int64_t count = 0;   ///< elements
+  dtype type = dtype::uint8;
+
+  friend bool operator==(const p2p_op&, const p2p_op&) = default;
+};
+
+/// A send of `buf` to `peer` with `tag`, for a batch.
+template <element T>
+[[nodiscard]] p2p_op send_op(std::span<const T> buf, int peer, int tag = 0) noexcept {
+  return {p2p_op::kind::send, peer, tag, const_cast<std::remove_cv_t<T>*>(buf.data()),
+          static_cast<std::int64_t>(buf.size()), dtype_of_v<T>};
+}
+template <element T>
+[[nodiscard]] p2p_op send_op(std::span<T> buf, int peer, int tag = 0) noexcept {
+  return send_op(std::span<const T>(buf), peer, tag);
+}
+
+/// A receive into `buf` from `peer` with `tag`, for a batch. The matching send must carry exactly
+/// `buf.size()` elements of the same dtype.
+template <element T>
+[[nodiscard]] p2p_op recv_op(std::span<T> buf, int peer, int tag = 0) noexcept {
+  static_assert(!std::is_const_v<T>, "recv_op needs a writable buffer");
+  return {p2p_op::kind::recv, peer, tag, buf.data(), static_cast<std::int64_t>(buf.size()), dtype_of_v<T>};
+}
+
+/// Opt-in for the communicator concept: a backend declares `using is_communicator = void;` (or a
+/// third party specialises this variable), so that an unrelated type with rank()/size() never
+/// satisfies the concept by accident.
+template <class C>
+inline constexpr bool enable_communicator = requires { typename C::is_communicator; };
+
+/// A communicator is a backend handle for one group of ranks. Requirements:
+///  1. opt-in: enable_communicator<C> is true;
+///  2. `c.rank()` -> int, this caller's rank within the group, in [0, size);
+///  3. `c.size()` -> int, the number of ranks in the group, >= 1;
+///  4. `c.ranks()` -> std::span<const int>, the group's members as global (world) ranks, in group
+///     order: ranks()[c.rank()] is the caller's global rank;
+///  5. `c.group_p2p(std::span<const p2p_op>)`: issues every operation of the batch together and
+///     returns when all have completed (host backends) or are enqueued (device backends); a batch
+///     whose sends and receives match across ranks never deadlocks, whatever the order of its ops;
+///  6. `C::memory` is the memory_space of the buffers its operations take.
+/// Everything else (all_reduce, all_to_all_v, ...) is optional: collectives.hpp uses the backend's
+/// member when present and otherwise a generic algorithm over group_p2p.
+template <class C>
+concept communicator = enable_communicator<std::remove_cvref_t<C>> && requires(C& c, std::span<const p2p_op> ops) {
+  { std::as_const(c).rank() } -> std::convertible_to<int>;
+  { std::as_const(c).size() } -> std::convertible_to<int>;
+  { std::as_const(c).ranks() } -> std::convertible_to<std::span<const int>>;
+  c.group_p2p(ops);
+  { std::remove_cvref_t<C>::memory } -> std::convertible_to<memory_space>;
+};
+
+/// "group [0,2,4] rank 1/3": the group and caller as error messages print them.
+template <communicator C>
+[[nodiscard]] std::string describe(const C& c) {
+  return fmt::format("group [{}] rank {}/{}", fmt::join(c.ranks(), ","), c.rank(), c.size());
+}
+
+}  // namespace hetmesh::comm
+
+template <>
+struct fmt::formatter<hetmesh::comm::memory_space> : hetmesh::empty_spec_formatter {
+  auto format(hetmesh::comm::memory_space m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", m == hetmesh::comm::memory_space::host ? "host" : "device");
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::comm::p2p_op> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::comm::p2p_op& op, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}(peer={}, tag={}, {} x {})",
+                          op.what == hetmesh::comm::p2p_op::kind::send ? "send" : "recv", op.peer, op.tag,
+                          op.count, op.type);
+  }
+};

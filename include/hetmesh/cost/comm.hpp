@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::cost: alpha-beta communication models. A message of n bytes over a link costs
+// alpha + beta n. Collectives are priced by the algorithms the backends run on large messages: ring
+// all-reduce (2(p-1) steps of M/p), ring reduce-scatter and all-gather ((p-1) steps of M/p), pairwise
+// all-to-all(v) (every rank sends to every peer; a rank is busy for the sum of its sends or receives,
+// whichever is larger). A ring is as fast as its slowest hop, so a group that spans nodes pays the
+// inter-node link on every step. Times are in the same model units as the compute models (ms).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+
+namespace hetmesh::cost {
+
+/// One link class: time(n bytes) = alpha + beta n.
+struct link {
+  double alpha = 0.0;  // latency, model units
+  double beta = 0.0;   // model units per byte
+
+  /// From a latency in microseconds and a bandwidth in GB/s (1e9 bytes/s), in milliseconds.
+  [[nodiscard]] static link from_us_gbps(double latency_us, double gbytes_per_s) {
+    if (!(latency_us >= 0.0) || !(gbytes_per_s > 0.0)) {
+      throw_error<invalid_argument>(
+          "cost::link::from_us_gbps: latency {} us, bandwidth {} GB/s; expected >= 0 and > 0", latency_us,
+          gbytes_per_s);
+    }
+    return link{latency_us * 1e-3, 1.0 / (gbytes_per_s * 1e6)};
+  }
+  [[nodiscard]] constexpr double time(double bytes) const noexcept {
+    return bytes > 0.0 ? alpha + beta * bytes : 0.0;
+  }
+  friend constexpr bool operator==(const link&, const link&) = default;
+  void hash_append(hasher& h) const { append_all(h, alpha, beta); }
+};
+
+/// Ranks grouped into nodes of `ranks_per_node` consecutive global ranks; `intra` links inside a node
+/// (NVLink), `inter` links between nodes (RDMA NICs).
+struct network {
+  std::int64_t ranks_per_node = 8;
+  link intra = link::from_us_gbps(3.0, 150.0);
+  link inter = link::from_us_gbps(10.0, 25.0);
+
+  [[nodiscard]] constexpr std::int64_t node_of(int rank) const noexcept { return rank / ranks_per_node; }
+  /// The link between two ranks (the intra link for a rank and itself; such messages are free anyway).
+  [[nodiscard]] constexpr const link& between(int a, int b) const noexcept {
+    return node_of(a) == node_of(b) ? intra : inter;
+  }
+  /// The slowest link any ring or pairwise algorithm over `group` must use.
+  [[nodiscard]] const link& bottleneck(std::span<const int> group) const noexcept {
+    for (int r : group)
+      if (node_of(r) != node_of(group.front())) return inter;
+    return intra;
+  }
+  friend constexpr bool operator==(const network&, const network&) = default;
+  void hash_append(hasher& h) const { append_all(h, ranks_per_node, intra, inter); }
+};
+
+namespace detail {
+inline void check_group(std::span<const int> group, const char* op) {
+  if (group.empty()) throw_error<invalid_argument>("cost::{}: empty group; expected at least one rank", op);
+}
+inline void check_bytes(double bytes, const char* op) {
+  if (!(bytes >= 0.0)) throw_error<invalid_argument>("cost::{}: {} bytes; expected >= 0", op, bytes);
+}
+}  // namespace detail
+
+/// Point-to-point message of `bytes` from src to dst. Pre: bytes >= 0. O(1).
+[[nodiscard]] inline double p2p_time(const network& net, int src, int dst, double bytes) {
+  detail::check_bytes(bytes, "p2p_time");
+  return src == dst ? 0.0 : net.between(src, dst).time(bytes);
+}
+
+/// Ring all-reduce of a `bytes` buffer on every rank: 2(p-1) (alpha + beta bytes/p). O(p).
+[[nodiscard]] inline double all_reduce_time(const network& net, std::span<const int> group, double bytes) {
+  detail::check_group(group, "all_reduce_time");
+  detail::check_bytes(bytes, "all_reduce_time");
+  const auto p = static_cast<double>(group.size());
+  if (group.size() == 1 || bytes == 0.0) return 0.0;
+  return 2.0 * (p - 1.0) * net.bottleneck(group).time(bytes / p);
+}
+
+/// Ring reduce-scatter of a `bytes` buffer (each rank keeps bytes/p): (p-1) (alpha + beta bytes/p).
+[[nodiscard]] inline double reduce_scatter_time(const network& net, std::span<const int> group,
+                                                double bytes) {
+  detail::check_group(group, "reduce_scatter_time");
+  detail::check_bytes(bytes, "reduce_scatter_time");
+  const auto p = static_cast<double>(group.size());
+  if (group.size() == 1 || bytes == 0.0) return 0.0;
+  return (p - 1.0) * net.bottleneck(group).time(bytes / p);
+}
+
+/// Ring all-gather producing a `bytes` buffer on every rank (each contributes bytes/p). Same cost as
+/// reduce-scatter: the two are each other's transpose.
+[[nodiscard]] inline double all_gather_time(const network& net, std::span<const int> group, double bytes) {
+  detail::check_group(group, "all_gather_time");
+  return reduce_scatter_time(net, group, bytes);
+}
+
+/// All-to-all-v: `bytes[i * p + j]` is what group[i] sends to group[j]. Each rank pays the per-peer link
+/// for each non-empty message; the operation ends when the busiest rank's sends or receives end.
+/// Pre: bytes.size() == p * p, entries >= 0. O(p^2).
+[[nodiscard]] inline double all_to_all_v_time(const network& net, std::span<const int> group,
+                                              std::span<const double> bytes) {
+  detail::check_group(group, "all_to_all_v_time");
+  const std::size_t p = group.size();
+  if (bytes.size() != p * p) {
+    throw_error<invalid_argument>(
+        "cost::all_to_all_v_time: {} byte counts for a group of {}; expected {} (p*p)", bytes.size(), p,
+        p * p);
+  }
+  std::vector<double> send(p, 0.0);
+  std::vector<double> recv(p, 0.0);
+  for (std::size_t i = 0; i < p; ++i) {
+    for (std::size_t j = 0; j < p; ++j) {
+      const double b = bytes[i * p + j];
+      detail::check_bytes(b, "all_to_all_v_time");
+      if (i == j) continue;
+      const double t = net.between(group[i], group[j]).time(b);
+      send[i] += t;
+      recv[j] += t;
+    }
+  }
+  double worst = 0.0;
+  for (std::size_t i = 0; i < p; ++i) worst = std::max({worst, send[i], recv[i]});
+  return worst;
+}
+
+/// All-to-all with `bytes_per_peer` bytes between every ordered pair. O(p^2).
+[[nodiscard]] inline double all_to_all_time(const network& net, std::span<const int> group,
+                                            double bytes_per_peer) {
+  detail::check_group(group, "all_to_all_time");
+  std::vector<double> m(group.size() * group.size(), bytes_per_peer);
+  return all_to_all_v_time(net, group, m);
+}
+
+/// Ring attention over `ring` (context parallelism, HDP): p-1 steps, each passing a KV block of
+/// `kv_bytes_per_rank` to the next rank, overlapped with the `compute` of the local shard. Returns the
+/// exposed time max(compute, communication). O(p).
+[[nodiscard]] inline double ring_attention_time(const network& net, std::span<const int> ring, double compute,
+                                                double kv_bytes_per_rank) {
+  detail::check_group(ring, "ring_attention_time");
+  if (ring.size() == 1) return compute;
+  const double comm = static_cast<double>(ring.size() - 1) * net.bottleneck(ring).time(kv_bytes_per_rank);
+  return std::max(compute, comm);
+}
+
+}  // namespace hetmesh::cost
+
+template <>
+struct fmt::formatter<hetmesh::cost::link> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::cost::link& l, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "link(alpha={:.4g}, beta={:.4g}/B)", l.alpha, l.beta);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::cost::network> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::cost::network& n, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "network(ranks_per_node={}, intra={}, inter={})", n.ranks_per_node,
+                          n.intra, n.inter);
+  }
+};

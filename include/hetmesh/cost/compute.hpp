@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::cost: compute-time models of the LLM backbone. ByteScale's per-layer model
+// T(s) = a s^2 + b s + c prices one causal sequence; a packed row (documents concatenated under a
+// block-diagonal causal mask) pays the quadratic term per document and the constant once. Times are
+// in model units (whatever the coefficients were calibrated in; milliseconds for the Fig. 6(a) fit),
+// computed in double and rounded to cost::fixed before any planner compares them.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "fixed.hpp"
+
+namespace hetmesh::cost {
+
+/// T(s) = a s^2 + b s + c: forward time of one layer over one sequence of s tokens. For a causal LLM
+/// layer `a` prices attention (the mask is a triangle), `b` the projections and MLP, `c` fixed
+/// overheads (launches). Value type; `==`; hashable; printable.
+struct quadratic_time {
+  double a = 0.0;
+  double b = 0.0;
+  double c = 0.0;
+
+  /// T(s). Pre: s >= 0. O(1).
+  [[nodiscard]] constexpr double operator()(double s) const noexcept { return (a * s + b) * s + c; }
+  friend constexpr bool operator==(const quadratic_time&, const quadratic_time&) = default;
+  void hash_append(hasher& h) const { append_all(h, a, b, c); }
+};
+
+/// The backbone's compute on one rank: `layers` layers (one pipeline stage's worth), each priced by
+/// `layer`, trained at `train_factor` times the forward cost (3: forward + backward at twice forward;
+/// 4: with full recomputation).
+struct llm_compute {
+  quadratic_time layer{};
+  std::int64_t layers = 1;
+  double train_factor = 3.0;
+
+  /// Coefficients from transformer FLOPs: per layer forward 24 h^2 s (projections, MLP ratio 4) plus
+  /// 2 h s^2 for causal attention (half of the full 4 h s^2), divided by the achieved FLOP rate
+  /// `flops_per_unit` (FLOPs per model unit, e.g. 400e9 for 400 TFLOP/s with ms units). `kv_ratio`
+  /// (kv heads / heads, GQA) scales the K and V projections. Pre: hidden, flops_per_unit > 0.
+  [[nodiscard]] static llm_compute from_dims(std::int64_t hidden, std::int64_t layers, double flops_per_unit,
+                                             double kv_ratio = 1.0, double train_factor = 3.0) {
+    if (hidden <= 0 || layers <= 0 || !(flops_per_unit > 0.0) || !(kv_ratio > 0.0 && kv_ratio <= 1.0)) {
+      throw_error<invalid_argument>(
+          "cost::llm_compute::from_dims: hidden={}, layers={}, flops_per_unit={}, kv_ratio={}; expected "
+          "hidden, layers, flops_per_unit > 0 and 0 < kv_ratio <= 1",
+          hidden, layers, flops_per_unit, kv_ratio);
+    }
+    const double h = static_cast<double>(hidden);
+    // q and out projections 2*2h^2, k and v 2*2h^2*kv_ratio, MLP 2*2*4h^2 = 16h^2.
+    const double linear = (4.0 + 4.0 * kv_ratio + 16.0) * h * h;
+    return llm_compute{quadratic_time{2.0 * h / flops_per_unit, linear / flops_per_unit, 0.0}, layers,
+                       train_factor};
+  }
+
+  /// Training time of one causal sequence of s tokens on this rank. Pre: s >= 0. O(1).
+  [[nodiscard]] double sequence(std::int64_t s) const noexcept {
+    return static_cast<double>(layers) * train_factor * layer(static_cast<double>(s));
+  }
+  /// Training time of one packed row: sum over documents of (a l^2 + b l), plus c once per layer.
+  /// Pre: every l >= 0. O(documents).
+  [[nodiscard]] double packed_row(std::span<const std::int64_t> documents) const noexcept {
+    double t = layer.c;
+    for (auto l : documents) {
+      const double x = static_cast<double>(l);
+      t += (layer.a * x + layer.b) * x;
+    }
+    return static_cast<double>(layers) * train_factor * t;
+  }
+  /// Training time of one of `d` zigzag shards of a causal sequence of s tokens (a ring of d ranks): each
+  /// shard holds 1/d of the mask area and of the tokens, and pays the constant once. Pre: d >= 1.
+  [[nodiscard]] double shard(std::int64_t s, std::int64_t d) const noexcept {
+    const double x = static_cast<double>(s);
+    const double per = ((layer.a * x + layer.b) * x) / static_cast<double>(d) + layer.c;
+    return static_cast<double>(layers) * train_factor * per;
+  }
+
+  [[nodiscard]] fixed sequence_fixed(std::int64_t s) const { return fixed::from_units(sequence(s)); }
+  [[nodiscard]] fixed packed_row_fixed(std::span<const std::int64_t> docs) const {
+    return fixed::from_units(packed_row(docs));
+  }
+  [[nodiscard]] fixed shard_fixed(std::int64_t s, std::int64_t d) const {
+    return fixed::from_units(shard(s, d));
+  }
+
+  friend bool operator==(const llm_compute&, const llm_compute&) = default;
+  void hash_append(hasher& h) const { append_all(h, layer, layers, train_factor); }
+};
+
+/// ByteScale Fig. 6(a) per-layer forward time (attention + MLP) of a 7B-class model in milliseconds,
+/// as fitted by cost::fit_quadratic to the six published points (see tests/cost). A ready default for
+/// examples and benchmarks; a real run calibrates its own.
+[[nodiscard]] inline quadratic_time bytescale_fig6a_layer() noexcept {
+  return quadratic_time{9.19352e-9, 3.55797e-4, 0.0854399};
+}
+
+}  // namespace hetmesh::cost
+
+template <>
+struct fmt::formatter<hetmesh::cost::quadratic_time> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::cost::quadratic_time& q, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "T(s)={:.4g}*s^2+{:.4g}*s+{:.4g}", q.a, q.b, q.c);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::cost::llm_compute> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::cost::llm_compute& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "llm_compute({}, layers={}, train_factor={})", m.layer, m.layers,
+                          m.train_factor);
+  }
+};

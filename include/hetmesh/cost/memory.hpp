@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::cost: activation memory. With FlashAttention a layer stores O(s) activations per sequence,
+// so ByteScale's Act(s) = alpha s + beta (bytes per layer) is enough to size ranks: a rank's capacity C
+// is the token count whose activations fill its budget, and a sequence longer than C needs a ring of
+// D(s) ranks (fewer with offloading, see seq/).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+
+namespace hetmesh::cost {
+
+/// Act(s) = alpha s + beta bytes per layer; `layers` layers live on a rank.
+struct activation_memory {
+  double alpha = 0.0;  // bytes per token per layer
+  double beta = 0.0;   // bytes per layer independent of length (workspace)
+  std::int64_t layers = 1;
+
+  /// Activations of a transformer layer with FlashAttention and no recomputation: about 34 h bytes
+  /// per token in 16-bit types (Korthikanti et al.; the 5 a s / h attention-score term disappears),
+  /// divided over `tp` tensor-parallel ranks with sequence parallelism. Pre: hidden, layers, tp > 0.
+  [[nodiscard]] static activation_memory from_dims(std::int64_t hidden, std::int64_t layers,
+                                                   std::int64_t tp = 1) {
+    if (hidden <= 0 || layers <= 0 || tp <= 0) {
+      throw_error<invalid_argument>(
+          "cost::activation_memory::from_dims: hidden={}, layers={}, tp={}; expected all > 0", hidden, layers,
+          tp);
+    }
+    return activation_memory{34.0 * static_cast<double>(hidden) / static_cast<double>(tp), 0.0, layers};
+  }
+
+  /// Act(s) for one layer, bytes. O(1).
+  [[nodiscard]] constexpr double per_layer(std::int64_t s) const noexcept {
+    return alpha * static_cast<double>(s) + beta;
+  }
+  /// Activations of all `layers` layers, bytes. O(1).
+  [[nodiscard]] constexpr double bytes(std::int64_t s) const noexcept {
+    return static_cast<double>(layers) * per_layer(s);
+  }
+  /// The largest s with bytes(s) <= budget (the rank capacity C). Pre: alpha > 0. Post: result >= 0;
+  /// bytes(result) <= budget < bytes(result + 1). O(1).
+  [[nodiscard]] std::int64_t capacity_tokens(double budget_bytes) const {
+    if (!(alpha > 0.0)) {
+      throw_error<invalid_argument>("cost::activation_memory::capacity_tokens: alpha={}; expected alpha > 0",
+                                    alpha);
+    }
+    const double per_token = static_cast<double>(layers) * alpha;
+    const double fixed_part = static_cast<double>(layers) * beta;
+    if (budget_bytes < fixed_part) return 0;
+    auto s = static_cast<std::int64_t>(std::floor((budget_bytes - fixed_part) / per_token));
+    while (s > 0 && bytes(s) > budget_bytes) --s;  // guard the rounding of the division
+    while (bytes(s + 1) <= budget_bytes) ++s;
+    return s;
+  }
+  /// Ranks needed to hold a sequence of s tokens without offloading, given per-rank capacity c tokens:
+  /// ceil(Act(s) / Act(c)). Pre: c >= 1. O(1).
+  [[nodiscard]] std::int64_t ranks_needed(std::int64_t s, std::int64_t c) const {
+    if (c < 1)
+      throw_error<invalid_argument>("cost::activation_memory::ranks_needed: capacity {}; expected >= 1", c);
+    if (s <= c) return 1;
+    const double r = per_layer(s) / per_layer(c);
+    auto d = static_cast<std::int64_t>(std::ceil(r - 1e-12));
+    return d < 1 ? 1 : d;
+  }
+
+  friend constexpr bool operator==(const activation_memory&, const activation_memory&) = default;
+  void hash_append(hasher& h) const { append_all(h, alpha, beta, layers); }
+};
+
+}  // namespace hetmesh::cost
+
+template <>
+struct fmt::formatter<hetmesh::cost::activation_memory> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::cost::activation_memory& m, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "Act(s)={:.4g}*s+{:.4g} bytes/layer x {} layers", m.alpha, m.beta,
+                          m.layers);
+  }
+};

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: data constructors. From a step plan and its loaded samples, build one data-parallel
+// rank's packed micro-batches in the layout varlen attention kernels take: the documents' tokens back to
+// back, cu_seqlens (prefix sums of document lengths, starting at 0), positions restarting at 0 in every
+// document, and the encoder items with the document that owns each. A micro-batch also flattens to bytes
+// (and back) so the loading rank can broadcast it to the rest of its group.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "planner.hpp"
+#include "sample.hpp"
+
+namespace hetmesh::data {
+
+struct packed_micro_batch {
+  std::vector<std::int32_t> tokens{};
+  std::vector<std::int32_t> cu_seqlens{0};
+  std::vector<std::int32_t> positions{};
+  std::vector<sample_ref> refs{};         // one per document, in order
+  std::vector<encoder_item> items{};
+  std::vector<std::int32_t> item_owner{}; // document (index into refs) of each item
+
+  [[nodiscard]] std::int64_t documents() const noexcept { return static_cast<std::int64_t>(refs.size()); }
+  [[nodiscard]] std::int64_t heap_bytes() const noexcept {
+    auto b = static_cast<std::int64_t>(4 * (tokens.capacity() + cu_seqlens.capacity() + positions.capacity() + item_owner.capacity()) +
+                                       refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(encoder_item));
+    for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
+    return b;
+  }
+  friend bool operator==(const packed_micro_batch&, const packed_micro_batch&) = default;
+};
+
+/// Rank `dp_rank`'s micro-batches of a step: documents in plan order within each micro-batch. Pre:
+/// samples[i] is the loaded plan.samples[i]. Local, deterministic; O(tokens + payload bytes).
+[[nodiscard]] inline std::vector<packed_micro_batch> construct(const step_plan& plan, std::span<const sample> samples, int dp_rank,
+                                                               int micro_batches) {
+  if (samples.size() != plan.samples.size())
+    throw_error<invalid_argument>("construct: {} loaded samples for a plan of {}; expected one per planned sample", samples.size(),
+                                  plan.samples.size());
+  std::vector<packed_micro_batch> out(static_cast<std::size_t>(micro_batches));
+  for (std::size_t i = 0; i < plan.samples.size(); ++i) {
+    const auto& p = plan.samples[i];
+    if (p.dp_rank != dp_rank) continue;
+    if (samples[i].ref != p.ref)
+      throw_error<data_error>("construct: loaded sample {} is {} but the plan says {}", i, samples[i].ref, p.ref);
+    auto& mb = out[static_cast<std::size_t>(p.micro_batch)];
+    const auto& toks = samples[i].tokens;
+    mb.tokens.insert(mb.tokens.end(), toks.begin(), toks.end());
+    for (std::size_t k = 0; k < toks.size(); ++k) mb.positions.push_back(static_cast<std::int32_t>(k));
+    mb.cu_seqlens.push_back(mb.cu_seqlens.back() + static_cast<std::int32_t>(toks.size()));
+    for (const auto& it : samples[i].items) {
+      mb.items.push_back(it);
+      mb.item_owner.push_back(static_cast<std::int32_t>(mb.refs.size()));
+    }
+    mb.refs.push_back(p.ref);
+  }
+  return out;
+}
+
+namespace detail {
+struct byte_writer {
+  std::vector<std::byte>& out;
+  template <class T>
+  void pod(const T& v) {
+    const auto* b = reinterpret_cast<const std::byte*>(&v);
+    out.insert(out.end(), b, b + sizeof v);
+  }
+  template <class T>
+  void array(std::span<const T> v) {
+    pod(static_cast<std::int64_t>(v.size()));
+    const auto* b = reinterpret_cast<const std::byte*>(v.data());
+    out.insert(out.end(), b, b + v.size_bytes());
+  }
+};
+struct byte_reader {
+  std::span<const std::byte> in;
+  std::size_t at = 0;
+  void need(std::size_t n) {
+    if (at + n > in.size())
+      throw_error<data_error>("packed micro-batch bytes are truncated: need {} at offset {}, have {}", n, at, in.size());
+  }
+  template <class T>
+  T pod() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, in.data() + at, sizeof v);
+    at += sizeof v;
+    return v;
+  }
+  template <class T>
+  std::vector<T> array() {
+    const auto n = pod<std::int64_t>();
+    if (n < 0 || static_cast<std::uint64_t>(n) > in.size()) throw_error<data_error>("packed micro-batch bytes: bad array length {}", n);
+    need(static_cast<std::size_t>(n) * sizeof(T));
+    std::vector<T> v(static_cast<std::size_t>(n));
+    std::memcpy(v.data(), in.data() + at, v.size() * sizeof(T));
+    at += v.size() * sizeof(T);
+    return v;
+  }
+};
+}  // namespace detail
+
+/// Flattens a micro-batch to bytes (host byte order: the receivers are ranks of the same job).
+[[nodiscard]] inline std::vector<std::byte> serialize(const packed_micro_batch& mb) {
+  std::vector<std::byte> out{};
+  detail::byte_writer w{out};
+  w.array<std::int32_t>(mb.tokens);
+  w.array<std::int32_t>(mb.cu_seqlens);
+  w.array<std::int32_t>(mb.positions);
+  w.array<sample_ref>(mb.refs);
+  w.array<std::int32_t>(mb.item_owner);
+  w.pod(static_cast<std::int64_t>(mb.items.size()));
+  for (const auto& it : mb.items) {
+    w.array<char>(it.kind);
+    w.pod(it.tokens);
+    w.array<std::byte>(it.payload);
+  }
+  return out;
+}
+
+/// The inverse of serialize(); throws data_error on truncated or inconsistent bytes.
+[[nodiscard]] inline packed_micro_batch deserialize(std::span<const std::byte> bytes) {
+  detail::byte_reader r{bytes};
+  packed_micro_batch mb;
+  mb.tokens = r.array<std::int32_t>();
+  mb.cu_seqlens = r.array<std::int32_t>();
+  mb.positions = r.array<std::int32_t>();
+  mb.refs = r.array<sample_ref>();
+  mb.item_owner = r.array<std::int32_t>();
+  const auto n = r.pod<std::int64_t>();
+  if (n < 0 || n != static_cast<std::int64_t>(mb.item_owner.size()))
+    throw_error<data_error>("packed micro-batch bytes: {} items but {} owners", n, mb.item_owner.size());
+  for (std::int64_t k = 0; k < n; ++k) {
+    const auto kind = r.array<char>();
+    encoder_item it{.kind = std::string(kind.begin(), kind.end()), .tokens = r.pod<std::int64_t>(), .payload = r.array<std::byte>()};
+    mb.items.push_back(std::move(it));
+  }
+  if (r.at != bytes.size()) throw_error<data_error>("packed micro-batch bytes: {} trailing bytes", bytes.size() - r.at);
+  if (mb.cu_seqlens.empty() || mb.cu_seqlens.back() != static_cast<std::int32_t>(mb.tokens.size()) ||
+      mb.positions.size() != mb.tokens.size() || mb.cu_seqlens.size() != mb.refs.size() + 1)
+    throw_error<data_error>("packed micro-batch bytes: inconsistent sizes (tokens {}, positions {}, cu_seqlens {}, documents {})",
+                            mb.tokens.size(), mb.positions.size(), mb.cu_seqlens.size(), mb.refs.size());
+  return mb;
+}
+
+}  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::packed_micro_batch> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::packed_micro_batch& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "micro_batch({} documents, {} tokens, {} items, cu_seqlens={})", m.refs.size(), m.tokens.size(),
+                          m.items.size(), m.cu_seqlens);
+  }
+};

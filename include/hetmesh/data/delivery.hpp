@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: delivery under hybrid parallelism. Per data-parallel index, one rank (the loading rank
+// of its delivery group, see delivery_of) receives the step's samples from the data plane and builds the
+// packed micro-batches; the other ranks of the group get the bytes by broadcast. So every sample is read
+// once per step in the whole job, and tensor/context/last-stage ranks never touch a source.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../comm/collectives.hpp"
+#include "constructor.hpp"
+#include "loader.hpp"
+#include "planner.hpp"
+
+namespace hetmesh::data {
+
+/// Broadcasts micro-batches from `root` over `group`. Collective over `group`: every member calls it with
+/// the same root; only the root's `mine` is read. Returns the root's micro-batches on every member.
+/// Three broadcasts (count, sizes, bytes); cost O(bytes) per member.
+template <class C>
+[[nodiscard]] std::vector<packed_micro_batch> broadcast_micro_batches(C& group, const std::vector<packed_micro_batch>& mine, int root) {
+  const bool is_root = group.rank() == root;
+  std::vector<std::vector<std::byte>> blobs{};
+  std::int64_t count = 0;
+  if (is_root) {
+    for (const auto& mb : mine) blobs.push_back(serialize(mb));
+    count = static_cast<std::int64_t>(blobs.size());
+  }
+  comm::broadcast(group, std::span<std::int64_t>(&count, 1), root);
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(count));
+  if (is_root)
+    for (std::size_t k = 0; k < blobs.size(); ++k) sizes[k] = static_cast<std::int64_t>(blobs[k].size());
+  comm::broadcast(group, std::span<std::int64_t>(sizes), root);
+  std::int64_t total = 0;
+  for (auto s : sizes) total += s;
+  std::vector<std::uint8_t> flat(static_cast<std::size_t>(total));
+  if (is_root) {
+    std::size_t at = 0;
+    for (const auto& b : blobs) {
+      if (!b.empty()) std::memcpy(flat.data() + at, b.data(), b.size());
+      at += b.size();
+    }
+  }
+  comm::broadcast(group, std::span<std::uint8_t>(flat), root);
+  std::vector<packed_micro_batch> out{};
+  std::size_t at = 0;
+  for (auto s : sizes) {
+    out.push_back(deserialize(std::as_bytes(std::span<const std::uint8_t>(flat.data() + at, static_cast<std::size_t>(s)))));
+    at += static_cast<std::size_t>(s);
+  }
+  return out;
+}
+
+/// This rank's micro-batches of a step. `world` spans the whole layout (rank numbering of `cfg.layout`);
+/// `batch` is the step's batch and must be non-null on loading ranks (it is not read elsewhere). Collective
+/// over each delivery group (the group's communicator is made from `world`); ranks in no group (middle
+/// pipeline stages) return an empty list without communicating.
+template <class C>
+[[nodiscard]] std::vector<packed_micro_batch> deliver(C& world, const mixture_config& cfg, const step_batch* batch) {
+  const auto& t = cfg.layout;
+  if (world.size() != t.world())
+    throw_error<invalid_argument>("deliver: the communicator has {} ranks; the layout tp={} cp={} dp={} pp={} needs {}", world.size(), t.tp,
+                                  t.cp, t.dp, t.pp, t.world());
+  const int me = world.rank();
+  const int dp = (me / (t.tp * t.cp)) % t.dp;
+  const auto g = delivery_of(t, dp);
+  const auto it = std::find(g.ranks.begin(), g.ranks.end(), me);
+  if (it == g.ranks.end()) return {};
+  std::vector<packed_micro_batch> mine{};
+  if (me == g.loader) {
+    if (batch == nullptr) throw_error<invalid_argument>("deliver: rank {} is the loading rank of dp {} but got no batch", me, dp);
+    mine = construct(batch->plan, batch->samples, dp, cfg.micro_batches);
+  }
+  if (g.ranks.size() == 1) return mine;
+  auto group = world.subgroup(std::span<const int>(g.ranks));
+  return broadcast_micro_batches(group, mine, 0);
+}
+
+}  // namespace hetmesh::data

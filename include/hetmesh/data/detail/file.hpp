@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data::detail: POSIX file primitives the formats share: an owning descriptor, a read-only
+// memory mapping, and whole-buffer writes. Every failure becomes a hetmesh::data_error that names the
+// path and the system's reason, so a bad shard is reported where it is opened, not later as garbage.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "../../core/error.hpp"
+
+namespace hetmesh::data::detail {
+
+/// An owning POSIX file descriptor (move-only).
+class unique_fd {
+ public:
+  unique_fd() = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+  ~unique_fd() { reset(); }
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  [[nodiscard]] int get() const noexcept { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+/// Opens `path` with `flags`; throws data_error naming the path and errno text on failure.
+inline unique_fd open_file(const std::string& path, int flags, mode_t mode = 0644) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  if (fd < 0) throw_error<data_error>("cannot open '{}': {}", path, std::strerror(errno));
+  return unique_fd(fd);
+}
+
+/// Size of an open file in bytes.
+inline std::int64_t file_size(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_error<data_error>("cannot stat '{}': {}", path, std::strerror(errno));
+  return static_cast<std::int64_t>(st.st_size);
+}
+
+/// Size of `path` in bytes, or -1 when it does not exist.
+inline std::int64_t file_size_or_missing(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<std::int64_t>(st.st_size);
+}
+
+/// A read-only shared mapping of a whole file (move-only). An empty file maps to an empty span, since
+/// mmap of length 0 is an error on Linux and an empty .bin is a legal (empty) dataset.
+class mapped_file {
+ public:
+  mapped_file() = default;
+  explicit mapped_file(const std::string& path) : path_(path) {
+    unique_fd fd = open_file(path, O_RDONLY);
+    size_ = file_size(fd.get(), path);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_SHARED, fd.get(), 0);
+      if (p == MAP_FAILED) throw_error<data_error>("cannot mmap '{}' ({} bytes): {}", path, size_, std::strerror(errno));
+      data_ = static_cast<const std::byte*>(p);
+    }
+  }
+  mapped_file(mapped_file&& o) noexcept
+      : path_(std::move(o.path_)), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  mapped_file& operator=(mapped_file&& o) noexcept {
+    if (this != &o) {
+      unmap();
+      path_ = std::move(o.path_);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+  ~mapped_file() { unmap(); }
+
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept {
+    return {data_, static_cast<std::size_t>(size_)};
+  }
+  [[nodiscard]] std::int64_t size() const noexcept { return size_; }
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  void unmap() noexcept {
+    if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), static_cast<std::size_t>(size_));
+    data_ = nullptr;
+    size_ = 0;
+  }
+  std::string path_;
+  const std::byte* data_ = nullptr;
+  std::int64_t size_ = 0;
+};
+
+/// Writes all of `bytes` to fd (retrying short writes and EINTR).
+inline void write_all(int fd, std::span<const std::byte> bytes, const std::string& path) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_error<data_error>("cannot write '{}': {}", path, std::strerror(errno));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+/// Reads exactly bytes.size() bytes at `offset`; throws data_error when the file is shorter.
+inline void pread_all(int fd, std::span<std::byte> bytes, std::int64_t offset, const std::string& path) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset) + static_cast<off_t>(done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_error<data_error>("cannot read '{}' at offset {}: {}", path, offset, std::strerror(errno));
+    }
+    if (n == 0) {
+      throw_error<data_error>("'{}' is truncated: wanted {} bytes at offset {}, the file ends after {}", path,
+                              bytes.size(), offset, offset + static_cast<std::int64_t>(done));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, then rename, so a
+/// reader (or a process killed mid-write) never sees half a file.
+inline void write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    unique_fd fd = open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    write_all(fd.get(), bytes, tmp);
+    if (::fsync(fd.get()) != 0) throw_error<data_error>("cannot fsync '{}': {}", tmp, std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    throw_error<data_error>("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno));
+}
+
+/// The whole content of `path` as a string.
+inline std::string read_text(const std::string& path) {
+  unique_fd fd = open_file(path, O_RDONLY);
+  std::string s(static_cast<std::size_t>(file_size(fd.get(), path)), '\0');
+  pread_all(fd.get(), std::as_writable_bytes(std::span<char>(s)), 0, path);
+  return s;
+}
+
+/// Little-endian loads from possibly unaligned bytes (the .idx header is 9+8+1+8+8 = 34 bytes, so its
+/// arrays are not naturally aligned).
+template <class T>
+[[nodiscard]] inline T load_le(const std::byte* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+}  // namespace hetmesh::data::detail

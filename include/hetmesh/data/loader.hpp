@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: the runtime data plane of one process. It owns the source loaders (k_s per source, the
+// only holders of each source's access state), plans steps with the pure planner, and keeps a worker
+// pool reading `prefetch_steps` steps ahead. next() returns the steps in order. The stream is a pure
+// function of (configuration, step): neither the number of workers, nor the loaders per source, nor
+// the timing of reads changes a byte, which is what makes resume exact.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "autoscale.hpp"
+#include "memory.hpp"
+#include "mixture.hpp"
+#include "planner.hpp"
+#include "source.hpp"
+
+namespace hetmesh::data {
+
+struct loader_options {
+  int workers = 2;              // reading threads; 0 reads on the caller's thread inside next()
+  int prefetch_steps = 2;       // steps planned and read ahead of the one next() returns
+  int loaders_per_source = 1;   // initial k_s
+  autoscale_options autoscale{};
+  friend bool operator==(const loader_options&, const loader_options&) = default;
+};
+
+/// One step as delivered: its plan and the loaded samples, samples[i] for plan.samples[i].
+struct step_batch {
+  step_plan plan{};
+  std::vector<sample> samples{};
+};
+
+class data_loader {
+ public:
+  /// Opens k_s = loaders_per_source loaders per source and starts the workers. Throws invalid_argument for
+  /// a bad configuration and data_error for unreadable sources. Cost: opening every source k_s times.
+  explicit data_loader(mixture_config cfg, loader_options opts = {}, wds_decoder decode = {})
+      : cfg_(std::move(cfg)), opts_(opts), decode_(std::move(decode)) {
+    validate(cfg_);
+    if (opts_.workers < 0 || opts_.prefetch_steps < 0 || opts_.loaders_per_source < 1)
+      throw_error<invalid_argument>("data_loader: workers = {}, prefetch_steps = {}, loaders_per_source = {}; expected >= 0, >= 0, >= 1",
+                                    opts_.workers, opts_.prefetch_steps, opts_.loaders_per_source);
+    loaders_.resize(cfg_.sources.size());
+    cost_ns_.assign(cfg_.sources.size(), 0.0);
+    for (std::size_t s = 0; s < cfg_.sources.size(); ++s) {
+      for (int j = 0; j < opts_.loaders_per_source; ++j) loaders_[s].push_back(open_loader(s));
+      sizes_.push_back(loaders_[s].front()->size());
+    }
+    plan_state_ = consumed_ = initial_state(cfg_);
+    for (int w = 0; w < opts_.workers; ++w) threads_.emplace_back([this] { work(); });
+  }
+  data_loader(const data_loader&) = delete;
+  data_loader& operator=(const data_loader&) = delete;
+  ~data_loader() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  /// The next step's batch (blocking). Throws what planning or reading that step threw (data_error for a
+  /// dry source or a corrupt sample), after having delivered every earlier step.
+  [[nodiscard]] step_batch next() {
+    fill();
+    std::shared_ptr<slot> sl;
+    {
+      std::lock_guard lock(mutex_);
+      sl = inflight_.front();
+    }
+    if (sl->plan_error) {
+      std::rethrow_exception(sl->plan_error);
+    }
+    if (opts_.workers == 0) {
+      for (std::size_t i = 0; i < sl->plan.samples.size(); ++i) run_task({sl, i});
+    }
+    {
+      std::unique_lock lock(mutex_);
+      done_cv_.wait(lock, [&] { return sl->remaining == 0; });
+      inflight_.pop_front();
+    }
+    if (sl->read_error) std::rethrow_exception(sl->read_error);
+    consumed_ = sl->next_state;
+    maybe_autoscale();
+    return {std::move(sl->plan), std::move(sl->samples)};
+  }
+
+  /// The state before the step next() returns next: the checkpoint.
+  [[nodiscard]] planner_state state() const { return consumed_; }
+
+  /// Continues from `st` (drops whatever was prefetched). Pre: st has one cursor per source.
+  void restore(const planner_state& st) {
+    if (st.cursors.size() != cfg_.sources.size())
+      throw_error<mismatch_error>("data_loader::restore: state has {} cursors for {} sources", st.cursors.size(), cfg_.sources.size());
+    std::unique_lock lock(mutex_);
+    tasks_.clear();
+    done_cv_.wait(lock, [&] { return active_ == 0; });
+    inflight_.clear();
+    plan_state_ = consumed_ = st;
+  }
+
+  [[nodiscard]] const mixture_config& config() const noexcept { return cfg_; }
+  [[nodiscard]] int loaders(int source) const {
+    std::lock_guard lock(mutex_);
+    return static_cast<int>(loaders_[static_cast<std::size_t>(source)].size());
+  }
+  /// Samples read from `source` so far, over all its loaders (including those retired by scaling).
+  [[nodiscard]] std::int64_t reads(int source) const {
+    std::lock_guard lock(mutex_);
+    std::int64_t r = retired_reads_.empty() ? 0 : retired_reads_[static_cast<std::size_t>(source)];
+    for (const auto& l : loaders_[static_cast<std::size_t>(source)]) r += l->reader().reads();
+    return r;
+  }
+  /// Measured mean preprocessing (read + decode) time per sample of `source`, in nanoseconds.
+  [[nodiscard]] double cost_ns(int source) const {
+    std::lock_guard lock(mutex_);
+    return cost_ns_[static_cast<std::size_t>(source)];
+  }
+  /// Sets k_s explicitly (what the autoscaler does). Pre: k >= 1. The stream is unchanged.
+  void set_loaders(int source, int k) {
+    if (k < 1) throw_error<invalid_argument>("data_loader::set_loaders: k = {}; expected >= 1", k);
+    const auto s = static_cast<std::size_t>(source);
+    std::vector<std::shared_ptr<source_loader>> fresh;
+    {
+      std::lock_guard lock(mutex_);
+      if (static_cast<int>(loaders_[s].size()) == k) return;
+    }
+    for (int j = loaders(source); j < k; ++j) fresh.push_back(open_loader(s));
+    std::lock_guard lock(mutex_);
+    if (retired_reads_.empty()) retired_reads_.assign(cfg_.sources.size(), 0);
+    while (static_cast<int>(loaders_[s].size()) > k) {
+      retired_reads_[s] += loaders_[s].back()->reader().reads();
+      loaders_[s].pop_back();  // in-flight tasks keep their loader alive through their shared_ptr
+    }
+    for (auto& l : fresh) loaders_[s].push_back(std::move(l));
+  }
+
+  /// What this data plane holds, per component: every source loader's access state, the prefetched
+  /// samples, the planner state.
+  [[nodiscard]] memory_report memory() const {
+    memory_report r;
+    std::lock_guard lock(mutex_);
+    for (std::size_t s = 0; s < loaders_.size(); ++s)
+      for (std::size_t j = 0; j < loaders_[s].size(); ++j)
+        r.add("source_loader", fmt::format("{}#{}", cfg_.sources[s].name, j), loaders_[s][j]->state_bytes(),
+              loaders_[s][j]->reader().mapped_data_bytes());
+    std::int64_t pre = 0;
+    for (const auto& sl : inflight_)
+      for (const auto& smp : sl->samples) pre += smp.heap_bytes();
+    r.add("prefetch", "steps", pre);
+    r.add("planner", "state", static_cast<std::int64_t>(sizeof(planner_state) + consumed_.cursors.capacity() * sizeof(source_cursor)));
+    return r;
+  }
+
+ private:
+  struct slot {
+    step_plan plan;
+    planner_state next_state;
+    std::vector<sample> samples;
+    std::int64_t remaining = 0;
+    std::exception_ptr plan_error, read_error;
+  };
+  struct task {
+    std::shared_ptr<slot> sl;
+    std::size_t i;
+  };
+  // The planner's view of the sources: sizes, and (index, meta) through the loader that owns the position.
+  struct meta_view {
+    data_loader* self;
+    std::int64_t source_size(int s) const { return self->sizes_[static_cast<std::size_t>(s)]; }
+    std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
+      auto l = self->loader_for(static_cast<std::size_t>(s), p);
+      const auto idx = l->index_at(e, p);
+      return {idx, l->meta(idx)};
+    }
+  };
+
+  std::shared_ptr<source_loader> open_loader(std::size_t s) {
+    return std::make_shared<source_loader>(cfg_.sources[s], static_cast<int>(s), cfg_.seed, decode_);
+  }
+  std::shared_ptr<source_loader> loader_for(std::size_t s, std::int64_t position) const {
+    std::lock_guard lock(mutex_);
+    const auto& ls = loaders_[s];
+    return ls[static_cast<std::size_t>(position) % ls.size()];
+  }
+
+  void fill() {
+    for (;;) {
+      {
+        std::lock_guard lock(mutex_);
+        if (static_cast<int>(inflight_.size()) > opts_.prefetch_steps) return;
+        if (!inflight_.empty() && inflight_.back()->plan_error) return;
+      }
+      auto sl = std::make_shared<slot>();
+      try {
+        meta_view view{this};
+        auto planned = plan_step(cfg_, plan_state_, view);
+        sl->plan = std::move(planned.plan);
+        sl->next_state = planned.next;
+      } catch (...) {
+        sl->plan_error = std::current_exception();
+      }
+      std::lock_guard lock(mutex_);
+      inflight_.push_back(sl);
+      if (sl->plan_error) return;
+      plan_state_ = sl->next_state;
+      sl->samples.resize(sl->plan.samples.size());
+      sl->remaining = static_cast<std::int64_t>(sl->plan.samples.size());
+      if (opts_.workers > 0)
+        for (std::size_t i = 0; i < sl->plan.samples.size(); ++i) tasks_.push_back({sl, i});
+      cv_.notify_all();
+    }
+  }
+
+  void run_task(const task& t) {
+    const auto& ref = t.sl->plan.samples[t.i].ref;
+    const auto s = static_cast<std::size_t>(ref.source);
+    const auto begin = std::chrono::steady_clock::now();
+    try {
+      t.sl->samples[t.i] = loader_for(s, ref.position)->load(ref.epoch, ref.position);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      if (!t.sl->read_error) t.sl->read_error = std::current_exception();
+    }
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - begin).count();
+    std::lock_guard lock(mutex_);
+    cost_ns_[s] = cost_ns_[s] == 0 ? ns : 0.9 * cost_ns_[s] + 0.1 * ns;  // moving average of read + decode
+    if (--t.sl->remaining == 0) done_cv_.notify_all();
+  }
+
+  void work() {
+    for (;;) {
+      task t;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        if (stop_) return;
+        t = std::move(tasks_.front());
+        tasks_.pop_front();
+        ++active_;
+      }
+      run_task(t);
+      std::lock_guard lock(mutex_);
+      --active_;
+      done_cv_.notify_all();
+    }
+  }
+
+  void maybe_autoscale() {
+    const auto& a = opts_.autoscale;
+    if (!a.enabled || a.interval_steps <= 0 || consumed_.step % a.interval_steps != 0) return;
+    std::vector<double> costs;
+    {
+      std::lock_guard lock(mutex_);
+      costs = cost_ns_;
+    }
+    const int budget = a.loader_budget > 0 ? a.loader_budget : 2 * static_cast<int>(cfg_.sources.size());
+    const auto k = autoscale_loaders(costs, weights_at(cfg_, consumed_.step + a.lookahead_steps), budget, a.max_per_source);
+    for (std::size_t s = 0; s < k.size(); ++s) set_loaders(static_cast<int>(s), k[s]);
+  }
+
+  mixture_config cfg_;
+  loader_options opts_;
+  wds_decoder decode_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::vector<std::shared_ptr<source_loader>>> loaders_{};
+  std::vector<std::int64_t> sizes_{}, retired_reads_{};
+  std::vector<double> cost_ns_{};
+  std::deque<std::shared_ptr<slot>> inflight_;
+  std::deque<task> tasks_;
+  planner_state plan_state_{}, consumed_{};
+  int active_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_{};
+};
+
+}  // namespace hetmesh::data

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: memory accounting per component. Each entry is bytes a component holds: heap it
+// allocated (exact, from container capacities) plus index bytes it mapped and touched (resident). Payload
+// files mapped for reading are page cache shared by every process on the node; they are reported as
+// `mapped` and not added to the totals.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/format.hpp"
+
+namespace hetmesh::data {
+
+struct memory_entry {
+  std::string component{};  // "source_loader", "prefetch", "planner", "constructor"
+  std::string owner{};      // e.g. "web#0" (source web, loader 0) or "rank 3"
+  std::int64_t bytes = 0;
+  std::int64_t mapped = 0;
+  friend bool operator==(const memory_entry&, const memory_entry&) = default;
+};
+
+struct memory_report {
+  std::vector<memory_entry> entries{};
+
+  [[nodiscard]] std::int64_t total() const noexcept {
+    std::int64_t t = 0;
+    for (const auto& e : entries) t += e.bytes;
+    return t;
+  }
+  [[nodiscard]] std::int64_t total_of(std::string_view component) const noexcept {
+    std::int64_t t = 0;
+    for (const auto& e : entries)
+      if (e.component == component) t += e.bytes;
+    return t;
+  }
+  [[nodiscard]] std::int64_t count_of(std::string_view component) const noexcept {
+    std::int64_t n = 0;
+    for (const auto& e : entries) n += e.component == component ? 1 : 0;
+    return n;
+  }
+  void add(std::string component, std::string owner, std::int64_t bytes, std::int64_t mapped = 0) {
+    entries.push_back({std::move(component), std::move(owner), bytes, mapped});
+  }
+};
+
+}  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::memory_report> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::memory_report& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    auto out = fmt::format_to(ctx.out(), "memory_report(total={} B", r.total());
+    for (const char* c : {"source_loader", "prefetch", "planner", "constructor"})
+      if (r.count_of(c) > 0) out = fmt::format_to(out, ", {}: {} x, {} B", c, r.count_of(c), r.total_of(c));
+    return fmt::format_to(out, ")");
+  }
+};

@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: the declarative mixture. One value says which sources exist, how much of each goes
+// into every step (weights as piecewise-linear functions of the step: constant weights and curricula are
+// the same thing), how long/short buckets and modalities are mixed, how samples are priced for
+// balancing, and the parallel layout the batch is delivered to. The C++ aggregate and the JSON file are
+// two spellings of the same value (see mixture_json.hpp); validate() checks either.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "sample.hpp"
+
+namespace hetmesh::data {
+
+/// One control point of a schedule: at `step` the weight is `weight`.
+struct weight_point {
+  std::int64_t step = 0;
+  double weight = 0;
+  void hash_append(hasher& h) const { append_all(h, step, weight); }
+  friend bool operator==(const weight_point&, const weight_point&) = default;
+};
+
+/// A piecewise-linear function of the step: constant before the first point and after the last, linear
+/// in between. One point is a constant weight; several are a curriculum. Points sorted by step.
+using schedule = std::vector<weight_point>;
+
+/// The schedule's value at `step`. Pre: non-empty, steps strictly increasing (validate() checks).
+[[nodiscard]] inline double evaluate(const schedule& s, std::int64_t step) {
+  if (step <= s.front().step) return s.front().weight;
+  if (step >= s.back().step) return s.back().weight;
+  const auto hi = std::upper_bound(s.begin(), s.end(), step, [](std::int64_t v, const weight_point& p) { return v < p.step; });
+  const auto lo = hi - 1;
+  const double t = static_cast<double>(step - lo->step) / static_cast<double>(hi->step - lo->step);
+  return lo->weight + (hi->weight - lo->weight) * t;
+}
+
+enum class source_format { indexed, webdataset };
+enum class balance_method { lpt, karmarkar_karp, round_robin };
+
+/// One data source.
+struct source_spec {
+  std::string name{};
+  source_format format = source_format::indexed;
+  /// indexed: dataset prefixes (`p.bin`/`p.idx`), concatenated; webdataset: shard paths, concatenated.
+  std::vector<std::string> paths{};
+  /// Mixture weight over steps. Without modality/bucket mixes, the weights of all sources sum to one at
+  /// every step; with them, a source's weight is relative to the others of its (modality, bucket) group.
+  schedule weight = {{0, 1.0}};
+  std::string modality = "text";
+  std::string bucket{};
+  /// Long/short filter: keep the samples with min_tokens <= tokens (+ encoder tokens) and, when
+  /// max_tokens > 0, tokens < max_tokens. Two specs over the same files make a short and a long bucket.
+  std::int64_t min_tokens = 0;
+  std::int64_t max_tokens = 0;
+  /// 0: the source repeats epochs forever; n > 0: it runs dry after n epochs (an error, not a skip).
+  std::int64_t max_epochs = 0;
+
+  void hash_append(hasher& h) const {
+    append_all(h, name, format, paths, weight, modality, bucket, min_tokens, max_tokens, max_epochs);
+  }
+  friend bool operator==(const source_spec&, const source_spec&) = default;
+};
+
+/// A named weight of a modality or bucket mix.
+struct group_weight {
+  std::string name{};
+  schedule weight{};
+  void hash_append(hasher& h) const { append_all(h, name, weight); }
+  friend bool operator==(const group_weight&, const group_weight&) = default;
+};
+
+/// The price of a sample for balancing, in integer units: linear and quadratic (attention) terms for
+/// text tokens and for each encoder item. Integers keep the balance plan bitwise equal on every rank.
+struct cost_model {
+  std::int64_t linear = 1;
+  std::int64_t quadratic = 0;
+  std::int64_t item_linear = 1;
+  std::int64_t item_quadratic = 0;
+  [[nodiscard]] std::int64_t operator()(const sample_meta& m) const noexcept {
+    std::int64_t c = linear * m.tokens + quadratic * m.tokens * m.tokens;
+    for (auto t : m.item_tokens) c += item_linear * t + item_quadratic * t * t;
+    return c;
+  }
+  void hash_append(hasher& h) const { append_all(h, linear, quadratic, item_linear, item_quadratic); }
+  friend bool operator==(const cost_model&, const cost_model&) = default;
+};
+
+/// The trainer's layout for delivery. Ranks are numbered in Megatron's "tp-cp-dp-pp" order (tp
+/// fastest): rank = tp + TP * (cp + CP * (dp + DP * pp)).
+struct topology {
+  int tp = 1, cp = 1, dp = 1, pp = 1;
+  [[nodiscard]] int world() const noexcept { return tp * cp * dp * pp; }
+  [[nodiscard]] int rank(int t, int c, int d, int p) const noexcept { return t + tp * (c + cp * (d + dp * p)); }
+  void hash_append(hasher& h) const { append_all(h, tp, cp, dp, pp); }
+  friend bool operator==(const topology&, const topology&) = default;
+};
+
+/// The whole declarative data plane.
+struct mixture_config {
+  std::uint64_t seed = 0;
+  std::int64_t global_batch = 0;  // samples per step
+  std::vector<source_spec> sources{};
+  std::vector<group_weight> modalities;  // optional modality mix (weights sum to one)
+  std::vector<group_weight> buckets;     // optional long/short mix (weights sum to one)
+  cost_model cost{};
+  balance_method balance = balance_method::lpt;
+  topology layout{};
+  int micro_batches = 1;  // per data-parallel rank and step
+  std::int64_t max_tokens_per_micro_batch = 0;  // 0: unlimited; else a capacity_error when exceeded
+
+  void hash_append(hasher& h) const {
+    append_all(h, seed, global_batch, sources, modalities, buckets, cost, balance, layout, micro_batches, max_tokens_per_micro_batch);
+  }
+  friend bool operator==(const mixture_config&, const mixture_config&) = default;
+};
+
+/// Fixed-point scale of per-step weights: integers summing to exactly this make quotas exact.
+inline constexpr std::int64_t weight_one = 1'000'000'000;
+inline constexpr double weight_tolerance = 1e-6;
+
+namespace detail {
+
+inline void check_schedule(const schedule& s, const std::string& what) {
+  if (s.empty()) throw_error<invalid_argument>("{}: the weight schedule is empty; expected at least one (step, weight) point", what);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (!std::isfinite(s[i].weight) || s[i].weight < 0)
+      throw_error<invalid_argument>("{}: weight {} at step {} is not a finite non-negative number", what, s[i].weight, s[i].step);
+    if (i > 0 && s[i].step <= s[i - 1].step)
+      throw_error<invalid_argument>("{}: schedule steps {} then {} are not strictly increasing", what, s[i - 1].step, s[i].step);
+  }
+}
+
+inline double group_value(const std::vector<group_weight>& gs, const std::string& name, std::int64_t step) {
+  if (gs.empty()) return 1.0;
+  for (const auto& g : gs)
+    if (g.name == name) return evaluate(g.weight, step);
+  return 0.0;
+}
+
+inline void check_group_sum(const std::vector<group_weight>& gs, const char* axis, std::int64_t step) {
+  if (gs.empty()) return;
+  double sum = 0;
+  for (const auto& g : gs) sum += evaluate(g.weight, step);
+  if (std::abs(sum - 1.0) > weight_tolerance)
+    throw_error<invalid_argument>("mixture: the {} weights sum to {:.9f} at step {}; expected 1", axis, sum, step);
+}
+
+}  // namespace detail
+
+/// The effective weight of every source at `step`, as doubles summing to one. Throws invalid_argument
+/// when they do not (naming the step and the sum, or the (modality, bucket) group that has weight but
+/// no source). Pure; O(sources x groups).
+[[nodiscard]] inline std::vector<double> real_weights_at(const mixture_config& cfg, std::int64_t step) {
+  const auto n = cfg.sources.size();
+  std::vector<double> w(n, 0.0);
+  detail::check_group_sum(cfg.modalities, "modality", step);
+  detail::check_group_sum(cfg.buckets, "bucket", step);
+  const bool grouped = !cfg.modalities.empty() || !cfg.buckets.empty();
+  auto group_of = [&](const source_spec& s) {
+    return std::pair(cfg.modalities.empty() ? std::string() : s.modality, cfg.buckets.empty() ? std::string() : s.bucket);
+  };
+  std::map<std::pair<std::string, std::string>, double> group_base{};
+  for (const auto& s : cfg.sources) group_base[group_of(s)] += evaluate(s.weight, step);
+  double sum = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& s = cfg.sources[i];
+    const double base = evaluate(s.weight, step);
+    if (grouped) {
+      const double factor = detail::group_value(cfg.modalities, s.modality, step) * detail::group_value(cfg.buckets, s.bucket, step);
+      const double gb = group_base[group_of(s)];
+      w[i] = gb > 0 ? factor * base / gb : 0.0;
+    } else {
+      w[i] = base;
+    }
+    sum += w[i];
+  }
+  if (std::abs(sum - 1.0) > weight_tolerance) {
+    if (grouped) {
+      for (const auto& m : cfg.modalities.empty() ? std::vector<group_weight>{{"", {{0, 1.0}}}} : cfg.modalities)
+        for (const auto& b : cfg.buckets.empty() ? std::vector<group_weight>{{"", {{0, 1.0}}}} : cfg.buckets) {
+          const double f = evaluate(m.weight, step) * evaluate(b.weight, step);
+          const auto it = group_base.find({m.name, b.name});
+          if (f > 0 && (it == group_base.end() || it->second <= 0))
+            throw_error<invalid_argument>("mixture: modality '{}' x bucket '{}' has weight {:.6f} at step {} but no source with weight > 0 in it",
+                                          m.name, b.name, f, step);
+        }
+    }
+    throw_error<invalid_argument>("mixture: source weights sum to {:.9f} at step {}; expected 1", sum, step);
+  }
+  return w;
+}
+
+/// The weights at `step` in fixed point: integers summing to exactly weight_one (largest remainder,
+/// ties by source index). Pure and deterministic.
+[[nodiscard]] inline std::vector<std::int64_t> weights_at(const mixture_config& cfg, std::int64_t step) {
+  const auto w = real_weights_at(cfg, step);
+  double total = 0;
+  for (double x : w) total += x;
+  std::vector<std::int64_t> out(w.size());
+  std::vector<std::pair<double, std::size_t>> rem(w.size());
+  std::int64_t sum = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    const double scaled = w[i] / total * static_cast<double>(weight_one);
+    out[i] = static_cast<std::int64_t>(std::floor(scaled));
+    rem[i] = {scaled - static_cast<double>(out[i]), i};
+    sum += out[i];
+  }
+  std::sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  for (std::size_t k = 0; sum < weight_one; ++k, ++sum) ++out[rem[k % rem.size()].second];
+  return out;
+}
+
+/// Checks a configuration: sizes, names, schedules, formats, and that the weights sum to one at every
+/// control point (the sums are linear between them). Throws invalid_argument naming the field.
+inline void validate(const mixture_config& cfg) {
+  if (cfg.global_batch <= 0) throw_error<invalid_argument>("mixture: global_batch = {}; expected > 0", cfg.global_batch);
+  if (cfg.sources.empty()) throw_error<invalid_argument>("mixture: no sources; expected at least one");
+  const auto& t = cfg.layout;
+  if (t.tp < 1 || t.cp < 1 || t.dp < 1 || t.pp < 1)
+    throw_error<invalid_argument>("mixture: layout tp={} cp={} dp={} pp={}; expected every extent >= 1", t.tp, t.cp, t.dp, t.pp);
+  if (cfg.micro_batches < 1) throw_error<invalid_argument>("mixture: micro_batches = {}; expected >= 1", cfg.micro_batches);
+  std::vector<std::int64_t> steps{};
+  for (std::size_t i = 0; i < cfg.sources.size(); ++i) {
+    const auto& s = cfg.sources[i];
+    const std::string what = fmt::format("source {} '{}'", i, s.name);
+    if (s.name.empty()) throw_error<invalid_argument>("{}: empty name; every source needs a unique name", what);
+    for (std::size_t j = 0; j < i; ++j)
+      if (cfg.sources[j].name == s.name) throw_error<invalid_argument>("{}: the name is used by source {} too", what, j);
+    if (s.paths.empty()) throw_error<invalid_argument>("{}: no paths; expected dataset prefixes or shard files", what);
+    if (s.min_tokens < 0 || s.max_tokens < 0 || (s.max_tokens > 0 && s.max_tokens <= s.min_tokens))
+      throw_error<invalid_argument>("{}: token bucket [{}, {}) is empty or negative", what, s.min_tokens, s.max_tokens);
+    if (s.max_epochs < 0) throw_error<invalid_argument>("{}: max_epochs = {}; expected >= 0", what, s.max_epochs);
+    detail::check_schedule(s.weight, what);
+    for (const auto& p : s.weight) steps.push_back(p.step);
+    if (!cfg.modalities.empty() && std::none_of(cfg.modalities.begin(), cfg.modalities.end(), [&](auto& g) { return g.name == s.modality; }))
+      throw_error<invalid_argument>("{}: modality '{}' is not in the modality mix", what, s.modality);
+    if (!cfg.buckets.empty() && std::none_of(cfg.buckets.begin(), cfg.buckets.end(), [&](auto& g) { return g.name == s.bucket; }))
+      throw_error<invalid_argument>("{}: bucket '{}' is not in the bucket mix", what, s.bucket);
+  }
+  for (const auto* axis : {&cfg.modalities, &cfg.buckets})
+    for (const auto& g : *axis) {
+      detail::check_schedule(g.weight, fmt::format("group '{}'", g.name));
+      for (const auto& p : g.weight) steps.push_back(p.step);
+    }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  for (auto st : steps) (void)real_weights_at(cfg, st);
+}
+
+}  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::source_spec> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::source_spec& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "source({}, {}, {} paths, {} weight points, {}/{})", s.name,
+                          s.format == hetmesh::data::source_format::indexed ? "indexed" : "webdataset", s.paths.size(), s.weight.size(),
+                          s.modality, s.bucket);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::data::mixture_config> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::mixture_config& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "mixture(seed={}, batch={}, {} sources, tp={} cp={} dp={} pp={}, {} micro-batches)", c.seed,
+                          c.global_batch, c.sources.size(), c.layout.tp, c.layout.cp, c.layout.dp, c.layout.pp, c.micro_batches);
+  }
+};

@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: the data planner. A pure function of (configuration, state at the step, metadata)
+// that returns the step's global batch, each data-parallel rank's share and micro-batches (balanced
+// through hetmesh::balance), and the state of the next step. The state is tiny (per source: epoch,
+// position, carry), so it is also the checkpoint; the state at step k is itself a pure function of
+// (configuration, k, source sizes) and can be replayed (state_at).
+//
+// Quotas: q_s = w_s(step) * B + carry_s in fixed point (weights sum to exactly weight_one); n_s =
+// floor(q_s), the B - sum(n_s) slots left go to the largest remainders (ties: lower source index);
+// carry_s = q_s - n_s. Since sum(carry) stays 0 and |carry_s| < one sample, the realised count of every
+// source is within one sample of the schedule's integral at every step.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../balance/solvers.hpp"
+#include "../core/assert.hpp"
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "mixture.hpp"
+#include "sample.hpp"
+
+namespace hetmesh::data {
+
+/// Where one source's stream stands: epoch, next position in the epoch's permutation, and the quota
+/// carry in 1/weight_one samples.
+struct source_cursor {
+  std::int64_t epoch = 0;
+  std::int64_t position = 0;
+  std::int64_t carry = 0;
+  void hash_append(hasher& h) const { append_all(h, epoch, position, carry); }
+  friend bool operator==(const source_cursor&, const source_cursor&) = default;
+};
+
+/// The planner's whole state before `step`.
+struct planner_state {
+  std::int64_t step = 0;
+  std::vector<source_cursor> cursors{};
+  void hash_append(hasher& h) const { append_all(h, step, cursors); }
+  friend bool operator==(const planner_state&, const planner_state&) = default;
+};
+
+/// The state before step 0.
+[[nodiscard]] inline planner_state initial_state(const mixture_config& cfg) {
+  return {0, std::vector<source_cursor>(cfg.sources.size())};
+}
+
+/// What the planner needs to know about the sources, and no more: how many samples each has, and for
+/// (source, epoch, position) the sample index and its lengths. Source loaders implement it; a test can
+/// implement it from a table.
+/// Requirements: 1. m.source_size(s) -> int64 (>= 0); 2. m.lookup(s, epoch, position) -> (index, meta),
+/// a pure function of its arguments.
+template <class M>
+concept metadata_source = requires(M& m, int s, std::int64_t e, std::int64_t p) {
+  { m.source_size(s) } -> std::convertible_to<std::int64_t>;
+  { m.lookup(s, e, p) } -> std::convertible_to<std::pair<std::int64_t, sample_meta>>;
+};
+
+/// One sample of a step plan: where it comes from, its lengths and cost, and where it goes.
+struct planned_sample {
+  sample_ref ref{};
+  sample_meta meta{};
+  std::int64_t cost = 0;
+  int dp_rank = 0;
+  int micro_batch = 0;
+  void hash_append(hasher& h) const { append_all(h, ref, meta, cost, dp_rank, micro_batch); }
+  friend bool operator==(const planned_sample&, const planned_sample&) = default;
+};
+
+/// The plan of one step: samples ordered by (source, epoch, position); per-source counts; the cost load
+/// of every data-parallel rank.
+struct step_plan {
+  std::int64_t step = 0;
+  std::vector<planned_sample> samples{};
+  std::vector<std::int64_t> quotas{};
+  std::vector<std::int64_t> rank_cost{};
+  /// Indices into `samples` of rank r's micro-batch m, in sample order.
+  [[nodiscard]] std::vector<int> micro_batch(int r, int m) const {
+    std::vector<int> out;
+    for (std::size_t i = 0; i < samples.size(); ++i)
+      if (samples[i].dp_rank == r && samples[i].micro_batch == m) out.push_back(static_cast<int>(i));
+    return out;
+  }
+  void hash_append(hasher& h) const { append_all(h, step, samples, quotas, rank_cost); }
+  friend bool operator==(const step_plan&, const step_plan&) = default;
+};
+
+/// Per-source sample counts of the step `st.step`, and the carries after it. Pure; O(sources log sources).
+[[nodiscard]] inline std::vector<std::int64_t> step_quotas(const mixture_config& cfg, const std::vector<std::int64_t>& weights,
+                                                           std::vector<source_cursor>& cursors) {
+  const std::size_t n = weights.size();
+  const std::int64_t B = cfg.global_batch;
+  std::vector<std::int64_t> q(n), count(n, 0);
+  std::int64_t assigned = 0;
+  for (std::size_t s = 0; s < n; ++s) {
+    q[s] = weights[s] * B + cursors[s].carry;
+    count[s] = q[s] > 0 ? q[s] / weight_one : 0;
+    assigned += count[s];
+  }
+  std::vector<std::size_t> order{};
+  for (std::size_t s = 0; s < n; ++s)
+    if (q[s] - count[s] * weight_one > 0) order.push_back(s);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const auto ra = q[a] - count[a] * weight_one, rb = q[b] - count[b] * weight_one;
+    return ra != rb ? ra > rb : a < b;
+  });
+  HETMESH_ASSERT(B - assigned <= static_cast<std::int64_t>(order.size()), "largest remainder: {} slots left, {} candidates",
+                 B - assigned, order.size());
+  for (std::size_t k = 0; assigned < B; ++k, ++assigned) ++count[order[k]];
+  for (std::size_t s = 0; s < n; ++s) cursors[s].carry = q[s] - count[s] * weight_one;
+  return count;
+}
+
+namespace detail {
+/// Advances one cursor by `count` positions, calling f(epoch, position) for each; wraps epochs.
+template <class F>
+void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count, source_cursor& c, F&& f) {
+  if (count > 0 && size == 0)
+    throw_error<data_error>("source {} '{}' has no samples (after its token filter) but weight > 0 at this step", s, spec.name);
+  for (std::int64_t k = 0; k < count; ++k) {
+    if (c.position >= size) {
+      if (spec.max_epochs > 0 && c.epoch + 1 >= spec.max_epochs)
+        throw_error<data_error>("source {} '{}' ran dry: all {} samples of its {} epoch(s) are used and the mixture asks for more; "
+                                "expected a larger max_epochs or a lower weight",
+                                s, spec.name, size, spec.max_epochs);
+      ++c.epoch;
+      c.position = 0;
+    }
+    f(c.epoch, c.position);
+    ++c.position;
+  }
+}
+}  // namespace detail
+
+/// Replays quotas and cursors to the state before `step` without touching metadata. Pure; O(step x sources).
+[[nodiscard]] inline planner_state state_at(const mixture_config& cfg, std::int64_t step, std::span<const std::int64_t> sizes) {
+  planner_state st = initial_state(cfg);
+  for (; st.step < step; ++st.step) {
+    const auto counts = step_quotas(cfg, weights_at(cfg, st.step), st.cursors);
+    for (std::size_t s = 0; s < counts.size(); ++s)
+      detail::draw(cfg.sources[s], static_cast<int>(s), sizes[s], counts[s], st.cursors[s], [](std::int64_t, std::int64_t) {});
+  }
+  return st;
+}
+
+/// The result of planning a step: its plan and the state before the next step.
+struct planned_step {
+  step_plan plan{};
+  planner_state next{};
+};
+
+/// Plans step `st.step`. Pre: validate(cfg); st.cursors.size() == sources. Post: exactly global_batch
+/// samples; each (source, epoch, position) drawn once in the whole run; every sample in exactly one
+/// (dp_rank, micro_batch). Not collective: every rank (or one coordinator) computes the same plan from the
+/// same inputs; deterministic (plan_hash equal everywhere). Cost O(B log B + sources log sources) plus B
+/// metadata lookups. Throws data_error when a source runs dry, capacity_error when a micro-batch exceeds
+/// max_tokens_per_micro_batch.
+template <metadata_source M>
+[[nodiscard]] planned_step plan_step(const mixture_config& cfg, const planner_state& st, M& metadata) {
+  if (st.cursors.size() != cfg.sources.size())
+    throw_error<invalid_argument>("plan_step: state has {} cursors for {} sources; expected one per source", st.cursors.size(),
+                                  cfg.sources.size());
+  planned_step out{{st.step, {}, {}, {}}, st};
+  out.next.step = st.step + 1;
+  out.plan.quotas = step_quotas(cfg, weights_at(cfg, st.step), out.next.cursors);
+  auto& samples = out.plan.samples;
+  samples.reserve(static_cast<std::size_t>(cfg.global_batch));
+  for (std::size_t s = 0; s < cfg.sources.size(); ++s) {
+    const int si = static_cast<int>(s);
+    if (out.plan.quotas[s] == 0) continue;
+    detail::draw(cfg.sources[s], si, metadata.source_size(si), out.plan.quotas[s], out.next.cursors[s],
+                 [&](std::int64_t e, std::int64_t p) {
+                   auto [index, meta] = metadata.lookup(si, e, p);
+                   const auto cost = cfg.cost(meta);
+                   samples.push_back({{si, e, p, index}, std::move(meta), cost, 0, 0});
+                 });
+  }
+  // Data-parallel shares, then micro-batches inside each share; both balanced on the integer costs.
+  const int dp = cfg.layout.dp;
+  std::vector<std::int64_t> costs(samples.size());
+  for (std::size_t i = 0; i < samples.size(); ++i) costs[i] = samples[i].cost;
+  auto split = [&](std::span<const std::int64_t> c, int bins) {
+    if (cfg.balance == balance_method::karmarkar_karp) return balance::karmarkar_karp(c, bins);
+    if (cfg.balance == balance_method::lpt) return balance::lpt(c, bins);
+    balance::assignment a;  // the baseline: deal samples out in stream order
+    a.load.assign(static_cast<std::size_t>(bins), 0);
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      a.bin_of.push_back(static_cast<int>(i % static_cast<std::size_t>(bins)));
+      a.load[i % static_cast<std::size_t>(bins)] += c[i];
+    }
+    return a;
+  };
+  const auto ranks = split(costs, dp);
+  out.plan.rank_cost = ranks.load;
+  for (int r = 0; r < dp; ++r) {
+    const auto mine = ranks.items_of(r);
+    std::vector<std::int64_t> c(mine.size());
+    for (std::size_t k = 0; k < mine.size(); ++k) c[k] = costs[static_cast<std::size_t>(mine[k])];
+    const auto mbs = split(c, cfg.micro_batches);
+    std::vector<std::int64_t> mb_tokens(static_cast<std::size_t>(cfg.micro_batches), 0);
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      auto& smp = samples[static_cast<std::size_t>(mine[k])];
+      smp.dp_rank = r;
+      smp.micro_batch = mbs.bin_of[k];
+      mb_tokens[static_cast<std::size_t>(smp.micro_batch)] += smp.meta.tokens;
+    }
+    for (int m = 0; m < cfg.micro_batches; ++m)
+      if (cfg.max_tokens_per_micro_batch > 0 && mb_tokens[static_cast<std::size_t>(m)] > cfg.max_tokens_per_micro_batch)
+        throw_error<capacity_error>("step {}: rank {} micro-batch {} holds {} tokens; expected at most max_tokens_per_micro_batch = {} "
+                                    "(raise micro_batches or the capacity)",
+                                    st.step, r, m, mb_tokens[static_cast<std::size_t>(m)], cfg.max_tokens_per_micro_batch);
+  }
+  return out;
+}
+
+/// Who does what with a data-parallel rank's batch under hybrid parallelism: the loading rank (tp = cp =
+/// 0 of the first pipeline stage) gets it from the data plane; the other ranks of that tensor x context
+/// group, and of the last pipeline stage's group (which needs the labels), receive it by broadcast from
+/// the loading rank. Middle pipeline stages receive nothing. Pure.
+struct delivery_group {
+  int dp = 0;
+  int loader = 0;               // global rank that receives the data from the loaders
+  std::vector<int> ranks{};     // the broadcast group, loader first, ascending otherwise
+  friend bool operator==(const delivery_group&, const delivery_group&) = default;
+};
+
+[[nodiscard]] inline delivery_group delivery_of(const topology& t, int dp) {
+  delivery_group g{dp, t.rank(0, 0, dp, 0), {}};
+  for (int p : {0, t.pp - 1}) {
+    if (p == t.pp - 1 && p == 0 && !g.ranks.empty()) break;
+    for (int c = 0; c < t.cp; ++c)
+      for (int x = 0; x < t.tp; ++x) g.ranks.push_back(t.rank(x, c, dp, p));
+  }
+  return g;
+}
+
+/// Every delivery group, one per data-parallel index. Their rank sets are disjoint.
+[[nodiscard]] inline std::vector<delivery_group> delivery_plan(const topology& t) {
+  std::vector<delivery_group> out{};
+  for (int d = 0; d < t.dp; ++d) out.push_back(delivery_of(t, d));
+  return out;
+}
+
+}  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::planner_state> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::planner_state& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    auto out = fmt::format_to(ctx.out(), "planner_state(step={}", s.step);
+    for (std::size_t i = 0; i < s.cursors.size(); ++i)
+      out = fmt::format_to(out, ", s{}: e{} p{} c{}", i, s.cursors[i].epoch, s.cursors[i].position, s.cursors[i].carry);
+    return fmt::format_to(out, ")");
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::data::step_plan> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::step_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "step_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step, p.samples.size(), p.quotas,
+                          p.rank_cost);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::data::delivery_group> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::delivery_group& g, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "delivery(dp={}, loader={}, ranks={})", g.dp, g.loader, g.ranks);
+  }
+};

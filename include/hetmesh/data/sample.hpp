@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: what a sample is, in the two forms the data plane moves: its metadata (lengths only:
+// enough to plan and balance, never the bytes) and its loaded form (token ids and encoder payloads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+
+namespace hetmesh::data {
+
+/// The lengths of one sample: text tokens, and the tokens each encoder item (image, audio clip, ...)
+/// becomes. `bytes` is the on-disk payload size (what a loader will read).
+struct sample_meta {
+  std::int64_t tokens = 0;
+  std::vector<std::int64_t> item_tokens{};
+  std::int64_t bytes = 0;
+
+  [[nodiscard]] std::int64_t encoder_tokens() const noexcept {
+    std::int64_t t = 0;
+    for (auto v : item_tokens) t += v;
+    return t;
+  }
+  void hash_append(hasher& h) const { append_all(h, tokens, item_tokens, bytes); }
+  friend bool operator==(const sample_meta&, const sample_meta&) = default;
+};
+
+/// Where a sample sits in the stream: source, the source's epoch, its position in that epoch's
+/// permutation, and the sample's index inside the source (= permutation[position]).
+struct sample_ref {
+  int source = 0;
+  std::int64_t epoch = 0;
+  std::int64_t position = 0;
+  std::int64_t index = 0;
+  void hash_append(hasher& h) const { append_all(h, source, epoch, position, index); }
+  friend bool operator==(const sample_ref&, const sample_ref&) = default;
+};
+
+/// One encoder input of a sample: its kind (the file extension in a WebDataset shard, e.g. "jpg"),
+/// the tokens the encoder turns it into, and its payload bytes as decoded by the user's hook.
+struct encoder_item {
+  std::string kind{};
+  std::int64_t tokens = 0;
+  std::vector<std::byte> payload{};
+  friend bool operator==(const encoder_item&, const encoder_item&) = default;
+};
+
+/// A loaded sample: text token ids and encoder items.
+struct sample {
+  sample_ref ref{};
+  std::vector<std::int32_t> tokens{};
+  std::vector<encoder_item> items{};
+
+  /// Heap bytes this sample holds (for memory accounting).
+  [[nodiscard]] std::int64_t heap_bytes() const noexcept {
+    auto b = static_cast<std::int64_t>(tokens.capacity() * sizeof(std::int32_t) + items.capacity() * sizeof(encoder_item));
+    for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
+    return b;
+  }
+  friend bool operator==(const sample&, const sample&) = default;
+};
+
+}  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::sample_meta> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::sample_meta& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "meta(tokens={}, items={}, bytes={})", m.tokens, m.item_tokens, m.bytes);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::data::sample_ref> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::sample_ref& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "s{}/e{}/p{}=#{}", r.source, r.epoch, r.position, r.index);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::data::sample> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::sample& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "sample({}, {} tokens, {} items)", s.ref, s.tokens.size(), s.items.size());
+  }
+};

@@ -1,0 +1,226 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: a source's access state. A `source_reader` is the open files and index of one source
+// (a Megatron indexed dataset list or a list of WebDataset shards), with the optional long/short token
+// filter applied. A `source_loader` adds the per-epoch shuffle state (the permutation keyed by (seed,
+// source, epoch)). Exactly one loader per source holds this state, or k_s of them when the source is
+// scaled out; trainer ranks never hold it. Every component reports the memory it holds.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/random.hpp"
+#include "indexed_dataset.hpp"
+#include "mixture.hpp"
+#include "sample.hpp"
+#include "webdataset.hpp"
+
+namespace hetmesh::data {
+
+/// Read access to one source: sample count, metadata and payload of sample i (i in [0, size())).
+/// Implementations are immutable after opening, so concurrent meta()/load() calls are safe.
+class source_reader {
+ public:
+  virtual ~source_reader() = default;
+  [[nodiscard]] virtual std::int64_t size() const = 0;
+  [[nodiscard]] virtual sample_meta meta(std::int64_t i) const = 0;
+  /// Fills out.tokens / out.items (out.ref is the caller's). Counts one read.
+  virtual void load(std::int64_t i, sample& out) const = 0;
+  /// Heap bytes plus resident index bytes of this open source (its access state).
+  [[nodiscard]] virtual std::int64_t state_bytes() const = 0;
+  /// Bytes of payload files mapped (page cache, shared, touched on demand): reported, not owned.
+  [[nodiscard]] virtual std::int64_t mapped_data_bytes() const = 0;
+  /// Loads served so far (the test of "nothing read twice").
+  [[nodiscard]] std::int64_t reads() const noexcept { return reads_.load(std::memory_order_relaxed); }
+
+ protected:
+  void count_read() const noexcept { reads_.fetch_add(1, std::memory_order_relaxed); }
+  /// Applies a [min, max) token filter: the kept underlying indices (empty filter keeps everything and
+  /// stores nothing).
+  template <class MetaOf>
+  void apply_filter(const source_spec& spec, std::int64_t total, MetaOf&& meta_of) {
+    total_ = total;
+    if (spec.min_tokens == 0 && spec.max_tokens == 0) return;
+    filtered_ = true;
+    for (std::int64_t i = 0; i < total; ++i) {
+      const auto m = meta_of(i);
+      const std::int64_t t = m.tokens + m.encoder_tokens();
+      if (t >= spec.min_tokens && (spec.max_tokens == 0 || t < spec.max_tokens)) keep_.push_back(i);
+    }
+  }
+  [[nodiscard]] std::int64_t filtered_size() const noexcept { return filtered_ ? static_cast<std::int64_t>(keep_.size()) : total_; }
+  [[nodiscard]] std::int64_t underlying(std::int64_t i) const noexcept { return filtered_ ? keep_[static_cast<std::size_t>(i)] : i; }
+  [[nodiscard]] std::int64_t filter_bytes() const noexcept { return static_cast<std::int64_t>(keep_.capacity() * 8); }
+
+ private:
+  mutable std::atomic<std::int64_t> reads_{0};
+  bool filtered_ = false;
+  std::int64_t total_ = 0;
+  std::vector<std::int64_t> keep_{};
+};
+
+/// Megatron indexed datasets, concatenated in the order given.
+class indexed_source final : public source_reader {
+ public:
+  explicit indexed_source(const source_spec& spec) {
+    std::int64_t total = 0;
+    for (const auto& p : spec.paths) {
+      parts_.emplace_back(p);
+      starts_.push_back(total);
+      total += parts_.back().size();
+    }
+    apply_filter(spec, total, [&](std::int64_t i) { return raw_meta(i); });
+  }
+  [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
+  [[nodiscard]] sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
+  void load(std::int64_t i, sample& out) const override {
+    const auto [part, local] = locate(underlying(i));
+    out.tokens.clear();
+    parts_[part].read_tokens(local, out.tokens);
+    count_read();
+  }
+  [[nodiscard]] std::int64_t state_bytes() const override {
+    std::int64_t b = sizeof(*this) + filter_bytes() + static_cast<std::int64_t>(parts_.capacity() * sizeof(indexed_dataset) + starts_.capacity() * 8);
+    for (const auto& p : parts_) b += p.index_bytes();
+    return b;
+  }
+  [[nodiscard]] std::int64_t mapped_data_bytes() const override {
+    std::int64_t b = 0;
+    for (const auto& p : parts_) b += p.data_bytes();
+    return b;
+  }
+
+ private:
+  [[nodiscard]] std::pair<std::size_t, std::int64_t> locate(std::int64_t i) const noexcept {
+    const auto it = std::upper_bound(starts_.begin(), starts_.end(), i) - 1;
+    const auto part = static_cast<std::size_t>(it - starts_.begin());
+    return {part, i - *it};
+  }
+  [[nodiscard]] sample_meta raw_meta(std::int64_t i) const {
+    const auto [part, local] = locate(i);
+    const auto len = parts_[part].length(local);
+    return {.tokens = len, .item_tokens = {}, .bytes = len * dtype_size(parts_[part].type())};
+  }
+  std::vector<indexed_dataset> parts_{};
+  std::vector<std::int64_t> starts_{};
+};
+
+/// WebDataset shards, concatenated in the order given; payloads decoded by the user's hook.
+class webdataset_source final : public source_reader {
+ public:
+  webdataset_source(const source_spec& spec, wds_decoder decode) : decode_(decode ? std::move(decode) : wds_decoder(default_wds_decode)) {
+    std::int64_t total = 0;
+    for (const auto& p : spec.paths) {
+      shards_.emplace_back(p);
+      starts_.push_back(total);
+      total += shards_.back().size();
+    }
+    apply_filter(spec, total, [&](std::int64_t i) { return raw_meta(i); });
+  }
+  [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
+  [[nodiscard]] sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
+  void load(std::int64_t i, sample& out) const override {
+    const auto [part, local] = locate(underlying(i));
+    const auto rec = shards_[part].record(local);
+    out.tokens.clear();
+    out.items.clear();
+    decode_(rec, out);
+    count_read();
+  }
+  [[nodiscard]] std::int64_t state_bytes() const override {
+    std::int64_t b = sizeof(*this) + filter_bytes() + static_cast<std::int64_t>(shards_.capacity() * sizeof(wds_shard) + starts_.capacity() * 8);
+    for (const auto& s : shards_) b += s.index_heap_bytes();
+    return b;
+  }
+  [[nodiscard]] std::int64_t mapped_data_bytes() const override {
+    std::int64_t b = 0;
+    for (const auto& s : shards_) b += s.index().shard_bytes;
+    return b;
+  }
+
+ private:
+  [[nodiscard]] std::pair<std::size_t, std::int64_t> locate(std::int64_t i) const noexcept {
+    const auto it = std::upper_bound(starts_.begin(), starts_.end(), i) - 1;
+    return {static_cast<std::size_t>(it - starts_.begin()), i - *it};
+  }
+  [[nodiscard]] sample_meta raw_meta(std::int64_t i) const {
+    const auto [part, local] = locate(i);
+    return shards_[part].index().samples[static_cast<std::size_t>(local)].meta;
+  }
+  wds_decoder decode_;
+  std::vector<wds_shard> shards_{};
+  std::vector<std::int64_t> starts_{};
+};
+
+/// Opens the reader a spec names. Throws data_error for missing/corrupt files, with the source named.
+[[nodiscard]] inline std::unique_ptr<source_reader> open_source(const source_spec& spec, const wds_decoder& decode = {}) {
+  try {
+    if (spec.format == source_format::indexed) return std::make_unique<indexed_source>(spec);
+    return std::make_unique<webdataset_source>(spec, decode);
+  } catch (error& e) {
+    e.add_context(fmt::format("opening source '{}'", spec.name));
+    throw;
+  }
+}
+
+/// The seed of source s's permutation in epoch e: a pure function of (seed, source, epoch).
+[[nodiscard]] constexpr std::uint64_t epoch_seed(std::uint64_t seed, int source, std::int64_t epoch) noexcept {
+  return key_hash({seed, static_cast<std::uint64_t>(source), static_cast<std::uint64_t>(epoch)});
+}
+
+/// One source loader: an open reader plus the shuffle state (the permutation of the epoch in use).
+/// Serves metadata lookups and loads by (epoch, position). Thread-safe (a mutex guards the epoch cache;
+/// one load at a time, which is what makes k_s loaders per source the source's parallelism).
+class source_loader {
+ public:
+  source_loader(const source_spec& spec, int source, std::uint64_t seed, const wds_decoder& decode = {})
+      : reader_(open_source(spec, decode)), source_(source), seed_(seed) {}
+
+  [[nodiscard]] std::int64_t size() const noexcept { return reader_->size(); }
+  /// The sample index at `position` of `epoch` (permutation keyed by (seed, source, epoch)).
+  [[nodiscard]] std::int64_t index_at(std::int64_t epoch, std::int64_t position) {
+    std::lock_guard lock(mutex_);
+    return perm_locked(epoch)[static_cast<std::size_t>(position)];
+  }
+  [[nodiscard]] sample_meta meta(std::int64_t index) const { return reader_->meta(index); }
+  /// Loads the sample at (epoch, position). Cost: the read plus the user's decode.
+  [[nodiscard]] sample load(std::int64_t epoch, std::int64_t position) {
+    std::lock_guard lock(mutex_);
+    sample s;
+    s.ref = {source_, epoch, position, perm_locked(epoch)[static_cast<std::size_t>(position)]};
+    reader_->load(s.ref.index, s);
+    return s;
+  }
+  [[nodiscard]] const source_reader& reader() const noexcept { return *reader_; }
+  /// Access state in bytes: the reader's state plus the cached permutation.
+  [[nodiscard]] std::int64_t state_bytes() const {
+    std::lock_guard lock(mutex_);
+    return reader_->state_bytes() + static_cast<std::int64_t>((perm_[0].capacity() + perm_[1].capacity()) * 8) +
+           static_cast<std::int64_t>(sizeof(*this));
+  }
+
+ private:
+  // Two cached epochs: prefetching reads ahead across an epoch boundary while the previous epoch's last
+  // samples are still being loaded, and recomputing a permutation per request would cost O(n) each.
+  const std::vector<std::int64_t>& perm_locked(std::int64_t epoch) {
+    for (int k = 0; k < 2; ++k)
+      if (perm_epoch_[k] == epoch) return perm_[k];
+    const int victim = perm_epoch_[0] < perm_epoch_[1] ? 0 : 1;
+    perm_[victim] = permutation(reader_->size(), epoch_seed(seed_, source_, epoch));
+    perm_epoch_[victim] = epoch;
+    return perm_[victim];
+  }
+  std::unique_ptr<source_reader> reader_;
+  int source_;
+  std::uint64_t seed_;
+  mutable std::mutex mutex_;
+  std::int64_t perm_epoch_[2] = {-1, -1};
+  std::vector<std::int64_t> perm_[2];
+};
+
+}  // namespace hetmesh::data

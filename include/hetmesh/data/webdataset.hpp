@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: WebDataset tar shards for multimodal samples. A sample is the run of consecutive
+// members sharing a key (the member name up to the first '.' of its base name): a `.json` with lengths
+// and metadata beside payloads such as `.jpg`, `.wav`, `.npy`. The lengths live in the json:
+//   {"tokens": <text tokens>, "items": [{"ext": "jpg", "tokens": 256}, ...], "text_tokens": [ids...], ...}
+// An index is built once per shard and stored beside it (`<shard>.hmidx.json`): member offsets and the
+// lengths, so planning never touches payloads. Decoding payloads is the user's hook (`wds_decoder`).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../core/error.hpp"
+#include "detail/file.hpp"
+#include "sample.hpp"
+#include "tar.hpp"
+
+namespace hetmesh::data {
+
+/// Splits a member name into (key, extension) the WebDataset way: at the first '.' of the base name.
+[[nodiscard]] inline std::pair<std::string, std::string> wds_split(std::string_view name) {
+  const auto slash = name.rfind('/');
+  const auto dot = name.find('.', slash == std::string_view::npos ? 0 : slash + 1);
+  if (dot == std::string_view::npos) return {std::string(name), std::string()};
+  return {std::string(name.substr(0, dot)), std::string(name.substr(dot + 1))};
+}
+
+/// One sample's entry in a shard index.
+struct wds_entry {
+  std::string key{};
+  std::vector<std::string> exts{};
+  std::vector<std::int64_t> offsets{}, sizes{};  // of each member's content, parallel to exts
+  sample_meta meta{};
+  friend bool operator==(const wds_entry&, const wds_entry&) = default;
+};
+
+/// The index of one shard: its size when indexed (a changed shard no longer matches) and its samples.
+struct wds_index {
+  static constexpr int version = 1;
+  std::int64_t shard_bytes = 0;
+  std::vector<wds_entry> samples{};
+  friend bool operator==(const wds_index&, const wds_index&) = default;
+};
+
+/// The path of the index stored beside `shard`.
+[[nodiscard]] inline std::string wds_index_path(const std::string& shard) { return shard + ".hmidx.json"; }
+
+namespace detail {
+inline sample_meta meta_from_json(const nlohmann::json& j, const std::string& where) {
+  sample_meta m{};
+  if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_number_integer())
+    throw_error<data_error>("{}: the .json member has no integer \"tokens\" field; expected {{\"tokens\": N, \"items\": [...]}}", where);
+  m.tokens = j["tokens"].get<std::int64_t>();
+  if (m.tokens < 0) throw_error<data_error>("{}: \"tokens\" is {}; expected >= 0", where, m.tokens);
+  if (j.contains("items")) {
+    for (const auto& it : j["items"]) {
+      if (!it.is_object() || !it.contains("tokens") || !it["tokens"].is_number_integer() || it["tokens"].get<std::int64_t>() < 0)
+        throw_error<data_error>("{}: an entry of \"items\" lacks a non-negative integer \"tokens\": {}", where, it.dump());
+      m.item_tokens.push_back(it["tokens"].get<std::int64_t>());
+    }
+  }
+  return m;
+}
+}  // namespace detail
+
+/// Builds the index of `shard` by one pass over its headers, parsing each sample's `.json`. Throws
+/// data_error for a corrupt or truncated shard, a sample without `.json`, or keys that repeat
+/// non-consecutively (the shard would not stream as WebDataset). Cost O(members + json bytes).
+[[nodiscard]] inline wds_index build_wds_index(const std::string& shard) {
+  detail::mapped_file f(shard);
+  const auto members = tar::list(f.bytes(), shard);
+  wds_index idx{};
+  idx.shard_bytes = f.size();
+  for (const auto& m : members) {
+    auto [key, ext] = wds_split(m.name);
+    if (idx.samples.empty() || idx.samples.back().key != key) {
+      idx.samples.push_back(wds_entry{.key = key});
+    }
+    auto& e = idx.samples.back();
+    e.exts.push_back(ext);
+    e.offsets.push_back(m.offset);
+    e.sizes.push_back(m.size);
+  }
+  for (auto& e : idx.samples) {
+    std::int64_t json_at = -1, bytes = 0;
+    for (std::size_t k = 0; k < e.exts.size(); ++k) {
+      bytes += e.sizes[k];
+      if (e.exts[k] == "json") json_at = static_cast<std::int64_t>(k);
+    }
+    const std::string where = fmt::format("shard '{}', sample '{}'", shard, e.key);
+    if (json_at < 0) throw_error<data_error>("{}: no .json member; every sample needs one with its lengths", where);
+    const auto k = static_cast<std::size_t>(json_at);
+    const auto* p = reinterpret_cast<const char*>(f.bytes().data() + e.offsets[k]);
+    auto j = nlohmann::json::parse(p, p + e.sizes[k], nullptr, false);
+    if (j.is_discarded()) throw_error<data_error>("{}: the .json member is not valid JSON", where);
+    e.meta = detail::meta_from_json(j, where);
+    e.meta.bytes = bytes;
+  }
+  return idx;
+}
+
+/// Stores `idx` beside `shard` (atomically).
+inline void store_wds_index(const std::string& shard, const wds_index& idx) {
+  nlohmann::json j;
+  j["format"] = "hetmesh-wds-index";
+  j["version"] = wds_index::version;
+  j["shard_bytes"] = idx.shard_bytes;
+  auto& arr = j["samples"] = nlohmann::json::array();
+  for (const auto& e : idx.samples)
+    arr.push_back({{"key", e.key}, {"exts", e.exts}, {"offsets", e.offsets}, {"sizes", e.sizes},
+                   {"tokens", e.meta.tokens}, {"items", e.meta.item_tokens}, {"bytes", e.meta.bytes}});
+  const std::string text = j.dump();
+  detail::write_file_atomic(wds_index_path(shard), std::as_bytes(std::span<const char>(text)));
+}
+
+/// Loads the index stored beside `shard`, building and storing it first when absent. Throws data_error
+/// when the stored index is malformed or was built for a shard of a different size.
+[[nodiscard]] inline wds_index open_wds_index(const std::string& shard) {
+  const std::string path = wds_index_path(shard);
+  const std::int64_t shard_bytes = detail::file_size_or_missing(shard);
+  if (shard_bytes < 0) throw_error<data_error>("shard '{}' does not exist", shard);
+  if (detail::file_size_or_missing(path) < 0) {
+    auto idx = build_wds_index(shard);
+    store_wds_index(shard, idx);
+    return idx;
+  }
+  auto j = nlohmann::json::parse(detail::read_text(path), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "hetmesh-wds-index")
+    throw_error<data_error>("'{}' is not a hetmesh WebDataset index (corrupt?); delete it to rebuild", path);
+  if (j.value("version", 0) != wds_index::version)
+    throw_error<data_error>("'{}' has version {}; expected {}", path, j.value("version", 0), wds_index::version);
+  wds_index idx{};
+  try {
+    idx.shard_bytes = j.at("shard_bytes").get<std::int64_t>();
+    for (const auto& s : j.at("samples")) {
+      wds_entry e;
+      e.key = s.at("key").get<std::string>();
+      e.exts = s.at("exts").get<std::vector<std::string>>();
+      e.offsets = s.at("offsets").get<std::vector<std::int64_t>>();
+      e.sizes = s.at("sizes").get<std::vector<std::int64_t>>();
+      e.meta.tokens = s.at("tokens").get<std::int64_t>();
+      e.meta.item_tokens = s.at("items").get<std::vector<std::int64_t>>();
+      e.meta.bytes = s.at("bytes").get<std::int64_t>();
+      if (e.offsets.size() != e.exts.size() || e.sizes.size() != e.exts.size())
+        throw_error<data_error>("sample '{}' lists {} extensions, {} offsets and {} sizes", e.key, e.exts.size(), e.offsets.size(),
+                                e.sizes.size());
+      idx.samples.push_back(std::move(e));
+    }
+  } catch (const nlohmann::json::exception& ex) {
+    throw_error<data_error>("'{}' is malformed: {}", path, ex.what());
+  } catch (data_error& ex) {
+    ex.add_context(fmt::format("'{}' is malformed", path));
+    throw;
+  }
+  if (idx.shard_bytes != shard_bytes)
+    throw_error<data_error>("index '{}' was built for a shard of {} bytes but '{}' has {}: the index does not match its data", path,
+                            idx.shard_bytes, shard, shard_bytes);
+  return idx;
+}
+
+/// A sample as read from a shard, before decoding: its key, members (extension and bytes, in shard
+/// order), and parsed `.json`. What a `wds_decoder` receives.
+struct wds_record {
+  std::string_view key{};
+  std::vector<std::pair<std::string_view, std::span<const std::byte>>> members{};
+  nlohmann::json json{};
+  const sample_meta* meta = nullptr;
+};
+
+/// The user's payload-decoding hook: fills `out.tokens` and `out.items` from a record.
+using wds_decoder = std::function<void(const wds_record&, sample& out)>;
+
+/// The default decoder: text token ids from the json's "text_tokens" array, and one encoder item per
+/// entry of "items" whose payload is the raw bytes of the member with that "ext".
+inline void default_wds_decode(const wds_record& r, sample& out) {
+  if (r.json.contains("text_tokens")) out.tokens = r.json["text_tokens"].get<std::vector<std::int32_t>>();
+  if (!r.json.contains("items")) return;
+  for (const auto& it : r.json["items"]) {
+    encoder_item item{.kind = it.value("ext", ""), .tokens = it["tokens"].get<std::int64_t>(), .payload = {}};
+    for (const auto& [ext, bytes] : r.members)
+      if (ext == item.kind) item.payload.assign(bytes.begin(), bytes.end());
+    out.items.push_back(std::move(item));
+  }
+}
+
+/// An open shard: the mapped tar and its index. Reading a sample re-checks each member's tar header
+/// against the index (name, size, checksum), so a shard replaced under a stale index is caught.
+class wds_shard {
+ public:
+  explicit wds_shard(const std::string& path) : index_(open_wds_index(path)), file_(path) {
+    if (file_.size() != index_.shard_bytes)
+      throw_error<data_error>("shard '{}' changed size after indexing ({} -> {} bytes)", path, index_.shard_bytes, file_.size());
+  }
+  [[nodiscard]] std::int64_t size() const noexcept { return static_cast<std::int64_t>(index_.samples.size()); }
+  [[nodiscard]] const wds_index& index() const noexcept { return index_; }
+  [[nodiscard]] const std::string& path() const noexcept { return file_.path(); }
+
+  /// The raw record of sample i (views into the mapping; valid while the shard lives).
+  [[nodiscard]] wds_record record(std::int64_t i) const {
+    const auto& e = index_.samples[static_cast<std::size_t>(i)];
+    wds_record r{.key = e.key, .members = {}, .json = nullptr, .meta = &e.meta};
+    for (std::size_t k = 0; k < e.exts.size(); ++k) {
+      tar::member m;
+      char type = 0;
+      const std::int64_t at = e.offsets[k] - tar::block;
+      if (at < 0 || !tar::parse_header(file_.bytes(), at, file_.path(), m, type) || m.size != e.sizes[k] ||
+          m.name != e.key + "." + e.exts[k])
+        throw_error<data_error>("shard '{}': the index says member '{}.{}' ({} bytes) is at byte {}, the shard has '{}' ({} bytes) there: "
+                                "the index does not match its data",
+                                file_.path(), e.key, e.exts[k], e.sizes[k], e.offsets[k], m.name, m.size);
+      const auto bytes = file_.bytes().subspan(static_cast<std::size_t>(e.offsets[k]), static_cast<std::size_t>(e.sizes[k]));
+      r.members.emplace_back(e.exts[k], bytes);
+      if (e.exts[k] == "json") {
+        r.json = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
+                                       reinterpret_cast<const char*>(bytes.data() + bytes.size()), nullptr, false);
+        if (r.json.is_discarded()) throw_error<data_error>("shard '{}', sample '{}': the .json member is not valid JSON", path(), e.key);
+      }
+    }
+    return r;
+  }
+  /// Heap bytes of the index held in memory.
+  [[nodiscard]] std::int64_t index_heap_bytes() const noexcept {
+    std::int64_t b = static_cast<std::int64_t>(index_.samples.capacity() * sizeof(wds_entry));
+    for (const auto& e : index_.samples)
+      b += static_cast<std::int64_t>(e.key.capacity() + e.exts.capacity() * sizeof(std::string) + 16 * e.offsets.capacity() +
+                                     8 * e.meta.item_tokens.capacity());
+    return b;
+  }
+
+ private:
+  wds_index index_{};
+  detail::mapped_file file_;
+};
+
+/// Writes a WebDataset shard: each add() appends one sample's members as consecutive ustar files named
+/// `<key>.<ext>`; finish() closes the archive and stores its index beside it. Not thread-safe.
+class wds_writer {
+ public:
+  explicit wds_writer(std::string path)
+      : path_(std::move(path)), fd_(detail::open_file(path_, O_WRONLY | O_CREAT | O_TRUNC)) {}
+
+  /// Appends one sample. Pre: a "json" member whose content carries the lengths (see the file comment);
+  /// the key contains no '.'; keys are unique within the shard.
+  void add(std::string_view key, std::span<const std::pair<std::string, std::vector<std::byte>>> members) {
+    if (key.empty() || key.find('.') != std::string_view::npos)
+      throw_error<invalid_argument>("wds_writer: key '{}' must be non-empty and contain no '.' (the key ends at the first '.')", key);
+    for (const auto& [ext, bytes] : members) {
+      const auto h = tar::header(fmt::format("{}.{}", key, ext), static_cast<std::int64_t>(bytes.size()));
+      detail::write_all(fd_.get(), h, path_);
+      detail::write_all(fd_.get(), bytes, path_);
+      const auto pad = static_cast<std::size_t>((tar::block - static_cast<std::int64_t>(bytes.size()) % tar::block) % tar::block);
+      detail::write_all(fd_.get(), std::span<const std::byte>(zeros_.data(), pad), path_);
+    }
+  }
+  /// Closes the archive (two zero blocks) and writes the index beside it.
+  void finish() {
+    detail::write_all(fd_.get(), zeros_, path_);
+    detail::write_all(fd_.get(), zeros_, path_);
+    fd_.reset();
+    store_wds_index(path_, build_wds_index(path_));
+  }
+
+ private:
+  std::string path_{};
+  detail::unique_fd fd_;
+  std::vector<std::byte> zeros_ = std::vector<std::byte>(tar::block, std::byte{0});
+};
+
+}  // namespace hetmesh::data

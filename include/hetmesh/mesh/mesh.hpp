@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::mesh: everything about meshes. Dims and extents (dim.hpp), layouts with an explicit order
+// (layout.hpp), flattened and sub-meshes (view.hpp), the cluster (topology.hpp), the communication-
+// efficient layout search (search.hpp) and decoupled encoder/LLM meshes (decoupled.hpp).
+#pragma once
+
+#include "decoupled.hpp"  // IWYU pragma: export
+#include "dim.hpp"        // IWYU pragma: export
+#include "layout.hpp"     // IWYU pragma: export
+#include "search.hpp"     // IWYU pragma: export
+#include "topology.hpp"   // IWYU pragma: export
+#include "view.hpp"       // IWYU pragma: export

@@ -1,0 +1,330 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::mesh: layout search, MegaScale-Omni's communication-efficient layout. Given the extents of
+// a mesh, the bytes each rank sends per step along each dim, and the topology, it tries every order of
+// the dims, estimates each order's communication time on the slowest link each dim's groups use, ranks
+// the orders and explains the winner against Megatron-LM's default "tp-cp-ep-dp-pp".
+//
+// Model (modelled, not measured): a dim's groups either all fit inside one node or some span several.
+// Its time is bytes / bandwidth + (extent - 1) * latency, with the inter-node bandwidth and latency as
+// soon as any of its groups crosses a node boundary (the slowest link bounds a ring or an all-to-all).
+// A step's time is the sum over dims (collectives of different dims serialised; the default) or the
+// maximum (perfectly overlapped). Admissible orders: every permutation of the dims of extent > 1 (at
+// most 8 dims); extent-1 dims do not move any rank and are left out.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "dim.hpp"
+#include "topology.hpp"
+
+namespace hetmesh::mesh {
+
+/// Bytes one rank sends per step along each dim's groups (e.g. tp: all-reduces of activations; dp:
+/// the gradient reduce-scatter/all-gather; ep: token all-to-alls). `other` covers user-defined dims.
+struct traffic {
+  double tp = 0, cp = 0, ep = 0, dp = 0, pp = 0;
+  std::vector<std::pair<dim, double>> other{};
+
+  /// The bytes of dim d (0 when not given).
+  [[nodiscard]] double of(const dim& d) const noexcept {
+    if (d == mesh::tp) return tp;
+    if (d == mesh::cp) return cp;
+    if (d == mesh::ep) return ep;
+    if (d == mesh::dp) return dp;
+    if (d == mesh::pp) return pp;
+    for (const auto& [name, bytes] : other) {
+      if (name == d) return bytes;
+    }
+    return 0;
+  }
+  friend bool operator==(const traffic&, const traffic&) = default;
+  void hash_append(hasher& h) const { append_all(h, tp, cp, ep, dp, pp, other); }
+};
+
+/// How per-dim times combine into a step's time.
+enum class combine { sum, max };
+
+struct search_options {
+  combine total = combine::sum;
+  /// The order to compare with; dims it omits go outermost, names it has beyond the mesh are ignored.
+  std::string baseline = std::string(megatron_order);
+};
+
+/// One dim under one order.
+struct dim_cost {
+  dim name;
+  std::int64_t extent = 1;
+  std::int64_t stride = 1;
+  double bytes = 0;
+  int nodes_spanned = 1;     ///< the most nodes any one of its groups occupies
+  std::int64_t time_ns = 0;  ///< modelled; fixed point so that ranking is exact on every platform
+  [[nodiscard]] bool in_node() const noexcept { return nodes_spanned <= 1; }
+  friend bool operator==(const dim_cost&, const dim_cost&) = default;
+  void hash_append(hasher& h) const { append_all(h, name, extent, stride, bytes, nodes_spanned, time_ns); }
+};
+
+/// One order and its modelled time.
+struct candidate {
+  std::string order;           ///< innermost first, e.g. "tp-ep-cp-dp"
+  std::vector<dim_cost> dims;  ///< in that order
+  std::int64_t time_ns = 0;
+  friend bool operator==(const candidate&, const candidate&) = default;
+  void hash_append(hasher& h) const { append_all(h, order, dims, time_ns); }
+};
+
+/// The result: every admissible order, best first, with the baseline's place and an explanation.
+struct layout_choice {
+  std::vector<std::pair<dim, std::int64_t>> shape;  ///< dims of extent > 1, in the baseline's order
+  topology topo;
+  traffic load;
+  combine total = combine::sum;
+  std::vector<candidate> ranking;  ///< best first; ties broken by closeness to the baseline order
+  std::size_t baseline_index = 0;  ///< where the baseline order sits in `ranking`
+
+  [[nodiscard]] const candidate& best() const { return ranking.front(); }
+  [[nodiscard]] const candidate& baseline() const { return ranking.at(baseline_index); }
+  /// baseline time / best time (1 when both are zero).
+  [[nodiscard]] double speedup() const {
+    if (best().time_ns == 0) return 1.0;
+    return static_cast<double>(baseline().time_ns) / static_cast<double>(best().time_ns);
+  }
+  /// Which groups stay inside a node under the best order, and why it beats (or equals) the baseline.
+  [[nodiscard]] std::string explain() const;
+
+  friend bool operator==(const layout_choice&, const layout_choice&) = default;
+  void hash_append(hasher& h) const {
+    append_all(h, shape, topo, load, static_cast<int>(total), ranking, baseline_index);
+  }
+};
+
+namespace detail {
+
+inline std::string format_bytes(double b) {
+  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
+  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
+  return fmt::format("{:.0f} B", b);
+}
+inline std::string format_ns(std::int64_t ns) { return fmt::format("{:.3f} ms", static_cast<double>(ns) / 1e6); }
+
+// The most nodes any group of a compact dim (extent e, stride s) occupies in a world of w ranks.
+inline int max_nodes_spanned(std::int64_t e, std::int64_t s, std::int64_t w, const topology& t) {
+  int worst = 1;
+  std::vector<std::int64_t> nodes(static_cast<std::size_t>(e));
+  for (std::int64_t base = 0; base < w; ++base) {
+    if ((base / s) % e != 0) continue;  // one representative (coordinate 0) per group
+    for (std::int64_t i = 0; i < e; ++i) nodes[static_cast<std::size_t>(i)] = (base + i * s) / t.devices_per_node;
+    std::sort(nodes.begin(), nodes.end());
+    worst = std::max(worst, static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin()));
+  }
+  return worst;
+}
+
+inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>& dims, const traffic& load,
+                                const topology& t, combine total) {
+  candidate c;
+  std::int64_t stride = 1, w = 1;
+  for (const auto& d : dims) w *= d.second;
+  for (const auto& [name, e] : dims) {
+    dim_cost dc{name, e, stride, load.of(name), 1, 0};
+    dc.nodes_spanned = max_nodes_spanned(e, stride, w, t);
+    if (dc.bytes > 0) {
+      const double bw = (dc.in_node() ? t.intra_bw_gbps : t.inter_bw_gbps) * 1e9;
+      const double lat = (dc.in_node() ? t.intra_latency_us : t.inter_latency_us) * 1e-6;
+      dc.time_ns = std::llround((dc.bytes / bw + static_cast<double>(e - 1) * lat) * 1e9);
+    }
+    c.time_ns = total == combine::sum ? c.time_ns + dc.time_ns : std::max(c.time_ns, dc.time_ns);
+    c.order += (c.order.empty() ? "" : "-") + std::string(name.name());
+    c.dims.push_back(dc);
+    stride *= e;
+  }
+  return c;
+}
+
+}  // namespace detail
+
+/// Ranks every order of `shape` (dims with extents, any order; extent-1 dims ignored) for `load` on
+/// `topo`. Pre: the extents' product equals topo.world(), distinct dims, non-negative traffic, at most 8
+/// dims of extent > 1; each violation throws invalid_argument naming it. Pure and deterministic: ties
+/// in modelled time (integer nanoseconds) go to the order closest to the baseline (lexicographic on
+/// each position's index in the baseline). Cost: O(n! * n * world).
+[[nodiscard]] inline layout_choice search_layout(std::vector<std::pair<dim, std::int64_t>> shape, const traffic& load,
+                                                 const topology& topo, const search_options& options = {}) {
+  topo.validate();
+  std::int64_t world = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (shape[i].first == shape[j].first) {
+        throw_error<invalid_argument>("layout search got dim '{}' twice: expected distinct dims", shape[i].first);
+      }
+    }
+    if (shape[i].second < 1) {
+      throw_error<invalid_argument>("layout search got dim '{}' with extent {}: expected a positive extent",
+                                    shape[i].first, shape[i].second);
+    }
+    if (!(load.of(shape[i].first) >= 0)) {
+      throw_error<invalid_argument>("traffic of dim '{}' is {} bytes: expected a non-negative amount",
+                                    shape[i].first, load.of(shape[i].first));
+    }
+    world *= shape[i].second;
+  }
+  if (world != topo.world()) {
+    throw_error<invalid_argument>(
+        "layout search: the mesh has {} ranks but the topology has {} devices ({} nodes x {}): expected equal", world,
+        topo.world(), topo.nodes, topo.devices_per_node);
+  }
+  std::erase_if(shape, [](const auto& d) { return d.second == 1; });
+  if (shape.size() > 8) {
+    throw_error<invalid_argument>("layout search over {} dims of extent > 1: expected at most 8 ({} orders)",
+                                  shape.size(), 40320);
+  }
+
+  // Baseline order: the baseline string's dims that the mesh has, then the rest as given.
+  std::vector<std::pair<dim, std::int64_t>> base;
+  detail::for_each_order_token(options.baseline, [&](const dim& d) {
+    for (const auto& s : shape) {
+      if (s.first == d && std::find(base.begin(), base.end(), s) == base.end()) base.push_back(s);
+    }
+  });
+  for (const auto& s : shape) {
+    if (std::find(base.begin(), base.end(), s) == base.end()) base.push_back(s);
+  }
+
+  layout_choice out{base, topo, load, options.total, {}, 0};
+  std::vector<std::size_t> perm(base.size());
+  std::iota(perm.begin(), perm.end(), std::size_t{0});
+  std::vector<std::pair<candidate, std::vector<std::size_t>>> all;
+  do {
+    std::vector<std::pair<dim, std::int64_t>> dims;
+    for (std::size_t k : perm) dims.push_back(base[k]);
+    all.emplace_back(detail::evaluate_order(dims, load, topo, options.total), perm);
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    if (a.first.time_ns != b.first.time_ns) return a.first.time_ns < b.first.time_ns;
+    return a.second < b.second;
+  });
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (std::is_sorted(all[i].second.begin(), all[i].second.end())) out.baseline_index = i;
+    out.ranking.push_back(std::move(all[i].first));
+  }
+  return out;
+}
+
+/// The same search for the dims and extents of a mesh (its own order is ignored).
+template <class Mesh>
+  requires requires(const Mesh& m) { m.name(std::size_t{0}); m.extent(std::size_t{0}); }
+[[nodiscard]] layout_choice search_layout(const Mesh& m, const traffic& load, const topology& topo,
+                                          const search_options& options = {}) {
+  std::vector<std::pair<dim, std::int64_t>> shape;
+  for (std::size_t i = 0; i < m.dims_count(); ++i) shape.emplace_back(m.name(i), m.extent(i));
+  return search_layout(std::move(shape), load, topo, options);
+}
+
+inline std::string layout_choice::explain() const {
+  const candidate& b = best();
+  const candidate& m = baseline();
+  auto list = [](const candidate& c, bool inside) {
+    std::string s;
+    for (const auto& d : c.dims) {
+      if (d.in_node() != inside) continue;
+      if (!s.empty()) s += ", ";
+      s += inside ? fmt::format("{} ({})", d.name, d.extent)
+                  : fmt::format("{} ({} nodes)", d.name, d.nodes_spanned);
+    }
+    return s.empty() ? std::string("none") : s;
+  };
+  std::string out = fmt::format("best order {} ({} per step, modelled); baseline {} ({}); {:.2f}x.\n", b.order,
+                                detail::format_ns(b.time_ns), m.order, detail::format_ns(m.time_ns), speedup());
+  out += fmt::format("  inside one node: {}\n  across nodes:    {}\n", list(b, true), list(b, false));
+  if (b.order == m.order || b.time_ns == m.time_ns) {
+    out += "  the baseline order is already as fast as any for this traffic";
+    return out;
+  }
+  std::string why;
+  for (const auto& d : b.dims) {
+    const auto it = std::find_if(m.dims.begin(), m.dims.end(), [&](const dim_cost& x) { return x.name == d.name; });
+    if (it == m.dims.end() || it->in_node() == d.in_node() || d.bytes == 0) continue;
+    why += fmt::format("  {} ({}/rank/step) {} a node: {} -> {}\n", d.name, detail::format_bytes(d.bytes),
+                       d.in_node() ? "moves inside" : "moves across", detail::format_ns(it->time_ns),
+                       detail::format_ns(d.time_ns));
+  }
+  if (why.empty()) {
+    why = "  the same dims stay inside a node; the best order spans fewer nodes with the heavier groups\n";
+  }
+  out += "  why, against the baseline:\n" + why;
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+}  // namespace hetmesh::mesh
+
+template <>
+struct fmt::formatter<hetmesh::mesh::traffic> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::mesh::traffic& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    namespace hd = hetmesh::mesh::detail;
+    auto out = fmt::format_to(ctx.out(), "traffic per rank per step: tp {}, cp {}, ep {}, dp {}, pp {}",
+                              hd::format_bytes(t.tp), hd::format_bytes(t.cp), hd::format_bytes(t.ep),
+                              hd::format_bytes(t.dp), hd::format_bytes(t.pp));
+    for (const auto& [d, b] : t.other) out = fmt::format_to(out, ", {} {}", d, hd::format_bytes(b));
+    return out;
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::mesh::combine> : hetmesh::empty_spec_formatter {
+  auto format(hetmesh::mesh::combine c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", c == hetmesh::mesh::combine::sum ? "sum" : "max");
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::mesh::search_options> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::mesh::search_options& o, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{{total={}, baseline={}}}", o.total, o.baseline);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::mesh::dim_cost> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::mesh::dim_cost& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}={}:{} {} {}", d.name, d.extent, d.stride,
+                          d.in_node() ? std::string("in-node") : fmt::format("{}-nodes", d.nodes_spanned),
+                          hetmesh::mesh::detail::format_ns(d.time_ns));
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::mesh::candidate> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::mesh::candidate& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    auto out = fmt::format_to(ctx.out(), "{:<16} {:>10}  [", c.order, hetmesh::mesh::detail::format_ns(c.time_ns));
+    for (std::size_t i = 0; i < c.dims.size(); ++i) out = fmt::format_to(out, "{}{}", i ? ", " : "", c.dims[i]);
+    return fmt::format_to(out, "]");
+  }
+};
+
+/// Prints the search: header, the five best orders and the baseline, then the explanation.
+template <>
+struct fmt::formatter<hetmesh::mesh::layout_choice> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::mesh::layout_choice& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    std::string shape;
+    for (const auto& [d, e] : c.shape) shape += fmt::format("{}{}={}", shape.empty() ? "" : ",", d, e);
+    auto out = fmt::format_to(ctx.out(), "layout search over {} orders of ({}) on {}; step time = {} over dims\n",
+                              c.ranking.size(), shape, c.topo, c.total);
+    for (std::size_t i = 0; i < c.ranking.size(); ++i) {
+      if (i >= 5 && i != c.baseline_index) continue;
+      out = fmt::format_to(out, "  #{:<3} {}{}\n", i + 1, c.ranking[i], i == c.baseline_index ? "  <- baseline" : "");
+    }
+    return fmt::format_to(out, "{}", c.explain());
+  }
+};

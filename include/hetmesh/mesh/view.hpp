@@ -1,0 +1,416 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::mesh: views. A view is a run-time mesh over a subset of ranks: a list of named modes, each
+// made of one or more (extent, stride) atoms (first atom fastest), plus an offset. It is what flatten
+// and submesh return, because their results are no longer plain order-derived layouts: flattening
+// dims that are not adjacent gives a mode with several strides, and fixing coordinates gives an offset.
+// Every group computation of the library lives here, so static and dynamic meshes share it.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "dim.hpp"
+
+namespace hetmesh::mesh {
+
+/// One affine piece of a mode: coordinate digit c in [0, extent) adds c * stride to the rank.
+struct atom {
+  std::int64_t extent = 1;
+  std::int64_t stride = 1;
+  friend bool operator==(const atom&, const atom&) = default;
+  void hash_append(hasher& h) const { append_all(h, extent, stride); }
+};
+
+/// A named mode of a view. Its extent is the product of its atoms' extents; a coordinate along it is
+/// decomposed over the atoms first-atom-fastest.
+struct view_mode {
+  dim name;
+  std::vector<atom> atoms;
+
+  [[nodiscard]] std::int64_t extent() const noexcept {
+    std::int64_t e = 1;
+    for (const atom& a : atoms) e *= a.extent;
+    return e;
+  }
+  /// The rank offset of coordinate c along this mode. Pre: 0 <= c < extent().
+  [[nodiscard]] std::int64_t contribution(std::int64_t c) const noexcept {
+    std::int64_t r = 0;
+    for (const atom& a : atoms) {
+      r += (c % a.extent) * a.stride;
+      c /= a.extent;
+    }
+    return r;
+  }
+  friend bool operator==(const view_mode&, const view_mode&) = default;
+  void hash_append(hasher& h) const { append_all(h, name, atoms); }
+};
+
+namespace detail {
+
+/// The ranks base + sum_k c_k * stride_k for all digits, first atom fastest (colexicographic, the
+/// order Megatron-LM's generate_masked_orthogonal_rank_groups uses). Cost: O(n * atoms).
+inline std::vector<int> enumerate_atoms(std::span<const atom> atoms, std::int64_t base) {
+  std::int64_t n = 1;
+  for (const atom& a : atoms) n *= a.extent;
+  std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t rest = i, r = base;
+    for (const atom& a : atoms) {
+      r += (rest % a.extent) * a.stride;
+      rest /= a.extent;
+    }
+    out.push_back(static_cast<int>(r));
+  }
+  return out;
+}
+
+inline std::string join_dims(const std::vector<view_mode>& modes) {
+  std::string s;
+  for (const view_mode& m : modes) {
+    if (!s.empty()) s += ", ";
+    s += m.name.name();
+  }
+  return s;
+}
+
+}  // namespace detail
+
+/// A run-time mesh over some ranks (see the file comment). Values: copyable, comparable, hashable,
+/// printable as `(tp=8,dp_cp=(2,4)):(1,(8,32))+16` (a mode of several atoms prints its atoms; a
+/// non-zero offset prints after '+').
+class view {
+ public:
+  view() = default;
+
+  /// Pre: distinct non-empty names; every atom extent >= 1; the atoms of all modes are those of a
+  /// sub-layout of a compact layout (true for every view the library builds), so that rank ->
+  /// coordinate can be inverted greedily. Throws invalid_argument on duplicate names or extents < 1.
+  view(std::vector<view_mode> modes, std::int64_t offset) : modes_(std::move(modes)), offset_(offset) {
+    std::int64_t size = 1;
+    for (std::size_t i = 0; i < modes_.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (modes_[i].name == modes_[j].name) {
+          throw_error<invalid_argument>("mesh has dim '{}' twice (dims: {}): expected distinct dims",
+                                        modes_[i].name, detail::join_dims(modes_));
+        }
+      }
+      for (const atom& a : modes_[i].atoms) {
+        if (a.extent < 1) {
+          throw_error<invalid_argument>("dim '{}' has extent {}: expected a positive extent", modes_[i].name,
+                                        a.extent);
+        }
+        size *= a.extent;
+        if (size > INT_MAX) throw_error<invalid_argument>("mesh has more than {} ranks: expected an int rank", INT_MAX);
+      }
+    }
+    size_ = size;
+    for (std::size_t i = 0; i < modes_.size(); ++i) {
+      for (std::size_t k = 0; k < modes_[i].atoms.size(); ++k) {
+        if (modes_[i].atoms[k].extent > 1) sorted_.push_back({i, k});
+      }
+    }
+    // Largest stride first, for the greedy inverse in coord_of.
+    std::sort(sorted_.begin(), sorted_.end(), [&](const slot& a, const slot& b) {
+      return atom_at(a).stride > atom_at(b).stride;
+    });
+  }
+
+  /// Number of ranks. O(1).
+  [[nodiscard]] std::int64_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t dims_count() const noexcept { return modes_.size(); }
+  [[nodiscard]] const std::vector<view_mode>& modes() const noexcept { return modes_; }
+  [[nodiscard]] std::int64_t offset() const noexcept { return offset_; }
+  [[nodiscard]] dim name(std::size_t i) const { return mode(i).name; }
+  [[nodiscard]] std::int64_t extent(std::size_t i) const { return mode(i).extent(); }
+  [[nodiscard]] std::int64_t extent(const dim& d) const { return modes_[index_of(d)].extent(); }
+  [[nodiscard]] bool has(const dim& d) const noexcept {
+    return std::any_of(modes_.begin(), modes_.end(), [&](const view_mode& m) { return m.name == d; });
+  }
+  /// Position of d. Throws invalid_argument naming the mesh's dims when it has no dim d.
+  [[nodiscard]] std::size_t index_of(const dim& d) const {
+    for (std::size_t i = 0; i < modes_.size(); ++i) {
+      if (modes_[i].name == d) return i;
+    }
+    throw_error<invalid_argument>("mesh {} has no dim '{}': expected one of {}", str(), d,
+                                  detail::join_dims(modes_));
+  }
+
+  /// True when `rank` belongs to this view. O(atoms).
+  [[nodiscard]] bool contains(int rank) const noexcept {
+    std::vector<std::int64_t> c;
+    return decompose(rank, c);
+  }
+
+  /// The coordinate of `rank`, one entry per mode. Throws invalid_argument when the view lacks rank.
+  [[nodiscard]] std::vector<std::int64_t> coord_of(int rank) const {
+    std::vector<std::int64_t> c;
+    if (!decompose(rank, c)) {
+      throw_error<invalid_argument>("rank {} is not in mesh {}: expected one of its {} ranks", rank,
+                                    str(), size_);
+    }
+    return c;
+  }
+  [[nodiscard]] std::int64_t coord_of(int rank, const dim& d) const { return coord_of(rank)[index_of(d)]; }
+
+  /// The rank at `coord`. Throws invalid_argument on a wrong number of entries or an entry out of range.
+  [[nodiscard]] int rank_of(std::span<const std::int64_t> coord) const {
+    if (coord.size() != modes_.size()) {
+      throw_error<invalid_argument>("coordinate has {} entries for mesh {}: expected {}", coord.size(),
+                                    str(), modes_.size());
+    }
+    std::int64_t r = offset_;
+    for (std::size_t i = 0; i < modes_.size(); ++i) {
+      if (coord[i] < 0 || coord[i] >= modes_[i].extent()) {
+        throw_error<invalid_argument>("coordinate {} along dim '{}' of mesh {}: expected 0 <= coordinate < {}",
+                                      coord[i], modes_[i].name, str(), modes_[i].extent());
+      }
+      r += modes_[i].contribution(coord[i]);
+    }
+    return static_cast<int>(r);
+  }
+  [[nodiscard]] int rank_of(std::initializer_list<std::int64_t> coord) const {
+    return rank_of(std::span<const std::int64_t>(coord.begin(), coord.size()));
+  }
+
+  /// Every rank of the view, first mode fastest. O(size).
+  [[nodiscard]] std::vector<int> ranks() const { return detail::enumerate_atoms(all_atoms(), offset_); }
+
+  /// The group of `rank` along `dims`: the ranks that share rank's coordinates on every other dim,
+  /// ordered with the first listed dim fastest (within a flattened dim, its first atom fastest).
+  /// Listing dims in mesh order gives Megatron-LM's order for the same group. Pre: rank in the view,
+  /// dims distinct and present (else invalid_argument). Pure; O(group size * dims).
+  [[nodiscard]] std::vector<int> group_of(int rank, std::span<const dim> dims) const {
+    const auto c = coord_of(rank);
+    const auto picked = pick(dims);
+    std::int64_t base = rank;
+    std::vector<atom> atoms;
+    for (std::size_t i : picked) {
+      base -= modes_[i].contribution(c[i]);
+      atoms.insert(atoms.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
+    }
+    return detail::enumerate_atoms(atoms, base);
+  }
+  template <class... D>
+    requires(std::convertible_to<const D&, dim> && ...)
+  [[nodiscard]] std::vector<int> group_of(int rank, const D&... dims) const {
+    const std::array<dim, sizeof...(D)> a{dim(dims)...};
+    return group_of(rank, std::span<const dim>(a));
+  }
+
+  /// All groups along `dims`: they partition the view; each is ordered as in group_of; groups are
+  /// listed with the remaining dims varying first-mode-fastest (Megatron-LM's order). Pure;
+  /// O(size * dims).
+  [[nodiscard]] std::vector<std::vector<int>> groups(std::span<const dim> dims) const {
+    const auto picked = pick(dims);
+    std::vector<atom> inside, outside;
+    for (std::size_t i : picked) inside.insert(inside.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
+    for (std::size_t i = 0; i < modes_.size(); ++i) {
+      if (std::find(picked.begin(), picked.end(), i) == picked.end()) {
+        outside.insert(outside.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
+      }
+    }
+    std::vector<std::vector<int>> out;
+    for (int base : detail::enumerate_atoms(outside, offset_)) out.push_back(detail::enumerate_atoms(inside, base));
+    return out;
+  }
+  template <class... D>
+    requires(std::convertible_to<const D&, dim> && ...)
+  [[nodiscard]] std::vector<std::vector<int>> groups(const D&... dims) const {
+    const std::array<dim, sizeof...(D)> a{dim(dims)...};
+    return groups(std::span<const dim>(a));
+  }
+
+  /// Merges `dims` into one dim `name` (e.g. dp and cp into the HDP pool "dp_cp"): its coordinate runs
+  /// over the merged dims first-listed-fastest, and it takes the place of the innermost merged dim.
+  /// Ranks are unchanged: group_of(r, name) == group_of(r, dims...). Throws invalid_argument when a
+  /// dim is absent or repeated, or `name` clashes with a dim that remains. O(dims).
+  [[nodiscard]] view flatten(const dim& name, std::span<const dim> dims) const {
+    const auto picked = pick(dims);
+    if (picked.empty()) throw_error<invalid_argument>("flatten into '{}' got no dims: expected at least one", name);
+    view_mode merged{name, {}};
+    for (std::size_t i : picked) merged.atoms.insert(merged.atoms.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
+    const std::size_t place = *std::min_element(picked.begin(), picked.end());
+    std::vector<view_mode> out;
+    for (std::size_t i = 0; i < modes_.size(); ++i) {
+      if (i == place) out.push_back(merged);
+      else if (std::find(picked.begin(), picked.end(), i) == picked.end()) out.push_back(modes_[i]);
+    }
+    return view(std::move(out), offset_);
+  }
+  template <class... D>
+    requires(std::convertible_to<const D&, dim> && ...)
+  [[nodiscard]] view flatten(const dim& name, const D&... dims) const {
+    const std::array<dim, sizeof...(D)> a{dim(dims)...};
+    return flatten(name, std::span<const dim>(a));
+  }
+
+  /// The sub-mesh where each listed dim is fixed at the given coordinate (e.g. {{pp, 0}}: the first
+  /// pipeline stage). Its dims are the rest, in order. Throws invalid_argument for an absent or
+  /// repeated dim or a coordinate out of range. O(dims).
+  [[nodiscard]] view submesh(std::span<const std::pair<dim, std::int64_t>> fixed) const {
+    std::vector<dim> names;
+    for (const auto& f : fixed) names.push_back(f.first);
+    const auto picked = pick(names);
+    std::int64_t offset = offset_;
+    for (std::size_t k = 0; k < picked.size(); ++k) {
+      const view_mode& m = modes_[picked[k]];
+      if (fixed[k].second < 0 || fixed[k].second >= m.extent()) {
+        throw_error<invalid_argument>("submesh fixes dim '{}' at {} in mesh {}: expected 0 <= coordinate < {}",
+                                      m.name, fixed[k].second, str(), m.extent());
+      }
+      offset += m.contribution(fixed[k].second);
+    }
+    std::vector<view_mode> out;
+    for (std::size_t i = 0; i < modes_.size(); ++i) {
+      if (std::find(picked.begin(), picked.end(), i) == picked.end()) out.push_back(modes_[i]);
+    }
+    return view(std::move(out), offset);
+  }
+  [[nodiscard]] view submesh(std::initializer_list<std::pair<dim, std::int64_t>> fixed) const {
+    return submesh(std::span<const std::pair<dim, std::int64_t>>(fixed.begin(), fixed.size()));
+  }
+
+  /// The dims joined by '-', innermost first ("tp-cp-dp").
+  [[nodiscard]] std::string order_string() const {
+    std::string s;
+    for (const view_mode& m : modes_) {
+      if (!s.empty()) s += '-';
+      s += m.name.name();
+    }
+    return s;
+  }
+
+  /// The printed form: `(tp=8,dp_cp=(2,4)):(1,(8,32))+16`. O(dims).
+  [[nodiscard]] std::string str() const {
+    std::string e, s;
+    for (const view_mode& m : modes_) {
+      if (!e.empty()) {
+        e += ',';
+        s += ',';
+      }
+      e += fmt::format("{}=", m.name.name());
+      if (m.atoms.size() == 1) {
+        e += fmt::format("{}", m.atoms[0].extent);
+        s += fmt::format("{}", m.atoms[0].stride);
+      } else {
+        std::vector<std::int64_t> ex, st;
+        for (const atom& a : m.atoms) {
+          ex.push_back(a.extent);
+          st.push_back(a.stride);
+        }
+        e += fmt::format("({})", fmt::join(ex, ","));
+        s += fmt::format("({})", fmt::join(st, ","));
+      }
+    }
+    std::string out = "(" + e + "):(" + s + ")";
+    if (offset_ != 0) out += fmt::format("+{}", offset_);
+    return out;
+  }
+
+  friend bool operator==(const view& a, const view& b) { return a.modes_ == b.modes_ && a.offset_ == b.offset_; }
+  void hash_append(hasher& h) const { append_all(h, modes_, offset_); }
+
+ private:
+  struct slot {
+    std::size_t mode, index;
+  };
+  [[nodiscard]] const atom& atom_at(const slot& s) const { return modes_[s.mode].atoms[s.index]; }
+
+  [[nodiscard]] const view_mode& mode(std::size_t i) const {
+    if (i >= modes_.size()) {
+      throw_error<invalid_argument>("dim position {} in mesh {}: expected a position below {}", i, str(),
+                                    modes_.size());
+    }
+    return modes_[i];
+  }
+
+  [[nodiscard]] std::vector<atom> all_atoms() const {
+    std::vector<atom> a;
+    for (const view_mode& m : modes_) a.insert(a.end(), m.atoms.begin(), m.atoms.end());
+    return a;
+  }
+
+  // Positions of `dims`, in the order given; throws for an absent or repeated dim.
+  [[nodiscard]] std::vector<std::size_t> pick(std::span<const dim> dims) const {
+    std::vector<std::size_t> out;
+    for (std::size_t k = 0; k < dims.size(); ++k) {
+      for (std::size_t j = 0; j < k; ++j) {
+        if (dims[j] == dims[k]) {
+          throw_error<invalid_argument>("dim '{}' is listed twice: expected distinct dims of mesh {}", dims[k],
+                                        str());
+        }
+      }
+      out.push_back(index_of(dims[k]));
+    }
+    return out;
+  }
+
+  // Greedy inverse, largest stride first: exact because each stride exceeds the span of all smaller
+  // atoms (the view is a sub-layout of a compact layout).
+  bool decompose(int rank, std::vector<std::int64_t>& coord) const {
+    coord.assign(modes_.size(), 0);
+    std::int64_t rest = static_cast<std::int64_t>(rank) - offset_;
+    if (rest < 0) return false;
+    std::vector<std::int64_t> digit(sorted_.size());
+    for (std::size_t k = 0; k < sorted_.size(); ++k) {
+      const atom& a = atom_at(sorted_[k]);
+      digit[k] = rest / a.stride;
+      if (digit[k] >= a.extent) return false;
+      rest -= digit[k] * a.stride;
+    }
+    if (rest != 0) return false;
+    for (std::size_t i = 0; i < modes_.size(); ++i) {
+      std::int64_t c = 0, scale = 1;
+      for (std::size_t a = 0; a < modes_[i].atoms.size(); ++a) {
+        for (std::size_t k = 0; k < sorted_.size(); ++k) {
+          if (sorted_[k].mode == i && sorted_[k].index == a) c += digit[k] * scale;
+        }
+        scale *= modes_[i].atoms[a].extent;
+      }
+      coord[i] = c;
+    }
+    return true;
+  }
+
+  std::vector<view_mode> modes_;
+  std::int64_t offset_ = 0;
+  std::int64_t size_ = 1;
+  std::vector<slot> sorted_;
+};
+
+}  // namespace hetmesh::mesh
+
+template <>
+struct fmt::formatter<hetmesh::mesh::atom> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::mesh::atom& a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}:{}", a.extent, a.stride);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::mesh::view_mode> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::mesh::view_mode& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    auto out = fmt::format_to(ctx.out(), "{}=", m.name);
+    if (m.atoms.size() == 1) return fmt::format_to(out, "{}:{}", m.atoms[0].extent, m.atoms[0].stride);
+    return fmt::format_to(out, "{}", m.atoms);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::mesh::view> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::mesh::view& v, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", v.str());
+  }
+};

@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::pipeline: the action IR. A schedule is, per rank, an ordered list of actions. The text form
+// of an action is PyTorch's `torch.distributed.pipelining` notation `<stage><TYPE><microbatch>` (`2F0`,
+// `1SEND_F3`, `0B7`), with global stage indices as PyTorch numbers them, so schedules round-trip
+// through PyTorch's CSV files. Encoder actions (`EF`, `EB`, `SEND_EF`, ...) and `REDUCE_GRAD` extend
+// the notation for the joint encoder-LLM pipeline; for them the leading number is the encoder shard
+// (EF/EB and their transfers) or the stage (REDUCE_GRAD).
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+
+namespace hetmesh::pipeline {
+
+/// What an action does. The first four are PyTorch's compute types, the next four its P2P types.
+enum class action_type : std::uint8_t {
+  forward,           ///< F: forward of one micro-batch through one stage.
+  backward,          ///< B: full backward (input and weight gradients).
+  backward_input,    ///< I: backward for the input gradient only (zero-bubble split).
+  backward_weight,   ///< W: backward for the weight gradient only (zero-bubble split).
+  send_f,            ///< SEND_F: send stage `stage`'s output activation to stage+1.
+  recv_f,            ///< RECV_F: receive stage `stage`'s input activation from stage-1.
+  send_b,            ///< SEND_B: send stage `stage`'s input gradient to stage-1.
+  recv_b,            ///< RECV_B: receive stage `stage`'s output gradient from stage+1.
+  reduce_grad,       ///< REDUCE_GRAD: reduce stage `stage`'s weight gradients over data parallel.
+  encoder_forward,   ///< EF: encoder shard `stage` encodes its share of micro-batch `mb`.
+  encoder_backward,  ///< EB: encoder shard `stage` back-propagates its share of micro-batch `mb`.
+  send_ef,           ///< SEND_EF: encoder shard `stage` sends its output to stage 0's rank.
+  recv_ef,           ///< RECV_EF: stage 0's rank receives encoder shard `stage`'s output.
+  send_eb,           ///< SEND_EB: stage 0's rank sends shard `stage` its embedding gradient.
+  recv_eb,           ///< RECV_EB: encoder shard `stage` receives its embedding gradient.
+};
+
+inline constexpr int action_type_count = 15;
+
+namespace detail {
+constexpr std::string_view type_name(action_type t) noexcept {
+  switch (t) {
+    case action_type::forward: return "F";
+    case action_type::backward: return "B";
+    case action_type::backward_input: return "I";
+    case action_type::backward_weight: return "W";
+    case action_type::send_f: return "SEND_F";
+    case action_type::recv_f: return "RECV_F";
+    case action_type::send_b: return "SEND_B";
+    case action_type::recv_b: return "RECV_B";
+    case action_type::reduce_grad: return "REDUCE_GRAD";
+    case action_type::encoder_forward: return "EF";
+    case action_type::encoder_backward: return "EB";
+    case action_type::send_ef: return "SEND_EF";
+    case action_type::recv_ef: return "RECV_EF";
+    case action_type::send_eb: return "SEND_EB";
+    case action_type::recv_eb: return "RECV_EB";
+  }
+  return "?";
+}
+}  // namespace detail
+
+/// The PyTorch/hetmesh name of a type: "F", "SEND_B", "EF", ...
+[[nodiscard]] constexpr std::string_view name_of(action_type t) noexcept { return detail::type_name(t); }
+
+/// True for the types that run a kernel on the rank's compute stream (F, B, I, W, EF, EB).
+[[nodiscard]] constexpr bool is_compute(action_type t) noexcept {
+  return t == action_type::forward || t == action_type::backward || t == action_type::backward_input ||
+         t == action_type::backward_weight || t == action_type::encoder_forward ||
+         t == action_type::encoder_backward;
+}
+/// True for the point-to-point types.
+[[nodiscard]] constexpr bool is_send(action_type t) noexcept {
+  return t == action_type::send_f || t == action_type::send_b || t == action_type::send_ef ||
+         t == action_type::send_eb;
+}
+[[nodiscard]] constexpr bool is_recv(action_type t) noexcept {
+  return t == action_type::recv_f || t == action_type::recv_b || t == action_type::recv_ef ||
+         t == action_type::recv_eb;
+}
+[[nodiscard]] constexpr bool is_comm(action_type t) noexcept { return is_send(t) || is_recv(t); }
+
+/// One action. `microbatch` is -1 for actions without one (REDUCE_GRAD).
+struct action {
+  int stage = 0;
+  action_type type = action_type::forward;
+  int microbatch = -1;
+
+  friend constexpr bool operator==(const action&, const action&) = default;
+  void hash_append(hasher& h) const { append_all(h, stage, type, microbatch); }
+};
+
+/// Shorthands for tests and hand-written schedules: `F(2, 0)` is `2F0`.
+[[nodiscard]] constexpr action F(int stage, int mb) noexcept { return {stage, action_type::forward, mb}; }
+[[nodiscard]] constexpr action B(int stage, int mb) noexcept { return {stage, action_type::backward, mb}; }
+[[nodiscard]] constexpr action I(int stage, int mb) noexcept {
+  return {stage, action_type::backward_input, mb};
+}
+[[nodiscard]] constexpr action W(int stage, int mb) noexcept {
+  return {stage, action_type::backward_weight, mb};
+}
+
+/// The text of an action, as PyTorch's `_Action.__repr__` writes it: "2F0", "1SEND_B3", "0REDUCE_GRAD".
+[[nodiscard]] inline std::string to_text(const action& a) {
+  if (a.microbatch < 0) return fmt::format("{}{}", a.stage, name_of(a.type));
+  return fmt::format("{}{}{}", a.stage, name_of(a.type), a.microbatch);
+}
+
+/// Parses one action ("2F0", " 1SEND_F3 "). Leading/trailing spaces are ignored.
+/// Throws invalid_argument naming the text and the expected form. Pure; O(length).
+[[nodiscard]] inline action parse_action(std::string_view text) {
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+    return s;
+  };
+  const std::string_view s = trim(text);
+  auto bad = [&](std::string_view why) {
+    throw_error<invalid_argument>(
+        "pipeline: cannot parse action \"{}\": {}; expected [stage][type][microbatch] such as 2F0, 1SEND_F3 "
+        "or 0REDUCE_GRAD, with type one of F I B W SEND_F RECV_F SEND_B RECV_B REDUCE_GRAD EF EB SEND_EF "
+        "RECV_EF SEND_EB RECV_EB",
+        text, why);
+  };
+  std::size_t i = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+  if (i == 0) bad("it does not start with a stage number");
+  std::size_t j = i;
+  while (j < s.size() && ((s[j] >= 'A' && s[j] <= 'Z') || s[j] == '_')) ++j;
+  const std::string_view type_text = s.substr(i, j - i);
+  std::size_t k = j;
+  while (k < s.size() && s[k] >= '0' && s[k] <= '9') ++k;
+  if (k != s.size()) bad("unexpected characters after the microbatch number");
+  action a;
+  if (std::from_chars(s.data(), s.data() + i, a.stage).ec != std::errc{}) bad("stage number out of range");
+  bool found = false;
+  for (int t = 0; t < action_type_count; ++t) {
+    if (name_of(static_cast<action_type>(t)) == type_text) {
+      a.type = static_cast<action_type>(t);
+      found = true;
+    }
+  }
+  if (!found) bad(fmt::format("unknown type \"{}\"", type_text));
+  if (k > j) {
+    if (std::from_chars(s.data() + j, s.data() + k, a.microbatch).ec != std::errc{})
+      bad("microbatch number out of range");
+  } else {
+    a.microbatch = -1;
+  }
+  const bool needs_mb = a.type != action_type::reduce_grad;
+  if (needs_mb && a.microbatch < 0) bad("this type needs a microbatch number");
+  if (!needs_mb && a.microbatch >= 0) bad("REDUCE_GRAD takes no microbatch number");
+  return a;
+}
+
+/// How global stages map to ranks: PyTorch's "loop" (stage s on rank s % pp) or "v" (rank r holds
+/// stages r and 2*pp-1-r, ZBV's layout).
+enum class stage_layout : std::uint8_t { loop, v };
+
+/// A pipeline schedule: per rank an ordered list of actions, plus the facts needed to interpret it.
+/// Plain data; equal on every rank that computed it; hashable with plan_hash.
+struct schedule {
+  std::string name;                        ///< the generator's name ("1f1b", "interleaved-1f1b", ...).
+  int num_ranks = 0;                       ///< pipeline ranks that run LLM stages.
+  int num_stages = 0;                      ///< global stages (pp * virtual stages).
+  int num_microbatches = 0;                ///< micro-batches per step.
+  std::vector<int> stage_to_rank;          ///< size num_stages.
+  std::vector<int> encoder_shard_to_rank;  ///< size = number of encoder shards (0 without encoders).
+  std::vector<std::vector<action>> ranks;  ///< size = total ranks (LLM ranks, then encoder-pool ranks).
+
+  /// Precondition: 0 <= stage < num_stages.
+  [[nodiscard]] int rank_of_stage(int stage) const noexcept { return stage_to_rank[static_cast<std::size_t>(stage)]; }
+  [[nodiscard]] int total_ranks() const noexcept { return static_cast<int>(ranks.size()); }
+  [[nodiscard]] int num_encoder_shards() const noexcept { return static_cast<int>(encoder_shard_to_rank.size()); }
+  /// The rank an action runs on, from its stage (or encoder shard) and type.
+  /// Precondition: the stage or shard is in range.
+  [[nodiscard]] int rank_of(const action& a) const noexcept {
+    switch (a.type) {
+      case action_type::encoder_forward:
+      case action_type::encoder_backward:
+      case action_type::send_ef:
+      case action_type::recv_eb: return encoder_shard_to_rank[static_cast<std::size_t>(a.stage)];
+      case action_type::recv_ef:
+      case action_type::send_eb: return rank_of_stage(0);
+      default: return rank_of_stage(a.stage);
+    }
+  }
+  /// The number of actions over all ranks.
+  [[nodiscard]] std::size_t size() const noexcept {
+    std::size_t n = 0;
+    for (const auto& r : ranks) n += r.size();
+    return n;
+  }
+
+  friend bool operator==(const schedule&, const schedule&) = default;
+  void hash_append(hasher& h) const {
+    append_all(h, name, num_ranks, num_stages, num_microbatches, stage_to_rank, encoder_shard_to_rank, ranks);
+  }
+};
+
+/// The stage-to-rank map of a layout. Preconditions: pp >= 1, stages a multiple of pp (2*pp for v).
+[[nodiscard]] inline std::vector<int> make_stage_to_rank(int pp, int stages, stage_layout layout) {
+  std::vector<int> out(static_cast<std::size_t>(stages));
+  for (int s = 0; s < stages; ++s) {
+    if (layout == stage_layout::loop) {
+      out[static_cast<std::size_t>(s)] = s % pp;
+    } else {
+      const int chunk = s / pp, off = s % pp;
+      out[static_cast<std::size_t>(s)] = chunk % 2 == 0 ? off : pp - 1 - off;
+    }
+  }
+  return out;
+}
+
+}  // namespace hetmesh::pipeline
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::action_type> : hetmesh::empty_spec_formatter {
+  auto format(hetmesh::pipeline::action_type t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(t));
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::action> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::action& a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::to_text(a));
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::schedule> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::schedule& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    auto out = fmt::format_to(ctx.out(), "schedule {} (ranks={}, stages={}, microbatches={}, encoder shards={})",
+                              s.name, s.total_ranks(), s.num_stages, s.num_microbatches, s.num_encoder_shards());
+    for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+      out = fmt::format_to(out, "\n  rank {}:", r);
+      for (const auto& a : s.ranks[r]) out = fmt::format_to(out, " {}", hetmesh::pipeline::to_text(a));
+    }
+    return out;
+  }
+};

@@ -1,0 +1,441 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::pipeline: schedule generators as policy values. Each policy is a small aggregate; `generate`
+// turns (policy, pp, microbatches) into a compute-only schedule (F, B, I, W per rank, in order).
+// Orders match the peers whose names they share:
+//   gpipe, one_f_one_b           PyTorch ScheduleGPipe / Schedule1F1B (= Megatron-LM without interleaving)
+//   interleaved_1f1b             Megatron-LM forward_backward_pipelining_with_interleaving for a micro-batch
+//                                group size (default pp), = PyTorch ScheduleInterleaved1F1B when its
+//                                group size (n_microbatches / max(1, n_microbatches // pp)) agrees
+//   zero_bubble                  ZB-H1: PyTorch's zero-bubble order with one stage per rank
+//   interleaved_zero_bubble      PyTorch ScheduleInterleavedZeroBubble (ZB1P)
+//   zbv                          PyTorch ScheduleZBVZeroBubble (V layout, two stages per rank)
+// The algorithms were re-derived from those projects' published descriptions and code structure;
+// see docs/pipeline.md for the derivation and the golden tests in tests/pipeline.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "action.hpp"
+
+namespace hetmesh::pipeline {
+
+/// GPipe: all forwards, then all backwards, micro-batches in order.
+struct gpipe {
+  friend constexpr bool operator==(const gpipe&, const gpipe&) = default;
+  void hash_append(hasher& h) const { append(h, std::string_view("gpipe")); }
+};
+
+/// 1F1B (PipeDream-flush): rank r runs min(pp-1-r, M) warm-up forwards, then alternates F and B.
+struct one_f_one_b {
+  friend constexpr bool operator==(const one_f_one_b&, const one_f_one_b&) = default;
+  void hash_append(hasher& h) const { append(h, std::string_view("1f1b")); }
+};
+
+/// Which project's rule picks and checks the micro-batch group size of interleaved schedules.
+enum class group_rule : std::uint8_t {
+  megatron,  ///< group_size in [pp, M] (0 = pp); M % group_size is 0 or >= pp.
+  pytorch,   ///< group_size = M / max(1, M / pp); M must be a multiple of max(1, M / pp).
+};
+
+/// Interleaved 1F1B with `virtual_stages` model chunks per rank (stage s on rank s % pp).
+struct interleaved_1f1b {
+  int virtual_stages = 2;
+  int group_size = 0;  ///< Megatron's microbatch_group_size_per_vp_stage; 0 = the rule's default.
+  group_rule rule = group_rule::megatron;
+  friend constexpr bool operator==(const interleaved_1f1b&, const interleaved_1f1b&) = default;
+  void hash_append(hasher& h) const { append_all(h, std::string_view("interleaved-1f1b"), virtual_stages, group_size, rule); }
+};
+
+/// ZB-H1: one stage per rank, backward split into I and W, W deferred by `rank` steps.
+struct zero_bubble {
+  friend constexpr bool operator==(const zero_bubble&, const zero_bubble&) = default;
+  void hash_append(hasher& h) const { append(h, std::string_view("zero-bubble")); }
+};
+
+/// PyTorch's ScheduleInterleavedZeroBubble (ZB1P) with `virtual_stages` chunks per rank.
+struct interleaved_zero_bubble {
+  int virtual_stages = 2;
+  int group_size = 0;  ///< 0 = PyTorch's rule; else a Megatron-style group size in [1, M].
+  friend constexpr bool operator==(const interleaved_zero_bubble&, const interleaved_zero_bubble&) = default;
+  void hash_append(hasher& h) const {
+    append_all(h, std::string_view("interleaved-zero-bubble"), virtual_stages, group_size);
+  }
+};
+
+/// ZB-V: two stages per rank in a V (rank r holds stages r and 2*pp-1-r).
+struct zbv {
+  friend constexpr bool operator==(const zbv&, const zbv&) = default;
+  void hash_append(hasher& h) const { append(h, std::string_view("zbv")); }
+};
+
+using schedule_policy = std::variant<gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, interleaved_zero_bubble, zbv>;
+
+namespace detail {
+
+inline void check_basic(std::string_view name, int pp, int m) {
+  if (pp < 1) throw_error<invalid_argument>("pipeline {}: pp={} is not a pipeline size; expected pp >= 1", name, pp);
+  if (m < 1)
+    throw_error<invalid_argument>("pipeline {}: microbatches={}; expected at least one micro-batch", name, m);
+}
+
+inline void check_virtual(std::string_view name, int v) {
+  if (v < 1)
+    throw_error<invalid_argument>("pipeline {}: virtual_stages={}; expected at least one stage per rank", name, v);
+}
+
+/// PyTorch's group size for interleaved schedules: rounds = max(1, M / pp), and M % rounds must be 0.
+inline int pytorch_group_size(std::string_view name, int pp, int m) {
+  const int rounds = std::max(1, m / pp);
+  if (m % rounds != 0)
+    throw_error<invalid_argument>(
+        "pipeline {}: PyTorch's rule needs microbatches to be a multiple of the number of rounds "
+        "max(1, microbatches / pp) = {}, but microbatches={} (pp={}); expected e.g. {} or {}",
+        name, rounds, m, pp, rounds * (m / rounds), rounds * (m / rounds + 1));
+  return m / rounds;
+}
+
+/// Megatron-LM's checks for microbatch_group_size_per_vp_stage.
+inline int megatron_group_size(std::string_view name, int pp, int m, int g) {
+  if (g == 0) g = pp;
+  if (g < pp || g > m)
+    throw_error<invalid_argument>(
+        "pipeline {}: Megatron-LM's rule needs the micro-batch group size in [pp, microbatches] = [{}, {}], "
+        "but it is {}{}",
+        name, pp, m, g,
+        g == pp && m < pp ? fmt::format(" (with the default group size pp, microbatches must be >= pp={})", pp)
+                          : std::string());
+  const int rem = m % g;
+  if (rem != 0 && rem < pp)
+    throw_error<invalid_argument>(
+        "pipeline {}: Megatron-LM's rule needs microbatches % group size to be 0 or >= pp, but {} % {} = {} < "
+        "pp={}{}",
+        name, m, g, rem, pp,
+        g == pp ? fmt::format("; with the default group size, microbatches must be a multiple of pp={}", pp)
+                : std::string());
+  return g;
+}
+
+/// Megatron-LM's schedule table: virtual micro-batch k -> (micro-batch, chunk). Micro-batches go in
+/// groups of g; within a group all of chunk 0, then all of chunk 1, ...; the last group takes the rest.
+inline std::vector<std::pair<int, int>> schedule_table(int m, int v, int g) {
+  std::vector<std::pair<int, int>> table;
+  table.reserve(static_cast<std::size_t>(m) * static_cast<std::size_t>(v));
+  for (int lo = 0; lo < m; lo += g) {
+    const int hi = lo + g >= m ? m : lo + g;
+    for (int c = 0; c < v; ++c)
+      for (int mb = lo; mb < hi; ++mb) table.emplace_back(mb, c);
+  }
+  return table;
+}
+
+/// The per-rank order shared by 1F1B, interleaved 1F1B and the zero-bubble family: `warmup` forwards,
+/// then F/B pairs, then the remaining backwards. With `zb`, backwards are I and each W follows the
+/// (k - n1f1b)-th I; the remaining W close the list.
+inline std::vector<action> one_f_one_b_rank(int pp, int v, int rank, int m, const std::vector<std::pair<int, int>>& table,
+                                            int warmup, bool zb, int n1f1b) {
+  const int total_f = m * v;
+  std::vector<action> ops;
+  ops.reserve(static_cast<std::size_t>(total_f) * (zb ? 3U : 2U));
+  auto bwd_stage = [&](int k) { return (v - 1 - table[static_cast<std::size_t>(k)].second) * pp + rank; };
+  int w_next = 0;
+  for (int op = 0; op < total_f + warmup; ++op) {
+    if (op < total_f) {
+      const auto [mb, c] = table[static_cast<std::size_t>(op)];
+      ops.push_back(F(c * pp + rank, mb));
+    }
+    if (op >= warmup) {
+      const int k = op - warmup;
+      const int mb = table[static_cast<std::size_t>(k)].first;
+      ops.push_back(zb ? I(bwd_stage(k), mb) : B(bwd_stage(k), mb));
+      if (zb && k >= n1f1b) {
+        ops.push_back(W(bwd_stage(w_next), table[static_cast<std::size_t>(w_next)].first));
+        ++w_next;
+      }
+    }
+  }
+  while (zb && w_next < total_f) {
+    ops.push_back(W(bwd_stage(w_next), table[static_cast<std::size_t>(w_next)].first));
+    ++w_next;
+  }
+  return ops;
+}
+
+inline schedule make_empty(std::string name, int pp, int stages, int m, stage_layout layout) {
+  schedule s;
+  s.name = std::move(name);
+  s.num_ranks = pp;
+  s.num_stages = stages;
+  s.num_microbatches = m;
+  s.stage_to_rank = make_stage_to_rank(pp, stages, layout);
+  s.ranks.resize(static_cast<std::size_t>(pp));
+  return s;
+}
+
+}  // namespace detail
+
+/// The schedule name a policy prints as (and `make_schedule` accepts).
+[[nodiscard]] inline std::string_view name_of(const gpipe&) noexcept { return "gpipe"; }
+[[nodiscard]] inline std::string_view name_of(const one_f_one_b&) noexcept { return "1f1b"; }
+[[nodiscard]] inline std::string_view name_of(const interleaved_1f1b&) noexcept { return "interleaved-1f1b"; }
+[[nodiscard]] inline std::string_view name_of(const zero_bubble&) noexcept { return "zero-bubble"; }
+[[nodiscard]] inline std::string_view name_of(const interleaved_zero_bubble&) noexcept {
+  return "interleaved-zero-bubble";
+}
+[[nodiscard]] inline std::string_view name_of(const zbv&) noexcept { return "zbv"; }
+
+/// GPipe order. Preconditions: pp >= 1, microbatches >= 1 (else invalid_argument). Pure; O(pp * M).
+[[nodiscard]] inline schedule generate(const gpipe&, int pp, int microbatches) {
+  detail::check_basic("gpipe", pp, microbatches);
+  auto s = detail::make_empty("gpipe", pp, pp, microbatches, stage_layout::loop);
+  for (int r = 0; r < pp; ++r) {
+    auto& ops = s.ranks[static_cast<std::size_t>(r)];
+    for (int mb = 0; mb < microbatches; ++mb) ops.push_back(F(r, mb));
+    for (int mb = 0; mb < microbatches; ++mb) ops.push_back(B(r, mb));
+  }
+  return s;
+}
+
+/// 1F1B order (PyTorch Schedule1F1B's pipeline order; Megatron-LM's non-interleaved schedule).
+/// Preconditions as gpipe. Pure; O(pp * M).
+[[nodiscard]] inline schedule generate(const one_f_one_b&, int pp, int microbatches) {
+  detail::check_basic("1f1b", pp, microbatches);
+  auto s = detail::make_empty("1f1b", pp, pp, microbatches, stage_layout::loop);
+  const auto table = detail::schedule_table(microbatches, 1, microbatches);
+  for (int r = 0; r < pp; ++r)
+    s.ranks[static_cast<std::size_t>(r)] =
+        detail::one_f_one_b_rank(pp, 1, r, microbatches, table, std::min(pp - 1 - r, microbatches), false, 0);
+  return s;
+}
+
+/// The micro-batch group size an interleaved policy resolves to for (pp, M), after its rule's checks.
+/// Throws invalid_argument naming the broken rule.
+[[nodiscard]] inline int resolved_group_size(const interleaved_1f1b& p, int pp, int microbatches) {
+  if (p.rule == group_rule::pytorch) {
+    const int g = detail::pytorch_group_size("interleaved-1f1b", pp, microbatches);
+    if (p.group_size != 0 && p.group_size != g)
+      throw_error<invalid_argument>(
+          "pipeline interleaved-1f1b: PyTorch's rule fixes the group size to {} for pp={}, microbatches={}, but "
+          "group_size={} was given; expected 0 or {}",
+          g, pp, microbatches, p.group_size, g);
+    return g;
+  }
+  return detail::megatron_group_size("interleaved-1f1b", pp, microbatches, p.group_size);
+}
+
+/// Interleaved 1F1B: stage c*pp + r is rank r's chunk c. Rank r runs min((v-1)*g + 2*(pp-1-r), v*M)
+/// warm-up forwards, then F/B pairs in Megatron's schedule-table order. Preconditions: pp >= 1,
+/// microbatches >= 1, virtual_stages >= 1, and the group-size rule; each broken one is named in the
+/// invalid_argument thrown. Pure; O(pp * v * M).
+[[nodiscard]] inline schedule generate(const interleaved_1f1b& p, int pp, int microbatches) {
+  detail::check_basic("interleaved-1f1b", pp, microbatches);
+  detail::check_virtual("interleaved-1f1b", p.virtual_stages);
+  const int v = p.virtual_stages;
+  const int g = resolved_group_size(p, pp, microbatches);
+  auto s = detail::make_empty("interleaved-1f1b", pp, pp * v, microbatches, stage_layout::loop);
+  const auto table = detail::schedule_table(microbatches, v, g);
+  for (int r = 0; r < pp; ++r) {
+    const int warmup = std::min((v - 1) * g + 2 * (pp - 1 - r), v * microbatches);
+    s.ranks[static_cast<std::size_t>(r)] = detail::one_f_one_b_rank(pp, v, r, microbatches, table, warmup, false, 0);
+  }
+  return s;
+}
+
+/// ZB-H1: PyTorch's zero-bubble order with one stage per rank: pp-1-r warm-up forwards, then F and I
+/// pairs; W of the k-th backward follows the (k + r)-th I. Preconditions as gpipe. Pure; O(pp * M).
+[[nodiscard]] inline schedule generate(const zero_bubble&, int pp, int microbatches) {
+  detail::check_basic("zero-bubble", pp, microbatches);
+  auto s = detail::make_empty("zero-bubble", pp, pp, microbatches, stage_layout::loop);
+  const auto table = detail::schedule_table(microbatches, 1, microbatches);
+  for (int r = 0; r < pp; ++r)
+    s.ranks[static_cast<std::size_t>(r)] =
+        detail::one_f_one_b_rank(pp, 1, r, microbatches, table, std::min(pp - 1 - r, microbatches), true, r);
+  return s;
+}
+
+/// PyTorch's ScheduleInterleavedZeroBubble: warm-up min((v-1)*g + (pp-1-r), v*M) forwards, F/I pairs,
+/// W deferred by r backwards. Group size g by PyTorch's rule unless `group_size` is given (then
+/// 1 <= g <= M). Errors name the broken rule. Pure; O(pp * v * M).
+[[nodiscard]] inline schedule generate(const interleaved_zero_bubble& p, int pp, int microbatches) {
+  detail::check_basic("interleaved-zero-bubble", pp, microbatches);
+  detail::check_virtual("interleaved-zero-bubble", p.virtual_stages);
+  const int v = p.virtual_stages;
+  int g = p.group_size;
+  if (g == 0) {
+    g = detail::pytorch_group_size("interleaved-zero-bubble", pp, microbatches);
+  } else if (g < 1 || g > microbatches) {
+    throw_error<invalid_argument>(
+        "pipeline interleaved-zero-bubble: group_size={} is outside [1, microbatches={}]; expected 0 (PyTorch's "
+        "rule) or a size in that range",
+        g, microbatches);
+  }
+  auto s = detail::make_empty("interleaved-zero-bubble", pp, pp * v, microbatches, stage_layout::loop);
+  const auto table = detail::schedule_table(microbatches, v, g);
+  for (int r = 0; r < pp; ++r) {
+    const int warmup = std::min((v - 1) * g + (pp - 1 - r), v * microbatches);
+    s.ranks[static_cast<std::size_t>(r)] = detail::one_f_one_b_rank(pp, v, r, microbatches, table, warmup, true, r);
+  }
+  return s;
+}
+
+/// PyTorch's ScheduleZBVZeroBubble: 2*pp stages in a V. The order is built for max(2*pp-1, M)
+/// micro-batches and the extra ones dropped, as PyTorch does. Preconditions as gpipe. Pure; O(pp * M).
+[[nodiscard]] inline schedule generate(const zbv&, int pp, int microbatches) {
+  detail::check_basic("zbv", pp, microbatches);
+  const int stages = 2 * pp;
+  auto s = detail::make_empty("zbv", pp, stages, microbatches, stage_layout::v);
+  const int n = std::max(2 * pp - 1, microbatches);
+  for (int r = 0; r < pp; ++r) {
+    std::vector<action> ops;
+    const int c0 = r, c1 = stages - 1 - r;
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    auto push = [&](action a) {
+      if (a.microbatch < microbatches) ops.push_back(a);
+    };
+    for (int i = 0; i < 2 * (pp - r) - 1; ++i) push(F(c0, f0++));
+    for (int i = 0; i < r; ++i) {
+      push(F(c1, f1++));
+      push(F(c0, f0++));
+    }
+    for (int i = 0; i < pp - r; ++i) {
+      push(F(c1, f1++));
+      push(I(c1, b1));
+      push(W(c1, b1++));
+    }
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) push(F(c0, f0++));
+      push(I(c0, b0));
+      push(W(c0, b0++));
+      push(F(c1, f1++));
+      push(I(c1, b1));
+      push(W(c1, b1++));
+    }
+    int w0 = b0, w1 = b1;
+    for (int i = 0; i < r; ++i) {
+      push(I(c0, b0++));
+      push(I(c1, b1++));
+    }
+    for (int i = 0; i < pp - r; ++i) {
+      push(I(c0, b0++));
+      push(W(c0, w0++));
+    }
+    while (w1 < b1) push(W(c1, w1++));
+    while (w0 < b0) push(W(c0, w0++));
+    s.ranks[static_cast<std::size_t>(r)] = std::move(ops);
+  }
+  return s;
+}
+
+/// Generates from a policy variant.
+[[nodiscard]] inline schedule generate(const schedule_policy& p, int pp, int microbatches) {
+  return std::visit([&](const auto& q) { return generate(q, pp, microbatches); }, p);
+}
+
+/// The policy a CLI name denotes: gpipe | 1f1b | interleaved-1f1b | zero-bubble |
+/// interleaved-zero-bubble | zbv. `virtual_stages` (0 = default 2) applies to the interleaved ones,
+/// `group_size` (0 = rule's default) to both interleaved ones. Throws invalid_argument for unknown
+/// names and for parameters the named schedule does not take.
+[[nodiscard]] inline schedule_policy policy_from_name(std::string_view name, int virtual_stages = 0,
+                                                      int group_size = 0) {
+  const bool interleaved = name == "interleaved-1f1b" || name == "interleaved-zero-bubble";
+  if (!interleaved && name != "gpipe" && name != "1f1b" && name != "zero-bubble" && name != "zbv")
+    throw_error<invalid_argument>(
+        "pipeline: unknown schedule \"{}\"; expected one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, "
+        "interleaved-zero-bubble, zbv",
+        name);
+  if (!interleaved && group_size != 0)
+    throw_error<invalid_argument>(
+        "pipeline {}: --group-size applies only to interleaved-1f1b and interleaved-zero-bubble", name);
+  const bool two_chunks = name == "zbv";
+  if (!interleaved && virtual_stages != 0 && !(two_chunks && virtual_stages == 2) &&
+      !(!two_chunks && virtual_stages == 1))
+    throw_error<invalid_argument>(
+        "pipeline {}: --virtual {} does not apply; {} runs {} stage(s) per rank (use an interleaved schedule for "
+        "more)",
+        name, virtual_stages, name, two_chunks ? 2 : 1);
+  const int v = virtual_stages == 0 ? 2 : virtual_stages;
+  if (name == "gpipe") return gpipe{};
+  if (name == "1f1b") return one_f_one_b{};
+  if (name == "zero-bubble") return zero_bubble{};
+  if (name == "zbv") return zbv{};
+  if (name == "interleaved-1f1b") return interleaved_1f1b{.virtual_stages = v, .group_size = group_size};
+  return interleaved_zero_bubble{.virtual_stages = v, .group_size = group_size};
+}
+
+/// Makes a schedule from a CLI name and parameters: the entry point of `hetmesh-plan pipeline`.
+/// Same errors as policy_from_name and generate. Pure.
+[[nodiscard]] inline schedule make_schedule(std::string_view name, int pp, int microbatches, int virtual_stages = 0,
+                                            int group_size = 0) {
+  return generate(policy_from_name(name, virtual_stages, group_size), pp, microbatches);
+}
+
+}  // namespace hetmesh::pipeline
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::group_rule> : hetmesh::empty_spec_formatter {
+  auto format(hetmesh::pipeline::group_rule r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", r == hetmesh::pipeline::group_rule::megatron ? "megatron" : "pytorch");
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::gpipe> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::gpipe& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::one_f_one_b> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::one_f_one_b& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::zero_bubble> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::zero_bubble& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::zbv> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::zbv& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::interleaved_1f1b> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::interleaved_1f1b& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "interleaved-1f1b(virtual_stages={}, group_size={}, rule={})", p.virtual_stages,
+                          p.group_size, p.rule);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::interleaved_zero_bubble> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::interleaved_zero_bubble& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "interleaved-zero-bubble(virtual_stages={}, group_size={})", p.virtual_stages,
+                          p.group_size);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::schedule_policy> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::schedule_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return std::visit([&](const auto& q) { return fmt::format_to(ctx.out(), "{}", q); }, p);
+  }
+};

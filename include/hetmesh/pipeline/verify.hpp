@@ -1,0 +1,381 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::pipeline: the schedule verifier. It checks structure (every stage runs F and a backward for
+// every micro-batch exactly once, on the rank that owns the stage), communication (every SEND has its
+// RECV on the peer, every cross-rank input arrives through one), and then runs the schedule as a
+// token game under blocking send/receive to prove it finishes: dependencies satisfied in order, no
+// deadlock. Along the way it records per-rank peak activation memory and in-flight micro-batches.
+// Errors are invalid_argument naming the rank, the position and the offending action.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "action.hpp"
+#include "lower.hpp"
+
+namespace hetmesh::pipeline {
+
+/// How the verifier's token game treats a SEND.
+enum class send_mode : std::uint8_t {
+  rendezvous,  ///< a SEND completes only together with its RECV (blocking both ways: the strict case).
+  buffered,    ///< a SEND completes at once; its RECV completes once the SEND has (eager/isend).
+};
+
+struct verify_options {
+  send_mode mode = send_mode::rendezvous;
+  int max_in_flight = 0;        ///< 0: no bound; else the most (stage, micro-batch) activations a rank may hold.
+  bool require_backward = true;  ///< false for forward-only (inference) schedules.
+  /// Bytes an F or EF action allocates (freed by its B / W / EB). Empty: 1 per action (counts).
+  std::function<std::int64_t(const action&)> activation_bytes;
+};
+
+/// What the verifier found (only returned when the schedule is valid).
+struct verify_report {
+  std::size_t actions = 0;          ///< all actions
+  std::size_t compute_actions = 0;  ///< F, B, I, W, EF, EB
+  std::size_t comm_pairs = 0;       ///< matched SEND/RECV pairs
+  std::size_t sweeps = 0;           ///< rank wake-ups in the token game (a cost measure)
+  std::vector<int> peak_in_flight;  ///< per rank: most LLM activations held at once
+  std::vector<std::int64_t> peak_memory;  ///< per rank: peak of activation_bytes held (LLM + encoder)
+  friend bool operator==(const verify_report&, const verify_report&) = default;
+  void hash_append(hasher& h) const { append_all(h, actions, compute_actions, comm_pairs, peak_in_flight, peak_memory); }
+};
+
+namespace detail {
+
+/// The matching partner of a SEND or RECV.
+inline action partner(const action& a) {
+  switch (a.type) {
+    case action_type::send_f: return {a.stage + 1, action_type::recv_f, a.microbatch};
+    case action_type::recv_f: return {a.stage - 1, action_type::send_f, a.microbatch};
+    case action_type::send_b: return {a.stage - 1, action_type::recv_b, a.microbatch};
+    case action_type::recv_b: return {a.stage + 1, action_type::send_b, a.microbatch};
+    case action_type::send_ef: return {a.stage, action_type::recv_ef, a.microbatch};
+    case action_type::recv_ef: return {a.stage, action_type::send_ef, a.microbatch};
+    case action_type::send_eb: return {a.stage, action_type::recv_eb, a.microbatch};
+    case action_type::recv_eb: return {a.stage, action_type::send_eb, a.microbatch};
+    default: return a;
+  }
+}
+
+}  // namespace detail
+
+/// Verifies `s`; returns the report or throws invalid_argument naming the first problem (rank,
+/// position, action, and what was expected). Schedules without communication actions are checked
+/// with data dependencies directly; with them, every cross-rank input must arrive by RECV.
+/// Not collective; pure; O(actions + sweeps * ranks).
+[[nodiscard]] inline verify_report verify(const schedule& s, const verify_options& opt = {}) {
+  const int nranks = s.total_ranks();
+  const int S = s.num_stages, M = s.num_microbatches, E = s.num_encoder_shards();
+  const std::string where = fmt::format("pipeline verify({})", s.name);
+  if (S < 1 || M < 1 || static_cast<int>(s.stage_to_rank.size()) != S)
+    throw_error<invalid_argument>("{}: {} stages, {} micro-batches and a stage map of {} entries; expected at least one "
+                                  "stage and micro-batch and one map entry per stage",
+                                  where, S, M, s.stage_to_rank.size());
+  for (int st = 0; st < S; ++st)
+    if (s.stage_to_rank[static_cast<std::size_t>(st)] < 0 || s.stage_to_rank[static_cast<std::size_t>(st)] >= nranks)
+      throw_error<invalid_argument>("{}: stage {} maps to rank {}; expected a rank in [0, {})", where, st,
+                                    s.stage_to_rank[static_cast<std::size_t>(st)], nranks);
+  for (int e = 0; e < E; ++e)
+    if (s.encoder_shard_to_rank[static_cast<std::size_t>(e)] < 0 ||
+        s.encoder_shard_to_rank[static_cast<std::size_t>(e)] >= nranks)
+      throw_error<invalid_argument>("{}: encoder shard {} maps to rank {}; expected a rank in [0, {})", where, e,
+                                    s.encoder_shard_to_rank[static_cast<std::size_t>(e)], nranks);
+
+  verify_report rep;
+  detail::action_flags present(S, E, M);
+  bool explicit_comm = false;
+  std::vector<int> reduce_seen(static_cast<std::size_t>(S), 0);
+  // --- structure: ranges, owning rank, duplicates ---------------------------------------------------
+  for (int r = 0; r < nranks; ++r) {
+    const auto& row = s.ranks[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      const action& a = row[i];
+      ++rep.actions;
+      if (is_compute(a.type)) ++rep.compute_actions;
+      if (is_comm(a.type)) explicit_comm = true;
+      auto fail = [&](const std::string& why) {
+        throw_error<invalid_argument>("{}: rank {} action #{} `{}`: {}", where, r, i, to_text(a), why);
+      };
+      if (a.type == action_type::reduce_grad) {
+        if (a.stage < 0 || a.stage >= S) fail(fmt::format("stage out of range; expected [0, {})", S));
+        if (s.rank_of_stage(a.stage) != r) fail(fmt::format("stage {} lives on rank {}", a.stage, s.rank_of_stage(a.stage)));
+        if (reduce_seen[static_cast<std::size_t>(a.stage)]++ != 0) fail("appears twice; expected once per stage");
+        continue;
+      }
+      if (!present.in_range(a))
+        fail(fmt::format("{} or micro-batch out of range; expected {} in [0, {}) and micro-batch in [0, {})",
+                         detail::action_flags::uses_shard(a.type) ? "encoder shard" : "stage",
+                         detail::action_flags::uses_shard(a.type) ? "shard" : "stage",
+                         detail::action_flags::uses_shard(a.type) ? E : S, M));
+      if (s.rank_of(a) != r) fail(fmt::format("belongs on rank {} (by the stage/shard map)", s.rank_of(a)));
+      if (present.get(a)) fail("appears a second time; expected each action exactly once");
+      present.set(a);
+    }
+  }
+  // --- completeness ---------------------------------------------------------------------------------
+  for (int st = 0; st < S; ++st)
+    for (int mb = 0; mb < M; ++mb) {
+      if (!present.get(F(st, mb)))
+        throw_error<invalid_argument>("{}: `{}` is missing; expected a forward of every micro-batch on every stage",
+                                      where, to_text(F(st, mb)));
+      const bool b = present.get(B(st, mb)), i = present.get(I(st, mb)), w = present.get(W(st, mb));
+      if (b && (i || w))
+        throw_error<invalid_argument>("{}: stage {} micro-batch {} has both a full backward `{}` and a split one; "
+                                      "expected B, or I and W",
+                                      where, st, mb, to_text(B(st, mb)));
+      if (i != w)
+        throw_error<invalid_argument>("{}: `{}` is missing; expected I and W to come in pairs", where,
+                                      to_text(i ? W(st, mb) : I(st, mb)));
+      if (opt.require_backward && !b && !i)
+        throw_error<invalid_argument>("{}: stage {} micro-batch {} has no backward; expected `{}` (or `{}` and `{}`)",
+                                      where, st, mb, to_text(B(st, mb)), to_text(I(st, mb)), to_text(W(st, mb)));
+    }
+  for (int e = 0; e < E; ++e)
+    for (int mb = 0; mb < M; ++mb) {
+      const action ef{e, action_type::encoder_forward, mb}, eb{e, action_type::encoder_backward, mb};
+      if (!present.get(ef))
+        throw_error<invalid_argument>("{}: `{}` is missing; expected every encoder shard to encode every micro-batch",
+                                      where, to_text(ef));
+      if (opt.require_backward && !present.get(eb))
+        throw_error<invalid_argument>("{}: `{}` is missing; expected an encoder backward per encoder forward", where,
+                                      to_text(eb));
+    }
+  // --- communication pairs --------------------------------------------------------------------------
+  for (int r = 0; r < nranks; ++r) {
+    const auto& row = s.ranks[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      const action& a = row[i];
+      if (!is_comm(a.type)) continue;
+      const action p = detail::partner(a);
+      if (!present.get(p))
+        throw_error<invalid_argument>("{}: rank {} action #{} `{}` has no matching `{}` on rank {}; expected every {} "
+                                      "matched by a {}",
+                                      where, r, i, to_text(a), to_text(p), present.in_range(p) ? s.rank_of(p) : -1,
+                                      is_send(a.type) ? "send" : "receive", is_send(a.type) ? "receive" : "send");
+      if (is_send(a.type)) ++rep.comm_pairs;
+    }
+  }
+  // --- token game -----------------------------------------------------------------------------------
+  detail::action_flags done(S, E, M);
+  std::vector<int> backward_done(static_cast<std::size_t>(S), 0);
+  std::vector<std::size_t> pc(static_cast<std::size_t>(nranks), 0);
+  std::vector<std::int64_t> mem(static_cast<std::size_t>(nranks), 0);
+  std::vector<int> inflight(static_cast<std::size_t>(nranks), 0);
+  rep.peak_memory.assign(static_cast<std::size_t>(nranks), 0);
+  rep.peak_in_flight.assign(static_cast<std::size_t>(nranks), 0);
+  auto bytes = [&](const action& a) -> std::int64_t { return opt.activation_bytes ? opt.activation_bytes(a) : 1; };
+  auto bwd_done = [&](int st, int mb) { return done.get(B(st, mb)) || done.get(I(st, mb)); };
+
+  // The first unmet requirement of compute/REDUCE_GRAD action `a` on rank r, or nullopt-equivalent
+  // (`found` false). `same_rank` tells whether the requirement is produced on r itself.
+  struct need {
+    bool found = false;
+    action what{};
+    bool same_rank = false;
+  };
+  auto requirement = [&](const action& a, int r) -> need {
+    auto input = [&](const action& producer_b, const action& producer_i, action via_recv) -> need {
+      const int pr = s.rank_of(producer_b);
+      const bool ok = done.get(producer_b) || (producer_i.type != producer_b.type && done.get(producer_i));
+      if (pr == r || !explicit_comm) return ok ? need{} : need{true, producer_b, pr == r};
+      return done.get(via_recv) ? need{} : need{true, via_recv, true};
+    };
+    const int mb = a.microbatch;
+    switch (a.type) {
+      case action_type::forward:
+        if (a.stage > 0) return input(F(a.stage - 1, mb), F(a.stage - 1, mb), {a.stage, action_type::recv_f, mb});
+        for (int e = 0; e < E; ++e) {
+          const action ef{e, action_type::encoder_forward, mb};
+          need n = input(ef, ef, {e, action_type::recv_ef, mb});
+          if (n.found) return n;
+        }
+        return {};
+      case action_type::backward:
+      case action_type::backward_input:
+        if (!done.get(F(a.stage, mb))) return {true, F(a.stage, mb), true};
+        if (a.stage + 1 < S) return input(B(a.stage + 1, mb), I(a.stage + 1, mb), {a.stage, action_type::recv_b, mb});
+        return {};
+      case action_type::backward_weight:
+        return done.get(I(a.stage, mb)) ? need{} : need{true, I(a.stage, mb), true};
+      case action_type::encoder_forward: return {};
+      case action_type::encoder_backward:
+        if (!done.get({a.stage, action_type::encoder_forward, mb}))
+          return {true, {a.stage, action_type::encoder_forward, mb}, true};
+        return input(B(0, mb), I(0, mb), {a.stage, action_type::recv_eb, mb});
+      case action_type::reduce_grad:
+        return backward_done[static_cast<std::size_t>(a.stage)] == M ? need{} : need{true, B(a.stage, M - 1), true};
+      case action_type::send_f: return done.get(F(a.stage, mb)) ? need{} : need{true, F(a.stage, mb), true};
+      case action_type::send_b: return bwd_done(a.stage, mb) ? need{} : need{true, I(a.stage, mb), true};
+      case action_type::send_ef:
+        return done.get({a.stage, action_type::encoder_forward, mb}) ? need{}
+                                                                      : need{true, {a.stage, action_type::encoder_forward, mb}, true};
+      case action_type::send_eb: return bwd_done(0, mb) ? need{} : need{true, B(0, mb), true};
+      default: return {};
+    }
+  };
+  auto order_error = [&](int r, std::size_t i, const action& a, const action& dep) {
+    throw_error<invalid_argument>(
+        "{}: rank {} action #{} `{}` needs `{}` first, which rank {} runs later or never; expected `{}` before it in "
+        "rank {}'s list",
+        where, r, i, to_text(a), to_text(dep), r, to_text(dep), r);
+  };
+  std::size_t executed = 0;
+  auto execute = [&](int r, const action& a) {
+    ++executed;
+    done.set(a);
+    ++pc[static_cast<std::size_t>(r)];
+    auto& m = mem[static_cast<std::size_t>(r)];
+    auto& f = inflight[static_cast<std::size_t>(r)];
+    switch (a.type) {
+      case action_type::forward:
+        m += bytes(a);
+        ++f;
+        break;
+      case action_type::encoder_forward: m += bytes(a); break;
+      case action_type::backward:
+      case action_type::backward_weight:
+        m -= bytes(F(a.stage, a.microbatch));
+        --f;
+        ++backward_done[static_cast<std::size_t>(a.stage)];
+        break;
+      case action_type::encoder_backward: m -= bytes({a.stage, action_type::encoder_forward, a.microbatch}); break;
+      default: break;
+    }
+    auto& pm = rep.peak_memory[static_cast<std::size_t>(r)];
+    auto& pf = rep.peak_in_flight[static_cast<std::size_t>(r)];
+    pm = std::max(pm, m);
+    pf = std::max(pf, f);
+    if (opt.max_in_flight > 0 && f > opt.max_in_flight)
+      throw_error<invalid_argument>(
+          "{}: rank {} holds {} activations after `{}` (#{}), above the bound max_in_flight={}; expected at most {}",
+          where, r, f, to_text(a), pc[static_cast<std::size_t>(r)] - 1, opt.max_in_flight, opt.max_in_flight);
+  };
+  // Tries to run rank r's next action; true when something ran.
+  auto step = [&](int r) -> bool {
+    const auto& row = s.ranks[static_cast<std::size_t>(r)];
+    const std::size_t i = pc[static_cast<std::size_t>(r)];
+    if (i >= row.size()) return false;
+    const action a = row[i];
+    const need n = requirement(a, r);
+    if (n.found) {
+      if (n.same_rank && !is_recv(n.what.type)) order_error(r, i, a, n.what);
+      if (n.same_rank && is_recv(n.what.type) && present.get(n.what)) {
+        // The RECV exists on this rank but was not reached: it sits after its consumer.
+        order_error(r, i, a, n.what);
+      }
+      if (n.same_rank && is_recv(n.what.type))
+        throw_error<invalid_argument>(
+            "{}: rank {} action #{} `{}` consumes data from another rank but the schedule has no `{}`; expected a "
+            "RECV before it (lower with add_send_recv)",
+            where, r, i, to_text(a), to_text(n.what));
+      return false;
+    }
+    if (!is_comm(a.type)) {
+      execute(r, a);
+      return true;
+    }
+    const action p = detail::partner(a);
+    if (opt.mode == send_mode::buffered) {
+      if (is_send(a.type) || done.get(p)) {
+        execute(r, a);
+        return true;
+      }
+      return false;
+    }
+    const int q = s.rank_of(p);
+    const auto& qrow = s.ranks[static_cast<std::size_t>(q)];
+    const std::size_t qi = pc[static_cast<std::size_t>(q)];
+    if (qi >= qrow.size() || !(qrow[qi] == p)) return false;
+    if (is_recv(a.type) && requirement(p, q).found) return false;  // the sender's data is not ready yet
+    execute(r, a);
+    execute(q, p);
+    return true;
+  };
+  // Worklist token game: a rank is retried only when something it may wait for has happened, so the
+  // game costs O(actions) rather than O(rounds * ranks).
+  std::vector<int> queue;
+  std::vector<std::uint8_t> queued(static_cast<std::size_t>(nranks), 1);
+  queue.reserve(static_cast<std::size_t>(nranks) * 2);
+  for (int r = nranks - 1; r >= 0; --r) queue.push_back(r);
+  auto wake = [&](int q) {
+    if (!queued[static_cast<std::size_t>(q)]) {
+      queued[static_cast<std::size_t>(q)] = 1;
+      queue.push_back(q);
+    }
+  };
+  // Ranks that may be waiting for `a`, which just ran.
+  auto wake_consumers = [&](const action& a) {
+    switch (a.type) {
+      case action_type::forward:
+        if (a.stage + 1 < S) wake(s.rank_of_stage(a.stage + 1));
+        break;
+      case action_type::backward:
+      case action_type::backward_input:
+        if (a.stage > 0) wake(s.rank_of_stage(a.stage - 1));
+        if (a.stage == 0)
+          for (int e = 0; e < E; ++e) wake(s.encoder_shard_to_rank[static_cast<std::size_t>(e)]);
+        break;
+      case action_type::encoder_forward: wake(s.rank_of_stage(0)); break;
+      default:
+        if (is_comm(a.type)) wake(s.rank_of(detail::partner(a)));
+        break;
+    }
+  };
+  {
+    while (!queue.empty()) {
+      const int r = queue.back();
+      queue.pop_back();
+      queued[static_cast<std::size_t>(r)] = 0;
+      ++rep.sweeps;
+      while (true) {
+        const std::size_t before = pc[static_cast<std::size_t>(r)];
+        if (!step(r)) break;
+        wake_consumers(s.ranks[static_cast<std::size_t>(r)][before]);
+      }
+    }
+    if (executed != rep.actions) {
+      std::string msg;
+      for (int r = 0; r < nranks; ++r) {
+        const auto& row = s.ranks[static_cast<std::size_t>(r)];
+        const std::size_t i = pc[static_cast<std::size_t>(r)];
+        if (i >= row.size()) continue;
+        const action a = row[i];
+        const need n = requirement(a, r);
+        const action waits = n.found ? n.what : (is_comm(a.type) ? detail::partner(a) : a);
+        const int q = s.rank_of(waits);
+        const std::size_t qi = pc[static_cast<std::size_t>(q)];
+        msg += fmt::format("\n  rank {} blocked at #{} `{}`, waiting for `{}` on rank {} (which is at {})", r, i,
+                           to_text(a), to_text(waits), q,
+                           qi < s.ranks[static_cast<std::size_t>(q)].size()
+                               ? fmt::format("#{} `{}`", qi, to_text(s.ranks[static_cast<std::size_t>(q)][qi]))
+                               : std::string("its end"));
+      }
+      throw_error<invalid_argument>("{}: deadlock under {} send/receive; no rank can make progress:{}", where,
+                                    opt.mode == send_mode::rendezvous ? "blocking (rendezvous)" : "buffered", msg);
+    }
+  }
+  return rep;
+}
+
+}  // namespace hetmesh::pipeline
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::verify_report> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::verify_report& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    auto out = fmt::format_to(ctx.out(), "verified: {} actions ({} compute, {} send/recv pairs); peak in-flight per rank:",
+                              r.actions, r.compute_actions, r.comm_pairs);
+    for (int v : r.peak_in_flight) out = fmt::format_to(out, " {}", v);
+    out = fmt::format_to(out, "; peak memory per rank:");
+    for (auto v : r.peak_memory) out = fmt::format_to(out, " {}", v);
+    return out;
+  }
+};

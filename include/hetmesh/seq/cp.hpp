@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::seq: context-parallel partitions of one packed stream of documents over cp ranks.
+//   contiguous  the stream cut into cp near-equal pieces (causal work grows with the rank);
+//   zigzag      one sequence in 2cp chunks, rank r takes chunks r and 2cp-1-r, in that order:
+//               identical to Megatron-LM's get_batch_on_this_cp_rank (per-sequence balancing);
+//   thd         the same per document of a packed (THD) stream, identical to TransformerEngine's
+//               thd_get_partitioned_indices: each document must be a multiple of 2cp, or is padded
+//               at its own end to one (TE's pad_thd_sequences_for_cp), when padding is asked for.
+// Every partition lists, per rank, the stream indices of its tokens, their position ids, local
+// cu_seqlens and the chunks it holds; and, per stream token, its owner (the inverse map).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "types.hpp"
+
+namespace hetmesh::seq {
+
+enum class cp_scheme { contiguous, zigzag, thd };
+
+/// Policy value: scheme, degree, and whether documents may be padded to a multiple of 2cp.
+struct cp_policy {
+  cp_scheme scheme = cp_scheme::thd;
+  int cp = 1;
+  bool pad = false;
+
+  friend constexpr bool operator==(const cp_policy&, const cp_policy&) = default;
+  void hash_append(hasher& h) const { append_all(h, scheme, cp, pad); }
+};
+
+/// A run of consecutive tokens of one document held by one rank: document index (in the input),
+/// chunk ordinal (zigzag/thd: 0..2cp-1; contiguous: the rank), positions inside the (padded)
+/// document, and where the run starts in the rank's local buffer.
+struct cp_chunk {
+  std::int64_t doc = 0;
+  int chunk = 0;
+  token_range positions;
+  std::int64_t local_offset = 0;
+
+  friend constexpr bool operator==(const cp_chunk&, const cp_chunk&) = default;
+  void hash_append(hasher& h) const { append_all(h, doc, chunk, positions, local_offset); }
+};
+
+/// One rank's share.
+struct cp_rank_shard {
+  std::vector<std::int64_t> token_index;   ///< per local token: index in the padded stream
+  std::vector<std::int64_t> source_index;  ///< per local token: index in the input stream; -1 = padding
+  std::vector<std::int64_t> position_ids;  ///< per local token: position in its document (pads continue)
+  std::vector<std::int64_t> cu_seqlens;    ///< local per-document boundaries (documents with tokens here)
+  std::vector<std::int64_t> local_docs;    ///< the documents of cu_seqlens, in order
+  std::vector<cp_chunk> chunks;
+
+  [[nodiscard]] std::int64_t tokens() const noexcept { return static_cast<std::int64_t>(token_index.size()); }
+  friend bool operator==(const cp_rank_shard&, const cp_rank_shard&) = default;
+  void hash_append(hasher& h) const {
+    append_all(h, token_index, source_index, position_ids, cu_seqlens, local_docs, chunks);
+  }
+};
+
+/// The partition of one stream.
+struct cp_partition {
+  cp_policy policy{};
+  std::vector<std::int64_t> cu_seqlens;         ///< input stream
+  std::vector<std::int64_t> cu_seqlens_padded;  ///< padded stream (== cu_seqlens without padding)
+  std::vector<cp_rank_shard> ranks;
+  std::vector<int> owner_rank;                  ///< per padded-stream token: its rank
+  std::vector<std::int64_t> owner_local;        ///< per padded-stream token: its local index there
+
+  [[nodiscard]] std::int64_t padded_tokens() const noexcept { return cu_seqlens_padded.back(); }
+  friend bool operator==(const cp_partition&, const cp_partition&) = default;
+  void hash_append(hasher& h) const {
+    append_all(h, policy, cu_seqlens, cu_seqlens_padded, ranks, owner_rank, owner_local);
+  }
+};
+
+namespace detail {
+inline std::vector<std::int64_t> prefix(std::span<const std::int64_t> lens) {
+  std::vector<std::int64_t> cu{0};
+  for (auto l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+inline void check_cp_args(std::span<const std::int64_t> lens, int cp, const char* who) {
+  if (cp < 1) throw_error<invalid_argument>("{}: cp = {}; expected >= 1", who, cp);
+  for (std::size_t i = 0; i < lens.size(); ++i)
+    if (lens[i] < 0)
+      throw_error<invalid_argument>("{}: document {} has length {}; expected >= 0", who, i, lens[i]);
+}
+
+/// Appends a run of a document to a shard and fills the bookkeeping.
+inline void add_run(cp_partition& p, int rank, std::int64_t doc, int chunk, token_range pos,
+                    std::int64_t unpadded_len) {
+  auto& sh = p.ranks[static_cast<std::size_t>(rank)];
+  if (pos.size() <= 0) return;
+  const std::int64_t base = p.cu_seqlens_padded[static_cast<std::size_t>(doc)];
+  const std::int64_t src = p.cu_seqlens[static_cast<std::size_t>(doc)];
+  sh.chunks.push_back({doc, chunk, pos, sh.tokens()});
+  if (sh.local_docs.empty() || sh.local_docs.back() != doc) {
+    sh.local_docs.push_back(doc);
+    sh.cu_seqlens.push_back(sh.tokens());
+  }
+  for (std::int64_t t = pos.begin; t < pos.end; ++t) {
+    const std::int64_t g = base + t;
+    p.owner_rank[static_cast<std::size_t>(g)] = rank;
+    p.owner_local[static_cast<std::size_t>(g)] = sh.tokens();
+    sh.token_index.push_back(g);
+    sh.source_index.push_back(t < unpadded_len ? src + t : -1);
+    sh.position_ids.push_back(t);
+  }
+}
+
+inline void close_shards(cp_partition& p) {
+  for (auto& sh : p.ranks) sh.cu_seqlens.push_back(sh.tokens());
+}
+}  // namespace detail
+
+/// Contiguous split: the stream of documents `lengths` (no padding) cut at floor(k*T/cp). Pure;
+/// O(T). Causal work is unbalanced (later ranks see longer prefixes): kept as the baseline.
+[[nodiscard]] inline cp_partition partition_contiguous(std::span<const std::int64_t> lengths, int cp) {
+  detail::check_cp_args(lengths, cp, "partition_contiguous");
+  cp_partition p;
+  p.policy = {cp_scheme::contiguous, cp, false};
+  p.cu_seqlens = detail::prefix(lengths);
+  p.cu_seqlens_padded = p.cu_seqlens;
+  const std::int64_t total = p.cu_seqlens.back();
+  p.ranks.resize(static_cast<std::size_t>(cp));
+  p.owner_rank.assign(static_cast<std::size_t>(total), -1);
+  p.owner_local.assign(static_cast<std::size_t>(total), -1);
+  std::size_t doc = 0;
+  for (int r = 0; r < cp; ++r) {
+    const std::int64_t lo = r * total / cp, hi = (r + 1) * total / cp;
+    for (std::int64_t at = lo; at < hi;) {
+      while (p.cu_seqlens[doc + 1] <= at) ++doc;
+      const std::int64_t end = std::min(hi, p.cu_seqlens[doc + 1]);
+      detail::add_run(p, r, static_cast<std::int64_t>(doc), r,
+                      {at - p.cu_seqlens[doc], end - p.cu_seqlens[doc]}, lengths[doc]);
+      at = end;
+    }
+  }
+  detail::close_shards(p);
+  return p;
+}
+
+/// Per-document zigzag of a packed stream (TransformerEngine THD). Each document of length L is
+/// cut into 2cp chunks of L/2cp; rank r holds, per document in stream order, chunks r then
+/// 2cp-1-r. With pad = true, a document is first padded at its end to the next multiple of 2cp
+/// (pad tokens: source_index -1, positions continuing the document); with pad = false, a length not
+/// divisible by 2cp is an error (TE asserts the same). Preconditions: cp >= 1, lengths >= 0.
+/// Postconditions: every padded-stream token is on exactly one rank; all ranks hold equal token
+/// counts and equal causal work per document. Pure; O(T).
+[[nodiscard]] inline cp_partition partition_thd(std::span<const std::int64_t> lengths, int cp, bool pad = false) {
+  detail::check_cp_args(lengths, cp, "partition_thd");
+  const std::int64_t n = 2 * static_cast<std::int64_t>(cp);
+  std::vector<std::int64_t> padded(lengths.begin(), lengths.end());
+  for (std::size_t i = 0; i < padded.size(); ++i) {
+    if (padded[i] % n == 0) continue;
+    if (!pad)
+      throw_error<invalid_argument>(
+          "partition_thd: document {} has {} tokens, not a multiple of 2*cp = {}; pad it (pad = true pads "
+          "each document at its end to a multiple of 2*cp) or pick cp with 2*cp dividing every length",
+          i, padded[i], n);
+    padded[i] = detail::ceil_div(padded[i], n) * n;
+  }
+  cp_partition p;
+  p.policy = {cp_scheme::thd, cp, pad};
+  p.cu_seqlens = detail::prefix(lengths);
+  p.cu_seqlens_padded = detail::prefix(padded);
+  const std::int64_t total = p.cu_seqlens_padded.back();
+  p.ranks.resize(static_cast<std::size_t>(cp));
+  p.owner_rank.assign(static_cast<std::size_t>(total), -1);
+  p.owner_local.assign(static_cast<std::size_t>(total), -1);
+  for (int r = 0; r < cp; ++r) {
+    for (std::size_t d = 0; d < padded.size(); ++d) {
+      const std::int64_t c = padded[d] / n;
+      const int first = r, second = static_cast<int>(n) - 1 - r;
+      detail::add_run(p, r, static_cast<std::int64_t>(d), first, {first * c, (first + 1) * c}, lengths[d]);
+      detail::add_run(p, r, static_cast<std::int64_t>(d), second, {second * c, (second + 1) * c}, lengths[d]);
+    }
+  }
+  // TE's local cu_seqlens: cu_seqlens_padded / cp, every document included (also empty ones).
+  for (auto& sh : p.ranks) {
+    sh.cu_seqlens.clear();
+    sh.local_docs.clear();
+    for (std::size_t d = 0; d < p.cu_seqlens_padded.size(); ++d) {
+      sh.cu_seqlens.push_back(p.cu_seqlens_padded[d] / cp);
+      if (d + 1 < p.cu_seqlens_padded.size()) sh.local_docs.push_back(static_cast<std::int64_t>(d));
+    }
+  }
+  return p;
+}
+
+/// Zigzag of one sequence (Megatron-LM get_batch_on_this_cp_rank): partition_thd of a single
+/// document, tagged cp_scheme::zigzag. Same errors and padding rule.
+[[nodiscard]] inline cp_partition partition_zigzag(std::int64_t length, int cp, bool pad = false) {
+  const std::int64_t one[1] = {length};
+  auto p = partition_thd(one, cp, pad);
+  p.policy.scheme = cp_scheme::zigzag;
+  return p;
+}
+
+/// Dispatch on a policy value. `lengths` is one document for zigzag.
+[[nodiscard]] inline cp_partition partition(std::span<const std::int64_t> lengths, const cp_policy& policy) {
+  switch (policy.scheme) {
+    case cp_scheme::contiguous: return partition_contiguous(lengths, policy.cp);
+    case cp_scheme::zigzag:
+      if (lengths.size() != 1)
+        throw_error<invalid_argument>("partition: zigzag splits one sequence; got {} documents (use thd)",
+                                      lengths.size());
+      return partition_zigzag(lengths[0], policy.cp, policy.pad);
+    case cp_scheme::thd: return partition_thd(lengths, policy.cp, policy.pad);
+  }
+  throw_error<invalid_argument>("partition: unknown cp_scheme {}", static_cast<int>(policy.scheme));
+}
+
+/// Causal attention work of one shard: the number of (query, key) pairs its queries compute under a
+/// per-document causal mask, i.e. the sum of (position + 1). Pure; O(tokens).
+[[nodiscard]] inline std::int64_t causal_work(const cp_rank_shard& sh) noexcept {
+  std::int64_t w = 0;
+  for (auto p : sh.position_ids) w += p + 1;
+  return w;
+}
+
+}  // namespace hetmesh::seq
+
+template <>
+struct fmt::formatter<hetmesh::seq::cp_scheme> : hetmesh::empty_spec_formatter {
+  auto format(hetmesh::seq::cp_scheme s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    using hetmesh::seq::cp_scheme;
+    return fmt::format_to(ctx.out(), "{}",
+                          s == cp_scheme::contiguous ? "contiguous" : s == cp_scheme::zigzag ? "zigzag" : "thd");
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::cp_policy> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::cp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "cp_policy{{{}, cp={}, pad={}}}", p.scheme, p.cp, p.pad);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::cp_chunk> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::cp_chunk& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "d{}c{}{}@{}", c.doc, c.chunk, c.positions, c.local_offset);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::cp_rank_shard> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::cp_rank_shard& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "shard{{tokens={}, cu_seqlens={}, chunks={}}}", s.tokens(), s.cu_seqlens,
+                          s.chunks);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::cp_partition> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::cp_partition& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "cp_partition{{{}, cu_seqlens_padded={}, ranks={}}}", p.policy,
+                          p.cu_seqlens_padded, p.ranks);
+  }
+};

@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::seq: Hybrid Data Parallelism (ByteScale, arXiv 2502.21231 §2, Alg. 1). The dp x cp ranks
+// form one pool of `pool` ranks. Each step, every sequence gets just the ranks its length needs:
+// short ones (length <= C) are packed whole onto single ranks by best fit; a long one runs on a ring
+// of D(s) ranks (any D, from the offload solver), split zigzag into 2D chunks. Rings are ordered
+// lists of pool ranks on the parent communicator (no per-ring communicator).
+//
+// The planner is split in two so that balance/ can replace the placement:
+//   hdp_shard     sequences -> work items (packed bins, rings with D and offload ratio)   [what]
+//   hdp_assemble  items + placement (ring ranks and an order key per item) -> per-rank plan [where]
+//   plan_hdp      hdp_shard + a naive contiguous placement + hdp_assemble (ByteScale Alg. 1)
+// Loss: each rank divides its summed token loss by `global_tokens`, and gradients are SUM-reduced
+// over the pool; then the gradient equals plain data parallelism for any placement (ByteScale Eq. 1-2).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "detail/best_fit.hpp"
+#include "offload.hpp"
+#include "types.hpp"
+
+namespace hetmesh::seq {
+
+/// Policy value of HDP. `capacity` is C, the tokens of activations one rank holds per micro-batch.
+struct hdp_policy {
+  std::int64_t capacity = 8192;
+  offload_policy offload{.enabled = false};
+  offload_model model{};  ///< used by the offload solver; Act(s) proportional to s by default
+
+  friend bool operator==(const hdp_policy&, const hdp_policy&) = default;
+  void hash_append(hasher& h) const { append_all(h, capacity, offload, model); }
+};
+
+/// One unit of work: either a pack of whole short sequences on one rank (degree 1, `packed`), or
+/// one long sequence on a ring of `degree` ranks with an offload ratio.
+struct hdp_item {
+  std::int64_t index = 0;             ///< position in hdp_sharding::items
+  bool packed = false;
+  int degree = 1;                     ///< D: ranks of the ring (1 for packs)
+  offload_choice offload{};           ///< ratio and solver bounds (ratio 0 for packs)
+  std::vector<seq_desc> seqs;         ///< packed: members in pack order; ring: exactly one
+  std::int64_t tokens = 0;            ///< sum of member lengths
+
+  friend bool operator==(const hdp_item&, const hdp_item&) = default;
+  void hash_append(hasher& h) const { append_all(h, index, packed, degree, offload, seqs, tokens); }
+};
+
+/// Output of hdp_shard: items in canonical order (rings by (-length, id), then packs in best-fit
+/// creation order), and the global token count for loss normalisation.
+struct hdp_sharding {
+  hdp_policy policy{};
+  int pool = 0;
+  std::vector<hdp_item> items;
+  std::int64_t global_tokens = 0;
+
+  friend bool operator==(const hdp_sharding&, const hdp_sharding&) = default;
+  void hash_append(hasher& h) const { append_all(h, policy, pool, items, global_tokens); }
+};
+
+/// Zigzag chunk k of 2D for a sequence of length s: [floor(k*s/2D), floor((k+1)*s/2D)). Chunks differ
+/// by at most one token, so any s >= 2D splits over any D without padding.
+[[nodiscard]] constexpr token_range hdp_chunk(std::int64_t s, int degree, int k) noexcept {
+  const std::int64_t n = 2 * static_cast<std::int64_t>(degree);
+  return {k * s / n, (k + 1) * s / n};
+}
+
+/// The two zigzag ranges the rank at ring position p holds: chunks p and 2D-1-p (one range when D==1).
+[[nodiscard]] inline std::vector<token_range> hdp_ranges(std::int64_t s, int degree, int position) {
+  if (degree == 1) return {{0, s}};
+  return {hdp_chunk(s, degree, position), hdp_chunk(s, degree, 2 * degree - 1 - position)};
+}
+
+/// Where an item runs: its ring (ordered pool ranks, size = degree) and an order key. Each rank runs
+/// its items by (order, item index); because that order is global, every ring's members reach it
+/// together and the step cannot deadlock.
+struct hdp_placement {
+  std::vector<int> ring;
+  std::int64_t order = 0;
+
+  friend bool operator==(const hdp_placement&, const hdp_placement&) = default;
+  void hash_append(hasher& h) const { append_all(h, ring, order); }
+};
+
+/// One micro-batch on one rank: the item, this rank's place in the item's ring (the ring itself is
+/// hdp_plan::ring(mb), stored once per item rather than once per member), the token ranges it holds
+/// (per sequence, local order = order of `segments`), and its offload ratio.
+struct hdp_micro_batch {
+  std::int64_t item = 0;
+  std::int64_t order = 0;
+  int degree = 1;                     ///< ring size D (1 for a pack)
+  int ring_position = 0;              ///< index of this rank in the item's ring
+  std::vector<seq_segment> segments;  ///< packs: whole sequences; rings: chunks p and 2D-1-p
+  double offload_ratio = 0.0;
+  std::int64_t tokens = 0;
+
+  friend bool operator==(const hdp_micro_batch&, const hdp_micro_batch&) = default;
+  void hash_append(hasher& h) const {
+    append_all(h, item, order, degree, ring_position, segments, offload_ratio, tokens);
+  }
+};
+
+/// The per-step HDP plan: equal on every rank that computes it.
+struct hdp_plan {
+  hdp_sharding sharding;
+  std::vector<hdp_placement> placement;               ///< per item
+  std::vector<std::vector<hdp_micro_batch>> per_rank;  ///< per pool rank, in execution order
+
+  /// Divide each rank's summed token loss by this (then SUM-reduce gradients over the pool).
+  [[nodiscard]] std::int64_t global_tokens() const noexcept { return sharding.global_tokens; }
+  /// The ordered pool ranks of a micro-batch's ring; ring(mb)[mb.ring_position] is its own rank.
+  [[nodiscard]] const std::vector<int>& ring(const hdp_micro_batch& mb) const {
+    return placement[static_cast<std::size_t>(mb.item)].ring;
+  }
+  /// Ring neighbours of a micro-batch (send KV to next, receive from prev), as pool ranks.
+  [[nodiscard]] int next_rank(const hdp_micro_batch& mb) const {
+    const auto& r = ring(mb);
+    return r[static_cast<std::size_t>((mb.ring_position + 1) % mb.degree)];
+  }
+  [[nodiscard]] int prev_rank(const hdp_micro_batch& mb) const {
+    const auto& r = ring(mb);
+    return r[static_cast<std::size_t>((mb.ring_position + mb.degree - 1) % mb.degree)];
+  }
+  friend bool operator==(const hdp_plan&, const hdp_plan&) = default;
+  void hash_append(hasher& h) const { append_all(h, sharding, placement, per_rank); }
+};
+
+/// Data-aware sharding (ByteScale §2.3 and Alg. 1 lines 1-2). Sequences of length <= C are packed
+/// by best-fit decreasing into bins of C; a longer one gets (D, r) from solve_offload, with D capped
+/// to `pool`. Preconditions: pool >= 1, C >= 1, unique ids, lengths >= 0 (zero-length sequences are
+/// dropped). Postconditions: every sequence appears in exactly one item; packs hold <= C tokens;
+/// a ring of D ranks has length >= 2D. Throws capacity_error for a sequence the pool cannot hold
+/// even with full offloading. Pure and independent of input order; O(n log n). Not collective.
+[[nodiscard]] inline hdp_sharding hdp_shard(std::span<const seq_desc> seqs, const hdp_policy& policy, int pool) {
+  if (pool < 1) throw_error<invalid_argument>("hdp_shard: pool has {} ranks; expected >= 1", pool);
+  if (policy.capacity < 1)
+    throw_error<invalid_argument>("hdp_shard: capacity C = {}; expected >= 1 token", policy.capacity);
+  detail::check_seq_descs(seqs, "hdp_shard");
+  hdp_sharding out;
+  out.policy = policy;
+  out.pool = pool;
+  std::vector<seq_desc> shorts, longs;
+  for (const auto& s : seqs) {
+    out.global_tokens += s.length;
+    if (s.length == 0) continue;
+    (s.length <= policy.capacity ? shorts : longs).push_back(s);
+  }
+  std::sort(longs.begin(), longs.end(), detail::longer_first);
+  for (const auto& s : longs) {
+    hdp_item it;
+    it.offload = solve_offload(s.length, policy.capacity, policy.model, policy.offload, pool);
+    it.degree = it.offload.ranks;
+    if (s.length < 2 * static_cast<std::int64_t>(it.degree))
+      throw_error<invalid_argument>(
+          "hdp_shard: sequence {} of {} tokens cannot be split into 2*D = {} zigzag chunks; expected "
+          "length >= 2*D (raise the capacity)",
+          s.id, s.length, 2 * it.degree);
+    it.seqs = {s};
+    it.tokens = s.length;
+    out.items.push_back(std::move(it));
+  }
+  for (const auto& bin : detail::best_fit_decreasing(shorts, policy.capacity)) {
+    hdp_item it;
+    it.packed = true;
+    it.offload.ratio_steps = policy.offload.ratio_steps;
+    for (std::size_t i : bin) {
+      it.seqs.push_back(shorts[i]);
+      it.tokens += shorts[i].length;
+    }
+    it.offload.length = it.tokens;
+    out.items.push_back(std::move(it));
+  }
+  for (std::size_t i = 0; i < out.items.size(); ++i) out.items[i].index = static_cast<std::int64_t>(i);
+  return out;
+}
+
+/// Builds the per-rank plan from a placement (one hdp_placement per item). Checks that each ring has
+/// `degree` distinct ranks in [0, pool). Per rank, micro-batches run by (order, item). Pure; O(total
+/// ring size * log). Throws invalid_argument on a malformed placement.
+[[nodiscard]] inline hdp_plan hdp_assemble(hdp_sharding sharding, std::vector<hdp_placement> placement) {
+  if (placement.size() != sharding.items.size())
+    throw_error<invalid_argument>("hdp_assemble: {} placements for {} items; expected one per item",
+                                  placement.size(), sharding.items.size());
+  hdp_plan plan;
+  plan.per_rank.resize(static_cast<std::size_t>(sharding.pool));
+  std::vector<int> seen(static_cast<std::size_t>(sharding.pool), -1);
+  for (std::size_t i = 0; i < sharding.items.size(); ++i) {
+    const auto& it = sharding.items[i];
+    const auto& pl = placement[i];
+    if (static_cast<int>(pl.ring.size()) != it.degree)
+      throw_error<invalid_argument>("hdp_assemble: item {} has a ring of {} ranks; expected D = {}", i,
+                                    pl.ring.size(), it.degree);
+    for (std::size_t p = 0; p < pl.ring.size(); ++p) {
+      const int r = pl.ring[p];
+      if (r < 0 || r >= sharding.pool)
+        throw_error<invalid_argument>("hdp_assemble: item {} names rank {}; expected a rank in [0, {})", i, r,
+                                      sharding.pool);
+      if (seen[static_cast<std::size_t>(r)] == static_cast<int>(i))
+        throw_error<invalid_argument>("hdp_assemble: item {} names rank {} twice; expected distinct ranks", i, r);
+      seen[static_cast<std::size_t>(r)] = static_cast<int>(i);
+      hdp_micro_batch mb;
+      mb.item = static_cast<std::int64_t>(i);
+      mb.order = pl.order;
+      mb.degree = it.degree;
+      mb.ring_position = static_cast<int>(p);
+      mb.offload_ratio = it.offload.ratio();
+      if (it.packed) {
+        for (const auto& s : it.seqs) mb.segments.push_back({s.id, {0, s.length}});
+      } else {
+        const auto& s = it.seqs.front();
+        for (const auto& rg : hdp_ranges(s.length, it.degree, static_cast<int>(p)))
+          mb.segments.push_back({s.id, rg});
+      }
+      for (const auto& sg : mb.segments) mb.tokens += sg.tokens.size();
+      plan.per_rank[static_cast<std::size_t>(r)].push_back(std::move(mb));
+    }
+  }
+  for (auto& mbs : plan.per_rank)
+    std::sort(mbs.begin(), mbs.end(), [](const hdp_micro_batch& a, const hdp_micro_batch& b) {
+      return a.order != b.order ? a.order < b.order : a.item < b.item;
+    });
+  plan.sharding = std::move(sharding);
+  plan.placement = std::move(placement);
+  return plan;
+}
+
+/// The naive placement of ByteScale Alg. 1 (balance/ offers better ones): items in canonical order
+/// are laid first-fit into "waves" of `pool` rank slots, each item on a contiguous range of ranks
+/// (ring = that range ascending, so a rank has at most two ring peers per item); order = wave index.
+/// Pure; O(items * waves) in the worst case, O(items) typical.
+[[nodiscard]] inline std::vector<hdp_placement> hdp_naive_placement(const hdp_sharding& sh) {
+  std::vector<hdp_placement> out(sh.items.size());
+  std::vector<int> used;  // ranks used so far in each wave
+  std::size_t first_open = 0;
+  for (std::size_t i = 0; i < sh.items.size(); ++i) {
+    const int d = sh.items[i].degree;
+    std::size_t w = first_open;
+    while (w < used.size() && used[w] + d > sh.pool) ++w;
+    if (w == used.size()) used.push_back(0);
+    out[i].order = static_cast<std::int64_t>(w);
+    for (int k = 0; k < d; ++k) out[i].ring.push_back(used[w] + k);
+    used[w] += d;
+    while (first_open < used.size() && used[first_open] == sh.pool) ++first_open;
+  }
+  return out;
+}
+
+/// ByteScale Alg. 1 end to end: hdp_shard, hdp_naive_placement, hdp_assemble. Same contract as
+/// hdp_shard; the result is independent of the order of `seqs`.
+[[nodiscard]] inline hdp_plan plan_hdp(std::span<const seq_desc> seqs, const hdp_policy& policy, int pool) {
+  auto sh = hdp_shard(seqs, policy, pool);
+  auto pl = hdp_naive_placement(sh);
+  return hdp_assemble(std::move(sh), std::move(pl));
+}
+
+}  // namespace hetmesh::seq
+
+template <>
+struct fmt::formatter<hetmesh::seq::hdp_policy> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::hdp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "hdp_policy{{C={}, {}, {}}}", p.capacity, p.offload, p.model);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::hdp_item> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::hdp_item& it, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "item{}{{{} D={} r={:.2f} tokens={} seqs={}}}", it.index,
+                          it.packed ? "pack" : "ring", it.degree, it.offload.ratio(), it.tokens, it.seqs.size());
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::hdp_sharding> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::hdp_sharding& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "hdp_sharding{{pool={}, items={}, global_tokens={}}}", s.pool, s.items.size(),
+                          s.global_tokens);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::hdp_placement> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::hdp_placement& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "at{{order={}, ring={}}}", p.order, p.ring);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::hdp_micro_batch> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::hdp_micro_batch& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "mb{{item={}, order={}, pos={}/{}, r={:.2f}, {}}}", m.item, m.order,
+                          m.ring_position, m.degree, m.offload_ratio, m.segments);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::hdp_plan> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::hdp_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    std::size_t mbs = 0, most = 0;
+    for (const auto& r : p.per_rank) {
+      mbs += r.size();
+      most = std::max(most, r.size());
+    }
+    return fmt::format_to(ctx.out(), "hdp_plan{{{}, micro_batches={}, max_per_rank={}}}", p.sharding, mbs, most);
+  }
+};

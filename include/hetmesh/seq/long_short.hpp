@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::seq: long-short sequence parallelism for encoder items (MegaScale-Omni, arXiv 2605.08962).
+// Within one encoder micro-batch, a short item (an image, an audio clip) runs whole on one rank,
+// packed with others (varlen, block-diagonal); a long item (a long video) is split across an
+// aligned intra-node group by Ulysses, so the group's all-to-all stays on NVLink. Group sizes divide
+// the encoder's head count (Ulysses splits heads) and the node size (aligned blocks tile nodes).
+// The paper gives no thresholds; an item is long when it exceeds the per-rank memory cap or, by its
+// modelled cost, more than beta times the per-rank average (LPT cannot balance such an item).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "types.hpp"
+
+namespace hetmesh::seq {
+
+/// Policy value of long-short SP. Encoder cost model: c(L) = linear*L + quadratic*L^2 (any unit).
+struct long_short_policy {
+  std::int64_t max_tokens_per_rank = 16384;  ///< Mcap: encoder tokens one rank holds
+  int heads = 16;                            ///< encoder attention heads
+  int gpus_per_node = 8;
+  double balance_factor = 1.0;               ///< beta
+  double linear = 1.0;
+  double quadratic = 0.0;
+
+  [[nodiscard]] double cost(std::int64_t l) const noexcept {
+    const auto x = static_cast<double>(l);
+    return linear * x + quadratic * x * x;
+  }
+  friend bool operator==(const long_short_policy&, const long_short_policy&) = default;
+  void hash_append(hasher& h) const {
+    append_all(h, max_tokens_per_rank, heads, gpus_per_node, balance_factor, linear, quadratic);
+  }
+};
+
+/// Where one encoder item runs: `degree` ranks from `first_rank` (degree 1: a short item), the
+/// contiguous token range each group rank holds before Ulysses' all-to-all, and its modelled cost.
+struct long_short_assignment {
+  seq_desc item;
+  int degree = 1;
+  int first_rank = 0;
+  std::vector<token_range> splits;
+  double cost = 0.0;
+
+  friend bool operator==(const long_short_assignment&, const long_short_assignment&) = default;
+  void hash_append(hasher& h) const { append_all(h, item, degree, first_rank, splits, cost); }
+};
+
+/// The plan: assignments (long items first, by (-length, id); then short ones likewise), each rank's
+/// modelled load and tokens, and the distinct Ulysses groups used (as (first rank, size), sorted).
+struct long_short_plan {
+  long_short_policy policy{};
+  int ranks = 0;
+  std::vector<long_short_assignment> items;
+  std::vector<double> load;
+  std::vector<std::int64_t> tokens;
+  std::vector<std::pair<int, int>> groups;
+
+  friend bool operator==(const long_short_plan&, const long_short_plan&) = default;
+  void hash_append(hasher& h) const { append_all(h, policy, ranks, items, load, tokens, groups); }
+};
+
+/// Plans one encoder micro-batch over `ranks` ranks (nodes of policy.gpus_per_node consecutive
+/// ranks). Long items are placed first on the aligned block with the least maximum load that has
+/// room; short items by LPT on the least-loaded rank with room (ties: lowest rank). Throws
+/// capacity_error when an item needs a group larger than gcd(heads, gpus_per_node) allows or when
+/// no rank/block has room; invalid_argument on bad parameters. Pure; independent of input order;
+/// O(n log n + n * ranks).
+[[nodiscard]] inline long_short_plan plan_long_short(std::span<const seq_desc> items, int ranks,
+                                                     const long_short_policy& policy) {
+  if (ranks < 1 || policy.gpus_per_node < 1 || policy.heads < 1 || policy.max_tokens_per_rank < 1)
+    throw_error<invalid_argument>(
+        "plan_long_short: ranks {}, gpus_per_node {}, heads {}, max_tokens_per_rank {}; expected all >= 1", ranks,
+        policy.gpus_per_node, policy.heads, policy.max_tokens_per_rank);
+  detail::check_seq_descs(items, "plan_long_short");
+  long_short_plan plan;
+  plan.policy = policy;
+  plan.ranks = ranks;
+  plan.load.assign(static_cast<std::size_t>(ranks), 0.0);
+  plan.tokens.assign(static_cast<std::size_t>(ranks), 0);
+  std::vector<seq_desc> sorted(items.begin(), items.end());
+  std::sort(sorted.begin(), sorted.end(), detail::longer_first);
+  double total = 0;
+  for (const auto& s : sorted) total += policy.cost(s.length);
+  const double tau = total / ranks;
+  const int gmax = std::gcd(policy.heads, policy.gpus_per_node);
+  std::vector<int> sizes;  // allowed Ulysses degrees > 1: divisors of gcd(heads, node size), ascending
+  for (int s = 2; s <= gmax; ++s)
+    if (gmax % s == 0 && s <= ranks) sizes.push_back(s);
+  const auto cap = policy.max_tokens_per_rank;
+  std::vector<seq_desc> shorts;
+  for (const auto& s : sorted) {
+    const double c = policy.cost(s.length);
+    const bool over_mem = s.length > cap;
+    const bool over_bal = c > policy.balance_factor * tau && ranks > 1;
+    if (!over_mem && !over_bal) {
+      shorts.push_back(s);
+      continue;
+    }
+    // Smallest allowed degree meeting memory and balance; else the smallest meeting memory.
+    int deg = 0;
+    for (int g : sizes)
+      if (detail::ceil_div(s.length, g) <= cap && c / g <= policy.balance_factor * tau) {
+        deg = g;
+        break;
+      }
+    if (deg == 0)
+      for (int g : sizes)
+        if (detail::ceil_div(s.length, g) <= cap) {
+          deg = g;
+          break;
+        }
+    if (deg == 0) {
+      if (!over_mem) {  // balance wanted a split no allowed group gives: run it whole
+        shorts.push_back(s);
+        continue;
+      }
+      throw_error<capacity_error>(
+          "plan_long_short: item {} of {} tokens needs more than {} ranks of {} tokens; Ulysses groups must divide "
+          "heads {} and the node size {} (largest allowed {})",
+          s.id, s.length, sizes.empty() ? 1 : sizes.back(), cap, policy.heads, policy.gpus_per_node,
+          sizes.empty() ? 1 : sizes.back());
+    }
+    const std::int64_t share = detail::ceil_div(s.length, deg);
+    int best = -1;
+    double best_max = 0;
+    for (int start = 0; start + deg <= ranks; start += deg) {
+      double mx = 0;
+      bool room = true;
+      for (int r = start; r < start + deg; ++r) {
+        mx = std::max(mx, plan.load[static_cast<std::size_t>(r)]);
+        room = room && plan.tokens[static_cast<std::size_t>(r)] + share <= cap;
+      }
+      if (room && (best < 0 || mx < best_max)) {
+        best = start;
+        best_max = mx;
+      }
+    }
+    if (best < 0)
+      throw_error<capacity_error>("plan_long_short: no aligned group of {} ranks has room for item {} ({} tokens)",
+                                  deg, s.id, s.length);
+    long_short_assignment a{s, deg, best, {}, c};
+    for (int k = 0; k < deg; ++k) {
+      a.splits.push_back({k * s.length / deg, (k + 1) * s.length / deg});
+      plan.load[static_cast<std::size_t>(best + k)] += c / deg;
+      plan.tokens[static_cast<std::size_t>(best + k)] += a.splits.back().size();
+    }
+    plan.groups.emplace_back(best, deg);
+    plan.items.push_back(std::move(a));
+  }
+  for (const auto& s : shorts) {
+    int best = -1;
+    for (int r = 0; r < ranks; ++r) {
+      if (plan.tokens[static_cast<std::size_t>(r)] + s.length > cap) continue;
+      if (best < 0 || plan.load[static_cast<std::size_t>(r)] < plan.load[static_cast<std::size_t>(best)]) best = r;
+    }
+    if (best < 0)
+      throw_error<capacity_error>("plan_long_short: no rank has room for item {} ({} tokens, cap {} per rank)", s.id,
+                                  s.length, cap);
+    const double c = policy.cost(s.length);
+    plan.items.push_back({s, 1, best, {{0, s.length}}, c});
+    plan.load[static_cast<std::size_t>(best)] += c;
+    plan.tokens[static_cast<std::size_t>(best)] += s.length;
+  }
+  std::sort(plan.groups.begin(), plan.groups.end());
+  plan.groups.erase(std::unique(plan.groups.begin(), plan.groups.end()), plan.groups.end());
+  return plan;
+}
+
+}  // namespace hetmesh::seq
+
+template <>
+struct fmt::formatter<hetmesh::seq::long_short_policy> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::long_short_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "long_short_policy{{cap={}, heads={}, node={}, beta={}, c={}L+{}L^2}}",
+                          p.max_tokens_per_rank, p.heads, p.gpus_per_node, p.balance_factor, p.linear, p.quadratic);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::long_short_assignment> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::long_short_assignment& a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}->ranks[{},{})", a.item, a.first_rank, a.first_rank + a.degree);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::long_short_plan> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::long_short_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "long_short_plan{{ranks={}, items={}, groups={}, load={}}}", p.ranks,
+                          p.items.size(), p.groups, p.load);
+  }
+};

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::seq: ByteScale's selective activation offloading (arXiv 2502.21231, Eq. 3). For a long
+// sequence, offloading a fraction r of the activations of l-2 of a rank's l layers to host memory
+// lets fewer ranks hold it; the copies must hide under the attention compute. The solver picks the
+// rank count D and the smallest ratio r that reaches the least D.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+
+namespace hetmesh::seq {
+
+/// The per-layer models the solver needs (ByteScale §3.3). seq/ keeps its own parameter set so it
+/// does not depend on cost/; fill it from a calibrated cost model or from the paper's constants.
+///   compute time   T(s)   = alpha1*s^2 + beta1*s + gamma      (seconds, one layer, whole sequence)
+///   activation     Act(s) = alpha2*s + beta2                  (bytes, one layer, whole sequence)
+/// `layers` is l, the layers one rank holds (one pipeline stage). Bandwidths are bytes per second;
+/// an infinite bandwidth means "overlap always holds" (the paper's worked example ignores it).
+struct offload_model {
+  double alpha1 = 0.0;
+  double beta1 = 0.0;
+  double gamma = 0.0;
+  double alpha2 = 1.0;
+  double beta2 = 0.0;
+  int layers = 32;
+  double d2h_bandwidth = std::numeric_limits<double>::infinity();
+  double h2d_bandwidth = std::numeric_limits<double>::infinity();
+
+  [[nodiscard]] double compute(std::int64_t s) const noexcept {
+    const auto x = static_cast<double>(s);
+    return alpha1 * x * x + beta1 * x + gamma;
+  }
+  [[nodiscard]] double activation(std::int64_t s) const noexcept {
+    return alpha2 * static_cast<double>(s) + beta2;
+  }
+  friend bool operator==(const offload_model&, const offload_model&) = default;
+  void hash_append(hasher& h) const {
+    append_all(h, alpha1, beta1, gamma, alpha2, beta2, layers, d2h_bandwidth, h2d_bandwidth);
+  }
+};
+
+/// Policy of the solver: ratios are chosen on a grid of `ratio_steps` steps (r = k/ratio_steps), so
+/// plans compare exactly and hash the same everywhere; `enabled = false` pins r = 0.
+struct offload_policy {
+  bool enabled = true;
+  int ratio_steps = 100;
+
+  friend constexpr bool operator==(const offload_policy&, const offload_policy&) = default;
+  void hash_append(hasher& h) const { append_all(h, enabled, ratio_steps); }
+};
+
+/// The solver's answer for one sequence.
+struct offload_choice {
+  std::int64_t length = 0;
+  int ranks = 1;                 ///< D(s)
+  int ratio_steps = 100;         ///< grid of the ratio
+  int ratio_k = 0;               ///< r = ratio_k / ratio_steps
+  double ratio_max = 0.0;        ///< overlap bound min(1, T(s)*min(B)/Act(s))
+  double ratio_lower_bound = 0;  ///< min(1, l*Act(C) / ((l-2)*Act(s))): below it offloading saves no rank
+
+  [[nodiscard]] double ratio() const noexcept { return static_cast<double>(ratio_k) / ratio_steps; }
+  friend constexpr bool operator==(const offload_choice&, const offload_choice&) = default;
+  void hash_append(hasher& h) const { append_all(h, length, ranks, ratio_steps, ratio_k); }
+};
+
+/// D(s) of Eq. 3 for a ratio r = k/steps: ceil((2 + (1-r)(l-2)) * Act(s) / (l * Act(C))), at least 1.
+/// Preconditions: capacity > 0, model.layers >= 2, 0 <= k <= steps. Pure; O(1).
+[[nodiscard]] inline int offload_ranks(std::int64_t s, std::int64_t capacity, const offload_model& m, int k,
+                                       int steps) {
+  if (capacity <= 0) throw_error<invalid_argument>("offload_ranks: capacity {} must be > 0", capacity);
+  if (m.layers < 2)
+    throw_error<invalid_argument>("offload_ranks: layers per rank {} must be >= 2 (Eq. 3 keeps two layers)",
+                                  m.layers);
+  if (steps <= 0 || k < 0 || k > steps)
+    throw_error<invalid_argument>("offload_ranks: ratio {}/{} must lie in [0, 1] with steps > 0", k, steps);
+  const long double l = m.layers;
+  const long double kept = 2.0L * steps + static_cast<long double>(steps - k) * (l - 2.0L);
+  const long double need = kept * static_cast<long double>(m.activation(s));
+  const long double budget = static_cast<long double>(steps) * l * static_cast<long double>(m.activation(capacity));
+  if (!(budget > 0)) throw_error<invalid_argument>("offload_ranks: Act(C) must be > 0; check alpha2/beta2");
+  const long double q = need / budget;
+  // A relative guard keeps exact quotients (128.0000000001 from rounding) from adding a rank.
+  const long double d = std::ceil(q * (1.0L - 1e-12L));
+  return d < 1 ? 1 : static_cast<int>(d);
+}
+
+/// Picks (D, r) for a sequence of length s: the least D reachable with r <= r_max (the overlap
+/// bound), and the smallest grid ratio reaching it (offloading costs PCIe traffic, so no more than
+/// helps). Ties impossible: the key is (D, k). Throws capacity_error when even full offloading
+/// (r = 1, ignoring the overlap bound) needs more than `max_ranks` ranks. Pure; O(log steps).
+[[nodiscard]] inline offload_choice solve_offload(std::int64_t s, std::int64_t capacity, const offload_model& m,
+                                                  const offload_policy& p, int max_ranks) {
+  offload_choice c;
+  c.length = s;
+  c.ratio_steps = p.ratio_steps;
+  const double act = m.activation(s);
+  const double bmin = std::fmin(m.d2h_bandwidth, m.h2d_bandwidth);
+  c.ratio_max = act > 0 ? std::fmin(1.0, m.compute(s) * bmin / act) : 1.0;
+  if (!(c.ratio_max >= 0)) c.ratio_max = 0;
+  c.ratio_lower_bound =
+      m.layers > 2 ? std::fmin(1.0, m.layers * m.activation(capacity) / ((m.layers - 2) * act)) : 1.0;
+  const int full = offload_ranks(s, capacity, m, p.ratio_steps, p.ratio_steps);
+  if (full > max_ranks)
+    throw_error<capacity_error>(
+        "solve_offload: a sequence of {} tokens needs {} ranks of capacity {} even with full offloading; "
+        "the pool has {} ranks",
+        s, full, capacity, max_ranks);
+  const int kmax = p.enabled ? static_cast<int>(std::floor(c.ratio_max * p.ratio_steps + 1e-9)) : 0;
+  const int best = offload_ranks(s, capacity, m, kmax, p.ratio_steps);
+  // D is non-increasing in k: binary-search the smallest k with D(k) == best.
+  int lo = 0, hi = kmax;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (offload_ranks(s, capacity, m, mid, p.ratio_steps) <= best) hi = mid;
+    else lo = mid + 1;
+  }
+  c.ratio_k = lo;
+  c.ranks = best;
+  if (best > max_ranks)
+    throw_error<capacity_error>(
+        "solve_offload: a sequence of {} tokens needs {} ranks at offload ratio {:.3f} (the most the "
+        "compute can hide); the pool has {} ranks",
+        s, best, c.ratio(), max_ranks);
+  return c;
+}
+
+}  // namespace hetmesh::seq
+
+template <>
+struct fmt::formatter<hetmesh::seq::offload_model> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::offload_model& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(),
+                          "offload_model{{T={}s^2+{}s+{}, Act={}s+{}, l={}, d2h={}, h2d={}}}", m.alpha1,
+                          m.beta1, m.gamma, m.alpha2, m.beta2, m.layers, m.d2h_bandwidth, m.h2d_bandwidth);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::offload_policy> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::offload_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "offload_policy{{enabled={}, steps={}}}", p.enabled, p.ratio_steps);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::offload_choice> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::offload_choice& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "offload{{s={}, D={}, r={:.3f}, r_max={:.3f}, r_lb={:.4f}}}", c.length,
+                          c.ranks, c.ratio(), c.ratio_max, c.ratio_lower_bound);
+  }
+};

@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::seq: the sequence-partitioning room in one include.
+#pragma once
+
+#include "attention_merge.hpp"
+#include "cp.hpp"
+#include "hdp.hpp"
+#include "long_short.hpp"
+#include "offload.hpp"
+#include "packing.hpp"
+#include "ring.hpp"
+#include "types.hpp"
+#include "ulysses.hpp"

@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::seq: the small value types every partitioner shares. A sequence is known by an id and a
+// length (bytes are never needed to plan); a piece of it by a half-open token range.
+#pragma once
+
+#include <algorithm>
+#include <compare>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+
+namespace hetmesh::seq {
+
+/// One sequence (sample, document) to partition: a caller-chosen id, unique within a batch, and
+/// its length in tokens. Planners sort by (-length, id), so equal lengths never tie.
+struct seq_desc {
+  std::int64_t id = 0;
+  std::int64_t length = 0;
+
+  friend constexpr bool operator==(const seq_desc&, const seq_desc&) = default;
+  void hash_append(hasher& h) const { append_all(h, id, length); }
+};
+
+/// Half-open token range [begin, end) inside one sequence.
+struct token_range {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+
+  [[nodiscard]] constexpr std::int64_t size() const noexcept { return end - begin; }
+  friend constexpr bool operator==(const token_range&, const token_range&) = default;
+  friend constexpr auto operator<=>(const token_range&, const token_range&) = default;
+  void hash_append(hasher& h) const { append_all(h, begin, end); }
+};
+
+/// A piece of one sequence held by one rank: which sequence (by id) and which tokens.
+struct seq_segment {
+  std::int64_t seq_id = 0;
+  token_range tokens;
+
+  friend constexpr bool operator==(const seq_segment&, const seq_segment&) = default;
+  void hash_append(hasher& h) const { append_all(h, seq_id, tokens); }
+};
+
+/// Builds seq_descs with ids 0..n-1 from plain lengths (convenience for callers without ids).
+[[nodiscard]] inline std::vector<seq_desc> with_index_ids(std::span<const std::int64_t> lengths) {
+  std::vector<seq_desc> out(lengths.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i) out[i] = {static_cast<std::int64_t>(i), lengths[i]};
+  return out;
+}
+
+namespace detail {
+/// Rejects negative lengths and duplicate ids; planners rely on ids for their total order.
+inline void check_seq_descs(std::span<const seq_desc> seqs, const char* who) {
+  std::vector<std::int64_t> ids;
+  ids.reserve(seqs.size());
+  for (const auto& s : seqs) {
+    if (s.length < 0)
+      throw_error<invalid_argument>("{}: sequence id {} has length {}; expected a length >= 0", who, s.id,
+                                    s.length);
+    ids.push_back(s.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  for (std::size_t i = 1; i < ids.size(); ++i)
+    if (ids[i] == ids[i - 1])
+      throw_error<invalid_argument>("{}: sequence id {} appears twice; expected unique ids", who, ids[i]);
+}
+
+/// Sort key used by every planner here: longest first, then smallest id.
+[[nodiscard]] inline bool longer_first(const seq_desc& a, const seq_desc& b) noexcept {
+  return a.length != b.length ? a.length > b.length : a.id < b.id;
+}
+
+/// ceil(a / b) for a >= 0, b > 0.
+[[nodiscard]] constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return (a + b - 1) / b; }
+}  // namespace detail
+
+}  // namespace hetmesh::seq
+
+template <>
+struct fmt::formatter<hetmesh::seq::seq_desc> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::seq_desc& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "seq{{id={}, len={}}}", s.id, s.length);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::token_range> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::token_range& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "[{},{})", r.begin, r.end);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::seq_segment> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::seq::seq_segment& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}{}", s.seq_id, s.tokens);
+  }
+};

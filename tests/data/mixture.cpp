@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: Apache-2.0
+// Mixture and planner: weights and curricula, modality/bucket mixes, JSON <-> aggregate, quotas within
+// one sample of the schedule at every step, exactly-once per epoch, balanced rank shares, determinism.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+
+#include <hetmesh/core/random.hpp>
+#include <hetmesh/data/checkpoint.hpp>
+#include <hetmesh/data/mixture_json.hpp>
+#include <hetmesh/data/planner.hpp>
+
+using namespace hetmesh;
+using namespace hetmesh::data;
+
+namespace {
+// Metadata from a table: sizes per source and lengths as a pure function; permutation per epoch.
+struct table_meta {
+  std::uint64_t seed;
+  std::vector<std::int64_t> sizes;
+  std::int64_t source_size(int s) const { return sizes[static_cast<std::size_t>(s)]; }
+  std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
+    const auto perm = permutation(sizes[static_cast<std::size_t>(s)], epoch_seed_of(s, e));
+    const auto idx = perm[static_cast<std::size_t>(p)];
+    const auto len = 1 + static_cast<std::int64_t>(key_hash({seed, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(idx)}) % 500);
+    return {idx, sample_meta{.tokens = len, .item_tokens = {}, .bytes = 2 * len}};
+  }
+  std::uint64_t epoch_seed_of(int s, std::int64_t e) const {
+    return key_hash({seed, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(e)});
+  }
+};
+static_assert(metadata_source<table_meta>);
+
+mixture_config three_sources() {
+  return mixture_config{
+      .seed = 42,
+      .global_batch = 37,
+      .sources = {{.name = "web", .paths = {"w"}, .weight = {{0, 0.6}, {100, 0.2}}},
+                  {.name = "code", .paths = {"c"}, .weight = {{0, 0.3}, {100, 0.3}}},
+                  {.name = "math", .paths = {"m"}, .weight = {{0, 0.1}, {100, 0.5}}}},
+      .cost = {.linear = 1, .quadratic = 1},
+      .layout = {.tp = 2, .cp = 1, .dp = 4, .pp = 1},
+      .micro_batches = 2,
+  };
+}
+}  // namespace
+
+TEST_CASE("schedules: piecewise-linear weights, constant outside the control points") {
+  const schedule s{{10, 0.2}, {20, 0.6}, {40, 0.0}};
+  CHECK(evaluate(s, 0) == doctest::Approx(0.2));
+  CHECK(evaluate(s, 15) == doctest::Approx(0.4));
+  CHECK(evaluate(s, 30) == doctest::Approx(0.3));
+  CHECK(evaluate(s, 1000) == doctest::Approx(0.0));
+  const auto cfg = three_sources();
+  const auto w = weights_at(cfg, 50);
+  CHECK(w[0] + w[1] + w[2] == weight_one);
+  CHECK(w[0] == 400'000'000);
+  CHECK(w[2] == 300'000'000);
+}
+
+TEST_CASE("mixture: bad weights and bad configurations are invalid_argument naming the problem") {
+  auto cfg = three_sources();
+  cfg.sources[0].weight = {{0, 0.5}};
+  CHECK_THROWS_WITH_AS(validate(cfg), doctest::Contains("sum to 0.9"), invalid_argument);
+  cfg = three_sources();
+  cfg.sources[2].weight = {{0, 0.1}, {100, 0.6}};  // sums to 1.1 from step 100 on
+  CHECK_THROWS_WITH_AS(validate(cfg), doctest::Contains("at step 100"), invalid_argument);
+  cfg = three_sources();
+  cfg.sources[1].weight = {{5, 0.3}, {5, 0.3}};
+  CHECK_THROWS_WITH_AS(validate(cfg), doctest::Contains("strictly increasing"), invalid_argument);
+  cfg = three_sources();
+  cfg.sources[1].name = "web";
+  CHECK_THROWS_AS(validate(cfg), invalid_argument);
+  cfg = three_sources();
+  cfg.global_batch = 0;
+  CHECK_THROWS_AS(validate(cfg), invalid_argument);
+  cfg = three_sources();
+  cfg.sources[0].weight = {{0, -0.1}};
+  CHECK_THROWS_AS(validate(cfg), invalid_argument);
+}
+
+TEST_CASE("mixture: modality and long/short bucket mixes multiply; a group with weight but no source is an error") {
+  mixture_config cfg{
+      .global_batch = 10,
+      .sources = {{.name = "txt_s", .paths = {"a"}, .weight = {{0, 3}}, .modality = "text", .bucket = "short"},
+                  {.name = "txt_s2", .paths = {"a"}, .weight = {{0, 1}}, .modality = "text", .bucket = "short"},
+                  {.name = "txt_l", .paths = {"a"}, .weight = {{0, 1}}, .modality = "text", .bucket = "long"},
+                  {.name = "img_s", .paths = {"b"}, .weight = {{0, 1}}, .modality = "image", .bucket = "short"},
+                  {.name = "img_l", .paths = {"b"}, .weight = {{0, 1}}, .modality = "image", .bucket = "long"}},
+      .modalities = {{"image", {{0, 0.4}}}, {"text", {{0, 0.6}}}},
+      .buckets = {{"long", {{0, 0.25}}}, {"short", {{0, 0.75}}}},
+  };
+  validate(cfg);
+  const auto w = real_weights_at(cfg, 0);
+  CHECK(w[0] == doctest::Approx(0.6 * 0.75 * 0.75));
+  CHECK(w[1] == doctest::Approx(0.6 * 0.75 * 0.25));
+  CHECK(w[2] == doctest::Approx(0.6 * 0.25));
+  CHECK(w[3] == doctest::Approx(0.4 * 0.75));
+  CHECK(w[4] == doctest::Approx(0.4 * 0.25));
+  cfg.sources.pop_back();
+  CHECK_THROWS_WITH_AS(validate(cfg), doctest::Contains("modality 'image' x bucket 'long'"), invalid_argument);
+  cfg = {};
+  cfg.global_batch = 1;
+  cfg.sources = {{.name = "a", .paths = {"a"}, .modality = "audio"}};
+  cfg.modalities = {{"text", {{0, 1.0}}}};
+  CHECK_THROWS_WITH_AS(validate(cfg), doctest::Contains("not in the modality mix"), invalid_argument);
+}
+
+TEST_CASE("mixture: the JSON file and the C++ aggregate are the same value") {
+  const auto cfg = three_sources();
+  const auto j = mixture_to_json(cfg);
+  CHECK(mixture_from_json(j) == cfg);
+  CHECK(plan_hash(mixture_from_json(j)) == plan_hash(cfg));
+  const auto text = R"({"seed": 42, "global_batch": 37,
+    "sources": [{"name": "web", "paths": ["w"], "weight": [[0, 0.6], [100, 0.2]]},
+                {"name": "code", "paths": ["c"], "weight": 0.3},
+                {"name": "math", "format": "indexed", "paths": ["m"], "weight": [[0, 0.1], [100, 0.5]]}],
+    "cost": {"linear": 1, "quadratic": 1}, "layout": {"tp": 2, "dp": 4}, "micro_batches": 2})";
+  auto parsed = mixture_from_json(nlohmann::json::parse(text));
+  auto want = cfg;
+  want.sources[1].weight = {{0, 0.3}};
+  CHECK(parsed == want);
+  CHECK_THROWS_WITH_AS(mixture_from_json(nlohmann::json::parse(R"({"global_batch": 1, "sources": [{"name": "a", "paths": ["a"], "wieght": 1}]})")),
+                       doctest::Contains("unknown key \"wieght\""), invalid_argument);
+  CHECK_THROWS_AS(mixture_from_json(nlohmann::json::parse(R"({"global_batch": 4, "sources": [{"name": "a", "paths": ["a"], "weight": 0.7}]})")),
+                  invalid_argument);
+  CHECK(fmt::format("{}", cfg).find("3 sources") != std::string::npos);
+}
+
+TEST_CASE("planner: realised mixture within one sample of the schedule at every step, exactly once per epoch") {
+  for (std::uint64_t trial = 0; trial < 6; ++trial) {
+    rng g(trial);
+    mixture_config cfg;
+    cfg.seed = trial;
+    cfg.global_batch = g.uniform(1, 50);
+    const int n = static_cast<int>(g.uniform(1, 7));
+    std::vector<double> w0(static_cast<std::size_t>(n)), w1(static_cast<std::size_t>(n));
+    double s0 = 0, s1 = 0;
+    for (int s = 0; s < n; ++s) {
+      w0[static_cast<std::size_t>(s)] = g.unit() < 0.2 ? 0.0 : g.unit();
+      w1[static_cast<std::size_t>(s)] = g.unit();
+      s0 += w0[static_cast<std::size_t>(s)];
+      s1 += w1[static_cast<std::size_t>(s)];
+    }
+    if (s0 == 0) w0[0] = s0 = 1;
+    table_meta meta{trial, {}};
+    for (int s = 0; s < n; ++s) {
+      cfg.sources.push_back({.name = fmt::format("s{}", s), .paths = {"p"},
+                             .weight = {{0, w0[static_cast<std::size_t>(s)] / s0}, {40, w1[static_cast<std::size_t>(s)] / s1}}});
+      meta.sizes.push_back(g.uniform(1, 60));
+    }
+    cfg.layout.dp = static_cast<int>(g.uniform(1, 5));
+    cfg.micro_batches = static_cast<int>(g.uniform(1, 3));
+    validate(cfg);
+    auto st = initial_state(cfg);
+    std::vector<double> ideal(static_cast<std::size_t>(n), 0.0);
+    std::vector<std::int64_t> realised(static_cast<std::size_t>(n), 0);
+    std::map<std::pair<int, std::int64_t>, std::vector<std::int64_t>> drawn;  // (source, epoch) -> indices
+    for (int step = 0; step < 80; ++step) {
+      const auto planned = plan_step(cfg, st, meta);
+      const auto& p = planned.plan;
+      REQUIRE(static_cast<std::int64_t>(p.samples.size()) == cfg.global_batch);
+      const auto w = real_weights_at(cfg, step);
+      for (int s = 0; s < n; ++s) {
+        ideal[static_cast<std::size_t>(s)] += w[static_cast<std::size_t>(s)] * static_cast<double>(cfg.global_batch);
+        realised[static_cast<std::size_t>(s)] += p.quotas[static_cast<std::size_t>(s)];
+        REQUIRE(std::abs(static_cast<double>(realised[static_cast<std::size_t>(s)]) - ideal[static_cast<std::size_t>(s)]) < 1.0 + 1e-6);
+      }
+      std::vector<std::int64_t> load(static_cast<std::size_t>(cfg.layout.dp), 0);
+      for (const auto& smp : p.samples) {
+        drawn[{smp.ref.source, smp.ref.epoch}].push_back(smp.ref.index);
+        REQUIRE(smp.dp_rank >= 0);
+        REQUIRE(smp.dp_rank < cfg.layout.dp);
+        REQUIRE(smp.micro_batch < cfg.micro_batches);
+        load[static_cast<std::size_t>(smp.dp_rank)] += smp.cost;
+      }
+      REQUIRE(load == p.rank_cost);
+      // The replayed state equals the incrementally advanced one.
+      if (step % 20 == 19) REQUIRE(state_at(cfg, step + 1, meta.sizes) == planned.next);
+      st = planned.next;
+    }
+    for (const auto& [key, idx] : drawn) {
+      std::set<std::int64_t> uniq(idx.begin(), idx.end());
+      REQUIRE(uniq.size() == idx.size());  // nothing twice within an epoch
+      const auto size = meta.sizes[static_cast<std::size_t>(key.first)];
+      if (key.second < st.cursors[static_cast<std::size_t>(key.first)].epoch) REQUIRE(static_cast<std::int64_t>(idx.size()) == size);
+    }
+  }
+}
+
+TEST_CASE("planner: deterministic plans; balancing lowers the largest rank cost; capacity and dry sources are errors") {
+  const auto cfg = three_sources();
+  table_meta meta{42, {500, 800, 300}};
+  const auto a = plan_step(cfg, initial_state(cfg), meta);
+  const auto b = plan_step(cfg, initial_state(cfg), meta);
+  CHECK(plan_hash(a.plan) == plan_hash(b.plan));
+  CHECK(a.plan == b.plan);
+  auto rr = cfg;
+  rr.balance = balance_method::round_robin;
+  std::int64_t worst_lpt = 0, worst_rr = 0;
+  auto st = initial_state(cfg);
+  for (int step = 0; step < 20; ++step) {
+    const auto x = plan_step(cfg, st, meta);
+    const auto y = plan_step(rr, st, meta);
+    CHECK(x.next == y.next);  // the same samples, only placed differently
+    worst_lpt += *std::max_element(x.plan.rank_cost.begin(), x.plan.rank_cost.end());
+    worst_rr += *std::max_element(y.plan.rank_cost.begin(), y.plan.rank_cost.end());
+    st = x.next;
+  }
+  CHECK(worst_lpt < worst_rr);
+  auto cap = cfg;
+  cap.max_tokens_per_micro_batch = 100;
+  CHECK_THROWS_AS((void)plan_step(cap, initial_state(cap), meta), capacity_error);
+  auto dry = cfg;
+  dry.sources[2].max_epochs = 1;
+  table_meta small{42, {500, 800, 5}};
+  st = initial_state(dry);
+  try {
+    for (int step = 0; step < 10; ++step) st = plan_step(dry, st, small).next;
+    FAIL("the source did not run dry");
+  } catch (const data_error& e) {
+    CHECK(std::string(e.what()).find("'math' ran dry") != std::string::npos);
+  }
+}
+
+TEST_CASE("delivery: one loading rank per tensor x context group; first and last stages receive, middle stages do not") {
+  const topology t{.tp = 2, .cp = 2, .dp = 3, .pp = 4};
+  const auto groups = delivery_plan(t);
+  REQUIRE(groups.size() == 3);
+  std::set<int> all;
+  for (const auto& g : groups) {
+    CHECK(g.ranks.front() == g.loader);
+    CHECK(g.ranks.size() == 8);  // 4 ranks of stage 0 and 4 of stage 3
+    for (int r : g.ranks) {
+      CHECK(all.insert(r).second);
+      const int stage = r / (t.tp * t.cp * t.dp);
+      CHECK((stage == 0 || stage == 3));
+      CHECK((r / (t.tp * t.cp)) % t.dp == g.dp);
+    }
+  }
+  const auto one = delivery_of({.tp = 4, .cp = 1, .dp = 2, .pp = 1}, 1);
+  CHECK(one.ranks == std::vector<int>{4, 5, 6, 7});
+}
+
+TEST_CASE("checkpoint: versioned JSON round trip; another mixture or version is refused") {
+  const auto cfg = three_sources();
+  table_meta meta{42, {50, 80, 30}};
+  auto st = initial_state(cfg);
+  for (int i = 0; i < 7; ++i) st = plan_step(cfg, st, meta).next;
+  const auto j = checkpoint_to_json(cfg, st);
+  CHECK(j["version"] == checkpoint_version);
+  CHECK(checkpoint_from_json(cfg, j) == st);
+  CHECK(j.dump().size() < 1000);
+  auto other = cfg;
+  other.seed = 43;
+  CHECK_THROWS_AS((void)checkpoint_from_json(other, j), mismatch_error);
+  auto moved = cfg;
+  moved.sources[0].paths = {"/elsewhere/w"};  // data may move
+  CHECK(checkpoint_from_json(moved, j) == st);
+  auto j2 = j;
+  j2["version"] = 99;
+  CHECK_THROWS_AS((void)checkpoint_from_json(cfg, j2), data_error);
+}

@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh-plan end to end: each subcommand is run as a child process on small inputs; the JSON it
+// prints is checked against properties and independent formulas (not against recorded output), and
+// bad input must give exit code 2 with a one-line error on stderr.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_tool.hpp"
+
+using tools_test::result;
+using tools_test::run;
+using tools_test::scratch_dir;
+
+namespace {
+
+std::vector<std::int64_t> iota_range(std::int64_t lo, std::int64_t hi) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(hi - lo));
+  std::iota(v.begin(), v.end(), lo);
+  return v;
+}
+
+// Megatron-LM / TransformerEngine zigzag, written from the rule: a document at `offset` of padded
+// length `len` is cut into 2cp chunks; rank r holds chunk r, then chunk 2cp-1-r.
+void append_zigzag(std::vector<std::int64_t>& out, std::int64_t offset, std::int64_t len, int cp, int r) {
+  const std::int64_t c = len / (2 * cp);
+  for (auto i : iota_range(offset + r * c, offset + (r + 1) * c)) out.push_back(i);
+  for (auto i : iota_range(offset + (2 * cp - 1 - r) * c, offset + (2 * cp - r) * c)) out.push_back(i);
+}
+
+void check_bad_input(const std::vector<std::string>& args, const std::string& must_mention = "") {
+  CAPTURE(fmt::format("{}", fmt::join(args, " ")));
+  const result r = run(args);
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK_MESSAGE(r.one_line_error(), r.err);
+  if (!must_mention.empty()) CHECK_MESSAGE(r.err.find(must_mention) != std::string::npos, r.err);
+}
+
+}  // namespace
+
+TEST_CASE("hetmesh-plan: help, unknown commands and options") {
+  const result top = run({"--help"});
+  CHECK(top.code == 0);
+  for (const std::string cmd : {"mesh", "cp", "pipeline", "simulate", "compare", "balance"}) {
+    CAPTURE(cmd);
+    CHECK(top.out.find(std::string("  ") + cmd + " ") != std::string::npos);
+    const result h = run({cmd, "--help"});
+    CHECK(h.code == 0);
+    CHECK(h.out.rfind(std::string("usage: hetmesh-plan ") + cmd, 0) == 0);
+    CHECK(h.out.find("--format") != std::string::npos);
+    CHECK(h.out.find("example") != std::string::npos);
+    const result h2 = run({"help", cmd});
+    CHECK(h2.code == 0);
+    CHECK(h2.out == h.out);
+  }
+  const result none = run({});
+  CHECK(none.code == 2);
+  CHECK(none.err.find("usage:") != std::string::npos);
+  check_bad_input({"frobnicate"}, "unknown command 'frobnicate'");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "--bogus", "1"}, "--bogus");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen"}, "needs a value");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "two", "--seqlen", "8"}, "not an integer");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--cp", "4", "--seqlen", "8"}, "given twice");
+  check_bad_input({"cp", "--cp", "2", "--seqlen", "8"}, "--scheme");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "--format", "csv"}, "--format");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "positional"}, "unexpected argument");
+}
+
+TEST_CASE("hetmesh-plan cp: zigzag matches Megatron-LM's chunks and assigns every token once") {
+  for (const int cp : {1, 2, 3, 4, 8}) {
+    for (const std::int64_t k : {1, 3, 5}) {
+      const std::int64_t seqlen = 2 * cp * k;
+      CAPTURE(cp);
+      CAPTURE(seqlen);
+      const result r = run({"cp", "--scheme", "zigzag", "--cp", std::to_string(cp), "--seqlen", std::to_string(seqlen)});
+      REQUIRE(r.code == 0);
+      CHECK(r.err.empty());
+      const auto j = r.json();
+      CHECK(j["scheme"] == "zigzag");
+      CHECK(j["cp"] == cp);
+      REQUIRE(j["ranks"].size() == static_cast<std::size_t>(cp));
+      std::vector<std::int64_t> all;
+      for (int rank = 0; rank < cp; ++rank) {
+        const auto& e = j["ranks"][static_cast<std::size_t>(rank)];
+        CHECK(e["rank"] == rank);
+        const auto idx = e["indices"].get<std::vector<std::int64_t>>();
+        std::vector<std::int64_t> expected;
+        append_zigzag(expected, 0, seqlen, cp, rank);
+        CHECK(idx == expected);
+        all.insert(all.end(), idx.begin(), idx.end());
+      }
+      std::sort(all.begin(), all.end());
+      CHECK(all == iota_range(0, seqlen));
+    }
+  }
+}
+
+TEST_CASE("hetmesh-plan cp: thd per document, with TransformerEngine's padding") {
+  const std::vector<std::int64_t> lengths{5, 7, 16, 1, 12};
+  for (const int cp : {1, 2, 4}) {
+    CAPTURE(cp);
+    std::string cu = "0";
+    std::int64_t at = 0;
+    for (auto l : lengths) cu += "," + std::to_string(at += l);
+    const result r = run({"cp", "--scheme", "thd", "--cp", std::to_string(cp), "--cu-seqlens", cu, "--pad"});
+    REQUIRE(r.code == 0);
+    const auto j = r.json();
+    // Each document padded at its own end to a multiple of 2cp.
+    std::vector<std::int64_t> padded{0};
+    for (auto l : lengths) padded.push_back(padded.back() + (l + 2 * cp - 1) / (2 * cp) * (2 * cp));
+    CHECK(j["cu_seqlens_padded"].get<std::vector<std::int64_t>>() == padded);
+    REQUIRE(j["ranks"].size() == static_cast<std::size_t>(cp));
+    std::vector<std::int64_t> all;
+    for (int rank = 0; rank < cp; ++rank) {
+      std::vector<std::int64_t> expected;
+      for (std::size_t d = 0; d < lengths.size(); ++d) append_zigzag(expected, padded[d], padded[d + 1] - padded[d], cp, rank);
+      const auto idx = j["ranks"][static_cast<std::size_t>(rank)]["indices"].get<std::vector<std::int64_t>>();
+      CHECK(idx == expected);
+      all.insert(all.end(), idx.begin(), idx.end());
+    }
+    std::sort(all.begin(), all.end());
+    CHECK(all == iota_range(0, padded.back()));
+  }
+  // Without --pad, lengths 2cp divides are split as they are and no padded offsets are printed.
+  const result ok = run({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,8,12", "--format", "json"});
+  REQUIRE(ok.code == 0);
+  const auto j = ok.json();
+  CHECK_FALSE(j.contains("cu_seqlens_padded"));
+  CHECK(j["ranks"][0]["indices"].get<std::vector<std::int64_t>>() == std::vector<std::int64_t>{0, 1, 6, 7, 8, 11});
+  // The table view prints the same partition, one row per rank.
+  const result t = run({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,8,12", "--format", "table"});
+  REQUIRE(t.code == 0);
+  CHECK(t.out.find("0-1,6-8,11") != std::string::npos);
+}
+
+TEST_CASE("hetmesh-plan cp: inputs a scheme cannot split exit 2") {
+  check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,5,12"}, "multiple of 2*cp");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "4", "--seqlen", "12"}, "multiple of 2*cp");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "0", "--seqlen", "8"}, "--cp");
+  check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "1,5"}, "start at 0");
+  check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,8,4"}, "decreases");
+  check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,x"}, "not an integer");
+  check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--seqlen", "8"}, "--cu-seqlens");
+  check_bad_input({"cp", "--scheme", "ring", "--cp", "2", "--seqlen", "8"}, "expected one of");
+}
+
+TEST_CASE("hetmesh-plan mesh: groups partition the world along every dim") {
+  const int world = 64, dpn = 8;
+  const result r = run({"mesh", "--world", "64", "--tp", "8", "--cp", "2", "--pp", "2", "--devices-per-node", "8"});
+  REQUIRE(r.code == 0);
+  const auto j = r.json();
+  CHECK(j["world"] == world);
+  CHECK(j["order"] == "tp-cp-ep-dp-pp");
+  std::int64_t product = 1;
+  std::int64_t expected_stride = 1;
+  for (const auto& d : j["dims"]) {
+    CAPTURE(d["name"].get<std::string>());
+    const auto extent = d["extent"].get<std::int64_t>();
+    product *= extent;
+    // Megatron order: each dim's stride is the product of the faster dims' extents.
+    CHECK(d["stride"] == expected_stride);
+    expected_stride *= extent;
+    std::vector<int> seen;
+    bool intra = true;
+    for (const auto& g : d["groups"]) {
+      const auto ranks = g.get<std::vector<int>>();
+      REQUIRE(ranks.size() == static_cast<std::size_t>(extent));
+      for (std::size_t i = 0; i < ranks.size(); ++i) CHECK(ranks[i] == ranks[0] + static_cast<int>(i) * d["stride"].get<int>());
+      if (ranks.front() / dpn != ranks.back() / dpn) intra = false;
+      seen.insert(seen.end(), ranks.begin(), ranks.end());
+    }
+    std::sort(seen.begin(), seen.end());
+    std::vector<int> everyone(world);
+    std::iota(everyone.begin(), everyone.end(), 0);
+    CHECK(seen == everyone);
+    CHECK(d["intra_node"] == intra);
+  }
+  CHECK(product == world);
+  // dp is derived from the world: 64 / (8 * 2 * 2) = 2.
+  const auto dp = std::find_if(j["dims"].begin(), j["dims"].end(), [](const auto& d) { return d["name"] == "dp"; });
+  REQUIRE(dp != j["dims"].end());
+  CHECK((*dp)["extent"] == 2);
+
+  const result t = run({"mesh", "--world", "16", "--tp", "8", "--order", "tp-dp", "--format", "table"});
+  REQUIRE(t.code == 0);
+  CHECK(t.out.find("0,1,2,3,4,5,6,7") != std::string::npos);
+
+  check_bad_input({"mesh", "--world", "60", "--tp", "8"}, "divisible");
+  check_bad_input({"mesh", "--world", "64", "--tp", "8", "--dp", "4"}, "64");
+  check_bad_input({"mesh", "--world", "16", "--tp", "8", "--order", "tp-xx"}, "xx");
+  check_bad_input({"mesh", "--world", "16", "--tp", "8", "--order", "cp-tp"}, "dp");
+  check_bad_input({"mesh", "--world", "16", "--tp", "-8"}, "--tp");
+}
+
+TEST_CASE("hetmesh-plan pipeline: every schedule runs each micro-batch through each stage once") {
+  const std::regex action_re("^([0-9]+)([FBIW])([0-9]+)$");
+  for (const std::string name : {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
+    for (const int pp : {2, 4}) {
+      const int m = 8;
+      CAPTURE(name);
+      CAPTURE(pp);
+      const std::vector<std::string> base{"pipeline", "--schedule", name, "--pp", std::to_string(pp),
+                                          "--microbatches", std::to_string(m)};
+      const result r = run(base);
+      REQUIRE_MESSAGE(r.code == 0, r.err);
+      const auto j = r.json();
+      CHECK(j["schedule"] == name);
+      CHECK(j["pp"] == pp);
+      REQUIRE(j["ranks"].size() == static_cast<std::size_t>(pp));
+      const auto stage_to_rank = j["stage_to_rank"].get<std::vector<int>>();
+      const int stages = static_cast<int>(stage_to_rank.size());
+      CHECK(stages % pp == 0);
+      // count[type][stage][mb]
+      std::map<char, std::vector<std::vector<int>>> count;
+      for (char t : std::string("FBIW")) count[t].assign(static_cast<std::size_t>(stages), std::vector<int>(m, 0));
+      for (int rank = 0; rank < pp; ++rank) {
+        std::set<std::pair<int, int>> forwarded;
+        for (const auto& a : j["ranks"][static_cast<std::size_t>(rank)]) {
+          std::smatch mm;
+          const std::string text = a.get<std::string>();
+          REQUIRE_MESSAGE(std::regex_match(text, mm, action_re), text);
+          const int st = std::stoi(mm[1]), mb = std::stoi(mm[3]);
+          const char type = mm[2].str()[0];
+          REQUIRE(st < stages);
+          REQUIRE(mb < m);
+          CHECK(stage_to_rank[static_cast<std::size_t>(st)] == rank);
+          if (type == 'F') forwarded.insert({st, mb});
+          if (type != 'F') CHECK_MESSAGE(forwarded.count({st, mb}) == 1, text, " before its forward");
+          ++count[type][static_cast<std::size_t>(st)][static_cast<std::size_t>(mb)];
+        }
+      }
+      for (int st = 0; st < stages; ++st) {
+        for (int mb = 0; mb < m; ++mb) {
+          const auto at = [&](char t) { return count[t][static_cast<std::size_t>(st)][static_cast<std::size_t>(mb)]; };
+          CHECK(at('F') == 1);
+          CHECK(((at('B') == 1 && at('I') == 0 && at('W') == 0) || (at('B') == 0 && at('I') == 1 && at('W') == 1)));
+        }
+      }
+      // CSV: one row per rank; its compute fields are the JSON list, in order.
+      auto csv_args = base;
+      csv_args.insert(csv_args.end(), {"--format", "csv"});
+      const result c = run(csv_args);
+      REQUIRE(c.code == 0);
+      std::vector<std::string> lines;
+      std::istringstream in(c.out);
+      for (std::string line; std::getline(in, line);) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        lines.push_back(line);
+      }
+      REQUIRE(lines.size() == static_cast<std::size_t>(pp));
+      for (int rank = 0; rank < pp; ++rank) {
+        std::vector<std::string> fields;
+        std::istringstream row(lines[static_cast<std::size_t>(rank)]);
+        for (std::string f; std::getline(row, f, ',');)
+          if (std::regex_match(f, action_re)) fields.push_back(f);
+        CHECK(fields == j["ranks"][static_cast<std::size_t>(rank)].get<std::vector<std::string>>());
+      }
+      for (const char* fmt_name : {"ascii", "table"}) {
+        auto a = base;
+        a.insert(a.end(), {"--format", fmt_name});
+        const result t = run(a);
+        CHECK(t.code == 0);
+        CHECK(t.out.find("0F0") != std::string::npos);
+      }
+    }
+  }
+  // Interleaved schedules take --virtual: stages = pp * virtual.
+  const result v = run({"pipeline", "--schedule", "interleaved-1f1b", "--pp", "2", "--microbatches", "4", "--virtual", "3"});
+  REQUIRE(v.code == 0);
+  CHECK(v.json()["stage_to_rank"].size() == 6);
+  check_bad_input({"pipeline", "--schedule", "2f2b", "--pp", "2", "--microbatches", "4"}, "expected one of");
+  check_bad_input({"pipeline", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--virtual", "2"}, "virtual");
+  check_bad_input({"pipeline", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"}, "group size");
+  check_bad_input({"pipeline", "--schedule", "1f1b", "--pp", "0", "--microbatches", "4"}, "--pp");
+}

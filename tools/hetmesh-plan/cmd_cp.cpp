@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh-plan cp: the context-parallel partition of one sequence (zigzag, as Megatron-LM) or of a
+// packed stream (thd, as TransformerEngine), as the token indices each rank holds.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <hetmesh/seq/cp.hpp>
+
+#include "commands.hpp"
+#include "output.hpp"
+
+namespace hetmesh_plan {
+namespace {
+
+constexpr std::string_view schemes[] = {"zigzag", "thd", "contiguous"};
+constexpr output_format cp_formats[] = {output_format::json, output_format::table};
+
+// "0-3,12-15": consecutive indices folded into ranges, so a table row stays readable.
+std::string ranges_of(const std::vector<std::int64_t>& idx) {
+  std::string out;
+  for (std::size_t i = 0; i < idx.size();) {
+    std::size_t j = i;
+    while (j + 1 < idx.size() && idx[j + 1] == idx[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += i == j ? fmt::format("{}", idx[i]) : fmt::format("{}-{}", idx[i], idx[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<std::int64_t> lengths_from_cu(const std::vector<std::int64_t>& cu) {
+  if (cu.size() < 2) usage_fail("--cu-seqlens has {} entries; expected at least two (0 and the total)", cu.size());
+  if (cu.front() != 0) usage_fail("--cu-seqlens starts at {}; expected it to start at 0", cu.front());
+  std::vector<std::int64_t> lens;
+  for (std::size_t i = 1; i < cu.size(); ++i) {
+    if (cu[i] < cu[i - 1]) {
+      usage_fail("--cu-seqlens decreases at entry {} ({} after {}); expected non-decreasing offsets", i, cu[i],
+                 cu[i - 1]);
+    }
+    lens.push_back(cu[i] - cu[i - 1]);
+  }
+  return lens;
+}
+
+void run_cp(const parsed& args, std::ostream& out) {
+  const auto format = format_of(args, cp_formats);
+  const std::string scheme = args.choice("scheme", schemes);
+  const int cp = args.int32("cp", 1, 1 << 20);
+  const bool pad = args.flag("pad");
+  hetmesh::seq::cp_partition p;
+  json doc;
+  doc["scheme"] = scheme;
+  doc["cp"] = cp;
+  if (scheme == "zigzag") {
+    if (args.has("cu-seqlens")) usage_fail("cp --scheme zigzag splits one sequence: give --seqlen, not --cu-seqlens");
+    const auto seqlen = args.integer("seqlen", 1, std::int64_t{1} << 40);
+    p = hetmesh::seq::partition_zigzag(seqlen, cp, pad);
+    doc["seqlen"] = seqlen;
+  } else {
+    if (args.has("seqlen")) {
+      usage_fail("cp --scheme {} partitions a packed stream: give --cu-seqlens 0,a,b,..., not --seqlen", scheme);
+    }
+    const auto lens = lengths_from_cu(args.integer_list("cu-seqlens"));
+    if (scheme == "thd") {
+      p = hetmesh::seq::partition_thd(lens, cp, pad);
+    } else {
+      if (pad) usage_fail("cp --scheme contiguous never pads; --pad applies to zigzag and thd");
+      p = hetmesh::seq::partition_contiguous(lens, cp);
+    }
+    doc["cu_seqlens"] = p.cu_seqlens;
+  }
+  doc["pad"] = pad;
+  if (pad) doc["cu_seqlens_padded"] = p.cu_seqlens_padded;
+  doc["tokens"] = p.padded_tokens();
+  json ranks = json::array();
+  table t{{"rank", "tokens", "causal_work", "indices"}, {}};
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    const auto& sh = p.ranks[r];
+    const auto work = hetmesh::seq::causal_work(sh);
+    ranks.push_back({{"rank", r}, {"tokens", sh.tokens()}, {"causal_work", work}, {"indices", sh.token_index}});
+    t.rows.push_back({std::to_string(r), std::to_string(sh.tokens()), std::to_string(work), ranges_of(sh.token_index)});
+  }
+  doc["ranks"] = std::move(ranks);
+  if (format == output_format::json) {
+    print_json(out, doc);
+  } else {
+    out << fmt::format("{} over cp={} ({} tokens{})\n", scheme, cp, p.padded_tokens(),
+                       pad ? fmt::format(", padded cu_seqlens {}", p.cu_seqlens_padded) : "");
+    t.print(out);
+  }
+}
+
+}  // namespace
+
+std::vector<subcommand> cp_commands() {
+  command_spec spec("cp", "Context-parallel partition: the token indices each of cp ranks holds, in its local order.");
+  spec.required("scheme", "NAME", "zigzag (one sequence, Megatron-LM), thd (packed, TransformerEngine) or contiguous")
+      .required("cp", "N", "context-parallel degree")
+      .option("seqlen", "S", "zigzag: the sequence length")
+      .option("cu-seqlens", "0,a,b,...", "thd, contiguous: document boundaries of the packed stream")
+      .flag("pad", "pad each document at its end to a multiple of 2*cp first (TransformerEngine's rule)")
+      .option("format", "FMT", "json or table", "json")
+      .epilog(
+          "zigzag cuts the sequence into 2*cp chunks; rank r holds chunks r and 2*cp-1-r, in that order.\n"
+          "thd does the same per document of a packed stream; indices point into the packed buffer (the\n"
+          "padded buffer with --pad, and \"cu_seqlens_padded\" is printed). Without --pad, a length that\n"
+          "2*cp does not divide is an error (exit 2).\n\n"
+          "output (json):\n"
+          "  {\"scheme\": \"zigzag\", \"cp\": 2, \"seqlen\": 8, \"pad\": false, \"tokens\": 8,\n"
+          "   \"ranks\": [{\"rank\": 0, \"tokens\": 4, \"causal_work\": 18, \"indices\": [0, 1, 6, 7]}, ...]}\n"
+          "  causal_work: (query, key) pairs the rank's queries compute under the causal mask.\n\n"
+          "example:\n"
+          "  hetmesh-plan cp --scheme thd --cp 2 --cu-seqlens 0,5,12 --pad\n");
+  return {{std::move(spec), run_cp}};
+}
+
+}  // namespace hetmesh_plan

@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh-plan mesh: the LLM mesh of a job (tp, cp, ep, dp, pp over the world in an explicit order),
+// the groups along each dim and whether they stay inside a node.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <hetmesh/mesh/layout.hpp>
+
+#include "commands.hpp"
+#include "output.hpp"
+
+namespace hetmesh_plan {
+namespace {
+
+namespace hm = hetmesh::mesh;
+
+constexpr output_format mesh_formats[] = {output_format::json, output_format::table};
+constexpr std::string_view dim_names[] = {"tp", "cp", "ep", "dp", "pp"};
+
+// The nodes a group touches (ranks r live on node r / devices_per_node, as launchers number them).
+std::int64_t nodes_spanned(const std::vector<int>& group, std::int64_t devices_per_node) {
+  std::vector<std::int64_t> nodes;
+  for (const int r : group) nodes.push_back(r / devices_per_node);
+  std::sort(nodes.begin(), nodes.end());
+  return std::unique(nodes.begin(), nodes.end()) - nodes.begin();
+}
+
+void run_mesh(const parsed& args, std::ostream& out) {
+  const auto format = format_of(args, mesh_formats);
+  const std::int64_t world = args.integer("world", 1, std::int64_t{1} << 30);
+  const std::int64_t dpn = args.integer("devices-per-node", 1, std::int64_t{1} << 20);
+  std::int64_t ext[5] = {1, 1, 1, 1, 1};
+  std::int64_t others = 1;
+  for (std::size_t i = 0; i < 5; ++i) {
+    const std::string name(dim_names[i]);
+    if (name == "dp" && !args.has("dp")) continue;
+    ext[i] = args.integer(name, 1, std::int64_t{1} << 30);
+    if (name != "dp") others *= ext[i];
+  }
+  if (!args.has("dp")) {
+    // dp absorbs the rest of the world, as Megatron-LM derives it.
+    if (world % others != 0) {
+      usage_fail("--world {} is not divisible by tp*cp*ep*pp = {}; expected a world size that is a multiple of it",
+                 world, others);
+    }
+    ext[3] = world / others;
+  }
+  const auto mesh = hm::make_mesh(args.str("order"), hm::tp(ext[0]), hm::cp(ext[1]), hm::ep(ext[2]),
+                                  hm::dp(ext[3]), hm::pp(ext[4]));
+  mesh.check_world(world);
+
+  json doc;
+  doc["world"] = world;
+  doc["order"] = mesh.order_string();
+  doc["mesh"] = mesh.str();
+  doc["devices_per_node"] = dpn;
+  doc["nodes"] = (world + dpn - 1) / dpn;
+  json dims = json::array();
+  table t{{"dim", "extent", "stride", "groups", "nodes/group", "intra-node", "group of rank 0"}, {}};
+  for (std::size_t i = 0; i < mesh.dims_count(); ++i) {
+    const hm::dim d = mesh.name(i);
+    const std::vector<hm::dim> along{d};
+    const auto groups = mesh.groups(std::span<const hm::dim>(along));
+    std::int64_t span = 0;
+    for (const auto& g : groups) span = std::max(span, nodes_spanned(g, dpn));
+    dims.push_back({{"name", std::string(d.name())},
+                    {"extent", mesh.extent(i)},
+                    {"stride", mesh.stride(i)},
+                    {"max_nodes_per_group", span},
+                    {"intra_node", span == 1},
+                    {"groups", groups}});
+    t.rows.push_back({std::string(d.name()), std::to_string(mesh.extent(i)), std::to_string(mesh.stride(i)),
+                      std::to_string(groups.size()), std::to_string(span), span == 1 ? "yes" : "no",
+                      fmt::format("{}", fmt::join(groups.front(), ","))});
+  }
+  doc["dims"] = std::move(dims);
+  if (format == output_format::json) {
+    print_json(out, doc);
+  } else {
+    out << fmt::format("mesh {} over {} ranks ({} nodes x {} devices)\n", mesh.str(), world,
+                       doc["nodes"].get<std::int64_t>(), dpn);
+    t.print(out);
+  }
+}
+
+}  // namespace
+
+std::vector<subcommand> mesh_commands() {
+  command_spec spec("mesh", "The LLM mesh: layout, groups along each dim, and which groups stay inside a node.");
+  spec.required("world", "N", "number of ranks")
+      .option("order", "ORDER", "dims joined by '-', fastest-varying first (Megatron-LM notation)", "tp-cp-ep-dp-pp")
+      .option("tp", "N", "tensor-parallel degree", "1")
+      .option("cp", "N", "context-parallel degree", "1")
+      .option("ep", "N", "expert-parallel degree", "1")
+      .option("dp", "N", "data-parallel degree (default: world / (tp*cp*ep*pp))")
+      .option("pp", "N", "pipeline-parallel degree", "1")
+      .option("devices-per-node", "N", "devices per node; rank r is on node r / N", "8")
+      .option("format", "FMT", "json or table", "json")
+      .epilog(
+          "output (json):\n"
+          "  {\"world\": 16, \"order\": \"tp-cp-ep-dp-pp\", \"mesh\": \"(tp=8,cp=2,ep=1,dp=1,pp=1):(1,8,16,16,16)\",\n"
+          "   \"devices_per_node\": 8, \"nodes\": 2,\n"
+          "   \"dims\": [{\"name\": \"tp\", \"extent\": 8, \"stride\": 1, \"max_nodes_per_group\": 1,\n"
+          "             \"intra_node\": true, \"groups\": [[0, 1, ...], ...]}, ...]}\n\n"
+          "example:\n"
+          "  hetmesh-plan mesh --world 64 --tp 8 --cp 2 --pp 2 --format table\n");
+  return {{std::move(spec), run_mesh}};
+}
+
+}  // namespace hetmesh_plan
