@@ -18,7 +18,8 @@ int main() {
   fmt::print("LLM mesh ({}): {}\n", llm.order_string(), llm);
   fmt::print("  tp group of rank 13: {}\n", fmt::join(llm.group_of(13, hm::tp), ","));
   fmt::print("  ep group of rank 13: {}\n", fmt::join(llm.group_of(13, hm::ep), ","));
-  fmt::print("  HDP pool (dp x cp) of rank 13: {}\n", fmt::join(llm.flatten("dp_cp", hm::cp, hm::dp).group_of(13, "dp_cp"), ","));
+  fmt::print("  HDP pool (dp x cp) of rank 13: {}\n",
+             fmt::join(llm.flatten("dp_cp", hm::cp, hm::dp).group_of(13, "dp_cp"), ","));
 
   // Encoder: Ulysses sequence parallel inside a node (esp=8), encoder data parallel across nodes.
   const hm::dim esp{"esp"}, edp{"edp"};

@@ -22,7 +22,8 @@ namespace {
 // Megatron-LM's generate_masked_orthogonal_rank_groups, written from its documented equation:
 // sizes in order (first fastest); masked dims form the group, first masked fastest; groups are
 // enumerated over the unmasked dims, first fastest.
-std::vector<std::vector<int>> megatron_groups(const std::vector<std::int64_t>& sizes, const std::vector<bool>& mask) {
+std::vector<std::vector<int>> megatron_groups(const std::vector<std::int64_t>& sizes,
+                                              const std::vector<bool>& mask) {
   std::vector<std::int64_t> stride(sizes.size());
   std::int64_t s = 1;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -39,7 +40,8 @@ std::vector<std::vector<int>> megatron_groups(const std::vector<std::int64_t>& s
     for (auto x : v) n *= x;
     return n;
   };
-  auto dot = [](std::int64_t index, const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& st) {
+  auto dot = [](std::int64_t index, const std::vector<std::int64_t>& shape,
+                const std::vector<std::int64_t>& st) {
     std::int64_t r = 0;
     for (std::size_t i = 0; i < shape.size(); ++i) {
       r += (index % shape[i]) * st[i];
@@ -70,7 +72,8 @@ random_shape make_random_shape(hetmesh::rng& g) {
   std::vector<hm::dim> dims{hm::tp, hm::cp, hm::ep, hm::dp, hm::pp};
   hetmesh::shuffle(std::span<hm::dim>(dims), g);
   s.order = dims;
-  for (const auto& d : dims) s.order_string += std::string(s.order_string.empty() ? "" : "-") + std::string(d.name());
+  for (const auto& d : dims)
+    s.order_string += std::string(s.order_string.empty() ? "" : "-") + std::string(d.name());
   return s;
 }
 
@@ -147,8 +150,8 @@ TEST_CASE("bijection and group partition over random dynamic shapes and orders")
   hetmesh::rng g(20260511);
   for (int trial = 0; trial < 60; ++trial) {
     const random_shape s = make_random_shape(g);
-    const auto m = hm::make_mesh(s.order_string, hm::tp(s.extent[0]), hm::cp(s.extent[1]), hm::ep(s.extent[2]),
-                                 hm::dp(s.extent[3]), hm::pp(s.extent[4]));
+    const auto m = hm::make_mesh(s.order_string, hm::tp(s.extent[0]), hm::cp(s.extent[1]),
+                                 hm::ep(s.extent[2]), hm::dp(s.extent[3]), hm::pp(s.extent[4]));
     CAPTURE(m.str());
     REQUIRE(m.order_string() == s.order_string);
     // Strides are prefix products in the order string's order.
@@ -166,7 +169,8 @@ TEST_CASE("bijection and group partition over random dynamic shapes and orders")
 
 TEST_CASE("bijection and group partition for static meshes") {
   check_bijection_and_partition(hm::make_mesh(hm::tp(8_c), hm::cp(2_c), hm::dp(4_c)));
-  check_bijection_and_partition(hm::make_mesh(hm::tp(2_c), hm::cp(2_c), hm::ep(2_c), hm::dp(3_c), hm::pp(2_c)));
+  check_bijection_and_partition(
+      hm::make_mesh(hm::tp(2_c), hm::cp(2_c), hm::ep(2_c), hm::dp(3_c), hm::pp(2_c)));
   check_bijection_and_partition(hm::make_mesh("tp-cp-ep-dp-pp", hm::pp(3_c), hm::tp(4_c), hm::dp(2)));
   check_bijection_and_partition(hm::make_mesh_outermost(hm::dim("edp")(4_c), hm::dim("esp")(4_c)));
 }
@@ -201,8 +205,10 @@ TEST_CASE("order strings, outermost-first construction and omitted extent-1 dims
 }
 
 TEST_CASE("printing") {
-  CHECK(hetmesh::to_string(hm::make_mesh(hm::tp(8_c), hm::cp(2_c), hm::dp(4))) == "(tp=_8,cp=_2,dp=4):(_1,_8,_16)");
-  CHECK(hetmesh::to_string(hm::make_mesh(hm::tp(8), hm::cp(2_c), hm::dp(4))) == "(tp=8,cp=_2,dp=4):(_1,8,16)");
+  CHECK(hetmesh::to_string(hm::make_mesh(hm::tp(8_c), hm::cp(2_c), hm::dp(4))) ==
+        "(tp=_8,cp=_2,dp=4):(_1,_8,_16)");
+  CHECK(hetmesh::to_string(hm::make_mesh(hm::tp(8), hm::cp(2_c), hm::dp(4))) ==
+        "(tp=8,cp=_2,dp=4):(_1,8,16)");
   CHECK(hetmesh::to_string(hm::make_mesh_outermost(hm::pp(2_c), hm::dp(4), hm::tp(8_c))) ==
         "(tp=_8,dp=4,pp=_2):(_1,_8,32)");
   CHECK(hetmesh::to_string(hm::make_mesh("esp-edp", hm::dim("edp")(16), hm::dim("esp")(4_c))) ==
@@ -220,8 +226,8 @@ TEST_CASE("flatten merges dims into one pool without moving ranks") {
   hetmesh::rng g(99);
   for (int trial = 0; trial < 30; ++trial) {
     const random_shape s = make_random_shape(g);
-    const auto m = hm::make_mesh(s.order_string, hm::tp(s.extent[0]), hm::cp(s.extent[1]), hm::ep(s.extent[2]),
-                                 hm::dp(s.extent[3]), hm::pp(s.extent[4]));
+    const auto m = hm::make_mesh(s.order_string, hm::tp(s.extent[0]), hm::cp(s.extent[1]),
+                                 hm::ep(s.extent[2]), hm::dp(s.extent[3]), hm::pp(s.extent[4]));
     CAPTURE(m.str());
     const auto f = m.flatten("dp_cp", hm::cp, hm::dp);
     REQUIRE(f.dims_count() == 4);
@@ -247,8 +253,8 @@ TEST_CASE("submesh fixes coordinates") {
   hetmesh::rng g(7);
   for (int trial = 0; trial < 30; ++trial) {
     const random_shape s = make_random_shape(g);
-    const auto m = hm::make_mesh(s.order_string, hm::tp(s.extent[0]), hm::cp(s.extent[1]), hm::ep(s.extent[2]),
-                                 hm::dp(s.extent[3]), hm::pp(s.extent[4]));
+    const auto m = hm::make_mesh(s.order_string, hm::tp(s.extent[0]), hm::cp(s.extent[1]),
+                                 hm::ep(s.extent[2]), hm::dp(s.extent[3]), hm::pp(s.extent[4]));
     CAPTURE(m.str());
     const std::int64_t pp_at = g.uniform(0, s.extent[4] - 1), dp_at = g.uniform(0, s.extent[3] - 1);
     const auto sub = m.submesh({{hm::pp, pp_at}, {hm::dp, dp_at}});
@@ -273,12 +279,13 @@ TEST_CASE("submesh fixes coordinates") {
 TEST_CASE("errors name what was wrong and what was expected") {
   using hetmesh::invalid_argument;
   const auto m = hm::make_mesh(hm::tp(8), hm::cp(2), hm::dp(4));
-  CHECK_THROWS_WITH_AS(m.check_world(48), doctest::Contains("has 64 ranks but the world has 48"), invalid_argument);
+  CHECK_THROWS_WITH_AS(m.check_world(48), doctest::Contains("has 64 ranks but the world has 48"),
+                       invalid_argument);
   CHECK_NOTHROW(m.check_world(64));
   CHECK_THROWS_WITH_AS((void)hm::make_mesh(hm::tp(8), hm::cp(0)), doctest::Contains("dim 'cp' has extent 0"),
                        invalid_argument);
-  CHECK_THROWS_WITH_AS((void)hm::make_mesh(hm::tp(-2), hm::cp(2)), doctest::Contains("expected a positive extent"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)hm::make_mesh(hm::tp(-2), hm::cp(2)),
+                       doctest::Contains("expected a positive extent"), invalid_argument);
   CHECK_THROWS_WITH_AS((void)hm::make_mesh(hm::tp(2), hm::dp(2), hm::tp(2)), doctest::Contains("'tp' twice"),
                        invalid_argument);
   CHECK_THROWS_WITH_AS((void)hm::make_mesh("tp-dp", hm::tp(2), hm::tp(2)), doctest::Contains("'tp' twice"),
@@ -290,29 +297,37 @@ TEST_CASE("errors name what was wrong and what was expected") {
   CHECK_THROWS_WITH_AS((void)hm::make_mesh("esp", hm::dim("esp")(2), hm::dim("edp")(2)),
                        doctest::Contains("dim 'edp' has extent 2 but order string \"esp\" does not list it"),
                        invalid_argument);
-  CHECK_THROWS_WITH_AS((void)hm::make_mesh("tp--dp", hm::tp(2), hm::dp(2)), doctest::Contains("empty dim name"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)hm::make_mesh("tp--dp", hm::tp(2), hm::dp(2)),
+                       doctest::Contains("empty dim name"), invalid_argument);
   CHECK_THROWS_WITH_AS((void)hm::make_mesh("", hm::tp(2)), doctest::Contains("empty order string"),
                        invalid_argument);
   CHECK_THROWS_WITH_AS(hm::dim("Tp"), doctest::Contains("bad mesh dim name 'Tp'"), invalid_argument);
-  CHECK_THROWS_WITH_AS(hm::dim("a_very_long_dim_name"), doctest::Contains("1 to 15 characters"), invalid_argument);
-  CHECK_THROWS_WITH_AS((void)m.group_of(3, hm::ep), doctest::Contains("has no dim 'ep': expected one of tp, cp, dp"),
+  CHECK_THROWS_WITH_AS(hm::dim("a_very_long_dim_name"), doctest::Contains("1 to 15 characters"),
                        invalid_argument);
-  CHECK_THROWS_WITH_AS((void)m.groups(hm::dp, hm::pp), doctest::Contains("has no dim 'pp'"), invalid_argument);
-  CHECK_THROWS_WITH_AS((void)m.groups(hm::dp, hm::dp), doctest::Contains("'dp' is listed twice"), invalid_argument);
-  CHECK_THROWS_WITH_AS((void)m.group_of(64, hm::dp), doctest::Contains("rank 64 is outside mesh"), invalid_argument);
+  CHECK_THROWS_WITH_AS((void)m.group_of(3, hm::ep),
+                       doctest::Contains("has no dim 'ep': expected one of tp, cp, dp"), invalid_argument);
+  CHECK_THROWS_WITH_AS((void)m.groups(hm::dp, hm::pp), doctest::Contains("has no dim 'pp'"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)m.groups(hm::dp, hm::dp), doctest::Contains("'dp' is listed twice"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)m.group_of(64, hm::dp), doctest::Contains("rank 64 is outside mesh"),
+                       invalid_argument);
   CHECK_THROWS_WITH_AS((void)m.coord_of(-1), doctest::Contains("expected 0 <= rank < 64"), invalid_argument);
   CHECK_THROWS_WITH_AS((void)m.rank_of({8, 0, 0}), doctest::Contains("coordinate 8 along dim 'tp'"),
                        invalid_argument);
   CHECK_THROWS_WITH_AS((void)m.extent(hm::pp), doctest::Contains("has no dim 'pp'"), invalid_argument);
-  CHECK_THROWS_WITH_AS((void)m.flatten("tp", hm::cp, hm::dp), doctest::Contains("'tp' twice"), invalid_argument);
+  CHECK_THROWS_WITH_AS((void)m.flatten("tp", hm::cp, hm::dp), doctest::Contains("'tp' twice"),
+                       invalid_argument);
   CHECK_THROWS_WITH_AS((void)m.flatten("pool", hm::cp, hm::ep), doctest::Contains("has no dim 'ep'"),
                        invalid_argument);
-  CHECK_THROWS_WITH_AS((void)m.submesh({{hm::dp, 4}}), doctest::Contains("fixes dim 'dp' at 4"), invalid_argument);
+  CHECK_THROWS_WITH_AS((void)m.submesh({{hm::dp, 4}}), doctest::Contains("fixes dim 'dp' at 4"),
+                       invalid_argument);
   const auto sub = m.submesh({{hm::dp, 1}});
   CHECK_THROWS_WITH_AS((void)sub.coord_of(3), doctest::Contains("rank 3 is not in mesh"), invalid_argument);
-  CHECK_THROWS_WITH_AS((void)sub.group_of(16, hm::dp), doctest::Contains("has no dim 'dp'"), invalid_argument);
-  CHECK_THROWS_WITH_AS((void)sub.rank_of({1}), doctest::Contains("coordinate has 1 entries"), invalid_argument);
-  CHECK_THROWS_WITH_AS((hm::view{{{hm::tp, {{2, 1}}}, {hm::tp, {{2, 2}}}}, 0}), doctest::Contains("'tp' twice"),
+  CHECK_THROWS_WITH_AS((void)sub.group_of(16, hm::dp), doctest::Contains("has no dim 'dp'"),
                        invalid_argument);
+  CHECK_THROWS_WITH_AS((void)sub.rank_of({1}), doctest::Contains("coordinate has 1 entries"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS((hm::view{{{hm::tp, {{2, 1}}}, {hm::tp, {{2, 2}}}}, 0}),
+                       doctest::Contains("'tp' twice"), invalid_argument);
 }

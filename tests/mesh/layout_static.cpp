@@ -17,7 +17,8 @@ static_assert(std::is_same_v<std::remove_const_t<decltype(llm.size())>, hetmesh:
 static_assert(llm.stride(hm::tp) == 1 && llm.stride(hm::cp) == 8 && llm.stride(hm::dp) == 16);
 static_assert(llm.rank_of({3, 1, 2}) == 3 + 8 + 32);
 static_assert(llm.coord_of(43) == decltype(llm)::coord_type{3, 1, 2});
-static_assert(llm.coord_of(43, hm::dp) == 2 && llm.coord_of(43, hm::cp) == 1 && llm.coord_of(43, hm::tp) == 3);
+static_assert(llm.coord_of(43, hm::dp) == 2 && llm.coord_of(43, hm::cp) == 1 &&
+              llm.coord_of(43, hm::tp) == 3);
 static_assert(llm.index_of(hm::dp) == 2 && !llm.has(hm::ep));
 static_assert(llm.static_extent(0) && llm.static_stride(2));
 
@@ -31,7 +32,8 @@ constexpr bool round_trips(const auto& m) {
 static_assert(round_trips(llm));
 
 // A Megatron order string and PyTorch's outermost-first construction give the same mesh.
-constexpr auto from_string = hm::make_mesh("tp-cp-ep-dp-pp", hm::pp(2_c), hm::dp(2_c), hm::tp(4_c), hm::cp(2_c));
+constexpr auto from_string =
+    hm::make_mesh("tp-cp-ep-dp-pp", hm::pp(2_c), hm::dp(2_c), hm::tp(4_c), hm::cp(2_c));
 constexpr auto from_torch = hm::make_mesh_outermost(hm::pp(2_c), hm::dp(2_c), hm::cp(2_c), hm::tp(4_c));
 static_assert(from_string == from_torch);
 static_assert(from_string.stride(hm::pp) == 16 && from_torch.stride(hm::cp) == 4);

@@ -282,3 +282,201 @@ TEST_CASE("hetmesh-plan pipeline: every schedule runs each micro-batch through e
   check_bad_input({"pipeline", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"}, "group size");
   check_bad_input({"pipeline", "--schedule", "1f1b", "--pp", "0", "--microbatches", "4"}, "--pp");
 }
+
+namespace {
+
+// A deterministic mixed workload: mostly short documents and a few longer than the capacity.
+std::vector<std::int64_t> test_lengths() {
+  std::vector<std::int64_t> out;
+  std::uint64_t x = 88172645463325252ull;
+  for (int i = 0; i < 120; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    out.push_back(i % 23 == 5 ? 9000 + static_cast<std::int64_t>(x % 12000) : 64 + static_cast<std::int64_t>(x % 3000));
+  }
+  return out;
+}
+
+std::string lines_of(const std::vector<std::int64_t>& v) {
+  std::string s = "# test workload\n";
+  for (auto l : v) s += std::to_string(l) + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("hetmesh-plan compare: five strategies, consistent numbers, independent traffic model") {
+  const scratch_dir dir;
+  const auto lengths = test_lengths();
+  const auto file = dir.write("w.txt", lines_of(lengths));
+  const std::int64_t cap = 4096, layers = 32;
+  const double kv = 4096.0;  // default model: ByteScale's 7B-class layer, GQA KV bytes per token
+  const result r = run({"compare", "--workload", file, "--ranks", "8", "--capacity", std::to_string(cap), "--repeat", "1"});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto j = r.json();
+  CHECK(j["workload"] == file);
+  CHECK(j["ranks"] == 8);
+  const std::int64_t total = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
+  CHECK(j["config"]["tokens"] == total);
+  CHECK(j["config"]["samples"] == lengths.size());
+  const std::vector<std::string> names{"random", "token_count", "static_dp_cp", "bytescale_hdp", "hetmesh"};
+  REQUIRE(j["strategies"].size() == names.size());
+  // Ring traffic, from the rule: a sequence longer than C runs on ceil(s / C) ranks (no offloading);
+  // static_dp_cp puts every token on a ring of cp = ceil(longest / C) ranks.
+  double hdp_bytes = 0;
+  std::int64_t longest = 0;
+  for (auto s : lengths) {
+    longest = std::max(longest, s);
+    if (s > cap) hdp_bytes += 3.0 * layers * static_cast<double>((s + cap - 1) / cap - 1) * kv * static_cast<double>(s);
+  }
+  const double static_bytes = 3.0 * layers * static_cast<double>((longest + cap - 1) / cap - 1) * kv * static_cast<double>(total);
+  const double lb = j["lower_bound_model_s"].get<double>();
+  CHECK(lb > 0);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& s = j["strategies"][i];
+    CAPTURE(names[i]);
+    CHECK(s["name"] == names[i]);
+    const double step = s["step_time_model_s"].get<double>();
+    CHECK(step > 0);
+    CHECK(s["imbalance"].get<double>() >= 1.0 - 1e-9);
+    CHECK(s["vs_lower_bound"].get<double>() == doctest::Approx(step / lb).epsilon(1e-6));
+    CHECK(s["vs_lower_bound"].get<double>() >= 1.0 - 1e-6);
+    CHECK(s["plan_ms"].get<double>() >= 0);
+    const double expected = names[i] == "static_dp_cp" ? static_bytes : hdp_bytes;
+    CHECK(s["comm_bytes"].get<double>() == doctest::Approx(expected).epsilon(1e-9));
+  }
+  // A subset, in the order asked for; the table and CSV views carry the same strategies.
+  const result sub = run({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--strategies",
+                          "hetmesh,random", "--repeat", "1"});
+  REQUIRE(sub.code == 0);
+  REQUIRE(sub.json()["strategies"].size() == 2);
+  CHECK(sub.json()["strategies"][0]["name"] == "hetmesh");
+  CHECK(sub.json()["strategies"][1]["name"] == "random");
+  const result t = run({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--format", "table"});
+  REQUIRE(t.code == 0);
+  for (const auto& n : names) CHECK(t.out.find("\n" + n + " ") != std::string::npos);
+  const result c = run({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--format", "csv"});
+  REQUIRE(c.code == 0);
+  CHECK(c.out.rfind("name,step_time_model_s,imbalance,vs_lower_bound,comm_bytes,plan_ms\n", 0) == 0);
+  CHECK(std::count(c.out.begin(), c.out.end(), '\n') == 6);
+
+  check_bad_input({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--strategies", "fastest"}, "fastest");
+  check_bad_input({"compare", "--workload", file, "--ranks", "0", "--capacity", "4096"}, "--ranks");
+  check_bad_input({"compare", "--workload", file, "--ranks", "2", "--capacity", "100"}, "capacity");
+  check_bad_input({"compare", "--workload", file, "--ranks", "8"}, "--capacity");
+}
+
+TEST_CASE("hetmesh-plan balance: every token of every sample on exactly one rank, for each strategy") {
+  const scratch_dir dir;
+  const auto lengths = test_lengths();
+  const auto file = dir.write("w.txt", lines_of(lengths));
+  const int ranks = 8;
+  for (const std::string strategy : {"random", "token_count", "static_dp_cp", "bytescale_hdp", "hetmesh"}) {
+    CAPTURE(strategy);
+    const result r = run({"balance", "--strategy", strategy, "--workload", file, "--ranks", std::to_string(ranks),
+                          "--capacity", "4096"});
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    const auto j = r.json();
+    CHECK(j["strategy"] == strategy);
+    REQUIRE(j["per_rank"].size() == static_cast<std::size_t>(ranks));
+    // Items: each sample in exactly one item; rings of distinct ranks in range.
+    std::vector<int> in_items(lengths.size(), 0);
+    for (const auto& it : j["items"]) {
+      for (const auto& id : it["sequences"]) ++in_items.at(id.get<std::size_t>());
+      auto ring = it["ring"].get<std::vector<int>>();
+      std::sort(ring.begin(), ring.end());
+      CHECK(std::adjacent_find(ring.begin(), ring.end()) == ring.end());
+      CHECK(ring.front() >= 0);
+      CHECK(ring.back() < ranks);
+    }
+    CHECK(std::all_of(in_items.begin(), in_items.end(), [](int k) { return k == 1; }));
+    // Segments: per sample, the ranges over all ranks tile [0, length) exactly.
+    std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> ranges(lengths.size());
+    std::int64_t tokens = 0;
+    for (const auto& rk : j["per_rank"]) {
+      std::int64_t prev_order = -1;
+      std::int64_t rank_tokens = 0;
+      for (const auto& mb : rk["micro_batches"]) {
+        CHECK(mb["order"].get<std::int64_t>() >= prev_order);  // runs in order-key order (no deadlock)
+        prev_order = mb["order"].get<std::int64_t>();
+        for (const auto& sg : mb["segments"]) {
+          ranges.at(sg["seq"].get<std::size_t>()).push_back({sg["begin"].get<std::int64_t>(), sg["end"].get<std::int64_t>()});
+          rank_tokens += sg["end"].get<std::int64_t>() - sg["begin"].get<std::int64_t>();
+        }
+      }
+      CHECK(rk["tokens"] == rank_tokens);
+      tokens += rank_tokens;
+      CHECK(rk["busy_model_ms"].get<double>() > 0);
+    }
+    CHECK(tokens == std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0}));
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      auto& v = ranges[i];
+      std::sort(v.begin(), v.end());
+      std::int64_t at = 0;
+      for (const auto& [b, e] : v) {
+        CHECK(b == at);
+        at = e;
+      }
+      CHECK(at == lengths[i]);
+    }
+    const double lb = j["lower_bound_model_s"].get<double>();
+    CHECK(j["vs_lower_bound"].get<double>() == doctest::Approx(j["step_time_model_s"].get<double>() / lb).epsilon(1e-6));
+    const result t = run({"balance", "--strategy", strategy, "--workload", file, "--ranks", "8", "--capacity", "4096",
+                          "--format", "table"});
+    REQUIRE(t.code == 0);
+    CHECK(std::count(t.out.begin(), t.out.end(), '\n') == ranks + 4);
+  }
+  check_bad_input({"balance", "--strategy", "roundrobin", "--workload", file, "--ranks", "8", "--capacity", "4096"},
+                  "roundrobin");
+}
+
+TEST_CASE("hetmesh-plan workloads: JSONL multimodal samples, and errors that name the line") {
+  const scratch_dir dir;
+  const auto jsonl = dir.write("mm.jsonl",
+                               "{\"id\": \"a\", \"text\": 900, \"images\": [576, 576]}\n"
+                               "\n"
+                               "{\"id\": 7, \"text\": 3000, \"audio\": [750]}\n"
+                               "{\"text\": 10, \"images\": [], \"source\": \"web\"}\n");
+  const result r = run({"compare", "--workload", jsonl, "--ranks", "2", "--capacity", "8192", "--repeat", "1"});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto j = r.json();
+  CHECK(j["config"]["samples"] == 3);
+  CHECK(j["config"]["tokens"] == 900 + 576 + 576 + 3000 + 750 + 10);
+  CHECK(j["config"]["encoder_items"] == 3);
+  CHECK(j["config"]["longest"] == 3750);
+
+  // The shipped demo workloads parse.
+  for (const char* shipped : {"examples/data/prolong_sample.txt", "examples/data/multimodal_sample.jsonl"}) {
+    const result s = run({"compare", "--workload", std::string(HETMESH_SOURCE_DIR) + "/" + shipped, "--ranks", "64",
+                          "--capacity", "16384", "--strategies", "hetmesh", "--repeat", "1"});
+    CHECK_MESSAGE(s.code == 0, s.err);
+  }
+  CHECK(run({"compare", "--workload", std::string(HETMESH_SOURCE_DIR) + "/examples/data/prolong_sample.txt", "--ranks",
+             "64", "--capacity", "16384", "--strategies", "hetmesh", "--repeat", "1"})
+            .json()["config"]["samples"] == 2000);
+
+  struct bad {
+    const char* text;
+    const char* mention;
+  };
+  for (const bad& b : {bad{"100\n200\nabc\n", ":3: 'abc' is not a length"},
+                       bad{"100\n-5\n", ":2: length -5"},
+                       bad{"100\n0\n", ":2: length 0"},
+                       bad{"100\n{\"text\": 5}\n", ":2: a JSON object in a file of plain lengths"},
+                       bad{"{\"text\": 5}\n100\n", ":2: a plain value in a JSONL file"},
+                       bad{"{\"text\": 5, \"image\": [3]}\n", ":1: unknown key \"image\""},
+                       bad{"{\"text\": 5.5}\n", ":1: \"text\" is 5.5"},
+                       bad{"{\"text\": -1}\n", ":1: \"text\" is -1"},
+                       bad{"{\"images\": [5]}\n", ":1: missing \"text\""},
+                       bad{"{\"text\": 5, \"images\": [0]}\n", ":1: \"images[0]\" is 0"},
+                       bad{"{\"text\": 5, \"audio\": 7}\n", ":1: \"audio\" is 7"},
+                       bad{"{\"text\": 5,\n", ":1: invalid JSON"},
+                       bad{"# only a comment\n\n", "no samples"}}) {
+    CAPTURE(b.text);
+    const auto f = dir.write("bad.txt", b.text);
+    check_bad_input({"compare", "--workload", f, "--ranks", "2", "--capacity", "8192"}, b.mention);
+  }
+  check_bad_input({"compare", "--workload", (dir.path / "missing.txt").string(), "--ranks", "2", "--capacity", "8192"},
+                  "cannot open");
+}

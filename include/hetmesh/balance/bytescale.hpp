@@ -5,8 +5,8 @@
 // the slack delta is a target (when none does, every rank is: a new round); each target takes one item
 //   - DP-Balance (no pipeline parallelism): from the first non-empty bucket, so ranks running at the
 //     same time run similar lengths and ranks with shorter items simply run more of them;
-//   - PP-Balance: each rank (a pipeline) keeps drawing from "its" bucket (ranks spread evenly over the
-//     buckets), so a pipeline sees similar lengths, and since buckets hold equal compute, pipelines of
+//   - PP-Balance: each rank (a pipeline) keeps drawing from "its" bucket (buckets dealt round-robin
+//     over the ranks), so a pipeline sees similar lengths, and since buckets hold equal compute, pipelines of
 //     shorter items run more micro-batches.
 // A long item needs D ranks: the target plus the D-1 least-loaded other targets (then any ranks).
 // Every placed item gets the next value of one global counter as its order key, so ring members run
@@ -96,11 +96,12 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
   const int nb = policy.buckets > 0 ? policy.buckets : static_cast<int>(std::min<std::size_t>(16, std::max<std::size_t>(1, n_items)));
   auto buckets = detail::equal_compute_buckets(sh, per_rank, nb);
   std::vector<std::size_t> cursor(buckets.size(), 0);
-  // PP-Balance: rank r starts on bucket r * buckets / pool.
+  // PP-Balance: rank r starts on bucket r mod buckets. Dealing buckets round-robin (rather than in
+  // blocks of pool / buckets consecutive ranks) puts the few longest items on different pipelines in
+  // the first round; in blocks, a ring of the first bucket would absorb the bucket's other ranks and
+  // leave its next long item for the end of the step.
   std::vector<std::size_t> affinity(static_cast<std::size_t>(sh.pool), 0);
-  for (int r = 0; r < sh.pool; ++r)
-    affinity[static_cast<std::size_t>(r)] =
-        static_cast<std::size_t>(static_cast<std::int64_t>(r) * static_cast<std::int64_t>(buckets.size()) / sh.pool);
+  for (int r = 0; r < sh.pool; ++r) affinity[static_cast<std::size_t>(r)] = static_cast<std::size_t>(r) % buckets.size();
   std::size_t first_open = 0;
   auto take = [&](int rank) -> std::ptrdiff_t {
     while (first_open < buckets.size() && cursor[first_open] == buckets[first_open].size()) ++first_open;

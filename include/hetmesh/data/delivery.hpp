@@ -5,7 +5,9 @@
 // once per step in the whole job, and tensor/context/last-stage ranks never touch a source.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 

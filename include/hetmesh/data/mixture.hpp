@@ -110,8 +110,8 @@ struct mixture_config {
   std::uint64_t seed = 0;
   std::int64_t global_batch = 0;  // samples per step
   std::vector<source_spec> sources{};
-  std::vector<group_weight> modalities;  // optional modality mix (weights sum to one)
-  std::vector<group_weight> buckets;     // optional long/short mix (weights sum to one)
+  std::vector<group_weight> modalities{};  // optional modality mix (weights sum to one)
+  std::vector<group_weight> buckets{};     // optional long/short mix (weights sum to one)
   cost_model cost{};
   balance_method balance = balance_method::lpt;
   topology layout{};

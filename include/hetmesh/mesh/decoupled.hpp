@@ -35,14 +35,15 @@ struct named_coord {
     for (const auto& [name, c] : entries) {
       if (name == d) return c;
     }
-    throw_error<invalid_argument>("coordinate has no dim '{}': expected one of its {} dims", d, entries.size());
+    throw_error<invalid_argument>("coordinate has no dim '{}': expected one of its {} dims", d,
+                                  entries.size());
   }
   friend bool operator==(const named_coord&, const named_coord&) = default;
   void hash_append(hasher& h) const { append(h, entries); }
 };
 
 /// The coordinate of `rank` in any mesh (layout or view), with names.
-template <class Mesh>
+template <mesh_like Mesh>
 [[nodiscard]] named_coord named_coord_of(const Mesh& m, int rank) {
   const auto c = m.coord_of(rank);
   named_coord out;
@@ -52,9 +53,9 @@ template <class Mesh>
 
 /// One group of the encoder mesh and where it sits.
 struct group_placement {
-  std::vector<int> ranks;      ///< encoder ranks = devices
-  int nodes = 1;               ///< distinct nodes its devices occupy
-  std::vector<dim> llm_dims;   ///< LLM dims along which its devices' LLM coordinates differ
+  std::vector<int> ranks;     ///< encoder ranks = devices
+  int nodes = 1;              ///< distinct nodes its devices occupy
+  std::vector<dim> llm_dims;  ///< LLM dims along which its devices' LLM coordinates differ
   [[nodiscard]] bool in_node() const noexcept { return nodes <= 1; }
   friend bool operator==(const group_placement&, const group_placement&) = default;
   void hash_append(hasher& h) const { append_all(h, ranks, nodes, llm_dims); }
@@ -65,20 +66,22 @@ class decoupled {
  public:
   /// Pre: both meshes and the topology have the same number of ranks (else invalid_argument naming
   /// the sizes). Takes layouts or views of layouts over 0..world-1. O(world).
-  template <class Encoder, class Llm>
+  template <mesh_like Encoder, mesh_like Llm>
   decoupled(const Encoder& encoder, const Llm& llm, const topology& topo)
       : encoder_(as_view(encoder)), llm_(as_view(llm)), topo_(topo) {
     topo_.validate();
     if (encoder_.size() != topo_.world() || llm_.size() != topo_.world()) {
       throw_error<invalid_argument>(
-          "decoupled meshes: encoder mesh {} has {} ranks, LLM mesh {} has {}, topology has {} devices: expected all "
+          "decoupled meshes: encoder mesh {} has {} ranks, LLM mesh {} has {}, topology has {} devices: "
+          "expected all "
           "equal",
           encoder_.str(), encoder_.size(), llm_.str(), llm_.size(), topo_.world());
     }
     for (int r = 0; r < topo_.world(); ++r) {
       if (!encoder_.contains(r) || !llm_.contains(r)) {
-        throw_error<invalid_argument>("decoupled meshes: device {} is missing from a mesh: expected both to cover 0..{}",
-                                      r, topo_.world() - 1);
+        throw_error<invalid_argument>(
+            "decoupled meshes: device {} is missing from a mesh: expected both to cover 0..{}", r,
+            topo_.world() - 1);
       }
     }
   }
@@ -119,8 +122,8 @@ class decoupled {
     return out;
   }
   template <class... D>
-    requires(std::convertible_to<const D&, dim> && ...)
-  [[nodiscard]] std::vector<group_placement> encoder_groups(const D&... dims) const {
+  requires(std::convertible_to<const D&, dim>&&...)
+      [[nodiscard]] std::vector<group_placement> encoder_groups(const D&... dims) const {
     const std::array<dim, sizeof...(D)> a{dim(dims)...};
     return encoder_groups(std::span<const dim>(a));
   }
@@ -165,7 +168,8 @@ struct fmt::formatter<hetmesh::mesh::named_coord> : hetmesh::empty_spec_formatte
 
 template <>
 struct fmt::formatter<hetmesh::mesh::group_placement> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::group_placement& g, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::mesh::group_placement& g, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     std::string dims;
     for (const auto& d : g.llm_dims) dims += fmt::format("{}{}", dims.empty() ? "" : ",", d);
     return fmt::format_to(ctx.out(), "{} on {} node{} (LLM dims: {})", fmt::join(g.ranks, ","), g.nodes,

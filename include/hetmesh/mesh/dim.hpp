@@ -108,15 +108,17 @@ namespace detail {
 /// offending token. Calls `f(dim)` per token, in order.
 template <class F>
 constexpr void for_each_order_token(std::string_view order, F&& f) {
-  if (order.empty()) throw_error<invalid_argument>("empty order string: expected dims joined by '-', e.g. \"{}\"",
-                                                   megatron_order);
+  if (order.empty())
+    throw_error<invalid_argument>("empty order string: expected dims joined by '-', e.g. \"{}\"",
+                                  megatron_order);
   std::size_t start = 0;
   while (true) {
     const std::size_t end = order.find('-', start);
     const std::string_view token = order.substr(start, end == std::string_view::npos ? end : end - start);
     if (token.empty()) {
-      throw_error<invalid_argument>("order string \"{}\" has an empty dim name: expected dims joined by '-', e.g. \"{}\"",
-                                    order, megatron_order);
+      throw_error<invalid_argument>(
+          "order string \"{}\" has an empty dim name: expected dims joined by '-', e.g. \"{}\"", order,
+          megatron_order);
     }
     f(dim(token));
     if (end == std::string_view::npos) break;

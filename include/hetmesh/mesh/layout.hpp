@@ -39,7 +39,7 @@ namespace hetmesh::mesh {
 /// `std::size_t i` arguments and coordinate entries) always count in mesh order, innermost first.
 template <class... Extents>
 class layout {
-  static_assert(((is_static_v<Extents> || std::is_same_v<Extents, std::int64_t>) && ...),
+  static_assert(((is_static_v<Extents> || std::is_same_v<Extents, std::int64_t>)&&...),
                 "layout extents are hetmesh::C<N> or std::int64_t; build layouts with make_mesh");
 
  public:
@@ -55,7 +55,9 @@ class layout {
     for (std::size_t i = 0; i < rank_count; ++i) {
       for (std::size_t j = 0; j < i; ++j) {
         if (names_[i] == names_[j]) duplicate_dim(names_[i]);
+        if (order_[i] == order_[j]) bad_order();
       }
+      if (order_[i] >= rank_count) bad_order();
       const std::int64_t e = arg_extent(i);
       if (e < 1) bad_extent(names_[i], e);
       size *= e;
@@ -73,7 +75,9 @@ class layout {
 
   /// Name, extent and stride at mesh position i (innermost first). Pre: i < dims_count().
   [[nodiscard]] constexpr dim name(std::size_t i) const { return names_[order_[check_pos(i)]]; }
-  [[nodiscard]] constexpr std::int64_t extent(std::size_t i) const { return arg_extent(order_[check_pos(i)]); }
+  [[nodiscard]] constexpr std::int64_t extent(std::size_t i) const {
+    return arg_extent(order_[check_pos(i)]);
+  }
   [[nodiscard]] constexpr std::int64_t stride(std::size_t i) const {
     std::int64_t s = 1;
     for (std::size_t j = 0; j < check_pos(i); ++j) s *= extent(j);
@@ -144,8 +148,8 @@ class layout {
   /// Throws invalid_argument for a dim the mesh lacks, a repeated dim, or a rank out of range.
   /// Pure; O(group size * dims).
   template <class... D>
-    requires(std::convertible_to<const D&, dim> && ...)
-  [[nodiscard]] std::vector<int> group_of(int rank, const D&... dims) const {
+  requires(std::convertible_to<const D&, dim>&&...)
+      [[nodiscard]] std::vector<int> group_of(int rank, const D&... dims) const {
     const std::array<dim, sizeof...(D)> a{dim(dims)...};
     return group_of(rank, std::span<const dim>(a));
   }
@@ -158,8 +162,8 @@ class layout {
   /// All groups along `dims`, a partition of the ranks, in Megatron-LM's order (see view::groups).
   /// Pure; O(size * dims).
   template <class... D>
-    requires(std::convertible_to<const D&, dim> && ...)
-  [[nodiscard]] std::vector<std::vector<int>> groups(const D&... dims) const {
+  requires(std::convertible_to<const D&, dim>&&...)
+      [[nodiscard]] std::vector<std::vector<int>> groups(const D&... dims) const {
     const std::array<dim, sizeof...(D)> a{dim(dims)...};
     return groups(std::span<const dim>(a));
   }
@@ -170,8 +174,8 @@ class layout {
 
   /// `dims` merged into one dim `name` (see view::flatten); e.g. flatten("dp_cp", cp, dp).
   template <class... D>
-    requires(std::convertible_to<const D&, dim> && ...)
-  [[nodiscard]] view flatten(const dim& new_name, const D&... dims) const {
+  requires(std::convertible_to<const D&, dim>&&...) [[nodiscard]] view
+      flatten(const dim& new_name, const D&... dims) const {
     return to_view().flatten(new_name, dims...);
   }
 
@@ -249,7 +253,8 @@ class layout {
   }
   constexpr std::size_t check_pos(std::size_t i) const {
     if (i >= rank_count) {
-      throw_error<invalid_argument>("dim position {} in mesh {}: expected a position below {}", i, str(), rank_count);
+      throw_error<invalid_argument>("dim position {} in mesh {}: expected a position below {}", i, str(),
+                                    rank_count);
     }
     return i;
   }
@@ -264,6 +269,10 @@ class layout {
   }
   [[noreturn]] static void bad_extent(const dim& d, std::int64_t e) {
     throw_error<invalid_argument>("dim '{}' has extent {}: expected a positive extent", d, e);
+  }
+  [[noreturn]] static void bad_order() {
+    throw_error<invalid_argument>(
+        "layout order is not a permutation of its {} dims: expected each index once", rank_count);
   }
   [[noreturn]] static void too_large() {
     throw_error<invalid_argument>("mesh has more than {} ranks: expected an int rank", INT_MAX);
@@ -372,6 +381,8 @@ template <class... E>
   }
   return layout<E...>(names, std::tuple<E...>{dims.extent...}, order);
 }
+
+static_assert(mesh_like<layout<C<8>, std::int64_t>>);
 
 }  // namespace hetmesh::mesh
 

@@ -27,6 +27,7 @@
 #include "../core/hash.hpp"
 #include "dim.hpp"
 #include "topology.hpp"
+#include "view.hpp"
 
 namespace hetmesh::mesh {
 
@@ -57,7 +58,8 @@ enum class combine { sum, max };
 
 struct search_options {
   combine total = combine::sum;
-  /// The order to compare with; dims it omits go outermost, names it has beyond the mesh are ignored.
+  /// The order to compare with; dims it omits go outermost (by name), names it has beyond the mesh are
+  /// ignored.
   std::string baseline = std::string(megatron_order);
 };
 
@@ -116,7 +118,9 @@ inline std::string format_bytes(double b) {
   if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
   return fmt::format("{:.0f} B", b);
 }
-inline std::string format_ns(std::int64_t ns) { return fmt::format("{:.3f} ms", static_cast<double>(ns) / 1e6); }
+inline std::string format_ns(std::int64_t ns) {
+  return fmt::format("{:.3f} ms", static_cast<double>(ns) / 1e6);
+}
 
 // The most nodes any group of a compact dim (extent e, stride s) occupies in a world of w ranks.
 inline int max_nodes_spanned(std::int64_t e, std::int64_t s, std::int64_t w, const topology& t) {
@@ -124,7 +128,8 @@ inline int max_nodes_spanned(std::int64_t e, std::int64_t s, std::int64_t w, con
   std::vector<std::int64_t> nodes(static_cast<std::size_t>(e));
   for (std::int64_t base = 0; base < w; ++base) {
     if ((base / s) % e != 0) continue;  // one representative (coordinate 0) per group
-    for (std::int64_t i = 0; i < e; ++i) nodes[static_cast<std::size_t>(i)] = (base + i * s) / t.devices_per_node;
+    for (std::int64_t i = 0; i < e; ++i)
+      nodes[static_cast<std::size_t>(i)] = (base + i * s) / t.devices_per_node;
     std::sort(nodes.begin(), nodes.end());
     worst = std::max(worst, static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin()));
   }
@@ -159,14 +164,16 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
 /// dims of extent > 1; each violation throws invalid_argument naming it. Pure and deterministic: ties
 /// in modelled time (integer nanoseconds) go to the order closest to the baseline (lexicographic on
 /// each position's index in the baseline). Cost: O(n! * n * world).
-[[nodiscard]] inline layout_choice search_layout(std::vector<std::pair<dim, std::int64_t>> shape, const traffic& load,
-                                                 const topology& topo, const search_options& options = {}) {
+[[nodiscard]] inline layout_choice search_layout(std::vector<std::pair<dim, std::int64_t>> shape,
+                                                 const traffic& load, const topology& topo,
+                                                 const search_options& options = {}) {
   topo.validate();
   std::int64_t world = 1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
     for (std::size_t j = 0; j < i; ++j) {
       if (shape[i].first == shape[j].first) {
-        throw_error<invalid_argument>("layout search got dim '{}' twice: expected distinct dims", shape[i].first);
+        throw_error<invalid_argument>("layout search got dim '{}' twice: expected distinct dims",
+                                      shape[i].first);
       }
     }
     if (shape[i].second < 1) {
@@ -181,8 +188,9 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
   }
   if (world != topo.world()) {
     throw_error<invalid_argument>(
-        "layout search: the mesh has {} ranks but the topology has {} devices ({} nodes x {}): expected equal", world,
-        topo.world(), topo.nodes, topo.devices_per_node);
+        "layout search: the mesh has {} ranks but the topology has {} devices ({} nodes x {}): expected "
+        "equal",
+        world, topo.world(), topo.nodes, topo.devices_per_node);
   }
   std::erase_if(shape, [](const auto& d) { return d.second == 1; });
   if (shape.size() > 8) {
@@ -197,9 +205,13 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
       if (s.first == d && std::find(base.begin(), base.end(), s) == base.end()) base.push_back(s);
     }
   });
+  // Dims the baseline does not name follow by name, so the input's order never reaches the plan.
+  std::vector<std::pair<dim, std::int64_t>> rest;
   for (const auto& s : shape) {
-    if (std::find(base.begin(), base.end(), s) == base.end()) base.push_back(s);
+    if (std::find(base.begin(), base.end(), s) == base.end()) rest.push_back(s);
   }
+  std::sort(rest.begin(), rest.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  base.insert(base.end(), rest.begin(), rest.end());
 
   layout_choice out{base, topo, load, options.total, {}, 0};
   std::vector<std::size_t> perm(base.size());
@@ -222,8 +234,7 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
 }
 
 /// The same search for the dims and extents of a mesh (its own order is ignored).
-template <class Mesh>
-  requires requires(const Mesh& m) { m.name(std::size_t{0}); m.extent(std::size_t{0}); }
+template <mesh_like Mesh>
 [[nodiscard]] layout_choice search_layout(const Mesh& m, const traffic& load, const topology& topo,
                                           const search_options& options = {}) {
   std::vector<std::pair<dim, std::int64_t>> shape;
@@ -244,8 +255,9 @@ inline std::string layout_choice::explain() const {
     }
     return s.empty() ? std::string("none") : s;
   };
-  std::string out = fmt::format("best order {} ({} per step, modelled); baseline {} ({}); {:.2f}x.\n", b.order,
-                                detail::format_ns(b.time_ns), m.order, detail::format_ns(m.time_ns), speedup());
+  std::string out =
+      fmt::format("best order {} ({} per step, modelled); baseline {} ({}); {:.2f}x.\n", b.order,
+                  detail::format_ns(b.time_ns), m.order, detail::format_ns(m.time_ns), speedup());
   out += fmt::format("  inside one node: {}\n  across nodes:    {}\n", list(b, true), list(b, false));
   if (b.order == m.order || b.time_ns == m.time_ns) {
     out += "  the baseline order is already as fast as any for this traffic";
@@ -253,11 +265,12 @@ inline std::string layout_choice::explain() const {
   }
   std::string why;
   for (const auto& d : b.dims) {
-    const auto it = std::find_if(m.dims.begin(), m.dims.end(), [&](const dim_cost& x) { return x.name == d.name; });
+    const auto it =
+        std::find_if(m.dims.begin(), m.dims.end(), [&](const dim_cost& x) { return x.name == d.name; });
     if (it == m.dims.end() || it->in_node() == d.in_node() || d.bytes == 0) continue;
-    why += fmt::format("  {} ({}/rank/step) {} a node: {} -> {}\n", d.name, detail::format_bytes(d.bytes),
-                       d.in_node() ? "moves inside" : "moves across", detail::format_ns(it->time_ns),
-                       detail::format_ns(d.time_ns));
+    why += fmt::format("  {} ({}/rank/step) {}: {} -> {}\n", d.name, detail::format_bytes(d.bytes),
+                       d.in_node() ? "moves inside a node" : "moves across nodes",
+                       detail::format_ns(it->time_ns), detail::format_ns(d.time_ns));
   }
   if (why.empty()) {
     why = "  the same dims stay inside a node; the best order spans fewer nodes with the heavier groups\n";
@@ -307,8 +320,10 @@ struct fmt::formatter<hetmesh::mesh::dim_cost> : hetmesh::empty_spec_formatter {
 template <>
 struct fmt::formatter<hetmesh::mesh::candidate> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::candidate& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "{:<16} {:>10}  [", c.order, hetmesh::mesh::detail::format_ns(c.time_ns));
-    for (std::size_t i = 0; i < c.dims.size(); ++i) out = fmt::format_to(out, "{}{}", i ? ", " : "", c.dims[i]);
+    auto out =
+        fmt::format_to(ctx.out(), "{:<16} {:>10}  [", c.order, hetmesh::mesh::detail::format_ns(c.time_ns));
+    for (std::size_t i = 0; i < c.dims.size(); ++i)
+      out = fmt::format_to(out, "{}{}", i ? ", " : "", c.dims[i]);
     return fmt::format_to(out, "]");
   }
 };
@@ -319,11 +334,13 @@ struct fmt::formatter<hetmesh::mesh::layout_choice> : hetmesh::empty_spec_format
   auto format(const hetmesh::mesh::layout_choice& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     std::string shape;
     for (const auto& [d, e] : c.shape) shape += fmt::format("{}{}={}", shape.empty() ? "" : ",", d, e);
-    auto out = fmt::format_to(ctx.out(), "layout search over {} orders of ({}) on {}; step time = {} over dims\n",
-                              c.ranking.size(), shape, c.topo, c.total);
+    auto out =
+        fmt::format_to(ctx.out(), "layout search over {} orders of ({}) on {}; step time = {} over dims\n",
+                       c.ranking.size(), shape, c.topo, c.total);
     for (std::size_t i = 0; i < c.ranking.size(); ++i) {
       if (i >= 5 && i != c.baseline_index) continue;
-      out = fmt::format_to(out, "  #{:<3} {}{}\n", i + 1, c.ranking[i], i == c.baseline_index ? "  <- baseline" : "");
+      out = fmt::format_to(out, "  #{:<3} {}{}\n", i + 1, c.ranking[i],
+                           i == c.baseline_index ? "  <- baseline" : "");
     }
     return fmt::format_to(out, "{}", c.explain());
   }

@@ -24,10 +24,11 @@ namespace hetmesh::mesh {
 struct topology {
   int nodes = 1;
   int devices_per_node = 1;
-  double intra_bw_gbps = 450.0;   ///< one device's NVLink bandwidth (H100/H200 NVLink 4: ~450 GB/s per direction)
-  double inter_bw_gbps = 50.0;    ///< one device's share of the network (one 400 Gb/s NIC per GPU: 50 GB/s)
-  double intra_latency_us = 3.0;  ///< per-message latency inside a node
-  double inter_latency_us = 10.0; ///< per-message latency across nodes
+  double intra_bw_gbps =
+      450.0;  ///< one device's NVLink bandwidth (H100/H200 NVLink 4: ~450 GB/s per direction)
+  double inter_bw_gbps = 50.0;     ///< one device's share of the network (one 400 Gb/s NIC per GPU: 50 GB/s)
+  double intra_latency_us = 3.0;   ///< per-message latency inside a node
+  double inter_latency_us = 10.0;  ///< per-message latency across nodes
 
   /// Throws invalid_argument naming the field unless counts are >= 1, bandwidths > 0, latencies >= 0
   /// and nodes * devices_per_node fits an int. O(1).
@@ -40,8 +41,9 @@ struct topology {
       throw_error<invalid_argument>("topology has more than {} devices: expected an int rank", INT_MAX);
     }
     if (!(intra_bw_gbps > 0) || !(inter_bw_gbps > 0)) {
-      throw_error<invalid_argument>("topology bandwidths are {} (intra) and {} (inter) GB/s: expected both > 0",
-                                    intra_bw_gbps, inter_bw_gbps);
+      throw_error<invalid_argument>(
+          "topology bandwidths are {} (intra) and {} (inter) GB/s: expected both > 0", intra_bw_gbps,
+          inter_bw_gbps);
     }
     if (!(intra_latency_us >= 0) || !(inter_latency_us >= 0)) {
       throw_error<invalid_argument>("topology latencies are {} (intra) and {} (inter) us: expected both >= 0",
@@ -55,8 +57,8 @@ struct topology {
   /// The node of `rank`. Throws invalid_argument when rank is outside [0, world()).
   [[nodiscard]] int node_of(int rank) const {
     if (rank < 0 || rank >= world()) {
-      throw_error<invalid_argument>("rank {} is outside the topology's {} devices: expected 0 <= rank < {}", rank,
-                                    world(), world());
+      throw_error<invalid_argument>("rank {} is outside the topology's {} devices: expected 0 <= rank < {}",
+                                    rank, world(), world());
     }
     return rank / devices_per_node;
   }
@@ -98,8 +100,8 @@ struct topology {
 template <>
 struct fmt::formatter<hetmesh::mesh::topology> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::topology& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{} nodes x {} devices (intra-node {} GB/s, {} us; inter-node {} GB/s, {} us)",
-                          t.nodes, t.devices_per_node, t.intra_bw_gbps, t.intra_latency_us, t.inter_bw_gbps,
-                          t.inter_latency_us);
+    return fmt::format_to(
+        ctx.out(), "{} nodes x {} devices (intra-node {} GB/s, {} us; inter-node {} GB/s, {} us)", t.nodes,
+        t.devices_per_node, t.intra_bw_gbps, t.intra_latency_us, t.inter_bw_gbps, t.inter_latency_us);
   }
 };

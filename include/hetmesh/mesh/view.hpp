@@ -7,7 +7,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <climits>
+#include <concepts>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -112,7 +114,8 @@ class view {
                                         a.extent);
         }
         size *= a.extent;
-        if (size > INT_MAX) throw_error<invalid_argument>("mesh has more than {} ranks: expected an int rank", INT_MAX);
+        if (size > INT_MAX)
+          throw_error<invalid_argument>("mesh has more than {} ranks: expected an int rank", INT_MAX);
       }
     }
     size_ = size;
@@ -122,9 +125,8 @@ class view {
       }
     }
     // Largest stride first, for the greedy inverse in coord_of.
-    std::sort(sorted_.begin(), sorted_.end(), [&](const slot& a, const slot& b) {
-      return atom_at(a).stride > atom_at(b).stride;
-    });
+    std::sort(sorted_.begin(), sorted_.end(),
+              [&](const slot& a, const slot& b) { return atom_at(a).stride > atom_at(b).stride; });
   }
 
   /// Number of ranks. O(1).
@@ -157,8 +159,8 @@ class view {
   [[nodiscard]] std::vector<std::int64_t> coord_of(int rank) const {
     std::vector<std::int64_t> c;
     if (!decompose(rank, c)) {
-      throw_error<invalid_argument>("rank {} is not in mesh {}: expected one of its {} ranks", rank,
-                                    str(), size_);
+      throw_error<invalid_argument>("rank {} is not in mesh {}: expected one of its {} ranks", rank, str(),
+                                    size_);
     }
     return c;
   }
@@ -167,14 +169,15 @@ class view {
   /// The rank at `coord`. Throws invalid_argument on a wrong number of entries or an entry out of range.
   [[nodiscard]] int rank_of(std::span<const std::int64_t> coord) const {
     if (coord.size() != modes_.size()) {
-      throw_error<invalid_argument>("coordinate has {} entries for mesh {}: expected {}", coord.size(),
-                                    str(), modes_.size());
+      throw_error<invalid_argument>("coordinate has {} entries for mesh {}: expected {}", coord.size(), str(),
+                                    modes_.size());
     }
     std::int64_t r = offset_;
     for (std::size_t i = 0; i < modes_.size(); ++i) {
       if (coord[i] < 0 || coord[i] >= modes_[i].extent()) {
-        throw_error<invalid_argument>("coordinate {} along dim '{}' of mesh {}: expected 0 <= coordinate < {}",
-                                      coord[i], modes_[i].name, str(), modes_[i].extent());
+        throw_error<invalid_argument>(
+            "coordinate {} along dim '{}' of mesh {}: expected 0 <= coordinate < {}", coord[i],
+            modes_[i].name, str(), modes_[i].extent());
       }
       r += modes_[i].contribution(coord[i]);
     }
@@ -203,8 +206,8 @@ class view {
     return detail::enumerate_atoms(atoms, base);
   }
   template <class... D>
-    requires(std::convertible_to<const D&, dim> && ...)
-  [[nodiscard]] std::vector<int> group_of(int rank, const D&... dims) const {
+  requires(std::convertible_to<const D&, dim>&&...)
+      [[nodiscard]] std::vector<int> group_of(int rank, const D&... dims) const {
     const std::array<dim, sizeof...(D)> a{dim(dims)...};
     return group_of(rank, std::span<const dim>(a));
   }
@@ -222,12 +225,13 @@ class view {
       }
     }
     std::vector<std::vector<int>> out;
-    for (int base : detail::enumerate_atoms(outside, offset_)) out.push_back(detail::enumerate_atoms(inside, base));
+    for (int base : detail::enumerate_atoms(outside, offset_))
+      out.push_back(detail::enumerate_atoms(inside, base));
     return out;
   }
   template <class... D>
-    requires(std::convertible_to<const D&, dim> && ...)
-  [[nodiscard]] std::vector<std::vector<int>> groups(const D&... dims) const {
+  requires(std::convertible_to<const D&, dim>&&...)
+      [[nodiscard]] std::vector<std::vector<int>> groups(const D&... dims) const {
     const std::array<dim, sizeof...(D)> a{dim(dims)...};
     return groups(std::span<const dim>(a));
   }
@@ -238,20 +242,24 @@ class view {
   /// dim is absent or repeated, or `name` clashes with a dim that remains. O(dims).
   [[nodiscard]] view flatten(const dim& name, std::span<const dim> dims) const {
     const auto picked = pick(dims);
-    if (picked.empty()) throw_error<invalid_argument>("flatten into '{}' got no dims: expected at least one", name);
+    if (picked.empty())
+      throw_error<invalid_argument>("flatten into '{}' got no dims: expected at least one", name);
     view_mode merged{name, {}};
-    for (std::size_t i : picked) merged.atoms.insert(merged.atoms.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
+    for (std::size_t i : picked)
+      merged.atoms.insert(merged.atoms.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
     const std::size_t place = *std::min_element(picked.begin(), picked.end());
     std::vector<view_mode> out;
     for (std::size_t i = 0; i < modes_.size(); ++i) {
-      if (i == place) out.push_back(merged);
-      else if (std::find(picked.begin(), picked.end(), i) == picked.end()) out.push_back(modes_[i]);
+      if (i == place)
+        out.push_back(merged);
+      else if (std::find(picked.begin(), picked.end(), i) == picked.end())
+        out.push_back(modes_[i]);
     }
     return view(std::move(out), offset_);
   }
   template <class... D>
-    requires(std::convertible_to<const D&, dim> && ...)
-  [[nodiscard]] view flatten(const dim& name, const D&... dims) const {
+  requires(std::convertible_to<const D&, dim>&&...) [[nodiscard]] view
+      flatten(const dim& name, const D&... dims) const {
     const std::array<dim, sizeof...(D)> a{dim(dims)...};
     return flatten(name, std::span<const dim>(a));
   }
@@ -267,8 +275,9 @@ class view {
     for (std::size_t k = 0; k < picked.size(); ++k) {
       const view_mode& m = modes_[picked[k]];
       if (fixed[k].second < 0 || fixed[k].second >= m.extent()) {
-        throw_error<invalid_argument>("submesh fixes dim '{}' at {} in mesh {}: expected 0 <= coordinate < {}",
-                                      m.name, fixed[k].second, str(), m.extent());
+        throw_error<invalid_argument>(
+            "submesh fixes dim '{}' at {} in mesh {}: expected 0 <= coordinate < {}", m.name, fixed[k].second,
+            str(), m.extent());
       }
       offset += m.contribution(fixed[k].second);
     }
@@ -319,7 +328,9 @@ class view {
     return out;
   }
 
-  friend bool operator==(const view& a, const view& b) { return a.modes_ == b.modes_ && a.offset_ == b.offset_; }
+  friend bool operator==(const view& a, const view& b) {
+    return a.modes_ == b.modes_ && a.offset_ == b.offset_;
+  }
   void hash_append(hasher& h) const { append_all(h, modes_, offset_); }
 
  private:
@@ -348,8 +359,8 @@ class view {
     for (std::size_t k = 0; k < dims.size(); ++k) {
       for (std::size_t j = 0; j < k; ++j) {
         if (dims[j] == dims[k]) {
-          throw_error<invalid_argument>("dim '{}' is listed twice: expected distinct dims of mesh {}", dims[k],
-                                        str());
+          throw_error<invalid_argument>("dim '{}' is listed twice: expected distinct dims of mesh {}",
+                                        dims[k], str());
         }
       }
       out.push_back(index_of(dims[k]));
@@ -389,6 +400,28 @@ class view {
   std::int64_t size_ = 1;
   std::vector<slot> sorted_;
 };
+
+/// A mesh: anything that maps named coordinates to ranks. Requirements, for `const M& m`:
+///  1. m.size() is the number of ranks (integral or C<N>); m.dims_count() the number of dims;
+///  2. m.name(i) and m.extent(i) give dim i's name and extent, for i < dims_count(), innermost first;
+///  3. m.coord_of(rank) gives an indexable coordinate with dims_count() entries, m.rank_of(coord)
+///     its inverse, for the ranks of the mesh;
+///  4. m.group_of(rank, dims) and m.groups(dims), for a std::span<const dim>, give the ranks of a
+///     group as std::vector<int> and all groups as std::vector<std::vector<int>>;
+///  5. m.str() is its printed form.
+/// Models: view and every layout<...>.
+template <class M>
+concept mesh_like = requires(const M& m, int rank, std::span<const dim> dims) {
+  { m.dims_count() } -> std::convertible_to<std::size_t>;
+  m.size();
+  { m.name(std::size_t{0}) } -> std::convertible_to<dim>;
+  { m.extent(std::size_t{0}) } -> std::convertible_to<std::int64_t>;
+  m.rank_of(m.coord_of(rank));
+  { m.group_of(rank, dims) } -> std::same_as<std::vector<int>>;
+  { m.groups(dims) } -> std::same_as<std::vector<std::vector<int>>>;
+  { m.str() } -> std::convertible_to<std::string>;
+};
+static_assert(mesh_like<view>);
 
 }  // namespace hetmesh::mesh
 

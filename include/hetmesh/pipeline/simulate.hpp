@@ -26,12 +26,12 @@ namespace hetmesh::pipeline {
 /// Per-action costs. `compute` is required; the others default to 0 seconds and 1 unit.
 struct cost_model {
   /// Seconds a compute action (F, B, I, W, EF, EB, REDUCE_GRAD) occupies its rank's stream.
-  std::function<double(const action&)> compute;
+  std::function<double(const action&)> compute{};
   /// Seconds to move the output of producing action `a` (F: activation; B/I: input gradient; EF: encoder
   /// output; B/I on stage 0: embedding gradient) to a consumer on another rank.
-  std::function<double(const action&)> transfer;
+  std::function<double(const action&)> transfer{};
   /// Bytes an F or EF keeps alive until its B / W / EB.
-  std::function<std::int64_t(const action&)> memory;
+  std::function<std::int64_t(const action&)> memory{};
 };
 
 /// Equal costs for every micro-batch: F = forward, B = backward, I = backward - weight, W = weight,

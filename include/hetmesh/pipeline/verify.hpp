@@ -34,7 +34,7 @@ struct verify_options {
   int max_in_flight = 0;        ///< 0: no bound; else the most (stage, micro-batch) activations a rank may hold.
   bool require_backward = true;  ///< false for forward-only (inference) schedules.
   /// Bytes an F or EF action allocates (freed by its B / W / EB). Empty: 1 per action (counts).
-  std::function<std::int64_t(const action&)> activation_bytes;
+  std::function<std::int64_t(const action&)> activation_bytes{};
 };
 
 /// What the verifier found (only returned when the schedule is valid).

@@ -14,6 +14,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -29,14 +31,21 @@
 
 namespace hetmesh::seq {
 
+/// How plan_hdp places items on ranks (balance/ offers ByteScale's Alg. 2 on top of hdp_assemble).
+enum class hdp_placement_kind {
+  waves,         ///< ByteScale Alg. 1's naive step: contiguous ranges, first fit into waves of the pool
+  least_loaded,  ///< greedy by modelled cost: each item on the D least-loaded ranks (multi-rank LPT)
+};
+
 /// Policy value of HDP. `capacity` is C, the tokens of activations one rank holds per micro-batch.
 struct hdp_policy {
   std::int64_t capacity = 8192;
   offload_policy offload{.enabled = false};
-  offload_model model{};  ///< used by the offload solver; Act(s) proportional to s by default
+  offload_model model{};  ///< offload solver and item costs; Act(s) proportional to s by default
+  hdp_placement_kind placement = hdp_placement_kind::waves;
 
   friend bool operator==(const hdp_policy&, const hdp_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, capacity, offload, model); }
+  void hash_append(hasher& h) const { append_all(h, capacity, offload, model, placement); }
 };
 
 /// One unit of work: either a pack of whole short sequences on one rank (degree 1, `packed`), or
@@ -252,11 +261,63 @@ struct hdp_plan {
   return out;
 }
 
-/// ByteScale Alg. 1 end to end: hdp_shard, hdp_naive_placement, hdp_assemble. Same contract as
-/// hdp_shard; the result is independent of the order of `seqs`.
+/// Modelled cost of an item on each of its ranks, as an integer (fixed point, so placements compare
+/// exactly): sum over its sequences of T(s) = model.compute(s) in nanoseconds, divided by D; when
+/// the model has no compute terms, the causal (query, key) pairs s(s+1)/2 instead. Pure; O(seqs).
+[[nodiscard]] inline std::int64_t hdp_item_cost(const hdp_item& it, const offload_model& m) {
+  const bool timed = m.alpha1 != 0 || m.beta1 != 0 || m.gamma != 0;
+  double c = 0;
+  for (const auto& s : it.seqs)
+    c += timed ? m.compute(s.length) * 1e9 : 0.5 * static_cast<double>(s.length) * static_cast<double>(s.length + 1);
+  return static_cast<std::int64_t>(std::llround(c / it.degree));
+}
+
+/// Greedy placement by modelled cost (LPT generalised to items needing D ranks): items by
+/// (-cost per rank, index), each on the D ranks with the least accumulated cost (ties: lowest
+/// rank), ring = those ranks ascending, order = the item's turn in this greedy order (a global
+/// order, so no deadlock). Pure; O(sum of D * log pool).
+[[nodiscard]] inline std::vector<hdp_placement> hdp_least_loaded_placement(const hdp_sharding& sh) {
+  std::vector<std::int64_t> cost(sh.items.size());
+  std::vector<std::size_t> order(sh.items.size());
+  for (std::size_t i = 0; i < sh.items.size(); ++i) {
+    cost[i] = hdp_item_cost(sh.items[i], sh.policy.model);
+    order[i] = i;
+  }
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; });
+  using slot = std::pair<std::int64_t, int>;  // (load, rank): the smallest pair is the next rank to use
+  std::vector<slot> heap;
+  heap.reserve(static_cast<std::size_t>(sh.pool));
+  for (int r = 0; r < sh.pool; ++r) heap.push_back({0, r});  // already a min-heap in this order
+  std::vector<hdp_placement> out(sh.items.size());
+  std::vector<slot> taken;
+  for (std::size_t turn = 0; turn < order.size(); ++turn) {
+    const std::size_t i = order[turn];
+    taken.clear();
+    for (int k = 0; k < sh.items[i].degree; ++k) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+      taken.push_back(heap.back());
+      heap.pop_back();
+    }
+    auto& pl = out[i];
+    pl.order = static_cast<std::int64_t>(turn);
+    for (auto& t : taken) {
+      pl.ring.push_back(t.second);
+      heap.push_back({t.first + cost[i], t.second});
+      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+    }
+    std::sort(pl.ring.begin(), pl.ring.end());
+  }
+  return out;
+}
+
+/// HDP end to end: hdp_shard, the placement the policy names, hdp_assemble (with the default
+/// `waves` placement this is ByteScale Alg. 1). Same contract as hdp_shard; the result is
+/// independent of the order of `seqs`.
 [[nodiscard]] inline hdp_plan plan_hdp(std::span<const seq_desc> seqs, const hdp_policy& policy, int pool) {
   auto sh = hdp_shard(seqs, policy, pool);
-  auto pl = hdp_naive_placement(sh);
+  auto pl = policy.placement == hdp_placement_kind::least_loaded ? hdp_least_loaded_placement(sh)
+                                                                 : hdp_naive_placement(sh);
   return hdp_assemble(std::move(sh), std::move(pl));
 }
 
@@ -265,7 +326,8 @@ struct hdp_plan {
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "hdp_policy{{C={}, {}, {}}}", p.capacity, p.offload, p.model);
+    return fmt::format_to(ctx.out(), "hdp_policy{{C={}, {}, {}, placement={}}}", p.capacity, p.offload, p.model,
+                          p.placement == hetmesh::seq::hdp_placement_kind::waves ? "waves" : "least_loaded");
   }
 };
 template <>

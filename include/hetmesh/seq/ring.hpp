@@ -80,7 +80,7 @@ struct ring_schedule {
 [[nodiscard]] constexpr block_mask classify(const cp_chunk& q, const cp_chunk& kv) noexcept {
   if (q.doc != kv.doc || q.positions.size() == 0 || kv.positions.size() == 0) return block_mask::none;
   if (kv.positions.begin > q.positions.end - 1) return block_mask::none;
-  if (kv.positions.end <= q.positions.end) return block_mask::full;
+  if (kv.positions.end - 1 <= q.positions.begin) return block_mask::full;
   return block_mask::causal;
 }
 

@@ -1,0 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::balance: the balancing room in one include.
+#pragma once
+
+#include "agreement.hpp"
+#include "bytescale.hpp"
+#include "dp.hpp"
+#include "hdp_common.hpp"
+#include "model.hpp"
+#include "planner.hpp"
+#include "reorder.hpp"
+#include "reorder_exec.hpp"
+#include "reshard.hpp"
+#include "solvers.hpp"
+#include "strategies.hpp"

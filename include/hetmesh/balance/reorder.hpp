@@ -1,0 +1,227 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::balance: decentralized grouped reordering (MegaScale-Omni §"workload balancing", after
+// Seed1.5-VL's group-wise balancing) -- the planning half. Loaders are grouped by network locality
+// (consecutive, node-aligned ranks). Each step a group all-gathers the small metadata of the samples
+// its loaders read; every member then computes this same plan:
+//   - each sample's LLM part goes to an LLM rank: LPT on modelled backbone time under a per-rank token
+//     capacity;
+//   - each encoder item goes to an encoder rank: LPT on modelled encoder time, independently, because
+//     the encoder and the backbone are separated by the reshard (reshard.hpp) and each phase waits for
+//     its slowest rank: step ~ max_r enc_r + max_r llm_r, so both maxima are minimised.
+// Encoder outputs then travel to their sample's LLM rank by the reshard plan. The runtime half
+// (gather, plan, all_to_all_v of the samples) is reorder_exec.hpp.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <set>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "../cost/compute.hpp"
+#include "../cost/encoder.hpp"
+#include "../cost/fixed.hpp"
+
+namespace hetmesh::balance {
+
+/// What a loader knows about a sample before reading its bytes: a globally unique id, the group-local
+/// rank that loaded it, its LLM token count, and the token count of each encoder item.
+struct sample_meta {
+  std::int64_t id = 0;
+  int owner = 0;
+  std::int64_t llm_tokens = 0;
+  std::vector<std::int64_t> encoder_tokens;
+  friend bool operator==(const sample_meta&, const sample_meta&) = default;
+  void hash_append(hasher& h) const { append_all(h, id, owner, llm_tokens, encoder_tokens); }
+};
+
+/// Policy value: the cost models and the LLM token capacity of a rank for the step (0 = unlimited).
+struct reorder_policy {
+  cost::llm_compute llm{cost::bytescale_fig6a_layer(), 32, 3.0};
+  cost::encoder_compute encoder = cost::encoder_compute::vit(1024, 24, 400e9);
+  std::int64_t token_capacity = 0;
+  friend bool operator==(const reorder_policy&, const reorder_policy&) = default;
+  void hash_append(hasher& h) const { append_all(h, llm, encoder, token_capacity); }
+};
+
+/// The reassignment of one group. Samples are in canonical order (by id); item k of sample i is
+/// entry item_offset[i] + k of the item arrays. parcels[i * ranks + j] counts what rank i sends to
+/// rank j (LLM parts and encoder items), the all_to_all_v shape of the exchange.
+struct reorder_plan {
+  int ranks = 0;
+  std::vector<std::int64_t> sample_ids;
+  std::vector<int> owner;
+  std::vector<int> llm_rank;
+  std::vector<std::int64_t> item_offset;  // size samples + 1
+  std::vector<int> encoder_rank;
+  std::vector<cost::fixed> llm_load;
+  std::vector<cost::fixed> encoder_load;
+  std::vector<std::int64_t> llm_tokens_on;
+  std::vector<std::int64_t> parcels;
+
+  /// Position of sample `id` in the canonical order; -1 when absent. O(log n).
+  [[nodiscard]] std::ptrdiff_t index_of(std::int64_t id) const noexcept {
+    auto it = std::lower_bound(sample_ids.begin(), sample_ids.end(), id);
+    return it != sample_ids.end() && *it == id ? it - sample_ids.begin() : -1;
+  }
+  /// Destination of a parcel: item -1 is the sample's LLM part. Pre: the sample is in the plan.
+  [[nodiscard]] int destination(std::int64_t id, int item) const {
+    const auto i = index_of(id);
+    if (i < 0) throw_error<invalid_argument>("reorder_plan: sample {} is not in the plan; expected a gathered id", id);
+    const auto u = static_cast<std::size_t>(i);
+    if (item < 0) return llm_rank[u];
+    if (item >= item_offset[u + 1] - item_offset[u])
+      throw_error<invalid_argument>("reorder_plan: sample {} has {} items; item {} requested", id,
+                                    item_offset[u + 1] - item_offset[u], item);
+    return encoder_rank[static_cast<std::size_t>(item_offset[u] + item)];
+  }
+  friend bool operator==(const reorder_plan&, const reorder_plan&) = default;
+  void hash_append(hasher& h) const {
+    append_all(h, ranks, sample_ids, owner, llm_rank, item_offset, encoder_rank, llm_load, encoder_load, parcels);
+  }
+};
+
+/// Locality groups: `world` ranks cut into consecutive groups of `group_size`, which must hold whole
+/// nodes or fit in one (so a group never straddles a node boundary partially).
+/// Pre: world % group_size == 0 and (group_size % ranks_per_node == 0 or ranks_per_node % group_size == 0).
+[[nodiscard]] inline std::vector<std::vector<int>> locality_groups(int world, int group_size, int ranks_per_node) {
+  if (world < 1 || group_size < 1 || ranks_per_node < 1 || world % group_size != 0 ||
+      (group_size % ranks_per_node != 0 && ranks_per_node % group_size != 0))
+    throw_error<invalid_argument>("balance::locality_groups: world={}, group_size={}, ranks_per_node={}; expected the "
+                                  "group size to divide the world and to be a multiple or divisor of the node size",
+                                  world, group_size, ranks_per_node);
+  std::vector<std::vector<int>> out(static_cast<std::size_t>(world / group_size));
+  for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(r / group_size)].push_back(r);
+  return out;
+}
+
+/// Plans the reassignment of one group's samples over its `ranks` ranks.
+/// Pre: ranks >= 1; unique ids; owners in [0, ranks); token counts >= 0. Post: every sample's LLM part
+/// and every encoder item assigned to exactly one rank; per-rank LLM tokens <= token_capacity when set
+/// (capacity_error naming the sample that fits nowhere); parcels conserve (sum = samples + items).
+/// Pure; deterministic (fixed-point costs, (-cost, id, item) keys); the same for any order of `samples`.
+/// O(n log n + n log ranks). Not collective: every member computes it from the same gathered metadata.
+[[nodiscard]] inline reorder_plan plan_grouped_reorder(std::span<const sample_meta> samples, int ranks,
+                                                       const reorder_policy& policy = {}) {
+  if (ranks < 1) throw_error<invalid_argument>("balance::plan_grouped_reorder: ranks = {}; expected >= 1", ranks);
+  if (policy.token_capacity < 0)
+    throw_error<invalid_argument>("balance::plan_grouped_reorder: token_capacity = {}; expected >= 0",
+                                  policy.token_capacity);
+  std::vector<std::size_t> idx(samples.size());
+  std::iota(idx.begin(), idx.end(), std::size_t{0});
+  std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return samples[a].id < samples[b].id; });
+  reorder_plan p;
+  p.ranks = ranks;
+  const std::size_t n = samples.size();
+  p.item_offset.push_back(0);
+  std::vector<std::int64_t> llm_cost(n);
+  std::vector<std::int64_t> item_cost;
+  for (std::size_t k = 0; k < n; ++k) {
+    const auto& s = samples[idx[k]];
+    if (k > 0 && s.id == p.sample_ids.back())
+      throw_error<invalid_argument>("balance::plan_grouped_reorder: sample id {} appears twice; expected unique ids", s.id);
+    if (s.owner < 0 || s.owner >= ranks || s.llm_tokens < 0)
+      throw_error<invalid_argument>("balance::plan_grouped_reorder: sample {} has owner {} and {} LLM tokens; expected "
+                                    "an owner in [0, {}) and tokens >= 0",
+                                    s.id, s.owner, s.llm_tokens, ranks);
+    p.sample_ids.push_back(s.id);
+    p.owner.push_back(s.owner);
+    llm_cost[k] = policy.llm.sequence_fixed(s.llm_tokens).ticks;
+    for (auto t : s.encoder_tokens) {
+      if (t < 0)
+        throw_error<invalid_argument>("balance::plan_grouped_reorder: sample {} has an item of {} tokens; expected >= 0",
+                                      s.id, t);
+      item_cost.push_back(policy.encoder.item_fixed(t).ticks);
+    }
+    p.item_offset.push_back(static_cast<std::int64_t>(item_cost.size()));
+  }
+  const auto nr = static_cast<std::size_t>(ranks);
+  p.llm_rank.assign(n, -1);
+  p.encoder_rank.assign(item_cost.size(), -1);
+  p.llm_load.assign(nr, cost::fixed{});
+  p.encoder_load.assign(nr, cost::fixed{});
+  p.llm_tokens_on.assign(nr, 0);
+  p.parcels.assign(nr * nr, 0);
+
+  // LLM parts: LPT under the token capacity.
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return llm_cost[a] != llm_cost[b] ? llm_cost[a] > llm_cost[b] : a < b;  // a < b  <=>  smaller id
+  });
+  std::set<std::pair<std::int64_t, int>> load;
+  for (int r = 0; r < ranks; ++r) load.emplace(0, r);
+  for (std::size_t k : order) {
+    const std::int64_t tok = samples[idx[k]].llm_tokens;
+    auto it = load.begin();
+    while (it != load.end() && policy.token_capacity > 0 &&
+           p.llm_tokens_on[static_cast<std::size_t>(it->second)] + tok > policy.token_capacity)
+      ++it;
+    if (it == load.end())
+      throw_error<capacity_error>("balance::plan_grouped_reorder: sample {} ({} LLM tokens) fits no rank of the group "
+                                  "under a capacity of {} tokens; expected the group's batch to fit",
+                                  p.sample_ids[k], tok, policy.token_capacity);
+    const auto [l, r] = *it;
+    load.erase(it);
+    load.emplace(l + llm_cost[k], r);
+    p.llm_rank[k] = r;
+    p.llm_tokens_on[static_cast<std::size_t>(r)] += tok;
+    p.llm_load[static_cast<std::size_t>(r)] += cost::fixed::from_ticks(llm_cost[k]);
+    p.parcels[static_cast<std::size_t>(p.owner[k]) * nr + static_cast<std::size_t>(r)] += 1;
+  }
+  // Encoder items: LPT on encoder time; ties by (sample id, item) through the flattened index.
+  std::vector<std::size_t> items(item_cost.size());
+  std::iota(items.begin(), items.end(), std::size_t{0});
+  std::sort(items.begin(), items.end(), [&](std::size_t a, std::size_t b) {
+    return item_cost[a] != item_cost[b] ? item_cost[a] > item_cost[b] : a < b;
+  });
+  load.clear();
+  for (int r = 0; r < ranks; ++r) load.emplace(0, r);
+  std::vector<int> owner_of_item(item_cost.size());
+  for (std::size_t k = 0; k < n; ++k)
+    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j) owner_of_item[static_cast<std::size_t>(j)] = p.owner[k];
+  for (std::size_t j : items) {
+    const auto [l, r] = *load.begin();
+    load.erase(load.begin());
+    load.emplace(l + item_cost[j], r);
+    p.encoder_rank[j] = r;
+    p.encoder_load[static_cast<std::size_t>(r)] += cost::fixed::from_ticks(item_cost[j]);
+    p.parcels[static_cast<std::size_t>(owner_of_item[j]) * nr + static_cast<std::size_t>(r)] += 1;
+  }
+  return p;
+}
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::sample_meta> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::sample_meta& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "sample(id={}, owner={}, llm_tokens={}, items={})", s.id, s.owner, s.llm_tokens,
+                          s.encoder_tokens);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::reorder_policy> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::reorder_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "reorder_policy({}, {}, token_capacity={})", p.llm, p.encoder, p.token_capacity);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::reorder_plan> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::reorder_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    const auto mx = [](const std::vector<hetmesh::cost::fixed>& v) {
+      return v.empty() ? hetmesh::cost::fixed{} : *std::max_element(v.begin(), v.end());
+    };
+    return fmt::format_to(ctx.out(), "reorder_plan(ranks={}, samples={}, items={}, max_llm={}, max_encoder={} modelled)",
+                          p.ranks, p.sample_ids.size(), p.encoder_rank.size(), mx(p.llm_load), mx(p.encoder_load));
+  }
+};

@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::balance: adaptive resharding (MegaScale-Omni): encoder outputs move from the encoder ranks
+// that produced them to the LLM ranks that consume the matching token positions -- whole samples, or
+// context-parallel / HDP shards (zigzag chunks) of them. The plan is a list of runs (src rank, dst
+// rank, src row, dst row, rows), coalesced, sorted by (src, dst, src row); counts per (src, dst) pair
+// are the all_to_all_v shape. The backward pass moves the gradients by the transposed plan (src and
+// dst swapped), so one executor serves both directions. Rows are hidden-size vectors: the executor
+// moves `width` elements per row.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../comm/collectives.hpp"
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "../seq/hdp.hpp"
+#include "../seq/types.hpp"
+
+namespace hetmesh::balance {
+
+/// Where an item's embedding rows go in its sample: row r is the sample's token position + r.
+struct item_span {
+  std::int64_t sample_id = 0;
+  int item = 0;
+  std::int64_t position = 0;
+  std::int64_t rows = 0;
+};
+
+/// Rows [row_begin, row_end) of an item, produced on encoder `rank` at row `offset` of its output buffer.
+struct encoder_block {
+  std::int64_t sample_id = 0;
+  int item = 0;
+  int rank = 0;
+  std::int64_t row_begin = 0;
+  std::int64_t row_end = 0;
+  std::int64_t offset = 0;
+};
+
+/// Token positions `tokens` of a sample, consumed on LLM `rank` at row `offset` of its input buffer.
+struct llm_block {
+  std::int64_t sample_id = 0;
+  int rank = 0;
+  seq::token_range tokens;
+  std::int64_t offset = 0;
+};
+
+/// One contiguous copy: `rows` rows from src's buffer at src_offset to dst's buffer at dst_offset.
+struct reshard_run {
+  int src = 0;
+  int dst = 0;
+  std::int64_t src_offset = 0;
+  std::int64_t dst_offset = 0;
+  std::int64_t rows = 0;
+  friend constexpr bool operator==(const reshard_run&, const reshard_run&) = default;
+  void hash_append(hasher& h) const { append_all(h, src, dst, src_offset, dst_offset, rows); }
+};
+
+/// The reshard plan of one step over `ranks` ranks. counts[src * ranks + dst] = rows from src to dst.
+struct reshard_plan {
+  int ranks = 0;
+  std::vector<reshard_run> runs;
+  std::vector<std::int64_t> counts;
+
+  /// The backward plan: every run reversed; same rows, same pairs transposed. O(runs log runs).
+  [[nodiscard]] reshard_plan transposed() const {
+    reshard_plan t;
+    t.ranks = ranks;
+    t.runs.reserve(runs.size());
+    for (const auto& r : runs) t.runs.push_back({r.dst, r.src, r.dst_offset, r.src_offset, r.rows});
+    std::sort(t.runs.begin(), t.runs.end(), [](const reshard_run& a, const reshard_run& b) {
+      return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
+    });
+    const auto n = static_cast<std::size_t>(ranks);
+    t.counts.assign(n * n, 0);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) t.counts[j * n + i] = counts[i * n + j];
+    return t;
+  }
+  [[nodiscard]] std::int64_t total_rows() const noexcept {
+    return std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  }
+  friend bool operator==(const reshard_plan&, const reshard_plan&) = default;
+  void hash_append(hasher& h) const { append_all(h, ranks, runs, counts); }
+};
+
+/// Plans the forward reshard. Pre: ranks in [0, ranks); the encoder blocks of each item cover its rows
+/// [0, rows) exactly once; the LLM blocks of a sample do not overlap and cover the positions of every
+/// item (invalid_argument naming the first row produced twice, or never, or consumed nowhere).
+/// Post: every item row is moved exactly once, to the LLM block holding its position; runs contiguous
+/// on both sides are merged. Pure; deterministic; O(B log B) for B blocks plus the runs. Not collective.
+[[nodiscard]] inline reshard_plan plan_reshard(int ranks, std::span<const item_span> items,
+                                               std::span<const encoder_block> produced,
+                                               std::span<const llm_block> consumed) {
+  if (ranks < 1) throw_error<invalid_argument>("balance::plan_reshard: ranks = {}; expected >= 1", ranks);
+  auto key = [](std::int64_t s, int i) { return std::pair<std::int64_t, int>(s, i); };
+  std::vector<item_span> its(items.begin(), items.end());
+  std::sort(its.begin(), its.end(), [&](const item_span& a, const item_span& b) {
+    return key(a.sample_id, a.item) < key(b.sample_id, b.item);
+  });
+  for (std::size_t k = 1; k < its.size(); ++k)
+    if (key(its[k].sample_id, its[k].item) == key(its[k - 1].sample_id, its[k - 1].item))
+      throw_error<invalid_argument>("balance::plan_reshard: item ({}, {}) listed twice", its[k].sample_id, its[k].item);
+  std::vector<llm_block> llm(consumed.begin(), consumed.end());
+  std::sort(llm.begin(), llm.end(), [](const llm_block& a, const llm_block& b) {
+    return std::tie(a.sample_id, a.tokens.begin) < std::tie(b.sample_id, b.tokens.begin);
+  });
+  for (std::size_t k = 0; k < llm.size(); ++k) {
+    if (llm[k].rank < 0 || llm[k].rank >= ranks || llm[k].tokens.begin < 0 || llm[k].tokens.size() < 0)
+      throw_error<invalid_argument>("balance::plan_reshard: LLM block of sample {} on rank {} {} is malformed; expected "
+                                    "a rank in [0, {}) and a valid range",
+                                    llm[k].sample_id, llm[k].rank, llm[k].tokens, ranks);
+    if (k > 0 && llm[k].sample_id == llm[k - 1].sample_id && llm[k].tokens.begin < llm[k - 1].tokens.end)
+      throw_error<invalid_argument>("balance::plan_reshard: LLM blocks {} and {} of sample {} overlap; expected each "
+                                    "token on one rank",
+                                    llm[k - 1].tokens, llm[k].tokens, llm[k].sample_id);
+  }
+  std::vector<encoder_block> enc(produced.begin(), produced.end());
+  std::sort(enc.begin(), enc.end(), [](const encoder_block& a, const encoder_block& b) {
+    return std::tie(a.sample_id, a.item, a.row_begin) < std::tie(b.sample_id, b.item, b.row_begin);
+  });
+  std::vector<reshard_run> runs;
+  std::size_t e = 0;
+  for (const auto& it : its) {
+    std::int64_t covered = 0;
+    for (; e < enc.size() && key(enc[e].sample_id, enc[e].item) == key(it.sample_id, it.item); ++e) {
+      const auto& b = enc[e];
+      if (b.rank < 0 || b.rank >= ranks || b.row_begin != covered || b.row_end <= b.row_begin || b.row_end > it.rows)
+        throw_error<invalid_argument>("balance::plan_reshard: item ({}, {}) of {} rows: encoder block [{}, {}) on rank {} "
+                                      "does not continue the rows covered so far ([0, {})); expected blocks that tile the "
+                                      "item once",
+                                      it.sample_id, it.item, it.rows, b.row_begin, b.row_end, b.rank, covered);
+      // Positions [p, q) of the sample; walk the LLM blocks of the sample that intersect them.
+      std::int64_t p = it.position + b.row_begin;
+      const std::int64_t q = it.position + b.row_end;
+      auto lb = std::upper_bound(llm.begin(), llm.end(), std::pair<std::int64_t, std::int64_t>(it.sample_id, p),
+                                 [](const std::pair<std::int64_t, std::int64_t>& v, const llm_block& x) {
+                                   return v < std::pair<std::int64_t, std::int64_t>(x.sample_id, x.tokens.begin);
+                                 });
+      if (lb != llm.begin()) --lb;
+      while (p < q) {
+        if (lb == llm.end() || lb->sample_id != it.sample_id || lb->tokens.begin > p || lb->tokens.end <= p) {
+          if (lb != llm.end() && lb->sample_id == it.sample_id && lb->tokens.end <= p) {
+            ++lb;
+            continue;
+          }
+          throw_error<invalid_argument>("balance::plan_reshard: position {} of sample {} (item {}) is on no LLM block; "
+                                        "expected the LLM blocks to cover every item position",
+                                        p, it.sample_id, it.item);
+        }
+        const std::int64_t end = std::min(q, lb->tokens.end);
+        runs.push_back({b.rank, lb->rank, b.offset + (p - it.position - b.row_begin),
+                        lb->offset + (p - lb->tokens.begin), end - p});
+        p = end;
+        ++lb;
+      }
+      covered = b.row_end;
+    }
+    if (covered != it.rows)
+      throw_error<invalid_argument>("balance::plan_reshard: item ({}, {}) has {} rows but encoder blocks cover [0, {}); "
+                                    "expected every row produced once",
+                                    it.sample_id, it.item, it.rows, covered);
+  }
+  if (e != enc.size())
+    throw_error<invalid_argument>("balance::plan_reshard: encoder block of sample {} item {} names no listed item",
+                                  enc[e].sample_id, enc[e].item);
+  std::sort(runs.begin(), runs.end(), [](const reshard_run& a, const reshard_run& b) {
+    return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
+  });
+  reshard_plan plan;
+  plan.ranks = ranks;
+  for (const auto& r : runs) {
+    if (!plan.runs.empty()) {
+      auto& last = plan.runs.back();
+      if (last.src == r.src && last.dst == r.dst && last.src_offset + last.rows == r.src_offset &&
+          last.dst_offset + last.rows == r.dst_offset) {
+        last.rows += r.rows;
+        continue;
+      }
+    }
+    plan.runs.push_back(r);
+  }
+  const auto n = static_cast<std::size_t>(ranks);
+  plan.counts.assign(n * n, 0);
+  for (const auto& r : plan.runs) plan.counts[static_cast<std::size_t>(r.src) * n + static_cast<std::size_t>(r.dst)] += r.rows;
+  return plan;
+}
+
+/// The LLM blocks of an HDP plan: on each pool rank, its micro-batches in execution order, each
+/// segment (a whole packed sequence, or a zigzag chunk of a ring) at consecutive rows of the rank's
+/// input buffer. O(segments).
+[[nodiscard]] inline std::vector<llm_block> llm_blocks_from_hdp(const seq::hdp_plan& plan) {
+  std::vector<llm_block> out;
+  for (std::size_t r = 0; r < plan.per_rank.size(); ++r) {
+    std::int64_t off = 0;
+    for (const auto& mb : plan.per_rank[r])
+      for (const auto& sg : mb.segments) {
+        out.push_back({sg.seq_id, static_cast<int>(r), sg.tokens, off});
+        off += sg.tokens.size();
+      }
+  }
+  return out;
+}
+
+/// Collective over `c` (the ranks of the plan, group-local): moves rows by `plan` from `src` (this
+/// rank's buffer, rows of `width` elements) into `dst`. Use plan for the forward pass (encoder outputs
+/// into the LLM input) and plan.transposed() for the backward pass (gradients back).
+/// Pre: c.size() == plan.ranks; buffers large enough for every run naming this rank (invalid_argument).
+/// Post: each run's rows copied; rows of `dst` no run names are untouched. Cost: packing and
+/// unpacking O(rows * width) plus one all_to_all_v.
+template <comm::communicator C, class T>
+void reshard(C& c, const reshard_plan& plan, std::span<const T> src, std::span<T> dst, std::int64_t width) {
+  if (c.size() != plan.ranks || width < 1)
+    throw_error<invalid_argument>("balance::reshard: group of {} ranks, plan for {}, width {}; expected equal sizes "
+                                  "and width >= 1",
+                                  c.size(), plan.ranks, width);
+  const auto n = static_cast<std::size_t>(plan.ranks);
+  const auto me = static_cast<std::size_t>(c.rank());
+  const auto w = static_cast<std::size_t>(width);
+  std::vector<std::int64_t> sc(n), rc(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    sc[j] = plan.counts[me * n + j] * width;
+    rc[j] = plan.counts[j * n + me] * width;
+  }
+  std::vector<T> send;
+  send.reserve(static_cast<std::size_t>(std::accumulate(sc.begin(), sc.end(), std::int64_t{0})));
+  for (const auto& r : plan.runs) {
+    if (static_cast<std::size_t>(r.src) != me) continue;
+    const auto b = static_cast<std::size_t>(r.src_offset) * w, len = static_cast<std::size_t>(r.rows) * w;
+    if (b + len > src.size())
+      throw_error<invalid_argument>("balance::reshard: rank {} reads rows [{}, {}) of a buffer of {} rows", me,
+                                    r.src_offset, r.src_offset + r.rows, src.size() / w);
+    send.insert(send.end(), src.begin() + static_cast<std::ptrdiff_t>(b), src.begin() + static_cast<std::ptrdiff_t>(b + len));
+  }
+  std::vector<T> recv(static_cast<std::size_t>(std::accumulate(rc.begin(), rc.end(), std::int64_t{0})));
+  std::vector<std::int64_t> sd(n, 0), rd(n, 0);
+  for (std::size_t j = 1; j < n; ++j) {
+    sd[j] = sd[j - 1] + sc[j - 1];
+    rd[j] = rd[j - 1] + rc[j - 1];
+  }
+  comm::all_to_all_v(c, std::span<const T>(send), std::span<const std::int64_t>(sc), std::span<const std::int64_t>(sd),
+                     std::span<T>(recv), std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
+  // Runs into this rank, in the sender's packing order: (src, dst, src_offset) restricted to dst == me.
+  std::vector<std::int64_t> cursor(rd);
+  for (const auto& r : plan.runs) {
+    if (static_cast<std::size_t>(r.dst) != me) continue;
+    const auto b = static_cast<std::size_t>(r.dst_offset) * w, len = static_cast<std::size_t>(r.rows) * w;
+    if (b + len > dst.size())
+      throw_error<invalid_argument>("balance::reshard: rank {} writes rows [{}, {}) of a buffer of {} rows", me,
+                                    r.dst_offset, r.dst_offset + r.rows, dst.size() / w);
+    auto& at = cursor[static_cast<std::size_t>(r.src)];
+    std::copy_n(recv.begin() + at, len, dst.begin() + static_cast<std::ptrdiff_t>(b));
+    at += static_cast<std::int64_t>(len);
+  }
+}
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::reshard_run> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::reshard_run& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "run({}->{}, rows {}@{} -> @{})", r.src, r.dst, r.rows, r.src_offset, r.dst_offset);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::reshard_plan> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::reshard_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "reshard_plan(ranks={}, runs={}, rows={})", p.ranks, p.runs.size(), p.total_rows());
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::item_span> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::item_span& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "item({}, {}) at {} x {}", s.sample_id, s.item, s.position, s.rows);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::encoder_block> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::encoder_block& b, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "enc({}, {}) rows [{}, {}) on {}@{}", b.sample_id, b.item, b.row_begin, b.row_end,
+                          b.rank, b.offset);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::llm_block> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::llm_block& b, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "llm({}) {} on {}@{}", b.sample_id, b.tokens, b.rank, b.offset);
+  }
+};

@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::comm internals for the NCCL backend: status codes to exceptions, type and op mapping, the
+// deadline-bounded wait for NCCL's non-blocking mode, and the watchdog that aborts a communicator
+// whose work does not complete within its timeout.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "../../core/error.hpp"
+#include "../../cuda/check.hpp"
+#include "../../cuda/stream.hpp"
+#include "../dtype.hpp"
+#include "../reduce_op.hpp"
+
+namespace hetmesh::comm::nccl::detail {
+
+using clock = std::chrono::steady_clock;
+
+/// backend_error with NCCL's error string and, when a communicator is known, its last-error text.
+[[noreturn]] inline void raise(ncclResult_t r, std::string_view call, std::string_view where, ncclComm_t comm) {
+  const char* last = comm ? ncclGetLastError(comm) : nullptr;
+  throw backend_error(fmt::format("{}: {} failed: {}{}{}", where, call, ncclGetErrorString(r),
+                                  last && *last ? ": " : "", last ? last : ""),
+                      static_cast<int>(r));
+}
+
+[[nodiscard]] inline ncclDataType_t datatype(dtype t) noexcept {
+  switch (t) {
+    case dtype::int8: return ncclInt8;
+    case dtype::uint8: return ncclUint8;
+    case dtype::int32: return ncclInt32;
+    case dtype::uint32: return ncclUint32;
+    case dtype::int64: return ncclInt64;
+    case dtype::uint64: return ncclUint64;
+    case dtype::float16: return ncclFloat16;
+    case dtype::bfloat16: return ncclBfloat16;
+    case dtype::float32: return ncclFloat32;
+    case dtype::float64: return ncclFloat64;
+  }
+  return ncclUint8;
+}
+
+[[nodiscard]] inline ncclRedOp_t op(reduce_op r) noexcept {
+  switch (r) {
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::prod: return ncclProd;
+    case reduce_op::min: return ncclMin;
+    case reduce_op::max: return ncclMax;
+    case reduce_op::avg: return ncclAvg;
+  }
+  return ncclSum;
+}
+
+/// Why a communicator was aborted.
+enum class abort_kind : std::uint8_t { none, timeout, async_error, user };
+
+/// The state a communicator shares with its watchdog thread.
+struct state {
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  cuda::stream owned_stream;  // the communicator's stream
+  std::chrono::milliseconds timeout{};
+
+  std::mutex m;
+  std::condition_variable cv;
+  struct pending {
+    cuda::event done;
+    clock::time_point enqueued;
+    const char* op;
+  };
+  std::deque<pending> work;  // enqueued operations not yet seen complete, oldest first
+  std::atomic<abort_kind> aborted{abort_kind::none};
+  std::string reason;
+  bool stop = false;
+  std::thread watchdog;
+
+  /// Aborts the communicator once (ncclCommAbort is safe to call while another thread is inside an
+  /// NCCL call on it: that is what it is for). Idempotent.
+  void abort(abort_kind kind, std::string why) {
+    abort_kind expected = abort_kind::none;
+    {
+      std::lock_guard lock(m);
+      if (!aborted.compare_exchange_strong(expected, kind)) return;
+      reason = std::move(why);
+    }
+    ncclCommAbort(comm);
+    cv.notify_all();
+  }
+
+  /// One watchdog pass: retire completed work, abort on an asynchronous error or on work older than
+  /// the timeout.
+  void poll() {
+    if (aborted.load() != abort_kind::none) return;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+      const char* last = ncclGetLastError(comm);
+      abort(abort_kind::async_error, fmt::format("asynchronous NCCL error: {}: {}", ncclGetErrorString(async), last ? last : ""));
+      return;
+    }
+    std::unique_lock lock(m);
+    while (!work.empty()) {
+      const cudaError_t st = cudaEventQuery(work.front().done.get());
+      if (st == cudaSuccess) {
+        work.pop_front();
+        continue;
+      }
+      if (st != cudaErrorNotReady) {
+        lock.unlock();
+        abort(abort_kind::async_error, fmt::format("CUDA error while waiting: {}", cudaGetErrorString(st)));
+        return;
+      }
+      if (clock::now() - work.front().enqueued > timeout) {
+        const char* op = work.front().op;
+        lock.unlock();
+        abort(abort_kind::timeout, fmt::format("{} did not complete within {} ms (a rank is missing or stuck); the "
+                                               "watchdog aborted the communicator",
+                                               op, timeout.count()));
+      }
+      return;
+    }
+  }
+
+  void start_watchdog(std::chrono::milliseconds interval) {
+    watchdog = std::thread([this, interval] {
+      cudaSetDevice(device);
+      std::unique_lock lock(m);
+      while (!stop) {
+        cv.wait_for(lock, interval, [&] { return stop; });
+        if (stop) break;
+        lock.unlock();
+        poll();
+        lock.lock();
+      }
+    });
+  }
+
+  void stop_watchdog() noexcept {
+    {
+      std::lock_guard lock(m);
+      stop = true;
+    }
+    cv.notify_all();
+    if (watchdog.joinable()) watchdog.join();
+  }
+};
+
+}  // namespace hetmesh::comm::nccl::detail

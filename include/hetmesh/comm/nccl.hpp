@@ -1,0 +1,280 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::comm::nccl: the NCCL backend (device memory, stream-ordered). Needs the hetmesh::nccl
+// CMake target (HETMESH_HAS_NCCL). Buffers are device spans (cuda::device_buffer::span()); every
+// operation is enqueued on the communicator's stream and returns without waiting; `synchronize()`
+// waits for it with a deadline.
+//
+// No hangs: communicators are created in NCCL's non-blocking mode and every call that reports
+// ncclInProgress is polled with a deadline. A watchdog thread polls ncclCommGetAsyncError and the
+// completion of enqueued work; when work is older than the timeout, or NCCL reports an asynchronous
+// error, it calls ncclCommAbort, and the next call on the communicator raises timeout_error or
+// backend_error (with NCCL's last-error text). An aborted communicator is unusable.
+// Groups: split (ncclCommSplit, collective over the parent). NCCL has no all-to-all-v and no
+// all-gather-v: the generic versions (one ncclGroupStart/End batch of sends and receives) serve them.
+#pragma once
+
+#include "../config.hpp"
+
+#if HETMESH_HAS_NCCL
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../cuda/buffer.hpp"
+#include "../cuda/check.hpp"
+#include "../cuda/half.hpp"
+#include "communicator.hpp"
+#include "detail/nccl_support.hpp"
+
+namespace hetmesh::comm::nccl {
+
+struct options {
+  std::chrono::milliseconds timeout{HETMESH_DEFAULT_TIMEOUT_MS};
+  std::chrono::milliseconds watchdog_interval{20};  ///< how often the watchdog polls; 0: no watchdog thread
+  friend bool operator==(const options&, const options&) = default;
+};
+
+/// A fresh unique id (on the rank that creates the communicator; broadcast it to the others, e.g.
+/// with comm::nccl::init_from_mpi in nccl_mpi.hpp).
+[[nodiscard]] inline ncclUniqueId unique_id() {
+  ncclUniqueId id;
+  if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) detail::raise(r, "ncclGetUniqueId", "nccl", nullptr);
+  return id;
+}
+
+class communicator {
+ public:
+  using is_communicator = void;
+  static constexpr memory_space memory = memory_space::device;
+
+  /// Joins the communicator of `nranks` ranks identified by `id` as `rank`, on CUDA device `device`.
+  /// Collective over the nranks processes (or threads); bounded by the timeout. `global_ranks` (one
+  /// per rank, default 0..nranks-1) is what ranks() reports.
+  [[nodiscard]] static communicator init(const ncclUniqueId& id, int nranks, int rank, int device, options opt = {},
+                                         std::vector<int> global_ranks = {}) {
+    if (nranks < 1 || rank < 0 || rank >= nranks)
+      throw_error<invalid_argument>("nccl::communicator::init: rank {} of {}; expected 0 <= rank < nranks", rank, nranks);
+    if (global_ranks.empty())
+      for (int r = 0; r < nranks; ++r) global_ranks.push_back(r);
+    cuda::check(cudaSetDevice(device), "cudaSetDevice", "nccl::communicator::init");
+    auto s = std::make_shared<detail::state>();
+    s->device = device, s->timeout = opt.timeout;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    const ncclResult_t r = ncclCommInitRankConfig(&s->comm, nranks, id, rank, &cfg);
+    communicator c(std::move(s), rank, std::move(global_ranks), opt);
+    c.settle(r, "ncclCommInitRankConfig", "init");
+    return c;
+  }
+  /// A communicator of one rank on `device` (tests, single-GPU runs).
+  [[nodiscard]] static communicator single(int device, options opt = {}) { return init(unique_id(), 1, 0, device, opt); }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&& o) noexcept {
+    if (this != &o) {
+      release();
+      s_ = std::move(o.s_), rank_ = o.rank_, ranks_ = std::move(o.ranks_), opt_ = o.opt_, scratch_ = std::move(o.scratch_);
+    }
+    return *this;
+  }
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  ~communicator() { release(); }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(ranks_.size()); }
+  [[nodiscard]] std::span<const int> ranks() const noexcept { return ranks_; }
+  [[nodiscard]] ncclComm_t native() const noexcept { return s_->comm; }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return s_->owned_stream.get(); }
+  [[nodiscard]] int device() const noexcept { return s_->device; }
+
+  /// ncclCommSplit: ranks of equal color, ordered by (key, rank). Collective over the whole parent.
+  /// The child's ranks() are gathered over the child (one small all-gather, synchronised).
+  [[nodiscard]] communicator split(int color, int key) {
+    usable("split");
+    auto s = std::make_shared<detail::state>();
+    s->device = s_->device, s->timeout = opt_.timeout;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    const ncclResult_t r = ncclCommSplit(s_->comm, color, key, &s->comm, &cfg);
+    settle(r, "ncclCommSplit", "split");
+    int child_rank = 0, child_size = 0;
+    ncclCommUserRank(s->comm, &child_rank);
+    ncclCommCount(s->comm, &child_size);
+    communicator c(std::move(s), child_rank, std::vector<int>(static_cast<std::size_t>(child_size)), opt_);
+    cuda::device_buffer<int> mine(1), all(static_cast<std::size_t>(child_size));
+    const int me = ranks_[static_cast<std::size_t>(rank_)];
+    mine.copy_from(std::span<const int>(&me, 1));
+    c.all_gather(std::span<const int>(mine.span()), all.span());
+    c.synchronize();
+    all.copy_to(std::span<int>(c.ranks_));
+    return c;
+  }
+
+  template <element T>
+  void all_reduce(std::span<T> x, reduce_op r) {
+    enqueue("all_reduce", "ncclAllReduce",
+            [&] { return ncclAllReduce(x.data(), x.data(), x.size(), detail::datatype(dtype_of_v<T>), detail::op(r), s_->comm, stream()); });
+  }
+  template <element T>
+  void broadcast(std::span<T> x, int root) {
+    enqueue("broadcast", "ncclBroadcast",
+            [&] { return ncclBroadcast(x.data(), x.data(), x.size(), detail::datatype(dtype_of_v<T>), root, s_->comm, stream()); });
+  }
+  template <element T>
+  void all_gather(std::span<const T> send, std::span<T> recv) {
+    enqueue("all_gather", "ncclAllGather",
+            [&] { return ncclAllGather(send.data(), recv.data(), send.size(), detail::datatype(dtype_of_v<T>), s_->comm, stream()); });
+  }
+  template <element T>
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op r) {
+    enqueue("reduce_scatter", "ncclReduceScatter", [&] {
+      return ncclReduceScatter(send.data(), recv.data(), recv.size(), detail::datatype(dtype_of_v<T>), detail::op(r), s_->comm, stream());
+    });
+  }
+#if NCCL_VERSION_CODE >= 22800
+  template <element T>
+  void all_to_all(std::span<const T> send, std::span<T> recv) {
+    enqueue("all_to_all", "ncclAlltoAll", [&] {
+      return ncclAlltoAll(send.data(), recv.data(), send.size() / static_cast<std::size_t>(size()),
+                          detail::datatype(dtype_of_v<T>), s_->comm, stream());
+    });
+  }
+#endif
+
+  /// One ncclGroupStart/End batch of ncclSend/ncclRecv on the stream. NCCL does not check counts
+  /// across ranks: a mismatched receive is undefined (use loopback or MPI to find such bugs).
+  void group_p2p(std::span<const p2p_op> ops) {
+    enqueue("group_p2p", "ncclGroupEnd", [&] {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      for (const p2p_op& o : ops) {
+        const auto n = static_cast<std::size_t>(o.count);
+        r = o.what == p2p_op::kind::send ? ncclSend(o.data, n, detail::datatype(o.type), o.peer, s_->comm, stream())
+                                         : ncclRecv(o.data, n, detail::datatype(o.type), o.peer, s_->comm, stream());
+        if (r != ncclSuccess && r != ncclInProgress) {
+          ncclGroupEnd();
+          return r;
+        }
+      }
+      return ncclGroupEnd();
+    });
+  }
+
+  /// All ranks have arrived: a one-element all-reduce, then synchronize() (so it blocks the host,
+  /// bounded by the timeout).
+  void barrier() {
+    if (scratch_.size() == 0) scratch_ = cuda::device_buffer<int>(1);
+    all_reduce(scratch_.span(), reduce_op::sum);
+    synchronize();
+  }
+
+  /// Waits until all work enqueued so far has completed, polling the stream and NCCL's asynchronous
+  /// error; past the timeout it aborts the communicator and raises timeout_error.
+  void synchronize() {
+    usable("synchronize");
+    const auto deadline = detail::clock::now() + opt_.timeout;
+    for (unsigned spin = 0;; ++spin) {
+      const cudaError_t st = cudaStreamQuery(stream());
+      if (st == cudaSuccess) break;
+      if (st != cudaErrorNotReady) cuda::check(st, "cudaStreamQuery", where("synchronize"));
+      poll_async("synchronize");
+      if (detail::clock::now() > deadline) {
+        s_->abort(detail::abort_kind::timeout, fmt::format("synchronize did not complete within {} ms", opt_.timeout.count()));
+        usable("synchronize");
+      }
+      if (spin > 64) std::this_thread::yield();
+    }
+    usable("synchronize");
+  }
+
+  /// Aborts the communicator now (e.g. from a user's own watchdog); later calls raise aborted_error.
+  void abort(const std::string& why) { s_->abort(detail::abort_kind::user, why); }
+
+ private:
+  communicator(std::shared_ptr<detail::state> s, int rank, std::vector<int> ranks, options opt)
+      : s_(std::move(s)), rank_(rank), ranks_(std::move(ranks)), opt_(opt) {}
+
+  void release() noexcept {
+    if (!s_) return;
+    s_->stop_watchdog();
+    if (s_->comm && s_->aborted.load() == detail::abort_kind::none) {
+      // Finalize flushes outstanding work; bounded, then abort if a peer never completes it.
+      ncclResult_t r = ncclCommFinalize(s_->comm);
+      const auto deadline = detail::clock::now() + opt_.timeout;
+      while (r == ncclInProgress && detail::clock::now() < deadline) ncclCommGetAsyncError(s_->comm, &r);
+      if (r == ncclSuccess) ncclCommDestroy(s_->comm);
+      else ncclCommAbort(s_->comm);
+    }
+    s_.reset();
+  }
+
+  [[nodiscard]] std::string where(const char* op) const { return fmt::format("nccl {} on {}", op, comm::describe(*this)); }
+
+  /// Raises if the communicator was aborted (by the watchdog, a timeout, or the user).
+  void usable(const char* op) const {
+    switch (s_->aborted.load()) {
+      case detail::abort_kind::none: return;
+      case detail::abort_kind::timeout: throw timeout_error(fmt::format("{}: {}", where(op), s_->reason));
+      case detail::abort_kind::async_error:
+        throw backend_error(fmt::format("{}: the communicator was aborted: {}", where(op), s_->reason), ncclRemoteError);
+      case detail::abort_kind::user: throw aborted_error(fmt::format("{}: the communicator was aborted: {}", where(op), s_->reason));
+    }
+  }
+  void poll_async(const char* op) {
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(s_->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      s_->abort(detail::abort_kind::async_error, fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
+      usable(op);
+    }
+  }
+
+  /// Waits, bounded by the timeout, for a call that returned ncclInProgress (non-blocking mode); then
+  /// starts the watchdog if the communicator has none yet.
+  void settle(ncclResult_t r, const char* call, const char* op) {
+    const auto deadline = detail::clock::now() + opt_.timeout;
+    while (r == ncclInProgress) {
+      if (detail::clock::now() > deadline) {
+        s_->abort(detail::abort_kind::timeout, fmt::format("{} did not complete within {} ms (a rank is missing)", call, opt_.timeout.count()));
+        usable(op);
+      }
+      std::this_thread::yield();
+      if (ncclCommGetAsyncError(s_->comm, &r) != ncclSuccess) break;
+    }
+    if (r != ncclSuccess) detail::raise(r, call, where(op), s_->comm);
+    if (!s_->watchdog.joinable() && opt_.watchdog_interval.count() > 0) s_->start_watchdog(opt_.watchdog_interval);
+  }
+
+  /// Issues one NCCL call on the stream and registers its completion event with the watchdog.
+  template <class Call>
+  void enqueue(const char* op, const char* call, Call&& f) {
+    usable(op);
+    cuda::check(cudaSetDevice(s_->device), "cudaSetDevice", where(op));
+    settle(f(), call, op);
+    detail::state::pending p{cuda::event{}, detail::clock::now(), op};
+    p.done.record(stream());
+    std::lock_guard lock(s_->m);
+    s_->work.push_back(std::move(p));
+  }
+
+  std::shared_ptr<detail::state> s_;
+  int rank_ = 0;
+  std::vector<int> ranks_;
+  options opt_;
+  cuda::device_buffer<int> scratch_;
+};
+
+static_assert(comm::communicator<communicator>);
+
+}  // namespace hetmesh::comm::nccl
+
+#endif  // HETMESH_HAS_NCCL

@@ -1,0 +1,263 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::pipeline: the executor. It runs one rank's action list of a lowered schedule (see
+// add_send_recv) with the user's stage callables, moving activations and gradients with the
+// communicator's send/recv. Buffer sizes come from the plan (`activation_sizes`), so micro-batches of
+// different lengths need no shape exchange: each RECV knows its element count.
+//
+// Data flow per micro-batch mb: stage s's forward reads its input (stage 0: the concatenated encoder
+// outputs of all shards in shard order, or nothing without encoders) and writes its output (nothing on
+// the last stage, which computes its loss itself); the backward reads the gradient of its output
+// (nothing on the last stage) and writes the gradient of its input, which stage 0 splits back into the
+// encoder shards' slices.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../comm/collectives.hpp"
+#include "../comm/communicator.hpp"
+#include "../core/error.hpp"
+#include "action.hpp"
+#include "lower.hpp"
+#include "simulate.hpp"
+
+namespace hetmesh::pipeline {
+
+/// The user's stage callables. `forward` and one of `backward` / (`backward_input` and
+/// `backward_weight`) are required for the actions a schedule contains; the others are optional.
+template <class T>
+struct stage_functions {
+  /// forward(stage, mb, input, output)
+  std::function<void(int, int, std::span<const T>, std::span<T>)> forward{};
+  /// backward(stage, mb, grad_output, grad_input): full backward; accumulates weight gradients.
+  std::function<void(int, int, std::span<const T>, std::span<T>)> backward{};
+  /// backward_input(stage, mb, grad_output, grad_input): input gradient only (zero-bubble I).
+  std::function<void(int, int, std::span<const T>, std::span<T>)> backward_input{};
+  /// backward_weight(stage, mb): weight gradient of a micro-batch whose I has run (zero-bubble W).
+  std::function<void(int, int)> backward_weight{};
+  /// reduce_grad(stage): data-parallel gradient reduction of a finished stage.
+  std::function<void(int)> reduce_grad{};
+  /// encoder_forward(shard, mb, output) and encoder_backward(shard, mb, grad_output).
+  std::function<void(int, int, std::span<T>)> encoder_forward{};
+  std::function<void(int, int, std::span<const T>)> encoder_backward{};
+};
+
+/// Element counts from the plan. `output(stage, mb)`: stage's forward output for mb (= stage+1's input);
+/// `encoder_output(shard, mb)`: one shard's encoder output for mb.
+struct activation_sizes {
+  std::function<std::int64_t(int, int)> output{};
+  std::function<std::int64_t(int, int)> encoder_output{};
+};
+
+namespace detail {
+
+inline int pipeline_tag(const schedule& s, int stage_or_shard, int mb, int kind) {
+  const std::int64_t raw = ((static_cast<std::int64_t>(stage_or_shard) * s.num_microbatches + mb) * 4 + kind);
+  return static_cast<int>(raw % (static_cast<std::int64_t>(comm::max_user_tag) + 1));
+}
+
+}  // namespace detail
+
+/// Runs rank `c.rank()`'s list of the lowered schedule `s`. Collective over the communicator's group,
+/// which must be the pipeline's ranks in schedule order (c.size() == s.total_ranks()). Preconditions:
+/// `s` lowered (SEND/RECV present wherever data crosses ranks) and verified; the callables its actions
+/// need are set; sizes >= 0. Throws invalid_argument naming the missing piece; rethrows callable and
+/// communicator errors with the action as context. With `timeline`, appends each action with its wall
+/// time (seconds since the call) for trace export. Cost: the callables plus one send or receive per
+/// cross-rank transfer.
+template <comm::communicator C, class T>
+void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activation_sizes& sizes,
+             std::vector<timed_action>* timeline = nullptr) {
+  const int rank = c.rank();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  if (c.size() != s.total_ranks())
+    throw_error<invalid_argument>("pipeline execute({}): communicator of {} ranks; expected the schedule's {} ranks",
+                                  s.name, c.size(), s.total_ranks());
+  if (!sizes.output && s.num_stages > 1)
+    throw_error<invalid_argument>("pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
+  {  // a schedule whose data crosses ranks must carry its SEND/RECV actions
+    bool any_comm = false, crosses = false;
+    std::vector<std::pair<action, action>> pairs;
+    for (const auto& row : s.ranks)
+      for (const auto& a : row) {
+        any_comm = any_comm || is_comm(a.type);
+        if (!crosses && is_compute(a.type)) {
+          detail::comm_pairs(s, a, pairs);
+          crosses = !pairs.empty();
+        }
+      }
+    if (crosses && !any_comm)
+      throw_error<invalid_argument>("pipeline execute({}): the schedule has no SEND/RECV actions but data crosses ranks; "
+                                    "expected a lowered schedule (add_send_recv)",
+                                    s.name);
+  }
+  const int S = s.num_stages, E = s.num_encoder_shards();
+  using key = std::pair<int, int>;
+  std::map<key, std::vector<T>> act_in, act_out, grad_in, grad_out, enc_in, enc_out, enc_grad, enc_grad_out;
+  auto out_size = [&](int stage, int mb) -> std::size_t {
+    const std::int64_t n = sizes.output(stage, mb);
+    if (n < 0)
+      throw_error<invalid_argument>("pipeline execute({}): output size {} for stage {} micro-batch {}; expected >= 0",
+                                    s.name, n, stage, mb);
+    return static_cast<std::size_t>(n);
+  };
+  auto enc_size = [&](int e, int mb) -> std::size_t {
+    if (!sizes.encoder_output)
+      throw_error<invalid_argument>("pipeline execute({}): the schedule has encoder shards but "
+                                    "activation_sizes.encoder_output is empty",
+                                    s.name);
+    return static_cast<std::size_t>(sizes.encoder_output(e, mb));
+  };
+  auto take = [&](std::map<key, std::vector<T>>& m, key k, const action& a, const char* what) {
+    auto it = m.find(k);
+    if (it == m.end())
+      throw_error<invalid_argument>("pipeline execute({}): rank {} action `{}` finds no {} (stage/shard {}, micro-batch "
+                                    "{}); expected it produced or received earlier in the list",
+                                    s.name, rank, to_text(a), what, k.first, k.second);
+    std::vector<T> v = std::move(it->second);
+    m.erase(it);
+    return v;
+  };
+  auto need = [&](const auto& f, const action& a, const char* name) {
+    if (!f)
+      throw_error<invalid_argument>("pipeline execute({}): rank {} runs `{}` but stage_functions.{} is empty", s.name,
+                                    rank, to_text(a), name);
+  };
+  for (const action& a : s.ranks.at(static_cast<std::size_t>(rank))) {
+    const int mb = a.microbatch;
+    const double start = timeline != nullptr ? seconds() : 0.0;
+    try {
+      switch (a.type) {
+        case action_type::forward: {
+          need(fn.forward, a, "forward");
+          std::vector<T> in;
+          if (a.stage > 0) {
+            in = take(act_in, {a.stage, mb}, a, "input activation");
+          } else {
+            for (int e = 0; e < E; ++e) {
+              auto part = take(enc_in, {e, mb}, a, "encoder output");
+              in.insert(in.end(), part.begin(), part.end());
+            }
+          }
+          std::vector<T> out(a.stage + 1 < S ? out_size(a.stage, mb) : 0);
+          fn.forward(a.stage, mb, std::span<const T>(in), std::span<T>(out));
+          if (a.stage + 1 < S) {
+            if (s.rank_of_stage(a.stage + 1) == rank) act_in[{a.stage + 1, mb}] = std::move(out);
+            else act_out[{a.stage, mb}] = std::move(out);
+          }
+          break;
+        }
+        case action_type::backward:
+        case action_type::backward_input: {
+          const bool full = a.type == action_type::backward;
+          if (full) need(fn.backward, a, "backward");
+          else need(fn.backward_input, a, "backward_input");
+          std::vector<T> gout;
+          if (a.stage + 1 < S) gout = take(grad_in, {a.stage, mb}, a, "output gradient");
+          std::size_t gin_size = 0;
+          if (a.stage > 0) gin_size = out_size(a.stage - 1, mb);
+          else
+            for (int e = 0; e < E; ++e) gin_size += enc_size(e, mb);
+          std::vector<T> gin(gin_size);
+          (full ? fn.backward : fn.backward_input)(a.stage, mb, std::span<const T>(gout), std::span<T>(gin));
+          if (a.stage > 0) {
+            if (s.rank_of_stage(a.stage - 1) == rank) grad_in[{a.stage - 1, mb}] = std::move(gin);
+            else grad_out[{a.stage, mb}] = std::move(gin);
+          } else {
+            std::size_t off = 0;
+            for (int e = 0; e < E; ++e) {
+              const std::size_t n = enc_size(e, mb);
+              std::vector<T> slice(gin.begin() + static_cast<std::ptrdiff_t>(off),
+                                   gin.begin() + static_cast<std::ptrdiff_t>(off + n));
+              off += n;
+              if (s.encoder_shard_to_rank[static_cast<std::size_t>(e)] == rank) enc_grad[{e, mb}] = std::move(slice);
+              else enc_grad_out[{e, mb}] = std::move(slice);
+            }
+          }
+          break;
+        }
+        case action_type::backward_weight:
+          need(fn.backward_weight, a, "backward_weight");
+          fn.backward_weight(a.stage, mb);
+          break;
+        case action_type::reduce_grad:
+          if (fn.reduce_grad) fn.reduce_grad(a.stage);
+          break;
+        case action_type::encoder_forward: {
+          need(fn.encoder_forward, a, "encoder_forward");
+          std::vector<T> out(enc_size(a.stage, mb));
+          fn.encoder_forward(a.stage, mb, std::span<T>(out));
+          if (s.rank_of_stage(0) == rank) enc_in[{a.stage, mb}] = std::move(out);
+          else enc_out[{a.stage, mb}] = std::move(out);
+          break;
+        }
+        case action_type::encoder_backward: {
+          need(fn.encoder_backward, a, "encoder_backward");
+          auto g = take(enc_grad, {a.stage, mb}, a, "embedding gradient");
+          fn.encoder_backward(a.stage, mb, std::span<const T>(g));
+          break;
+        }
+        case action_type::send_f: {
+          auto buf = take(act_out, {a.stage, mb}, a, "output activation to send");
+          comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage + 1), detail::pipeline_tag(s, a.stage, mb, 0));
+          break;
+        }
+        case action_type::recv_f: {
+          std::vector<T> buf(out_size(a.stage - 1, mb));
+          comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage - 1), detail::pipeline_tag(s, a.stage - 1, mb, 0));
+          act_in[{a.stage, mb}] = std::move(buf);
+          break;
+        }
+        case action_type::send_b: {
+          auto buf = take(grad_out, {a.stage, mb}, a, "input gradient to send");
+          comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage - 1), detail::pipeline_tag(s, a.stage, mb, 1));
+          break;
+        }
+        case action_type::recv_b: {
+          std::vector<T> buf(out_size(a.stage, mb));
+          comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage + 1), detail::pipeline_tag(s, a.stage + 1, mb, 1));
+          grad_in[{a.stage, mb}] = std::move(buf);
+          break;
+        }
+        case action_type::send_ef: {
+          auto buf = take(enc_out, {a.stage, mb}, a, "encoder output to send");
+          comm::send(c, std::span<const T>(buf), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 2));
+          break;
+        }
+        case action_type::recv_ef: {
+          std::vector<T> buf(enc_size(a.stage, mb));
+          comm::recv(c, std::span<T>(buf), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
+                     detail::pipeline_tag(s, a.stage, mb, 2));
+          enc_in[{a.stage, mb}] = std::move(buf);
+          break;
+        }
+        case action_type::send_eb: {
+          auto buf = take(enc_grad_out, {a.stage, mb}, a, "embedding gradient to send");
+          comm::send(c, std::span<const T>(buf), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
+                     detail::pipeline_tag(s, a.stage, mb, 3));
+          break;
+        }
+        case action_type::recv_eb: {
+          std::vector<T> buf(enc_size(a.stage, mb));
+          comm::recv(c, std::span<T>(buf), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 3));
+          enc_grad[{a.stage, mb}] = std::move(buf);
+          break;
+        }
+      }
+    } catch (error& e) {
+      e.add_context(fmt::format("pipeline execute({}) rank {} action `{}`", s.name, rank, to_text(a)));
+      throw;
+    }
+    if (timeline != nullptr) timeline->push_back(timed_action{rank, a, start, seconds()});
+  }
+}
+
+}  // namespace hetmesh::pipeline

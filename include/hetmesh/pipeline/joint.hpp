@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::pipeline: the joint encoder-LLM pipeline (MegaScale-Omni) and its two baselines, as policies.
+//
+//   colocated_encoder       the encoder runs on every LLM rank (shard r on rank r, 1/pp of each
+//                           micro-batch's encoder work each); its forward and backward are inserted into
+//                           the LLM schedule's bubbles on demand: a shard encodes micro-batch m when stage 0
+//                           is about to need it (urgent) or, while idle, up to `lookahead` micro-batches
+//                           ahead of stage 0; it back-propagates m once stage 0's backward of m arrives.
+//   encoder_on_first_stage  Megatron-LM's way: stage 0's rank encodes m right before F(0, m) and
+//                           back-propagates it right after stage 0's backward of m.
+//   encoder_pool            a separate pool of `ranks` encoder ranks (after the LLM ranks) shares the work.
+//
+// The dependencies every policy keeps (and the verifier checks): every shard's EF of m finishes before
+// stage 0's F of m starts; every shard's EB of m starts after stage 0's B (or I) of m.
+// Insertion points are found by running the event engine of simulate.hpp with the given costs, so the
+// plan is a pure, deterministic function of (LLM schedule, policy, costs).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "action.hpp"
+#include "lower.hpp"
+#include "simulate.hpp"
+
+namespace hetmesh::pipeline {
+
+/// MegaScale-Omni's joint pipeline: encoder colocated on every LLM rank, work inserted into bubbles.
+struct colocated_encoder {
+  int lookahead = 2;  ///< how many micro-batches beyond stage 0's next forward a shard may encode early
+  friend constexpr bool operator==(const colocated_encoder&, const colocated_encoder&) = default;
+  void hash_append(hasher& h) const { append_all(h, std::string_view("colocated"), lookahead); }
+};
+
+/// Baseline: the encoder is part of pipeline stage 0 (Megatron-LM).
+struct encoder_on_first_stage {
+  friend constexpr bool operator==(const encoder_on_first_stage&, const encoder_on_first_stage&) = default;
+  void hash_append(hasher& h) const { append(h, std::string_view("first-stage")); }
+};
+
+/// Baseline: a separate pool of encoder ranks.
+struct encoder_pool {
+  int ranks = 1;       ///< encoder ranks, placed after the LLM ranks
+  int lookahead = -1;  ///< micro-batches the pool may run ahead of stage 0; -1 = unbounded
+  friend constexpr bool operator==(const encoder_pool&, const encoder_pool&) = default;
+  void hash_append(hasher& h) const { append_all(h, std::string_view("pool"), ranks, lookahead); }
+};
+
+using encoder_policy = std::variant<colocated_encoder, encoder_on_first_stage, encoder_pool>;
+
+/// The encoder work of each micro-batch, whole (before splitting over shards).
+struct encoder_work {
+  std::function<double(int mb)> forward{};             ///< seconds of encoder forward for micro-batch mb
+  std::function<double(int mb)> backward{};            ///< seconds of encoder backward
+  std::function<double(int mb)> transfer{};            ///< seconds to move mb's encoder output (or its gradient); empty = 0
+  std::function<std::int64_t(int mb)> memory{};        ///< activation bytes the encoder keeps for mb; empty = 1
+};
+
+/// The cost model of a schedule with `shards` encoder shards: LLM actions priced by `llm`, each shard's
+/// EF/EB of mb priced at 1/shards of the micro-batch's work (its transfer and memory likewise).
+[[nodiscard]] inline cost_model with_encoder(const cost_model& llm, const encoder_work& w, int shards) {
+  const double share = shards > 0 ? 1.0 / shards : 1.0;
+  cost_model c;
+  c.compute = [llm, w, share](const action& a) {
+    if (a.type == action_type::encoder_forward) return w.forward ? w.forward(a.microbatch) * share : 0.0;
+    if (a.type == action_type::encoder_backward) return w.backward ? w.backward(a.microbatch) * share : 0.0;
+    return llm.compute(a);
+  };
+  c.transfer = [llm, w, share](const action& a) {
+    if (a.type == action_type::encoder_forward) return w.transfer ? w.transfer(a.microbatch) * share : 0.0;
+    double t = llm.transfer ? llm.transfer(a) : 0.0;
+    // Stage 0's backward also returns embedding gradients to the shards; the stage transfer covers
+    // the LLM's own gradient, the encoder share is added for the embedding part.
+    if (a.stage == 0 && (a.type == action_type::backward || a.type == action_type::backward_input) && w.transfer)
+      t = std::max(t, w.transfer(a.microbatch) * share);
+    return t;
+  };
+  c.memory = [llm, w, share](const action& a) -> std::int64_t {
+    if (a.type == action_type::encoder_forward)
+      return w.memory ? static_cast<std::int64_t>(static_cast<double>(w.memory(a.microbatch)) * share) : 1;
+    return llm.memory ? llm.memory(a) : 1;
+  };
+  return c;
+}
+
+namespace detail {
+
+/// The dynamic source of the colocated and pool policies (see the file comment).
+struct encoder_source {
+  const schedule& llm;  // LLM lists (compute only)
+  int shards;
+  int lookahead;     // < 0: unbounded
+  bool urgent_rule;  // colocated: a shard serves stage 0's next micro-batch before its own LLM work
+  std::vector<int> shard_of_rank;  // -1: none
+  std::vector<std::size_t> pc;
+  std::vector<int> next_ef, next_eb;
+  std::vector<int> f0_order;  // micro-batches in the order stage 0 forwards them
+  std::size_t f0_next = 0;
+  std::vector<std::vector<action>> out;
+
+  encoder_source(const schedule& s, int nshards, int look, bool urgent)
+      : llm(s), shards(nshards), lookahead(look), urgent_rule(urgent), shard_of_rank(s.ranks.size(), -1),
+        pc(s.ranks.size(), 0), next_ef(static_cast<std::size_t>(nshards), 0),
+        next_eb(static_cast<std::size_t>(nshards), 0), out(s.ranks.size()) {
+    for (int e = 0; e < nshards; ++e) shard_of_rank[static_cast<std::size_t>(s.encoder_shard_to_rank[static_cast<std::size_t>(e)])] = e;
+    for (const auto& a : s.ranks[static_cast<std::size_t>(s.rank_of_stage(0))])
+      if (a.type == action_type::forward && a.stage == 0) f0_order.push_back(a.microbatch);
+  }
+  [[nodiscard]] int need_mb() const {
+    return f0_next < f0_order.size() ? f0_order[f0_next] : llm.num_microbatches;
+  }
+  template <class Engine>
+  std::optional<action> pick(const Engine& eng, int r) const {
+    const auto& row = llm.ranks[static_cast<std::size_t>(r)];
+    const auto i = pc[static_cast<std::size_t>(r)];
+    const int e = shard_of_rank[static_cast<std::size_t>(r)];
+    const int M = llm.num_microbatches;
+    std::optional<action> ef, eb;
+    if (e >= 0) {
+      const int f = next_ef[static_cast<std::size_t>(e)], b = next_eb[static_cast<std::size_t>(e)];
+      if (f < M) ef = action{e, action_type::encoder_forward, f};
+      if (b < f && eng.ready(action{e, action_type::encoder_backward, b})) eb = action{e, action_type::encoder_backward, b};
+    }
+    if (ef && urgent_rule && ef->microbatch <= need_mb()) return ef;
+    if (i < row.size() && eng.ready(row[i])) return row[i];
+    if (eb) return eb;
+    if (ef && (lookahead < 0 || ef->microbatch <= need_mb() + lookahead)) return ef;
+    return std::nullopt;
+  }
+  template <class Engine>
+  void started(Engine& eng, int r, const action& a) {
+    out[static_cast<std::size_t>(r)].push_back(a);
+    if (a.type == action_type::encoder_forward) {
+      ++next_ef[static_cast<std::size_t>(a.stage)];
+    } else if (a.type == action_type::encoder_backward) {
+      ++next_eb[static_cast<std::size_t>(a.stage)];
+    } else {
+      ++pc[static_cast<std::size_t>(r)];
+      if (a.type == action_type::forward && a.stage == 0) {
+        ++f0_next;
+        eng.wake_all();  // stage 0 moved on: shards may now encode further ahead
+      }
+    }
+  }
+  [[nodiscard]] bool finished(int r) const {
+    const int e = shard_of_rank[static_cast<std::size_t>(r)];
+    const bool llm_done = pc[static_cast<std::size_t>(r)] >= llm.ranks[static_cast<std::size_t>(r)].size();
+    if (e < 0) return llm_done;
+    return llm_done && next_eb[static_cast<std::size_t>(e)] == llm.num_microbatches;
+  }
+};
+
+inline void check_llm(const schedule& s, std::string_view who) {
+  if (s.num_encoder_shards() != 0)
+    throw_error<invalid_argument>("pipeline {}: the input schedule already has {} encoder shards; expected an LLM-only "
+                                  "schedule",
+                                  who, s.num_encoder_shards());
+}
+
+}  // namespace detail
+
+/// Adds the encoder to an LLM-only schedule under `policy`, placing EF/EB with `costs` (LLM costs)
+/// and `work` (whole-micro-batch encoder costs). Returns a compute-only schedule with encoder shards
+/// (lower it with add_send_recv for execution); simulate it with `with_encoder(costs, work, shards)`.
+/// Preconditions: `llm` has no encoder shards and passes verify(); pool ranks >= 1; lookahead >= 0
+/// (colocated). Throws invalid_argument naming the broken one. Pure; deterministic;
+/// O(actions log actions).
+[[nodiscard]] inline schedule add_encoder(const schedule& llm_in, const encoder_policy& policy, const cost_model& costs,
+                                          const encoder_work& work) {
+  detail::check_llm(llm_in, "add_encoder");
+  const schedule llm = strip_comm(llm_in);
+  const int p = llm.total_ranks();
+  if (const auto* first = std::get_if<encoder_on_first_stage>(&policy)) {
+    (void)first;
+    schedule s = llm;
+    s.name = llm.name + "+encoder-first-stage";
+    const int r0 = s.rank_of_stage(0);
+    s.encoder_shard_to_rank = {r0};
+    std::vector<action> row;
+    for (const auto& a : s.ranks[static_cast<std::size_t>(r0)]) {
+      if (a.stage == 0 && a.type == action_type::forward) row.push_back({0, action_type::encoder_forward, a.microbatch});
+      row.push_back(a);
+      if (a.stage == 0 && (a.type == action_type::backward || a.type == action_type::backward_input))
+        row.push_back({0, action_type::encoder_backward, a.microbatch});
+    }
+    s.ranks[static_cast<std::size_t>(r0)] = std::move(row);
+    return s;
+  }
+  schedule s = llm;
+  int lookahead = -1;
+  bool urgent = false;
+  if (const auto* co = std::get_if<colocated_encoder>(&policy)) {
+    if (co->lookahead < 0)
+      throw_error<invalid_argument>("pipeline add_encoder: colocated lookahead={}; expected >= 0", co->lookahead);
+    s.name = llm.name + "+encoder-colocated";
+    s.encoder_shard_to_rank.resize(static_cast<std::size_t>(p));
+    for (int r = 0; r < p; ++r) s.encoder_shard_to_rank[static_cast<std::size_t>(r)] = r;
+    lookahead = co->lookahead;
+    urgent = true;
+  } else {
+    const auto& pool = std::get<encoder_pool>(policy);
+    if (pool.ranks < 1)
+      throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one", pool.ranks);
+    s.name = llm.name + "+encoder-pool";
+    for (int e = 0; e < pool.ranks; ++e) {
+      s.encoder_shard_to_rank.push_back(p + e);
+      s.ranks.emplace_back();
+    }
+    lookahead = pool.lookahead;
+  }
+  const cost_model c = with_encoder(costs, work, s.num_encoder_shards());
+  detail::encoder_source src(s, s.num_encoder_shards(), lookahead, urgent);
+  detail::engine<detail::encoder_source> eng(s, c, src, false);
+  (void)eng.run();
+  s.ranks = std::move(src.out);
+  return s;
+}
+
+}  // namespace hetmesh::pipeline
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::encoder_policy> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::pipeline::encoder_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    using namespace hetmesh::pipeline;
+    if (const auto* c = std::get_if<colocated_encoder>(&p)) return fmt::format_to(ctx.out(), "colocated(lookahead={})", c->lookahead);
+    if (std::holds_alternative<encoder_on_first_stage>(p)) return fmt::format_to(ctx.out(), "first-stage");
+    const auto& q = std::get<encoder_pool>(p);
+    return fmt::format_to(ctx.out(), "pool(ranks={}, lookahead={})", q.ranks, q.lookahead);
+  }
+};

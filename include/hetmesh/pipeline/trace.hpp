@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::pipeline: timelines for people. `chrome_trace` writes the Chrome trace event JSON that
+// Perfetto (ui.perfetto.dev) and chrome://tracing open: one track per rank, one complete ("X") event per
+// action. `ascii_timeline` draws the same step in a terminal: one row per rank, one character per time
+// slot (F forward, B backward, I input-backward, W weight-backward, e/b encoder forward/backward, '.' idle).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "action.hpp"
+#include "simulate.hpp"
+
+namespace hetmesh::pipeline {
+
+/// Chrome trace event JSON of a timeline (simulated: simulation::timeline; executed: execute()'s
+/// `timeline` output). Times in seconds become microseconds. `process_name` labels the trace. Pure.
+[[nodiscard]] inline nlohmann::json chrome_trace(const std::vector<timed_action>& timeline,
+                                                 const std::string& process_name = "hetmesh pipeline") {
+  nlohmann::json events = nlohmann::json::array();
+  int max_rank = -1;
+  for (const auto& t : timeline) max_rank = std::max(max_rank, t.rank);
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", process_name}}}});
+  for (int r = 0; r <= max_rank; ++r) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r}, {"args", {{"name", fmt::format("rank {}", r)}}}});
+    events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", r}, {"args", {{"sort_index", r}}}});
+  }
+  for (const auto& t : timeline) {
+    const char* cat = is_comm(t.what.type) ? "communication"
+                      : (t.what.type == action_type::encoder_forward || t.what.type == action_type::encoder_backward)
+                          ? "encoder"
+                          : "computation";
+    nlohmann::json args = {{"stage", t.what.stage}, {"type", std::string(name_of(t.what.type))}};
+    if (t.what.microbatch >= 0) args["microbatch"] = t.what.microbatch;
+    events.push_back({{"name", to_text(t.what)},
+                      {"cat", cat},
+                      {"ph", "X"},
+                      {"pid", 0},
+                      {"tid", t.rank},
+                      {"ts", t.start * 1e6},
+                      {"dur", (t.end - t.start) * 1e6},
+                      {"args", std::move(args)}});
+  }
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+}
+
+namespace detail {
+inline char timeline_glyph(action_type t) {
+  switch (t) {
+    case action_type::forward: return 'F';
+    case action_type::backward: return 'B';
+    case action_type::backward_input: return 'I';
+    case action_type::backward_weight: return 'W';
+    case action_type::encoder_forward: return 'e';
+    case action_type::encoder_backward: return 'b';
+    case action_type::reduce_grad: return 'R';
+    default: return '~';
+  }
+}
+}  // namespace detail
+
+/// A terminal drawing of a timeline, `width` columns wide (>= 10): a header with the time scale, then
+/// one row per rank. Each action fills the slots it covers; a slot shows the action that covers most of
+/// it. With `microbatch_digits`, an action's first slot shows its micro-batch number mod 10 instead of
+/// its letter, which makes 1F1B patterns readable. Pure; O(width * ranks + actions).
+[[nodiscard]] inline std::string ascii_timeline(const std::vector<timed_action>& timeline, int width = 100,
+                                                bool microbatch_digits = false) {
+  width = std::max(width, 10);
+  double end = 0;
+  int ranks = 0;
+  for (const auto& t : timeline) {
+    end = std::max(end, t.end);
+    ranks = std::max(ranks, t.rank + 1);
+  }
+  if (ranks == 0 || end <= 0) return "(empty timeline)\n";
+  const double slot = end / width;
+  std::vector<std::string> rows(static_cast<std::size_t>(ranks), std::string(static_cast<std::size_t>(width), '.'));
+  std::vector<std::vector<double>> cover(static_cast<std::size_t>(ranks), std::vector<double>(static_cast<std::size_t>(width), 0.0));
+  for (const auto& t : timeline) {
+    if (t.end <= t.start) continue;
+    const int first = std::clamp(static_cast<int>(std::floor(t.start / slot)), 0, width - 1);
+    const int last = std::clamp(static_cast<int>(std::ceil(t.end / slot)) - 1, 0, width - 1);
+    for (int k = first; k <= last; ++k) {
+      const double lo = std::max(t.start, k * slot), hi = std::min(t.end, (k + 1) * slot);
+      auto& c = cover[static_cast<std::size_t>(t.rank)][static_cast<std::size_t>(k)];
+      if (hi - lo > c) {
+        c = hi - lo;
+        char g = detail::timeline_glyph(t.what.type);
+        if (microbatch_digits && k == first && t.what.microbatch >= 0) g = static_cast<char>('0' + t.what.microbatch % 10);
+        rows[static_cast<std::size_t>(t.rank)][static_cast<std::size_t>(k)] = g;
+      }
+    }
+  }
+  std::string out = fmt::format("time 0 .. {:.6g} s, {:.3g} s per column; F fwd, B bwd, I bwd-input, W bwd-weight, "
+                                "e/b encoder fwd/bwd, . idle\n",
+                                end, slot);
+  const int label = static_cast<int>(fmt::format("{}", ranks - 1).size());
+  for (int r = 0; r < ranks; ++r) out += fmt::format("rank {:>{}} |{}|\n", r, label, rows[static_cast<std::size_t>(r)]);
+  return out;
+}
+
+}  // namespace hetmesh::pipeline

@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: Apache-2.0
+// Planners: DP/micro-batch balancing, the step simulator, ByteScale's balance scheduler, hetmesh's
+// planner and the strategy comparison -- properties over seeded inputs.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include <hetmesh/balance/bytescale.hpp>
+#include <hetmesh/balance/dp.hpp>
+#include <hetmesh/balance/planner.hpp>
+#include <hetmesh/balance/strategies.hpp>
+
+#include "support.hpp"
+
+using namespace hetmesh;
+
+namespace {
+const cost::llm_compute llm{cost::bytescale_fig6a_layer(), 32, 3.0};
+
+std::vector<seq::seq_desc> permuted(const std::vector<seq::seq_desc>& v, std::uint64_t seed) {
+  const auto p = permutation(static_cast<std::int64_t>(v.size()), seed);
+  std::vector<seq::seq_desc> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = v[static_cast<std::size_t>(p[i])];
+  return out;
+}
+}  // namespace
+
+TEST_CASE("plan_dp: exactly once, capacity, permutation invariance, balance") {
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    const auto seqs = test::random_batch(seed, 300, 16, 8192);
+    for (int mbs : {0, 6}) {
+      balance::dp_policy pol{.ranks = 8, .capacity = 8192, .micro_batches = mbs,
+                             .solver = seed % 2 ? balance::dp_solver::lpt : balance::dp_solver::karmarkar_karp};
+      const auto plan = balance::plan_dp(seqs, llm, pol);
+      std::multiset<std::int64_t> ids;
+      cost::fixed biggest{};
+      for (std::size_t r = 0; r < plan.per_rank.size(); ++r) {
+        if (mbs > 0) CHECK(plan.per_rank[r].size() == static_cast<std::size_t>(mbs));
+        cost::fixed sum{};
+        for (const auto& mb : plan.per_rank[r]) {
+          CHECK(mb.tokens <= pol.capacity);
+          std::int64_t t = 0;
+          for (const auto& s : mb.seqs) {
+            ids.insert(s.id);
+            t += s.length;
+            biggest = std::max(biggest, llm.sequence_fixed(s.length));
+          }
+          CHECK(t == mb.tokens);
+          sum += mb.time;
+        }
+        CHECK(sum == plan.rank_time[r]);
+      }
+      REQUIRE(ids.size() == seqs.size());
+      for (const auto& s : seqs) CHECK(ids.count(s.id) == 1);
+      // Permuting the input gives the very same plan.
+      CHECK(balance::plan_dp(permuted(seqs, seed + 50), llm, pol) == plan);
+      // Balanced: the slowest rank is within the largest item of the mean.
+      cost::fixed total{};
+      for (auto t : plan.rank_time) total += t;
+      const auto mean = cost::fixed::from_ticks(total.ticks / pol.ranks);
+      CHECK(plan.makespan() <= mean + biggest);
+    }
+  }
+}
+
+TEST_CASE("plan_dp: bad input and capacity") {
+  std::vector<seq::seq_desc> seqs{{1, 100}, {2, 9000}};
+  CHECK_THROWS_WITH_AS((void)balance::plan_dp(seqs, llm, {.ranks = 2, .capacity = 8192}),
+                       doctest::Contains("sequence 2 has 9000 tokens"), capacity_error);
+  std::vector<seq::seq_desc> many(10, {0, 5000});
+  for (int i = 0; i < 10; ++i) many[static_cast<std::size_t>(i)].id = i;
+  CHECK_THROWS_AS((void)balance::plan_dp(many, llm, {.ranks = 2, .capacity = 8192, .micro_batches = 4}), capacity_error);
+  CHECK_THROWS_AS((void)balance::plan_dp(seqs, llm, {.ranks = 0}), invalid_argument);
+  CHECK(to_string(balance::dp_policy{.ranks = 2}) ==
+        "dp_policy(ranks=2, capacity=8192, micro_batches=0, solver=karmarkar_karp)");
+}
+
+TEST_CASE("simulate: a ring waits for its slowest member; pipelines add a bubble") {
+  using balance::task;
+  const auto ms = [](double x) { return cost::fixed::from_units(x); };
+  std::vector<task> tasks{{{0}, 0, ms(5)}, {{1}, 1, ms(1)}, {{0, 1}, 2, ms(2)}, {{1}, 3, ms(1)}};
+  const auto t = balance::simulate(2, tasks);
+  CHECK(t.finish[0] == ms(7));
+  CHECK(t.finish[1] == ms(8));
+  CHECK(t.busy[1] == ms(4));
+  CHECK(t.step == ms(8));
+  const auto p = balance::simulate(2, tasks, 2);
+  CHECK(p.finish[0] == ms(3.5 + 2.5));  // (5 + 2) / 2 plus a bubble of (2-1)/2 * 5
+  CHECK_THROWS_AS((void)balance::simulate(1, tasks), invalid_argument);
+}
+
+TEST_CASE("bytescale_placement: exactly once, rings, deadlock freedom, permutation invariance") {
+  balance::step_model m;
+  m.net.ranks_per_node = 8;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    const auto seqs = test::random_batch(seed, 400, 64, 120000);
+    seq::hdp_policy hdp{.capacity = 8192};
+    if (seed % 2 == 0) {
+      hdp.offload.enabled = true;
+      hdp.model = seq::offload_model{.alpha1 = 1e-9, .beta1 = 1e-5, .alpha2 = 1.0, .layers = 8,
+                                     .d2h_bandwidth = 1e9, .h2d_bandwidth = 1e9};
+    }
+    for (auto mode : {balance::hdp_balance_mode::dp, balance::hdp_balance_mode::pp}) {
+      const balance::bytescale_policy pol{.delta = 0.05, .mode = mode};
+      const auto plan = balance::plan_bytescale(seqs, hdp, 32, m, pol);
+      test::check_exactly_once(plan, seqs);
+      balance::verify_deadlock_free(plan);
+      for (std::size_t i = 0; i < plan.sharding.items.size(); ++i) {
+        const auto& ring = plan.placement[i].ring;
+        CHECK(static_cast<int>(ring.size()) == plan.sharding.items[i].degree);
+        CHECK(std::set<int>(ring.begin(), ring.end()).size() == ring.size());
+        if (plan.sharding.items[i].packed) CHECK(plan.sharding.items[i].tokens <= hdp.capacity);
+      }
+      CHECK(plan_hash(balance::plan_bytescale(permuted(seqs, seed), hdp, 32, m, pol)) == plan_hash(plan));
+      // The slack rule keeps every rank within delta of the busiest plus one item.
+      const auto t = balance::simulate(32, balance::tasks_of(plan, m));
+      cost::fixed biggest{};
+      for (const auto& it : plan.sharding.items) biggest = std::max(biggest, balance::hdp_item_time(it, m));
+      const auto mn = *std::min_element(t.finish.begin(), t.finish.end());
+      CHECK(t.step.units() <= mn.units() * 1.05 + biggest.units() + 1e-9);
+    }
+  }
+}
+
+TEST_CASE("bytescale_placement: DP-Balance aligns lengths in time; PP-Balance keeps pipelines on one level") {
+  // 64 sequences of 8K (one per micro-batch) and 2048 of 256 (32 per pack) over 16 ranks.
+  std::vector<seq::seq_desc> seqs;
+  for (int i = 0; i < 64; ++i) seqs.push_back({i, 8192});
+  for (int i = 0; i < 2048; ++i) seqs.push_back({1000 + i, 256});
+  balance::step_model m;
+  const seq::hdp_policy hdp{.capacity = 8192};
+  const auto dp = balance::plan_bytescale(seqs, hdp, 16, m, {.mode = balance::hdp_balance_mode::dp});
+  balance::verify_deadlock_free(dp);
+  for (const auto& rank : dp.per_rank) {
+    REQUIRE(rank.size() >= 4);
+    for (std::size_t k = 0; k < 4; ++k) CHECK(rank[k].tokens == 8192);  // time steps 0-3: all long
+    for (std::size_t k = 0; k < rank.size(); ++k)
+      if (k >= 4) CHECK(rank[k].segments.size() > 1);  // afterwards: packs of short ones
+  }
+  const auto pp = balance::plan_bytescale(seqs, hdp, 16, m, {.mode = balance::hdp_balance_mode::pp, .buckets = 2});
+  balance::verify_deadlock_free(pp);
+  int mixed = 0;
+  std::size_t long_rank_mbs = 0, short_rank_mbs = 0;
+  for (const auto& rank : pp.per_rank) {
+    int longs = 0, packs = 0;
+    for (const auto& mb : rank) (mb.segments.size() == 1 ? longs : packs) += 1;
+    if (longs > 0 && packs > 0) ++mixed;
+    if (packs == 0) long_rank_mbs = std::max(long_rank_mbs, rank.size());
+    if (longs == 0) short_rank_mbs = std::max(short_rank_mbs, rank.size());
+  }
+  CHECK(mixed <= 2);                          // only at the transition between levels
+  CHECK(short_rank_mbs > long_rank_mbs);      // pipelines of shorter work run more micro-batches
+}
+
+TEST_CASE("plan_hetmesh: properties, groups, and near the lower bound") {
+  balance::step_model m;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    const auto seqs = test::random_batch(seed, 600, 64, 60000);
+    const seq::hdp_policy hdp{.capacity = 8192};
+    const auto plan = balance::plan_hetmesh(seqs, hdp, 32, m);
+    test::check_exactly_once(plan, seqs);
+    balance::verify_deadlock_free(plan);
+    for (const auto& it : plan.sharding.items)
+      if (it.packed) CHECK(it.tokens <= hdp.capacity);
+    CHECK(balance::plan_hetmesh(permuted(seqs, seed), hdp, 32, m) == plan);
+    // Groups of 8: every item stays in the group of its sequences' loader.
+    std::vector<int> owner(seqs.size());
+    for (std::size_t i = 0; i < seqs.size(); ++i) owner[i] = static_cast<int>((seqs[i].id * 13) % 32);
+    const auto grouped = balance::plan_hetmesh(seqs, hdp, 32, m, {.group_size = 8}, owner);
+    test::check_exactly_once(grouped, seqs);
+    balance::verify_deadlock_free(grouped);
+    std::map<std::int64_t, int> group_of;
+    for (std::size_t i = 0; i < seqs.size(); ++i) group_of[seqs[i].id] = owner[i] / 8;
+    for (std::size_t i = 0; i < grouped.sharding.items.size(); ++i)
+      for (int r : grouped.placement[i].ring)
+        for (const auto& s : grouped.sharding.items[i].seqs) CHECK(r / 8 == group_of[s.id]);
+  }
+  CHECK_THROWS_AS((void)balance::plan_hetmesh(test::random_batch(1, 10, 10, 100), {.capacity = 64}, 6, m,
+                                              {.group_size = 4}),
+                  invalid_argument);
+}
+
+TEST_CASE("compare_strategies: every strategy runs; HDP strategies respect the lower bound; ours is near it") {
+  balance::strategy_config cfg;
+  cfg.ranks = 64;
+  cfg.hdp.capacity = 16384;
+  const auto seqs = test::prolong_batch(3, 64LL * 8 * 16384);
+  const auto res = balance::compare_strategies(seqs, cfg);
+  REQUIRE(res.size() == balance::strategy_names.size());
+  for (const auto& r : res) {
+    CHECK(r.step.ticks > 0);
+    CHECK(r.imbalance >= 1.0);
+    if (r.name != "static_dp_cp") CHECK(r.step >= r.lower_bound);
+  }
+  const auto by = [&](std::string_view n) {
+    return *std::find_if(res.begin(), res.end(), [&](const auto& r) { return r.name == n; });
+  };
+  CHECK(by("hetmesh").ratio_to_lower_bound < 1.05);
+  CHECK(by("hetmesh").step <= by("bytescale_hdp").step);
+  CHECK(by("bytescale_hdp").step < by("token_count").step);
+  CHECK(by("token_count").step < by("random").step);
+  CHECK_THROWS_WITH_AS((void)balance::run_strategy("magic", seqs, cfg), doctest::Contains("unknown strategy 'magic'"),
+                       invalid_argument);
+}

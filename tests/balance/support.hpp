@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers shared by the balance tests: seeded workloads and the exactly-once check of an HDP plan.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <vector>
+
+#include <hetmesh/core/random.hpp>
+#include <hetmesh/seq/hdp.hpp>
+
+#include "workloads.hpp"
+
+namespace hetmesh::test {
+
+/// Heavy-tailed lengths: mostly short, a few long (log-uniform between lo and hi).
+inline std::vector<seq::seq_desc> random_batch(std::uint64_t seed, int n, std::int64_t lo, std::int64_t hi) {
+  rng g(seed);
+  std::vector<seq::seq_desc> out;
+  const double span = std::log(static_cast<double>(hi) / static_cast<double>(lo));
+  for (int i = 0; i < n; ++i) {
+    const auto len = static_cast<std::int64_t>(static_cast<double>(lo) * std::exp(span * g.unit() * g.unit()));
+    out.push_back({static_cast<std::int64_t>(1000 + 7 * i), std::max<std::int64_t>(1, len)});
+  }
+  return out;
+}
+
+/// A batch sampled from the ProLong document lengths when the shared workloads are present, else a
+/// heavy-tailed synthetic one (the tests still check properties, not numbers).
+inline std::vector<seq::seq_desc> prolong_batch(std::uint64_t seed, std::int64_t tokens) {
+  std::vector<std::int64_t> lens;
+  if (auto dir = workloads_dir()) {
+    std::ifstream in(*dir / "prolong_doc_lengths.txt");
+    std::int64_t x = 0;
+    while (in >> x) lens.push_back(x);
+  }
+  if (lens.empty())
+    for (const auto& s : random_batch(seed, 20000, 64, 300000)) lens.push_back(s.length);
+  rng g(seed);
+  std::vector<seq::seq_desc> out;
+  std::int64_t total = 0;
+  while (total < tokens) {
+    const auto l = lens[static_cast<std::size_t>(g.below(lens.size()))];
+    out.push_back({static_cast<std::int64_t>(out.size()), l});
+    total += l;
+  }
+  return out;
+}
+
+/// Every token of every sequence is held by exactly one (rank, micro-batch) segment.
+inline void check_exactly_once(const seq::hdp_plan& plan, const std::vector<seq::seq_desc>& seqs) {
+  std::map<std::int64_t, std::vector<seq::token_range>> got;
+  for (const auto& rank : plan.per_rank)
+    for (const auto& mb : rank)
+      for (const auto& sg : mb.segments) got[sg.seq_id].push_back(sg.tokens);
+  std::int64_t nonempty = 0;
+  for (const auto& s : seqs) {
+    if (s.length == 0) continue;
+    ++nonempty;
+    auto& v = got[s.id];
+    std::sort(v.begin(), v.end());
+    std::int64_t at = 0;
+    for (const auto& r : v) {
+      REQUIRE(r.begin == at);
+      at = r.end;
+    }
+    REQUIRE(at == s.length);
+  }
+  CHECK(static_cast<std::int64_t>(got.size()) == nonempty);
+}
+
+}  // namespace hetmesh::test
