@@ -115,12 +115,15 @@ TEST_CASE("bytescale_placement: exactly once, rings, deadlock freedom, permutati
         if (plan.sharding.items[i].packed) CHECK(plan.sharding.items[i].tokens <= hdp.capacity);
       }
       CHECK(plan_hash(balance::plan_bytescale(permuted(seqs, seed), hdp, 32, m, pol)) == plan_hash(plan));
-      // The slack rule keeps every rank within delta of the busiest plus one item.
+      // The slack rule keeps every rank within delta of the busiest plus one item (DP-Balance); PP-Balance
+      // may stack two items of its level on one pipeline.
       const auto t = balance::simulate(32, balance::tasks_of(plan, m));
       cost::fixed biggest{};
-      for (const auto& it : plan.sharding.items) biggest = std::max(biggest, balance::hdp_item_time(it, m));
+      for (std::size_t i = 0; i < plan.sharding.items.size(); ++i)
+        biggest = std::max(biggest, balance::hdp_item_time(plan.sharding.items[i], m, plan.placement[i].ring));
       const auto mn = *std::min_element(t.finish.begin(), t.finish.end());
-      CHECK(t.step.units() <= mn.units() * 1.05 + biggest.units() + 1e-9);
+      const double items = mode == balance::hdp_balance_mode::dp ? 1.0 : 2.0;
+      CHECK(t.step.units() <= mn.units() * 1.05 + items * biggest.units() + 1e-9);
     }
   }
 }
@@ -151,7 +154,7 @@ TEST_CASE("bytescale_placement: DP-Balance aligns lengths in time; PP-Balance ke
     if (packs == 0) long_rank_mbs = std::max(long_rank_mbs, rank.size());
     if (longs == 0) short_rank_mbs = std::max(short_rank_mbs, rank.size());
   }
-  CHECK(mixed <= 2);                          // only at the transition between levels
+  CHECK(mixed <= 16 / 2 + 1);                 // at most the pipelines of the bucket straddling both levels
   CHECK(short_rank_mbs > long_rank_mbs);      // pipelines of shorter work run more micro-batches
 }
 

@@ -29,13 +29,13 @@ int main(int argc, char** argv) {
   const int die_at = argc > 6 ? std::stoi(argv[6]) : -1;
   try {
     // The data lives in DIR (not a temporary folder) so that the restarted process finds it.
-    if (detail::file_size_or_missing(dir + "/web.idx") < 0) {
+    if (hetmesh::data::detail::file_size_or_missing(dir + "/web.idx") < 0) {
       test::make_indexed(dir + "/web", 5, 0, 70, 1, 120);
       test::make_indexed(dir + "/code", 5, 1, 40, 30, 300);
     }
     std::vector<std::string> shards;
     for (int sh = 0; sh < 2; ++sh) shards.push_back(fmt::format("{}/img-{:03}.tar", dir, sh));
-    if (detail::file_size_or_missing(shards[0]) < 0) {
+    if (hetmesh::data::detail::file_size_or_missing(shards[0]) < 0) {
       test::temp_dir tmp;
       const auto made = test::make_wds(tmp, "img", 5, 2, 2, 12, 4, 40);
       for (std::size_t k = 0; k < made.size(); ++k) {
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     };
     data_loader dl(cfg, {.workers = workers, .prefetch_steps = 3});
     std::int64_t start = 0;
-    if (detail::file_size_or_missing(ckpt) >= 0) {
+    if (hetmesh::data::detail::file_size_or_missing(ckpt) >= 0) {
       const auto st = load_checkpoint(ckpt, cfg);
       dl.restore(st);
       start = st.step;

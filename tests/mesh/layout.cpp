@@ -331,3 +331,15 @@ TEST_CASE("errors name what was wrong and what was expected") {
   CHECK_THROWS_WITH_AS((hm::view{{{hm::tp, {{2, 1}}}, {hm::tp, {{2, 2}}}}, 0}),
                        doctest::Contains("'tp' twice"), invalid_argument);
 }
+
+TEST_CASE("the snippet in docs/mesh.md") {
+  constexpr auto m = hm::make_mesh(hm::tp(8_c), hm::cp(2_c), hm::dp(4));
+  CHECK(hetmesh::to_string(m) == "(tp=_8,cp=_2,dp=4):(_1,_8,_16)");
+  CHECK_NOTHROW(m.check_world(64));
+  CHECK(m.coord_of(43) == decltype(m)::coord_type{3, 1, 2});
+  CHECK(m.rank_of({3, 1, 2}) == 43);
+  CHECK(m.group_of(19, hm::dp) == std::vector<int>{3, 19, 35, 51});
+  CHECK(m.groups(hm::tp).size() == 8);
+  CHECK(m.flatten("dp_cp", hm::cp, hm::dp).extent("dp_cp") == 8);
+  CHECK(m.submesh({{hm::dp, 0}}).ranks() == m.groups(hm::tp, hm::cp)[0]);
+}

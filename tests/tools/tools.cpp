@@ -407,7 +407,8 @@ TEST_CASE("hetmesh-plan balance: every token of every sample on exactly one rank
       }
       CHECK(rk["tokens"] == rank_tokens);
       tokens += rank_tokens;
-      CHECK(rk["busy_model_ms"].get<double>() > 0);
+      // static_dp_cp leaves ranks beyond dp x cp idle; the HDP strategies use every rank here.
+      if (strategy != "static_dp_cp") CHECK(rk["busy_model_ms"].get<double>() > 0);
     }
     CHECK(tokens == std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0}));
     for (std::size_t i = 0; i < lengths.size(); ++i) {

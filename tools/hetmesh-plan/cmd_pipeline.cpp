@@ -1,16 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh-plan pipeline / simulate: pipeline schedules by name (the compute actions each rank runs, in
 // PyTorch's notation), and the simulated step of a schedule over a workload's variable micro-batches.
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <fstream>
+
+#include <hetmesh/cost/comm.hpp>
+#include <hetmesh/cost/compute.hpp>
+#include <hetmesh/cost/memory.hpp>
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/io.hpp>
+#include <hetmesh/pipeline/simulate.hpp>
+#include <hetmesh/pipeline/trace.hpp>
+#include <hetmesh/seq/packing.hpp>
 
 #include "commands.hpp"
 #include "output.hpp"
+#include "workload.hpp"
 
 namespace hetmesh_plan {
 namespace {
@@ -19,13 +30,13 @@ namespace pl = hetmesh::pipeline;
 
 constexpr output_format pipeline_formats[] = {output_format::json, output_format::csv, output_format::ascii,
                                               output_format::table};
+constexpr output_format simulate_formats[] = {output_format::json, output_format::table, output_format::ascii};
 constexpr std::string_view schedule_names[] = {"gpipe",       "1f1b", "interleaved-1f1b", "zero-bubble",
                                                "interleaved-zero-bubble", "zbv"};
 
-pl::schedule schedule_of(const parsed& args) {
+pl::schedule schedule_of(const parsed& args, int m) {
   const std::string& name = args.choice("schedule", schedule_names);
   const int pp = args.int32("pp", 1, 1 << 16);
-  const int m = args.int32("microbatches", 1, 1 << 20);
   const int v = args.opt_int32("virtual", 1, 1 << 10).value_or(0);
   const int g = args.opt_int32("group-size", 1, 1 << 20).value_or(0);
   return pl::make_schedule(name, pp, m, v, g);
@@ -52,12 +63,150 @@ json schedule_json(const pl::schedule& s) {
 
 void run_pipeline(const parsed& args, std::ostream& out) {
   const auto format = format_of(args, pipeline_formats);
-  const auto s = schedule_of(args);
+  const int width = args.int32("width", 10, 10000);
+  const auto s = schedule_of(args, args.int32("microbatches", 1, 1 << 20));
   switch (format) {
     case output_format::json: print_json(out, schedule_json(s)); break;
     case output_format::csv: out << pl::to_csv(s); break;
     case output_format::table: out << pl::format_pipeline_order(s); break;
-    case output_format::ascii: out << pl::format_pipeline_order(s); break;
+    case output_format::ascii: {
+      // Equal costs (F 1, B 2, W 1 of the B) show the schedule's shape; `simulate` prices real work.
+      const auto sim = pl::simulate(s, pl::uniform_costs{}.model());
+      out << fmt::format("{} pp={} microbatches={}: step {:.6g} units, bubble {:.1f}% (F=1, B=2, I=W=1)\n", s.name,
+                         s.num_ranks, s.num_microbatches, sim.step_time, 100.0 * sim.bubble_ratio);
+      out << pl::ascii_timeline(sim.timeline, width, true);
+      break;
+    }
+  }
+}
+
+// ---- simulate ------------------------------------------------------------------------------------
+
+// Per-action costs of variable micro-batches: the layers split evenly over the stages; a stage's
+// forward of micro-batch k costs its packed row (per-document quadratic attention + linear), the full
+// backward twice that (I and W one forward each); the activation handed to the next stage is
+// tokens x hidden bf16 values over the inter-stage link; an F keeps its stage's activations alive.
+struct micro_batch_costs {
+  std::vector<double> forward_s;
+  std::vector<double> transfer_s;
+  std::vector<std::int64_t> memory_bytes;
+
+  [[nodiscard]] pl::cost_model model() const {
+    const auto f = forward_s;
+    const auto t = transfer_s;
+    const auto m = memory_bytes;
+    pl::cost_model c;
+    c.compute = [f](const pl::action& a) {
+      const double x = f.at(static_cast<std::size_t>(a.microbatch));
+      switch (a.type) {
+        case pl::action_type::forward: return x;
+        case pl::action_type::backward: return 2.0 * x;
+        case pl::action_type::backward_input:
+        case pl::action_type::backward_weight: return x;
+        default: return 0.0;
+      }
+    };
+    c.transfer = [t](const pl::action& a) { return a.microbatch >= 0 ? t.at(static_cast<std::size_t>(a.microbatch)) : 0.0; };
+    c.memory = [m](const pl::action& a) {
+      return a.microbatch >= 0 ? m.at(static_cast<std::size_t>(a.microbatch)) : std::int64_t{0};
+    };
+    return c;
+  }
+};
+
+void run_simulate(const parsed& args, std::ostream& out) {
+  const auto format = format_of(args, simulate_formats);
+  const auto wl = read_workload(args.str("workload"));
+  const auto lengths = wl.lengths();
+  const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  const std::int64_t capacity =
+      args.has("capacity") ? args.integer("capacity", 1, std::int64_t{1} << 40) : std::max<std::int64_t>(8192, longest);
+  const auto seqs = hetmesh::seq::with_index_ids(lengths);
+  const auto packs = hetmesh::seq::pack(seqs, {.capacity = capacity});
+  int m = static_cast<int>(packs.micro_batches.size());
+  if (args.has("microbatches")) {
+    const int want = args.int32("microbatches", 1, 1 << 20);
+    if (want > m) {
+      usage_fail("--microbatches {}: the workload packs into only {} micro-batches of {} tokens; expected at most {}", want,
+                 m, capacity, m);
+    }
+    m = want;
+  }
+  const auto s = schedule_of(args, m);
+
+  const auto layers = args.integer("layers", 1, 1 << 16);
+  const auto hidden = args.integer("hidden", 1, 1 << 20);
+  hetmesh::cost::llm_compute llm{hetmesh::cost::bytescale_fig6a_layer(), layers, 3.0};
+  if (args.has("tflops")) llm = hetmesh::cost::llm_compute::from_dims(hidden, layers, args.real("tflops") * 1e9);
+  const auto link = hetmesh::cost::link::from_us_gbps(10.0, args.real("link-gbps"));
+  const double stages = static_cast<double>(s.num_stages);
+  const auto act = hetmesh::cost::activation_memory::from_dims(hidden, (layers + s.num_stages - 1) / s.num_stages);
+  micro_batch_costs costs;
+  std::vector<std::int64_t> mb_tokens;
+  for (int k = 0; k < m; ++k) {
+    const auto& mb = packs.micro_batches[static_cast<std::size_t>(k)];
+    std::vector<std::int64_t> docs;
+    for (const auto& d : mb.docs) docs.push_back(d.length);
+    // llm.packed_row is the whole model's training time in ms; one stage's forward is 1/(3 stages) of it.
+    costs.forward_s.push_back(llm.packed_row(docs) / (llm.train_factor * stages) / 1000.0);
+    costs.transfer_s.push_back(link.time(2.0 * static_cast<double>(hidden) * static_cast<double>(mb.tokens())) / 1000.0);
+    costs.memory_bytes.push_back(static_cast<std::int64_t>(act.bytes(mb.tokens())));
+    mb_tokens.push_back(mb.tokens());
+  }
+  const auto sim = pl::simulate(s, costs.model());
+  // The same schedule with every micro-batch at the mean cost: what variable lengths add on top.
+  micro_batch_costs mean = costs;
+  for (auto* v : {&mean.forward_s, &mean.transfer_s}) {
+    const double avg = std::accumulate(v->begin(), v->end(), 0.0) / static_cast<double>(v->size());
+    std::fill(v->begin(), v->end(), avg);
+  }
+  const auto uniform = pl::simulate(s, mean.model(), false);
+
+  if (args.has("trace")) {
+    const std::string& path = args.str("trace");
+    std::ofstream f(path);
+    if (!f) hetmesh::throw_error<hetmesh::invalid_argument>("--trace: cannot write '{}'; expected a writable path", path);
+    f << pl::chrome_trace(sim.timeline, fmt::format("hetmesh-plan simulate {} pp={}", s.name, s.num_ranks)).dump();
+    if (!f) hetmesh::throw_error<hetmesh::data_error>("--trace: writing '{}' failed", path);
+  }
+
+  json doc;
+  doc["schedule"] = s.name;
+  doc["pp"] = s.num_ranks;
+  doc["stages"] = s.num_stages;
+  doc["microbatches"] = m;
+  doc["workload"] = wl.path;
+  doc["capacity"] = capacity;
+  doc["model"] = hetmesh::to_string(llm);
+  doc["step_time_model_s"] = sim.step_time;
+  doc["bubble_ratio"] = sim.bubble_ratio;
+  doc["uniform_step_time_model_s"] = uniform.step_time;
+  doc["uniform_bubble_ratio"] = uniform.bubble_ratio;
+  doc["microbatch_tokens"] = mb_tokens;
+  json ranks = json::array();
+  table t{{"rank", "busy (s, model)", "idle", "peak activations (model)"}, {}};
+  for (std::size_t r = 0; r < sim.busy.size(); ++r) {
+    const double idle = sim.step_time > 0 ? 1.0 - sim.busy[r] / sim.step_time : 0.0;
+    const auto peak = r < sim.peak_memory.size() ? sim.peak_memory[r] : 0;
+    ranks.push_back({{"rank", r}, {"busy_model_s", sim.busy[r]}, {"peak_activation_bytes", peak}});
+    t.rows.push_back({std::to_string(r), fixed_str(sim.busy[r], 3), fmt::format("{:.1f}%", 100.0 * idle),
+                      bytes_str(static_cast<double>(peak))});
+  }
+  doc["per_rank"] = std::move(ranks);
+  if (args.has("trace")) doc["trace"] = args.str("trace");
+  const std::string summary = fmt::format(
+      "{} pp={} stages={}: {} micro-batches of <= {} tokens from {}\n"
+      "step {:.3f} s, bubble {:.1f}% (modelled); at equal micro-batch costs {:.3f} s, bubble {:.1f}%\n",
+      s.name, s.num_ranks, s.num_stages, m, capacity, wl.path, sim.step_time, 100.0 * sim.bubble_ratio,
+      uniform.step_time, 100.0 * uniform.bubble_ratio);
+  if (format == output_format::json) {
+    print_json(out, doc);
+  } else if (format == output_format::table) {
+    out << summary << '\n';
+    t.print(out);
+  } else {
+    out << summary;
+    out << pl::ascii_timeline(sim.timeline, args.int32("width", 10, 10000), true);
   }
 }
 
@@ -74,6 +223,7 @@ std::vector<subcommand> pipeline_commands() {
       .option("virtual", "V", "stages per rank for the interleaved schedules (default 2)")
       .option("group-size", "G", "micro-batch group size of the interleaved schedules (default: the rule's)")
       .option("format", "FMT", "json, csv (PyTorch's CSV), ascii (timeline) or table (PyTorch's step grid)", "json")
+      .option("width", "N", "ascii: columns of the timeline", "100")
       .epilog(
           "Actions are <stage><F|B|I|W><microbatch> with global stage numbers as PyTorch numbers them:\n"
           "F forward, B full backward, I backward for inputs, W backward for weights.\n\n"
@@ -83,7 +233,39 @@ std::vector<subcommand> pipeline_commands() {
           "   \"ranks\": [[\"0F0\", \"0F1\", \"0B0\", \"0F2\", \"0B1\", \"0B2\"], [\"1F0\", \"1B0\", ...]]}\n\n"
           "example:\n"
           "  hetmesh-plan pipeline --schedule interleaved-1f1b --pp 4 --microbatches 8 --virtual 2 --format csv\n");
-  return {{std::move(pipeline), run_pipeline}};
+  command_spec simulate("simulate",
+                        "Simulate a pipeline schedule over a workload's variable-length micro-batches (Perfetto trace).");
+  simulate.required("schedule", "NAME", schedule_help)
+      .required("pp", "P", "pipeline-parallel degree (ranks)")
+      .required("workload", "FILE", "one sample length per line, or JSONL (see 'compare --help')")
+      .option("capacity", "C", "tokens per micro-batch; samples are packed best-fit decreasing (default: the longest sample, at least 8192)")
+      .option("microbatches", "M", "simulate only the first M micro-batches (default: all)")
+      .option("virtual", "V", "stages per rank for the interleaved schedules (default 2)")
+      .option("group-size", "G", "micro-batch group size of the interleaved schedules")
+      .option("layers", "L", "transformer layers of the whole model, split evenly over the stages", "32")
+      .option("hidden", "H", "hidden size: activation and transfer sizes", "4096")
+      .option("tflops", "T", "price layers from FLOPs at T TFLOP/s (default: ByteScale Fig. 6(a)'s 7B-class fit)")
+      .option("link-gbps", "B", "bandwidth of the link between pipeline stages, GB/s", "25")
+      .option("trace", "FILE", "write the simulated timeline as Chrome trace JSON (open in ui.perfetto.dev)")
+      .option("width", "N", "ascii: columns of the timeline", "100")
+      .option("format", "FMT", "json, table or ascii", "json")
+      .epilog(
+          "Samples are packed into micro-batches of at most C tokens; micro-batch k costs its packed row\n"
+          "(attention per document, quadratic; the rest linear) on each stage: F one forward, B two, I and\n"
+          "W one each. Times are modelled. uniform_step_time_model_s is the same schedule with every\n"
+          "micro-batch at the mean cost: the difference is what variable lengths cost.\n\n"
+          "output (json):\n"
+          "  {\"schedule\": \"1f1b\", \"pp\": 4, \"stages\": 4, \"microbatches\": 96, \"workload\": \"w.txt\",\n"
+          "   \"capacity\": 65536, \"model\": \"...\", \"step_time_model_s\": 12.3, \"bubble_ratio\": 0.08,\n"
+          "   \"uniform_step_time_model_s\": 11.9, \"uniform_bubble_ratio\": 0.05, \"microbatch_tokens\": [...],\n"
+          "   \"per_rank\": [{\"rank\": 0, \"busy_model_s\": 11.2, \"peak_activation_bytes\": 1234}, ...],\n"
+          "   \"trace\": \"out.json\"}\n\n"
+          "example:\n"
+          "  hetmesh-plan simulate --schedule 1f1b --pp 4 --workload examples/data/prolong_sample.txt --trace step.json --format ascii\n");
+  std::vector<subcommand> out;
+  out.push_back({std::move(pipeline), run_pipeline});
+  out.push_back({std::move(simulate), run_simulate});
+  return out;
 }
 
 }  // namespace hetmesh_plan

@@ -30,7 +30,7 @@ struct dim_extent;
 /// as the separator ("tp-cp-ep-dp-pp").
 class dim {
  public:
-  /// An empty dim; only a placeholder for default-constructed arrays, never a valid mesh dim.
+  /// An empty dim, so that arrays of dims can be default-constructed; never a valid mesh dim.
   constexpr dim() = default;
 
   /// Pre: `name` is 1..15 characters from [a-z0-9_]; otherwise throws invalid_argument (at compile

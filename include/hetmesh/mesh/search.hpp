@@ -268,12 +268,12 @@ inline std::string layout_choice::explain() const {
     const auto it =
         std::find_if(m.dims.begin(), m.dims.end(), [&](const dim_cost& x) { return x.name == d.name; });
     if (it == m.dims.end() || it->in_node() == d.in_node() || d.bytes == 0) continue;
-    why += fmt::format("  {} ({}/rank/step) {}: {} -> {}\n", d.name, detail::format_bytes(d.bytes),
+    why += fmt::format("    {} ({}/rank/step) {}: {} -> {}\n", d.name, detail::format_bytes(d.bytes),
                        d.in_node() ? "moves inside a node" : "moves across nodes",
                        detail::format_ns(it->time_ns), detail::format_ns(d.time_ns));
   }
   if (why.empty()) {
-    why = "  the same dims stay inside a node; the best order spans fewer nodes with the heavier groups\n";
+    why = "    the same dims stay inside a node; the best order spans fewer nodes with the heavier groups\n";
   }
   out += "  why, against the baseline:\n" + why;
   if (!out.empty() && out.back() == '\n') out.pop_back();

@@ -37,16 +37,22 @@ class action_flags {
       base_[static_cast<std::size_t>(t)] = at;
       at += static_cast<std::size_t>(n) * static_cast<std::size_t>(microbatches);
     }
-    flags_.assign(at, 0);
+    bits_.assign((at + 63) / 64, 0);
   }
 
   [[nodiscard]] bool in_range(const action& a) const noexcept {
     return a.stage >= 0 && a.stage < limit_[static_cast<std::size_t>(a.type)] && a.microbatch >= 0 &&
            a.microbatch < mbs_;
   }
-  [[nodiscard]] bool get(const action& a) const noexcept { return in_range(a) && flags_[index(a)] != 0; }
+  [[nodiscard]] bool get(const action& a) const noexcept {
+    if (!in_range(a)) return false;
+    const std::size_t i = index(a);
+    return ((bits_[i >> 6] >> (i & 63U)) & 1U) != 0;
+  }
   void set(const action& a) noexcept {
-    if (in_range(a)) flags_[index(a)] = 1;
+    if (!in_range(a)) return;
+    const std::size_t i = index(a);
+    bits_[i >> 6] |= std::uint64_t{1} << (i & 63U);
   }
 
   static constexpr bool uses_shard(action_type t) noexcept {
@@ -62,7 +68,7 @@ class action_flags {
   int mbs_;
   std::array<int, action_type_count> limit_{};
   std::array<std::size_t, action_type_count> base_{};
-  std::vector<std::uint8_t> flags_;
+  std::vector<std::uint64_t> bits_;  // one bit per possible action: small enough to stay in cache
 };
 
 /// The (send, recv) pairs a compute action produces under schedule s. Empty when the consumer is

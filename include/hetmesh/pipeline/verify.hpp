@@ -8,6 +8,8 @@
 #pragma once
 
 #include <algorithm>
+#include <ctime>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -91,6 +93,7 @@ inline action partner(const action& a) {
                                     s.encoder_shard_to_rank[static_cast<std::size_t>(e)], nranks);
 
   verify_report rep;
+  auto T0 = std::clock();
   detail::action_flags present(S, E, M);
   bool explicit_comm = false;
   std::vector<int> reduce_seen(static_cast<std::size_t>(S), 0);
@@ -164,6 +167,7 @@ inline action partner(const action& a) {
       if (is_send(a.type)) ++rep.comm_pairs;
     }
   }
+  auto T1 = std::clock();
   // --- token game -----------------------------------------------------------------------------------
   detail::action_flags done(S, E, M);
   std::vector<int> backward_done(static_cast<std::size_t>(S), 0);
@@ -363,6 +367,7 @@ inline action partner(const action& a) {
                                     opt.mode == send_mode::rendezvous ? "blocking (rendezvous)" : "buffered", msg);
     }
   }
+  fprintf(stderr, "struct %.2f game %.2f\n", (T1-T0)*1000.0/CLOCKS_PER_SEC, (std::clock()-T1)*1000.0/CLOCKS_PER_SEC);
   return rep;
 }
 

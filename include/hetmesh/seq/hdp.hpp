@@ -199,6 +199,13 @@ struct hdp_plan {
                                   placement.size(), sharding.items.size());
   hdp_plan plan;
   plan.per_rank.resize(static_cast<std::size_t>(sharding.pool));
+  {  // reserve exactly: one allocation per rank
+    std::vector<std::size_t> count(static_cast<std::size_t>(sharding.pool), 0);
+    for (const auto& pl : placement)
+      for (int r : pl.ring)
+        if (r >= 0 && r < sharding.pool) ++count[static_cast<std::size_t>(r)];
+    for (std::size_t r = 0; r < count.size(); ++r) plan.per_rank[r].reserve(count[r]);
+  }
   std::vector<int> seen(static_cast<std::size_t>(sharding.pool), -1);
   for (std::size_t i = 0; i < sharding.items.size(); ++i) {
     const auto& it = sharding.items[i];
@@ -221,6 +228,7 @@ struct hdp_plan {
       mb.ring_position = static_cast<int>(p);
       mb.offload_ratio = it.offload.ratio();
       if (it.packed) {
+        mb.segments.reserve(it.seqs.size());
         for (const auto& s : it.seqs) mb.segments.push_back({s.id, {0, s.length}});
       } else {
         const auto& s = it.seqs.front();
@@ -231,10 +239,11 @@ struct hdp_plan {
       plan.per_rank[static_cast<std::size_t>(r)].push_back(std::move(mb));
     }
   }
+  const auto before = [](const hdp_micro_batch& a, const hdp_micro_batch& b) {
+    return a.order != b.order ? a.order < b.order : a.item < b.item;
+  };
   for (auto& mbs : plan.per_rank)
-    std::sort(mbs.begin(), mbs.end(), [](const hdp_micro_batch& a, const hdp_micro_batch& b) {
-      return a.order != b.order ? a.order < b.order : a.item < b.item;
-    });
+    if (!std::is_sorted(mbs.begin(), mbs.end(), before)) std::sort(mbs.begin(), mbs.end(), before);
   plan.sharding = std::move(sharding);
   plan.placement = std::move(placement);
   return plan;

@@ -1,0 +1,302 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench_balance_compare: the balancing strategies side by side on the shared workloads.
+//   1. modelled step time, imbalance (max/mean busy) and ratio to the lower bound max(total/N, largest
+//      short sequence) for random, token_count, static_dp_cp, bytescale_hdp, hetmesh (one group) and
+//      hetmesh with locality groups, median over seeds (batches);
+//   2. grouped reordering of a multimodal batch: encoder and LLM maxima, no reordering vs LLM-only vs
+//      joint, by group size;
+//   3. measured planning times on this machine (one core): 16,384 ranks x 4,000 sequences, grouped
+//      reordering of 8,192 samples in a 256-rank group, and 1K..100K sequences.
+// Step times are MODELLED (cost/ models, ByteScale Fig. 6(a) layer fit); planning times are MEASURED.
+// Usage: bench_balance_compare [--workloads DIR] [--out FILE] [--seeds N] [--quick]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <hetmesh/balance/balance.hpp>
+
+#include "workloads.hpp"
+
+using namespace hetmesh;
+using json = nlohmann::json;
+
+namespace {
+
+const char* machine = "2-core x86_64 CPU, no GPU (shared with other builds); planning single-threaded";
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// Median wall time of `f` in milliseconds over `reps` runs.
+double time_ms(int reps, const std::function<void()>& f) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    f();
+    const auto b = std::chrono::steady_clock::now();
+    t.push_back(std::chrono::duration<double, std::milli>(b - a).count());
+  }
+  return median(t);
+}
+
+struct text_workload {
+  std::string name;
+  std::vector<std::int64_t> lengths;  // empty: Byted-like generator
+  int ranks;
+  std::int64_t capacity;
+  int group_size;
+};
+
+json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens) {
+  balance::strategy_config cfg;
+  cfg.ranks = w.ranks;
+  cfg.hdp.capacity = w.capacity;
+  std::map<std::string, std::vector<double>> step, imb, ratio;
+  std::vector<double> plan_bs, plan_hm, nseq;
+  std::vector<std::string> order(balance::strategy_names.begin(), balance::strategy_names.end());
+  const std::string grouped = fmt::format("hetmesh_g{}", w.group_size);
+  order.push_back(grouped);
+  for (int s = 0; s < seeds; ++s) {
+    const auto seed = static_cast<std::uint64_t>(1000 + s);
+    const auto seqs = w.lengths.empty() ? bench::byted_like_batch(batch_tokens, seed)
+                                        : bench::sample_batch(w.lengths, batch_tokens, seed);
+    nseq.push_back(static_cast<double>(seqs.size()));
+    cfg.seed = seed;
+    auto res = balance::compare_strategies(seqs, cfg);
+    auto gcfg = cfg;
+    gcfg.hetmesh.group_size = w.group_size;
+    auto g = balance::run_strategy("hetmesh", seqs, gcfg);
+    g.name = grouped;
+    res.push_back(g);
+    for (const auto& r : res) {
+      step[r.name].push_back(r.step.units());
+      imb[r.name].push_back(r.imbalance);
+      ratio[r.name].push_back(r.ratio_to_lower_bound);
+    }
+    balance::bytescale_policy bp;
+    plan_bs.push_back(time_ms(3, [&] { (void)balance::plan_bytescale(seqs, cfg.hdp, cfg.ranks, cfg.model, bp); }));
+    plan_hm.push_back(time_ms(3, [&] { (void)balance::plan_hetmesh(seqs, cfg.hdp, cfg.ranks, cfg.model); }));
+  }
+  json out{{"workload", w.name}, {"ranks", w.ranks}, {"capacity_tokens", w.capacity},
+           {"batch_tokens_target", batch_tokens}, {"seeds", seeds}, {"sequences_median", median(nseq)},
+           {"model", to_string(cfg.model)}};
+  fmt::print("\n{} -- {} ranks, C = {}, ~{}M tokens per batch, {} seeds, ~{:.0f} sequences (step times MODELLED, ms)\n",
+             w.name, w.ranks, w.capacity, batch_tokens >> 20, seeds, median(nseq));
+  fmt::print("  {:<16} {:>14} {:>11} {:>14}\n", "strategy", "step (median)", "imbalance", "step / bound");
+  for (const auto& n : order) {
+    fmt::print("  {:<16} {:>14.1f} {:>11.3f} {:>14.3f}\n", n, median(step[n]), median(imb[n]), median(ratio[n]));
+    out["strategies"].push_back({{"name", n},
+                                 {"modelled_step_ms_median", median(step[n])},
+                                 {"imbalance_max_over_mean_median", median(imb[n])},
+                                 {"ratio_to_lower_bound_median", median(ratio[n])},
+                                 {"ratio_to_lower_bound_all", ratio[n]}});
+  }
+  fmt::print("  planning (measured): bytescale {:.2f} ms, hetmesh {:.2f} ms (median)\n", median(plan_bs),
+             median(plan_hm));
+  out["planning_ms_measured"] = {{"bytescale_hdp", median(plan_bs)}, {"hetmesh", median(plan_hm)}};
+  return out;
+}
+
+// Multimodal batch: text lengths from `text`, 0..4 images per sample with encoder token counts from
+// the recipes in multimodal_tokens.json (LLaVA-1.5: 576; OneVision any-res: 729 per tile, 1..10 tiles;
+// Qwen2-VL: 4x its 4..1280 LLM tokens); an image adds its LLM tokens (encoder tokens, or a quarter for
+// Qwen2-VL's 2x2 merge) to the sample's LLM length.
+std::vector<balance::sample_meta> multimodal_batch(const std::vector<std::int64_t>& text, int samples, int ranks,
+                                                   std::uint64_t seed) {
+  rng g(seed);
+  std::vector<balance::sample_meta> out;
+  for (int i = 0; i < samples; ++i) {
+    balance::sample_meta m;
+    m.id = i;
+    m.owner = static_cast<int>(g.below(static_cast<std::uint64_t>(ranks)));
+    m.llm_tokens = std::min<std::int64_t>(text[static_cast<std::size_t>(g.below(text.size()))], 16384);
+    const auto images = g.uniform(0, 4);
+    for (std::int64_t k = 0; k < images; ++k) {
+      const auto kind = g.below(3);
+      std::int64_t enc = 0, llm = 0;
+      if (kind == 0) {
+        enc = llm = 576;
+      } else if (kind == 1) {
+        enc = llm = 729 * g.uniform(1, 10);
+      } else {
+        llm = g.uniform(4, 1280);
+        enc = 4 * llm;
+      }
+      m.encoder_tokens.push_back(enc);
+      m.llm_tokens += llm;
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+json run_multimodal(const std::vector<std::int64_t>& text, int seeds) {
+  constexpr int ranks = 256, samples = 8192;
+  const balance::reorder_policy pol;
+  fmt::print("\nmultimodal grouped reordering -- {} ranks, {} samples, 0-4 images each (per-phase maxima MODELLED, "
+             "ratio to mean; step ~ max encoder + max LLM)\n",
+             ranks, samples);
+  fmt::print("  {:<22} {:>10} {:>10} {:>14}\n", "strategy", "enc max", "llm max", "step / bound");
+  json out{{"ranks", ranks}, {"samples", samples}, {"seeds", seeds}};
+  struct row {
+    std::string name;
+    int group;
+    int mode;  // 0 stay, 1 llm-only, 2 joint
+  };
+  const std::vector<row> rows{{"no reordering", 0, 0},  {"llm-only G=256", 256, 1}, {"joint G=8", 8, 2},
+                              {"joint G=64", 64, 2},    {"joint G=256", 256, 2}};
+  for (const auto& rw : rows) {
+    std::vector<double> em, lm, st;
+    for (int s = 0; s < seeds; ++s) {
+      const auto batch = multimodal_batch(text, samples, ranks, 77 + static_cast<std::uint64_t>(s));
+      std::vector<double> enc(ranks, 0.0), llm(ranks, 0.0);
+      if (rw.mode == 0) {
+        for (const auto& m : batch) {
+          llm[static_cast<std::size_t>(m.owner)] += pol.llm.sequence(m.llm_tokens);
+          for (auto t : m.encoder_tokens) enc[static_cast<std::size_t>(m.owner)] += pol.encoder.item(t);
+        }
+      } else {
+        for (int g0 = 0; g0 < ranks; g0 += rw.group) {
+          std::vector<balance::sample_meta> mine;
+          for (const auto& m : batch)
+            if (m.owner >= g0 && m.owner < g0 + rw.group) {
+              mine.push_back(m);
+              mine.back().owner -= g0;
+            }
+          const auto p = balance::plan_grouped_reorder(mine, rw.group, pol);
+          for (std::size_t i = 0; i < p.sample_ids.size(); ++i) {
+            const auto& m = *std::find_if(mine.begin(), mine.end(), [&](const auto& x) { return x.id == p.sample_ids[i]; });
+            llm[static_cast<std::size_t>(g0 + p.llm_rank[i])] += pol.llm.sequence(m.llm_tokens);
+            for (std::size_t k = 0; k < m.encoder_tokens.size(); ++k) {
+              const int r = rw.mode == 1 ? p.llm_rank[i] : p.encoder_rank[static_cast<std::size_t>(p.item_offset[i]) + k];
+              enc[static_cast<std::size_t>(g0 + r)] += pol.encoder.item(m.encoder_tokens[k]);
+            }
+          }
+        }
+      }
+      const double me = *std::max_element(enc.begin(), enc.end());
+      const double ml = *std::max_element(llm.begin(), llm.end());
+      double se = 0, sl = 0;
+      for (int r = 0; r < ranks; ++r) {
+        se += enc[static_cast<std::size_t>(r)];
+        sl += llm[static_cast<std::size_t>(r)];
+      }
+      em.push_back(me / (se / ranks));
+      lm.push_back(ml / (sl / ranks));
+      st.push_back((me + ml) / ((se + sl) / ranks));
+    }
+    fmt::print("  {:<22} {:>10.3f} {:>10.3f} {:>14.3f}\n", rw.name, median(em), median(lm), median(st));
+    out["strategies"].push_back({{"name", rw.name},
+                                 {"encoder_max_over_mean_median", median(em)},
+                                 {"llm_max_over_mean_median", median(lm)},
+                                 {"modelled_step_over_bound_median", median(st)}});
+  }
+  return out;
+}
+
+json run_planning(const std::vector<std::int64_t>& text, bool quick) {
+  json out;
+  fmt::print("\nplanning time (MEASURED on {}):\n", machine);
+  // 16,384 ranks x 4,000 Byted-like sequences.
+  auto seqs = bench::byted_like_batch(40'000'000, 42);
+  seqs.resize(4000);
+  const seq::hdp_policy hdp{.capacity = 8192};
+  const balance::step_model m;
+  const int reps = quick ? 3 : 15;
+  const double hm = time_ms(reps, [&] { (void)balance::plan_hetmesh(seqs, hdp, 16384, m); });
+  const double bs = time_ms(reps, [&] { (void)balance::plan_bytescale(seqs, hdp, 16384, m); });
+  fmt::print("  16384 ranks x 4000 sequences: hetmesh {:.2f} ms, bytescale {:.2f} ms (target < 20 ms)\n", hm, bs);
+  out["ranks16384_seqs4000_ms"] = {{"hetmesh", hm}, {"bytescale_hdp", bs}, {"target_ms", 20}};
+  // Grouped reordering: 8,192 samples in a 256-rank group.
+  const auto batch = multimodal_batch(text, 8192, 256, 5);
+  const double gr = time_ms(quick ? 5 : 21, [&] { (void)balance::plan_grouped_reorder(batch, 256); });
+  fmt::print("  grouped reordering, 8192 samples in a 256-rank group: {:.2f} ms (target < 5 ms)\n", gr);
+  out["grouped_reorder_8192_in_256_ms"] = {{"measured", gr}, {"target_ms", 5}};
+  // Scaling 1K .. 100K sequences (2,048 ranks, Byted-like).
+  fmt::print("  {:>8} {:>12} {:>12} {:>18}\n", "seqs", "hetmesh ms", "bytescale ms", "hetmesh ns/(n lg n)");
+  for (int n : {1000, 3000, 10000, 30000, 100000}) {
+    if (quick && n > 10000) break;
+    auto b = bench::byted_like_batch(static_cast<std::int64_t>(n) * 12000, 7 + static_cast<std::uint64_t>(n));
+    b.resize(static_cast<std::size_t>(std::min<std::size_t>(b.size(), static_cast<std::size_t>(n))));
+    const int r = n >= 30000 ? 3 : 7;
+    const double th = time_ms(r, [&] { (void)balance::plan_hetmesh(b, hdp, 2048, m); });
+    const double tb = time_ms(r, [&] { (void)balance::plan_bytescale(b, hdp, 2048, m); });
+    const double per = th * 1e6 / (static_cast<double>(n) * std::log2(static_cast<double>(n)));
+    fmt::print("  {:>8} {:>12.2f} {:>12.2f} {:>18.1f}\n", n, th, tb, per);
+    out["scaling_2048_ranks"].push_back(
+        {{"sequences", n}, {"hetmesh_ms", th}, {"bytescale_hdp_ms", tb}, {"hetmesh_ns_per_n_log2_n", per}});
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<std::filesystem::path> dir;
+  std::string out_file = "bench/results/balance_compare.json";
+  int seeds = 5;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--workloads" && i + 1 < argc) {
+      dir = argv[++i];
+    } else if (a == "--out" && i + 1 < argc) {
+      out_file = argv[++i];
+    } else if (a == "--seeds" && i + 1 < argc) {
+      seeds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--quick") {
+      quick = true;
+      seeds = 1;
+    } else {
+      fmt::print(stderr, "usage: {} [--workloads DIR] [--out FILE] [--seeds N] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!dir) dir = bench::find_workloads();
+  if (!dir || !std::filesystem::is_directory(*dir)) {
+    fmt::print(stderr, "bench_balance_compare: no workloads folder (looked for shared/data/workloads above the working "
+                       "directory and the executable); pass --workloads DIR\n");
+    return 2;
+  }
+  try {
+    const auto prolong = bench::read_lengths_txt(*dir / "prolong_doc_lengths.txt");
+    const auto conv = bench::read_azure_csv(*dir / "azure_2023_conv.csv");
+    const auto code = bench::read_azure_csv(*dir / "azure_2023_code.csv");
+    json j{{"benchmark", "bench_balance_compare"},
+           {"machine", machine},
+           {"note", "step times are MODELLED by hetmesh::cost (ByteScale Fig. 6(a) layer fit, 32 layers, x3 for "
+                    "training, alpha-beta ring communication); planning times are MEASURED"},
+           {"workloads_dir", dir->string()}};
+    const std::int64_t batch = quick ? (8LL << 20) : (32LL << 20);
+    const std::vector<text_workload> text{{"prolong", prolong, 256, 16384, 64},
+                                          {"azure_conv", conv, 256, 16384, 64},
+                                          {"azure_code", code, 256, 16384, 64},
+                                          {"byted_like (synthetic)", {}, 512, 8192, 256}};
+    for (const auto& w : text) j["text"].push_back(run_text(w, seeds, batch));
+    j["multimodal"] = run_multimodal(prolong, quick ? 1 : 3);
+    j["planning"] = run_planning(prolong, quick);
+    const std::filesystem::path op(out_file);
+    if (op.has_parent_path()) std::filesystem::create_directories(op.parent_path());
+    std::ofstream(op) << j.dump(2) << "\n";
+    fmt::print("\nwrote {}\n", op.string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_balance_compare: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

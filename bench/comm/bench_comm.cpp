@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench_comm: collectives side by side in one run.
+//  - Under mpirun: hetmesh's mpi backend (polling mode, the default, and blocking mode) against the
+//    same raw MPI calls (MPI_Iallreduce + MPI_Wait for polling mode, MPI_Allreduce for blocking
+//    mode), for all_reduce, broadcast, all_gather, reduce_scatter, all_to_all; sizes 1 KiB .. --max-bytes.
+//  - Otherwise: loopback all_reduce on 2 and 4 threads against one memcpy of the same bytes (the bound).
+// Times are medians over --reps batches of --iters calls (MPI: the slowest rank's batch time).
+// Bus bandwidth uses nccl-tests' factors: all_reduce 2(n-1)/n; all_gather, reduce_scatter and
+// all_to_all (n-1)/n; broadcast 1. Prints a table and writes JSON to --out.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <hetmesh/comm/collectives.hpp>
+#include <hetmesh/comm/loopback.hpp>
+#if HETMESH_HAS_MPI
+#include <hetmesh/comm/mpi.hpp>
+#endif
+
+namespace comm = hetmesh::comm;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+struct args {
+  std::string out;
+  std::int64_t max_bytes = 64 << 20;
+  int reps = 5;
+  double target_s = 0.02;  // aim for batches of about this long
+};
+
+args parse(int argc, char** argv) {
+  args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
+      return argv[++i];
+    };
+    if (k == "--out") a.out = next();
+    else if (k == "--max-bytes") a.max_bytes = std::stoll(next());
+    else if (k == "--reps") a.reps = std::stoi(next());
+    else throw std::runtime_error("unknown option " + k + " (expected --out, --max-bytes, --reps)");
+  }
+  return a;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+const char* machine = "2-core x86_64 CPU (shared), no GPU; OpenMPI 4.1 shared memory";
+
+void write_json(const nlohmann::json& j, const std::string& path) {
+  std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p) << j.dump(2) << "\n";
+  std::printf("wrote %s\n", path.c_str());
+}
+
+// --- loopback vs memcpy ---------------------------------------------------------------------------
+
+nlohmann::json bench_loopback(const args& a) {
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("%-10s %6s %12s %12s %12s %8s\n", "collective", "ranks", "bytes", "memcpy_us", "loopback_us", "ratio");
+  for (const int n : {2, 4}) {
+    for (std::int64_t bytes = 1024; bytes <= a.max_bytes; bytes *= 4) {
+      const auto count = static_cast<std::size_t>(bytes / 8);
+      std::vector<double> src(count, 1.0), dst(count);
+      int iters = 1;
+      {  // calibrate on memcpy
+        const auto t0 = clk::now();
+        std::memcpy(dst.data(), src.data(), count * 8);
+        const double t = std::chrono::duration<double>(clk::now() - t0).count();
+        iters = std::clamp(static_cast<int>(a.target_s / std::max(t * 20, 1e-7)), 3, 2000);
+      }
+      std::vector<double> mc, lb;
+      for (int rep = 0; rep < a.reps; ++rep) {
+        auto t0 = clk::now();
+        for (int i = 0; i < iters; ++i) {
+          std::memcpy(dst.data(), src.data(), count * 8);
+          asm volatile("" ::"r"(dst.data()) : "memory");
+        }
+        mc.push_back(std::chrono::duration<double>(clk::now() - t0).count() / iters);
+        double slowest = 0;
+        comm::loopback::run(n, [&](comm::loopback::communicator& c) {
+          std::vector<double> x(count, 1.0);
+          comm::barrier(c);
+          const auto s = clk::now();
+          for (int i = 0; i < iters; ++i) comm::all_reduce(c, std::span<double>(x), comm::reduce_op::sum);
+          const double t = std::chrono::duration<double>(clk::now() - s).count() / iters;
+          std::vector<double> all(static_cast<std::size_t>(n));
+          comm::all_gather(c, std::span<const double>(&t, 1), std::span<double>(all));
+          if (c.rank() == 0) slowest = *std::max_element(all.begin(), all.end());
+        });
+        lb.push_back(slowest);
+      }
+      const double m = median(mc) * 1e6, l = median(lb) * 1e6;
+      std::printf("%-10s %6d %12lld %12.2f %12.2f %8.2f\n", "all_reduce", n, static_cast<long long>(bytes), m, l, l / m);
+      rows.push_back({{"collective", "all_reduce"}, {"ranks", n}, {"bytes", bytes}, {"memcpy_us", m}, {"loopback_us", l},
+                      {"ratio_to_memcpy", l / m}, {"loopback_algbw_GBps", static_cast<double>(bytes) / (l * 1e3)},
+                      {"memcpy_GBps", static_cast<double>(bytes) / (m * 1e3)}});
+    }
+  }
+  return rows;
+}
+
+#if HETMESH_HAS_MPI
+// --- mpi backend vs raw MPI ----------------------------------------------------------------------
+
+struct coll {
+  const char* name;
+  double busbw_factor;  // times algbw
+};
+
+/// Runs `f` in batches; returns the median over reps of the slowest rank's per-call time (seconds).
+template <class F>
+double timed(MPI_Comm w, int iters, int reps, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    MPI_Barrier(w);
+    const auto s = clk::now();
+    for (int i = 0; i < iters; ++i) f();
+    double mine = std::chrono::duration<double>(clk::now() - s).count() / iters, worst = 0;
+    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, w);
+    t.push_back(worst);
+  }
+  return median(t);
+}
+
+nlohmann::json bench_mpi(const args& a) {
+  namespace mpi = comm::mpi;
+  auto poll = mpi::communicator::world();
+  auto block = poll.dup();
+  block.set_options({.timeout = std::chrono::milliseconds(HETMESH_DEFAULT_TIMEOUT_MS), .verify = false, .blocking = true});
+  const MPI_Comm w = MPI_COMM_WORLD;
+  const int n = poll.size(), me = poll.rank();
+  const coll colls[] = {{"all_reduce", 2.0 * (n - 1) / n}, {"broadcast", 1.0}, {"all_gather", double(n - 1) / n},
+                        {"reduce_scatter", double(n - 1) / n}, {"all_to_all", double(n - 1) / n}};
+  nlohmann::json rows = nlohmann::json::array();
+  if (me == 0)
+    std::printf("%-14s %10s %10s %10s %10s %10s %8s %8s %9s\n", "collective", "bytes", "rawI_us", "ours_us", "raw_us",
+                "oursB_us", "ovh%", "ovhB%", "busbw");
+  for (const coll& cl : colls) {
+    const std::string name = cl.name;
+    for (std::int64_t bytes = 1024; bytes <= a.max_bytes; bytes *= 4) {
+      // `bytes` is the nccl-tests size: the all_reduce/broadcast buffer, the total gathered or scattered bytes.
+      const auto total = static_cast<std::size_t>(bytes / 4);
+      const std::size_t per = std::max<std::size_t>(total / static_cast<std::size_t>(n), 1);
+      std::vector<float> buf(std::max(total, per * static_cast<std::size_t>(n)), 1.0f), out(buf.size());
+      std::span<float> x(buf.data(), name == "all_reduce" || name == "broadcast" ? total : per * static_cast<std::size_t>(n));
+      std::span<float> y(out.data(), x.size());
+      const int ci = static_cast<int>(per);
+      auto raw_nb = [&] {
+        MPI_Request q;
+        if (name == "all_reduce") MPI_Iallreduce(MPI_IN_PLACE, x.data(), static_cast<int>(x.size()), MPI_FLOAT, MPI_SUM, w, &q);
+        else if (name == "broadcast") MPI_Ibcast(x.data(), static_cast<int>(x.size()), MPI_FLOAT, 0, w, &q);
+        else if (name == "all_gather") MPI_Iallgather(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w, &q);
+        else if (name == "reduce_scatter") MPI_Ireduce_scatter_block(x.data(), y.data(), ci, MPI_FLOAT, MPI_SUM, w, &q);
+        else MPI_Ialltoall(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w, &q);
+        MPI_Wait(&q, MPI_STATUS_IGNORE);
+      };
+      auto raw_b = [&] {
+        if (name == "all_reduce") MPI_Allreduce(MPI_IN_PLACE, x.data(), static_cast<int>(x.size()), MPI_FLOAT, MPI_SUM, w);
+        else if (name == "broadcast") MPI_Bcast(x.data(), static_cast<int>(x.size()), MPI_FLOAT, 0, w);
+        else if (name == "all_gather") MPI_Allgather(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w);
+        else if (name == "reduce_scatter") MPI_Reduce_scatter_block(x.data(), y.data(), ci, MPI_FLOAT, MPI_SUM, w);
+        else MPI_Alltoall(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w);
+      };
+      auto ours = [&](mpi::communicator& c) {
+        return [&] {
+          if (name == "all_reduce") comm::all_reduce(c, x, comm::reduce_op::sum);
+          else if (name == "broadcast") comm::broadcast(c, x, 0);
+          else if (name == "all_gather") comm::all_gather(c, std::span<const float>(x.data(), per), y);
+          else if (name == "reduce_scatter") comm::reduce_scatter(c, std::span<const float>(x), std::span<float>(y.data(), per), comm::reduce_op::sum);
+          else comm::all_to_all(c, std::span<const float>(x), y);
+        };
+      };
+      // Calibrate the batch length on the raw call.
+      const double t1 = timed(w, 2, 1, raw_b);
+      int iters = std::clamp(static_cast<int>(a.target_s / std::max(t1, 1e-7)), 3, 3000);
+      MPI_Bcast(&iters, 1, MPI_INT, 0, w);
+      double rn = 0, on = 0, rb = 0, ob = 0;
+      std::vector<double> vrn, von, vrb, vob;
+      for (int rep = 0; rep < a.reps; ++rep) {  // interleaved, so drift hits all four alike
+        vrn.push_back(timed(w, iters, 1, raw_nb));
+        von.push_back(timed(w, iters, 1, ours(poll)));
+        vrb.push_back(timed(w, iters, 1, raw_b));
+        vob.push_back(timed(w, iters, 1, ours(block)));
+      }
+      rn = median(vrn) * 1e6, on = median(von) * 1e6, rb = median(vrb) * 1e6, ob = median(vob) * 1e6;
+      const double algbw = static_cast<double>(bytes) / (on * 1e3);  // GB/s
+      if (me == 0)
+        std::printf("%-14s %10lld %10.2f %10.2f %10.2f %10.2f %8.1f %8.1f %9.3f\n", cl.name, static_cast<long long>(bytes),
+                    rn, on, rb, ob, 100 * (on - rn) / rn, 100 * (ob - rb) / rb, algbw * cl.busbw_factor);
+      rows.push_back({{"collective", name}, {"bytes", bytes}, {"raw_nonblocking_us", rn}, {"ours_polling_us", on},
+                      {"raw_blocking_us", rb}, {"ours_blocking_us", ob}, {"overhead_polling_pct", 100 * (on - rn) / rn},
+                      {"overhead_blocking_pct", 100 * (ob - rb) / rb}, {"overhead_polling_us", on - rn},
+                      {"overhead_blocking_us", ob - rb}, {"algbw_GBps", algbw}, {"busbw_GBps", algbw * cl.busbw_factor}});
+    }
+  }
+  return rows;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    args a = parse(argc, argv);
+    const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+    nlohmann::json j{{"benchmark", "bench_comm"}, {"machine", machine}, {"measured", true},
+                     {"time", "median over reps of batch means; MPI: slowest rank"}};
+    if (under_mpirun) {
+#if HETMESH_HAS_MPI
+      comm::mpi::environment env(&argc, &argv);
+      int n = 0, me = 0;
+      MPI_Comm_size(MPI_COMM_WORLD, &n);
+      MPI_Comm_rank(MPI_COMM_WORLD, &me);
+      j["mode"] = "mpi", j["ranks"] = n;
+      j["results"] = bench_mpi(a);
+      if (me == 0) write_json(j, a.out.empty() ? fmt::format("bench/results/comm_mpi_np{}.json", n) : a.out);
+      return 0;
+#else
+      std::fprintf(stderr, "bench_comm was built without MPI\n");
+      return 1;
+#endif
+    }
+    j["mode"] = "loopback";
+    j["results"] = bench_loopback(a);
+    write_json(j, a.out.empty() ? "bench/results/comm_loopback.json" : a.out);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_comm: %s\n", e.what());
+    return 1;
+  }
+}

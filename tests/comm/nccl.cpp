@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+// NCCL backend conformance (CTest label gpu). Exits 77 (skipped) where cudaGetDeviceCount reports no
+// device. With one GPU: a one-rank communicator and a communicator split from it run the conformance
+// suite through device buffers, plus bf16/fp16 reductions and the watchdog's abort.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include <hetmesh/comm/collectives.hpp>
+#include <hetmesh/comm/group_cache.hpp>
+#include <hetmesh/comm/nccl.hpp>
+#include <hetmesh/cuda/buffer.hpp>
+
+#include "conformance.hpp"
+
+namespace comm = hetmesh::comm;
+namespace nccl = hetmesh::comm::nccl;
+using hetmesh::cuda::device_buffer;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Runs each collective on device copies of the host buffers, then copies the results back.
+struct staged {
+  template <class T>
+  static device_buffer<T> in(std::span<const T> h) {
+    device_buffer<T> d(h.size());
+    d.copy_from(h);
+    return d;
+  }
+  template <class C, class T>
+  static void all_reduce(C& c, std::span<T> x, comm::reduce_op op) {
+    auto d = in(std::span<const T>(x));
+    comm::all_reduce(c, d.span(), op);
+    c.synchronize();
+    d.copy_to(x);
+  }
+  template <class C, class T>
+  static void broadcast(C& c, std::span<T> x, int root) {
+    auto d = in(std::span<const T>(x));
+    comm::broadcast(c, d.span(), root);
+    c.synchronize();
+    d.copy_to(x);
+  }
+  template <class C, class T>
+  static void all_gather(C& c, std::span<const T> s, std::span<T> r) {
+    auto ds = in(s);
+    device_buffer<T> dr(r.size());
+    comm::all_gather(c, std::span<const T>(ds.span()), dr.span());
+    c.synchronize();
+    dr.copy_to(r);
+  }
+  template <class C, class T>
+  static void all_gather_v(C& c, std::span<const T> s, std::span<T> r, std::span<const std::int64_t> counts) {
+    auto ds = in(s);
+    device_buffer<T> dr(r.size());
+    comm::all_gather_v(c, std::span<const T>(ds.span()), dr.span(), counts);
+    c.synchronize();
+    dr.copy_to(r);
+  }
+  template <class C, class T>
+  static void reduce_scatter(C& c, std::span<const T> s, std::span<T> r, comm::reduce_op op) {
+    auto ds = in(s);
+    device_buffer<T> dr(r.size());
+    comm::reduce_scatter(c, std::span<const T>(ds.span()), dr.span(), op);
+    c.synchronize();
+    dr.copy_to(r);
+  }
+  template <class C, class T>
+  static void all_to_all(C& c, std::span<const T> s, std::span<T> r) {
+    auto ds = in(s);
+    device_buffer<T> dr(r.size());
+    comm::all_to_all(c, std::span<const T>(ds.span()), dr.span());
+    c.synchronize();
+    dr.copy_to(r);
+  }
+  template <class C, class T>
+  static void all_to_all_v(C& c, std::span<const T> s, std::span<const std::int64_t> sc, std::span<const std::int64_t> sd,
+                           std::span<T> r, std::span<const std::int64_t> rc, std::span<const std::int64_t> rd) {
+    auto ds = in(s);
+    auto dr = in(std::span<const T>(r));  // keeps the gaps' contents
+    comm::all_to_all_v(c, std::span<const T>(ds.span()), sc, sd, dr.span(), rc, rd);
+    c.synchronize();
+    dr.copy_to(r);
+  }
+  template <class C>
+  static void group_p2p(C& c, std::span<const comm::p2p_op> ops) {
+    std::vector<device_buffer<std::byte>> bufs;
+    std::vector<comm::p2p_op> dev(ops.begin(), ops.end());
+    for (auto& o : dev) {
+      const auto bytes = static_cast<std::size_t>(o.count) * comm::dtype_size(o.type);
+      bufs.emplace_back(bytes);
+      if (o.what == comm::p2p_op::kind::send)
+        bufs.back().copy_from(std::span<const std::byte>(static_cast<const std::byte*>(o.data), bytes));
+      o.data = bufs.back().data();
+    }
+    comm::group_p2p(c, std::span<const comm::p2p_op>(dev));
+    c.synchronize();
+    for (std::size_t i = 0; i < dev.size(); ++i)
+      if (dev[i].what == comm::p2p_op::kind::recv)
+        bufs[i].copy_to(std::span<std::byte>(static_cast<std::byte*>(ops[i].data), bufs[i].size()));
+  }
+  template <class C>
+  static void barrier(C& c) { comm::barrier(c); }
+};
+
+nccl::options quick() {
+  nccl::options o;
+  o.timeout = 20s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("nccl: a one-rank communicator passes the conformance suite") {
+  auto c = nccl::communicator::single(0, quick());
+  CHECK(c.size() == 1);
+  CHECK(comm::testing::conform<staged>(c) > 0);
+}
+
+TEST_CASE("nccl: the split path gives a working communicator with the parent's global ranks") {
+  auto c = nccl::communicator::single(0, quick());
+  auto child = comm::split(c, 0, 0);
+  CHECK(child.size() == 1);
+  CHECK(child.ranks()[0] == 0);
+  comm::testing::conformance_options opt;
+  opt.sizes = {0, 1, 7, 1000};
+  CHECK(comm::testing::conform<staged>(child, opt) > 0);
+}
+
+TEST_CASE("nccl: bf16 and fp16 all_reduce on the device") {
+  auto c = nccl::communicator::single(0, quick());
+  std::vector<__nv_bfloat16> b(257);
+  std::vector<__half> h(257);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    b[i] = __float2bfloat16(static_cast<float>(static_cast<int>(i % 64) - 32));
+    h[i] = __float2half(static_cast<float>(static_cast<int>(i % 64) - 32));
+  }
+  staged::all_reduce(c, std::span<__nv_bfloat16>(b), comm::reduce_op::sum);
+  staged::all_reduce(c, std::span<__half>(h), comm::reduce_op::max);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    CHECK(__bfloat162float(b[i]) == static_cast<float>(static_cast<int>(i % 64) - 32));
+    CHECK(__half2float(h[i]) == static_cast<float>(static_cast<int>(i % 64) - 32));
+  }
+}
+
+TEST_CASE("nccl: a receive that is never matched ends in an error, not a hang") {
+  nccl::options o;
+  o.timeout = 500ms;
+  auto c = nccl::communicator::single(0, o);
+  device_buffer<int> d(16);
+  const auto start = std::chrono::steady_clock::now();
+  bool raised = false;
+  try {
+    comm::recv(c, d.span(), 0, 0);  // rank 0 receives from itself; nobody sends
+    c.synchronize();
+  } catch (const hetmesh::error&) {
+    raised = true;  // timeout_error from the watchdog, or NCCL's own backend_error
+  }
+  CHECK(raised);
+  CHECK(std::chrono::steady_clock::now() - start < 30s);
+}
+
+int main(int argc, char** argv) {
+  if (hetmesh::cuda::device_count() == 0) {
+    std::printf("test_comm_nccl: no CUDA device; skipped\n");
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}
