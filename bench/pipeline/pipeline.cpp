@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -45,18 +46,21 @@ struct gen_result {
   std::string name;
   std::size_t actions = 0, lowered_actions = 0;
   double generate_ms = 0, verify_ms = 0, total_ms = 0, lower_ms = 0, verify_lowered_ms = 0, copy_ms = 0;
+  double total_cpu_ms = 0;  // process CPU time of generate + verify (less sensitive to a loaded machine)
 };
 
 gen_result bench_generation(const std::string& name, int pp, int m, int v, int reps) {
   gen_result r{.name = name};
-  std::vector<double> gen, ver, tot, low, verl, copy;
+  std::vector<double> gen, ver, tot, low, verl, copy, cpu;
   for (int i = 0; i < reps; ++i) {
+    const std::clock_t c0 = std::clock();
     auto t0 = clock_type::now();
     const schedule s = make_schedule(name, pp, m, v);
     const double g = seconds_since(t0);
     t0 = clock_type::now();
     const auto rep = verify(s);
     const double vt = seconds_since(t0);
+    cpu.push_back(static_cast<double>(std::clock() - c0) * 1e3 / CLOCKS_PER_SEC);
     gen.push_back(g * 1e3);
     ver.push_back(vt * 1e3);
     tot.push_back((g + vt) * 1e3);
@@ -86,6 +90,7 @@ gen_result bench_generation(const std::string& name, int pp, int m, int v, int r
   r.lower_ms = median(low);
   r.verify_lowered_ms = median(verl);
   r.copy_ms = median(copy);
+  r.total_cpu_ms = median(cpu);
   return r;
 }
 
@@ -204,16 +209,16 @@ int main(int argc, char** argv) {
 
   // 1. generation + verification
   fmt::print("Generation + verification, pp=64, M=1024 (measured; medians of {} runs, ms)\n", reps);
-  fmt::print("{:<26} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12} {:>10}\n", "schedule", "actions", "generate", "verify",
-             "gen+verif", "lower", "verify-low", "copy (LB)");
+  fmt::print("{:<26} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>12} {:>10}\n", "schedule", "actions", "generate", "verify",
+             "gen+verif", "(cpu)", "lower", "verify-low", "copy (LB)");
   std::vector<gen_result> gens;
   gens.push_back(bench_generation("interleaved-1f1b", 64, 1024, 4, reps));
   gens.push_back(bench_generation("interleaved-zero-bubble", 64, 1024, 4, reps));
   gens.push_back(bench_generation("zbv", 64, 1024, 0, reps));
   gens.push_back(bench_generation("1f1b", 64, 1024, 0, reps));
   for (const auto& g : gens)
-    fmt::print("{:<26} {:>9} {:>9.2f} {:>9.2f} {:>10.2f} {:>9.2f} {:>12.2f} {:>10.3f}\n", g.name, g.actions, g.generate_ms,
-               g.verify_ms, g.total_ms, g.lower_ms, g.verify_lowered_ms, g.copy_ms);
+    fmt::print("{:<26} {:>9} {:>9.2f} {:>9.2f} {:>10.2f} {:>9.2f} {:>9.2f} {:>12.2f} {:>10.3f}\n", g.name, g.actions,
+               g.generate_ms, g.verify_ms, g.total_ms, g.total_cpu_ms, g.lower_ms, g.verify_lowered_ms, g.copy_ms);
 
   // 2. simulator throughput
   const schedule big = make_schedule("interleaved-1f1b", 64, 1024, 4);
@@ -254,6 +259,7 @@ int main(int argc, char** argv) {
                                {"generate_ms_median", g.generate_ms},
                                {"verify_ms_median", g.verify_ms},
                                {"generate_plus_verify_ms_median", g.total_ms},
+                               {"generate_plus_verify_cpu_ms_median", g.total_cpu_ms},
                                {"lower_send_recv_ms_median", g.lower_ms},
                                {"verify_lowered_rendezvous_ms_median", g.verify_lowered_ms},
                                {"lower_bound_copy_ms_median", g.copy_ms},

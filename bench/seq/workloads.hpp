@@ -41,7 +41,8 @@ inline fs::path find_workloads(const std::string& given) {
     at = at.parent_path();
   }
   hetmesh::throw_error<hetmesh::invalid_argument>(
-      "workloads folder not found from {}; expected ../shared/data/workloads relative to the project root, or pass "
+      "workloads folder not found from {}; expected ../shared/data/workloads relative to the project root, "
+      "or pass "
       "--workloads DIR",
       fs::current_path().string());
 }
@@ -87,27 +88,38 @@ struct batch_spec {
 
 inline std::vector<batch_spec> specs(const fs::path& dir) {
   std::ifstream in(dir / "bytescale_length_facts.json");
-  if (!in) hetmesh::throw_error<hetmesh::data_error>("cannot open {}", (dir / "bytescale_length_facts.json").string());
+  if (!in)
+    hetmesh::throw_error<hetmesh::data_error>("cannot open {}",
+                                              (dir / "bytescale_length_facts.json").string());
   const auto f = nlohmann::json::parse(in);
   const auto& b = f.at("byted");
   const auto& part = b.at("token_share_by_bucket_lower_bound_partial");
   const double s2m = part.at("2M").get<double>(), s1m = part.at("1M").get<double>();
-  const double s128 = part.at("128K").get<double>(), s256_512 = part.at("256K_and_512K_together").get<double>();
+  const double s128 = part.at("128K").get<double>(),
+               s256_512 = part.at("256K_and_512K_together").get<double>();
   const auto& g = f.at("github");
-  const double g128 = g.at("share_of_tokens_gt_128k").get<double>(), g256 = g.at("share_of_tokens_gt_256k").get<double>();
+  const double g128 = g.at("share_of_tokens_gt_128k").get<double>(),
+               g256 = g.at("share_of_tokens_gt_256k").get<double>();
   constexpr std::int64_t K = 1024;
   return {
       {"byted_like",
-       {{2048 * K, 2048 * K, s2m}, {1024 * K, 2048 * K - 1, s1m}, {512 * K, 1024 * K - 1, s256_512 / 2},
-        {256 * K, 512 * K - 1, s256_512 / 2}, {128 * K, 256 * K - 1, s128}},
+       {{2048 * K, 2048 * K, s2m},
+        {1024 * K, 2048 * K - 1, s1m},
+        {512 * K, 1024 * K - 1, s256_512 / 2},
+        {256 * K, 512 * K - 1, s256_512 / 2},
+        {128 * K, 256 * K - 1, s128}},
        "prolong",
-       "ByteScale Byted token shares (2M, 1M, 128K from the paper; the 256K+512K share split evenly: our choice); "
+       "ByteScale Byted token shares (2M, 1M, 128K from the paper; the 256K+512K share split evenly: our "
+       "choice); "
        "body: ProLong documents"},
       {"github_like",
-       {{1024 * K, 2048 * K - 1, g256 * 0.2}, {512 * K, 1024 * K - 1, g256 * 0.3}, {256 * K, 512 * K - 1, g256 * 0.5},
+       {{1024 * K, 2048 * K - 1, g256 * 0.2},
+        {512 * K, 1024 * K - 1, g256 * 0.3},
+        {256 * K, 512 * K - 1, g256 * 0.5},
         {128 * K, 256 * K - 1, g128 - g256}},
        "prolong",
-       "ByteScale GitHub token shares (>128K 16.2%, >256K 9.8%; the >256K share split 0.2/0.3/0.5 over 1M/512K/256K: "
+       "ByteScale GitHub token shares (>128K 16.2%, >256K 9.8%; the >256K share split 0.2/0.3/0.5 over "
+       "1M/512K/256K: "
        "our choice); body: ProLong documents"},
       {"prolong", {}, "prolong", "ProLong document lengths only (real)"},
       {"azure_code", {}, "azure_code", "Azure 2023 code trace, context + generated (real)"},
@@ -116,7 +128,8 @@ inline std::vector<batch_spec> specs(const fs::path& dir) {
 
 /// One global batch of about `target` tokens: the tail buckets filled to their token shares, then
 /// body samples (drawn with replacement) until the target. Ids are 0..n-1. Deterministic in seed.
-inline std::vector<hetmesh::seq::seq_desc> make_batch(const batch_spec& spec, const std::vector<std::int64_t>& body,
+inline std::vector<hetmesh::seq::seq_desc> make_batch(const batch_spec& spec,
+                                                      const std::vector<std::int64_t>& body,
                                                       std::int64_t target, std::uint64_t seed) {
   hetmesh::rng g(seed);
   std::vector<hetmesh::seq::seq_desc> out;
@@ -126,9 +139,10 @@ inline std::vector<hetmesh::seq::seq_desc> make_batch(const batch_spec& spec, co
     std::int64_t got = 0;
     while (got + b.lo / 2 < want) {
       const double u = g.unit();
-      const auto len = b.lo == b.hi ? b.lo
-                                    : static_cast<std::int64_t>(std::exp(std::log(static_cast<double>(b.lo)) +
-                                                                         u * std::log(static_cast<double>(b.hi) / b.lo)));
+      const auto len =
+          b.lo == b.hi ? b.lo
+                       : static_cast<std::int64_t>(std::exp(std::log(static_cast<double>(b.lo)) +
+                                                            u * std::log(static_cast<double>(b.hi) / b.lo)));
       out.push_back({static_cast<std::int64_t>(out.size()), len});
       got += len;
     }

@@ -55,7 +55,8 @@ void copy_row(const tensor& from, std::int64_t fr, tensor& to, std::int64_t tr) 
 /// and a zero output gradient (they carry no loss, as TE's padding label -100).
 local_io io_for(const seq::cp_rank_shard& sh, const stream& s) {
   const auto n = sh.tokens();
-  local_io io{tensor(n, kHeads, kDim), tensor(n, kKvHeads, kDim), tensor(n, kKvHeads, kDim), tensor(n, kHeads, kDim)};
+  local_io io{tensor(n, kHeads, kDim), tensor(n, kKvHeads, kDim), tensor(n, kKvHeads, kDim),
+              tensor(n, kHeads, kDim)};
   const auto pq = make_tensor(991, n, kHeads, kDim), pk = make_tensor(992, n, kKvHeads, kDim);
   for (std::int64_t i = 0; i < n; ++i) {
     const auto src = sh.source_index[static_cast<std::size_t>(i)];
@@ -77,7 +78,9 @@ struct gathered {
   tensor out, dq, dk, dv;
   std::mutex m;
   explicit gathered(const stream& s)
-      : out(s.q.tokens, kHeads, kDim), dq(s.q.tokens, kHeads, kDim), dk(s.k.tokens, kKvHeads, kDim),
+      : out(s.q.tokens, kHeads, kDim),
+        dq(s.q.tokens, kHeads, kDim),
+        dk(s.k.tokens, kKvHeads, kDim),
         dv(s.v.tokens, kKvHeads, kDim) {}
   void put(const ring_rank& r, const std::vector<std::int64_t>& source) {
     std::lock_guard lock(m);
@@ -98,7 +101,8 @@ struct gathered {
   }
 };
 
-void check_partition_ring(const seq::cp_partition& part, const stream& s, std::vector<int> ring, const char* what) {
+void check_partition_ring(const seq::cp_partition& part, const stream& s, std::vector<int> ring,
+                          const char* what) {
   const auto sched = seq::ring_for(part, ring);
   std::vector<local_io> io;
   for (const auto& sh : part.ranks) io.push_back(io_for(sh, s));
@@ -137,7 +141,8 @@ TEST_CASE("reference attention backward matches finite differences") {
     auto qp = s.q, qm = s.q;
     qp.v[i] += h;
     qm.v[i] -= h;
-    CHECK((loss(qp, s.k, s.v) - loss(qm, s.k, s.v)) / (2 * h) == doctest::Approx(s.ref.dq.v[i]).epsilon(1e-6));
+    CHECK((loss(qp, s.k, s.v) - loss(qm, s.k, s.v)) / (2 * h) ==
+          doctest::Approx(s.ref.dq.v[i]).epsilon(1e-6));
     auto kp = s.k, km = s.k;
     kp.v[i % kp.v.size()] += h;
     km.v[i % km.v.size()] -= h;
@@ -166,7 +171,8 @@ TEST_CASE("ring attention over a THD-packed ring (padded per document) equals fu
 TEST_CASE("ring attention over HDP rings on one parent communicator equals full causal attention") {
   // Capacity 16 tokens per rank, pool of 6: the 40-token sequence rings over 3 ranks, the 30 over 2,
   // the rest pack onto single ranks; micro-batches run in plan order on every rank.
-  const std::vector<seq::seq_desc> seqs{{100, 40}, {101, 30}, {102, 10}, {103, 12}, {104, 5}, {105, 16}, {106, 7}, {107, 33}};
+  const std::vector<seq::seq_desc> seqs{{100, 40}, {101, 30}, {102, 10}, {103, 12},
+                                        {104, 5},  {105, 16}, {106, 7},  {107, 33}};
   const auto plan = seq::plan_hdp(seqs, {.capacity = 16}, 6);
   std::map<std::int64_t, stream> per_seq;
   std::map<std::int64_t, std::unique_ptr<gathered>> got;
@@ -183,7 +189,8 @@ TEST_CASE("ring attention over HDP rings on one parent communicator equals full 
       const auto& chunks = sched.chunks[static_cast<std::size_t>(mb.ring_position)];
       // Local inputs: each chunk's rows come from its sequence; sources are rows of that sequence.
       const auto n = tokens_of(chunks);
-      local_io io{tensor(n, kHeads, kDim), tensor(n, kKvHeads, kDim), tensor(n, kKvHeads, kDim), tensor(n, kHeads, kDim)};
+      local_io io{tensor(n, kHeads, kDim), tensor(n, kKvHeads, kDim), tensor(n, kKvHeads, kDim),
+                  tensor(n, kHeads, kDim)};
       for (const auto& ch : chunks) {
         const auto& s = per_seq.at(ch.doc);
         for (auto t = ch.positions.begin; t < ch.positions.end; ++t) {
@@ -204,16 +211,19 @@ TEST_CASE("ring attention over HDP rings on one parent communicator equals full 
       }
     }
   });
-  for (const auto& sd : seqs) got.at(sd.id)->check(per_seq.at(sd.id), fmt::format("hdp seq {} (len {})", sd.id, sd.length));
+  for (const auto& sd : seqs)
+    got.at(sd.id)->check(per_seq.at(sd.id), fmt::format("hdp seq {} (len {})", sd.id, sd.length));
 }
 
-TEST_CASE("Ulysses all-to-all (GQA, KV heads replicated) equals full causal attention, forward and backward") {
+TEST_CASE(
+    "Ulysses all-to-all (GQA, KV heads replicated) equals full causal attention, forward and backward") {
   const int d = 4;
   const auto s = make_stream({9, 14, 3}, 31);  // 26 tokens, uneven over 4 ranks
   const std::int64_t T = s.q.tokens;
   std::vector<std::int64_t> local(d);
   for (int r = 0; r < d; ++r) local[static_cast<std::size_t>(r)] = (r + 1) * T / d - r * T / d;
-  const auto plan = seq::plan_ulysses(local, {.degree = d, .heads = kHeads, .kv_heads = kKvHeads, .head_dim = kDim});
+  const auto plan =
+      seq::plan_ulysses(local, {.degree = d, .heads = kHeads, .kv_heads = kKvHeads, .head_dim = kDim});
   REQUIRE(plan.kv_replication == 2);
   gathered g(s);
   comm::loopback::run(d, [&](comm::loopback::communicator& c) {
@@ -226,7 +236,8 @@ TEST_CASE("Ulysses all-to-all (GQA, KV heads replicated) equals full causal atte
       for (int p = 0; p < d; ++p)
         for (std::int64_t t = 0; t < mine; ++t)
           for (int h = 0; h < per; ++h)
-            for (int e = 0; e < kDim; ++e) buf.push_back(x.at(first + t, head_begin[static_cast<std::size_t>(p)] + h, e));
+            for (int e = 0; e < kDim; ++e)
+              buf.push_back(x.at(first + t, head_begin[static_cast<std::size_t>(p)] + h, e));
       return buf;
     };
     auto counts = [&](int per, bool sending) {
@@ -243,8 +254,9 @@ TEST_CASE("Ulysses all-to-all (GQA, KV heads replicated) equals full causal atte
       auto [sc, sd] = counts(per, true);
       auto [rc, rd] = counts(per, false);
       std::vector<double> recv(static_cast<std::size_t>(T * per * kDim));
-      comm::all_to_all_v(c, std::span<const double>(send), std::span<const std::int64_t>(sc), std::span<const std::int64_t>(sd),
-                         std::span<double>(recv), std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
+      comm::all_to_all_v(c, std::span<const double>(send), std::span<const std::int64_t>(sc),
+                         std::span<const std::int64_t>(sd), std::span<double>(recv),
+                         std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
       tensor out(T, per, kDim);
       out.v = std::move(recv);  // sources in rank order = stream order, token-major: [T][per][dim]
       return out;
@@ -259,8 +271,8 @@ TEST_CASE("Ulysses all-to-all (GQA, KV heads replicated) equals full causal atte
     std::vector<double> o, lse;
     block_forward(q, s.meta, 0, T, k, v, s.meta, 0, T, true, hm, o, lse);
     std::vector<double> delta(lse.size());
-    seq::attention_delta(std::span<const double>(o), std::span<const double>(dout.v), std::span<double>(delta),
-                         static_cast<std::size_t>(kDim));
+    seq::attention_delta(std::span<const double>(o), std::span<const double>(dout.v),
+                         std::span<double>(delta), static_cast<std::size_t>(kDim));
     tensor dq(T, hq, kDim), dk(T, hk, kDim), dv(T, hk, kDim);
     block_backward(q, s.meta, 0, T, k, v, s.meta, 0, T, true, hm, lse, delta, dout, 0, dq, 0, dk, dv, 0);
     // Reverse all-to-all: send rows of peer p's tokens back; sum replicated KV-head gradients.
@@ -268,12 +280,13 @@ TEST_CASE("Ulysses all-to-all (GQA, KV heads replicated) equals full causal atte
       auto [sc, sd] = counts(per, false);
       auto [rc, rd] = counts(per, true);
       std::vector<double> recv(static_cast<std::size_t>(d * mine * per * kDim));
-      comm::all_to_all_v(c, std::span<const double>(x), std::span<const std::int64_t>(sc), std::span<const std::int64_t>(sd),
-                         std::span<double>(recv), std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
+      comm::all_to_all_v(c, std::span<const double>(x), std::span<const std::int64_t>(sc),
+                         std::span<const std::int64_t>(sd), std::span<double>(recv),
+                         std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
       return recv;  // [peer][my token][per][dim]
     };
-    auto scatter = [&](const std::vector<double>& recv, int per, const std::vector<int>& head_begin, tensor& into,
-                       bool add) {
+    auto scatter = [&](const std::vector<double>& recv, int per, const std::vector<int>& head_begin,
+                       tensor& into, bool add) {
       std::size_t at = 0;
       for (int p = 0; p < d; ++p)
         for (std::int64_t t = 0; t < mine; ++t)
@@ -284,7 +297,8 @@ TEST_CASE("Ulysses all-to-all (GQA, KV heads replicated) equals full causal atte
               ++at;
             }
     };
-    tensor mo(mine, kHeads, kDim), mdq(mine, kHeads, kDim), mdk(mine, kKvHeads, kDim), mdv(mine, kKvHeads, kDim);
+    tensor mo(mine, kHeads, kDim), mdq(mine, kHeads, kDim), mdk(mine, kKvHeads, kDim),
+        mdv(mine, kKvHeads, kDim);
     scatter(back(o, hq), hq, plan.q_head_begin, mo, false);
     scatter(back(dq.v, hq), hq, plan.q_head_begin, mdq, false);
     scatter(back(dk.v, hk), hk, plan.kv_head_begin, mdk, true);

@@ -23,8 +23,8 @@ std::vector<seq_desc> random_seqs(std::uint64_t seed, int n, std::int64_t max_le
     // Log-uniform lengths: many short, a few long, like real corpora.
     const double u = g.unit();
     const auto len = static_cast<std::int64_t>(
-        std::exp(std::log(static_cast<double>(min_len)) + u * (std::log(static_cast<double>(max_len)) -
-                                                               std::log(static_cast<double>(min_len)))));
+        std::exp(std::log(static_cast<double>(min_len)) +
+                 u * (std::log(static_cast<double>(max_len)) - std::log(static_cast<double>(min_len)))));
     out.push_back({static_cast<std::int64_t>(g.below(1u << 30)) * 64 + i, std::max(min_len, len)});
   }
   return out;
@@ -126,6 +126,44 @@ TEST_CASE("packing: best-fit decreasing, exactly once, capacity, permutation inv
   }
 }
 
+namespace {
+// Best-fit decreasing written the slow, obvious way: scan every bin.
+std::vector<std::vector<std::int64_t>> slow_bfd(std::vector<seq_desc> docs, std::int64_t cap) {
+  std::sort(docs.begin(), docs.end(), [](const seq_desc& a, const seq_desc& b) {
+    return a.length != b.length ? a.length > b.length : a.id < b.id;
+  });
+  std::vector<std::vector<std::int64_t>> bins;
+  std::vector<std::int64_t> room;
+  for (const auto& d : docs) {
+    std::size_t best = bins.size();
+    for (std::size_t b = 0; b < bins.size(); ++b)
+      if (room[b] >= d.length && (best == bins.size() || room[b] < room[best])) best = b;
+    if (best == bins.size()) {
+      bins.emplace_back();
+      room.push_back(cap);
+    }
+    bins[best].push_back(d.id);
+    room[best] -= d.length;
+  }
+  return bins;
+}
+}  // namespace
+
+TEST_CASE("packing equals a brute-force best-fit decreasing, for small and huge capacities") {
+  for (std::uint64_t seed = 1; seed <= 6; ++seed)
+    for (std::int64_t cap : {std::int64_t{1000}, std::int64_t{4096}, (std::int64_t{1} << 20) + 7}) {
+      const auto docs = random_seqs(seed, 300, cap, 1);
+      const auto plan = pack(docs, {.capacity = cap});
+      const auto ref = slow_bfd(docs, cap);
+      REQUIRE(plan.micro_batches.size() == ref.size());
+      for (std::size_t b = 0; b < ref.size(); ++b) {
+        std::vector<std::int64_t> ids;
+        for (const auto& d : plan.micro_batches[b].docs) ids.push_back(d.id);
+        CHECK(ids == ref[b]);
+      }
+    }
+}
+
 TEST_CASE("packing: over-long documents are reported, never cut") {
   std::vector<seq_desc> docs{{1, 100}, {2, 5000}, {3, 300}, {4, 9000}};
   CHECK_THROWS_AS((void)pack(docs, {.capacity = 4096}), capacity_error);
@@ -186,8 +224,10 @@ void check_partition_exactly_once(const cp_partition& p) {
       const auto d = std::upper_bound(p.cu_seqlens_padded.begin(), p.cu_seqlens_padded.end(), g) -
                      p.cu_seqlens_padded.begin() - 1;
       CHECK(sh.position_ids[i] == g - p.cu_seqlens_padded[static_cast<std::size_t>(d)]);
-      const bool real = sh.position_ids[i] < p.cu_seqlens[static_cast<std::size_t>(d) + 1] - p.cu_seqlens[static_cast<std::size_t>(d)];
-      CHECK(sh.source_index[i] == (real ? p.cu_seqlens[static_cast<std::size_t>(d)] + sh.position_ids[i] : -1));
+      const bool real = sh.position_ids[i] < p.cu_seqlens[static_cast<std::size_t>(d) + 1] -
+                                                 p.cu_seqlens[static_cast<std::size_t>(d)];
+      CHECK(sh.source_index[i] ==
+            (real ? p.cu_seqlens[static_cast<std::size_t>(d)] + sh.position_ids[i] : -1));
     }
     CHECK(sh.cu_seqlens.front() == 0);
     CHECK(sh.cu_seqlens.back() == sh.tokens());
@@ -201,7 +241,8 @@ TEST_CASE("zigzag equals Megatron-LM get_batch_on_this_cp_rank; contiguous and z
     for (std::int64_t len : {2 * cp, 2 * cp * 7, 2 * cp * 64}) {
       const auto p = partition_zigzag(len, cp);
       check_partition_exactly_once(p);
-      for (int r = 0; r < cp; ++r) CHECK(p.ranks[static_cast<std::size_t>(r)].token_index == megatron_zigzag(len, cp, r));
+      for (int r = 0; r < cp; ++r)
+        CHECK(p.ranks[static_cast<std::size_t>(r)].token_index == megatron_zigzag(len, cp, r));
     }
   }
   CHECK_THROWS_AS((void)partition_zigzag(10, 4), invalid_argument);  // 10 % 8 != 0
@@ -284,7 +325,8 @@ TEST_CASE("ring schedule: each position meets every KV chunk once, pairs cover i
             CHECK(st.send_to == s.next(p));
             CHECK(st.recv_from == s.prev(p));
             // what p sends at step t is what p+1 uses at step t+1
-            CHECK(s.steps[static_cast<std::size_t>(s.next(p))][static_cast<std::size_t>(t + 1)].kv_source == st.kv_source);
+            CHECK(s.steps[static_cast<std::size_t>(s.next(p))][static_cast<std::size_t>(t + 1)].kv_source ==
+                  st.kv_source);
           } else {
             CHECK(st.send_to == -1);
           }
@@ -377,6 +419,24 @@ TEST_CASE("HDP: exactly once, capacity, rings of D distinct ranks, no deadlock, 
       const auto plan = plan_hdp(seqs, pol, 64);
       check_hdp_plan(plan, seqs);
       CHECK(plan_hash(plan_hdp(shuffled(seqs, seed + 99), pol, 64)) == plan_hash(plan));
+      auto pol_ll = pol;
+      pol_ll.placement = hdp_placement_kind::least_loaded;
+      const auto ll = plan_hdp(seqs, pol_ll, 64);
+      check_hdp_plan(ll, seqs);
+      CHECK(ll.sharding.items == plan.sharding.items);
+      CHECK(plan_hash(plan_hdp(shuffled(seqs, seed + 5), pol_ll, 64)) == plan_hash(ll));
+      // Greedy on modelled cost keeps the most loaded rank within one largest item of the mean here.
+      std::vector<std::int64_t> load(64, 0);
+      std::int64_t biggest = 0, total = 0;
+      for (std::size_t i = 0; i < ll.sharding.items.size(); ++i) {
+        const auto c = hdp_item_cost(ll.sharding.items[i], pol.model);
+        biggest = std::max(biggest, c);
+        for (int r : ll.placement[i].ring) {
+          load[static_cast<std::size_t>(r)] += c;
+          total += c;
+        }
+      }
+      CHECK(*std::max_element(load.begin(), load.end()) <= total / 64 + biggest + 1);
       if (!off)
         for (const auto& it : plan.sharding.items)
           if (!it.packed) CHECK(it.degree == (it.tokens + 8191) / 8192);
@@ -417,15 +477,20 @@ TEST_CASE("Ulysses: plan counts and head / GQA checks") {
   CHECK_THROWS_AS((void)plan_ulysses(toks, {.degree = 4, .heads = 6, .kv_heads = 6}), invalid_argument);
   CHECK_THROWS_AS((void)plan_ulysses(toks, {.degree = 4, .heads = 12, .kv_heads = 3}), invalid_argument);
   CHECK_THROWS_AS((void)plan_ulysses(toks, {.degree = 4, .heads = 8, .kv_heads = 3}), invalid_argument);
-  CHECK_THROWS_AS((void)plan_ulysses(std::span<const std::int64_t>(toks, 3), {.degree = 4, .heads = 8, .kv_heads = 8}),
-                  invalid_argument);
+  CHECK_THROWS_AS(
+      (void)plan_ulysses(std::span<const std::int64_t>(toks, 3), {.degree = 4, .heads = 8, .kv_heads = 8}),
+      invalid_argument);
 }
 
 TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividing heads, loads modelled") {
   for (std::uint64_t seed = 1; seed <= 10; ++seed) {
     const auto items = random_seqs(seed, 60, 20000, 64);
-    const long_short_policy pol{.max_tokens_per_rank = 40000, .heads = 16, .gpus_per_node = 8, .balance_factor = 1.0,
-                                .linear = 1.0, .quadratic = 1e-4};
+    const long_short_policy pol{.max_tokens_per_rank = 40000,
+                                .heads = 16,
+                                .gpus_per_node = 8,
+                                .balance_factor = 1.0,
+                                .linear = 1.0,
+                                .quadratic = 1e-4};
     const int ranks = 16;
     const auto plan = plan_long_short(items, ranks, pol);
     std::map<std::int64_t, int> seen;
@@ -458,7 +523,9 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
     }
   }
   std::vector<seq_desc> huge{{1, 100000}};
-  CHECK_THROWS_AS((void)plan_long_short(huge, 16, {.max_tokens_per_rank = 10000, .heads = 16, .gpus_per_node = 8}),
-                  capacity_error);  // needs 10 ranks; groups are at most gcd(16, 8) = 8
-  CHECK_NOTHROW((void)plan_long_short(huge, 16, {.max_tokens_per_rank = 12500, .heads = 16, .gpus_per_node = 8}));
+  CHECK_THROWS_AS(
+      (void)plan_long_short(huge, 16, {.max_tokens_per_rank = 10000, .heads = 16, .gpus_per_node = 8}),
+      capacity_error);  // needs 10 ranks; groups are at most gcd(16, 8) = 8
+  CHECK_NOTHROW(
+      (void)plan_long_short(huge, 16, {.max_tokens_per_rank = 12500, .heads = 16, .gpus_per_node = 8}));
 }

@@ -22,9 +22,12 @@ struct tensor {
   std::vector<double> v;
 
   tensor() = default;
-  tensor(std::int64_t t, int h, int d) : tokens(t), heads(h), dim(d), v(static_cast<std::size_t>(t * h * d), 0.0) {}
+  tensor(std::int64_t t, int h, int d)
+      : tokens(t), heads(h), dim(d), v(static_cast<std::size_t>(t * h * d), 0.0) {}
   double& at(std::int64_t t, int h, int d) { return v[static_cast<std::size_t>((t * heads + h) * dim + d)]; }
-  double at(std::int64_t t, int h, int d) const { return v[static_cast<std::size_t>((t * heads + h) * dim + d)]; }
+  double at(std::int64_t t, int h, int d) const {
+    return v[static_cast<std::size_t>((t * heads + h) * dim + d)];
+  }
   double* row(std::int64_t t, int h) { return v.data() + (t * heads + h) * dim; }
   const double* row(std::int64_t t, int h) const { return v.data() + (t * heads + h) * dim; }
 };
@@ -62,9 +65,10 @@ inline bool visible(const token_meta& qm, std::int64_t i, const token_meta& km, 
 
 /// Attention of queries q (rows qr0..qr0+nq) over keys k/v (rows kr0..kr0+nk): writes the partial
 /// output and row lse (one per (token, head)) for these rows only; rows seeing no key get lse = -inf.
-inline void block_forward(const tensor& q, const token_meta& qm, std::int64_t qr0, std::int64_t nq, const tensor& k,
-                          const tensor& v, const token_meta& km, std::int64_t kr0, std::int64_t nk, bool causal,
-                          head_map hm, std::vector<double>& out, std::vector<double>& lse) {
+inline void block_forward(const tensor& q, const token_meta& qm, std::int64_t qr0, std::int64_t nq,
+                          const tensor& k, const tensor& v, const token_meta& km, std::int64_t kr0,
+                          std::int64_t nk, bool causal, head_map hm, std::vector<double>& out,
+                          std::vector<double>& lse) {
   const int dim = q.dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   out.assign(static_cast<std::size_t>(nq * q.heads * dim), 0.0);
@@ -100,11 +104,11 @@ inline void block_forward(const tensor& q, const token_meta& qm, std::int64_t qr
 
 /// Backward of one block given the FINAL row lse and delta (rowsum dO*O) of the query rows:
 /// accumulates into dq (rows of q), dk and dv (rows of k). Independent of other blocks.
-inline void block_backward(const tensor& q, const token_meta& qm, std::int64_t qr0, std::int64_t nq, const tensor& k,
-                           const tensor& v, const token_meta& km, std::int64_t kr0, std::int64_t nk, bool causal,
-                           head_map hm, const std::vector<double>& lse, const std::vector<double>& delta,
-                           const tensor& dout, std::int64_t dr0, tensor& dq, std::int64_t dqr0, tensor& dk, tensor& dv,
-                           std::int64_t dkr0) {
+inline void block_backward(const tensor& q, const token_meta& qm, std::int64_t qr0, std::int64_t nq,
+                           const tensor& k, const tensor& v, const token_meta& km, std::int64_t kr0,
+                           std::int64_t nk, bool causal, head_map hm, const std::vector<double>& lse,
+                           const std::vector<double>& delta, const tensor& dout, std::int64_t dr0, tensor& dq,
+                           std::int64_t dqr0, tensor& dk, tensor& dv, std::int64_t dkr0) {
   const int dim = q.dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   for (std::int64_t i = 0; i < nq; ++i)
@@ -147,13 +151,15 @@ inline full_result full_attention(const tensor& q, const tensor& k, const tensor
   std::vector<double> delta(r.lse.size());
   for (std::size_t i = 0; i < delta.size(); ++i) {
     double s = 0;
-    for (int d = 0; d < q.dim; ++d) s += dout.v[i * static_cast<std::size_t>(q.dim) + d] * o[i * static_cast<std::size_t>(q.dim) + d];
+    for (int d = 0; d < q.dim; ++d)
+      s += dout.v[i * static_cast<std::size_t>(q.dim) + d] * o[i * static_cast<std::size_t>(q.dim) + d];
     delta[i] = s;
   }
   r.dq = tensor(q.tokens, q.heads, q.dim);
   r.dk = tensor(k.tokens, k.heads, k.dim);
   r.dv = tensor(v.tokens, v.heads, v.dim);
-  block_backward(q, meta, 0, q.tokens, k, v, meta, 0, k.tokens, causal, hm, r.lse, delta, dout, 0, r.dq, 0, r.dk, r.dv, 0);
+  block_backward(q, meta, 0, q.tokens, k, v, meta, 0, k.tokens, causal, hm, r.lse, delta, dout, 0, r.dq, 0,
+                 r.dk, r.dv, 0);
   return r;
 }
 

@@ -52,7 +52,8 @@ struct ring_rank {
     k = io->k;
     v = io->v;
     out = tensor(io->q.tokens, io->q.heads, io->q.dim);
-    lse.assign(static_cast<std::size_t>(io->q.tokens * io->q.heads), -std::numeric_limits<double>::infinity());
+    lse.assign(static_cast<std::size_t>(io->q.tokens * io->q.heads),
+               -std::numeric_limits<double>::infinity());
   }
   void forward_step(int t) {
     const auto& st = s->steps[static_cast<std::size_t>(p)][static_cast<std::size_t>(t)];
@@ -64,12 +65,13 @@ struct ring_rank {
     for (const auto& pr : st.pairs) {
       const auto& a = qc[static_cast<std::size_t>(pr.q_chunk)];
       const auto& b = kc[static_cast<std::size_t>(pr.kv_chunk)];
-      block_forward(io->q, qmeta, a.local_offset, a.positions.size(), k, v, kmeta, b.local_offset, b.positions.size(),
-                    pr.mask == hetmesh::seq::block_mask::causal, hm(), ob, lb);
+      block_forward(io->q, qmeta, a.local_offset, a.positions.size(), k, v, kmeta, b.local_offset,
+                    b.positions.size(), pr.mask == hetmesh::seq::block_mask::causal, hm(), ob, lb);
       const auto r0 = static_cast<std::size_t>(a.local_offset) * H;
       const auto rows = static_cast<std::size_t>(a.positions.size()) * H;
-      hetmesh::seq::merge_partial(std::span<double>(out.v.data() + r0 * D, rows * D), std::span<double>(lse.data() + r0, rows),
-                                  std::span<const double>(ob), std::span<const double>(lb), D);
+      hetmesh::seq::merge_partial(std::span<double>(out.v.data() + r0 * D, rows * D),
+                                  std::span<double>(lse.data() + r0, rows), std::span<const double>(ob),
+                                  std::span<const double>(lb), D);
     }
   }
   void begin_backward() {
@@ -79,8 +81,8 @@ struct ring_rank {
     dv = tensor(v.tokens, v.heads, v.dim);
     dq = tensor(io->q.tokens, io->q.heads, io->q.dim);
     delta.assign(lse.size(), 0.0);
-    hetmesh::seq::attention_delta(std::span<const double>(out.v), std::span<const double>(io->dout.v), std::span<double>(delta),
-                                  static_cast<std::size_t>(io->q.dim));
+    hetmesh::seq::attention_delta(std::span<const double>(out.v), std::span<const double>(io->dout.v),
+                                  std::span<double>(delta), static_cast<std::size_t>(io->q.dim));
   }
   void backward_step(int t) {
     const auto& st = s->steps[static_cast<std::size_t>(p)][static_cast<std::size_t>(t)];
@@ -90,15 +92,16 @@ struct ring_rank {
     for (const auto& pr : st.pairs) {
       const auto& a = qc[static_cast<std::size_t>(pr.q_chunk)];
       const auto& b = kc[static_cast<std::size_t>(pr.kv_chunk)];
-      block_backward(io->q, qmeta, a.local_offset, a.positions.size(), k, v, kmeta, b.local_offset, b.positions.size(),
-                     pr.mask == hetmesh::seq::block_mask::causal, hm(), lse, delta, io->dout, a.local_offset, dq,
-                     a.local_offset, dk, dv, b.local_offset);
+      block_backward(io->q, qmeta, a.local_offset, a.positions.size(), k, v, kmeta, b.local_offset,
+                     b.positions.size(), pr.mask == hetmesh::seq::block_mask::causal, hm(), lse, delta,
+                     io->dout, a.local_offset, dq, a.local_offset, dk, dv, b.local_offset);
     }
   }
 };
 
 /// Runs every position of a ring in one thread, step by step, moving buffers between positions.
-inline std::vector<ring_rank> run_ring_lockstep(const hetmesh::seq::ring_schedule& s, const std::vector<local_io>& io) {
+inline std::vector<ring_rank> run_ring_lockstep(const hetmesh::seq::ring_schedule& s,
+                                                const std::vector<local_io>& io) {
   const int d = s.size();
   std::vector<ring_rank> rk;
   for (int p = 0; p < d; ++p) rk.emplace_back(s, p, io[static_cast<std::size_t>(p)]);
@@ -122,8 +125,8 @@ inline std::vector<ring_rank> run_ring_lockstep(const hetmesh::seq::ring_schedul
     for (auto& r : rk) r.backward_step(t);
     // Backward: KV and the dKV accumulators move on after every step; after the last step only
     // the accumulators take the one extra hop home.
-    std::vector<tensor> k(static_cast<std::size_t>(d)), v(static_cast<std::size_t>(d)), dk(static_cast<std::size_t>(d)),
-        dv(static_cast<std::size_t>(d));
+    std::vector<tensor> k(static_cast<std::size_t>(d)), v(static_cast<std::size_t>(d)),
+        dk(static_cast<std::size_t>(d)), dv(static_cast<std::size_t>(d));
     for (int p = 0; p < d; ++p) {
       auto& r = rk[static_cast<std::size_t>(p)];
       const auto n = static_cast<std::size_t>(s.next(p));
@@ -160,7 +163,8 @@ template <class Comm>
 ring_rank run_ring_position(Comm& c, const hetmesh::seq::ring_schedule& s, int p, const local_io& io) {
   const int d = s.size();
   ring_rank r(s, p, io);
-  const int to = s.ring[static_cast<std::size_t>(s.next(p))], from = s.ring[static_cast<std::size_t>(s.prev(p))];
+  const int to = s.ring[static_cast<std::size_t>(s.next(p))],
+            from = s.ring[static_cast<std::size_t>(s.prev(p))];
   auto sized_like = [&](int src, const tensor& like) {
     return tensor(tokens_of(s.chunks[static_cast<std::size_t>(src)]), like.heads, like.dim);
   };
@@ -182,7 +186,8 @@ ring_rank run_ring_position(Comm& c, const hetmesh::seq::ring_schedule& s, int p
     const auto& st = s.steps[static_cast<std::size_t>(p)][static_cast<std::size_t>(t)];
     if (st.send_to >= 0) {
       const int src = s.steps[static_cast<std::size_t>(p)][static_cast<std::size_t>(t + 1)].kv_source;
-      tensor k2 = sized_like(src, r.k), v2 = sized_like(src, r.v), dk2 = sized_like(src, r.k), dv2 = sized_like(src, r.v);
+      tensor k2 = sized_like(src, r.k), v2 = sized_like(src, r.v), dk2 = sized_like(src, r.k),
+             dv2 = sized_like(src, r.v);
       exchange(c, {&r.k, &r.v, &r.dk, &r.dv}, to, {&k2, &v2, &dk2, &dv2}, from);
       r.k = std::move(k2);
       r.v = std::move(v2);

@@ -72,7 +72,8 @@ TEST_CASE("hetmesh-plan: help, unknown commands and options") {
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--cp", "4", "--seqlen", "8"}, "given twice");
   check_bad_input({"cp", "--cp", "2", "--seqlen", "8"}, "--scheme");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "--format", "csv"}, "--format");
-  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "positional"}, "unexpected argument");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "positional"},
+                  "unexpected argument");
 }
 
 TEST_CASE("hetmesh-plan cp: zigzag matches Megatron-LM's chunks and assigns every token once") {
@@ -81,7 +82,8 @@ TEST_CASE("hetmesh-plan cp: zigzag matches Megatron-LM's chunks and assigns ever
       const std::int64_t seqlen = 2 * cp * k;
       CAPTURE(cp);
       CAPTURE(seqlen);
-      const result r = run({"cp", "--scheme", "zigzag", "--cp", std::to_string(cp), "--seqlen", std::to_string(seqlen)});
+      const result r =
+          run({"cp", "--scheme", "zigzag", "--cp", std::to_string(cp), "--seqlen", std::to_string(seqlen)});
       REQUIRE(r.code == 0);
       CHECK(r.err.empty());
       const auto j = r.json();
@@ -122,7 +124,8 @@ TEST_CASE("hetmesh-plan cp: thd per document, with TransformerEngine's padding")
     std::vector<std::int64_t> all;
     for (int rank = 0; rank < cp; ++rank) {
       std::vector<std::int64_t> expected;
-      for (std::size_t d = 0; d < lengths.size(); ++d) append_zigzag(expected, padded[d], padded[d + 1] - padded[d], cp, rank);
+      for (std::size_t d = 0; d < lengths.size(); ++d)
+        append_zigzag(expected, padded[d], padded[d + 1] - padded[d], cp, rank);
       const auto idx = j["ranks"][static_cast<std::size_t>(rank)]["indices"].get<std::vector<std::int64_t>>();
       CHECK(idx == expected);
       all.insert(all.end(), idx.begin(), idx.end());
@@ -135,7 +138,8 @@ TEST_CASE("hetmesh-plan cp: thd per document, with TransformerEngine's padding")
   REQUIRE(ok.code == 0);
   const auto j = ok.json();
   CHECK_FALSE(j.contains("cu_seqlens_padded"));
-  CHECK(j["ranks"][0]["indices"].get<std::vector<std::int64_t>>() == std::vector<std::int64_t>{0, 1, 6, 7, 8, 11});
+  CHECK(j["ranks"][0]["indices"].get<std::vector<std::int64_t>>() ==
+        std::vector<std::int64_t>{0, 1, 6, 7, 8, 11});
   // The table view prints the same partition, one row per rank.
   const result t = run({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,8,12", "--format", "table"});
   REQUIRE(t.code == 0);
@@ -155,7 +159,8 @@ TEST_CASE("hetmesh-plan cp: inputs a scheme cannot split exit 2") {
 
 TEST_CASE("hetmesh-plan mesh: groups partition the world along every dim") {
   const int world = 64, dpn = 8;
-  const result r = run({"mesh", "--world", "64", "--tp", "8", "--cp", "2", "--pp", "2", "--devices-per-node", "8"});
+  const result r =
+      run({"mesh", "--world", "64", "--tp", "8", "--cp", "2", "--pp", "2", "--devices-per-node", "8"});
   REQUIRE(r.code == 0);
   const auto j = r.json();
   CHECK(j["world"] == world);
@@ -174,7 +179,8 @@ TEST_CASE("hetmesh-plan mesh: groups partition the world along every dim") {
     for (const auto& g : d["groups"]) {
       const auto ranks = g.get<std::vector<int>>();
       REQUIRE(ranks.size() == static_cast<std::size_t>(extent));
-      for (std::size_t i = 0; i < ranks.size(); ++i) CHECK(ranks[i] == ranks[0] + static_cast<int>(i) * d["stride"].get<int>());
+      for (std::size_t i = 0; i < ranks.size(); ++i)
+        CHECK(ranks[i] == ranks[0] + static_cast<int>(i) * d["stride"].get<int>());
       if (ranks.front() / dpn != ranks.back() / dpn) intra = false;
       seen.insert(seen.end(), ranks.begin(), ranks.end());
     }
@@ -185,8 +191,24 @@ TEST_CASE("hetmesh-plan mesh: groups partition the world along every dim") {
     CHECK(d["intra_node"] == intra);
   }
   CHECK(product == world);
+  // The layout search ranks the orders of tp, cp, dp, pp (extent > 1) against the given order.
+  const auto& search = j["search"];
+  CHECK(search["orders"] == 24);
+  CHECK(search["baseline"]["order"] == "tp-cp-dp-pp");
+  CHECK(search["best"]["time_model_ms"].get<double>() <= search["baseline"]["time_model_ms"].get<double>());
+  CHECK(search["speedup"].get<double>() >= 1.0);
+  CHECK(search["reasons"].size() >= 1);
+  CHECK(search["reasons"][0].get<std::string>().find("best order") != std::string::npos);
+  // With traffic only along dp, the best order puts dp innermost (its groups inside one node).
+  const result dp_heavy =
+      run({"mesh", "--world", "64", "--tp", "8", "--cp", "2", "--pp", "2", "--traffic", "dp=1e10"});
+  REQUIRE(dp_heavy.code == 0);
+  const auto best = dp_heavy.json()["search"]["best"];
+  CHECK(best["dims"][0]["name"] == "dp");
+  CHECK(best["dims"][0]["in_node"] == true);
   // dp is derived from the world: 64 / (8 * 2 * 2) = 2.
-  const auto dp = std::find_if(j["dims"].begin(), j["dims"].end(), [](const auto& d) { return d["name"] == "dp"; });
+  const auto dp =
+      std::find_if(j["dims"].begin(), j["dims"].end(), [](const auto& d) { return d["name"] == "dp"; });
   REQUIRE(dp != j["dims"].end());
   CHECK((*dp)["extent"] == 2);
 
@@ -199,17 +221,21 @@ TEST_CASE("hetmesh-plan mesh: groups partition the world along every dim") {
   check_bad_input({"mesh", "--world", "16", "--tp", "8", "--order", "tp-xx"}, "xx");
   check_bad_input({"mesh", "--world", "16", "--tp", "8", "--order", "cp-tp"}, "dp");
   check_bad_input({"mesh", "--world", "16", "--tp", "-8"}, "--tp");
+  check_bad_input({"mesh", "--world", "16", "--tp", "8", "--traffic", "xx=5"}, "unknown dim 'xx'");
+  check_bad_input({"mesh", "--world", "16", "--tp", "8", "--traffic", "tp"}, "DIM=BYTES");
+  check_bad_input({"mesh", "--world", "12", "--tp", "4", "--devices-per-node", "8"}, "whole number of nodes");
 }
 
 TEST_CASE("hetmesh-plan pipeline: every schedule runs each micro-batch through each stage once") {
   const std::regex action_re("^([0-9]+)([FBIW])([0-9]+)$");
-  for (const std::string name : {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
+  for (const std::string name :
+       {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
     for (const int pp : {2, 4}) {
       const int m = 8;
       CAPTURE(name);
       CAPTURE(pp);
-      const std::vector<std::string> base{"pipeline", "--schedule", name, "--pp", std::to_string(pp),
-                                          "--microbatches", std::to_string(m)};
+      const std::vector<std::string> base{
+          "pipeline", "--schedule", name, "--pp", std::to_string(pp), "--microbatches", std::to_string(m)};
       const result r = run(base);
       REQUIRE_MESSAGE(r.code == 0, r.err);
       const auto j = r.json();
@@ -221,7 +247,8 @@ TEST_CASE("hetmesh-plan pipeline: every schedule runs each micro-batch through e
       CHECK(stages % pp == 0);
       // count[type][stage][mb]
       std::map<char, std::vector<std::vector<int>>> count;
-      for (char t : std::string("FBIW")) count[t].assign(static_cast<std::size_t>(stages), std::vector<int>(m, 0));
+      for (char t : std::string("FBIW"))
+        count[t].assign(static_cast<std::size_t>(stages), std::vector<int>(m, 0));
       for (int rank = 0; rank < pp; ++rank) {
         std::set<std::pair<int, int>> forwarded;
         for (const auto& a : j["ranks"][static_cast<std::size_t>(rank)]) {
@@ -240,9 +267,12 @@ TEST_CASE("hetmesh-plan pipeline: every schedule runs each micro-batch through e
       }
       for (int st = 0; st < stages; ++st) {
         for (int mb = 0; mb < m; ++mb) {
-          const auto at = [&](char t) { return count[t][static_cast<std::size_t>(st)][static_cast<std::size_t>(mb)]; };
+          const auto at = [&](char t) {
+            return count[t][static_cast<std::size_t>(st)][static_cast<std::size_t>(mb)];
+          };
           CHECK(at('F') == 1);
-          CHECK(((at('B') == 1 && at('I') == 0 && at('W') == 0) || (at('B') == 0 && at('I') == 1 && at('W') == 1)));
+          CHECK(((at('B') == 1 && at('I') == 0 && at('W') == 0) ||
+                 (at('B') == 0 && at('I') == 1 && at('W') == 1)));
         }
       }
       // CSV: one row per rank; its compute fields are the JSON list, in order.
@@ -264,22 +294,35 @@ TEST_CASE("hetmesh-plan pipeline: every schedule runs each micro-batch through e
           if (std::regex_match(f, action_re)) fields.push_back(f);
         CHECK(fields == j["ranks"][static_cast<std::size_t>(rank)].get<std::vector<std::string>>());
       }
-      for (const char* fmt_name : {"ascii", "table"}) {
-        auto a = base;
-        a.insert(a.end(), {"--format", fmt_name});
-        const result t = run(a);
-        CHECK(t.code == 0);
-        CHECK(t.out.find("0F0") != std::string::npos);
+      // table: PyTorch's step grid, one column per rank; ascii: a simulated timeline, one row per rank.
+      auto grid = base;
+      grid.insert(grid.end(), {"--format", "table"});
+      const result g = run(grid);
+      CHECK(g.code == 0);
+      CHECK(g.out.find("Rank " + std::to_string(pp - 1)) != std::string::npos);
+      CHECK(g.out.find("0F0") != std::string::npos);
+      auto ascii = base;
+      ascii.insert(ascii.end(), {"--format", "ascii", "--width", "60"});
+      const result a = run(ascii);
+      CHECK(a.code == 0);
+      for (int rank = 0; rank < pp; ++rank) {
+        const auto at = a.out.find("rank " + std::to_string(rank) + " |");
+        REQUIRE(at != std::string::npos);
+        const auto bar = a.out.find('|', at);
+        CHECK(a.out.find('|', bar + 1) == bar + 61);  // exactly --width columns
       }
     }
   }
   // Interleaved schedules take --virtual: stages = pp * virtual.
-  const result v = run({"pipeline", "--schedule", "interleaved-1f1b", "--pp", "2", "--microbatches", "4", "--virtual", "3"});
+  const result v = run(
+      {"pipeline", "--schedule", "interleaved-1f1b", "--pp", "2", "--microbatches", "4", "--virtual", "3"});
   REQUIRE(v.code == 0);
   CHECK(v.json()["stage_to_rank"].size() == 6);
   check_bad_input({"pipeline", "--schedule", "2f2b", "--pp", "2", "--microbatches", "4"}, "expected one of");
-  check_bad_input({"pipeline", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--virtual", "2"}, "virtual");
-  check_bad_input({"pipeline", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"}, "group size");
+  check_bad_input({"pipeline", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--virtual", "2"},
+                  "virtual");
+  check_bad_input({"pipeline", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"},
+                  "group size");
   check_bad_input({"pipeline", "--schedule", "1f1b", "--pp", "0", "--microbatches", "4"}, "--pp");
 }
 
@@ -293,7 +336,8 @@ std::vector<std::int64_t> test_lengths() {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    out.push_back(i % 23 == 5 ? 9000 + static_cast<std::int64_t>(x % 12000) : 64 + static_cast<std::int64_t>(x % 3000));
+    out.push_back(i % 23 == 5 ? 9000 + static_cast<std::int64_t>(x % 12000)
+                              : 64 + static_cast<std::int64_t>(x % 3000));
   }
   return out;
 }
@@ -312,7 +356,8 @@ TEST_CASE("hetmesh-plan compare: five strategies, consistent numbers, independen
   const auto file = dir.write("w.txt", lines_of(lengths));
   const std::int64_t cap = 4096, layers = 32;
   const double kv = 4096.0;  // default model: ByteScale's 7B-class layer, GQA KV bytes per token
-  const result r = run({"compare", "--workload", file, "--ranks", "8", "--capacity", std::to_string(cap), "--repeat", "1"});
+  const result r = run(
+      {"compare", "--workload", file, "--ranks", "8", "--capacity", std::to_string(cap), "--repeat", "1"});
   REQUIRE_MESSAGE(r.code == 0, r.err);
   const auto j = r.json();
   CHECK(j["workload"] == file);
@@ -328,9 +373,11 @@ TEST_CASE("hetmesh-plan compare: five strategies, consistent numbers, independen
   std::int64_t longest = 0;
   for (auto s : lengths) {
     longest = std::max(longest, s);
-    if (s > cap) hdp_bytes += 3.0 * layers * static_cast<double>((s + cap - 1) / cap - 1) * kv * static_cast<double>(s);
+    if (s > cap)
+      hdp_bytes += 3.0 * layers * static_cast<double>((s + cap - 1) / cap - 1) * kv * static_cast<double>(s);
   }
-  const double static_bytes = 3.0 * layers * static_cast<double>((longest + cap - 1) / cap - 1) * kv * static_cast<double>(total);
+  const double static_bytes =
+      3.0 * layers * static_cast<double>((longest + cap - 1) / cap - 1) * kv * static_cast<double>(total);
   const double lb = j["lower_bound_model_s"].get<double>();
   CHECK(lb > 0);
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -353,15 +400,19 @@ TEST_CASE("hetmesh-plan compare: five strategies, consistent numbers, independen
   REQUIRE(sub.json()["strategies"].size() == 2);
   CHECK(sub.json()["strategies"][0]["name"] == "hetmesh");
   CHECK(sub.json()["strategies"][1]["name"] == "random");
-  const result t = run({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--format", "table"});
+  const result t =
+      run({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--format", "table"});
   REQUIRE(t.code == 0);
   for (const auto& n : names) CHECK(t.out.find("\n" + n + " ") != std::string::npos);
-  const result c = run({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--format", "csv"});
+  const result c =
+      run({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--format", "csv"});
   REQUIRE(c.code == 0);
   CHECK(c.out.rfind("name,step_time_model_s,imbalance,vs_lower_bound,comm_bytes,plan_ms\n", 0) == 0);
   CHECK(std::count(c.out.begin(), c.out.end(), '\n') == 6);
 
-  check_bad_input({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--strategies", "fastest"}, "fastest");
+  check_bad_input(
+      {"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--strategies", "fastest"},
+      "fastest");
   check_bad_input({"compare", "--workload", file, "--ranks", "0", "--capacity", "4096"}, "--ranks");
   check_bad_input({"compare", "--workload", file, "--ranks", "2", "--capacity", "100"}, "capacity");
   check_bad_input({"compare", "--workload", file, "--ranks", "8"}, "--capacity");
@@ -374,8 +425,8 @@ TEST_CASE("hetmesh-plan balance: every token of every sample on exactly one rank
   const int ranks = 8;
   for (const std::string strategy : {"random", "token_count", "static_dp_cp", "bytescale_hdp", "hetmesh"}) {
     CAPTURE(strategy);
-    const result r = run({"balance", "--strategy", strategy, "--workload", file, "--ranks", std::to_string(ranks),
-                          "--capacity", "4096"});
+    const result r = run({"balance", "--strategy", strategy, "--workload", file, "--ranks",
+                          std::to_string(ranks), "--capacity", "4096"});
     REQUIRE_MESSAGE(r.code == 0, r.err);
     const auto j = r.json();
     CHECK(j["strategy"] == strategy);
@@ -401,7 +452,8 @@ TEST_CASE("hetmesh-plan balance: every token of every sample on exactly one rank
         CHECK(mb["order"].get<std::int64_t>() >= prev_order);  // runs in order-key order (no deadlock)
         prev_order = mb["order"].get<std::int64_t>();
         for (const auto& sg : mb["segments"]) {
-          ranges.at(sg["seq"].get<std::size_t>()).push_back({sg["begin"].get<std::int64_t>(), sg["end"].get<std::int64_t>()});
+          ranges.at(sg["seq"].get<std::size_t>())
+              .push_back({sg["begin"].get<std::int64_t>(), sg["end"].get<std::int64_t>()});
           rank_tokens += sg["end"].get<std::int64_t>() - sg["begin"].get<std::int64_t>();
         }
       }
@@ -422,14 +474,16 @@ TEST_CASE("hetmesh-plan balance: every token of every sample on exactly one rank
       CHECK(at == lengths[i]);
     }
     const double lb = j["lower_bound_model_s"].get<double>();
-    CHECK(j["vs_lower_bound"].get<double>() == doctest::Approx(j["step_time_model_s"].get<double>() / lb).epsilon(1e-6));
-    const result t = run({"balance", "--strategy", strategy, "--workload", file, "--ranks", "8", "--capacity", "4096",
-                          "--format", "table"});
+    CHECK(j["vs_lower_bound"].get<double>() ==
+          doctest::Approx(j["step_time_model_s"].get<double>() / lb).epsilon(1e-6));
+    const result t = run({"balance", "--strategy", strategy, "--workload", file, "--ranks", "8", "--capacity",
+                          "4096", "--format", "table"});
     REQUIRE(t.code == 0);
     CHECK(std::count(t.out.begin(), t.out.end(), '\n') == ranks + 4);
   }
-  check_bad_input({"balance", "--strategy", "roundrobin", "--workload", file, "--ranks", "8", "--capacity", "4096"},
-                  "roundrobin");
+  check_bad_input(
+      {"balance", "--strategy", "roundrobin", "--workload", file, "--ranks", "8", "--capacity", "4096"},
+      "roundrobin");
 }
 
 TEST_CASE("hetmesh-plan workloads: JSONL multimodal samples, and errors that name the line") {
@@ -439,7 +493,8 @@ TEST_CASE("hetmesh-plan workloads: JSONL multimodal samples, and errors that nam
                                "\n"
                                "{\"id\": 7, \"text\": 3000, \"audio\": [750]}\n"
                                "{\"text\": 10, \"images\": [], \"source\": \"web\"}\n");
-  const result r = run({"compare", "--workload", jsonl, "--ranks", "2", "--capacity", "8192", "--repeat", "1"});
+  const result r =
+      run({"compare", "--workload", jsonl, "--ranks", "2", "--capacity", "8192", "--repeat", "1"});
   REQUIRE_MESSAGE(r.code == 0, r.err);
   const auto j = r.json();
   CHECK(j["config"]["samples"] == 3);
@@ -449,35 +504,98 @@ TEST_CASE("hetmesh-plan workloads: JSONL multimodal samples, and errors that nam
 
   // The shipped demo workloads parse.
   for (const char* shipped : {"examples/data/prolong_sample.txt", "examples/data/multimodal_sample.jsonl"}) {
-    const result s = run({"compare", "--workload", std::string(HETMESH_SOURCE_DIR) + "/" + shipped, "--ranks", "64",
-                          "--capacity", "16384", "--strategies", "hetmesh", "--repeat", "1"});
+    const result s = run({"compare", "--workload", std::string(HETMESH_SOURCE_DIR) + "/" + shipped, "--ranks",
+                          "64", "--capacity", "16384", "--strategies", "hetmesh", "--repeat", "1"});
     CHECK_MESSAGE(s.code == 0, s.err);
   }
-  CHECK(run({"compare", "--workload", std::string(HETMESH_SOURCE_DIR) + "/examples/data/prolong_sample.txt", "--ranks",
-             "64", "--capacity", "16384", "--strategies", "hetmesh", "--repeat", "1"})
+  CHECK(run({"compare", "--workload", std::string(HETMESH_SOURCE_DIR) + "/examples/data/prolong_sample.txt",
+             "--ranks", "64", "--capacity", "16384", "--strategies", "hetmesh", "--repeat", "1"})
             .json()["config"]["samples"] == 2000);
 
   struct bad {
     const char* text;
     const char* mention;
   };
-  for (const bad& b : {bad{"100\n200\nabc\n", ":3: 'abc' is not a length"},
-                       bad{"100\n-5\n", ":2: length -5"},
-                       bad{"100\n0\n", ":2: length 0"},
-                       bad{"100\n{\"text\": 5}\n", ":2: a JSON object in a file of plain lengths"},
-                       bad{"{\"text\": 5}\n100\n", ":2: a plain value in a JSONL file"},
-                       bad{"{\"text\": 5, \"image\": [3]}\n", ":1: unknown key \"image\""},
-                       bad{"{\"text\": 5.5}\n", ":1: \"text\" is 5.5"},
-                       bad{"{\"text\": -1}\n", ":1: \"text\" is -1"},
-                       bad{"{\"images\": [5]}\n", ":1: missing \"text\""},
-                       bad{"{\"text\": 5, \"images\": [0]}\n", ":1: \"images[0]\" is 0"},
-                       bad{"{\"text\": 5, \"audio\": 7}\n", ":1: \"audio\" is 7"},
-                       bad{"{\"text\": 5,\n", ":1: invalid JSON"},
-                       bad{"# only a comment\n\n", "no samples"}}) {
+  for (const bad& b :
+       {bad{"100\n200\nabc\n", ":3: 'abc' is not a length"}, bad{"100\n-5\n", ":2: length -5"},
+        bad{"100\n0\n", ":2: length 0"},
+        bad{"100\n{\"text\": 5}\n", ":2: a JSON object in a file of plain lengths"},
+        bad{"{\"text\": 5}\n100\n", ":2: a plain value in a JSONL file"},
+        bad{"{\"text\": 5, \"image\": [3]}\n", ":1: unknown key \"image\""},
+        bad{"{\"text\": 5.5}\n", ":1: \"text\" is 5.5"}, bad{"{\"text\": -1}\n", ":1: \"text\" is -1"},
+        bad{"{\"images\": [5]}\n", ":1: missing \"text\""},
+        bad{"{\"text\": 5, \"images\": [0]}\n", ":1: \"images[0]\" is 0"},
+        bad{"{\"text\": 5, \"audio\": 7}\n", ":1: \"audio\" is 7"},
+        bad{"{\"text\": 5,\n", ":1: invalid JSON"}, bad{"# only a comment\n\n", "no samples"}}) {
     CAPTURE(b.text);
     const auto f = dir.write("bad.txt", b.text);
     check_bad_input({"compare", "--workload", f, "--ranks", "2", "--capacity", "8192"}, b.mention);
   }
-  check_bad_input({"compare", "--workload", (dir.path / "missing.txt").string(), "--ranks", "2", "--capacity", "8192"},
-                  "cannot open");
+  check_bad_input(
+      {"compare", "--workload", (dir.path / "missing.txt").string(), "--ranks", "2", "--capacity", "8192"},
+      "cannot open");
+}
+
+TEST_CASE("hetmesh-plan simulate: variable micro-batches, bubbles, and a Perfetto trace") {
+  const scratch_dir dir;
+  const auto lengths = test_lengths();
+  const auto file = dir.write("w.txt", lines_of(lengths));
+  const auto trace = (dir.path / "trace.json").string();
+  const int pp = 4;
+  const result r = run({"simulate", "--schedule", "1f1b", "--pp", std::to_string(pp), "--workload", file,
+                        "--capacity", "24000", "--trace", trace});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto j = r.json();
+  CHECK(j["schedule"] == "1f1b");
+  CHECK(j["pp"] == pp);
+  const int m = j["microbatches"].get<int>();
+  // Every sample lands in one micro-batch of at most the capacity.
+  const auto tokens = j["microbatch_tokens"].get<std::vector<std::int64_t>>();
+  REQUIRE(tokens.size() == static_cast<std::size_t>(m));
+  CHECK(std::accumulate(tokens.begin(), tokens.end(), std::int64_t{0}) ==
+        std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0}));
+  CHECK(std::all_of(tokens.begin(), tokens.end(), [](std::int64_t t) { return t > 0 && t <= 24000; }));
+  const double step = j["step_time_model_s"].get<double>();
+  CHECK(step > 0);
+  // Bubble: 1 - busy / (ranks x step), from the per-rank busy times.
+  double busy = 0;
+  REQUIRE(j["per_rank"].size() == static_cast<std::size_t>(pp));
+  for (const auto& rk : j["per_rank"]) {
+    CHECK(rk["busy_model_s"].get<double>() <= step + 1e-9);
+    CHECK(rk["peak_activation_bytes"].get<std::int64_t>() > 0);
+    busy += rk["busy_model_s"].get<double>();
+  }
+  CHECK(j["bubble_ratio"].get<double>() == doctest::Approx(1.0 - busy / (pp * step)).epsilon(1e-9));
+  // At equal costs 1F1B's bubble is (p-1)/(m+p-1) of the compute-bound step when transfers are small.
+  CHECK(j["uniform_bubble_ratio"].get<double>() >= (pp - 1.0) / (m + pp - 1.0) - 1e-6);
+  // The trace: Chrome trace events, one complete event per compute action (F and B per stage and
+  // micro-batch).
+  const auto t = nlohmann::json::parse(tools_test::slurp(trace));
+  std::size_t complete = 0;
+  for (const auto& e : t["traceEvents"])
+    if (e["ph"] == "X") {
+      ++complete;
+      CHECK(e["dur"].get<double>() >= 0);
+      CHECK(e["tid"].get<int>() < pp);
+    }
+  CHECK(complete == static_cast<std::size_t>(2 * pp * m));
+  CHECK(j["trace"] == trace);
+
+  const result tab = run({"simulate", "--schedule", "zbv", "--pp", "2", "--workload", file, "--microbatches",
+                          "6", "--format", "table"});
+  REQUIRE_MESSAGE(tab.code == 0, tab.err);
+  CHECK(tab.out.find("zbv pp=2 stages=4: 6 micro-batches") != std::string::npos);
+  const result asc = run({"simulate", "--schedule", "interleaved-1f1b", "--pp", "2", "--workload", file,
+                          "--microbatches", "4", "--format", "ascii", "--width", "40"});
+  REQUIRE_MESSAGE(asc.code == 0, asc.err);
+  CHECK(asc.out.find("rank 1 |") != std::string::npos);
+
+  check_bad_input({"simulate", "--schedule", "1f1b", "--pp", "2", "--workload", file, "--capacity", "100"},
+                  "capacity");
+  check_bad_input(
+      {"simulate", "--schedule", "1f1b", "--pp", "2", "--workload", file, "--microbatches", "100000"},
+      "--microbatches");
+  check_bad_input({"simulate", "--schedule", "1f1b", "--pp", "2", "--workload", file, "--trace",
+                   (dir.path / "no" / "such" / "dir.json").string()},
+                  "--trace");
 }

@@ -47,8 +47,8 @@ template <class T>
     usage_fail("{}: '{}' is not an integer; expected a whole number such as 8", what, text);
   }
   if (ec == std::errc::result_out_of_range) {
-    usage_fail("{}: {} is out of range; expected a value in [{}, {}]", what, text, std::numeric_limits<T>::min(),
-               std::numeric_limits<T>::max());
+    usage_fail("{}: {} is out of range; expected a value in [{}, {}]", what, text,
+               std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
   }
   return value;
 }
@@ -74,7 +74,8 @@ template <class T>
   std::size_t start = 0;
   while (true) {
     const auto comma = text.find(',', start);
-    out.push_back(text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    out.push_back(
+        text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }
@@ -111,17 +112,20 @@ class parsed {
   }
 
   /// An integer option within [lo, hi].
-  [[nodiscard]] std::int64_t integer(const std::string& name, std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
+  [[nodiscard]] std::int64_t integer(const std::string& name,
+                                     std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
                                      std::int64_t hi = std::numeric_limits<std::int64_t>::max()) const {
     const auto v = parse_integer<std::int64_t>(str(name), "--" + name);
     if (v < lo || v > hi) {
-      if (hi == std::numeric_limits<std::int64_t>::max()) usage_fail("--{} = {}; expected at least {}", name, v, lo);
+      if (hi == std::numeric_limits<std::int64_t>::max())
+        usage_fail("--{} = {}; expected at least {}", name, v, lo);
       usage_fail("--{} = {}; expected a value in [{}, {}]", name, v, lo, hi);
     }
     return v;
   }
   /// An int option (ranks, stages, degrees) within [lo, hi].
-  [[nodiscard]] int int32(const std::string& name, int lo = 1, int hi = std::numeric_limits<int>::max()) const {
+  [[nodiscard]] int int32(const std::string& name, int lo = 1,
+                          int hi = std::numeric_limits<int>::max()) const {
     return static_cast<int>(integer(name, lo, hi));
   }
   [[nodiscard]] std::optional<int> opt_int32(const std::string& name, int lo = 1,
@@ -148,7 +152,8 @@ class parsed {
     return out;
   }
   /// A value that must be one of `choices`.
-  [[nodiscard]] const std::string& choice(const std::string& name, std::span<const std::string_view> choices) const {
+  [[nodiscard]] const std::string& choice(const std::string& name,
+                                          std::span<const std::string_view> choices) const {
     const auto& v = str(name);
     if (std::find(choices.begin(), choices.end(), std::string_view(v)) == choices.end()) {
       usage_fail("--{} = '{}'; expected one of: {}", name, v, fmt::join(choices, ", "));
@@ -167,7 +172,8 @@ class parsed {
 /// The options of one subcommand, and its help text.
 class command_spec {
  public:
-  command_spec(std::string name, std::string summary) : name_(std::move(name)), summary_(std::move(summary)) {}
+  command_spec(std::string name, std::string summary)
+      : name_(std::move(name)), summary_(std::move(summary)) {}
 
   /// `--name VALUE`, optional; with a default it is always present in `parsed`.
   command_spec& option(std::string name, std::string value_name, std::string help,
@@ -205,8 +211,9 @@ class command_spec {
         continue;
       }
       if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
-        usage_fail("{}: unexpected argument '{}'; expected options of the form --name VALUE (see '{} --help')",
-                   name_, arg, name_);
+        usage_fail(
+            "{}: unexpected argument '{}'; expected options of the form --name VALUE (see '{} --help')",
+            name_, arg, name_);
       }
       std::string key = arg.substr(2);
       std::optional<std::string> inline_value;
@@ -216,10 +223,11 @@ class command_spec {
       }
       const option_spec* spec = find(key);
       if (spec == nullptr) {
-        usage_fail("{}: unknown option --{}; expected one of: {} (see '{} --help')", name_, key, option_names(),
-                   name_);
+        usage_fail("{}: unknown option --{}; expected one of: {} (see '{} --help')", name_, key,
+                   option_names(), name_);
       }
-      if (out.values_.count(key) != 0) usage_fail("{}: option --{} given twice; expected it at most once", name_, key);
+      if (out.values_.count(key) != 0)
+        usage_fail("{}: option --{} given twice; expected it at most once", name_, key);
       if (spec->value_name.empty()) {
         if (inline_value) usage_fail("{}: option --{} takes no value, got '{}'", name_, key, *inline_value);
         out.values_[key] = "";
@@ -228,7 +236,8 @@ class command_spec {
       if (inline_value) {
         out.values_[key] = *inline_value;
       } else {
-        if (i + 1 >= args.size()) usage_fail("{}: option --{} needs a value {}", name_, key, spec->value_name);
+        if (i + 1 >= args.size())
+          usage_fail("{}: option --{} needs a value {}", name_, key, spec->value_name);
         out.values_[key] = args[++i];
       }
     }

@@ -29,20 +29,25 @@ constexpr output_format balance_formats[] = {output_format::json, output_format:
 // ---- configuration shared by compare and balance -------------------------------------------------
 
 void add_model_options(command_spec& spec) {
-  spec.required("workload", "FILE", "one sample length per line, or JSONL {\"id\",\"text\",\"images\",\"audio\"}")
+  spec.required("workload", "FILE",
+                "one sample length per line, or JSONL {\"id\",\"text\",\"images\",\"audio\"}")
       .required("ranks", "N", "ranks in the data-parallel pool (dp x cp positions)")
       .required("capacity", "C", "tokens of activations one rank holds per micro-batch (ByteScale's C)")
       .option("layers", "L", "transformer layers of the whole model", "32")
-      .option("hidden", "H", "hidden size; prices layers from FLOPs (default: ByteScale Fig. 6(a)'s 7B-class fit)")
+      .option("hidden", "H",
+              "hidden size; prices layers from FLOPs (default: ByteScale Fig. 6(a)'s 7B-class fit)")
       .option("tflops", "T", "with --hidden: achieved TFLOP/s per rank", "400")
       .option("kv-ratio", "R", "with --hidden: KV heads / heads (GQA)", "0.125")
       .option("pp", "P", "pipeline stages behind every pool rank", "1")
       .option("devices-per-node", "N", "ranks per node (rings beyond a node use the inter-node link)", "8")
       .option("intra-gbps", "B", "intra-node link bandwidth, GB/s", "150")
       .option("inter-gbps", "B", "inter-node link bandwidth, GB/s", "25")
-      .flag("offload", "let long sequences use ByteScale's selective activation offloading (fewer ring ranks)")
-      .option("context", "S", "static_dp_cp: the context length its cp is sized for (default: the longest sample)")
-      .option("group-size", "G", "hetmesh: ranks per locality group for grouped reordering (default: one group)")
+      .flag("offload",
+            "let long sequences use ByteScale's selective activation offloading (fewer ring ranks)")
+      .option("context", "S",
+              "static_dp_cp: the context length its cp is sized for (default: the longest sample)")
+      .option("group-size", "G",
+              "hetmesh: ranks per locality group for grouped reordering (default: one group)")
       .option("seed", "N", "seed of the random strategy", "1");
 }
 
@@ -67,7 +72,8 @@ setup setup_of(const parsed& args) {
     const double kv_ratio = args.real("kv-ratio");
     if (kv_ratio > 1.0) usage_fail("--kv-ratio = {}; expected 0 < ratio <= 1 (KV heads / heads)", kv_ratio);
     // Model units are milliseconds: T TFLOP/s = T * 1e9 FLOPs per ms.
-    cfg.model.llm = hetmesh::cost::llm_compute::from_dims(hidden, layers, args.real("tflops") * 1e9, kv_ratio);
+    cfg.model.llm =
+        hetmesh::cost::llm_compute::from_dims(hidden, layers, args.real("tflops") * 1e9, kv_ratio);
     // K and V, bf16, kv_ratio of the hidden size each.
     cfg.model.kv_bytes_per_token = 2.0 * 2.0 * static_cast<double>(hidden) * kv_ratio;
   } else {
@@ -87,7 +93,8 @@ json config_json(const setup& s) {
   const auto& c = s.cfg;
   std::int64_t items = 0;
   const auto lengths = s.wl.lengths();
-  for (const auto& smp : s.wl.samples) items += static_cast<std::int64_t>(smp.images.size() + smp.audio.size());
+  for (const auto& smp : s.wl.samples)
+    items += static_cast<std::int64_t>(smp.images.size() + smp.audio.size());
   return {{"samples", s.wl.samples.size()},
           {"tokens", s.wl.total_tokens()},
           {"longest", *std::max_element(lengths.begin(), lengths.end())},
@@ -127,7 +134,8 @@ std::vector<work_item> items_of_hdp_plan(const sq::hdp_plan& plan, const std::ve
   std::vector<work_item> out;
   for (std::size_t i = 0; i < plan.sharding.items.size(); ++i) {
     const auto& it = plan.sharding.items[i];
-    out.push_back({plan.placement[i].ring, plan.placement[i].order, it.seqs, it.offload.ratio(), tasks[i].duration});
+    out.push_back(
+        {plan.placement[i].ring, plan.placement[i].order, it.seqs, it.offload.ratio(), tasks[i].duration});
   }
   return out;
 }
@@ -167,7 +175,8 @@ plan_view plan_of(std::string_view name, const setup& s) {
       plan = bal::plan_bytescale(s.seqs, cfg.hdp, cfg.ranks, cfg.model, p);
     } else {
       std::vector<int> owner(s.seqs.size());
-      for (std::size_t i = 0; i < owner.size(); ++i) owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
+      for (std::size_t i = 0; i < owner.size(); ++i)
+        owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
       plan = bal::plan_hetmesh(s.seqs, cfg.hdp, cfg.ranks, cfg.model, cfg.hetmesh, owner);
     }
     v.tasks = bal::tasks_of(plan, cfg.model);
@@ -176,7 +185,8 @@ plan_view plan_of(std::string_view name, const setup& s) {
   }
   if (name == "random" || name == "token_count") {
     const auto sh = sq::hdp_shard(s.seqs, cfg.hdp, cfg.ranks);
-    v.tasks = name == "random" ? bal::detail::random_tasks(s.seqs, cfg) : bal::detail::token_count_tasks(s.seqs, cfg);
+    v.tasks = name == "random" ? bal::detail::random_tasks(s.seqs, cfg)
+                               : bal::detail::token_count_tasks(s.seqs, cfg);
     for (const auto& t : v.tasks) {
       const auto& it = sh.items.at(static_cast<std::size_t>(t.order));
       v.items.push_back({t.ranks, t.order, it.seqs, it.offload.ratio(), t.duration});
@@ -188,7 +198,8 @@ plan_view plan_of(std::string_view name, const setup& s) {
     const auto rows = static_rows(s);
     if (rows.size() != v.tasks.size()) {
       hetmesh::throw_error<hetmesh::mismatch_error>(
-          "static_dp_cp: the strategy made {} rows but hetmesh-plan rebuilt {}; expected the same packing rule",
+          "static_dp_cp: the strategy made {} rows but hetmesh-plan rebuilt {}; expected the same packing "
+          "rule",
           v.tasks.size(), rows.size());
     }
     for (std::size_t k = 0; k < rows.size(); ++k) {
@@ -208,7 +219,8 @@ double comm_bytes(const plan_view& v, const bal::step_model& m) {
   for (const auto& it : v.items) {
     const auto d = static_cast<double>(it.ring.size());
     if (d <= 1.0) continue;
-    total += 3.0 * static_cast<double>(m.llm.layers) * (d - 1.0) * m.kv_bytes_per_token * static_cast<double>(it.tokens());
+    total += 3.0 * static_cast<double>(m.llm.layers) * (d - 1.0) * m.kv_bytes_per_token *
+             static_cast<double>(it.tokens());
   }
   return total;
 }
@@ -219,7 +231,8 @@ std::vector<std::string_view> strategies_of(const parsed& args) {
   for (const auto name : split_commas(args.str("strategies"))) {
     const auto it = std::find(bal::strategy_names.begin(), bal::strategy_names.end(), name);
     if (it == bal::strategy_names.end()) {
-      usage_fail("--strategies: unknown strategy '{}'; expected names from: {}", name, fmt::join(bal::strategy_names, ", "));
+      usage_fail("--strategies: unknown strategy '{}'; expected names from: {}", name,
+                 fmt::join(bal::strategy_names, ", "));
     }
     out.push_back(*it);
   }
@@ -238,7 +251,8 @@ void run_compare(const parsed& args, std::ostream& out) {
   doc["ranks"] = s.cfg.ranks;
   doc["config"] = config_json(s);
   json rows = json::array();
-  table t{{"strategy", "step (s, model)", "imbalance", "vs lower bound", "ring traffic (model)", "plan (ms)"}, {}};
+  table t{{"strategy", "step (s, model)", "imbalance", "vs lower bound", "ring traffic (model)", "plan (ms)"},
+          {}};
   double lower_bound_s = 0.0;
   for (const auto name : names) {
     // plan_ms is the median of `repeat` runs: one run on a busy machine is mostly noise.
@@ -263,8 +277,8 @@ void run_compare(const parsed& args, std::ostream& out) {
                     {"plan_ms", plan_ms},
                     {"micro_batches", r.tasks},
                     {"max_micro_batches_per_rank", r.max_tasks_per_rank}});
-    t.rows.push_back({r.name, fixed_str(step_s, 3), fixed_str(r.imbalance, 3), fixed_str(r.ratio_to_lower_bound, 3),
-                      bytes_str(bytes), fixed_str(plan_ms, 2)});
+    t.rows.push_back({r.name, fixed_str(step_s, 3), fixed_str(r.imbalance, 3),
+                      fixed_str(r.ratio_to_lower_bound, 3), bytes_str(bytes), fixed_str(plan_ms, 2)});
   }
   doc["lower_bound_model_s"] = lower_bound_s;
   doc["strategies"] = std::move(rows);
@@ -274,16 +288,20 @@ void run_compare(const parsed& args, std::ostream& out) {
     table c{{"name", "step_time_model_s", "imbalance", "vs_lower_bound", "comm_bytes", "plan_ms"}, {}};
     for (const auto& r : doc["strategies"]) {
       c.rows.push_back({r["name"].get<std::string>(), fmt::format("{}", r["step_time_model_s"].get<double>()),
-                        fmt::format("{}", r["imbalance"].get<double>()), fmt::format("{}", r["vs_lower_bound"].get<double>()),
-                        fmt::format("{:.0f}", r["comm_bytes"].get<double>()), fmt::format("{}", r["plan_ms"].get<double>())});
+                        fmt::format("{}", r["imbalance"].get<double>()),
+                        fmt::format("{}", r["vs_lower_bound"].get<double>()),
+                        fmt::format("{:.0f}", r["comm_bytes"].get<double>()),
+                        fmt::format("{}", r["plan_ms"].get<double>())});
     }
     c.print_csv(out);
   } else {
     out << fmt::format("{}: {} samples, {} tokens (longest {}) over {} ranks, capacity {} tokens/rank{}\n",
-                       s.wl.path, s.wl.samples.size(), s.wl.total_tokens(), doc["config"]["longest"].get<std::int64_t>(),
-                       s.cfg.ranks, s.cfg.hdp.capacity, s.cfg.model.pp_stages > 1 ? fmt::format(", pp {}", s.cfg.model.pp_stages) : "");
-    out << fmt::format("lower bound {:.3f} s (modelled); step times and traffic are modelled, plan time is measured\n\n",
-                       lower_bound_s);
+                       s.wl.path, s.wl.samples.size(), s.wl.total_tokens(),
+                       doc["config"]["longest"].get<std::int64_t>(), s.cfg.ranks, s.cfg.hdp.capacity,
+                       s.cfg.model.pp_stages > 1 ? fmt::format(", pp {}", s.cfg.model.pp_stages) : "");
+    out << fmt::format(
+        "lower bound {:.3f} s (modelled); step times and traffic are modelled, plan time is measured\n\n",
+        lower_bound_s);
     t.print(out);
   }
 }
@@ -330,7 +348,8 @@ void run_balance(const parsed& args, std::ostream& out) {
     for (const auto& [order, i] : list) {
       const auto& it = v.items[i];
       const int degree = static_cast<int>(it.ring.size());
-      const int pos = static_cast<int>(std::find(it.ring.begin(), it.ring.end(), static_cast<int>(r)) - it.ring.begin());
+      const int pos =
+          static_cast<int>(std::find(it.ring.begin(), it.ring.end(), static_cast<int>(r)) - it.ring.begin());
       json segs = json::array();
       std::int64_t held = 0;
       for (const auto& q : it.seqs) {
@@ -342,14 +361,21 @@ void run_balance(const parsed& args, std::ostream& out) {
       }
       tokens += held;
       if (degree > 1) ++rings;
-      mbs.push_back({{"item", i}, {"order", order}, {"degree", degree}, {"ring_position", pos}, {"tokens", held},
+      mbs.push_back({{"item", i},
+                     {"order", order},
+                     {"degree", degree},
+                     {"ring_position", pos},
+                     {"tokens", held},
                      {"segments", std::move(segs)}});
     }
     const double busy = tl.busy[r].units(), finish = tl.finish[r].units();
-    ranks.push_back({{"rank", r}, {"busy_model_ms", busy}, {"finish_model_ms", finish}, {"tokens", tokens},
+    ranks.push_back({{"rank", r},
+                     {"busy_model_ms", busy},
+                     {"finish_model_ms", finish},
+                     {"tokens", tokens},
                      {"micro_batches", std::move(mbs)}});
-    t.rows.push_back({std::to_string(r), std::to_string(list.size()), std::to_string(rings), std::to_string(tokens),
-                      fixed_str(busy, 1), fixed_str(finish, 1)});
+    t.rows.push_back({std::to_string(r), std::to_string(list.size()), std::to_string(rings),
+                      std::to_string(tokens), fixed_str(busy, 1), fixed_str(finish, 1)});
   }
   json doc;
   doc["strategy"] = name;
@@ -366,9 +392,10 @@ void run_balance(const parsed& args, std::ostream& out) {
   if (format == output_format::json) {
     print_json(out, doc);
   } else {
-    out << fmt::format("{} on {}: step {:.3f} s (modelled), imbalance {:.3f}, {:.3f}x the lower bound, {} items\n\n",
-                       name, s.wl.path, doc["step_time_model_s"].get<double>(), tl.imbalance(),
-                       doc["vs_lower_bound"].get<double>(), v.items.size());
+    out << fmt::format(
+        "{} on {}: step {:.3f} s (modelled), imbalance {:.3f}, {:.3f}x the lower bound, {} items\n\n", name,
+        s.wl.path, doc["step_time_model_s"].get<double>(), tl.imbalance(),
+        doc["vs_lower_bound"].get<double>(), v.items.size());
     t.print(out);
   }
 }
@@ -384,36 +411,48 @@ const char* const workload_help =
 }  // namespace
 
 std::vector<subcommand> balance_commands() {
-  command_spec compare("compare", "Balance strategies side by side on one workload: modelled step time and balance.");
+  command_spec compare("compare",
+                       "Balance strategies side by side on one workload: modelled step time and balance.");
   add_model_options(compare);
-  compare.option("strategies", "A,B,...", "strategies to run (default: random,token_count,static_dp_cp,bytescale_hdp,hetmesh)")
+  compare
+      .option("strategies", "A,B,...",
+              "strategies to run (default: random,token_count,static_dp_cp,bytescale_hdp,hetmesh)")
       .option("repeat", "N", "plan each strategy N times; plan_ms is the median", "3")
       .option("format", "FMT", "json, table or csv", "json")
       .epilog(std::string(workload_help) +
               "\noutput (json):\n"
               "  {\"workload\": \"w.txt\", \"ranks\": 64, \"config\": {...}, \"lower_bound_model_s\": 1.9,\n"
               "   \"strategies\": [{\"name\": \"random\", \"step_time_model_s\": 3.1, \"imbalance\": 1.52,\n"
-              "                   \"vs_lower_bound\": 1.63, \"comm_bytes\": 1.2e10, \"plan_ms\": 1.4, ...}, ...]}\n"
+              "                   \"vs_lower_bound\": 1.63, \"comm_bytes\": 1.2e10, \"plan_ms\": 1.4, ...}, "
+              "...]}\n"
               "  imbalance: max / mean modelled rank time; vs_lower_bound: modelled step time over\n"
               "  max(total work / ranks, largest unsplit sample); comm_bytes: modelled ring-attention\n"
               "  traffic of the step (bytes, all ranks); plan_ms: measured time to plan and price.\n\n"
               "example:\n"
-              "  hetmesh-plan compare --workload examples/data/prolong_sample.txt --ranks 64 --capacity 16384 --format table\n");
-  command_spec balance("balance", "One balance strategy's full plan: per rank, its micro-batches, rings and token ranges.");
-  balance.option("strategy", "NAME", "random, token_count, static_dp_cp, bytescale_hdp or hetmesh", "hetmesh");
+              "  hetmesh-plan compare --workload examples/data/prolong_sample.txt --ranks 64 --capacity "
+              "16384 --format table\n");
+  command_spec balance(
+      "balance", "One balance strategy's full plan: per rank, its micro-batches, rings and token ranges.");
+  balance.option("strategy", "NAME", "random, token_count, static_dp_cp, bytescale_hdp or hetmesh",
+                 "hetmesh");
   add_model_options(balance);
   balance.option("format", "FMT", "json or table", "json")
-      .epilog(std::string(workload_help) +
-              "\noutput (json):\n"
-              "  {\"strategy\": \"hetmesh\", \"ranks\": 4, \"step_time_model_s\": .., \"imbalance\": ..,\n"
-              "   \"vs_lower_bound\": .., \"comm_bytes\": .., \"items\": [{\"item\": 0, \"order\": 0, \"ring\": [0, 1],\n"
-              "   \"tokens\": 9000, \"offload_ratio\": 0, \"time_model_ms\": .., \"sequences\": [3]}, ...],\n"
-              "   \"per_rank\": [{\"rank\": 0, \"busy_model_ms\": .., \"finish_model_ms\": .., \"tokens\": ..,\n"
-              "     \"micro_batches\": [{\"item\": 0, \"order\": 0, \"degree\": 2, \"ring_position\": 0, \"tokens\": 4500,\n"
-              "       \"segments\": [{\"seq\": 3, \"begin\": 0, \"end\": 2250}, {\"seq\": 3, \"begin\": 6750, \"end\": 9000}]}]}]}\n"
-              "  seq: the sample's 0-based position in the workload file; begin/end: its token range.\n\n"
-              "example:\n"
-              "  hetmesh-plan balance --strategy bytescale_hdp --workload examples/data/prolong_sample.txt --ranks 64 --capacity 16384 --format table\n");
+      .epilog(
+          std::string(workload_help) +
+          "\noutput (json):\n"
+          "  {\"strategy\": \"hetmesh\", \"ranks\": 4, \"step_time_model_s\": .., \"imbalance\": ..,\n"
+          "   \"vs_lower_bound\": .., \"comm_bytes\": .., \"items\": [{\"item\": 0, \"order\": 0, \"ring\": "
+          "[0, 1],\n"
+          "   \"tokens\": 9000, \"offload_ratio\": 0, \"time_model_ms\": .., \"sequences\": [3]}, ...],\n"
+          "   \"per_rank\": [{\"rank\": 0, \"busy_model_ms\": .., \"finish_model_ms\": .., \"tokens\": ..,\n"
+          "     \"micro_batches\": [{\"item\": 0, \"order\": 0, \"degree\": 2, \"ring_position\": 0, "
+          "\"tokens\": 4500,\n"
+          "       \"segments\": [{\"seq\": 3, \"begin\": 0, \"end\": 2250}, {\"seq\": 3, \"begin\": 6750, "
+          "\"end\": 9000}]}]}]}\n"
+          "  seq: the sample's 0-based position in the workload file; begin/end: its token range.\n\n"
+          "example:\n"
+          "  hetmesh-plan balance --strategy bytescale_hdp --workload examples/data/prolong_sample.txt "
+          "--ranks 64 --capacity 16384 --format table\n");
   std::vector<subcommand> out;
   out.push_back({std::move(compare), run_compare});
   out.push_back({std::move(balance), run_balance});

@@ -31,13 +31,14 @@ std::string ranges_of(const std::vector<std::int64_t>& idx) {
 }
 
 std::vector<std::int64_t> lengths_from_cu(const std::vector<std::int64_t>& cu) {
-  if (cu.size() < 2) usage_fail("--cu-seqlens has {} entries; expected at least two (0 and the total)", cu.size());
+  if (cu.size() < 2)
+    usage_fail("--cu-seqlens has {} entries; expected at least two (0 and the total)", cu.size());
   if (cu.front() != 0) usage_fail("--cu-seqlens starts at {}; expected it to start at 0", cu.front());
   std::vector<std::int64_t> lens;
   for (std::size_t i = 1; i < cu.size(); ++i) {
     if (cu[i] < cu[i - 1]) {
-      usage_fail("--cu-seqlens decreases at entry {} ({} after {}); expected non-decreasing offsets", i, cu[i],
-                 cu[i - 1]);
+      usage_fail("--cu-seqlens decreases at entry {} ({} after {}); expected non-decreasing offsets", i,
+                 cu[i], cu[i - 1]);
     }
     lens.push_back(cu[i] - cu[i - 1]);
   }
@@ -54,13 +55,15 @@ void run_cp(const parsed& args, std::ostream& out) {
   doc["scheme"] = scheme;
   doc["cp"] = cp;
   if (scheme == "zigzag") {
-    if (args.has("cu-seqlens")) usage_fail("cp --scheme zigzag splits one sequence: give --seqlen, not --cu-seqlens");
+    if (args.has("cu-seqlens"))
+      usage_fail("cp --scheme zigzag splits one sequence: give --seqlen, not --cu-seqlens");
     const auto seqlen = args.integer("seqlen", 1, std::int64_t{1} << 40);
     p = hetmesh::seq::partition_zigzag(seqlen, cp, pad);
     doc["seqlen"] = seqlen;
   } else {
     if (args.has("seqlen")) {
-      usage_fail("cp --scheme {} partitions a packed stream: give --cu-seqlens 0,a,b,..., not --seqlen", scheme);
+      usage_fail("cp --scheme {} partitions a packed stream: give --cu-seqlens 0,a,b,..., not --seqlen",
+                 scheme);
     }
     const auto lens = lengths_from_cu(args.integer_list("cu-seqlens"));
     if (scheme == "thd") {
@@ -79,8 +82,10 @@ void run_cp(const parsed& args, std::ostream& out) {
   for (std::size_t r = 0; r < p.ranks.size(); ++r) {
     const auto& sh = p.ranks[r];
     const auto work = hetmesh::seq::causal_work(sh);
-    ranks.push_back({{"rank", r}, {"tokens", sh.tokens()}, {"causal_work", work}, {"indices", sh.token_index}});
-    t.rows.push_back({std::to_string(r), std::to_string(sh.tokens()), std::to_string(work), ranges_of(sh.token_index)});
+    ranks.push_back(
+        {{"rank", r}, {"tokens", sh.tokens()}, {"causal_work", work}, {"indices", sh.token_index}});
+    t.rows.push_back(
+        {std::to_string(r), std::to_string(sh.tokens()), std::to_string(work), ranges_of(sh.token_index)});
   }
   doc["ranks"] = std::move(ranks);
   if (format == output_format::json) {
@@ -95,8 +100,10 @@ void run_cp(const parsed& args, std::ostream& out) {
 }  // namespace
 
 std::vector<subcommand> cp_commands() {
-  command_spec spec("cp", "Context-parallel partition: the token indices each of cp ranks holds, in its local order.");
-  spec.required("scheme", "NAME", "zigzag (one sequence, Megatron-LM), thd (packed, TransformerEngine) or contiguous")
+  command_spec spec(
+      "cp", "Context-parallel partition: the token indices each of cp ranks holds, in its local order.");
+  spec.required("scheme", "NAME",
+                "zigzag (one sequence, Megatron-LM), thd (packed, TransformerEngine) or contiguous")
       .required("cp", "N", "context-parallel degree")
       .option("seqlen", "S", "zigzag: the sequence length")
       .option("cu-seqlens", "0,a,b,...", "thd, contiguous: document boundaries of the packed stream")
@@ -109,7 +116,8 @@ std::vector<subcommand> cp_commands() {
           "2*cp does not divide is an error (exit 2).\n\n"
           "output (json):\n"
           "  {\"scheme\": \"zigzag\", \"cp\": 2, \"seqlen\": 8, \"pad\": false, \"tokens\": 8,\n"
-          "   \"ranks\": [{\"rank\": 0, \"tokens\": 4, \"causal_work\": 18, \"indices\": [0, 1, 6, 7]}, ...]}\n"
+          "   \"ranks\": [{\"rank\": 0, \"tokens\": 4, \"causal_work\": 18, \"indices\": [0, 1, 6, 7]}, "
+          "...]}\n"
           "  causal_work: (query, key) pairs the rank's queries compute under the causal mask.\n\n"
           "example:\n"
           "  hetmesh-plan cp --scheme thd --cp 2 --cu-seqlens 0,5,12 --pad\n");

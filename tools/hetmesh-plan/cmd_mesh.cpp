@@ -7,6 +7,8 @@
 #include <vector>
 
 #include <hetmesh/mesh/layout.hpp>
+#include <hetmesh/mesh/search.hpp>
+#include <hetmesh/mesh/topology.hpp>
 
 #include "commands.hpp"
 #include "output.hpp"
@@ -27,6 +29,51 @@ std::int64_t nodes_spanned(const std::vector<int>& group, std::int64_t devices_p
   return std::unique(nodes.begin(), nodes.end()) - nodes.begin();
 }
 
+// --traffic tp=8e9,cp=2e9,...: bytes per rank per step along each dim's groups.
+hm::traffic traffic_of(const std::string& text) {
+  hm::traffic t;
+  for (const auto field : split_commas(text)) {
+    const auto eq = field.find('=');
+    if (eq == std::string_view::npos) {
+      usage_fail("--traffic: '{}' is not DIM=BYTES; expected e.g. tp=8e9,cp=2e9,ep=4e9,dp=1e9,pp=2.5e8",
+                 field);
+    }
+    const auto name = field.substr(0, eq);
+    const double bytes = parse_real(field.substr(eq + 1), fmt::format("--traffic {}", name));
+    if (bytes < 0) usage_fail("--traffic {}={}: expected bytes >= 0", name, bytes);
+    if (name == "tp") {
+      t.tp = bytes;
+    } else if (name == "cp") {
+      t.cp = bytes;
+    } else if (name == "ep") {
+      t.ep = bytes;
+    } else if (name == "dp") {
+      t.dp = bytes;
+    } else if (name == "pp") {
+      t.pp = bytes;
+    } else {
+      usage_fail("--traffic: unknown dim '{}'; expected tp, cp, ep, dp or pp", name);
+    }
+  }
+  return t;
+}
+
+json candidate_json(const hm::candidate& c) {
+  json dims = json::array();
+  for (const auto& d : c.dims) {
+    dims.push_back({{"name", std::string(d.name.name())},
+                    {"extent", d.extent},
+                    {"stride", d.stride},
+                    {"bytes", d.bytes},
+                    {"nodes_spanned", d.nodes_spanned},
+                    {"in_node", d.in_node()},
+                    {"time_model_ms", static_cast<double>(d.time_ns) * 1e-6}});
+  }
+  return {{"order", c.order},
+          {"time_model_ms", static_cast<double>(c.time_ns) * 1e-6},
+          {"dims", std::move(dims)}};
+}
+
 void run_mesh(const parsed& args, std::ostream& out) {
   const auto format = format_of(args, mesh_formats);
   const std::int64_t world = args.integer("world", 1, std::int64_t{1} << 30);
@@ -42,8 +89,9 @@ void run_mesh(const parsed& args, std::ostream& out) {
   if (!args.has("dp")) {
     // dp absorbs the rest of the world, as Megatron-LM derives it.
     if (world % others != 0) {
-      usage_fail("--world {} is not divisible by tp*cp*ep*pp = {}; expected a world size that is a multiple of it",
-                 world, others);
+      usage_fail(
+          "--world {} is not divisible by tp*cp*ep*pp = {}; expected a world size that is a multiple of it",
+          world, others);
     }
     ext[3] = world / others;
   }
@@ -76,34 +124,94 @@ void run_mesh(const parsed& args, std::ostream& out) {
                       fmt::format("{}", fmt::join(groups.front(), ","))});
   }
   doc["dims"] = std::move(dims);
+
+  // The layout search: every order of the dims, ranked by modelled communication time on the
+  // topology; the baseline is the order given (Megatron-LM's by default).
+  if (world > dpn && world % dpn != 0) {
+    usage_fail("--world {} is not a whole number of nodes of --devices-per-node {}; expected a multiple",
+               world, dpn);
+  }
+  hm::topology topo{.nodes = static_cast<int>(world > dpn ? world / dpn : 1),
+                    .devices_per_node = static_cast<int>(world > dpn ? dpn : world),
+                    .intra_bw_gbps = args.real("intra-gbps"),
+                    .inter_bw_gbps = args.real("inter-gbps")};
+  const auto load = traffic_of(args.str("traffic"));
+  const std::string_view combines[] = {"sum", "max"};
+  const hm::search_options opts{
+      .total = args.choice("combine", combines) == "max" ? hm::combine::max : hm::combine::sum,
+      .baseline = mesh.order_string()};
+  const auto choice = hm::search_layout(mesh, load, topo, opts);
+  std::vector<std::string> reasons;
+  {
+    const std::string text = choice.explain();
+    std::size_t at = 0;
+    while (at <= text.size()) {
+      const auto nl = text.find('\n', at);
+      reasons.push_back(text.substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+      if (nl == std::string::npos) break;
+      at = nl + 1;
+    }
+  }
+  json ranking = json::array();
+  for (std::size_t i = 0; i < choice.ranking.size() && i < 5; ++i)
+    ranking.push_back(candidate_json(choice.ranking[i]));
+  doc["search"] = {
+      {"traffic", {{"tp", load.tp}, {"cp", load.cp}, {"ep", load.ep}, {"dp", load.dp}, {"pp", load.pp}}},
+      {"intra_gbps", topo.intra_bw_gbps},
+      {"inter_gbps", topo.inter_bw_gbps},
+      {"orders", choice.ranking.size()},
+      {"best", candidate_json(choice.best())},
+      {"baseline", candidate_json(choice.baseline())},
+      {"baseline_rank", choice.baseline_index + 1},
+      {"speedup", choice.speedup()},
+      {"reasons", reasons},
+      {"top", std::move(ranking)}};
   if (format == output_format::json) {
     print_json(out, doc);
   } else {
     out << fmt::format("mesh {} over {} ranks ({} nodes x {} devices)\n", mesh.str(), world,
                        doc["nodes"].get<std::int64_t>(), dpn);
     t.print(out);
+    out << fmt::format("\nlayout search ({} orders, traffic per rank per step: {}):\n", choice.ranking.size(),
+                       args.str("traffic"));
+    for (const auto& line : reasons) out << "  " << line << '\n';
   }
 }
 
 }  // namespace
 
 std::vector<subcommand> mesh_commands() {
-  command_spec spec("mesh", "The LLM mesh: layout, groups along each dim, and which groups stay inside a node.");
+  command_spec spec("mesh",
+                    "The LLM mesh: layout, groups along each dim, and which groups stay inside a node.");
   spec.required("world", "N", "number of ranks")
-      .option("order", "ORDER", "dims joined by '-', fastest-varying first (Megatron-LM notation)", "tp-cp-ep-dp-pp")
+      .option("order", "ORDER", "dims joined by '-', fastest-varying first (Megatron-LM notation)",
+              "tp-cp-ep-dp-pp")
       .option("tp", "N", "tensor-parallel degree", "1")
       .option("cp", "N", "context-parallel degree", "1")
       .option("ep", "N", "expert-parallel degree", "1")
       .option("dp", "N", "data-parallel degree (default: world / (tp*cp*ep*pp))")
       .option("pp", "N", "pipeline-parallel degree", "1")
       .option("devices-per-node", "N", "devices per node; rank r is on node r / N", "8")
+      .option("traffic", "tp=B,cp=B,...",
+              "layout search: bytes per rank per step along each dim (default: an illustrative 7B-class mix)",
+              "tp=8e9,cp=2e9,ep=4e9,dp=1e9,pp=2.5e8")
+      .option("intra-gbps", "B", "layout search: intra-node bandwidth per device, GB/s", "450")
+      .option("inter-gbps", "B", "layout search: inter-node bandwidth per device, GB/s", "50")
+      .option("combine", "HOW", "layout search: sum or max of the per-dim times", "sum")
       .option("format", "FMT", "json or table", "json")
       .epilog(
+          "The layout search ranks every order of the dims (extent > 1) by modelled communication time on\n"
+          "nodes of --devices-per-node devices and compares the best with the given --order.\n\n"
           "output (json):\n"
-          "  {\"world\": 16, \"order\": \"tp-cp-ep-dp-pp\", \"mesh\": \"(tp=8,cp=2,ep=1,dp=1,pp=1):(1,8,16,16,16)\",\n"
+          "  {\"world\": 16, \"order\": \"tp-cp-ep-dp-pp\", \"mesh\": "
+          "\"(tp=8,cp=2,ep=1,dp=1,pp=1):(1,8,16,16,16)\",\n"
           "   \"devices_per_node\": 8, \"nodes\": 2,\n"
           "   \"dims\": [{\"name\": \"tp\", \"extent\": 8, \"stride\": 1, \"max_nodes_per_group\": 1,\n"
-          "             \"intra_node\": true, \"groups\": [[0, 1, ...], ...]}, ...]}\n\n"
+          "             \"intra_node\": true, \"groups\": [[0, 1, ...], ...]}, ...],\n"
+          "   \"search\": {\"traffic\": {...}, \"orders\": 2, \"best\": {\"order\": \"tp-cp\", "
+          "\"time_model_ms\": ..,\n"
+          "              \"dims\": [...]}, \"baseline\": {...}, \"baseline_rank\": 1, \"speedup\": 1.0,\n"
+          "              \"reasons\": [\"best order tp-cp ...\", ...], \"top\": [...]}}\n\n"
           "example:\n"
           "  hetmesh-plan mesh --world 64 --tp 8 --cp 2 --pp 2 --format table\n");
   return {{std::move(spec), run_mesh}};

@@ -30,9 +30,10 @@ namespace pl = hetmesh::pipeline;
 
 constexpr output_format pipeline_formats[] = {output_format::json, output_format::csv, output_format::ascii,
                                               output_format::table};
-constexpr output_format simulate_formats[] = {output_format::json, output_format::table, output_format::ascii};
-constexpr std::string_view schedule_names[] = {"gpipe",       "1f1b", "interleaved-1f1b", "zero-bubble",
-                                               "interleaved-zero-bubble", "zbv"};
+constexpr output_format simulate_formats[] = {output_format::json, output_format::table,
+                                              output_format::ascii};
+constexpr std::string_view schedule_names[] = {
+    "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"};
 
 pl::schedule schedule_of(const parsed& args, int m) {
   const std::string& name = args.choice("schedule", schedule_names);
@@ -66,14 +67,20 @@ void run_pipeline(const parsed& args, std::ostream& out) {
   const int width = args.int32("width", 10, 10000);
   const auto s = schedule_of(args, args.int32("microbatches", 1, 1 << 20));
   switch (format) {
-    case output_format::json: print_json(out, schedule_json(s)); break;
-    case output_format::csv: out << pl::to_csv(s); break;
-    case output_format::table: out << pl::format_pipeline_order(s); break;
+    case output_format::json:
+      print_json(out, schedule_json(s));
+      break;
+    case output_format::csv:
+      out << pl::to_csv(s);
+      break;
+    case output_format::table:
+      out << pl::format_pipeline_order(s);
+      break;
     case output_format::ascii: {
       // Equal costs (F 1, B 2, W 1 of the B) show the schedule's shape; `simulate` prices real work.
       const auto sim = pl::simulate(s, pl::uniform_costs{}.model());
-      out << fmt::format("{} pp={} microbatches={}: step {:.6g} units, bubble {:.1f}% (F=1, B=2, I=W=1)\n", s.name,
-                         s.num_ranks, s.num_microbatches, sim.step_time, 100.0 * sim.bubble_ratio);
+      out << fmt::format("{} pp={} microbatches={}: step {:.6g} units, bubble {:.1f}% (F=1, B=2, I=W=1)\n",
+                         s.name, s.num_ranks, s.num_microbatches, sim.step_time, 100.0 * sim.bubble_ratio);
       out << pl::ascii_timeline(sim.timeline, width, true);
       break;
     }
@@ -99,14 +106,20 @@ struct micro_batch_costs {
     c.compute = [f](const pl::action& a) {
       const double x = f.at(static_cast<std::size_t>(a.microbatch));
       switch (a.type) {
-        case pl::action_type::forward: return x;
-        case pl::action_type::backward: return 2.0 * x;
+        case pl::action_type::forward:
+          return x;
+        case pl::action_type::backward:
+          return 2.0 * x;
         case pl::action_type::backward_input:
-        case pl::action_type::backward_weight: return x;
-        default: return 0.0;
+        case pl::action_type::backward_weight:
+          return x;
+        default:
+          return 0.0;
       }
     };
-    c.transfer = [t](const pl::action& a) { return a.microbatch >= 0 ? t.at(static_cast<std::size_t>(a.microbatch)) : 0.0; };
+    c.transfer = [t](const pl::action& a) {
+      return a.microbatch >= 0 ? t.at(static_cast<std::size_t>(a.microbatch)) : 0.0;
+    };
     c.memory = [m](const pl::action& a) {
       return a.microbatch >= 0 ? m.at(static_cast<std::size_t>(a.microbatch)) : std::int64_t{0};
     };
@@ -119,16 +132,18 @@ void run_simulate(const parsed& args, std::ostream& out) {
   const auto wl = read_workload(args.str("workload"));
   const auto lengths = wl.lengths();
   const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
-  const std::int64_t capacity =
-      args.has("capacity") ? args.integer("capacity", 1, std::int64_t{1} << 40) : std::max<std::int64_t>(8192, longest);
+  const std::int64_t capacity = args.has("capacity") ? args.integer("capacity", 1, std::int64_t{1} << 40)
+                                                     : std::max<std::int64_t>(8192, longest);
   const auto seqs = hetmesh::seq::with_index_ids(lengths);
   const auto packs = hetmesh::seq::pack(seqs, {.capacity = capacity});
   int m = static_cast<int>(packs.micro_batches.size());
   if (args.has("microbatches")) {
     const int want = args.int32("microbatches", 1, 1 << 20);
     if (want > m) {
-      usage_fail("--microbatches {}: the workload packs into only {} micro-batches of {} tokens; expected at most {}", want,
-                 m, capacity, m);
+      usage_fail(
+          "--microbatches {}: the workload packs into only {} micro-batches of {} tokens; expected at most "
+          "{}",
+          want, m, capacity, m);
     }
     m = want;
   }
@@ -137,19 +152,25 @@ void run_simulate(const parsed& args, std::ostream& out) {
   const auto layers = args.integer("layers", 1, 1 << 16);
   const auto hidden = args.integer("hidden", 1, 1 << 20);
   hetmesh::cost::llm_compute llm{hetmesh::cost::bytescale_fig6a_layer(), layers, 3.0};
-  if (args.has("tflops")) llm = hetmesh::cost::llm_compute::from_dims(hidden, layers, args.real("tflops") * 1e9);
+  if (args.has("tflops"))
+    llm = hetmesh::cost::llm_compute::from_dims(hidden, layers, args.real("tflops") * 1e9);
   const auto link = hetmesh::cost::link::from_us_gbps(10.0, args.real("link-gbps"));
-  const double stages = static_cast<double>(s.num_stages);
-  const auto act = hetmesh::cost::activation_memory::from_dims(hidden, (layers + s.num_stages - 1) / s.num_stages);
+  const auto tp = args.integer("tp", 1, 1 << 12);
+  // Tensor parallelism splits a stage's compute and (with sequence parallelism) its activations evenly.
+  const double stages = static_cast<double>(s.num_stages) * static_cast<double>(tp);
+  const auto act =
+      hetmesh::cost::activation_memory::from_dims(hidden, (layers + s.num_stages - 1) / s.num_stages, tp);
   micro_batch_costs costs;
   std::vector<std::int64_t> mb_tokens;
   for (int k = 0; k < m; ++k) {
     const auto& mb = packs.micro_batches[static_cast<std::size_t>(k)];
     std::vector<std::int64_t> docs;
     for (const auto& d : mb.docs) docs.push_back(d.length);
-    // llm.packed_row is the whole model's training time in ms; one stage's forward is 1/(3 stages) of it.
+    // llm.packed_row is the whole model's training time in ms; one stage's forward on one of tp ranks
+    // is 1 / (3 x stages x tp) of it.
     costs.forward_s.push_back(llm.packed_row(docs) / (llm.train_factor * stages) / 1000.0);
-    costs.transfer_s.push_back(link.time(2.0 * static_cast<double>(hidden) * static_cast<double>(mb.tokens())) / 1000.0);
+    costs.transfer_s.push_back(
+        link.time(2.0 * static_cast<double>(hidden) * static_cast<double>(mb.tokens())) / 1000.0);
     costs.memory_bytes.push_back(static_cast<std::int64_t>(act.bytes(mb.tokens())));
     mb_tokens.push_back(mb.tokens());
   }
@@ -165,8 +186,11 @@ void run_simulate(const parsed& args, std::ostream& out) {
   if (args.has("trace")) {
     const std::string& path = args.str("trace");
     std::ofstream f(path);
-    if (!f) hetmesh::throw_error<hetmesh::invalid_argument>("--trace: cannot write '{}'; expected a writable path", path);
-    f << pl::chrome_trace(sim.timeline, fmt::format("hetmesh-plan simulate {} pp={}", s.name, s.num_ranks)).dump();
+    if (!f)
+      hetmesh::throw_error<hetmesh::invalid_argument>("--trace: cannot write '{}'; expected a writable path",
+                                                      path);
+    f << pl::chrome_trace(sim.timeline, fmt::format("hetmesh-plan simulate {} pp={}", s.name, s.num_ranks))
+             .dump();
     if (!f) hetmesh::throw_error<hetmesh::data_error>("--trace: writing '{}' failed", path);
   }
 
@@ -216,13 +240,15 @@ const char* const schedule_help =
 }  // namespace
 
 std::vector<subcommand> pipeline_commands() {
-  command_spec pipeline("pipeline", "A pipeline schedule: the compute actions each rank runs, in PyTorch's notation.");
+  command_spec pipeline("pipeline",
+                        "A pipeline schedule: the compute actions each rank runs, in PyTorch's notation.");
   pipeline.required("schedule", "NAME", schedule_help)
       .required("pp", "P", "pipeline-parallel degree (ranks)")
       .required("microbatches", "M", "micro-batches per step")
       .option("virtual", "V", "stages per rank for the interleaved schedules (default 2)")
       .option("group-size", "G", "micro-batch group size of the interleaved schedules (default: the rule's)")
-      .option("format", "FMT", "json, csv (PyTorch's CSV), ascii (timeline) or table (PyTorch's step grid)", "json")
+      .option("format", "FMT", "json, csv (PyTorch's CSV), ascii (timeline) or table (PyTorch's step grid)",
+              "json")
       .option("width", "N", "ascii: columns of the timeline", "100")
       .epilog(
           "Actions are <stage><F|B|I|W><microbatch> with global stage numbers as PyTorch numbers them:\n"
@@ -230,21 +256,28 @@ std::vector<subcommand> pipeline_commands() {
           "output (json):\n"
           "  {\"schedule\": \"1f1b\", \"pp\": 2, \"microbatches\": 3, \"stages\": 2, \"virtual\": 1,\n"
           "   \"stage_to_rank\": [0, 1],\n"
-          "   \"ranks\": [[\"0F0\", \"0F1\", \"0B0\", \"0F2\", \"0B1\", \"0B2\"], [\"1F0\", \"1B0\", ...]]}\n\n"
+          "   \"ranks\": [[\"0F0\", \"0F1\", \"0B0\", \"0F2\", \"0B1\", \"0B2\"], [\"1F0\", \"1B0\", "
+          "...]]}\n\n"
           "example:\n"
-          "  hetmesh-plan pipeline --schedule interleaved-1f1b --pp 4 --microbatches 8 --virtual 2 --format csv\n");
-  command_spec simulate("simulate",
-                        "Simulate a pipeline schedule over a workload's variable-length micro-batches (Perfetto trace).");
+          "  hetmesh-plan pipeline --schedule interleaved-1f1b --pp 4 --microbatches 8 --virtual 2 --format "
+          "csv\n");
+  command_spec simulate(
+      "simulate",
+      "Simulate a pipeline schedule over a workload's variable-length micro-batches (Perfetto trace).");
   simulate.required("schedule", "NAME", schedule_help)
       .required("pp", "P", "pipeline-parallel degree (ranks)")
       .required("workload", "FILE", "one sample length per line, or JSONL (see 'compare --help')")
-      .option("capacity", "C", "tokens per micro-batch; samples are packed best-fit decreasing (default: the longest sample, at least 8192)")
+      .option("capacity", "C",
+              "tokens per micro-batch; samples are packed best-fit decreasing (default: the longest sample, "
+              "at least 8192)")
       .option("microbatches", "M", "simulate only the first M micro-batches (default: all)")
       .option("virtual", "V", "stages per rank for the interleaved schedules (default 2)")
       .option("group-size", "G", "micro-batch group size of the interleaved schedules")
       .option("layers", "L", "transformer layers of the whole model, split evenly over the stages", "32")
       .option("hidden", "H", "hidden size: activation and transfer sizes", "4096")
-      .option("tflops", "T", "price layers from FLOPs at T TFLOP/s (default: ByteScale Fig. 6(a)'s 7B-class fit)")
+      .option("tp", "N", "tensor-parallel degree of each stage (divides compute and activations)", "1")
+      .option("tflops", "T",
+              "price layers from FLOPs at T TFLOP/s (default: ByteScale Fig. 6(a)'s 7B-class fit)")
       .option("link-gbps", "B", "bandwidth of the link between pipeline stages, GB/s", "25")
       .option("trace", "FILE", "write the simulated timeline as Chrome trace JSON (open in ui.perfetto.dev)")
       .option("width", "N", "ascii: columns of the timeline", "100")
@@ -255,13 +288,16 @@ std::vector<subcommand> pipeline_commands() {
           "W one each. Times are modelled. uniform_step_time_model_s is the same schedule with every\n"
           "micro-batch at the mean cost: the difference is what variable lengths cost.\n\n"
           "output (json):\n"
-          "  {\"schedule\": \"1f1b\", \"pp\": 4, \"stages\": 4, \"microbatches\": 96, \"workload\": \"w.txt\",\n"
+          "  {\"schedule\": \"1f1b\", \"pp\": 4, \"stages\": 4, \"microbatches\": 96, \"workload\": "
+          "\"w.txt\",\n"
           "   \"capacity\": 65536, \"model\": \"...\", \"step_time_model_s\": 12.3, \"bubble_ratio\": 0.08,\n"
-          "   \"uniform_step_time_model_s\": 11.9, \"uniform_bubble_ratio\": 0.05, \"microbatch_tokens\": [...],\n"
+          "   \"uniform_step_time_model_s\": 11.9, \"uniform_bubble_ratio\": 0.05, \"microbatch_tokens\": "
+          "[...],\n"
           "   \"per_rank\": [{\"rank\": 0, \"busy_model_s\": 11.2, \"peak_activation_bytes\": 1234}, ...],\n"
           "   \"trace\": \"out.json\"}\n\n"
           "example:\n"
-          "  hetmesh-plan simulate --schedule 1f1b --pp 4 --workload examples/data/prolong_sample.txt --trace step.json --format ascii\n");
+          "  hetmesh-plan simulate --schedule 1f1b --pp 4 --workload examples/data/prolong_sample.txt "
+          "--trace step.json --format ascii\n");
   std::vector<subcommand> out;
   out.push_back({std::move(pipeline), run_pipeline});
   out.push_back({std::move(simulate), run_simulate});

@@ -25,10 +25,14 @@ enum class output_format { json, table, csv, ascii };
 
 [[nodiscard]] inline std::string_view name_of(output_format f) {
   switch (f) {
-    case output_format::json: return "json";
-    case output_format::table: return "table";
-    case output_format::csv: return "csv";
-    case output_format::ascii: return "ascii";
+    case output_format::json:
+      return "json";
+    case output_format::table:
+      return "table";
+    case output_format::csv:
+      return "csv";
+    case output_format::ascii:
+      return "ascii";
   }
   return "json";
 }
@@ -154,7 +158,9 @@ struct table {
 /// A number with `digits` significant digits, for tables (JSON keeps full precision).
 [[nodiscard]] inline std::string sig(double v, int digits = 4) { return fmt::format("{:.{}g}", v, digits); }
 /// A fixed-point number with `decimals` decimals, for tables.
-[[nodiscard]] inline std::string fixed_str(double v, int decimals = 3) { return fmt::format("{:.{}f}", v, decimals); }
+[[nodiscard]] inline std::string fixed_str(double v, int decimals = 3) {
+  return fmt::format("{:.{}f}", v, decimals);
+}
 
 /// Bytes with a binary unit (GiB, MiB, ...), for tables.
 [[nodiscard]] inline std::string bytes_str(double b) {

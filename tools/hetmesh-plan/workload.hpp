@@ -3,7 +3,8 @@
 // tokens and the LLM tokens of its encoder items. Two line formats are accepted (not mixed in a file):
 //
 //   plain:  one positive integer per line, the sample's length in tokens        4096
-//   JSONL:  one object per line                       {"id": 7, "text": 900, "images": [576, 576], "audio": [750]}
+//   JSONL:  one object per line                       {"id": 7, "text": 900, "images": [576, 576], "audio":
+//   [750]}
 //
 // Blank lines and lines starting with '#' are skipped. Every problem is a hetmesh::data_error that
 // names the file, the line number and what was expected there.
@@ -71,10 +72,11 @@ namespace detail {
 }
 
 // A token count from JSON: an integer >= 0 (a float such as 576.0 is rejected: lengths are counts).
-[[nodiscard]] inline std::int64_t json_count(const nlohmann::json& v, const std::string& path, std::size_t line,
-                                             std::string_view key) {
+[[nodiscard]] inline std::int64_t json_count(const nlohmann::json& v, const std::string& path,
+                                             std::size_t line, std::string_view key) {
   if (!v.is_number_integer()) {
-    bad_line(path, line, fmt::format("\"{}\" is {}; expected a non-negative integer token count", key, v.dump()));
+    bad_line(path, line,
+             fmt::format("\"{}\" is {}; expected a non-negative integer token count", key, v.dump()));
   }
   const auto n = v.get<std::int64_t>();
   if (n < 0) bad_line(path, line, fmt::format("\"{}\" is {}; expected a non-negative token count", key, n));
@@ -84,18 +86,21 @@ namespace detail {
 [[nodiscard]] inline std::vector<std::int64_t> json_counts(const nlohmann::json& v, const std::string& path,
                                                            std::size_t line, std::string_view key) {
   if (!v.is_array()) {
-    bad_line(path, line, fmt::format("\"{}\" is {}; expected an array of token counts like [576, 576]", key, v.dump()));
+    bad_line(path, line,
+             fmt::format("\"{}\" is {}; expected an array of token counts like [576, 576]", key, v.dump()));
   }
   std::vector<std::int64_t> out;
   for (std::size_t i = 0; i < v.size(); ++i) {
     const auto n = json_count(v[i], path, line, fmt::format("{}[{}]", key, i));
-    if (n == 0) bad_line(path, line, fmt::format("\"{}[{}]\" is 0; expected an encoder item of >= 1 token", key, i));
+    if (n == 0)
+      bad_line(path, line, fmt::format("\"{}[{}]\" is 0; expected an encoder item of >= 1 token", key, i));
     out.push_back(n);
   }
   return out;
 }
 
-[[nodiscard]] inline sample parse_jsonl_line(std::string_view text, const std::string& path, std::size_t line) {
+[[nodiscard]] inline sample parse_jsonl_line(std::string_view text, const std::string& path,
+                                             std::size_t line) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -127,7 +132,8 @@ namespace detail {
       s.audio = json_counts(*it, path, line, "audio");
     } else if (key != "source") {
       // Unknown keys are refused: a misspelt "image" would otherwise silently drop encoder work.
-      bad_line(path, line, fmt::format("unknown key \"{}\"; expected only id, text, images, audio, source", key));
+      bad_line(path, line,
+               fmt::format("unknown key \"{}\"; expected only id, text, images, audio, source", key));
     }
   }
   if (!has_text) bad_line(path, line, "missing \"text\"; expected the sample's text token count");
@@ -164,7 +170,8 @@ namespace detail {
       try {
         n = parse_integer<std::int64_t>(text, "length");
       } catch (const usage_error&) {
-        detail::bad_line(path, line, fmt::format("'{}' is not a length; expected one positive integer per line", text));
+        detail::bad_line(path, line,
+                         fmt::format("'{}' is not a length; expected one positive integer per line", text));
       }
       if (n <= 0) detail::bad_line(path, line, fmt::format("length {}; expected a positive token count", n));
       w.samples.push_back({std::to_string(w.samples.size()), n, {}, {}});
@@ -172,7 +179,8 @@ namespace detail {
   }
   if (in.bad()) hetmesh::throw_error<hetmesh::data_error>("{}: read error after line {}", path, line);
   if (w.samples.empty()) {
-    hetmesh::throw_error<hetmesh::data_error>("{}: no samples; expected one length per line or JSONL objects", path);
+    hetmesh::throw_error<hetmesh::data_error>("{}: no samples; expected one length per line or JSONL objects",
+                                              path);
   }
   w.multimodal = kind == 2;
   return w;
@@ -181,7 +189,9 @@ namespace detail {
 /// Reads a workload file. Throws hetmesh::data_error when it cannot be opened or parsed.
 [[nodiscard]] inline workload read_workload(const std::string& path) {
   std::ifstream in(path);
-  if (!in) hetmesh::throw_error<hetmesh::data_error>("cannot open workload file '{}'; expected a readable file", path);
+  if (!in)
+    hetmesh::throw_error<hetmesh::data_error>("cannot open workload file '{}'; expected a readable file",
+                                              path);
   return parse_workload(in, path);
 }
 

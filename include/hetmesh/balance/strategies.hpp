@@ -63,7 +63,9 @@ struct strategy_result {
 };
 
 /// max(sum of whole-sequence times (without the per-row constant) / ranks, the largest sequence of <= C
-/// tokens, which no HDP strategy splits), divided by pp_stages. No strategy that keeps short sequences whole can beat it. O(n).
+/// tokens (which no HDP strategy splits), every longer sequence's ring time at its best degree),
+/// divided by pp_stages. Under the step model, no strategy that keeps short sequences whole can beat
+/// it. O(n + long sequences x ranks).
 [[nodiscard]] inline cost::fixed step_lower_bound(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) {
   // The per-row constant c is left out of the total: packing shares it, so counting it per sequence
   // would overstate what a rank must do.
@@ -78,6 +80,16 @@ struct strategy_result {
       largest = std::max(largest, cfg.model.pack_time(std::span<const std::int64_t>(&s.length, 1)).ticks);
   }
   const std::int64_t total = cost::fixed::from_units(total_units).ticks;
+  // A long sequence runs on some ring; whatever its degree, the step cannot be shorter than its
+  // per-rank ring time at the best degree (exact scan: the bound must never overstate).
+  for (const auto& s : seqs) {
+    if (s.length <= cfg.hdp.capacity) continue;
+    const auto dmax = std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.ranks, s.length / 2));
+    std::int64_t best = cfg.model.ring_time(s.length, 1, false).ticks;
+    for (std::int64_t d = 2; d <= dmax; ++d)
+      best = std::min(best, cfg.model.ring_time(s.length, static_cast<int>(d), d > cfg.model.net.ranks_per_node).ticks);
+    largest = std::max(largest, best);
+  }
   const std::int64_t lb = std::max((total + cfg.ranks - 1) / cfg.ranks, largest);
   return cost::fixed::from_ticks(lb / cfg.model.pp_stages);
 }

@@ -101,20 +101,25 @@ class indexed_dataset {
     return bin_.bytes().subspan(static_cast<std::size_t>(pointer(i)),
                                 static_cast<std::size_t>(length(i) * elem_));
   }
-  /// Appends sequence i's elements, converted to int64 token ids, to `out`. Cost O(length).
+  /// Appends sequence i's elements, converted to int32 token ids, to `out`. Cost O(length); no
+  /// zero-fill pass (the elements are appended, not assigned into a resized vector).
   void read_tokens(std::int64_t i, std::vector<std::int32_t>& out) const {
-    const auto bytes = raw(i);
-    const std::int64_t n = length(i);
-    const std::size_t base = out.size();
-    out.resize(base + static_cast<std::size_t>(n));
-    std::int32_t* dst = out.data() + base;
-    const std::byte* src = bytes.data();
+    const std::byte* src = raw(i).data();
+    const auto n = static_cast<std::size_t>(length(i));
+    out.reserve(out.size() + n);
+    auto append = [&](auto tag) {
+      using T = decltype(tag);
+      for (std::size_t k = 0; k < n; ++k) out.push_back(static_cast<std::int32_t>(detail::load_le<T>(src + k * sizeof(T))));
+    };
     switch (type_) {
-      case dtype::uint8: for (std::int64_t k = 0; k < n; ++k) dst[k] = detail::load_le<std::uint8_t>(src + k); break;
-      case dtype::int8: for (std::int64_t k = 0; k < n; ++k) dst[k] = detail::load_le<std::int8_t>(src + k); break;
-      case dtype::int16: for (std::int64_t k = 0; k < n; ++k) dst[k] = detail::load_le<std::int16_t>(src + 2 * k); break;
-      case dtype::uint16: for (std::int64_t k = 0; k < n; ++k) dst[k] = detail::load_le<std::uint16_t>(src + 2 * k); break;
-      case dtype::int32: std::memcpy(dst, src, static_cast<std::size_t>(n) * 4); break;
+      case dtype::uint8: append(std::uint8_t{}); break;
+      case dtype::int8: append(std::int8_t{}); break;
+      case dtype::int16: append(std::int16_t{}); break;
+      case dtype::uint16: append(std::uint16_t{}); break;
+      case dtype::int32:
+        // Sequence pointers are multiples of 4 and the mapping is page aligned, so this is an aligned copy.
+        out.insert(out.end(), reinterpret_cast<const std::int32_t*>(src), reinterpret_cast<const std::int32_t*>(src) + n);
+        break;
       default:
         throw_error<invalid_argument>("'{}.bin' holds dtype code {}, which is not a token type; expected an integer type of at most 32 bits",
                                       prefix_, static_cast<int>(type_));

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,7 @@ struct loader_options {
   int workers = 2;              // reading threads; 0 reads on the caller's thread inside next()
   int prefetch_steps = 2;       // steps planned and read ahead of the one next() returns
   int loaders_per_source = 1;   // initial k_s
+  int chunk_samples = 16;       // samples per read task (fewer hand-offs between threads)
   autoscale_options autoscale{};
   friend bool operator==(const loader_options&, const loader_options&) = default;
 };
@@ -81,7 +83,7 @@ class data_loader {
       std::rethrow_exception(sl->plan_error);
     }
     if (opts_.workers == 0) {
-      for (std::size_t i = 0; i < sl->plan.samples.size(); ++i) run_task({sl, i});
+      for (auto& t : make_tasks(sl)) run_task(t);
     }
     {
       std::unique_lock lock(mutex_);
@@ -169,9 +171,11 @@ class data_loader {
     std::int64_t remaining = 0;
     std::exception_ptr plan_error, read_error;
   };
+  // A run of samples of one step read through one loader.
   struct task {
     std::shared_ptr<slot> sl;
-    std::size_t i;
+    std::shared_ptr<source_loader> loader;
+    std::vector<std::size_t> items;
   };
   // The planner's view of the sources: sizes, and (index, meta) through the loader that owns the position.
   struct meta_view {
@@ -216,25 +220,50 @@ class data_loader {
       sl->samples.resize(sl->plan.samples.size());
       sl->remaining = static_cast<std::int64_t>(sl->plan.samples.size());
       if (opts_.workers > 0)
-        for (std::size_t i = 0; i < sl->plan.samples.size(); ++i) tasks_.push_back({sl, i});
+        for (auto& t : make_tasks_locked(sl)) tasks_.push_back(std::move(t));
       cv_.notify_all();
     }
   }
 
-  void run_task(const task& t) {
-    const auto& ref = t.sl->plan.samples[t.i].ref;
-    const auto s = static_cast<std::size_t>(ref.source);
-    const auto begin = std::chrono::steady_clock::now();
-    try {
-      t.sl->samples[t.i] = loader_for(s, ref.position)->load(ref.epoch, ref.position);
-    } catch (...) {
-      std::lock_guard lock(mutex_);
-      if (!t.sl->read_error) t.sl->read_error = std::current_exception();
+  // Groups a step's samples by (source, loader = position mod k_s), in runs of at most chunk_samples.
+  std::vector<task> make_tasks_locked(const std::shared_ptr<slot>& sl) const {
+    std::vector<task> out;
+    std::map<std::pair<int, std::size_t>, std::size_t> open;  // (source, loader) -> index in out
+    for (std::size_t i = 0; i < sl->plan.samples.size(); ++i) {
+      const auto& ref = sl->plan.samples[i].ref;
+      const auto& ls = loaders_[static_cast<std::size_t>(ref.source)];
+      const std::size_t j = static_cast<std::size_t>(ref.position) % ls.size();
+      auto it = open.find({ref.source, j});
+      if (it == open.end() || out[it->second].items.size() >= static_cast<std::size_t>(std::max(1, opts_.chunk_samples))) {
+        out.push_back({sl, ls[j], {}});
+        it = open.insert_or_assign({ref.source, j}, out.size() - 1).first;
+      }
+      out[it->second].items.push_back(i);
     }
-    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - begin).count();
+    return out;
+  }
+  std::vector<task> make_tasks(const std::shared_ptr<slot>& sl) const {
     std::lock_guard lock(mutex_);
-    cost_ns_[s] = cost_ns_[s] == 0 ? ns : 0.9 * cost_ns_[s] + 0.1 * ns;  // moving average of read + decode
-    if (--t.sl->remaining == 0) done_cv_.notify_all();
+    return make_tasks_locked(sl);
+  }
+
+  void run_task(const task& t) {
+    const auto begin = std::chrono::steady_clock::now();
+    for (std::size_t i : t.items) {
+      try {
+        t.sl->samples[i] = t.loader->load(t.sl->plan.samples[i].ref);
+      } catch (...) {
+        std::lock_guard lock(mutex_);
+        if (!t.sl->read_error) t.sl->read_error = std::current_exception();
+      }
+    }
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - begin).count() /
+                      static_cast<double>(t.items.size());
+    const auto s = static_cast<std::size_t>(t.sl->plan.samples[t.items.front()].ref.source);
+    std::lock_guard lock(mutex_);
+    cost_ns_[s] = cost_ns_[s] == 0 ? ns : 0.8 * cost_ns_[s] + 0.2 * ns;  // moving average of read + decode per sample
+    t.sl->remaining -= static_cast<std::int64_t>(t.items.size());
+    if (t.sl->remaining == 0) done_cv_.notify_all();
   }
 
   void work() {

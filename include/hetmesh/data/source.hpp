@@ -190,10 +190,16 @@ class source_loader {
   [[nodiscard]] sample_meta meta(std::int64_t index) const { return reader_->meta(index); }
   /// Loads the sample at (epoch, position). Cost: the read plus the user's decode.
   [[nodiscard]] sample load(std::int64_t epoch, std::int64_t position) {
-    std::lock_guard lock(mutex_);
+    return load({source_, epoch, position, index_at(epoch, position)});
+  }
+  /// Loads the sample `ref` names (its index already resolved by the planner). Loads through one loader
+  /// are serialised (a read lock separate from the shuffle state, so planning never waits for a read):
+  /// k_s loaders are the source's read parallelism.
+  [[nodiscard]] sample load(const sample_ref& ref) {
+    std::lock_guard lock(read_mutex_);
     sample s;
-    s.ref = {source_, epoch, position, perm_locked(epoch)[static_cast<std::size_t>(position)]};
-    reader_->load(s.ref.index, s);
+    s.ref = ref;
+    reader_->load(ref.index, s);
     return s;
   }
   [[nodiscard]] const source_reader& reader() const noexcept { return *reader_; }
@@ -219,6 +225,7 @@ class source_loader {
   int source_;
   std::uint64_t seed_;
   mutable std::mutex mutex_;
+  std::mutex read_mutex_;
   std::int64_t perm_epoch_[2] = {-1, -1};
   std::vector<std::int64_t> perm_[2];
 };

@@ -8,8 +8,6 @@
 #pragma once
 
 #include <algorithm>
-#include <ctime>
-#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -93,7 +91,6 @@ inline action partner(const action& a) {
                                     s.encoder_shard_to_rank[static_cast<std::size_t>(e)], nranks);
 
   verify_report rep;
-  auto T0 = std::clock();
   detail::action_flags present(S, E, M);
   bool explicit_comm = false;
   std::vector<int> reduce_seen(static_cast<std::size_t>(S), 0);
@@ -167,7 +164,6 @@ inline action partner(const action& a) {
       if (is_send(a.type)) ++rep.comm_pairs;
     }
   }
-  auto T1 = std::clock();
   // --- token game -----------------------------------------------------------------------------------
   detail::action_flags done(S, E, M);
   std::vector<int> backward_done(static_cast<std::size_t>(S), 0);
@@ -263,12 +259,51 @@ inline action partner(const action& a) {
           "{}: rank {} holds {} activations after `{}` (#{}), above the bound max_in_flight={}; expected at most {}",
           where, r, f, to_text(a), pc[static_cast<std::size_t>(r)] - 1, opt.max_in_flight, opt.max_in_flight);
   };
+  const bool fast = !explicit_comm && E == 0 && !opt.activation_bytes;
   // Tries to run rank r's next action; true when something ran.
   auto step = [&](int r) -> bool {
     const auto& row = s.ranks[static_cast<std::size_t>(r)];
     const std::size_t i = pc[static_cast<std::size_t>(r)];
     if (i >= row.size()) return false;
     const action a = row[i];
+    // Fast path for the common case (no explicit communication, no encoder, no memory callable):
+    // plain bit tests; anything unusual, and every failure, goes through the general path below.
+    if (fast) {
+      const int st = a.stage, mb = a.microbatch;
+      bool ok = false;
+      switch (a.type) {
+        case action_type::forward: ok = st == 0 || done.get(F(st - 1, mb)); break;
+        case action_type::backward:
+        case action_type::backward_input:
+          ok = done.get(F(st, mb)) && (st + 1 == S || done.get(B(st + 1, mb)) || done.get(I(st + 1, mb)));
+          break;
+        case action_type::backward_weight: ok = done.get(I(st, mb)); break;
+        default: break;
+      }
+      if (ok) {
+        ++executed;
+        done.set(a);
+        ++pc[static_cast<std::size_t>(r)];
+        auto& f = inflight[static_cast<std::size_t>(r)];
+        if (a.type == action_type::forward) {
+          ++f;
+          auto& pf = rep.peak_in_flight[static_cast<std::size_t>(r)];
+          if (f > pf) {
+            pf = f;
+            if (opt.max_in_flight > 0 && f > opt.max_in_flight) {
+              --executed;
+              --pc[static_cast<std::size_t>(r)];
+              --f;
+              execute(r, a);  // reports the bound
+            }
+          }
+        } else if (a.type != action_type::backward_input) {
+          --f;
+          ++backward_done[static_cast<std::size_t>(st)];
+        }
+        return true;
+      }
+    }
     const need n = requirement(a, r);
     if (n.found) {
       if (n.same_rank && !is_recv(n.what.type)) order_error(r, i, a, n.what);
@@ -317,7 +352,23 @@ inline action partner(const action& a) {
     }
   };
   // Ranks that may be waiting for `a`, which just ran.
+  auto at = [&](int q, const action& want) {
+    const auto& row = s.ranks[static_cast<std::size_t>(q)];
+    const std::size_t i = pc[static_cast<std::size_t>(q)];
+    return i < row.size() && row[i].stage == want.stage && row[i].microbatch == want.microbatch &&
+           (row[i].type == want.type || (want.type == action_type::backward && row[i].type == action_type::backward_input));
+  };
   auto wake_consumers = [&](const action& a) {
+    if (fast) {  // wake a consumer only when it sits at the action that waits for `a`
+      if (a.type == action_type::forward && a.stage + 1 < S) {
+        const int q = s.rank_of_stage(a.stage + 1);
+        if (at(q, F(a.stage + 1, a.microbatch))) wake(q);
+      } else if ((a.type == action_type::backward || a.type == action_type::backward_input) && a.stage > 0) {
+        const int q = s.rank_of_stage(a.stage - 1);
+        if (at(q, B(a.stage - 1, a.microbatch))) wake(q);
+      }
+      return;
+    }
     switch (a.type) {
       case action_type::forward:
         if (a.stage + 1 < S) wake(s.rank_of_stage(a.stage + 1));
@@ -367,7 +418,11 @@ inline action partner(const action& a) {
                                     opt.mode == send_mode::rendezvous ? "blocking (rendezvous)" : "buffered", msg);
     }
   }
-  fprintf(stderr, "struct %.2f game %.2f\n", (T1-T0)*1000.0/CLOCKS_PER_SEC, (std::clock()-T1)*1000.0/CLOCKS_PER_SEC);
+  if (fast)  // one unit per activation: memory is the in-flight count
+    for (int r = 0; r < nranks; ++r)
+      rep.peak_memory[static_cast<std::size_t>(r)] =
+          std::max(rep.peak_memory[static_cast<std::size_t>(r)],
+                   static_cast<std::int64_t>(rep.peak_in_flight[static_cast<std::size_t>(r)]));
   return rep;
 }
 

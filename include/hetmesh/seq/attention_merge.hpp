@@ -52,7 +52,8 @@ void merge_partial(std::span<T> out, std::span<T> lse, std::span<const T> out_b,
 template <class T>
 void attention_delta(std::span<const T> out, std::span<const T> dout, std::span<T> delta, std::size_t dim) {
   HETMESH_ASSERT(out.size() == dout.size() && out.size() == delta.size() * dim,
-                 "attention_delta: out {}, dout {}, rows {}, dim {}", out.size(), dout.size(), delta.size(), dim);
+                 "attention_delta: out {}, dout {}, rows {}, dim {}", out.size(), dout.size(), delta.size(),
+                 dim);
   for (std::size_t i = 0; i < delta.size(); ++i) {
     T s = 0;
     for (std::size_t d = 0; d < dim; ++d) s += dout[i * dim + d] * out[i * dim + d];

@@ -70,8 +70,8 @@ struct cp_partition {
   std::vector<std::int64_t> cu_seqlens;         ///< input stream
   std::vector<std::int64_t> cu_seqlens_padded;  ///< padded stream (== cu_seqlens without padding)
   std::vector<cp_rank_shard> ranks;
-  std::vector<int> owner_rank;                  ///< per padded-stream token: its rank
-  std::vector<std::int64_t> owner_local;        ///< per padded-stream token: its local index there
+  std::vector<int> owner_rank;            ///< per padded-stream token: its rank
+  std::vector<std::int64_t> owner_local;  ///< per padded-stream token: its local index there
 
   [[nodiscard]] std::int64_t padded_tokens() const noexcept { return cu_seqlens_padded.back(); }
   friend bool operator==(const cp_partition&, const cp_partition&) = default;
@@ -155,7 +155,8 @@ inline void close_shards(cp_partition& p) {
 /// divisible by 2cp is an error (TE asserts the same). Preconditions: cp >= 1, lengths >= 0.
 /// Postconditions: every padded-stream token is on exactly one rank; all ranks hold equal token
 /// counts and equal causal work per document. Pure; O(T).
-[[nodiscard]] inline cp_partition partition_thd(std::span<const std::int64_t> lengths, int cp, bool pad = false) {
+[[nodiscard]] inline cp_partition partition_thd(std::span<const std::int64_t> lengths, int cp,
+                                                bool pad = false) {
   detail::check_cp_args(lengths, cp, "partition_thd");
   const std::int64_t n = 2 * static_cast<std::int64_t>(cp);
   std::vector<std::int64_t> padded(lengths.begin(), lengths.end());
@@ -208,13 +209,15 @@ inline void close_shards(cp_partition& p) {
 /// Dispatch on a policy value. `lengths` is one document for zigzag.
 [[nodiscard]] inline cp_partition partition(std::span<const std::int64_t> lengths, const cp_policy& policy) {
   switch (policy.scheme) {
-    case cp_scheme::contiguous: return partition_contiguous(lengths, policy.cp);
+    case cp_scheme::contiguous:
+      return partition_contiguous(lengths, policy.cp);
     case cp_scheme::zigzag:
       if (lengths.size() != 1)
         throw_error<invalid_argument>("partition: zigzag splits one sequence; got {} documents (use thd)",
                                       lengths.size());
       return partition_zigzag(lengths[0], policy.cp, policy.pad);
-    case cp_scheme::thd: return partition_thd(lengths, policy.cp, policy.pad);
+    case cp_scheme::thd:
+      return partition_thd(lengths, policy.cp, policy.pad);
   }
   throw_error<invalid_argument>("partition: unknown cp_scheme {}", static_cast<int>(policy.scheme));
 }
@@ -234,7 +237,9 @@ struct fmt::formatter<hetmesh::seq::cp_scheme> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::seq::cp_scheme s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     using hetmesh::seq::cp_scheme;
     return fmt::format_to(ctx.out(), "{}",
-                          s == cp_scheme::contiguous ? "contiguous" : s == cp_scheme::zigzag ? "zigzag" : "thd");
+                          s == cp_scheme::contiguous ? "contiguous"
+                          : s == cp_scheme::zigzag   ? "zigzag"
+                                                     : "thd");
   }
 };
 template <>

@@ -15,8 +15,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -51,12 +51,12 @@ struct hdp_policy {
 /// One unit of work: either a pack of whole short sequences on one rank (degree 1, `packed`), or
 /// one long sequence on a ring of `degree` ranks with an offload ratio.
 struct hdp_item {
-  std::int64_t index = 0;             ///< position in hdp_sharding::items
+  std::int64_t index = 0;  ///< position in hdp_sharding::items
   bool packed = false;
-  int degree = 1;                     ///< D: ranks of the ring (1 for packs)
-  offload_choice offload{};           ///< ratio and solver bounds (ratio 0 for packs)
-  std::vector<seq_desc> seqs;         ///< packed: members in pack order; ring: exactly one
-  std::int64_t tokens = 0;            ///< sum of member lengths
+  int degree = 1;              ///< D: ranks of the ring (1 for packs)
+  offload_choice offload{};    ///< ratio and solver bounds (ratio 0 for packs)
+  std::vector<seq_desc> seqs;  ///< packed: members in pack order; ring: exactly one
+  std::int64_t tokens = 0;     ///< sum of member lengths
 
   friend bool operator==(const hdp_item&, const hdp_item&) = default;
   void hash_append(hasher& h) const { append_all(h, index, packed, degree, offload, seqs, tokens); }
@@ -119,7 +119,7 @@ struct hdp_micro_batch {
 /// The per-step HDP plan: equal on every rank that computes it.
 struct hdp_plan {
   hdp_sharding sharding;
-  std::vector<hdp_placement> placement;               ///< per item
+  std::vector<hdp_placement> placement;                ///< per item
   std::vector<std::vector<hdp_micro_batch>> per_rank;  ///< per pool rank, in execution order
 
   /// Divide each rank's summed token loss by this (then SUM-reduce gradients over the pool).
@@ -147,7 +147,8 @@ struct hdp_plan {
 /// dropped). Postconditions: every sequence appears in exactly one item; packs hold <= C tokens;
 /// a ring of D ranks has length >= 2D. Throws capacity_error for a sequence the pool cannot hold
 /// even with full offloading. Pure and independent of input order; O(n log n). Not collective.
-[[nodiscard]] inline hdp_sharding hdp_shard(std::span<const seq_desc> seqs, const hdp_policy& policy, int pool) {
+[[nodiscard]] inline hdp_sharding hdp_shard(std::span<const seq_desc> seqs, const hdp_policy& policy,
+                                            int pool) {
   if (pool < 1) throw_error<invalid_argument>("hdp_shard: pool has {} ranks; expected >= 1", pool);
   if (policy.capacity < 1)
     throw_error<invalid_argument>("hdp_shard: capacity C = {}; expected >= 1 token", policy.capacity);
@@ -219,7 +220,8 @@ struct hdp_plan {
         throw_error<invalid_argument>("hdp_assemble: item {} names rank {}; expected a rank in [0, {})", i, r,
                                       sharding.pool);
       if (seen[static_cast<std::size_t>(r)] == static_cast<int>(i))
-        throw_error<invalid_argument>("hdp_assemble: item {} names rank {} twice; expected distinct ranks", i, r);
+        throw_error<invalid_argument>("hdp_assemble: item {} names rank {} twice; expected distinct ranks", i,
+                                      r);
       seen[static_cast<std::size_t>(r)] = static_cast<int>(i);
       hdp_micro_batch mb;
       mb.item = static_cast<std::int64_t>(i);
@@ -277,7 +279,8 @@ struct hdp_plan {
   const bool timed = m.alpha1 != 0 || m.beta1 != 0 || m.gamma != 0;
   double c = 0;
   for (const auto& s : it.seqs)
-    c += timed ? m.compute(s.length) * 1e9 : 0.5 * static_cast<double>(s.length) * static_cast<double>(s.length + 1);
+    c += timed ? m.compute(s.length) * 1e9
+               : 0.5 * static_cast<double>(s.length) * static_cast<double>(s.length + 1);
   return static_cast<std::int64_t>(std::llround(c / it.degree));
 }
 
@@ -335,7 +338,8 @@ struct hdp_plan {
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "hdp_policy{{C={}, {}, {}, placement={}}}", p.capacity, p.offload, p.model,
+    return fmt::format_to(ctx.out(), "hdp_policy{{C={}, {}, {}, placement={}}}", p.capacity, p.offload,
+                          p.model,
                           p.placement == hetmesh::seq::hdp_placement_kind::waves ? "waves" : "least_loaded");
   }
 };
@@ -343,14 +347,15 @@ template <>
 struct fmt::formatter<hetmesh::seq::hdp_item> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_item& it, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "item{}{{{} D={} r={:.2f} tokens={} seqs={}}}", it.index,
-                          it.packed ? "pack" : "ring", it.degree, it.offload.ratio(), it.tokens, it.seqs.size());
+                          it.packed ? "pack" : "ring", it.degree, it.offload.ratio(), it.tokens,
+                          it.seqs.size());
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_sharding> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_sharding& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "hdp_sharding{{pool={}, items={}, global_tokens={}}}", s.pool, s.items.size(),
-                          s.global_tokens);
+    return fmt::format_to(ctx.out(), "hdp_sharding{{pool={}, items={}, global_tokens={}}}", s.pool,
+                          s.items.size(), s.global_tokens);
   }
 };
 template <>
@@ -374,6 +379,7 @@ struct fmt::formatter<hetmesh::seq::hdp_plan> : hetmesh::empty_spec_formatter {
       mbs += r.size();
       most = std::max(most, r.size());
     }
-    return fmt::format_to(ctx.out(), "hdp_plan{{{}, micro_batches={}, max_per_rank={}}}", p.sharding, mbs, most);
+    return fmt::format_to(ctx.out(), "hdp_plan{{{}, micro_batches={}, max_per_rank={}}}", p.sharding, mbs,
+                          most);
   }
 };

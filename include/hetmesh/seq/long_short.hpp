@@ -28,7 +28,7 @@ struct long_short_policy {
   std::int64_t max_tokens_per_rank = 16384;  ///< Mcap: encoder tokens one rank holds
   int heads = 16;                            ///< encoder attention heads
   int gpus_per_node = 8;
-  double balance_factor = 1.0;               ///< beta
+  double balance_factor = 1.0;  ///< beta
   double linear = 1.0;
   double quadratic = 0.0;
 
@@ -79,8 +79,8 @@ struct long_short_plan {
                                                      const long_short_policy& policy) {
   if (ranks < 1 || policy.gpus_per_node < 1 || policy.heads < 1 || policy.max_tokens_per_rank < 1)
     throw_error<invalid_argument>(
-        "plan_long_short: ranks {}, gpus_per_node {}, heads {}, max_tokens_per_rank {}; expected all >= 1", ranks,
-        policy.gpus_per_node, policy.heads, policy.max_tokens_per_rank);
+        "plan_long_short: ranks {}, gpus_per_node {}, heads {}, max_tokens_per_rank {}; expected all >= 1",
+        ranks, policy.gpus_per_node, policy.heads, policy.max_tokens_per_rank);
   detail::check_seq_descs(items, "plan_long_short");
   long_short_plan plan;
   plan.policy = policy;
@@ -125,7 +125,8 @@ struct long_short_plan {
         continue;
       }
       throw_error<capacity_error>(
-          "plan_long_short: item {} of {} tokens needs more than {} ranks of {} tokens; Ulysses groups must divide "
+          "plan_long_short: item {} of {} tokens needs more than {} ranks of {} tokens; Ulysses groups must "
+          "divide "
           "heads {} and the node size {} (largest allowed {})",
           s.id, s.length, sizes.empty() ? 1 : sizes.back(), cap, policy.heads, policy.gpus_per_node,
           sizes.empty() ? 1 : sizes.back());
@@ -146,8 +147,9 @@ struct long_short_plan {
       }
     }
     if (best < 0)
-      throw_error<capacity_error>("plan_long_short: no aligned group of {} ranks has room for item {} ({} tokens)",
-                                  deg, s.id, s.length);
+      throw_error<capacity_error>(
+          "plan_long_short: no aligned group of {} ranks has room for item {} ({} tokens)", deg, s.id,
+          s.length);
     long_short_assignment a{s, deg, best, {}, c};
     for (int k = 0; k < deg; ++k) {
       a.splits.push_back({k * s.length / deg, (k + 1) * s.length / deg});
@@ -161,11 +163,12 @@ struct long_short_plan {
     int best = -1;
     for (int r = 0; r < ranks; ++r) {
       if (plan.tokens[static_cast<std::size_t>(r)] + s.length > cap) continue;
-      if (best < 0 || plan.load[static_cast<std::size_t>(r)] < plan.load[static_cast<std::size_t>(best)]) best = r;
+      if (best < 0 || plan.load[static_cast<std::size_t>(r)] < plan.load[static_cast<std::size_t>(best)])
+        best = r;
     }
     if (best < 0)
-      throw_error<capacity_error>("plan_long_short: no rank has room for item {} ({} tokens, cap {} per rank)", s.id,
-                                  s.length, cap);
+      throw_error<capacity_error>(
+          "plan_long_short: no rank has room for item {} ({} tokens, cap {} per rank)", s.id, s.length, cap);
     const double c = policy.cost(s.length);
     plan.items.push_back({s, 1, best, {{0, s.length}}, c});
     plan.load[static_cast<std::size_t>(best)] += c;
@@ -180,14 +183,17 @@ struct long_short_plan {
 
 template <>
 struct fmt::formatter<hetmesh::seq::long_short_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::long_short_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::seq::long_short_policy& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "long_short_policy{{cap={}, heads={}, node={}, beta={}, c={}L+{}L^2}}",
-                          p.max_tokens_per_rank, p.heads, p.gpus_per_node, p.balance_factor, p.linear, p.quadratic);
+                          p.max_tokens_per_rank, p.heads, p.gpus_per_node, p.balance_factor, p.linear,
+                          p.quadratic);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::long_short_assignment> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::long_short_assignment& a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::seq::long_short_assignment& a, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "{}->ranks[{},{})", a.item, a.first_rank, a.first_rank + a.degree);
   }
 };

@@ -83,7 +83,8 @@ struct offload_choice {
   const long double l = m.layers;
   const long double kept = 2.0L * steps + static_cast<long double>(steps - k) * (l - 2.0L);
   const long double need = kept * static_cast<long double>(m.activation(s));
-  const long double budget = static_cast<long double>(steps) * l * static_cast<long double>(m.activation(capacity));
+  const long double budget =
+      static_cast<long double>(steps) * l * static_cast<long double>(m.activation(capacity));
   if (!(budget > 0)) throw_error<invalid_argument>("offload_ranks: Act(C) must be > 0; check alpha2/beta2");
   const long double q = need / budget;
   // A relative guard keeps exact quotients (128.0000000001 from rounding) from adding a rank.
@@ -95,8 +96,9 @@ struct offload_choice {
 /// bound), and the smallest grid ratio reaching it (offloading costs PCIe traffic, so no more than
 /// helps). Ties impossible: the key is (D, k). Throws capacity_error when even full offloading
 /// (r = 1, ignoring the overlap bound) needs more than `max_ranks` ranks. Pure; O(log steps).
-[[nodiscard]] inline offload_choice solve_offload(std::int64_t s, std::int64_t capacity, const offload_model& m,
-                                                  const offload_policy& p, int max_ranks) {
+[[nodiscard]] inline offload_choice solve_offload(std::int64_t s, std::int64_t capacity,
+                                                  const offload_model& m, const offload_policy& p,
+                                                  int max_ranks) {
   offload_choice c;
   c.length = s;
   c.ratio_steps = p.ratio_steps;
@@ -118,8 +120,10 @@ struct offload_choice {
   int lo = 0, hi = kmax;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (offload_ranks(s, capacity, m, mid, p.ratio_steps) <= best) hi = mid;
-    else lo = mid + 1;
+    if (offload_ranks(s, capacity, m, mid, p.ratio_steps) <= best)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   c.ratio_k = lo;
   c.ranks = best;
@@ -136,9 +140,9 @@ struct offload_choice {
 template <>
 struct fmt::formatter<hetmesh::seq::offload_model> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::offload_model& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(),
-                          "offload_model{{T={}s^2+{}s+{}, Act={}s+{}, l={}, d2h={}, h2d={}}}", m.alpha1,
-                          m.beta1, m.gamma, m.alpha2, m.beta2, m.layers, m.d2h_bandwidth, m.h2d_bandwidth);
+    return fmt::format_to(ctx.out(), "offload_model{{T={}s^2+{}s+{}, Act={}s+{}, l={}, d2h={}, h2d={}}}",
+                          m.alpha1, m.beta1, m.gamma, m.alpha2, m.beta2, m.layers, m.d2h_bandwidth,
+                          m.h2d_bandwidth);
   }
 };
 template <>

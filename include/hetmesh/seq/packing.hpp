@@ -76,8 +76,9 @@ struct pack_plan {
   for (const auto& d : docs) (d.length > policy.capacity ? out.rejected : fits).push_back(d);
   std::sort(out.rejected.begin(), out.rejected.end(), detail::longer_first);
   if (!out.rejected.empty() && policy.overlong == overlong_action::error) {
-    std::vector<seq_desc> shown(out.rejected.begin(),
-                                out.rejected.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(8, out.rejected.size())));
+    std::vector<seq_desc> shown(
+        out.rejected.begin(),
+        out.rejected.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(8, out.rejected.size())));
     throw_error<capacity_error>(
         "pack: {} document(s) longer than the micro-batch capacity {} (never cut; use "
         "overlong_action::reject to list them instead): {}",
@@ -106,7 +107,8 @@ struct fmt::formatter<hetmesh::seq::pack_policy> : hetmesh::empty_spec_formatter
 };
 template <>
 struct fmt::formatter<hetmesh::seq::packed_micro_batch> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::packed_micro_batch& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::seq::packed_micro_batch& m, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "packed{{tokens={}, cu_seqlens={}}}", m.tokens(), m.cu_seqlens);
   }
 };

@@ -39,9 +39,9 @@ struct ring_pair {
 
 /// One step at one ring position. Positions are indices into ring_schedule::ring.
 struct ring_step {
-  int kv_source = 0;  ///< position whose KV (and, backward, dKV accumulator) is used this step
-  int send_to = -1;   ///< position receiving this KV after the step; -1 on the last step
-  int recv_from = -1; ///< position this step's successor KV comes from; -1 on the last step
+  int kv_source = 0;             ///< position whose KV (and, backward, dKV accumulator) is used this step
+  int send_to = -1;              ///< position receiving this KV after the step; -1 on the last step
+  int recv_from = -1;            ///< position this step's successor KV comes from; -1 on the last step
   std::vector<ring_pair> pairs;  ///< only pairs with mask != none
   std::int64_t work = 0;
 
@@ -51,10 +51,10 @@ struct ring_step {
 
 /// The schedule of a whole ring.
 struct ring_schedule {
-  std::vector<int> ring;                       ///< ordered ranks (any ranks of the parent communicator)
-  std::vector<std::vector<cp_chunk>> chunks;   ///< per position: chunks in local buffer order
-  std::vector<std::vector<ring_step>> steps;   ///< per position: D steps
-  std::vector<std::int64_t> work;              ///< per position: total causal pairs computed
+  std::vector<int> ring;                      ///< ordered ranks (any ranks of the parent communicator)
+  std::vector<std::vector<cp_chunk>> chunks;  ///< per position: chunks in local buffer order
+  std::vector<std::vector<ring_step>> steps;  ///< per position: D steps
+  std::vector<std::int64_t> work;             ///< per position: total causal pairs computed
 
   [[nodiscard]] int size() const noexcept { return static_cast<int>(ring.size()); }
   [[nodiscard]] int next(int p) const noexcept { return (p + 1) % size(); }
@@ -88,18 +88,20 @@ struct ring_schedule {
 /// list per position. Postconditions: over its D steps, every position meets every KV chunk of the
 /// ring exactly once, and the union of its pairs covers exactly the causal pairs of its queries.
 /// Pure; O(D^2 * chunks^2) (chunks are few per position: 2 per document).
-[[nodiscard]] inline ring_schedule make_ring_schedule(std::vector<int> ring, std::vector<std::vector<cp_chunk>> chunks) {
+[[nodiscard]] inline ring_schedule make_ring_schedule(std::vector<int> ring,
+                                                      std::vector<std::vector<cp_chunk>> chunks) {
   if (ring.empty()) throw_error<invalid_argument>("make_ring_schedule: empty ring; expected >= 1 rank");
   if (chunks.size() != ring.size())
-    throw_error<invalid_argument>("make_ring_schedule: {} chunk lists for a ring of {}; expected one per position",
-                                  chunks.size(), ring.size());
+    throw_error<invalid_argument>(
+        "make_ring_schedule: {} chunk lists for a ring of {}; expected one per position", chunks.size(),
+        ring.size());
   {
     auto sorted = ring;
     std::sort(sorted.begin(), sorted.end());
     for (std::size_t i = 1; i < sorted.size(); ++i)
       if (sorted[i] == sorted[i - 1])
-        throw_error<invalid_argument>("make_ring_schedule: rank {} appears twice in ring {}; expected distinct ranks",
-                                      sorted[i], ring);
+        throw_error<invalid_argument>(
+            "make_ring_schedule: rank {} appears twice in ring {}; expected distinct ranks", sorted[i], ring);
   }
   ring_schedule s;
   const int d = static_cast<int>(ring.size());
@@ -176,7 +178,10 @@ template <>
 struct fmt::formatter<hetmesh::seq::block_mask> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::seq::block_mask m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     using hetmesh::seq::block_mask;
-    return fmt::format_to(ctx.out(), "{}", m == block_mask::none ? "none" : m == block_mask::full ? "full" : "causal");
+    return fmt::format_to(ctx.out(), "{}",
+                          m == block_mask::none   ? "none"
+                          : m == block_mask::full ? "full"
+                                                  : "causal");
   }
 };
 template <>
@@ -188,8 +193,8 @@ struct fmt::formatter<hetmesh::seq::ring_pair> : hetmesh::empty_spec_formatter {
 template <>
 struct fmt::formatter<hetmesh::seq::ring_step> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::ring_step& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "step{{kv from {}, send {}, recv {}, {}}}", s.kv_source, s.send_to, s.recv_from,
-                          s.pairs);
+    return fmt::format_to(ctx.out(), "step{{kv from {}, send {}, recv {}, {}}}", s.kv_source, s.send_to,
+                          s.recv_from, s.pairs);
   }
 };
 template <>

@@ -77,7 +77,9 @@ inline void check_seq_descs(std::span<const seq_desc> seqs, const char* who) {
 }
 
 /// ceil(a / b) for a >= 0, b > 0.
-[[nodiscard]] constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return (a + b - 1) / b; }
+[[nodiscard]] constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept {
+  return (a + b - 1) / b;
+}
 }  // namespace detail
 
 }  // namespace hetmesh::seq

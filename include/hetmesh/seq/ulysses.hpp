@@ -34,38 +34,39 @@ struct ulysses_policy {
 /// token-major within a peer block. Receive layout: for each source p, p's tokens x (my heads).
 struct ulysses_plan {
   ulysses_policy policy{};
-  std::vector<std::int64_t> tokens;     ///< per rank: tokens it holds before the all-to-all
+  std::vector<std::int64_t> tokens;  ///< per rank: tokens it holds before the all-to-all
   std::int64_t total_tokens = 0;
-  int heads_per_rank = 1;               ///< H / d
-  int kv_heads_per_rank = 1;            ///< Hkv / d, or 1 when KV heads are replicated
-  int kv_replication = 1;               ///< ranks sharing one KV head (d / Hkv when Hkv < d)
-  std::vector<int> q_head_begin;        ///< per rank: first query head it owns after the swap
-  std::vector<int> kv_head_begin;       ///< per rank: first KV head it owns after the swap
+  int heads_per_rank = 1;          ///< H / d
+  int kv_heads_per_rank = 1;       ///< Hkv / d, or 1 when KV heads are replicated
+  int kv_replication = 1;          ///< ranks sharing one KV head (d / Hkv when Hkv < d)
+  std::vector<int> q_head_begin;   ///< per rank: first query head it owns after the swap
+  std::vector<int> kv_head_begin;  ///< per rank: first KV head it owns after the swap
   /// counts[r][p]: elements rank r sends to p for q (resp. kv); recv counts are the transpose.
   std::vector<std::vector<std::int64_t>> q_send_counts, kv_send_counts;
 
   friend bool operator==(const ulysses_plan&, const ulysses_plan&) = default;
   void hash_append(hasher& h) const {
-    append_all(h, policy, tokens, total_tokens, heads_per_rank, kv_heads_per_rank, kv_replication, q_head_begin,
-               kv_head_begin, q_send_counts, kv_send_counts);
+    append_all(h, policy, tokens, total_tokens, heads_per_rank, kv_heads_per_rank, kv_replication,
+               q_head_begin, kv_head_begin, q_send_counts, kv_send_counts);
   }
 };
 
 /// Checks the head counts against the degree; throws invalid_argument naming the mismatch.
 inline void check_ulysses_heads(const ulysses_policy& p) {
   if (p.degree < 1 || p.heads < 1 || p.kv_heads < 1 || p.head_dim < 1)
-    throw_error<invalid_argument>(
-        "ulysses: degree {}, heads {}, kv_heads {}, head_dim {}; expected all >= 1", p.degree, p.heads, p.kv_heads,
-        p.head_dim);
+    throw_error<invalid_argument>("ulysses: degree {}, heads {}, kv_heads {}, head_dim {}; expected all >= 1",
+                                  p.degree, p.heads, p.kv_heads, p.head_dim);
   if (p.heads % p.degree != 0)
-    throw_error<invalid_argument>("ulysses: {} query heads do not divide over degree {}; expected degree | heads",
-                                  p.heads, p.degree);
+    throw_error<invalid_argument>(
+        "ulysses: {} query heads do not divide over degree {}; expected degree | heads", p.heads, p.degree);
   if (p.heads % p.kv_heads != 0)
-    throw_error<invalid_argument>("ulysses: {} query heads are not a multiple of {} kv heads (GQA groups must be equal)",
-                                  p.heads, p.kv_heads);
+    throw_error<invalid_argument>(
+        "ulysses: {} query heads are not a multiple of {} kv heads (GQA groups must be equal)", p.heads,
+        p.kv_heads);
   if (p.kv_heads % p.degree != 0 && p.degree % p.kv_heads != 0)
     throw_error<invalid_argument>(
-        "ulysses: {} kv heads can neither be split over degree {} nor replicated to it; expected degree | kv_heads "
+        "ulysses: {} kv heads can neither be split over degree {} nor replicated to it; expected degree | "
+        "kv_heads "
         "or kv_heads | degree",
         p.kv_heads, p.degree);
 }
@@ -73,11 +74,12 @@ inline void check_ulysses_heads(const ulysses_policy& p) {
 /// Plans the all-to-all for ranks holding `tokens[r]` tokens each (uneven counts allowed; use
 /// all_to_all_v). Preconditions: tokens.size() == degree, counts >= 0; heads as in
 /// check_ulysses_heads. Pure; O(d^2).
-[[nodiscard]] inline ulysses_plan plan_ulysses(std::span<const std::int64_t> tokens, const ulysses_policy& p) {
+[[nodiscard]] inline ulysses_plan plan_ulysses(std::span<const std::int64_t> tokens,
+                                               const ulysses_policy& p) {
   check_ulysses_heads(p);
   if (static_cast<int>(tokens.size()) != p.degree)
-    throw_error<invalid_argument>("plan_ulysses: {} token counts for degree {}; expected one per rank", tokens.size(),
-                                  p.degree);
+    throw_error<invalid_argument>("plan_ulysses: {} token counts for degree {}; expected one per rank",
+                                  tokens.size(), p.degree);
   ulysses_plan u;
   u.policy = p;
   u.tokens.assign(tokens.begin(), tokens.end());
@@ -97,15 +99,18 @@ inline void check_ulysses_heads(const ulysses_policy& p) {
   const int group = p.heads / p.kv_heads;  // query heads per KV head
   for (int r = 0; r < d; ++r) {
     u.q_head_begin.push_back(r * u.heads_per_rank);
-    u.kv_head_begin.push_back(u.kv_replication == 1 ? r * u.kv_heads_per_rank : (r * u.heads_per_rank) / group);
+    u.kv_head_begin.push_back(u.kv_replication == 1 ? r * u.kv_heads_per_rank
+                                                    : (r * u.heads_per_rank) / group);
   }
   u.q_send_counts.assign(static_cast<std::size_t>(d), std::vector<std::int64_t>(static_cast<std::size_t>(d)));
   u.kv_send_counts = u.q_send_counts;
   for (int r = 0; r < d; ++r)
     for (int q = 0; q < d; ++q) {
       const auto t = u.tokens[static_cast<std::size_t>(r)];
-      u.q_send_counts[static_cast<std::size_t>(r)][static_cast<std::size_t>(q)] = t * u.heads_per_rank * p.head_dim;
-      u.kv_send_counts[static_cast<std::size_t>(r)][static_cast<std::size_t>(q)] = t * u.kv_heads_per_rank * p.head_dim;
+      u.q_send_counts[static_cast<std::size_t>(r)][static_cast<std::size_t>(q)] =
+          t * u.heads_per_rank * p.head_dim;
+      u.kv_send_counts[static_cast<std::size_t>(r)][static_cast<std::size_t>(q)] =
+          t * u.kv_heads_per_rank * p.head_dim;
     }
   return u;
 }
@@ -115,14 +120,14 @@ inline void check_ulysses_heads(const ulysses_policy& p) {
 template <>
 struct fmt::formatter<hetmesh::seq::ulysses_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::ulysses_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "ulysses_policy{{d={}, heads={}, kv_heads={}, head_dim={}}}", p.degree, p.heads,
-                          p.kv_heads, p.head_dim);
+    return fmt::format_to(ctx.out(), "ulysses_policy{{d={}, heads={}, kv_heads={}, head_dim={}}}", p.degree,
+                          p.heads, p.kv_heads, p.head_dim);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::ulysses_plan> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::ulysses_plan& u, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "ulysses_plan{{{}, tokens={}, heads/rank={}, kv/rank={}, kv_repl={}}}", u.policy,
-                          u.tokens, u.heads_per_rank, u.kv_heads_per_rank, u.kv_replication);
+    return fmt::format_to(ctx.out(), "ulysses_plan{{{}, tokens={}, heads/rank={}, kv/rank={}, kv_repl={}}}",
+                          u.policy, u.tokens, u.heads_per_rank, u.kv_heads_per_rank, u.kv_replication);
   }
 };

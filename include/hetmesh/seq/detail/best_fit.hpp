@@ -80,13 +80,14 @@ class room_index {
 /// bin. Returns bins as lists of indices into `seqs`, bin order = creation order, members in
 /// insertion order. Deterministic; O(n log n).
 [[nodiscard]] inline std::vector<std::vector<std::size_t>> best_fit_decreasing(std::span<const seq_desc> seqs,
-                                                                             std::int64_t capacity) {
+                                                                               std::int64_t capacity) {
   std::vector<std::size_t> order(seqs.size());
   for (std::size_t i = 0; i < order.size(); ++i) {
     order[i] = i;
     if (seqs[i].length > capacity || seqs[i].length < 0)
-      throw_error<invalid_argument>("best_fit_decreasing: sequence {} has length {}; expected 0 <= length <= {}",
-                                    seqs[i].id, seqs[i].length, capacity);
+      throw_error<invalid_argument>(
+          "best_fit_decreasing: sequence {} has length {}; expected 0 <= length <= {}", seqs[i].id,
+          seqs[i].length, capacity);
   }
   std::sort(order.begin(), order.end(),
             [&](std::size_t a, std::size_t b) { return longer_first(seqs[a], seqs[b]); });
