@@ -102,25 +102,33 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
       ratio[r.name].push_back(r.ratio_to_lower_bound);
     }
     balance::bytescale_policy bp;
-    plan_bs.push_back(time_ms(3, [&] { (void)balance::plan_bytescale(seqs, cfg.hdp, cfg.ranks, cfg.model, bp); }));
+    plan_bs.push_back(
+        time_ms(3, [&] { (void)balance::plan_bytescale(seqs, cfg.hdp, cfg.ranks, cfg.model, bp); }));
     plan_hm.push_back(time_ms(3, [&] { (void)balance::plan_hetmesh(seqs, cfg.hdp, cfg.ranks, cfg.model); }));
   }
-  json out{{"workload", w.name}, {"ranks", w.ranks}, {"capacity_tokens", w.capacity},
-           {"batch_tokens_target", batch_tokens}, {"seeds", seeds}, {"sequences_median", median(nseq)},
+  json out{{"workload", w.name},
+           {"ranks", w.ranks},
+           {"capacity_tokens", w.capacity},
+           {"batch_tokens_target", batch_tokens},
+           {"seeds", seeds},
+           {"sequences_median", median(nseq)},
            {"model", to_string(cfg.model)}};
-  fmt::print("\n{} -- {} ranks, C = {}, ~{}M tokens per batch, {} seeds, ~{:.0f} sequences (step times MODELLED, ms)\n",
-             w.name, w.ranks, w.capacity, batch_tokens >> 20, seeds, median(nseq));
+  fmt::print(
+      "\n{} -- {} ranks, C = {}, ~{}M tokens per batch, {} seeds, ~{:.0f} sequences (step times MODELLED, "
+      "ms)\n",
+      w.name, w.ranks, w.capacity, batch_tokens >> 20, seeds, median(nseq));
   fmt::print("  {:<16} {:>14} {:>11} {:>14}\n", "strategy", "step (median)", "imbalance", "step / bound");
   for (const auto& n : order) {
-    fmt::print("  {:<16} {:>14.1f} {:>11.3f} {:>14.3f}\n", n, median(step[n]), median(imb[n]), median(ratio[n]));
+    fmt::print("  {:<16} {:>14.1f} {:>11.3f} {:>14.3f}\n", n, median(step[n]), median(imb[n]),
+               median(ratio[n]));
     out["strategies"].push_back({{"name", n},
                                  {"modelled_step_ms_median", median(step[n])},
                                  {"imbalance_max_over_mean_median", median(imb[n])},
                                  {"ratio_to_lower_bound_median", median(ratio[n])},
                                  {"ratio_to_lower_bound_all", ratio[n]}});
   }
-  fmt::print("  planning (measured CPU time): bytescale {:.2f} ms, hetmesh {:.2f} ms (median)\n", median(plan_bs),
-             median(plan_hm));
+  fmt::print("  planning (measured CPU time): bytescale {:.2f} ms, hetmesh {:.2f} ms (median)\n",
+             median(plan_bs), median(plan_hm));
   out["planning_cpu_ms_measured"] = {{"bytescale_hdp", median(plan_bs)}, {"hetmesh", median(plan_hm)}};
   return out;
 }
@@ -129,8 +137,8 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
 // the recipes in multimodal_tokens.json (LLaVA-1.5: 576; OneVision any-res: 729 per tile, 1..10 tiles;
 // Qwen2-VL: 4x its 4..1280 LLM tokens); an image adds its LLM tokens (encoder tokens, or a quarter for
 // Qwen2-VL's 2x2 merge) to the sample's LLM length.
-std::vector<balance::sample_meta> multimodal_batch(const std::vector<std::int64_t>& text, int samples, int ranks,
-                                                   std::uint64_t seed) {
+std::vector<balance::sample_meta> multimodal_batch(const std::vector<std::int64_t>& text, int samples,
+                                                   int ranks, std::uint64_t seed) {
   rng g(seed);
   std::vector<balance::sample_meta> out;
   for (int i = 0; i < samples; ++i) {
@@ -161,9 +169,10 @@ std::vector<balance::sample_meta> multimodal_batch(const std::vector<std::int64_
 json run_multimodal(const std::vector<std::int64_t>& text, int seeds) {
   constexpr int ranks = 256, samples = 8192;
   const balance::reorder_policy pol;
-  fmt::print("\nmultimodal grouped reordering -- {} ranks, {} samples, 0-4 images each (per-phase maxima MODELLED, "
-             "ratio to mean; step ~ max encoder + max LLM)\n",
-             ranks, samples);
+  fmt::print(
+      "\nmultimodal grouped reordering -- {} ranks, {} samples, 0-4 images each (per-phase maxima MODELLED, "
+      "ratio to mean; step ~ max encoder + max LLM)\n",
+      ranks, samples);
   fmt::print("  {:<22} {:>10} {:>10} {:>14}\n", "strategy", "enc max", "llm max", "step / bound");
   json out{{"ranks", ranks}, {"samples", samples}, {"seeds", seeds}};
   struct row {
@@ -171,8 +180,11 @@ json run_multimodal(const std::vector<std::int64_t>& text, int seeds) {
     int group;
     int mode;  // 0 stay, 1 llm-only, 2 joint
   };
-  const std::vector<row> rows{{"no reordering", 0, 0},  {"llm-only G=256", 256, 1}, {"joint G=8", 8, 2},
-                              {"joint G=64", 64, 2},    {"joint G=256", 256, 2}};
+  const std::vector<row> rows{{"no reordering", 0, 0},
+                              {"llm-only G=256", 256, 1},
+                              {"joint G=8", 8, 2},
+                              {"joint G=64", 64, 2},
+                              {"joint G=256", 256, 2}};
   for (const auto& rw : rows) {
     std::vector<double> em, lm, st;
     for (int s = 0; s < seeds; ++s) {
@@ -193,10 +205,12 @@ json run_multimodal(const std::vector<std::int64_t>& text, int seeds) {
             }
           const auto p = balance::plan_grouped_reorder(mine, rw.group, pol);
           for (std::size_t i = 0; i < p.sample_ids.size(); ++i) {
-            const auto& m = *std::find_if(mine.begin(), mine.end(), [&](const auto& x) { return x.id == p.sample_ids[i]; });
+            const auto& m = *std::find_if(mine.begin(), mine.end(),
+                                          [&](const auto& x) { return x.id == p.sample_ids[i]; });
             llm[static_cast<std::size_t>(g0 + p.llm_rank[i])] += pol.llm.sequence(m.llm_tokens);
             for (std::size_t k = 0; k < m.encoder_tokens.size(); ++k) {
-              const int r = rw.mode == 1 ? p.llm_rank[i] : p.encoder_rank[static_cast<std::size_t>(p.item_offset[i]) + k];
+              const int r = rw.mode == 1 ? p.llm_rank[i]
+                                         : p.encoder_rank[static_cast<std::size_t>(p.item_offset[i]) + k];
               enc[static_cast<std::size_t>(g0 + r)] += pol.encoder.item(m.encoder_tokens[k]);
             }
           }
@@ -234,19 +248,24 @@ json run_planning(const std::vector<std::int64_t>& text, bool quick) {
   const double hm = time_ms(reps, [&] { (void)balance::plan_hetmesh(seqs, hdp, 16384, m); });
   const double hm_wall = last_wall_ms;
   const double bs = time_ms(reps, [&] { (void)balance::plan_bytescale(seqs, hdp, 16384, m); });
-  fmt::print("  16384 ranks x 4000 sequences: hetmesh {:.2f} ms, bytescale {:.2f} ms CPU (target < 20 ms; hetmesh wall "
-             "{:.2f} ms)\n",
-             hm, bs, hm_wall);
+  fmt::print(
+      "  16384 ranks x 4000 sequences: hetmesh {:.2f} ms, bytescale {:.2f} ms CPU (target < 20 ms; hetmesh "
+      "wall "
+      "{:.2f} ms)\n",
+      hm, bs, hm_wall);
   out["ranks16384_seqs4000_ms"] = {
       {"hetmesh_cpu", hm}, {"hetmesh_wall", hm_wall}, {"bytescale_hdp_cpu", bs}, {"target_ms", 20}};
   // Grouped reordering: 8,192 samples in a 256-rank group.
   const auto batch = multimodal_batch(text, 8192, 256, 5);
   const double gr = time_ms(quick ? 5 : 21, [&] { (void)balance::plan_grouped_reorder(batch, 256); });
-  fmt::print("  grouped reordering, 8192 samples in a 256-rank group: {:.2f} ms CPU (target < 5 ms; wall {:.2f} ms)\n",
-             gr, last_wall_ms);
+  fmt::print(
+      "  grouped reordering, 8192 samples in a 256-rank group: {:.2f} ms CPU (target < 5 ms; wall {:.2f} "
+      "ms)\n",
+      gr, last_wall_ms);
   out["grouped_reorder_8192_in_256_ms"] = {{"cpu", gr}, {"wall", last_wall_ms}, {"target_ms", 5}};
   // Scaling 1K .. 100K sequences (2,048 ranks, Byted-like).
-  fmt::print("  {:>8} {:>12} {:>12} {:>18}   (CPU ms)\n", "seqs", "hetmesh", "bytescale", "hetmesh ns/(n lg n)");
+  fmt::print("  {:>8} {:>12} {:>12} {:>18}   (CPU ms)\n", "seqs", "hetmesh", "bytescale",
+             "hetmesh ns/(n lg n)");
   for (int n : {1000, 3000, 10000, 30000, 100000}) {
     if (quick && n > 10000) break;
     auto b = bench::byted_like_batch(static_cast<std::int64_t>(n) * 12000, 7 + static_cast<std::uint64_t>(n));
@@ -287,8 +306,10 @@ int main(int argc, char** argv) {
   }
   if (!dir) dir = bench::find_workloads();
   if (!dir || !std::filesystem::is_directory(*dir)) {
-    fmt::print(stderr, "bench_balance_compare: no workloads folder (looked for shared/data/workloads above the working "
-                       "directory and the executable); pass --workloads DIR\n");
+    fmt::print(
+        stderr,
+        "bench_balance_compare: no workloads folder (looked for shared/data/workloads above the working "
+        "directory and the executable); pass --workloads DIR\n");
     return 2;
   }
   try {
@@ -297,8 +318,9 @@ int main(int argc, char** argv) {
     const auto code = bench::read_azure_csv(*dir / "azure_2023_code.csv");
     json j{{"benchmark", "bench_balance_compare"},
            {"machine", machine},
-           {"note", "step times are MODELLED by hetmesh::cost (ByteScale Fig. 6(a) layer fit, 32 layers, x3 for "
-                    "training, alpha-beta ring communication); planning times are MEASURED"},
+           {"note",
+            "step times are MODELLED by hetmesh::cost (ByteScale Fig. 6(a) layer fit, 32 layers, x3 for "
+            "training, alpha-beta ring communication); planning times are MEASURED"},
            {"workloads_dir", dir->string()}};
     const std::int64_t batch = quick ? (8LL << 20) : (32LL << 20);
     const std::vector<text_workload> text{{"prolong", prolong, 256, 16384, 64},

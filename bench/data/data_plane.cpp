@@ -5,7 +5,7 @@
 //     every source). Counted from the components' own accounting (heap capacities + resident index bytes),
 //     cross-checked by the process RSS growth of opening the sources once.
 //  2. throughput: samples/s and bytes/s of the loader from the page cache vs a raw sequential read() of the
-//     same .bin files (measured).
+//     same .bin files into one reused buffer (measured), with 2 prefetching workers and synchronous.
 //  3. balancing: modelled step time (max rank cost under cost = L + L^2/ctx) of a multi-source long/short
 //     mix, round robin vs LPT vs Karmarkar-Karp vs the perfect-balance bound (MODELLED, not measured).
 // Usage: bench_data_plane [--out FILE] [--quick]
@@ -53,15 +53,19 @@ nlohmann::json bench_memory(const test::temp_dir& dir, bool quick) {
   const std::int64_t per_source = 1000;
   std::vector<int> counts = quick ? std::vector<int>{1, 10} : std::vector<int>{1, 10, 100, 300};
   const int max_sources = counts.back();
-  for (int s = 0; s < max_sources; ++s) test::make_indexed(dir / fmt::format("mem{}", s), 17, s, per_source, 32, 256, dtype::uint16);
+  for (int s = 0; s < max_sources; ++s)
+    test::make_indexed(dir / fmt::format("mem{}", s), 17, s, per_source, 32, 256, dtype::uint16);
   nlohmann::json rows = nlohmann::json::array();
-  fmt::print("\n[1] loader memory, {} ranks (dp), {} samples per source, global batch {} (bytes)\n", ranks, per_source, 4 * ranks);
-  fmt::print("{:>8} {:>14} {:>14} {:>16} {:>16} {:>14} {:>9}\n", "sources", "ours total", "ours/trainer", "ours/rank(hosts)",
-             "replicated total", "repl/rank", "ratio");
+  fmt::print("\n[1] loader memory, {} ranks (dp), {} samples per source, global batch {} (bytes)\n", ranks,
+             per_source, 4 * ranks);
+  fmt::print("{:>8} {:>14} {:>14} {:>16} {:>16} {:>14} {:>9}\n", "sources", "ours total", "ours/trainer",
+             "ours/rank(hosts)", "replicated total", "repl/rank", "ratio");
   for (int n : counts) {
     mixture_config cfg{.seed = 5, .global_batch = 4 * ranks, .layout = {.dp = ranks}};
     for (int s = 0; s < n; ++s)
-      cfg.sources.push_back({.name = fmt::format("s{}", s), .paths = {dir / fmt::format("mem{}", s)}, .weight = {{0, 1.0 / n}}});
+      cfg.sources.push_back({.name = fmt::format("s{}", s),
+                             .paths = {dir / fmt::format("mem{}", s)},
+                             .weight = {{0, 1.0 / n}}});
     double rest = 1.0;
     for (int s = 0; s + 1 < n; ++s) rest -= 1.0 / n;
     cfg.sources.back().weight = {{0, rest}};
@@ -88,7 +92,8 @@ nlohmann::json bench_memory(const test::temp_dir& dir, bool quick) {
     std::vector<std::unique_ptr<source_loader>> rank_loaders;
     std::int64_t repl_rank_state = 0;
     for (int s = 0; s < n; ++s) {
-      rank_loaders.push_back(std::make_unique<source_loader>(cfg.sources[static_cast<std::size_t>(s)], s, cfg.seed));
+      rank_loaders.push_back(
+          std::make_unique<source_loader>(cfg.sources[static_cast<std::size_t>(s)], s, cfg.seed));
       (void)rank_loaders.back()->load(0, 0);
       repl_rank_state += rank_loaders.back()->state_bytes();
     }
@@ -96,8 +101,8 @@ nlohmann::json bench_memory(const test::temp_dir& dir, bool quick) {
     const std::int64_t repl_rank = repl_rank_state + trainer_max + mem.total_of("prefetch") / ranks;
     const std::int64_t repl_total = ranks * repl_rank;
     const double ratio = static_cast<double>(repl_total) / static_cast<double>(ours_total);
-    fmt::print("{:>8} {:>14} {:>14} {:>16} {:>16} {:>14} {:>8.1f}x\n", n, ours_total, trainer_max, ours_rank_hosting, repl_total, repl_rank,
-               ratio);
+    fmt::print("{:>8} {:>14} {:>14} {:>16} {:>16} {:>14} {:>8.1f}x\n", n, ours_total, trainer_max,
+               ours_rank_hosting, repl_total, repl_rank, ratio);
     rows.push_back({{"sources", n},
                     {"ranks", ranks},
                     {"ours_total_bytes", ours_total},
@@ -114,8 +119,8 @@ nlohmann::json bench_memory(const test::temp_dir& dir, bool quick) {
 }
 
 // ---- 2. throughput --------------------------------------------------------------------------------
-nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std::string& label, std::int64_t lo, std::int64_t hi,
-                                std::int64_t samples_per_source) {
+nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std::string& label,
+                                std::int64_t lo, std::int64_t hi, std::int64_t samples_per_source) {
   const int nsrc = 4;
   std::vector<std::string> bins;
   mixture_config cfg{.seed = 9, .global_batch = 256, .layout = {.dp = 8}, .micro_batches = 2};
@@ -141,15 +146,13 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
     if (got != total_bytes) throw std::runtime_error("raw read came up short");
     return sec;
   };
-  (void)raw_pass();
-  std::vector<double> raw;
-  for (int r = 0; r < (quick ? 3 : 7); ++r) raw.push_back(raw_pass());
-  // Ours: the data plane delivering one epoch's worth of bytes (planning, balancing, reading, converting).
+  // Ours: the data plane delivering one epoch's worth of bytes (planning, balancing, reading, converting
+  // into owned per-sample buffers), synchronous (workers = 0) and with 2 prefetching workers. Passes are
+  // interleaved with the raw ones so that load from other processes hits both alike.
   const std::int64_t steps = nsrc * samples_per_source / cfg.global_batch;
-  std::vector<double> ours;
   std::int64_t delivered = 0, samples = 0;
-  for (int r = 0; r < (quick ? 2 : 5); ++r) {
-    data_loader dl(cfg, {.workers = 2, .prefetch_steps = 4, .loaders_per_source = 2});
+  auto ours_pass = [&](int workers) {
+    data_loader dl(cfg, {.workers = workers, .prefetch_steps = 4, .loaders_per_source = 2});
     delivered = samples = 0;
     const auto t0 = clk::now();
     for (std::int64_t s = 0; s < steps; ++s) {
@@ -157,24 +160,39 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
       for (const auto& smp : b.samples) delivered += static_cast<std::int64_t>(smp.tokens.size()) * 4;
       samples += static_cast<std::int64_t>(b.samples.size());
     }
-    ours.push_back(std::chrono::duration<double>(clk::now() - t0).count());
+    return std::chrono::duration<double>(clk::now() - t0).count();
+  };
+  (void)raw_pass();
+  (void)ours_pass(0);
+  std::vector<double> raw, sync, pool;
+  for (int r = 0; r < (quick ? 3 : 7); ++r) {
+    raw.push_back(raw_pass());
+    sync.push_back(ours_pass(0));
+    pool.push_back(ours_pass(2));
   }
+  const double sync_bps = static_cast<double>(delivered) / median(sync);
   const double raw_bps = static_cast<double>(total_bytes) / median(raw);
-  const double ours_sec = median(ours);
+  const double ours_sec = median(pool);
   const double ours_bps = static_cast<double>(delivered) / ours_sec;
   const double raw_sps = static_cast<double>(nsrc * samples_per_source) / median(raw);
-  fmt::print("{:>8} {:>10} {:>12.0f} {:>12.2f} {:>12.0f} {:>12.2f} {:>8.0f}%\n", label, (lo + hi) / 2, static_cast<double>(samples) / ours_sec,
-             ours_bps / 1e9, raw_sps, raw_bps / 1e9, 100.0 * ours_bps / raw_bps);
+  fmt::print("{:>8} {:>8} {:>12.0f} {:>10.2f} {:>12.0f} {:>10.2f} {:>12.0f} {:>10.2f} {:>9.0f}% {:>9.0f}%\n",
+             label, (lo + hi) / 2, static_cast<double>(samples) / ours_sec, ours_bps / 1e9,
+             static_cast<double>(samples) / median(sync), sync_bps / 1e9, raw_sps, raw_bps / 1e9,
+             100.0 * ours_bps / raw_bps, 100.0 * sync_bps / raw_bps);
   return {{"case", label},
           {"mean_tokens_per_sample", (lo + hi) / 2},
           {"bytes_per_token", 4},
           {"file_bytes", total_bytes},
-          {"ours_samples_per_s", static_cast<double>(samples) / ours_sec},
-          {"ours_bytes_per_s", ours_bps},
+          {"steps", steps},
+          {"ours_2workers_samples_per_s", static_cast<double>(samples) / ours_sec},
+          {"ours_2workers_bytes_per_s", ours_bps},
+          {"ours_sync_samples_per_s", static_cast<double>(samples) / median(sync)},
+          {"ours_sync_bytes_per_s", sync_bps},
           {"raw_sequential_samples_per_s", raw_sps},
           {"raw_sequential_bytes_per_s", raw_bps},
-          {"ours_over_raw", ours_bps / raw_bps},
-          {"workers", 2}};
+          {"ours_2workers_over_raw", ours_bps / raw_bps},
+          {"ours_sync_over_raw", sync_bps / raw_bps},
+          {"repetitions", raw.size()}};
 }
 
 // ---- 3. balancing (modelled) ----------------------------------------------------------------------
@@ -182,13 +200,16 @@ struct mix_meta {
   std::vector<std::int64_t> sizes;
   std::int64_t source_size(int s) const { return sizes[static_cast<std::size_t>(s)]; }
   std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
-    const auto h = key_hash({77, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(e), static_cast<std::uint64_t>(p)});
+    const auto h = key_hash(
+        {77, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(e), static_cast<std::uint64_t>(p)});
     std::int64_t len = 0;
     std::vector<std::int64_t> items;
-    if (s == 0) len = 128 + static_cast<std::int64_t>(h % 2048);          // short text
-    if (s == 1) len = 8192 + static_cast<std::int64_t>(h % 24577);        // long context
-    if (s == 2) len = 256 + static_cast<std::int64_t>(h % 1024), items = {256 * (1 + static_cast<std::int64_t>(h % 16))};  // image-text
-    if (s == 3) len = 1024 + static_cast<std::int64_t>(h % 7168);         // code
+    if (s == 0) len = 128 + static_cast<std::int64_t>(h % 2048);    // short text
+    if (s == 1) len = 8192 + static_cast<std::int64_t>(h % 24577);  // long context
+    if (s == 2)
+      len = 256 + static_cast<std::int64_t>(h % 1024),
+      items = {256 * (1 + static_cast<std::int64_t>(h % 16))};     // image-text
+    if (s == 3) len = 1024 + static_cast<std::int64_t>(h % 7168);  // code
     return {p, {.tokens = len, .item_tokens = items, .bytes = 4 * len}};
   }
 };
@@ -201,7 +222,8 @@ nlohmann::json bench_balance(bool quick) {
                   {.name = "long", .paths = {"-"}, .weight = {{0, 0.1}}},
                   {.name = "image_text", .paths = {"-"}, .weight = {{0, 0.25}}},
                   {.name = "code", .paths = {"-"}, .weight = {{0, 0.15}}}},
-      // Per sample: L + L^2 / 4096 (attention grows quadratically; document-masked) + encoder 4 x item tokens.
+      // Per sample: L + L^2 / 4096 (attention grows quadratically; document-masked) + encoder 4 x item
+      // tokens.
       .cost = {.linear = 4096, .quadratic = 1, .item_linear = 4 * 4096, .item_quadratic = 0},
       .layout = {.dp = 16},
       .micro_batches = 1,
@@ -227,11 +249,16 @@ nlohmann::json bench_balance(bool quick) {
       st = p.next;
     }
     if (m == balance_method::round_robin) rr_sum = sum_max;
-    const char* name = m == balance_method::round_robin ? "round_robin" : m == balance_method::lpt ? "lpt" : "karmarkar_karp";
+    const char* name = m == balance_method::round_robin ? "round_robin"
+                       : m == balance_method::lpt       ? "lpt"
+                                                        : "karmarkar_karp";
     fmt::print("{:>16} {:>16.3f} {:>13.2f}x\n", name, sum_max / sum_bound, rr_sum / sum_max);
-    out[name] = {{"modelled_step_over_perfect_balance", sum_max / sum_bound}, {"modelled_speedup_over_round_robin", rr_sum / sum_max}};
+    out[name] = {{"modelled_step_over_perfect_balance", sum_max / sum_bound},
+                 {"modelled_speedup_over_round_robin", rr_sum / sum_max}};
   }
-  out["note"] = "MODELLED: step time = max over data-parallel ranks of sum(4096 L + L^2 + 16384 item tokens); no training was run";
+  out["note"] =
+      "MODELLED: step time = max over data-parallel ranks of sum(4096 L + L^2 + 16384 item tokens); no "
+      "training was run";
   out["steps"] = steps;
   return out;
 }
@@ -242,8 +269,10 @@ int main(int argc, char** argv) {
   std::string out_path = "bench/results/data_plane.json";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_path = argv[++i];
-    else if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc)
+      out_path = argv[++i];
+    else if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
   }
   try {
     test::temp_dir dir;
@@ -251,15 +280,18 @@ int main(int argc, char** argv) {
     j["machine"] = "2-core x86_64 CPU (shared), no GPU; files in the page cache of a local disk";
     j["memory"] = bench_memory(dir, quick);
     j["memory_counting"] =
-        "bytes each component holds: heap from container capacities (permutations, filters, prefetched samples, micro-batches) plus the "
-        "resident index bytes each open source maps; payload (.bin) mappings are shared page cache and not counted. Replicated = 64 x one "
+        "bytes each component holds: heap from container capacities (permutations, filters, prefetched "
+        "samples, micro-batches) plus the "
+        "resident index bytes each open source maps; payload (.bin) mappings are shared page cache and not "
+        "counted. Replicated = 64 x one "
         "rank that opens every source (measured on one rank; all ranks alike).";
     fmt::print("\n[2] throughput from the page cache, 4 sources, int32 tokens, 2 workers (measured)\n");
-    fmt::print("{:>8} {:>10} {:>12} {:>12} {:>12} {:>12} {:>9}\n", "case", "tokens", "ours smp/s", "ours GB/s", "raw smp/s", "raw GB/s",
-               "ours/raw");
+    fmt::print("{:>8} {:>8} {:>12} {:>10} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10}\n", "case", "tokens",
+               "pool smp/s", "pool GB/s", "sync smp/s", "sync GB/s", "raw smp/s", "raw GB/s", "pool/raw",
+               "sync/raw");
     j["throughput"] = nlohmann::json::array();
-    j["throughput"].push_back(bench_throughput(dir, quick, "long", 2048, 14336, quick ? 200 : 600));
-    j["throughput"].push_back(bench_throughput(dir, quick, "short", 128, 896, quick ? 2000 : 8000));
+    j["throughput"].push_back(bench_throughput(dir, quick, "long", 2048, 14336, quick ? 200 : 1500));
+    j["throughput"].push_back(bench_throughput(dir, quick, "short", 128, 896, quick ? 2000 : 16000));
     j["balance"] = bench_balance(quick);
     std::filesystem::create_directories(std::filesystem::path(out_path).parent_path());
     std::ofstream(out_path) << j.dump(1) << '\n';

@@ -144,24 +144,29 @@ std::string svg_plot(const std::vector<mix_point>& pts, int pp, int m) {
   auto X = [&](int img) { return L + (W - L - R) * (img - 1) / 8.0; };
   auto Y = [&](double v) { return T + (H - T - B) * (1 - v / ymax); };
   std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{}\" y=\"22\" font-size=\"14\">MODELLED step time (simulator), pp={}, {} micro-batches, 1F1B</text>\n",
+      "<text x=\"{}\" y=\"22\" font-size=\"14\">MODELLED step time (simulator), pp={}, {} micro-batches, "
+      "1F1B</text>\n",
       W, H, L, pp, m);
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", L, H - B, W - R);
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", L, T, H - B);
   for (int i = 0; i <= 5; ++i) {
     const double v = ymax * i / 5;
     s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0f}</text>\n", L - 6, Y(v) + 4, v);
-    s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", L, Y(v), W - R, Y(v));
+    s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", L, Y(v),
+                     W - R, Y(v));
   }
   for (const auto& p : pts)
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}:{}</text>\n", X(p.image), H - B + 18, p.image,
-                     p.text);
-  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">image:text mix</text>\n", (L + W - R) / 2, H - 15);
-  s += fmt::format("<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">step time (LLM-stage "
-                   "forward units)</text>\n",
-                   (T + H - B) / 2, (T + H - B) / 2);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}:{}</text>\n", X(p.image),
+                     H - B + 18, p.image, p.text);
+  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">image:text mix</text>\n", (L + W - R) / 2,
+                   H - 15);
+  s += fmt::format(
+      "<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">step time (LLM-stage "
+      "forward units)</text>\n",
+      (T + H - B) / 2, (T + H - B) / 2);
   struct series {
     const char* label;
     const char* color;
@@ -175,13 +180,16 @@ std::string svg_plot(const std::vector<mix_point>& pts, int pp, int m) {
   int k = 0;
   for (const auto& se : all) {
     std::string path;
-    for (const auto& p : pts) path += fmt::format("{}{:.1f},{:.1f}", path.empty() ? "" : " ", X(p.image), Y(p.*se.field));
-    s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", se.color, se.dash, path);
     for (const auto& p : pts)
-      s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", X(p.image), Y(p.*se.field), se.color);
+      path += fmt::format("{}{:.1f},{:.1f}", path.empty() ? "" : " ", X(p.image), Y(p.*se.field));
+    s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", se.color,
+                     se.dash, path);
+    for (const auto& p : pts)
+      s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", X(p.image),
+                       Y(p.*se.field), se.color);
     const double ly = T + 20 + 20 * k++;
-    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"2\"{}/>\n", W - R + 10, ly,
-                     W - R + 30, ly, se.color, se.dash);
+    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"2\"{}/>\n",
+                     W - R + 10, ly, W - R + 30, ly, se.color, se.dash);
     s += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", W - R + 35, ly + 4, se.label);
   }
   s += "</svg>\n";
@@ -196,9 +204,12 @@ int main(int argc, char** argv) {
   int reps = 7;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) out = argv[++i];
-    else if (a == "--svg" && i + 1 < argc) svg = argv[++i];
-    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    if (a == "--out" && i + 1 < argc)
+      out = argv[++i];
+    else if (a == "--svg" && i + 1 < argc)
+      svg = argv[++i];
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
     else {
       fmt::print(stderr, "usage: bench_pipeline [--out FILE] [--svg FILE] [--reps N]\n");
       return 2;
@@ -209,16 +220,17 @@ int main(int argc, char** argv) {
 
   // 1. generation + verification
   fmt::print("Generation + verification, pp=64, M=1024 (measured; medians of {} runs, ms)\n", reps);
-  fmt::print("{:<26} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>12} {:>10}\n", "schedule", "actions", "generate", "verify",
-             "gen+verif", "(cpu)", "lower", "verify-low", "copy (LB)");
+  fmt::print("{:<26} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>12} {:>10}\n", "schedule", "actions", "generate",
+             "verify", "gen+verif", "(cpu)", "lower", "verify-low", "copy (LB)");
   std::vector<gen_result> gens;
   gens.push_back(bench_generation("interleaved-1f1b", 64, 1024, 4, reps));
   gens.push_back(bench_generation("interleaved-zero-bubble", 64, 1024, 4, reps));
   gens.push_back(bench_generation("zbv", 64, 1024, 0, reps));
   gens.push_back(bench_generation("1f1b", 64, 1024, 0, reps));
   for (const auto& g : gens)
-    fmt::print("{:<26} {:>9} {:>9.2f} {:>9.2f} {:>10.2f} {:>9.2f} {:>9.2f} {:>12.2f} {:>10.3f}\n", g.name, g.actions,
-               g.generate_ms, g.verify_ms, g.total_ms, g.total_cpu_ms, g.lower_ms, g.verify_lowered_ms, g.copy_ms);
+    fmt::print("{:<26} {:>9} {:>9.2f} {:>9.2f} {:>10.2f} {:>9.2f} {:>9.2f} {:>12.2f} {:>10.3f}\n", g.name,
+               g.actions, g.generate_ms, g.verify_ms, g.total_ms, g.total_cpu_ms, g.lower_ms,
+               g.verify_lowered_ms, g.copy_ms);
 
   // 2. simulator throughput
   const schedule big = make_schedule("interleaved-1f1b", 64, 1024, 4);
@@ -232,42 +244,50 @@ int main(int argc, char** argv) {
     events = r.events;
   }
   const double sim_med = median(sim_s);
-  fmt::print("\nSimulator (measured): interleaved-1f1b pp=64 M=1024 v=4, {} actions, {} events, {:.2f} ms median, "
-             "{:.3g} events/s\n",
-             big.size(), events, sim_med * 1e3, static_cast<double>(events) / sim_med);
+  fmt::print(
+      "\nSimulator (measured): interleaved-1f1b pp=64 M=1024 v=4, {} actions, {} events, {:.2f} ms median, "
+      "{:.3g} events/s\n",
+      big.size(), events, sim_med * 1e3, static_cast<double>(events) / sim_med);
 
   // 3. joint vs baselines (modelled)
   const int pp = 8, m = 32, pool_ranks = 1;
   const auto pts = bench_joint(pp, m, {1, 2, 3, 4, 5, 6, 7, 8, 9}, pool_ranks);
-  fmt::print("\nJoint encoder-LLM pipeline, MODELLED step time (simulator units), pp={}, M={}, 1F1B\n", pp, m);
-  fmt::print("{:>7} {:>10} {:>12} {:>10} {:>14} {:>11} {:>14}\n", "img:txt", "joint", "first-stage", "pool(+1)",
-             "pool GPU-norm", "lower bnd", "first/joint");
+  fmt::print("\nJoint encoder-LLM pipeline, MODELLED step time (simulator units), pp={}, M={}, 1F1B\n", pp,
+             m);
+  fmt::print("{:>7} {:>10} {:>12} {:>10} {:>14} {:>11} {:>14}\n", "img:txt", "joint", "first-stage",
+             "pool(+1)", "pool GPU-norm", "lower bnd", "first/joint");
   for (const auto& p : pts)
-    fmt::print("{:>5}:{} {:>10.2f} {:>12.2f} {:>10.2f} {:>14.2f} {:>11.2f} {:>13.2f}x\n", p.image, p.text, p.joint, p.first,
-               p.pool, p.pool_gpu_normalised, p.lower_bound, p.first / p.joint);
+    fmt::print("{:>5}:{} {:>10.2f} {:>12.2f} {:>10.2f} {:>14.2f} {:>11.2f} {:>13.2f}x\n", p.image, p.text,
+               p.joint, p.first, p.pool, p.pool_gpu_normalised, p.lower_bound, p.first / p.joint);
 
   nlohmann::json j;
   j["machine"] = machine;
   j["generation"] = nlohmann::json::array();
   for (const auto& g : gens)
-    j["generation"].push_back({{"schedule", g.name},
-                               {"pp", 64},
-                               {"microbatches", 1024},
-                               {"virtual_stages", g.name.starts_with("interleaved") ? 4 : (g.name == "zbv" ? 2 : 1)},
-                               {"actions", g.actions},
-                               {"lowered_actions", g.lowered_actions},
-                               {"generate_ms_median", g.generate_ms},
-                               {"verify_ms_median", g.verify_ms},
-                               {"generate_plus_verify_ms_median", g.total_ms},
-                               {"generate_plus_verify_cpu_ms_median", g.total_cpu_ms},
-                               {"lower_send_recv_ms_median", g.lower_ms},
-                               {"verify_lowered_rendezvous_ms_median", g.verify_lowered_ms},
-                               {"lower_bound_copy_ms_median", g.copy_ms},
-                               {"target_ms", 50},
-                               {"measured", true}});
-  j["simulator"] = {{"schedule", "interleaved-1f1b"}, {"pp", 64},           {"microbatches", 1024},
-                    {"virtual_stages", 4},             {"actions", big.size()}, {"events", events},
-                    {"ms_median", sim_med * 1e3},       {"events_per_second", static_cast<double>(events) / sim_med},
+    j["generation"].push_back(
+        {{"schedule", g.name},
+         {"pp", 64},
+         {"microbatches", 1024},
+         {"virtual_stages", g.name.starts_with("interleaved") ? 4 : (g.name == "zbv" ? 2 : 1)},
+         {"actions", g.actions},
+         {"lowered_actions", g.lowered_actions},
+         {"generate_ms_median", g.generate_ms},
+         {"verify_ms_median", g.verify_ms},
+         {"generate_plus_verify_ms_median", g.total_ms},
+         {"generate_plus_verify_cpu_ms_median", g.total_cpu_ms},
+         {"lower_send_recv_ms_median", g.lower_ms},
+         {"verify_lowered_rendezvous_ms_median", g.verify_lowered_ms},
+         {"lower_bound_copy_ms_median", g.copy_ms},
+         {"target_ms", 50},
+         {"measured", true}});
+  j["simulator"] = {{"schedule", "interleaved-1f1b"},
+                    {"pp", 64},
+                    {"microbatches", 1024},
+                    {"virtual_stages", 4},
+                    {"actions", big.size()},
+                    {"events", events},
+                    {"ms_median", sim_med * 1e3},
+                    {"events_per_second", static_cast<double>(events) / sim_med},
                     {"measured", true}};
   nlohmann::json mix = nlohmann::json::array();
   for (const auto& p : pts)
@@ -279,15 +299,17 @@ int main(int argc, char** argv) {
                    {"encoder_pool_gpu_normalised", p.pool_gpu_normalised},
                    {"lower_bound_perfect_balance", p.lower_bound},
                    {"speedup_joint_vs_first_stage", p.first / p.joint}});
-  j["joint_pipeline"] = {{"modelled", true},
-                         {"note", "simulated step times in LLM-stage-forward units; not a measurement of training"},
-                         {"pp", pp},
-                         {"microbatches", m},
-                         {"llm_schedule", "1f1b"},
-                         {"encoder_to_llm_cost_ratio", 0.33},
-                         {"pool_ranks", pool_ranks},
-                         {"points", mix}};
-  std::filesystem::create_directories(std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path());
+  j["joint_pipeline"] = {
+      {"modelled", true},
+      {"note", "simulated step times in LLM-stage-forward units; not a measurement of training"},
+      {"pp", pp},
+      {"microbatches", m},
+      {"llm_schedule", "1f1b"},
+      {"encoder_to_llm_cost_ratio", 0.33},
+      {"pool_ranks", pool_ranks},
+      {"points", mix}};
+  std::filesystem::create_directories(
+      std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path());
   std::ofstream(out) << j.dump(2) << "\n";
   std::ofstream(svg) << svg_plot(pts, pp, m);
   fmt::print("\nwrote {} and {}\n", out, svg);

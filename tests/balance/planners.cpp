@@ -32,8 +32,11 @@ TEST_CASE("plan_dp: exactly once, capacity, permutation invariance, balance") {
   for (std::uint64_t seed = 1; seed <= 12; ++seed) {
     const auto seqs = test::random_batch(seed, 300, 16, 8192);
     for (int mbs : {0, 6}) {
-      balance::dp_policy pol{.ranks = 8, .capacity = 8192, .micro_batches = mbs,
-                             .solver = seed % 2 ? balance::dp_solver::lpt : balance::dp_solver::karmarkar_karp};
+      balance::dp_policy pol{
+          .ranks = 8,
+          .capacity = 8192,
+          .micro_batches = mbs,
+          .solver = seed % 2 ? balance::dp_solver::lpt : balance::dp_solver::karmarkar_karp};
       const auto plan = balance::plan_dp(seqs, llm, pol);
       std::multiset<std::int64_t> ids;
       cost::fixed biggest{};
@@ -72,7 +75,8 @@ TEST_CASE("plan_dp: bad input and capacity") {
                        doctest::Contains("sequence 2 has 9000 tokens"), capacity_error);
   std::vector<seq::seq_desc> many(10, {0, 5000});
   for (int i = 0; i < 10; ++i) many[static_cast<std::size_t>(i)].id = i;
-  CHECK_THROWS_AS((void)balance::plan_dp(many, llm, {.ranks = 2, .capacity = 8192, .micro_batches = 4}), capacity_error);
+  CHECK_THROWS_AS((void)balance::plan_dp(many, llm, {.ranks = 2, .capacity = 8192, .micro_batches = 4}),
+                  capacity_error);
   CHECK_THROWS_AS((void)balance::plan_dp(seqs, llm, {.ranks = 0}), invalid_argument);
   CHECK(to_string(balance::dp_policy{.ranks = 2}) ==
         "dp_policy(ranks=2, capacity=8192, micro_batches=0, solver=karmarkar_karp)");
@@ -100,8 +104,12 @@ TEST_CASE("bytescale_placement: exactly once, rings, deadlock freedom, permutati
     seq::hdp_policy hdp{.capacity = 8192};
     if (seed % 2 == 0) {
       hdp.offload.enabled = true;
-      hdp.model = seq::offload_model{.alpha1 = 1e-9, .beta1 = 1e-5, .alpha2 = 1.0, .layers = 8,
-                                     .d2h_bandwidth = 1e9, .h2d_bandwidth = 1e9};
+      hdp.model = seq::offload_model{.alpha1 = 1e-9,
+                                     .beta1 = 1e-5,
+                                     .alpha2 = 1.0,
+                                     .layers = 8,
+                                     .d2h_bandwidth = 1e9,
+                                     .h2d_bandwidth = 1e9};
     }
     for (auto mode : {balance::hdp_balance_mode::dp, balance::hdp_balance_mode::pp}) {
       const balance::bytescale_policy pol{.delta = 0.05, .mode = mode};
@@ -120,7 +128,8 @@ TEST_CASE("bytescale_placement: exactly once, rings, deadlock freedom, permutati
       const auto t = balance::simulate(32, balance::tasks_of(plan, m));
       cost::fixed biggest{};
       for (std::size_t i = 0; i < plan.sharding.items.size(); ++i)
-        biggest = std::max(biggest, balance::hdp_item_time(plan.sharding.items[i], m, plan.placement[i].ring));
+        biggest =
+            std::max(biggest, balance::hdp_item_time(plan.sharding.items[i], m, plan.placement[i].ring));
       const auto mn = *std::min_element(t.finish.begin(), t.finish.end());
       const double items = mode == balance::hdp_balance_mode::dp ? 1.0 : 2.0;
       CHECK(t.step.units() <= mn.units() * 1.05 + items * biggest.units() + 1e-9);
@@ -143,7 +152,8 @@ TEST_CASE("bytescale_placement: DP-Balance aligns lengths in time; PP-Balance ke
     for (std::size_t k = 0; k < rank.size(); ++k)
       if (k >= 4) CHECK(rank[k].segments.size() > 1);  // afterwards: packs of short ones
   }
-  const auto pp = balance::plan_bytescale(seqs, hdp, 16, m, {.mode = balance::hdp_balance_mode::pp, .buckets = 2});
+  const auto pp =
+      balance::plan_bytescale(seqs, hdp, 16, m, {.mode = balance::hdp_balance_mode::pp, .buckets = 2});
   balance::verify_deadlock_free(pp);
   int mixed = 0;
   std::size_t long_rank_mbs = 0, short_rank_mbs = 0;
@@ -154,8 +164,8 @@ TEST_CASE("bytescale_placement: DP-Balance aligns lengths in time; PP-Balance ke
     if (packs == 0) long_rank_mbs = std::max(long_rank_mbs, rank.size());
     if (longs == 0) short_rank_mbs = std::max(short_rank_mbs, rank.size());
   }
-  CHECK(mixed <= 16 / 2 + 1);                 // at most the pipelines of the bucket straddling both levels
-  CHECK(short_rank_mbs > long_rank_mbs);      // pipelines of shorter work run more micro-batches
+  CHECK(mixed <= 16 / 2 + 1);             // at most the pipelines of the bucket straddling both levels
+  CHECK(short_rank_mbs > long_rank_mbs);  // pipelines of shorter work run more micro-batches
 }
 
 TEST_CASE("plan_hetmesh: properties, groups, and near the lower bound") {
@@ -186,7 +196,8 @@ TEST_CASE("plan_hetmesh: properties, groups, and near the lower bound") {
                   invalid_argument);
 }
 
-TEST_CASE("compare_strategies: every strategy runs; HDP strategies respect the lower bound; ours is near it") {
+TEST_CASE(
+    "compare_strategies: every strategy runs; HDP strategies respect the lower bound; ours is near it") {
   balance::strategy_config cfg;
   cfg.ranks = 64;
   cfg.hdp.capacity = 16384;
@@ -205,6 +216,6 @@ TEST_CASE("compare_strategies: every strategy runs; HDP strategies respect the l
   CHECK(by("hetmesh").step <= by("bytescale_hdp").step);
   CHECK(by("bytescale_hdp").step < by("token_count").step);
   CHECK(by("token_count").step < by("random").step);
-  CHECK_THROWS_WITH_AS((void)balance::run_strategy("magic", seqs, cfg), doctest::Contains("unknown strategy 'magic'"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)balance::run_strategy("magic", seqs, cfg),
+                       doctest::Contains("unknown strategy 'magic'"), invalid_argument);
 }

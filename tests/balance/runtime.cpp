@@ -24,13 +24,16 @@
 using namespace hetmesh;
 
 namespace {
-std::int64_t val(std::initializer_list<std::uint64_t> k) { return static_cast<std::int64_t>(key_hash(k) >> 2); }
+std::int64_t val(std::initializer_list<std::uint64_t> k) {
+  return static_cast<std::int64_t>(key_hash(k) >> 2);
+}
 }  // namespace
 
 TEST_CASE("disagreeing_ranks names the minority, deterministically") {
   CHECK(balance::disagreeing_ranks(std::vector<std::uint64_t>{5, 5, 9, 5}) == std::vector<int>{2});
   CHECK(balance::disagreeing_ranks(std::vector<std::uint64_t>{7, 7, 7}).empty());
-  CHECK(balance::disagreeing_ranks(std::vector<std::uint64_t>{9, 4}) == std::vector<int>{0});  // tie: smaller hash wins
+  CHECK(balance::disagreeing_ranks(std::vector<std::uint64_t>{9, 4}) ==
+        std::vector<int>{0});  // tie: smaller hash wins
 }
 
 TEST_CASE("check_plan_agreement passes on equal plans and reports a mismatch naming the rank") {
@@ -90,17 +93,19 @@ TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, 
         parcels.push_back(std::move(p));
       };
       make(-1, s.llm_tokens / 16 + 1);
-      for (std::size_t i = 0; i < s.encoder_tokens.size(); ++i) make(static_cast<int>(i), s.encoder_tokens[i] / 8 + 1);
+      for (std::size_t i = 0; i < s.encoder_tokens.size(); ++i)
+        make(static_cast<int>(i), s.encoder_tokens[i] / 8 + 1);
       local.push_back(std::move(s));
     }
-    const auto res = balance::grouped_reorder<comm::loopback::communicator, std::int64_t>(c, local, parcels, pol);
+    const auto res =
+        balance::grouped_reorder<comm::loopback::communicator, std::int64_t>(c, local, parcels, pol);
     // The plan covers exactly the group's samples.
     for (auto id : res.plan.sample_ids) CHECK(id / 100 / group == wc.rank() / group);
     for (const auto& p : res.received) {
       CHECK(res.plan.destination(p.sample_id, p.item) == c.rank());
       for (std::size_t j = 0; j < p.data.size(); ++j)
-        REQUIRE(p.data[j] == val({seed, static_cast<std::uint64_t>(p.sample_id), static_cast<std::uint64_t>(p.item + 1),
-                                  static_cast<std::uint64_t>(j)}));
+        REQUIRE(p.data[j] == val({seed, static_cast<std::uint64_t>(p.sample_id),
+                                  static_cast<std::uint64_t>(p.item + 1), static_cast<std::uint64_t>(j)}));
     }
     for (auto t : res.plan.llm_tokens_on) CHECK(t <= pol.token_capacity);
     std::lock_guard<std::mutex> lock(mu);
@@ -132,7 +137,8 @@ TEST_CASE("plan_grouped_reorder: balance, permutation invariance, capacity") {
   CHECK(mx(plan.encoder_load) < mx(enc_stay));
   cost::fixed tot{};
   for (auto l : plan.llm_load) tot += l;
-  CHECK(mx(plan.llm_load).units() <= tot.units() / 16 * 1.10);  // within 10% of perfect on 25 samples per rank
+  CHECK(mx(plan.llm_load).units() <=
+        tot.units() / 16 * 1.10);  // within 10% of perfect on 25 samples per rank
   std::int64_t parcels = 0;
   for (auto p : plan.parcels) parcels += p;
   CHECK(parcels == static_cast<std::int64_t>(s.size() + plan.encoder_rank.size()));
@@ -251,7 +257,8 @@ TEST_CASE("reshard on loopback: encoder outputs reach the LLM shards and gradien
   comm::loopback::run(ranks, [&](comm::loopback::communicator& c) {
     const int me = c.rank();
     const auto plan = balance::plan_reshard(ranks, rc.items, rc.enc, rc.blocks);
-    std::vector<std::int64_t> enc_out(static_cast<std::size_t>(rc.enc_rows[static_cast<std::size_t>(me)] * width));
+    std::vector<std::int64_t> enc_out(
+        static_cast<std::size_t>(rc.enc_rows[static_cast<std::size_t>(me)] * width));
     for (const auto& b : rc.enc)
       if (b.rank == me)
         for (std::int64_t r = b.row_begin; r < b.row_end; ++r)
@@ -259,8 +266,8 @@ TEST_CASE("reshard on loopback: encoder outputs reach the LLM shards and gradien
             enc_out[static_cast<std::size_t>((b.offset + r - b.row_begin) * width + k)] =
                 val({1, static_cast<std::uint64_t>(b.sample_id), static_cast<std::uint64_t>(b.item),
                      static_cast<std::uint64_t>(r), static_cast<std::uint64_t>(k)});
-    std::vector<std::int64_t> llm_in(static_cast<std::size_t>(rc.llm_rows[static_cast<std::size_t>(me)] * width),
-                                     sentinel);
+    std::vector<std::int64_t> llm_in(
+        static_cast<std::size_t>(rc.llm_rows[static_cast<std::size_t>(me)] * width), sentinel);
     balance::reshard(c, plan, std::span<const std::int64_t>(enc_out), std::span<std::int64_t>(llm_in), width);
     std::int64_t checked = 0;
     for (const auto& b : rc.blocks) {
@@ -269,9 +276,10 @@ TEST_CASE("reshard on loopback: encoder outputs reach the LLM shards and gradien
         const auto* it = item_at(b.sample_id, p);
         for (std::int64_t k = 0; k < width; ++k) {
           const auto got = llm_in[static_cast<std::size_t>((b.offset + p - b.tokens.begin) * width + k)];
-          const auto want = it ? val({1, static_cast<std::uint64_t>(b.sample_id), static_cast<std::uint64_t>(it->item),
-                                      static_cast<std::uint64_t>(p - it->position), static_cast<std::uint64_t>(k)})
-                               : sentinel;
+          const auto want =
+              it ? val({1, static_cast<std::uint64_t>(b.sample_id), static_cast<std::uint64_t>(it->item),
+                        static_cast<std::uint64_t>(p - it->position), static_cast<std::uint64_t>(k)})
+                 : sentinel;
           REQUIRE(got == want);
           checked += it ? 1 : 0;
         }
@@ -284,19 +292,21 @@ TEST_CASE("reshard on loopback: encoder outputs reach the LLM shards and gradien
         for (std::int64_t p = b.tokens.begin; p < b.tokens.end; ++p)
           for (std::int64_t k = 0; k < width; ++k)
             llm_grad[static_cast<std::size_t>((b.offset + p - b.tokens.begin) * width + k)] =
-                val({2, static_cast<std::uint64_t>(b.sample_id), static_cast<std::uint64_t>(p), static_cast<std::uint64_t>(k)});
+                val({2, static_cast<std::uint64_t>(b.sample_id), static_cast<std::uint64_t>(p),
+                     static_cast<std::uint64_t>(k)});
     std::vector<std::int64_t> enc_grad(enc_out.size(), sentinel);
-    balance::reshard(c, plan.transposed(), std::span<const std::int64_t>(llm_grad), std::span<std::int64_t>(enc_grad),
-                     width);
+    balance::reshard(c, plan.transposed(), std::span<const std::int64_t>(llm_grad),
+                     std::span<std::int64_t>(enc_grad), width);
     for (const auto& b : rc.enc) {
       if (b.rank != me) continue;
-      const auto& it = *std::find_if(rc.items.begin(), rc.items.end(),
-                                     [&](const auto& x) { return x.sample_id == b.sample_id && x.item == b.item; });
+      const auto& it = *std::find_if(rc.items.begin(), rc.items.end(), [&](const auto& x) {
+        return x.sample_id == b.sample_id && x.item == b.item;
+      });
       for (std::int64_t r = b.row_begin; r < b.row_end; ++r)
         for (std::int64_t k = 0; k < width; ++k)
           REQUIRE(enc_grad[static_cast<std::size_t>((b.offset + r - b.row_begin) * width + k)] ==
-                  val({2, static_cast<std::uint64_t>(b.sample_id), static_cast<std::uint64_t>(it.position + r),
-                       static_cast<std::uint64_t>(k)}));
+                  val({2, static_cast<std::uint64_t>(b.sample_id),
+                       static_cast<std::uint64_t>(it.position + r), static_cast<std::uint64_t>(k)}));
     }
     landed_rows += checked;
   });

@@ -23,7 +23,8 @@ inline std::vector<seq::seq_desc> random_batch(std::uint64_t seed, int n, std::i
   std::vector<seq::seq_desc> out;
   const double span = std::log(static_cast<double>(hi) / static_cast<double>(lo));
   for (int i = 0; i < n; ++i) {
-    const auto len = static_cast<std::int64_t>(static_cast<double>(lo) * std::exp(span * g.unit() * g.unit()));
+    const auto len =
+        static_cast<std::int64_t>(static_cast<double>(lo) * std::exp(span * g.unit() * g.unit()));
     out.push_back({static_cast<std::int64_t>(1000 + 7 * i), std::max<std::int64_t>(1, len)});
   }
   return out;

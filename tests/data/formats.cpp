@@ -47,17 +47,17 @@ TEST_CASE("indexed dataset: the .idx layout is Megatron's MMapIndexedDataset byt
   const auto idx = slurp(prefix + ".idx");
   REQUIRE(idx.size() == 34 + 3 * 4 + 3 * 8 + 3 * 8);
   CHECK(std::memcmp(idx.data(), "MMIDIDX\0\0", 9) == 0);
-  CHECK(at<std::uint64_t>(idx, 9) == 1);     // version
-  CHECK(idx[17] == 8);                        // uint16 code
-  CHECK(at<std::uint64_t>(idx, 18) == 3);    // sequences
-  CHECK(at<std::uint64_t>(idx, 26) == 3);    // document entries: 0, 2, 3
+  CHECK(at<std::uint64_t>(idx, 9) == 1);   // version
+  CHECK(idx[17] == 8);                     // uint16 code
+  CHECK(at<std::uint64_t>(idx, 18) == 3);  // sequences
+  CHECK(at<std::uint64_t>(idx, 26) == 3);  // document entries: 0, 2, 3
   CHECK(at<std::int32_t>(idx, 34) == 3);
   CHECK(at<std::int32_t>(idx, 38) == 5);
   CHECK(at<std::int32_t>(idx, 42) == 2);
-  CHECK(at<std::int64_t>(idx, 46) == 0);     // pointers in bytes
+  CHECK(at<std::int64_t>(idx, 46) == 0);  // pointers in bytes
   CHECK(at<std::int64_t>(idx, 54) == 6);
   CHECK(at<std::int64_t>(idx, 62) == 16);
-  CHECK(at<std::int64_t>(idx, 70) == 0);     // document indices
+  CHECK(at<std::int64_t>(idx, 70) == 0);  // document indices
   CHECK(at<std::int64_t>(idx, 78) == 2);
   CHECK(at<std::int64_t>(idx, 86) == 3);
   const auto bin = slurp(prefix + ".bin");
@@ -176,7 +176,9 @@ TEST_CASE("webdataset: shards round trip, the index is stored beside each shard 
   }
   // A stored index equals a rebuilt one; a user hook decodes payloads its own way.
   CHECK(open_wds_index(shards[0]) == build_wds_index(shards[0]));
-  auto hooked = open_source(spec, [](const wds_record& r, sample& out) { out.tokens = {static_cast<std::int32_t>(r.members.size())}; });
+  auto hooked = open_source(spec, [](const wds_record& r, sample& out) {
+    out.tokens = {static_cast<std::int32_t>(r.members.size())};
+  });
   sample s;
   hooked->load(3, s);
   CHECK(s.tokens == std::vector<std::int32_t>{2});
@@ -241,7 +243,8 @@ TEST_CASE("tar: headers carry valid ustar checksums; GNU tar can list our shards
     std::ifstream in(dir / "list.txt");
     std::vector<std::string> names;
     for (std::string l; std::getline(in, l);) names.push_back(l);
-    CHECK(names == std::vector<std::string>{"g_000000.json", "g_000000.jpg", "g_000001.json", "g_000001.jpg", "g_000002.json", "g_000002.jpg"});
+    CHECK(names == std::vector<std::string>{"g_000000.json", "g_000000.jpg", "g_000001.json", "g_000001.jpg",
+                                            "g_000002.json", "g_000002.jpg"});
   }
 }
 
@@ -249,7 +252,12 @@ TEST_CASE("convert: JSONL to an indexed dataset and to WebDataset shards") {
   test::temp_dir dir;
   {
     std::ofstream out(dir / "in.jsonl");
-    out << R"({"tokens": [5, 6, 7]})" << "\n\n" << R"({"text": "hi!"})" << "\n" << R"({"tokens": []})" << "\n";
+    out << R"({"tokens": [5, 6, 7]})"
+        << "\n\n"
+        << R"({"text": "hi!"})"
+        << "\n"
+        << R"({"tokens": []})"
+        << "\n";
   }
   const auto st = convert_jsonl_to_indexed(dir / "in.jsonl", dir / "out", dtype::int32);
   CHECK(st.samples == 3);
@@ -262,9 +270,13 @@ TEST_CASE("convert: JSONL to an indexed dataset and to WebDataset shards") {
   CHECK(t == std::vector<std::int32_t>{'h', 'i', '!'});
   {
     std::ofstream out(dir / "bad.jsonl");
-    out << R"({"tokens": [1]})" << "\n" << R"({"nothing": 1})" << "\n";
+    out << R"({"tokens": [1]})"
+        << "\n"
+        << R"({"nothing": 1})"
+        << "\n";
   }
-  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(dir / "bad.jsonl", dir / "bad"), doctest::Contains("line 2"), data_error);
+  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(dir / "bad.jsonl", dir / "bad"),
+                       doctest::Contains("line 2"), data_error);
 
   {
     std::ofstream(dir / "a.jpg") << "JPEGDATA";
@@ -284,5 +296,6 @@ TEST_CASE("convert: JSONL to an indexed dataset and to WebDataset shards") {
   src->load(4, s);
   CHECK(s.tokens == std::vector<std::int32_t>(5, 4));
   REQUIRE(s.items.size() == 1);
-  CHECK(std::string(reinterpret_cast<const char*>(s.items[0].payload.data()), s.items[0].payload.size()) == "JPEGDATA");
+  CHECK(std::string(reinterpret_cast<const char*>(s.items[0].payload.data()), s.items[0].payload.size()) ==
+        "JPEGDATA");
 }

@@ -35,7 +35,11 @@ struct corpus {
         .global_batch = batch,
         .sources = {{.name = "web", .paths = {dir / "web0"}, .weight = {{0, 0.5}, {30, 0.2}}},
                     {.name = "code", .paths = {dir / "code"}, .weight = {{0, 0.3}, {30, 0.3}}},
-                    {.name = "img", .format = source_format::webdataset, .paths = shards, .weight = {{0, 0.2}, {30, 0.5}}, .modality = "text"}},
+                    {.name = "img",
+                     .format = source_format::webdataset,
+                     .paths = shards,
+                     .weight = {{0, 0.2}, {30, 0.5}},
+                     .modality = "text"}},
         .cost = {.linear = 1, .quadratic = 1, .item_linear = 1, .item_quadratic = 0},
         .layout = {.tp = 1, .cp = 1, .dp = 2, .pp = 1},
         .micro_batches = 2,
@@ -89,7 +93,8 @@ TEST_CASE("data_loader: delivers the planner's stream, verified byte for byte, e
       for (const auto& mb : mbs) {
         REQUIRE(mb.cu_seqlens.back() == static_cast<std::int32_t>(mb.tokens.size()));
         for (std::size_t d = 0; d + 1 < mb.cu_seqlens.size(); ++d)
-          if (mb.cu_seqlens[d + 1] > mb.cu_seqlens[d]) REQUIRE(mb.positions[static_cast<std::size_t>(mb.cu_seqlens[d])] == 0);
+          if (mb.cu_seqlens[d + 1] > mb.cu_seqlens[d])
+            REQUIRE(mb.positions[static_cast<std::size_t>(mb.cu_seqlens[d])] == 0);
         REQUIRE(deserialize(serialize(mb)) == mb);
       }
     }
@@ -104,7 +109,9 @@ TEST_CASE("data_loader: delivers the planner's stream, verified byte for byte, e
   CHECK(seen[{0, 0}].size() == 60);
 }
 
-TEST_CASE("data_loader: resume from a checkpoint equals the uninterrupted stream, with other worker and loader counts") {
+TEST_CASE(
+    "data_loader: resume from a checkpoint equals the uninterrupted stream, with other worker and loader "
+    "counts") {
   corpus c;
   std::vector<std::uint64_t> straight;
   {
@@ -114,14 +121,16 @@ TEST_CASE("data_loader: resume from a checkpoint equals the uninterrupted stream
   const std::string ckpt = c.dir / "state.json";
   {
     data_loader dl(c.cfg, {.workers = 4, .prefetch_steps = 5});
-    for (int step = 0; step < 9; ++step) REQUIRE(batch_hash(dl.next()) == straight[static_cast<std::size_t>(step)]);
+    for (int step = 0; step < 9; ++step)
+      REQUIRE(batch_hash(dl.next()) == straight[static_cast<std::size_t>(step)]);
     save_checkpoint(ckpt, c.cfg, dl.state());
     (void)dl.next();  // progress after the checkpoint is lost, as in a crash
   }
   for (int workers : {0, 1, 3}) {
     data_loader dl(c.cfg, {.workers = workers, .prefetch_steps = 1, .loaders_per_source = workers + 1});
     dl.restore(load_checkpoint(ckpt, c.cfg));
-    for (int step = 9; step < 24; ++step) REQUIRE(batch_hash(dl.next()) == straight[static_cast<std::size_t>(step)]);
+    for (int step = 9; step < 24; ++step)
+      REQUIRE(batch_hash(dl.next()) == straight[static_cast<std::size_t>(step)]);
   }
   // The replayed state at step 9 is the checkpoint's.
   std::vector<std::int64_t> sizes{60, 45, 30};
@@ -153,8 +162,13 @@ TEST_CASE("data_loader: auto-scaling follows cost and weight, and never changes 
     std::this_thread::sleep_for(std::chrono::microseconds(300));
     default_wds_decode(r, out);
   };
-  data_loader dl(c.cfg, {.workers = 4, .prefetch_steps = 2, .autoscale = {.enabled = true, .interval_steps = 4, .loader_budget = 8}}, slow);
-  for (int step = 0; step < 16; ++step) REQUIRE(batch_hash(dl.next()) == fixed_run[static_cast<std::size_t>(step)]);
+  data_loader dl(c.cfg,
+                 {.workers = 4,
+                  .prefetch_steps = 2,
+                  .autoscale = {.enabled = true, .interval_steps = 4, .loader_budget = 8}},
+                 slow);
+  for (int step = 0; step < 16; ++step)
+    REQUIRE(batch_hash(dl.next()) == fixed_run[static_cast<std::size_t>(step)]);
   CHECK(dl.cost_ns(2) > dl.cost_ns(0));
   CHECK(dl.loaders(2) > dl.loaders(0));
   CHECK(dl.loaders(0) + dl.loaders(1) + dl.loaders(2) <= 8);
@@ -185,10 +199,15 @@ TEST_CASE("data_loader: a source that runs dry and a corrupt shard are errors af
     std::fclose(f);
   }
   data_loader dl2(bad.cfg, {.workers = 2, .prefetch_steps = 2});
-  CHECK_THROWS_WITH_AS([&] { for (int i = 0; i < 40; ++i) (void)dl2.next(); }(), doctest::Contains("checksum"), data_error);
+  CHECK_THROWS_WITH_AS(
+      [&] {
+        for (int i = 0; i < 40; ++i) (void)dl2.next();
+      }(),
+      doctest::Contains("checksum"), data_error);
 }
 
-TEST_CASE("memory: loader state lives once per source; a trainer rank's share does not grow with the sources") {
+TEST_CASE(
+    "memory: loader state lives once per source; a trainer rank's share does not grow with the sources") {
   test::temp_dir dir;
   std::vector<std::int64_t> trainer_rank_bytes;
   std::vector<std::int64_t> loader_bytes;
@@ -215,7 +234,9 @@ TEST_CASE("memory: loader state lives once per source; a trainer rank's share do
   CHECK(loader_bytes[2] > 8 * loader_bytes[0]);  // the loaders' total grows with sources, once each
 }
 
-TEST_CASE("delivery: loading ranks get the batch, tensor/context/last-stage ranks receive by broadcast; each sample read once") {
+TEST_CASE(
+    "delivery: loading ranks get the batch, tensor/context/last-stage ranks receive by broadcast; each "
+    "sample read once") {
   corpus c(12);
   c.cfg.layout = {.tp = 2, .cp = 1, .dp = 2, .pp = 3};
   data_loader dl(c.cfg, {.workers = 0, .prefetch_steps = 1});  // reads happen inside next() only
@@ -223,7 +244,8 @@ TEST_CASE("delivery: loading ranks get the batch, tensor/context/last-stage rank
   for (int i = 0; i < 3; ++i) batches.push_back(dl.next());
   const std::int64_t reads_before = dl.reads(0) + dl.reads(1) + dl.reads(2);
   CHECK(reads_before == 3 * 12);  // every sample of the three steps read exactly once
-  std::vector<std::vector<std::vector<packed_micro_batch>>> got(3, std::vector<std::vector<packed_micro_batch>>(12));
+  std::vector<std::vector<std::vector<packed_micro_batch>>> got(
+      3, std::vector<std::vector<packed_micro_batch>>(12));
   comm::loopback::run(12, [&](comm::loopback::communicator& world) {
     for (std::size_t i = 0; i < batches.size(); ++i) {
       const int me = world.rank();

@@ -23,7 +23,9 @@ struct table_meta {
   std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
     const auto perm = permutation(sizes[static_cast<std::size_t>(s)], epoch_seed_of(s, e));
     const auto idx = perm[static_cast<std::size_t>(p)];
-    const auto len = 1 + static_cast<std::int64_t>(key_hash({seed, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(idx)}) % 500);
+    const auto len =
+        1 + static_cast<std::int64_t>(
+                key_hash({seed, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(idx)}) % 500);
     return {idx, sample_meta{.tokens = len, .item_tokens = {}, .bytes = 2 * len}};
   }
   std::uint64_t epoch_seed_of(int s, std::int64_t e) const {
@@ -80,14 +82,16 @@ TEST_CASE("mixture: bad weights and bad configurations are invalid_argument nami
   CHECK_THROWS_AS(validate(cfg), invalid_argument);
 }
 
-TEST_CASE("mixture: modality and long/short bucket mixes multiply; a group with weight but no source is an error") {
+TEST_CASE(
+    "mixture: modality and long/short bucket mixes multiply; a group with weight but no source is an error") {
   mixture_config cfg{
       .global_batch = 10,
-      .sources = {{.name = "txt_s", .paths = {"a"}, .weight = {{0, 3}}, .modality = "text", .bucket = "short"},
-                  {.name = "txt_s2", .paths = {"a"}, .weight = {{0, 1}}, .modality = "text", .bucket = "short"},
-                  {.name = "txt_l", .paths = {"a"}, .weight = {{0, 1}}, .modality = "text", .bucket = "long"},
-                  {.name = "img_s", .paths = {"b"}, .weight = {{0, 1}}, .modality = "image", .bucket = "short"},
-                  {.name = "img_l", .paths = {"b"}, .weight = {{0, 1}}, .modality = "image", .bucket = "long"}},
+      .sources =
+          {{.name = "txt_s", .paths = {"a"}, .weight = {{0, 3}}, .modality = "text", .bucket = "short"},
+           {.name = "txt_s2", .paths = {"a"}, .weight = {{0, 1}}, .modality = "text", .bucket = "short"},
+           {.name = "txt_l", .paths = {"a"}, .weight = {{0, 1}}, .modality = "text", .bucket = "long"},
+           {.name = "img_s", .paths = {"b"}, .weight = {{0, 1}}, .modality = "image", .bucket = "short"},
+           {.name = "img_l", .paths = {"b"}, .weight = {{0, 1}}, .modality = "image", .bucket = "long"}},
       .modalities = {{"image", {{0, 0.4}}}, {"text", {{0, 0.6}}}},
       .buckets = {{"long", {{0, 0.25}}}, {"short", {{0, 0.75}}}},
   };
@@ -99,7 +103,8 @@ TEST_CASE("mixture: modality and long/short bucket mixes multiply; a group with 
   CHECK(w[3] == doctest::Approx(0.4 * 0.75));
   CHECK(w[4] == doctest::Approx(0.4 * 0.25));
   cfg.sources.pop_back();
-  CHECK_THROWS_WITH_AS(validate(cfg), doctest::Contains("modality 'image' x bucket 'long'"), invalid_argument);
+  CHECK_THROWS_WITH_AS(validate(cfg), doctest::Contains("modality 'image' x bucket 'long'"),
+                       invalid_argument);
   cfg = {};
   cfg.global_batch = 1;
   cfg.sources = {{.name = "a", .paths = {"a"}, .modality = "audio"}};
@@ -121,14 +126,18 @@ TEST_CASE("mixture: the JSON file and the C++ aggregate are the same value") {
   auto want = cfg;
   want.sources[1].weight = {{0, 0.3}};
   CHECK(parsed == want);
-  CHECK_THROWS_WITH_AS(mixture_from_json(nlohmann::json::parse(R"({"global_batch": 1, "sources": [{"name": "a", "paths": ["a"], "wieght": 1}]})")),
-                       doctest::Contains("unknown key \"wieght\""), invalid_argument);
-  CHECK_THROWS_AS(mixture_from_json(nlohmann::json::parse(R"({"global_batch": 4, "sources": [{"name": "a", "paths": ["a"], "weight": 0.7}]})")),
+  CHECK_THROWS_WITH_AS(
+      mixture_from_json(nlohmann::json::parse(
+          R"({"global_batch": 1, "sources": [{"name": "a", "paths": ["a"], "wieght": 1}]})")),
+      doctest::Contains("unknown key \"wieght\""), invalid_argument);
+  CHECK_THROWS_AS(mixture_from_json(nlohmann::json::parse(
+                      R"({"global_batch": 4, "sources": [{"name": "a", "paths": ["a"], "weight": 0.7}]})")),
                   invalid_argument);
   CHECK(fmt::format("{}", cfg).find("3 sources") != std::string::npos);
 }
 
-TEST_CASE("planner: realised mixture within one sample of the schedule at every step, exactly once per epoch") {
+TEST_CASE(
+    "planner: realised mixture within one sample of the schedule at every step, exactly once per epoch") {
   for (std::uint64_t trial = 0; trial < 6; ++trial) {
     rng g(trial);
     mixture_config cfg;
@@ -146,8 +155,10 @@ TEST_CASE("planner: realised mixture within one sample of the schedule at every 
     if (s0 == 0) w0[0] = s0 = 1;
     table_meta meta{trial, {}};
     for (int s = 0; s < n; ++s) {
-      cfg.sources.push_back({.name = fmt::format("s{}", s), .paths = {"p"},
-                             .weight = {{0, w0[static_cast<std::size_t>(s)] / s0}, {40, w1[static_cast<std::size_t>(s)] / s1}}});
+      cfg.sources.push_back({.name = fmt::format("s{}", s),
+                             .paths = {"p"},
+                             .weight = {{0, w0[static_cast<std::size_t>(s)] / s0},
+                                        {40, w1[static_cast<std::size_t>(s)] / s1}}});
       meta.sizes.push_back(g.uniform(1, 60));
     }
     cfg.layout.dp = static_cast<int>(g.uniform(1, 5));
@@ -163,9 +174,11 @@ TEST_CASE("planner: realised mixture within one sample of the schedule at every 
       REQUIRE(static_cast<std::int64_t>(p.samples.size()) == cfg.global_batch);
       const auto w = real_weights_at(cfg, step);
       for (int s = 0; s < n; ++s) {
-        ideal[static_cast<std::size_t>(s)] += w[static_cast<std::size_t>(s)] * static_cast<double>(cfg.global_batch);
+        ideal[static_cast<std::size_t>(s)] +=
+            w[static_cast<std::size_t>(s)] * static_cast<double>(cfg.global_batch);
         realised[static_cast<std::size_t>(s)] += p.quotas[static_cast<std::size_t>(s)];
-        REQUIRE(std::abs(static_cast<double>(realised[static_cast<std::size_t>(s)]) - ideal[static_cast<std::size_t>(s)]) < 1.0 + 1e-6);
+        REQUIRE(std::abs(static_cast<double>(realised[static_cast<std::size_t>(s)]) -
+                         ideal[static_cast<std::size_t>(s)]) < 1.0 + 1e-6);
       }
       std::vector<std::int64_t> load(static_cast<std::size_t>(cfg.layout.dp), 0);
       for (const auto& smp : p.samples) {
@@ -184,12 +197,15 @@ TEST_CASE("planner: realised mixture within one sample of the schedule at every 
       std::set<std::int64_t> uniq(idx.begin(), idx.end());
       REQUIRE(uniq.size() == idx.size());  // nothing twice within an epoch
       const auto size = meta.sizes[static_cast<std::size_t>(key.first)];
-      if (key.second < st.cursors[static_cast<std::size_t>(key.first)].epoch) REQUIRE(static_cast<std::int64_t>(idx.size()) == size);
+      if (key.second < st.cursors[static_cast<std::size_t>(key.first)].epoch)
+        REQUIRE(static_cast<std::int64_t>(idx.size()) == size);
     }
   }
 }
 
-TEST_CASE("planner: deterministic plans; balancing lowers the largest rank cost; capacity and dry sources are errors") {
+TEST_CASE(
+    "planner: deterministic plans; balancing lowers the largest rank cost; capacity and dry sources are "
+    "errors") {
   const auto cfg = three_sources();
   table_meta meta{42, {500, 800, 300}};
   const auto a = plan_step(cfg, initial_state(cfg), meta);
@@ -224,7 +240,9 @@ TEST_CASE("planner: deterministic plans; balancing lowers the largest rank cost;
   }
 }
 
-TEST_CASE("delivery: one loading rank per tensor x context group; first and last stages receive, middle stages do not") {
+TEST_CASE(
+    "delivery: one loading rank per tensor x context group; first and last stages receive, middle stages do "
+    "not") {
   const topology t{.tp = 2, .cp = 2, .dp = 3, .pp = 4};
   const auto groups = delivery_plan(t);
   REQUIRE(groups.size() == 3);

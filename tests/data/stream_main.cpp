@@ -48,7 +48,10 @@ int main(int argc, char** argv) {
         .global_batch = 10,
         .sources = {{.name = "web", .paths = {dir + "/web"}, .weight = {{0, 0.6}, {40, 0.3}}},
                     {.name = "code", .paths = {dir + "/code"}, .weight = {{0, 0.2}, {40, 0.3}}},
-                    {.name = "img", .format = source_format::webdataset, .paths = shards, .weight = {{0, 0.2}, {40, 0.4}}}},
+                    {.name = "img",
+                     .format = source_format::webdataset,
+                     .paths = shards,
+                     .weight = {{0, 0.2}, {40, 0.4}}}},
         .cost = {.linear = 1, .quadratic = 1},
         .layout = {.dp = 2},
     };
@@ -62,7 +65,8 @@ int main(int argc, char** argv) {
       // belongs to a step that will be delivered again.
       std::ifstream in(out);
       std::vector<std::string> lines;
-      for (std::string l; static_cast<std::int64_t>(lines.size()) < start && std::getline(in, l);) lines.push_back(l);
+      for (std::string l; static_cast<std::int64_t>(lines.size()) < start && std::getline(in, l);)
+        lines.push_back(l);
       std::ofstream rewrite(out, std::ios::trunc);
       for (const auto& l : lines) rewrite << l << '\n';
     }

@@ -217,6 +217,8 @@ TEST_CASE("printing") {
   CHECK(hetmesh::to_string(m.to_view()) == "(tp=2,cp=2,ep=2,dp=2):(1,2,4,8)");
   CHECK(hetmesh::to_string(m.flatten("dp_cp", hm::cp, hm::dp)) == "(tp=2,dp_cp=(2,2),ep=2):(1,(2,8),4)");
   CHECK(hetmesh::to_string(m.submesh({{hm::dp, 1}, {hm::tp, 1}})) == "(cp=2,ep=2):(2,4)+9");
+  CHECK(hetmesh::to_string(m.flatten("dp_cp", hm::cp, hm::dp).modes()[1]) == "dp_cp=[2:2, 2:8]");
+  CHECK(hetmesh::to_string(m.to_view().modes()[3]) == "dp=2:8");
   CHECK(hetmesh::to_string(hm::tp) == "tp");
   CHECK(hetmesh::to_string(hm::tp(8_c)) == "tp=_8");
   CHECK(hetmesh::to_string(hm::dim("edp")(3)) == "edp=3");

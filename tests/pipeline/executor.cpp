@@ -35,7 +35,7 @@ int rows_of(int mb) { return 1 + (mb * 7 + 3) % 3; }  // 1..3 rows: variable len
 /// Stage s: y = tanh(W x + b) on each row. The last stage's loss is 0.5 * sum(y^2).
 struct mlp {
   int stages;
-  int shards;  // encoder shards (0: stage 0 reads its own data)
+  int shards;                                            // encoder shards (0: stage 0 reads its own data)
   std::vector<std::vector<double>> w, b, dw, db, u, du;  // u: encoder shard weights D x D
   std::map<std::pair<int, int>, std::vector<double>> x, y, delta;  // stashed per (stage, mb)
 
@@ -43,12 +43,18 @@ struct mlp {
     for (int k = 0; k < s; ++k) {
       w.emplace_back(D * D);
       b.emplace_back(D);
-      for (int i = 0; i < D * D; ++i) w.back()[static_cast<std::size_t>(i)] = 0.8 * value(1, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(i));
-      for (int i = 0; i < D; ++i) b.back()[static_cast<std::size_t>(i)] = 0.2 * value(2, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(i));
+      for (int i = 0; i < D * D; ++i)
+        w.back()[static_cast<std::size_t>(i)] =
+            0.8 * value(1, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(i));
+      for (int i = 0; i < D; ++i)
+        b.back()[static_cast<std::size_t>(i)] =
+            0.2 * value(2, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(i));
     }
     for (int e = 0; e < shards; ++e) {
       u.emplace_back(D * D);
-      for (int i = 0; i < D * D; ++i) u.back()[static_cast<std::size_t>(i)] = value(5, static_cast<std::uint64_t>(e), static_cast<std::uint64_t>(i));
+      for (int i = 0; i < D * D; ++i)
+        u.back()[static_cast<std::size_t>(i)] =
+            value(5, static_cast<std::uint64_t>(e), static_cast<std::uint64_t>(i));
     }
     dw.assign(static_cast<std::size_t>(s), std::vector<double>(D * D, 0.0));
     db.assign(static_cast<std::size_t>(s), std::vector<double>(D, 0.0));
@@ -62,7 +68,8 @@ struct mlp {
   }
   static std::vector<double> encoder_input(int shard, int mb) {
     std::vector<double> v(static_cast<std::size_t>(rows_of(mb) * D));
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = value(6, static_cast<std::uint64_t>(shard * 1000 + mb), i);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = value(6, static_cast<std::uint64_t>(shard * 1000 + mb), i);
     return v;
   }
 
@@ -72,7 +79,8 @@ struct mlp {
     for (int r = 0; r < rows_of(mb); ++r)
       for (int i = 0; i < D; ++i) {
         double acc = 0;
-        for (int j = 0; j < D; ++j) acc += U[static_cast<std::size_t>(i * D + j)] * in[static_cast<std::size_t>(r * D + j)];
+        for (int j = 0; j < D; ++j)
+          acc += U[static_cast<std::size_t>(i * D + j)] * in[static_cast<std::size_t>(r * D + j)];
         out[static_cast<std::size_t>(r * D + i)] = acc;
       }
   }
@@ -82,7 +90,8 @@ struct mlp {
     for (int r = 0; r < rows_of(mb); ++r)
       for (int i = 0; i < D; ++i)
         for (int j = 0; j < D; ++j)
-          dU[static_cast<std::size_t>(i * D + j)] += g[static_cast<std::size_t>(r * D + i)] * in[static_cast<std::size_t>(r * D + j)];
+          dU[static_cast<std::size_t>(i * D + j)] +=
+              g[static_cast<std::size_t>(r * D + i)] * in[static_cast<std::size_t>(r * D + j)];
   }
 
   void forward(int s, int mb, std::span<const double> in, std::span<double> out) {
@@ -93,7 +102,8 @@ struct mlp {
     for (int r = 0; r < n; ++r)
       for (int i = 0; i < D; ++i) {
         double acc = b[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)];
-        for (int j = 0; j < D; ++j) acc += W[static_cast<std::size_t>(i * D + j)] * xin[static_cast<std::size_t>(r * D + j)];
+        for (int j = 0; j < D; ++j)
+          acc += W[static_cast<std::size_t>(i * D + j)] * xin[static_cast<std::size_t>(r * D + j)];
         yv[static_cast<std::size_t>(r * D + i)] = std::tanh(acc);
       }
     REQUIRE((out.empty() || out.size() == yv.size()));
@@ -114,7 +124,8 @@ struct mlp {
       for (int r = 0; r < n; ++r)
         for (int j = 0; j < D; ++j) {
           double acc = 0;
-          for (int i = 0; i < D; ++i) acc += W[static_cast<std::size_t>(i * D + j)] * d[static_cast<std::size_t>(r * D + i)];
+          for (int i = 0; i < D; ++i)
+            acc += W[static_cast<std::size_t>(i * D + j)] * d[static_cast<std::size_t>(r * D + i)];
           gin[static_cast<std::size_t>(r * D + j)] = acc;
         }
     delta[{s, mb}] = std::move(d);
@@ -125,7 +136,8 @@ struct mlp {
     const int n = static_cast<int>(d.size()) / D;
     for (int r = 0; r < n; ++r)
       for (int i = 0; i < D; ++i) {
-        db[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)] += d[static_cast<std::size_t>(r * D + i)];
+        db[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)] +=
+            d[static_cast<std::size_t>(r * D + i)];
         for (int j = 0; j < D; ++j)
           dw[static_cast<std::size_t>(s)][static_cast<std::size_t>(i * D + j)] +=
               d[static_cast<std::size_t>(r * D + i)] * xin[static_cast<std::size_t>(r * D + j)];
@@ -134,12 +146,16 @@ struct mlp {
 
   stage_functions<double> functions() {
     stage_functions<double> f;
-    f.forward = [this](int s, int mb, std::span<const double> in, std::span<double> out) { forward(s, mb, in, out); };
+    f.forward = [this](int s, int mb, std::span<const double> in, std::span<double> out) {
+      forward(s, mb, in, out);
+    };
     f.backward = [this](int s, int mb, std::span<const double> g, std::span<double> gi) {
       input_grad(s, mb, g, gi);
       weight_grad(s, mb);
     };
-    f.backward_input = [this](int s, int mb, std::span<const double> g, std::span<double> gi) { input_grad(s, mb, g, gi); };
+    f.backward_input = [this](int s, int mb, std::span<const double> g, std::span<double> gi) {
+      input_grad(s, mb, g, gi);
+    };
     f.backward_weight = [this](int s, int mb) { weight_grad(s, mb); };
     f.encoder_forward = [this](int e, int mb, std::span<double> out) { encoder_forward(e, mb, out); };
     f.encoder_backward = [this](int e, int mb, std::span<const double> g) { encoder_backward(e, mb, g); };
@@ -157,7 +173,8 @@ struct mlp {
         in.insert(in.end(), part.begin(), part.end());
       }
       for (int s = 0; s < stages; ++s) {
-        std::vector<double> out(s + 1 < stages ? (s == 0 && shards > 0 ? in.size() : (s == 0 ? n : in.size())) : 0);
+        std::vector<double> out(s + 1 < stages ? (s == 0 && shards > 0 ? in.size() : (s == 0 ? n : in.size()))
+                                               : 0);
         forward(s, mb, in, out);
         in = out;
       }
@@ -183,8 +200,12 @@ void check_against_reference(const schedule& lowered, int microbatches) {
   // Encoder shards each emit rows_of(mb) rows, so stage 0's input (and every later activation) has
   // shards * rows rows with an encoder, rows rows without.
   const int width = shards > 0 ? shards : 1;
-  sizes.output = [width](int, int mb) -> std::int64_t { return static_cast<std::int64_t>(width * rows_of(mb) * D); };
-  sizes.encoder_output = [](int, int mb) -> std::int64_t { return static_cast<std::int64_t>(rows_of(mb) * D); };
+  sizes.output = [width](int, int mb) -> std::int64_t {
+    return static_cast<std::int64_t>(width * rows_of(mb) * D);
+  };
+  sizes.encoder_output = [](int, int mb) -> std::int64_t {
+    return static_cast<std::int64_t>(rows_of(mb) * D);
+  };
   std::vector<std::vector<timed_action>> timelines(static_cast<std::size_t>(lowered.total_ranks()));
   hetmesh::comm::loopback::run(lowered.total_ranks(), [&](hetmesh::comm::loopback::communicator& c) {
     auto& model = per_rank[static_cast<std::size_t>(c.rank())];
@@ -203,7 +224,8 @@ void check_against_reference(const schedule& lowered, int microbatches) {
     CHECK(norm > 1e-3);  // the gradients are not trivially zero
   }
   for (int e = 0; e < shards; ++e) {
-    const auto& got = per_rank[static_cast<std::size_t>(lowered.encoder_shard_to_rank[static_cast<std::size_t>(e)])];
+    const auto& got =
+        per_rank[static_cast<std::size_t>(lowered.encoder_shard_to_rank[static_cast<std::size_t>(e)])];
     for (int i = 0; i < D * D; ++i)
       CHECK(got.du[static_cast<std::size_t>(e)][static_cast<std::size_t>(i)] ==
             doctest::Approx(ref.du[static_cast<std::size_t>(e)][static_cast<std::size_t>(i)]).epsilon(1e-12));
@@ -217,7 +239,8 @@ void check_against_reference(const schedule& lowered, int microbatches) {
 }  // namespace
 
 TEST_CASE("pipeline executor: pipelined MLP on loopback ranks matches single-rank gradients") {
-  for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
+  for (const char* name :
+       {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
     INFO(name);
     const schedule s = add_send_recv(make_schedule(name, 2, 4));
     (void)verify(s);
@@ -229,9 +252,11 @@ TEST_CASE("pipeline executor: pipelined MLP on loopback ranks matches single-ran
 
 TEST_CASE("pipeline executor: joint encoder-LLM schedule trains the encoder shards too") {
   const schedule llm = make_schedule("1f1b", 3, 5);
-  encoder_work w{.forward = [](int mb) { return 0.3 * rows_of(mb); }, .backward = [](int mb) { return 0.6 * rows_of(mb); }};
-  for (const encoder_policy& p : {encoder_policy{colocated_encoder{}}, encoder_policy{encoder_on_first_stage{}},
-                                  encoder_policy{encoder_pool{.ranks = 2}}}) {
+  encoder_work w{.forward = [](int mb) { return 0.3 * rows_of(mb); },
+                 .backward = [](int mb) { return 0.6 * rows_of(mb); }};
+  for (const encoder_policy& p :
+       {encoder_policy{colocated_encoder{}}, encoder_policy{encoder_on_first_stage{}},
+        encoder_policy{encoder_pool{.ranks = 2}}}) {
     const schedule j = add_send_recv(add_encoder(llm, p, uniform_costs{}.model(), w));
     (void)verify(j);
     check_against_reference(j, 5);
@@ -241,10 +266,11 @@ TEST_CASE("pipeline executor: joint encoder-LLM schedule trains the encoder shar
 TEST_CASE("pipeline executor: refuses an unlowered multi-rank schedule") {
   const schedule s = make_schedule("1f1b", 2, 2);
   mlp m(2, 0);
-  CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(2,
-                                                    [&](hetmesh::comm::loopback::communicator& c) {
-                                                      execute(c, s, m.functions(), activation_sizes{
-                                                          .output = [](int, int) -> std::int64_t { return D; }});
-                                                    }),
+  CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(
+                           2,
+                           [&](hetmesh::comm::loopback::communicator& c) {
+                             execute(c, s, m.functions(),
+                                     activation_sizes{.output = [](int, int) -> std::int64_t { return D; }});
+                           }),
                        doctest::Contains("expected a lowered schedule"), hetmesh::invalid_argument);
 }

@@ -41,7 +41,8 @@ TEST_CASE("pipeline: action text round-trips in PyTorch's notation") {
   CHECK(to_text(action{0, action_type::reduce_grad, -1}) == "0REDUCE_GRAD");
   CHECK(to_text(action{3, action_type::encoder_backward, 12}) == "3EB12");
   for (int t = 0; t < action_type_count; ++t) {
-    const action a{7, static_cast<action_type>(t), static_cast<action_type>(t) == action_type::reduce_grad ? -1 : 11};
+    const action a{7, static_cast<action_type>(t),
+                   static_cast<action_type>(t) == action_type::reduce_grad ? -1 : 11};
     CHECK(parse_action(to_text(a)) == a);
   }
   CHECK(parse_action(" 12RECV_B4 ") == action{12, action_type::recv_b, 4});
@@ -49,7 +50,8 @@ TEST_CASE("pipeline: action text round-trips in PyTorch's notation") {
   CHECK_THROWS_AS((void)parse_action("1X0"), hetmesh::invalid_argument);
   CHECK_THROWS_AS((void)parse_action("1F"), hetmesh::invalid_argument);
   CHECK_THROWS_AS((void)parse_action("1F0x"), hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)parse_action("1Q0"), doctest::Contains("unknown type \"Q\""), hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)parse_action("1Q0"), doctest::Contains("unknown type \"Q\""),
+                       hetmesh::invalid_argument);
   CHECK(fmt::format("{}", W(3, 1)) == "3W1");
 }
 
@@ -61,11 +63,13 @@ TEST_CASE("pipeline: PyTorch CSV import and export") {
   CHECK(s.num_stages == 2);
   CHECK(s.num_microbatches == 1);
   CHECK(s.stage_to_rank == std::vector<int>{0, 1});
-  CHECK(s.ranks[0] == std::vector<action>{F(0, 0), {0, action_type::send_f, 0}, {0, action_type::recv_b, 0}, B(0, 0)});
+  CHECK(s.ranks[0] ==
+        std::vector<action>{F(0, 0), {0, action_type::send_f, 0}, {0, action_type::recv_b, 0}, B(0, 0)});
   CHECK(to_csv(s) == "0F0,0SEND_F0,0RECV_B0,0B0\r\n1RECV_F0,1F0,1B0,1SEND_B0\r\n");
   (void)verify(s);
   // Round trip of every generator through CSV, lowered.
-  for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
+  for (const char* name :
+       {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
     const schedule g = add_send_recv(make_schedule(name, 3, 6));
     const schedule back = from_csv(to_csv(g), g.name);
     CHECK(back.ranks == g.ranks);
@@ -95,16 +99,20 @@ TEST_CASE("pipeline: golden 1F1B and GPipe orders (Megatron-LM / PyTorch)") {
 TEST_CASE("pipeline: golden interleaved 1F1B (Megatron-LM schedule table, PP2 N3 M5 VP2)") {
   const auto table = detail::schedule_table(5, 2, 3);
   // Megatron's docstring: microbatch_id 0 1 2 0 1 2 3 4 3 4 / model_chunk_id 0 0 0 1 1 1 0 0 1 1
-  std::vector<std::pair<int, int>> expected{{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 0}, {4, 0}, {3, 1}, {4, 1}};
+  std::vector<std::pair<int, int>> expected{{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1},
+                                            {2, 1}, {3, 0}, {4, 0}, {3, 1}, {4, 1}};
   CHECK(table == expected);
   const schedule s = generate(interleaved_1f1b{.virtual_stages = 2, .group_size = 3}, 2, 5);
   CHECK(s.stage_to_rank == std::vector<int>{0, 1, 0, 1});
-  CHECK(texts(s, 0) == split("0F0 0F1 0F2 2F0 2F1 2F2 2B0 0F3 2B1 0F4 2B2 2F3 0B0 2F4 0B1 0B2 2B3 2B4 0B3 0B4"));
-  CHECK(texts(s, 1) == split("1F0 1F1 1F2 3F0 3B0 3F1 3B1 3F2 3B2 1F3 1B0 1F4 1B1 3F3 1B2 3F4 3B3 3B4 1B3 1B4"));
+  CHECK(texts(s, 0) ==
+        split("0F0 0F1 0F2 2F0 2F1 2F2 2B0 0F3 2B1 0F4 2B2 2F3 0B0 2F4 0B1 0B2 2B3 2B4 0B3 0B4"));
+  CHECK(texts(s, 1) ==
+        split("1F0 1F1 1F2 3F0 3B0 3F1 3B1 3F2 3B2 1F3 1B0 1F4 1B1 3F3 1B2 3F4 3B3 3B4 1B3 1B4"));
   (void)verify(add_send_recv(s));
 }
 
-TEST_CASE("pipeline: golden PyTorch ScheduleInterleaved1F1B, and agreement with Megatron when group sizes agree") {
+TEST_CASE(
+    "pipeline: golden PyTorch ScheduleInterleaved1F1B, and agreement with Megatron when group sizes agree") {
   // pp=2, M=2, two stages per rank: one round of 2 micro-batches.
   const schedule s = generate(interleaved_1f1b{.virtual_stages = 2, .rule = group_rule::pytorch}, 2, 2);
   CHECK(texts(s, 0) == split("0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1"));
@@ -131,20 +139,26 @@ TEST_CASE("pipeline: golden PyTorch ScheduleInterleavedZeroBubble and ZB-H1") {
 TEST_CASE("pipeline: golden PyTorch ScheduleZBVZeroBubble") {
   const schedule s = make_schedule("zbv", 2, 4);
   CHECK(s.stage_to_rank == std::vector<int>{0, 1, 1, 0});
-  CHECK(texts(s, 0) ==
-        split("0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0I0 0W0 3F2 3I2 3W2 0I1 0W1 3F3 3I3 3W3 0I2 0W2 0I3 0W3"));
-  CHECK(texts(s, 1) ==
-        split("1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1F3 1I1 1W1 2F3 2I2 2W2 1I2 2I3 1I3 1W2 2W3 1W3"));
+  CHECK(
+      texts(s, 0) ==
+      split(
+          "0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0I0 0W0 3F2 3I2 3W2 0I1 0W1 3F3 3I3 3W3 0I2 0W2 0I3 0W3"));
+  CHECK(
+      texts(s, 1) ==
+      split(
+          "1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1F3 1I1 1W1 2F3 2I2 2W2 1I2 2I3 1I3 1W2 2W3 1W3"));
 }
 
 TEST_CASE("pipeline: impossible configurations name the rule they break") {
-  CHECK_THROWS_WITH_AS((void)make_schedule("interleaved-1f1b", 4, 6, 2), doctest::Contains("multiple of pp=4"),
+  CHECK_THROWS_WITH_AS((void)make_schedule("interleaved-1f1b", 4, 6, 2),
+                       doctest::Contains("multiple of pp=4"), hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)make_schedule("interleaved-1f1b", 4, 2, 2),
+                       doctest::Contains("[pp, microbatches]"), hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      (void)generate(interleaved_1f1b{.virtual_stages = 2, .rule = group_rule::pytorch}, 4, 9),
+      doctest::Contains("multiple of the number of rounds"), hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)make_schedule("1f1b", 0, 4), doctest::Contains("pp >= 1"),
                        hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("interleaved-1f1b", 4, 2, 2), doctest::Contains("[pp, microbatches]"),
-                       hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)generate(interleaved_1f1b{.virtual_stages = 2, .rule = group_rule::pytorch}, 4, 9),
-                       doctest::Contains("multiple of the number of rounds"), hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("1f1b", 0, 4), doctest::Contains("pp >= 1"), hetmesh::invalid_argument);
   CHECK_THROWS_WITH_AS((void)make_schedule("1f1b", 2, 0), doctest::Contains("at least one micro-batch"),
                        hetmesh::invalid_argument);
   CHECK_THROWS_WITH_AS((void)make_schedule("dualpipe", 2, 4), doctest::Contains("unknown schedule"),
@@ -153,13 +167,14 @@ TEST_CASE("pipeline: impossible configurations name the rule they break") {
                        hetmesh::invalid_argument);
   CHECK_THROWS_WITH_AS((void)make_schedule("gpipe", 2, 4, 0, 2), doctest::Contains("--group-size"),
                        hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("interleaved-1f1b", 2, 4, -1), doctest::Contains("virtual_stages=-1"),
-                       hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)make_schedule("interleaved-1f1b", 2, 4, -1),
+                       doctest::Contains("virtual_stages=-1"), hetmesh::invalid_argument);
 }
 
 TEST_CASE("pipeline: every generator over a grid passes the verifier, compute-only and lowered") {
   int generated = 0;
-  for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
+  for (const char* name :
+       {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
     const bool interleaved = std::string(name).starts_with("interleaved");
     for (int pp = 1; pp <= 5; ++pp)
       for (int m = 1; m <= 11; ++m)
@@ -178,13 +193,16 @@ TEST_CASE("pipeline: every generator over a grid passes the verifier, compute-on
           INFO(name, " pp=", pp, " m=", m, " v=", v);
           CHECK(s.num_stages == pp * (interleaved ? v : (std::string(name) == "zbv" ? 2 : 1)));
           const auto rep = verify(s);
-          const bool split_backward = std::string(name).find("zero") != std::string::npos || std::string(name) == "zbv";
-          CHECK(rep.compute_actions == static_cast<std::size_t>(s.num_stages * m) * (split_backward ? 3U : 2U));
+          const bool split_backward =
+              std::string(name).find("zero") != std::string::npos || std::string(name) == "zbv";
+          CHECK(rep.compute_actions ==
+                static_cast<std::size_t>(s.num_stages * m) * (split_backward ? 3U : 2U));
           const schedule low = add_send_recv(s);
           const auto lrep = verify(low);  // blocking (rendezvous) send/receive
           CHECK(lrep.peak_in_flight == rep.peak_in_flight);
           if (std::string(name) == "1f1b")
-            for (int r = 0; r < pp; ++r) CHECK(rep.peak_in_flight[static_cast<std::size_t>(r)] == std::min(pp - r, m));
+            for (int r = 0; r < pp; ++r)
+              CHECK(rep.peak_in_flight[static_cast<std::size_t>(r)] == std::min(pp - r, m));
           if (std::string(name) == "gpipe")
             for (int r = 0; r < pp; ++r) CHECK(rep.peak_in_flight[static_cast<std::size_t>(r)] == m);
           // Lowering adds exactly one pair per cross-rank edge.
@@ -206,7 +224,8 @@ TEST_CASE("pipeline: plans are deterministic and hashable") {
   CHECK(fmt::format("{}", schedule_policy{interleaved_1f1b{}}) ==
         "interleaved-1f1b(virtual_stages=2, group_size=0, rule=megatron)");
   CHECK(fmt::format("{}", schedule_policy{zbv{}}) == "zbv");
-  CHECK(fmt::format("{}", a).starts_with("schedule interleaved-zero-bubble (ranks=4, stages=8, microbatches=8"));
+  CHECK(fmt::format("{}", a).starts_with(
+      "schedule interleaved-zero-bubble (ranks=4, stages=8, microbatches=8"));
 }
 
 TEST_CASE("pipeline: REDUCE_GRAD follows each stage's last backward") {

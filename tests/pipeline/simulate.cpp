@@ -21,7 +21,8 @@ using namespace hetmesh::pipeline;
 TEST_CASE("pipeline verify: errors name the offending action") {
   // Both ranks receive first: a deadlock under any send semantics.
   const schedule dead = from_csv("0F0,0RECV_B0,0SEND_F0,0B0\r\n1RECV_F0,1F0,1B0,1SEND_B0\r\n", "dead");
-  CHECK_THROWS_WITH_AS((void)verify(dead), doctest::Contains("rank 0 blocked at #1 `0RECV_B0`"), hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)verify(dead), doctest::Contains("rank 0 blocked at #1 `0RECV_B0`"),
+                       hetmesh::invalid_argument);
   CHECK_THROWS_WITH_AS((void)verify(dead, {.mode = send_mode::buffered}), doctest::Contains("deadlock"),
                        hetmesh::invalid_argument);
   // Fine with buffered sends, a deadlock when sends block until received (both ranks sit in a send).
@@ -33,27 +34,29 @@ TEST_CASE("pipeline verify: errors name the offending action") {
   CHECK_THROWS_WITH_AS((void)verify(eager), doctest::Contains("0SEND_F1"), hetmesh::invalid_argument);
   // A send without its receive.
   CHECK_THROWS_WITH_AS((void)verify(from_csv("0F0,0SEND_F0,0B0\r\n1F0,1B0\r\n")),
-                       doctest::Contains("`0SEND_F0` has no matching `1RECV_F0` on rank 1"), hetmesh::invalid_argument);
+                       doctest::Contains("`0SEND_F0` has no matching `1RECV_F0` on rank 1"),
+                       hetmesh::invalid_argument);
   // Backward before forward on one rank.
   CHECK_THROWS_WITH_AS((void)verify(from_csv("0B0,0F0\r\n")), doctest::Contains("`0B0` needs `0F0` first"),
                        hetmesh::invalid_argument);
   // A missing backward and a duplicate forward.
-  CHECK_THROWS_WITH_AS((void)verify(from_csv("0F0,0F1,0B0\r\n")), doctest::Contains("micro-batch 1 has no backward"),
-                       hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)verify(from_csv("0F0,0F1,0B0\r\n")),
+                       doctest::Contains("micro-batch 1 has no backward"), hetmesh::invalid_argument);
   CHECK_THROWS_WITH_AS((void)verify(from_csv("0F0,0F0,0B0\r\n")), doctest::Contains("appears a second time"),
                        hetmesh::invalid_argument);
   // Data crossing ranks in a lowered schedule needs its RECV.
   schedule low = add_send_recv(make_schedule("1f1b", 2, 2));
-  std::erase_if(low.ranks[1], [](const action& a) { return a.type == action_type::recv_f && a.microbatch == 1; });
+  std::erase_if(low.ranks[1],
+                [](const action& a) { return a.type == action_type::recv_f && a.microbatch == 1; });
   CHECK_THROWS_AS((void)verify(low), hetmesh::invalid_argument);
   // The in-flight bound.
   CHECK_THROWS_WITH_AS((void)verify(make_schedule("gpipe", 2, 4), {.max_in_flight = 3}),
                        doctest::Contains("above the bound max_in_flight=3"), hetmesh::invalid_argument);
   CHECK_NOTHROW((void)verify(make_schedule("1f1b", 2, 4), {.max_in_flight = 2}));
   // Peak memory with per-micro-batch sizes.
-  const auto rep = verify(make_schedule("gpipe", 2, 3), {.activation_bytes = [](const action& a) -> std::int64_t {
-                                                            return 10 * (a.microbatch + 1);
-                                                          }});
+  const auto rep =
+      verify(make_schedule("gpipe", 2, 3),
+             {.activation_bytes = [](const action& a) -> std::int64_t { return 10 * (a.microbatch + 1); }});
   CHECK(rep.peak_memory == std::vector<std::int64_t>{60, 60});
 }
 
@@ -63,7 +66,8 @@ TEST_CASE("pipeline simulate: equal costs reproduce the bubble formulas") {
       INFO("p=", p, " m=", m);
       const double expected = static_cast<double>(p - 1) / (m + p - 1);
       for (const char* name : {"gpipe", "1f1b"}) {
-        const auto sim = simulate(make_schedule(name, p, m), uniform_costs{.forward = 1, .backward = 2}.model());
+        const auto sim =
+            simulate(make_schedule(name, p, m), uniform_costs{.forward = 1, .backward = 2}.model());
         CHECK(sim.bubble_ratio == doctest::Approx(expected).epsilon(1e-12));
         CHECK(sim.step_time == doctest::Approx(3.0 * (m + p - 1)));
       }
@@ -72,7 +76,8 @@ TEST_CASE("pipeline simulate: equal costs reproduce the bubble formulas") {
           // Interleaving divides the warm-up and cool-down by v: (p-1)/(v*m + p-1) at per-chunk costs 1/v.
           const auto sim = simulate(make_schedule("interleaved-1f1b", p, m, v),
                                     uniform_costs{.forward = 1.0 / v, .backward = 2.0 / v}.model());
-          CHECK(sim.bubble_ratio == doctest::Approx(static_cast<double>(p - 1) / (v * m + p - 1)).epsilon(1e-9));
+          CHECK(sim.bubble_ratio ==
+                doctest::Approx(static_cast<double>(p - 1) / (v * m + p - 1)).epsilon(1e-9));
         }
     }
 }
@@ -95,7 +100,9 @@ TEST_CASE("pipeline simulate: zero-bubble schedules beat 1F1B; transfers and var
   std::vector<double> len(8);
   for (auto& l : len) l = 0.5 + g.unit();
   cost_model var;
-  var.compute = [&](const action& a) { return (a.type == action_type::forward ? 1.0 : 2.0) * len[static_cast<std::size_t>(a.microbatch)]; };
+  var.compute = [&](const action& a) {
+    return (a.type == action_type::forward ? 1.0 : 2.0) * len[static_cast<std::size_t>(a.microbatch)];
+  };
   double total = 0;
   for (double l : len) total += 3 * l;
   CHECK(simulate(make_schedule("gpipe", 1, 8), var).step_time == doctest::Approx(total));
@@ -148,7 +155,8 @@ TEST_CASE("pipeline joint encoder: dependencies hold and it beats encoder-on-fir
         for (const auto& t : sj.timeline) {
           const int mb = t.what.microbatch;
           if (t.what.type == action_type::forward && t.what.stage == 0) f0_start[mb] = t.start;
-          if ((t.what.type == action_type::backward || t.what.type == action_type::backward_input) && t.what.stage == 0)
+          if ((t.what.type == action_type::backward || t.what.type == action_type::backward_input) &&
+              t.what.stage == 0)
             b0_end[mb] = t.end;
           if (t.what.type == action_type::encoder_forward) ef_end[mb] = std::max(ef_end[mb], t.end);
           if (t.what.type == action_type::encoder_backward)
@@ -160,8 +168,9 @@ TEST_CASE("pipeline joint encoder: dependencies hold and it beats encoder-on-fir
         }
       }
   CHECK(compared > 20);
-  CHECK_THROWS_AS((void)add_encoder(make_schedule("1f1b", 2, 2), encoder_pool{.ranks = 0}, uniform_costs{}.model(), {}),
-                  hetmesh::invalid_argument);
+  CHECK_THROWS_AS(
+      (void)add_encoder(make_schedule("1f1b", 2, 2), encoder_pool{.ranks = 0}, uniform_costs{}.model(), {}),
+      hetmesh::invalid_argument);
   CHECK(fmt::format("{}", encoder_policy{colocated_encoder{.lookahead = 3}}) == "colocated(lookahead=3)");
 }
 
@@ -184,4 +193,15 @@ TEST_CASE("pipeline trace: Chrome trace JSON and ASCII timeline") {
   CHECK(art.find("rank 0 |FF..BBFBB.BB|") != std::string::npos);
   CHECK(art.find("rank 1 |.FBBFBBFBB..|") != std::string::npos);
   CHECK(ascii_timeline(sim.timeline, 12, true).find("rank 1 |.00B11B22B..|") != std::string::npos);
+}
+
+TEST_CASE("pipeline render: the CLI's formats") {
+  const schedule s = make_schedule("1f1b", 2, 2);
+  CHECK(render(s, "actions") == "rank 0: 0F0 0F1 0B0 0B1\nrank 1: 1F0 1B0 1F1 1B1\n");
+  CHECK(render(s, "csv") == "0F0,0F1,0B0,0B1\r\n1F0,1B0,1F1,1B1\r\n");
+  CHECK(from_csv(render(s, "csv-comms")).ranks == add_send_recv(s).ranks);
+  CHECK(render(s, "table").starts_with("        Rank 0   Rank 1  \nStep 0: 0F0      1RECV_F0"));
+  CHECK(render(s, "ascii", 9).find("rank 1 |.00B11B..|") != std::string::npos);
+  CHECK_THROWS_WITH_AS((void)render(s, "yaml"), doctest::Contains("unknown format"),
+                       hetmesh::invalid_argument);
 }

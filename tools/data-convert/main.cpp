@@ -44,14 +44,18 @@ int main(int argc, char** argv) {
           tokens += e.meta.tokens;
           items += static_cast<std::int64_t>(e.meta.item_tokens.size());
         }
-        j = {{"format", "webdataset"}, {"samples", idx.samples.size()}, {"text_tokens", tokens}, {"items", items},
+        j = {{"format", "webdataset"},
+             {"samples", idx.samples.size()},
+             {"text_tokens", tokens},
+             {"items", items},
              {"bytes", idx.shard_bytes}};
       } else {
         const indexed_dataset ds(path);
         std::int64_t tokens = 0;
         for (std::int64_t i = 0; i < ds.size(); ++i) tokens += ds.length(i);
-        j = {{"format", "indexed"}, {"dtype", fmt::format("{}", ds.type())}, {"sequences", ds.size()}, {"documents", ds.documents()},
-             {"tokens", tokens}, {"bytes", ds.data_bytes()}};
+        j = {{"format", "indexed"},    {"dtype", fmt::format("{}", ds.type())},
+             {"sequences", ds.size()}, {"documents", ds.documents()},
+             {"tokens", tokens},       {"bytes", ds.data_bytes()}};
       }
       std::cout << j.dump(1) << '\n';
       return 0;
@@ -63,9 +67,12 @@ int main(int argc, char** argv) {
       for (int i = 4; i + 1 < argc; i += 2) {
         if (std::strcmp(argv[i], "--dtype") != 0) return usage();
         const std::string v = argv[i + 1];
-        if (v == "uint16") type = dtype::uint16;
-        else if (v == "int32") type = dtype::int32;
-        else return usage();
+        if (v == "uint16")
+          type = dtype::uint16;
+        else if (v == "int32")
+          type = dtype::int32;
+        else
+          return usage();
       }
       std::cout << stats_json(convert_jsonl_to_indexed(in, out, type)).dump(1) << '\n';
       return 0;

@@ -63,9 +63,10 @@ void check_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan"
       majority = all[r];
       break;
     }
-  throw_error<mismatch_error>("{} hashes disagree across the group of {} ranks: {}; expected every rank to hold "
-                              "{:#018x} (the same plan from the same metadata)",
-                              what, all.size(), fmt::join(who, ", "), majority);
+  throw_error<mismatch_error>(
+      "{} hashes disagree across the group of {} ranks: {}; expected every rank to hold "
+      "{:#018x} (the same plan from the same metadata)",
+      what, all.size(), fmt::join(who, ", "), majority);
 }
 
 /// check_plan_agreement at the `collective` assertion level: compiled to nothing below it, so

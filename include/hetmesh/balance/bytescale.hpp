@@ -46,7 +46,8 @@ namespace detail {
 
 /// Items by (-length, index), cut into `nb` runs of about equal total compute (per-rank time x D).
 inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hdp_sharding& sh,
-                                                                   std::span<const cost::fixed> per_rank, int nb) {
+                                                                   std::span<const cost::fixed> per_rank,
+                                                                   int nb) {
   std::vector<std::size_t> order(sh.items.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto longest = [&](std::size_t i) {
@@ -79,12 +80,13 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
 /// item, rings of `degree` distinct ranks, order keys a global sequence (deadlock-free). Pure and
 /// deterministic (fixed-point loads, (load, rank) and (-length, index) keys); independent of the order
 /// of the sequences given to hdp_shard. O(items log pool + sum of ring sizes log pool). Not collective.
-[[nodiscard]] inline std::vector<seq::hdp_placement> bytescale_placement(const seq::hdp_sharding& sh,
-                                                                         const step_model& m,
-                                                                         const bytescale_policy& policy = {}) {
+[[nodiscard]] inline std::vector<seq::hdp_placement> bytescale_placement(
+    const seq::hdp_sharding& sh, const step_model& m, const bytescale_policy& policy = {}) {
   if (!(policy.delta >= 0.0 && policy.delta < 1.0))
-    throw_error<invalid_argument>("balance::bytescale_placement: delta = {}; expected 0 <= delta < 1", policy.delta);
-  if (sh.pool < 1) throw_error<invalid_argument>("balance::bytescale_placement: pool = {}; expected >= 1", sh.pool);
+    throw_error<invalid_argument>("balance::bytescale_placement: delta = {}; expected 0 <= delta < 1",
+                                  policy.delta);
+  if (sh.pool < 1)
+    throw_error<invalid_argument>("balance::bytescale_placement: pool = {}; expected >= 1", sh.pool);
   const std::size_t n_items = sh.items.size();
   std::vector<cost::fixed> per_rank(n_items);
   for (std::size_t i = 0; i < n_items; ++i) {
@@ -93,7 +95,9 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
                                   sh.items[i].degree, sh.pool);
     per_rank[i] = hdp_item_time(sh.items[i], m);
   }
-  const int nb = policy.buckets > 0 ? policy.buckets : static_cast<int>(std::min<std::size_t>(16, std::max<std::size_t>(1, n_items)));
+  const int nb = policy.buckets > 0
+                     ? policy.buckets
+                     : static_cast<int>(std::min<std::size_t>(16, std::max<std::size_t>(1, n_items)));
   auto buckets = detail::equal_compute_buckets(sh, per_rank, nb);
   std::vector<std::size_t> cursor(buckets.size(), 0);
   // PP-Balance: rank r starts on bucket r mod buckets. Dealing buckets round-robin (rather than in
@@ -101,7 +105,8 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
   // the first round; in blocks, a ring of the first bucket would absorb the bucket's other ranks and
   // leave its next long item for the end of the step.
   std::vector<std::size_t> affinity(static_cast<std::size_t>(sh.pool), 0);
-  for (int r = 0; r < sh.pool; ++r) affinity[static_cast<std::size_t>(r)] = static_cast<std::size_t>(r) % buckets.size();
+  for (int r = 0; r < sh.pool; ++r)
+    affinity[static_cast<std::size_t>(r)] = static_cast<std::size_t>(r) % buckets.size();
   std::size_t first_open = 0;
   auto take = [&](int rank) -> std::ptrdiff_t {
     while (first_open < buckets.size() && cursor[first_open] == buckets[first_open].size()) ++first_open;
@@ -162,8 +167,9 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
 
 /// ByteScale end to end: seq::hdp_shard (data-aware sharding, offload solver), bytescale_placement,
 /// seq::hdp_assemble. Same contract as those; the plan is independent of the order of `seqs`.
-[[nodiscard]] inline seq::hdp_plan plan_bytescale(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp,
-                                                  int pool, const step_model& m, const bytescale_policy& policy = {}) {
+[[nodiscard]] inline seq::hdp_plan plan_bytescale(std::span<const seq::seq_desc> seqs,
+                                                  const seq::hdp_policy& hdp, int pool, const step_model& m,
+                                                  const bytescale_policy& policy = {}) {
   auto sh = seq::hdp_shard(seqs, hdp, pool);
   auto pl = bytescale_placement(sh, m, policy);
   return seq::hdp_assemble(std::move(sh), std::move(pl));
@@ -180,7 +186,9 @@ struct fmt::formatter<hetmesh::balance::hdp_balance_mode> : hetmesh::empty_spec_
 
 template <>
 struct fmt::formatter<hetmesh::balance::bytescale_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::bytescale_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "bytescale_policy(delta={}, mode={}, buckets={})", p.delta, p.mode, p.buckets);
+  auto format(const hetmesh::balance::bytescale_policy& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "bytescale_policy(delta={}, mode={}, buckets={})", p.delta, p.mode,
+                          p.buckets);
   }
 };

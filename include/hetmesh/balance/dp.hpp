@@ -99,20 +99,23 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
 [[nodiscard]] inline dp_plan plan_dp(std::span<const seq::seq_desc> seqs, const cost::llm_compute& m,
                                      const dp_policy& policy) {
   if (policy.ranks < 1 || policy.capacity < 1 || policy.micro_batches < 0)
-    throw_error<invalid_argument>("balance::plan_dp: ranks={}, capacity={}, micro_batches={}; expected ranks >= 1, "
-                                  "capacity >= 1, micro_batches >= 0",
-                                  policy.ranks, policy.capacity, policy.micro_batches);
+    throw_error<invalid_argument>(
+        "balance::plan_dp: ranks={}, capacity={}, micro_batches={}; expected ranks >= 1, "
+        "capacity >= 1, micro_batches >= 0",
+        policy.ranks, policy.capacity, policy.micro_batches);
   seq::detail::check_seq_descs(seqs, "balance::plan_dp");
   // Canonical order first: everything below depends only on the multiset of sequences.
   std::vector<seq::seq_desc> sorted(seqs.begin(), seqs.end());
   std::sort(sorted.begin(), sorted.end(), seq::detail::longer_first);
   for (const auto& s : sorted)
     if (s.length > policy.capacity)
-      throw_error<capacity_error>("balance::plan_dp: sequence {} has {} tokens > capacity {}; expected every sequence "
-                                  "to fit one micro-batch (use an HDP ring for longer ones)",
-                                  s.id, s.length, policy.capacity);
+      throw_error<capacity_error>(
+          "balance::plan_dp: sequence {} has {} tokens > capacity {}; expected every sequence "
+          "to fit one micro-batch (use an HDP ring for longer ones)",
+          s.id, s.length, policy.capacity);
   std::vector<std::int64_t> cost(sorted.size());
-  for (std::size_t i = 0; i < sorted.size(); ++i) cost[i] = detail::placement_cost(m, sorted[i].length, policy.capacity);
+  for (std::size_t i = 0; i < sorted.size(); ++i)
+    cost[i] = detail::placement_cost(m, sorted[i].length, policy.capacity);
 
   dp_plan plan;
   plan.policy = policy;
@@ -147,7 +150,8 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
         auto& mbs = plan.per_rank[static_cast<std::size_t>(it->second)];
         std::size_t best = slots;
         for (std::size_t k = 0; k < slots; ++k)
-          if (mbs[k].tokens + sorted[i].length <= policy.capacity && (best == slots || mbs[k].tokens > mbs[best].tokens))
+          if (mbs[k].tokens + sorted[i].length <= policy.capacity &&
+              (best == slots || mbs[k].tokens > mbs[best].tokens))
             best = k;
         if (best == slots) continue;
         mbs[best].seqs.push_back(sorted[i]);
@@ -158,10 +162,10 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
         placed = true;
       }
       if (!placed)
-        throw_error<capacity_error>("balance::plan_dp: sequence {} ({} tokens) fits no micro-batch of {} ranks x {} "
-                                    "slots of {} tokens; expected the batch to fit (raise micro_batches)",
-                                    sorted[i].id, sorted[i].length, policy.ranks, policy.micro_batches,
-                                    policy.capacity);
+        throw_error<capacity_error>(
+            "balance::plan_dp: sequence {} ({} tokens) fits no micro-batch of {} ranks x {} "
+            "slots of {} tokens; expected the batch to fit (raise micro_batches)",
+            sorted[i].id, sorted[i].length, policy.ranks, policy.micro_batches, policy.capacity);
     }
   }
   for (std::size_t r = 0; r < nr; ++r) detail::finish_rank(plan.per_rank[r], plan.rank_time[r], m);
@@ -187,7 +191,8 @@ struct fmt::formatter<hetmesh::balance::dp_policy> : hetmesh::empty_spec_formatt
 
 template <>
 struct fmt::formatter<hetmesh::balance::dp_micro_batch> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::dp_micro_batch& mb, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::dp_micro_batch& mb, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "mb(tokens={}, time={}, seqs={})", mb.tokens, mb.time, mb.seqs.size());
   }
 };

@@ -56,20 +56,25 @@ inline void verify_deadlock_free(const seq::hdp_plan& plan) {
   for (std::size_t r = 0; r < n; ++r)
     for (const auto& mb : plan.per_rank[r]) {
       const auto i = static_cast<std::size_t>(mb.item);
-      if (mb.item < 0 || i >= items) throw_error<invalid_argument>("verify_deadlock_free: rank {} lists item {}; "
-                                                                   "expected an item in [0, {})", r, mb.item, items);
+      if (mb.item < 0 || i >= items)
+        throw_error<invalid_argument>(
+            "verify_deadlock_free: rank {} lists item {}; "
+            "expected an item in [0, {})",
+            r, mb.item, items);
       const auto& ring = plan.placement[i].ring;
       if (mb.ring_position < 0 || static_cast<std::size_t>(mb.ring_position) >= ring.size() ||
           ring[static_cast<std::size_t>(mb.ring_position)] != static_cast<int>(r))
-        throw_error<invalid_argument>("verify_deadlock_free: rank {} runs item {} at ring position {}, but the ring "
-                                      "is {}; expected the rank at that position",
-                                      r, mb.item, mb.ring_position, ring);
+        throw_error<invalid_argument>(
+            "verify_deadlock_free: rank {} runs item {} at ring position {}, but the ring "
+            "is {}; expected the rank at that position",
+            r, mb.item, mb.ring_position, ring);
       ++members_seen[i];
     }
   for (std::size_t i = 0; i < items; ++i)
     if (members_seen[i] != static_cast<int>(plan.placement[i].ring.size()))
-      throw_error<invalid_argument>("verify_deadlock_free: item {} is listed by {} ranks; expected its ring of {}", i,
-                                    members_seen[i], plan.placement[i].ring.size());
+      throw_error<invalid_argument>(
+          "verify_deadlock_free: item {} is listed by {} ranks; expected its ring of {}", i, members_seen[i],
+          plan.placement[i].ring.size());
   // Replay: an item runs when it is at the head of every member's list.
   std::vector<std::size_t> head(n, 0);
   std::vector<int> arrived(items, 0);
@@ -95,9 +100,10 @@ inline void verify_deadlock_free(const seq::hdp_plan& plan) {
     for (std::size_t r = 0; r < n && stuck.size() < 8; ++r)
       if (head[r] < plan.per_rank[r].size())
         stuck.push_back(fmt::format("rank {} waits in item {}", r, plan.per_rank[r][head[r]].item));
-    throw_error<error>("verify_deadlock_free: the plan deadlocks after {} of {} items ({}); expected every ring's "
-                       "members to run shared rings in the same relative order",
-                       done, items, fmt::join(stuck, "; "));
+    throw_error<error>(
+        "verify_deadlock_free: the plan deadlocks after {} of {} items ({}); expected every ring's "
+        "members to run shared rings in the same relative order",
+        done, items, fmt::join(stuck, "; "));
   }
 }
 

@@ -44,8 +44,10 @@ struct step_model {
   }
   /// Per-rank time of a packed row of `docs` split over a ring of `degree` ranks (THD zigzag per
   /// document: each rank holds 1/D of every document's mask area and tokens). O(docs).
-  [[nodiscard]] cost::fixed ring_row_time(std::span<const std::int64_t> docs, int degree, bool spans_nodes) const {
-    if (degree < 1) throw_error<invalid_argument>("balance::step_model: ring of {} ranks; expected >= 1", degree);
+  [[nodiscard]] cost::fixed ring_row_time(std::span<const std::int64_t> docs, int degree,
+                                          bool spans_nodes) const {
+    if (degree < 1)
+      throw_error<invalid_argument>("balance::step_model: ring of {} ranks; expected >= 1", degree);
     if (degree == 1) return pack_time(docs);
     double quad_lin = 0.0;
     double tokens = 0.0;
@@ -83,10 +85,10 @@ struct task {
 
 /// The simulated step: when each rank finishes, how long it computed, and the step time.
 struct timeline {
-  cost::fixed step{};                 ///< modelled step time (the last finish)
-  std::vector<cost::fixed> busy;      ///< per rank: sum of its task durations
-  std::vector<cost::fixed> finish;    ///< per rank: when its last task ends (waits included)
-  std::vector<std::int64_t> tasks_on; ///< per rank: number of tasks (micro-batches)
+  cost::fixed step{};                  ///< modelled step time (the last finish)
+  std::vector<cost::fixed> busy;       ///< per rank: sum of its task durations
+  std::vector<cost::fixed> finish;     ///< per rank: when its last task ends (waits included)
+  std::vector<std::int64_t> tasks_on;  ///< per rank: number of tasks (micro-batches)
 
   /// max busy / mean busy (1 = perfect balance; 0 when there is no work).
   [[nodiscard]] double imbalance() const noexcept {
@@ -109,10 +111,12 @@ struct timeline {
 /// O(T log T + sum of ring sizes). Not collective.
 [[nodiscard]] inline timeline simulate(int ranks, std::span<const task> tasks, int pp_stages = 1) {
   if (ranks < 1) throw_error<invalid_argument>("balance::simulate: {} ranks; expected >= 1", ranks);
-  if (pp_stages < 1) throw_error<invalid_argument>("balance::simulate: pp_stages = {}; expected >= 1", pp_stages);
+  if (pp_stages < 1)
+    throw_error<invalid_argument>("balance::simulate: pp_stages = {}; expected >= 1", pp_stages);
   std::vector<std::size_t> idx(tasks.size());
   for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return tasks[a].order < tasks[b].order; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](std::size_t a, std::size_t b) { return tasks[a].order < tasks[b].order; });
   timeline t;
   const auto n = static_cast<std::size_t>(ranks);
   t.busy.assign(n, cost::fixed{});
@@ -121,11 +125,13 @@ struct timeline {
   std::vector<cost::fixed> longest(n, cost::fixed{});
   for (std::size_t i : idx) {
     const auto& k = tasks[i];
-    if (k.ranks.empty()) throw_error<invalid_argument>("balance::simulate: task {} has no ranks; expected >= 1", i);
+    if (k.ranks.empty())
+      throw_error<invalid_argument>("balance::simulate: task {} has no ranks; expected >= 1", i);
     cost::fixed start{};
     for (int r : k.ranks) {
       if (r < 0 || r >= ranks)
-        throw_error<invalid_argument>("balance::simulate: task {} names rank {}; expected [0, {})", i, r, ranks);
+        throw_error<invalid_argument>("balance::simulate: task {} names rank {}; expected [0, {})", i, r,
+                                      ranks);
       start = std::max(start, t.finish[static_cast<std::size_t>(r)]);
     }
     const cost::fixed share = cost::fixed::from_ticks(k.duration.ticks / pp_stages);

@@ -83,7 +83,8 @@ inline void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, 
   if (best == d0) return;
   it.degree = best;
   it.offload.ranks = best;
-  if (best >= seq::offload_ranks(s, hdp.capacity, hdp.model, 0, hdp.offload.ratio_steps)) it.offload.ratio_k = 0;
+  if (best >= seq::offload_ranks(s, hdp.capacity, hdp.model, 0, hdp.offload.ratio_steps))
+    it.offload.ratio_k = 0;
 }
 
 /// Plans one group of `pool` ranks; appends items and placements (ranks offset by `base`).
@@ -119,7 +120,9 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
   const double scale = static_cast<double>(m.llm.layers) * m.llm.train_factor;
   for (std::size_t i = 0; i < shorts.size(); ++i) {
     const auto x = static_cast<double>(shorts[i].length);
-    cost[i] = cost::fixed::from_units(scale * ((q.a * x + q.b) * x + q.c * x / static_cast<double>(hdp.capacity))).ticks;
+    cost[i] =
+        cost::fixed::from_units(scale * ((q.a * x + q.b) * x + q.c * x / static_cast<double>(hdp.capacity)))
+            .ticks;
   }
   std::vector<std::size_t> order(shorts.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -139,9 +142,8 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
     if (mine.empty()) continue;
     // Sort by (-length, id) first: BFD then sees an order that does not depend on the input order.
     std::vector<std::size_t> sorted(mine);
-    std::sort(sorted.begin(), sorted.end(), [&](std::size_t a, std::size_t b) {
-      return seq::detail::longer_first(shorts[a], shorts[b]);
-    });
+    std::sort(sorted.begin(), sorted.end(),
+              [&](std::size_t a, std::size_t b) { return seq::detail::longer_first(shorts[a], shorts[b]); });
     std::vector<std::int64_t> lens;
     lens.reserve(sorted.size());
     for (std::size_t i : sorted) lens.push_back(shorts[i].length);
@@ -173,21 +175,25 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
 /// so the plan is deadlock-free. Pure; deterministic; independent of the order of `seqs` (with `owner`
 /// permuted alike). O(n log n + n log pool). Not collective: every rank of a group computes it from the
 /// same gathered metadata.
-[[nodiscard]] inline seq::hdp_plan plan_hetmesh(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp,
-                                                int pool, const step_model& m, const hetmesh_policy& policy = {},
+[[nodiscard]] inline seq::hdp_plan plan_hetmesh(std::span<const seq::seq_desc> seqs,
+                                                const seq::hdp_policy& hdp, int pool, const step_model& m,
+                                                const hetmesh_policy& policy = {},
                                                 std::span<const int> owner = {}) {
   if (pool < 1) throw_error<invalid_argument>("balance::plan_hetmesh: pool = {}; expected >= 1", pool);
-  if (hdp.capacity < 1) throw_error<invalid_argument>("balance::plan_hetmesh: capacity = {}; expected >= 1", hdp.capacity);
+  if (hdp.capacity < 1)
+    throw_error<invalid_argument>("balance::plan_hetmesh: capacity = {}; expected >= 1", hdp.capacity);
   seq::detail::check_seq_descs(seqs, "balance::plan_hetmesh");
   const int g = policy.group_size == 0 ? pool : policy.group_size;
   if (g < 1 || pool % g != 0)
-    throw_error<invalid_argument>("balance::plan_hetmesh: group_size = {} for a pool of {}; expected a divisor of the pool",
-                                  policy.group_size, pool);
+    throw_error<invalid_argument>(
+        "balance::plan_hetmesh: group_size = {} for a pool of {}; expected a divisor of the pool",
+        policy.group_size, pool);
   const int groups = pool / g;
   if (groups > 1 && owner.size() != seqs.size())
-    throw_error<invalid_argument>("balance::plan_hetmesh: {} owners for {} sequences with {} groups; expected one loader "
-                                  "rank per sequence",
-                                  owner.size(), seqs.size(), groups);
+    throw_error<invalid_argument>(
+        "balance::plan_hetmesh: {} owners for {} sequences with {} groups; expected one loader "
+        "rank per sequence",
+        owner.size(), seqs.size(), groups);
   std::vector<std::vector<seq::seq_desc>> per_group(static_cast<std::size_t>(groups));
   seq::hdp_sharding sh;
   sh.policy = hdp;
@@ -196,8 +202,9 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
     int grp = 0;
     if (groups > 1) {
       if (owner[i] < 0 || owner[i] >= pool)
-        throw_error<invalid_argument>("balance::plan_hetmesh: sequence {} has loader rank {}; expected [0, {})",
-                                      seqs[i].id, owner[i], pool);
+        throw_error<invalid_argument>(
+            "balance::plan_hetmesh: sequence {} has loader rank {}; expected [0, {})", seqs[i].id, owner[i],
+            pool);
       grp = owner[i] / g;
     }
     per_group[static_cast<std::size_t>(grp)].push_back(seqs[i]);
@@ -223,7 +230,8 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
 
 template <>
 struct fmt::formatter<hetmesh::balance::hetmesh_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::hetmesh_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::hetmesh_policy& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "hetmesh_policy(group_size={})", p.group_size);
   }
 };

@@ -74,7 +74,8 @@ struct reorder_plan {
   /// Destination of a parcel: item -1 is the sample's LLM part. Pre: the sample is in the plan.
   [[nodiscard]] int destination(std::int64_t id, int item) const {
     const auto i = index_of(id);
-    if (i < 0) throw_error<invalid_argument>("reorder_plan: sample {} is not in the plan; expected a gathered id", id);
+    if (i < 0)
+      throw_error<invalid_argument>("reorder_plan: sample {} is not in the plan; expected a gathered id", id);
     const auto u = static_cast<std::size_t>(i);
     if (item < 0) return llm_rank[u];
     if (item >= item_offset[u + 1] - item_offset[u])
@@ -84,19 +85,22 @@ struct reorder_plan {
   }
   friend bool operator==(const reorder_plan&, const reorder_plan&) = default;
   void hash_append(hasher& h) const {
-    append_all(h, ranks, sample_ids, owner, llm_rank, item_offset, encoder_rank, llm_load, encoder_load, parcels);
+    append_all(h, ranks, sample_ids, owner, llm_rank, item_offset, encoder_rank, llm_load, encoder_load,
+               parcels);
   }
 };
 
 /// Locality groups: `world` ranks cut into consecutive groups of `group_size`, which must hold whole
 /// nodes or fit in one (so a group never straddles a node boundary partially).
 /// Pre: world % group_size == 0 and (group_size % ranks_per_node == 0 or ranks_per_node % group_size == 0).
-[[nodiscard]] inline std::vector<std::vector<int>> locality_groups(int world, int group_size, int ranks_per_node) {
+[[nodiscard]] inline std::vector<std::vector<int>> locality_groups(int world, int group_size,
+                                                                   int ranks_per_node) {
   if (world < 1 || group_size < 1 || ranks_per_node < 1 || world % group_size != 0 ||
       (group_size % ranks_per_node != 0 && ranks_per_node % group_size != 0))
-    throw_error<invalid_argument>("balance::locality_groups: world={}, group_size={}, ranks_per_node={}; expected the "
-                                  "group size to divide the world and to be a multiple or divisor of the node size",
-                                  world, group_size, ranks_per_node);
+    throw_error<invalid_argument>(
+        "balance::locality_groups: world={}, group_size={}, ranks_per_node={}; expected the "
+        "group size to divide the world and to be a multiple or divisor of the node size",
+        world, group_size, ranks_per_node);
   std::vector<std::vector<int>> out(static_cast<std::size_t>(world / group_size));
   for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(r / group_size)].push_back(r);
   return out;
@@ -110,7 +114,8 @@ struct reorder_plan {
 /// O(n log n + n log ranks). Not collective: every member computes it from the same gathered metadata.
 [[nodiscard]] inline reorder_plan plan_grouped_reorder(std::span<const sample_meta> samples, int ranks,
                                                        const reorder_policy& policy = {}) {
-  if (ranks < 1) throw_error<invalid_argument>("balance::plan_grouped_reorder: ranks = {}; expected >= 1", ranks);
+  if (ranks < 1)
+    throw_error<invalid_argument>("balance::plan_grouped_reorder: ranks = {}; expected >= 1", ranks);
   if (policy.token_capacity < 0)
     throw_error<invalid_argument>("balance::plan_grouped_reorder: token_capacity = {}; expected >= 0",
                                   policy.token_capacity);
@@ -130,18 +135,20 @@ struct reorder_plan {
   for (std::size_t k = 0; k < n; ++k) {
     const auto& s = samples[idx[k]];
     if (k > 0 && s.id == p.sample_ids.back())
-      throw_error<invalid_argument>("balance::plan_grouped_reorder: sample id {} appears twice; expected unique ids", s.id);
+      throw_error<invalid_argument>(
+          "balance::plan_grouped_reorder: sample id {} appears twice; expected unique ids", s.id);
     if (s.owner < 0 || s.owner >= ranks || s.llm_tokens < 0)
-      throw_error<invalid_argument>("balance::plan_grouped_reorder: sample {} has owner {} and {} LLM tokens; expected "
-                                    "an owner in [0, {}) and tokens >= 0",
-                                    s.id, s.owner, s.llm_tokens, ranks);
+      throw_error<invalid_argument>(
+          "balance::plan_grouped_reorder: sample {} has owner {} and {} LLM tokens; expected "
+          "an owner in [0, {}) and tokens >= 0",
+          s.id, s.owner, s.llm_tokens, ranks);
     p.sample_ids.push_back(s.id);
     p.owner.push_back(s.owner);
     llm_cost[k] = policy.llm.sequence_fixed(s.llm_tokens).ticks;
     for (auto t : s.encoder_tokens) {
       if (t < 0)
-        throw_error<invalid_argument>("balance::plan_grouped_reorder: sample {} has an item of {} tokens; expected >= 0",
-                                      s.id, t);
+        throw_error<invalid_argument>(
+            "balance::plan_grouped_reorder: sample {} has an item of {} tokens; expected >= 0", s.id, t);
       item_cost.push_back(policy.encoder.item_fixed(t).ticks);
     }
     p.item_offset.push_back(static_cast<std::int64_t>(item_cost.size()));
@@ -179,9 +186,10 @@ struct reorder_plan {
       heap.pop_back();
     }
     if (heap.empty())
-      throw_error<capacity_error>("balance::plan_grouped_reorder: sample {} ({} LLM tokens) fits no rank of the group "
-                                  "under a capacity of {} tokens; expected the group's batch to fit",
-                                  p.sample_ids[k], tok, policy.token_capacity);
+      throw_error<capacity_error>(
+          "balance::plan_grouped_reorder: sample {} ({} LLM tokens) fits no rank of the group "
+          "under a capacity of {} tokens; expected the group's batch to fit",
+          p.sample_ids[k], tok, policy.token_capacity);
     std::pop_heap(heap.begin(), heap.end(), gt);
     const auto [l, r] = heap.back();
     heap.back() = {l + llm_cost[k], r};
@@ -203,7 +211,8 @@ struct reorder_plan {
   reset_heap();
   std::vector<int> owner_of_item(item_cost.size());
   for (std::size_t k = 0; k < n; ++k)
-    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j) owner_of_item[static_cast<std::size_t>(j)] = p.owner[k];
+    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j)
+      owner_of_item[static_cast<std::size_t>(j)] = p.owner[k];
   for (const auto& [neg_cost, j] : items) {
     std::pop_heap(heap.begin(), heap.end(), gt);
     const auto [l, r] = heap.back();
@@ -221,25 +230,29 @@ struct reorder_plan {
 template <>
 struct fmt::formatter<hetmesh::balance::sample_meta> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::sample_meta& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "sample(id={}, owner={}, llm_tokens={}, items={})", s.id, s.owner, s.llm_tokens,
-                          s.encoder_tokens);
+    return fmt::format_to(ctx.out(), "sample(id={}, owner={}, llm_tokens={}, items={})", s.id, s.owner,
+                          s.llm_tokens, s.encoder_tokens);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::reorder_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::reorder_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "reorder_policy({}, {}, token_capacity={})", p.llm, p.encoder, p.token_capacity);
+  auto format(const hetmesh::balance::reorder_policy& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "reorder_policy({}, {}, token_capacity={})", p.llm, p.encoder,
+                          p.token_capacity);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::reorder_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::reorder_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::reorder_plan& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     const auto mx = [](const std::vector<hetmesh::cost::fixed>& v) {
       return v.empty() ? hetmesh::cost::fixed{} : *std::max_element(v.begin(), v.end());
     };
-    return fmt::format_to(ctx.out(), "reorder_plan(ranks={}, samples={}, items={}, max_llm={}, max_encoder={} modelled)",
-                          p.ranks, p.sample_ids.size(), p.encoder_rank.size(), mx(p.llm_load), mx(p.encoder_load));
+    return fmt::format_to(
+        ctx.out(), "reorder_plan(ranks={}, samples={}, items={}, max_llm={}, max_encoder={} modelled)",
+        p.ranks, p.sample_ids.size(), p.encoder_rank.size(), mx(p.llm_load), mx(p.encoder_load));
   }
 };

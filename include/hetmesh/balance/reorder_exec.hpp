@@ -60,9 +60,10 @@ struct reorder_result {
   std::size_t k = 0;
   while (k < wire.size()) {
     if (k + 3 > wire.size() || wire[k + 2] < 0 || k + 3 + static_cast<std::size_t>(wire[k + 2]) > wire.size())
-      throw_error<data_error>("balance::decode_meta: truncated record at word {} of {} from rank {}; expected [id, "
-                              "tokens, n, n item sizes]",
-                              k, wire.size(), owner);
+      throw_error<data_error>(
+          "balance::decode_meta: truncated record at word {} of {} from rank {}; expected [id, "
+          "tokens, n, n item sizes]",
+          k, wire.size(), owner);
     sample_meta s;
     s.id = wire[k];
     s.owner = owner;
@@ -93,7 +94,8 @@ inline std::vector<std::int64_t> displs_of(std::span<const std::int64_t> counts)
 /// planning O(n log n), two all_to_all_v (headers, payloads).
 template <comm::communicator C, class T>
 [[nodiscard]] reorder_result<T> grouped_reorder(C& c, std::span<const sample_meta> local,
-                                                std::span<const parcel<T>> parcels, const reorder_policy& policy = {}) {
+                                                std::span<const parcel<T>> parcels,
+                                                const reorder_policy& policy = {}) {
   const int me = c.rank();
   const auto n = static_cast<std::size_t>(c.size());
   const auto wire = encode_meta(local);
@@ -119,19 +121,22 @@ template <comm::communicator C, class T>
     const auto& p = *mine[k];
     const auto i = plan.index_of(p.sample_id);
     if (i < 0 || plan.owner[static_cast<std::size_t>(i)] != me)
-      throw_error<invalid_argument>("balance::grouped_reorder: rank {} holds a parcel of sample {}, which it did not "
-                                    "load; expected parcels only of local samples",
-                                    me, p.sample_id);
+      throw_error<invalid_argument>(
+          "balance::grouped_reorder: rank {} holds a parcel of sample {}, which it did not "
+          "load; expected parcels only of local samples",
+          me, p.sample_id);
     if (k > 0 && mine[k - 1]->sample_id == p.sample_id && mine[k - 1]->item == p.item)
-      throw_error<invalid_argument>("balance::grouped_reorder: rank {} holds parcel (sample {}, item {}) twice", me,
-                                    p.sample_id, p.item);
+      throw_error<invalid_argument>(
+          "balance::grouped_reorder: rank {} holds parcel (sample {}, item {}) twice", me, p.sample_id,
+          p.item);
     to[static_cast<std::size_t>(plan.destination(p.sample_id, p.item))].push_back(&p);
   }
   for (std::size_t j = 0; j < n; ++j)
     if (static_cast<std::int64_t>(to[j].size()) != plan.parcels[static_cast<std::size_t>(me) * n + j])
-      throw_error<invalid_argument>("balance::grouped_reorder: rank {} has {} parcels for rank {}; the plan expects {} "
-                                    "(one per LLM part and encoder item of the local samples)",
-                                    me, to[j].size(), j, plan.parcels[static_cast<std::size_t>(me) * n + j]);
+      throw_error<invalid_argument>(
+          "balance::grouped_reorder: rank {} has {} parcels for rank {}; the plan expects {} "
+          "(one per LLM part and encoder item of the local samples)",
+          me, to[j].size(), j, plan.parcels[static_cast<std::size_t>(me) * n + j]);
 
   // Headers (id, item, size): counts known from the plan on both sides.
   std::vector<std::int64_t> hsend, hsc(n), hrc(n);
@@ -146,25 +151,29 @@ template <comm::communicator C, class T>
       dsc[j] += static_cast<std::int64_t>(p->data.size());
     }
   }
-  std::vector<std::int64_t> hrecv(static_cast<std::size_t>(std::accumulate(hrc.begin(), hrc.end(), std::int64_t{0})));
+  std::vector<std::int64_t> hrecv(
+      static_cast<std::size_t>(std::accumulate(hrc.begin(), hrc.end(), std::int64_t{0})));
   const auto hsd = detail::displs_of(hsc), hrd = detail::displs_of(hrc);
   comm::all_to_all_v(c, std::span<const std::int64_t>(hsend), std::span<const std::int64_t>(hsc),
                      std::span<const std::int64_t>(hsd), std::span<std::int64_t>(hrecv),
                      std::span<const std::int64_t>(hrc), std::span<const std::int64_t>(hrd));
   std::vector<std::int64_t> drc(n, 0);
   for (std::size_t j = 0; j < n; ++j)
-    for (std::int64_t k = hrd[j]; k < hrd[j] + hrc[j]; k += 3) drc[j] += hrecv[static_cast<std::size_t>(k + 2)];
+    for (std::int64_t k = hrd[j]; k < hrd[j] + hrc[j]; k += 3)
+      drc[j] += hrecv[static_cast<std::size_t>(k + 2)];
   std::vector<T> drecv(static_cast<std::size_t>(std::accumulate(drc.begin(), drc.end(), std::int64_t{0})));
   const auto dsd = detail::displs_of(dsc), drd = detail::displs_of(drc);
-  comm::all_to_all_v(c, std::span<const T>(dsend), std::span<const std::int64_t>(dsc), std::span<const std::int64_t>(dsd),
-                     std::span<T>(drecv), std::span<const std::int64_t>(drc), std::span<const std::int64_t>(drd));
+  comm::all_to_all_v(c, std::span<const T>(dsend), std::span<const std::int64_t>(dsc),
+                     std::span<const std::int64_t>(dsd), std::span<T>(drecv),
+                     std::span<const std::int64_t>(drc), std::span<const std::int64_t>(drd));
   std::size_t at = 0;
   for (std::size_t k = 0; k < hrecv.size(); k += 3) {
     parcel<T> p;
     p.sample_id = hrecv[k];
     p.item = static_cast<int>(hrecv[k + 1]);
     const auto len = static_cast<std::size_t>(hrecv[k + 2]);
-    p.data.assign(drecv.begin() + static_cast<std::ptrdiff_t>(at), drecv.begin() + static_cast<std::ptrdiff_t>(at + len));
+    p.data.assign(drecv.begin() + static_cast<std::ptrdiff_t>(at),
+                  drecv.begin() + static_cast<std::ptrdiff_t>(at + len));
     at += len;
     out.received.push_back(std::move(p));
   }

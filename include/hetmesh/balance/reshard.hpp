@@ -107,20 +107,23 @@ struct reshard_plan {
   });
   for (std::size_t k = 1; k < its.size(); ++k)
     if (key(its[k].sample_id, its[k].item) == key(its[k - 1].sample_id, its[k - 1].item))
-      throw_error<invalid_argument>("balance::plan_reshard: item ({}, {}) listed twice", its[k].sample_id, its[k].item);
+      throw_error<invalid_argument>("balance::plan_reshard: item ({}, {}) listed twice", its[k].sample_id,
+                                    its[k].item);
   std::vector<llm_block> llm(consumed.begin(), consumed.end());
   std::sort(llm.begin(), llm.end(), [](const llm_block& a, const llm_block& b) {
     return std::tie(a.sample_id, a.tokens.begin) < std::tie(b.sample_id, b.tokens.begin);
   });
   for (std::size_t k = 0; k < llm.size(); ++k) {
     if (llm[k].rank < 0 || llm[k].rank >= ranks || llm[k].tokens.begin < 0 || llm[k].tokens.size() < 0)
-      throw_error<invalid_argument>("balance::plan_reshard: LLM block of sample {} on rank {} {} is malformed; expected "
-                                    "a rank in [0, {}) and a valid range",
-                                    llm[k].sample_id, llm[k].rank, llm[k].tokens, ranks);
+      throw_error<invalid_argument>(
+          "balance::plan_reshard: LLM block of sample {} on rank {} {} is malformed; expected "
+          "a rank in [0, {}) and a valid range",
+          llm[k].sample_id, llm[k].rank, llm[k].tokens, ranks);
     if (k > 0 && llm[k].sample_id == llm[k - 1].sample_id && llm[k].tokens.begin < llm[k - 1].tokens.end)
-      throw_error<invalid_argument>("balance::plan_reshard: LLM blocks {} and {} of sample {} overlap; expected each "
-                                    "token on one rank",
-                                    llm[k - 1].tokens, llm[k].tokens, llm[k].sample_id);
+      throw_error<invalid_argument>(
+          "balance::plan_reshard: LLM blocks {} and {} of sample {} overlap; expected each "
+          "token on one rank",
+          llm[k - 1].tokens, llm[k].tokens, llm[k].sample_id);
   }
   std::vector<encoder_block> enc(produced.begin(), produced.end());
   std::sort(enc.begin(), enc.end(), [](const encoder_block& a, const encoder_block& b) {
@@ -132,18 +135,21 @@ struct reshard_plan {
     std::int64_t covered = 0;
     for (; e < enc.size() && key(enc[e].sample_id, enc[e].item) == key(it.sample_id, it.item); ++e) {
       const auto& b = enc[e];
-      if (b.rank < 0 || b.rank >= ranks || b.row_begin != covered || b.row_end <= b.row_begin || b.row_end > it.rows)
-        throw_error<invalid_argument>("balance::plan_reshard: item ({}, {}) of {} rows: encoder block [{}, {}) on rank {} "
-                                      "does not continue the rows covered so far ([0, {})); expected blocks that tile the "
-                                      "item once",
-                                      it.sample_id, it.item, it.rows, b.row_begin, b.row_end, b.rank, covered);
+      if (b.rank < 0 || b.rank >= ranks || b.row_begin != covered || b.row_end <= b.row_begin ||
+          b.row_end > it.rows)
+        throw_error<invalid_argument>(
+            "balance::plan_reshard: item ({}, {}) of {} rows: encoder block [{}, {}) on rank {} "
+            "does not continue the rows covered so far ([0, {})); expected blocks that tile the "
+            "item once",
+            it.sample_id, it.item, it.rows, b.row_begin, b.row_end, b.rank, covered);
       // Positions [p, q) of the sample; walk the LLM blocks of the sample that intersect them.
       std::int64_t p = it.position + b.row_begin;
       const std::int64_t q = it.position + b.row_end;
-      auto lb = std::upper_bound(llm.begin(), llm.end(), std::pair<std::int64_t, std::int64_t>(it.sample_id, p),
-                                 [](const std::pair<std::int64_t, std::int64_t>& v, const llm_block& x) {
-                                   return v < std::pair<std::int64_t, std::int64_t>(x.sample_id, x.tokens.begin);
-                                 });
+      auto lb =
+          std::upper_bound(llm.begin(), llm.end(), std::pair<std::int64_t, std::int64_t>(it.sample_id, p),
+                           [](const std::pair<std::int64_t, std::int64_t>& v, const llm_block& x) {
+                             return v < std::pair<std::int64_t, std::int64_t>(x.sample_id, x.tokens.begin);
+                           });
       if (lb != llm.begin()) --lb;
       while (p < q) {
         if (lb == llm.end() || lb->sample_id != it.sample_id || lb->tokens.begin > p || lb->tokens.end <= p) {
@@ -151,9 +157,10 @@ struct reshard_plan {
             ++lb;
             continue;
           }
-          throw_error<invalid_argument>("balance::plan_reshard: position {} of sample {} (item {}) is on no LLM block; "
-                                        "expected the LLM blocks to cover every item position",
-                                        p, it.sample_id, it.item);
+          throw_error<invalid_argument>(
+              "balance::plan_reshard: position {} of sample {} (item {}) is on no LLM block; "
+              "expected the LLM blocks to cover every item position",
+              p, it.sample_id, it.item);
         }
         const std::int64_t end = std::min(q, lb->tokens.end);
         runs.push_back({b.rank, lb->rank, b.offset + (p - it.position - b.row_begin),
@@ -164,13 +171,15 @@ struct reshard_plan {
       covered = b.row_end;
     }
     if (covered != it.rows)
-      throw_error<invalid_argument>("balance::plan_reshard: item ({}, {}) has {} rows but encoder blocks cover [0, {}); "
-                                    "expected every row produced once",
-                                    it.sample_id, it.item, it.rows, covered);
+      throw_error<invalid_argument>(
+          "balance::plan_reshard: item ({}, {}) has {} rows but encoder blocks cover [0, {}); "
+          "expected every row produced once",
+          it.sample_id, it.item, it.rows, covered);
   }
   if (e != enc.size())
-    throw_error<invalid_argument>("balance::plan_reshard: encoder block of sample {} item {} names no listed item",
-                                  enc[e].sample_id, enc[e].item);
+    throw_error<invalid_argument>(
+        "balance::plan_reshard: encoder block of sample {} item {} names no listed item", enc[e].sample_id,
+        enc[e].item);
   std::sort(runs.begin(), runs.end(), [](const reshard_run& a, const reshard_run& b) {
     return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
   });
@@ -189,7 +198,8 @@ struct reshard_plan {
   }
   const auto n = static_cast<std::size_t>(ranks);
   plan.counts.assign(n * n, 0);
-  for (const auto& r : plan.runs) plan.counts[static_cast<std::size_t>(r.src) * n + static_cast<std::size_t>(r.dst)] += r.rows;
+  for (const auto& r : plan.runs)
+    plan.counts[static_cast<std::size_t>(r.src) * n + static_cast<std::size_t>(r.dst)] += r.rows;
   return plan;
 }
 
@@ -218,9 +228,10 @@ struct reshard_plan {
 template <comm::communicator C, class T>
 void reshard(C& c, const reshard_plan& plan, std::span<const T> src, std::span<T> dst, std::int64_t width) {
   if (c.size() != plan.ranks || width < 1)
-    throw_error<invalid_argument>("balance::reshard: group of {} ranks, plan for {}, width {}; expected equal sizes "
-                                  "and width >= 1",
-                                  c.size(), plan.ranks, width);
+    throw_error<invalid_argument>(
+        "balance::reshard: group of {} ranks, plan for {}, width {}; expected equal sizes "
+        "and width >= 1",
+        c.size(), plan.ranks, width);
   const auto n = static_cast<std::size_t>(plan.ranks);
   const auto me = static_cast<std::size_t>(c.rank());
   const auto w = static_cast<std::size_t>(width);
@@ -235,9 +246,10 @@ void reshard(C& c, const reshard_plan& plan, std::span<const T> src, std::span<T
     if (static_cast<std::size_t>(r.src) != me) continue;
     const auto b = static_cast<std::size_t>(r.src_offset) * w, len = static_cast<std::size_t>(r.rows) * w;
     if (b + len > src.size())
-      throw_error<invalid_argument>("balance::reshard: rank {} reads rows [{}, {}) of a buffer of {} rows", me,
-                                    r.src_offset, r.src_offset + r.rows, src.size() / w);
-    send.insert(send.end(), src.begin() + static_cast<std::ptrdiff_t>(b), src.begin() + static_cast<std::ptrdiff_t>(b + len));
+      throw_error<invalid_argument>("balance::reshard: rank {} reads rows [{}, {}) of a buffer of {} rows",
+                                    me, r.src_offset, r.src_offset + r.rows, src.size() / w);
+    send.insert(send.end(), src.begin() + static_cast<std::ptrdiff_t>(b),
+                src.begin() + static_cast<std::ptrdiff_t>(b + len));
   }
   std::vector<T> recv(static_cast<std::size_t>(std::accumulate(rc.begin(), rc.end(), std::int64_t{0})));
   std::vector<std::int64_t> sd(n, 0), rd(n, 0);
@@ -245,16 +257,17 @@ void reshard(C& c, const reshard_plan& plan, std::span<const T> src, std::span<T
     sd[j] = sd[j - 1] + sc[j - 1];
     rd[j] = rd[j - 1] + rc[j - 1];
   }
-  comm::all_to_all_v(c, std::span<const T>(send), std::span<const std::int64_t>(sc), std::span<const std::int64_t>(sd),
-                     std::span<T>(recv), std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
+  comm::all_to_all_v(c, std::span<const T>(send), std::span<const std::int64_t>(sc),
+                     std::span<const std::int64_t>(sd), std::span<T>(recv), std::span<const std::int64_t>(rc),
+                     std::span<const std::int64_t>(rd));
   // Runs into this rank, in the sender's packing order: (src, dst, src_offset) restricted to dst == me.
   std::vector<std::int64_t> cursor(rd);
   for (const auto& r : plan.runs) {
     if (static_cast<std::size_t>(r.dst) != me) continue;
     const auto b = static_cast<std::size_t>(r.dst_offset) * w, len = static_cast<std::size_t>(r.rows) * w;
     if (b + len > dst.size())
-      throw_error<invalid_argument>("balance::reshard: rank {} writes rows [{}, {}) of a buffer of {} rows", me,
-                                    r.dst_offset, r.dst_offset + r.rows, dst.size() / w);
+      throw_error<invalid_argument>("balance::reshard: rank {} writes rows [{}, {}) of a buffer of {} rows",
+                                    me, r.dst_offset, r.dst_offset + r.rows, dst.size() / w);
     auto& at = cursor[static_cast<std::size_t>(r.src)];
     std::copy_n(recv.begin() + at, len, dst.begin() + static_cast<std::ptrdiff_t>(b));
     at += static_cast<std::int64_t>(len);
@@ -266,14 +279,17 @@ void reshard(C& c, const reshard_plan& plan, std::span<const T> src, std::span<T
 template <>
 struct fmt::formatter<hetmesh::balance::reshard_run> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::reshard_run& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "run({}->{}, rows {}@{} -> @{})", r.src, r.dst, r.rows, r.src_offset, r.dst_offset);
+    return fmt::format_to(ctx.out(), "run({}->{}, rows {}@{} -> @{})", r.src, r.dst, r.rows, r.src_offset,
+                          r.dst_offset);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::reshard_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::reshard_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "reshard_plan(ranks={}, runs={}, rows={})", p.ranks, p.runs.size(), p.total_rows());
+  auto format(const hetmesh::balance::reshard_plan& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "reshard_plan(ranks={}, runs={}, rows={})", p.ranks, p.runs.size(),
+                          p.total_rows());
   }
 };
 
@@ -286,9 +302,10 @@ struct fmt::formatter<hetmesh::balance::item_span> : hetmesh::empty_spec_formatt
 
 template <>
 struct fmt::formatter<hetmesh::balance::encoder_block> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::encoder_block& b, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "enc({}, {}) rows [{}, {}) on {}@{}", b.sample_id, b.item, b.row_begin, b.row_end,
-                          b.rank, b.offset);
+  auto format(const hetmesh::balance::encoder_block& b, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "enc({}, {}) rows [{}, {}) on {}@{}", b.sample_id, b.item, b.row_begin,
+                          b.row_end, b.rank, b.offset);
   }
 };
 

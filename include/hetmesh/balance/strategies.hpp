@@ -14,12 +14,12 @@
 
 #include <algorithm>
 #include <array>
-#include <set>
-#include <utility>
 #include <cstdint>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -41,24 +41,24 @@ inline constexpr std::array<std::string_view, 5> strategy_names{"random", "token
 
 /// Everything the strategies need besides the batch.
 struct strategy_config {
-  int ranks = 256;                 ///< the pool (dp x cp positions)
-  seq::hdp_policy hdp{};           ///< capacity C per rank and offloading (HDP strategies)
-  step_model model{};              ///< prices every task
-  bytescale_policy bytescale{};    ///< mode is taken from model.pp_stages
-  hetmesh_policy hetmesh{};        ///< group_size for grouped reordering
-  std::uint64_t seed = 1;          ///< random placement; loader of sample i is rank i % ranks
-  std::int64_t context = 0;        ///< static_dp_cp: the context length (0: the longest sequence)
+  int ranks = 256;               ///< the pool (dp x cp positions)
+  seq::hdp_policy hdp{};         ///< capacity C per rank and offloading (HDP strategies)
+  step_model model{};            ///< prices every task
+  bytescale_policy bytescale{};  ///< mode is taken from model.pp_stages
+  hetmesh_policy hetmesh{};      ///< group_size for grouped reordering
+  std::uint64_t seed = 1;        ///< random placement; loader of sample i is rank i % ranks
+  std::int64_t context = 0;      ///< static_dp_cp: the context length (0: the longest sequence)
   void hash_append(hasher& h) const { append_all(h, ranks, hdp, model, bytescale, hetmesh, seed, context); }
 };
 
 /// One strategy's modelled outcome.
 struct strategy_result {
   std::string name;
-  cost::fixed step{};              ///< modelled step time
-  double imbalance = 0.0;          ///< max / mean of per-rank busy time
-  cost::fixed lower_bound{};       ///< max(total / N, largest short sequence), per pipeline stage
+  cost::fixed step{};         ///< modelled step time
+  double imbalance = 0.0;     ///< max / mean of per-rank busy time
+  cost::fixed lower_bound{};  ///< max(total / N, largest short sequence), per pipeline stage
   double ratio_to_lower_bound = 0.0;
-  std::int64_t tasks = 0;          ///< micro-batches (a ring counts once)
+  std::int64_t tasks = 0;  ///< micro-batches (a ring counts once)
   std::int64_t max_tasks_per_rank = 0;
 };
 
@@ -66,7 +66,8 @@ struct strategy_result {
 /// tokens (which no HDP strategy splits), every longer sequence's ring time at its best degree),
 /// divided by pp_stages. Under the step model, no strategy that keeps short sequences whole can beat
 /// it. O(n + long sequences x ranks).
-[[nodiscard]] inline cost::fixed step_lower_bound(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) {
+[[nodiscard]] inline cost::fixed step_lower_bound(std::span<const seq::seq_desc> seqs,
+                                                  const strategy_config& cfg) {
   // The per-row constant c is left out of the total: packing shares it, so counting it per sequence
   // would overstate what a rank must do.
   const auto& q = cfg.model.llm.layer;
@@ -87,7 +88,8 @@ struct strategy_result {
     const auto dmax = std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.ranks, s.length / 2));
     std::int64_t best = cfg.model.ring_time(s.length, 1, false).ticks;
     for (std::int64_t d = 2; d <= dmax; ++d)
-      best = std::min(best, cfg.model.ring_time(s.length, static_cast<int>(d), d > cfg.model.net.ranks_per_node).ticks);
+      best = std::min(
+          best, cfg.model.ring_time(s.length, static_cast<int>(d), d > cfg.model.net.ranks_per_node).ticks);
     largest = std::max(largest, best);
   }
   const std::int64_t lb = std::max((total + cfg.ranks - 1) / cfg.ranks, largest);
@@ -107,7 +109,8 @@ inline std::vector<task> random_tasks(std::span<const seq::seq_desc> seqs, const
     // Partial Fisher-Yates (from whatever permutation the last item left): the first D entries are a
     // uniform random D-subset.
     for (int k = 0; k < it.degree; ++k) {
-      const auto j = static_cast<std::size_t>(k) + static_cast<std::size_t>(g.below(static_cast<std::uint64_t>(cfg.ranks - k)));
+      const auto j = static_cast<std::size_t>(k) +
+                     static_cast<std::size_t>(g.below(static_cast<std::uint64_t>(cfg.ranks - k)));
       std::swap(ranks[static_cast<std::size_t>(k)], ranks[j]);
     }
     std::vector<int> ring(ranks.begin(), ranks.begin() + it.degree);
@@ -146,8 +149,9 @@ inline std::vector<task> static_dp_cp_tasks(std::span<const seq::seq_desc> seqs,
   const std::int64_t context = std::max({cfg.context, longest, cfg.hdp.capacity});
   const std::int64_t cp = (context + cfg.hdp.capacity - 1) / cfg.hdp.capacity;
   if (cp > cfg.ranks)
-    throw_error<capacity_error>("static_dp_cp: context {} needs cp = {} ranks of capacity {}; the pool has {}", context,
-                                cp, cfg.hdp.capacity, cfg.ranks);
+    throw_error<capacity_error>(
+        "static_dp_cp: context {} needs cp = {} ranks of capacity {}; the pool has {}", context, cp,
+        cfg.hdp.capacity, cfg.ranks);
   const std::int64_t dp = cfg.ranks / cp;
   const std::int64_t row_cap = cp * cfg.hdp.capacity;
   // Megatron-style packing: arrival order, next-fit into rows of cp x C tokens.
@@ -181,7 +185,8 @@ inline std::vector<task> static_dp_cp_tasks(std::span<const seq::seq_desc> seqs,
 /// deterministic (random uses cfg.seed). Cost: that strategy's planning plus O(tasks log tasks).
 [[nodiscard]] inline strategy_result run_strategy(std::string_view name, std::span<const seq::seq_desc> seqs,
                                                   const strategy_config& cfg) {
-  if (cfg.ranks < 1) throw_error<invalid_argument>("balance::run_strategy: ranks = {}; expected >= 1", cfg.ranks);
+  if (cfg.ranks < 1)
+    throw_error<invalid_argument>("balance::run_strategy: ranks = {}; expected >= 1", cfg.ranks);
   std::vector<task> tasks;
   if (name == "random") {
     tasks = detail::random_tasks(seqs, cfg);
@@ -195,7 +200,8 @@ inline std::vector<task> static_dp_cp_tasks(std::span<const seq::seq_desc> seqs,
     tasks = tasks_of(plan_bytescale(seqs, cfg.hdp, cfg.ranks, cfg.model, p), cfg.model);
   } else if (name == "hetmesh") {
     std::vector<int> owner(seqs.size());
-    for (std::size_t i = 0; i < owner.size(); ++i) owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
+    for (std::size_t i = 0; i < owner.size(); ++i)
+      owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
     tasks = tasks_of(plan_hetmesh(seqs, cfg.hdp, cfg.ranks, cfg.model, cfg.hetmesh, owner), cfg.model);
   } else {
     throw_error<invalid_argument>("balance::run_strategy: unknown strategy '{}'; expected one of {}", name,
@@ -215,9 +221,9 @@ inline std::vector<task> static_dp_cp_tasks(std::span<const seq::seq_desc> seqs,
 
 /// Every strategy of `names` (default: all five) on the same batch, side by side. Same contract as
 /// run_strategy.
-[[nodiscard]] inline std::vector<strategy_result> compare_strategies(std::span<const seq::seq_desc> seqs,
-                                                                     const strategy_config& cfg,
-                                                                     std::span<const std::string_view> names = strategy_names) {
+[[nodiscard]] inline std::vector<strategy_result> compare_strategies(
+    std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
+    std::span<const std::string_view> names = strategy_names) {
   std::vector<strategy_result> out;
   out.reserve(names.size());
   for (auto n : names) out.push_back(run_strategy(n, seqs, cfg));
@@ -228,16 +234,19 @@ inline std::vector<task> static_dp_cp_tasks(std::span<const seq::seq_desc> seqs,
 
 template <>
 struct fmt::formatter<hetmesh::balance::strategy_result> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::strategy_result& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}: step={} (modelled), imbalance={:.3f}, lower_bound={}, ratio={:.3f}, tasks={}",
+  auto format(const hetmesh::balance::strategy_result& r, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(),
+                          "{}: step={} (modelled), imbalance={:.3f}, lower_bound={}, ratio={:.3f}, tasks={}",
                           r.name, r.step, r.imbalance, r.lower_bound, r.ratio_to_lower_bound, r.tasks);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::strategy_config& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "strategy_config(ranks={}, {}, {}, {}, {}, seed={}, context={})", c.ranks, c.hdp,
-                          c.model, c.bytescale, c.hetmesh, c.seed, c.context);
+  auto format(const hetmesh::balance::strategy_config& c, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "strategy_config(ranks={}, {}, {}, {}, {}, seed={}, context={})",
+                          c.ranks, c.hdp, c.model, c.bytescale, c.hetmesh, c.seed, c.context);
   }
 };

@@ -26,7 +26,8 @@ inline constexpr int checkpoint_version = 1;
 [[nodiscard]] inline std::uint64_t stream_fingerprint(const mixture_config& cfg) {
   hasher h;
   append_all(h, cfg.seed, cfg.global_batch, cfg.modalities, cfg.buckets);
-  for (const auto& s : cfg.sources) append_all(h, s.name, s.weight, s.modality, s.bucket, s.min_tokens, s.max_tokens, s.max_epochs);
+  for (const auto& s : cfg.sources)
+    append_all(h, s.name, s.weight, s.modality, s.bucket, s.min_tokens, s.max_tokens, s.max_epochs);
   return h.digest();
 }
 
@@ -39,7 +40,9 @@ inline constexpr int checkpoint_version = 1;
   j["step"] = st.step;
   auto& src = j["sources"] = nlohmann::json::array();
   for (std::size_t s = 0; s < st.cursors.size(); ++s)
-    src.push_back({{"name", cfg.sources[s].name}, {"epoch", st.cursors[s].epoch}, {"position", st.cursors[s].position},
+    src.push_back({{"name", cfg.sources[s].name},
+                   {"epoch", st.cursors[s].epoch},
+                   {"position", st.cursors[s].position},
                    {"carry", st.cursors[s].carry}});
   return j;
 }
@@ -50,22 +53,25 @@ inline constexpr int checkpoint_version = 1;
   if (!j.is_object() || j.value("format", "") != "hetmesh-data-state")
     throw_error<data_error>("not a hetmesh data checkpoint (expected \"format\": \"hetmesh-data-state\")");
   if (j.value("version", 0) != checkpoint_version)
-    throw_error<data_error>("data checkpoint version {}; this build reads version {}", j.value("version", 0), checkpoint_version);
+    throw_error<data_error>("data checkpoint version {}; this build reads version {}", j.value("version", 0),
+                            checkpoint_version);
   const std::string want = fmt::format("{:016x}", stream_fingerprint(cfg));
   if (j.value("fingerprint", "") != want)
-    throw_error<mismatch_error>("data checkpoint fingerprint {} does not match the configuration's {}: it was written under another "
-                                "mixture (seed, batch, sources or weights differ)",
-                                j.value("fingerprint", ""), want);
+    throw_error<mismatch_error>(
+        "data checkpoint fingerprint {} does not match the configuration's {}: it was written under another "
+        "mixture (seed, batch, sources or weights differ)",
+        j.value("fingerprint", ""), want);
   planner_state st{};
   try {
     st.step = j.at("step").get<std::int64_t>();
     const auto& src = j.at("sources");
     if (src.size() != cfg.sources.size())
-      throw_error<mismatch_error>("data checkpoint has {} sources; the configuration has {}", src.size(), cfg.sources.size());
+      throw_error<mismatch_error>("data checkpoint has {} sources; the configuration has {}", src.size(),
+                                  cfg.sources.size());
     for (std::size_t s = 0; s < src.size(); ++s) {
       if (src[s].at("name").get<std::string>() != cfg.sources[s].name)
-        throw_error<mismatch_error>("data checkpoint source {} is '{}'; the configuration's is '{}'", s, src[s].at("name").get<std::string>(),
-                                    cfg.sources[s].name);
+        throw_error<mismatch_error>("data checkpoint source {} is '{}'; the configuration's is '{}'", s,
+                                    src[s].at("name").get<std::string>(), cfg.sources[s].name);
       st.cursors.push_back({src[s].at("epoch").get<std::int64_t>(), src[s].at("position").get<std::int64_t>(),
                             src[s].at("carry").get<std::int64_t>()});
     }

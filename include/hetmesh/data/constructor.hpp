@@ -26,14 +26,15 @@ struct packed_micro_batch {
   std::vector<std::int32_t> tokens{};
   std::vector<std::int32_t> cu_seqlens{0};
   std::vector<std::int32_t> positions{};
-  std::vector<sample_ref> refs{};         // one per document, in order
+  std::vector<sample_ref> refs{};  // one per document, in order
   std::vector<encoder_item> items{};
-  std::vector<std::int32_t> item_owner{}; // document (index into refs) of each item
+  std::vector<std::int32_t> item_owner{};  // document (index into refs) of each item
 
   [[nodiscard]] std::int64_t documents() const noexcept { return static_cast<std::int64_t>(refs.size()); }
   [[nodiscard]] std::int64_t heap_bytes() const noexcept {
-    auto b = static_cast<std::int64_t>(4 * (tokens.capacity() + cu_seqlens.capacity() + positions.capacity() + item_owner.capacity()) +
-                                       refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(encoder_item));
+    auto b = static_cast<std::int64_t>(
+        4 * (tokens.capacity() + cu_seqlens.capacity() + positions.capacity() + item_owner.capacity()) +
+        refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(encoder_item));
     for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
     return b;
   }
@@ -42,17 +43,20 @@ struct packed_micro_batch {
 
 /// Rank `dp_rank`'s micro-batches of a step: documents in plan order within each micro-batch. Pre:
 /// samples[i] is the loaded plan.samples[i]. Local, deterministic; O(tokens + payload bytes).
-[[nodiscard]] inline std::vector<packed_micro_batch> construct(const step_plan& plan, std::span<const sample> samples, int dp_rank,
+[[nodiscard]] inline std::vector<packed_micro_batch> construct(const step_plan& plan,
+                                                               std::span<const sample> samples, int dp_rank,
                                                                int micro_batches) {
   if (samples.size() != plan.samples.size())
-    throw_error<invalid_argument>("construct: {} loaded samples for a plan of {}; expected one per planned sample", samples.size(),
-                                  plan.samples.size());
+    throw_error<invalid_argument>(
+        "construct: {} loaded samples for a plan of {}; expected one per planned sample", samples.size(),
+        plan.samples.size());
   std::vector<packed_micro_batch> out(static_cast<std::size_t>(micro_batches));
   for (std::size_t i = 0; i < plan.samples.size(); ++i) {
     const auto& p = plan.samples[i];
     if (p.dp_rank != dp_rank) continue;
     if (samples[i].ref != p.ref)
-      throw_error<data_error>("construct: loaded sample {} is {} but the plan says {}", i, samples[i].ref, p.ref);
+      throw_error<data_error>("construct: loaded sample {} is {} but the plan says {}", i, samples[i].ref,
+                              p.ref);
     auto& mb = out[static_cast<std::size_t>(p.micro_batch)];
     const auto& toks = samples[i].tokens;
     mb.tokens.insert(mb.tokens.end(), toks.begin(), toks.end());
@@ -87,7 +91,8 @@ struct byte_reader {
   std::size_t at = 0;
   void need(std::size_t n) {
     if (at + n > in.size())
-      throw_error<data_error>("packed micro-batch bytes are truncated: need {} at offset {}, have {}", n, at, in.size());
+      throw_error<data_error>("packed micro-batch bytes are truncated: need {} at offset {}, have {}", n, at,
+                              in.size());
   }
   template <class T>
   T pod() {
@@ -100,7 +105,8 @@ struct byte_reader {
   template <class T>
   std::vector<T> array() {
     const auto n = pod<std::int64_t>();
-    if (n < 0 || static_cast<std::uint64_t>(n) > in.size()) throw_error<data_error>("packed micro-batch bytes: bad array length {}", n);
+    if (n < 0 || static_cast<std::uint64_t>(n) > in.size())
+      throw_error<data_error>("packed micro-batch bytes: bad array length {}", n);
     need(static_cast<std::size_t>(n) * sizeof(T));
     std::vector<T> v(static_cast<std::size_t>(n));
     std::memcpy(v.data(), in.data() + at, v.size() * sizeof(T));
@@ -142,14 +148,18 @@ struct byte_reader {
     throw_error<data_error>("packed micro-batch bytes: {} items but {} owners", n, mb.item_owner.size());
   for (std::int64_t k = 0; k < n; ++k) {
     const auto kind = r.array<char>();
-    encoder_item it{.kind = std::string(kind.begin(), kind.end()), .tokens = r.pod<std::int64_t>(), .payload = r.array<std::byte>()};
+    encoder_item it{.kind = std::string(kind.begin(), kind.end()),
+                    .tokens = r.pod<std::int64_t>(),
+                    .payload = r.array<std::byte>()};
     mb.items.push_back(std::move(it));
   }
-  if (r.at != bytes.size()) throw_error<data_error>("packed micro-batch bytes: {} trailing bytes", bytes.size() - r.at);
+  if (r.at != bytes.size())
+    throw_error<data_error>("packed micro-batch bytes: {} trailing bytes", bytes.size() - r.at);
   if (mb.cu_seqlens.empty() || mb.cu_seqlens.back() != static_cast<std::int32_t>(mb.tokens.size()) ||
       mb.positions.size() != mb.tokens.size() || mb.cu_seqlens.size() != mb.refs.size() + 1)
-    throw_error<data_error>("packed micro-batch bytes: inconsistent sizes (tokens {}, positions {}, cu_seqlens {}, documents {})",
-                            mb.tokens.size(), mb.positions.size(), mb.cu_seqlens.size(), mb.refs.size());
+    throw_error<data_error>(
+        "packed micro-batch bytes: inconsistent sizes (tokens {}, positions {}, cu_seqlens {}, documents {})",
+        mb.tokens.size(), mb.positions.size(), mb.cu_seqlens.size(), mb.refs.size());
   return mb;
 }
 
@@ -157,8 +167,9 @@ struct byte_reader {
 
 template <>
 struct fmt::formatter<hetmesh::data::packed_micro_batch> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::packed_micro_batch& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "micro_batch({} documents, {} tokens, {} items, cu_seqlens={})", m.refs.size(), m.tokens.size(),
-                          m.items.size(), m.cu_seqlens);
+  auto format(const hetmesh::data::packed_micro_batch& m, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "micro_batch({} documents, {} tokens, {} items, cu_seqlens={})",
+                          m.refs.size(), m.tokens.size(), m.items.size(), m.cu_seqlens);
   }
 };

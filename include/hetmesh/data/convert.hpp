@@ -46,7 +46,8 @@ void for_each_jsonl(const std::string& path, F&& f) {
     ++no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) throw_error<data_error>("'{}' line {}: not a JSON object", path, no);
+    if (j.is_discarded() || !j.is_object())
+      throw_error<data_error>("'{}' line {}: not a JSON object", path, no);
     try {
       f(j, no);
     } catch (error& e) {
@@ -60,15 +61,19 @@ void for_each_jsonl(const std::string& path, F&& f) {
 }  // namespace detail
 
 /// JSONL -> `prefix.bin`/`prefix.idx`. Not collective; deterministic; O(input bytes).
-inline convert_stats convert_jsonl_to_indexed(const std::string& jsonl, const std::string& prefix, dtype type = dtype::int32,
+inline convert_stats convert_jsonl_to_indexed(const std::string& jsonl, const std::string& prefix,
+                                              dtype type = dtype::int32,
                                               const tokenizer& tok = byte_tokenizer) {
   convert_stats st;
   indexed_dataset_writer w(prefix, type);
   detail::for_each_jsonl(jsonl, [&](const nlohmann::json& j, std::int64_t) {
     std::vector<std::int64_t> ids;
-    if (j.contains("tokens") && j["tokens"].is_array()) ids = j["tokens"].get<std::vector<std::int64_t>>();
-    else if (j.contains("text") && j["text"].is_string()) ids = tok(j["text"].get<std::string>());
-    else throw_error<data_error>("no \"tokens\" array and no \"text\" string; expected one of them");
+    if (j.contains("tokens") && j["tokens"].is_array())
+      ids = j["tokens"].get<std::vector<std::int64_t>>();
+    else if (j.contains("text") && j["text"].is_string())
+      ids = tok(j["text"].get<std::string>());
+    else
+      throw_error<data_error>("no \"tokens\" array and no \"text\" string; expected one of them");
     w.add_sequence(std::span<const std::int64_t>(ids));
     w.end_document();
     ++st.lines;
@@ -82,8 +87,10 @@ inline convert_stats convert_jsonl_to_indexed(const std::string& jsonl, const st
 
 /// JSONL -> WebDataset shards `<prefix>-000000.tar`, ... of `per_shard` samples each, each with its
 /// index beside it. Keys are the line's "key" or "s<line number>".
-inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const std::string& prefix, std::int64_t per_shard) {
-  if (per_shard < 1) throw_error<invalid_argument>("convert_jsonl_to_webdataset: per_shard = {}; expected >= 1", per_shard);
+inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const std::string& prefix,
+                                                 std::int64_t per_shard) {
+  if (per_shard < 1)
+    throw_error<invalid_argument>("convert_jsonl_to_webdataset: per_shard = {}; expected >= 1", per_shard);
   convert_stats st;
   std::unique_ptr<wds_writer> w;
   auto open_next = [&] {
@@ -93,7 +100,8 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
   };
   detail::for_each_jsonl(jsonl, [&](nlohmann::json j, std::int64_t no) {
     if (!j.contains("tokens")) {
-      if (!j.contains("text_tokens")) throw_error<data_error>("no \"tokens\" count and no \"text_tokens\"; expected one of them");
+      if (!j.contains("text_tokens"))
+        throw_error<data_error>("no \"tokens\" count and no \"text_tokens\"; expected one of them");
       j["tokens"] = j["text_tokens"].size();
     }
     std::vector<std::pair<std::string, std::vector<std::byte>>> members;

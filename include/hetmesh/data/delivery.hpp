@@ -22,7 +22,8 @@ namespace hetmesh::data {
 /// the same root; only the root's `mine` is read. Returns the root's micro-batches on every member.
 /// Three broadcasts (count, sizes, bytes); cost O(bytes) per member.
 template <class C>
-[[nodiscard]] std::vector<packed_micro_batch> broadcast_micro_batches(C& group, const std::vector<packed_micro_batch>& mine, int root) {
+[[nodiscard]] std::vector<packed_micro_batch> broadcast_micro_batches(
+    C& group, const std::vector<packed_micro_batch>& mine, int root) {
   const bool is_root = group.rank() == root;
   std::vector<std::vector<std::byte>> blobs{};
   std::int64_t count = 0;
@@ -49,7 +50,8 @@ template <class C>
   std::vector<packed_micro_batch> out{};
   std::size_t at = 0;
   for (auto s : sizes) {
-    out.push_back(deserialize(std::as_bytes(std::span<const std::uint8_t>(flat.data() + at, static_cast<std::size_t>(s)))));
+    out.push_back(deserialize(
+        std::as_bytes(std::span<const std::uint8_t>(flat.data() + at, static_cast<std::size_t>(s)))));
     at += static_cast<std::size_t>(s);
   }
   return out;
@@ -60,11 +62,13 @@ template <class C>
 /// over each delivery group (the group's communicator is made from `world`); ranks in no group (middle
 /// pipeline stages) return an empty list without communicating.
 template <class C>
-[[nodiscard]] std::vector<packed_micro_batch> deliver(C& world, const mixture_config& cfg, const step_batch* batch) {
+[[nodiscard]] std::vector<packed_micro_batch> deliver(C& world, const mixture_config& cfg,
+                                                      const step_batch* batch) {
   const auto& t = cfg.layout;
   if (world.size() != t.world())
-    throw_error<invalid_argument>("deliver: the communicator has {} ranks; the layout tp={} cp={} dp={} pp={} needs {}", world.size(), t.tp,
-                                  t.cp, t.dp, t.pp, t.world());
+    throw_error<invalid_argument>(
+        "deliver: the communicator has {} ranks; the layout tp={} cp={} dp={} pp={} needs {}", world.size(),
+        t.tp, t.cp, t.dp, t.pp, t.world());
   const int me = world.rank();
   const int dp = (me / (t.tp * t.cp)) % t.dp;
   const auto g = delivery_of(t, dp);
@@ -72,7 +76,8 @@ template <class C>
   if (it == g.ranks.end()) return {};
   std::vector<packed_micro_batch> mine{};
   if (me == g.loader) {
-    if (batch == nullptr) throw_error<invalid_argument>("deliver: rank {} is the loading rank of dp {} but got no batch", me, dp);
+    if (batch == nullptr)
+      throw_error<invalid_argument>("deliver: rank {} is the loading rank of dp {} but got no batch", me, dp);
     mine = construct(batch->plan, batch->samples, dp, cfg.micro_batches);
   }
   if (g.ranks.size() == 1) return mine;

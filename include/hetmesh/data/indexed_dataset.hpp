@@ -6,10 +6,9 @@
 // .idx layout (little endian, no padding):
 //   offset 0   9 bytes   magic "MMIDIDX\0\0"
 //          9   u64       version, always 1
-//         17   u8        dtype code of the .bin elements (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 6 f64, 7 f32, 8 u16)
-//         18   u64       sequence count S
-//         26   u64       document count D (number of documents + 1: document_indices starts with 0)
-//         34   i32[S]    sequence lengths, in elements
+//         17   u8        dtype code of the .bin elements (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 6 f64, 7 f32, 8
+//         u16) 18   u64       sequence count S 26   u64       document count D (number of documents + 1:
+//         document_indices starts with 0) 34   i32[S]    sequence lengths, in elements
 //              i64[S]    sequence pointers, byte offsets into .bin (prefix sums of length * itemsize)
 //              i64[D]    document indices: sequence index where each document ends, after a leading 0
 //             (i8[S])    sequence modes, only in Megatron's multimodal variant
@@ -31,23 +30,37 @@
 
 namespace hetmesh::data {
 
-static_assert(std::endian::native == std::endian::little,
-              "hetmesh::data reads Megatron's little-endian files by mapping them; big-endian hosts are not supported");
+static_assert(
+    std::endian::native == std::endian::little,
+    "hetmesh::data reads Megatron's little-endian files by mapping them; big-endian hosts are not supported");
 
 /// Element type codes of Megatron's DType enum (the values are the on-disk codes).
-enum class dtype : std::uint8_t { uint8 = 1, int8 = 2, int16 = 3, int32 = 4, int64 = 5, float64 = 6, float32 = 7, uint16 = 8 };
+enum class dtype : std::uint8_t {
+  uint8 = 1,
+  int8 = 2,
+  int16 = 3,
+  int32 = 4,
+  int64 = 5,
+  float64 = 6,
+  float32 = 7,
+  uint16 = 8
+};
 
 /// Bytes per element of `t`; throws data_error for a code outside Megatron's table.
 [[nodiscard]] inline std::int64_t dtype_size(dtype t) {
   switch (t) {
     case dtype::uint8:
-    case dtype::int8: return 1;
+    case dtype::int8:
+      return 1;
     case dtype::int16:
-    case dtype::uint16: return 2;
+    case dtype::uint16:
+      return 2;
     case dtype::int32:
-    case dtype::float32: return 4;
+    case dtype::float32:
+      return 4;
     case dtype::int64:
-    case dtype::float64: return 8;
+    case dtype::float64:
+      return 8;
   }
   throw_error<data_error>("dtype code {} is not one of Megatron's codes 1..8", static_cast<int>(t));
 }
@@ -109,20 +122,32 @@ class indexed_dataset {
     out.reserve(out.size() + n);
     auto append = [&](auto tag) {
       using T = decltype(tag);
-      for (std::size_t k = 0; k < n; ++k) out.push_back(static_cast<std::int32_t>(detail::load_le<T>(src + k * sizeof(T))));
+      for (std::size_t k = 0; k < n; ++k)
+        out.push_back(static_cast<std::int32_t>(detail::load_le<T>(src + k * sizeof(T))));
     };
     switch (type_) {
-      case dtype::uint8: append(std::uint8_t{}); break;
-      case dtype::int8: append(std::int8_t{}); break;
-      case dtype::int16: append(std::int16_t{}); break;
-      case dtype::uint16: append(std::uint16_t{}); break;
+      case dtype::uint8:
+        append(std::uint8_t{});
+        break;
+      case dtype::int8:
+        append(std::int8_t{});
+        break;
+      case dtype::int16:
+        append(std::int16_t{});
+        break;
+      case dtype::uint16:
+        append(std::uint16_t{});
+        break;
       case dtype::int32:
         // Sequence pointers are multiples of 4 and the mapping is page aligned, so this is an aligned copy.
-        out.insert(out.end(), reinterpret_cast<const std::int32_t*>(src), reinterpret_cast<const std::int32_t*>(src) + n);
+        out.insert(out.end(), reinterpret_cast<const std::int32_t*>(src),
+                   reinterpret_cast<const std::int32_t*>(src) + n);
         break;
       default:
-        throw_error<invalid_argument>("'{}.bin' holds dtype code {}, which is not a token type; expected an integer type of at most 32 bits",
-                                      prefix_, static_cast<int>(type_));
+        throw_error<invalid_argument>(
+            "'{}.bin' holds dtype code {}, which is not a token type; expected an integer type of at most 32 "
+            "bits",
+            prefix_, static_cast<int>(type_));
     }
   }
   /// Bytes of the mapped index (all of it is touched by validation, so it is resident) and of .bin.
@@ -134,26 +159,33 @@ class indexed_dataset {
     const auto idx = idx_.bytes();
     const std::string& ip = idx_.path();
     if (idx_.size() < indexed_header_bytes)
-      throw_error<data_error>("'{}' is truncated: {} bytes, expected at least the {}-byte header", ip, idx_.size(), indexed_header_bytes);
+      throw_error<data_error>("'{}' is truncated: {} bytes, expected at least the {}-byte header", ip,
+                              idx_.size(), indexed_header_bytes);
     if (std::memcmp(idx.data(), indexed_magic, sizeof indexed_magic) != 0)
-      throw_error<data_error>("'{}' does not start with Megatron's magic \"MMIDIDX\\0\\0\"; not an MMapIndexedDataset index", ip);
+      throw_error<data_error>(
+          "'{}' does not start with Megatron's magic \"MMIDIDX\\0\\0\"; not an MMapIndexedDataset index", ip);
     const auto version = detail::load_le<std::uint64_t>(idx.data() + 9);
     if (version != 1) throw_error<data_error>("'{}' has index version {}; expected version 1", ip, version);
     const auto code = detail::load_le<std::uint8_t>(idx.data() + 17);
-    if (code < 1 || code > 8) throw_error<data_error>("'{}' has dtype code {}; expected one of Megatron's codes 1..8", ip, code);
+    if (code < 1 || code > 8)
+      throw_error<data_error>("'{}' has dtype code {}; expected one of Megatron's codes 1..8", ip, code);
     type_ = static_cast<dtype>(code);
     elem_ = dtype_size(type_);
     const auto s = detail::load_le<std::uint64_t>(idx.data() + 18);
     const auto d = detail::load_le<std::uint64_t>(idx.data() + 26);
     const std::uint64_t limit = static_cast<std::uint64_t>(idx_.size());
     if (s > limit / 12 || d > limit / 8 || d < 1)
-      throw_error<data_error>("'{}' declares {} sequences and {} document entries, which cannot fit in its {} bytes", ip, s, d, limit);
+      throw_error<data_error>(
+          "'{}' declares {} sequences and {} document entries, which cannot fit in its {} bytes", ip, s, d,
+          limit);
     sequences_ = static_cast<std::int64_t>(s);
     doc_entries_ = static_cast<std::int64_t>(d);
     const std::int64_t plain = indexed_header_bytes + 12 * sequences_ + 8 * doc_entries_;
     if (idx_.size() != plain && idx_.size() != plain + sequences_)
-      throw_error<data_error>("'{}' is {} bytes; for {} sequences and {} document entries expected {} (or {} with modes): truncated or corrupt",
-                              ip, idx_.size(), sequences_, doc_entries_, plain, plain + sequences_);
+      throw_error<data_error>(
+          "'{}' is {} bytes; for {} sequences and {} document entries expected {} (or {} with modes): "
+          "truncated or corrupt",
+          ip, idx_.size(), sequences_, doc_entries_, plain, plain + sequences_);
     lengths_ = idx.data() + indexed_header_bytes;
     pointers_ = lengths_ + 4 * sequences_;
     docs_ = pointers_ + 8 * sequences_;
@@ -163,22 +195,30 @@ class indexed_dataset {
       const std::int64_t len = length(i);
       if (len < 0) throw_error<data_error>("'{}': sequence {} has negative length {}", ip, i, len);
       if (pointer(i) != expect)
-        throw_error<data_error>("'{}': sequence {} starts at byte {}; expected {} (sum of the previous lengths x {} bytes): index and data do not match",
-                                ip, i, pointer(i), expect, elem_);
+        throw_error<data_error>(
+            "'{}': sequence {} starts at byte {}; expected {} (sum of the previous lengths x {} bytes): "
+            "index and data do not match",
+            ip, i, pointer(i), expect, elem_);
       expect += len * elem_;
     }
     if (expect != bin_.size())
-      throw_error<data_error>("'{}' is {} bytes but its index '{}' describes {} bytes: the index does not match its data (truncated .bin?)",
-                              bin_.path(), bin_.size(), ip, expect);
+      throw_error<data_error>(
+          "'{}' is {} bytes but its index '{}' describes {} bytes: the index does not match its data "
+          "(truncated .bin?)",
+          bin_.path(), bin_.size(), ip, expect);
     std::int64_t prev = 0;
     for (std::int64_t k = 0; k < doc_entries_; ++k) {
       const auto v = detail::load_le<std::int64_t>(docs_ + 8 * k);
       if ((k == 0 && v != 0) || v < prev || v > sequences_)
-        throw_error<data_error>("'{}': document index entry {} is {}; expected a non-decreasing list starting at 0 and ending at {}", ip, k, v, sequences_);
+        throw_error<data_error>(
+            "'{}': document index entry {} is {}; expected a non-decreasing list starting at 0 and ending at "
+            "{}",
+            ip, k, v, sequences_);
       prev = v;
     }
     if (prev != sequences_)
-      throw_error<data_error>("'{}': the last document ends at sequence {}; expected {} (all sequences)", ip, prev, sequences_);
+      throw_error<data_error>("'{}': the last document ends at sequence {}; expected {} (all sequences)", ip,
+                              prev, sequences_);
   }
 
   std::string prefix_{};
@@ -198,7 +238,9 @@ class indexed_dataset {
 class indexed_dataset_writer {
  public:
   indexed_dataset_writer(std::string prefix, dtype type)
-      : prefix_(std::move(prefix)), type_(type), elem_(dtype_size(type)),
+      : prefix_(std::move(prefix)),
+        type_(type),
+        elem_(dtype_size(type)),
         bin_(detail::open_file(prefix_ + ".bin", O_WRONLY | O_CREAT | O_TRUNC)) {}
 
   /// Appends one sequence. Pre: every value fits the dtype (else invalid_argument naming the value).
@@ -209,17 +251,33 @@ class indexed_dataset_writer {
     for (std::size_t k = 0; k < tokens.size(); ++k) {
       const auto v = static_cast<std::int64_t>(tokens[k]);
       switch (type_) {
-        case dtype::uint8: store<std::uint8_t>(out, k, v); break;
-        case dtype::int8: store<std::int8_t>(out, k, v); break;
-        case dtype::int16: store<std::int16_t>(out, k, v); break;
-        case dtype::uint16: store<std::uint16_t>(out, k, v); break;
-        case dtype::int32: store<std::int32_t>(out, k, v); break;
-        case dtype::int64: store<std::int64_t>(out, k, v); break;
-        default: throw_error<invalid_argument>("indexed_dataset_writer: dtype code {} is not an integer type", static_cast<int>(type_));
+        case dtype::uint8:
+          store<std::uint8_t>(out, k, v);
+          break;
+        case dtype::int8:
+          store<std::int8_t>(out, k, v);
+          break;
+        case dtype::int16:
+          store<std::int16_t>(out, k, v);
+          break;
+        case dtype::uint16:
+          store<std::uint16_t>(out, k, v);
+          break;
+        case dtype::int32:
+          store<std::int32_t>(out, k, v);
+          break;
+        case dtype::int64:
+          store<std::int64_t>(out, k, v);
+          break;
+        default:
+          throw_error<invalid_argument>("indexed_dataset_writer: dtype code {} is not an integer type",
+                                        static_cast<int>(type_));
       }
     }
     if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
-      throw_error<invalid_argument>("indexed_dataset_writer: a sequence of {} elements exceeds Megatron's int32 length field", tokens.size());
+      throw_error<invalid_argument>(
+          "indexed_dataset_writer: a sequence of {} elements exceeds Megatron's int32 length field",
+          tokens.size());
     detail::write_all(bin_.get(), buf_, prefix_ + ".bin");
     lengths_.push_back(static_cast<std::int32_t>(tokens.size()));
   }
@@ -254,8 +312,10 @@ class indexed_dataset_writer {
  private:
   template <class U>
   void store(std::byte* out, std::size_t k, std::int64_t v) {
-    if (v < static_cast<std::int64_t>(std::numeric_limits<U>::min()) || v > static_cast<std::int64_t>(std::numeric_limits<U>::max()))
-      throw_error<invalid_argument>("indexed_dataset_writer: token {} does not fit dtype code {} of '{}'", v, static_cast<int>(type_), prefix_);
+    if (v < static_cast<std::int64_t>(std::numeric_limits<U>::min()) ||
+        v > static_cast<std::int64_t>(std::numeric_limits<U>::max()))
+      throw_error<invalid_argument>("indexed_dataset_writer: token {} does not fit dtype code {} of '{}'", v,
+                                    static_cast<int>(type_), prefix_);
     const U u = static_cast<U>(v);
     std::memcpy(out + k * sizeof(U), &u, sizeof(U));
   }
@@ -274,7 +334,8 @@ class indexed_dataset_writer {
 template <>
 struct fmt::formatter<hetmesh::data::dtype> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::data::dtype t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    static constexpr const char* names[] = {"?", "uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16"};
+    static constexpr const char* names[] = {"?",     "uint8",   "int8",    "int16", "int32",
+                                            "int64", "float64", "float32", "uint16"};
     const int c = static_cast<int>(t);
     return fmt::format_to(ctx.out(), "{}", c >= 1 && c <= 8 ? names[c] : "invalid");
   }
@@ -282,8 +343,9 @@ struct fmt::formatter<hetmesh::data::dtype> : hetmesh::empty_spec_formatter {
 
 template <>
 struct fmt::formatter<hetmesh::data::indexed_dataset> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::indexed_dataset& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "indexed_dataset({}, {}, {} sequences, {} documents)", d.prefix(), d.type(), d.size(),
-                          d.documents());
+  auto format(const hetmesh::data::indexed_dataset& d, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "indexed_dataset({}, {}, {} sequences, {} documents)", d.prefix(),
+                          d.type(), d.size(), d.documents());
   }
 };

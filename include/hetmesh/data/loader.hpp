@@ -10,8 +10,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -26,10 +26,10 @@
 namespace hetmesh::data {
 
 struct loader_options {
-  int workers = 2;              // reading threads; 0 reads on the caller's thread inside next()
-  int prefetch_steps = 2;       // steps planned and read ahead of the one next() returns
-  int loaders_per_source = 1;   // initial k_s
-  int chunk_samples = 16;       // samples per read task (fewer hand-offs between threads)
+  int workers = 2;             // reading threads; 0 reads on the caller's thread inside next()
+  int prefetch_steps = 2;      // steps planned and read ahead of the one next() returns
+  int loaders_per_source = 1;  // initial k_s
+  int chunk_samples = 16;      // samples per read task (fewer hand-offs between threads)
   autoscale_options autoscale{};
   friend bool operator==(const loader_options&, const loader_options&) = default;
 };
@@ -48,8 +48,10 @@ class data_loader {
       : cfg_(std::move(cfg)), opts_(opts), decode_(std::move(decode)) {
     validate(cfg_);
     if (opts_.workers < 0 || opts_.prefetch_steps < 0 || opts_.loaders_per_source < 1)
-      throw_error<invalid_argument>("data_loader: workers = {}, prefetch_steps = {}, loaders_per_source = {}; expected >= 0, >= 0, >= 1",
-                                    opts_.workers, opts_.prefetch_steps, opts_.loaders_per_source);
+      throw_error<invalid_argument>(
+          "data_loader: workers = {}, prefetch_steps = {}, loaders_per_source = {}; expected >= 0, >= 0, >= "
+          "1",
+          opts_.workers, opts_.prefetch_steps, opts_.loaders_per_source);
     loaders_.resize(cfg_.sources.size());
     cost_ns_.assign(cfg_.sources.size(), 0.0);
     for (std::size_t s = 0; s < cfg_.sources.size(); ++s) {
@@ -102,7 +104,8 @@ class data_loader {
   /// Continues from `st` (drops whatever was prefetched). Pre: st has one cursor per source.
   void restore(const planner_state& st) {
     if (st.cursors.size() != cfg_.sources.size())
-      throw_error<mismatch_error>("data_loader::restore: state has {} cursors for {} sources", st.cursors.size(), cfg_.sources.size());
+      throw_error<mismatch_error>("data_loader::restore: state has {} cursors for {} sources",
+                                  st.cursors.size(), cfg_.sources.size());
     std::unique_lock lock(mutex_);
     tasks_.clear();
     done_cv_.wait(lock, [&] { return active_ == 0; });
@@ -159,7 +162,9 @@ class data_loader {
     for (const auto& sl : inflight_)
       for (const auto& smp : sl->samples) pre += smp.heap_bytes();
     r.add("prefetch", "steps", pre);
-    r.add("planner", "state", static_cast<std::int64_t>(sizeof(planner_state) + consumed_.cursors.capacity() * sizeof(source_cursor)));
+    r.add("planner", "state",
+          static_cast<std::int64_t>(sizeof(planner_state) +
+                                    consumed_.cursors.capacity() * sizeof(source_cursor)));
     return r;
   }
 
@@ -234,7 +239,8 @@ class data_loader {
       const auto& ls = loaders_[static_cast<std::size_t>(ref.source)];
       const std::size_t j = static_cast<std::size_t>(ref.position) % ls.size();
       auto it = open.find({ref.source, j});
-      if (it == open.end() || out[it->second].items.size() >= static_cast<std::size_t>(std::max(1, opts_.chunk_samples))) {
+      if (it == open.end() ||
+          out[it->second].items.size() >= static_cast<std::size_t>(std::max(1, opts_.chunk_samples))) {
         out.push_back({sl, ls[j], {}});
         it = open.insert_or_assign({ref.source, j}, out.size() - 1).first;
       }
@@ -257,11 +263,13 @@ class data_loader {
         if (!t.sl->read_error) t.sl->read_error = std::current_exception();
       }
     }
-    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - begin).count() /
-                      static_cast<double>(t.items.size());
+    const double ns =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - begin).count() /
+        static_cast<double>(t.items.size());
     const auto s = static_cast<std::size_t>(t.sl->plan.samples[t.items.front()].ref.source);
     std::lock_guard lock(mutex_);
-    cost_ns_[s] = cost_ns_[s] == 0 ? ns : 0.8 * cost_ns_[s] + 0.2 * ns;  // moving average of read + decode per sample
+    cost_ns_[s] =
+        cost_ns_[s] == 0 ? ns : 0.8 * cost_ns_[s] + 0.2 * ns;  // moving average of read + decode per sample
     t.sl->remaining -= static_cast<std::int64_t>(t.items.size());
     if (t.sl->remaining == 0) done_cv_.notify_all();
   }
@@ -293,7 +301,8 @@ class data_loader {
       costs = cost_ns_;
     }
     const int budget = a.loader_budget > 0 ? a.loader_budget : 2 * static_cast<int>(cfg_.sources.size());
-    const auto k = autoscale_loaders(costs, weights_at(cfg_, consumed_.step + a.lookahead_steps), budget, a.max_per_source);
+    const auto k = autoscale_loaders(costs, weights_at(cfg_, consumed_.step + a.lookahead_steps), budget,
+                                     a.max_per_source);
     for (std::size_t s = 0; s < k.size(); ++s) set_loaders(static_cast<int>(s), k[s]);
   }
 

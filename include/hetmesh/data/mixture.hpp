@@ -38,7 +38,8 @@ using schedule = std::vector<weight_point>;
 [[nodiscard]] inline double evaluate(const schedule& s, std::int64_t step) {
   if (step <= s.front().step) return s.front().weight;
   if (step >= s.back().step) return s.back().weight;
-  const auto hi = std::upper_bound(s.begin(), s.end(), step, [](std::int64_t v, const weight_point& p) { return v < p.step; });
+  const auto hi = std::upper_bound(s.begin(), s.end(), step,
+                                   [](std::int64_t v, const weight_point& p) { return v < p.step; });
   const auto lo = hi - 1;
   const double t = static_cast<double>(step - lo->step) / static_cast<double>(hi->step - lo->step);
   return lo->weight + (hi->weight - lo->weight) * t;
@@ -100,7 +101,9 @@ struct cost_model {
 struct topology {
   int tp = 1, cp = 1, dp = 1, pp = 1;
   [[nodiscard]] int world() const noexcept { return tp * cp * dp * pp; }
-  [[nodiscard]] int rank(int t, int c, int d, int p) const noexcept { return t + tp * (c + cp * (d + dp * p)); }
+  [[nodiscard]] int rank(int t, int c, int d, int p) const noexcept {
+    return t + tp * (c + cp * (d + dp * p));
+  }
   void hash_append(hasher& h) const { append_all(h, tp, cp, dp, pp); }
   friend bool operator==(const topology&, const topology&) = default;
 };
@@ -115,11 +118,12 @@ struct mixture_config {
   cost_model cost{};
   balance_method balance = balance_method::lpt;
   topology layout{};
-  int micro_batches = 1;  // per data-parallel rank and step
+  int micro_batches = 1;                        // per data-parallel rank and step
   std::int64_t max_tokens_per_micro_batch = 0;  // 0: unlimited; else a capacity_error when exceeded
 
   void hash_append(hasher& h) const {
-    append_all(h, seed, global_batch, sources, modalities, buckets, cost, balance, layout, micro_batches, max_tokens_per_micro_batch);
+    append_all(h, seed, global_batch, sources, modalities, buckets, cost, balance, layout, micro_batches,
+               max_tokens_per_micro_batch);
   }
   friend bool operator==(const mixture_config&, const mixture_config&) = default;
 };
@@ -131,12 +135,16 @@ inline constexpr double weight_tolerance = 1e-6;
 namespace detail {
 
 inline void check_schedule(const schedule& s, const std::string& what) {
-  if (s.empty()) throw_error<invalid_argument>("{}: the weight schedule is empty; expected at least one (step, weight) point", what);
+  if (s.empty())
+    throw_error<invalid_argument>(
+        "{}: the weight schedule is empty; expected at least one (step, weight) point", what);
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (!std::isfinite(s[i].weight) || s[i].weight < 0)
-      throw_error<invalid_argument>("{}: weight {} at step {} is not a finite non-negative number", what, s[i].weight, s[i].step);
+      throw_error<invalid_argument>("{}: weight {} at step {} is not a finite non-negative number", what,
+                                    s[i].weight, s[i].step);
     if (i > 0 && s[i].step <= s[i - 1].step)
-      throw_error<invalid_argument>("{}: schedule steps {} then {} are not strictly increasing", what, s[i - 1].step, s[i].step);
+      throw_error<invalid_argument>("{}: schedule steps {} then {} are not strictly increasing", what,
+                                    s[i - 1].step, s[i].step);
   }
 }
 
@@ -152,7 +160,8 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
   double sum = 0;
   for (const auto& g : gs) sum += evaluate(g.weight, step);
   if (std::abs(sum - 1.0) > weight_tolerance)
-    throw_error<invalid_argument>("mixture: the {} weights sum to {:.9f} at step {}; expected 1", axis, sum, step);
+    throw_error<invalid_argument>("mixture: the {} weights sum to {:.9f} at step {}; expected 1", axis, sum,
+                                  step);
 }
 
 }  // namespace detail
@@ -167,7 +176,8 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
   detail::check_group_sum(cfg.buckets, "bucket", step);
   const bool grouped = !cfg.modalities.empty() || !cfg.buckets.empty();
   auto group_of = [&](const source_spec& s) {
-    return std::pair(cfg.modalities.empty() ? std::string() : s.modality, cfg.buckets.empty() ? std::string() : s.bucket);
+    return std::pair(cfg.modalities.empty() ? std::string() : s.modality,
+                     cfg.buckets.empty() ? std::string() : s.bucket);
   };
   std::map<std::pair<std::string, std::string>, double> group_base{};
   for (const auto& s : cfg.sources) group_base[group_of(s)] += evaluate(s.weight, step);
@@ -176,7 +186,8 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
     const auto& s = cfg.sources[i];
     const double base = evaluate(s.weight, step);
     if (grouped) {
-      const double factor = detail::group_value(cfg.modalities, s.modality, step) * detail::group_value(cfg.buckets, s.bucket, step);
+      const double factor = detail::group_value(cfg.modalities, s.modality, step) *
+                            detail::group_value(cfg.buckets, s.bucket, step);
       const double gb = group_base[group_of(s)];
       w[i] = gb > 0 ? factor * base / gb : 0.0;
     } else {
@@ -186,13 +197,17 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
   }
   if (std::abs(sum - 1.0) > weight_tolerance) {
     if (grouped) {
-      for (const auto& m : cfg.modalities.empty() ? std::vector<group_weight>{{"", {{0, 1.0}}}} : cfg.modalities)
-        for (const auto& b : cfg.buckets.empty() ? std::vector<group_weight>{{"", {{0, 1.0}}}} : cfg.buckets) {
+      for (const auto& m :
+           cfg.modalities.empty() ? std::vector<group_weight>{{"", {{0, 1.0}}}} : cfg.modalities)
+        for (const auto& b :
+             cfg.buckets.empty() ? std::vector<group_weight>{{"", {{0, 1.0}}}} : cfg.buckets) {
           const double f = evaluate(m.weight, step) * evaluate(b.weight, step);
           const auto it = group_base.find({m.name, b.name});
           if (f > 0 && (it == group_base.end() || it->second <= 0))
-            throw_error<invalid_argument>("mixture: modality '{}' x bucket '{}' has weight {:.6f} at step {} but no source with weight > 0 in it",
-                                          m.name, b.name, f, step);
+            throw_error<invalid_argument>(
+                "mixture: modality '{}' x bucket '{}' has weight {:.6f} at step {} but no source with weight "
+                "> 0 in it",
+                m.name, b.name, f, step);
         }
     }
     throw_error<invalid_argument>("mixture: source weights sum to {:.9f} at step {}; expected 1", sum, step);
@@ -215,7 +230,9 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
     rem[i] = {scaled - static_cast<double>(out[i]), i};
     sum += out[i];
   }
-  std::sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  std::sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
   for (std::size_t k = 0; sum < weight_one; ++k, ++sum) ++out[rem[k % rem.size()].second];
   return out;
 }
@@ -223,28 +240,38 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
 /// Checks a configuration: sizes, names, schedules, formats, and that the weights sum to one at every
 /// control point (the sums are linear between them). Throws invalid_argument naming the field.
 inline void validate(const mixture_config& cfg) {
-  if (cfg.global_batch <= 0) throw_error<invalid_argument>("mixture: global_batch = {}; expected > 0", cfg.global_batch);
+  if (cfg.global_batch <= 0)
+    throw_error<invalid_argument>("mixture: global_batch = {}; expected > 0", cfg.global_batch);
   if (cfg.sources.empty()) throw_error<invalid_argument>("mixture: no sources; expected at least one");
   const auto& t = cfg.layout;
   if (t.tp < 1 || t.cp < 1 || t.dp < 1 || t.pp < 1)
-    throw_error<invalid_argument>("mixture: layout tp={} cp={} dp={} pp={}; expected every extent >= 1", t.tp, t.cp, t.dp, t.pp);
-  if (cfg.micro_batches < 1) throw_error<invalid_argument>("mixture: micro_batches = {}; expected >= 1", cfg.micro_batches);
+    throw_error<invalid_argument>("mixture: layout tp={} cp={} dp={} pp={}; expected every extent >= 1", t.tp,
+                                  t.cp, t.dp, t.pp);
+  if (cfg.micro_batches < 1)
+    throw_error<invalid_argument>("mixture: micro_batches = {}; expected >= 1", cfg.micro_batches);
   std::vector<std::int64_t> steps{};
   for (std::size_t i = 0; i < cfg.sources.size(); ++i) {
     const auto& s = cfg.sources[i];
     const std::string what = fmt::format("source {} '{}'", i, s.name);
-    if (s.name.empty()) throw_error<invalid_argument>("{}: empty name; every source needs a unique name", what);
+    if (s.name.empty())
+      throw_error<invalid_argument>("{}: empty name; every source needs a unique name", what);
     for (std::size_t j = 0; j < i; ++j)
-      if (cfg.sources[j].name == s.name) throw_error<invalid_argument>("{}: the name is used by source {} too", what, j);
-    if (s.paths.empty()) throw_error<invalid_argument>("{}: no paths; expected dataset prefixes or shard files", what);
+      if (cfg.sources[j].name == s.name)
+        throw_error<invalid_argument>("{}: the name is used by source {} too", what, j);
+    if (s.paths.empty())
+      throw_error<invalid_argument>("{}: no paths; expected dataset prefixes or shard files", what);
     if (s.min_tokens < 0 || s.max_tokens < 0 || (s.max_tokens > 0 && s.max_tokens <= s.min_tokens))
-      throw_error<invalid_argument>("{}: token bucket [{}, {}) is empty or negative", what, s.min_tokens, s.max_tokens);
-    if (s.max_epochs < 0) throw_error<invalid_argument>("{}: max_epochs = {}; expected >= 0", what, s.max_epochs);
+      throw_error<invalid_argument>("{}: token bucket [{}, {}) is empty or negative", what, s.min_tokens,
+                                    s.max_tokens);
+    if (s.max_epochs < 0)
+      throw_error<invalid_argument>("{}: max_epochs = {}; expected >= 0", what, s.max_epochs);
     detail::check_schedule(s.weight, what);
     for (const auto& p : s.weight) steps.push_back(p.step);
-    if (!cfg.modalities.empty() && std::none_of(cfg.modalities.begin(), cfg.modalities.end(), [&](auto& g) { return g.name == s.modality; }))
+    if (!cfg.modalities.empty() && std::none_of(cfg.modalities.begin(), cfg.modalities.end(),
+                                                [&](auto& g) { return g.name == s.modality; }))
       throw_error<invalid_argument>("{}: modality '{}' is not in the modality mix", what, s.modality);
-    if (!cfg.buckets.empty() && std::none_of(cfg.buckets.begin(), cfg.buckets.end(), [&](auto& g) { return g.name == s.bucket; }))
+    if (!cfg.buckets.empty() &&
+        std::none_of(cfg.buckets.begin(), cfg.buckets.end(), [&](auto& g) { return g.name == s.bucket; }))
       throw_error<invalid_argument>("{}: bucket '{}' is not in the bucket mix", what, s.bucket);
   }
   for (const auto* axis : {&cfg.modalities, &cfg.buckets})
@@ -263,14 +290,16 @@ template <>
 struct fmt::formatter<hetmesh::data::source_spec> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::source_spec& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "source({}, {}, {} paths, {} weight points, {}/{})", s.name,
-                          s.format == hetmesh::data::source_format::indexed ? "indexed" : "webdataset", s.paths.size(), s.weight.size(),
-                          s.modality, s.bucket);
+                          s.format == hetmesh::data::source_format::indexed ? "indexed" : "webdataset",
+                          s.paths.size(), s.weight.size(), s.modality, s.bucket);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::mixture_config> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::mixture_config& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "mixture(seed={}, batch={}, {} sources, tp={} cp={} dp={} pp={}, {} micro-batches)", c.seed,
-                          c.global_batch, c.sources.size(), c.layout.tp, c.layout.cp, c.layout.dp, c.layout.pp, c.micro_batches);
+    return fmt::format_to(ctx.out(),
+                          "mixture(seed={}, batch={}, {} sources, tp={} cp={} dp={} pp={}, {} micro-batches)",
+                          c.seed, c.global_batch, c.sources.size(), c.layout.tp, c.layout.cp, c.layout.dp,
+                          c.layout.pp, c.micro_batches);
   }
 };

@@ -3,7 +3,8 @@
 // not silently become the default). A weight is a number (constant) or a list of [step, weight] pairs
 // (a piecewise-linear curriculum). Example:
 //   {"seed": 7, "global_batch": 64,
-//    "sources": [{"name": "web", "format": "indexed", "paths": ["/d/web"], "weight": [[0, 0.8], [1000, 0.5]]},
+//    "sources": [{"name": "web", "format": "indexed", "paths": ["/d/web"], "weight": [[0, 0.8], [1000,
+//    0.5]]},
 //                {"name": "code", "paths": ["/d/code"], "weight": [[0, 0.2], [1000, 0.5]]}],
 //    "cost": {"linear": 1, "quadratic": 1}, "balance": "lpt",
 //    "layout": {"tp": 2, "cp": 1, "dp": 4, "pp": 1}, "micro_batches": 2}
@@ -19,7 +20,8 @@ namespace hetmesh::data {
 
 namespace detail {
 
-inline void check_keys(const nlohmann::json& j, std::initializer_list<const char*> allowed, const std::string& where) {
+inline void check_keys(const nlohmann::json& j, std::initializer_list<const char*> allowed,
+                       const std::string& where) {
   if (!j.is_object()) throw_error<invalid_argument>("{}: expected a JSON object, got {}", where, j.dump());
   for (const auto& [k, v] : j.items()) {
     bool ok = false;
@@ -43,7 +45,8 @@ inline schedule schedule_from_json(const nlohmann::json& j, const std::string& w
     }
     return s;
   }
-  throw_error<invalid_argument>("{}: a weight is a number or a list of [step, weight] pairs, got {}", where, j.dump());
+  throw_error<invalid_argument>("{}: a weight is a number or a list of [step, weight] pairs, got {}", where,
+                                j.dump());
 }
 
 inline nlohmann::json schedule_to_json(const schedule& s) {
@@ -58,7 +61,8 @@ T get_as(const nlohmann::json& j, const char* key, const std::string& where) {
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception& e) {
-    throw_error<invalid_argument>("{}: field \"{}\" is missing or has the wrong type ({})", where, key, e.what());
+    throw_error<invalid_argument>("{}: field \"{}\" is missing or has the wrong type ({})", where, key,
+                                  e.what());
   }
 }
 
@@ -73,23 +77,32 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
 
 /// Parses and validates a mixture. Throws invalid_argument naming the offending field.
 [[nodiscard]] inline mixture_config mixture_from_json(const nlohmann::json& j) {
-  detail::check_keys(j, {"seed", "global_batch", "sources", "modalities", "buckets", "cost", "balance", "layout", "micro_batches",
-                         "max_tokens_per_micro_batch"},
+  detail::check_keys(j,
+                     {"seed", "global_batch", "sources", "modalities", "buckets", "cost", "balance", "layout",
+                      "micro_batches", "max_tokens_per_micro_batch"},
                      "mixture");
   mixture_config c;
   c.seed = j.value("seed", std::uint64_t{0});
   c.global_batch = detail::get_as<std::int64_t>(j, "global_batch", "mixture");
-  if (!j.contains("sources") || !j["sources"].is_array()) throw_error<invalid_argument>("mixture: \"sources\" must be a list");
+  if (!j.contains("sources") || !j["sources"].is_array())
+    throw_error<invalid_argument>("mixture: \"sources\" must be a list");
   for (std::size_t i = 0; i < j["sources"].size(); ++i) {
     const auto& s = j["sources"][i];
     const std::string where = fmt::format("mixture.sources[{}]", i);
-    detail::check_keys(s, {"name", "format", "paths", "weight", "modality", "bucket", "min_tokens", "max_tokens", "max_epochs"}, where);
+    detail::check_keys(
+        s,
+        {"name", "format", "paths", "weight", "modality", "bucket", "min_tokens", "max_tokens", "max_epochs"},
+        where);
     source_spec spec;
     spec.name = detail::get_as<std::string>(s, "name", where);
     const std::string fmt_name = s.value("format", "indexed");
-    if (fmt_name == "indexed") spec.format = source_format::indexed;
-    else if (fmt_name == "webdataset") spec.format = source_format::webdataset;
-    else throw_error<invalid_argument>("{}: format \"{}\"; expected \"indexed\" or \"webdataset\"", where, fmt_name);
+    if (fmt_name == "indexed")
+      spec.format = source_format::indexed;
+    else if (fmt_name == "webdataset")
+      spec.format = source_format::webdataset;
+    else
+      throw_error<invalid_argument>("{}: format \"{}\"; expected \"indexed\" or \"webdataset\"", where,
+                                    fmt_name);
     spec.paths = detail::get_as<std::vector<std::string>>(s, "paths", where);
     if (s.contains("weight")) spec.weight = detail::schedule_from_json(s["weight"], where + ".weight");
     spec.modality = s.value("modality", "text");
@@ -99,19 +112,25 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
     spec.max_epochs = s.value("max_epochs", std::int64_t{0});
     c.sources.push_back(std::move(spec));
   }
-  if (j.contains("modalities")) c.modalities = detail::groups_from_json(j["modalities"], "mixture.modalities");
+  if (j.contains("modalities"))
+    c.modalities = detail::groups_from_json(j["modalities"], "mixture.modalities");
   if (j.contains("buckets")) c.buckets = detail::groups_from_json(j["buckets"], "mixture.buckets");
   if (j.contains("cost")) {
     const auto& k = j["cost"];
     detail::check_keys(k, {"linear", "quadratic", "item_linear", "item_quadratic"}, "mixture.cost");
-    c.cost = {k.value("linear", std::int64_t{1}), k.value("quadratic", std::int64_t{0}), k.value("item_linear", std::int64_t{1}),
-              k.value("item_quadratic", std::int64_t{0})};
+    c.cost = {k.value("linear", std::int64_t{1}), k.value("quadratic", std::int64_t{0}),
+              k.value("item_linear", std::int64_t{1}), k.value("item_quadratic", std::int64_t{0})};
   }
   const std::string bal = j.value("balance", "lpt");
-  if (bal == "lpt") c.balance = balance_method::lpt;
-  else if (bal == "karmarkar_karp") c.balance = balance_method::karmarkar_karp;
-  else if (bal == "round_robin") c.balance = balance_method::round_robin;
-  else throw_error<invalid_argument>("mixture.balance: \"{}\"; expected \"lpt\", \"karmarkar_karp\" or \"round_robin\"", bal);
+  if (bal == "lpt")
+    c.balance = balance_method::lpt;
+  else if (bal == "karmarkar_karp")
+    c.balance = balance_method::karmarkar_karp;
+  else if (bal == "round_robin")
+    c.balance = balance_method::round_robin;
+  else
+    throw_error<invalid_argument>(
+        "mixture.balance: \"{}\"; expected \"lpt\", \"karmarkar_karp\" or \"round_robin\"", bal);
   if (j.contains("layout")) {
     const auto& l = j["layout"];
     detail::check_keys(l, {"tp", "cp", "dp", "pp"}, "mixture.layout");
@@ -146,9 +165,13 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   };
   if (!c.modalities.empty()) j["modalities"] = groups(c.modalities);
   if (!c.buckets.empty()) j["buckets"] = groups(c.buckets);
-  j["cost"] = {{"linear", c.cost.linear}, {"quadratic", c.cost.quadratic}, {"item_linear", c.cost.item_linear},
+  j["cost"] = {{"linear", c.cost.linear},
+               {"quadratic", c.cost.quadratic},
+               {"item_linear", c.cost.item_linear},
                {"item_quadratic", c.cost.item_quadratic}};
-  j["balance"] = c.balance == balance_method::lpt ? "lpt" : c.balance == balance_method::karmarkar_karp ? "karmarkar_karp" : "round_robin";
+  j["balance"] = c.balance == balance_method::lpt              ? "lpt"
+                 : c.balance == balance_method::karmarkar_karp ? "karmarkar_karp"
+                                                               : "round_robin";
   j["layout"] = {{"tp", c.layout.tp}, {"cp", c.layout.cp}, {"dp", c.layout.dp}, {"pp", c.layout.pp}};
   j["micro_batches"] = c.micro_batches;
   j["max_tokens_per_micro_batch"] = c.max_tokens_per_micro_batch;

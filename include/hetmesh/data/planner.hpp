@@ -93,7 +93,8 @@ struct step_plan {
 };
 
 /// Per-source sample counts of the step `st.step`, and the carries after it. Pure; O(sources log sources).
-[[nodiscard]] inline std::vector<std::int64_t> step_quotas(const mixture_config& cfg, const std::vector<std::int64_t>& weights,
+[[nodiscard]] inline std::vector<std::int64_t> step_quotas(const mixture_config& cfg,
+                                                           const std::vector<std::int64_t>& weights,
                                                            std::vector<source_cursor>& cursors) {
   const std::size_t n = weights.size();
   const std::int64_t B = cfg.global_batch;
@@ -111,8 +112,8 @@ struct step_plan {
     const auto ra = q[a] - count[a] * weight_one, rb = q[b] - count[b] * weight_one;
     return ra != rb ? ra > rb : a < b;
   });
-  HETMESH_ASSERT(B - assigned <= static_cast<std::int64_t>(order.size()), "largest remainder: {} slots left, {} candidates",
-                 B - assigned, order.size());
+  HETMESH_ASSERT(B - assigned <= static_cast<std::int64_t>(order.size()),
+                 "largest remainder: {} slots left, {} candidates", B - assigned, order.size());
   for (std::size_t k = 0; assigned < B; ++k, ++assigned) ++count[order[k]];
   for (std::size_t s = 0; s < n; ++s) cursors[s].carry = q[s] - count[s] * weight_one;
   return count;
@@ -123,13 +124,16 @@ namespace detail {
 template <class F>
 void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count, source_cursor& c, F&& f) {
   if (count > 0 && size == 0)
-    throw_error<data_error>("source {} '{}' has no samples (after its token filter) but weight > 0 at this step", s, spec.name);
+    throw_error<data_error>(
+        "source {} '{}' has no samples (after its token filter) but weight > 0 at this step", s, spec.name);
   for (std::int64_t k = 0; k < count; ++k) {
     if (c.position >= size) {
       if (spec.max_epochs > 0 && c.epoch + 1 >= spec.max_epochs)
-        throw_error<data_error>("source {} '{}' ran dry: all {} samples of its {} epoch(s) are used and the mixture asks for more; "
-                                "expected a larger max_epochs or a lower weight",
-                                s, spec.name, size, spec.max_epochs);
+        throw_error<data_error>(
+            "source {} '{}' ran dry: all {} samples of its {} epoch(s) are used and the mixture asks for "
+            "more; "
+            "expected a larger max_epochs or a lower weight",
+            s, spec.name, size, spec.max_epochs);
       ++c.epoch;
       c.position = 0;
     }
@@ -140,12 +144,14 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
 }  // namespace detail
 
 /// Replays quotas and cursors to the state before `step` without touching metadata. Pure; O(step x sources).
-[[nodiscard]] inline planner_state state_at(const mixture_config& cfg, std::int64_t step, std::span<const std::int64_t> sizes) {
+[[nodiscard]] inline planner_state state_at(const mixture_config& cfg, std::int64_t step,
+                                            std::span<const std::int64_t> sizes) {
   planner_state st = initial_state(cfg);
   for (; st.step < step; ++st.step) {
     const auto counts = step_quotas(cfg, weights_at(cfg, st.step), st.cursors);
     for (std::size_t s = 0; s < counts.size(); ++s)
-      detail::draw(cfg.sources[s], static_cast<int>(s), sizes[s], counts[s], st.cursors[s], [](std::int64_t, std::int64_t) {});
+      detail::draw(cfg.sources[s], static_cast<int>(s), sizes[s], counts[s], st.cursors[s],
+                   [](std::int64_t, std::int64_t) {});
   }
   return st;
 }
@@ -165,8 +171,8 @@ struct planned_step {
 template <metadata_source M>
 [[nodiscard]] planned_step plan_step(const mixture_config& cfg, const planner_state& st, M& metadata) {
   if (st.cursors.size() != cfg.sources.size())
-    throw_error<invalid_argument>("plan_step: state has {} cursors for {} sources; expected one per source", st.cursors.size(),
-                                  cfg.sources.size());
+    throw_error<invalid_argument>("plan_step: state has {} cursors for {} sources; expected one per source",
+                                  st.cursors.size(), cfg.sources.size());
   planned_step out{{st.step, {}, {}, {}}, st};
   out.next.step = st.step + 1;
   out.plan.quotas = step_quotas(cfg, weights_at(cfg, st.step), out.next.cursors);
@@ -212,10 +218,13 @@ template <metadata_source M>
       mb_tokens[static_cast<std::size_t>(smp.micro_batch)] += smp.meta.tokens;
     }
     for (int m = 0; m < cfg.micro_batches; ++m)
-      if (cfg.max_tokens_per_micro_batch > 0 && mb_tokens[static_cast<std::size_t>(m)] > cfg.max_tokens_per_micro_batch)
-        throw_error<capacity_error>("step {}: rank {} micro-batch {} holds {} tokens; expected at most max_tokens_per_micro_batch = {} "
-                                    "(raise micro_batches or the capacity)",
-                                    st.step, r, m, mb_tokens[static_cast<std::size_t>(m)], cfg.max_tokens_per_micro_batch);
+      if (cfg.max_tokens_per_micro_batch > 0 &&
+          mb_tokens[static_cast<std::size_t>(m)] > cfg.max_tokens_per_micro_batch)
+        throw_error<capacity_error>(
+            "step {}: rank {} micro-batch {} holds {} tokens; expected at most max_tokens_per_micro_batch = "
+            "{} "
+            "(raise micro_batches or the capacity)",
+            st.step, r, m, mb_tokens[static_cast<std::size_t>(m)], cfg.max_tokens_per_micro_batch);
   }
   return out;
 }
@@ -226,8 +235,8 @@ template <metadata_source M>
 /// the loading rank. Middle pipeline stages receive nothing. Pure.
 struct delivery_group {
   int dp = 0;
-  int loader = 0;               // global rank that receives the data from the loaders
-  std::vector<int> ranks{};     // the broadcast group, loader first, ascending otherwise
+  int loader = 0;            // global rank that receives the data from the loaders
+  std::vector<int> ranks{};  // the broadcast group, loader first, ascending otherwise
   friend bool operator==(const delivery_group&, const delivery_group&) = default;
 };
 
@@ -255,15 +264,16 @@ struct fmt::formatter<hetmesh::data::planner_state> : hetmesh::empty_spec_format
   auto format(const hetmesh::data::planner_state& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     auto out = fmt::format_to(ctx.out(), "planner_state(step={}", s.step);
     for (std::size_t i = 0; i < s.cursors.size(); ++i)
-      out = fmt::format_to(out, ", s{}: e{} p{} c{}", i, s.cursors[i].epoch, s.cursors[i].position, s.cursors[i].carry);
+      out = fmt::format_to(out, ", s{}: e{} p{} c{}", i, s.cursors[i].epoch, s.cursors[i].position,
+                           s.cursors[i].carry);
     return fmt::format_to(out, ")");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::step_plan> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::step_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "step_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step, p.samples.size(), p.quotas,
-                          p.rank_cost);
+    return fmt::format_to(ctx.out(), "step_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step,
+                          p.samples.size(), p.quotas, p.rank_cost);
   }
 };
 template <>

@@ -59,7 +59,8 @@ struct sample {
 
   /// Heap bytes this sample holds (for memory accounting).
   [[nodiscard]] std::int64_t heap_bytes() const noexcept {
-    auto b = static_cast<std::int64_t>(tokens.capacity() * sizeof(std::int32_t) + items.capacity() * sizeof(encoder_item));
+    auto b = static_cast<std::int64_t>(tokens.capacity() * sizeof(std::int32_t) +
+                                       items.capacity() * sizeof(encoder_item));
     for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
     return b;
   }
@@ -83,6 +84,7 @@ struct fmt::formatter<hetmesh::data::sample_ref> : hetmesh::empty_spec_formatter
 template <>
 struct fmt::formatter<hetmesh::data::sample> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::sample& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "sample({}, {} tokens, {} items)", s.ref, s.tokens.size(), s.items.size());
+    return fmt::format_to(ctx.out(), "sample({}, {} tokens, {} items)", s.ref, s.tokens.size(),
+                          s.items.size());
   }
 };

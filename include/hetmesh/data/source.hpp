@@ -53,9 +53,15 @@ class source_reader {
       if (t >= spec.min_tokens && (spec.max_tokens == 0 || t < spec.max_tokens)) keep_.push_back(i);
     }
   }
-  [[nodiscard]] std::int64_t filtered_size() const noexcept { return filtered_ ? static_cast<std::int64_t>(keep_.size()) : total_; }
-  [[nodiscard]] std::int64_t underlying(std::int64_t i) const noexcept { return filtered_ ? keep_[static_cast<std::size_t>(i)] : i; }
-  [[nodiscard]] std::int64_t filter_bytes() const noexcept { return static_cast<std::int64_t>(keep_.capacity() * 8); }
+  [[nodiscard]] std::int64_t filtered_size() const noexcept {
+    return filtered_ ? static_cast<std::int64_t>(keep_.size()) : total_;
+  }
+  [[nodiscard]] std::int64_t underlying(std::int64_t i) const noexcept {
+    return filtered_ ? keep_[static_cast<std::size_t>(i)] : i;
+  }
+  [[nodiscard]] std::int64_t filter_bytes() const noexcept {
+    return static_cast<std::int64_t>(keep_.capacity() * 8);
+  }
 
  private:
   mutable std::atomic<std::int64_t> reads_{0};
@@ -85,7 +91,9 @@ class indexed_source final : public source_reader {
     count_read();
   }
   [[nodiscard]] std::int64_t state_bytes() const override {
-    std::int64_t b = sizeof(*this) + filter_bytes() + static_cast<std::int64_t>(parts_.capacity() * sizeof(indexed_dataset) + starts_.capacity() * 8);
+    std::int64_t b =
+        sizeof(*this) + filter_bytes() +
+        static_cast<std::int64_t>(parts_.capacity() * sizeof(indexed_dataset) + starts_.capacity() * 8);
     for (const auto& p : parts_) b += p.index_bytes();
     return b;
   }
@@ -113,7 +121,8 @@ class indexed_source final : public source_reader {
 /// WebDataset shards, concatenated in the order given; payloads decoded by the user's hook.
 class webdataset_source final : public source_reader {
  public:
-  webdataset_source(const source_spec& spec, wds_decoder decode) : decode_(decode ? std::move(decode) : wds_decoder(default_wds_decode)) {
+  webdataset_source(const source_spec& spec, wds_decoder decode)
+      : decode_(decode ? std::move(decode) : wds_decoder(default_wds_decode)) {
     std::int64_t total = 0;
     for (const auto& p : spec.paths) {
       shards_.emplace_back(p);
@@ -133,7 +142,9 @@ class webdataset_source final : public source_reader {
     count_read();
   }
   [[nodiscard]] std::int64_t state_bytes() const override {
-    std::int64_t b = sizeof(*this) + filter_bytes() + static_cast<std::int64_t>(shards_.capacity() * sizeof(wds_shard) + starts_.capacity() * 8);
+    std::int64_t b =
+        sizeof(*this) + filter_bytes() +
+        static_cast<std::int64_t>(shards_.capacity() * sizeof(wds_shard) + starts_.capacity() * 8);
     for (const auto& s : shards_) b += s.index_heap_bytes();
     return b;
   }
@@ -158,7 +169,8 @@ class webdataset_source final : public source_reader {
 };
 
 /// Opens the reader a spec names. Throws data_error for missing/corrupt files, with the source named.
-[[nodiscard]] inline std::unique_ptr<source_reader> open_source(const source_spec& spec, const wds_decoder& decode = {}) {
+[[nodiscard]] inline std::unique_ptr<source_reader> open_source(const source_spec& spec,
+                                                                const wds_decoder& decode = {}) {
   try {
     if (spec.format == source_format::indexed) return std::make_unique<indexed_source>(spec);
     return std::make_unique<webdataset_source>(spec, decode);
@@ -169,7 +181,8 @@ class webdataset_source final : public source_reader {
 }
 
 /// The seed of source s's permutation in epoch e: a pure function of (seed, source, epoch).
-[[nodiscard]] constexpr std::uint64_t epoch_seed(std::uint64_t seed, int source, std::int64_t epoch) noexcept {
+[[nodiscard]] constexpr std::uint64_t epoch_seed(std::uint64_t seed, int source,
+                                                 std::int64_t epoch) noexcept {
   return key_hash({seed, static_cast<std::uint64_t>(source), static_cast<std::uint64_t>(epoch)});
 }
 
@@ -206,7 +219,8 @@ class source_loader {
   /// Access state in bytes: the reader's state plus the cached permutation.
   [[nodiscard]] std::int64_t state_bytes() const {
     std::lock_guard lock(mutex_);
-    return reader_->state_bytes() + static_cast<std::int64_t>((perm_[0].capacity() + perm_[1].capacity()) * 8) +
+    return reader_->state_bytes() +
+           static_cast<std::int64_t>((perm_[0].capacity() + perm_[1].capacity()) * 8) +
            static_cast<std::int64_t>(sizeof(*this));
   }
 

@@ -68,8 +68,9 @@ inline std::uint64_t checksum(const unsigned char* h) {
   if (name.size() > 100) {
     const auto cut = name.rfind('/', 155);
     if (cut == std::string_view::npos || name.size() - cut - 1 > 100 || cut == 0)
-      throw_error<invalid_argument>("tar: member name '{}' ({} bytes) does not fit ustar's 100-byte name + 155-byte prefix", name,
-                                    name.size());
+      throw_error<invalid_argument>(
+          "tar: member name '{}' ({} bytes) does not fit ustar's 100-byte name + 155-byte prefix", name,
+          name.size());
     prefix = name.substr(0, cut);
     base = name.substr(cut + 1);
   }
@@ -93,11 +94,12 @@ inline std::uint64_t checksum(const unsigned char* h) {
 /// Parses the header at `offset` of `archive`. Returns false at the end-of-archive zero block. Throws
 /// data_error (naming `path`) for a bad checksum, a bad size field or a member running past the end.
 /// `type` receives the typeflag.
-inline bool parse_header(std::span<const std::byte> archive, std::int64_t offset, const std::string& path, member& out,
-                         char& type) {
+inline bool parse_header(std::span<const std::byte> archive, std::int64_t offset, const std::string& path,
+                         member& out, char& type) {
   const auto total = static_cast<std::int64_t>(archive.size());
   if (offset + block > total)
-    throw_error<data_error>("tar '{}' is truncated: a header at byte {} needs 512 bytes, the file has {}", path, offset, total);
+    throw_error<data_error>("tar '{}' is truncated: a header at byte {} needs 512 bytes, the file has {}",
+                            path, offset, total);
   const auto* h = reinterpret_cast<const unsigned char*>(archive.data() + offset);
   bool zero = true;
   for (int i = 0; i < 512 && zero; ++i) zero = h[i] == 0;
@@ -106,19 +108,22 @@ inline bool parse_header(std::span<const std::byte> archive, std::int64_t offset
   bool ok = true;
   const auto stored = detail::get_octal(c + 148, 8, ok);
   if (!ok || stored != detail::checksum(h))
-    throw_error<data_error>("tar '{}': the header at byte {} has checksum {} but its bytes sum to {}: corrupt shard", path, offset,
-                            stored, detail::checksum(h));
+    throw_error<data_error>(
+        "tar '{}': the header at byte {} has checksum {} but its bytes sum to {}: corrupt shard", path,
+        offset, stored, detail::checksum(h));
   const auto size = detail::get_octal(c + 124, 12, ok);
-  if (!ok) throw_error<data_error>("tar '{}': the header at byte {} has a malformed size field", path, offset);
+  if (!ok)
+    throw_error<data_error>("tar '{}': the header at byte {} has a malformed size field", path, offset);
   type = c[156];
   std::string name(c, strnlen(c, 100));
-  if (std::memcmp(c + 257, "ustar", 5) == 0 && c[345] != '\0') name = std::string(c + 345, strnlen(c + 345, 155)) + "/" + name;
+  if (std::memcmp(c + 257, "ustar", 5) == 0 && c[345] != '\0')
+    name = std::string(c + 345, strnlen(c + 345, 155)) + "/" + name;
   out.name = std::move(name);
   out.offset = offset + block;
   out.size = static_cast<std::int64_t>(size);
   if (out.offset + out.size > total)
-    throw_error<data_error>("tar '{}' is truncated: member '{}' needs bytes [{}, {}) but the file has {}", path, out.name, out.offset,
-                            out.offset + out.size, total);
+    throw_error<data_error>("tar '{}' is truncated: member '{}' needs bytes [{}, {}) but the file has {}",
+                            path, out.name, out.offset, out.offset + out.size, total);
   return true;
 }
 
@@ -129,8 +134,9 @@ inline bool parse_header(std::span<const std::byte> archive, std::int64_t offset
   const auto total = static_cast<std::int64_t>(archive.size());
   for (;;) {
     if (off >= total) {
-      throw_error<data_error>("tar '{}' is truncated: it ends at byte {} without the two zero blocks that close an archive", path,
-                              total);
+      throw_error<data_error>(
+          "tar '{}' is truncated: it ends at byte {} without the two zero blocks that close an archive", path,
+          total);
     }
     member m;
     char type = '0';
@@ -141,8 +147,9 @@ inline bool parse_header(std::span<const std::byte> archive, std::int64_t offset
     } else if (type == '5' || type == 'x' || type == 'g') {
       continue;  // directories and pax headers carry no sample data
     } else {
-      throw_error<data_error>("tar '{}': member '{}' has type '{}'; expected regular files (WebDataset shards hold only files)", path,
-                              m.name, type);
+      throw_error<data_error>(
+          "tar '{}': member '{}' has type '{}'; expected regular files (WebDataset shards hold only files)",
+          path, m.name, type);
     }
   }
   return out;

@@ -55,13 +55,17 @@ namespace detail {
 inline sample_meta meta_from_json(const nlohmann::json& j, const std::string& where) {
   sample_meta m{};
   if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_number_integer())
-    throw_error<data_error>("{}: the .json member has no integer \"tokens\" field; expected {{\"tokens\": N, \"items\": [...]}}", where);
+    throw_error<data_error>(
+        "{}: the .json member has no integer \"tokens\" field; expected {{\"tokens\": N, \"items\": [...]}}",
+        where);
   m.tokens = j["tokens"].get<std::int64_t>();
   if (m.tokens < 0) throw_error<data_error>("{}: \"tokens\" is {}; expected >= 0", where, m.tokens);
   if (j.contains("items")) {
     for (const auto& it : j["items"]) {
-      if (!it.is_object() || !it.contains("tokens") || !it["tokens"].is_number_integer() || it["tokens"].get<std::int64_t>() < 0)
-        throw_error<data_error>("{}: an entry of \"items\" lacks a non-negative integer \"tokens\": {}", where, it.dump());
+      if (!it.is_object() || !it.contains("tokens") || !it["tokens"].is_number_integer() ||
+          it["tokens"].get<std::int64_t>() < 0)
+        throw_error<data_error>("{}: an entry of \"items\" lacks a non-negative integer \"tokens\": {}",
+                                where, it.dump());
       m.item_tokens.push_back(it["tokens"].get<std::int64_t>());
     }
   }
@@ -94,7 +98,8 @@ inline sample_meta meta_from_json(const nlohmann::json& j, const std::string& wh
       if (e.exts[k] == "json") json_at = static_cast<std::int64_t>(k);
     }
     const std::string where = fmt::format("shard '{}', sample '{}'", shard, e.key);
-    if (json_at < 0) throw_error<data_error>("{}: no .json member; every sample needs one with its lengths", where);
+    if (json_at < 0)
+      throw_error<data_error>("{}: no .json member; every sample needs one with its lengths", where);
     const auto k = static_cast<std::size_t>(json_at);
     const auto* p = reinterpret_cast<const char*>(f.bytes().data() + e.offsets[k]);
     auto j = nlohmann::json::parse(p, p + e.sizes[k], nullptr, false);
@@ -113,8 +118,13 @@ inline void store_wds_index(const std::string& shard, const wds_index& idx) {
   j["shard_bytes"] = idx.shard_bytes;
   auto& arr = j["samples"] = nlohmann::json::array();
   for (const auto& e : idx.samples)
-    arr.push_back({{"key", e.key}, {"exts", e.exts}, {"offsets", e.offsets}, {"sizes", e.sizes},
-                   {"tokens", e.meta.tokens}, {"items", e.meta.item_tokens}, {"bytes", e.meta.bytes}});
+    arr.push_back({{"key", e.key},
+                   {"exts", e.exts},
+                   {"offsets", e.offsets},
+                   {"sizes", e.sizes},
+                   {"tokens", e.meta.tokens},
+                   {"items", e.meta.item_tokens},
+                   {"bytes", e.meta.bytes}});
   const std::string text = j.dump();
   detail::write_file_atomic(wds_index_path(shard), std::as_bytes(std::span<const char>(text)));
 }
@@ -134,7 +144,8 @@ inline void store_wds_index(const std::string& shard, const wds_index& idx) {
   if (j.is_discarded() || !j.is_object() || j.value("format", "") != "hetmesh-wds-index")
     throw_error<data_error>("'{}' is not a hetmesh WebDataset index (corrupt?); delete it to rebuild", path);
   if (j.value("version", 0) != wds_index::version)
-    throw_error<data_error>("'{}' has version {}; expected {}", path, j.value("version", 0), wds_index::version);
+    throw_error<data_error>("'{}' has version {}; expected {}", path, j.value("version", 0),
+                            wds_index::version);
   wds_index idx{};
   try {
     idx.shard_bytes = j.at("shard_bytes").get<std::int64_t>();
@@ -148,8 +159,8 @@ inline void store_wds_index(const std::string& shard, const wds_index& idx) {
       e.meta.item_tokens = s.at("items").get<std::vector<std::int64_t>>();
       e.meta.bytes = s.at("bytes").get<std::int64_t>();
       if (e.offsets.size() != e.exts.size() || e.sizes.size() != e.exts.size())
-        throw_error<data_error>("sample '{}' lists {} extensions, {} offsets and {} sizes", e.key, e.exts.size(), e.offsets.size(),
-                                e.sizes.size());
+        throw_error<data_error>("sample '{}' lists {} extensions, {} offsets and {} sizes", e.key,
+                                e.exts.size(), e.offsets.size(), e.sizes.size());
       idx.samples.push_back(std::move(e));
     }
   } catch (const nlohmann::json::exception& ex) {
@@ -159,8 +170,9 @@ inline void store_wds_index(const std::string& shard, const wds_index& idx) {
     throw;
   }
   if (idx.shard_bytes != shard_bytes)
-    throw_error<data_error>("index '{}' was built for a shard of {} bytes but '{}' has {}: the index does not match its data", path,
-                            idx.shard_bytes, shard, shard_bytes);
+    throw_error<data_error>(
+        "index '{}' was built for a shard of {} bytes but '{}' has {}: the index does not match its data",
+        path, idx.shard_bytes, shard, shard_bytes);
   return idx;
 }
 
@@ -195,9 +207,12 @@ class wds_shard {
  public:
   explicit wds_shard(const std::string& path) : index_(open_wds_index(path)), file_(path) {
     if (file_.size() != index_.shard_bytes)
-      throw_error<data_error>("shard '{}' changed size after indexing ({} -> {} bytes)", path, index_.shard_bytes, file_.size());
+      throw_error<data_error>("shard '{}' changed size after indexing ({} -> {} bytes)", path,
+                              index_.shard_bytes, file_.size());
   }
-  [[nodiscard]] std::int64_t size() const noexcept { return static_cast<std::int64_t>(index_.samples.size()); }
+  [[nodiscard]] std::int64_t size() const noexcept {
+    return static_cast<std::int64_t>(index_.samples.size());
+  }
   [[nodiscard]] const wds_index& index() const noexcept { return index_; }
   [[nodiscard]] const std::string& path() const noexcept { return file_.path(); }
 
@@ -211,15 +226,21 @@ class wds_shard {
       const std::int64_t at = e.offsets[k] - tar::block;
       if (at < 0 || !tar::parse_header(file_.bytes(), at, file_.path(), m, type) || m.size != e.sizes[k] ||
           m.name != e.key + "." + e.exts[k])
-        throw_error<data_error>("shard '{}': the index says member '{}.{}' ({} bytes) is at byte {}, the shard has '{}' ({} bytes) there: "
-                                "the index does not match its data",
-                                file_.path(), e.key, e.exts[k], e.sizes[k], e.offsets[k], m.name, m.size);
-      const auto bytes = file_.bytes().subspan(static_cast<std::size_t>(e.offsets[k]), static_cast<std::size_t>(e.sizes[k]));
+        throw_error<data_error>(
+            "shard '{}': the index says member '{}.{}' ({} bytes) is at byte {}, the shard has '{}' ({} "
+            "bytes) there: "
+            "the index does not match its data",
+            file_.path(), e.key, e.exts[k], e.sizes[k], e.offsets[k], m.name, m.size);
+      const auto bytes =
+          file_.bytes().subspan(static_cast<std::size_t>(e.offsets[k]), static_cast<std::size_t>(e.sizes[k]));
       r.members.emplace_back(e.exts[k], bytes);
       if (e.exts[k] == "json") {
-        r.json = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
-                                       reinterpret_cast<const char*>(bytes.data() + bytes.size()), nullptr, false);
-        if (r.json.is_discarded()) throw_error<data_error>("shard '{}', sample '{}': the .json member is not valid JSON", path(), e.key);
+        r.json =
+            nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
+                                  reinterpret_cast<const char*>(bytes.data() + bytes.size()), nullptr, false);
+        if (r.json.is_discarded())
+          throw_error<data_error>("shard '{}', sample '{}': the .json member is not valid JSON", path(),
+                                  e.key);
       }
     }
     return r;
@@ -228,8 +249,8 @@ class wds_shard {
   [[nodiscard]] std::int64_t index_heap_bytes() const noexcept {
     std::int64_t b = static_cast<std::int64_t>(index_.samples.capacity() * sizeof(wds_entry));
     for (const auto& e : index_.samples)
-      b += static_cast<std::int64_t>(e.key.capacity() + e.exts.capacity() * sizeof(std::string) + 16 * e.offsets.capacity() +
-                                     8 * e.meta.item_tokens.capacity());
+      b += static_cast<std::int64_t>(e.key.capacity() + e.exts.capacity() * sizeof(std::string) +
+                                     16 * e.offsets.capacity() + 8 * e.meta.item_tokens.capacity());
     return b;
   }
 
@@ -249,12 +270,14 @@ class wds_writer {
   /// the key contains no '.'; keys are unique within the shard.
   void add(std::string_view key, std::span<const std::pair<std::string, std::vector<std::byte>>> members) {
     if (key.empty() || key.find('.') != std::string_view::npos)
-      throw_error<invalid_argument>("wds_writer: key '{}' must be non-empty and contain no '.' (the key ends at the first '.')", key);
+      throw_error<invalid_argument>(
+          "wds_writer: key '{}' must be non-empty and contain no '.' (the key ends at the first '.')", key);
     for (const auto& [ext, bytes] : members) {
       const auto h = tar::header(fmt::format("{}.{}", key, ext), static_cast<std::int64_t>(bytes.size()));
       detail::write_all(fd_.get(), h, path_);
       detail::write_all(fd_.get(), bytes, path_);
-      const auto pad = static_cast<std::size_t>((tar::block - static_cast<std::int64_t>(bytes.size()) % tar::block) % tar::block);
+      const auto pad = static_cast<std::size_t>(
+          (tar::block - static_cast<std::int64_t>(bytes.size()) % tar::block) % tar::block);
       detail::write_all(fd_.get(), std::span<const std::byte>(zeros_.data(), pad), path_);
     }
   }

@@ -15,7 +15,10 @@
 
 #include <array>
 #include <climits>
+#include <concepts>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>

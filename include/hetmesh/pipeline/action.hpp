@@ -45,21 +45,36 @@ inline constexpr int action_type_count = 15;
 namespace detail {
 constexpr std::string_view type_name(action_type t) noexcept {
   switch (t) {
-    case action_type::forward: return "F";
-    case action_type::backward: return "B";
-    case action_type::backward_input: return "I";
-    case action_type::backward_weight: return "W";
-    case action_type::send_f: return "SEND_F";
-    case action_type::recv_f: return "RECV_F";
-    case action_type::send_b: return "SEND_B";
-    case action_type::recv_b: return "RECV_B";
-    case action_type::reduce_grad: return "REDUCE_GRAD";
-    case action_type::encoder_forward: return "EF";
-    case action_type::encoder_backward: return "EB";
-    case action_type::send_ef: return "SEND_EF";
-    case action_type::recv_ef: return "RECV_EF";
-    case action_type::send_eb: return "SEND_EB";
-    case action_type::recv_eb: return "RECV_EB";
+    case action_type::forward:
+      return "F";
+    case action_type::backward:
+      return "B";
+    case action_type::backward_input:
+      return "I";
+    case action_type::backward_weight:
+      return "W";
+    case action_type::send_f:
+      return "SEND_F";
+    case action_type::recv_f:
+      return "RECV_F";
+    case action_type::send_b:
+      return "SEND_B";
+    case action_type::recv_b:
+      return "RECV_B";
+    case action_type::reduce_grad:
+      return "REDUCE_GRAD";
+    case action_type::encoder_forward:
+      return "EF";
+    case action_type::encoder_backward:
+      return "EB";
+    case action_type::send_ef:
+      return "SEND_EF";
+    case action_type::recv_ef:
+      return "RECV_EF";
+    case action_type::send_eb:
+      return "SEND_EB";
+    case action_type::recv_eb:
+      return "RECV_EB";
   }
   return "?";
 }
@@ -174,9 +189,13 @@ struct schedule {
   std::vector<std::vector<action>> ranks;  ///< size = total ranks (LLM ranks, then encoder-pool ranks).
 
   /// Precondition: 0 <= stage < num_stages.
-  [[nodiscard]] int rank_of_stage(int stage) const noexcept { return stage_to_rank[static_cast<std::size_t>(stage)]; }
+  [[nodiscard]] int rank_of_stage(int stage) const noexcept {
+    return stage_to_rank[static_cast<std::size_t>(stage)];
+  }
   [[nodiscard]] int total_ranks() const noexcept { return static_cast<int>(ranks.size()); }
-  [[nodiscard]] int num_encoder_shards() const noexcept { return static_cast<int>(encoder_shard_to_rank.size()); }
+  [[nodiscard]] int num_encoder_shards() const noexcept {
+    return static_cast<int>(encoder_shard_to_rank.size());
+  }
   /// The rank an action runs on, from its stage (or encoder shard) and type.
   /// Precondition: the stage or shard is in range.
   [[nodiscard]] int rank_of(const action& a) const noexcept {
@@ -184,10 +203,13 @@ struct schedule {
       case action_type::encoder_forward:
       case action_type::encoder_backward:
       case action_type::send_ef:
-      case action_type::recv_eb: return encoder_shard_to_rank[static_cast<std::size_t>(a.stage)];
+      case action_type::recv_eb:
+        return encoder_shard_to_rank[static_cast<std::size_t>(a.stage)];
       case action_type::recv_ef:
-      case action_type::send_eb: return rank_of_stage(0);
-      default: return rank_of_stage(a.stage);
+      case action_type::send_eb:
+        return rank_of_stage(0);
+      default:
+        return rank_of_stage(a.stage);
     }
   }
   /// The number of actions over all ranks.
@@ -236,8 +258,9 @@ struct fmt::formatter<hetmesh::pipeline::action> : hetmesh::empty_spec_formatter
 template <>
 struct fmt::formatter<hetmesh::pipeline::schedule> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::schedule& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "schedule {} (ranks={}, stages={}, microbatches={}, encoder shards={})",
-                              s.name, s.total_ranks(), s.num_stages, s.num_microbatches, s.num_encoder_shards());
+    auto out =
+        fmt::format_to(ctx.out(), "schedule {} (ranks={}, stages={}, microbatches={}, encoder shards={})",
+                       s.name, s.total_ranks(), s.num_stages, s.num_microbatches, s.num_encoder_shards());
     for (std::size_t r = 0; r < s.ranks.size(); ++r) {
       out = fmt::format_to(out, "\n  rank {}:", r);
       for (const auto& a : s.ranks[r]) out = fmt::format_to(out, " {}", hetmesh::pipeline::to_text(a));

@@ -79,10 +79,12 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   if (c.size() != s.total_ranks())
-    throw_error<invalid_argument>("pipeline execute({}): communicator of {} ranks; expected the schedule's {} ranks",
-                                  s.name, c.size(), s.total_ranks());
+    throw_error<invalid_argument>(
+        "pipeline execute({}): communicator of {} ranks; expected the schedule's {} ranks", s.name, c.size(),
+        s.total_ranks());
   if (!sizes.output && s.num_stages > 1)
-    throw_error<invalid_argument>("pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
+    throw_error<invalid_argument>(
+        "pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
   {  // a schedule whose data crosses ranks must carry its SEND/RECV actions
     bool any_comm = false, crosses = false;
     std::vector<std::pair<action, action>> pairs;
@@ -95,9 +97,10 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
         }
       }
     if (crosses && !any_comm)
-      throw_error<invalid_argument>("pipeline execute({}): the schedule has no SEND/RECV actions but data crosses ranks; "
-                                    "expected a lowered schedule (add_send_recv)",
-                                    s.name);
+      throw_error<invalid_argument>(
+          "pipeline execute({}): the schedule has no SEND/RECV actions but data crosses ranks; "
+          "expected a lowered schedule (add_send_recv)",
+          s.name);
   }
   const int S = s.num_stages, E = s.num_encoder_shards();
   using key = std::pair<int, int>;
@@ -105,31 +108,34 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
   auto out_size = [&](int stage, int mb) -> std::size_t {
     const std::int64_t n = sizes.output(stage, mb);
     if (n < 0)
-      throw_error<invalid_argument>("pipeline execute({}): output size {} for stage {} micro-batch {}; expected >= 0",
-                                    s.name, n, stage, mb);
+      throw_error<invalid_argument>(
+          "pipeline execute({}): output size {} for stage {} micro-batch {}; expected >= 0", s.name, n, stage,
+          mb);
     return static_cast<std::size_t>(n);
   };
   auto enc_size = [&](int e, int mb) -> std::size_t {
     if (!sizes.encoder_output)
-      throw_error<invalid_argument>("pipeline execute({}): the schedule has encoder shards but "
-                                    "activation_sizes.encoder_output is empty",
-                                    s.name);
+      throw_error<invalid_argument>(
+          "pipeline execute({}): the schedule has encoder shards but "
+          "activation_sizes.encoder_output is empty",
+          s.name);
     return static_cast<std::size_t>(sizes.encoder_output(e, mb));
   };
   auto take = [&](std::map<key, std::vector<T>>& m, key k, const action& a, const char* what) {
     auto it = m.find(k);
     if (it == m.end())
-      throw_error<invalid_argument>("pipeline execute({}): rank {} action `{}` finds no {} (stage/shard {}, micro-batch "
-                                    "{}); expected it produced or received earlier in the list",
-                                    s.name, rank, to_text(a), what, k.first, k.second);
+      throw_error<invalid_argument>(
+          "pipeline execute({}): rank {} action `{}` finds no {} (stage/shard {}, micro-batch "
+          "{}); expected it produced or received earlier in the list",
+          s.name, rank, to_text(a), what, k.first, k.second);
     std::vector<T> v = std::move(it->second);
     m.erase(it);
     return v;
   };
   auto need = [&](const auto& f, const action& a, const char* name) {
     if (!f)
-      throw_error<invalid_argument>("pipeline execute({}): rank {} runs `{}` but stage_functions.{} is empty", s.name,
-                                    rank, to_text(a), name);
+      throw_error<invalid_argument>("pipeline execute({}): rank {} runs `{}` but stage_functions.{} is empty",
+                                    s.name, rank, to_text(a), name);
   };
   for (const action& a : s.ranks.at(static_cast<std::size_t>(rank))) {
     const int mb = a.microbatch;
@@ -150,27 +156,34 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
           std::vector<T> out(a.stage + 1 < S ? out_size(a.stage, mb) : 0);
           fn.forward(a.stage, mb, std::span<const T>(in), std::span<T>(out));
           if (a.stage + 1 < S) {
-            if (s.rank_of_stage(a.stage + 1) == rank) act_in[{a.stage + 1, mb}] = std::move(out);
-            else act_out[{a.stage, mb}] = std::move(out);
+            if (s.rank_of_stage(a.stage + 1) == rank)
+              act_in[{a.stage + 1, mb}] = std::move(out);
+            else
+              act_out[{a.stage, mb}] = std::move(out);
           }
           break;
         }
         case action_type::backward:
         case action_type::backward_input: {
           const bool full = a.type == action_type::backward;
-          if (full) need(fn.backward, a, "backward");
-          else need(fn.backward_input, a, "backward_input");
+          if (full)
+            need(fn.backward, a, "backward");
+          else
+            need(fn.backward_input, a, "backward_input");
           std::vector<T> gout;
           if (a.stage + 1 < S) gout = take(grad_in, {a.stage, mb}, a, "output gradient");
           std::size_t gin_size = 0;
-          if (a.stage > 0) gin_size = out_size(a.stage - 1, mb);
+          if (a.stage > 0)
+            gin_size = out_size(a.stage - 1, mb);
           else
             for (int e = 0; e < E; ++e) gin_size += enc_size(e, mb);
           std::vector<T> gin(gin_size);
           (full ? fn.backward : fn.backward_input)(a.stage, mb, std::span<const T>(gout), std::span<T>(gin));
           if (a.stage > 0) {
-            if (s.rank_of_stage(a.stage - 1) == rank) grad_in[{a.stage - 1, mb}] = std::move(gin);
-            else grad_out[{a.stage, mb}] = std::move(gin);
+            if (s.rank_of_stage(a.stage - 1) == rank)
+              grad_in[{a.stage - 1, mb}] = std::move(gin);
+            else
+              grad_out[{a.stage, mb}] = std::move(gin);
           } else {
             std::size_t off = 0;
             for (int e = 0; e < E; ++e) {
@@ -178,8 +191,10 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
               std::vector<T> slice(gin.begin() + static_cast<std::ptrdiff_t>(off),
                                    gin.begin() + static_cast<std::ptrdiff_t>(off + n));
               off += n;
-              if (s.encoder_shard_to_rank[static_cast<std::size_t>(e)] == rank) enc_grad[{e, mb}] = std::move(slice);
-              else enc_grad_out[{e, mb}] = std::move(slice);
+              if (s.encoder_shard_to_rank[static_cast<std::size_t>(e)] == rank)
+                enc_grad[{e, mb}] = std::move(slice);
+              else
+                enc_grad_out[{e, mb}] = std::move(slice);
             }
           }
           break;
@@ -195,8 +210,10 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
           need(fn.encoder_forward, a, "encoder_forward");
           std::vector<T> out(enc_size(a.stage, mb));
           fn.encoder_forward(a.stage, mb, std::span<T>(out));
-          if (s.rank_of_stage(0) == rank) enc_in[{a.stage, mb}] = std::move(out);
-          else enc_out[{a.stage, mb}] = std::move(out);
+          if (s.rank_of_stage(0) == rank)
+            enc_in[{a.stage, mb}] = std::move(out);
+          else
+            enc_out[{a.stage, mb}] = std::move(out);
           break;
         }
         case action_type::encoder_backward: {
@@ -207,23 +224,27 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
         }
         case action_type::send_f: {
           auto buf = take(act_out, {a.stage, mb}, a, "output activation to send");
-          comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage + 1), detail::pipeline_tag(s, a.stage, mb, 0));
+          comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage + 1),
+                     detail::pipeline_tag(s, a.stage, mb, 0));
           break;
         }
         case action_type::recv_f: {
           std::vector<T> buf(out_size(a.stage - 1, mb));
-          comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage - 1), detail::pipeline_tag(s, a.stage - 1, mb, 0));
+          comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage - 1),
+                     detail::pipeline_tag(s, a.stage - 1, mb, 0));
           act_in[{a.stage, mb}] = std::move(buf);
           break;
         }
         case action_type::send_b: {
           auto buf = take(grad_out, {a.stage, mb}, a, "input gradient to send");
-          comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage - 1), detail::pipeline_tag(s, a.stage, mb, 1));
+          comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage - 1),
+                     detail::pipeline_tag(s, a.stage, mb, 1));
           break;
         }
         case action_type::recv_b: {
           std::vector<T> buf(out_size(a.stage, mb));
-          comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage + 1), detail::pipeline_tag(s, a.stage + 1, mb, 1));
+          comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage + 1),
+                     detail::pipeline_tag(s, a.stage + 1, mb, 1));
           grad_in[{a.stage, mb}] = std::move(buf);
           break;
         }

@@ -54,7 +54,9 @@ struct interleaved_1f1b {
   int group_size = 0;  ///< Megatron's microbatch_group_size_per_vp_stage; 0 = the rule's default.
   group_rule rule = group_rule::megatron;
   friend constexpr bool operator==(const interleaved_1f1b&, const interleaved_1f1b&) = default;
-  void hash_append(hasher& h) const { append_all(h, std::string_view("interleaved-1f1b"), virtual_stages, group_size, rule); }
+  void hash_append(hasher& h) const {
+    append_all(h, std::string_view("interleaved-1f1b"), virtual_stages, group_size, rule);
+  }
 };
 
 /// ZB-H1: one stage per rank, backward split into I and W, W deferred by `rank` steps.
@@ -79,19 +81,22 @@ struct zbv {
   void hash_append(hasher& h) const { append(h, std::string_view("zbv")); }
 };
 
-using schedule_policy = std::variant<gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, interleaved_zero_bubble, zbv>;
+using schedule_policy =
+    std::variant<gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, interleaved_zero_bubble, zbv>;
 
 namespace detail {
 
 inline void check_basic(std::string_view name, int pp, int m) {
-  if (pp < 1) throw_error<invalid_argument>("pipeline {}: pp={} is not a pipeline size; expected pp >= 1", name, pp);
+  if (pp < 1)
+    throw_error<invalid_argument>("pipeline {}: pp={} is not a pipeline size; expected pp >= 1", name, pp);
   if (m < 1)
     throw_error<invalid_argument>("pipeline {}: microbatches={}; expected at least one micro-batch", name, m);
 }
 
 inline void check_virtual(std::string_view name, int v) {
   if (v < 1)
-    throw_error<invalid_argument>("pipeline {}: virtual_stages={}; expected at least one stage per rank", name, v);
+    throw_error<invalid_argument>("pipeline {}: virtual_stages={}; expected at least one stage per rank",
+                                  name, v);
 }
 
 /// PyTorch's group size for interleaved schedules: rounds = max(1, M / pp), and M % rounds must be 0.
@@ -113,12 +118,14 @@ inline int megatron_group_size(std::string_view name, int pp, int m, int g) {
         "pipeline {}: Megatron-LM's rule needs the micro-batch group size in [pp, microbatches] = [{}, {}], "
         "but it is {}{}",
         name, pp, m, g,
-        g == pp && m < pp ? fmt::format(" (with the default group size pp, microbatches must be >= pp={})", pp)
-                          : std::string());
+        g == pp && m < pp
+            ? fmt::format(" (with the default group size pp, microbatches must be >= pp={})", pp)
+            : std::string());
   const int rem = m % g;
   if (rem != 0 && rem < pp)
     throw_error<invalid_argument>(
-        "pipeline {}: Megatron-LM's rule needs microbatches % group size to be 0 or >= pp, but {} % {} = {} < "
+        "pipeline {}: Megatron-LM's rule needs microbatches % group size to be 0 or >= pp, but {} % {} = {} "
+        "< "
         "pp={}{}",
         name, m, g, rem, pp,
         g == pp ? fmt::format("; with the default group size, microbatches must be a multiple of pp={}", pp)
@@ -142,8 +149,9 @@ inline std::vector<std::pair<int, int>> schedule_table(int m, int v, int g) {
 /// The per-rank order shared by 1F1B, interleaved 1F1B and the zero-bubble family: `warmup` forwards,
 /// then F/B pairs, then the remaining backwards. With `zb`, backwards are I and each W follows the
 /// (k - n1f1b)-th I; the remaining W close the list.
-inline std::vector<action> one_f_one_b_rank(int pp, int v, int rank, int m, const std::vector<std::pair<int, int>>& table,
-                                            int warmup, bool zb, int n1f1b) {
+inline std::vector<action> one_f_one_b_rank(int pp, int v, int rank, int m,
+                                            const std::vector<std::pair<int, int>>& table, int warmup,
+                                            bool zb, int n1f1b) {
   const int total_f = m * v;
   std::vector<action> ops;
   ops.reserve(static_cast<std::size_t>(total_f) * (zb ? 3U : 2U));
@@ -225,7 +233,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
     const int g = detail::pytorch_group_size("interleaved-1f1b", pp, microbatches);
     if (p.group_size != 0 && p.group_size != g)
       throw_error<invalid_argument>(
-          "pipeline interleaved-1f1b: PyTorch's rule fixes the group size to {} for pp={}, microbatches={}, but "
+          "pipeline interleaved-1f1b: PyTorch's rule fixes the group size to {} for pp={}, microbatches={}, "
+          "but "
           "group_size={} was given; expected 0 or {}",
           g, pp, microbatches, p.group_size, g);
     return g;
@@ -246,7 +255,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
   const auto table = detail::schedule_table(microbatches, v, g);
   for (int r = 0; r < pp; ++r) {
     const int warmup = std::min((v - 1) * g + 2 * (pp - 1 - r), v * microbatches);
-    s.ranks[static_cast<std::size_t>(r)] = detail::one_f_one_b_rank(pp, v, r, microbatches, table, warmup, false, 0);
+    s.ranks[static_cast<std::size_t>(r)] =
+        detail::one_f_one_b_rank(pp, v, r, microbatches, table, warmup, false, 0);
   }
   return s;
 }
@@ -275,7 +285,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
     g = detail::pytorch_group_size("interleaved-zero-bubble", pp, microbatches);
   } else if (g < 1 || g > microbatches) {
     throw_error<invalid_argument>(
-        "pipeline interleaved-zero-bubble: group_size={} is outside [1, microbatches={}]; expected 0 (PyTorch's "
+        "pipeline interleaved-zero-bubble: group_size={} is outside [1, microbatches={}]; expected 0 "
+        "(PyTorch's "
         "rule) or a size in that range",
         g, microbatches);
   }
@@ -283,7 +294,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
   const auto table = detail::schedule_table(microbatches, v, g);
   for (int r = 0; r < pp; ++r) {
     const int warmup = std::min((v - 1) * g + (pp - 1 - r), v * microbatches);
-    s.ranks[static_cast<std::size_t>(r)] = detail::one_f_one_b_rank(pp, v, r, microbatches, table, warmup, true, r);
+    s.ranks[static_cast<std::size_t>(r)] =
+        detail::one_f_one_b_rank(pp, v, r, microbatches, table, warmup, true, r);
   }
   return s;
 }
@@ -360,7 +372,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
   if (!interleaved && virtual_stages != 0 && !(two_chunks && virtual_stages == 2) &&
       !(!two_chunks && virtual_stages == 1))
     throw_error<invalid_argument>(
-        "pipeline {}: --virtual {} does not apply; {} runs {} stage(s) per rank (use an interleaved schedule for "
+        "pipeline {}: --virtual {} does not apply; {} runs {} stage(s) per rank (use an interleaved schedule "
+        "for "
         "more)",
         name, virtual_stages, name, two_chunks ? 2 : 1);
   const int v = virtual_stages == 0 ? 2 : virtual_stages;
@@ -374,8 +387,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
 
 /// Makes a schedule from a CLI name and parameters: the entry point of `hetmesh-plan pipeline`.
 /// Same errors as policy_from_name and generate. Pure.
-[[nodiscard]] inline schedule make_schedule(std::string_view name, int pp, int microbatches, int virtual_stages = 0,
-                                            int group_size = 0) {
+[[nodiscard]] inline schedule make_schedule(std::string_view name, int pp, int microbatches,
+                                            int virtual_stages = 0, int group_size = 0) {
   return generate(policy_from_name(name, virtual_stages, group_size), pp, microbatches);
 }
 
@@ -384,7 +397,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
 template <>
 struct fmt::formatter<hetmesh::pipeline::group_rule> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::pipeline::group_rule r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", r == hetmesh::pipeline::group_rule::megatron ? "megatron" : "pytorch");
+    return fmt::format_to(ctx.out(), "{}",
+                          r == hetmesh::pipeline::group_rule::megatron ? "megatron" : "pytorch");
   }
 };
 
@@ -397,14 +411,16 @@ struct fmt::formatter<hetmesh::pipeline::gpipe> : hetmesh::empty_spec_formatter 
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::one_f_one_b> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::one_f_one_b& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::one_f_one_b& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::zero_bubble> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::zero_bubble& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::zero_bubble& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
@@ -418,9 +434,10 @@ struct fmt::formatter<hetmesh::pipeline::zbv> : hetmesh::empty_spec_formatter {
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::interleaved_1f1b> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::interleaved_1f1b& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "interleaved-1f1b(virtual_stages={}, group_size={}, rule={})", p.virtual_stages,
-                          p.group_size, p.rule);
+  auto format(const hetmesh::pipeline::interleaved_1f1b& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "interleaved-1f1b(virtual_stages={}, group_size={}, rule={})",
+                          p.virtual_stages, p.group_size, p.rule);
   }
 };
 
@@ -428,14 +445,15 @@ template <>
 struct fmt::formatter<hetmesh::pipeline::interleaved_zero_bubble> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::interleaved_zero_bubble& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "interleaved-zero-bubble(virtual_stages={}, group_size={})", p.virtual_stages,
-                          p.group_size);
+    return fmt::format_to(ctx.out(), "interleaved-zero-bubble(virtual_stages={}, group_size={})",
+                          p.virtual_stages, p.group_size);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::schedule_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::schedule_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::schedule_policy& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     return std::visit([&](const auto& q) { return fmt::format_to(ctx.out(), "{}", q); }, p);
   }
 };

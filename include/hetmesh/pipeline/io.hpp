@@ -67,8 +67,8 @@ namespace hetmesh::pipeline {
   for (const auto& row : s.ranks)
     for (const auto& a : row) {
       if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward ||
-          a.type == action_type::send_ef || a.type == action_type::recv_eb || a.type == action_type::recv_ef ||
-          a.type == action_type::send_eb) {
+          a.type == action_type::send_ef || a.type == action_type::recv_eb ||
+          a.type == action_type::recv_ef || a.type == action_type::send_eb) {
         max_shard = std::max(max_shard, a.stage);
       } else {
         max_stage = std::max(max_stage, a.stage);
@@ -97,7 +97,8 @@ namespace hetmesh::pipeline {
       if (owner == -1) owner = static_cast<int>(r);
       if (owner != static_cast<int>(r))
         throw_error<invalid_argument>(
-            "pipeline CSV: {} {} appears on rank {} (action {}) and on rank {}; expected every {} on one rank",
+            "pipeline CSV: {} {} appears on rank {} (action {}) and on rank {}; expected every {} on one "
+            "rank",
             what, a.stage, r, to_text(a), owner, what);
     }
   }
@@ -109,7 +110,8 @@ namespace hetmesh::pipeline {
   for (std::size_t e = 0; e < s.encoder_shard_to_rank.size(); ++e)
     if (s.encoder_shard_to_rank[e] < 0)
       throw_error<invalid_argument>(
-          "pipeline CSV: encoder shard {} is named by a transfer but runs no EF/EB; expected EF on its rank", e);
+          "pipeline CSV: encoder shard {} is named by a transfer but runs no EF/EB; expected EF on its rank",
+          e);
   s.num_ranks = llm_ranks;
   return s;
 }

@@ -60,10 +60,11 @@ using encoder_policy = std::variant<colocated_encoder, encoder_on_first_stage, e
 
 /// The encoder work of each micro-batch, whole (before splitting over shards).
 struct encoder_work {
-  std::function<double(int mb)> forward{};             ///< seconds of encoder forward for micro-batch mb
-  std::function<double(int mb)> backward{};            ///< seconds of encoder backward
-  std::function<double(int mb)> transfer{};            ///< seconds to move mb's encoder output (or its gradient); empty = 0
-  std::function<std::int64_t(int mb)> memory{};        ///< activation bytes the encoder keeps for mb; empty = 1
+  std::function<double(int mb)> forward{};   ///< seconds of encoder forward for micro-batch mb
+  std::function<double(int mb)> backward{};  ///< seconds of encoder backward
+  std::function<double(int mb)>
+      transfer{};  ///< seconds to move mb's encoder output (or its gradient); empty = 0
+  std::function<std::int64_t(int mb)> memory{};  ///< activation bytes the encoder keeps for mb; empty = 1
 };
 
 /// The cost model of a schedule with `shards` encoder shards: LLM actions priced by `llm`, each shard's
@@ -81,7 +82,8 @@ struct encoder_work {
     double t = llm.transfer ? llm.transfer(a) : 0.0;
     // Stage 0's backward also returns embedding gradients to the shards; the stage transfer covers
     // the LLM's own gradient, the encoder share is added for the embedding part.
-    if (a.stage == 0 && (a.type == action_type::backward || a.type == action_type::backward_input) && w.transfer)
+    if (a.stage == 0 && (a.type == action_type::backward || a.type == action_type::backward_input) &&
+        w.transfer)
       t = std::max(t, w.transfer(a.microbatch) * share);
     return t;
   };
@@ -109,10 +111,17 @@ struct encoder_source {
   std::vector<std::vector<action>> out;
 
   encoder_source(const schedule& s, int nshards, int look, bool urgent)
-      : llm(s), shards(nshards), lookahead(look), urgent_rule(urgent), shard_of_rank(s.ranks.size(), -1),
-        pc(s.ranks.size(), 0), next_ef(static_cast<std::size_t>(nshards), 0),
-        next_eb(static_cast<std::size_t>(nshards), 0), out(s.ranks.size()) {
-    for (int e = 0; e < nshards; ++e) shard_of_rank[static_cast<std::size_t>(s.encoder_shard_to_rank[static_cast<std::size_t>(e)])] = e;
+      : llm(s),
+        shards(nshards),
+        lookahead(look),
+        urgent_rule(urgent),
+        shard_of_rank(s.ranks.size(), -1),
+        pc(s.ranks.size(), 0),
+        next_ef(static_cast<std::size_t>(nshards), 0),
+        next_eb(static_cast<std::size_t>(nshards), 0),
+        out(s.ranks.size()) {
+    for (int e = 0; e < nshards; ++e)
+      shard_of_rank[static_cast<std::size_t>(s.encoder_shard_to_rank[static_cast<std::size_t>(e)])] = e;
     for (const auto& a : s.ranks[static_cast<std::size_t>(s.rank_of_stage(0))])
       if (a.type == action_type::forward && a.stage == 0) f0_order.push_back(a.microbatch);
   }
@@ -129,7 +138,8 @@ struct encoder_source {
     if (e >= 0) {
       const int f = next_ef[static_cast<std::size_t>(e)], b = next_eb[static_cast<std::size_t>(e)];
       if (f < M) ef = action{e, action_type::encoder_forward, f};
-      if (b < f && eng.ready(action{e, action_type::encoder_backward, b})) eb = action{e, action_type::encoder_backward, b};
+      if (b < f && eng.ready(action{e, action_type::encoder_backward, b}))
+        eb = action{e, action_type::encoder_backward, b};
     }
     if (ef && urgent_rule && ef->microbatch <= need_mb()) return ef;
     if (i < row.size() && eng.ready(row[i])) return row[i];
@@ -162,9 +172,10 @@ struct encoder_source {
 
 inline void check_llm(const schedule& s, std::string_view who) {
   if (s.num_encoder_shards() != 0)
-    throw_error<invalid_argument>("pipeline {}: the input schedule already has {} encoder shards; expected an LLM-only "
-                                  "schedule",
-                                  who, s.num_encoder_shards());
+    throw_error<invalid_argument>(
+        "pipeline {}: the input schedule already has {} encoder shards; expected an LLM-only "
+        "schedule",
+        who, s.num_encoder_shards());
 }
 
 }  // namespace detail
@@ -175,8 +186,8 @@ inline void check_llm(const schedule& s, std::string_view who) {
 /// Preconditions: `llm` has no encoder shards and passes verify(); pool ranks >= 1; lookahead >= 0
 /// (colocated). Throws invalid_argument naming the broken one. Pure; deterministic;
 /// O(actions log actions).
-[[nodiscard]] inline schedule add_encoder(const schedule& llm_in, const encoder_policy& policy, const cost_model& costs,
-                                          const encoder_work& work) {
+[[nodiscard]] inline schedule add_encoder(const schedule& llm_in, const encoder_policy& policy,
+                                          const cost_model& costs, const encoder_work& work) {
   detail::check_llm(llm_in, "add_encoder");
   const schedule llm = strip_comm(llm_in);
   const int p = llm.total_ranks();
@@ -188,7 +199,8 @@ inline void check_llm(const schedule& s, std::string_view who) {
     s.encoder_shard_to_rank = {r0};
     std::vector<action> row;
     for (const auto& a : s.ranks[static_cast<std::size_t>(r0)]) {
-      if (a.stage == 0 && a.type == action_type::forward) row.push_back({0, action_type::encoder_forward, a.microbatch});
+      if (a.stage == 0 && a.type == action_type::forward)
+        row.push_back({0, action_type::encoder_forward, a.microbatch});
       row.push_back(a);
       if (a.stage == 0 && (a.type == action_type::backward || a.type == action_type::backward_input))
         row.push_back({0, action_type::encoder_backward, a.microbatch});
@@ -201,7 +213,8 @@ inline void check_llm(const schedule& s, std::string_view who) {
   bool urgent = false;
   if (const auto* co = std::get_if<colocated_encoder>(&policy)) {
     if (co->lookahead < 0)
-      throw_error<invalid_argument>("pipeline add_encoder: colocated lookahead={}; expected >= 0", co->lookahead);
+      throw_error<invalid_argument>("pipeline add_encoder: colocated lookahead={}; expected >= 0",
+                                    co->lookahead);
     s.name = llm.name + "+encoder-colocated";
     s.encoder_shard_to_rank.resize(static_cast<std::size_t>(p));
     for (int r = 0; r < p; ++r) s.encoder_shard_to_rank[static_cast<std::size_t>(r)] = r;
@@ -210,7 +223,8 @@ inline void check_llm(const schedule& s, std::string_view who) {
   } else {
     const auto& pool = std::get<encoder_pool>(policy);
     if (pool.ranks < 1)
-      throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one", pool.ranks);
+      throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one",
+                                    pool.ranks);
     s.name = llm.name + "+encoder-pool";
     for (int e = 0; e < pool.ranks; ++e) {
       s.encoder_shard_to_rank.push_back(p + e);
@@ -230,9 +244,11 @@ inline void check_llm(const schedule& s, std::string_view who) {
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::encoder_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::encoder_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::encoder_policy& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     using namespace hetmesh::pipeline;
-    if (const auto* c = std::get_if<colocated_encoder>(&p)) return fmt::format_to(ctx.out(), "colocated(lookahead={})", c->lookahead);
+    if (const auto* c = std::get_if<colocated_encoder>(&p))
+      return fmt::format_to(ctx.out(), "colocated(lookahead={})", c->lookahead);
     if (std::holds_alternative<encoder_on_first_stage>(p)) return fmt::format_to(ctx.out(), "first-stage");
     const auto& q = std::get<encoder_pool>(p);
     return fmt::format_to(ctx.out(), "pool(ranks={}, lookahead={})", q.ranks, q.lookahead);

@@ -56,14 +56,16 @@ class action_flags {
   }
 
   static constexpr bool uses_shard(action_type t) noexcept {
-    return t == action_type::encoder_forward || t == action_type::encoder_backward || t == action_type::send_ef ||
-           t == action_type::recv_ef || t == action_type::send_eb || t == action_type::recv_eb;
+    return t == action_type::encoder_forward || t == action_type::encoder_backward ||
+           t == action_type::send_ef || t == action_type::recv_ef || t == action_type::send_eb ||
+           t == action_type::recv_eb;
   }
 
  private:
   [[nodiscard]] std::size_t index(const action& a) const noexcept {
     return base_[static_cast<std::size_t>(a.type)] +
-           static_cast<std::size_t>(a.stage) * static_cast<std::size_t>(mbs_) + static_cast<std::size_t>(a.microbatch);
+           static_cast<std::size_t>(a.stage) * static_cast<std::size_t>(mbs_) +
+           static_cast<std::size_t>(a.microbatch);
   }
   int mbs_;
   std::array<int, action_type_count> limit_{};
@@ -94,7 +96,8 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
       if (s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)] != s.rank_of_stage(0))
         out.push_back({{a.stage, action_type::send_ef, mb}, {a.stage, action_type::recv_ef, mb}});
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -132,7 +135,8 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
       case action_type::forward:
         if (a.stage == 0) {
           for (int e = 0; e < shards; ++e) {
-            if (!done.get({e, action_type::recv_ef, mb}) && !local({e, action_type::encoder_forward, mb}, rank))
+            if (!done.get({e, action_type::recv_ef, mb}) &&
+                !local({e, action_type::encoder_forward, mb}, rank))
               return false;
           }
           return true;
@@ -144,9 +148,12 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
         return done.get({a.stage, action_type::recv_b, mb}) || local(I(a.stage + 1, mb), rank) ||
                local(B(a.stage + 1, mb), rank);
       case action_type::encoder_backward:
-        return done.get({a.stage, action_type::recv_eb, mb}) || local(I(0, mb), rank) || local(B(0, mb), rank);
-      case action_type::reduce_grad: return backward_count[static_cast<std::size_t>(a.stage)] == s.num_microbatches;
-      default: return true;
+        return done.get({a.stage, action_type::recv_eb, mb}) || local(I(0, mb), rank) ||
+               local(B(0, mb), rank);
+      case action_type::reduce_grad:
+        return backward_count[static_cast<std::size_t>(a.stage)] == s.num_microbatches;
+      default:
+        return true;
     }
   };
   std::vector<std::pair<action, action>> pairs;
@@ -196,7 +203,8 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
 /// REDUCE_GRAD actions are dropped first. Pure; O(actions).
 [[nodiscard]] inline schedule add_reduce_grad(const schedule& in) {
   schedule out = in;
-  for (auto& row : out.ranks) std::erase_if(row, [](const action& a) { return a.type == action_type::reduce_grad; });
+  for (auto& row : out.ranks)
+    std::erase_if(row, [](const action& a) { return a.type == action_type::reduce_grad; });
   for (auto& row : out.ranks) {
     std::vector<int> last(static_cast<std::size_t>(out.num_stages), -1);
     for (std::size_t i = 0; i < row.size(); ++i)
@@ -207,7 +215,8 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
     for (std::size_t i = 0; i < row.size(); ++i) {
       next.push_back(row[i]);
       for (int st = 0; st < out.num_stages; ++st)
-        if (last[static_cast<std::size_t>(st)] == static_cast<int>(i)) next.push_back({st, action_type::reduce_grad, -1});
+        if (last[static_cast<std::size_t>(st)] == static_cast<int>(i))
+          next.push_back({st, action_type::reduce_grad, -1});
     }
     row = std::move(next);
   }

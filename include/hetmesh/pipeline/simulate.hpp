@@ -49,13 +49,20 @@ struct uniform_costs {
     cost_model m;
     m.compute = [c](const action& a) {
       switch (a.type) {
-        case action_type::forward: return c.forward;
-        case action_type::backward: return c.backward;
-        case action_type::backward_input: return c.backward - c.weight;
-        case action_type::backward_weight: return c.weight;
-        case action_type::encoder_forward: return c.encoder_forward;
-        case action_type::encoder_backward: return c.encoder_backward;
-        default: return 0.0;
+        case action_type::forward:
+          return c.forward;
+        case action_type::backward:
+          return c.backward;
+        case action_type::backward_input:
+          return c.backward - c.weight;
+        case action_type::backward_weight:
+          return c.weight;
+        case action_type::encoder_forward:
+          return c.encoder_forward;
+        case action_type::encoder_backward:
+          return c.encoder_backward;
+        default:
+          return 0.0;
       }
     };
     m.transfer = [c](const action&) { return c.transfer; };
@@ -90,10 +97,17 @@ template <class Source>
 class engine {
  public:
   engine(const schedule& s, const cost_model& c, Source& src, bool record)
-      : s_(s), c_(c), src_(src), record_(record), R_(s.total_ranks()), S_(s.num_stages), M_(s.num_microbatches),
+      : s_(s),
+        c_(c),
+        src_(src),
+        record_(record),
+        R_(s.total_ranks()),
+        S_(s.num_stages),
+        M_(s.num_microbatches),
         E_(s.num_encoder_shards()) {
     if (!c.compute)
-      throw_error<invalid_argument>("pipeline simulate({}): the cost model has no compute callable; expected one", s.name);
+      throw_error<invalid_argument>(
+          "pipeline simulate({}): the cost model has no compute callable; expected one", s.name);
     const auto sm = static_cast<std::size_t>(S_) * static_cast<std::size_t>(M_);
     const auto em = static_cast<std::size_t>(E_) * static_cast<std::size_t>(M_);
     f_in_.assign(sm, 0);
@@ -123,12 +137,18 @@ class engine {
       case action_type::forward:
         return a.stage == 0 ? ef_in_count_[static_cast<std::size_t>(a.microbatch)] == E_ : f_in_[k] != 0;
       case action_type::backward:
-      case action_type::backward_input: return f_done_[k] != 0 && (a.stage == S_ - 1 || b_in_[k] != 0);
-      case action_type::backward_weight: return i_done_[k] != 0;
-      case action_type::encoder_forward: return true;
-      case action_type::encoder_backward: return ef_done_[em(a.stage, a.microbatch)] != 0 && eb_in_[em(a.stage, a.microbatch)] != 0;
-      case action_type::reduce_grad: return bwd_count_[static_cast<std::size_t>(a.stage)] == M_;
-      default: return true;
+      case action_type::backward_input:
+        return f_done_[k] != 0 && (a.stage == S_ - 1 || b_in_[k] != 0);
+      case action_type::backward_weight:
+        return i_done_[k] != 0;
+      case action_type::encoder_forward:
+        return true;
+      case action_type::encoder_backward:
+        return ef_done_[em(a.stage, a.microbatch)] != 0 && eb_in_[em(a.stage, a.microbatch)] != 0;
+      case action_type::reduce_grad:
+        return bwd_count_[static_cast<std::size_t>(a.stage)] == M_;
+      default:
+        return true;
     }
   }
 
@@ -154,7 +174,8 @@ class engine {
       if (!src_.finished(r)) {
         auto next = src_.pick(*this, r);
         throw_error<invalid_argument>(
-            "pipeline simulate({}): rank {} cannot finish: its next action {} never becomes ready (inputs missing or "
+            "pipeline simulate({}): rank {} cannot finish: its next action {} never becomes ready (inputs "
+            "missing or "
             "a dependency cycle); expected a schedule that passes verify()",
             s_.name, r, next ? to_text(*next) : std::string("(none ready)"));
       }
@@ -191,14 +212,16 @@ class engine {
     if (!a) return;
     const double d = c_.compute(*a);
     if (!(d >= 0))
-      throw_error<invalid_argument>("pipeline simulate({}): cost of {} is {}; expected a non-negative number of seconds",
-                                    s_.name, to_text(*a), d);
+      throw_error<invalid_argument>(
+          "pipeline simulate({}): cost of {} is {}; expected a non-negative number of seconds", s_.name,
+          to_text(*a), d);
     running_[static_cast<std::size_t>(r)] = *a;
     is_running_[static_cast<std::size_t>(r)] = 1;
     if (a->type == action_type::forward || a->type == action_type::encoder_forward) {
       auto& m = mem_[static_cast<std::size_t>(r)];
       m += c_.memory ? c_.memory(*a) : 1;
-      out_.peak_memory[static_cast<std::size_t>(r)] = std::max(out_.peak_memory[static_cast<std::size_t>(r)], m);
+      out_.peak_memory[static_cast<std::size_t>(r)] =
+          std::max(out_.peak_memory[static_cast<std::size_t>(r)], m);
     }
     out_.busy[static_cast<std::size_t>(r)] += d;
     if (record_) out_.timeline.push_back(timed_action{r, *a, now_, now_ + d});
@@ -208,7 +231,8 @@ class engine {
 
   void send(int from, int to, const action& producer, event_kind k, int a, int b) {
     const double d = c_.transfer ? c_.transfer(producer) : 0.0;
-    double& free = link_free_[static_cast<std::size_t>(from) * static_cast<std::size_t>(R_) + static_cast<std::size_t>(to)];
+    double& free = link_free_[static_cast<std::size_t>(from) * static_cast<std::size_t>(R_) +
+                              static_cast<std::size_t>(to)];
     const double start = std::max(now_, free);
     free = start + d;
     push(free, k, to, a, b);
@@ -216,11 +240,20 @@ class engine {
 
   void arrive(const event& e) {
     switch (e.kind) {
-      case event_kind::arrive_f: f_in_[sm(e.a, e.b)] = 1; break;
-      case event_kind::arrive_b: b_in_[sm(e.a, e.b)] = 1; break;
-      case event_kind::arrive_ef: ++ef_in_count_[static_cast<std::size_t>(e.b)]; break;
-      case event_kind::arrive_eb: eb_in_[em(e.a, e.b)] = 1; break;
-      default: break;
+      case event_kind::arrive_f:
+        f_in_[sm(e.a, e.b)] = 1;
+        break;
+      case event_kind::arrive_b:
+        b_in_[sm(e.a, e.b)] = 1;
+        break;
+      case event_kind::arrive_ef:
+        ++ef_in_count_[static_cast<std::size_t>(e.b)];
+        break;
+      case event_kind::arrive_eb:
+        eb_in_[em(e.a, e.b)] = 1;
+        break;
+      default:
+        break;
     }
   }
 
@@ -229,7 +262,9 @@ class engine {
     is_running_[static_cast<std::size_t>(r)] = 0;
     out_.step_time = std::max(out_.step_time, now_);
     const int mb = a.microbatch;
-    auto free_mem = [&](const action& producer) { mem_[static_cast<std::size_t>(r)] -= c_.memory ? c_.memory(producer) : 1; };
+    auto free_mem = [&](const action& producer) {
+      mem_[static_cast<std::size_t>(r)] -= c_.memory ? c_.memory(producer) : 1;
+    };
     auto deliver = [&](int to, event_kind k, int x, int y, std::vector<std::uint8_t>* local_flag) {
       if (to == r) {
         if (local_flag != nullptr) (*local_flag)[sm(x, y)] = 1;
@@ -241,7 +276,8 @@ class engine {
     switch (a.type) {
       case action_type::forward:
         f_done_[sm(a.stage, mb)] = 1;
-        if (a.stage + 1 < S_) deliver(s_.rank_of_stage(a.stage + 1), event_kind::arrive_f, a.stage + 1, mb, &f_in_);
+        if (a.stage + 1 < S_)
+          deliver(s_.rank_of_stage(a.stage + 1), event_kind::arrive_f, a.stage + 1, mb, &f_in_);
         break;
       case action_type::backward:
       case action_type::backward_input:
@@ -251,10 +287,12 @@ class engine {
         } else {
           i_done_[sm(a.stage, mb)] = 1;
         }
-        if (a.stage > 0) deliver(s_.rank_of_stage(a.stage - 1), event_kind::arrive_b, a.stage - 1, mb, &b_in_);
+        if (a.stage > 0)
+          deliver(s_.rank_of_stage(a.stage - 1), event_kind::arrive_b, a.stage - 1, mb, &b_in_);
         if (a.stage == 0)
           for (int e = 0; e < E_; ++e)
-            deliver(s_.encoder_shard_to_rank[static_cast<std::size_t>(e)], event_kind::arrive_eb, e, mb, &eb_in_);
+            deliver(s_.encoder_shard_to_rank[static_cast<std::size_t>(e)], event_kind::arrive_eb, e, mb,
+                    &eb_in_);
         break;
       case action_type::backward_weight:
         free_mem(F(a.stage, mb));
@@ -264,8 +302,11 @@ class engine {
         ef_done_[em(a.stage, mb)] = 1;
         deliver(s_.rank_of_stage(0), event_kind::arrive_ef, a.stage, mb, nullptr);
         break;
-      case action_type::encoder_backward: free_mem({a.stage, action_type::encoder_forward, mb}); break;
-      default: break;
+      case action_type::encoder_backward:
+        free_mem({a.stage, action_type::encoder_forward, mb});
+        break;
+      default:
+        break;
     }
     try_start(r);
   }
@@ -312,7 +353,9 @@ struct list_source {
     ++pc[static_cast<std::size_t>(r)];
     skip(r);
   }
-  [[nodiscard]] bool finished(int r) const { return pc[static_cast<std::size_t>(r)] >= s.ranks[static_cast<std::size_t>(r)].size(); }
+  [[nodiscard]] bool finished(int r) const {
+    return pc[static_cast<std::size_t>(r)] >= s.ranks[static_cast<std::size_t>(r)].size();
+  }
 };
 
 }  // namespace detail
@@ -322,7 +365,8 @@ struct list_source {
 /// Postconditions: step_time is the last finish; busy[r] sums rank r's compute; timeline (when
 /// `record_timeline`) holds every compute action with its start and end. Deterministic (ties broken by
 /// event order); O(actions log actions). Not collective.
-[[nodiscard]] inline simulation simulate(const schedule& s, const cost_model& costs, bool record_timeline = true) {
+[[nodiscard]] inline simulation simulate(const schedule& s, const cost_model& costs,
+                                         bool record_timeline = true) {
   detail::list_source src(s);
   detail::engine<detail::list_source> eng(s, costs, src, record_timeline);
   return eng.run();
@@ -332,16 +376,18 @@ struct list_source {
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::timed_action> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::timed_action& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "rank {} {} [{:.6g}, {:.6g})", t.rank, hetmesh::pipeline::to_text(t.what), t.start,
-                          t.end);
+  auto format(const hetmesh::pipeline::timed_action& t, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "rank {} {} [{:.6g}, {:.6g})", t.rank,
+                          hetmesh::pipeline::to_text(t.what), t.start, t.end);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::simulation> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::simulation& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "simulated step {:.6g} s, bubble {:.4f}, peak memory per rank:", s.step_time,
+    auto out = fmt::format_to(ctx.out(),
+                              "simulated step {:.6g} s, bubble {:.4f}, peak memory per rank:", s.step_time,
                               s.bubble_ratio);
     for (auto m : s.peak_memory) out = fmt::format_to(out, " {}", m);
     return out;

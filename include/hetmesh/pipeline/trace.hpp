@@ -8,12 +8,16 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../core/error.hpp"
 #include "action.hpp"
+#include "io.hpp"
+#include "lower.hpp"
 #include "simulate.hpp"
 
 namespace hetmesh::pipeline {
@@ -27,14 +31,20 @@ namespace hetmesh::pipeline {
   for (const auto& t : timeline) max_rank = std::max(max_rank, t.rank);
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", process_name}}}});
   for (int r = 0; r <= max_rank; ++r) {
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r}, {"args", {{"name", fmt::format("rank {}", r)}}}});
-    events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", r}, {"args", {{"sort_index", r}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", r},
+                      {"args", {{"name", fmt::format("rank {}", r)}}}});
+    events.push_back(
+        {{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", r}, {"args", {{"sort_index", r}}}});
   }
   for (const auto& t : timeline) {
-    const char* cat = is_comm(t.what.type) ? "communication"
-                      : (t.what.type == action_type::encoder_forward || t.what.type == action_type::encoder_backward)
-                          ? "encoder"
-                          : "computation";
+    const char* cat =
+        is_comm(t.what.type) ? "communication"
+        : (t.what.type == action_type::encoder_forward || t.what.type == action_type::encoder_backward)
+            ? "encoder"
+            : "computation";
     nlohmann::json args = {{"stage", t.what.stage}, {"type", std::string(name_of(t.what.type))}};
     if (t.what.microbatch >= 0) args["microbatch"] = t.what.microbatch;
     events.push_back({{"name", to_text(t.what)},
@@ -52,14 +62,22 @@ namespace hetmesh::pipeline {
 namespace detail {
 inline char timeline_glyph(action_type t) {
   switch (t) {
-    case action_type::forward: return 'F';
-    case action_type::backward: return 'B';
-    case action_type::backward_input: return 'I';
-    case action_type::backward_weight: return 'W';
-    case action_type::encoder_forward: return 'e';
-    case action_type::encoder_backward: return 'b';
-    case action_type::reduce_grad: return 'R';
-    default: return '~';
+    case action_type::forward:
+      return 'F';
+    case action_type::backward:
+      return 'B';
+    case action_type::backward_input:
+      return 'I';
+    case action_type::backward_weight:
+      return 'W';
+    case action_type::encoder_forward:
+      return 'e';
+    case action_type::encoder_backward:
+      return 'b';
+    case action_type::reduce_grad:
+      return 'R';
+    default:
+      return '~';
   }
 }
 }  // namespace detail
@@ -79,8 +97,10 @@ inline char timeline_glyph(action_type t) {
   }
   if (ranks == 0 || end <= 0) return "(empty timeline)\n";
   const double slot = end / width;
-  std::vector<std::string> rows(static_cast<std::size_t>(ranks), std::string(static_cast<std::size_t>(width), '.'));
-  std::vector<std::vector<double>> cover(static_cast<std::size_t>(ranks), std::vector<double>(static_cast<std::size_t>(width), 0.0));
+  std::vector<std::string> rows(static_cast<std::size_t>(ranks),
+                                std::string(static_cast<std::size_t>(width), '.'));
+  std::vector<std::vector<double>> cover(static_cast<std::size_t>(ranks),
+                                         std::vector<double>(static_cast<std::size_t>(width), 0.0));
   for (const auto& t : timeline) {
     if (t.end <= t.start) continue;
     const int first = std::clamp(static_cast<int>(std::floor(t.start / slot)), 0, width - 1);
@@ -91,17 +111,41 @@ inline char timeline_glyph(action_type t) {
       if (hi - lo > c) {
         c = hi - lo;
         char g = detail::timeline_glyph(t.what.type);
-        if (microbatch_digits && k == first && t.what.microbatch >= 0) g = static_cast<char>('0' + t.what.microbatch % 10);
+        if (microbatch_digits && k == first && t.what.microbatch >= 0)
+          g = static_cast<char>('0' + t.what.microbatch % 10);
         rows[static_cast<std::size_t>(t.rank)][static_cast<std::size_t>(k)] = g;
       }
     }
   }
-  std::string out = fmt::format("time 0 .. {:.6g} s, {:.3g} s per column; F fwd, B bwd, I bwd-input, W bwd-weight, "
-                                "e/b encoder fwd/bwd, . idle\n",
-                                end, slot);
+  std::string out = fmt::format(
+      "time 0 .. {:.6g} s, {:.3g} s per column; F fwd, B bwd, I bwd-input, W bwd-weight, "
+      "e/b encoder fwd/bwd, . idle\n",
+      end, slot);
   const int label = static_cast<int>(fmt::format("{}", ranks - 1).size());
-  for (int r = 0; r < ranks; ++r) out += fmt::format("rank {:>{}} |{}|\n", r, label, rows[static_cast<std::size_t>(r)]);
+  for (int r = 0; r < ranks; ++r)
+    out += fmt::format("rank {:>{}} |{}|\n", r, label, rows[static_cast<std::size_t>(r)]);
   return out;
+}
+
+/// The text `hetmesh-plan pipeline --format F` prints for a schedule:
+///   "actions"    each rank's compute actions in order, one line per rank ("rank 0: 0F0 0F1 ...");
+///   "csv"        PyTorch's compute-only CSV (what its `_load_csv(format="compute_only")` reads);
+///   "csv-comms"  PyTorch CSV of the schedule lowered with add_send_recv (compute + SEND/RECV);
+///   "table"      PyTorch's `_format_pipeline_order` grid of the lowered schedule;
+///   "ascii"      the timeline simulated at F=1, B=2, I=W=1 (transfers free), `width` columns.
+/// Throws invalid_argument for other formats. Pure.
+[[nodiscard]] inline std::string render(const schedule& s, std::string_view format, int width = 100) {
+  if (format == "actions") {
+    std::string out;
+    for (int r = 0; r < s.total_ranks(); ++r) out += fmt::format("rank {}: {}\n", r, compute_text(s, r));
+    return out;
+  }
+  if (format == "csv") return to_csv(strip_comm(s));
+  if (format == "csv-comms") return to_csv(add_send_recv(s));
+  if (format == "table") return format_pipeline_order(add_send_recv(s));
+  if (format == "ascii") return ascii_timeline(simulate(s, uniform_costs{}.model()).timeline, width, true);
+  throw_error<invalid_argument>(
+      "pipeline render: unknown format \"{}\"; expected actions, csv, csv-comms, table or ascii", format);
 }
 
 }  // namespace hetmesh::pipeline

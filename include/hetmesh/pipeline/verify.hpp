@@ -31,7 +31,7 @@ enum class send_mode : std::uint8_t {
 
 struct verify_options {
   send_mode mode = send_mode::rendezvous;
-  int max_in_flight = 0;        ///< 0: no bound; else the most (stage, micro-batch) activations a rank may hold.
+  int max_in_flight = 0;  ///< 0: no bound; else the most (stage, micro-batch) activations a rank may hold.
   bool require_backward = true;  ///< false for forward-only (inference) schedules.
   /// Bytes an F or EF action allocates (freed by its B / W / EB). Empty: 1 per action (counts).
   std::function<std::int64_t(const action&)> activation_bytes{};
@@ -39,14 +39,16 @@ struct verify_options {
 
 /// What the verifier found (only returned when the schedule is valid).
 struct verify_report {
-  std::size_t actions = 0;          ///< all actions
-  std::size_t compute_actions = 0;  ///< F, B, I, W, EF, EB
-  std::size_t comm_pairs = 0;       ///< matched SEND/RECV pairs
-  std::size_t sweeps = 0;           ///< rank wake-ups in the token game (a cost measure)
-  std::vector<int> peak_in_flight;  ///< per rank: most LLM activations held at once
+  std::size_t actions = 0;                ///< all actions
+  std::size_t compute_actions = 0;        ///< F, B, I, W, EF, EB
+  std::size_t comm_pairs = 0;             ///< matched SEND/RECV pairs
+  std::size_t sweeps = 0;                 ///< rank wake-ups in the token game (a cost measure)
+  std::vector<int> peak_in_flight;        ///< per rank: most LLM activations held at once
   std::vector<std::int64_t> peak_memory;  ///< per rank: peak of activation_bytes held (LLM + encoder)
   friend bool operator==(const verify_report&, const verify_report&) = default;
-  void hash_append(hasher& h) const { append_all(h, actions, compute_actions, comm_pairs, peak_in_flight, peak_memory); }
+  void hash_append(hasher& h) const {
+    append_all(h, actions, compute_actions, comm_pairs, peak_in_flight, peak_memory);
+  }
 };
 
 namespace detail {
@@ -54,15 +56,24 @@ namespace detail {
 /// The matching partner of a SEND or RECV.
 inline action partner(const action& a) {
   switch (a.type) {
-    case action_type::send_f: return {a.stage + 1, action_type::recv_f, a.microbatch};
-    case action_type::recv_f: return {a.stage - 1, action_type::send_f, a.microbatch};
-    case action_type::send_b: return {a.stage - 1, action_type::recv_b, a.microbatch};
-    case action_type::recv_b: return {a.stage + 1, action_type::send_b, a.microbatch};
-    case action_type::send_ef: return {a.stage, action_type::recv_ef, a.microbatch};
-    case action_type::recv_ef: return {a.stage, action_type::send_ef, a.microbatch};
-    case action_type::send_eb: return {a.stage, action_type::recv_eb, a.microbatch};
-    case action_type::recv_eb: return {a.stage, action_type::send_eb, a.microbatch};
-    default: return a;
+    case action_type::send_f:
+      return {a.stage + 1, action_type::recv_f, a.microbatch};
+    case action_type::recv_f:
+      return {a.stage - 1, action_type::send_f, a.microbatch};
+    case action_type::send_b:
+      return {a.stage - 1, action_type::recv_b, a.microbatch};
+    case action_type::recv_b:
+      return {a.stage + 1, action_type::send_b, a.microbatch};
+    case action_type::send_ef:
+      return {a.stage, action_type::recv_ef, a.microbatch};
+    case action_type::recv_ef:
+      return {a.stage, action_type::send_ef, a.microbatch};
+    case action_type::send_eb:
+      return {a.stage, action_type::recv_eb, a.microbatch};
+    case action_type::recv_eb:
+      return {a.stage, action_type::send_eb, a.microbatch};
+    default:
+      return a;
   }
 }
 
@@ -77,18 +88,20 @@ inline action partner(const action& a) {
   const int S = s.num_stages, M = s.num_microbatches, E = s.num_encoder_shards();
   const std::string where = fmt::format("pipeline verify({})", s.name);
   if (S < 1 || M < 1 || static_cast<int>(s.stage_to_rank.size()) != S)
-    throw_error<invalid_argument>("{}: {} stages, {} micro-batches and a stage map of {} entries; expected at least one "
-                                  "stage and micro-batch and one map entry per stage",
-                                  where, S, M, s.stage_to_rank.size());
+    throw_error<invalid_argument>(
+        "{}: {} stages, {} micro-batches and a stage map of {} entries; expected at least one "
+        "stage and micro-batch and one map entry per stage",
+        where, S, M, s.stage_to_rank.size());
   for (int st = 0; st < S; ++st)
-    if (s.stage_to_rank[static_cast<std::size_t>(st)] < 0 || s.stage_to_rank[static_cast<std::size_t>(st)] >= nranks)
+    if (s.stage_to_rank[static_cast<std::size_t>(st)] < 0 ||
+        s.stage_to_rank[static_cast<std::size_t>(st)] >= nranks)
       throw_error<invalid_argument>("{}: stage {} maps to rank {}; expected a rank in [0, {})", where, st,
                                     s.stage_to_rank[static_cast<std::size_t>(st)], nranks);
   for (int e = 0; e < E; ++e)
     if (s.encoder_shard_to_rank[static_cast<std::size_t>(e)] < 0 ||
         s.encoder_shard_to_rank[static_cast<std::size_t>(e)] >= nranks)
-      throw_error<invalid_argument>("{}: encoder shard {} maps to rank {}; expected a rank in [0, {})", where, e,
-                                    s.encoder_shard_to_rank[static_cast<std::size_t>(e)], nranks);
+      throw_error<invalid_argument>("{}: encoder shard {} maps to rank {}; expected a rank in [0, {})", where,
+                                    e, s.encoder_shard_to_rank[static_cast<std::size_t>(e)], nranks);
 
   verify_report rep;
   detail::action_flags present(S, E, M);
@@ -107,8 +120,10 @@ inline action partner(const action& a) {
       };
       if (a.type == action_type::reduce_grad) {
         if (a.stage < 0 || a.stage >= S) fail(fmt::format("stage out of range; expected [0, {})", S));
-        if (s.rank_of_stage(a.stage) != r) fail(fmt::format("stage {} lives on rank {}", a.stage, s.rank_of_stage(a.stage)));
-        if (reduce_seen[static_cast<std::size_t>(a.stage)]++ != 0) fail("appears twice; expected once per stage");
+        if (s.rank_of_stage(a.stage) != r)
+          fail(fmt::format("stage {} lives on rank {}", a.stage, s.rank_of_stage(a.stage)));
+        if (reduce_seen[static_cast<std::size_t>(a.stage)]++ != 0)
+          fail("appears twice; expected once per stage");
         continue;
       }
       if (!present.in_range(a))
@@ -125,29 +140,33 @@ inline action partner(const action& a) {
   for (int st = 0; st < S; ++st)
     for (int mb = 0; mb < M; ++mb) {
       if (!present.get(F(st, mb)))
-        throw_error<invalid_argument>("{}: `{}` is missing; expected a forward of every micro-batch on every stage",
-                                      where, to_text(F(st, mb)));
+        throw_error<invalid_argument>(
+            "{}: `{}` is missing; expected a forward of every micro-batch on every stage", where,
+            to_text(F(st, mb)));
       const bool b = present.get(B(st, mb)), i = present.get(I(st, mb)), w = present.get(W(st, mb));
       if (b && (i || w))
-        throw_error<invalid_argument>("{}: stage {} micro-batch {} has both a full backward `{}` and a split one; "
-                                      "expected B, or I and W",
-                                      where, st, mb, to_text(B(st, mb)));
+        throw_error<invalid_argument>(
+            "{}: stage {} micro-batch {} has both a full backward `{}` and a split one; "
+            "expected B, or I and W",
+            where, st, mb, to_text(B(st, mb)));
       if (i != w)
         throw_error<invalid_argument>("{}: `{}` is missing; expected I and W to come in pairs", where,
                                       to_text(i ? W(st, mb) : I(st, mb)));
       if (opt.require_backward && !b && !i)
-        throw_error<invalid_argument>("{}: stage {} micro-batch {} has no backward; expected `{}` (or `{}` and `{}`)",
-                                      where, st, mb, to_text(B(st, mb)), to_text(I(st, mb)), to_text(W(st, mb)));
+        throw_error<invalid_argument>(
+            "{}: stage {} micro-batch {} has no backward; expected `{}` (or `{}` and `{}`)", where, st, mb,
+            to_text(B(st, mb)), to_text(I(st, mb)), to_text(W(st, mb)));
     }
   for (int e = 0; e < E; ++e)
     for (int mb = 0; mb < M; ++mb) {
       const action ef{e, action_type::encoder_forward, mb}, eb{e, action_type::encoder_backward, mb};
       if (!present.get(ef))
-        throw_error<invalid_argument>("{}: `{}` is missing; expected every encoder shard to encode every micro-batch",
-                                      where, to_text(ef));
+        throw_error<invalid_argument>(
+            "{}: `{}` is missing; expected every encoder shard to encode every micro-batch", where,
+            to_text(ef));
       if (opt.require_backward && !present.get(eb))
-        throw_error<invalid_argument>("{}: `{}` is missing; expected an encoder backward per encoder forward", where,
-                                      to_text(eb));
+        throw_error<invalid_argument>("{}: `{}` is missing; expected an encoder backward per encoder forward",
+                                      where, to_text(eb));
     }
   // --- communication pairs --------------------------------------------------------------------------
   for (int r = 0; r < nranks; ++r) {
@@ -157,10 +176,11 @@ inline action partner(const action& a) {
       if (!is_comm(a.type)) continue;
       const action p = detail::partner(a);
       if (!present.get(p))
-        throw_error<invalid_argument>("{}: rank {} action #{} `{}` has no matching `{}` on rank {}; expected every {} "
-                                      "matched by a {}",
-                                      where, r, i, to_text(a), to_text(p), present.in_range(p) ? s.rank_of(p) : -1,
-                                      is_send(a.type) ? "send" : "receive", is_send(a.type) ? "receive" : "send");
+        throw_error<invalid_argument>(
+            "{}: rank {} action #{} `{}` has no matching `{}` on rank {}; expected every {} "
+            "matched by a {}",
+            where, r, i, to_text(a), to_text(p), present.in_range(p) ? s.rank_of(p) : -1,
+            is_send(a.type) ? "send" : "receive", is_send(a.type) ? "receive" : "send");
       if (is_send(a.type)) ++rep.comm_pairs;
     }
   }
@@ -172,7 +192,9 @@ inline action partner(const action& a) {
   std::vector<int> inflight(static_cast<std::size_t>(nranks), 0);
   rep.peak_memory.assign(static_cast<std::size_t>(nranks), 0);
   rep.peak_in_flight.assign(static_cast<std::size_t>(nranks), 0);
-  auto bytes = [&](const action& a) -> std::int64_t { return opt.activation_bytes ? opt.activation_bytes(a) : 1; };
+  auto bytes = [&](const action& a) -> std::int64_t {
+    return opt.activation_bytes ? opt.activation_bytes(a) : 1;
+  };
   auto bwd_done = [&](int st, int mb) { return done.get(B(st, mb)) || done.get(I(st, mb)); };
 
   // The first unmet requirement of compute/REDUCE_GRAD action `a` on rank r, or nullopt-equivalent
@@ -192,7 +214,8 @@ inline action partner(const action& a) {
     const int mb = a.microbatch;
     switch (a.type) {
       case action_type::forward:
-        if (a.stage > 0) return input(F(a.stage - 1, mb), F(a.stage - 1, mb), {a.stage, action_type::recv_f, mb});
+        if (a.stage > 0)
+          return input(F(a.stage - 1, mb), F(a.stage - 1, mb), {a.stage, action_type::recv_f, mb});
         for (int e = 0; e < E; ++e) {
           const action ef{e, action_type::encoder_forward, mb};
           need n = input(ef, ef, {e, action_type::recv_ef, mb});
@@ -202,29 +225,38 @@ inline action partner(const action& a) {
       case action_type::backward:
       case action_type::backward_input:
         if (!done.get(F(a.stage, mb))) return {true, F(a.stage, mb), true};
-        if (a.stage + 1 < S) return input(B(a.stage + 1, mb), I(a.stage + 1, mb), {a.stage, action_type::recv_b, mb});
+        if (a.stage + 1 < S)
+          return input(B(a.stage + 1, mb), I(a.stage + 1, mb), {a.stage, action_type::recv_b, mb});
         return {};
       case action_type::backward_weight:
         return done.get(I(a.stage, mb)) ? need{} : need{true, I(a.stage, mb), true};
-      case action_type::encoder_forward: return {};
+      case action_type::encoder_forward:
+        return {};
       case action_type::encoder_backward:
         if (!done.get({a.stage, action_type::encoder_forward, mb}))
           return {true, {a.stage, action_type::encoder_forward, mb}, true};
         return input(B(0, mb), I(0, mb), {a.stage, action_type::recv_eb, mb});
       case action_type::reduce_grad:
-        return backward_done[static_cast<std::size_t>(a.stage)] == M ? need{} : need{true, B(a.stage, M - 1), true};
-      case action_type::send_f: return done.get(F(a.stage, mb)) ? need{} : need{true, F(a.stage, mb), true};
-      case action_type::send_b: return bwd_done(a.stage, mb) ? need{} : need{true, I(a.stage, mb), true};
+        return backward_done[static_cast<std::size_t>(a.stage)] == M ? need{}
+                                                                     : need{true, B(a.stage, M - 1), true};
+      case action_type::send_f:
+        return done.get(F(a.stage, mb)) ? need{} : need{true, F(a.stage, mb), true};
+      case action_type::send_b:
+        return bwd_done(a.stage, mb) ? need{} : need{true, I(a.stage, mb), true};
       case action_type::send_ef:
-        return done.get({a.stage, action_type::encoder_forward, mb}) ? need{}
-                                                                      : need{true, {a.stage, action_type::encoder_forward, mb}, true};
-      case action_type::send_eb: return bwd_done(0, mb) ? need{} : need{true, B(0, mb), true};
-      default: return {};
+        return done.get({a.stage, action_type::encoder_forward, mb})
+                   ? need{}
+                   : need{true, {a.stage, action_type::encoder_forward, mb}, true};
+      case action_type::send_eb:
+        return bwd_done(0, mb) ? need{} : need{true, B(0, mb), true};
+      default:
+        return {};
     }
   };
   auto order_error = [&](int r, std::size_t i, const action& a, const action& dep) {
     throw_error<invalid_argument>(
-        "{}: rank {} action #{} `{}` needs `{}` first, which rank {} runs later or never; expected `{}` before it in "
+        "{}: rank {} action #{} `{}` needs `{}` first, which rank {} runs later or never; expected `{}` "
+        "before it in "
         "rank {}'s list",
         where, r, i, to_text(a), to_text(dep), r, to_text(dep), r);
   };
@@ -240,15 +272,20 @@ inline action partner(const action& a) {
         m += bytes(a);
         ++f;
         break;
-      case action_type::encoder_forward: m += bytes(a); break;
+      case action_type::encoder_forward:
+        m += bytes(a);
+        break;
       case action_type::backward:
       case action_type::backward_weight:
         m -= bytes(F(a.stage, a.microbatch));
         --f;
         ++backward_done[static_cast<std::size_t>(a.stage)];
         break;
-      case action_type::encoder_backward: m -= bytes({a.stage, action_type::encoder_forward, a.microbatch}); break;
-      default: break;
+      case action_type::encoder_backward:
+        m -= bytes({a.stage, action_type::encoder_forward, a.microbatch});
+        break;
+      default:
+        break;
     }
     auto& pm = rep.peak_memory[static_cast<std::size_t>(r)];
     auto& pf = rep.peak_in_flight[static_cast<std::size_t>(r)];
@@ -256,7 +293,8 @@ inline action partner(const action& a) {
     pf = std::max(pf, f);
     if (opt.max_in_flight > 0 && f > opt.max_in_flight)
       throw_error<invalid_argument>(
-          "{}: rank {} holds {} activations after `{}` (#{}), above the bound max_in_flight={}; expected at most {}",
+          "{}: rank {} holds {} activations after `{}` (#{}), above the bound max_in_flight={}; expected at "
+          "most {}",
           where, r, f, to_text(a), pc[static_cast<std::size_t>(r)] - 1, opt.max_in_flight, opt.max_in_flight);
   };
   const bool fast = !explicit_comm && E == 0 && !opt.activation_bytes;
@@ -272,13 +310,18 @@ inline action partner(const action& a) {
       const int st = a.stage, mb = a.microbatch;
       bool ok = false;
       switch (a.type) {
-        case action_type::forward: ok = st == 0 || done.get(F(st - 1, mb)); break;
+        case action_type::forward:
+          ok = st == 0 || done.get(F(st - 1, mb));
+          break;
         case action_type::backward:
         case action_type::backward_input:
           ok = done.get(F(st, mb)) && (st + 1 == S || done.get(B(st + 1, mb)) || done.get(I(st + 1, mb)));
           break;
-        case action_type::backward_weight: ok = done.get(I(st, mb)); break;
-        default: break;
+        case action_type::backward_weight:
+          ok = done.get(I(st, mb));
+          break;
+        default:
+          break;
       }
       if (ok) {
         ++executed;
@@ -313,7 +356,8 @@ inline action partner(const action& a) {
       }
       if (n.same_rank && is_recv(n.what.type))
         throw_error<invalid_argument>(
-            "{}: rank {} action #{} `{}` consumes data from another rank but the schedule has no `{}`; expected a "
+            "{}: rank {} action #{} `{}` consumes data from another rank but the schedule has no `{}`; "
+            "expected a "
             "RECV before it (lower with add_send_recv)",
             where, r, i, to_text(a), to_text(n.what));
       return false;
@@ -356,7 +400,8 @@ inline action partner(const action& a) {
     const auto& row = s.ranks[static_cast<std::size_t>(q)];
     const std::size_t i = pc[static_cast<std::size_t>(q)];
     return i < row.size() && row[i].stage == want.stage && row[i].microbatch == want.microbatch &&
-           (row[i].type == want.type || (want.type == action_type::backward && row[i].type == action_type::backward_input));
+           (row[i].type == want.type ||
+            (want.type == action_type::backward && row[i].type == action_type::backward_input));
   };
   auto wake_consumers = [&](const action& a) {
     if (fast) {  // wake a consumer only when it sits at the action that waits for `a`
@@ -379,7 +424,9 @@ inline action partner(const action& a) {
         if (a.stage == 0)
           for (int e = 0; e < E; ++e) wake(s.encoder_shard_to_rank[static_cast<std::size_t>(e)]);
         break;
-      case action_type::encoder_forward: wake(s.rank_of_stage(0)); break;
+      case action_type::encoder_forward:
+        wake(s.rank_of_stage(0));
+        break;
       default:
         if (is_comm(a.type)) wake(s.rank_of(detail::partner(a)));
         break;
@@ -408,14 +455,16 @@ inline action partner(const action& a) {
         const action waits = n.found ? n.what : (is_comm(a.type) ? detail::partner(a) : a);
         const int q = s.rank_of(waits);
         const std::size_t qi = pc[static_cast<std::size_t>(q)];
-        msg += fmt::format("\n  rank {} blocked at #{} `{}`, waiting for `{}` on rank {} (which is at {})", r, i,
-                           to_text(a), to_text(waits), q,
-                           qi < s.ranks[static_cast<std::size_t>(q)].size()
-                               ? fmt::format("#{} `{}`", qi, to_text(s.ranks[static_cast<std::size_t>(q)][qi]))
-                               : std::string("its end"));
+        msg +=
+            fmt::format("\n  rank {} blocked at #{} `{}`, waiting for `{}` on rank {} (which is at {})", r, i,
+                        to_text(a), to_text(waits), q,
+                        qi < s.ranks[static_cast<std::size_t>(q)].size()
+                            ? fmt::format("#{} `{}`", qi, to_text(s.ranks[static_cast<std::size_t>(q)][qi]))
+                            : std::string("its end"));
       }
       throw_error<invalid_argument>("{}: deadlock under {} send/receive; no rank can make progress:{}", where,
-                                    opt.mode == send_mode::rendezvous ? "blocking (rendezvous)" : "buffered", msg);
+                                    opt.mode == send_mode::rendezvous ? "blocking (rendezvous)" : "buffered",
+                                    msg);
     }
   }
   if (fast)  // one unit per activation: memory is the in-flight count
@@ -430,9 +479,12 @@ inline action partner(const action& a) {
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::verify_report> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::verify_report& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "verified: {} actions ({} compute, {} send/recv pairs); peak in-flight per rank:",
-                              r.actions, r.compute_actions, r.comm_pairs);
+  auto format(const hetmesh::pipeline::verify_report& r, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    auto out = fmt::format_to(
+        ctx.out(),
+        "verified: {} actions ({} compute, {} send/recv pairs); peak in-flight per rank:", r.actions,
+        r.compute_actions, r.comm_pairs);
     for (int v : r.peak_in_flight) out = fmt::format_to(out, " {}", v);
     out = fmt::format_to(out, "; peak memory per rank:");
     for (auto v : r.peak_memory) out = fmt::format_to(out, " {}", v);

@@ -78,7 +78,8 @@ class mapped_file {
     size_ = file_size(fd.get(), path);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_SHARED, fd.get(), 0);
-      if (p == MAP_FAILED) throw_error<data_error>("cannot mmap '{}' ({} bytes): {}", path, size_, std::strerror(errno));
+      if (p == MAP_FAILED)
+        throw_error<data_error>("cannot mmap '{}' ({} bytes): {}", path, size_, std::strerror(errno));
       data_ = static_cast<const std::byte*>(p);
     }
   }
@@ -131,7 +132,8 @@ inline void write_all(int fd, std::span<const std::byte> bytes, const std::strin
 inline void pread_all(int fd, std::span<std::byte> bytes, std::int64_t offset, const std::string& path) {
   std::size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset) + static_cast<off_t>(done));
+    const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done,
+                              static_cast<off_t>(offset) + static_cast<off_t>(done));
     if (n < 0) {
       if (errno == EINTR) continue;
       throw_error<data_error>("cannot read '{}' at offset {}: {}", path, offset, std::strerror(errno));
