@@ -3,6 +3,8 @@
 //  - Under mpirun: hetmesh's mpi backend (polling mode, the default, and blocking mode) against the
 //    same raw MPI calls (MPI_Iallreduce + MPI_Wait for polling mode, MPI_Allreduce for blocking
 //    mode), for all_reduce, broadcast, all_gather, reduce_scatter, all_to_all; sizes 1 KiB .. --max-bytes.
+//    With one rank (mpirun -np 1) the calls never wait for a peer, which isolates the wrapper's own
+//    per-call cost from scheduling noise.
 //  - Otherwise: loopback all_reduce on 2 and 4 threads against one memcpy of the same bytes (the bound).
 // Times are medians over --reps batches of --iters calls (MPI: the slowest rank's batch time).
 // Bus bandwidth uses nccl-tests' factors: all_reduce 2(n-1)/n; all_gather, reduce_scatter and
@@ -165,7 +167,7 @@ nlohmann::json bench_mpi(const args& a) {
                 "raw_us", "oursB_us", "ovh%", "ovhB%", "busbw", "minovh%", "minovhB%");
   for (const coll& cl : colls) {
     const std::string name = cl.name;
-    for (std::int64_t bytes = 1024; bytes <= a.max_bytes; bytes *= 4) {
+    for (std::int64_t bytes = 8; bytes <= a.max_bytes; bytes = bytes < 1024 ? 1024 : bytes * 4) {
       // `bytes` is the nccl-tests size: the all_reduce/broadcast buffer, the total gathered or scattered bytes.
       const auto total = static_cast<std::size_t>(bytes / 4);
       const std::size_t per = std::max<std::size_t>(total / static_cast<std::size_t>(n), 1);
@@ -201,7 +203,7 @@ nlohmann::json bench_mpi(const args& a) {
       // Calibrate the batch length on the raw call.
       for (int i = 0; i < 2; ++i) raw_b(), ours(poll)(), ours(block)();  // warm (pages, MPI buffers)
       const double t1 = timed(w, 2, 1, raw_b);
-      int iters = std::clamp(static_cast<int>(a.target_s / std::max(t1, 1e-7)), 3, 3000);
+      int iters = std::clamp(static_cast<int>(a.target_s / std::max(t1, 1e-7)), 3, 20000);
       MPI_Bcast(&iters, 1, MPI_INT, 0, w);
       double rn = 0, on = 0, rb = 0, ob = 0;
       std::vector<double> vrn, von, vrb, vob;

@@ -188,9 +188,16 @@ int main(int argc, char** argv) {
 
   nlohmann::json j;
   j["benchmark"] = "bench_seq_hdp";
+  auto loadavg = [] {
+    std::ifstream in("/proc/loadavg");
+    std::string one;
+    in >> one;
+    return one.empty() ? std::string("unknown") : one;
+  };
+  const std::string load_start = loadavg();
   j["machine"] =
-      "2-core x86_64 CPU, no GPU, shared with other builds (load average ~7 while measuring): CPU times "
-      "(thread CPU clock) are the planning cost on one core; wall times include waiting for the core";
+      "2-core x86_64 CPU, no GPU, shared with other engineers' builds: CPU times (thread CPU clock) are the "
+      "planning cost on one core; wall times include waiting for the core";
   j["workloads_dir"] = dir.string();
   j["batch_tokens"] = kBatch;
   j["static_cp_context"] = kContext;
@@ -301,6 +308,7 @@ int main(int argc, char** argv) {
       "plan_hdp over 16384 ranks, CPU time: median {:.3f} ms, worst {:.3f} ms over {} runs (target < 10 "
       "ms)\n",
       all_plan_ms[all_plan_ms.size() / 2], all_plan_ms.back(), all_plan_ms.size());
+  j["load_average_1min_start_end"] = {load_start, loadavg()};
   const auto parent = std::filesystem::path(out_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   std::ofstream(out_path) << j.dump(2) << "\n";

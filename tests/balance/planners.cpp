@@ -168,6 +168,23 @@ TEST_CASE("bytescale_placement: DP-Balance aligns lengths in time; PP-Balance ke
   CHECK(short_rank_mbs > long_rank_mbs);  // pipelines of shorter work run more micro-batches
 }
 
+TEST_CASE("verify_deadlock_free detects rings run in crossed orders") {
+  // Two rings over ranks {0, 1}: both ranks must run them in the same relative order.
+  std::vector<seq::seq_desc> seqs{{1, 20000}, {2, 18000}};
+  const seq::hdp_policy hdp{.capacity = 16384};
+  auto sh = seq::hdp_shard(seqs, hdp, 2);
+  REQUIRE(sh.items.size() == 2);
+  std::vector<seq::hdp_placement> pl{{{0, 1}, 0}, {{0, 1}, 1}};
+  auto plan = seq::hdp_assemble(sh, pl);
+  balance::verify_deadlock_free(plan);
+  std::swap(plan.per_rank[1][0], plan.per_rank[1][1]);  // rank 1 now waits in item 1 while rank 0 waits in 0
+  CHECK_THROWS_WITH_AS(balance::verify_deadlock_free(plan), doctest::Contains("deadlocks after 0 of 2 items"), error);
+  // A micro-batch listed on a rank that is not in its ring is malformed.
+  auto bad = seq::hdp_assemble(sh, pl);
+  bad.per_rank[0][0].ring_position = 1;
+  CHECK_THROWS_AS(balance::verify_deadlock_free(bad), invalid_argument);
+}
+
 TEST_CASE("plan_hetmesh: properties, groups, and near the lower bound") {
   balance::step_model m;
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {

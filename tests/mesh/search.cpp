@@ -240,3 +240,30 @@ TEST_CASE("decoupled encoder and LLM meshes map through devices and round-trip")
   CHECK_THROWS_WITH_AS((void)both.llm_coord_of_encoder_rank(64), doctest::Contains("rank 64 is not in mesh"),
                        hetmesh::invalid_argument);
 }
+
+TEST_CASE("an admissible predicate restricts the orders; the baseline stays as the reference") {
+  const auto llm = hm::make_mesh(hm::tp(2), hm::cp(2), hm::ep(4), hm::dp(2), hm::pp(2));
+  const hm::traffic load{.tp = 4e9, .cp = 1e9, .ep = 6e9, .dp = 0.5e9, .pp = 0.1e9};
+  // Pipeline stages outermost and tp innermost: 3! = 6 orders, plus the baseline (which satisfies both).
+  auto pp_outer_tp_inner = [](std::span<const hm::dim> order) {
+    return order.back() == hm::pp && order.front() == hm::tp;
+  };
+  const auto choice = hm::search_layout(llm, load, eight_by_eight, {.admissible = pp_outer_tp_inner});
+  CHECK(choice.ranking.size() == 6);
+  for (const auto& c : choice.ranking) {
+    CHECK(c.admissible);
+    CHECK(c.order.substr(0, 3) == "tp-");
+    CHECK(c.order.substr(c.order.size() - 3) == "-pp");
+  }
+  CHECK(choice.best().order == "tp-ep-cp-dp-pp");
+  // A predicate the baseline fails: the baseline is still ranked, marked, and never chosen.
+  auto ep_inner = [](std::span<const hm::dim> order) { return order.front() == hm::ep; };
+  const auto other = hm::search_layout(llm, load, eight_by_eight, {.admissible = ep_inner});
+  CHECK(other.ranking.size() == 24 + 1);
+  CHECK(!other.baseline().admissible);
+  CHECK(other.best().admissible);
+  CHECK(other.best().order.substr(0, 3) == "ep-");
+  auto none = [](std::span<const hm::dim>) { return false; };
+  CHECK_THROWS_WITH_AS((void)hm::search_layout(llm, load, eight_by_eight, {.admissible = none}),
+                       doctest::Contains("no order of"), hetmesh::invalid_argument);
+}

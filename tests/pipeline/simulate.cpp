@@ -201,7 +201,7 @@ TEST_CASE("pipeline render: the CLI's formats") {
   CHECK(render(s, "csv") == "0F0,0F1,0B0,0B1\r\n1F0,1B0,1F1,1B1\r\n");
   CHECK(from_csv(render(s, "csv-comms")).ranks == add_send_recv(s).ranks);
   CHECK(render(s, "table").starts_with("        Rank 0   Rank 1  \nStep 0: 0F0      1RECV_F0"));
-  CHECK(render(s, "ascii", 9).find("rank 1 |.00B11B..|") != std::string::npos);
+  CHECK(render(s, "ascii", 18).find("rank 1 |..0F0BBB1F1BBB....|") != std::string::npos);
   CHECK_THROWS_WITH_AS((void)render(s, "yaml"), doctest::Contains("unknown format"),
                        hetmesh::invalid_argument);
 }

@@ -417,7 +417,7 @@ std::vector<subcommand> balance_commands() {
   compare
       .option("strategies", "A,B,...",
               "strategies to run (default: random,token_count,static_dp_cp,bytescale_hdp,hetmesh)")
-      .option("repeat", "N", "plan each strategy N times; plan_ms is the median", "3")
+      .option("repeat", "N", "plan each strategy N times; plan_ms is the median", "5")
       .option("format", "FMT", "json, table or csv", "json")
       .epilog(std::string(workload_help) +
               "\noutput (json):\n"

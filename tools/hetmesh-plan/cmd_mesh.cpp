@@ -109,6 +109,7 @@ void run_mesh(const parsed& args, std::ostream& out) {
   table t{{"dim", "extent", "stride", "groups", "nodes/group", "intra-node", "group of rank 0"}, {}};
   for (std::size_t i = 0; i < mesh.dims_count(); ++i) {
     const hm::dim d = mesh.name(i);
+    if (mesh.extent(i) == 1) continue;  // an extent-1 dim has one-rank groups: noise, and "mesh" shows it
     const std::vector<hm::dim> along{d};
     const auto groups = mesh.groups(std::span<const hm::dim>(along));
     std::int64_t span = 0;

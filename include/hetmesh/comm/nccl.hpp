@@ -260,10 +260,16 @@ class communicator {
     usable(op);
     cuda::check(cudaSetDevice(s_->device), "cudaSetDevice", where(op));
     settle(f(), call, op);
-    detail::state::pending p{cuda::event{}, detail::clock::now(), op};
-    p.done.record(stream());
     std::lock_guard lock(s_->m);
-    s_->work.push_back(std::move(p));
+    cuda::event e{nullptr};
+    if (s_->spare.empty()) {
+      e = cuda::event{};
+    } else {
+      e = std::move(s_->spare.back());
+      s_->spare.pop_back();
+    }
+    e.record(stream());
+    s_->work.push_back({std::move(e), detail::clock::now(), op});
   }
 
   std::shared_ptr<detail::state> s_;

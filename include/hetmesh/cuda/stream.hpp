@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <utility>
 
 #include "check.hpp"
@@ -42,6 +43,8 @@ class stream {
 class event {
  public:
   event() { check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "cuda::event"); }
+  /// No event yet (to be moved into).
+  explicit event(std::nullptr_t) noexcept {}
   event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
   event& operator=(event&& o) noexcept {
     if (this != &o) {

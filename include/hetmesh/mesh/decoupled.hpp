@@ -73,8 +73,7 @@ class decoupled {
     if (encoder_.size() != topo_.world() || llm_.size() != topo_.world()) {
       throw_error<invalid_argument>(
           "decoupled meshes: encoder mesh {} has {} ranks, LLM mesh {} has {}, topology has {} devices: "
-          "expected all "
-          "equal",
+          "expected all equal",
           encoder_.str(), encoder_.size(), llm_.str(), llm_.size(), topo_.world());
     }
     for (int r = 0; r < topo_.world(); ++r) {

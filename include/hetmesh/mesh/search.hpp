@@ -9,13 +9,17 @@
 // soon as any of its groups crosses a node boundary (the slowest link bounds a ring or an all-to-all).
 // A step's time is the sum over dims (collectives of different dims serialised; the default) or the
 // maximum (perfectly overlapped). Admissible orders: every permutation of the dims of extent > 1 (at
-// most 8 dims); extent-1 dims do not move any rank and are left out.
+// most 8 dims), or those a caller's predicate accepts; extent-1 dims do not move any rank and are left
+// out.
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <numeric>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +65,10 @@ struct search_options {
   /// The order to compare with; dims it omits go outermost (by name), names it has beyond the mesh are
   /// ignored.
   std::string baseline = std::string(megatron_order);
+  /// Restricts the orders considered (e.g. pp outermost, or tp innermost); it sees each order's dims
+  /// innermost first. Empty: every order is admissible. The baseline is always ranked, admissible or
+  /// not, because it is the reference the result is compared with.
+  std::function<bool(std::span<const dim>)> admissible{};
 };
 
 /// One dim under one order.
@@ -81,8 +89,9 @@ struct candidate {
   std::string order;           ///< innermost first, e.g. "tp-ep-cp-dp"
   std::vector<dim_cost> dims;  ///< in that order
   std::int64_t time_ns = 0;
+  bool admissible = true;  ///< false only for a baseline that search_options::admissible rejects
   friend bool operator==(const candidate&, const candidate&) = default;
-  void hash_append(hasher& h) const { append_all(h, order, dims, time_ns); }
+  void hash_append(hasher& h) const { append_all(h, order, dims, time_ns, admissible); }
 };
 
 /// The result: every admissible order, best first, with the baseline's place and an explanation.
@@ -93,8 +102,9 @@ struct layout_choice {
   combine total = combine::sum;
   std::vector<candidate> ranking;  ///< best first; ties broken by closeness to the baseline order
   std::size_t baseline_index = 0;  ///< where the baseline order sits in `ranking`
+  std::size_t best_index = 0;      ///< the first admissible order in `ranking` (0 unless the baseline is not)
 
-  [[nodiscard]] const candidate& best() const { return ranking.front(); }
+  [[nodiscard]] const candidate& best() const { return ranking.at(best_index); }
   [[nodiscard]] const candidate& baseline() const { return ranking.at(baseline_index); }
   /// baseline time / best time (1 when both are zero).
   [[nodiscard]] double speedup() const {
@@ -106,7 +116,7 @@ struct layout_choice {
 
   friend bool operator==(const layout_choice&, const layout_choice&) = default;
   void hash_append(hasher& h) const {
-    append_all(h, shape, topo, load, static_cast<int>(total), ranking, baseline_index);
+    append_all(h, shape, topo, load, static_cast<int>(total), ranking, baseline_index, best_index);
   }
 };
 
@@ -159,8 +169,8 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
 
 }  // namespace detail
 
-/// Ranks every order of `shape` (dims with extents, any order; extent-1 dims ignored) for `load` on
-/// `topo`. Pre: the extents' product equals topo.world(), distinct dims, non-negative traffic, at most 8
+/// Ranks every admissible order of `shape` (dims with extents, any order; extent-1 dims ignored) for `load`
+/// on `topo`. Pre: the extents' product equals topo.world(), distinct dims, non-negative traffic, at most 8
 /// dims of extent > 1; each violation throws invalid_argument naming it. Pure and deterministic: ties
 /// in modelled time (integer nanoseconds) go to the order closest to the baseline (lexicographic on
 /// each position's index in the baseline). Cost: O(n! * n * world).
@@ -185,6 +195,10 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
                                     shape[i].first, load.of(shape[i].first));
     }
     world *= shape[i].second;
+    if (world > INT_MAX) {
+      throw_error<invalid_argument>("layout search: the mesh has more than {} ranks: expected an int rank",
+                                    INT_MAX);
+    }
   }
   if (world != topo.world()) {
     throw_error<invalid_argument>(
@@ -198,7 +212,7 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
                                   shape.size(), 40320);
   }
 
-  // Baseline order: the baseline string's dims that the mesh has, then the rest as given.
+  // Baseline order: the baseline string's dims that the mesh has, then the rest (below).
   std::vector<std::pair<dim, std::int64_t>> base;
   detail::for_each_order_token(options.baseline, [&](const dim& d) {
     for (const auto& s : shape) {
@@ -213,22 +227,40 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
   std::sort(rest.begin(), rest.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   base.insert(base.end(), rest.begin(), rest.end());
 
-  layout_choice out{base, topo, load, options.total, {}, 0};
+  layout_choice out{base, topo, load, options.total, {}, 0, 0};
   std::vector<std::size_t> perm(base.size());
   std::iota(perm.begin(), perm.end(), std::size_t{0});
   std::vector<std::pair<candidate, std::vector<std::size_t>>> all;
   do {
     std::vector<std::pair<dim, std::int64_t>> dims;
     for (std::size_t k : perm) dims.push_back(base[k]);
-    all.emplace_back(detail::evaluate_order(dims, load, topo, options.total), perm);
+    std::vector<dim> names;
+    for (const auto& d : dims) names.push_back(d.first);
+    const bool is_baseline = std::is_sorted(perm.begin(), perm.end());
+    const bool ok = !options.admissible || options.admissible(names);
+    if (is_baseline || ok) {
+      all.emplace_back(detail::evaluate_order(dims, load, topo, options.total), perm);
+      all.back().first.admissible = ok;
+    }
   } while (std::next_permutation(perm.begin(), perm.end()));
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
     if (a.first.time_ns != b.first.time_ns) return a.first.time_ns < b.first.time_ns;
     return a.second < b.second;
   });
+  bool found = false;
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (std::is_sorted(all[i].second.begin(), all[i].second.end())) out.baseline_index = i;
+    if (!found && all[i].first.admissible) {
+      out.best_index = i;
+      found = true;
+    }
     out.ranking.push_back(std::move(all[i].first));
+  }
+  if (!found) {
+    throw_error<invalid_argument>(
+        "layout search: no order of ({}) is admissible: expected the admissible "
+        "predicate to accept at least one order",
+        out.ranking.front().order);
   }
   return out;
 }
@@ -304,7 +336,8 @@ struct fmt::formatter<hetmesh::mesh::combine> : hetmesh::empty_spec_formatter {
 template <>
 struct fmt::formatter<hetmesh::mesh::search_options> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::search_options& o, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{{total={}, baseline={}}}", o.total, o.baseline);
+    return fmt::format_to(ctx.out(), "{{total={}, baseline={}, admissible={}}}", o.total, o.baseline,
+                          o.admissible ? "restricted" : "all orders");
   }
 };
 

@@ -82,10 +82,10 @@ inline char timeline_glyph(action_type t) {
 }
 }  // namespace detail
 
-/// A terminal drawing of a timeline, `width` columns wide (>= 10): a header with the time scale, then
-/// one row per rank. Each action fills the slots it covers; a slot shows the action that covers most of
-/// it. With `microbatch_digits`, an action's first slot shows its micro-batch number mod 10 instead of
-/// its letter, which makes 1F1B patterns readable. Pure; O(width * ranks + actions).
+/// A terminal drawing of a timeline, `width` columns wide (at least 10; smaller values mean 10): a header
+/// with the time scale, then one row per rank. Each action fills the slots it covers; a slot shows the action
+/// that covers most of it. With `microbatch_digits`, an action's first slot shows its micro-batch number mod
+/// 10 instead of its letter, which makes 1F1B patterns readable. Pure; O(width * ranks + actions).
 [[nodiscard]] inline std::string ascii_timeline(const std::vector<timed_action>& timeline, int width = 100,
                                                 bool microbatch_digits = false) {
   width = std::max(width, 10);

@@ -163,6 +163,8 @@ struct hdp_plan {
     (s.length <= policy.capacity ? shorts : longs).push_back(s);
   }
   std::sort(longs.begin(), longs.end(), detail::longer_first);
+  const auto bins = detail::best_fit_decreasing(shorts, policy.capacity);
+  out.items.reserve(longs.size() + bins.size());
   for (const auto& s : longs) {
     hdp_item it;
     it.offload = solve_offload(s.length, policy.capacity, policy.model, policy.offload, pool);
@@ -176,9 +178,10 @@ struct hdp_plan {
     it.tokens = s.length;
     out.items.push_back(std::move(it));
   }
-  for (const auto& bin : detail::best_fit_decreasing(shorts, policy.capacity)) {
+  for (const auto& bin : bins) {
     hdp_item it;
     it.packed = true;
+    it.seqs.reserve(bin.size());
     it.offload.ratio_steps = policy.offload.ratio_steps;
     for (std::size_t i : bin) {
       it.seqs.push_back(shorts[i]);

@@ -5,6 +5,7 @@
 // rank count D and the smallest ratio r that reaches the least D.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -80,15 +81,13 @@ struct offload_choice {
                                   m.layers);
   if (steps <= 0 || k < 0 || k > steps)
     throw_error<invalid_argument>("offload_ranks: ratio {}/{} must lie in [0, 1] with steps > 0", k, steps);
-  const long double l = m.layers;
-  const long double kept = 2.0L * steps + static_cast<long double>(steps - k) * (l - 2.0L);
-  const long double need = kept * static_cast<long double>(m.activation(s));
-  const long double budget =
-      static_cast<long double>(steps) * l * static_cast<long double>(m.activation(capacity));
+  const double l = m.layers;
+  const double kept = 2.0 * steps + static_cast<double>(steps - k) * (l - 2.0);
+  const double need = kept * m.activation(s);
+  const double budget = static_cast<double>(steps) * l * m.activation(capacity);
   if (!(budget > 0)) throw_error<invalid_argument>("offload_ranks: Act(C) must be > 0; check alpha2/beta2");
-  const long double q = need / budget;
   // A relative guard keeps exact quotients (128.0000000001 from rounding) from adding a rank.
-  const long double d = std::ceil(q * (1.0L - 1e-12L));
+  const double d = std::ceil(need / budget * (1.0 - 1e-12));
   return d < 1 ? 1 : static_cast<int>(d);
 }
 
@@ -116,14 +115,16 @@ struct offload_choice {
         s, full, capacity, max_ranks);
   const int kmax = p.enabled ? static_cast<int>(std::floor(c.ratio_max * p.ratio_steps + 1e-9)) : 0;
   const int best = offload_ranks(s, capacity, m, kmax, p.ratio_steps);
-  // D is non-increasing in k: binary-search the smallest k with D(k) == best.
-  int lo = 0, hi = kmax;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (offload_ranks(s, capacity, m, mid, p.ratio_steps) <= best)
-      hi = mid;
-    else
-      lo = mid + 1;
+  // D(k) <= best  <=>  k >= steps - (best*steps*l*Act(C)/Act(s) - 2*steps) / (l-2): start at that
+  // closed form, then step to the exact least k (D is non-increasing in k).
+  int lo = 0;
+  if (kmax > 0 && m.layers > 2) {
+    const double need = (static_cast<double>(best) * p.ratio_steps * m.layers * m.activation(capacity) / act -
+                         2.0 * p.ratio_steps) /
+                        (m.layers - 2);
+    lo = std::clamp(static_cast<int>(std::ceil(p.ratio_steps - need)), 0, kmax);
+    while (lo > 0 && offload_ranks(s, capacity, m, lo - 1, p.ratio_steps) <= best) --lo;
+    while (lo < kmax && offload_ranks(s, capacity, m, lo, p.ratio_steps) > best) ++lo;
   }
   c.ratio_k = lo;
   c.ranks = best;

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -82,6 +83,7 @@ struct state {
     const char* op;
   };
   std::deque<pending> work;  // enqueued operations not yet seen complete, oldest first
+  std::vector<cuda::event> spare;  // completed events, reused: creating one per call would cost microseconds
   std::atomic<abort_kind> aborted{abort_kind::none};
   std::string reason;
   bool stop = false;
@@ -114,6 +116,7 @@ struct state {
     while (!work.empty()) {
       const cudaError_t st = cudaEventQuery(work.front().done.get());
       if (st == cudaSuccess) {
+        spare.push_back(std::move(work.front().done));
         work.pop_front();
         continue;
       }

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench_gpu_nccl: hetmesh's nccl backend against the same raw NCCL calls on the same communicator and
+// stream, side by side in one run, one thread per visible GPU (or --gpus N). Collectives: all_reduce,
+// broadcast, all_gather, reduce_scatter, all_to_all, and all_to_all_v (ours: the generic grouped
+// send/recv; raw: the same ncclGroupStart/ncclSend/ncclRecv/ncclGroupEnd loop written by hand).
+// Reports, per collective and size (1 KiB .. --max-bytes, x4), the device time per call (cudaEvent
+// over --iters calls after --warmup), the host enqueue time per call, algbw and busbw with
+// nccl-tests' factors. Writes JSON to --out (default bench/results/comm_nccl.json). Exits 77 when
+// no GPU is visible.
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <hetmesh/comm/collectives.hpp>
+#include <hetmesh/comm/nccl.hpp>
+#include <hetmesh/cuda/buffer.hpp>
+#include <hetmesh/cuda/check.hpp>
+
+namespace comm = hetmesh::comm;
+namespace nccl = hetmesh::comm::nccl;
+using hetmesh::cuda::check;
+using hetmesh::cuda::device_buffer;
+
+namespace {
+
+struct args {
+  std::string out = "bench/results/comm_nccl.json";
+  std::int64_t max_bytes = std::int64_t{256} << 20;
+  int gpus = 0;
+  int iters = 20;
+  int warmup = 5;
+};
+
+args parse(int argc, char** argv) {
+  args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
+      return argv[++i];
+    };
+    if (k == "--out") a.out = next();
+    else if (k == "--max-bytes") a.max_bytes = std::stoll(next());
+    else if (k == "--gpus") a.gpus = std::stoi(next());
+    else if (k == "--iters") a.iters = std::stoi(next());
+    else if (k == "--warmup") a.warmup = std::stoi(next());
+    else throw std::runtime_error("unknown option " + k + " (expected --out, --max-bytes, --gpus, --iters, --warmup)");
+  }
+  return a;
+}
+
+struct timing {
+  double device_us;  // per call, cudaEvent on the stream
+  double host_us;    // per call, time to enqueue
+};
+
+/// Runs `call` warmup + iters times on c's stream; returns per-call device and host times.
+timing measure(nccl::communicator& c, const args& a, const std::function<void()>& call) {
+  for (int i = 0; i < a.warmup; ++i) call();
+  c.synchronize();
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  check(cudaEventRecord(start, c.stream()), "cudaEventRecord");
+  const auto h0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < a.iters; ++i) call();
+  const double host = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
+  check(cudaEventRecord(stop, c.stream()), "cudaEventRecord");
+  c.synchronize();
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return {1000.0 * ms / a.iters, host / a.iters};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const args a = parse(argc, argv);
+    const int visible = hetmesh::cuda::device_count();
+    if (visible == 0) {
+      std::printf("bench_gpu_nccl: no CUDA device; skipped\n");
+      return 77;
+    }
+    const int g = a.gpus > 0 ? std::min(a.gpus, visible) : visible;
+    const ncclUniqueId id = nccl::unique_id();
+    std::barrier sync(g);
+    nlohmann::json rows = nlohmann::json::array();
+    std::atomic<int> failures{0};
+    const std::vector<std::pair<std::string, double>> colls{
+        {"all_reduce", 2.0 * (g - 1) / g}, {"broadcast", 1.0},          {"all_gather", double(g - 1) / g},
+        {"reduce_scatter", double(g - 1) / g}, {"all_to_all", double(g - 1) / g}, {"all_to_all_v", double(g - 1) / g}};
+    auto worker = [&](int rank) {
+      try {
+        auto c = nccl::communicator::init(id, g, rank, rank);
+        const ncclComm_t raw = c.native();
+        const cudaStream_t s = c.stream();
+        const auto n = static_cast<std::size_t>(g);
+        for (const auto& [name, factor] : colls) {
+          for (std::int64_t bytes = 1024; bytes <= a.max_bytes; bytes *= 4) {
+            const auto total = static_cast<std::size_t>(bytes / 4);  // floats
+            const std::size_t per = std::max<std::size_t>(total / n, 1);
+            device_buffer<float> x(std::max(total, per * n)), y(std::max(total, per * n));
+            check(cudaMemset(x.data(), 0, x.size() * 4), "cudaMemset");
+            std::vector<std::int64_t> counts(n, static_cast<std::int64_t>(per)), displs(n);
+            for (std::size_t j = 0; j < n; ++j) displs[j] = static_cast<std::int64_t>(j * per);
+            std::function<void()> raw_call, our_call;
+            const std::span<float> xs = x.span(), ys = y.span();
+            if (name == "all_reduce") {
+              raw_call = [&] { ncclAllReduce(x.data(), x.data(), total, ncclFloat32, ncclSum, raw, s); };
+              our_call = [&] { comm::all_reduce(c, xs.first(total), comm::reduce_op::sum); };
+            } else if (name == "broadcast") {
+              raw_call = [&] { ncclBroadcast(x.data(), x.data(), total, ncclFloat32, 0, raw, s); };
+              our_call = [&] { comm::broadcast(c, xs.first(total), 0); };
+            } else if (name == "all_gather") {
+              raw_call = [&] { ncclAllGather(x.data(), y.data(), per, ncclFloat32, raw, s); };
+              our_call = [&] { comm::all_gather(c, std::span<const float>(xs.first(per)), ys.first(per * n)); };
+            } else if (name == "reduce_scatter") {
+              raw_call = [&] { ncclReduceScatter(x.data(), y.data(), per, ncclFloat32, ncclSum, raw, s); };
+              our_call = [&] { comm::reduce_scatter(c, std::span<const float>(xs.first(per * n)), ys.first(per), comm::reduce_op::sum); };
+            } else {  // all_to_all and all_to_all_v: raw is the grouped send/recv loop
+              raw_call = [&] {
+                ncclGroupStart();
+                for (std::size_t j = 0; j < n; ++j) {
+                  ncclSend(x.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s);
+                  ncclRecv(y.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s);
+                }
+                ncclGroupEnd();
+              };
+              if (name == "all_to_all")
+                our_call = [&] { comm::all_to_all(c, std::span<const float>(xs.first(per * n)), ys.first(per * n)); };
+              else
+                our_call = [&] {
+                  comm::all_to_all_v(c, std::span<const float>(xs.first(per * n)), std::span<const std::int64_t>(counts),
+                                     std::span<const std::int64_t>(displs), ys.first(per * n),
+                                     std::span<const std::int64_t>(counts), std::span<const std::int64_t>(displs));
+                };
+            }
+            sync.arrive_and_wait();
+            const timing r = measure(c, a, raw_call);
+            sync.arrive_and_wait();
+            const timing o = measure(c, a, our_call);
+            if (rank == 0) {
+              const double algbw = static_cast<double>(bytes) / (o.device_us * 1e3);
+              std::printf("%-14s %12lld %10.2f %10.2f %8.2f %10.2f %10.2f %9.2f\n", name.c_str(),
+                          static_cast<long long>(bytes), r.device_us, o.device_us, 100 * (o.device_us - r.device_us) / r.device_us,
+                          r.host_us, o.host_us, algbw * factor);
+              rows.push_back({{"collective", name}, {"bytes", bytes}, {"raw_device_us", r.device_us},
+                              {"ours_device_us", o.device_us}, {"overhead_pct", 100 * (o.device_us - r.device_us) / r.device_us},
+                              {"raw_host_us", r.host_us}, {"ours_host_us", o.host_us}, {"algbw_GBps", algbw},
+                              {"busbw_GBps", algbw * factor}});
+            }
+          }
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_gpu_nccl rank %d: %s\n", rank, e.what());
+        ++failures;
+      }
+    };
+    std::printf("%-14s %12s %10s %10s %8s %10s %10s %9s\n", "collective", "bytes", "raw_us", "ours_us", "ovh%",
+                "raw_host", "ours_host", "busbw");
+    std::vector<std::thread> threads;
+    for (int r = 0; r < g; ++r) threads.emplace_back(worker, r);
+    for (auto& t : threads) t.join();
+    if (failures.load() > 0) return 1;
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, 0);
+    const nlohmann::json j{{"benchmark", "bench_gpu_nccl"}, {"measured", true}, {"gpus", g}, {"device", prop.name},
+                           {"iters", a.iters}, {"results", rows}};
+    std::filesystem::path p(a.out);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << j.dump(2) << "\n";
+    std::printf("wrote %s\n", a.out.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_nccl: %s\n", e.what());
+    return 1;
+  }
+}
