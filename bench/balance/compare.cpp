@@ -54,6 +54,7 @@ double thread_cpu_ms() {
 /// planners are single-threaded, so thread CPU time is what one idle core would take. The median wall
 /// time is kept in `last_wall_ms` for the record.
 double last_wall_ms = 0.0;
+double last_min_ms = 0.0;
 double time_ms(int reps, const std::function<void()>& f) {
   std::vector<double> t, w;
   for (int i = 0; i < reps; ++i) {
@@ -64,6 +65,7 @@ double time_ms(int reps, const std::function<void()>& f) {
     w.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
   last_wall_ms = median(w);
+  last_min_ms = *std::min_element(t.begin(), t.end());
   return median(t);
 }
 
@@ -247,22 +249,28 @@ json run_planning(const std::vector<std::int64_t>& text, bool quick) {
   const int reps = quick ? 3 : 15;
   const double hm = time_ms(reps, [&] { (void)balance::plan_hetmesh(seqs, hdp, 16384, m); });
   const double hm_wall = last_wall_ms;
+  const double hm_min = last_min_ms;
   const double bs = time_ms(reps, [&] { (void)balance::plan_bytescale(seqs, hdp, 16384, m); });
   fmt::print(
       "  16384 ranks x 4000 sequences: hetmesh {:.2f} ms, bytescale {:.2f} ms CPU (target < 20 ms; hetmesh "
       "wall "
       "{:.2f} ms)\n",
       hm, bs, hm_wall);
-  out["ranks16384_seqs4000_ms"] = {
-      {"hetmesh_cpu", hm}, {"hetmesh_wall", hm_wall}, {"bytescale_hdp_cpu", bs}, {"target_ms", 20}};
+  out["ranks16384_seqs4000_ms"] = {{"hetmesh_cpu_median", hm},
+                                   {"hetmesh_cpu_min", hm_min},
+                                   {"hetmesh_wall_median", hm_wall},
+                                   {"bytescale_hdp_cpu_median", bs},
+                                   {"target_ms", 20}};
   // Grouped reordering: 8,192 samples in a 256-rank group.
   const auto batch = multimodal_batch(text, 8192, 256, 5);
-  const double gr = time_ms(quick ? 5 : 21, [&] { (void)balance::plan_grouped_reorder(batch, 256); });
+  const double gr = time_ms(quick ? 5 : 41, [&] { (void)balance::plan_grouped_reorder(batch, 256); });
   fmt::print(
-      "  grouped reordering, 8192 samples in a 256-rank group: {:.2f} ms CPU (target < 5 ms; wall {:.2f} "
-      "ms)\n",
-      gr, last_wall_ms);
-  out["grouped_reorder_8192_in_256_ms"] = {{"cpu", gr}, {"wall", last_wall_ms}, {"target_ms", 5}};
+      "  grouped reordering, 8192 samples in a 256-rank group: {:.2f} ms CPU median, {:.2f} min (target < 5 "
+      "ms; "
+      "wall {:.2f} ms)\n",
+      gr, last_min_ms, last_wall_ms);
+  out["grouped_reorder_8192_in_256_ms"] = {
+      {"cpu_median", gr}, {"cpu_min", last_min_ms}, {"wall_median", last_wall_ms}, {"target_ms", 5}};
   // Scaling 1K .. 100K sequences (2,048 ranks, Byted-like).
   fmt::print("  {:>8} {:>12} {:>12} {:>18}   (CPU ms)\n", "seqs", "hetmesh", "bytescale",
              "hetmesh ns/(n lg n)");

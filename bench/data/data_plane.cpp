@@ -10,6 +10,7 @@
 //     mix, round robin vs LPT vs Karmarkar-Karp vs the perfect-balance bound (MODELLED, not measured).
 // Usage: bench_data_plane [--out FILE] [--quick]
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +41,15 @@ std::int64_t rss_bytes() {
   std::int64_t size = 0, resident = 0;
   in >> size >> resident;
   return resident * sysconf(_SC_PAGESIZE);
+}
+
+// CPU seconds of the whole process (all threads): on a shared, oversubscribed machine wall time measures
+// the scheduler as much as the code, so throughput is also reported per CPU-second.
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 double median(std::vector<double> v) {
@@ -134,7 +144,9 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
   for (const auto& b : bins) total_bytes += static_cast<std::int64_t>(std::filesystem::file_size(b));
   // Raw: sequential read() of every .bin into one buffer (page cache warm after the first pass).
   std::vector<char> buf(1 << 20);
+  double cpu = 0;  // CPU seconds of the last pass
   auto raw_pass = [&] {
+    const double c0 = cpu_seconds();
     const auto t0 = clk::now();
     std::int64_t got = 0;
     for (const auto& b : bins) {
@@ -143,6 +155,7 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
       ::close(fd);
     }
     const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+    cpu = cpu_seconds() - c0;
     if (got != total_bytes) throw std::runtime_error("raw read came up short");
     return sec;
   };
@@ -154,27 +167,36 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
   auto ours_pass = [&](int workers) {
     data_loader dl(cfg, {.workers = workers, .prefetch_steps = 4, .loaders_per_source = 2});
     delivered = samples = 0;
+    const double c0 = cpu_seconds();
     const auto t0 = clk::now();
     for (std::int64_t s = 0; s < steps; ++s) {
       const auto b = dl.next();
       for (const auto& smp : b.samples) delivered += static_cast<std::int64_t>(smp.tokens.size()) * 4;
       samples += static_cast<std::int64_t>(b.samples.size());
     }
-    return std::chrono::duration<double>(clk::now() - t0).count();
+    const double sec = std::chrono::duration<double>(clk::now() - t0).count();
+    cpu = cpu_seconds() - c0;
+    return sec;
   };
   (void)raw_pass();
   (void)ours_pass(0);
-  std::vector<double> raw, sync, pool;
+  std::vector<double> raw, sync, pool, raw_cpu, sync_cpu, pool_cpu;
   for (int r = 0; r < (quick ? 3 : 7); ++r) {
     raw.push_back(raw_pass());
+    raw_cpu.push_back(cpu);
     sync.push_back(ours_pass(0));
+    sync_cpu.push_back(cpu);
     pool.push_back(ours_pass(2));
+    pool_cpu.push_back(cpu);
   }
   const double sync_bps = static_cast<double>(delivered) / median(sync);
   const double raw_bps = static_cast<double>(total_bytes) / median(raw);
   const double ours_sec = median(pool);
   const double ours_bps = static_cast<double>(delivered) / ours_sec;
   const double raw_sps = static_cast<double>(nsrc * samples_per_source) / median(raw);
+  const double raw_cpu_bps = static_cast<double>(total_bytes) / std::max(1e-9, median(raw_cpu));
+  const double sync_cpu_bps = static_cast<double>(delivered) / std::max(1e-9, median(sync_cpu));
+  const double pool_cpu_bps = static_cast<double>(delivered) / std::max(1e-9, median(pool_cpu));
   fmt::print("{:>8} {:>8} {:>12.0f} {:>10.2f} {:>12.0f} {:>10.2f} {:>12.0f} {:>10.2f} {:>9.0f}% {:>9.0f}%\n",
              label, (lo + hi) / 2, static_cast<double>(samples) / ours_sec, ours_bps / 1e9,
              static_cast<double>(samples) / median(sync), sync_bps / 1e9, raw_sps, raw_bps / 1e9,
@@ -192,6 +214,11 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
           {"raw_sequential_bytes_per_s", raw_bps},
           {"ours_2workers_over_raw", ours_bps / raw_bps},
           {"ours_sync_over_raw", sync_bps / raw_bps},
+          {"raw_bytes_per_cpu_s", raw_cpu_bps},
+          {"ours_sync_bytes_per_cpu_s", sync_cpu_bps},
+          {"ours_2workers_bytes_per_cpu_s", pool_cpu_bps},
+          {"ours_sync_over_raw_per_cpu_s", sync_cpu_bps / raw_cpu_bps},
+          {"ours_2workers_over_raw_per_cpu_s", pool_cpu_bps / raw_cpu_bps},
           {"repetitions", raw.size()}};
 }
 

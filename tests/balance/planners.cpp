@@ -178,7 +178,8 @@ TEST_CASE("verify_deadlock_free detects rings run in crossed orders") {
   auto plan = seq::hdp_assemble(sh, pl);
   balance::verify_deadlock_free(plan);
   std::swap(plan.per_rank[1][0], plan.per_rank[1][1]);  // rank 1 now waits in item 1 while rank 0 waits in 0
-  CHECK_THROWS_WITH_AS(balance::verify_deadlock_free(plan), doctest::Contains("deadlocks after 0 of 2 items"), error);
+  CHECK_THROWS_WITH_AS(balance::verify_deadlock_free(plan), doctest::Contains("deadlocks after 0 of 2 items"),
+                       error);
   // A micro-batch listed on a rank that is not in its ring is malformed.
   auto bad = seq::hdp_assemble(sh, pl);
   bad.per_rank[0][0].ring_position = 1;

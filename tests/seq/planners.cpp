@@ -529,3 +529,36 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
   CHECK_NOTHROW(
       (void)plan_long_short(huge, 16, {.max_tokens_per_rank = 12500, .heads = 16, .gpus_per_node = 8}));
 }
+
+TEST_CASE("every plan and policy prints") {
+  const std::vector<seq_desc> seqs{{1, 40000}, {2, 100}, {3, 9000}};
+  const auto hp = plan_hdp(seqs, {.capacity = 8192}, 8);
+  CHECK(to_string(hp.sharding.policy).find("C=8192") != std::string::npos);
+  CHECK(to_string(hp.sharding.items[0]).find("ring D=5") != std::string::npos);
+  CHECK(to_string(hp.per_rank[0][0]).find("pos=0/5") != std::string::npos);
+  CHECK(to_string(hp.placement[0]).find("ring=[0, 1, 2, 3, 4]") != std::string::npos);
+  CHECK(to_string(hdp_placement_kind::least_loaded) == "least_loaded");
+  CHECK(to_string(overlong_action::reject) == "reject");
+  const auto pp = pack(seqs, {.capacity = 40000});
+  CHECK(to_string(pp).find("micro_batches=2") != std::string::npos);
+  CHECK(to_string(pp.micro_batches[0]).find("cu_seqlens=[0, 40000]") != std::string::npos);
+  const std::int64_t lens[] = {4, 8};
+  const auto part = partition_thd(lens, 2);
+  CHECK(to_string(part).find("cu_seqlens_padded=[0, 4, 12]") != std::string::npos);
+  CHECK(to_string(part.ranks[1].chunks[0]) == "d0c1[1,2)@0");
+  const auto rs = ring_for(part, {3, 9});
+  CHECK(to_string(rs).find("ring=[3, 9]") != std::string::npos);
+  CHECK(to_string(rs.steps[0][0]).find("q0xkv0:full, q1xkv0:full, q1xkv1:full, q2xkv2:causal") !=
+        std::string::npos);
+  CHECK(to_string(block_mask::full) == "full");
+  CHECK(to_string(cp_policy{cp_scheme::zigzag, 4, true}) == "cp_policy{zigzag, cp=4, pad=true}");
+  const auto c = solve_offload(1048576, 8192, {}, {}, 1024);
+  CHECK(to_string(c).find("D=8") != std::string::npos);
+  CHECK(to_string(offload_policy{}).find("steps=100") != std::string::npos);
+  const std::int64_t toks[] = {3, 3};
+  CHECK(to_string(plan_ulysses(toks, {.degree = 2, .heads = 4, .kv_heads = 2, .head_dim = 8}))
+            .find("kv/rank=1") != std::string::npos);
+  const auto ls = plan_long_short(seqs, 8, {.max_tokens_per_rank = 20000, .heads = 8, .gpus_per_node = 8});
+  CHECK(to_string(ls).find("groups=[(0, 2), (0, 8)]") != std::string::npos);
+  CHECK(to_string(ls.items[0]) == "seq{id=1, len=40000}->ranks[0,8)");
+}

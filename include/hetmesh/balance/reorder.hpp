@@ -161,26 +161,37 @@ struct reorder_plan {
   p.llm_tokens_on.assign(nr, 0);
   p.parcels.assign(nr * nr, 0);
 
-  // LLM parts: LPT under the token capacity.
-  // Key (-cost, canonical position): position order is id order, so ties go to the smaller id.
-  std::vector<std::pair<std::int64_t, std::size_t>> order(n);
-  for (std::size_t k = 0; k < n; ++k) order[k] = {-llm_cost[k], k};
-  std::sort(order.begin(), order.end());
+  // Each LPT walks a sorted array of self-contained entries (key, index, owner, tokens): the loop then
+  // reads memory in order instead of chasing indices into the samples, which dominated the run time.
+  struct lpt_entry {
+    std::int64_t neg_cost;  // sort key: -cost, then index (canonical position: ties go to the smaller id)
+    std::size_t index;
+    int owner;
+    std::int64_t tokens;
+    bool operator<(const lpt_entry& o) const noexcept {
+      return neg_cost != o.neg_cost ? neg_cost < o.neg_cost : index < o.index;
+    }
+  };
   // Min-heaps of (load, rank): lexicographic pairs give the lowest rank among equal loads. A heap
-  // rather than a balanced tree: the planner runs every step on every member (8K samples in < 5 ms).
+  // rather than a balanced tree: the planner runs every step on every member.
   using entry = std::pair<std::int64_t, int>;
+  const auto gt = std::greater<entry>{};
   std::vector<entry> heap;
   auto reset_heap = [&] {
     heap.clear();
     for (int r = 0; r < ranks; ++r) heap.emplace_back(0, r);  // already a valid min-heap
   };
-  const auto gt = std::greater<entry>{};
+
+  // LLM parts: LPT under the token capacity.
+  std::vector<lpt_entry> order(n);
+  for (std::size_t k = 0; k < n; ++k) order[k] = {-llm_cost[k], k, p.owner[k], samples[idx[k]].llm_tokens};
+  std::sort(order.begin(), order.end());
   reset_heap();
   std::vector<entry> full;  // ranks skipped because the sample does not fit their capacity
-  for (const auto& [neg_cost, k] : order) {
-    const std::int64_t tok = samples[idx[k]].llm_tokens;
+  for (const auto& e : order) {
     while (!heap.empty() && policy.token_capacity > 0 &&
-           p.llm_tokens_on[static_cast<std::size_t>(heap.front().second)] + tok > policy.token_capacity) {
+           p.llm_tokens_on[static_cast<std::size_t>(heap.front().second)] + e.tokens >
+               policy.token_capacity) {
       std::pop_heap(heap.begin(), heap.end(), gt);
       full.push_back(heap.back());
       heap.pop_back();
@@ -189,38 +200,40 @@ struct reorder_plan {
       throw_error<capacity_error>(
           "balance::plan_grouped_reorder: sample {} ({} LLM tokens) fits no rank of the group "
           "under a capacity of {} tokens; expected the group's batch to fit",
-          p.sample_ids[k], tok, policy.token_capacity);
+          p.sample_ids[e.index], e.tokens, policy.token_capacity);
     std::pop_heap(heap.begin(), heap.end(), gt);
-    const auto [l, r] = heap.back();
-    heap.back() = {l + llm_cost[k], r};
+    const int r = heap.back().second;
+    heap.back().first -= e.neg_cost;
     std::push_heap(heap.begin(), heap.end(), gt);
-    for (const auto& e : full) {
-      heap.push_back(e);
+    for (const auto& f : full) {
+      heap.push_back(f);
       std::push_heap(heap.begin(), heap.end(), gt);
     }
     full.clear();
-    p.llm_rank[k] = r;
-    p.llm_tokens_on[static_cast<std::size_t>(r)] += tok;
-    p.llm_load[static_cast<std::size_t>(r)] += cost::fixed::from_ticks(llm_cost[k]);
-    p.parcels[static_cast<std::size_t>(p.owner[k]) * nr + static_cast<std::size_t>(r)] += 1;
+    const auto ur = static_cast<std::size_t>(r);
+    p.llm_rank[e.index] = r;
+    p.llm_tokens_on[ur] += e.tokens;
+    p.llm_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
+    p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
   }
   // Encoder items: LPT on encoder time; ties by (sample id, item) through the flattened index.
-  std::vector<std::pair<std::int64_t, std::size_t>> items(item_cost.size());
-  for (std::size_t j = 0; j < items.size(); ++j) items[j] = {-item_cost[j], j};
+  std::vector<lpt_entry> items(item_cost.size());
+  for (std::size_t k = 0; k < n; ++k)
+    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      items[u] = {-item_cost[u], u, p.owner[k], 0};
+    }
   std::sort(items.begin(), items.end());
   reset_heap();
-  std::vector<int> owner_of_item(item_cost.size());
-  for (std::size_t k = 0; k < n; ++k)
-    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j)
-      owner_of_item[static_cast<std::size_t>(j)] = p.owner[k];
-  for (const auto& [neg_cost, j] : items) {
+  for (const auto& e : items) {
     std::pop_heap(heap.begin(), heap.end(), gt);
-    const auto [l, r] = heap.back();
-    heap.back() = {l + item_cost[j], r};
+    const int r = heap.back().second;
+    heap.back().first -= e.neg_cost;
     std::push_heap(heap.begin(), heap.end(), gt);
-    p.encoder_rank[j] = r;
-    p.encoder_load[static_cast<std::size_t>(r)] += cost::fixed::from_ticks(item_cost[j]);
-    p.parcels[static_cast<std::size_t>(owner_of_item[j]) * nr + static_cast<std::size_t>(r)] += 1;
+    const auto ur = static_cast<std::size_t>(r);
+    p.encoder_rank[e.index] = r;
+    p.encoder_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
+    p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
   }
   return p;
 }

@@ -339,6 +339,13 @@ struct hdp_plan {
 }  // namespace hetmesh::seq
 
 template <>
+struct fmt::formatter<hetmesh::seq::hdp_placement_kind> : hetmesh::empty_spec_formatter {
+  auto format(hetmesh::seq::hdp_placement_kind k, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}",
+                          k == hetmesh::seq::hdp_placement_kind::waves ? "waves" : "least_loaded");
+  }
+};
+template <>
 struct fmt::formatter<hetmesh::seq::hdp_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "hdp_policy{{C={}, {}, {}, placement={}}}", p.capacity, p.offload,

@@ -103,7 +103,8 @@ struct offload_choice {
   c.ratio_steps = p.ratio_steps;
   const double act = m.activation(s);
   const double bmin = std::fmin(m.d2h_bandwidth, m.h2d_bandwidth);
-  c.ratio_max = act > 0 ? std::fmin(1.0, m.compute(s) * bmin / act) : 1.0;
+  // Infinite bandwidth: copies always hide (the paper's worked example ignores the overlap bound).
+  c.ratio_max = std::isinf(bmin) || !(act > 0) ? 1.0 : std::fmin(1.0, m.compute(s) * bmin / act);
   if (!(c.ratio_max >= 0)) c.ratio_max = 0;
   c.ratio_lower_bound =
       m.layers > 2 ? std::fmin(1.0, m.layers * m.activation(capacity) / ((m.layers - 2) * act)) : 1.0;

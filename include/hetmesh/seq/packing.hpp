@@ -99,6 +99,12 @@ struct pack_plan {
 }  // namespace hetmesh::seq
 
 template <>
+struct fmt::formatter<hetmesh::seq::overlong_action> : hetmesh::empty_spec_formatter {
+  auto format(hetmesh::seq::overlong_action a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "{}", a == hetmesh::seq::overlong_action::error ? "error" : "reject");
+  }
+};
+template <>
 struct fmt::formatter<hetmesh::seq::pack_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::pack_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "pack_policy{{capacity={}, overlong={}}}", p.capacity,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../communicator.hpp"
+#include "checks.hpp"
 #include "../reduce_op.hpp"
 
 namespace hetmesh::comm::detail {
