@@ -6,7 +6,8 @@
 //    With one rank (mpirun -np 1) the calls never wait for a peer, which isolates the wrapper's own
 //    per-call cost from scheduling noise.
 //  - Otherwise: loopback all_reduce on 2 and 4 threads against one memcpy of the same bytes (the bound).
-// Times are medians over --reps batches of --iters calls (MPI: the slowest rank's batch time).
+// Times: each call is timed; a batch reports the slowest rank's median call; the table reports the
+// median (and the best) of --reps batches.
 // Bus bandwidth uses nccl-tests' factors: all_reduce 2(n-1)/n; all_gather, reduce_scatter and
 // all_to_all (n-1)/n; broadcast 1. Prints a table and writes JSON to --out.
 #include <algorithm>
@@ -50,10 +51,14 @@ args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
       return argv[++i];
     };
-    if (k == "--out") a.out = next();
-    else if (k == "--max-bytes") a.max_bytes = std::stoll(next());
-    else if (k == "--reps") a.reps = std::stoi(next());
-    else throw std::runtime_error("unknown option " + k + " (expected --out, --max-bytes, --reps)");
+    if (k == "--out")
+      a.out = next();
+    else if (k == "--max-bytes")
+      a.max_bytes = std::stoll(next());
+    else if (k == "--reps")
+      a.reps = std::stoi(next());
+    else
+      throw std::runtime_error("unknown option " + k + " (expected --out, --max-bytes, --reps)");
   }
   return a;
 }
@@ -92,27 +97,33 @@ nlohmann::json bench_loopback(const args& a) {
     for (std::int64_t bytes = 1024; bytes <= a.max_bytes; bytes *= 4) {
       const auto count = static_cast<std::size_t>(bytes / 8);
       std::vector<double> src(count, 1.0), dst(count);
-      // Batches move about 64 MiB (at least 3 calls, at most 2000), so small sizes are not one tick.
-      const int iters = static_cast<int>(std::clamp<std::int64_t>((64 << 20) / bytes, 3, 2000));
+      // Calls per batch: about 16 MiB of traffic, at least 5 and at most 400.
+      const int iters = static_cast<int>(std::clamp<std::int64_t>((16 << 20) / bytes, 5, 400));
       std::memcpy(dst.data(), src.data(), count * 8);  // warm
       std::vector<double> mc, lb;
       for (int rep = 0; rep < a.reps; ++rep) {
-        auto t0 = clk::now();
-        for (int i = 0; i < iters; ++i) {
+        std::vector<double> calls(static_cast<std::size_t>(iters));
+        for (auto& t : calls) {
+          const auto t0 = clk::now();
           std::memcpy(dst.data(), src.data(), count * 8);
           asm volatile("" ::"r"(dst.data()) : "memory");
+          t = std::chrono::duration<double>(clk::now() - t0).count();
         }
-        mc.push_back(std::chrono::duration<double>(clk::now() - t0).count() / iters);
+        mc.push_back(median(calls));
         double slowest = 0;
         comm::loopback::run(n, [&](comm::loopback::communicator& c) {
           std::vector<double> x(count, 1.0);
-          for (int i = 0; i < 2; ++i) comm::all_reduce(c, std::span<double>(x), comm::reduce_op::sum);  // warm
-          comm::barrier(c);
-          const auto s = clk::now();
-          for (int i = 0; i < iters; ++i) comm::all_reduce(c, std::span<double>(x), comm::reduce_op::sum);
-          const double t = std::chrono::duration<double>(clk::now() - s).count() / iters;
+          for (int i = 0; i < 2; ++i)
+            comm::all_reduce(c, std::span<double>(x), comm::reduce_op::sum);  // warm
+          std::vector<double> mine(static_cast<std::size_t>(iters));
+          for (auto& t : mine) {
+            const auto s = clk::now();
+            comm::all_reduce(c, std::span<double>(x), comm::reduce_op::sum);
+            t = std::chrono::duration<double>(clk::now() - s).count();
+          }
+          const double med = median(mine);
           std::vector<double> all(static_cast<std::size_t>(n));
-          comm::all_gather(c, std::span<const double>(&t, 1), std::span<double>(all));
+          comm::all_gather(c, std::span<const double>(&med, 1), std::span<double>(all));
           if (c.rank() == 0) slowest = *std::max_element(all.begin(), all.end());
         });
         lb.push_back(slowest);
@@ -120,9 +131,16 @@ nlohmann::json bench_loopback(const args& a) {
       const double m = median(mc) * 1e6, l = median(lb) * 1e6, mb = best(mc) * 1e6, lbb = best(lb) * 1e6;
       std::printf("%-10s %6d %12lld %12.2f %12.2f %8.2f %12.2f %12.2f %8.2f\n", "all_reduce", n,
                   static_cast<long long>(bytes), m, l, l / m, mb, lbb, lbb / mb);
-      rows.push_back({{"collective", "all_reduce"}, {"ranks", n}, {"bytes", bytes}, {"memcpy_us", m}, {"loopback_us", l},
-                      {"ratio_to_memcpy", l / m}, {"memcpy_best_us", mb}, {"loopback_best_us", lbb},
-                      {"ratio_to_memcpy_best", lbb / mb}, {"loopback_algbw_GBps", static_cast<double>(bytes) / (l * 1e3)},
+      rows.push_back({{"collective", "all_reduce"},
+                      {"ranks", n},
+                      {"bytes", bytes},
+                      {"memcpy_us", m},
+                      {"loopback_us", l},
+                      {"ratio_to_memcpy", l / m},
+                      {"memcpy_best_us", mb},
+                      {"loopback_best_us", lbb},
+                      {"ratio_to_memcpy_best", lbb / mb},
+                      {"loopback_algbw_GBps", static_cast<double>(bytes) / (l * 1e3)},
                       {"memcpy_GBps", static_cast<double>(bytes) / (m * 1e3)}});
     }
   }
@@ -137,81 +155,106 @@ struct coll {
   double busbw_factor;  // times algbw
 };
 
-/// Runs `f` in batches; returns the median over reps of the slowest rank's per-call time (seconds).
+/// Runs `f` `iters` times, timing each call; returns the slowest rank's median call time (seconds).
+/// Per-call medians, not batch means: on a shared, oversubscribed machine a batch is often cut by a
+/// time slice of another process, a single call rarely.
 template <class F>
-double timed(MPI_Comm w, int iters, int reps, F&& f) {
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    MPI_Barrier(w);
+double timed(MPI_Comm w, int iters, F&& f) {
+  std::vector<double> t(static_cast<std::size_t>(iters));
+  MPI_Barrier(w);
+  for (auto& x : t) {
     const auto s = clk::now();
-    for (int i = 0; i < iters; ++i) f();
-    double mine = std::chrono::duration<double>(clk::now() - s).count() / iters, worst = 0;
-    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, w);
-    t.push_back(worst);
+    f();
+    x = std::chrono::duration<double>(clk::now() - s).count();
   }
-  return median(t);
+  double mine = median(t), worst = 0;
+  MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, w);
+  return worst;
 }
 
 nlohmann::json bench_mpi(const args& a) {
   namespace mpi = comm::mpi;
   auto poll = mpi::communicator::world();
   auto block = poll.dup();
-  block.set_options({.timeout = std::chrono::milliseconds(HETMESH_DEFAULT_TIMEOUT_MS), .verify = false, .blocking = true});
+  block.set_options(
+      {.timeout = std::chrono::milliseconds(HETMESH_DEFAULT_TIMEOUT_MS), .verify = false, .blocking = true});
   const MPI_Comm w = MPI_COMM_WORLD;
   const int n = poll.size(), me = poll.rank();
-  const coll colls[] = {{"all_reduce", 2.0 * (n - 1) / n}, {"broadcast", 1.0}, {"all_gather", double(n - 1) / n},
-                        {"reduce_scatter", double(n - 1) / n}, {"all_to_all", double(n - 1) / n}};
+  const coll colls[] = {{"all_reduce", 2.0 * (n - 1) / n},
+                        {"broadcast", 1.0},
+                        {"all_gather", double(n - 1) / n},
+                        {"reduce_scatter", double(n - 1) / n},
+                        {"all_to_all", double(n - 1) / n}};
   nlohmann::json rows = nlohmann::json::array();
   if (me == 0)
-    std::printf("%-14s %10s %10s %10s %10s %10s %8s %8s %9s %9s %9s\n", "collective", "bytes", "rawI_us", "ours_us",
-                "raw_us", "oursB_us", "ovh%", "ovhB%", "busbw", "minovh%", "minovhB%");
+    std::printf("%-14s %10s %10s %10s %10s %10s %8s %8s %9s %9s %9s\n", "collective", "bytes", "rawI_us",
+                "ours_us", "raw_us", "oursB_us", "ovh%", "ovhB%", "busbw", "minovh%", "minovhB%");
   for (const coll& cl : colls) {
     const std::string name = cl.name;
     for (std::int64_t bytes = 8; bytes <= a.max_bytes; bytes = bytes < 1024 ? 1024 : bytes * 4) {
-      // `bytes` is the nccl-tests size: the all_reduce/broadcast buffer, the total gathered or scattered bytes.
+      // `bytes` is the nccl-tests size: the all_reduce/broadcast buffer, the total gathered or scattered
+      // bytes.
       const auto total = static_cast<std::size_t>(bytes / 4);
       const std::size_t per = std::max<std::size_t>(total / static_cast<std::size_t>(n), 1);
       std::vector<float> buf(std::max(total, per * static_cast<std::size_t>(n)), 1.0f), out(buf.size());
-      std::span<float> x(buf.data(), name == "all_reduce" || name == "broadcast" ? total : per * static_cast<std::size_t>(n));
+      std::span<float> x(buf.data(), name == "all_reduce" || name == "broadcast"
+                                         ? total
+                                         : per * static_cast<std::size_t>(n));
       std::span<float> y(out.data(), x.size());
       const int ci = static_cast<int>(per);
       auto raw_nb = [&] {
         MPI_Request q;
-        if (name == "all_reduce") MPI_Iallreduce(MPI_IN_PLACE, x.data(), static_cast<int>(x.size()), MPI_FLOAT, MPI_SUM, w, &q);
-        else if (name == "broadcast") MPI_Ibcast(x.data(), static_cast<int>(x.size()), MPI_FLOAT, 0, w, &q);
-        else if (name == "all_gather") MPI_Iallgather(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w, &q);
-        else if (name == "reduce_scatter") MPI_Ireduce_scatter_block(x.data(), y.data(), ci, MPI_FLOAT, MPI_SUM, w, &q);
-        else MPI_Ialltoall(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w, &q);
+        if (name == "all_reduce")
+          MPI_Iallreduce(MPI_IN_PLACE, x.data(), static_cast<int>(x.size()), MPI_FLOAT, MPI_SUM, w, &q);
+        else if (name == "broadcast")
+          MPI_Ibcast(x.data(), static_cast<int>(x.size()), MPI_FLOAT, 0, w, &q);
+        else if (name == "all_gather")
+          MPI_Iallgather(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w, &q);
+        else if (name == "reduce_scatter")
+          MPI_Ireduce_scatter_block(x.data(), y.data(), ci, MPI_FLOAT, MPI_SUM, w, &q);
+        else
+          MPI_Ialltoall(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w, &q);
         MPI_Wait(&q, MPI_STATUS_IGNORE);
       };
       auto raw_b = [&] {
-        if (name == "all_reduce") MPI_Allreduce(MPI_IN_PLACE, x.data(), static_cast<int>(x.size()), MPI_FLOAT, MPI_SUM, w);
-        else if (name == "broadcast") MPI_Bcast(x.data(), static_cast<int>(x.size()), MPI_FLOAT, 0, w);
-        else if (name == "all_gather") MPI_Allgather(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w);
-        else if (name == "reduce_scatter") MPI_Reduce_scatter_block(x.data(), y.data(), ci, MPI_FLOAT, MPI_SUM, w);
-        else MPI_Alltoall(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w);
+        if (name == "all_reduce")
+          MPI_Allreduce(MPI_IN_PLACE, x.data(), static_cast<int>(x.size()), MPI_FLOAT, MPI_SUM, w);
+        else if (name == "broadcast")
+          MPI_Bcast(x.data(), static_cast<int>(x.size()), MPI_FLOAT, 0, w);
+        else if (name == "all_gather")
+          MPI_Allgather(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w);
+        else if (name == "reduce_scatter")
+          MPI_Reduce_scatter_block(x.data(), y.data(), ci, MPI_FLOAT, MPI_SUM, w);
+        else
+          MPI_Alltoall(x.data(), ci, MPI_FLOAT, y.data(), ci, MPI_FLOAT, w);
       };
       auto ours = [&](mpi::communicator& c) {
         return [&] {
-          if (name == "all_reduce") comm::all_reduce(c, x, comm::reduce_op::sum);
-          else if (name == "broadcast") comm::broadcast(c, x, 0);
-          else if (name == "all_gather") comm::all_gather(c, std::span<const float>(x.data(), per), y);
-          else if (name == "reduce_scatter") comm::reduce_scatter(c, std::span<const float>(x), std::span<float>(y.data(), per), comm::reduce_op::sum);
-          else comm::all_to_all(c, std::span<const float>(x), y);
+          if (name == "all_reduce")
+            comm::all_reduce(c, x, comm::reduce_op::sum);
+          else if (name == "broadcast")
+            comm::broadcast(c, x, 0);
+          else if (name == "all_gather")
+            comm::all_gather(c, std::span<const float>(x.data(), per), y);
+          else if (name == "reduce_scatter")
+            comm::reduce_scatter(c, std::span<const float>(x), std::span<float>(y.data(), per),
+                                 comm::reduce_op::sum);
+          else
+            comm::all_to_all(c, std::span<const float>(x), y);
         };
       };
       // Calibrate the batch length on the raw call.
       for (int i = 0; i < 2; ++i) raw_b(), ours(poll)(), ours(block)();  // warm (pages, MPI buffers)
-      const double t1 = timed(w, 2, 1, raw_b);
-      int iters = std::clamp(static_cast<int>(a.target_s / std::max(t1, 1e-7)), 3, 20000);
+      const double t1 = timed(w, 3, raw_b);
+      int iters = std::clamp(static_cast<int>(a.target_s / std::max(t1, 1e-7)), 5, 2000);
       MPI_Bcast(&iters, 1, MPI_INT, 0, w);
       double rn = 0, on = 0, rb = 0, ob = 0;
       std::vector<double> vrn, von, vrb, vob;
       for (int rep = 0; rep < a.reps; ++rep) {  // interleaved, so drift hits all four alike
-        vrn.push_back(timed(w, iters, 1, raw_nb));
-        von.push_back(timed(w, iters, 1, ours(poll)));
-        vrb.push_back(timed(w, iters, 1, raw_b));
-        vob.push_back(timed(w, iters, 1, ours(block)));
+        vrn.push_back(timed(w, iters, raw_nb));
+        von.push_back(timed(w, iters, ours(poll)));
+        vrb.push_back(timed(w, iters, raw_b));
+        vob.push_back(timed(w, iters, ours(block)));
       }
       rn = median(vrn) * 1e6, on = median(von) * 1e6, rb = median(vrb) * 1e6, ob = median(vob) * 1e6;
       const double rnb = best(vrn) * 1e6, onb = best(von) * 1e6, rbb = best(vrb) * 1e6, obb = best(vob) * 1e6;
@@ -220,12 +263,23 @@ nlohmann::json bench_mpi(const args& a) {
         std::printf("%-14s %10lld %10.2f %10.2f %10.2f %10.2f %8.1f %8.1f %9.3f %9.1f %9.1f\n", cl.name,
                     static_cast<long long>(bytes), rn, on, rb, ob, 100 * (on - rn) / rn, 100 * (ob - rb) / rb,
                     algbw * cl.busbw_factor, 100 * (onb - rnb) / rnb, 100 * (obb - rbb) / rbb);
-      rows.push_back({{"collective", name}, {"bytes", bytes}, {"raw_nonblocking_us", rn}, {"ours_polling_us", on},
-                      {"raw_blocking_us", rb}, {"ours_blocking_us", ob}, {"overhead_polling_pct", 100 * (on - rn) / rn},
-                      {"overhead_blocking_pct", 100 * (ob - rb) / rb}, {"overhead_polling_us", on - rn},
-                      {"overhead_blocking_us", ob - rb}, {"algbw_GBps", algbw}, {"busbw_GBps", algbw * cl.busbw_factor},
-                      {"best_raw_nonblocking_us", rnb}, {"best_ours_polling_us", onb}, {"best_raw_blocking_us", rbb},
-                      {"best_ours_blocking_us", obb}, {"best_overhead_polling_pct", 100 * (onb - rnb) / rnb},
+      rows.push_back({{"collective", name},
+                      {"bytes", bytes},
+                      {"raw_nonblocking_us", rn},
+                      {"ours_polling_us", on},
+                      {"raw_blocking_us", rb},
+                      {"ours_blocking_us", ob},
+                      {"overhead_polling_pct", 100 * (on - rn) / rn},
+                      {"overhead_blocking_pct", 100 * (ob - rb) / rb},
+                      {"overhead_polling_us", on - rn},
+                      {"overhead_blocking_us", ob - rb},
+                      {"algbw_GBps", algbw},
+                      {"busbw_GBps", algbw * cl.busbw_factor},
+                      {"best_raw_nonblocking_us", rnb},
+                      {"best_ours_polling_us", onb},
+                      {"best_raw_blocking_us", rbb},
+                      {"best_ours_blocking_us", obb},
+                      {"best_overhead_polling_pct", 100 * (onb - rnb) / rnb},
                       {"best_overhead_blocking_pct", 100 * (obb - rbb) / rbb}});
     }
   }
@@ -238,10 +292,14 @@ nlohmann::json bench_mpi(const args& a) {
 int main(int argc, char** argv) {
   try {
     args a = parse(argc, argv);
-    const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
-    nlohmann::json j{{"benchmark", "bench_comm"}, {"machine", machine}, {"measured", true},
-                     {"time", "median over reps of batch means; MPI: slowest rank"},
-                     {"load_average_1min", load_average()}};
+    const bool under_mpirun =
+        std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+    nlohmann::json j{
+        {"benchmark", "bench_comm"},
+        {"machine", machine},
+        {"measured", true},
+        {"time", "per-call median within a batch (slowest rank), then median (and best) over reps"},
+        {"load_average_1min", load_average()}};
     if (under_mpirun) {
 #if HETMESH_HAS_MPI
       comm::mpi::environment env(&argc, &argv);

@@ -55,12 +55,19 @@ args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
       return argv[++i];
     };
-    if (k == "--out") a.out = next();
-    else if (k == "--max-bytes") a.max_bytes = std::stoll(next());
-    else if (k == "--gpus") a.gpus = std::stoi(next());
-    else if (k == "--iters") a.iters = std::stoi(next());
-    else if (k == "--warmup") a.warmup = std::stoi(next());
-    else throw std::runtime_error("unknown option " + k + " (expected --out, --max-bytes, --gpus, --iters, --warmup)");
+    if (k == "--out")
+      a.out = next();
+    else if (k == "--max-bytes")
+      a.max_bytes = std::stoll(next());
+    else if (k == "--gpus")
+      a.gpus = std::stoi(next());
+    else if (k == "--iters")
+      a.iters = std::stoi(next());
+    else if (k == "--warmup")
+      a.warmup = std::stoi(next());
+    else
+      throw std::runtime_error("unknown option " + k +
+                               " (expected --out, --max-bytes, --gpus, --iters, --warmup)");
   }
   return a;
 }
@@ -80,7 +87,8 @@ timing measure(nccl::communicator& c, const args& a, const std::function<void()>
   check(cudaEventRecord(start, c.stream()), "cudaEventRecord");
   const auto h0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.iters; ++i) call();
-  const double host = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
+  const double host =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
   check(cudaEventRecord(stop, c.stream()), "cudaEventRecord");
   c.synchronize();
   float ms = 0;
@@ -106,8 +114,9 @@ int main(int argc, char** argv) {
     nlohmann::json rows = nlohmann::json::array();
     std::atomic<int> failures{0};
     const std::vector<std::pair<std::string, double>> colls{
-        {"all_reduce", 2.0 * (g - 1) / g}, {"broadcast", 1.0},          {"all_gather", double(g - 1) / g},
-        {"reduce_scatter", double(g - 1) / g}, {"all_to_all", double(g - 1) / g}, {"all_to_all_v", double(g - 1) / g}};
+        {"all_reduce", 2.0 * (g - 1) / g}, {"broadcast", 1.0},
+        {"all_gather", double(g - 1) / g}, {"reduce_scatter", double(g - 1) / g},
+        {"all_to_all", double(g - 1) / g}, {"all_to_all_v", double(g - 1) / g}};
     auto worker = [&](int rank) {
       try {
         auto c = nccl::communicator::init(id, g, rank, rank);
@@ -132,10 +141,15 @@ int main(int argc, char** argv) {
               our_call = [&] { comm::broadcast(c, xs.first(total), 0); };
             } else if (name == "all_gather") {
               raw_call = [&] { ncclAllGather(x.data(), y.data(), per, ncclFloat32, raw, s); };
-              our_call = [&] { comm::all_gather(c, std::span<const float>(xs.first(per)), ys.first(per * n)); };
+              our_call = [&] {
+                comm::all_gather(c, std::span<const float>(xs.first(per)), ys.first(per * n));
+              };
             } else if (name == "reduce_scatter") {
               raw_call = [&] { ncclReduceScatter(x.data(), y.data(), per, ncclFloat32, ncclSum, raw, s); };
-              our_call = [&] { comm::reduce_scatter(c, std::span<const float>(xs.first(per * n)), ys.first(per), comm::reduce_op::sum); };
+              our_call = [&] {
+                comm::reduce_scatter(c, std::span<const float>(xs.first(per * n)), ys.first(per),
+                                     comm::reduce_op::sum);
+              };
             } else {  // all_to_all and all_to_all_v: raw is the grouped send/recv loop
               raw_call = [&] {
                 ncclGroupStart();
@@ -146,12 +160,15 @@ int main(int argc, char** argv) {
                 ncclGroupEnd();
               };
               if (name == "all_to_all")
-                our_call = [&] { comm::all_to_all(c, std::span<const float>(xs.first(per * n)), ys.first(per * n)); };
+                our_call = [&] {
+                  comm::all_to_all(c, std::span<const float>(xs.first(per * n)), ys.first(per * n));
+                };
               else
                 our_call = [&] {
-                  comm::all_to_all_v(c, std::span<const float>(xs.first(per * n)), std::span<const std::int64_t>(counts),
-                                     std::span<const std::int64_t>(displs), ys.first(per * n),
-                                     std::span<const std::int64_t>(counts), std::span<const std::int64_t>(displs));
+                  comm::all_to_all_v(
+                      c, std::span<const float>(xs.first(per * n)), std::span<const std::int64_t>(counts),
+                      std::span<const std::int64_t>(displs), ys.first(per * n),
+                      std::span<const std::int64_t>(counts), std::span<const std::int64_t>(displs));
                 };
             }
             sync.arrive_and_wait();
@@ -161,11 +178,17 @@ int main(int argc, char** argv) {
             if (rank == 0) {
               const double algbw = static_cast<double>(bytes) / (o.device_us * 1e3);
               std::printf("%-14s %12lld %10.2f %10.2f %8.2f %10.2f %10.2f %9.2f\n", name.c_str(),
-                          static_cast<long long>(bytes), r.device_us, o.device_us, 100 * (o.device_us - r.device_us) / r.device_us,
-                          r.host_us, o.host_us, algbw * factor);
-              rows.push_back({{"collective", name}, {"bytes", bytes}, {"raw_device_us", r.device_us},
-                              {"ours_device_us", o.device_us}, {"overhead_pct", 100 * (o.device_us - r.device_us) / r.device_us},
-                              {"raw_host_us", r.host_us}, {"ours_host_us", o.host_us}, {"algbw_GBps", algbw},
+                          static_cast<long long>(bytes), r.device_us, o.device_us,
+                          100 * (o.device_us - r.device_us) / r.device_us, r.host_us, o.host_us,
+                          algbw * factor);
+              rows.push_back({{"collective", name},
+                              {"bytes", bytes},
+                              {"raw_device_us", r.device_us},
+                              {"ours_device_us", o.device_us},
+                              {"overhead_pct", 100 * (o.device_us - r.device_us) / r.device_us},
+                              {"raw_host_us", r.host_us},
+                              {"ours_host_us", o.host_us},
+                              {"algbw_GBps", algbw},
                               {"busbw_GBps", algbw * factor}});
             }
           }
@@ -175,16 +198,16 @@ int main(int argc, char** argv) {
         ++failures;
       }
     };
-    std::printf("%-14s %12s %10s %10s %8s %10s %10s %9s\n", "collective", "bytes", "raw_us", "ours_us", "ovh%",
-                "raw_host", "ours_host", "busbw");
+    std::printf("%-14s %12s %10s %10s %8s %10s %10s %9s\n", "collective", "bytes", "raw_us", "ours_us",
+                "ovh%", "raw_host", "ours_host", "busbw");
     std::vector<std::thread> threads;
     for (int r = 0; r < g; ++r) threads.emplace_back(worker, r);
     for (auto& t : threads) t.join();
     if (failures.load() > 0) return 1;
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);
-    const nlohmann::json j{{"benchmark", "bench_gpu_nccl"}, {"measured", true}, {"gpus", g}, {"device", prop.name},
-                           {"iters", a.iters}, {"results", rows}};
+    const nlohmann::json j{{"benchmark", "bench_gpu_nccl"}, {"measured", true}, {"gpus", g},
+                           {"device", prop.name},           {"iters", a.iters}, {"results", rows}};
     std::filesystem::path p(a.out);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     std::ofstream(p) << j.dump(2) << "\n";

@@ -40,12 +40,16 @@ void step(C& c, const char* engine) {
   const auto all = comm::all_gather_vectors(c, std::span<const std::int64_t>(lengths));
 
   // 3. Reshard: rank i sends j+1 tokens to rank j (encoder outputs to the LLM ranks that own them).
-  std::vector<std::int64_t> send_counts(static_cast<std::size_t>(n)), recv_counts(static_cast<std::size_t>(n));
-  for (int j = 0; j < n; ++j) send_counts[static_cast<std::size_t>(j)] = j + 1, recv_counts[static_cast<std::size_t>(j)] = me + 1;
-  std::vector<std::int64_t> send_displs(static_cast<std::size_t>(n)), recv_displs(static_cast<std::size_t>(n));
+  std::vector<std::int64_t> send_counts(static_cast<std::size_t>(n)),
+      recv_counts(static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j)
+    send_counts[static_cast<std::size_t>(j)] = j + 1, recv_counts[static_cast<std::size_t>(j)] = me + 1;
+  std::vector<std::int64_t> send_displs(static_cast<std::size_t>(n)),
+      recv_displs(static_cast<std::size_t>(n));
   std::exclusive_scan(send_counts.begin(), send_counts.end(), send_displs.begin(), std::int64_t{0});
   std::exclusive_scan(recv_counts.begin(), recv_counts.end(), recv_displs.begin(), std::int64_t{0});
-  std::vector<int> tokens(static_cast<std::size_t>(n * (n + 1) / 2), me), got(static_cast<std::size_t>(n * (me + 1)));
+  std::vector<int> tokens(static_cast<std::size_t>(n * (n + 1) / 2), me),
+      got(static_cast<std::size_t>(n * (me + 1)));
   comm::all_to_all_v(c, std::span<const int>(tokens), std::span<const std::int64_t>(send_counts),
                      std::span<const std::int64_t>(send_displs), std::span<int>(got),
                      std::span<const std::int64_t>(recv_counts), std::span<const std::int64_t>(recv_displs));
@@ -55,7 +59,8 @@ void step(C& c, const char* engine) {
   for (int r = n - 1; r >= 0; --r)
     if (r % 2 == 0) ring.push_back(r);
   std::vector<int> block{me}, from(1, -1);
-  if (me % 2 == 0) comm::ring_exchange(c, std::span<const int>(ring), std::span<const int>(block), std::span<int>(from));
+  if (me % 2 == 0)
+    comm::ring_exchange(c, std::span<const int>(ring), std::span<const int>(block), std::span<int>(from));
 
   comm::barrier(c);
   if (me == 0) {
@@ -68,7 +73,8 @@ void step(C& c, const char* engine) {
 }
 
 int main(int argc, char** argv) {
-  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  const bool under_mpirun =
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
   try {
     if (under_mpirun) {
 #if HETMESH_HAS_MPI

@@ -25,11 +25,17 @@ namespace hetmesh::comm::testing {
 /// with the same members that stages the buffers through device memory.
 struct direct_invoker {
   template <class C, class T>
-  static void all_reduce(C& c, std::span<T> x, reduce_op op) { comm::all_reduce(c, x, op); }
+  static void all_reduce(C& c, std::span<T> x, reduce_op op) {
+    comm::all_reduce(c, x, op);
+  }
   template <class C, class T>
-  static void broadcast(C& c, std::span<T> x, int root) { comm::broadcast(c, x, root); }
+  static void broadcast(C& c, std::span<T> x, int root) {
+    comm::broadcast(c, x, root);
+  }
   template <class C, class T>
-  static void all_gather(C& c, std::span<const T> s, std::span<T> r) { comm::all_gather(c, s, r); }
+  static void all_gather(C& c, std::span<const T> s, std::span<T> r) {
+    comm::all_gather(c, s, r);
+  }
   template <class C, class T>
   static void all_gather_v(C& c, std::span<const T> s, std::span<T> r, std::span<const std::int64_t> counts) {
     comm::all_gather_v(c, s, r, counts);
@@ -39,7 +45,9 @@ struct direct_invoker {
     comm::reduce_scatter(c, s, r, op);
   }
   template <class C, class T>
-  static void all_to_all(C& c, std::span<const T> s, std::span<T> r) { comm::all_to_all(c, s, r); }
+  static void all_to_all(C& c, std::span<const T> s, std::span<T> r) {
+    comm::all_to_all(c, s, r);
+  }
   template <class C, class T>
   static void all_to_all_v(C& c, std::span<const T> s, std::span<const std::int64_t> sc,
                            std::span<const std::int64_t> sd, std::span<T> r, std::span<const std::int64_t> rc,
@@ -47,15 +55,19 @@ struct direct_invoker {
     comm::all_to_all_v(c, s, sc, sd, r, rc, rd);
   }
   template <class C>
-  static void group_p2p(C& c, std::span<const p2p_op> ops) { comm::group_p2p(c, ops); }
+  static void group_p2p(C& c, std::span<const p2p_op> ops) {
+    comm::group_p2p(c, ops);
+  }
   template <class C>
-  static void barrier(C& c) { comm::barrier(c); }
+  static void barrier(C& c) {
+    comm::barrier(c);
+  }
 };
 
 /// What to run. Defaults are the full suite.
 struct conformance_options {
   std::vector<std::int64_t> sizes{0, 1, 7, 1 << 16};
-  bool reductions = true;                         ///< all_reduce, reduce_scatter
+  bool reductions = true;  ///< all_reduce, reduce_scatter
   std::vector<reduce_op> ops{reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg};
   std::uint64_t seed = 20260;
 };
@@ -64,12 +76,16 @@ struct conformance_options {
 /// every type: sums of 8 values of |v| <= 100, products of 8 values of |v| <= 2, integers < 2^24 in float.
 template <class T>
 [[nodiscard]] T value(std::uint64_t seed, int rank, std::int64_t index, reduce_op op = reduce_op::min) {
-  const std::uint64_t h = key_hash({seed, static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(index)});
+  const std::uint64_t h =
+      key_hash({seed, static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(index)});
   switch (op) {
     case reduce_op::sum:
-    case reduce_op::avg: return static_cast<T>(static_cast<std::int64_t>(h % 201) - 100);
-    case reduce_op::prod: return static_cast<T>(((h & 1) ? 1 : -1) * static_cast<std::int64_t>(1 + (h >> 1) % 2));
-    default: return static_cast<T>(static_cast<std::int64_t>(h % 2000001) - 1000000);
+    case reduce_op::avg:
+      return static_cast<T>(static_cast<std::int64_t>(h % 201) - 100);
+    case reduce_op::prod:
+      return static_cast<T>(((h & 1) ? 1 : -1) * static_cast<std::int64_t>(1 + (h >> 1) % 2));
+    default:
+      return static_cast<T>(static_cast<std::int64_t>(h % 2000001) - 1000000);
   }
 }
 
@@ -81,10 +97,18 @@ template <class T>
     const T v = value<T>(seed, r, index, op);
     switch (op) {
       case reduce_op::sum:
-      case reduce_op::avg: acc = static_cast<T>(acc + v); break;
-      case reduce_op::prod: acc = static_cast<T>(acc * v); break;
-      case reduce_op::min: acc = std::min(acc, v); break;
-      case reduce_op::max: acc = std::max(acc, v); break;
+      case reduce_op::avg:
+        acc = static_cast<T>(acc + v);
+        break;
+      case reduce_op::prod:
+        acc = static_cast<T>(acc * v);
+        break;
+      case reduce_op::min:
+        acc = std::min(acc, v);
+        break;
+      case reduce_op::max:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == reduce_op::avg) acc = static_cast<T>(acc / static_cast<T>(group_size));
@@ -122,7 +146,8 @@ void conform_type(C& c, const conformance_options& opt, checker& ck) {
           ck.expect(c, "all_reduce", m, i, x[static_cast<std::size_t>(i)], reduced<T>(s, n, i, op));
         // reduce_scatter: rank j's block j of every rank's send, reduced.
         std::vector<T> send(mu * static_cast<std::size_t>(n)), recv(mu);
-        for (std::size_t i = 0; i < send.size(); ++i) send[i] = value<T>(s + 1, me, static_cast<std::int64_t>(i), op);
+        for (std::size_t i = 0; i < send.size(); ++i)
+          send[i] = value<T>(s + 1, me, static_cast<std::int64_t>(i), op);
         Invoker::reduce_scatter(c, std::span<const T>(send), std::span<T>(recv), op);
         for (std::int64_t i = 0; i < m; ++i)
           ck.expect(c, "reduce_scatter", m, i, recv[static_cast<std::size_t>(i)],
@@ -133,7 +158,8 @@ void conform_type(C& c, const conformance_options& opt, checker& ck) {
       std::vector<T> x(mu);
       for (std::int64_t i = 0; i < m; ++i) x[static_cast<std::size_t>(i)] = value<T>(s + 2, me, i);
       Invoker::broadcast(c, std::span<T>(x), root);
-      for (std::int64_t i = 0; i < m; ++i) ck.expect(c, "broadcast", m, i, x[static_cast<std::size_t>(i)], value<T>(s + 2, root, i));
+      for (std::int64_t i = 0; i < m; ++i)
+        ck.expect(c, "broadcast", m, i, x[static_cast<std::size_t>(i)], value<T>(s + 2, root, i));
     }
     {
       std::vector<T> x(mu), all(mu * static_cast<std::size_t>(n));
@@ -141,7 +167,8 @@ void conform_type(C& c, const conformance_options& opt, checker& ck) {
       Invoker::all_gather(c, std::span<const T>(x), std::span<T>(all));
       for (int j = 0; j < n; ++j)
         for (std::int64_t i = 0; i < m; ++i)
-          ck.expect(c, "all_gather", m, j * m + i, all[static_cast<std::size_t>(j * m + i)], value<T>(s + 3, j, i));
+          ck.expect(c, "all_gather", m, j * m + i, all[static_cast<std::size_t>(j * m + i)],
+                    value<T>(s + 3, j, i));
     }
     {  // all_gather_v: rank j contributes (m + j) % (m + 2) elements (zero for some ranks when m is small)
       auto count_of = [&](int j) { return (m + j) % (m + 2); };
@@ -149,8 +176,10 @@ void conform_type(C& c, const conformance_options& opt, checker& ck) {
       for (int j = 0; j < n; ++j) counts[static_cast<std::size_t>(j)] = count_of(j);
       std::vector<T> x(static_cast<std::size_t>(count_of(me)));
       for (std::size_t i = 0; i < x.size(); ++i) x[i] = value<T>(s + 4, me, static_cast<std::int64_t>(i));
-      std::vector<T> all(static_cast<std::size_t>(std::accumulate(counts.begin(), counts.end(), std::int64_t{0})));
-      Invoker::all_gather_v(c, std::span<const T>(x), std::span<T>(all), std::span<const std::int64_t>(counts));
+      std::vector<T> all(
+          static_cast<std::size_t>(std::accumulate(counts.begin(), counts.end(), std::int64_t{0})));
+      Invoker::all_gather_v(c, std::span<const T>(x), std::span<T>(all),
+                            std::span<const std::int64_t>(counts));
       std::size_t k = 0;
       for (int j = 0; j < n; ++j)
         for (std::int64_t i = 0; i < count_of(j); ++i, ++k)
@@ -158,7 +187,8 @@ void conform_type(C& c, const conformance_options& opt, checker& ck) {
     }
     {  // all_to_all: block j from rank i holds value(i, j*m + e)
       std::vector<T> send(mu * static_cast<std::size_t>(n)), recv(send.size());
-      for (std::size_t i = 0; i < send.size(); ++i) send[i] = value<T>(s + 5, me, static_cast<std::int64_t>(i));
+      for (std::size_t i = 0; i < send.size(); ++i)
+        send[i] = value<T>(s + 5, me, static_cast<std::int64_t>(i));
       Invoker::all_to_all(c, std::span<const T>(send), std::span<T>(recv));
       for (int j = 0; j < n; ++j)
         for (std::int64_t e = 0; e < m; ++e)
@@ -181,8 +211,8 @@ void conform_type(C& c, const conformance_options& opt, checker& ck) {
           send[static_cast<std::size_t>(sd[static_cast<std::size_t>(j)] + e)] =
               value<T>(s + 6, me, static_cast<std::int64_t>(j) * 1000003 + e);
       Invoker::all_to_all_v(c, std::span<const T>(send), std::span<const std::int64_t>(sc),
-                            std::span<const std::int64_t>(sd), std::span<T>(recv), std::span<const std::int64_t>(rc),
-                            std::span<const std::int64_t>(rd));
+                            std::span<const std::int64_t>(sd), std::span<T>(recv),
+                            std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
       std::vector<T> want(recv.size(), T(-7));
       for (int j = 0; j < n; ++j)
         for (std::int64_t e = 0; e < rc[static_cast<std::size_t>(j)]; ++e)
@@ -198,8 +228,9 @@ void conform_type(C& c, const conformance_options& opt, checker& ck) {
         to_next[static_cast<std::size_t>(i)] = value<T>(s + 7, me, i);
         to_prev[static_cast<std::size_t>(i)] = value<T>(s + 8, me, i);
       }
-      const p2p_op ops[] = {recv_op(std::span<T>(from_prev), prev, 1), recv_op(std::span<T>(from_next), next, 2),
-                            send_op(std::span<const T>(to_next), next, 1), send_op(std::span<const T>(to_prev), prev, 2)};
+      const p2p_op ops[] = {
+          recv_op(std::span<T>(from_prev), prev, 1), recv_op(std::span<T>(from_next), next, 2),
+          send_op(std::span<const T>(to_next), next, 1), send_op(std::span<const T>(to_prev), prev, 2)};
       Invoker::group_p2p(c, std::span<const p2p_op>(ops));
       for (std::int64_t i = 0; i < m; ++i) {
         ck.expect(c, "group_p2p", m, i, from_prev[static_cast<std::size_t>(i)], value<T>(s + 7, prev, i));

@@ -50,7 +50,8 @@ TEST_CASE("group_cache: mesh groups get one communicator each, created once, wit
         const std::vector<int> members = m.group_of(world.rank(), d);
         auto& g = cache.get(std::span<const int>(members));
         require(&g == &cache.get(std::span<const int>(members)), "same communicator on a second lookup");
-        require(std::equal(g.ranks().begin(), g.ranks().end(), members.begin(), members.end()), "group order");
+        require(std::equal(g.ranks().begin(), g.ranks().end(), members.begin(), members.end()),
+                "group order");
         std::vector<int> x{world.rank()};
         comm::all_reduce(g, std::span<int>(x), comm::reduce_op::sum);
         require(x[0] == std::accumulate(members.begin(), members.end(), 0), "sum over the group");
@@ -82,7 +83,8 @@ TEST_CASE("group_cache and split reject bad groups") {
     const int twice[] = {world.rank(), world.rank()};
     CHECK_THROWS_AS(cache.get(std::span<const int>(twice)), hetmesh::invalid_argument);
     const std::vector<std::vector<int>> overlap{{0, 1}, {1, 2}}, gap{{0}, {2}};
-    CHECK_THROWS_AS(cache.get_partition(std::span<const std::vector<int>>(overlap)), hetmesh::invalid_argument);
+    CHECK_THROWS_AS(cache.get_partition(std::span<const std::vector<int>>(overlap)),
+                    hetmesh::invalid_argument);
     CHECK_THROWS_AS(cache.get_partition(std::span<const std::vector<int>>(gap)), hetmesh::invalid_argument);
     CHECK_THROWS_AS((void)comm::split(world, -1, 0), hetmesh::invalid_argument);
     comm::barrier(world);
@@ -120,27 +122,32 @@ TEST_CASE("dynamic rings: a different set of rings every step, all on the parent
         const auto k = static_cast<int>(ring.size());
         std::vector<std::int64_t> send(3), recv(3);
         for (std::size_t i = 0; i < 3; ++i)
-          send[i] = static_cast<std::int64_t>(hetmesh::key_hash({step, static_cast<std::uint64_t>(c.rank()), i}));
+          send[i] =
+              static_cast<std::int64_t>(hetmesh::key_hash({step, static_cast<std::uint64_t>(c.rank()), i}));
         comm::ring_exchange(c, std::span<const int>(ring), std::span<const std::int64_t>(send),
                             std::span<std::int64_t>(recv), 3);
         const int prev = ring[static_cast<std::size_t>((*pos + k - 1) % k)];
         for (std::size_t i = 0; i < 3; ++i)
-          require(recv[i] == static_cast<std::int64_t>(hetmesh::key_hash({step, static_cast<std::uint64_t>(prev), i})),
+          require(recv[i] == static_cast<std::int64_t>(
+                                 hetmesh::key_hash({step, static_cast<std::uint64_t>(prev), i})),
                   "ring data from the predecessor");
       }
     }
     const int outside[] = {(world.rank() + 1) % n};
     std::vector<int> s(1), r(1);
-    CHECK_THROWS_AS(comm::ring_exchange(c, std::span<const int>(outside), std::span<const int>(s), std::span<int>(r)),
-                    hetmesh::invalid_argument);
+    CHECK_THROWS_AS(
+        comm::ring_exchange(c, std::span<const int>(outside), std::span<const int>(s), std::span<int>(r)),
+        hetmesh::invalid_argument);
   });
 }
 
 TEST_CASE("ring_peer_counts counts distinct neighbours per rank") {
   const std::vector<std::vector<int>> rings{{0, 1, 2}, {3}, {4, 5}, {2, 0}};
-  CHECK(comm::ring_peer_counts(std::span<const std::vector<int>>(rings), 7) == std::vector<int>{2, 2, 2, 0, 1, 1, 0});
+  CHECK(comm::ring_peer_counts(std::span<const std::vector<int>>(rings), 7) ==
+        std::vector<int>{2, 2, 2, 0, 1, 1, 0});
   const std::vector<std::vector<int>> bad{{0, 9}};
-  CHECK_THROWS_AS((void)comm::ring_peer_counts(std::span<const std::vector<int>>(bad), 4), hetmesh::invalid_argument);
+  CHECK_THROWS_AS((void)comm::ring_peer_counts(std::span<const std::vector<int>>(bad), 4),
+                  hetmesh::invalid_argument);
   // Property over random ring sets: the relation is symmetric, so the counts sum to an even number,
   // and no rank has more than 2 * (rings it is in) peers or more than n - 1.
   for (std::uint64_t seed = 0; seed < 50; ++seed) {

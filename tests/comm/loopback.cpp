@@ -42,7 +42,8 @@ static_assert(!comm::communicator<int>);
 template <class F>
 std::vector<std::int64_t> run_collect(int n, F body, std::chrono::milliseconds timeout = 20s) {
   std::vector<std::int64_t> out(static_cast<std::size_t>(n), -1);
-  lb::run(n, [&](lb::communicator& c) { out[static_cast<std::size_t>(c.rank())] = body(c); }, timeout);
+  lb::run(
+      n, [&](lb::communicator& c) { out[static_cast<std::size_t>(c.rank())] = body(c); }, timeout);
   return out;
 }
 
@@ -53,7 +54,8 @@ TEST_CASE("loopback: the conformance suite passes on worlds of 1, 2, 3, 4 and 8 
     CAPTURE(n);
     comm::testing::conformance_options opt;
     if (n == 8) opt.sizes = {0, 1, 7, 4099};  // keep the 8-thread run quick on two cores
-    const auto checked = run_collect(n, [&](lb::communicator& c) { return comm::testing::conform_with_groups(c, opt); });
+    const auto checked =
+        run_collect(n, [&](lb::communicator& c) { return comm::testing::conform_with_groups(c, opt); });
     for (const auto k : checked) CHECK(k > 0);
   }
 }
@@ -82,9 +84,11 @@ TEST_CASE("loopback: in-place all_gather and reduce_scatter") {
         if (all[j * 5 + i] != static_cast<int>(j * 100 + i)) throw std::runtime_error("in-place all_gather");
     std::vector<int> rs(3 * 4);
     for (std::size_t i = 0; i < rs.size(); ++i) rs[i] = static_cast<int>(i + me);
-    comm::reduce_scatter(c, std::span<const int>(rs), std::span<int>(rs.data() + me * 4, 4), comm::reduce_op::sum);
+    comm::reduce_scatter(c, std::span<const int>(rs), std::span<int>(rs.data() + me * 4, 4),
+                         comm::reduce_op::sum);
     for (std::size_t i = 0; i < 4; ++i)
-      if (rs[me * 4 + i] != static_cast<int>(3 * (me * 4 + i) + 3)) throw std::runtime_error("in-place reduce_scatter");
+      if (rs[me * 4 + i] != static_cast<int>(3 * (me * 4 + i) + 3))
+        throw std::runtime_error("in-place reduce_scatter");
   });
 }
 
@@ -152,8 +156,10 @@ TEST_CASE("loopback: other cross-rank disagreements are detected") {
     CHECK_THROWS_AS(lb::run(2,
                             [](lb::communicator& c) {
                               std::vector<int> x(4, 1);
-                              if (c.rank() == 0) comm::all_reduce(c, std::span<int>(x), comm::reduce_op::sum);
-                              else comm::broadcast(c, std::span<int>(x), 0);
+                              if (c.rank() == 0)
+                                comm::all_reduce(c, std::span<int>(x), comm::reduce_op::sum);
+                              else
+                                comm::broadcast(c, std::span<int>(x), 0);
                             }),
                     hetmesh::mismatch_error);
   }
@@ -162,8 +168,10 @@ TEST_CASE("loopback: other cross-rank disagreements are detected") {
                             [](lb::communicator& c) {
                               std::vector<int> x(4, 1);
                               std::vector<float> y(4, 1);
-                              if (c.rank() == 0) comm::broadcast(c, std::span<int>(x), 0);
-                              else comm::broadcast(c, std::span<float>(y), 0);
+                              if (c.rank() == 0)
+                                comm::broadcast(c, std::span<int>(x), 0);
+                              else
+                                comm::broadcast(c, std::span<float>(y), 0);
                             }),
                     hetmesh::mismatch_error);
   }
@@ -190,8 +198,10 @@ TEST_CASE("loopback: other cross-rank disagreements are detected") {
     CHECK_THROWS_AS(lb::run(2,
                             [](lb::communicator& c) {
                               std::vector<int> x(c.rank() == 0 ? 6 : 4, 1);
-                              if (c.rank() == 0) comm::send(c, std::span<const int>(x), 1);
-                              else comm::recv(c, std::span<int>(x), 0);
+                              if (c.rank() == 0)
+                                comm::send(c, std::span<const int>(x), 1);
+                              else
+                                comm::recv(c, std::span<int>(x), 0);
                             }),
                     hetmesh::mismatch_error);
   }
@@ -224,17 +234,20 @@ TEST_CASE("loopback: bad input gets invalid_argument before anything is communic
     CHECK_THROWS_AS(comm::send(c, std::span<const int>(a), -1), hetmesh::invalid_argument);
     CHECK_THROWS_AS(comm::send(c, std::span<const int>(a), 0, -3), hetmesh::invalid_argument);
     CHECK_THROWS_AS(comm::broadcast(c, std::span<int>(a), 5), hetmesh::invalid_argument);
-    CHECK_THROWS_AS(comm::all_gather(c, std::span<const int>(a), std::span<int>(b)), hetmesh::invalid_argument);
-    CHECK_THROWS_AS(comm::all_to_all(c, std::span<const int>(b), std::span<int>(b)), hetmesh::invalid_argument);
-    CHECK_THROWS_AS(comm::all_to_all(c, std::span<const int>(a), std::span<int>(a)), hetmesh::invalid_argument);
+    CHECK_THROWS_AS(comm::all_gather(c, std::span<const int>(a), std::span<int>(b)),
+                    hetmesh::invalid_argument);
+    CHECK_THROWS_AS(comm::all_to_all(c, std::span<const int>(b), std::span<int>(b)),
+                    hetmesh::invalid_argument);
+    CHECK_THROWS_AS(comm::all_to_all(c, std::span<const int>(a), std::span<int>(a)),
+                    hetmesh::invalid_argument);
     CHECK_THROWS_AS(comm::reduce_scatter(c, std::span<const int>(b), std::span<int>(a), comm::reduce_op::sum),
                     hetmesh::invalid_argument);
     const std::int64_t counts[] = {4, 9};
     CHECK_THROWS_AS(comm::all_gather_v(c, std::span<const int>(a), std::span<int>(b), std::span(counts)),
                     hetmesh::invalid_argument);
     const std::int64_t sc[] = {2, 2}, sd[] = {0, 3};
-    CHECK_THROWS_AS(comm::all_to_all_v(c, std::span<const int>(a), std::span(sc), std::span(sd), std::span<int>(b),
-                                       std::span(sc), std::span(sd)),
+    CHECK_THROWS_AS(comm::all_to_all_v(c, std::span<const int>(a), std::span(sc), std::span(sd),
+                                       std::span<int>(b), std::span(sc), std::span(sd)),
                     hetmesh::invalid_argument);
     CHECK_THROWS_AS((void)c.subgroup(std::span<const int>()), hetmesh::invalid_argument);
     const int outside[] = {1 - c.rank()};
@@ -256,6 +269,7 @@ TEST_CASE("loopback: sub-groups are independent and creating one twice gives two
     std::vector<int> x{c.rank()}, y{10 * c.rank()};
     comm::all_reduce(a, std::span<int>(x), comm::reduce_op::max);
     comm::all_reduce(b, std::span<int>(y), comm::reduce_op::min);
-    if (x[0] != c.rank() / 2 * 2 + 1 || y[0] != 10 * (c.rank() / 2 * 2)) throw std::runtime_error("sub-group values");
+    if (x[0] != c.rank() / 2 * 2 + 1 || y[0] != 10 * (c.rank() / 2 * 2))
+      throw std::runtime_error("sub-group values");
   });
 }

@@ -79,10 +79,13 @@ TEST_CASE("mpi: a missing rank makes the others raise timeout_error, and the com
 TEST_CASE("mpi: mismatched sizes raise mismatch_error on every rank") {
   auto world = mpi::communicator::world(checked_options());
   std::vector<int> x(world.rank() == 0 ? 5 : 4, 1);
-  if (world.size() > 1) CHECK_THROWS_AS(comm::all_reduce(world, std::span<int>(x), comm::reduce_op::sum), hetmesh::mismatch_error);
+  if (world.size() > 1)
+    CHECK_THROWS_AS(comm::all_reduce(world, std::span<int>(x), comm::reduce_op::sum),
+                    hetmesh::mismatch_error);
   std::vector<int> y(4, world.rank());
   const int root = world.rank() == 0 && world.size() > 1 ? 1 : 0;
-  if (world.size() > 1) CHECK_THROWS_AS(comm::broadcast(world, std::span<int>(y), root), hetmesh::mismatch_error);
+  if (world.size() > 1)
+    CHECK_THROWS_AS(comm::broadcast(world, std::span<int>(y), root), hetmesh::mismatch_error);
   comm::barrier(world);  // still in step after the checks
 }
 
@@ -105,7 +108,8 @@ TEST_CASE("mpi: bad local input is rejected before anything is communicated") {
   auto world = mpi::communicator::world(checked_options());
   std::vector<int> a(4), b(4 * static_cast<std::size_t>(world.size()) + 1);
   CHECK_THROWS_AS(comm::send(world, std::span<const int>(a), world.size()), hetmesh::invalid_argument);
-  CHECK_THROWS_AS(comm::all_gather(world, std::span<const int>(a), std::span<int>(b)), hetmesh::invalid_argument);
+  CHECK_THROWS_AS(comm::all_gather(world, std::span<const int>(a), std::span<int>(b)),
+                  hetmesh::invalid_argument);
   CHECK_THROWS_AS((void)mpi::communicator::borrow(MPI_COMM_NULL), hetmesh::invalid_argument);
   comm::barrier(world);
 }

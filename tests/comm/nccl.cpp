@@ -78,8 +78,9 @@ struct staged {
     dr.copy_to(r);
   }
   template <class C, class T>
-  static void all_to_all_v(C& c, std::span<const T> s, std::span<const std::int64_t> sc, std::span<const std::int64_t> sd,
-                           std::span<T> r, std::span<const std::int64_t> rc, std::span<const std::int64_t> rd) {
+  static void all_to_all_v(C& c, std::span<const T> s, std::span<const std::int64_t> sc,
+                           std::span<const std::int64_t> sd, std::span<T> r, std::span<const std::int64_t> rc,
+                           std::span<const std::int64_t> rd) {
     auto ds = in(s);
     auto dr = in(std::span<const T>(r));  // keeps the gaps' contents
     comm::all_to_all_v(c, std::span<const T>(ds.span()), sc, sd, dr.span(), rc, rd);
@@ -104,7 +105,9 @@ struct staged {
         bufs[i].copy_to(std::span<std::byte>(static_cast<std::byte*>(ops[i].data), bufs[i].size()));
   }
   template <class C>
-  static void barrier(C& c) { comm::barrier(c); }
+  static void barrier(C& c) {
+    comm::barrier(c);
+  }
 };
 
 nccl::options quick() {

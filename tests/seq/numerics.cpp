@@ -313,3 +313,56 @@ TEST_CASE(
   });
   g.check(s, "ulysses d=4 (GQA 4q/2kv, replicated)");
 }
+
+TEST_CASE(
+    "HDP loss normalisation: per-rank sums over global_tokens, SUM-reduced, equal plain data parallelism") {
+  // A token-level loss l = sum_t 0.5*|W x_t|^2 / N over the batch; dl/dW = sum_t (W x_t) x_t^T / N.
+  const std::vector<seq::seq_desc> seqs{{100, 40}, {101, 30}, {102, 10}, {103, 12},
+                                        {104, 5},  {105, 16}, {106, 7}};
+  const auto plan = seq::plan_hdp(seqs, {.capacity = 16}, 6);
+  constexpr int n = 3;
+  const auto w = make_tensor(5, 1, n * n, 1);  // W as n*n values
+  auto x_of = [](std::int64_t id, std::int64_t pos, int d) {
+    const auto k = hetmesh::key_hash(
+        {77, static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(pos), static_cast<std::uint64_t>(d)});
+    return static_cast<double>(k >> 11) * 0x1.0p-52 - 1.0;
+  };
+  auto add_token = [&](std::vector<double>& g, std::int64_t id, std::int64_t pos, double scale) {
+    double x[n], y[n] = {0, 0, 0};
+    for (int j = 0; j < n; ++j) x[j] = x_of(id, pos, j);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) y[i] += w.v[static_cast<std::size_t>(i * n + j)] * x[j];
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) g[static_cast<std::size_t>(i * n + j)] += scale * y[i] * x[j];
+  };
+  const double N = static_cast<double>(plan.global_tokens());
+  std::vector<double> ref(n * n, 0.0);
+  for (const auto& s : seqs)
+    for (std::int64_t t = 0; t < s.length; ++t) add_token(ref, s.id, t, 1.0 / N);
+  std::vector<double> got, per_rank_mean;
+  std::mutex m;
+  comm::loopback::run(6, [&](comm::loopback::communicator& c) {
+    std::vector<double> g(n * n, 0.0), mean(n * n, 0.0);
+    std::int64_t mine = 0;
+    for (const auto& mb : plan.per_rank[static_cast<std::size_t>(c.rank())])
+      for (const auto& sg : mb.segments)
+        for (auto t = sg.tokens.begin; t < sg.tokens.end; ++t) {
+          add_token(g, sg.seq_id, t, 1.0 / N);
+          ++mine;
+        }
+    // The wrong normalisation for comparison: each rank's own token mean, averaged over ranks.
+    for (std::size_t i = 0; i < g.size(); ++i)
+      mean[i] = mine > 0 ? g[i] * N / static_cast<double>(mine) : 0.0;
+    comm::all_reduce(c, std::span<double>(g), comm::reduce_op::sum);
+    comm::all_reduce(c, std::span<double>(mean), comm::reduce_op::avg);
+    if (c.rank() == 0) {
+      std::lock_guard lock(m);
+      got = g;
+      per_rank_mean = mean;
+    }
+  });
+  MESSAGE("HDP gradient vs plain DP: rel err ", rel_err(got, ref),
+          "; averaging per-rank means instead: ", rel_err(per_rank_mean, ref));
+  CHECK(rel_err(got, ref) < kTol);
+  CHECK(rel_err(per_rank_mean, ref) > 1e-3);  // token counts differ per rank, so that would be wrong
+}

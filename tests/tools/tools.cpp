@@ -148,6 +148,7 @@ TEST_CASE("hetmesh-plan cp: thd per document, with TransformerEngine's padding")
 
 TEST_CASE("hetmesh-plan cp: inputs a scheme cannot split exit 2") {
   check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,5,12"}, "multiple of 2*cp");
+  check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,5,12"}, "pass --pad");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "4", "--seqlen", "12"}, "multiple of 2*cp");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "0", "--seqlen", "8"}, "--cp");
   check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "1,5"}, "start at 0");

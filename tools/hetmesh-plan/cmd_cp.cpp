@@ -45,6 +45,17 @@ std::vector<std::int64_t> lengths_from_cu(const std::vector<std::int64_t>& cu) {
   return lens;
 }
 
+// The planners' message speaks of `pad = true`; on the command line that is --pad.
+template <class F>
+hetmesh::seq::cp_partition with_pad_hint(bool pad, F&& plan) {
+  try {
+    return plan();
+  } catch (const hetmesh::invalid_argument& e) {
+    if (pad || std::string_view(e.what()).find("multiple of 2*cp") == std::string_view::npos) throw;
+    throw hetmesh::invalid_argument(std::string(e.what()) + " (hetmesh-plan: pass --pad)");
+  }
+}
+
 void run_cp(const parsed& args, std::ostream& out) {
   const auto format = format_of(args, cp_formats);
   const std::string scheme = args.choice("scheme", schemes);
@@ -58,7 +69,7 @@ void run_cp(const parsed& args, std::ostream& out) {
     if (args.has("cu-seqlens"))
       usage_fail("cp --scheme zigzag splits one sequence: give --seqlen, not --cu-seqlens");
     const auto seqlen = args.integer("seqlen", 1, std::int64_t{1} << 40);
-    p = hetmesh::seq::partition_zigzag(seqlen, cp, pad);
+    p = with_pad_hint(pad, [&] { return hetmesh::seq::partition_zigzag(seqlen, cp, pad); });
     doc["seqlen"] = seqlen;
   } else {
     if (args.has("seqlen")) {
@@ -67,7 +78,7 @@ void run_cp(const parsed& args, std::ostream& out) {
     }
     const auto lens = lengths_from_cu(args.integer_list("cu-seqlens"));
     if (scheme == "thd") {
-      p = hetmesh::seq::partition_thd(lens, cp, pad);
+      p = with_pad_hint(pad, [&] { return hetmesh::seq::partition_thd(lens, cp, pad); });
     } else {
       if (pad) usage_fail("cp --scheme contiguous never pads; --pad applies to zigzag and thd");
       p = hetmesh::seq::partition_contiguous(lens, cp);

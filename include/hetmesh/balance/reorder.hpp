@@ -131,6 +131,10 @@ struct reorder_plan {
   const std::size_t n = samples.size();
   p.item_offset.push_back(0);
   std::vector<std::int64_t> llm_cost(n);
+  std::vector<std::int64_t> tokens(n);
+  p.sample_ids.reserve(n);
+  p.owner.reserve(n);
+  p.item_offset.reserve(n + 1);
   std::vector<std::int64_t> item_cost;
   for (std::size_t k = 0; k < n; ++k) {
     const auto& s = samples[idx[k]];
@@ -144,6 +148,7 @@ struct reorder_plan {
           s.id, s.owner, s.llm_tokens, ranks);
     p.sample_ids.push_back(s.id);
     p.owner.push_back(s.owner);
+    tokens[k] = s.llm_tokens;
     llm_cost[k] = policy.llm.sequence_fixed(s.llm_tokens).ticks;
     for (auto t : s.encoder_tokens) {
       if (t < 0)
@@ -165,13 +170,16 @@ struct reorder_plan {
   // reads memory in order instead of chasing indices into the samples, which dominated the run time.
   struct lpt_entry {
     std::int64_t neg_cost;  // sort key: -cost, then index (canonical position: ties go to the smaller id)
-    std::size_t index;
-    int owner;
-    std::int64_t tokens;
+    std::uint32_t index;
+    std::int32_t owner;
     bool operator<(const lpt_entry& o) const noexcept {
       return neg_cost != o.neg_cost ? neg_cost < o.neg_cost : index < o.index;
     }
   };
+  static_assert(sizeof(lpt_entry) == 16, "keep sort entries small: they are the planner's hot data");
+  if (n > 0xffffffffU)
+    throw_error<invalid_argument>(
+        "balance::plan_grouped_reorder: {} samples; expected fewer than 2^32 per group", n);
   // Min-heaps of (load, rank): lexicographic pairs give the lowest rank among equal loads. A heap
   // rather than a balanced tree: the planner runs every step on every member.
   using entry = std::pair<std::int64_t, int>;
@@ -184,13 +192,13 @@ struct reorder_plan {
 
   // LLM parts: LPT under the token capacity.
   std::vector<lpt_entry> order(n);
-  for (std::size_t k = 0; k < n; ++k) order[k] = {-llm_cost[k], k, p.owner[k], samples[idx[k]].llm_tokens};
+  for (std::size_t k = 0; k < n; ++k) order[k] = {-llm_cost[k], static_cast<std::uint32_t>(k), p.owner[k]};
   std::sort(order.begin(), order.end());
   reset_heap();
   std::vector<entry> full;  // ranks skipped because the sample does not fit their capacity
   for (const auto& e : order) {
     while (!heap.empty() && policy.token_capacity > 0 &&
-           p.llm_tokens_on[static_cast<std::size_t>(heap.front().second)] + e.tokens >
+           p.llm_tokens_on[static_cast<std::size_t>(heap.front().second)] + tokens[e.index] >
                policy.token_capacity) {
       std::pop_heap(heap.begin(), heap.end(), gt);
       full.push_back(heap.back());
@@ -200,7 +208,7 @@ struct reorder_plan {
       throw_error<capacity_error>(
           "balance::plan_grouped_reorder: sample {} ({} LLM tokens) fits no rank of the group "
           "under a capacity of {} tokens; expected the group's batch to fit",
-          p.sample_ids[e.index], e.tokens, policy.token_capacity);
+          p.sample_ids[e.index], tokens[e.index], policy.token_capacity);
     std::pop_heap(heap.begin(), heap.end(), gt);
     const int r = heap.back().second;
     heap.back().first -= e.neg_cost;
@@ -212,7 +220,7 @@ struct reorder_plan {
     full.clear();
     const auto ur = static_cast<std::size_t>(r);
     p.llm_rank[e.index] = r;
-    p.llm_tokens_on[ur] += e.tokens;
+    p.llm_tokens_on[ur] += tokens[e.index];
     p.llm_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
     p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
   }
@@ -221,7 +229,7 @@ struct reorder_plan {
   for (std::size_t k = 0; k < n; ++k)
     for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j) {
       const auto u = static_cast<std::size_t>(j);
-      items[u] = {-item_cost[u], u, p.owner[k], 0};
+      items[u] = {-item_cost[u], static_cast<std::uint32_t>(u), p.owner[k]};
     }
   std::sort(items.begin(), items.end());
   reset_heap();

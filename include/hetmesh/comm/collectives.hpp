@@ -76,22 +76,26 @@ void all_gather(C& c, std::span<const T> send, std::span<T> recv) {
 /// the prefix sum of the counts before it. Pre: recv_counts has one entry per rank, equal on every
 /// rank; recv_counts[rank] == send.size(); recv.size() == sum of recv_counts.
 template <communicator C, element T>
-void all_gather_v(C& c, std::span<const T> send, std::span<T> recv, std::span<const std::int64_t> recv_counts) {
+void all_gather_v(C& c, std::span<const T> send, std::span<T> recv,
+                  std::span<const std::int64_t> recv_counts) {
   const auto n = static_cast<std::size_t>(c.size());
   if (recv_counts.size() != n)
-    throw_error<invalid_argument>("all_gather_v on {}: recv_counts has {} entries; expected one per rank ({})",
-                                  describe(c), recv_counts.size(), n);
+    throw_error<invalid_argument>(
+        "all_gather_v on {}: recv_counts has {} entries; expected one per rank ({})", describe(c),
+        recv_counts.size(), n);
   const auto displs = detail::prefix_displs(recv_counts);
   detail::check_layout(c, "all_gather_v", "receive", recv_counts, std::span<const std::int64_t>(displs),
                        recv.size());
   const auto me = static_cast<std::size_t>(c.rank());
-  detail::check_size(c, "all_gather_v", "the send buffer", send.size(), static_cast<std::size_t>(recv_counts[me]),
-                     "recv_counts[rank]");
+  detail::check_size(c, "all_gather_v", "the send buffer", send.size(),
+                     static_cast<std::size_t>(recv_counts[me]), "recv_counts[rank]");
   const auto total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0});
   detail::check_size(c, "all_gather_v", "the receive buffer", recv.size(), static_cast<std::size_t>(total),
                      "the sum of recv_counts");
   detail::check_no_overlap(c, "all_gather_v", send, recv, recv.data() + displs[me]);
-  if constexpr (requires { c.all_gather_v(send, recv, recv_counts, std::span<const std::int64_t>(displs)); }) {
+  if constexpr (requires {
+                  c.all_gather_v(send, recv, recv_counts, std::span<const std::int64_t>(displs));
+                }) {
     c.all_gather_v(send, recv, recv_counts, std::span<const std::int64_t>(displs));
   } else {
     detail::generic_all_gather_v(c, send, recv, recv_counts, std::span<const std::int64_t>(displs));
@@ -102,13 +106,15 @@ void all_gather_v(C& c, std::span<const T> send, std::span<T> recv, std::span<co
 /// (an all_gather of one int64), so ranks may pass different lengths. Cost: two collectives.
 template <communicator C, element T>
 [[nodiscard]] std::vector<std::vector<T>> all_gather_vectors(C& c, std::span<const T> local) {
-  static_assert(std::remove_cvref_t<C>::memory == memory_space::host,
-                "all_gather_vectors returns host vectors; on a device backend gather counts and call all_gather_v");
+  static_assert(
+      std::remove_cvref_t<C>::memory == memory_space::host,
+      "all_gather_vectors returns host vectors; on a device backend gather counts and call all_gather_v");
   const auto n = static_cast<std::size_t>(c.size());
   const std::int64_t mine = static_cast<std::int64_t>(local.size());
   std::vector<std::int64_t> counts(n);
   all_gather(c, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(counts));
-  std::vector<T> flat(static_cast<std::size_t>(std::accumulate(counts.begin(), counts.end(), std::int64_t{0})));
+  std::vector<T> flat(
+      static_cast<std::size_t>(std::accumulate(counts.begin(), counts.end(), std::int64_t{0})));
   all_gather_v(c, local, std::span<T>(flat), std::span<const std::int64_t>(counts));
   std::vector<std::vector<T>> out(n);
   auto it = flat.begin();
@@ -142,9 +148,10 @@ template <communicator C, element T>
 void all_to_all(C& c, std::span<const T> send, std::span<T> recv) {
   const auto n = static_cast<std::size_t>(c.size());
   if (send.size() % n != 0)
-    throw_error<invalid_argument>("all_to_all on {}: the send buffer holds {} elements; expected a multiple of "
-                                  "the group size ({})",
-                                  describe(c), send.size(), n);
+    throw_error<invalid_argument>(
+        "all_to_all on {}: the send buffer holds {} elements; expected a multiple of "
+        "the group size ({})",
+        describe(c), send.size(), n);
   detail::check_size(c, "all_to_all", "the receive buffer", recv.size(), send.size(), "the send count");
   detail::check_no_overlap(c, "all_to_all", send, recv);
   if constexpr (requires { c.all_to_all(send, recv); }) {
@@ -172,7 +179,9 @@ void all_to_all_v(C& c, std::span<const T> send, std::span<const std::int64_t> s
   detail::check_layout(c, "all_to_all_v", "send", send_counts, send_displs, send.size());
   detail::check_layout(c, "all_to_all_v", "receive", recv_counts, recv_displs, recv.size());
   detail::check_no_overlap(c, "all_to_all_v", send, recv);
-  if constexpr (requires { c.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs); }) {
+  if constexpr (requires {
+                  c.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs);
+                }) {
     c.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs);
   } else {
     detail::generic_all_to_all_v(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
@@ -189,7 +198,8 @@ void group_p2p(C& c, std::span<const p2p_op> ops) {
     detail::check_peer(c, "group_p2p", op.peer);
     detail::check_tag(c, "group_p2p", op.tag);
     if (op.count < 0)
-      throw_error<invalid_argument>("group_p2p on {}: {} has a negative count; expected >= 0", describe(c), op);
+      throw_error<invalid_argument>("group_p2p on {}: {} has a negative count; expected >= 0", describe(c),
+                                    op);
   }
   c.group_p2p(ops);
 }

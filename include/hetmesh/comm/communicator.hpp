@@ -41,10 +41,10 @@ inline constexpr int max_user_tag = (1 << 20) - 1;
 struct p2p_op {
   enum class kind : std::uint8_t { send, recv };
   kind what = kind::send;
-  int peer = 0;             ///< rank within the communicator's group
-  int tag = 0;              ///< 0 <= tag <= max_user_tag for user batches
-  void* data = nullptr;     ///< host or device pointer, per the backend's memory_space
-  std::int64_t count = 0;   ///< elements
+  int peer = 0;            ///< rank within the communicator's group
+  int tag = 0;             ///< 0 <= tag <= max_user_tag for user batches
+  void* data = nullptr;    ///< host or device pointer, per the backend's memory_space
+  std::int64_t count = 0;  ///< elements
   dtype type = dtype::uint8;
 
   friend bool operator==(const p2p_op&, const p2p_op&) = default;
@@ -53,8 +53,12 @@ struct p2p_op {
 /// A send of `buf` to `peer` with `tag`, for a batch.
 template <element T>
 [[nodiscard]] p2p_op send_op(std::span<const T> buf, int peer, int tag = 0) noexcept {
-  return {p2p_op::kind::send, peer, tag, const_cast<std::remove_cv_t<T>*>(buf.data()),
-          static_cast<std::int64_t>(buf.size()), dtype_of_v<T>};
+  return {p2p_op::kind::send,
+          peer,
+          tag,
+          const_cast<std::remove_cv_t<T>*>(buf.data()),
+          static_cast<std::int64_t>(buf.size()),
+          dtype_of_v<T>};
 }
 template <element T>
 [[nodiscard]] p2p_op send_op(std::span<T> buf, int peer, int tag = 0) noexcept {
@@ -73,7 +77,9 @@ template <element T>
 /// third party specialises this variable), so that an unrelated type with rank()/size() never
 /// satisfies the concept by accident.
 template <class C>
-inline constexpr bool enable_communicator = requires { typename C::is_communicator; };
+inline constexpr bool enable_communicator = requires {
+  typename C::is_communicator;
+};
 
 /// A communicator is a backend handle for one group of ranks. Requirements:
 ///  1. opt-in: enable_communicator<C> is true;
@@ -88,7 +94,8 @@ inline constexpr bool enable_communicator = requires { typename C::is_communicat
 /// Everything else (all_reduce, all_to_all_v, ...) is optional: collectives.hpp uses the backend's
 /// member when present and otherwise a generic algorithm over group_p2p.
 template <class C>
-concept communicator = enable_communicator<std::remove_cvref_t<C>> && requires(C& c, std::span<const p2p_op> ops) {
+concept communicator = enable_communicator<std::remove_cvref_t<C>> &&
+    requires(C& c, std::span<const p2p_op> ops) {
   { std::as_const(c).rank() } -> std::convertible_to<int>;
   { std::as_const(c).size() } -> std::convertible_to<int>;
   { std::as_const(c).ranks() } -> std::convertible_to<std::span<const int>>;

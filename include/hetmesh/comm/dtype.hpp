@@ -16,21 +16,36 @@ namespace hetmesh::comm {
 
 /// The element types collectives accept. The 16-bit floating types exist only on the device
 /// (NCCL); host backends reduce arithmetic types.
-enum class dtype : std::uint8_t { int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64 };
+enum class dtype : std::uint8_t {
+  int8,
+  uint8,
+  int32,
+  uint32,
+  int64,
+  uint64,
+  float16,
+  bfloat16,
+  float32,
+  float64
+};
 
 /// Size in bytes of one element of `t`.
 [[nodiscard]] constexpr std::size_t dtype_size(dtype t) noexcept {
   switch (t) {
     case dtype::int8:
-    case dtype::uint8: return 1;
+    case dtype::uint8:
+      return 1;
     case dtype::float16:
-    case dtype::bfloat16: return 2;
+    case dtype::bfloat16:
+      return 2;
     case dtype::int32:
     case dtype::uint32:
-    case dtype::float32: return 4;
+    case dtype::float32:
+      return 4;
     case dtype::int64:
     case dtype::uint64:
-    case dtype::float64: return 8;
+    case dtype::float64:
+      return 8;
   }
   return 0;
 }
@@ -38,16 +53,26 @@ enum class dtype : std::uint8_t { int8, uint8, int32, uint32, int64, uint64, flo
 /// The name of `t` ("int32", "bfloat16", ...), as error messages print it.
 [[nodiscard]] constexpr const char* dtype_name(dtype t) noexcept {
   switch (t) {
-    case dtype::int8: return "int8";
-    case dtype::uint8: return "uint8";
-    case dtype::int32: return "int32";
-    case dtype::uint32: return "uint32";
-    case dtype::int64: return "int64";
-    case dtype::uint64: return "uint64";
-    case dtype::float16: return "float16";
-    case dtype::bfloat16: return "bfloat16";
-    case dtype::float32: return "float32";
-    case dtype::float64: return "float64";
+    case dtype::int8:
+      return "int8";
+    case dtype::uint8:
+      return "uint8";
+    case dtype::int32:
+      return "int32";
+    case dtype::uint32:
+      return "uint32";
+    case dtype::int64:
+      return "int64";
+    case dtype::uint64:
+      return "uint64";
+    case dtype::float16:
+      return "float16";
+    case dtype::bfloat16:
+      return "bfloat16";
+    case dtype::float32:
+      return "float32";
+    case dtype::float64:
+      return "float64";
   }
   return "?";
 }
@@ -86,7 +111,9 @@ inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
 
 /// A type collectives can move: it has a dtype.
 template <class T>
-concept element = requires { dtype_of<std::remove_cv_t<T>>::value; };
+concept element = requires {
+  dtype_of<std::remove_cv_t<T>>::value;
+};
 
 /// A type host backends can reduce: arithmetic (not bool, not 16-bit).
 template <class T>

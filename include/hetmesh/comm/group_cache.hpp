@@ -33,12 +33,15 @@ concept subgroup_communicator = communicator<C> && requires(const C& c, std::spa
 template <communicator C>
 [[nodiscard]] C split(C& c, int color, int key) {
   if (color < 0)
-    throw_error<invalid_argument>("split on {}: color {} is negative; expected >= 0 (every rank joins a group)",
-                                  describe(c), color);
-  if constexpr (requires { { c.split(color, key) } -> std::same_as<C>; }) {
+    throw_error<invalid_argument>(
+        "split on {}: color {} is negative; expected >= 0 (every rank joins a group)", describe(c), color);
+  if constexpr (requires {
+                  { c.split(color, key) } -> std::same_as<C>;
+                }) {
     return c.split(color, key);
   } else {
-    static_assert(subgroup_communicator<C>, "split needs a backend with split(color, key) or subgroup(members)");
+    static_assert(subgroup_communicator<C>,
+                  "split needs a backend with split(color, key) or subgroup(members)");
     const std::int64_t mine[2] = {color, key};
     std::vector<std::int64_t> all(2 * static_cast<std::size_t>(c.size()));
     all_gather(c, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
@@ -56,7 +59,8 @@ namespace detail {
 template <communicator C>
 void check_group(const C& parent, std::span<const int> members, std::string_view what) {
   if (members.empty())
-    throw_error<invalid_argument>("{} on {}: empty group; expected at least one rank", what, describe(parent));
+    throw_error<invalid_argument>("{} on {}: empty group; expected at least one rank", what,
+                                  describe(parent));
   std::vector<int> sorted(members.begin(), members.end());
   std::sort(sorted.begin(), sorted.end());
   if (sorted.front() < 0 || sorted.back() >= parent.size())
@@ -80,14 +84,13 @@ class group_cache {
   /// The communicator of `members` (ranks of the parent, in group order), which must contain this
   /// rank. First call: collective over the members (subgroup); later calls: a map lookup, no
   /// communication. The parent's own rank order returns the parent itself.
-  C& get(std::span<const int> members)
-    requires subgroup_communicator<C>
-  {
+  C& get(std::span<const int> members) requires subgroup_communicator<C> {
     detail::check_group(*parent_, members, "group_cache::get");
     if (std::find(members.begin(), members.end(), parent_->rank()) == members.end())
-      throw_error<invalid_argument>("group_cache::get on {}: group [{}] does not contain this rank; expected a group "
-                                    "this rank belongs to",
-                                    describe(*parent_), fmt::join(members, ","));
+      throw_error<invalid_argument>(
+          "group_cache::get on {}: group [{}] does not contain this rank; expected a group "
+          "this rank belongs to",
+          describe(*parent_), fmt::join(members, ","));
     if (is_parent_order(members)) return *parent_;
     std::vector<int> key(members.begin(), members.end());
     auto it = groups_.find(key);
@@ -106,17 +109,19 @@ class group_cache {
       detail::check_group(*parent_, partition[g], "group_cache::get_partition");
       for (const int r : partition[g]) {
         if (owner[static_cast<std::size_t>(r)] >= 0)
-          throw_error<invalid_argument>("group_cache::get_partition on {}: rank {} is in groups {} and {}; expected "
-                                        "each rank in exactly one group",
-                                        describe(*parent_), r, owner[static_cast<std::size_t>(r)], g);
+          throw_error<invalid_argument>(
+              "group_cache::get_partition on {}: rank {} is in groups {} and {}; expected "
+              "each rank in exactly one group",
+              describe(*parent_), r, owner[static_cast<std::size_t>(r)], g);
         owner[static_cast<std::size_t>(r)] = static_cast<int>(g);
       }
     }
     for (std::size_t r = 0; r < owner.size(); ++r)
       if (owner[r] < 0)
-        throw_error<invalid_argument>("group_cache::get_partition on {}: rank {} is in no group; expected the groups "
-                                      "to cover every rank",
-                                      describe(*parent_), r);
+        throw_error<invalid_argument>(
+            "group_cache::get_partition on {}: rank {} is in no group; expected the groups "
+            "to cover every rank",
+            describe(*parent_), r);
     const int g = owner[static_cast<std::size_t>(parent_->rank())];
     const std::vector<int>& mine = partition[static_cast<std::size_t>(g)];
     std::vector<std::vector<int>> key(partition.begin(), partition.end());

@@ -35,8 +35,8 @@ class communicator {
   using is_communicator = void;
   static constexpr memory_space memory = memory_space::host;
 
-  communicator(std::shared_ptr<detail::world_state> world, std::shared_ptr<detail::group_state> group, int rank,
-               std::chrono::milliseconds timeout)
+  communicator(std::shared_ptr<detail::world_state> world, std::shared_ptr<detail::group_state> group,
+               int rank, std::chrono::milliseconds timeout)
       : world_(std::move(world)), group_(std::move(group)), rank_(rank), timeout_(timeout) {}
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -56,33 +56,38 @@ class communicator {
   /// Pre: members non-empty, distinct, in range, containing this rank.
   [[nodiscard]] communicator subgroup(std::span<const int> members) const {
     if (members.empty())
-      throw_error<invalid_argument>("loopback subgroup on {}: the member list is empty; expected at least this rank",
-                                    comm::describe(*this));
+      throw_error<invalid_argument>(
+          "loopback subgroup on {}: the member list is empty; expected at least this rank",
+          comm::describe(*this));
     std::vector<int> global;
     int me = -1;
     for (std::size_t i = 0; i < members.size(); ++i) {
       const int r = members[i];
       if (r < 0 || r >= size())
-        throw_error<invalid_argument>("loopback subgroup on {}: member {} is out of range; expected 0 <= rank < {}",
-                                      comm::describe(*this), r, size());
+        throw_error<invalid_argument>(
+            "loopback subgroup on {}: member {} is out of range; expected 0 <= rank < {}",
+            comm::describe(*this), r, size());
       if (std::find(members.begin(), members.begin() + static_cast<std::ptrdiff_t>(i), r) !=
           members.begin() + static_cast<std::ptrdiff_t>(i))
-        throw_error<invalid_argument>("loopback subgroup on {}: rank {} appears twice in [{}]; expected distinct ranks",
-                                      comm::describe(*this), r, fmt::join(members, ","));
+        throw_error<invalid_argument>(
+            "loopback subgroup on {}: rank {} appears twice in [{}]; expected distinct ranks",
+            comm::describe(*this), r, fmt::join(members, ","));
       if (r == rank_) me = static_cast<int>(i);
       global.push_back(ranks()[static_cast<std::size_t>(r)]);
     }
     if (me < 0)
-      throw_error<invalid_argument>("loopback subgroup on {}: [{}] does not contain this rank; expected only members "
-                                    "to create a group",
-                                    comm::describe(*this), fmt::join(members, ","));
+      throw_error<invalid_argument>(
+          "loopback subgroup on {}: [{}] does not contain this rank; expected only members "
+          "to create a group",
+          comm::describe(*this), fmt::join(members, ","));
     return communicator(world_, world_->join(global, ranks()[static_cast<std::size_t>(rank_)]), me, timeout_);
   }
 
   template <host_element T>
   void all_reduce(std::span<T> inout, reduce_op op) {
     const auto n = static_cast<std::size_t>(size()), m = inout.size(), me = static_cast<std::size_t>(rank_);
-    detail::post p = make_post("all_reduce", dtype_of_v<T>, static_cast<std::int64_t>(m), 0, op, inout.data(), inout.data());
+    detail::post p = make_post("all_reduce", dtype_of_v<T>, static_cast<std::int64_t>(m), 0, op, inout.data(),
+                               inout.data());
     // Rank i reduces chunk i of every rank's buffer into the shared scratch; after the release every
     // rank copies the whole result out. Two passes per byte per rank, and all ranks bitwise equal.
     const std::size_t lo = m * me / n, hi = m * (me + 1) / n;
@@ -92,7 +97,8 @@ class communicator {
           T* acc = reinterpret_cast<T*>(scratch) + lo;
           if (hi == lo) return;
           std::memcpy(acc, static_cast<const T*>(ps[0].send) + lo, (hi - lo) * sizeof(T));
-          for (std::size_t k = 1; k < n; ++k) comm::detail::reduce_into(acc, static_cast<const T*>(ps[k].send) + lo, hi - lo, op);
+          for (std::size_t k = 1; k < n; ++k)
+            comm::detail::reduce_into(acc, static_cast<const T*>(ps[k].send) + lo, hi - lo, op);
           comm::detail::finish_reduce(acc, hi - lo, op, size());
         },
         [&](std::byte* scratch) {
@@ -102,24 +108,26 @@ class communicator {
 
   template <element T>
   void broadcast(std::span<T> buf, int root) {
-    detail::post p = make_post("broadcast", dtype_of_v<T>, static_cast<std::int64_t>(buf.size()), root, reduce_op::sum, buf.data(),
-                   buf.data());
+    detail::post p = make_post("broadcast", dtype_of_v<T>, static_cast<std::int64_t>(buf.size()), root,
+                               reduce_op::sum, buf.data(), buf.data());
     exchange(
         p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, false, true); },
         [&](std::span<const detail::post> ps, std::byte*) {
-          if (rank_ != root && !buf.empty()) std::memcpy(buf.data(), ps[static_cast<std::size_t>(root)].send, buf.size_bytes());
+          if (rank_ != root && !buf.empty())
+            std::memcpy(buf.data(), ps[static_cast<std::size_t>(root)].send, buf.size_bytes());
         },
         [](std::byte*) {});
   }
 
   template <element T>
   void all_gather(std::span<const T> send, std::span<T> recv) {
-    detail::post p = make_post("all_gather", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0, reduce_op::sum, send.data(),
-                   recv.data());
+    detail::post p = make_post("all_gather", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0,
+                               reduce_op::sum, send.data(), recv.data());
     exchange(
         p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, false, false); },
         [&](std::span<const detail::post> ps, std::byte*) {
-          for (std::size_t j = 0; j < ps.size(); ++j) copy_block(recv.data() + j * send.size(), ps[j].send, send.size());
+          for (std::size_t j = 0; j < ps.size(); ++j)
+            copy_block(recv.data() + j * send.size(), ps[j].send, send.size());
         },
         [](std::byte*) {});
   }
@@ -127,8 +135,8 @@ class communicator {
   template <element T>
   void all_gather_v(std::span<const T> send, std::span<T> recv, std::span<const std::int64_t> recv_counts,
                     std::span<const std::int64_t> recv_displs) {
-    detail::post p = make_post("all_gather_v", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0, reduce_op::sum,
-                   send.data(), recv.data());
+    detail::post p = make_post("all_gather_v", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0,
+                               reduce_op::sum, send.data(), recv.data());
     p.recv_counts = recv_counts;
     exchange(
         p, 0,
@@ -137,9 +145,10 @@ class communicator {
           for (std::size_t i = 0; i < ps.size(); ++i)
             for (std::size_t j = 0; j < ps.size(); ++j)
               if (ps[i].recv_counts[j] != ps[j].count)
-                return fmt::format("rank {} expects {} elements from rank {}, which sends {}; expected recv_counts "
-                                   "equal on every rank and recv_counts[j] equal to rank j's send count",
-                                   i, ps[i].recv_counts[j], j, ps[j].count);
+                return fmt::format(
+                    "rank {} expects {} elements from rank {}, which sends {}; expected recv_counts "
+                    "equal on every rank and recv_counts[j] equal to rank j's send count",
+                    i, ps[i].recv_counts[j], j, ps[j].count);
           return {};
         },
         [&](std::span<const detail::post> ps, std::byte*) {
@@ -152,11 +161,13 @@ class communicator {
   template <host_element T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op op) {
     const auto m = recv.size(), me = static_cast<std::size_t>(rank_);
-    detail::post p = make_post("reduce_scatter", dtype_of_v<T>, static_cast<std::int64_t>(m), 0, op, send.data(), recv.data());
+    detail::post p = make_post("reduce_scatter", dtype_of_v<T>, static_cast<std::int64_t>(m), 0, op,
+                               send.data(), recv.data());
     // Reduce this rank's block into its slice of the scratch (recv may alias this rank's block of
     // send, which is read by nobody else), then copy it out.
     exchange(
-        p, size() * m * sizeof(T), [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
+        p, size() * m * sizeof(T),
+        [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
         [&](std::span<const detail::post> ps, std::byte* scratch) {
           if (m == 0) return;
           T* acc = reinterpret_cast<T*>(scratch) + me * m;
@@ -173,9 +184,10 @@ class communicator {
   void all_to_all_v(std::span<const T> send, std::span<const std::int64_t> send_counts,
                     std::span<const std::int64_t> send_displs, std::span<T> recv,
                     std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs) {
-    detail::post p = make_post("all_to_all_v", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0, reduce_op::sum,
-                   send.data(), recv.data());
-    p.send_counts = send_counts, p.send_displs = send_displs, p.recv_counts = recv_counts, p.recv_displs = recv_displs;
+    detail::post p = make_post("all_to_all_v", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0,
+                               reduce_op::sum, send.data(), recv.data());
+    p.send_counts = send_counts, p.send_displs = send_displs, p.recv_counts = recv_counts,
+    p.recv_displs = recv_displs;
     const auto me = static_cast<std::size_t>(rank_);
     exchange(
         p, 0,
@@ -184,14 +196,16 @@ class communicator {
           for (std::size_t i = 0; i < ps.size(); ++i)
             for (std::size_t j = 0; j < ps.size(); ++j)
               if (ps[i].send_counts[j] != ps[j].recv_counts[i])
-                return fmt::format("rank {} sends {} elements to rank {}, which expects {}; expected send_counts[j] "
-                                   "on rank i to equal recv_counts[i] on rank j",
-                                   i, ps[i].send_counts[j], j, ps[j].recv_counts[i]);
+                return fmt::format(
+                    "rank {} sends {} elements to rank {}, which expects {}; expected send_counts[j] "
+                    "on rank i to equal recv_counts[i] on rank j",
+                    i, ps[i].send_counts[j], j, ps[j].recv_counts[i]);
           return {};
         },
         [&](std::span<const detail::post> ps, std::byte*) {
           for (std::size_t j = 0; j < ps.size(); ++j)
-            copy_block(recv.data() + recv_displs[j], static_cast<const T*>(ps[j].send) + ps[j].send_displs[me],
+            copy_block(recv.data() + recv_displs[j],
+                       static_cast<const T*>(ps[j].send) + ps[j].send_displs[me],
                        static_cast<std::size_t>(recv_counts[j]));
         },
         [](std::byte*) {});
@@ -218,9 +232,10 @@ class communicator {
       if (op.what != p2p_op::kind::recv) continue;
       detail::message msg = group_->take(op.peer, rank_, op.tag, timeout_, where, op.count, op.type);
       if (msg.type != op.type || msg.count != op.count)
-        throw_error<mismatch_error>("loopback group_p2p on {}: the message from rank {} with tag {} holds {} x {}; "
-                                    "expected {} x {} (a receive takes exactly its buffer's count and dtype)",
-                                    comm::describe(*this), op.peer, op.tag, msg.count, msg.type, op.count, op.type);
+        throw_error<mismatch_error>(
+            "loopback group_p2p on {}: the message from rank {} with tag {} holds {} x {}; "
+            "expected {} x {} (a receive takes exactly its buffer's count and dtype)",
+            comm::describe(*this), op.peer, op.tag, msg.count, msg.type, op.count, op.type);
       if (!msg.bytes.empty()) std::memcpy(op.data, msg.bytes.data(), msg.bytes.size());
     }
   }
@@ -253,11 +268,13 @@ class communicator {
   static std::string verify_signature(std::span<const detail::post> ps) {
     for (std::size_t j = 1; j < ps.size(); ++j) {
       if (ps[j].op != ps[0].op)
-        return fmt::format("rank {} called {} while rank 0 called {}; expected every rank to call the same collective",
-                           j, ps[j].op, ps[0].op);
+        return fmt::format(
+            "rank {} called {} while rank 0 called {}; expected every rank to call the same collective", j,
+            ps[j].op, ps[0].op);
       if (ps[j].type != ps[0].type)
-        return fmt::format("rank {} passed {} elements while rank 0 passed {}; expected the same dtype on every rank", j,
-                           ps[j].type, ps[0].type);
+        return fmt::format(
+            "rank {} passed {} elements while rank 0 passed {}; expected the same dtype on every rank", j,
+            ps[j].type, ps[0].type);
     }
     return {};
   }
@@ -266,14 +283,16 @@ class communicator {
     if (auto v = verify_signature(ps); !v.empty()) return v;
     for (std::size_t j = 1; j < ps.size(); ++j) {
       if (ps[j].count != ps[0].count)
-        return fmt::format("rank {} passed {} elements while rank 0 passed {}; expected the same count on every rank", j,
-                           ps[j].count, ps[0].count);
+        return fmt::format(
+            "rank {} passed {} elements while rank 0 passed {}; expected the same count on every rank", j,
+            ps[j].count, ps[0].count);
       if (check_op && ps[j].rop != ps[0].rop)
-        return fmt::format("rank {} reduces with {} while rank 0 reduces with {}; expected the same reduce_op", j,
-                           ps[j].rop, ps[0].rop);
+        return fmt::format(
+            "rank {} reduces with {} while rank 0 reduces with {}; expected the same reduce_op", j, ps[j].rop,
+            ps[0].rop);
       if (check_root && ps[j].root != ps[0].root)
-        return fmt::format("rank {} names root {} while rank 0 names root {}; expected the same root", j, ps[j].root,
-                           ps[0].root);
+        return fmt::format("rank {} names root {} while rank 0 names root {}; expected the same root", j,
+                           ps[j].root, ps[0].root);
     }
     return {};
   }
@@ -293,9 +312,11 @@ static_assert(comm::communicator<communicator>);
 /// aborted_error induced by another rank), or the lowest rank's if all were induced.
 /// Pre: nranks >= 1, timeout > 0. Cost: nranks thread creations.
 template <class F>
-void run(int nranks, F&& body, std::chrono::milliseconds timeout = std::chrono::milliseconds(HETMESH_DEFAULT_TIMEOUT_MS)) {
+void run(int nranks, F&& body,
+         std::chrono::milliseconds timeout = std::chrono::milliseconds(HETMESH_DEFAULT_TIMEOUT_MS)) {
   if (nranks < 1) throw_error<invalid_argument>("loopback::run with {} ranks; expected at least 1", nranks);
-  if (timeout.count() <= 0) throw_error<invalid_argument>("loopback::run with a timeout of {} ms; expected > 0", timeout.count());
+  if (timeout.count() <= 0)
+    throw_error<invalid_argument>("loopback::run with a timeout of {} ms; expected > 0", timeout.count());
   auto world = std::make_shared<detail::world_state>(nranks);
   const auto n = static_cast<std::size_t>(nranks);
   std::vector<std::exception_ptr> errors(n);

@@ -42,8 +42,9 @@ namespace hetmesh::comm::mpi {
 
 struct options {
   std::chrono::milliseconds timeout{HETMESH_DEFAULT_TIMEOUT_MS};
-  bool verify = assertion_enabled(assertion_level::collective);  ///< cross-rank signature check per collective
-  bool blocking = false;                                          ///< blocking MPI calls: no timeout, no polling
+  bool verify =
+      assertion_enabled(assertion_level::collective);  ///< cross-rank signature check per collective
+  bool blocking = false;                               ///< blocking MPI calls: no timeout, no polling
   friend bool operator==(const options&, const options&) = default;
 };
 
@@ -53,15 +54,24 @@ class communicator {
   static constexpr memory_space memory = memory_space::host;
 
   /// Wraps `comm` without owning it (the caller frees it, after this object is gone).
-  [[nodiscard]] static communicator borrow(MPI_Comm comm, options opt = {}) { return communicator(comm, false, opt); }
+  [[nodiscard]] static communicator borrow(MPI_Comm comm, options opt = {}) {
+    return communicator(comm, false, opt);
+  }
   /// Takes ownership of `comm`: MPI_Comm_free on destruction.
-  [[nodiscard]] static communicator adopt(MPI_Comm comm, options opt = {}) { return communicator(comm, true, opt); }
+  [[nodiscard]] static communicator adopt(MPI_Comm comm, options opt = {}) {
+    return communicator(comm, true, opt);
+  }
   /// MPI_COMM_WORLD, borrowed. Pre: MPI is initialised (mpi::environment).
   [[nodiscard]] static communicator world(options opt = {}) { return borrow(MPI_COMM_WORLD, opt); }
 
   communicator(communicator&& o) noexcept
-      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), owned_(std::exchange(o.owned_, false)), rank_(o.rank_),
-        ranks_(std::move(o.ranks_)), opt_(o.opt_), broken_(o.broken_), abandoned_(std::move(o.abandoned_)) {}
+      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
+        owned_(std::exchange(o.owned_, false)),
+        rank_(o.rank_),
+        ranks_(std::move(o.ranks_)),
+        opt_(o.opt_),
+        broken_(o.broken_),
+        abandoned_(std::move(o.abandoned_)) {}
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
       release();
@@ -99,12 +109,14 @@ class communicator {
   /// collective over the members only; blocking. Pre: members distinct, in range, containing this rank.
   [[nodiscard]] communicator subgroup(std::span<const int> members) const {
     if (members.empty() || std::find(members.begin(), members.end(), rank_) == members.end())
-      throw_error<invalid_argument>("mpi subgroup on {}: [{}] does not contain this rank; expected a non-empty group "
-                                    "containing the caller",
-                                    comm::describe(*this), fmt::join(members, ","));
+      throw_error<invalid_argument>(
+          "mpi subgroup on {}: [{}] does not contain this rank; expected a non-empty group "
+          "containing the caller",
+          comm::describe(*this), fmt::join(members, ","));
     for (const int r : members)
       if (r < 0 || r >= size())
-        throw_error<invalid_argument>("mpi subgroup on {}: member {} out of range [0, {})", comm::describe(*this), r, size());
+        throw_error<invalid_argument>("mpi subgroup on {}: member {} out of range [0, {})",
+                                      comm::describe(*this), r, size());
     MPI_Group parent = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
     check(MPI_Comm_group(comm_, &parent), "MPI_Comm_group", "subgroup");
     const int rc = MPI_Group_incl(parent, static_cast<int>(members.size()), members.data(), &sub);
@@ -122,8 +134,10 @@ class communicator {
     const int n = detail::count(static_cast<std::int64_t>(x.size()), "all_reduce");
     verify("all_reduce", dtype_of_v<T>, n, 0, r);
     const MPI_Datatype t = detail::datatype(dtype_of_v<T>, "all_reduce");
-    issue("all_reduce", "MPI_Iallreduce", [&](MPI_Request* q) { return MPI_Iallreduce(MPI_IN_PLACE, x.data(), n, t, detail::op(r), comm_, q); },
-          [&] { return MPI_Allreduce(MPI_IN_PLACE, x.data(), n, t, detail::op(r), comm_); });
+    issue(
+        "all_reduce", "MPI_Iallreduce",
+        [&](MPI_Request* q) { return MPI_Iallreduce(MPI_IN_PLACE, x.data(), n, t, detail::op(r), comm_, q); },
+        [&] { return MPI_Allreduce(MPI_IN_PLACE, x.data(), n, t, detail::op(r), comm_); });
     comm::detail::finish_reduce(x.data(), x.size(), r, size());
   }
 
@@ -132,8 +146,9 @@ class communicator {
     const int n = detail::count(static_cast<std::int64_t>(x.size()), "broadcast");
     verify("broadcast", dtype_of_v<T>, n, root, reduce_op::sum);
     const MPI_Datatype t = detail::datatype(dtype_of_v<T>, "broadcast");
-    issue("broadcast", "MPI_Ibcast", [&](MPI_Request* q) { return MPI_Ibcast(x.data(), n, t, root, comm_, q); },
-          [&] { return MPI_Bcast(x.data(), n, t, root, comm_); });
+    issue(
+        "broadcast", "MPI_Ibcast", [&](MPI_Request* q) { return MPI_Ibcast(x.data(), n, t, root, comm_, q); },
+        [&] { return MPI_Bcast(x.data(), n, t, root, comm_); });
   }
 
   template <host_element T>
@@ -141,22 +156,33 @@ class communicator {
     const int n = detail::count(static_cast<std::int64_t>(send.size()), "all_gather");
     verify("all_gather", dtype_of_v<T>, n, 0, reduce_op::sum);
     const MPI_Datatype t = detail::datatype(dtype_of_v<T>, "all_gather");
-    const void* s = send.data() == recv.data() + static_cast<std::size_t>(rank_) * send.size() && n > 0 ? MPI_IN_PLACE : send.data();
-    issue("all_gather", "MPI_Iallgather", [&](MPI_Request* q) { return MPI_Iallgather(s, n, t, recv.data(), n, t, comm_, q); },
-          [&] { return MPI_Allgather(s, n, t, recv.data(), n, t, comm_); });
+    const void* s = send.data() == recv.data() + static_cast<std::size_t>(rank_) * send.size() && n > 0
+                        ? MPI_IN_PLACE
+                        : send.data();
+    issue(
+        "all_gather", "MPI_Iallgather",
+        [&](MPI_Request* q) { return MPI_Iallgather(s, n, t, recv.data(), n, t, comm_, q); },
+        [&] { return MPI_Allgather(s, n, t, recv.data(), n, t, comm_); });
   }
 
   template <host_element T>
   void all_gather_v(std::span<const T> send, std::span<T> recv, std::span<const std::int64_t> recv_counts,
                     std::span<const std::int64_t> recv_displs) {
-    verify("all_gather_v", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0, reduce_op::sum, recv_counts);
-    const auto rc = detail::counts(recv_counts, "all_gather_v"), rd = detail::counts(recv_displs, "all_gather_v");
+    verify("all_gather_v", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0, reduce_op::sum,
+           recv_counts);
+    const auto rc = detail::counts(recv_counts, "all_gather_v"),
+               rd = detail::counts(recv_displs, "all_gather_v");
     const int n = detail::count(static_cast<std::int64_t>(send.size()), "all_gather_v");
     const MPI_Datatype t = detail::datatype(dtype_of_v<T>, "all_gather_v");
-    const void* s = send.data() == recv.data() + recv_displs[static_cast<std::size_t>(rank_)] && n > 0 ? MPI_IN_PLACE : send.data();
-    issue("all_gather_v", "MPI_Iallgatherv",
-          [&](MPI_Request* q) { return MPI_Iallgatherv(s, n, t, recv.data(), rc.data(), rd.data(), t, comm_, q); },
-          [&] { return MPI_Allgatherv(s, n, t, recv.data(), rc.data(), rd.data(), t, comm_); });
+    const void* s = send.data() == recv.data() + recv_displs[static_cast<std::size_t>(rank_)] && n > 0
+                        ? MPI_IN_PLACE
+                        : send.data();
+    issue(
+        "all_gather_v", "MPI_Iallgatherv",
+        [&](MPI_Request* q) {
+          return MPI_Iallgatherv(s, n, t, recv.data(), rc.data(), rd.data(), t, comm_, q);
+        },
+        [&] { return MPI_Allgatherv(s, n, t, recv.data(), rc.data(), rd.data(), t, comm_); });
   }
 
   template <host_element T>
@@ -172,9 +198,12 @@ class communicator {
       copy.assign(send.begin(), send.end());
       s = copy.data();
     }
-    issue("reduce_scatter", "MPI_Ireduce_scatter_block",
-          [&](MPI_Request* q) { return MPI_Ireduce_scatter_block(s, recv.data(), n, t, detail::op(r), comm_, q); },
-          [&] { return MPI_Reduce_scatter_block(s, recv.data(), n, t, detail::op(r), comm_); });
+    issue(
+        "reduce_scatter", "MPI_Ireduce_scatter_block",
+        [&](MPI_Request* q) {
+          return MPI_Ireduce_scatter_block(s, recv.data(), n, t, detail::op(r), comm_, q);
+        },
+        [&] { return MPI_Reduce_scatter_block(s, recv.data(), n, t, detail::op(r), comm_); });
     comm::detail::finish_reduce(recv.data(), recv.size(), r, size());
   }
 
@@ -183,8 +212,10 @@ class communicator {
     const int n = detail::count(static_cast<std::int64_t>(send.size()) / size(), "all_to_all");
     verify("all_to_all", dtype_of_v<T>, n, 0, reduce_op::sum);
     const MPI_Datatype t = detail::datatype(dtype_of_v<T>, "all_to_all");
-    issue("all_to_all", "MPI_Ialltoall", [&](MPI_Request* q) { return MPI_Ialltoall(send.data(), n, t, recv.data(), n, t, comm_, q); },
-          [&] { return MPI_Alltoall(send.data(), n, t, recv.data(), n, t, comm_); });
+    issue(
+        "all_to_all", "MPI_Ialltoall",
+        [&](MPI_Request* q) { return MPI_Ialltoall(send.data(), n, t, recv.data(), n, t, comm_, q); },
+        [&] { return MPI_Alltoall(send.data(), n, t, recv.data(), n, t, comm_); });
   }
 
   template <host_element T>
@@ -192,20 +223,28 @@ class communicator {
                     std::span<const std::int64_t> send_displs, std::span<T> recv,
                     std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs) {
     verify("all_to_all_v", dtype_of_v<T>, 0, 0, reduce_op::sum, send_counts, recv_counts);
-    const auto sc = detail::counts(send_counts, "all_to_all_v"), sd = detail::counts(send_displs, "all_to_all_v");
-    const auto rc = detail::counts(recv_counts, "all_to_all_v"), rd = detail::counts(recv_displs, "all_to_all_v");
+    const auto sc = detail::counts(send_counts, "all_to_all_v"),
+               sd = detail::counts(send_displs, "all_to_all_v");
+    const auto rc = detail::counts(recv_counts, "all_to_all_v"),
+               rd = detail::counts(recv_displs, "all_to_all_v");
     const MPI_Datatype t = detail::datatype(dtype_of_v<T>, "all_to_all_v");
-    issue("all_to_all_v", "MPI_Ialltoallv",
-          [&](MPI_Request* q) {
-            return MPI_Ialltoallv(send.data(), sc.data(), sd.data(), t, recv.data(), rc.data(), rd.data(), t, comm_, q);
-          },
-          [&] { return MPI_Alltoallv(send.data(), sc.data(), sd.data(), t, recv.data(), rc.data(), rd.data(), t, comm_); });
+    issue(
+        "all_to_all_v", "MPI_Ialltoallv",
+        [&](MPI_Request* q) {
+          return MPI_Ialltoallv(send.data(), sc.data(), sd.data(), t, recv.data(), rc.data(), rd.data(), t,
+                                comm_, q);
+        },
+        [&] {
+          return MPI_Alltoallv(send.data(), sc.data(), sd.data(), t, recv.data(), rc.data(), rd.data(), t,
+                               comm_);
+        });
   }
 
   void barrier() {
     verify("barrier", dtype::uint8, 0, 0, reduce_op::sum);
-    issue("barrier", "MPI_Ibarrier", [&](MPI_Request* q) { return MPI_Ibarrier(comm_, q); },
-          [&] { return MPI_Barrier(comm_); });
+    issue(
+        "barrier", "MPI_Ibarrier", [&](MPI_Request* q) { return MPI_Ibarrier(comm_, q); },
+        [&] { return MPI_Barrier(comm_); });
   }
 
   /// All sends and receives posted nonblocking, then completed together. A receive that gets a
@@ -232,17 +271,19 @@ class communicator {
       const p2p_op& o = ops[i];
       if (o.what != p2p_op::kind::recv) continue;
       if (rc == MPI_ERR_IN_STATUS && statuses[i].MPI_ERROR == MPI_ERR_TRUNCATE)
-        throw_error<mismatch_error>("mpi group_p2p on {}: the message from rank {} with tag {} is larger than the "
-                                    "receive buffer of {} x {}; expected exactly that count",
-                                    comm::describe(*this), o.peer, o.tag, o.count, o.type);
+        throw_error<mismatch_error>(
+            "mpi group_p2p on {}: the message from rank {} with tag {} is larger than the "
+            "receive buffer of {} x {}; expected exactly that count",
+            comm::describe(*this), o.peer, o.tag, o.count, o.type);
       if (rc == MPI_ERR_IN_STATUS && statuses[i].MPI_ERROR != MPI_SUCCESS)
         check(statuses[i].MPI_ERROR, "MPI_Irecv", "group_p2p");
       int got = 0;
       MPI_Get_count(&statuses[i], detail::datatype(o.type, "group_p2p"), &got);
       if (got != o.count)
-        throw_error<mismatch_error>("mpi group_p2p on {}: the message from rank {} with tag {} holds {} elements; "
-                                    "expected {} x {} (a receive takes exactly its buffer's count)",
-                                    comm::describe(*this), o.peer, o.tag, got, o.count, o.type);
+        throw_error<mismatch_error>(
+            "mpi group_p2p on {}: the message from rank {} with tag {} holds {} elements; "
+            "expected {} x {} (a receive takes exactly its buffer's count)",
+            comm::describe(*this), o.peer, o.tag, got, o.count, o.type);
     }
     if (rc == MPI_ERR_IN_STATUS)
       for (const MPI_Status& s : statuses) check(s.MPI_ERROR, "MPI_Isend", "group_p2p");
@@ -251,7 +292,8 @@ class communicator {
  private:
   communicator(MPI_Comm comm, bool owned, options opt) : comm_(comm), owned_(owned), opt_(opt) {
     if (comm == MPI_COMM_NULL)
-      throw_error<invalid_argument>("mpi::communicator over MPI_COMM_NULL; expected a communicator this rank belongs to");
+      throw_error<invalid_argument>(
+          "mpi::communicator over MPI_COMM_NULL; expected a communicator this rank belongs to");
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "communicator");
     int n = 0;
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", "communicator");
@@ -279,14 +321,17 @@ class communicator {
     comm_ = MPI_COMM_NULL;
   }
 
-  [[nodiscard]] std::string where(const char* op) const { return fmt::format("mpi {} on {}", op, comm::describe(*this)); }
+  [[nodiscard]] std::string where(const char* op) const {
+    return fmt::format("mpi {} on {}", op, comm::describe(*this));
+  }
   void check(int rc, const char* call, const char* op) const {
     if (rc != MPI_SUCCESS) mpi::check(rc, call, where(op));
   }
   void usable(const char* op) const {
     if (broken_)
       throw backend_error(
-          fmt::format("{}: the communicator timed out earlier and is unusable; expected a new communicator", where(op)),
+          fmt::format("{}: the communicator timed out earlier and is unusable; expected a new communicator",
+                      where(op)),
           MPI_ERR_OTHER);
   }
   void abandon(std::span<MPI_Request> reqs) {
@@ -296,9 +341,11 @@ class communicator {
 
   /// Completes `reqs` within the timeout (see detail::waiter); on timeout marks the communicator
   /// broken and keeps the requests.
-  int wait(std::span<MPI_Request> reqs, std::span<MPI_Status> statuses, const char* op, const char* expected) {
+  int wait(std::span<MPI_Request> reqs, std::span<MPI_Status> statuses, const char* op,
+           const char* expected) {
     try {
-      return detail::waiter{opt_.timeout, opt_.blocking}.wait(reqs, statuses, [&] { return where(op); }, expected);
+      return detail::waiter{opt_.timeout, opt_.blocking}.wait(
+          reqs, statuses, [&] { return where(op); }, expected);
     } catch (const timeout_error&) {
       broken_ = true;
       abandon(reqs);
@@ -321,8 +368,8 @@ class communicator {
 
   /// With options::verify: gathers every rank's signature (op, dtype, count, root, reduce_op and up
   /// to two per-rank count arrays) and raises mismatch_error on every rank when they disagree.
-  void verify(const char* op, dtype t, std::int64_t count, int root, reduce_op r, std::span<const std::int64_t> a = {},
-              std::span<const std::int64_t> b = {}) {
+  void verify(const char* op, dtype t, std::int64_t count, int root, reduce_op r,
+              std::span<const std::int64_t> a = {}, std::span<const std::int64_t> b = {}) {
     if (!opt_.verify) return;
     usable(op);
     const auto n = static_cast<std::size_t>(size()), w = 5 + 2 * n;
@@ -332,8 +379,8 @@ class communicator {
     std::copy(a.begin(), a.end(), mine.begin() + 5);
     std::copy(b.begin(), b.end(), mine.begin() + 5 + static_cast<std::ptrdiff_t>(n));
     MPI_Request q = MPI_REQUEST_NULL;
-    check(MPI_Iallgather(mine.data(), static_cast<int>(w), MPI_INT64_T, all.data(), static_cast<int>(w), MPI_INT64_T,
-                         comm_, &q),
+    check(MPI_Iallgather(mine.data(), static_cast<int>(w), MPI_INT64_T, all.data(), static_cast<int>(w),
+                         MPI_INT64_T, comm_, &q),
           "MPI_Iallgather", op);
     wait(std::span<MPI_Request>(&q, 1), {}, op, "every rank of the group to call it (signature check)");
     const std::string_view name(op);
@@ -343,19 +390,22 @@ class communicator {
       for (std::size_t f = 0; f < 5; ++f) {
         if (f == 2 && (name == "all_gather_v" || name == "all_to_all_v")) continue;  // per-rank counts, below
         if (at(j, f) != at(0, f))
-          throw_error<mismatch_error>("{}: rank {} passed {} {} while rank 0 passed {}; expected every rank to call the "
-                                      "same collective with the same {}",
-                                      where(op), j, fields[f], at(j, f), at(0, f), fields[f]);
+          throw_error<mismatch_error>(
+              "{}: rank {} passed {} {} while rank 0 passed {}; expected every rank to call the "
+              "same collective with the same {}",
+              where(op), j, fields[f], at(j, f), at(0, f), fields[f]);
       }
       for (std::size_t i = 0; i < n; ++i) {
         if (name == "all_gather_v" && (at(j, 5 + i) != at(0, 5 + i) || at(j, 5 + i) != at(i, 2)))
-          throw_error<mismatch_error>("{}: rank {} expects {} elements from rank {}, which sends {}; expected recv_counts "
-                                      "equal on every rank and matching the send counts",
-                                      where(op), j, at(j, 5 + i), i, at(i, 2));
+          throw_error<mismatch_error>(
+              "{}: rank {} expects {} elements from rank {}, which sends {}; expected recv_counts "
+              "equal on every rank and matching the send counts",
+              where(op), j, at(j, 5 + i), i, at(i, 2));
         if (name == "all_to_all_v" && at(j, 5 + i) != at(i, 5 + n + j))
-          throw_error<mismatch_error>("{}: rank {} sends {} elements to rank {}, which expects {}; expected send_counts[j] "
-                                      "on rank i to equal recv_counts[i] on rank j",
-                                      where(op), j, at(j, 5 + i), i, at(i, 5 + n + j));
+          throw_error<mismatch_error>(
+              "{}: rank {} sends {} elements to rank {}, which expects {}; expected send_counts[j] "
+              "on rank i to equal recv_counts[i] on rank j",
+              where(op), j, at(j, 5 + i), i, at(i, 5 + n + j));
       }
     }
   }

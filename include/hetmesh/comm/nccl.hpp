@@ -46,7 +46,8 @@ struct options {
 /// with comm::nccl::init_from_mpi in nccl_mpi.hpp).
 [[nodiscard]] inline ncclUniqueId unique_id() {
   ncclUniqueId id;
-  if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) detail::raise(r, "ncclGetUniqueId", "nccl", nullptr);
+  if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)
+    detail::raise(r, "ncclGetUniqueId", "nccl", nullptr);
   return id;
 }
 
@@ -58,10 +59,11 @@ class communicator {
   /// Joins the communicator of `nranks` ranks identified by `id` as `rank`, on CUDA device `device`.
   /// Collective over the nranks processes (or threads); bounded by the timeout. `global_ranks` (one
   /// per rank, default 0..nranks-1) is what ranks() reports.
-  [[nodiscard]] static communicator init(const ncclUniqueId& id, int nranks, int rank, int device, options opt = {},
-                                         std::vector<int> global_ranks = {}) {
+  [[nodiscard]] static communicator init(const ncclUniqueId& id, int nranks, int rank, int device,
+                                         options opt = {}, std::vector<int> global_ranks = {}) {
     if (nranks < 1 || rank < 0 || rank >= nranks)
-      throw_error<invalid_argument>("nccl::communicator::init: rank {} of {}; expected 0 <= rank < nranks", rank, nranks);
+      throw_error<invalid_argument>("nccl::communicator::init: rank {} of {}; expected 0 <= rank < nranks",
+                                    rank, nranks);
     if (global_ranks.empty())
       for (int r = 0; r < nranks; ++r) global_ranks.push_back(r);
     cuda::check(cudaSetDevice(device), "cudaSetDevice", "nccl::communicator::init");
@@ -75,13 +77,16 @@ class communicator {
     return c;
   }
   /// A communicator of one rank on `device` (tests, single-GPU runs).
-  [[nodiscard]] static communicator single(int device, options opt = {}) { return init(unique_id(), 1, 0, device, opt); }
+  [[nodiscard]] static communicator single(int device, options opt = {}) {
+    return init(unique_id(), 1, 0, device, opt);
+  }
 
   communicator(communicator&&) noexcept = default;
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
       release();
-      s_ = std::move(o.s_), rank_ = o.rank_, ranks_ = std::move(o.ranks_), opt_ = o.opt_, scratch_ = std::move(o.scratch_);
+      s_ = std::move(o.s_), rank_ = o.rank_, ranks_ = std::move(o.ranks_), opt_ = o.opt_,
+      scratch_ = std::move(o.scratch_);
     }
     return *this;
   }
@@ -121,23 +126,30 @@ class communicator {
 
   template <element T>
   void all_reduce(std::span<T> x, reduce_op r) {
-    enqueue("all_reduce", "ncclAllReduce",
-            [&] { return ncclAllReduce(x.data(), x.data(), x.size(), detail::datatype(dtype_of_v<T>), detail::op(r), s_->comm, stream()); });
+    enqueue("all_reduce", "ncclAllReduce", [&] {
+      return ncclAllReduce(x.data(), x.data(), x.size(), detail::datatype(dtype_of_v<T>), detail::op(r),
+                           s_->comm, stream());
+    });
   }
   template <element T>
   void broadcast(std::span<T> x, int root) {
-    enqueue("broadcast", "ncclBroadcast",
-            [&] { return ncclBroadcast(x.data(), x.data(), x.size(), detail::datatype(dtype_of_v<T>), root, s_->comm, stream()); });
+    enqueue("broadcast", "ncclBroadcast", [&] {
+      return ncclBroadcast(x.data(), x.data(), x.size(), detail::datatype(dtype_of_v<T>), root, s_->comm,
+                           stream());
+    });
   }
   template <element T>
   void all_gather(std::span<const T> send, std::span<T> recv) {
-    enqueue("all_gather", "ncclAllGather",
-            [&] { return ncclAllGather(send.data(), recv.data(), send.size(), detail::datatype(dtype_of_v<T>), s_->comm, stream()); });
+    enqueue("all_gather", "ncclAllGather", [&] {
+      return ncclAllGather(send.data(), recv.data(), send.size(), detail::datatype(dtype_of_v<T>), s_->comm,
+                           stream());
+    });
   }
   template <element T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op r) {
     enqueue("reduce_scatter", "ncclReduceScatter", [&] {
-      return ncclReduceScatter(send.data(), recv.data(), recv.size(), detail::datatype(dtype_of_v<T>), detail::op(r), s_->comm, stream());
+      return ncclReduceScatter(send.data(), recv.data(), recv.size(), detail::datatype(dtype_of_v<T>),
+                               detail::op(r), s_->comm, stream());
     });
   }
 #if NCCL_VERSION_CODE >= 22800
@@ -158,8 +170,9 @@ class communicator {
       if (r != ncclSuccess) return r;
       for (const p2p_op& o : ops) {
         const auto n = static_cast<std::size_t>(o.count);
-        r = o.what == p2p_op::kind::send ? ncclSend(o.data, n, detail::datatype(o.type), o.peer, s_->comm, stream())
-                                         : ncclRecv(o.data, n, detail::datatype(o.type), o.peer, s_->comm, stream());
+        r = o.what == p2p_op::kind::send
+                ? ncclSend(o.data, n, detail::datatype(o.type), o.peer, s_->comm, stream())
+                : ncclRecv(o.data, n, detail::datatype(o.type), o.peer, s_->comm, stream());
         if (r != ncclSuccess && r != ncclInProgress) {
           ncclGroupEnd();
           return r;
@@ -188,7 +201,8 @@ class communicator {
       if (st != cudaErrorNotReady) cuda::check(st, "cudaStreamQuery", where("synchronize"));
       poll_async("synchronize");
       if (detail::clock::now() > deadline) {
-        s_->abort(detail::abort_kind::timeout, fmt::format("synchronize did not complete within {} ms", opt_.timeout.count()));
+        s_->abort(detail::abort_kind::timeout,
+                  fmt::format("synchronize did not complete within {} ms", opt_.timeout.count()));
         usable("synchronize");
       }
       if (spin > 64) std::this_thread::yield();
@@ -211,29 +225,38 @@ class communicator {
       ncclResult_t r = ncclCommFinalize(s_->comm);
       const auto deadline = detail::clock::now() + opt_.timeout;
       while (r == ncclInProgress && detail::clock::now() < deadline) ncclCommGetAsyncError(s_->comm, &r);
-      if (r == ncclSuccess) ncclCommDestroy(s_->comm);
-      else ncclCommAbort(s_->comm);
+      if (r == ncclSuccess)
+        ncclCommDestroy(s_->comm);
+      else
+        ncclCommAbort(s_->comm);
     }
     s_.reset();
   }
 
-  [[nodiscard]] std::string where(const char* op) const { return fmt::format("nccl {} on {}", op, comm::describe(*this)); }
+  [[nodiscard]] std::string where(const char* op) const {
+    return fmt::format("nccl {} on {}", op, comm::describe(*this));
+  }
 
   /// Raises if the communicator was aborted (by the watchdog, a timeout, or the user).
   void usable(const char* op) const {
     switch (s_->aborted.load()) {
-      case detail::abort_kind::none: return;
-      case detail::abort_kind::timeout: throw timeout_error(fmt::format("{}: {}", where(op), s_->reason));
+      case detail::abort_kind::none:
+        return;
+      case detail::abort_kind::timeout:
+        throw timeout_error(fmt::format("{}: {}", where(op), s_->reason));
       case detail::abort_kind::async_error:
-        throw backend_error(fmt::format("{}: the communicator was aborted: {}", where(op), s_->reason), ncclRemoteError);
-      case detail::abort_kind::user: throw aborted_error(fmt::format("{}: the communicator was aborted: {}", where(op), s_->reason));
+        throw backend_error(fmt::format("{}: the communicator was aborted: {}", where(op), s_->reason),
+                            ncclRemoteError);
+      case detail::abort_kind::user:
+        throw aborted_error(fmt::format("{}: the communicator was aborted: {}", where(op), s_->reason));
     }
   }
   void poll_async(const char* op) {
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(s_->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
-      s_->abort(detail::abort_kind::async_error, fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
+      s_->abort(detail::abort_kind::async_error,
+                fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
       usable(op);
     }
   }
@@ -244,14 +267,17 @@ class communicator {
     const auto deadline = detail::clock::now() + opt_.timeout;
     while (r == ncclInProgress) {
       if (detail::clock::now() > deadline) {
-        s_->abort(detail::abort_kind::timeout, fmt::format("{} did not complete within {} ms (a rank is missing)", call, opt_.timeout.count()));
+        s_->abort(
+            detail::abort_kind::timeout,
+            fmt::format("{} did not complete within {} ms (a rank is missing)", call, opt_.timeout.count()));
         usable(op);
       }
       std::this_thread::yield();
       if (ncclCommGetAsyncError(s_->comm, &r) != ncclSuccess) break;
     }
     if (r != ncclSuccess) detail::raise(r, call, where(op), s_->comm);
-    if (!s_->watchdog.joinable() && opt_.watchdog_interval.count() > 0) s_->start_watchdog(opt_.watchdog_interval);
+    if (!s_->watchdog.joinable() && opt_.watchdog_interval.count() > 0)
+      s_->start_watchdog(opt_.watchdog_interval);
   }
 
   /// Issues one NCCL call on the stream and registers its completion event with the watchdog.

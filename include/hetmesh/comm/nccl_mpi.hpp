@@ -23,7 +23,8 @@ namespace hetmesh::comm::nccl {
   ncclUniqueId id{};
   if (m.rank() == 0) id = unique_id();
   comm::broadcast(m, std::span<char>(id.internal, sizeof(id.internal)), 0);
-  return communicator::init(id, m.size(), m.rank(), device, opt, std::vector<int>(m.ranks().begin(), m.ranks().end()));
+  return communicator::init(id, m.size(), m.rank(), device, opt,
+                            std::vector<int>(m.ranks().begin(), m.ranks().end()));
 }
 
 }  // namespace hetmesh::comm::nccl

@@ -19,11 +19,16 @@ enum class reduce_op : std::uint8_t { sum, prod, min, max, avg };
 
 [[nodiscard]] constexpr const char* reduce_op_name(reduce_op op) noexcept {
   switch (op) {
-    case reduce_op::sum: return "sum";
-    case reduce_op::prod: return "prod";
-    case reduce_op::min: return "min";
-    case reduce_op::max: return "max";
-    case reduce_op::avg: return "avg";
+    case reduce_op::sum:
+      return "sum";
+    case reduce_op::prod:
+      return "prod";
+    case reduce_op::min:
+      return "min";
+    case reduce_op::max:
+      return "max";
+    case reduce_op::avg:
+      return "avg";
   }
   return "?";
 }

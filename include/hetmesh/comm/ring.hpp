@@ -35,19 +35,22 @@ namespace hetmesh::comm {
 template <communicator C, element T>
 void ring_exchange(C& c, std::span<const int> ring, std::span<const T> send, std::span<T> recv, int tag = 0) {
   if (ring.empty())
-    throw_error<invalid_argument>("ring_exchange on {}: empty ring; expected at least this rank", describe(c));
+    throw_error<invalid_argument>("ring_exchange on {}: empty ring; expected at least this rank",
+                                  describe(c));
   for (std::size_t i = 0; i < ring.size(); ++i) {
     detail::check_peer(c, "ring_exchange", ring[i], "ring rank");
     if (std::find(ring.begin(), ring.begin() + static_cast<std::ptrdiff_t>(i), ring[i]) !=
         ring.begin() + static_cast<std::ptrdiff_t>(i))
-      throw_error<invalid_argument>("ring_exchange on {}: rank {} appears twice in ring [{}]; expected distinct ranks",
-                                    describe(c), ring[i], fmt::join(ring, ","));
+      throw_error<invalid_argument>(
+          "ring_exchange on {}: rank {} appears twice in ring [{}]; expected distinct ranks", describe(c),
+          ring[i], fmt::join(ring, ","));
   }
   const auto pos = ring_position(ring, c.rank());
   if (!pos)
-    throw_error<invalid_argument>("ring_exchange on {}: ring [{}] does not contain this rank; expected only ring "
-                                  "members to call it",
-                                  describe(c), fmt::join(ring, ","));
+    throw_error<invalid_argument>(
+        "ring_exchange on {}: ring [{}] does not contain this rank; expected only ring "
+        "members to call it",
+        describe(c), fmt::join(ring, ","));
   const int k = static_cast<int>(ring.size());
   const int next = ring[static_cast<std::size_t>((*pos + 1) % k)];
   const int prev = ring[static_cast<std::size_t>((*pos + k - 1) % k)];

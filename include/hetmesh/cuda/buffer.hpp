@@ -24,7 +24,8 @@ class device_buffer {
  public:
   device_buffer() = default;
   explicit device_buffer(std::size_t n) : n_(n) {
-    if (n != 0) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc", "cuda::device_buffer");
+    if (n != 0)
+      check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc", "cuda::device_buffer");
   }
   device_buffer(device_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   device_buffer& operator=(device_buffer&& o) noexcept {
@@ -45,20 +46,25 @@ class device_buffer {
   /// Copies host data in (stream-ordered on `s`; synchronous on the legacy stream when s is null).
   void copy_from(std::span<const T> host, cudaStream_t s = nullptr) {
     require_size(host.size(), "copy_from");
-    if (n_ != 0) check(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync", "cuda::device_buffer");
+    if (n_ != 0)
+      check(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync",
+            "cuda::device_buffer");
     if (!s) check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize", "cuda::device_buffer");
   }
   /// Copies device data out (stream-ordered on `s`; synchronous when s is null).
   void copy_to(std::span<T> host, cudaStream_t s = nullptr) const {
     require_size(host.size(), "copy_to");
-    if (n_ != 0) check(cudaMemcpyAsync(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync", "cuda::device_buffer");
+    if (n_ != 0)
+      check(cudaMemcpyAsync(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync",
+            "cuda::device_buffer");
     if (!s) check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize", "cuda::device_buffer");
   }
 
  private:
   void require_size(std::size_t host, const char* what) const {
     if (host != n_)
-      throw invalid_argument(fmt::format("cuda::device_buffer::{}: host span of {} elements; expected {}", what, host, n_));
+      throw invalid_argument(
+          fmt::format("cuda::device_buffer::{}: host span of {} elements; expected {}", what, host, n_));
   }
   void reset() noexcept {
     if (p_) cudaFree(p_);

@@ -14,7 +14,9 @@ namespace hetmesh::cuda {
 /// A non-blocking stream (does not synchronise with the legacy default stream) on the current device.
 class stream {
  public:
-  stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", "cuda::stream"); }
+  stream() {
+    check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", "cuda::stream");
+  }
   stream(stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
   stream& operator=(stream&& o) noexcept {
     if (this != &o) {
@@ -42,7 +44,9 @@ class stream {
 /// An event without timing, for completion queries.
 class event {
  public:
-  event() { check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "cuda::event"); }
+  event() {
+    check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "cuda::event");
+  }
   /// No event yet (to be moved into).
   explicit event(std::nullptr_t) noexcept {}
   event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}

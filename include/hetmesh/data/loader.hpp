@@ -98,6 +98,18 @@ class data_loader {
     return {std::move(sl->plan), std::move(sl->samples)};
   }
 
+  /// Hands a consumed batch's buffers back for reuse by later reads (optional). Reusing buffers spares
+  /// the allocator and the first-touch page faults of fresh memory on every sample; at most
+  /// (prefetch_steps + 2) x global_batch samples are kept.
+  void recycle(step_batch&& b) {
+    std::lock_guard lock(mutex_);
+    const auto cap = static_cast<std::size_t>((opts_.prefetch_steps + 2) * cfg_.global_batch);
+    for (auto& s : b.samples) {
+      if (spare_.size() >= cap) break;
+      spare_.push_back(std::move(s));
+    }
+  }
+
   /// The state before the step next() returns next: the checkpoint.
   [[nodiscard]] planner_state state() const { return consumed_; }
 
@@ -161,6 +173,7 @@ class data_loader {
     std::int64_t pre = 0;
     for (const auto& sl : inflight_)
       for (const auto& smp : sl->samples) pre += smp.heap_bytes();
+    for (const auto& smp : spare_) pre += smp.heap_bytes();
     r.add("prefetch", "steps", pre);
     r.add("planner", "state",
           static_cast<std::int64_t>(sizeof(planner_state) +
@@ -255,9 +268,17 @@ class data_loader {
 
   void run_task(const task& t) {
     const auto begin = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lock(mutex_);
+      for (std::size_t i : t.items) {
+        if (spare_.empty()) break;
+        t.sl->samples[i] = std::move(spare_.back());
+        spare_.pop_back();
+      }
+    }
     for (std::size_t i : t.items) {
       try {
-        t.sl->samples[i] = t.loader->load(t.sl->plan.samples[i].ref);
+        t.loader->load_into(t.sl->plan.samples[i].ref, t.sl->samples[i]);
       } catch (...) {
         std::lock_guard lock(mutex_);
         if (!t.sl->read_error) t.sl->read_error = std::current_exception();
@@ -316,6 +337,7 @@ class data_loader {
   std::vector<double> cost_ns_{};
   std::deque<std::shared_ptr<slot>> inflight_;
   std::deque<task> tasks_;
+  std::vector<sample> spare_;
   planner_state plan_state_{}, consumed_{};
   int active_ = 0;
   bool stop_ = false;

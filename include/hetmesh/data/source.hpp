@@ -87,6 +87,7 @@ class indexed_source final : public source_reader {
   void load(std::int64_t i, sample& out) const override {
     const auto [part, local] = locate(underlying(i));
     out.tokens.clear();
+    out.items.clear();
     parts_[part].read_tokens(local, out.tokens);
     count_read();
   }
@@ -209,11 +210,15 @@ class source_loader {
   /// are serialised (a read lock separate from the shuffle state, so planning never waits for a read):
   /// k_s loaders are the source's read parallelism.
   [[nodiscard]] sample load(const sample_ref& ref) {
-    std::lock_guard lock(read_mutex_);
     sample s;
-    s.ref = ref;
-    reader_->load(ref.index, s);
+    load_into(ref, s);
     return s;
+  }
+  /// As load(ref), into `out`, reusing its buffers' capacity (what a recycling caller wants).
+  void load_into(const sample_ref& ref, sample& out) {
+    std::lock_guard lock(read_mutex_);
+    out.ref = ref;
+    reader_->load(ref.index, out);
   }
   [[nodiscard]] const source_reader& reader() const noexcept { return *reader_; }
   /// Access state in bytes: the reader's state plus the cached permutation.

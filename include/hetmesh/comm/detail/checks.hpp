@@ -9,6 +9,7 @@
 #include <numeric>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "../../core/error.hpp"
 #include "../communicator.hpp"
@@ -18,23 +19,23 @@ namespace hetmesh::comm::detail {
 template <communicator C>
 void check_peer(const C& c, std::string_view op, int peer, std::string_view what = "peer") {
   if (peer < 0 || peer >= c.size())
-    throw_error<invalid_argument>("{} on {}: {} {} is out of range; expected 0 <= {} < {}", op, describe(c), what,
-                                  peer, what, c.size());
+    throw_error<invalid_argument>("{} on {}: {} {} is out of range; expected 0 <= {} < {}", op, describe(c),
+                                  what, peer, what, c.size());
 }
 
 template <communicator C>
 void check_tag(const C& c, std::string_view op, int tag) {
   if (tag < 0 || tag > max_user_tag)
-    throw_error<invalid_argument>("{} on {}: tag {} is out of range; expected 0 <= tag <= {}", op, describe(c), tag,
-                                  max_user_tag);
+    throw_error<invalid_argument>("{} on {}: tag {} is out of range; expected 0 <= tag <= {}", op,
+                                  describe(c), tag, max_user_tag);
 }
 
 template <communicator C>
 void check_size(const C& c, std::string_view op, std::string_view what, std::size_t got, std::size_t expected,
                 std::string_view why) {
   if (got != expected)
-    throw_error<invalid_argument>("{} on {}: {} holds {} elements; expected {} ({})", op, describe(c), what, got,
-                                  expected, why);
+    throw_error<invalid_argument>("{} on {}: {} holds {} elements; expected {} ({})", op, describe(c), what,
+                                  got, expected, why);
 }
 
 /// True when [a, a+na) and [b, b+nb) share a byte. Pointers are compared as integers, which is what
@@ -63,12 +64,14 @@ void check_no_overlap(const C& c, std::string_view op, std::span<const T> send, 
 /// are non-negative, and every block [displs[j], displs[j]+counts[j]) lies inside a buffer of `extent`
 /// elements.
 template <communicator C>
-void check_layout(const C& c, std::string_view op, std::string_view side, std::span<const std::int64_t> counts,
-                  std::span<const std::int64_t> displs, std::size_t extent) {
+void check_layout(const C& c, std::string_view op, std::string_view side,
+                  std::span<const std::int64_t> counts, std::span<const std::int64_t> displs,
+                  std::size_t extent) {
   const auto n = static_cast<std::size_t>(c.size());
   if (counts.size() != n || displs.size() != n)
-    throw_error<invalid_argument>("{} on {}: {} counts/displacements have {}/{} entries; expected one per rank ({})",
-                                  op, describe(c), side, counts.size(), displs.size(), n);
+    throw_error<invalid_argument>(
+        "{} on {}: {} counts/displacements have {}/{} entries; expected one per rank ({})", op, describe(c),
+        side, counts.size(), displs.size(), n);
   for (std::size_t j = 0; j < n; ++j) {
     if (counts[j] < 0 || displs[j] < 0 ||
         static_cast<std::uint64_t>(displs[j]) + static_cast<std::uint64_t>(counts[j]) > extent)

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "../communicator.hpp"
-#include "checks.hpp"
 #include "../reduce_op.hpp"
+#include "checks.hpp"
 
 namespace hetmesh::comm::detail {
 
@@ -30,19 +30,20 @@ enum class generic_tag : int {
 template <communicator C, class T>
 void generic_all_to_all_v(C& c, std::span<const T> send, std::span<const std::int64_t> send_counts,
                           std::span<const std::int64_t> send_displs, std::span<T> recv,
-                          std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
+                          std::span<const std::int64_t> recv_counts,
+                          std::span<const std::int64_t> recv_displs,
                           int tag = static_cast<int>(generic_tag::all_to_all_v)) {
   const int n = c.size();
   std::vector<p2p_op> ops;
   ops.reserve(2 * static_cast<std::size_t>(n));
   for (int j = 0; j < n; ++j) {
     const auto js = static_cast<std::size_t>(j);
-    ops.push_back(send_op(send.subspan(static_cast<std::size_t>(send_displs[js]),
-                                       static_cast<std::size_t>(send_counts[js])),
-                          j, tag));
-    ops.push_back(recv_op(recv.subspan(static_cast<std::size_t>(recv_displs[js]),
-                                       static_cast<std::size_t>(recv_counts[js])),
-                          j, tag));
+    ops.push_back(send_op(
+        send.subspan(static_cast<std::size_t>(send_displs[js]), static_cast<std::size_t>(send_counts[js])), j,
+        tag));
+    ops.push_back(recv_op(
+        recv.subspan(static_cast<std::size_t>(recv_displs[js]), static_cast<std::size_t>(recv_counts[js])), j,
+        tag));
   }
   c.group_p2p(std::span<const p2p_op>(ops));
 }
@@ -50,14 +51,16 @@ void generic_all_to_all_v(C& c, std::span<const T> send, std::span<const std::in
 /// Every rank sends `send` to every rank and receives rank j's block at recv_displs[j].
 template <communicator C, class T>
 void generic_all_gather_v(C& c, std::span<const T> send, std::span<T> recv,
-                          std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs) {
+                          std::span<const std::int64_t> recv_counts,
+                          std::span<const std::int64_t> recv_displs) {
   const int n = c.size();
   std::vector<p2p_op> ops;
   ops.reserve(2 * static_cast<std::size_t>(n));
   const int tag = static_cast<int>(generic_tag::all_gather_v);
   for (int j = 0; j < n; ++j) {
     const auto js = static_cast<std::size_t>(j);
-    const auto block = recv.subspan(static_cast<std::size_t>(recv_displs[js]), static_cast<std::size_t>(recv_counts[js]));
+    const auto block =
+        recv.subspan(static_cast<std::size_t>(recv_displs[js]), static_cast<std::size_t>(recv_counts[js]));
     // In place (the send buffer is this rank's own block): nothing to move for the self block, and
     // a self-message between aliasing buffers would be erroneous on MPI.
     if (j == c.rank() && block.data() == send.data()) continue;

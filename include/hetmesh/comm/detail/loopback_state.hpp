@@ -72,7 +72,8 @@ enum class abort_kind : std::uint8_t { none, timeout, rank_failed };
 
 class group_state {
  public:
-  explicit group_state(std::vector<int> members) : members_(std::move(members)), n_(static_cast<int>(members_.size())) {
+  explicit group_state(std::vector<int> members)
+      : members_(std::move(members)), n_(static_cast<int>(members_.size())) {
     posts_.resize(static_cast<std::size_t>(n_));
     entered_.assign(static_cast<std::size_t>(n_), 0);
   }
@@ -125,10 +126,11 @@ class group_state {
         --arrived_;
         --entered_[static_cast<std::size_t>(rank)];
         if (completed) raise_aborted(where);
-        auto reason = fmt::format("{}: timed out after {} ms waiting for ranks [{}] to arrive; expected all {} "
-                                  "ranks of the group to call it",
-                                  describe(where),
-                                  std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count(), missing, n_);
+        auto reason = fmt::format(
+            "{}: timed out after {} ms waiting for ranks [{}] to arrive; expected all {} "
+            "ranks of the group to call it",
+            describe(where), std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count(), missing,
+            n_);
         abort_ = abort_kind::timeout;
         abort_reason_ = reason;
         lock.unlock();
@@ -154,9 +156,10 @@ class group_state {
       return;
     }
     if (!cv_.wait_until(lock, deadline, [&] { return done_ == n_; }))
-      throw timeout_error(fmt::format("{}: timed out after the data exchange waiting for the other ranks to finish "
-                                      "reading; expected them to finish within the timeout",
-                                      describe(where)));
+      throw timeout_error(
+          fmt::format("{}: timed out after the data exchange waiting for the other ranks to finish "
+                      "reading; expected them to finish within the timeout",
+                      describe(where)));
   }
 
   /// Eager send: copies `bytes` into the mailbox of (src -> dst, tag).
@@ -170,12 +173,13 @@ class group_state {
   }
 
   /// Waits for the oldest message of (src -> dst, tag) and removes it from the mailbox.
-  message take(int src, int dst, int tag, clock::duration timeout, const site& where, std::int64_t expected_count,
-               dtype expected_type) {
+  message take(int src, int dst, int tag, clock::duration timeout, const site& where,
+               std::int64_t expected_count, dtype expected_type) {
     const auto deadline = clock::now() + timeout;
     std::unique_lock lock(m_);
     auto& box = mail_[{src, dst, tag}];
-    const bool ready = cv_.wait_until(lock, deadline, [&] { return !box.empty() || abort_ != abort_kind::none; });
+    const bool ready =
+        cv_.wait_until(lock, deadline, [&] { return !box.empty() || abort_ != abort_kind::none; });
     if (!box.empty()) {
       message msg = std::move(box.front());
       box.pop_front();
@@ -183,9 +187,10 @@ class group_state {
     }
     if (ready) raise_aborted(where);
     auto reason = fmt::format(
-        "{}: timed out after {} ms waiting for a message from rank {} with tag {}; expected rank {} to send {} x {}",
-        describe(where), std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count(), src, tag, src,
-        expected_count, expected_type);
+        "{}: timed out after {} ms waiting for a message from rank {} with tag {}; expected rank {} to send "
+        "{} x {}",
+        describe(where), std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count(), src, tag,
+        src, expected_count, expected_type);
     abort_ = abort_kind::timeout;
     abort_reason_ = reason;
     lock.unlock();
@@ -206,7 +211,8 @@ class group_state {
     throw aborted_error(fmt::format("{}: the group was aborted ({})", describe(where), abort_reason_));
   }
   [[nodiscard]] std::string describe(const site& where) const {
-    return fmt::format("loopback {} on group [{}] rank {}/{}", where.op, fmt::join(members_, ","), where.rank, n_);
+    return fmt::format("loopback {} on group [{}] rank {}/{}", where.op, fmt::join(members_, ","), where.rank,
+                       n_);
   }
   /// Group ranks that have entered fewer than `count` collectives.
   [[nodiscard]] std::string missing_ranks(std::uint64_t count) const {

@@ -12,7 +12,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -47,7 +46,8 @@ class environment {
     MPI_Initialized(&initialized);
     if (initialized) return;
     int provided = 0;
-    check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread", "mpi::environment");
+    check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread",
+          "mpi::environment");
     owned_ = true;
   }
   environment(const environment&) = delete;
@@ -73,27 +73,41 @@ namespace detail {
 
 [[nodiscard]] inline MPI_Datatype datatype(dtype t, std::string_view where) {
   switch (t) {
-    case dtype::int8: return MPI_INT8_T;
-    case dtype::uint8: return MPI_UINT8_T;
-    case dtype::int32: return MPI_INT32_T;
-    case dtype::uint32: return MPI_UINT32_T;
-    case dtype::int64: return MPI_INT64_T;
-    case dtype::uint64: return MPI_UINT64_T;
-    case dtype::float32: return MPI_FLOAT;
-    case dtype::float64: return MPI_DOUBLE;
+    case dtype::int8:
+      return MPI_INT8_T;
+    case dtype::uint8:
+      return MPI_UINT8_T;
+    case dtype::int32:
+      return MPI_INT32_T;
+    case dtype::uint32:
+      return MPI_UINT32_T;
+    case dtype::int64:
+      return MPI_INT64_T;
+    case dtype::uint64:
+      return MPI_UINT64_T;
+    case dtype::float32:
+      return MPI_FLOAT;
+    case dtype::float64:
+      return MPI_DOUBLE;
     case dtype::float16:
-    case dtype::bfloat16: break;
+    case dtype::bfloat16:
+      break;
   }
-  throw_error<invalid_argument>("{}: {} is a device type; expected a host arithmetic type on the MPI backend", where, t);
+  throw_error<invalid_argument>("{}: {} is a device type; expected a host arithmetic type on the MPI backend",
+                                where, t);
 }
 
 [[nodiscard]] inline MPI_Op op(reduce_op r) noexcept {
   switch (r) {
-    case reduce_op::prod: return MPI_PROD;
-    case reduce_op::min: return MPI_MIN;
-    case reduce_op::max: return MPI_MAX;
+    case reduce_op::prod:
+      return MPI_PROD;
+    case reduce_op::min:
+      return MPI_MIN;
+    case reduce_op::max:
+      return MPI_MAX;
     case reduce_op::sum:
-    case reduce_op::avg: return MPI_SUM;  // avg: sum, then divided locally (MPI has no average)
+    case reduce_op::avg:
+      return MPI_SUM;  // avg: sum, then divided locally (MPI has no average)
   }
   return MPI_SUM;
 }
@@ -101,7 +115,8 @@ namespace detail {
 /// An element count as MPI's int, or invalid_argument beyond INT_MAX.
 [[nodiscard]] inline int count(std::int64_t n, std::string_view where) {
   if (n < 0 || n > INT_MAX)
-    throw_error<invalid_argument>("{}: count {} does not fit MPI's int; expected 0 <= count <= {}", where, n, INT_MAX);
+    throw_error<invalid_argument>("{}: count {} does not fit MPI's int; expected 0 <= count <= {}", where, n,
+                                  INT_MAX);
   return static_cast<int>(n);
 }
 [[nodiscard]] inline std::vector<int> counts(std::span<const std::int64_t> v, std::string_view where) {
@@ -123,12 +138,14 @@ struct waiter {
   bool blocking;
 
   /// Completes `reqs` or, past the deadline, throws timeout_error (the requests stay pending: the
-  /// caller keeps them, since MPI cannot cancel a collective). Polls MPI_Testall, yielding the CPU
-  /// between polls once the operation is not immediate, so oversubscribed ranks make progress.
+  /// caller keeps them, since MPI cannot cancel a collective). Polls MPI_Testall in a loop, as
+  /// MPI_Wait does internally (MPI's progress engine yields by itself when oversubscribed; yielding
+  /// here too made each progress round of a nonblocking collective cost a time slice).
   /// Returns MPI_ERR_IN_STATUS when a request failed (statuses say which), MPI_SUCCESS otherwise.
   /// `where()` names the operation in errors (formatted only on error).
   template <class Where>
-  int wait(std::span<MPI_Request> reqs, std::span<MPI_Status> statuses, Where&& where, const char* expected) const {
+  int wait(std::span<MPI_Request> reqs, std::span<MPI_Status> statuses, Where&& where,
+           const char* expected) const {
     const int n = static_cast<int>(reqs.size());
     MPI_Status* st = statuses.empty() ? MPI_STATUSES_IGNORE : statuses.data();
     if (blocking) {
@@ -143,11 +160,11 @@ struct waiter {
       if (rc == MPI_ERR_IN_STATUS) return rc;
       if (rc != MPI_SUCCESS) check(rc, "MPI_Testall", where());
       if (done) return MPI_SUCCESS;
-      if (spin >= 64) std::this_thread::yield();
       if ((spin & 63) == 63 && std::chrono::steady_clock::now() > deadline)
-        throw timeout_error(fmt::format("{}: timed out after {} ms; expected {} (a rank is missing, or slower than the "
-                                        "timeout). The communicator is unusable from now on.",
-                                        where(), timeout.count(), expected));
+        throw timeout_error(
+            fmt::format("{}: timed out after {} ms; expected {} (a rank is missing, or slower than the "
+                        "timeout). The communicator is unusable from now on.",
+                        where(), timeout.count(), expected));
     }
   }
 };

@@ -31,7 +31,8 @@ namespace hetmesh::comm::nccl::detail {
 using clock = std::chrono::steady_clock;
 
 /// backend_error with NCCL's error string and, when a communicator is known, its last-error text.
-[[noreturn]] inline void raise(ncclResult_t r, std::string_view call, std::string_view where, ncclComm_t comm) {
+[[noreturn]] inline void raise(ncclResult_t r, std::string_view call, std::string_view where,
+                               ncclComm_t comm) {
   const char* last = comm ? ncclGetLastError(comm) : nullptr;
   throw backend_error(fmt::format("{}: {} failed: {}{}{}", where, call, ncclGetErrorString(r),
                                   last && *last ? ": " : "", last ? last : ""),
@@ -40,27 +41,42 @@ using clock = std::chrono::steady_clock;
 
 [[nodiscard]] inline ncclDataType_t datatype(dtype t) noexcept {
   switch (t) {
-    case dtype::int8: return ncclInt8;
-    case dtype::uint8: return ncclUint8;
-    case dtype::int32: return ncclInt32;
-    case dtype::uint32: return ncclUint32;
-    case dtype::int64: return ncclInt64;
-    case dtype::uint64: return ncclUint64;
-    case dtype::float16: return ncclFloat16;
-    case dtype::bfloat16: return ncclBfloat16;
-    case dtype::float32: return ncclFloat32;
-    case dtype::float64: return ncclFloat64;
+    case dtype::int8:
+      return ncclInt8;
+    case dtype::uint8:
+      return ncclUint8;
+    case dtype::int32:
+      return ncclInt32;
+    case dtype::uint32:
+      return ncclUint32;
+    case dtype::int64:
+      return ncclInt64;
+    case dtype::uint64:
+      return ncclUint64;
+    case dtype::float16:
+      return ncclFloat16;
+    case dtype::bfloat16:
+      return ncclBfloat16;
+    case dtype::float32:
+      return ncclFloat32;
+    case dtype::float64:
+      return ncclFloat64;
   }
   return ncclUint8;
 }
 
 [[nodiscard]] inline ncclRedOp_t op(reduce_op r) noexcept {
   switch (r) {
-    case reduce_op::sum: return ncclSum;
-    case reduce_op::prod: return ncclProd;
-    case reduce_op::min: return ncclMin;
-    case reduce_op::max: return ncclMax;
-    case reduce_op::avg: return ncclAvg;
+    case reduce_op::sum:
+      return ncclSum;
+    case reduce_op::prod:
+      return ncclProd;
+    case reduce_op::min:
+      return ncclMin;
+    case reduce_op::max:
+      return ncclMax;
+    case reduce_op::avg:
+      return ncclAvg;
   }
   return ncclSum;
 }
@@ -82,7 +98,7 @@ struct state {
     clock::time_point enqueued;
     const char* op;
   };
-  std::deque<pending> work;  // enqueued operations not yet seen complete, oldest first
+  std::deque<pending> work;        // enqueued operations not yet seen complete, oldest first
   std::vector<cuda::event> spare;  // completed events, reused: creating one per call would cost microseconds
   std::atomic<abort_kind> aborted{abort_kind::none};
   std::string reason;
@@ -107,9 +123,11 @@ struct state {
   void poll() {
     if (aborted.load() != abort_kind::none) return;
     ncclResult_t async = ncclSuccess;
-    if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+    if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress) {
       const char* last = ncclGetLastError(comm);
-      abort(abort_kind::async_error, fmt::format("asynchronous NCCL error: {}: {}", ncclGetErrorString(async), last ? last : ""));
+      abort(abort_kind::async_error,
+            fmt::format("asynchronous NCCL error: {}: {}", ncclGetErrorString(async), last ? last : ""));
       return;
     }
     std::unique_lock lock(m);
@@ -128,9 +146,10 @@ struct state {
       if (clock::now() - work.front().enqueued > timeout) {
         const char* op = work.front().op;
         lock.unlock();
-        abort(abort_kind::timeout, fmt::format("{} did not complete within {} ms (a rank is missing or stuck); the "
-                                               "watchdog aborted the communicator",
-                                               op, timeout.count()));
+        abort(abort_kind::timeout,
+              fmt::format("{} did not complete within {} ms (a rank is missing or stuck); the "
+                          "watchdog aborted the communicator",
+                          op, timeout.count()));
       }
       return;
     }
