@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh: the umbrella header. Includes every host-side room; backends that need MPI or NCCL are
-// included when their component is linked (HETMESH_HAS_MPI, HETMESH_HAS_NCCL).
+// hetmesh: the umbrella header. Includes every host-side room and the loopback backend; the MPI and
+// NCCL backends are included when their component is linked (HETMESH_HAS_MPI, HETMESH_HAS_NCCL).
 #pragma once
 
 #include "config.hpp"
@@ -10,3 +10,19 @@
 #include "core/hash.hpp"
 #include "core/integral.hpp"
 #include "core/random.hpp"
+
+#include "mesh/mesh.hpp"
+
+#include "comm/collectives.hpp"
+#include "comm/group_cache.hpp"
+#include "comm/loopback.hpp"
+#include "comm/ring.hpp"
+#if HETMESH_HAS_MPI
+#  include "comm/mpi.hpp"
+#endif
+
+#include "cost/cost.hpp"
+#include "seq/seq.hpp"
+#include "balance/balance.hpp"
+#include "pipeline/all.hpp"
+#include "data/all.hpp"

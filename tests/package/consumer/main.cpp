@@ -1,7 +1,10 @@
-// A user program: proves the headers, the targets and the components are usable from outside.
+// A user program: proves the headers, the targets and the components are usable from outside the
+// source tree, by using a mesh, the loopback backend, a pipeline schedule and a planner.
 #include <hetmesh/hetmesh.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <span>
 #include <vector>
 
 #if HETMESH_HAS_MPI
@@ -13,12 +16,33 @@ int consumer_nccl_version();
 #endif
 
 int main() {
-  const std::vector<int> ranks{0, 1, 2, 3};
-  if (hetmesh::plan_hash(ranks) == hetmesh::plan_hash(std::vector<int>{3, 2, 1, 0})) return 1;
-  try {
-    hetmesh::throw_error<hetmesh::invalid_argument>("expected {}", 1);
-  } catch (const hetmesh::error&) {
-  }
+  using namespace hetmesh::literals;
+  namespace hm = hetmesh::mesh;
+  namespace comm = hetmesh::comm;
+
+  const auto mesh = hm::make_mesh(hm::tp(2_c), hm::dp(2));
+  if (mesh.group_of(1, hm::dp) != std::vector<int>{1, 3}) return 1;
+  std::printf("consumer: mesh %s\n", hetmesh::to_string(mesh).c_str());
+
+  std::vector<int> sums(4, 0);
+  comm::loopback::run(
+      4,
+      [&](comm::loopback::communicator& c) {
+        std::vector<int> v{c.rank() + 1};
+        comm::all_reduce(c, std::span<int>(v), comm::reduce_op::sum);
+        sums[static_cast<std::size_t>(c.rank())] = v[0];
+      },
+      std::chrono::seconds(10));
+  for (int s : sums)
+    if (s != 10) return 2;
+
+  const auto schedule = hetmesh::pipeline::make_schedule("1f1b", 2, 4, 1, 0);
+  if (schedule.num_ranks != 2) return 3;
+
+  const std::vector<std::int64_t> costs{5, 4, 3, 3, 2, 1};
+  const auto a = hetmesh::balance::lpt(costs, 2);
+  if (a.bin_of.size() != costs.size()) return 4;
+
 #if HETMESH_HAS_MPI
   int mpi_version = 0, mpi_subversion = 0;
   MPI_Get_version(&mpi_version, &mpi_subversion);
@@ -26,7 +50,7 @@ int main() {
 #endif
 #ifdef CONSUMER_WITH_NCCL
   std::printf("consumer: NCCL %d\n", consumer_nccl_version());
-  if (consumer_nccl_version() <= 0) return 1;
+  if (consumer_nccl_version() <= 0) return 5;
 #endif
   std::printf("consumer: ok\n");
   return 0;
