@@ -273,3 +273,20 @@ TEST_CASE("loopback: sub-groups are independent and creating one twice gives two
       throw std::runtime_error("sub-group values");
   });
 }
+
+TEST_CASE("loopback: all_gather_vectors returns every rank's vector, lengths exchanged for it") {
+  lb::run(4, [](lb::communicator& c) {
+    std::vector<std::int64_t> mine(static_cast<std::size_t>(c.rank() % 3));  // lengths 0, 1, 2, 0
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      mine[i] = static_cast<std::int64_t>(hetmesh::key_hash({5, static_cast<std::uint64_t>(c.rank()), i}));
+    const auto all = comm::all_gather_vectors(c, std::span<const std::int64_t>(mine));
+    if (all.size() != 4) throw std::runtime_error("one vector per rank");
+    for (int r = 0; r < 4; ++r) {
+      const auto& v = all[static_cast<std::size_t>(r)];
+      if (v.size() != static_cast<std::size_t>(r % 3)) throw std::runtime_error("length of rank's vector");
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (v[i] != static_cast<std::int64_t>(hetmesh::key_hash({5, static_cast<std::uint64_t>(r), i})))
+          throw std::runtime_error("value of rank's vector");
+    }
+  });
+}
