@@ -18,11 +18,11 @@
 #include "comm/loopback.hpp"
 #include "comm/ring.hpp"
 #if HETMESH_HAS_MPI
-#  include "comm/mpi.hpp"
+#include "comm/mpi.hpp"
 #endif
 
-#include "cost/cost.hpp"
-#include "seq/seq.hpp"
 #include "balance/balance.hpp"
-#include "pipeline/all.hpp"
+#include "cost/cost.hpp"
 #include "data/all.hpp"
+#include "pipeline/all.hpp"
+#include "seq/seq.hpp"

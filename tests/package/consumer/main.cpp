@@ -8,7 +8,7 @@
 #include <vector>
 
 #if HETMESH_HAS_MPI
-#  include <mpi.h>
+#include <mpi.h>
 #endif
 
 #ifdef CONSUMER_WITH_NCCL

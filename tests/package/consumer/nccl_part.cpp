@@ -1,6 +1,6 @@
 // The nccl component: NCCL's host API links and answers without a GPU.
-#include <hetmesh/config.hpp>
 #include <nccl.h>
+#include <hetmesh/config.hpp>
 
 static_assert(HETMESH_HAS_NCCL == 1, "hetmesh::nccl defines HETMESH_HAS_NCCL=1");
 
