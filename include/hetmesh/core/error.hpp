@@ -7,7 +7,11 @@
 #include <string>
 #include <utility>
 
+// CUDA translation units (nvcc) get the exception types without fmt, whose consteval format checks
+// nvcc cannot compile; throw_error is for host translation units.
+#ifndef __CUDACC__
 #include <fmt/format.h>
+#endif
 
 namespace hetmesh {
 
@@ -85,10 +89,12 @@ class assertion_error : public error {
   using error::error;
 };
 
+#ifndef __CUDACC__
 /// Throws E with a message formatted by fmt. `throw_error<invalid_argument>("cp={} ...", cp)`.
 template <class E, class... Args>
 [[noreturn]] void throw_error(fmt::format_string<Args...> format, Args&&... args) {
   throw E(fmt::format(format, std::forward<Args>(args)...));
 }
+#endif
 
 }  // namespace hetmesh

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::cuda: row gather and scatter by an index map on the device. This is how a plan's token
+// indices (a context-parallel partition, a packing, a reshard's receive order) are applied to device
+// buffers of tokens or activations: row i of the output is row indices[i] of the input.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "../core/error.hpp"
+
+namespace hetmesh::cuda {
+
+namespace detail {
+template <class T>
+__global__ void gather_rows_kernel(const T* __restrict__ src, const std::int64_t* __restrict__ indices,
+                                   T* __restrict__ dst, std::int64_t rows, std::int64_t width) {
+  const std::int64_t total = rows * width;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
+       k += stride) {
+    const std::int64_t row = k / width;
+    dst[k] = src[indices[row] * width + (k - row * width)];
+  }
+}
+template <class T>
+__global__ void scatter_rows_kernel(const T* __restrict__ src, const std::int64_t* __restrict__ indices,
+                                    T* __restrict__ dst, std::int64_t rows, std::int64_t width) {
+  const std::int64_t total = rows * width;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
+       k += stride) {
+    const std::int64_t row = k / width;
+    dst[indices[row] * width + (k - row * width)] = src[k];
+  }
+}
+inline unsigned grid_for(std::int64_t total, unsigned block) {
+  const std::int64_t blocks = (total + block - 1) / block;
+  return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);
+}
+// This header is compiled by nvcc, which cannot take fmt: messages are built by hand here.
+inline std::string str(std::size_t v) { return std::to_string(v); }
+inline void check_launch(const char* op) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess)
+    throw backend_error(std::string("cuda::") + op + ": kernel launch failed: " + cudaGetErrorString(status),
+                        static_cast<int>(status));
+}
+inline void check_rows(std::size_t src_size, std::size_t idx_size, std::size_t dst_size, std::int64_t width,
+                       const char* op, bool gather) {
+  const std::string where = std::string("cuda::") + op + ": ";
+  if (width <= 0) throw invalid_argument(where + "row width is " + std::to_string(width) + ", expected > 0");
+  const auto w = static_cast<std::size_t>(width);
+  const std::size_t moved = gather ? dst_size : src_size;
+  if (moved != idx_size * w)
+    throw invalid_argument(where + (gather ? "dst" : "src") + " has " + str(moved) +
+                           " elements, expected indices (" + str(idx_size) + ") x width (" + str(w) +
+                           ") = " + str(idx_size * w));
+  const std::size_t table = gather ? src_size : dst_size;
+  if (table % w != 0)
+    throw invalid_argument(where + (gather ? "src" : "dst") + " has " + str(table) +
+                           " elements, not a multiple of the row width " + str(w));
+}
+}  // namespace detail
+
+/// dst row i = src row indices[i], rows of `width` elements; all three spans hold device memory.
+/// Preconditions: dst.size() == indices.size() * width; src.size() a multiple of width; every index in
+/// [0, src.size() / width) (not checked on the device: indices come from a verified plan).
+/// Postconditions: enqueued on `stream`; nothing synchronises. Not collective. Deterministic.
+/// Cost: one read and one write of dst.size() elements.
+template <class T>
+void gather_rows(std::span<const T> src, std::span<const std::int64_t> indices, std::span<T> dst,
+                 std::int64_t width, cudaStream_t stream = nullptr) {
+  detail::check_rows(src.size(), indices.size(), dst.size(), width, "gather_rows", true);
+  const auto total = static_cast<std::int64_t>(dst.size());
+  if (total == 0) return;
+  constexpr unsigned block = 256;
+  detail::gather_rows_kernel<T><<<detail::grid_for(total, block), block, 0, stream>>>(
+      src.data(), indices.data(), dst.data(), static_cast<std::int64_t>(indices.size()), width);
+  detail::check_launch("gather_rows");
+}
+
+/// dst row indices[i] = src row i: the inverse of gather_rows for a permutation, and the
+/// backward pass of a gather whose indices are distinct. Preconditions as gather_rows, with the roles
+/// of src and dst exchanged; indices distinct (otherwise the surviving write is unspecified).
+template <class T>
+void scatter_rows(std::span<const T> src, std::span<const std::int64_t> indices, std::span<T> dst,
+                  std::int64_t width, cudaStream_t stream = nullptr) {
+  detail::check_rows(src.size(), indices.size(), dst.size(), width, "scatter_rows", false);
+  const auto total = static_cast<std::int64_t>(src.size());
+  if (total == 0) return;
+  constexpr unsigned block = 256;
+  detail::scatter_rows_kernel<T><<<detail::grid_for(total, block), block, 0, stream>>>(
+      src.data(), indices.data(), dst.data(), static_cast<std::int64_t>(indices.size()), width);
+  detail::check_launch("scatter_rows");
+}
+
+}  // namespace hetmesh::cuda
