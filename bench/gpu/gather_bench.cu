@@ -1,0 +1,109 @@
+// Device gather by a plan's indices (hetmesh::cuda::gather_rows) against its bound, a device-to-device
+// cudaMemcpy of the same bytes, side by side in one run, for several row widths and sizes. Indices are
+// a zigzag context-parallel partition of one long sequence (the shape a CP rank gathers).
+// Usage: bench_gpu_gather [--out FILE]   (default bench/results/gpu_gather.json). Exits 77 without a GPU.
+#include <hetmesh/cuda/gather.cuh>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+#define BENCH_CHECK(call)                                                                \
+  do {                                                                                   \
+    const cudaError_t s_ = (call);                                                       \
+    if (s_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "bench_gpu_gather: %s: %s\n", #call, cudaGetErrorString(s_)); \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (false)
+
+template <class F>
+float median_ms(F&& f, int iters) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out = "bench/results/gpu_gather.json";
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--out" && i + 1 < argc) {
+      out = argv[++i];
+    } else {
+      std::fprintf(stderr, "bench_gpu_gather: unknown argument '%s' (expected --out FILE)\n", k.c_str());
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::puts("bench_gpu_gather: no CUDA device; skipped");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::string json = std::string("{\"device\":\"") + prop.name + "\",\"kind\":\"measured\",\"rows\":[";
+  std::printf("%-10s %-8s %-12s %-14s %-14s %-8s\n", "tokens", "width", "bytes", "gather GB/s", "memcpy GB/s",
+              "ratio");
+  bool first = true;
+  for (std::int64_t width : {1, 1024, 4096}) {
+    for (std::int64_t tokens : {std::int64_t{1} << 16, std::int64_t{1} << 20}) {
+      if (tokens * width > (std::int64_t{1} << 30)) continue;
+      const std::int64_t cp = 8, chunk = tokens / (2 * cp);
+      std::vector<std::int64_t> idx;
+      for (std::int64_t r = 0; r < cp; ++r)
+        for (std::int64_t c : {r, 2 * cp - 1 - r})
+          for (std::int64_t i = 0; i < chunk; ++i) idx.push_back(c * chunk + i);
+      const std::size_t n = static_cast<std::size_t>(tokens * width);
+      float *src = nullptr, *dst = nullptr;
+      std::int64_t* didx = nullptr;
+      BENCH_CHECK(cudaMalloc(&src, n * sizeof(float)));
+      BENCH_CHECK(cudaMalloc(&dst, n * sizeof(float)));
+      BENCH_CHECK(cudaMalloc(&didx, idx.size() * sizeof(std::int64_t)));
+      BENCH_CHECK(cudaMemcpy(didx, idx.data(), idx.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemset(src, 1, n * sizeof(float)));
+      const std::span<const float> s(src, n);
+      const std::span<float> d(dst, n);
+      const std::span<const std::int64_t> ix(didx, idx.size());
+      hetmesh::cuda::gather_rows(s, ix, d, width);  // warm-up
+      BENCH_CHECK(cudaDeviceSynchronize());
+      const float g = median_ms([&] { hetmesh::cuda::gather_rows(s, ix, d, width); }, 21);
+      const float m =
+          median_ms([&] { cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice); }, 21);
+      const double bytes = 2.0 * static_cast<double>(n * sizeof(float));  // read + write
+      const double gbs = bytes / (g * 1e6), mbs = bytes / (m * 1e6);
+      std::printf("%-10lld %-8lld %-12zu %-14.1f %-14.1f %-8.3f\n", static_cast<long long>(tokens),
+                  static_cast<long long>(width), n * sizeof(float), gbs, mbs, gbs / mbs);
+      json += (first ? "" : ",") + std::string("{\"tokens\":") + std::to_string(tokens) +
+              ",\"width\":" + std::to_string(width) + ",\"bytes\":" + std::to_string(n * sizeof(float)) +
+              ",\"gather_ms\":" + std::to_string(g) + ",\"memcpy_ms\":" + std::to_string(m) +
+              ",\"gather_gbs\":" + std::to_string(gbs) + ",\"memcpy_gbs\":" + std::to_string(mbs) + "}";
+      first = false;
+      cudaFree(src);
+      cudaFree(dst);
+      cudaFree(didx);
+    }
+  }
+  json += "]}\n";
+  std::ofstream(out) << json;
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
+}
