@@ -127,10 +127,10 @@ TEST_CASE("mixture: the JSON file and the C++ aggregate are the same value") {
   want.sources[1].weight = {{0, 0.3}};
   CHECK(parsed == want);
   CHECK_THROWS_WITH_AS(
-      mixture_from_json(nlohmann::json::parse(
+      (void)mixture_from_json(nlohmann::json::parse(
           R"({"global_batch": 1, "sources": [{"name": "a", "paths": ["a"], "wieght": 1}]})")),
       doctest::Contains("unknown key \"wieght\""), invalid_argument);
-  CHECK_THROWS_AS(mixture_from_json(nlohmann::json::parse(
+  CHECK_THROWS_AS((void)mixture_from_json(nlohmann::json::parse(
                       R"({"global_batch": 4, "sources": [{"name": "a", "paths": ["a"], "weight": 0.7}]})")),
                   invalid_argument);
   CHECK(fmt::format("{}", cfg).find("3 sources") != std::string::npos);
