@@ -109,7 +109,7 @@ struct byte_reader {
       throw_error<data_error>("packed micro-batch bytes: bad array length {}", n);
     need(static_cast<std::size_t>(n) * sizeof(T));
     std::vector<T> v(static_cast<std::size_t>(n));
-    std::memcpy(v.data(), in.data() + at, v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(v.data(), in.data() + at, v.size() * sizeof(T));  // empty: data() may be null
     at += v.size() * sizeof(T);
     return v;
   }

@@ -74,7 +74,7 @@ inline std::uint64_t checksum(const unsigned char* h) {
     prefix = name.substr(0, cut);
     base = name.substr(cut + 1);
   }
-  std::memcpy(h, base.data(), base.size());
+  if (!base.empty()) std::memcpy(h, base.data(), base.size());  // an empty view may hold nullptr
   detail::put_octal(h + 100, 8, 0644);
   detail::put_octal(h + 108, 8, 0);
   detail::put_octal(h + 116, 8, 0);
@@ -84,7 +84,7 @@ inline std::uint64_t checksum(const unsigned char* h) {
   std::memcpy(h + 257, "ustar", 6);
   h[263] = '0';
   h[264] = '0';
-  std::memcpy(h + 345, prefix.data(), prefix.size());
+  if (!prefix.empty()) std::memcpy(h + 345, prefix.data(), prefix.size());
   const auto sum = detail::checksum(reinterpret_cast<const unsigned char*>(h));
   detail::put_octal(h + 148, 7, sum);
   h[155] = ' ';
