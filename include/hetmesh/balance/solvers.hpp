@@ -45,6 +45,14 @@ struct assignment {
       if (bin_of[i] == b) out.push_back(static_cast<int>(i));
     return out;
   }
+  /// Items of every bin at once: result[b] == items_of(b). O(n + bins), where calling items_of for each
+  /// bin would be O(n bins). Pre: every bin_of[i] in [0, bins()).
+  [[nodiscard]] std::vector<std::vector<int>> members() const {
+    std::vector<std::vector<int>> out(load.size());
+    for (std::size_t i = 0; i < bin_of.size(); ++i)
+      out[static_cast<std::size_t>(bin_of[i])].push_back(static_cast<int>(i));
+    return out;
+  }
   void hash_append(hasher& h) const { append_all(h, bin_of, load); }
   friend bool operator==(const assignment&, const assignment&) = default;
 };
@@ -64,19 +72,78 @@ inline void check_bins(int bins, const char* who) {
   if (bins <= 0) throw_error<invalid_argument>("{}: bins = {}; expected at least one bin", who, bins);
 }
 
-/// Indices sorted by (-cost, index): the canonical order of every greedy here.
+/// Indices sorted by (-cost, index): the canonical order of every greedy here. Sorts (-cost, index)
+/// pairs by value (no indirection into `costs` per comparison), which is what the data planner's per-step
+/// balancing spends most of its time on. Pre: costs >= 0.
 inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs) {
+  std::vector<std::pair<std::int64_t, int>> keyed(costs.size());
+  for (std::size_t i = 0; i < costs.size(); ++i) keyed[i] = {-costs[i], static_cast<int>(i)};
+  std::sort(keyed.begin(), keyed.end());
   std::vector<int> order(costs.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int x, int y) {
-    const auto cx = costs[static_cast<std::size_t>(x)];
-    const auto cy = costs[static_cast<std::size_t>(y)];
-    return cx != cy ? cx > cy : x < y;
-  });
+  for (std::size_t k = 0; k < keyed.size(); ++k) order[k] = keyed[k].second;
   return order;
 }
 
 }  // namespace detail
+
+/// The canonical greedy order: item indices sorted by (-cost, index). Pre: costs >= 0 (invalid_argument
+/// otherwise). Deterministic; O(n log n). With list_schedule it is LPT.
+[[nodiscard]] inline std::vector<int> decreasing_order(std::span<const std::int64_t> costs) {
+  detail::check_costs(costs, "balance::decreasing_order");
+  return detail::order_by_decreasing(costs);
+}
+
+/// Greedy list scheduling in a given order: items taken as `order` lists them, each to the bin with the
+/// smallest load (ties: lowest bin). With order = (-cost, index) this is LPT; a caller that already holds
+/// that order (a sub-list of a larger sorted list keeps its order) skips the sort.
+/// Pre: costs >= 0, bins >= 1, `order` a permutation of [0, costs.size()). Post: every item in exactly
+/// one bin. Local; deterministic. Cost O(n log bins).
+[[nodiscard]] inline assignment list_schedule(std::span<const std::int64_t> costs, std::span<const int> order,
+                                              int bins) {
+  detail::check_bins(bins, "balance::list_schedule");
+  if (order.size() != costs.size())
+    throw_error<invalid_argument>("balance::list_schedule: order has {} entries for {} costs; expected a "
+                                  "permutation of the items",
+                                  order.size(), costs.size());
+  assignment out;
+  out.bin_of.assign(costs.size(), -1);
+  out.load.assign(static_cast<std::size_t>(bins), 0);
+  auto take = [&](int i) -> int& {
+    if (i < 0 || static_cast<std::size_t>(i) >= costs.size())
+      throw_error<invalid_argument>("balance::list_schedule: order names item {}; expected items in [0, {})", i,
+                                    costs.size());
+    auto& slot = out.bin_of[static_cast<std::size_t>(i)];
+    if (slot != -1)
+      throw_error<invalid_argument>(
+          "balance::list_schedule: item {} appears twice in order; expected a permutation", i);
+    return slot;
+  };
+  if (bins <= 16) {  // a scan of a few loads beats a heap; same choice: smallest load, then lowest bin
+    for (int i : order) {
+      auto& slot = take(i);
+      std::size_t b = 0;
+      for (std::size_t k = 1; k < out.load.size(); ++k)
+        if (out.load[k] < out.load[b]) b = k;
+      slot = static_cast<int>(b);
+      out.load[b] += costs[static_cast<std::size_t>(i)];
+    }
+    return out;
+  }
+  // Min-heap of (load, bin): lexicographic pairs give the lowest bin among equal loads.
+  using entry = std::pair<std::int64_t, int>;
+  std::priority_queue<entry, std::vector<entry>, std::greater<>> heap;
+  for (int b = 0; b < bins; ++b) heap.emplace(0, b);
+  for (int i : order) {
+    auto& slot = take(i);
+    auto [l, b] = heap.top();
+    heap.pop();
+    slot = b;
+    l += costs[static_cast<std::size_t>(i)];
+    out.load[static_cast<std::size_t>(b)] = l;
+    heap.emplace(l, b);
+  }
+  return out;
+}
 
 /// Greedy LPT: items in (-cost, index) order, each to the bin with the smallest load (ties: lowest bin).
 /// Pre: costs >= 0, bins >= 1. Post: every item in exactly one bin of [0, bins); makespan <= (4/3 - 1/(3
@@ -84,22 +151,8 @@ inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs)
 [[nodiscard]] inline assignment lpt(std::span<const std::int64_t> costs, int bins) {
   detail::check_bins(bins, "balance::lpt");
   detail::check_costs(costs, "balance::lpt");
-  assignment out;
-  out.bin_of.assign(costs.size(), -1);
-  out.load.assign(static_cast<std::size_t>(bins), 0);
-  // Min-heap of (load, bin): lexicographic pairs give the lowest bin among equal loads.
-  using entry = std::pair<std::int64_t, int>;
-  std::priority_queue<entry, std::vector<entry>, std::greater<>> heap;
-  for (int b = 0; b < bins; ++b) heap.emplace(0, b);
-  for (int i : detail::order_by_decreasing(costs)) {
-    auto [l, b] = heap.top();
-    heap.pop();
-    out.bin_of[static_cast<std::size_t>(i)] = b;
-    l += costs[static_cast<std::size_t>(i)];
-    out.load[static_cast<std::size_t>(b)] = l;
-    heap.emplace(l, b);
-  }
-  return out;
+  const auto order = detail::order_by_decreasing(costs);
+  return list_schedule(costs, order, bins);
 }
 
 namespace detail {

@@ -15,6 +15,7 @@
 #include "mixture_json.hpp"
 #include "planner.hpp"
 #include "sample.hpp"
+#include "service.hpp"
 #include "source.hpp"
 #include "tar.hpp"
 #include "webdataset.hpp"

@@ -18,43 +18,69 @@
 
 namespace hetmesh::data {
 
+/// Micro-batches as one message: the byte size of each serialised micro-batch, and their bytes end to end.
+struct wire_micro_batches {
+  std::vector<std::int64_t> sizes{};
+  std::vector<std::uint8_t> bytes{};
+};
+
+/// Serialises micro-batches into one message. Local; O(bytes).
+[[nodiscard]] inline wire_micro_batches to_wire(const std::vector<packed_micro_batch>& mbs) {
+  wire_micro_batches w;
+  std::vector<std::vector<std::byte>> blobs;
+  blobs.reserve(mbs.size());
+  std::size_t total = 0;
+  for (const auto& mb : mbs) {
+    blobs.push_back(serialize(mb));
+    w.sizes.push_back(static_cast<std::int64_t>(blobs.back().size()));
+    total += blobs.back().size();
+  }
+  w.bytes.resize(total);
+  std::size_t at = 0;
+  for (const auto& b : blobs) {
+    if (!b.empty()) std::memcpy(w.bytes.data() + at, b.data(), b.size());
+    at += b.size();
+  }
+  return w;
+}
+
+/// The micro-batches of a message. Throws data_error when the sizes do not add up to the bytes (a
+/// message cut short or from another protocol), and what deserialize throws for a corrupt one.
+[[nodiscard]] inline std::vector<packed_micro_batch> from_wire(std::span<const std::int64_t> sizes,
+                                                               std::span<const std::uint8_t> bytes) {
+  std::int64_t total = 0;
+  for (auto s : sizes) {
+    if (s < 0) throw_error<data_error>("micro-batch message: a size of {} bytes; expected >= 0", s);
+    total += s;
+  }
+  if (total != static_cast<std::int64_t>(bytes.size()))
+    throw_error<data_error>("micro-batch message: sizes add up to {} bytes but {} arrived; expected equal",
+                            total, bytes.size());
+  std::vector<packed_micro_batch> out;
+  out.reserve(sizes.size());
+  std::size_t at = 0;
+  for (auto s : sizes) {
+    out.push_back(deserialize(std::as_bytes(bytes.subspan(at, static_cast<std::size_t>(s)))));
+    at += static_cast<std::size_t>(s);
+  }
+  return out;
+}
+
 /// Broadcasts micro-batches from `root` over `group`. Collective over `group`: every member calls it with
 /// the same root; only the root's `mine` is read. Returns the root's micro-batches on every member.
 /// Three broadcasts (count, sizes, bytes); cost O(bytes) per member.
 template <class C>
 [[nodiscard]] std::vector<packed_micro_batch> broadcast_micro_batches(
     C& group, const std::vector<packed_micro_batch>& mine, int root) {
-  const bool is_root = group.rank() == root;
-  std::vector<std::vector<std::byte>> blobs{};
-  std::int64_t count = 0;
-  if (is_root) {
-    for (const auto& mb : mine) blobs.push_back(serialize(mb));
-    count = static_cast<std::int64_t>(blobs.size());
-  }
-  comm::broadcast(group, std::span<std::int64_t>(&count, 1), root);
-  std::vector<std::int64_t> sizes(static_cast<std::size_t>(count));
-  if (is_root)
-    for (std::size_t k = 0; k < blobs.size(); ++k) sizes[k] = static_cast<std::int64_t>(blobs[k].size());
-  comm::broadcast(group, std::span<std::int64_t>(sizes), root);
-  std::int64_t total = 0;
-  for (auto s : sizes) total += s;
-  std::vector<std::uint8_t> flat(static_cast<std::size_t>(total));
-  if (is_root) {
-    std::size_t at = 0;
-    for (const auto& b : blobs) {
-      if (!b.empty()) std::memcpy(flat.data() + at, b.data(), b.size());
-      at += b.size();
-    }
-  }
-  comm::broadcast(group, std::span<std::uint8_t>(flat), root);
-  std::vector<packed_micro_batch> out{};
-  std::size_t at = 0;
-  for (auto s : sizes) {
-    out.push_back(deserialize(
-        std::as_bytes(std::span<const std::uint8_t>(flat.data() + at, static_cast<std::size_t>(s)))));
-    at += static_cast<std::size_t>(s);
-  }
-  return out;
+  wire_micro_batches w;
+  if (group.rank() == root) w = to_wire(mine);
+  std::int64_t count[2] = {static_cast<std::int64_t>(w.sizes.size()), static_cast<std::int64_t>(w.bytes.size())};
+  comm::broadcast(group, std::span<std::int64_t>(count, 2), root);
+  w.sizes.resize(static_cast<std::size_t>(count[0]));
+  w.bytes.resize(static_cast<std::size_t>(count[1]));
+  comm::broadcast(group, std::span<std::int64_t>(w.sizes), root);
+  comm::broadcast(group, std::span<std::uint8_t>(w.bytes), root);
+  return from_wire(w.sizes, w.bytes);
 }
 
 /// This rank's micro-batches of a step. `world` spans the whole layout (rank numbering of `cfg.layout`);

@@ -11,11 +11,13 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
-#include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
+
+#include <fmt/ranges.h>
 
 #include "autoscale.hpp"
 #include "memory.hpp"
@@ -30,11 +32,16 @@ struct loader_options {
   int prefetch_steps = 2;      // steps planned and read ahead of the one next() returns
   int loaders_per_source = 1;  // initial k_s
   int chunk_samples = 16;      // samples per read task (fewer hand-offs between threads)
+  /// The data-parallel ranks this data plane loads for (empty: all of them). A data plane scaled out over
+  /// several processes (data/service.hpp) gives each a disjoint share: every process plans the whole
+  /// step, and reads only its share, so no sample is read twice.
+  std::vector<int> serve_dp{};
   autoscale_options autoscale{};
   friend bool operator==(const loader_options&, const loader_options&) = default;
 };
 
-/// One step as delivered: its plan and the loaded samples, samples[i] for plan.samples[i].
+/// One step as delivered: its plan and the loaded samples, samples[i] for plan.samples[i] (left empty
+/// for samples of data-parallel ranks outside loader_options::serve_dp).
 struct step_batch {
   step_plan plan{};
   std::vector<sample> samples{};
@@ -52,6 +59,14 @@ class data_loader {
           "data_loader: workers = {}, prefetch_steps = {}, loaders_per_source = {}; expected >= 0, >= 0, >= "
           "1",
           opts_.workers, opts_.prefetch_steps, opts_.loaders_per_source);
+    served_.assign(static_cast<std::size_t>(cfg_.layout.dp), opts_.serve_dp.empty() ? 1 : 0);
+    for (int d : opts_.serve_dp) {
+      if (d < 0 || d >= cfg_.layout.dp || served_[static_cast<std::size_t>(d)] != 0)
+        throw_error<invalid_argument>(
+            "data_loader: serve_dp names {} (in [{}]); expected distinct data-parallel ranks in [0, {})", d,
+            fmt::join(opts_.serve_dp, ", "), cfg_.layout.dp);
+      served_[static_cast<std::size_t>(d)] = 1;
+    }
     loaders_.resize(cfg_.sources.size());
     cost_ns_.assign(cfg_.sources.size(), 0.0);
     for (std::size_t s = 0; s < cfg_.sources.size(); ++s) {
@@ -193,28 +208,27 @@ class data_loader {
   struct task {
     std::shared_ptr<slot> sl;
     std::shared_ptr<source_loader> loader;
-    std::vector<std::size_t> items;
+    std::vector<std::size_t> items;  // indices into the step's plan
+    std::vector<sample_ref> refs;    // refs[k] = plan.samples[items[k]].ref
   };
   // The planner's view of the sources: sizes, and (index, meta) through the loader that owns the position.
+  // Holds a snapshot of the loaders taken once per planned step, so a lookup takes no lock of ours and
+  // touches no reference count (a step plans hundreds to thousands of samples).
   struct meta_view {
-    data_loader* self;
-    std::int64_t source_size(int s) const { return self->sizes_[static_cast<std::size_t>(s)]; }
+    const std::vector<std::int64_t>* sizes;
+    std::vector<std::vector<std::shared_ptr<source_loader>>> loaders;
+    std::int64_t source_size(int s) const { return (*sizes)[static_cast<std::size_t>(s)]; }
     std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
-      auto l = self->loader_for(static_cast<std::size_t>(s), p);
-      const auto idx = l->index_at(e, p);
-      return {idx, l->meta(idx)};
+      const auto& ls = loaders[static_cast<std::size_t>(s)];
+      source_loader& l = *ls[static_cast<std::size_t>(p) % ls.size()];
+      const auto idx = l.index_at(e, p);
+      return {idx, l.meta(idx)};
     }
   };
 
   std::shared_ptr<source_loader> open_loader(std::size_t s) {
     return std::make_shared<source_loader>(cfg_.sources[s], static_cast<int>(s), cfg_.seed, decode_);
   }
-  std::shared_ptr<source_loader> loader_for(std::size_t s, std::int64_t position) const {
-    std::lock_guard lock(mutex_);
-    const auto& ls = loaders_[s];
-    return ls[static_cast<std::size_t>(position) % ls.size()];
-  }
-
   void fill() {
     for (;;) {
       {
@@ -224,7 +238,11 @@ class data_loader {
       }
       auto sl = std::make_shared<slot>();
       try {
-        meta_view view{this};
+        meta_view view{&sizes_, {}};
+        {
+          std::lock_guard lock(mutex_);
+          view.loaders = loaders_;
+        }
         auto planned = plan_step(cfg_, plan_state_, view);
         sl->plan = std::move(planned.plan);
         sl->next_state = planned.next;
@@ -236,7 +254,8 @@ class data_loader {
       if (sl->plan_error) return;
       plan_state_ = sl->next_state;
       sl->samples.resize(sl->plan.samples.size());
-      sl->remaining = static_cast<std::int64_t>(sl->plan.samples.size());
+      sl->remaining = 0;
+      for (const auto& p : sl->plan.samples) sl->remaining += served_[static_cast<std::size_t>(p.dp_rank)];
       if (opts_.workers > 0)
         for (auto& t : make_tasks_locked(sl)) tasks_.push_back(std::move(t));
       cv_.notify_all();
@@ -246,18 +265,25 @@ class data_loader {
   // Groups a step's samples by (source, loader = position mod k_s), in runs of at most chunk_samples.
   std::vector<task> make_tasks_locked(const std::shared_ptr<slot>& sl) const {
     std::vector<task> out;
-    std::map<std::pair<int, std::size_t>, std::size_t> open;  // (source, loader) -> index in out
+    std::vector<std::size_t> first(loaders_.size() + 1, 0);  // (source, loader) -> first + loader
+    for (std::size_t s = 0; s < loaders_.size(); ++s) first[s + 1] = first[s] + loaders_[s].size();
+    constexpr std::size_t none = ~std::size_t{0};
+    std::vector<std::size_t> open(first.back(), none);  // -> index in out of the run being filled
+    const auto chunk = static_cast<std::size_t>(std::max(1, opts_.chunk_samples));
     for (std::size_t i = 0; i < sl->plan.samples.size(); ++i) {
+      if (served_[static_cast<std::size_t>(sl->plan.samples[i].dp_rank)] == 0) continue;
       const auto& ref = sl->plan.samples[i].ref;
-      const auto& ls = loaders_[static_cast<std::size_t>(ref.source)];
-      const std::size_t j = static_cast<std::size_t>(ref.position) % ls.size();
-      auto it = open.find({ref.source, j});
-      if (it == open.end() ||
-          out[it->second].items.size() >= static_cast<std::size_t>(std::max(1, opts_.chunk_samples))) {
-        out.push_back({sl, ls[j], {}});
-        it = open.insert_or_assign({ref.source, j}, out.size() - 1).first;
+      const auto s = static_cast<std::size_t>(ref.source);
+      const std::size_t j = static_cast<std::size_t>(ref.position) % loaders_[s].size();
+      auto& at = open[first[s] + j];
+      if (at == none || out[at].items.size() >= chunk) {
+        out.push_back({sl, loaders_[s][j], {}, {}});
+        out.back().items.reserve(chunk);
+        out.back().refs.reserve(chunk);
+        at = out.size() - 1;
       }
-      out[it->second].items.push_back(i);
+      out[at].items.push_back(i);
+      out[at].refs.push_back(ref);
     }
     return out;
   }
@@ -276,14 +302,12 @@ class data_loader {
         spare_.pop_back();
       }
     }
-    for (std::size_t i : t.items) {
-      try {
-        t.loader->load_into(t.sl->plan.samples[i].ref, t.sl->samples[i]);
-      } catch (...) {
-        std::lock_guard lock(mutex_);
-        if (!t.sl->read_error) t.sl->read_error = std::current_exception();
-      }
-    }
+    t.loader->load_run(
+        std::span<const sample_ref>(t.refs), [&](std::size_t k) -> sample& { return t.sl->samples[t.items[k]]; },
+        [&](std::size_t) {
+          std::lock_guard lock(mutex_);
+          if (!t.sl->read_error) t.sl->read_error = std::current_exception();
+        });
     const double ns =
         std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - begin).count() /
         static_cast<double>(t.items.size());
@@ -308,8 +332,9 @@ class data_loader {
       }
       run_task(t);
       std::lock_guard lock(mutex_);
-      --active_;
-      done_cv_.notify_all();
+      // Wake waiters only when it matters (restore waits for idle workers; next() is woken by run_task
+      // when its step completes): a wake-up per task would cost the consumer a context switch each.
+      if (--active_ == 0) done_cv_.notify_all();
     }
   }
 
@@ -335,6 +360,7 @@ class data_loader {
   std::vector<std::vector<std::shared_ptr<source_loader>>> loaders_{};
   std::vector<std::int64_t> sizes_{}, retired_reads_{};
   std::vector<double> cost_ns_{};
+  std::vector<char> served_{};  // per data-parallel rank: loaded here
   std::deque<std::shared_ptr<slot>> inflight_;
   std::deque<task> tasks_;
   std::vector<sample> spare_;

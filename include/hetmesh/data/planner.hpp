@@ -141,6 +141,20 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
     ++c.position;
   }
 }
+/// Splits items into `bins` by the configured method (round_robin deals them out in stream order: the
+/// baseline).
+[[nodiscard]] inline balance::assignment split_items(balance_method method, std::span<const std::int64_t> c,
+                                                     int bins) {
+  if (method == balance_method::karmarkar_karp) return balance::karmarkar_karp(c, bins);
+  if (method == balance_method::lpt) return balance::lpt(c, bins);
+  balance::assignment a;
+  a.load.assign(static_cast<std::size_t>(bins), 0);
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    a.bin_of.push_back(static_cast<int>(i % static_cast<std::size_t>(bins)));
+    a.load[i % static_cast<std::size_t>(bins)] += c[i];
+  }
+  return a;
+}
 }  // namespace detail
 
 /// Replays quotas and cursors to the state before `step` without touching metadata. Pure; O(step x sources).
@@ -190,27 +204,39 @@ template <metadata_source M>
   }
   // Data-parallel shares, then micro-batches inside each share; both balanced on the integer costs.
   const int dp = cfg.layout.dp;
-  std::vector<std::int64_t> costs(samples.size());
-  for (std::size_t i = 0; i < samples.size(); ++i) costs[i] = samples[i].cost;
-  auto split = [&](std::span<const std::int64_t> c, int bins) {
-    if (cfg.balance == balance_method::karmarkar_karp) return balance::karmarkar_karp(c, bins);
-    if (cfg.balance == balance_method::lpt) return balance::lpt(c, bins);
-    balance::assignment a;  // the baseline: deal samples out in stream order
-    a.load.assign(static_cast<std::size_t>(bins), 0);
-    for (std::size_t i = 0; i < c.size(); ++i) {
-      a.bin_of.push_back(static_cast<int>(i % static_cast<std::size_t>(bins)));
-      a.load[i % static_cast<std::size_t>(bins)] += c[i];
-    }
-    return a;
-  };
-  const auto ranks = split(costs, dp);
+  const std::size_t n = samples.size();
+  std::vector<std::int64_t> costs(n);
+  for (std::size_t i = 0; i < n; ++i) costs[i] = samples[i].cost;
+  balance::assignment ranks;
+  // LPT: one sort of the whole batch serves the ranks and, restricted to each rank, its micro-batches
+  // (a sub-list of a (-cost, index)-sorted list is sorted the same way: identical to sorting each share).
+  std::vector<int> order;
+  if (cfg.balance == balance_method::lpt) {
+    order = balance::decreasing_order(costs);
+    ranks = balance::list_schedule(costs, order, dp);
+  } else {
+    ranks = detail::split_items(cfg.balance, costs, dp);
+  }
   out.plan.rank_cost = ranks.load;
+  const auto members = ranks.members();
+  std::vector<int> local(n);  // position of each sample inside its rank's member list
+  for (const auto& mine : members)
+    for (std::size_t k = 0; k < mine.size(); ++k) local[static_cast<std::size_t>(mine[k])] = static_cast<int>(k);
+  std::vector<std::vector<int>> rank_order(static_cast<std::size_t>(dp));
+  if (cfg.balance == balance_method::lpt)
+    for (int i : order)
+      rank_order[static_cast<std::size_t>(ranks.bin_of[static_cast<std::size_t>(i)])].push_back(
+          local[static_cast<std::size_t>(i)]);
+  std::vector<std::int64_t> c;
+  std::vector<std::int64_t> mb_tokens(static_cast<std::size_t>(cfg.micro_batches));
   for (int r = 0; r < dp; ++r) {
-    const auto mine = ranks.items_of(r);
-    std::vector<std::int64_t> c(mine.size());
+    const auto& mine = members[static_cast<std::size_t>(r)];
+    c.resize(mine.size());
     for (std::size_t k = 0; k < mine.size(); ++k) c[k] = costs[static_cast<std::size_t>(mine[k])];
-    const auto mbs = split(c, cfg.micro_batches);
-    std::vector<std::int64_t> mb_tokens(static_cast<std::size_t>(cfg.micro_batches), 0);
+    const auto mbs = cfg.balance == balance_method::lpt
+                         ? balance::list_schedule(c, rank_order[static_cast<std::size_t>(r)], cfg.micro_batches)
+                         : detail::split_items(cfg.balance, c, cfg.micro_batches);
+    std::fill(mb_tokens.begin(), mb_tokens.end(), 0);
     for (std::size_t k = 0; k < mine.size(); ++k) {
       auto& smp = samples[static_cast<std::size_t>(mine[k])];
       smp.dp_rank = r;

@@ -6,10 +6,12 @@
 // scaled out; trainer ranks never hold it. Every component reports the memory it holds.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,10 @@ class source_reader {
   [[nodiscard]] virtual sample_meta meta(std::int64_t i) const = 0;
   /// Fills out.tokens / out.items (out.ref is the caller's). Counts one read.
   virtual void load(std::int64_t i, sample& out) const = 0;
+  /// A hint that sample i will be loaded soon: starts bringing its first bytes into the cache so that a
+  /// run of short samples read in shuffled order does not stall on every sample's first cache miss.
+  /// Never reads past the sample; may do nothing.
+  virtual void prefetch(std::int64_t /*i*/) const noexcept {}
   /// Heap bytes plus resident index bytes of this open source (its access state).
   [[nodiscard]] virtual std::int64_t state_bytes() const = 0;
   /// Bytes of payload files mapped (page cache, shared, touched on demand): reported, not owned.
@@ -90,6 +96,13 @@ class indexed_source final : public source_reader {
     out.items.clear();
     parts_[part].read_tokens(local, out.tokens);
     count_read();
+  }
+  void prefetch(std::int64_t i) const noexcept override {
+    const auto [part, local] = locate(underlying(i));
+    const auto bytes = parts_[part].raw(local);
+    // The first 4 KiB: enough for the hardware prefetcher to take over on longer samples.
+    const std::size_t n = std::min<std::size_t>(bytes.size(), 1024);
+    for (std::size_t k = 0; k < n; k += 64) __builtin_prefetch(bytes.data() + k, 0, 0);
   }
   [[nodiscard]] std::int64_t state_bytes() const override {
     std::int64_t b =
@@ -219,6 +232,24 @@ class source_loader {
     std::lock_guard lock(read_mutex_);
     out.ref = ref;
     reader_->load(ref.index, out);
+  }
+  /// Loads a run of samples under one acquisition of the read lock: refs[k] into out(k) (a sample&),
+  /// prefetching each next sample while the current one is copied. on_error(k) is called inside the
+  /// catch block of a failed load (std::current_exception() is valid there) and the run goes on, so one
+  /// bad sample fails its step without the rest of the run being skipped silently.
+  template <class Out, class OnError>
+  void load_run(std::span<const sample_ref> refs, Out&& out, OnError&& on_error) {
+    std::lock_guard lock(read_mutex_);
+    for (std::size_t k = 0; k < refs.size(); ++k) {
+      if (k + 2 < refs.size()) reader_->prefetch(refs[k + 2].index);
+      try {
+        sample& dst = out(k);
+        dst.ref = refs[k];
+        reader_->load(refs[k].index, dst);
+      } catch (...) {
+        on_error(k);
+      }
+    }
   }
   [[nodiscard]] const source_reader& reader() const noexcept { return *reader_; }
   /// Access state in bytes: the reader's state plus the cached permutation.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The main of the MPI test binary: MPI is initialised around doctest. Under mpirun (CTest's
-// test_comm_mpi, HETMESH_TEST_UNDER_MPI=1) every rank runs the same test cases in the same order;
+// The main of the MPI test binaries: MPI is initialised around doctest. Under mpirun (CTest's
+// test_comm_mpi, test_data_mpi; HETMESH_TEST_UNDER_MPI=1) every rank runs the same test cases in the same order;
 // run directly, it is a one-rank MPI job. Ranks other than 0 report only failures.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>

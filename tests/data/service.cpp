@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// The data plane in processes of its own (data/service.hpp), on loopback threads: hosts load only their
+// share and send it; trainers receive exactly the micro-batches an independent plan gives; a host and
+// trainers out of step, and a host that never sends, are errors, not hangs.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <hetmesh/comm/loopback.hpp>
+
+#include "data/service_body.hpp"
+
+using namespace hetmesh;
+using namespace hetmesh::data;
+using namespace std::chrono_literals;
+
+namespace {
+std::vector<std::string> run_service(const topology& layout, int hosts, int steps) {
+  std::vector<std::string> failures(static_cast<std::size_t>(layout.world() + hosts));
+  comm::loopback::run(layout.world() + hosts, [&](comm::loopback::communicator& world) {
+    failures[static_cast<std::size_t>(world.rank())] = test::service_body(world, layout, steps);
+  });
+  return failures;
+}
+}  // namespace
+
+TEST_CASE("service: hosts serve their shares; every trainer gets the independently planned micro-batches") {
+  struct shape {
+    topology layout;
+    int hosts;
+  };
+  for (const auto& [layout, hosts] : {shape{{.tp = 2, .cp = 1, .dp = 2, .pp = 1}, 2},
+                                      shape{{.tp = 1, .cp = 2, .dp = 3, .pp = 3}, 2},
+                                      shape{{.tp = 1, .cp = 1, .dp = 4, .pp = 1}, 1}}) {
+    CAPTURE(layout.tp);
+    CAPTURE(layout.cp);
+    CAPTURE(layout.dp);
+    CAPTURE(layout.pp);
+    CAPTURE(hosts);
+    for (const auto& f : run_service(layout, hosts, 4)) CHECK(f == "");
+  }
+}
+
+TEST_CASE("service: the layout of trainers and hosts is checked") {
+  const topology t{.tp = 2, .cp = 1, .dp = 2, .pp = 1};
+  CHECK_THROWS_AS((void)service_layout_of(t, 4), invalid_argument);  // no host
+  CHECK_THROWS_AS((void)service_layout_of(t, 7), invalid_argument);  // 3 hosts for 2 indices
+  const auto sl = service_layout_of(t, 6);
+  CHECK(sl == service_layout{4, 2});
+  CHECK(served_by(sl, t, 4) == std::vector<int>{0});
+  CHECK(served_by(sl, t, 5) == std::vector<int>{1});
+  test::temp_dir dir;
+  test::service_corpus::write(dir);
+  const auto cfg = test::service_corpus::config(t, dir.path);
+  for (const auto& bad : {std::vector<int>{0, 0}, std::vector<int>{2}, std::vector<int>{-1}})
+    CHECK_THROWS_WITH_AS(data_loader(cfg, {.serve_dp = bad}), doctest::Contains("serve_dp"), invalid_argument);
+}
+
+TEST_CASE("service: a host out of step is a mismatch_error; a host that never sends is a timeout") {
+  const topology t{.tp = 1, .cp = 1, .dp = 1, .pp = 1};
+  test::temp_dir dir;
+  test::service_corpus::write(dir);
+  const auto cfg = test::service_corpus::config(t, dir.path);
+  // The host serves step 0 while the trainer waits for step 1.
+  CHECK_THROWS_AS(comm::loopback::run(2,
+                                      [&](comm::loopback::communicator& world) {
+                                        if (world.rank() == 1) {
+                                          data_loader dl(cfg, {.workers = 0, .prefetch_steps = 0});
+                                          serve_step(world, cfg, dl.next());
+                                        } else {
+                                          (void)receive_step(world, cfg, 1);
+                                        }
+                                      }),
+                  mismatch_error);
+  // The host stops before serving: the trainer's receive ends in the backend's timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(comm::loopback::run(
+                      2,
+                      [&](comm::loopback::communicator& world) {
+                        if (world.rank() == 0) (void)receive_step(world, cfg, 0);
+                      },
+                      300ms),
+                  timeout_error);
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+}

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// The data service and delivery under mpirun: the same bodies as on loopback threads, each rank a
+// process. With 6 ranks: 4 trainers (tp = 2, dp = 2) and 2 data-plane hosts. CTest runs it only under
+// mpirun -np 6 (test_data_mpi_mpi); run with another number of ranks, each case fails saying so.
+#include <doctest/doctest.h>
+
+#include <optional>
+
+#include <hetmesh/comm/mpi.hpp>
+
+#include "data/service_body.hpp"
+
+using namespace hetmesh;
+using namespace hetmesh::data;
+
+TEST_CASE("service under MPI: hosts in their own processes serve the trainers") {
+  auto world = comm::mpi::communicator::world({.timeout = std::chrono::seconds(60), .verify = true});
+  REQUIRE_MESSAGE(world.size() == 6, "needs exactly 6 ranks (mpirun -np 6)");
+  const topology layout{.tp = 2, .cp = 1, .dp = 2, .pp = 1};
+  CHECK(test::service_body(world, layout, 5) == "");
+}
+
+TEST_CASE("delivery under MPI: loading ranks broadcast to their tensor group") {
+  auto world = comm::mpi::communicator::world({.timeout = std::chrono::seconds(60), .verify = true});
+  REQUIRE_MESSAGE(world.size() == 6, "needs exactly 6 ranks (mpirun -np 6)");
+  // All 6 ranks are trainers here: tp = 3, dp = 2. Every loading rank reads its own copy of the corpus
+  // with serve_dp = its index; the others receive by broadcast and check against the generator.
+  const topology layout{.tp = 3, .cp = 1, .dp = 2, .pp = 1};
+  const int me = world.rank();
+  const int dp = (me / 3) % 2;
+  const bool loads = me % 3 == 0;
+  test::temp_dir dir;
+  if (loads) test::service_corpus::write(dir);
+  const auto cfg = test::service_corpus::config(layout, dir.path);
+  test::generator_metadata meta{&cfg};
+  auto st = initial_state(cfg);
+  std::optional<data_loader> dl;
+  if (loads) dl.emplace(cfg, loader_options{.workers = 1, .prefetch_steps = 1, .serve_dp = {dp}});
+  for (int step = 0; step < 4; ++step) {
+    std::optional<step_batch> b;
+    if (loads) b = dl->next();
+    const auto got = deliver(world, cfg, b ? &*b : nullptr);
+    auto planned = plan_step(cfg, st, meta);
+    st = planned.next;
+    CHECK(got == construct(planned.plan, test::generator_samples(planned.plan), dp, cfg.micro_batches));
+  }
+}
