@@ -26,7 +26,9 @@
 #include <nlohmann/json.hpp>
 
 #include <hetmesh/balance/balance.hpp>
+#include <hetmesh/balance/workload.hpp>
 
+#include "../support/traces.hpp"
 #include "workloads.hpp"
 
 using namespace hetmesh;
@@ -89,7 +91,7 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
   for (int s = 0; s < seeds; ++s) {
     const auto seed = static_cast<std::uint64_t>(1000 + s);
     const auto seqs = w.lengths.empty() ? bench::byted_like_batch(batch_tokens, seed)
-                                        : bench::sample_batch(w.lengths, batch_tokens, seed);
+                                        : balance::sample_batch(w.lengths, batch_tokens, seed);
     nseq.push_back(static_cast<double>(seqs.size()));
     cfg.seed = seed;
     auto res = balance::compare_strategies(seqs, cfg);
@@ -321,7 +323,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const auto prolong = bench::read_lengths_txt(*dir / "prolong_doc_lengths.txt");
+    const auto prolong = balance::read_lengths(*dir / "prolong_doc_lengths.txt");
     const auto conv = bench::read_azure_csv(*dir / "azure_2023_conv.csv");
     const auto code = bench::read_azure_csv(*dir / "azure_2023_code.csv");
     json j{{"benchmark", "bench_balance_compare"},

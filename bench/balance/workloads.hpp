@@ -1,17 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// Benchmark workloads: readers for the shared workload files and the synthetic Byted-like generator.
+// Benchmark workloads: where the shared workload files are, and the synthetic Byted-like generator.
+// The files themselves are read by hetmesh::balance::read_lengths and ../support/traces.hpp.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
-#include <string>
 #include <vector>
 
-#include <hetmesh/core/error.hpp>
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/seq/types.hpp>
 
@@ -32,45 +29,6 @@ inline std::optional<std::filesystem::path> find_workloads() {
     }
   }
   return std::nullopt;
-}
-
-inline std::vector<std::int64_t> read_lengths_txt(const std::filesystem::path& f) {
-  std::ifstream in(f);
-  if (!in) throw_error<data_error>("cannot open {}", f.string());
-  std::vector<std::int64_t> out;
-  std::int64_t x = 0;
-  while (in >> x) out.push_back(x);
-  return out;
-}
-
-/// Azure traces: a request's LLM length is context_tokens + generated_tokens.
-inline std::vector<std::int64_t> read_azure_csv(const std::filesystem::path& f) {
-  std::ifstream in(f);
-  if (!in) throw_error<data_error>("cannot open {}", f.string());
-  std::string line;
-  std::getline(in, line);  // header
-  std::vector<std::int64_t> out;
-  while (std::getline(in, line)) {
-    std::istringstream ss(line);
-    std::string a, b;
-    if (!std::getline(ss, a, ',') || !std::getline(ss, b, ',')) continue;
-    out.push_back(std::stoll(a) + std::stoll(b));
-  }
-  return out;
-}
-
-/// Sample a batch of about `tokens` tokens from an empirical length list (ids 0..n-1, arrival order).
-inline std::vector<seq::seq_desc> sample_batch(const std::vector<std::int64_t>& lens, std::int64_t tokens,
-                                               std::uint64_t seed) {
-  rng g(seed);
-  std::vector<seq::seq_desc> out;
-  std::int64_t total = 0;
-  while (total < tokens) {
-    const auto l = lens[static_cast<std::size_t>(g.below(lens.size()))];
-    out.push_back({static_cast<std::int64_t>(out.size()), l});
-    total += l;
-  }
-  return out;
 }
 
 /// A synthetic "Byted-like" length distribution. ByteScale publishes only aggregate shares

@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <span>
 #include <string>
@@ -30,6 +29,9 @@
 #if HETMESH_HAS_MPI
 #include <hetmesh/comm/mpi.hpp>
 #endif
+
+#include "../support/args.hpp"
+#include "../support/json_file.hpp"
 
 namespace comm = hetmesh::comm;
 using clk = std::chrono::steady_clock;
@@ -45,21 +47,8 @@ struct args {
 
 args parse(int argc, char** argv) {
   args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
-      return argv[++i];
-    };
-    if (k == "--out")
-      a.out = next();
-    else if (k == "--max-bytes")
-      a.max_bytes = std::stoll(next());
-    else if (k == "--reps")
-      a.reps = std::stoi(next());
-    else
-      throw std::runtime_error("unknown option " + k + " (expected --out, --max-bytes, --reps)");
-  }
+  hetmesh::bench::parse_options(argc, argv,
+                                {{"--out", &a.out}, {"--max-bytes", &a.max_bytes}, {"--reps", &a.reps}});
   return a;
 }
 
@@ -80,12 +69,7 @@ double load_average() {
   return l;
 }
 
-void write_json(const nlohmann::json& j, const std::string& path) {
-  std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  std::ofstream(p) << j.dump(2) << "\n";
-  std::printf("wrote %s\n", path.c_str());
-}
+using hetmesh::bench::write_json;
 
 // --- loopback vs memcpy ---------------------------------------------------------------------------
 

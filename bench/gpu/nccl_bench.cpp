@@ -13,8 +13,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <span>
 #include <string>
@@ -31,6 +29,9 @@
 #include <hetmesh/comm/nccl.hpp>
 #include <hetmesh/cuda/buffer.hpp>
 #include <hetmesh/cuda/check.hpp>
+
+#include "../support/args.hpp"
+#include "../support/json_file.hpp"
 
 namespace comm = hetmesh::comm;
 namespace nccl = hetmesh::comm::nccl;
@@ -49,26 +50,12 @@ struct args {
 
 args parse(int argc, char** argv) {
   args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
-      return argv[++i];
-    };
-    if (k == "--out")
-      a.out = next();
-    else if (k == "--max-bytes")
-      a.max_bytes = std::stoll(next());
-    else if (k == "--gpus")
-      a.gpus = std::stoi(next());
-    else if (k == "--iters")
-      a.iters = std::stoi(next());
-    else if (k == "--warmup")
-      a.warmup = std::stoi(next());
-    else
-      throw std::runtime_error("unknown option " + k +
-                               " (expected --out, --max-bytes, --gpus, --iters, --warmup)");
-  }
+  hetmesh::bench::parse_options(argc, argv,
+                                {{"--out", &a.out},
+                                 {"--max-bytes", &a.max_bytes},
+                                 {"--gpus", &a.gpus},
+                                 {"--iters", &a.iters},
+                                 {"--warmup", &a.warmup}});
   return a;
 }
 
@@ -208,10 +195,7 @@ int main(int argc, char** argv) {
     cudaGetDeviceProperties(&prop, 0);
     const nlohmann::json j{{"benchmark", "bench_gpu_nccl"}, {"measured", true}, {"gpus", g},
                            {"device", prop.name},           {"iters", a.iters}, {"results", rows}};
-    std::filesystem::path p(a.out);
-    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-    std::ofstream(p) << j.dump(2) << "\n";
-    std::printf("wrote %s\n", a.out.c_str());
+    hetmesh::bench::write_json(j, a.out);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu_nccl: %s\n", e.what());

@@ -19,9 +19,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <hetmesh/balance/workload.hpp>
 #include <hetmesh/seq/hdp.hpp>
 #include <hetmesh/seq/packing.hpp>
 
+#include "../support/traces.hpp"
 #include "workloads.hpp"
 
 using namespace hetmesh;
@@ -177,8 +179,8 @@ int main(int argc, char** argv) {
     }
   }
   const auto dir = seqbench::find_workloads(workloads_arg);
-  const auto prolong = seqbench::read_lengths(dir / "prolong_doc_lengths.txt");
-  const auto azure_code = seqbench::read_azure(dir / "azure_2023_code.csv");
+  const auto prolong = hetmesh::balance::read_lengths(dir / "prolong_doc_lengths.txt");
+  const auto azure_code = hetmesh::bench::read_azure_csv(dir / "azure_2023_code.csv");
   struct config {
     int pool;
     std::int64_t capacity;

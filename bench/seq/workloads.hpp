@@ -3,13 +3,13 @@
 // run time. "byted_like" and "github_like" rebuild ByteScale's published token shares of the long
 // tail (bytescale_length_facts.json) on top of real short documents (prolong_doc_lengths.txt):
 // where the paper gives only a combined share, the split below is ours and is stated in the JSON.
+// The length files are read by hetmesh::balance::read_lengths and ../support/traces.hpp.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -45,33 +45,6 @@ inline fs::path find_workloads(const std::string& given) {
       "or pass "
       "--workloads DIR",
       fs::current_path().string());
-}
-
-inline std::vector<std::int64_t> read_lengths(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) hetmesh::throw_error<hetmesh::data_error>("cannot open {}", file.string());
-  std::vector<std::int64_t> out;
-  std::int64_t x = 0;
-  while (in >> x)
-    if (x > 0) out.push_back(x);
-  if (out.empty()) hetmesh::throw_error<hetmesh::data_error>("{}: no lengths", file.string());
-  return out;
-}
-
-/// Azure trace: context_tokens + generated_tokens per request.
-inline std::vector<std::int64_t> read_azure(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) hetmesh::throw_error<hetmesh::data_error>("cannot open {}", file.string());
-  std::string line;
-  std::getline(in, line);  // header
-  std::vector<std::int64_t> out;
-  while (std::getline(in, line)) {
-    std::stringstream ss(line);
-    std::string a, b;
-    if (!std::getline(ss, a, ',') || !std::getline(ss, b, ',')) continue;
-    out.push_back(std::stoll(a) + std::stoll(b));
-  }
-  return out;
 }
 
 struct long_bucket {

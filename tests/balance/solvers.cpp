@@ -181,3 +181,34 @@ TEST_CASE("bad input is rejected with the offending value named") {
   CHECK(to_string(balance::lpt(std::vector<std::int64_t>{2, 1}, 2)) ==
         "assignment(items=2, bins=2, makespan=2, load=[2, 1])");
 }
+
+TEST_CASE("list_schedule: LPT in the decreasing order, the heap and the scan agree; members() is items_of()") {
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    const int n = 1 + static_cast<int>(seed * 37 % 300);
+    // Few distinct costs: many ties, so the tie-breaks (lower index first, then lowest bin) are exercised.
+    const auto c = random_costs(seed, n, 0, seed % 2 == 0 ? 5 : 1000);
+    for (int bins : {1, 2, 7, 16, 17, 64}) {
+      const auto order = balance::decreasing_order(c);
+      const auto a = balance::list_schedule(c, order, bins);
+      check_consistent(a, c, bins);
+      // Brute-force reference: the greedy with an explicit argmin over loads (lowest bin on ties).
+      std::vector<std::int64_t> load(static_cast<std::size_t>(bins), 0);
+      for (int i : order) {
+        const auto b = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        REQUIRE(a.bin_of[static_cast<std::size_t>(i)] == static_cast<int>(b));
+        load[b] += c[static_cast<std::size_t>(i)];
+      }
+      CHECK(a == balance::lpt(c, bins));
+      const auto m = a.members();
+      for (int b = 0; b < bins; ++b) CHECK(m[static_cast<std::size_t>(b)] == a.items_of(b));
+    }
+  }
+  const std::vector<std::int64_t> c{4, 2, 3};
+  CHECK_THROWS_WITH_AS((void)balance::list_schedule(c, std::vector<int>{0, 1}, 2), doctest::Contains("2 entries"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)balance::list_schedule(c, std::vector<int>{0, 1, 1}, 2),
+                       doctest::Contains("item 1 appears twice"), invalid_argument);
+  CHECK_THROWS_WITH_AS((void)balance::list_schedule(c, std::vector<int>{0, 1, 3}, 2), doctest::Contains("item 3"),
+                       invalid_argument);
+  CHECK_THROWS_AS((void)balance::decreasing_order(std::vector<std::int64_t>{1, -2}), invalid_argument);
+}

@@ -5,11 +5,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
-#include <fstream>
+#include <filesystem>
 #include <map>
 #include <vector>
 
+#include <hetmesh/balance/workload.hpp>
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/seq/hdp.hpp>
 
@@ -34,22 +36,11 @@ inline std::vector<seq::seq_desc> random_batch(std::uint64_t seed, int n, std::i
 /// heavy-tailed synthetic one (the tests still check properties, not numbers).
 inline std::vector<seq::seq_desc> prolong_batch(std::uint64_t seed, std::int64_t tokens) {
   std::vector<std::int64_t> lens;
-  if (auto dir = workloads_dir()) {
-    std::ifstream in(*dir / "prolong_doc_lengths.txt");
-    std::int64_t x = 0;
-    while (in >> x) lens.push_back(x);
-  }
+  if (auto dir = workloads_dir(); dir && std::filesystem::exists(*dir / "prolong_doc_lengths.txt"))
+    lens = balance::read_lengths(*dir / "prolong_doc_lengths.txt");
   if (lens.empty())
     for (const auto& s : random_batch(seed, 20000, 64, 300000)) lens.push_back(s.length);
-  rng g(seed);
-  std::vector<seq::seq_desc> out;
-  std::int64_t total = 0;
-  while (total < tokens) {
-    const auto l = lens[static_cast<std::size_t>(g.below(lens.size()))];
-    out.push_back({static_cast<std::int64_t>(out.size()), l});
-    total += l;
-  }
-  return out;
+  return balance::sample_batch(lens, tokens, seed);
 }
 
 /// Every token of every sequence is held by exactly one (rank, micro-batch) segment.

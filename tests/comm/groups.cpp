@@ -13,26 +13,12 @@
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/mesh/layout.hpp>
 
+#include "p2p_only.hpp"
+
 namespace comm = hetmesh::comm;
 namespace lb = hetmesh::comm::loopback;
 
 namespace {
-
-/// Forwards only the required members: a ring over it provably creates no communicator (it has no
-/// subgroup or split to call).
-class no_groups {
- public:
-  using is_communicator = void;
-  static constexpr comm::memory_space memory = comm::memory_space::host;
-  explicit no_groups(lb::communicator& c) : c_(c) {}
-  [[nodiscard]] int rank() const { return c_.rank(); }
-  [[nodiscard]] int size() const { return c_.size(); }
-  [[nodiscard]] std::span<const int> ranks() const { return c_.ranks(); }
-  void group_p2p(std::span<const comm::p2p_op> ops) { c_.group_p2p(ops); }
-
- private:
-  lb::communicator& c_;
-};
 
 void require(bool ok, const char* what) {
   if (!ok) throw std::runtime_error(what);
@@ -104,7 +90,7 @@ TEST_CASE("split orders each color by key, then rank") {
 TEST_CASE("dynamic rings: a different set of rings every step, all on the parent communicator") {
   constexpr int n = 6;
   lb::run(n, [](lb::communicator& world) {
-    no_groups c(world);
+    comm::testing::p2p_only c(world);  // no subgroup or split: a ring over it creates no communicator
     for (std::uint64_t step = 0; step < 25; ++step) {
       // This step's rings: a seeded permutation of the ranks cut into rings of 1..4 ranks.
       const auto perm = hetmesh::permutation(n, 77 + step);

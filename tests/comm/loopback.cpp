@@ -14,6 +14,7 @@
 #include <hetmesh/comm/loopback.hpp>
 
 #include "conformance.hpp"
+#include "p2p_only.hpp"
 
 namespace comm = hetmesh::comm;
 namespace lb = hetmesh::comm::loopback;
@@ -21,21 +22,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// A communicator that offers only the required primitive, so every collective takes the generic path.
-class p2p_only {
- public:
-  using is_communicator = void;
-  static constexpr comm::memory_space memory = comm::memory_space::host;
-  explicit p2p_only(lb::communicator& c) : c_(c) {}
-  [[nodiscard]] int rank() const { return c_.rank(); }
-  [[nodiscard]] int size() const { return c_.size(); }
-  [[nodiscard]] std::span<const int> ranks() const { return c_.ranks(); }
-  void group_p2p(std::span<const comm::p2p_op> ops) { c_.group_p2p(ops); }
-
- private:
-  lb::communicator& c_;
-};
-static_assert(comm::communicator<p2p_only>);
+using comm::testing::p2p_only;
+static_assert(comm::communicator<p2p_only<lb::communicator>>);
 static_assert(!comm::communicator<int>);
 
 /// Runs `body` on n ranks and returns what each rank's body returned (as int64).

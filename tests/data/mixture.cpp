@@ -189,6 +189,22 @@ TEST_CASE(
         load[static_cast<std::size_t>(smp.dp_rank)] += smp.cost;
       }
       REQUIRE(load == p.rank_cost);
+      // Ranks and micro-batches are exactly balance::lpt's, of the step and of each rank's share (the
+      // planner sorts once for both).
+      std::vector<std::int64_t> costs;
+      for (const auto& smp : p.samples) costs.push_back(smp.cost);
+      const auto ranks = balance::lpt(costs, cfg.layout.dp);
+      for (int r = 0; r < cfg.layout.dp; ++r) {
+        std::vector<std::int64_t> share;
+        std::vector<int> got;
+        for (std::size_t i = 0; i < p.samples.size(); ++i) {
+          REQUIRE(p.samples[i].dp_rank == ranks.bin_of[i]);
+          if (p.samples[i].dp_rank != r) continue;
+          share.push_back(p.samples[i].cost);
+          got.push_back(p.samples[i].micro_batch);
+        }
+        REQUIRE(got == balance::lpt(share, cfg.micro_batches).bin_of);
+      }
       // The replayed state equals the incrementally advanced one.
       if (step % 20 == 19) REQUIRE(state_at(cfg, step + 1, meta.sizes) == planned.next);
       st = planned.next;

@@ -21,7 +21,6 @@ namespace {
 
 namespace bal = hetmesh::balance;
 namespace sq = hetmesh::seq;
-using hetmesh::cost::fixed;
 
 constexpr output_format compare_formats[] = {output_format::json, output_format::table, output_format::csv};
 constexpr output_format balance_formats[] = {output_format::json, output_format::table};
@@ -107,124 +106,6 @@ json config_json(const setup& s) {
           {"devices_per_node", c.model.net.ranks_per_node}};
 }
 
-// ---- one strategy's plan as generic work items --------------------------------------------------
-
-// A unit of work: whole sequences on one rank (degree 1), or one sequence (or, for static_dp_cp, a
-// packed row) split zigzag over a ring.
-struct work_item {
-  std::vector<int> ring;
-  std::int64_t order = 0;
-  std::vector<sq::seq_desc> seqs;
-  double offload_ratio = 0.0;
-  fixed duration{};
-
-  [[nodiscard]] std::int64_t tokens() const {
-    std::int64_t t = 0;
-    for (const auto& s : seqs) t += s.length;
-    return t;
-  }
-};
-
-struct plan_view {
-  std::vector<work_item> items;
-  std::vector<bal::task> tasks;
-};
-
-std::vector<work_item> items_of_hdp_plan(const sq::hdp_plan& plan, const std::vector<bal::task>& tasks) {
-  std::vector<work_item> out;
-  for (std::size_t i = 0; i < plan.sharding.items.size(); ++i) {
-    const auto& it = plan.sharding.items[i];
-    out.push_back(
-        {plan.placement[i].ring, plan.placement[i].order, it.seqs, it.offload.ratio(), tasks[i].duration});
-  }
-  return out;
-}
-
-// static_dp_cp's rows: balance/strategies.hpp packs in arrival order, next-fit, into rows of cp x C
-// tokens and returns only the rows' rings. The row contents are rebuilt here by the same rule, and
-// checked against the strategy's task count below.
-std::vector<std::vector<sq::seq_desc>> static_rows(const setup& s) {
-  std::int64_t longest = 0;
-  for (const auto& q : s.seqs) longest = std::max(longest, q.length);
-  const std::int64_t context = std::max({s.cfg.context, longest, s.cfg.hdp.capacity});
-  const std::int64_t cp = (context + s.cfg.hdp.capacity - 1) / s.cfg.hdp.capacity;
-  const std::int64_t row_cap = cp * s.cfg.hdp.capacity;
-  std::vector<std::vector<sq::seq_desc>> rows(1);
-  std::int64_t fill = 0;
-  for (const auto& q : s.seqs) {
-    if (q.length == 0) continue;
-    if (fill + q.length > row_cap && !rows.back().empty()) {
-      rows.emplace_back();
-      fill = 0;
-    }
-    rows.back().push_back(q);
-    fill += q.length;
-  }
-  if (rows.back().empty()) rows.pop_back();
-  return rows;
-}
-
-plan_view plan_of(std::string_view name, const setup& s) {
-  const auto& cfg = s.cfg;
-  plan_view v;
-  if (name == "bytescale_hdp" || name == "hetmesh") {
-    sq::hdp_plan plan;
-    if (name == "bytescale_hdp") {
-      bal::bytescale_policy p = cfg.bytescale;
-      p.mode = cfg.model.pp_stages > 1 ? bal::hdp_balance_mode::pp : bal::hdp_balance_mode::dp;
-      plan = bal::plan_bytescale(s.seqs, cfg.hdp, cfg.ranks, cfg.model, p);
-    } else {
-      std::vector<int> owner(s.seqs.size());
-      for (std::size_t i = 0; i < owner.size(); ++i)
-        owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
-      plan = bal::plan_hetmesh(s.seqs, cfg.hdp, cfg.ranks, cfg.model, cfg.hetmesh, owner);
-    }
-    v.tasks = bal::tasks_of(plan, cfg.model);
-    v.items = items_of_hdp_plan(plan, v.tasks);
-    return v;
-  }
-  if (name == "random" || name == "token_count") {
-    const auto sh = sq::hdp_shard(s.seqs, cfg.hdp, cfg.ranks);
-    v.tasks = name == "random" ? bal::detail::random_tasks(s.seqs, cfg)
-                               : bal::detail::token_count_tasks(s.seqs, cfg);
-    for (const auto& t : v.tasks) {
-      const auto& it = sh.items.at(static_cast<std::size_t>(t.order));
-      v.items.push_back({t.ranks, t.order, it.seqs, it.offload.ratio(), t.duration});
-    }
-    return v;
-  }
-  if (name == "static_dp_cp") {
-    v.tasks = bal::detail::static_dp_cp_tasks(s.seqs, cfg);
-    const auto rows = static_rows(s);
-    if (rows.size() != v.tasks.size()) {
-      hetmesh::throw_error<hetmesh::mismatch_error>(
-          "static_dp_cp: the strategy made {} rows but hetmesh-plan rebuilt {}; expected the same packing "
-          "rule",
-          v.tasks.size(), rows.size());
-    }
-    for (std::size_t k = 0; k < rows.size(); ++k) {
-      v.items.push_back({v.tasks[k].ranks, v.tasks[k].order, rows[k], 0.0, v.tasks[k].duration});
-    }
-    return v;
-  }
-  hetmesh::throw_error<hetmesh::invalid_argument>("unknown strategy '{}'; expected one of {}", name,
-                                                  fmt::join(bal::strategy_names, ", "));
-}
-
-// Modelled ring-attention traffic of a step, bytes summed over all ranks: per layer, a ring of D ranks
-// passes every KV block D-1 hops forward and KV plus its gradient back (3x forward). Packs on one
-// rank move nothing. Gradient reduction is the same for every strategy and is left out.
-double comm_bytes(const plan_view& v, const bal::step_model& m) {
-  double total = 0.0;
-  for (const auto& it : v.items) {
-    const auto d = static_cast<double>(it.ring.size());
-    if (d <= 1.0) continue;
-    total += 3.0 * static_cast<double>(m.llm.layers) * (d - 1.0) * m.kv_bytes_per_token *
-             static_cast<double>(it.tokens());
-  }
-  return total;
-}
-
 std::vector<std::string_view> strategies_of(const parsed& args) {
   std::vector<std::string_view> out;
   if (!args.has("strategies")) return {bal::strategy_names.begin(), bal::strategy_names.end()};
@@ -266,7 +147,7 @@ void run_compare(const parsed& args, std::ostream& out) {
     }
     std::sort(times.begin(), times.end());
     const double plan_ms = times[times.size() / 2];
-    const double bytes = comm_bytes(plan_of(name, s), s.cfg.model);
+    const double bytes = r.comm_bytes;
     const double step_s = r.step.units() / 1000.0;  // model units are milliseconds
     lower_bound_s = r.lower_bound.units() / 1000.0;
     rows.push_back({{"name", r.name},
@@ -315,7 +196,7 @@ void run_balance(const parsed& args, std::ostream& out) {
     usage_fail("--strategy = '{}'; expected one of: {}", name, fmt::join(bal::strategy_names, ", "));
   }
   const setup s = setup_of(args);
-  const plan_view v = plan_of(name, s);
+  const bal::strategy_plan v = bal::plan_strategy(name, s.seqs, s.cfg);
   const auto tl = bal::simulate(s.cfg.ranks, v.tasks, s.cfg.model.pp_stages);
   const auto lb = bal::step_lower_bound(s.seqs, s.cfg);
 
@@ -334,7 +215,7 @@ void run_balance(const parsed& args, std::ostream& out) {
                      {"ring", it.ring},
                      {"tokens", it.tokens()},
                      {"offload_ratio", it.offload_ratio},
-                     {"time_model_ms", it.duration.units()},
+                     {"time_model_ms", v.tasks[i].duration.units()},
                      {"sequences", std::move(ids)}});
   }
   json ranks = json::array();
@@ -386,7 +267,7 @@ void run_balance(const parsed& args, std::ostream& out) {
   doc["imbalance"] = tl.imbalance();
   doc["lower_bound_model_s"] = lb.units() / 1000.0;
   doc["vs_lower_bound"] = lb.ticks > 0 ? tl.step.units() / lb.units() : 0.0;
-  doc["comm_bytes"] = comm_bytes(v, s.cfg.model);
+  doc["comm_bytes"] = bal::ring_comm_bytes(v, s.cfg.model);
   doc["items"] = std::move(items);
   doc["per_rank"] = std::move(ranks);
   if (format == output_format::json) {

@@ -6,8 +6,8 @@
 //   JSONL:  one object per line                       {"id": 7, "text": 900, "images": [576, 576], "audio":
 //   [750]}
 //
-// Blank lines and lines starting with '#' are skipped. Every problem is a hetmesh::data_error that
-// names the file, the line number and what was expected there.
+// Blank lines and lines starting with '#' are skipped; plain lines follow balance::parse_length_line.
+// Every problem is a hetmesh::data_error that names the file, the line number and what was expected.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <hetmesh/balance/workload.hpp>
 #include <hetmesh/core/error.hpp>
-
-#include "args.hpp"
 
 namespace hetmesh_plan {
 
@@ -166,15 +165,9 @@ namespace detail {
       if (s.id.empty()) s.id = std::to_string(w.samples.size());
       w.samples.push_back(std::move(s));
     } else {
-      std::int64_t n = 0;
-      try {
-        n = parse_integer<std::int64_t>(text, "length");
-      } catch (const usage_error&) {
-        detail::bad_line(path, line,
-                         fmt::format("'{}' is not a length; expected one positive integer per line", text));
-      }
-      if (n <= 0) detail::bad_line(path, line, fmt::format("length {}; expected a positive token count", n));
-      w.samples.push_back({std::to_string(w.samples.size()), n, {}, {}});
+      // The same line rule (and messages) as every other reader of length lists.
+      const auto n = hetmesh::balance::parse_length_line(text, path, line);
+      w.samples.push_back({std::to_string(w.samples.size()), *n, {}, {}});
     }
   }
   if (in.bad()) hetmesh::throw_error<hetmesh::data_error>("{}: read error after line {}", path, line);

@@ -13,3 +13,5 @@
 #include "reshard.hpp"
 #include "solvers.hpp"
 #include "strategies.hpp"
+#include "strategy_plan.hpp"
+#include "workload.hpp"

@@ -35,6 +35,7 @@
 
 #include "../core/assert.hpp"
 #include "communicator.hpp"
+#include "detail/members.hpp"
 #include "detail/mpi_support.hpp"
 #include "reduce_op.hpp"
 
@@ -48,7 +49,7 @@ struct options {
   friend bool operator==(const options&, const options&) = default;
 };
 
-class communicator {
+class communicator : public comm::detail::group_members {
  public:
   using is_communicator = void;
   static constexpr memory_space memory = memory_space::host;
@@ -65,10 +66,9 @@ class communicator {
   [[nodiscard]] static communicator world(options opt = {}) { return borrow(MPI_COMM_WORLD, opt); }
 
   communicator(communicator&& o) noexcept
-      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
+      : group_members(std::move(o)),
+        comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
         owned_(std::exchange(o.owned_, false)),
-        rank_(o.rank_),
-        ranks_(std::move(o.ranks_)),
         opt_(o.opt_),
         broken_(o.broken_),
         abandoned_(std::move(o.abandoned_)) {}
@@ -80,13 +80,8 @@ class communicator {
     }
     return *this;
   }
-  communicator(const communicator&) = delete;
-  communicator& operator=(const communicator&) = delete;
-  ~communicator() { release(); }
+  ~communicator() { release(); }  // copies are deleted by group_members: the handle is owned once
 
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return static_cast<int>(ranks_.size()); }
-  [[nodiscard]] std::span<const int> ranks() const noexcept { return ranks_; }
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
   [[nodiscard]] const options& opts() const noexcept { return opt_; }
   void set_options(const options& o) { opt_ = o; }
@@ -412,8 +407,6 @@ class communicator {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
-  int rank_ = 0;
-  std::vector<int> ranks_;
   options opt_;
   bool broken_ = false;
   std::vector<MPI_Request> abandoned_;

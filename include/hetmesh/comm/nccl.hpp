@@ -24,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -32,6 +33,8 @@
 #include "../cuda/check.hpp"
 #include "../cuda/half.hpp"
 #include "communicator.hpp"
+#include "detail/deadline.hpp"
+#include "detail/members.hpp"
 #include "detail/nccl_support.hpp"
 
 namespace hetmesh::comm::nccl {
@@ -51,7 +54,7 @@ struct options {
   return id;
 }
 
-class communicator {
+class communicator : public comm::detail::group_members {
  public:
   using is_communicator = void;
   static constexpr memory_space memory = memory_space::device;
@@ -90,13 +93,8 @@ class communicator {
     }
     return *this;
   }
-  communicator(const communicator&) = delete;
-  communicator& operator=(const communicator&) = delete;
-  ~communicator() { release(); }
+  ~communicator() { release(); }  // copies are deleted by group_members: the handle is owned once
 
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return static_cast<int>(ranks_.size()); }
-  [[nodiscard]] std::span<const int> ranks() const noexcept { return ranks_; }
   [[nodiscard]] ncclComm_t native() const noexcept { return s_->comm; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return s_->owned_stream.get(); }
   [[nodiscard]] int device() const noexcept { return s_->device; }
@@ -194,19 +192,16 @@ class communicator {
   /// error; past the timeout it aborts the communicator and raises timeout_error.
   void synchronize() {
     usable("synchronize");
-    const auto deadline = detail::clock::now() + opt_.timeout;
-    for (unsigned spin = 0;; ++spin) {
+    const bool completed = comm::detail::poll_until(opt_.timeout, {.yield_from = 65}, [&] {
       const cudaError_t st = cudaStreamQuery(stream());
-      if (st == cudaSuccess) break;
+      if (st == cudaSuccess) return true;
       if (st != cudaErrorNotReady) cuda::check(st, "cudaStreamQuery", where("synchronize"));
       poll_async("synchronize");
-      if (detail::clock::now() > deadline) {
-        s_->abort(detail::abort_kind::timeout,
-                  fmt::format("synchronize did not complete within {} ms", opt_.timeout.count()));
-        usable("synchronize");
-      }
-      if (spin > 64) std::this_thread::yield();
-    }
+      return false;
+    });
+    if (!completed)
+      s_->abort(detail::abort_kind::timeout,
+                fmt::format("synchronize did not complete within {} ms", opt_.timeout.count()));
     usable("synchronize");
   }
 
@@ -215,7 +210,7 @@ class communicator {
 
  private:
   communicator(std::shared_ptr<detail::state> s, int rank, std::vector<int> ranks, options opt)
-      : s_(std::move(s)), rank_(rank), ranks_(std::move(ranks)), opt_(opt) {}
+      : group_members(rank, std::move(ranks)), s_(std::move(s)), opt_(opt) {}
 
   void release() noexcept {
     if (!s_) return;
@@ -223,8 +218,11 @@ class communicator {
     if (s_->comm && s_->aborted.load() == detail::abort_kind::none) {
       // Finalize flushes outstanding work; bounded, then abort if a peer never completes it.
       ncclResult_t r = ncclCommFinalize(s_->comm);
-      const auto deadline = detail::clock::now() + opt_.timeout;
-      while (r == ncclInProgress && detail::clock::now() < deadline) ncclCommGetAsyncError(s_->comm, &r);
+      bool first = true;
+      (void)comm::detail::poll_until(opt_.timeout, {}, [&] {
+        if (!std::exchange(first, false)) ncclCommGetAsyncError(s_->comm, &r);
+        return r != ncclInProgress;
+      });
       if (r == ncclSuccess)
         ncclCommDestroy(s_->comm);
       else
@@ -264,16 +262,17 @@ class communicator {
   /// Waits, bounded by the timeout, for a call that returned ncclInProgress (non-blocking mode); then
   /// starts the watchdog if the communicator has none yet.
   void settle(ncclResult_t r, const char* call, const char* op) {
-    const auto deadline = detail::clock::now() + opt_.timeout;
-    while (r == ncclInProgress) {
-      if (detail::clock::now() > deadline) {
-        s_->abort(
-            detail::abort_kind::timeout,
-            fmt::format("{} did not complete within {} ms (a rank is missing)", call, opt_.timeout.count()));
-        usable(op);
-      }
-      std::this_thread::yield();
-      if (ncclCommGetAsyncError(s_->comm, &r) != ncclSuccess) break;
+    // The first poll is the call's own result; each later one asks NCCL again (a failing query ends it).
+    bool first = true;
+    const bool completed = comm::detail::poll_until(opt_.timeout, {.yield_from = 0}, [&] {
+      if (!std::exchange(first, false) && ncclCommGetAsyncError(s_->comm, &r) != ncclSuccess) return true;
+      return r != ncclInProgress;
+    });
+    if (!completed) {
+      s_->abort(
+          detail::abort_kind::timeout,
+          fmt::format("{} did not complete within {} ms (a rank is missing)", call, opt_.timeout.count()));
+      usable(op);
     }
     if (r != ncclSuccess) detail::raise(r, call, where(op), s_->comm);
     if (!s_->watchdog.joinable() && opt_.watchdog_interval.count() > 0)
@@ -299,8 +298,6 @@ class communicator {
   }
 
   std::shared_ptr<detail::state> s_;
-  int rank_ = 0;
-  std::vector<int> ranks_;
   options opt_;
   cuda::device_buffer<int> scratch_;
 };

@@ -15,26 +15,24 @@
 namespace hetmesh::cuda {
 
 namespace detail {
-template <class T>
-__global__ void gather_rows_kernel(const T* __restrict__ src, const std::int64_t* __restrict__ indices,
-                                   T* __restrict__ dst, std::int64_t rows, std::int64_t width) {
+/// gather: dst row i = src row indices[i]; scatter: dst row indices[i] = src row i.
+enum class row_direction { gather, scatter };
+
+// One kernel for both directions: element k of the indexed side (row k / width of the index list) pairs
+// with element (k % width) of row indices[row] on the table side; only which side is written differs.
+template <class T, row_direction Dir>
+__global__ void move_rows_kernel(const T* __restrict__ src, const std::int64_t* __restrict__ indices,
+                                 T* __restrict__ dst, std::int64_t rows, std::int64_t width) {
   const std::int64_t total = rows * width;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
        k += stride) {
     const std::int64_t row = k / width;
-    dst[k] = src[indices[row] * width + (k - row * width)];
-  }
-}
-template <class T>
-__global__ void scatter_rows_kernel(const T* __restrict__ src, const std::int64_t* __restrict__ indices,
-                                    T* __restrict__ dst, std::int64_t rows, std::int64_t width) {
-  const std::int64_t total = rows * width;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
-       k += stride) {
-    const std::int64_t row = k / width;
-    dst[indices[row] * width + (k - row * width)] = src[k];
+    const std::int64_t table = indices[row] * width + (k - row * width);
+    if constexpr (Dir == row_direction::gather)
+      dst[k] = src[table];
+    else
+      dst[table] = src[k];
   }
 }
 inline unsigned grid_for(std::int64_t total, unsigned block) {
@@ -50,7 +48,8 @@ inline void check_launch(const char* op) {
                         static_cast<int>(status));
 }
 inline void check_rows(std::size_t src_size, std::size_t idx_size, std::size_t dst_size, std::int64_t width,
-                       const char* op, bool gather) {
+                       const char* op, row_direction dir) {
+  const bool gather = dir == row_direction::gather;
   const std::string where = std::string("cuda::") + op + ": ";
   if (width <= 0) throw invalid_argument(where + "row width is " + std::to_string(width) + ", expected > 0");
   const auto w = static_cast<std::size_t>(width);
@@ -64,6 +63,18 @@ inline void check_rows(std::size_t src_size, std::size_t idx_size, std::size_t d
     throw invalid_argument(where + (gather ? "src" : "dst") + " has " + str(table) +
                            " elements, not a multiple of the row width " + str(w));
 }
+/// Checks the shapes, then launches move_rows_kernel over the rows of the index list on `stream`.
+template <row_direction Dir, class T>
+void move_rows(std::span<const T> src, std::span<const std::int64_t> indices, std::span<T> dst,
+               std::int64_t width, cudaStream_t stream, const char* op) {
+  check_rows(src.size(), indices.size(), dst.size(), width, op, Dir);
+  const auto total = static_cast<std::int64_t>(Dir == row_direction::gather ? dst.size() : src.size());
+  if (total == 0) return;
+  constexpr unsigned block = 256;
+  move_rows_kernel<T, Dir><<<grid_for(total, block), block, 0, stream>>>(
+      src.data(), indices.data(), dst.data(), static_cast<std::int64_t>(indices.size()), width);
+  check_launch(op);
+}
 }  // namespace detail
 
 /// dst row i = src row indices[i], rows of `width` elements; all three spans hold device memory.
@@ -74,13 +85,7 @@ inline void check_rows(std::size_t src_size, std::size_t idx_size, std::size_t d
 template <class T>
 void gather_rows(std::span<const T> src, std::span<const std::int64_t> indices, std::span<T> dst,
                  std::int64_t width, cudaStream_t stream = nullptr) {
-  detail::check_rows(src.size(), indices.size(), dst.size(), width, "gather_rows", true);
-  const auto total = static_cast<std::int64_t>(dst.size());
-  if (total == 0) return;
-  constexpr unsigned block = 256;
-  detail::gather_rows_kernel<T><<<detail::grid_for(total, block), block, 0, stream>>>(
-      src.data(), indices.data(), dst.data(), static_cast<std::int64_t>(indices.size()), width);
-  detail::check_launch("gather_rows");
+  detail::move_rows<detail::row_direction::gather>(src, indices, dst, width, stream, "gather_rows");
 }
 
 /// dst row indices[i] = src row i: the inverse of gather_rows for a permutation, and the
@@ -89,13 +94,7 @@ void gather_rows(std::span<const T> src, std::span<const std::int64_t> indices, 
 template <class T>
 void scatter_rows(std::span<const T> src, std::span<const std::int64_t> indices, std::span<T> dst,
                   std::int64_t width, cudaStream_t stream = nullptr) {
-  detail::check_rows(src.size(), indices.size(), dst.size(), width, "scatter_rows", false);
-  const auto total = static_cast<std::int64_t>(src.size());
-  if (total == 0) return;
-  constexpr unsigned block = 256;
-  detail::scatter_rows_kernel<T><<<detail::grid_for(total, block), block, 0, stream>>>(
-      src.data(), indices.data(), dst.data(), static_cast<std::int64_t>(indices.size()), width);
-  detail::check_launch("scatter_rows");
+  detail::move_rows<detail::row_direction::scatter>(src, indices, dst, width, stream, "scatter_rows");
 }
 
 }  // namespace hetmesh::cuda

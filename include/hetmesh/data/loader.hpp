@@ -28,10 +28,11 @@
 namespace hetmesh::data {
 
 struct loader_options {
-  int workers = 2;             // reading threads; 0 reads on the caller's thread inside next()
+  int workers = 2;             // reading threads besides the caller (which reads too while it waits in next());
+                               // 0: all reads on the caller's thread, inside next()
   int prefetch_steps = 2;      // steps planned and read ahead of the one next() returns
   int loaders_per_source = 1;  // initial k_s
-  int chunk_samples = 16;      // samples per read task (fewer hand-offs between threads)
+  int chunk_samples = 64;      // samples per read task (fewer hand-offs between threads)
   /// The data-parallel ranks this data plane loads for (empty: all of them). A data plane scaled out over
   /// several processes (data/service.hpp) gives each a disjoint share: every process plans the whole
   /// step, and reads only its share, so no sample is read twice.
@@ -99,12 +100,20 @@ class data_loader {
     if (sl->plan_error) {
       std::rethrow_exception(sl->plan_error);
     }
-    if (opts_.workers == 0) {
-      for (auto& t : make_tasks(sl)) run_task(t);
-    }
     {
+      // Wait for the step, helping with its reads meanwhile: the caller is a reader too (the only one
+      // with workers = 0), so a pool never leaves a core idle while the step it waits for is unread.
       std::unique_lock lock(mutex_);
-      done_cv_.wait(lock, [&] { return sl->remaining == 0; });
+      while (sl->remaining != 0) {
+        if (!tasks_.empty() && tasks_.front().sl == sl) {
+          const task t = pop_task_locked();
+          lock.unlock();
+          run_task(t);
+          lock.lock();
+          continue;
+        }
+        done_cv_.wait(lock);
+      }
       inflight_.pop_front();
     }
     if (sl->read_error) std::rethrow_exception(sl->read_error);
@@ -256,9 +265,8 @@ class data_loader {
       sl->samples.resize(sl->plan.samples.size());
       sl->remaining = 0;
       for (const auto& p : sl->plan.samples) sl->remaining += served_[static_cast<std::size_t>(p.dp_rank)];
-      if (opts_.workers > 0)
-        for (auto& t : make_tasks_locked(sl)) tasks_.push_back(std::move(t));
-      cv_.notify_all();
+      for (auto& t : make_tasks_locked(sl)) tasks_.push_back(std::move(t));
+      if (opts_.workers > 0) cv_.notify_all();
     }
   }
 
@@ -287,21 +295,23 @@ class data_loader {
     }
     return out;
   }
-  std::vector<task> make_tasks(const std::shared_ptr<slot>& sl) const {
-    std::lock_guard lock(mutex_);
-    return make_tasks_locked(sl);
+  // Takes the next task and hands it recycled buffers: the ones consumed last, still warm in the cache,
+  // and under the lock the caller holds anyway, so reads take no lock for them.
+  task pop_task_locked() {
+    task t = std::move(tasks_.front());
+    tasks_.pop_front();
+    ++active_;
+    for (std::size_t i : t.items) {
+      if (spare_.empty()) break;
+      t.sl->samples[i] = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    return t;
   }
 
+  // Runs a task from pop_task_locked; takes the lock once, at the end.
   void run_task(const task& t) {
     const auto begin = std::chrono::steady_clock::now();
-    {
-      std::lock_guard lock(mutex_);
-      for (std::size_t i : t.items) {
-        if (spare_.empty()) break;
-        t.sl->samples[i] = std::move(spare_.back());
-        spare_.pop_back();
-      }
-    }
     t.loader->load_run(
         std::span<const sample_ref>(t.refs), [&](std::size_t k) -> sample& { return t.sl->samples[t.items[k]]; },
         [&](std::size_t) {
@@ -316,7 +326,9 @@ class data_loader {
     cost_ns_[s] =
         cost_ns_[s] == 0 ? ns : 0.8 * cost_ns_[s] + 0.2 * ns;  // moving average of read + decode per sample
     t.sl->remaining -= static_cast<std::int64_t>(t.items.size());
-    if (t.sl->remaining == 0) done_cv_.notify_all();
+    // Wake waiters only when it matters (next() waits for its step; restore waits for idle readers): a
+    // wake-up per task would cost the consumer a context switch each.
+    if (--active_ == 0 || t.sl->remaining == 0) done_cv_.notify_all();
   }
 
   void work() {
@@ -326,15 +338,9 @@ class data_loader {
         std::unique_lock lock(mutex_);
         cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
         if (stop_) return;
-        t = std::move(tasks_.front());
-        tasks_.pop_front();
-        ++active_;
+        t = pop_task_locked();
       }
       run_task(t);
-      std::lock_guard lock(mutex_);
-      // Wake waiters only when it matters (restore waits for idle workers; next() is woken by run_task
-      // when its step completes): a wake-up per task would cost the consumer a context switch each.
-      if (--active_ == 0) done_cv_.notify_all();
     }
   }
 

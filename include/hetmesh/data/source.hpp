@@ -70,10 +70,13 @@ class source_reader {
   }
 
  private:
-  mutable std::atomic<std::int64_t> reads_{0};
   bool filtered_ = false;
   std::int64_t total_ = 0;
   std::vector<std::int64_t> keep_{};
+  // Written on every load: on a cache line of its own, so that loads through another reader (k_s loaders
+  // of a source, on other worker threads) and lookups of this reader's fields do not bounce the line.
+  alignas(64) mutable std::atomic<std::int64_t> reads_{0};
+  [[maybe_unused]] char own_line_[64 - sizeof(std::atomic<std::int64_t>)]{};
 };
 
 /// Megatron indexed datasets, concatenated in the order given.

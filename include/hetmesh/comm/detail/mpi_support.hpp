@@ -19,6 +19,7 @@
 #include "../../core/error.hpp"
 #include "../dtype.hpp"
 #include "../reduce_op.hpp"
+#include "deadline.hpp"
 
 namespace hetmesh::comm::mpi {
 
@@ -153,19 +154,20 @@ struct waiter {
       if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) check(rc, "MPI_Waitall", where());
       return rc;
     }
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (unsigned spin = 0;; ++spin) {
+    int rc = MPI_SUCCESS;
+    const bool completed = comm::detail::poll_until(timeout, {.clock_every = 64}, [&] {
       int done = 0;
-      const int rc = MPI_Testall(n, reqs.data(), &done, st);
-      if (rc == MPI_ERR_IN_STATUS) return rc;
+      rc = MPI_Testall(n, reqs.data(), &done, st);
+      if (rc == MPI_ERR_IN_STATUS) return true;
       if (rc != MPI_SUCCESS) check(rc, "MPI_Testall", where());
-      if (done) return MPI_SUCCESS;
-      if ((spin & 63) == 63 && std::chrono::steady_clock::now() > deadline)
-        throw timeout_error(
-            fmt::format("{}: timed out after {} ms; expected {} (a rank is missing, or slower than the "
-                        "timeout). The communicator is unusable from now on.",
-                        where(), timeout.count(), expected));
-    }
+      return done != 0;
+    });
+    if (!completed)
+      throw timeout_error(
+          fmt::format("{}: timed out after {} ms; expected {} (a rank is missing, or slower than the "
+                      "timeout). The communicator is unusable from now on.",
+                      where(), timeout.count(), expected));
+    return rc;
   }
 };
 
