@@ -380,8 +380,9 @@ int main(int argc, char** argv) {
         "resident index bytes each open source maps; payload (.bin) mappings are shared page cache and not "
         "counted. Replicated = 64 x one "
         "rank that opens every source (measured on one rank; all ranks alike).";
-    fmt::print("\n[2] throughput from the page cache, 4 sources, int32 tokens; pool = hardware threads - 1 workers "
-               "+ the caller (measured)\n");
+    fmt::print(
+        "\n[2] throughput from the page cache, 4 sources, int32 tokens; pool = hardware threads - 1 workers "
+        "+ the caller (measured)\n");
     fmt::print("{:>8} {:>8} {:>12} {:>10} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "case",
                "tokens", "pool smp/s", "pool GB/s", "sync smp/s", "sync GB/s", "raw smp/s", "raw GB/s",
                "bound GB/s", "pool/raw", "sync/raw", "bound/raw");

@@ -182,7 +182,8 @@ TEST_CASE("bad input is rejected with the offending value named") {
         "assignment(items=2, bins=2, makespan=2, load=[2, 1])");
 }
 
-TEST_CASE("list_schedule: LPT in the decreasing order, the heap and the scan agree; members() is items_of()") {
+TEST_CASE(
+    "list_schedule: LPT in the decreasing order, the heap and the scan agree; members() is items_of()") {
   for (std::uint64_t seed = 0; seed < 20; ++seed) {
     const int n = 1 + static_cast<int>(seed * 37 % 300);
     // Few distinct costs: many ties, so the tie-breaks (lower index first, then lowest bin) are exercised.
@@ -204,11 +205,11 @@ TEST_CASE("list_schedule: LPT in the decreasing order, the heap and the scan agr
     }
   }
   const std::vector<std::int64_t> c{4, 2, 3};
-  CHECK_THROWS_WITH_AS((void)balance::list_schedule(c, std::vector<int>{0, 1}, 2), doctest::Contains("2 entries"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)balance::list_schedule(c, std::vector<int>{0, 1}, 2),
+                       doctest::Contains("2 entries"), invalid_argument);
   CHECK_THROWS_WITH_AS((void)balance::list_schedule(c, std::vector<int>{0, 1, 1}, 2),
                        doctest::Contains("item 1 appears twice"), invalid_argument);
-  CHECK_THROWS_WITH_AS((void)balance::list_schedule(c, std::vector<int>{0, 1, 3}, 2), doctest::Contains("item 3"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)balance::list_schedule(c, std::vector<int>{0, 1, 3}, 2),
+                       doctest::Contains("item 3"), invalid_argument);
   CHECK_THROWS_AS((void)balance::decreasing_order(std::vector<std::int64_t>{1, -2}), invalid_argument);
 }

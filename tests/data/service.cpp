@@ -31,9 +31,9 @@ TEST_CASE("service: hosts serve their shares; every trainer gets the independent
     topology layout;
     int hosts;
   };
-  for (const auto& [layout, hosts] : {shape{{.tp = 2, .cp = 1, .dp = 2, .pp = 1}, 2},
-                                      shape{{.tp = 1, .cp = 2, .dp = 3, .pp = 3}, 2},
-                                      shape{{.tp = 1, .cp = 1, .dp = 4, .pp = 1}, 1}}) {
+  for (const auto& [layout, hosts] :
+       {shape{{.tp = 2, .cp = 1, .dp = 2, .pp = 1}, 2}, shape{{.tp = 1, .cp = 2, .dp = 3, .pp = 3}, 2},
+        shape{{.tp = 1, .cp = 1, .dp = 4, .pp = 1}, 1}}) {
     CAPTURE(layout.tp);
     CAPTURE(layout.cp);
     CAPTURE(layout.dp);
@@ -55,7 +55,8 @@ TEST_CASE("service: the layout of trainers and hosts is checked") {
   test::service_corpus::write(dir);
   const auto cfg = test::service_corpus::config(t, dir.path);
   for (const auto& bad : {std::vector<int>{0, 0}, std::vector<int>{2}, std::vector<int>{-1}})
-    CHECK_THROWS_WITH_AS(data_loader(cfg, {.serve_dp = bad}), doctest::Contains("serve_dp"), invalid_argument);
+    CHECK_THROWS_WITH_AS(data_loader(cfg, {.serve_dp = bad}), doctest::Contains("serve_dp"),
+                         invalid_argument);
 }
 
 TEST_CASE("service: a host out of step is a mismatch_error; a host that never sends is a timeout") {

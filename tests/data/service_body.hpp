@@ -52,7 +52,8 @@ struct generator_metadata {
   std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
     const auto perm = permutation(service_corpus::size[s], epoch_seed(cfg->seed, s, e));
     const auto index = perm[static_cast<std::size_t>(p)];
-    const auto len = sample_length(service_corpus::seed, s, index, service_corpus::lo[s], service_corpus::hi[s]);
+    const auto len =
+        sample_length(service_corpus::seed, s, index, service_corpus::lo[s], service_corpus::hi[s]);
     return {index, {.tokens = len, .item_tokens = {}, .bytes = 4 * len}};
   }
 };
@@ -66,8 +67,8 @@ inline std::vector<sample> generator_samples(const step_plan& plan) {
   for (std::size_t i = 0; i < out.size(); ++i) {
     const auto& ref = plan.samples[i].ref;
     out[i].ref = ref;
-    out[i].tokens = expected_tokens(service_corpus::seed, ref.source, ref.index, service_corpus::lo[ref.source],
-                                    service_corpus::hi[ref.source]);
+    out[i].tokens = expected_tokens(service_corpus::seed, ref.source, ref.index,
+                                    service_corpus::lo[ref.source], service_corpus::hi[ref.source]);
   }
   return out;
 }
@@ -103,7 +104,8 @@ std::string service_body(C& world, const topology& layout, int steps) {
   // Over all hosts, every sample of every step read exactly once.
   comm::all_reduce(world, std::span<std::int64_t>(&reads, 1), comm::reduce_op::sum);
   if (failure.empty() && reads != steps * 24)
-    failure = fmt::format("rank {}: the hosts read {} samples in all; expected {} steps x 24", me, reads, steps);
+    failure =
+        fmt::format("rank {}: the hosts read {} samples in all; expected {} steps x 24", me, reads, steps);
   return failure;
 }
 
@@ -122,12 +124,13 @@ std::string trainer_side(C& world, const topology& layout, int steps) {
     const auto samples = generator_samples(planned.plan);
     const auto got = receive_step(world, cfg, step);
     const bool in_group = stage == 0 || stage == layout.pp - 1;
-    const auto expected =
-        in_group ? construct(planned.plan, samples, dp, cfg.micro_batches) : std::vector<packed_micro_batch>{};
+    const auto expected = in_group ? construct(planned.plan, samples, dp, cfg.micro_batches)
+                                   : std::vector<packed_micro_batch>{};
     if (got != expected)
-      return fmt::format("trainer {} (dp {}, stage {}) step {}: received {} micro-batches that differ from the "
-                         "{} built from the generator",
-                         me, dp, stage, step, got.size(), expected.size());
+      return fmt::format(
+          "trainer {} (dp {}, stage {}) step {}: received {} micro-batches that differ from the "
+          "{} built from the generator",
+          me, dp, stage, step, got.size(), expected.size());
     if (in_group && expected.empty())
       return fmt::format("trainer {} step {}: no micro-batches; expected its share", me, step);
   }

@@ -102,16 +102,17 @@ inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs)
                                               int bins) {
   detail::check_bins(bins, "balance::list_schedule");
   if (order.size() != costs.size())
-    throw_error<invalid_argument>("balance::list_schedule: order has {} entries for {} costs; expected a "
-                                  "permutation of the items",
-                                  order.size(), costs.size());
+    throw_error<invalid_argument>(
+        "balance::list_schedule: order has {} entries for {} costs; expected a "
+        "permutation of the items",
+        order.size(), costs.size());
   assignment out;
   out.bin_of.assign(costs.size(), -1);
   out.load.assign(static_cast<std::size_t>(bins), 0);
   auto take = [&](int i) -> int& {
     if (i < 0 || static_cast<std::size_t>(i) >= costs.size())
-      throw_error<invalid_argument>("balance::list_schedule: order names item {}; expected items in [0, {})", i,
-                                    costs.size());
+      throw_error<invalid_argument>("balance::list_schedule: order names item {}; expected items in [0, {})",
+                                    i, costs.size());
     auto& slot = out.bin_of[static_cast<std::size_t>(i)];
     if (slot != -1)
       throw_error<invalid_argument>(

@@ -74,7 +74,8 @@ template <class C>
     C& group, const std::vector<packed_micro_batch>& mine, int root) {
   wire_micro_batches w;
   if (group.rank() == root) w = to_wire(mine);
-  std::int64_t count[2] = {static_cast<std::int64_t>(w.sizes.size()), static_cast<std::int64_t>(w.bytes.size())};
+  std::int64_t count[2] = {static_cast<std::int64_t>(w.sizes.size()),
+                           static_cast<std::int64_t>(w.bytes.size())};
   comm::broadcast(group, std::span<std::int64_t>(count, 2), root);
   w.sizes.resize(static_cast<std::size_t>(count[0]));
   w.bytes.resize(static_cast<std::size_t>(count[1]));

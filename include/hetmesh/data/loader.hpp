@@ -28,9 +28,9 @@
 namespace hetmesh::data {
 
 struct loader_options {
-  int workers = 2;             // reading threads besides the caller (which reads too while it waits in next());
-                               // 0: all reads on the caller's thread, inside next()
-  int prefetch_steps = 2;      // steps planned and read ahead of the one next() returns
+  int workers = 2;         // reading threads besides the caller (which reads too while it waits in next());
+                           // 0: all reads on the caller's thread, inside next()
+  int prefetch_steps = 2;  // steps planned and read ahead of the one next() returns
   int loaders_per_source = 1;  // initial k_s
   int chunk_samples = 64;      // samples per read task (fewer hand-offs between threads)
   /// The data-parallel ranks this data plane loads for (empty: all of them). A data plane scaled out over
@@ -313,7 +313,8 @@ class data_loader {
   void run_task(const task& t) {
     const auto begin = std::chrono::steady_clock::now();
     t.loader->load_run(
-        std::span<const sample_ref>(t.refs), [&](std::size_t k) -> sample& { return t.sl->samples[t.items[k]]; },
+        std::span<const sample_ref>(t.refs),
+        [&](std::size_t k) -> sample& { return t.sl->samples[t.items[k]]; },
         [&](std::size_t) {
           std::lock_guard lock(mutex_);
           if (!t.sl->read_error) t.sl->read_error = std::current_exception();

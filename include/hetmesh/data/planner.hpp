@@ -221,7 +221,8 @@ template <metadata_source M>
   const auto members = ranks.members();
   std::vector<int> local(n);  // position of each sample inside its rank's member list
   for (const auto& mine : members)
-    for (std::size_t k = 0; k < mine.size(); ++k) local[static_cast<std::size_t>(mine[k])] = static_cast<int>(k);
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      local[static_cast<std::size_t>(mine[k])] = static_cast<int>(k);
   std::vector<std::vector<int>> rank_order(static_cast<std::size_t>(dp));
   if (cfg.balance == balance_method::lpt)
     for (int i : order)
@@ -233,9 +234,10 @@ template <metadata_source M>
     const auto& mine = members[static_cast<std::size_t>(r)];
     c.resize(mine.size());
     for (std::size_t k = 0; k < mine.size(); ++k) c[k] = costs[static_cast<std::size_t>(mine[k])];
-    const auto mbs = cfg.balance == balance_method::lpt
-                         ? balance::list_schedule(c, rank_order[static_cast<std::size_t>(r)], cfg.micro_batches)
-                         : detail::split_items(cfg.balance, c, cfg.micro_batches);
+    const auto mbs =
+        cfg.balance == balance_method::lpt
+            ? balance::list_schedule(c, rank_order[static_cast<std::size_t>(r)], cfg.micro_batches)
+            : detail::split_items(cfg.balance, c, cfg.micro_batches);
     std::fill(mb_tokens.begin(), mb_tokens.end(), 0);
     for (std::size_t k = 0; k < mine.size(); ++k) {
       auto& smp = samples[static_cast<std::size_t>(mine[k])];

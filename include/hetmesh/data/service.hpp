@@ -71,20 +71,23 @@ template <class C>
 void serve_step(C& world, const mixture_config& cfg, const step_batch& batch) {
   const auto sl = service_layout_of(cfg.layout, world.size());
   if (!sl.is_host(world.rank()))
-    throw_error<invalid_argument>("serve_step: rank {} is a trainer rank (trainers are [0, {})); expected a host",
-                                  world.rank(), sl.trainers);
+    throw_error<invalid_argument>(
+        "serve_step: rank {} is a trainer rank (trainers are [0, {})); expected a host", world.rank(),
+        sl.trainers);
   std::vector<std::array<std::int64_t, 4>> headers;
   std::vector<wire_micro_batches> wires;
   std::vector<int> peers;
   for (int d : served_by(sl, cfg.layout, world.rank())) {
     wires.push_back(to_wire(construct(batch.plan, batch.samples, d, cfg.micro_batches)));
-    headers.push_back({detail::service_magic, batch.plan.step, static_cast<std::int64_t>(wires.back().sizes.size()),
+    headers.push_back({detail::service_magic, batch.plan.step,
+                       static_cast<std::int64_t>(wires.back().sizes.size()),
                        static_cast<std::int64_t>(wires.back().bytes.size())});
     peers.push_back(delivery_of(cfg.layout, d).loader);
   }
   std::vector<comm::p2p_op> ops;
   for (std::size_t k = 0; k < peers.size(); ++k)
-    ops.push_back(comm::send_op(std::span<const std::int64_t>(headers[k]), peers[k], detail::service_header_tag));
+    ops.push_back(
+        comm::send_op(std::span<const std::int64_t>(headers[k]), peers[k], detail::service_header_tag));
   comm::group_p2p(world, std::span<const comm::p2p_op>(ops));
   ops.clear();
   for (std::size_t k = 0; k < peers.size(); ++k) {
@@ -103,13 +106,15 @@ void serve_step(C& world, const mixture_config& cfg, const step_batch& batch) {
 /// step), data_error for a message of another protocol, and the backend's timeout_error when the host
 /// never sends.
 template <class C>
-[[nodiscard]] std::vector<packed_micro_batch> receive_step(C& world, const mixture_config& cfg, std::int64_t step) {
+[[nodiscard]] std::vector<packed_micro_batch> receive_step(C& world, const mixture_config& cfg,
+                                                           std::int64_t step) {
   const auto sl = service_layout_of(cfg.layout, world.size());
   const int me = world.rank();
   if (sl.is_host(me))
-    throw_error<invalid_argument>("receive_step: rank {} is a data-plane host (hosts are [{}, {})); expected a "
-                                  "trainer rank",
-                                  me, sl.trainers, sl.trainers + sl.hosts);
+    throw_error<invalid_argument>(
+        "receive_step: rank {} is a data-plane host (hosts are [{}, {})); expected a "
+        "trainer rank",
+        me, sl.trainers, sl.trainers + sl.hosts);
   const auto& t = cfg.layout;
   const int dp = (me / (t.tp * t.cp)) % t.dp;
   const auto g = delivery_of(t, dp);
@@ -120,21 +125,24 @@ template <class C>
     std::array<std::int64_t, 4> header{};
     comm::recv(world, std::span<std::int64_t>(header), host, detail::service_header_tag);
     if (header[0] != detail::service_magic)
-      throw_error<data_error>("receive_step: rank {} got a message from host {} that is not a data-service "
-                              "header (magic {:#x}); expected {:#x}",
-                              me, host, header[0], detail::service_magic);
+      throw_error<data_error>(
+          "receive_step: rank {} got a message from host {} that is not a data-service "
+          "header (magic {:#x}); expected {:#x}",
+          me, host, header[0], detail::service_magic);
     if (header[1] != step)
-      throw_error<mismatch_error>("receive_step: rank {} expected step {} but host {} sent step {}; the host and "
-                                  "the trainers are out of step",
-                                  me, step, host, header[1]);
+      throw_error<mismatch_error>(
+          "receive_step: rank {} expected step {} but host {} sent step {}; the host and "
+          "the trainers are out of step",
+          me, step, host, header[1]);
     if (header[2] < 0 || header[3] < 0)
-      throw_error<data_error>("receive_step: host {} announced {} micro-batches of {} bytes; expected >= 0", host,
-                              header[2], header[3]);
+      throw_error<data_error>("receive_step: host {} announced {} micro-batches of {} bytes; expected >= 0",
+                              host, header[2], header[3]);
     wire_micro_batches w;
     w.sizes.resize(static_cast<std::size_t>(header[2]));
     w.bytes.resize(static_cast<std::size_t>(header[3]));
-    comm::group_p2p(world, {comm::recv_op(std::span<std::int64_t>(w.sizes), host, detail::service_sizes_tag),
-                            comm::recv_op(std::span<std::uint8_t>(w.bytes), host, detail::service_bytes_tag)});
+    comm::group_p2p(world,
+                    {comm::recv_op(std::span<std::int64_t>(w.sizes), host, detail::service_sizes_tag),
+                     comm::recv_op(std::span<std::uint8_t>(w.bytes), host, detail::service_bytes_tag)});
     mine = from_wire(w.sizes, w.bytes);
   }
   if (g.ranks.size() == 1) return mine;
