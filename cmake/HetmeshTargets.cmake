@@ -19,6 +19,16 @@ function(hetmesh_add_subdirectories dir)
   endforeach()
 endfunction()
 
+# hetmesh_example(NAME SOURCES ... [LIBS ...]): an example; with the tests on, CTest also runs it
+# (label example): examples compile and run in CI.
+function(hetmesh_example name)
+  hetmesh_executable(${name} ${ARGN})
+  if(HETMESH_BUILD_TESTS)
+    add_test(NAME ${name} COMMAND ${name})
+    set_tests_properties(${name} PROPERTIES LABELS example TIMEOUT 120)
+  endif()
+endfunction()
+
 # hetmesh_executable(NAME SOURCES ... [LIBS ...]): an example, benchmark or tool with strict warnings.
 function(hetmesh_executable name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
