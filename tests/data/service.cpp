@@ -49,6 +49,7 @@ TEST_CASE("service: the layout of trainers and hosts is checked") {
   CHECK_THROWS_AS((void)service_layout_of(t, 7), invalid_argument);  // 3 hosts for 2 indices
   const auto sl = service_layout_of(t, 6);
   CHECK(sl == service_layout{4, 2});
+  CHECK(to_string(sl) == "service_layout(trainers=[0, 4), hosts=[4, 6))");
   CHECK(served_by(sl, t, 4) == std::vector<int>{0});
   CHECK(served_by(sl, t, 5) == std::vector<int>{1});
   test::temp_dir dir;

@@ -15,7 +15,10 @@
 #include <span>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "../comm/collectives.hpp"
+#include "../core/format.hpp"
 #include "delivery.hpp"
 #include "loader.hpp"
 
@@ -151,3 +154,11 @@ template <class C>
 }
 
 }  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::service_layout> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::service_layout& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "service_layout(trainers=[0, {}), hosts=[{}, {}))", s.trainers,
+                          s.trainers, s.trainers + s.hosts);
+  }
+};
