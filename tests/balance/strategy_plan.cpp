@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <hetmesh/balance/strategies.hpp>
 #include <hetmesh/balance/strategy_plan.hpp>
 
@@ -37,6 +40,11 @@ TEST_CASE("plan_strategy: every sequence once, items priced by their tasks, agre
     std::sort(ids.begin(), ids.end());
     std::sort(want.begin(), want.end());
     CHECK(ids == want);
+    std::int64_t total = 0;
+    for (const auto& s : seqs) total += s.length;
+    CHECK(to_string(plan) == fmt::format("strategy_plan({} items, {} tokens)", plan.items.size(), total));
+    CHECK(to_string(plan.items.front())
+              .starts_with(fmt::format("work_item(ring={}, ", plan.items.front().ring)));
     const auto r = balance::run_strategy(name, seqs, cfg);
     CHECK(r.tasks == static_cast<std::int64_t>(plan.tasks.size()));
     CHECK(r.step == balance::simulate(cfg.ranks, plan.tasks, cfg.model.pp_stages).step);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "../core/error.hpp"
 #include "../core/format.hpp"
@@ -223,5 +224,21 @@ struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_f
       -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "strategy_config(ranks={}, {}, {}, {}, {}, seed={}, context={})",
                           c.ranks, c.hdp, c.model, c.bytescale, c.hetmesh, c.seed, c.context);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::balance::work_item> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::work_item& w, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "work_item(ring={}, order={}, {} seqs, {} tokens, offload={:.2f})",
+                          w.ring, w.order, w.seqs.size(), w.tokens(), w.offload_ratio);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::balance::strategy_plan> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::strategy_plan& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    std::int64_t tokens = 0;
+    for (const auto& w : p.items) tokens += w.tokens();
+    return fmt::format_to(ctx.out(), "strategy_plan({} items, {} tokens)", p.items.size(), tokens);
   }
 };
