@@ -36,3 +36,12 @@ function(hetmesh_executable name)
   target_link_libraries(${name} PRIVATE hetmesh::hetmesh ${ARG_LIBS})
   hetmesh_strict_warnings(${name})
 endfunction()
+
+# hetmesh_use_workloads(TARGET): TARGET reads the vendored workload data (tests/data/workloads). It gets
+# the folder's absolute path as HETMESH_WORKLOADS_DIR and the project root as HETMESH_SOURCE_DIR (to
+# write paths relative to it), so no test or benchmark looks for data outside the checkout.
+function(hetmesh_use_workloads target)
+  target_compile_definitions(${target} PRIVATE
+    HETMESH_WORKLOADS_DIR="${PROJECT_SOURCE_DIR}/tests/data/workloads"
+    HETMESH_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+endfunction()

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// bench_balance_compare: the balancing strategies side by side on the shared workloads.
+// bench_balance_compare: the balancing strategies side by side on the vendored workloads.
 //   1. modelled step time, imbalance (max/mean busy) and ratio to the lower bound max(total/N, largest
 //      short sequence) for random, token_count, static_dp_cp, bytescale_hdp, hetmesh (one group) and
 //      hetmesh with locality groups, median over seeds (batches);
@@ -28,8 +28,8 @@
 #include <hetmesh/balance/balance.hpp>
 #include <hetmesh/balance/workload.hpp>
 
-#include "../support/traces.hpp"
-#include "workloads.hpp"
+#include "../support/workloads.hpp"
+#include "byted_like.hpp"
 
 using namespace hetmesh;
 using json = nlohmann::json;
@@ -294,14 +294,14 @@ json run_planning(const std::vector<std::int64_t>& text, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::optional<std::filesystem::path> dir;
+  std::string given;  // --workloads DIR; default: the vendored tests/data/workloads
   std::string out_file = "bench/results/balance_compare.json";
   int seeds = 5;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--workloads" && i + 1 < argc) {
-      dir = argv[++i];
+      given = argv[++i];
     } else if (a == "--out" && i + 1 < argc) {
       out_file = argv[++i];
     } else if (a == "--seeds" && i + 1 < argc) {
@@ -314,24 +314,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!dir) dir = bench::find_workloads();
-  if (!dir || !std::filesystem::is_directory(*dir)) {
-    fmt::print(
-        stderr,
-        "bench_balance_compare: no workloads folder (looked for shared/data/workloads above the working "
-        "directory and the executable); pass --workloads DIR\n");
-    return 2;
-  }
   try {
-    const auto prolong = balance::read_lengths(*dir / "prolong_doc_lengths.txt");
-    const auto conv = bench::read_azure_csv(*dir / "azure_2023_conv.csv");
-    const auto code = bench::read_azure_csv(*dir / "azure_2023_code.csv");
+    const auto dir = bench::workloads_dir(
+        given, {"prolong_doc_lengths.txt", "azure_2023_conv.csv", "azure_2023_code.csv"});
+    const auto prolong = balance::read_lengths(dir / "prolong_doc_lengths.txt");
+    const auto conv = bench::read_azure_csv(dir / "azure_2023_conv.csv");
+    const auto code = bench::read_azure_csv(dir / "azure_2023_code.csv");
     json j{{"benchmark", "bench_balance_compare"},
            {"machine", machine},
            {"note",
             "step times are MODELLED by hetmesh::cost (ByteScale Fig. 6(a) layer fit, 32 layers, x3 for "
             "training, alpha-beta ring communication); planning times are MEASURED"},
-           {"workloads_dir", dir->string()}};
+           {"workloads_dir", bench::project_relative(dir)}};
     const std::int64_t batch = quick ? (8LL << 20) : (32LL << 20);
     const std::vector<text_workload> text{{"prolong", prolong, 256, 16384, 64},
                                           {"azure_conv", conv, 256, 16384, 64},

@@ -23,8 +23,8 @@
 #include <hetmesh/seq/hdp.hpp>
 #include <hetmesh/seq/packing.hpp>
 
-#include "../support/traces.hpp"
-#include "workloads.hpp"
+#include "../support/workloads.hpp"
+#include "batches.hpp"
 
 using namespace hetmesh;
 using namespace hetmesh::seq;
@@ -178,7 +178,8 @@ int main(int argc, char** argv) {
       return a == "--help" ? 0 : 2;
     }
   }
-  const auto dir = seqbench::find_workloads(workloads_arg);
+  const auto dir = hetmesh::bench::workloads_dir(
+      workloads_arg, {"prolong_doc_lengths.txt", "azure_2023_code.csv", "bytescale_length_facts.json"});
   const auto prolong = hetmesh::balance::read_lengths(dir / "prolong_doc_lengths.txt");
   const auto azure_code = hetmesh::bench::read_azure_csv(dir / "azure_2023_code.csv");
   struct config {
@@ -200,7 +201,7 @@ int main(int argc, char** argv) {
   j["machine"] =
       "2-core x86_64 CPU, no GPU, shared with other engineers' builds: CPU times (thread CPU clock) are the "
       "planning cost on one core; wall times include waiting for the core";
-  j["workloads_dir"] = dir.string();
+  j["workloads_dir"] = hetmesh::bench::project_relative(dir);
   j["batch_tokens"] = kBatch;
   j["static_cp_context"] = kContext;
   j["modelled"] =

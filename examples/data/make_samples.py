@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Regenerates the demo workloads in this folder from ../../../shared/data/workloads (see README.md).
+"""Regenerates the demo workloads in this folder from ../../tests/data/workloads (see README.md).
 
 Deterministic: Python's random.Random(seed) with integer-only draws (randrange, sample), whose
 sequences are stable across CPython 3 releases. Run from anywhere:
-    python3 examples/data/make_samples.py /work/shared/data/workloads
+    python3 examples/data/make_samples.py [WORKLOADS_DIR]   (default: tests/data/workloads)
 """
 import json
 import os
@@ -15,8 +15,8 @@ SEED = 20250228  # ByteScale v1's arXiv date; any fixed value would do
 
 
 def main() -> None:
-    src = sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data/workloads"
     here = os.path.dirname(os.path.abspath(__file__))
+    src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "..", "tests", "data", "workloads")
     with open(os.path.join(src, "prolong_doc_lengths.txt")) as f:
         lengths = [int(line) for line in f if line.strip()]
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
 #include <map>
 #include <vector>
 
@@ -15,7 +14,7 @@
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/seq/hdp.hpp>
 
-#include "workloads.hpp"
+#include "support/workloads.hpp"
 
 namespace hetmesh::test {
 
@@ -32,14 +31,19 @@ inline std::vector<seq::seq_desc> random_batch(std::uint64_t seed, int n, std::i
   return out;
 }
 
-/// A batch sampled from the ProLong document lengths when the shared workloads are present, else a
-/// heavy-tailed synthetic one (the tests still check properties, not numbers).
+/// A batch of about `tokens` tokens sampled from the vendored ProLong document lengths
+/// (tests/data/workloads/prolong_doc_lengths.txt; a missing file fails the test).
 inline std::vector<seq::seq_desc> prolong_batch(std::uint64_t seed, std::int64_t tokens) {
+  static const std::vector<std::int64_t> lens =
+      balance::read_lengths(workload_file("prolong_doc_lengths.txt"));
+  return balance::sample_batch(lens, tokens, seed);
+}
+
+/// The heavy-tailed synthetic batch: about `tokens` tokens sampled from 20,000 random_batch(seed, ...,
+/// 64, 300000) lengths. Kept as an explicit case beside the ProLong one (see planners.cpp).
+inline std::vector<seq::seq_desc> heavy_tailed_batch(std::uint64_t seed, std::int64_t tokens) {
   std::vector<std::int64_t> lens;
-  if (auto dir = workloads_dir(); dir && std::filesystem::exists(*dir / "prolong_doc_lengths.txt"))
-    lens = balance::read_lengths(*dir / "prolong_doc_lengths.txt");
-  if (lens.empty())
-    for (const auto& s : random_batch(seed, 20000, 64, 300000)) lens.push_back(s.length);
+  for (const auto& s : random_batch(seed, 20000, 64, 300000)) lens.push_back(s.length);
   return balance::sample_batch(lens, tokens, seed);
 }
 

@@ -6,8 +6,11 @@
 //      contiguous rank ranges, inside a node when D allows); a ring's start waits for its last member,
 //      and the planner charges that wait, exactly as the step simulator does. A ring that would be the
 //      critical path on a lightly loaded pool is widened beyond D(s) (widen_ring);
-//   2. short sequences by (-cost, id) onto the least-loaded rank (LPT on modelled time, not tokens);
-//   3. each rank packs its short sequences by best-fit decreasing into micro-batches of C tokens.
+//   2. short sequences by (-cost, id): first into the gaps that rings leave (a ring member free before
+//      the ring's last member waits; the tightest gap that still holds the sequence takes it, and its
+//      rows run before the ring), else onto the least-loaded rank (LPT on modelled time, not tokens);
+//   3. each gap, and each rank's remaining short sequences, packed by best-fit decreasing into
+//      micro-batches of C tokens.
 // Packing after balancing is what brings the step within a few percent of the lower bound: packing
 // first (ByteScale) freezes items of equal tokens but very unequal cost. With `group_size` G, ranks
 // form locality groups of G consecutive ranks and each sample stays in the group of its loader (the
@@ -16,7 +19,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <set>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -87,6 +92,36 @@ inline void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, 
     it.offload.ratio_k = 0;
 }
 
+/// Packs `idx` (indices into `shorts`) by best-fit decreasing on tokens into rows on rank `rank`,
+/// appending items and placements in order. Sorted by (-length, id) first, so the rows do not depend on
+/// the input order.
+inline void emit_rows(std::span<const std::size_t> idx, std::span<const seq::seq_desc> shorts, int rank,
+                      const seq::hdp_policy& hdp, std::vector<seq::hdp_item>& items,
+                      std::vector<seq::hdp_placement>& placement, std::int64_t& counter) {
+  if (idx.empty()) return;
+  std::vector<std::size_t> sorted(idx.begin(), idx.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [&](std::size_t a, std::size_t b) { return seq::detail::longer_first(shorts[a], shorts[b]); });
+  std::vector<std::int64_t> lens;
+  lens.reserve(sorted.size());
+  for (std::size_t i : sorted) lens.push_back(shorts[i].length);
+  const assignment bins = best_fit_decreasing(lens, hdp.capacity);
+  std::vector<seq::hdp_item> packs(static_cast<std::size_t>(bins.bins()));
+  for (std::size_t k = 0; k < sorted.size(); ++k) {
+    auto& p = packs[static_cast<std::size_t>(bins.bin_of[k])];
+    p.seqs.push_back(shorts[sorted[k]]);
+    p.tokens += shorts[sorted[k]].length;
+  }
+  for (auto& p : packs) {
+    p.packed = true;
+    p.degree = 1;
+    p.offload.ratio_steps = hdp.offload.ratio_steps;
+    p.offload.length = p.tokens;
+    placement.push_back(seq::hdp_placement{{rank}, counter++});
+    items.push_back(std::move(p));
+  }
+}
+
 /// Plans one group of `pool` ranks; appends items and placements (ranks offset by `base`).
 inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp, int pool, int base,
                        const step_model& m, std::vector<seq::hdp_item>& items,
@@ -98,7 +133,17 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
   }
   load_set loads(pool);
   // 1. Rings: hdp_shard gives D and the offload ratio of each long sequence, longest first; a ring
-  //    whose time would exceed the group's lower bound is widened (see widen_ring).
+  //    whose time would exceed the group's lower bound is widened (see widen_ring). A member that is
+  //    free before the ring starts leaves a gap (it waits for the last member): recorded, to be filled.
+  struct gap {
+    int rank;             // in the group
+    std::size_t ring;     // index into `rings`
+    std::int64_t room;    // ticks left before the ring starts
+    std::int64_t tokens;  // tokens of the short sequences put into it so far
+  };
+  std::vector<seq::hdp_item> rings;
+  std::vector<std::vector<int>> ring_ranks;
+  std::vector<gap> gaps;
   if (!longs.empty()) {
     auto sh = seq::hdp_shard(longs, hdp, pool);
     const cost::fixed target = group_lower_bound(seqs, hdp.capacity, pool, m);
@@ -108,16 +153,24 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
       std::sort(ring.begin(), ring.end());
       std::vector<int> global(ring);
       for (int& r : global) r += base;
-      loads.run(ring, hdp_item_time(it, m, global));
-      placement.push_back(seq::hdp_placement{std::move(global), counter++});
-      items.push_back(std::move(it));
+      std::vector<cost::fixed> free_at;
+      for (int r : ring) free_at.push_back(loads.finish(r));
+      const cost::fixed start = loads.run(ring, hdp_item_time(it, m, global));
+      for (std::size_t k = 0; k < ring.size(); ++k)
+        if (free_at[k] < start) gaps.push_back({ring[k], rings.size(), (start - free_at[k]).ticks, 0});
+      ring_ranks.push_back(std::move(global));
+      rings.push_back(std::move(it));
     }
   }
-  // 2. Short sequences: LPT on modelled time. A sequence is charged its share l / C of the per-row
-  //    constant, not all of it: rows are nearly full after best-fit, so c is shared by their members.
+  // 2. Short sequences by (-cost, id): into the tightest gap before a ring that still holds them (their
+  //    rows run there, so the ring starts no later), else onto the least-loaded rank (LPT on modelled
+  //    time, after every ring). A sequence is charged its share l / C of the per-row constant, not all
+  //    of it: rows are nearly full after best-fit, so c is shared by their members; a gap keeps one
+  //    whole constant in reserve for each row it may need.
   std::vector<std::int64_t> cost(shorts.size());
   const auto& q = m.llm.layer;
   const double scale = static_cast<double>(m.llm.layers) * m.llm.train_factor;
+  const std::int64_t row_constant = cost::fixed::from_units(scale * q.c).ticks;
   for (std::size_t i = 0; i < shorts.size(); ++i) {
     const auto x = static_cast<double>(shorts[i].length);
     cost[i] =
@@ -129,40 +182,51 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return cost[a] != cost[b] ? cost[a] > cost[b] : shorts[a].id < shorts[b].id;
   });
+  // Open gaps by (room left after reserving the constants of the rows they may need, gap index).
+  const auto usable = [&](const gap& g) {
+    const std::int64_t rows = g.tokens / hdp.capacity + 1;
+    return g.room - rows * row_constant;
+  };
+  std::set<std::pair<std::int64_t, std::size_t>> open;
+  for (std::size_t k = 0; k < gaps.size(); ++k)
+    if (usable(gaps[k]) > 0) open.emplace(usable(gaps[k]), k);
+  std::vector<std::vector<std::size_t>> in_gap(gaps.size());
   std::vector<std::vector<std::size_t>> on(static_cast<std::size_t>(pool));
   for (std::size_t i : order) {
+    auto it = open.lower_bound({cost[i], 0});
+    // The sequence may open one more row in the gap: that row's constant must fit too.
+    while (it != open.end() &&
+           gaps[it->second].room - cost[i] -
+                   ((gaps[it->second].tokens + shorts[i].length) / hdp.capacity + 1) * row_constant <
+               0)
+      ++it;
+    if (it != open.end()) {
+      const std::size_t k = it->second;
+      open.erase(it);
+      gaps[k].room -= cost[i];
+      gaps[k].tokens += shorts[i].length;
+      in_gap[k].push_back(i);
+      if (usable(gaps[k]) > 0) open.emplace(usable(gaps[k]), k);
+      continue;
+    }
     const int r = loads.least(1).front();
     const int ring[1] = {r};
     loads.run(ring, cost::fixed::from_ticks(cost[i]));
     on[static_cast<std::size_t>(r)].push_back(i);
   }
-  // 3. Per rank, pack by best-fit decreasing on tokens; micro-batches run after every ring.
-  for (int r = 0; r < pool; ++r) {
-    const auto& mine = on[static_cast<std::size_t>(r)];
-    if (mine.empty()) continue;
-    // Sort by (-length, id) first: BFD then sees an order that does not depend on the input order.
-    std::vector<std::size_t> sorted(mine);
-    std::sort(sorted.begin(), sorted.end(),
-              [&](std::size_t a, std::size_t b) { return seq::detail::longer_first(shorts[a], shorts[b]); });
-    std::vector<std::int64_t> lens;
-    lens.reserve(sorted.size());
-    for (std::size_t i : sorted) lens.push_back(shorts[i].length);
-    const assignment bins = best_fit_decreasing(lens, hdp.capacity);
-    std::vector<seq::hdp_item> packs(static_cast<std::size_t>(bins.bins()));
-    for (std::size_t k = 0; k < sorted.size(); ++k) {
-      auto& p = packs[static_cast<std::size_t>(bins.bin_of[k])];
-      p.seqs.push_back(shorts[sorted[k]]);
-      p.tokens += shorts[sorted[k]].length;
-    }
-    for (auto& p : packs) {
-      p.packed = true;
-      p.degree = 1;
-      p.offload.ratio_steps = hdp.offload.ratio_steps;
-      p.offload.length = p.tokens;
-      placement.push_back(seq::hdp_placement{{base + r}, counter++});
-      items.push_back(std::move(p));
-    }
+  // 3. Emit in execution order, so order keys are increasing along every rank: before each ring, the
+  //    rows of its gaps (best-fit decreasing per gap); then the ring; after every ring, each rank's
+  //    remaining short sequences packed by best-fit decreasing into rows of C tokens.
+  std::vector<std::vector<std::size_t>> gaps_of(rings.size());
+  for (std::size_t k = 0; k < gaps.size(); ++k) gaps_of[gaps[k].ring].push_back(k);
+  for (std::size_t j = 0; j < rings.size(); ++j) {
+    for (std::size_t k : gaps_of[j])
+      emit_rows(in_gap[k], shorts, base + gaps[k].rank, hdp, items, placement, counter);
+    placement.push_back(seq::hdp_placement{std::move(ring_ranks[j]), counter++});
+    items.push_back(std::move(rings[j]));
   }
+  for (int r = 0; r < pool; ++r)
+    emit_rows(on[static_cast<std::size_t>(r)], shorts, base + r, hdp, items, placement, counter);
 }
 
 }  // namespace detail

@@ -1,35 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// Benchmark workloads: where the shared workload files are, and the synthetic Byted-like generator.
-// The files themselves are read by hetmesh::balance::read_lengths and ../support/traces.hpp.
+// Benchmark workloads: the synthetic Byted-like generator. The vendored files are found and read by
+// ../support/workloads.hpp and hetmesh::balance::read_lengths.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
-#include <optional>
 #include <vector>
 
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/seq/types.hpp>
 
 namespace hetmesh::bench {
-
-/// The first `shared/data/workloads` found walking up from the working directory, then from the
-/// executable's directory.
-inline std::optional<std::filesystem::path> find_workloads() {
-  std::vector<std::filesystem::path> starts{std::filesystem::current_path()};
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) starts.push_back(exe.parent_path());
-  for (auto p : starts) {
-    for (; !p.empty(); p = p.parent_path()) {
-      const auto c = p / "shared" / "data" / "workloads";
-      if (std::filesystem::is_directory(c, ec)) return c;
-      if (p == p.parent_path()) break;
-    }
-  }
-  return std::nullopt;
-}
 
 /// A synthetic "Byted-like" length distribution. ByteScale publishes only aggregate shares
 /// (bytescale_length_facts.json); the bucket weights below are OUR choice, made so that: 80% of

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Batch builders for the seq/ benchmarks, from the length data in shared/data/workloads, read at
-// run time. "byted_like" and "github_like" rebuild ByteScale's published token shares of the long
+// Batch builders for the seq/ benchmarks, from the vendored length data (tests/data/workloads), read
+// at run time. "byted_like" and "github_like" rebuild ByteScale's published token shares of the long
 // tail (bytescale_length_facts.json) on top of real short documents (prolong_doc_lengths.txt):
 // where the paper gives only a combined share, the split below is ours and is stated in the JSON.
-// The length files are read by hetmesh::balance::read_lengths and ../support/traces.hpp.
+// The folder is found by ../support/workloads.hpp; length files are read by
+// hetmesh::balance::read_lengths and read_azure_csv.
 #pragma once
 
 #include <cmath>
@@ -22,30 +23,6 @@
 namespace seqbench {
 
 namespace fs = std::filesystem;
-
-/// The workloads folder: --workloads DIR, else ../shared/data/workloads relative to the project
-/// root, looked for from the current directory upwards (benchmarks run from build folders).
-inline fs::path find_workloads(const std::string& given) {
-  if (!given.empty()) {
-    if (!fs::is_directory(given))
-      hetmesh::throw_error<hetmesh::invalid_argument>("--workloads {}: not a directory", given);
-    return given;
-  }
-  fs::path at = fs::current_path();
-  for (int up = 0; up < 6; ++up) {
-    for (const auto& rel : {fs::path("../shared/data/workloads"), fs::path("shared/data/workloads")}) {
-      const auto p = at / rel;
-      if (fs::is_directory(p) && fs::exists(p / "prolong_doc_lengths.txt")) return fs::weakly_canonical(p);
-    }
-    if (!at.has_parent_path() || at.parent_path() == at) break;
-    at = at.parent_path();
-  }
-  hetmesh::throw_error<hetmesh::invalid_argument>(
-      "workloads folder not found from {}; expected ../shared/data/workloads relative to the project root, "
-      "or pass "
-      "--workloads DIR",
-      fs::current_path().string());
-}
 
 struct long_bucket {
   std::int64_t lo, hi;  // lengths drawn log-uniformly in [lo, hi]
