@@ -524,10 +524,11 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
   }
   std::vector<seq_desc> huge{{1, 100000}};
   CHECK_THROWS_AS(
-      (void)plan_long_short(huge, 16, {.max_tokens_per_rank = 10000, .heads = 16, .cluster = {.devices_per_node = 8}}),
+      (void)plan_long_short(huge, 16,
+                            {.max_tokens_per_rank = 10000, .heads = 16, .cluster = {.devices_per_node = 8}}),
       capacity_error);  // needs 10 ranks; groups are at most gcd(16, 8) = 8
-  CHECK_NOTHROW(
-      (void)plan_long_short(huge, 16, {.max_tokens_per_rank = 12500, .heads = 16, .cluster = {.devices_per_node = 8}}));
+  CHECK_NOTHROW((void)plan_long_short(
+      huge, 16, {.max_tokens_per_rank = 12500, .heads = 16, .cluster = {.devices_per_node = 8}}));
 }
 
 TEST_CASE("every plan and policy prints") {
@@ -558,7 +559,8 @@ TEST_CASE("every plan and policy prints") {
   const std::int64_t toks[] = {3, 3};
   CHECK(to_string(plan_ulysses(toks, {.degree = 2, .heads = 4, .kv_heads = 2, .head_dim = 8}))
             .find("kv/rank=1") != std::string::npos);
-  const auto ls = plan_long_short(seqs, 8, {.max_tokens_per_rank = 20000, .heads = 8, .cluster = {.devices_per_node = 8}});
+  const auto ls = plan_long_short(
+      seqs, 8, {.max_tokens_per_rank = 20000, .heads = 8, .cluster = {.devices_per_node = 8}});
   CHECK(to_string(ls).find("groups=[(0, 2), (0, 8)]") != std::string::npos);
   CHECK(to_string(ls.items[0]) == "seq{id=1, len=40000}->ranks[0,8)");
 }

@@ -54,8 +54,9 @@ struct step_model {
     double tokens = 0.0;
     for (auto l : docs) tokens += static_cast<double>(l);
     const double d = static_cast<double>(degree);
-    const double per_layer = cost::ring_step_time(spans_nodes ? net.inter() : net.intra(), degree,
-                                                  llm.shard_layer(docs, degree), kv_bytes_per_token * tokens / d);
+    const double per_layer =
+        cost::ring_step_time(spans_nodes ? net.inter() : net.intra(), degree, llm.shard_layer(docs, degree),
+                             kv_bytes_per_token * tokens / d);
     return cost::fixed::from_units(llm.scale() * per_layer);
   }
   /// Whether a ring of `degree` ranks must span nodes (more ranks than a node has).

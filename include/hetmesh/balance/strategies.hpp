@@ -65,7 +65,8 @@ struct strategy_result {
     std::int64_t best = cfg.model.ring_time(s.length, 1, false).ticks;
     for (std::int64_t d = 2; d <= dmax; ++d)
       best = std::min(
-          best, cfg.model.ring_time(s.length, static_cast<int>(d), cfg.model.spans_nodes(static_cast<int>(d))).ticks);
+          best, cfg.model.ring_time(s.length, static_cast<int>(d), cfg.model.spans_nodes(static_cast<int>(d)))
+                    .ticks);
     largest = std::max(largest, best);
   }
   const std::int64_t lb = std::max((total + cfg.ranks - 1) / cfg.ranks, largest);

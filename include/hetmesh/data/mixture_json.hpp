@@ -118,8 +118,10 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   if (j.contains("cost")) {
     const auto& k = j["cost"];
     detail::check_keys(k, {"linear", "quadratic", "item_linear", "item_quadratic"}, "mixture.cost");
-    c.cost.text = {.a = k.value("quadratic", std::int64_t{0}), .b = k.value("linear", std::int64_t{1}), .c = 0};
-    c.cost.item = {.a = k.value("item_quadratic", std::int64_t{0}), .b = k.value("item_linear", std::int64_t{1}),
+    c.cost.text = {
+        .a = k.value("quadratic", std::int64_t{0}), .b = k.value("linear", std::int64_t{1}), .c = 0};
+    c.cost.item = {.a = k.value("item_quadratic", std::int64_t{0}),
+                   .b = k.value("item_linear", std::int64_t{1}),
                    .c = 0};
   }
   const std::string bal = j.value("balance", "lpt");

@@ -6,11 +6,11 @@
 //
 // Model (modelled, not measured): a dim's groups either all fit inside one node or some span several.
 // Its time is the topology's alpha-beta link (mesh::link::transfer): bytes / bandwidth + (extent - 1) *
-// latency, with the inter-node link as soon as any of its groups crosses a node boundary (the slowest link bounds a ring or an all-to-all).
-// A step's time is the sum over dims (collectives of different dims serialised; the default) or the
-// maximum (perfectly overlapped). Admissible orders: every permutation of the dims of extent > 1 (at
-// most 8 dims), or those a caller's predicate accepts; extent-1 dims do not move any rank and are left
-// out.
+// latency, with the inter-node link as soon as any of its groups crosses a node boundary (the slowest link
+// bounds a ring or an all-to-all). A step's time is the sum over dims (collectives of different dims
+// serialised; the default) or the maximum (perfectly overlapped). Admissible orders: every permutation of the
+// dims of extent > 1 (at most 8 dims), or those a caller's predicate accepts; extent-1 dims do not move any
+// rank and are left out.
 #pragma once
 
 #include <algorithm>

@@ -56,7 +56,8 @@ struct link {
 struct topology {
   int nodes = 1;
   int devices_per_node = 8;  ///< an HGX node
-  double intra_bw_gbps = 450.0;  ///< one device's NVLink bandwidth (H100/H200 NVLink 4: ~450 GB/s per direction)
+  double intra_bw_gbps =
+      450.0;  ///< one device's NVLink bandwidth (H100/H200 NVLink 4: ~450 GB/s per direction)
   double inter_bw_gbps = 50.0;     ///< one device's share of the network (one 400 Gb/s NIC per GPU: 50 GB/s)
   double intra_latency_us = 3.0;   ///< per-message latency inside a node
   double inter_latency_us = 10.0;  ///< per-message latency across nodes

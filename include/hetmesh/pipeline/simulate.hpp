@@ -102,8 +102,8 @@ struct micro_batch_costs {
       for (auto l : d) tokens += l;
       // Model units are ms; the simulator's are seconds.
       c.forward_s.push_back(llm.packed_row(d) / (llm.train_factor * stage_shards) / 1000.0);
-      c.transfer_s.push_back(stage_link.time(2.0 * static_cast<double>(hidden) * static_cast<double>(tokens)) /
-                             1000.0);
+      c.transfer_s.push_back(
+          stage_link.time(2.0 * static_cast<double>(hidden) * static_cast<double>(tokens)) / 1000.0);
       c.memory_bytes.push_back(static_cast<std::int64_t>(act.bytes(tokens)));
     }
     return c;
@@ -137,7 +137,6 @@ struct micro_batch_costs {
     return c;
   }
 };
-
 
 /// One action placed in time.
 struct timed_action {

@@ -37,7 +37,9 @@ struct long_short_policy {
 
   [[nodiscard]] double cost(std::int64_t l) const noexcept { return encoder.item(l); }
   friend bool operator==(const long_short_policy&, const long_short_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, max_tokens_per_rank, heads, cluster, balance_factor, encoder); }
+  void hash_append(hasher& h) const {
+    append_all(h, max_tokens_per_rank, heads, cluster, balance_factor, encoder);
+  }
 };
 
 /// Where one encoder item runs: `degree` ranks from `first_rank` (degree 1: a short item), the

@@ -61,7 +61,8 @@ struct offload_choice {
   const double kept = 2.0 * steps + static_cast<double>(steps - k) * (l - 2.0);
   const double need = kept * m.activation_bytes(s);
   const double budget = static_cast<double>(steps) * l * m.activation_bytes(capacity);
-  if (!(budget > 0)) throw_error<invalid_argument>("offload_ranks: Act(C) must be > 0; check the activation model");
+  if (!(budget > 0))
+    throw_error<invalid_argument>("offload_ranks: Act(C) must be > 0; check the activation model");
   // A relative guard keeps exact quotients (128.0000000001 from rounding) from adding a rank.
   const double d = std::ceil(need / budget * (1.0 - 1e-12));
   return d < 1 ? 1 : static_cast<int>(d);
@@ -82,10 +83,10 @@ struct offload_choice {
   // Infinite bandwidth: copies always hide (the paper's worked example ignores the overlap bound).
   c.ratio_max = std::isinf(bmin) || !(act > 0) ? 1.0 : std::fmin(1.0, m.compute(s) * bmin / act);
   if (!(c.ratio_max >= 0)) c.ratio_max = 0;
-  c.ratio_lower_bound =
-      m.layers() > 2 ? std::fmin(1.0, static_cast<double>(m.layers()) * m.activation_bytes(capacity) /
-                                          (static_cast<double>(m.layers() - 2) * act))
-                     : 1.0;
+  c.ratio_lower_bound = m.layers() > 2
+                            ? std::fmin(1.0, static_cast<double>(m.layers()) * m.activation_bytes(capacity) /
+                                                 (static_cast<double>(m.layers() - 2) * act))
+                            : 1.0;
   const int full = offload_ranks(s, capacity, m, p.ratio_steps, p.ratio_steps);
   if (full > max_ranks)
     throw_error<capacity_error>(
@@ -99,9 +100,9 @@ struct offload_choice {
   int lo = 0;
   if (kmax > 0 && m.layers() > 2) {
     const auto l = static_cast<double>(m.layers());
-    const double need =
-        (static_cast<double>(best) * p.ratio_steps * l * m.activation_bytes(capacity) / act - 2.0 * p.ratio_steps) /
-        (l - 2.0);
+    const double need = (static_cast<double>(best) * p.ratio_steps * l * m.activation_bytes(capacity) / act -
+                         2.0 * p.ratio_steps) /
+                        (l - 2.0);
     lo = std::clamp(static_cast<int>(std::ceil(p.ratio_steps - need)), 0, kmax);
     while (lo > 0 && offload_ranks(s, capacity, m, lo - 1, p.ratio_steps) <= best) --lo;
     while (lo < kmax && offload_ranks(s, capacity, m, lo, p.ratio_steps) > best) ++lo;
