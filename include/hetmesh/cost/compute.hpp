@@ -78,6 +78,8 @@ struct llm_compute {
   /// (packing shares c): the work a lower bound or a balancer spreads. O(1).
   [[nodiscard]] double work(std::int64_t s) const noexcept {
     const auto x = static_cast<double>(s);
+    // (scale x (a s + b)) x, not scale x variable(s): the association every lower bound was computed
+    // with, kept so that bounds (and the plans widened against them) stay bit-identical.
     return scale() * (layer.a * x + layer.b) * x;
   }
   /// The training time a balancer charges a short sequence of s tokens that will be packed into rows
