@@ -83,6 +83,10 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
   balance::strategy_config cfg;
   cfg.ranks = w.ranks;
   cfg.hdp.capacity = w.capacity;
+  // The cluster of the published results (docs/balance.md): 150 GB/s NVLink, 25 GB/s between nodes,
+  // stated here rather than taken from mesh::topology's defaults (450 / 50 GB/s) so they reproduce.
+  cfg.model.net.intra_bw_gbps = 150.0;
+  cfg.model.net.inter_bw_gbps = 25.0;
   std::map<std::string, std::vector<double>> step, imb, ratio;
   std::vector<double> plan_bs, plan_hm, nseq;
   std::vector<std::string> order(balance::strategy_names.begin(), balance::strategy_names.end());

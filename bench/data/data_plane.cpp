@@ -318,7 +318,7 @@ nlohmann::json bench_balance(bool quick) {
                   {.name = "code", .paths = {"-"}, .weight = {{0, 0.15}}}},
       // Per sample: L + L^2 / 4096 (attention grows quadratically; document-masked) + encoder 4 x item
       // tokens.
-      .cost = {.linear = 4096, .quadratic = 1, .item_linear = 4 * 4096, .item_quadratic = 0},
+      .cost = {.text = {.a = 1, .b = 4096}, .item = {.a = 0, .b = 4 * 4096}},
       .layout = {.dp = 16},
       .micro_batches = 1,
   };

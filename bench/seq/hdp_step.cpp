@@ -113,12 +113,10 @@ side model_hdp(const hdp_plan& plan) {
 /// layers per rank; 25 GB/s host<->device each way.
 offload_model bench_model() {
   offload_model m;
-  m.alpha1 = 3 * 9.2e-12;
-  m.beta1 = 3 * (1.32e-7 + 2.2e-7);
-  m.gamma = 0;
-  m.alpha2 = 34.0 * 4096;
-  m.beta2 = 0;
-  m.layers = 32;
+  m.layer = {.a = 3 * 9.2e-12, .b = 3 * (1.32e-7 + 2.2e-7), .c = 0};
+  m.activation.alpha = 34.0 * 4096;
+  m.activation.beta = 0;
+  m.activation.layers = 32;
   m.d2h_bandwidth = m.h2d_bandwidth = 25e9;
   return m;
 }

@@ -9,6 +9,7 @@
 #include "core/format.hpp"
 #include "core/hash.hpp"
 #include "core/integral.hpp"
+#include "core/numeric.hpp"
 #include "core/random.hpp"
 
 #include "mesh/mesh.hpp"

@@ -98,16 +98,14 @@ TEST_CASE("simulate: a ring waits for its slowest member; pipelines add a bubble
 
 TEST_CASE("bytescale_placement: exactly once, rings, deadlock freedom, permutation invariance") {
   balance::step_model m;
-  m.net.ranks_per_node = 8;
+  m.net.devices_per_node = 8;
   for (std::uint64_t seed = 1; seed <= 8; ++seed) {
     const auto seqs = test::random_batch(seed, 400, 64, 120000);
     seq::hdp_policy hdp{.capacity = 8192};
     if (seed % 2 == 0) {
       hdp.offload.enabled = true;
-      hdp.model = seq::offload_model{.alpha1 = 1e-9,
-                                     .beta1 = 1e-5,
-                                     .alpha2 = 1.0,
-                                     .layers = 8,
+      hdp.model = seq::offload_model{.layer = {.a = 1e-9, .b = 1e-5, .c = 0.0},
+                                     .activation = {.alpha = 1.0, .beta = 0.0, .layers = 8},
                                      .d2h_bandwidth = 1e9,
                                      .h2d_bandwidth = 1e9};
     }

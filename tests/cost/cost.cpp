@@ -172,10 +172,17 @@ TEST_CASE("encoder items and MoE active experts") {
 }
 
 TEST_CASE("alpha-beta communication") {
-  cost::network net;
-  net.ranks_per_node = 4;
-  net.intra = cost::link{0.001, 1e-8};
-  net.inter = cost::link{0.01, 1e-7};
+  // 1 us and 100 GB/s inside a node (alpha 0.001 ms, beta 1e-8 ms/B); 10 us and 10 GB/s across.
+  const cost::network net{.nodes = 2,
+                          .devices_per_node = 4,
+                          .intra_bw_gbps = 100.0,
+                          .inter_bw_gbps = 10.0,
+                          .intra_latency_us = 1.0,
+                          .inter_latency_us = 10.0};
+  CHECK(net.intra().alpha == doctest::Approx(0.001));
+  CHECK(net.intra().beta == doctest::Approx(1e-8));
+  CHECK(net.between(3, 4) == net.inter());
+  CHECK(net.bottleneck(std::vector<int>{0, 3}) == net.intra());
   const std::vector<int> in_node{0, 1, 2, 3};
   const std::vector<int> across{2, 3, 4, 5};
   const double M = 4e6;
@@ -197,5 +204,6 @@ TEST_CASE("alpha-beta communication") {
   // Ring attention hides communication under enough compute.
   CHECK(cost::ring_attention_time(net, in_node, 5.0, 1e6) == 5.0);
   CHECK(cost::ring_attention_time(net, across, 0.1, 1e6) == doctest::Approx(3 * (0.01 + 0.1)));
-  CHECK(to_string(net.intra) == "link(alpha=0.001, beta=1e-08/B)");
+  CHECK(to_string(net.intra()) == "link(alpha=0.001, beta=1e-08/B)");
+  CHECK(cost::ring_step_time(net.inter(), 1, 0.5, 1e6) == 0.5);
 }

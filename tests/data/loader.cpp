@@ -40,7 +40,7 @@ struct corpus {
                      .paths = shards,
                      .weight = {{0, 0.2}, {30, 0.5}},
                      .modality = "text"}},
-        .cost = {.linear = 1, .quadratic = 1, .item_linear = 1, .item_quadratic = 0},
+        .cost = {.text = {.a = 1, .b = 1}, .item = {.a = 0, .b = 1}},
         .layout = {.tp = 1, .cp = 1, .dp = 2, .pp = 1},
         .micro_batches = 2,
     };

@@ -41,7 +41,7 @@ mixture_config three_sources() {
       .sources = {{.name = "web", .paths = {"w"}, .weight = {{0, 0.6}, {100, 0.2}}},
                   {.name = "code", .paths = {"c"}, .weight = {{0, 0.3}, {100, 0.3}}},
                   {.name = "math", .paths = {"m"}, .weight = {{0, 0.1}, {100, 0.5}}}},
-      .cost = {.linear = 1, .quadratic = 1},
+      .cost = {.text = {.a = 1, .b = 1}},
       .layout = {.tp = 2, .cp = 1, .dp = 4, .pp = 1},
       .micro_batches = 2,
   };

@@ -28,7 +28,7 @@ struct service_corpus {
   static mixture_config config(const topology& layout, const std::string& dir) {
     mixture_config cfg{.seed = 5,
                        .global_batch = 24,
-                       .cost = {.linear = 1, .quadratic = 1},
+                       .cost = {.text = {.a = 1, .b = 1}},
                        .layout = layout,
                        .micro_batches = 2};
     const double w[3] = {0.5, 0.3, 0.2};

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
                      .format = source_format::webdataset,
                      .paths = shards,
                      .weight = {{0, 0.2}, {40, 0.4}}}},
-        .cost = {.linear = 1, .quadratic = 1},
+        .cost = {.text = {.a = 1, .b = 1}},
         .layout = {.dp = 2},
     };
     data_loader dl(cfg, {.workers = workers, .prefetch_steps = 3});

@@ -66,21 +66,21 @@ TEST_CASE("offload solver reproduces ByteScale's worked example (l=32, C=8K, Act
 
 TEST_CASE("offload solver: the overlap bound caps r, the least r reaching the least D is chosen") {
   offload_model m;
-  m.alpha2 = 1.0;  // bytes per token per layer (scaled)
-  m.alpha1 = 1e-9;
-  m.beta1 = 0;
+  m.activation.alpha = 1.0;  // bytes per token per layer (scaled)
+  m.layer.a = 1e-9;
+  m.layer.b = 0;
   m.d2h_bandwidth = 1.0e3;
   m.h2d_bandwidth = 5.0e2;
   const std::int64_t C = 8192;
   for (std::int64_t s : {16384LL, 65536LL, 262144LL, 1048576LL}) {
     const auto c = solve_offload(s, C, m, {}, 1 << 20);
-    const double rmax = std::min(1.0, m.compute(s) * 5.0e2 / m.activation(s));
+    const double rmax = std::min(1.0, m.compute(s) * 5.0e2 / m.activation_bytes(s));
     CHECK(c.ratio_max == doctest::Approx(rmax));
     CHECK(c.ratio() <= rmax + 1e-12);
     CHECK(c.ranks == offload_ranks(s, C, m, static_cast<int>(std::floor(rmax * 100 + 1e-9)), 100));
     if (c.ratio_k > 0) CHECK(offload_ranks(s, C, m, c.ratio_k - 1, 100) > c.ranks);
     // Overlap condition holds for the chosen ratio.
-    CHECK(m.compute(s) >= m.activation(s) * c.ratio() / 5.0e2 - 1e-12);
+    CHECK(m.compute(s) >= m.activation_bytes(s) * c.ratio() / 5.0e2 - 1e-12);
   }
 }
 
@@ -355,7 +355,7 @@ void check_hdp_plan(const hdp_plan& plan, std::span<const seq_desc> seqs) {
       if (i > 0) CHECK(std::pair(mbs[i - 1].order, mbs[i - 1].item) < std::pair(mb.order, mb.item));
       const auto& item = sh.items[static_cast<std::size_t>(mb.item)];
       CHECK(plan.ring(mb)[static_cast<std::size_t>(mb.ring_position)] == r);
-      CHECK(mb.tokens <= sh.policy.capacity * (item.offload.ratio_k > 0 ? sh.policy.model.layers : 1));
+      CHECK(mb.tokens <= sh.policy.capacity * (item.offload.ratio_k > 0 ? sh.policy.model.layers() : 1));
       if (item.packed) CHECK(mb.tokens <= sh.policy.capacity);
       if (!item.packed && item.offload.ratio_k == 0) CHECK(mb.tokens <= sh.policy.capacity);
       for (const auto& sg : mb.segments) got[sg.seq_id].push_back(sg.tokens);
@@ -414,7 +414,7 @@ TEST_CASE("HDP: exactly once, capacity, rings of D distinct ranks, no deadlock, 
     const auto seqs = random_seqs(seed, 300, 300000, 16);
     for (bool off : {false, true}) {
       hdp_policy pol{.capacity = 8192, .offload = {.enabled = off}};
-      pol.model.alpha1 = 2e-6;  // compute hides offloading only for longer sequences
+      pol.model.layer.a = 2e-6;  // compute hides offloading only for longer sequences
       pol.model.d2h_bandwidth = pol.model.h2d_bandwidth = 1.0;
       const auto plan = plan_hdp(seqs, pol, 64);
       check_hdp_plan(plan, seqs);
@@ -487,10 +487,9 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
     const auto items = random_seqs(seed, 60, 20000, 64);
     const long_short_policy pol{.max_tokens_per_rank = 40000,
                                 .heads = 16,
-                                .gpus_per_node = 8,
+                                .cluster = {.devices_per_node = 8},
                                 .balance_factor = 1.0,
-                                .linear = 1.0,
-                                .quadratic = 1e-4};
+                                .encoder = {.layer = {.a = 1e-4, .b = 1.0}, .train_factor = 1.0}};
     const int ranks = 16;
     const auto plan = plan_long_short(items, ranks, pol);
     std::map<std::int64_t, int> seen;
@@ -500,7 +499,8 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
       seen[a.item.id]++;
       CHECK(pol.heads % a.degree == 0);
       CHECK(a.first_rank % a.degree == 0);
-      CHECK(a.first_rank / pol.gpus_per_node == (a.first_rank + a.degree - 1) / pol.gpus_per_node);
+      const int node = pol.cluster.devices_per_node;
+      CHECK(a.first_rank / node == (a.first_rank + a.degree - 1) / node);
       std::int64_t at = 0;
       for (int k = 0; k < a.degree; ++k) {
         CHECK(a.splits[static_cast<std::size_t>(k)].begin == at);
@@ -524,10 +524,11 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
   }
   std::vector<seq_desc> huge{{1, 100000}};
   CHECK_THROWS_AS(
-      (void)plan_long_short(huge, 16, {.max_tokens_per_rank = 10000, .heads = 16, .gpus_per_node = 8}),
+      (void)plan_long_short(huge, 16,
+                            {.max_tokens_per_rank = 10000, .heads = 16, .cluster = {.devices_per_node = 8}}),
       capacity_error);  // needs 10 ranks; groups are at most gcd(16, 8) = 8
-  CHECK_NOTHROW(
-      (void)plan_long_short(huge, 16, {.max_tokens_per_rank = 12500, .heads = 16, .gpus_per_node = 8}));
+  CHECK_NOTHROW((void)plan_long_short(
+      huge, 16, {.max_tokens_per_rank = 12500, .heads = 16, .cluster = {.devices_per_node = 8}}));
 }
 
 TEST_CASE("every plan and policy prints") {
@@ -558,7 +559,8 @@ TEST_CASE("every plan and policy prints") {
   const std::int64_t toks[] = {3, 3};
   CHECK(to_string(plan_ulysses(toks, {.degree = 2, .heads = 4, .kv_heads = 2, .head_dim = 8}))
             .find("kv/rank=1") != std::string::npos);
-  const auto ls = plan_long_short(seqs, 8, {.max_tokens_per_rank = 20000, .heads = 8, .gpus_per_node = 8});
+  const auto ls = plan_long_short(
+      seqs, 8, {.max_tokens_per_rank = 20000, .heads = 8, .cluster = {.devices_per_node = 8}});
   CHECK(to_string(ls).find("groups=[(0, 2), (0, 8)]") != std::string::npos);
   CHECK(to_string(ls.items[0]) == "seq{id=1, len=40000}->ranks[0,8)");
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <hetmesh/balance/strategies.hpp>
+#include <hetmesh/mesh/topology.hpp>
 
 #include "commands.hpp"
 #include "output.hpp"
@@ -38,9 +39,12 @@ void add_model_options(command_spec& spec) {
       .option("tflops", "T", "with --hidden: achieved TFLOP/s per rank", "400")
       .option("kv-ratio", "R", "with --hidden: KV heads / heads (GQA)", "0.125")
       .option("pp", "P", "pipeline stages behind every pool rank", "1")
-      .option("devices-per-node", "N", "ranks per node (rings beyond a node use the inter-node link)", "8")
-      .option("intra-gbps", "B", "intra-node link bandwidth, GB/s", "150")
-      .option("inter-gbps", "B", "inter-node link bandwidth, GB/s", "25")
+      .option("devices-per-node", "N", "ranks per node (rings beyond a node use the inter-node link)",
+              fmt::format("{}", hetmesh::mesh::topology{}.devices_per_node))
+      .option("intra-gbps", "B", "intra-node link bandwidth, GB/s",
+              fmt::format("{}", hetmesh::mesh::topology{}.intra_bw_gbps))
+      .option("inter-gbps", "B", "inter-node link bandwidth, GB/s",
+              fmt::format("{}", hetmesh::mesh::topology{}.inter_bw_gbps))
       .flag("offload",
             "let long sequences use ByteScale's selective activation offloading (fewer ring ranks)")
       .option("context", "S",
@@ -79,9 +83,11 @@ setup setup_of(const parsed& args) {
     cfg.model.llm.layers = layers;
   }
   cfg.model.pp_stages = args.int32("pp", 1, 1 << 12);
-  cfg.model.net.ranks_per_node = args.integer("devices-per-node", 1, 1 << 20);
-  cfg.model.net.intra = hetmesh::cost::link::from_us_gbps(3.0, args.real("intra-gbps"));
-  cfg.model.net.inter = hetmesh::cost::link::from_us_gbps(10.0, args.real("inter-gbps"));
+  cfg.model.net.devices_per_node = args.int32("devices-per-node", 1, 1 << 20);
+  cfg.model.net.intra_bw_gbps = args.real("intra-gbps");
+  cfg.model.net.inter_bw_gbps = args.real("inter-gbps");
+  cfg.model.net.nodes = (cfg.ranks + cfg.model.net.devices_per_node - 1) / cfg.model.net.devices_per_node;
+  cfg.model.net.validate();
   if (args.has("context")) cfg.context = args.integer("context", 1, std::int64_t{1} << 40);
   if (args.has("group-size")) cfg.hetmesh.group_size = args.int32("group-size", 1, cfg.ranks);
   cfg.seed = static_cast<std::uint64_t>(args.integer("seed", 0));
@@ -103,7 +109,7 @@ json config_json(const setup& s) {
           {"model", hetmesh::to_string(c.model.llm)},
           {"kv_bytes_per_token", c.model.kv_bytes_per_token},
           {"pp", c.model.pp_stages},
-          {"devices_per_node", c.model.net.ranks_per_node}};
+          {"devices_per_node", c.model.net.devices_per_node}};
 }
 
 std::vector<std::string_view> strategies_of(const parsed& args) {

@@ -192,12 +192,15 @@ std::vector<subcommand> mesh_commands() {
       .option("ep", "N", "expert-parallel degree", "1")
       .option("dp", "N", "data-parallel degree (default: world / (tp*cp*ep*pp))")
       .option("pp", "N", "pipeline-parallel degree", "1")
-      .option("devices-per-node", "N", "devices per node; rank r is on node r / N", "8")
+      .option("devices-per-node", "N", "devices per node; rank r is on node r / N",
+              fmt::format("{}", hm::topology{}.devices_per_node))
       .option("traffic", "tp=B,cp=B,...",
               "layout search: bytes per rank per step along each dim (default: an illustrative 7B-class mix)",
               "tp=8e9,cp=2e9,ep=4e9,dp=1e9,pp=2.5e8")
-      .option("intra-gbps", "B", "layout search: intra-node bandwidth per device, GB/s", "450")
-      .option("inter-gbps", "B", "layout search: inter-node bandwidth per device, GB/s", "50")
+      .option("intra-gbps", "B", "layout search: intra-node bandwidth per device, GB/s",
+              fmt::format("{}", hm::topology{}.intra_bw_gbps))
+      .option("inter-gbps", "B", "layout search: inter-node bandwidth per device, GB/s",
+              fmt::format("{}", hm::topology{}.inter_bw_gbps))
       .option("combine", "HOW", "layout search: sum or max of the per-dim times", "sum")
       .option("format", "FMT", "json or table", "json")
       .epilog(

@@ -13,6 +13,7 @@
 #include <hetmesh/cost/comm.hpp>
 #include <hetmesh/cost/compute.hpp>
 #include <hetmesh/cost/memory.hpp>
+#include <hetmesh/mesh/topology.hpp>
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/io.hpp>
 #include <hetmesh/pipeline/simulate.hpp>
@@ -89,44 +90,6 @@ void run_pipeline(const parsed& args, std::ostream& out) {
 
 // ---- simulate ------------------------------------------------------------------------------------
 
-// Per-action costs of variable micro-batches: the layers split evenly over the stages; a stage's
-// forward of micro-batch k costs its packed row (per-document quadratic attention + linear), the full
-// backward twice that (I and W one forward each); the activation handed to the next stage is
-// tokens x hidden bf16 values over the inter-stage link; an F keeps its stage's activations alive.
-struct micro_batch_costs {
-  std::vector<double> forward_s;
-  std::vector<double> transfer_s;
-  std::vector<std::int64_t> memory_bytes;
-
-  [[nodiscard]] pl::cost_model model() const {
-    const auto f = forward_s;
-    const auto t = transfer_s;
-    const auto m = memory_bytes;
-    pl::cost_model c;
-    c.compute = [f](const pl::action& a) {
-      const double x = f.at(static_cast<std::size_t>(a.microbatch));
-      switch (a.type) {
-        case pl::action_type::forward:
-          return x;
-        case pl::action_type::backward:
-          return 2.0 * x;
-        case pl::action_type::backward_input:
-        case pl::action_type::backward_weight:
-          return x;
-        default:
-          return 0.0;
-      }
-    };
-    c.transfer = [t](const pl::action& a) {
-      return a.microbatch >= 0 ? t.at(static_cast<std::size_t>(a.microbatch)) : 0.0;
-    };
-    c.memory = [m](const pl::action& a) {
-      return a.microbatch >= 0 ? m.at(static_cast<std::size_t>(a.microbatch)) : std::int64_t{0};
-    };
-    return c;
-  }
-};
-
 void run_simulate(const parsed& args, std::ostream& out) {
   const auto format = format_of(args, simulate_formats);
   const auto wl = read_workload(args.str("workload"));
@@ -154,29 +117,26 @@ void run_simulate(const parsed& args, std::ostream& out) {
   hetmesh::cost::llm_compute llm{hetmesh::cost::bytescale_fig6a_layer(), layers, 3.0};
   if (args.has("tflops"))
     llm = hetmesh::cost::llm_compute::from_dims(hidden, layers, args.real("tflops") * 1e9);
-  const auto link = hetmesh::cost::link::from_us_gbps(10.0, args.real("link-gbps"));
+  hetmesh::mesh::topology cluster;
+  cluster.inter_bw_gbps = args.real("link-gbps");
+  cluster.validate();
+  const auto link = cluster.inter();  // stages sit on different nodes
   const auto tp = args.integer("tp", 1, 1 << 12);
   // Tensor parallelism splits a stage's compute and (with sequence parallelism) its activations evenly.
   const double stages = static_cast<double>(s.num_stages) * static_cast<double>(tp);
   const auto act =
       hetmesh::cost::activation_memory::from_dims(hidden, (layers + s.num_stages - 1) / s.num_stages, tp);
-  micro_batch_costs costs;
+  std::vector<std::vector<std::int64_t>> docs(static_cast<std::size_t>(m));
   std::vector<std::int64_t> mb_tokens;
   for (int k = 0; k < m; ++k) {
     const auto& mb = packs.micro_batches[static_cast<std::size_t>(k)];
-    std::vector<std::int64_t> docs;
-    for (const auto& d : mb.docs) docs.push_back(d.length);
-    // llm.packed_row is the whole model's training time in ms; one stage's forward on one of tp ranks
-    // is 1 / (3 x stages x tp) of it.
-    costs.forward_s.push_back(llm.packed_row(docs) / (llm.train_factor * stages) / 1000.0);
-    costs.transfer_s.push_back(
-        link.time(2.0 * static_cast<double>(hidden) * static_cast<double>(mb.tokens())) / 1000.0);
-    costs.memory_bytes.push_back(static_cast<std::int64_t>(act.bytes(mb.tokens())));
+    for (const auto& d : mb.docs) docs[static_cast<std::size_t>(k)].push_back(d.length);
     mb_tokens.push_back(mb.tokens());
   }
+  const auto costs = pl::micro_batch_costs::priced(docs, llm, stages, link, hidden, act);
   const auto sim = pl::simulate(s, costs.model());
   // The same schedule with every micro-batch at the mean cost: what variable lengths add on top.
-  micro_batch_costs mean = costs;
+  pl::micro_batch_costs mean = costs;
   for (auto* v : {&mean.forward_s, &mean.transfer_s}) {
     const double avg = std::accumulate(v->begin(), v->end(), 0.0) / static_cast<double>(v->size());
     std::fill(v->begin(), v->end(), avg);
@@ -278,7 +238,8 @@ std::vector<subcommand> pipeline_commands() {
       .option("tp", "N", "tensor-parallel degree of each stage (divides compute and activations)", "1")
       .option("tflops", "T",
               "price layers from FLOPs at T TFLOP/s (default: ByteScale Fig. 6(a)'s 7B-class fit)")
-      .option("link-gbps", "B", "bandwidth of the link between pipeline stages, GB/s", "25")
+      .option("link-gbps", "B", "bandwidth of the link between pipeline stages (inter-node), GB/s",
+              fmt::format("{}", hetmesh::mesh::topology{}.inter_bw_gbps))
       .option("trace", "FILE", "write the simulated timeline as Chrome trace JSON (open in ui.perfetto.dev)")
       .option("width", "N", "ascii: columns of the timeline", "100")
       .option("format", "FMT", "json, table or ascii", "json")

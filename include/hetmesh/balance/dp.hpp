@@ -60,14 +60,6 @@ struct dp_plan {
 
 namespace detail {
 
-/// Cost used for placement: T(s) with the per-row constant shared pro rata by tokens (rows are nearly
-/// full after best fit, so their constant is split among their members).
-inline std::int64_t placement_cost(const cost::llm_compute& m, std::int64_t len, std::int64_t capacity) {
-  const auto x = static_cast<double>(len);
-  const double per = (m.layer.a * x + m.layer.b) * x + m.layer.c * x / static_cast<double>(capacity);
-  return cost::fixed::from_units(static_cast<double>(m.layers) * m.train_factor * per).ticks;
-}
-
 inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, const cost::llm_compute& m) {
   total = cost::fixed{};
   for (auto& mb : mbs) {
@@ -115,7 +107,7 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
           s.id, s.length, policy.capacity);
   std::vector<std::int64_t> cost(sorted.size());
   for (std::size_t i = 0; i < sorted.size(); ++i)
-    cost[i] = detail::placement_cost(m, sorted[i].length, policy.capacity);
+    cost[i] = m.placement_fixed(sorted[i].length, policy.capacity).ticks;
 
   dp_plan plan;
   plan.policy = policy;

@@ -28,7 +28,7 @@ namespace hetmesh::balance {
     for (const auto& s : it.seqs) docs.push_back(s.length);
     return m.pack_time(docs);
   }
-  const bool spans = ring.empty() ? it.degree > m.net.ranks_per_node : m.spans_nodes(ring);
+  const bool spans = ring.empty() ? m.spans_nodes(it.degree) : m.spans_nodes(ring);
   return m.ring_time(it.seqs.front().length, it.degree, spans);
 }
 

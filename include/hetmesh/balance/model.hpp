@@ -22,10 +22,11 @@
 
 namespace hetmesh::balance {
 
-/// Prices tasks: backbone compute (`llm`, layers of one pipeline stage times `pp_stages` is the whole
-/// model; `llm.layers` is the whole model here), ring communication over `net`, and the size of the
-/// K and V a ring passes per token per layer (`kv_bytes_per_token`; 2 x 8 KV heads x 128 dims x 2 bytes
-/// = 4096 for a GQA 7B-class model).
+/// Prices tasks: a thin composition of cost/ models, no formula of its own. Backbone compute (`llm`;
+/// `llm.layers` is the whole model here, `pp_stages` the pipeline it is cut into), ring communication
+/// over the cluster `net` (mesh::topology: its devices_per_node and links), and the size of the K and
+/// V a ring passes per token per layer (`kv_bytes_per_token`; 2 x 8 KV heads x 128 dims x 2 bytes =
+/// 4096 for a GQA 7B-class model).
 struct step_model {
   cost::llm_compute llm{cost::bytescale_fig6a_layer(), 32, 3.0};
   cost::network net{};
@@ -34,7 +35,7 @@ struct step_model {
 
   /// One rank running one packed row of `docs`. O(docs).
   [[nodiscard]] cost::fixed pack_time(std::span<const std::int64_t> docs) const {
-    return cost::fixed::from_units(llm.packed_row(docs));
+    return llm.packed_row_fixed(docs);
   }
   /// Per-rank time of a ring of `degree` ranks over one causal sequence of s tokens (zigzag shards):
   /// per layer max(shard compute, (D-1) KV hops), the hop over the inter-node link when the ring
@@ -43,32 +44,25 @@ struct step_model {
     return ring_row_time(std::span<const std::int64_t>(&s, 1), degree, spans_nodes);
   }
   /// Per-rank time of a packed row of `docs` split over a ring of `degree` ranks (THD zigzag per
-  /// document: each rank holds 1/D of every document's mask area and tokens). O(docs).
+  /// document: each rank holds 1/D of every document's mask area and tokens): per layer
+  /// cost::ring_step_time of llm.shard_layer and the shard's K and V. O(docs).
   [[nodiscard]] cost::fixed ring_row_time(std::span<const std::int64_t> docs, int degree,
                                           bool spans_nodes) const {
     if (degree < 1)
       throw_error<invalid_argument>("balance::step_model: ring of {} ranks; expected >= 1", degree);
     if (degree == 1) return pack_time(docs);
-    double quad_lin = 0.0;
     double tokens = 0.0;
-    for (auto l : docs) {
-      const double x = static_cast<double>(l);
-      quad_lin += (llm.layer.a * x + llm.layer.b) * x;
-      tokens += x;
-    }
+    for (auto l : docs) tokens += static_cast<double>(l);
     const double d = static_cast<double>(degree);
-    const double compute = quad_lin / d + llm.layer.c;
-    const cost::link& l = spans_nodes ? net.inter : net.intra;
-    const double comm = (d - 1.0) * l.time(kv_bytes_per_token * tokens / d);
-    const double per_layer = std::max(compute, comm);
-    return cost::fixed::from_units(static_cast<double>(llm.layers) * llm.train_factor * per_layer);
+    const double per_layer =
+        cost::ring_step_time(spans_nodes ? net.inter() : net.intra(), degree, llm.shard_layer(docs, degree),
+                             kv_bytes_per_token * tokens / d);
+    return cost::fixed::from_units(llm.scale() * per_layer);
   }
+  /// Whether a ring of `degree` ranks must span nodes (more ranks than a node has).
+  [[nodiscard]] bool spans_nodes(int degree) const noexcept { return degree > net.devices_per_node; }
   /// Whether `ring` spans more than one node of `net`.
-  [[nodiscard]] bool spans_nodes(std::span<const int> ring) const noexcept {
-    for (int r : ring)
-      if (net.node_of(r) != net.node_of(ring.front())) return true;
-    return false;
-  }
+  [[nodiscard]] bool spans_nodes(std::span<const int> ring) const noexcept { return net.crosses_nodes(ring); }
 
   friend bool operator==(const step_model&, const step_model&) = default;
   void hash_append(hasher& h) const { append_all(h, llm, net, kv_bytes_per_token, pp_stages); }

@@ -45,17 +45,15 @@ struct hetmesh_policy {
 
 namespace detail {
 
-/// max(sum of a l^2 + b l over the group / pool, the longest short sequence): what the group's
+/// max(sum of the sequences' work (cost::llm_compute::work) over the group / pool, the longest short
+/// sequence): what the group's
 /// busiest rank cannot beat.
 inline cost::fixed group_lower_bound(std::span<const seq::seq_desc> seqs, std::int64_t capacity, int pool,
                                      const step_model& m) {
-  const auto& q = m.llm.layer;
-  const double scale = static_cast<double>(m.llm.layers) * m.llm.train_factor;
   double total = 0.0;
   std::int64_t longest_short = 0;
   for (const auto& s : seqs) {
-    const auto x = static_cast<double>(s.length);
-    total += scale * (q.a * x + q.b) * x;
+    total += m.llm.work(s.length);
     if (s.length <= capacity) longest_short = std::max(longest_short, s.length);
   }
   const auto spread = cost::fixed::from_units(total / static_cast<double>(pool));
@@ -73,7 +71,7 @@ inline void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, 
   const std::int64_t s = it.seqs.front().length;
   const int d0 = it.degree;
   const int dmax = static_cast<int>(std::min<std::int64_t>(pool, s / 2));
-  auto time_at = [&](int d) { return m.ring_time(s, d, d > m.net.ranks_per_node); };
+  auto time_at = [&](int d) { return m.ring_time(s, d, m.spans_nodes(d)); };
   if (d0 >= dmax || time_at(d0) <= target) return;
   int best = d0;
   cost::fixed best_t = time_at(d0);
@@ -168,15 +166,9 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
   //    of it: rows are nearly full after best-fit, so c is shared by their members; a gap keeps one
   //    whole constant in reserve for each row it may need.
   std::vector<std::int64_t> cost(shorts.size());
-  const auto& q = m.llm.layer;
-  const double scale = static_cast<double>(m.llm.layers) * m.llm.train_factor;
-  const std::int64_t row_constant = cost::fixed::from_units(scale * q.c).ticks;
-  for (std::size_t i = 0; i < shorts.size(); ++i) {
-    const auto x = static_cast<double>(shorts[i].length);
-    cost[i] =
-        cost::fixed::from_units(scale * ((q.a * x + q.b) * x + q.c * x / static_cast<double>(hdp.capacity)))
-            .ticks;
-  }
+  const std::int64_t row_constant = cost::fixed::from_units(m.llm.scale() * m.llm.layer.c).ticks;
+  for (std::size_t i = 0; i < shorts.size(); ++i)
+    cost[i] = m.llm.placement_fixed(shorts[i].length, hdp.capacity).ticks;
   std::vector<std::size_t> order(shorts.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {

@@ -25,6 +25,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/numeric.hpp"
 #include "../cost/compute.hpp"
 #include "../cost/encoder.hpp"
 #include "../cost/fixed.hpp"
@@ -129,12 +130,11 @@ struct reorder_plan {
   reorder_plan p;
   p.ranks = ranks;
   const std::size_t n = samples.size();
-  p.item_offset.push_back(0);
   std::vector<std::int64_t> llm_cost(n);
   std::vector<std::int64_t> tokens(n);
   p.sample_ids.reserve(n);
   p.owner.reserve(n);
-  p.item_offset.reserve(n + 1);
+  std::vector<std::int64_t> items_of(n);
   std::vector<std::int64_t> item_cost;
   for (std::size_t k = 0; k < n; ++k) {
     const auto& s = samples[idx[k]];
@@ -156,8 +156,9 @@ struct reorder_plan {
             "balance::plan_grouped_reorder: sample {} has an item of {} tokens; expected >= 0", s.id, t);
       item_cost.push_back(policy.encoder.item_fixed(t).ticks);
     }
-    p.item_offset.push_back(static_cast<std::int64_t>(item_cost.size()));
+    items_of[k] = static_cast<std::int64_t>(s.encoder_tokens.size());
   }
+  p.item_offset = prefix_sums(items_of);
   const auto nr = static_cast<std::size_t>(ranks);
   p.llm_rank.assign(n, -1);
   p.encoder_rank.assign(item_cost.size(), -1);

@@ -49,13 +49,10 @@ struct strategy_result {
                                                   const strategy_config& cfg) {
   // The per-row constant c is left out of the total: packing shares it, so counting it per sequence
   // would overstate what a rank must do.
-  const auto& q = cfg.model.llm.layer;
-  const double scale = static_cast<double>(cfg.model.llm.layers) * cfg.model.llm.train_factor;
   double total_units = 0.0;
   std::int64_t largest = 0;
   for (const auto& s : seqs) {
-    const auto x = static_cast<double>(s.length);
-    total_units += scale * (q.a * x + q.b) * x;
+    total_units += cfg.model.llm.work(s.length);
     if (s.length <= cfg.hdp.capacity)
       largest = std::max(largest, cfg.model.pack_time(std::span<const std::int64_t>(&s.length, 1)).ticks);
   }
@@ -68,7 +65,8 @@ struct strategy_result {
     std::int64_t best = cfg.model.ring_time(s.length, 1, false).ticks;
     for (std::int64_t d = 2; d <= dmax; ++d)
       best = std::min(
-          best, cfg.model.ring_time(s.length, static_cast<int>(d), d > cfg.model.net.ranks_per_node).ticks);
+          best, cfg.model.ring_time(s.length, static_cast<int>(d), cfg.model.spans_nodes(static_cast<int>(d)))
+                    .ticks);
     largest = std::max(largest, best);
   }
   const std::int64_t lb = std::max((total + cfg.ranks - 1) / cfg.ranks, largest);

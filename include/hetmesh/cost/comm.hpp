@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -17,51 +18,26 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../mesh/topology.hpp"
 
 namespace hetmesh::cost {
 
-/// One link class: time(n bytes) = alpha + beta n.
-struct link {
-  double alpha = 0.0;  // latency, model units
-  double beta = 0.0;   // model units per byte
+/// One link class, alpha-beta: the cluster's own (mesh::link), so the layout search and these
+/// collectives price a byte the same way.
+using link = mesh::link;
 
-  /// From a latency in microseconds and a bandwidth in GB/s (1e9 bytes/s), in milliseconds.
-  [[nodiscard]] static link from_us_gbps(double latency_us, double gbytes_per_s) {
-    if (!(latency_us >= 0.0) || !(gbytes_per_s > 0.0)) {
-      throw_error<invalid_argument>(
-          "cost::link::from_us_gbps: latency {} us, bandwidth {} GB/s; expected >= 0 and > 0", latency_us,
-          gbytes_per_s);
-    }
-    return link{latency_us * 1e-3, 1.0 / (gbytes_per_s * 1e6)};
-  }
-  [[nodiscard]] constexpr double time(double bytes) const noexcept {
-    return bytes > 0.0 ? alpha + beta * bytes : 0.0;
-  }
-  friend constexpr bool operator==(const link&, const link&) = default;
-  void hash_append(hasher& h) const { append_all(h, alpha, beta); }
-};
+/// The cluster the collectives run on: the one cluster description, mesh::topology (nodes of
+/// devices_per_node consecutive ranks; intra() links inside a node, inter() between nodes). The name
+/// stays for the cost models' callers; there is no second set of defaults.
+using network = mesh::topology;
 
-/// Ranks grouped into nodes of `ranks_per_node` consecutive global ranks; `intra` links inside a node
-/// (NVLink), `inter` links between nodes (RDMA NICs).
-struct network {
-  std::int64_t ranks_per_node = 8;
-  link intra = link::from_us_gbps(3.0, 150.0);
-  link inter = link::from_us_gbps(10.0, 25.0);
-
-  [[nodiscard]] constexpr std::int64_t node_of(int rank) const noexcept { return rank / ranks_per_node; }
-  /// The link between two ranks (the intra link for a rank and itself; such messages are free anyway).
-  [[nodiscard]] constexpr const link& between(int a, int b) const noexcept {
-    return node_of(a) == node_of(b) ? intra : inter;
-  }
-  /// The slowest link any ring or pairwise algorithm over `group` must use.
-  [[nodiscard]] const link& bottleneck(std::span<const int> group) const noexcept {
-    for (int r : group)
-      if (node_of(r) != node_of(group.front())) return inter;
-    return intra;
-  }
-  friend constexpr bool operator==(const network&, const network&) = default;
-  void hash_append(hasher& h) const { append_all(h, ranks_per_node, intra, inter); }
-};
+/// One ring step of a ring algorithm over `degree` ranks whose slowest hop is `l`: each of the
+/// degree - 1 hops passes `bytes_per_hop` while the ranks compute for `compute`; the exposed time is
+/// max(compute, communication) (compute alone for one rank). O(1).
+[[nodiscard]] inline double ring_step_time(const link& l, int degree, double compute, double bytes_per_hop) {
+  if (degree <= 1) return compute;
+  return std::max(compute, (static_cast<double>(degree) - 1.0) * l.time(bytes_per_hop));
+}
 
 namespace detail {
 inline void check_group(std::span<const int> group, const char* op) {
@@ -116,6 +92,8 @@ inline void check_bytes(double bytes, const char* op) {
         "cost::all_to_all_v_time: {} byte counts for a group of {}; expected {} (p*p)", bytes.size(), p,
         p * p);
   }
+  const link intra = net.intra();
+  const link inter = net.inter();
   std::vector<double> send(p, 0.0);
   std::vector<double> recv(p, 0.0);
   for (std::size_t i = 0; i < p; ++i) {
@@ -123,7 +101,7 @@ inline void check_bytes(double bytes, const char* op) {
       const double b = bytes[i * p + j];
       detail::check_bytes(b, "all_to_all_v_time");
       if (i == j) continue;
-      const double t = net.between(group[i], group[j]).time(b);
+      const double t = (net.crosses_nodes(std::array{group[i], group[j]}) ? inter : intra).time(b);
       send[i] += t;
       recv[j] += t;
     }
@@ -147,24 +125,7 @@ inline void check_bytes(double bytes, const char* op) {
 [[nodiscard]] inline double ring_attention_time(const network& net, std::span<const int> ring, double compute,
                                                 double kv_bytes_per_rank) {
   detail::check_group(ring, "ring_attention_time");
-  if (ring.size() == 1) return compute;
-  const double comm = static_cast<double>(ring.size() - 1) * net.bottleneck(ring).time(kv_bytes_per_rank);
-  return std::max(compute, comm);
+  return ring_step_time(net.bottleneck(ring), static_cast<int>(ring.size()), compute, kv_bytes_per_rank);
 }
 
 }  // namespace hetmesh::cost
-
-template <>
-struct fmt::formatter<hetmesh::cost::link> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::link& l, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "link(alpha={:.4g}, beta={:.4g}/B)", l.alpha, l.beta);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::cost::network> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::network& n, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "network(ranks_per_node={}, intra={}, inter={})", n.ranks_per_node,
-                          n.intra, n.inter);
-  }
-};

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -18,19 +19,31 @@
 
 namespace hetmesh::cost {
 
-/// T(s) = a s^2 + b s + c: forward time of one layer over one sequence of s tokens. For a causal LLM
-/// layer `a` prices attention (the mask is a triangle), `b` the projections and MLP, `c` fixed
-/// overheads (launches). Value type; `==`; hashable; printable.
-struct quadratic_time {
-  double a = 0.0;
-  double b = 0.0;
-  double c = 0.0;
+/// T(s) = a s^2 + b s + c: the one compute formula of hetmesh, per layer and per modality. With
+/// double coefficients (quadratic_time) it is the forward time of one layer over one sequence of s
+/// tokens: for a causal LLM layer `a` prices attention (the mask is a triangle), `b` the projections
+/// and MLP, `c` fixed overheads (launches); an encoder modality's layer likewise (encoder.hpp). With
+/// integer coefficients (quadratic_count) it is an exact price in abstract units for planners that
+/// compare integers without any rounding (the data plane's sample costs). Value type; `==`;
+/// hashable; printable.
+template <class T>
+struct basic_quadratic {
+  T a{};
+  T b{};
+  T c{};
 
+  /// The length-dependent part (a s + b) s: what packing s with other documents adds. O(1).
+  [[nodiscard]] constexpr T variable(T s) const noexcept { return (a * s + b) * s; }
   /// T(s). Pre: s >= 0. O(1).
-  [[nodiscard]] constexpr double operator()(double s) const noexcept { return (a * s + b) * s + c; }
-  friend constexpr bool operator==(const quadratic_time&, const quadratic_time&) = default;
+  [[nodiscard]] constexpr T operator()(T s) const noexcept { return variable(s) + c; }
+  friend constexpr bool operator==(const basic_quadratic&, const basic_quadratic&) = default;
   void hash_append(hasher& h) const { append_all(h, a, b, c); }
 };
+
+/// Time per layer, model units (ms for the Fig. 6(a) fit); calibrated by cost::fit_quadratic.
+using quadratic_time = basic_quadratic<double>;
+/// Exact integer price a s^2 + b s + c (overflow is the caller's: keep a s^2 within int64).
+using quadratic_count = basic_quadratic<std::int64_t>;
 
 /// The backbone's compute on one rank: `layers` layers (one pipeline stage's worth), each priced by
 /// `layer`, trained at `train_factor` times the forward cost (3: forward + backward at twice forward;
@@ -59,26 +72,50 @@ struct llm_compute {
                        train_factor};
   }
 
+  /// layers x train_factor: what one layer's forward time is multiplied by. O(1).
+  [[nodiscard]] constexpr double scale() const noexcept { return static_cast<double>(layers) * train_factor; }
+  /// The length-dependent training time of a sequence of s tokens, without the per-row constant c
+  /// (packing shares c): the work a lower bound or a balancer spreads. O(1).
+  [[nodiscard]] double work(std::int64_t s) const noexcept {
+    const auto x = static_cast<double>(s);
+    // (scale x (a s + b)) x, not scale x variable(s): the association every lower bound was computed
+    // with, kept so that bounds (and the plans widened against them) stay bit-identical.
+    return scale() * (layer.a * x + layer.b) * x;
+  }
+  /// The training time a balancer charges a short sequence of s tokens that will be packed into rows
+  /// of `capacity` tokens: its work plus its share s / capacity of the row constant (rows are nearly
+  /// full after best fit, so c is split among their members). Pre: capacity >= 1. O(1).
+  [[nodiscard]] double placement(std::int64_t s, std::int64_t capacity) const noexcept {
+    const auto x = static_cast<double>(s);
+    return scale() * (layer.variable(x) + layer.c * x / static_cast<double>(capacity));
+  }
+  [[nodiscard]] fixed placement_fixed(std::int64_t s, std::int64_t capacity) const {
+    return fixed::from_units(placement(s, capacity));
+  }
+  /// One layer's forward time of one of `d` zigzag shards of a packed row of `documents` (THD zigzag
+  /// per document: each shard holds 1/d of every document's mask area and tokens and pays the
+  /// constant once). Pre: d >= 1. O(documents).
+  [[nodiscard]] double shard_layer(std::span<const std::int64_t> documents, std::int64_t d) const noexcept {
+    double v = 0.0;
+    for (auto l : documents) v += layer.variable(static_cast<double>(l));
+    return v / static_cast<double>(d) + layer.c;
+  }
+
   /// Training time of one causal sequence of s tokens on this rank. Pre: s >= 0. O(1).
   [[nodiscard]] double sequence(std::int64_t s) const noexcept {
-    return static_cast<double>(layers) * train_factor * layer(static_cast<double>(s));
+    return scale() * layer(static_cast<double>(s));
   }
   /// Training time of one packed row: sum over documents of (a l^2 + b l), plus c once per layer.
   /// Pre: every l >= 0. O(documents).
   [[nodiscard]] double packed_row(std::span<const std::int64_t> documents) const noexcept {
     double t = layer.c;
-    for (auto l : documents) {
-      const double x = static_cast<double>(l);
-      t += (layer.a * x + layer.b) * x;
-    }
-    return static_cast<double>(layers) * train_factor * t;
+    for (auto l : documents) t += layer.variable(static_cast<double>(l));
+    return scale() * t;
   }
   /// Training time of one of `d` zigzag shards of a causal sequence of s tokens (a ring of d ranks): each
   /// shard holds 1/d of the mask area and of the tokens, and pays the constant once. Pre: d >= 1.
   [[nodiscard]] double shard(std::int64_t s, std::int64_t d) const noexcept {
-    const double x = static_cast<double>(s);
-    const double per = ((layer.a * x + layer.b) * x) / static_cast<double>(d) + layer.c;
-    return static_cast<double>(layers) * train_factor * per;
+    return scale() * shard_layer(std::span<const std::int64_t>(&s, 1), d);
   }
 
   [[nodiscard]] fixed sequence_fixed(std::int64_t s) const { return fixed::from_units(sequence(s)); }
@@ -102,10 +139,14 @@ struct llm_compute {
 
 }  // namespace hetmesh::cost
 
-template <>
-struct fmt::formatter<hetmesh::cost::quadratic_time> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::quadratic_time& q, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "T(s)={:.4g}*s^2+{:.4g}*s+{:.4g}", q.a, q.b, q.c);
+template <class T>
+struct fmt::formatter<hetmesh::cost::basic_quadratic<T>> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::cost::basic_quadratic<T>& q, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    if constexpr (std::is_floating_point_v<T>)
+      return fmt::format_to(ctx.out(), "T(s)={:.4g}*s^2+{:.4g}*s+{:.4g}", q.a, q.b, q.c);
+    else
+      return fmt::format_to(ctx.out(), "c(s)={}*s^2+{}*s+{}", q.a, q.b, q.c);
   }
 };
 

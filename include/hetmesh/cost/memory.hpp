@@ -2,17 +2,19 @@
 // hetmesh::cost: activation memory. With FlashAttention a layer stores O(s) activations per sequence,
 // so ByteScale's Act(s) = alpha s + beta (bytes per layer) is enough to size ranks: a rank's capacity C
 // is the token count whose activations fill its budget, and a sequence longer than C needs a ring of
-// D(s) ranks (fewer with offloading, see seq/).
+// D(s) ranks (fewer with offloading: offload_model here, its solver in seq/offload.hpp).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include <fmt/format.h>
 
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "compute.hpp"
 
 namespace hetmesh::cost {
 
@@ -73,6 +75,31 @@ struct activation_memory {
   void hash_append(hasher& h) const { append_all(h, alpha, beta, layers); }
 };
 
+/// What ByteScale's selective offloading (arXiv 2502.21231 §3.3, Eq. 3; solver in seq/offload.hpp)
+/// needs to know about one rank: the per-layer compute T(s) (`layer`, in *seconds* as in the paper:
+/// it bounds how much copying hides under attention), the activations Act(s) (`activation`; its
+/// `layers` is l, the layers one rank holds, one pipeline stage), and the host link's bandwidths in
+/// bytes per second. An infinite bandwidth means "the copies always hide" (the paper's worked
+/// example ignores the overlap bound). Fill it from calibrated models or the paper's constants.
+struct offload_model {
+  quadratic_time layer{};
+  activation_memory activation{1.0, 0.0, 32};
+  double d2h_bandwidth = std::numeric_limits<double>::infinity();
+  double h2d_bandwidth = std::numeric_limits<double>::infinity();
+
+  /// T(s), one layer over the whole sequence. O(1).
+  [[nodiscard]] double compute(std::int64_t s) const noexcept { return layer(static_cast<double>(s)); }
+  /// Act(s), one layer over the whole sequence. O(1).
+  [[nodiscard]] double activation_bytes(std::int64_t s) const noexcept { return activation.per_layer(s); }
+  /// l, the layers one rank holds.
+  [[nodiscard]] std::int64_t layers() const noexcept { return activation.layers; }
+  /// Whether T(s) has any term (else item costs fall back to counting attention pairs).
+  [[nodiscard]] bool timed() const noexcept { return layer != quadratic_time{}; }
+
+  friend bool operator==(const offload_model&, const offload_model&) = default;
+  void hash_append(hasher& h) const { append_all(h, layer, activation, d2h_bandwidth, h2d_bandwidth); }
+};
+
 }  // namespace hetmesh::cost
 
 template <>
@@ -81,5 +108,13 @@ struct fmt::formatter<hetmesh::cost::activation_memory> : hetmesh::empty_spec_fo
       -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "Act(s)={:.4g}*s+{:.4g} bytes/layer x {} layers", m.alpha, m.beta,
                           m.layers);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::cost::offload_model> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::cost::offload_model& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "offload_model{{{} (s), {}, d2h={}, h2d={}}}", m.layer, m.activation,
+                          m.d2h_bandwidth, m.h2d_bandwidth);
   }
 };

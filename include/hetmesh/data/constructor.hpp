@@ -17,6 +17,7 @@
 
 #include "../core/error.hpp"
 #include "../core/format.hpp"
+#include "../core/numeric.hpp"
 #include "planner.hpp"
 #include "sample.hpp"
 
@@ -51,6 +52,7 @@ struct packed_micro_batch {
         "construct: {} loaded samples for a plan of {}; expected one per planned sample", samples.size(),
         plan.samples.size());
   std::vector<packed_micro_batch> out(static_cast<std::size_t>(micro_batches));
+  std::vector<std::vector<std::int32_t>> lengths(out.size());  // documents per micro-batch, in order
   for (std::size_t i = 0; i < plan.samples.size(); ++i) {
     const auto& p = plan.samples[i];
     if (p.dp_rank != dp_rank) continue;
@@ -61,13 +63,14 @@ struct packed_micro_batch {
     const auto& toks = samples[i].tokens;
     mb.tokens.insert(mb.tokens.end(), toks.begin(), toks.end());
     for (std::size_t k = 0; k < toks.size(); ++k) mb.positions.push_back(static_cast<std::int32_t>(k));
-    mb.cu_seqlens.push_back(mb.cu_seqlens.back() + static_cast<std::int32_t>(toks.size()));
+    lengths[static_cast<std::size_t>(p.micro_batch)].push_back(static_cast<std::int32_t>(toks.size()));
     for (const auto& it : samples[i].items) {
       mb.items.push_back(it);
       mb.item_owner.push_back(static_cast<std::int32_t>(mb.refs.size()));
     }
     mb.refs.push_back(p.ref);
   }
+  for (std::size_t k = 0; k < out.size(); ++k) out[k].cu_seqlens = prefix_sums(lengths[k]);
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../cost/compute.hpp"
 #include "sample.hpp"
 
 namespace hetmesh::data {
@@ -80,19 +81,18 @@ struct group_weight {
   friend bool operator==(const group_weight&, const group_weight&) = default;
 };
 
-/// The price of a sample for balancing, in integer units: linear and quadratic (attention) terms for
-/// text tokens and for each encoder item. Integers keep the balance plan bitwise equal on every rank.
+/// The price of a sample for balancing, in integer units: a composition of cost/'s exact integer
+/// models (cost::quadratic_count, a s^2 + b s + c), one for the text tokens and one per encoder item.
+/// Integers keep the balance plan bitwise equal on every rank.
 struct cost_model {
-  std::int64_t linear = 1;
-  std::int64_t quadratic = 0;
-  std::int64_t item_linear = 1;
-  std::int64_t item_quadratic = 0;
+  cost::quadratic_count text{.a = 0, .b = 1, .c = 0};
+  cost::quadratic_count item{.a = 0, .b = 1, .c = 0};
   [[nodiscard]] std::int64_t operator()(const sample_meta& m) const noexcept {
-    std::int64_t c = linear * m.tokens + quadratic * m.tokens * m.tokens;
-    for (auto t : m.item_tokens) c += item_linear * t + item_quadratic * t * t;
+    std::int64_t c = text(m.tokens);
+    for (auto t : m.item_tokens) c += item(t);
     return c;
   }
-  void hash_append(hasher& h) const { append_all(h, linear, quadratic, item_linear, item_quadratic); }
+  void hash_append(hasher& h) const { append_all(h, text, item); }
   friend bool operator==(const cost_model&, const cost_model&) = default;
 };
 

@@ -118,8 +118,11 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   if (j.contains("cost")) {
     const auto& k = j["cost"];
     detail::check_keys(k, {"linear", "quadratic", "item_linear", "item_quadratic"}, "mixture.cost");
-    c.cost = {k.value("linear", std::int64_t{1}), k.value("quadratic", std::int64_t{0}),
-              k.value("item_linear", std::int64_t{1}), k.value("item_quadratic", std::int64_t{0})};
+    c.cost.text = {
+        .a = k.value("quadratic", std::int64_t{0}), .b = k.value("linear", std::int64_t{1}), .c = 0};
+    c.cost.item = {.a = k.value("item_quadratic", std::int64_t{0}),
+                   .b = k.value("item_linear", std::int64_t{1}),
+                   .c = 0};
   }
   const std::string bal = j.value("balance", "lpt");
   if (bal == "lpt")
@@ -165,10 +168,10 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   };
   if (!c.modalities.empty()) j["modalities"] = groups(c.modalities);
   if (!c.buckets.empty()) j["buckets"] = groups(c.buckets);
-  j["cost"] = {{"linear", c.cost.linear},
-               {"quadratic", c.cost.quadratic},
-               {"item_linear", c.cost.item_linear},
-               {"item_quadratic", c.cost.item_quadratic}};
+  j["cost"] = {{"linear", c.cost.text.b},
+               {"quadratic", c.cost.text.a},
+               {"item_linear", c.cost.item.b},
+               {"item_quadratic", c.cost.item.a}};
   j["balance"] = c.balance == balance_method::lpt              ? "lpt"
                  : c.balance == balance_method::karmarkar_karp ? "karmarkar_karp"
                                                                : "round_robin";

@@ -5,12 +5,12 @@
 // the orders and explains the winner against Megatron-LM's default "tp-cp-ep-dp-pp".
 //
 // Model (modelled, not measured): a dim's groups either all fit inside one node or some span several.
-// Its time is bytes / bandwidth + (extent - 1) * latency, with the inter-node bandwidth and latency as
-// soon as any of its groups crosses a node boundary (the slowest link bounds a ring or an all-to-all).
-// A step's time is the sum over dims (collectives of different dims serialised; the default) or the
-// maximum (perfectly overlapped). Admissible orders: every permutation of the dims of extent > 1 (at
-// most 8 dims), or those a caller's predicate accepts; extent-1 dims do not move any rank and are left
-// out.
+// Its time is the topology's alpha-beta link (mesh::link::transfer): bytes / bandwidth + (extent - 1) *
+// latency, with the inter-node link as soon as any of its groups crosses a node boundary (the slowest link
+// bounds a ring or an all-to-all). A step's time is the sum over dims (collectives of different dims
+// serialised; the default) or the maximum (perfectly overlapped). Admissible orders: every permutation of the
+// dims of extent > 1 (at most 8 dims), or those a caller's predicate accepts; extent-1 dims do not move any
+// rank and are left out.
 #pragma once
 
 #include <algorithm>
@@ -155,9 +155,9 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
     dim_cost dc{name, e, stride, load.of(name), 1, 0};
     dc.nodes_spanned = max_nodes_spanned(e, stride, w, t);
     if (dc.bytes > 0) {
-      const double bw = (dc.in_node() ? t.intra_bw_gbps : t.inter_bw_gbps) * 1e9;
-      const double lat = (dc.in_node() ? t.intra_latency_us : t.inter_latency_us) * 1e-6;
-      dc.time_ns = std::llround((dc.bytes / bw + static_cast<double>(e - 1) * lat) * 1e9);
+      // The topology's alpha-beta link (ms): the dim's bytes once, one latency per hop of its groups.
+      const link l = dc.in_node() ? t.intra() : t.inter();
+      dc.time_ns = std::llround(l.transfer(dc.bytes, static_cast<double>(e - 1)) * 1e6);
     }
     c.time_ns = total == combine::sum ? c.time_ns + dc.time_ns : std::max(c.time_ns, dc.time_ns);
     c.order += (c.order.empty() ? "" : "-") + std::string(name.name());

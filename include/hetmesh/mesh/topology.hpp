@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::mesh: the cluster's shape as the layout search sees it: nodes x devices per node, and the
-// bandwidth and latency of one device's intra-node link (NVLink) and inter-node link (its NIC share).
+// hetmesh::mesh: the one cluster description: nodes x devices per node, and the bandwidth and latency
+// of one device's intra-node link (NVLink) and inter-node link (its NIC share), as the layout search,
+// cost/'s communication models, the HDP balancers and long-short sequence parallelism all see it.
 // Ranks fill nodes in blocks (rank r is on node r / devices_per_node), as torchrun and mpirun
-// --map-by node:PE assign them by default.
+// --map-by node:PE assign them by default. A link is priced alpha-beta: a message of n bytes costs
+// alpha + beta n, in the cost models' unit (milliseconds).
+//
+// Defaults (one set, for every user): an HGX H100/H200 node: 8 devices, NVLink 4 at ~450 GB/s per
+// direction and 3 us per message; one 400 Gb/s NIC per GPU, 50 GB/s and 10 us per message.
 #pragma once
 
 #include <algorithm>
@@ -19,11 +24,38 @@
 
 namespace hetmesh::mesh {
 
+/// One link class, alpha-beta: time(n bytes) = alpha + beta n, in milliseconds (the unit of cost/).
+struct link {
+  double alpha = 0.0;  // latency per message, ms
+  double beta = 0.0;   // ms per byte
+
+  /// From a latency in microseconds and a bandwidth in GB/s (1e9 bytes/s). Pre: latency >= 0 and
+  /// bandwidth > 0 (invalid_argument otherwise).
+  [[nodiscard]] static link from_us_gbps(double latency_us, double gbytes_per_s) {
+    if (!(latency_us >= 0.0) || !(gbytes_per_s > 0.0)) {
+      throw_error<invalid_argument>(
+          "link::from_us_gbps: latency {} us, bandwidth {} GB/s; expected >= 0 and > 0", latency_us,
+          gbytes_per_s);
+    }
+    return link{latency_us * 1e-3, 1.0 / (gbytes_per_s * 1e6)};
+  }
+  /// `messages` messages carrying `bytes` in all: messages x alpha + beta x bytes. O(1).
+  [[nodiscard]] constexpr double transfer(double bytes, double messages) const noexcept {
+    return bytes * beta + messages * alpha;
+  }
+  /// One message of `bytes` (free when empty). O(1).
+  [[nodiscard]] constexpr double time(double bytes) const noexcept {
+    return bytes > 0.0 ? alpha + beta * bytes : 0.0;
+  }
+  friend constexpr bool operator==(const link&, const link&) = default;
+  void hash_append(hasher& h) const { append_all(h, alpha, beta); }
+};
+
 /// The cluster. An aggregate: `topology{.nodes = 8, .devices_per_node = 8, .intra_bw_gbps = 450, ...}`.
 /// Bandwidths are per device, in GB/s (1e9 bytes/s); latencies are per message, in microseconds.
 struct topology {
   int nodes = 1;
-  int devices_per_node = 1;
+  int devices_per_node = 8;  ///< an HGX node
   double intra_bw_gbps =
       450.0;  ///< one device's NVLink bandwidth (H100/H200 NVLink 4: ~450 GB/s per direction)
   double inter_bw_gbps = 50.0;     ///< one device's share of the network (one 400 Gb/s NIC per GPU: 50 GB/s)
@@ -89,6 +121,28 @@ struct topology {
   /// True when every rank of `group` is on one node (its traffic stays on the intra-node links).
   [[nodiscard]] bool within_one_node(std::span<const int> group) const { return nodes_spanned(group) <= 1; }
 
+  /// The intra-node link as an alpha-beta model.
+  [[nodiscard]] link intra() const { return link::from_us_gbps(intra_latency_us, intra_bw_gbps); }
+  /// The inter-node link as an alpha-beta model.
+  [[nodiscard]] link inter() const { return link::from_us_gbps(inter_latency_us, inter_bw_gbps); }
+
+  /// Whether the ranks of `group` occupy more than one node. Unlike node_of, ranks past world() are
+  /// accepted and continue the block layout: a planner may price a pool before the node count is
+  /// known. O(n).
+  [[nodiscard]] bool crosses_nodes(std::span<const int> group) const noexcept {
+    for (int r : group)
+      if (r / devices_per_node != group.front() / devices_per_node) return true;
+    return false;
+  }
+  /// The link between ranks a and b (intra for a rank and itself). Ranks as in crosses_nodes. O(1).
+  [[nodiscard]] link between(int a, int b) const {
+    return a / devices_per_node == b / devices_per_node ? intra() : inter();
+  }
+  /// The slowest link any ring or pairwise algorithm over `group` uses. Ranks as in crosses_nodes.
+  [[nodiscard]] link bottleneck(std::span<const int> group) const {
+    return crosses_nodes(group) ? inter() : intra();
+  }
+
   friend bool operator==(const topology&, const topology&) = default;
   void hash_append(hasher& h) const {
     append_all(h, nodes, devices_per_node, intra_bw_gbps, inter_bw_gbps, intra_latency_us, inter_latency_us);
@@ -96,6 +150,13 @@ struct topology {
 };
 
 }  // namespace hetmesh::mesh
+
+template <>
+struct fmt::formatter<hetmesh::mesh::link> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::mesh::link& l, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "link(alpha={:.4g}, beta={:.4g}/B)", l.alpha, l.beta);
+  }
+};
 
 template <>
 struct fmt::formatter<hetmesh::mesh::topology> : hetmesh::empty_spec_formatter {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <queue>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@
 
 #include "../core/error.hpp"
 #include "../core/format.hpp"
+#include "../cost/comm.hpp"
+#include "../cost/compute.hpp"
+#include "../cost/memory.hpp"
 #include "action.hpp"
 
 namespace hetmesh::pipeline {
@@ -67,6 +71,70 @@ struct uniform_costs {
     };
     m.transfer = [c](const action&) { return c.transfer; };
     return m;
+  }
+};
+
+/// Per-action costs of variable micro-batches, in seconds: a stage's forward of micro-batch k costs
+/// forward_s[k], the full backward twice that (I and W one forward each); transfer_s[k] moves its
+/// activation (or gradient) between stages; an F keeps memory_bytes[k] alive. Built from cost/'s
+/// models by `priced`, or filled by hand.
+struct micro_batch_costs {
+  std::vector<double> forward_s;
+  std::vector<double> transfer_s;
+  std::vector<std::int64_t> memory_bytes;
+
+  /// Prices micro-batch k (its documents `docs[k]`, packed in one row) with cost/ models: the
+  /// backbone `llm` (llm.layers layers, in ms) cut into `stage_shards` equal parts (pipeline stages x
+  /// tensor-parallel ranks), so a stage's forward is llm.packed_row / (train_factor x stage_shards);
+  /// the activation handed on is tokens x hidden bf16 values over `stage_link`; a stage keeps
+  /// act.bytes(tokens). Pre: stage_shards > 0, hidden >= 0. O(documents).
+  [[nodiscard]] static micro_batch_costs priced(std::span<const std::vector<std::int64_t>> docs,
+                                                const cost::llm_compute& llm, double stage_shards,
+                                                const cost::link& stage_link, std::int64_t hidden,
+                                                const cost::activation_memory& act) {
+    if (!(stage_shards > 0.0) || hidden < 0)
+      throw_error<invalid_argument>(
+          "pipeline::micro_batch_costs::priced: stage_shards = {}, hidden = {}; expected > 0 and >= 0",
+          stage_shards, hidden);
+    micro_batch_costs c;
+    for (const auto& d : docs) {
+      std::int64_t tokens = 0;
+      for (auto l : d) tokens += l;
+      // Model units are ms; the simulator's are seconds.
+      c.forward_s.push_back(llm.packed_row(d) / (llm.train_factor * stage_shards) / 1000.0);
+      c.transfer_s.push_back(
+          stage_link.time(2.0 * static_cast<double>(hidden) * static_cast<double>(tokens)) / 1000.0);
+      c.memory_bytes.push_back(static_cast<std::int64_t>(act.bytes(tokens)));
+    }
+    return c;
+  }
+
+  [[nodiscard]] cost_model model() const {
+    const auto f = forward_s;
+    const auto t = transfer_s;
+    const auto m = memory_bytes;
+    cost_model c;
+    c.compute = [f](const action& a) {
+      const double x = f.at(static_cast<std::size_t>(a.microbatch));
+      switch (a.type) {
+        case action_type::forward:
+          return x;
+        case action_type::backward:
+          return 2.0 * x;
+        case action_type::backward_input:
+        case action_type::backward_weight:
+          return x;
+        default:
+          return 0.0;
+      }
+    };
+    c.transfer = [t](const action& a) {
+      return a.microbatch >= 0 ? t.at(static_cast<std::size_t>(a.microbatch)) : 0.0;
+    };
+    c.memory = [m](const action& a) {
+      return a.microbatch >= 0 ? m.at(static_cast<std::size_t>(a.microbatch)) : std::int64_t{0};
+    };
+    return c;
   }
 };
 

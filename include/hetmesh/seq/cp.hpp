@@ -19,6 +19,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/numeric.hpp"
 #include "types.hpp"
 
 namespace hetmesh::seq {
@@ -81,12 +82,6 @@ struct cp_partition {
 };
 
 namespace detail {
-inline std::vector<std::int64_t> prefix(std::span<const std::int64_t> lens) {
-  std::vector<std::int64_t> cu{0};
-  for (auto l : lens) cu.push_back(cu.back() + l);
-  return cu;
-}
-
 inline void check_cp_args(std::span<const std::int64_t> lens, int cp, const char* who) {
   if (cp < 1) throw_error<invalid_argument>("{}: cp = {}; expected >= 1", who, cp);
   for (std::size_t i = 0; i < lens.size(); ++i)
@@ -127,7 +122,7 @@ inline void close_shards(cp_partition& p) {
   detail::check_cp_args(lengths, cp, "partition_contiguous");
   cp_partition p;
   p.policy = {cp_scheme::contiguous, cp, false};
-  p.cu_seqlens = detail::prefix(lengths);
+  p.cu_seqlens = prefix_sums(lengths);
   p.cu_seqlens_padded = p.cu_seqlens;
   const std::int64_t total = p.cu_seqlens.back();
   p.ranks.resize(static_cast<std::size_t>(cp));
@@ -171,8 +166,8 @@ inline void close_shards(cp_partition& p) {
   }
   cp_partition p;
   p.policy = {cp_scheme::thd, cp, pad};
-  p.cu_seqlens = detail::prefix(lengths);
-  p.cu_seqlens_padded = detail::prefix(padded);
+  p.cu_seqlens = prefix_sums(lengths);
+  p.cu_seqlens_padded = prefix_sums(padded);
   const std::int64_t total = p.cu_seqlens_padded.back();
   p.ranks.resize(static_cast<std::size_t>(cp));
   p.owner_rank.assign(static_cast<std::size_t>(total), -1);

@@ -279,7 +279,7 @@ struct hdp_plan {
 /// exactly): sum over its sequences of T(s) = model.compute(s) in nanoseconds, divided by D; when
 /// the model has no compute terms, the causal (query, key) pairs s(s+1)/2 instead. Pure; O(seqs).
 [[nodiscard]] inline std::int64_t hdp_item_cost(const hdp_item& it, const offload_model& m) {
-  const bool timed = m.alpha1 != 0 || m.beta1 != 0 || m.gamma != 0;
+  const bool timed = m.timed();
   double c = 0;
   for (const auto& s : it.seqs)
     c += timed ? m.compute(s.length) * 1e9

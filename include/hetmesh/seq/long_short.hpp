@@ -19,26 +19,26 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../cost/encoder.hpp"
+#include "../mesh/topology.hpp"
 #include "types.hpp"
 
 namespace hetmesh::seq {
 
-/// Policy value of long-short SP. Encoder cost model: c(L) = linear*L + quadratic*L^2 (any unit).
+/// Policy value of long-short SP. Items are priced by the encoder's compute model (cost/encoder.hpp:
+/// per layer a L^2 + b L + c, windowed for audio, times layers x train_factor; any unit, default L);
+/// node size and alignment come from the cluster (mesh::topology::devices_per_node).
 struct long_short_policy {
   std::int64_t max_tokens_per_rank = 16384;  ///< Mcap: encoder tokens one rank holds
   int heads = 16;                            ///< encoder attention heads
-  int gpus_per_node = 8;
-  double balance_factor = 1.0;  ///< beta
-  double linear = 1.0;
-  double quadratic = 0.0;
+  mesh::topology cluster{};                  ///< Ulysses groups stay inside one of its nodes
+  double balance_factor = 1.0;               ///< beta
+  cost::encoder_compute encoder{.layer = {.a = 0.0, .b = 1.0, .c = 0.0}, .layers = 1, .train_factor = 1.0};
 
-  [[nodiscard]] double cost(std::int64_t l) const noexcept {
-    const auto x = static_cast<double>(l);
-    return linear * x + quadratic * x * x;
-  }
+  [[nodiscard]] double cost(std::int64_t l) const noexcept { return encoder.item(l); }
   friend bool operator==(const long_short_policy&, const long_short_policy&) = default;
   void hash_append(hasher& h) const {
-    append_all(h, max_tokens_per_rank, heads, gpus_per_node, balance_factor, linear, quadratic);
+    append_all(h, max_tokens_per_rank, heads, cluster, balance_factor, encoder);
   }
 };
 
@@ -69,18 +69,19 @@ struct long_short_plan {
   void hash_append(hasher& h) const { append_all(h, policy, ranks, items, load, tokens, groups); }
 };
 
-/// Plans one encoder micro-batch over `ranks` ranks (nodes of policy.gpus_per_node consecutive
-/// ranks). Long items are placed first on the aligned block with the least maximum load that has
+/// Plans one encoder micro-batch over `ranks` ranks (nodes of policy.cluster.devices_per_node
+/// consecutive ranks). Long items are placed first on the aligned block with the least maximum load that has
 /// room; short items by LPT on the least-loaded rank with room (ties: lowest rank). Throws
-/// capacity_error when an item needs a group larger than gcd(heads, gpus_per_node) allows or when
+/// capacity_error when an item needs a group larger than gcd(heads, cluster.devices_per_node) allows or when
 /// no rank/block has room; invalid_argument on bad parameters. Pure; independent of input order;
 /// O(n log n + n * ranks).
 [[nodiscard]] inline long_short_plan plan_long_short(std::span<const seq_desc> items, int ranks,
                                                      const long_short_policy& policy) {
-  if (ranks < 1 || policy.gpus_per_node < 1 || policy.heads < 1 || policy.max_tokens_per_rank < 1)
+  const int node = policy.cluster.devices_per_node;
+  if (ranks < 1 || node < 1 || policy.heads < 1 || policy.max_tokens_per_rank < 1)
     throw_error<invalid_argument>(
-        "plan_long_short: ranks {}, gpus_per_node {}, heads {}, max_tokens_per_rank {}; expected all >= 1",
-        ranks, policy.gpus_per_node, policy.heads, policy.max_tokens_per_rank);
+        "plan_long_short: ranks {}, devices_per_node {}, heads {}, max_tokens_per_rank {}; expected all >= 1",
+        ranks, node, policy.heads, policy.max_tokens_per_rank);
   detail::check_seq_descs(items, "plan_long_short");
   long_short_plan plan;
   plan.policy = policy;
@@ -92,7 +93,7 @@ struct long_short_plan {
   double total = 0;
   for (const auto& s : sorted) total += policy.cost(s.length);
   const double tau = total / ranks;
-  const int gmax = std::gcd(policy.heads, policy.gpus_per_node);
+  const int gmax = std::gcd(policy.heads, node);
   std::vector<int> sizes;  // allowed Ulysses degrees > 1: divisors of gcd(heads, node size), ascending
   for (int s = 2; s <= gmax; ++s)
     if (gmax % s == 0 && s <= ranks) sizes.push_back(s);
@@ -128,7 +129,7 @@ struct long_short_plan {
           "plan_long_short: item {} of {} tokens needs more than {} ranks of {} tokens; Ulysses groups must "
           "divide "
           "heads {} and the node size {} (largest allowed {})",
-          s.id, s.length, sizes.empty() ? 1 : sizes.back(), cap, policy.heads, policy.gpus_per_node,
+          s.id, s.length, sizes.empty() ? 1 : sizes.back(), cap, policy.heads, node,
           sizes.empty() ? 1 : sizes.back());
     }
     const std::int64_t share = detail::ceil_div(s.length, deg);
@@ -185,9 +186,9 @@ template <>
 struct fmt::formatter<hetmesh::seq::long_short_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::long_short_policy& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "long_short_policy{{cap={}, heads={}, node={}, beta={}, c={}L+{}L^2}}",
-                          p.max_tokens_per_rank, p.heads, p.gpus_per_node, p.balance_factor, p.linear,
-                          p.quadratic);
+    return fmt::format_to(ctx.out(), "long_short_policy{{cap={}, heads={}, node={}, beta={}, {}}}",
+                          p.max_tokens_per_rank, p.heads, p.cluster.devices_per_node, p.balance_factor,
+                          p.encoder);
   }
 };
 template <>

@@ -15,37 +15,13 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../cost/memory.hpp"
 
 namespace hetmesh::seq {
 
-/// The per-layer models the solver needs (ByteScale §3.3). seq/ keeps its own parameter set so it
-/// does not depend on cost/; fill it from a calibrated cost model or from the paper's constants.
-///   compute time   T(s)   = alpha1*s^2 + beta1*s + gamma      (seconds, one layer, whole sequence)
-///   activation     Act(s) = alpha2*s + beta2                  (bytes, one layer, whole sequence)
-/// `layers` is l, the layers one rank holds (one pipeline stage). Bandwidths are bytes per second;
-/// an infinite bandwidth means "overlap always holds" (the paper's worked example ignores it).
-struct offload_model {
-  double alpha1 = 0.0;
-  double beta1 = 0.0;
-  double gamma = 0.0;
-  double alpha2 = 1.0;
-  double beta2 = 0.0;
-  int layers = 32;
-  double d2h_bandwidth = std::numeric_limits<double>::infinity();
-  double h2d_bandwidth = std::numeric_limits<double>::infinity();
-
-  [[nodiscard]] double compute(std::int64_t s) const noexcept {
-    const auto x = static_cast<double>(s);
-    return alpha1 * x * x + beta1 * x + gamma;
-  }
-  [[nodiscard]] double activation(std::int64_t s) const noexcept {
-    return alpha2 * static_cast<double>(s) + beta2;
-  }
-  friend bool operator==(const offload_model&, const offload_model&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, alpha1, beta1, gamma, alpha2, beta2, layers, d2h_bandwidth, h2d_bandwidth);
-  }
-};
+/// The models the solver needs (ByteScale §3.3): cost/'s offload model, T(s) per layer in seconds,
+/// Act(s) per layer in bytes, l = activation.layers and the host link's bandwidths.
+using offload_model = cost::offload_model;
 
 /// Policy of the solver: ratios are chosen on a grid of `ratio_steps` steps (r = k/ratio_steps), so
 /// plans compare exactly and hash the same everywhere; `enabled = false` pins r = 0.
@@ -76,16 +52,17 @@ struct offload_choice {
 [[nodiscard]] inline int offload_ranks(std::int64_t s, std::int64_t capacity, const offload_model& m, int k,
                                        int steps) {
   if (capacity <= 0) throw_error<invalid_argument>("offload_ranks: capacity {} must be > 0", capacity);
-  if (m.layers < 2)
+  if (m.layers() < 2)
     throw_error<invalid_argument>("offload_ranks: layers per rank {} must be >= 2 (Eq. 3 keeps two layers)",
-                                  m.layers);
+                                  m.layers());
   if (steps <= 0 || k < 0 || k > steps)
     throw_error<invalid_argument>("offload_ranks: ratio {}/{} must lie in [0, 1] with steps > 0", k, steps);
-  const double l = m.layers;
+  const auto l = static_cast<double>(m.layers());
   const double kept = 2.0 * steps + static_cast<double>(steps - k) * (l - 2.0);
-  const double need = kept * m.activation(s);
-  const double budget = static_cast<double>(steps) * l * m.activation(capacity);
-  if (!(budget > 0)) throw_error<invalid_argument>("offload_ranks: Act(C) must be > 0; check alpha2/beta2");
+  const double need = kept * m.activation_bytes(s);
+  const double budget = static_cast<double>(steps) * l * m.activation_bytes(capacity);
+  if (!(budget > 0))
+    throw_error<invalid_argument>("offload_ranks: Act(C) must be > 0; check the activation model");
   // A relative guard keeps exact quotients (128.0000000001 from rounding) from adding a rank.
   const double d = std::ceil(need / budget * (1.0 - 1e-12));
   return d < 1 ? 1 : static_cast<int>(d);
@@ -101,13 +78,15 @@ struct offload_choice {
   offload_choice c;
   c.length = s;
   c.ratio_steps = p.ratio_steps;
-  const double act = m.activation(s);
+  const double act = m.activation_bytes(s);
   const double bmin = std::fmin(m.d2h_bandwidth, m.h2d_bandwidth);
   // Infinite bandwidth: copies always hide (the paper's worked example ignores the overlap bound).
   c.ratio_max = std::isinf(bmin) || !(act > 0) ? 1.0 : std::fmin(1.0, m.compute(s) * bmin / act);
   if (!(c.ratio_max >= 0)) c.ratio_max = 0;
-  c.ratio_lower_bound =
-      m.layers > 2 ? std::fmin(1.0, m.layers * m.activation(capacity) / ((m.layers - 2) * act)) : 1.0;
+  c.ratio_lower_bound = m.layers() > 2
+                            ? std::fmin(1.0, static_cast<double>(m.layers()) * m.activation_bytes(capacity) /
+                                                 (static_cast<double>(m.layers() - 2) * act))
+                            : 1.0;
   const int full = offload_ranks(s, capacity, m, p.ratio_steps, p.ratio_steps);
   if (full > max_ranks)
     throw_error<capacity_error>(
@@ -119,10 +98,11 @@ struct offload_choice {
   // D(k) <= best  <=>  k >= steps - (best*steps*l*Act(C)/Act(s) - 2*steps) / (l-2): start at that
   // closed form, then step to the exact least k (D is non-increasing in k).
   int lo = 0;
-  if (kmax > 0 && m.layers > 2) {
-    const double need = (static_cast<double>(best) * p.ratio_steps * m.layers * m.activation(capacity) / act -
+  if (kmax > 0 && m.layers() > 2) {
+    const auto l = static_cast<double>(m.layers());
+    const double need = (static_cast<double>(best) * p.ratio_steps * l * m.activation_bytes(capacity) / act -
                          2.0 * p.ratio_steps) /
-                        (m.layers - 2);
+                        (l - 2.0);
     lo = std::clamp(static_cast<int>(std::ceil(p.ratio_steps - need)), 0, kmax);
     while (lo > 0 && offload_ranks(s, capacity, m, lo - 1, p.ratio_steps) <= best) --lo;
     while (lo < kmax && offload_ranks(s, capacity, m, lo, p.ratio_steps) > best) ++lo;
@@ -139,14 +119,6 @@ struct offload_choice {
 
 }  // namespace hetmesh::seq
 
-template <>
-struct fmt::formatter<hetmesh::seq::offload_model> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::offload_model& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "offload_model{{T={}s^2+{}s+{}, Act={}s+{}, l={}, d2h={}, h2d={}}}",
-                          m.alpha1, m.beta1, m.gamma, m.alpha2, m.beta2, m.layers, m.d2h_bandwidth,
-                          m.h2d_bandwidth);
-  }
-};
 template <>
 struct fmt::formatter<hetmesh::seq::offload_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::offload_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {

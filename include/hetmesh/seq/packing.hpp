@@ -14,6 +14,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/numeric.hpp"
 #include "detail/best_fit.hpp"
 #include "types.hpp"
 
@@ -86,11 +87,12 @@ struct pack_plan {
   }
   for (const auto& bin : detail::best_fit_decreasing(fits, policy.capacity)) {
     packed_micro_batch mb;
-    mb.cu_seqlens.push_back(0);
+    std::vector<std::int64_t> lengths;
     for (std::size_t i : bin) {
       mb.docs.push_back(fits[i]);
-      mb.cu_seqlens.push_back(mb.cu_seqlens.back() + fits[i].length);
+      lengths.push_back(fits[i].length);
     }
+    mb.cu_seqlens = prefix_sums(lengths);
     out.micro_batches.push_back(std::move(mb));
   }
   return out;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../../core/error.hpp"
+#include "../../core/numeric.hpp"
 #include "../communicator.hpp"
 
 namespace hetmesh::comm::detail {
@@ -84,8 +85,8 @@ void check_layout(const C& c, std::string_view op, std::string_view side,
 
 /// Exclusive prefix sums: the displacements of packed blocks.
 [[nodiscard]] inline std::vector<std::int64_t> prefix_displs(std::span<const std::int64_t> counts) {
-  std::vector<std::int64_t> displs(counts.size());
-  std::exclusive_scan(counts.begin(), counts.end(), displs.begin(), std::int64_t{0});
+  auto displs = prefix_sums(counts);
+  displs.pop_back();
   return displs;
 }
 
