@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds hetmesh and runs its tests: the default build (unit, multi-rank on loopback and under mpirun,
-# package consumers, heavy sweeps; GPU tests skip without a device), then the ASan+UBSan build.
+# Builds hetmesh and runs its tests: the default build (Release, -Werror; unit, multi-rank on loopback
+# and under mpirun, examples, package consumers: build tree, install tree, an install of a tree that was
+# only configured consumed with no components and with all, add_subdirectory; heavy sweeps; GPU tests
+# skip without a device), then the ASan+UBSan build. Compiles through ccache where it is installed.
 # Usage: bash scripts/test.sh [--no-sanitize]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +11,7 @@ bash scripts/setup.sh
 jobs=$(nproc)
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 
-echo "== default build (RelWithDebInfo) =="
+echo "== default build (Release) =="
 cmake --preset default
 cmake --build --preset default -j "$jobs"
 ctest --preset default -j "$jobs"

@@ -31,9 +31,12 @@ TEST_CASE("service: hosts serve their shares; every trainer gets the independent
     topology layout;
     int hosts;
   };
-  for (const auto& [layout, hosts] :
+  for (const auto& s :
        {shape{{.tp = 2, .cp = 1, .dp = 2, .pp = 1}, 2}, shape{{.tp = 1, .cp = 2, .dp = 3, .pp = 3}, 2},
         shape{{.tp = 1, .cp = 1, .dp = 4, .pp = 1}, 1}}) {
+    // Not a structured binding: CAPTURE is a lambda, and clang++ 14 cannot capture bindings (P1091).
+    const topology& layout = s.layout;
+    const int hosts = s.hosts;
     CAPTURE(layout.tp);
     CAPTURE(layout.cp);
     CAPTURE(layout.dp);

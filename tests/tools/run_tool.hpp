@@ -73,8 +73,15 @@ struct scratch_dir {
 inline result run(const std::vector<std::string>& args) {
   const scratch_dir dir;
   std::string cmd = quote(HETMESH_PLAN_EXE);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " >" + quote((dir.path / "out").string()) + " 2>" + quote((dir.path / "err").string());
+  // Appended piecewise: `" " + quote(a)` trips a g++ 12 -O3 -Wrestrict false positive.
+  for (const auto& a : args) {
+    cmd += ' ';
+    cmd += quote(a);
+  }
+  cmd += " >";
+  cmd += quote((dir.path / "out").string());
+  cmd += " 2>";
+  cmd += quote((dir.path / "err").string());
   const int status = std::system(cmd.c_str());
   result r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);

@@ -160,7 +160,9 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
       dc.time_ns = std::llround(l.transfer(dc.bytes, static_cast<double>(e - 1)) * 1e6);
     }
     c.time_ns = total == combine::sum ? c.time_ns + dc.time_ns : std::max(c.time_ns, dc.time_ns);
-    c.order += (c.order.empty() ? "" : "-") + std::string(name.name());
+    // Appended in place: `"-" + std::string(...)` trips a g++ 12 -O3 -Wrestrict false positive.
+    if (!c.order.empty()) c.order += '-';
+    c.order += name.name();
     c.dims.push_back(dc);
     stride *= e;
   }
