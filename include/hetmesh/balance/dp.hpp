@@ -138,7 +138,8 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
     for (int r = 0; r < policy.ranks; ++r) load.emplace(0, r);
     for (std::size_t i = 0; i < sorted.size(); ++i) {
       bool placed = false;
-      for (auto it = load.begin(); it != load.end() && !placed; ++it) {
+      // The loop leaves right after erasing: `++it` on an erased iterator is undefined.
+      for (auto it = load.begin(); it != load.end(); ++it) {
         auto& mbs = plan.per_rank[static_cast<std::size_t>(it->second)];
         std::size_t best = slots;
         for (std::size_t k = 0; k < slots; ++k)
@@ -152,6 +153,7 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
         load.erase(it);
         load.emplace(l + cost[i], r);
         placed = true;
+        break;
       }
       if (!placed)
         throw_error<capacity_error>(
