@@ -272,8 +272,9 @@ TEST_CASE("pipeline executor: refuses an unlowered multi-rank schedule") {
   CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(
                            2,
                            [&](hetmesh::comm::loopback::communicator& c) {
-                             execute_pipeline(c, s, m.functions(),
-                                     activation_sizes{.output = [](int, int) -> std::int64_t { return D; }});
+                             execute_pipeline(
+                                 c, s, m.functions(),
+                                 activation_sizes{.output = [](int, int) -> std::int64_t { return D; }});
                            }),
                        doctest::Contains("expected a lowered schedule"), hetmesh::invalid_argument);
 }

@@ -99,8 +99,7 @@ TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, 
         make(static_cast<int>(i), s.encoder_tokens[i] / 8 + 1);
       local.push_back(std::move(s));
     }
-    const auto res =
-        run::grouped_reorder<comm::loopback::communicator, std::int64_t>(c, local, parcels, pol);
+    const auto res = run::grouped_reorder<comm::loopback::communicator, std::int64_t>(c, local, parcels, pol);
     // The plan covers exactly the group's samples.
     for (auto id : res.plan.sample_ids) CHECK(id / 100 / group == wc.rank() / group);
     for (const auto& p : res.received) {
@@ -174,7 +173,7 @@ TEST_CASE("reshard on loopback: encoder outputs reach the LLM shards and gradien
                      static_cast<std::uint64_t>(k)});
     std::vector<std::int64_t> enc_grad(enc_out.size(), sentinel);
     run::reshard(c, plan.transposed(), std::span<const std::int64_t>(llm_grad),
-                     std::span<std::int64_t>(enc_grad), width);
+                 std::span<std::int64_t>(enc_grad), width);
     for (const auto& b : rc.enc) {
       if (b.rank != me) continue;
       const auto& it = *std::find_if(rc.items.begin(), rc.items.end(), [&](const auto& x) {

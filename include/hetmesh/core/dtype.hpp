@@ -122,7 +122,9 @@ inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
 
 /// A type collectives can move: it has a dtype.
 template <class T>
-concept element = requires { dtype_of<std::remove_cv_t<T>>::value; };
+concept element = requires {
+  dtype_of<std::remove_cv_t<T>>::value;
+};
 
 /// A type host backends can reduce: arithmetic (not bool, not 16-bit).
 template <class T>

@@ -72,8 +72,8 @@ using ::hetmesh::dtype;
 /// The dtype of Megatron's on-disk code `code`; throws data_error for a code outside Megatron's table
 /// 1..8. Pure; O(1).
 [[nodiscard]] inline dtype dtype_from_megatron_code(int code) {
-  static constexpr dtype table[] = {dtype::uint8,   dtype::int8,    dtype::int16, dtype::int32,
-                                    dtype::int64,   dtype::float64, dtype::float32, dtype::uint16};
+  static constexpr dtype table[] = {dtype::uint8, dtype::int8,    dtype::int16,   dtype::int32,
+                                    dtype::int64, dtype::float64, dtype::float32, dtype::uint16};
   if (code < 1 || code > 8)
     throw_error<data_error>("dtype code {} is not one of Megatron's codes 1..8", code);
   return table[code - 1];

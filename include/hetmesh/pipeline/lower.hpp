@@ -106,7 +106,6 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
   }
 }
 
-
 /// The schedule without its communication actions (compute and REDUCE_GRAD kept, order kept). Pure.
 [[nodiscard]] inline schedule strip_comm(const schedule& s) {
   schedule out = s;

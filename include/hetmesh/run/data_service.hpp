@@ -74,7 +74,7 @@ void serve_step(C& world, const data::mixture_config& cfg, const data::step_batc
 /// never sends.
 template <class C>
 [[nodiscard]] std::vector<data::packed_micro_batch> receive_step(C& world, const data::mixture_config& cfg,
-                                                           std::int64_t step) {
+                                                                 std::int64_t step) {
   const auto sl = data::service_layout_of(cfg.layout, world.size());
   const int me = world.rank();
   if (sl.is_host(me))
@@ -118,4 +118,3 @@ template <class C>
 }
 
 }  // namespace hetmesh::run
-

@@ -43,7 +43,7 @@ template <class C>
 /// pipeline stages) return an empty list without communicating.
 template <class C>
 [[nodiscard]] std::vector<data::packed_micro_batch> deliver(C& world, const data::mixture_config& cfg,
-                                                      const data::step_batch* batch) {
+                                                            const data::step_batch* batch) {
   const auto& t = cfg.layout;
   if (world.size() != t.world())
     throw_error<invalid_argument>(

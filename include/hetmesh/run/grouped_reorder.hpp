@@ -15,10 +15,10 @@
 #include <utility>
 #include <vector>
 
+#include "../balance/reorder.hpp"
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
-#include "../balance/reorder.hpp"
 #include "agreement.hpp"
 
 namespace hetmesh::run {
@@ -56,7 +56,8 @@ struct reorder_result {
 }
 
 /// Inverse of encode_meta, stamping `owner`. Throws data_error on a truncated record.
-[[nodiscard]] inline std::vector<balance::sample_meta> decode_meta(std::span<const std::int64_t> wire, int owner) {
+[[nodiscard]] inline std::vector<balance::sample_meta> decode_meta(std::span<const std::int64_t> wire,
+                                                                   int owner) {
   std::vector<balance::sample_meta> out;
   std::size_t k = 0;
   while (k < wire.size()) {
@@ -127,9 +128,8 @@ template <comm::communicator C, class T>
           "load; expected parcels only of local samples",
           me, p.sample_id);
     if (k > 0 && mine[k - 1]->sample_id == p.sample_id && mine[k - 1]->item == p.item)
-      throw_error<invalid_argument>(
-          "run::grouped_reorder: rank {} holds parcel (sample {}, item {}) twice", me, p.sample_id,
-          p.item);
+      throw_error<invalid_argument>("run::grouped_reorder: rank {} holds parcel (sample {}, item {}) twice",
+                                    me, p.sample_id, p.item);
     to[static_cast<std::size_t>(plan.destination(p.sample_id, p.item))].push_back(&p);
   }
   for (std::size_t j = 0; j < n; ++j)

@@ -73,8 +73,9 @@ inline int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb,
 /// time (seconds since the call) for trace export. Cost: the callables plus one send or receive per
 /// cross-rank transfer.
 template <comm::communicator C, class T>
-void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T>& fn, const activation_sizes& sizes,
-             std::vector<pipeline::timed_action>* timeline = nullptr) {
+void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T>& fn,
+                      const activation_sizes& sizes,
+                      std::vector<pipeline::timed_action>* timeline = nullptr) {
   const int rank = c.rank();
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -274,7 +275,8 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
         }
       }
     } catch (error& e) {
-      e.add_context(fmt::format("pipeline execute({}) rank {} action `{}`", s.name, rank, pipeline::to_text(a)));
+      e.add_context(
+          fmt::format("pipeline execute({}) rank {} action `{}`", s.name, rank, pipeline::to_text(a)));
       throw;
     }
     if (timeline != nullptr) timeline->push_back(pipeline::timed_action{rank, a, start, seconds()});

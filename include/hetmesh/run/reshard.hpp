@@ -22,7 +22,8 @@ namespace hetmesh::run {
 /// Post: each run's rows copied; rows of `dst` no run names are untouched. Cost: packing and
 /// unpacking O(rows * width) plus one all_to_all_v.
 template <comm::communicator C, class T>
-void reshard(C& c, const balance::reshard_plan& plan, std::span<const T> src, std::span<T> dst, std::int64_t width) {
+void reshard(C& c, const balance::reshard_plan& plan, std::span<const T> src, std::span<T> dst,
+             std::int64_t width) {
   if (c.size() != plan.ranks || width < 1)
     throw_error<invalid_argument>(
         "run::reshard: group of {} ranks, plan for {}, width {}; expected equal sizes "
@@ -42,8 +43,8 @@ void reshard(C& c, const balance::reshard_plan& plan, std::span<const T> src, st
     if (static_cast<std::size_t>(r.src) != me) continue;
     const auto b = static_cast<std::size_t>(r.src_offset) * w, len = static_cast<std::size_t>(r.rows) * w;
     if (b + len > src.size())
-      throw_error<invalid_argument>("run::reshard: rank {} reads rows [{}, {}) of a buffer of {} rows",
-                                    me, r.src_offset, r.src_offset + r.rows, src.size() / w);
+      throw_error<invalid_argument>("run::reshard: rank {} reads rows [{}, {}) of a buffer of {} rows", me,
+                                    r.src_offset, r.src_offset + r.rows, src.size() / w);
     send.insert(send.end(), src.begin() + static_cast<std::ptrdiff_t>(b),
                 src.begin() + static_cast<std::ptrdiff_t>(b + len));
   }
@@ -62,8 +63,8 @@ void reshard(C& c, const balance::reshard_plan& plan, std::span<const T> src, st
     if (static_cast<std::size_t>(r.dst) != me) continue;
     const auto b = static_cast<std::size_t>(r.dst_offset) * w, len = static_cast<std::size_t>(r.rows) * w;
     if (b + len > dst.size())
-      throw_error<invalid_argument>("run::reshard: rank {} writes rows [{}, {}) of a buffer of {} rows",
-                                    me, r.dst_offset, r.dst_offset + r.rows, dst.size() / w);
+      throw_error<invalid_argument>("run::reshard: rank {} writes rows [{}, {}) of a buffer of {} rows", me,
+                                    r.dst_offset, r.dst_offset + r.rows, dst.size() / w);
     auto& at = cursor[static_cast<std::size_t>(r.src)];
     std::copy_n(recv.begin() + at, len, dst.begin() + static_cast<std::ptrdiff_t>(b));
     at += static_cast<std::int64_t>(len);

@@ -74,7 +74,8 @@ class stream_handle {
 class event_handle {
  public:
   event_handle() {
-    check_cuda(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "nccl event");
+    check_cuda(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+               "nccl event");
   }
   explicit event_handle(std::nullptr_t) noexcept {}
   event_handle(event_handle&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
@@ -158,7 +159,7 @@ class device_array {
       return ncclInt8;
     case dtype::uint8:
       return ncclUint8;
-    case dtype::int16:  // NCCL has no 16-bit integers; no dtype_of yields them, so collectives never
+    case dtype::int16:   // NCCL has no 16-bit integers; no dtype_of yields them, so collectives never
     case dtype::uint16:  // pass them here
       break;
     case dtype::int32:
@@ -214,7 +215,7 @@ struct state {
     clock::time_point enqueued;
     const char* op;
   };
-  std::deque<pending> work;        // enqueued operations not yet seen complete, oldest first
+  std::deque<pending> work;         // enqueued operations not yet seen complete, oldest first
   std::vector<event_handle> spare;  // completed events, reused: creating one per call would cost microseconds
   std::atomic<abort_kind> aborted{abort_kind::none};
   std::string reason;
