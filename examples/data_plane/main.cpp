@@ -22,6 +22,7 @@
 #include <hetmesh/run/data_service.hpp>
 
 namespace data = hetmesh::data;
+namespace run = hetmesh::run;
 
 namespace {
 
