@@ -19,8 +19,10 @@
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/data/all.hpp>
+#include <hetmesh/run/data_service.hpp>
 
 namespace data = hetmesh::data;
+namespace run = hetmesh::run;
 
 namespace {
 
@@ -89,7 +91,7 @@ int main(int argc, char** argv) {
           auto b = dl.next();
           lines[static_cast<std::size_t>(s)] = fmt::format(
               "step {}: quotas (web, code, img) = {}, dp cost = {}", s, b.plan.quotas, b.plan.rank_cost);
-          data::serve_step(world, cfg, b);
+          run::serve_step(world, cfg, b);
         }
         after = dl.state();  // the checkpoint: a few integers per source
         return;
@@ -97,7 +99,7 @@ int main(int argc, char** argv) {
       const std::vector<int> trainer_ranks{0, 1, 2, 3};
       auto trainers = world.subgroup(std::span<const int>(trainer_ranks));
       for (int s = 0; s < steps; ++s) {
-        const auto mine = data::receive_step(world, cfg, s);
+        const auto mine = run::receive_step(world, cfg, s);
         std::vector<std::int64_t> tokens;
         std::size_t images = 0;
         for (const auto& mb : mine) {

@@ -5,6 +5,7 @@
 
 #include "config.hpp"
 #include "core/assert.hpp"
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "core/hash.hpp"
@@ -27,3 +28,5 @@
 #include "data/all.hpp"
 #include "pipeline/all.hpp"
 #include "seq/seq.hpp"
+
+#include "run/run.hpp"

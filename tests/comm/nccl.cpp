@@ -13,6 +13,7 @@
 #include <hetmesh/comm/group_cache.hpp>
 #include <hetmesh/comm/nccl.hpp>
 #include <hetmesh/cuda/buffer.hpp>
+#include <hetmesh/cuda/half.hpp>
 
 #include "conformance.hpp"
 

@@ -12,8 +12,8 @@
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/data/checkpoint.hpp>
 #include <hetmesh/data/constructor.hpp>
-#include <hetmesh/data/delivery.hpp>
 #include <hetmesh/data/loader.hpp>
+#include <hetmesh/run/delivery.hpp>
 
 #include "fixtures.hpp"
 
@@ -253,7 +253,7 @@ TEST_CASE(
     for (std::size_t i = 0; i < batches.size(); ++i) {
       const int me = world.rank();
       const bool loads = me == c.cfg.layout.rank(0, 0, (me / 2) % 2, 0);
-      got[i][static_cast<std::size_t>(me)] = deliver(world, c.cfg, loads ? &batches[i] : nullptr);
+      got[i][static_cast<std::size_t>(me)] = run::deliver(world, c.cfg, loads ? &batches[i] : nullptr);
     }
   });
   CHECK(dl.reads(0) + dl.reads(1) + dl.reads(2) == reads_before);  // delivery read nothing

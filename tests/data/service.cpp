@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The data plane in processes of its own (data/service.hpp), on loopback threads: hosts load only their
+// The data plane in processes of its own (run/data_service.hpp), on loopback threads: hosts load only their
 // share and send it; trainers receive exactly the micro-batches an independent plan gives; a host and
 // trainers out of step, and a host that never sends, are errors, not hangs.
 #include <doctest/doctest.h>
@@ -73,9 +73,9 @@ TEST_CASE("service: a host out of step is a mismatch_error; a host that never se
                                       [&](comm::loopback::communicator& world) {
                                         if (world.rank() == 1) {
                                           data_loader dl(cfg, {.workers = 0, .prefetch_steps = 0});
-                                          serve_step(world, cfg, dl.next());
+                                          run::serve_step(world, cfg, dl.next());
                                         } else {
-                                          (void)receive_step(world, cfg, 1);
+                                          (void)run::receive_step(world, cfg, 1);
                                         }
                                       }),
                   mismatch_error);
@@ -84,7 +84,7 @@ TEST_CASE("service: a host out of step is a mismatch_error; a host that never se
   CHECK_THROWS_AS(comm::loopback::run(
                       2,
                       [&](comm::loopback::communicator& world) {
-                        if (world.rank() == 0) (void)receive_step(world, cfg, 0);
+                        if (world.rank() == 0) (void)run::receive_step(world, cfg, 0);
                       },
                       300ms),
                   timeout_error);

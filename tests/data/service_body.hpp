@@ -14,7 +14,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <hetmesh/data/service.hpp>
+#include <hetmesh/data/service_layout.hpp>
+#include <hetmesh/run/data_service.hpp>
 
 #include "data/fixtures.hpp"
 
@@ -93,7 +94,7 @@ std::string service_body(C& world, const topology& layout, int steps) {
       const auto b = dl.next();
       for (const auto& p : b.plan.samples)
         share += std::find(mine.begin(), mine.end(), p.dp_rank) != mine.end() ? 1 : 0;
-      serve_step(world, cfg, b);
+      run::serve_step(world, cfg, b);
     }
     for (int s = 0; s < 3; ++s) reads += dl.reads(s);
     if (reads != share)
@@ -122,7 +123,7 @@ std::string trainer_side(C& world, const topology& layout, int steps) {
     auto planned = plan_step(cfg, st, meta);
     st = planned.next;
     const auto samples = generator_samples(planned.plan);
-    const auto got = receive_step(world, cfg, step);
+    const auto got = run::receive_step(world, cfg, step);
     const bool in_group = stage == 0 || stage == layout.pp - 1;
     const auto expected = in_group ? construct(planned.plan, samples, dp, cfg.micro_batches)
                                    : std::vector<packed_micro_batch>{};

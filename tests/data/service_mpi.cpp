@@ -39,7 +39,7 @@ TEST_CASE("delivery under MPI: loading ranks broadcast to their tensor group") {
   for (int step = 0; step < 4; ++step) {
     std::optional<step_batch> b;
     if (loads) b = dl->next();
-    const auto got = deliver(world, cfg, b ? &*b : nullptr);
+    const auto got = run::deliver(world, cfg, b ? &*b : nullptr);
     auto planned = plan_step(cfg, st, meta);
     st = planned.next;
     CHECK(got == construct(planned.plan, test::generator_samples(planned.plan), dp, cfg.micro_batches));

@@ -1,15 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::balance: the balancing room in one include.
+// hetmesh::balance: the balancing room in one include (plans only; their execution is in run/).
 #pragma once
 
-#include "agreement.hpp"
 #include "bytescale.hpp"
 #include "dp.hpp"
 #include "hdp_common.hpp"
 #include "model.hpp"
 #include "planner.hpp"
 #include "reorder.hpp"
-#include "reorder_exec.hpp"
 #include "reshard.hpp"
 #include "solvers.hpp"
 #include "strategies.hpp"

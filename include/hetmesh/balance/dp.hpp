@@ -63,7 +63,7 @@ namespace detail {
 inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, const cost::llm_compute& m) {
   total = cost::fixed{};
   for (auto& mb : mbs) {
-    std::sort(mb.seqs.begin(), mb.seqs.end(), seq::detail::longer_first);
+    std::sort(mb.seqs.begin(), mb.seqs.end(), seq::longer_first);
     std::vector<std::int64_t> lens;
     for (const auto& s : mb.seqs) lens.push_back(s.length);
     mb.time = m.packed_row_fixed(lens);
@@ -95,10 +95,10 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
         "balance::plan_dp: ranks={}, capacity={}, micro_batches={}; expected ranks >= 1, "
         "capacity >= 1, micro_batches >= 0",
         policy.ranks, policy.capacity, policy.micro_batches);
-  seq::detail::check_seq_descs(seqs, "balance::plan_dp");
+  seq::check_seq_descs(seqs, "balance::plan_dp");
   // Canonical order first: everything below depends only on the multiset of sequences.
   std::vector<seq::seq_desc> sorted(seqs.begin(), seqs.end());
-  std::sort(sorted.begin(), sorted.end(), seq::detail::longer_first);
+  std::sort(sorted.begin(), sorted.end(), seq::longer_first);
   for (const auto& s : sorted)
     if (s.length > policy.capacity)
       throw_error<capacity_error>(

@@ -99,7 +99,7 @@ inline void emit_rows(std::span<const std::size_t> idx, std::span<const seq::seq
   if (idx.empty()) return;
   std::vector<std::size_t> sorted(idx.begin(), idx.end());
   std::sort(sorted.begin(), sorted.end(),
-            [&](std::size_t a, std::size_t b) { return seq::detail::longer_first(shorts[a], shorts[b]); });
+            [&](std::size_t a, std::size_t b) { return seq::longer_first(shorts[a], shorts[b]); });
   std::vector<std::int64_t> lens;
   lens.reserve(sorted.size());
   for (std::size_t i : sorted) lens.push_back(shorts[i].length);
@@ -238,7 +238,7 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
   if (pool < 1) throw_error<invalid_argument>("balance::plan_hetmesh: pool = {}; expected >= 1", pool);
   if (hdp.capacity < 1)
     throw_error<invalid_argument>("balance::plan_hetmesh: capacity = {}; expected >= 1", hdp.capacity);
-  seq::detail::check_seq_descs(seqs, "balance::plan_hetmesh");
+  seq::check_seq_descs(seqs, "balance::plan_hetmesh");
   const int g = policy.group_size == 0 ? pool : policy.group_size;
   if (g < 1 || pool % g != 0)
     throw_error<invalid_argument>(
@@ -270,7 +270,7 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
   std::int64_t counter = 0;
   for (int k = 0; k < groups; ++k) {
     auto& mine = per_group[static_cast<std::size_t>(k)];
-    std::sort(mine.begin(), mine.end(), seq::detail::longer_first);
+    std::sort(mine.begin(), mine.end(), seq::longer_first);
     try {
       detail::plan_group(mine, hdp, g, k * g, m, sh.items, placement, counter);
     } catch (error& e) {

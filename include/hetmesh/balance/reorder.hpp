@@ -9,7 +9,7 @@
 //     the encoder and the backbone are separated by the reshard (reshard.hpp) and each phase waits for
 //     its slowest rank: step ~ max_r enc_r + max_r llm_r, so both maxima are minimised.
 // Encoder outputs then travel to their sample's LLM rank by the reshard plan. The runtime half
-// (gather, plan, all_to_all_v of the samples) is reorder_exec.hpp.
+// (gather, plan, all_to_all_v of the samples) is run::grouped_reorder (run/grouped_reorder.hpp).
 #pragma once
 
 #include <algorithm>

@@ -1,131 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::comm: element types on the wire. Backends speak in `dtype` values (MPI datatypes and
-// NCCL data types are looked up from them); a communicator checks that every rank of a collective
-// passed the same dtype, so a rank that sends int64 where its peers send float fails loudly.
+// hetmesh::comm: element types on the wire. The enum and its traits are core's (core/dtype.hpp: one
+// dtype for the whole library); the communicator vocabulary names them here as comm::dtype,
+// comm::element, ... Backends look MPI datatypes and NCCL data types up from dtype values, and a
+// communicator checks that every rank of a collective passed the same dtype, so a rank that sends int64
+// where its peers send float fails loudly.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <type_traits>
-
-#include <fmt/format.h>
-
-#include "../core/format.hpp"
+#include "../core/dtype.hpp"
 
 namespace hetmesh::comm {
 
-/// The element types collectives accept. The 16-bit floating types exist only on the device
-/// (NCCL); host backends reduce arithmetic types.
-enum class dtype : std::uint8_t {
-  int8,
-  uint8,
-  int32,
-  uint32,
-  int64,
-  uint64,
-  float16,
-  bfloat16,
-  float32,
-  float64
-};
-
-/// Size in bytes of one element of `t`.
-[[nodiscard]] constexpr std::size_t dtype_size(dtype t) noexcept {
-  switch (t) {
-    case dtype::int8:
-    case dtype::uint8:
-      return 1;
-    case dtype::float16:
-    case dtype::bfloat16:
-      return 2;
-    case dtype::int32:
-    case dtype::uint32:
-    case dtype::float32:
-      return 4;
-    case dtype::int64:
-    case dtype::uint64:
-    case dtype::float64:
-      return 8;
-  }
-  return 0;
-}
-
-/// The name of `t` ("int32", "bfloat16", ...), as error messages print it.
-[[nodiscard]] constexpr const char* dtype_name(dtype t) noexcept {
-  switch (t) {
-    case dtype::int8:
-      return "int8";
-    case dtype::uint8:
-      return "uint8";
-    case dtype::int32:
-      return "int32";
-    case dtype::uint32:
-      return "uint32";
-    case dtype::int64:
-      return "int64";
-    case dtype::uint64:
-      return "uint64";
-    case dtype::float16:
-      return "float16";
-    case dtype::bfloat16:
-      return "bfloat16";
-    case dtype::float32:
-      return "float32";
-    case dtype::float64:
-      return "float64";
-  }
-  return "?";
-}
-
-/// dtype_of<T>::value: the dtype of element type T. Specialised here for the standard arithmetic
-/// types (by size and signedness, so `long` and `long long` both map to int64 on LP64); the CUDA
-/// headers in hetmesh/cuda/half.hpp add `__half` and `__nv_bfloat16`. A type without a
-/// specialisation cannot be communicated, which the `element` concept reports at compile time.
-template <class T, class = void>
-struct dtype_of {};
-
-namespace detail {
-template <class T>
-constexpr dtype arithmetic_dtype() noexcept {
-  if constexpr (std::is_floating_point_v<T>) {
-    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "hetmesh::comm: only float and double are supported");
-    return sizeof(T) == 4 ? dtype::float32 : dtype::float64;
-  } else if constexpr (sizeof(T) == 1) {
-    return std::is_signed_v<T> ? dtype::int8 : dtype::uint8;
-  } else if constexpr (sizeof(T) == 4) {
-    return std::is_signed_v<T> ? dtype::int32 : dtype::uint32;
-  } else {
-    static_assert(sizeof(T) == 8, "hetmesh::comm: 16-bit integers are not supported; widen to int32");
-    return std::is_signed_v<T> ? dtype::int64 : dtype::uint64;
-  }
-}
-}  // namespace detail
-
-template <class T>
-struct dtype_of<T, std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && sizeof(T) != 2>> {
-  static constexpr dtype value = detail::arithmetic_dtype<T>();
-};
-
-template <class T>
-inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
-
-/// A type collectives can move: it has a dtype.
-template <class T>
-concept element = requires {
-  dtype_of<std::remove_cv_t<T>>::value;
-};
-
-/// A type host backends can reduce: arithmetic (not bool, not 16-bit).
-template <class T>
-concept host_element = element<T> && std::is_arithmetic_v<std::remove_cv_t<T>>;
-
-static_assert(element<float> && element<std::int64_t> && !element<bool> && host_element<double>);
+using ::hetmesh::dtype;
+using ::hetmesh::dtype_name;
+using ::hetmesh::dtype_of;
+using ::hetmesh::dtype_of_v;
+using ::hetmesh::dtype_size;
+using ::hetmesh::element;
+using ::hetmesh::host_element;
 
 }  // namespace hetmesh::comm
-
-template <>
-struct fmt::formatter<hetmesh::comm::dtype> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::comm::dtype t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", hetmesh::comm::dtype_name(t));
-  }
-};

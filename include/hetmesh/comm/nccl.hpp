@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::comm::nccl: the NCCL backend (device memory, stream-ordered). Needs the hetmesh::nccl
-// CMake target (HETMESH_HAS_NCCL). Buffers are device spans (cuda::device_buffer::span()); every
+// CMake target (HETMESH_HAS_NCCL). Buffers are device spans (cuda::device_buffer::span()); for
+// `__half` / `__nv_bfloat16` elements include hetmesh/cuda/half.hpp (comm/ does not include cuda/). Every
 // operation is enqueued on the communicator's stream and returns without waiting; `synchronize()`
 // waits for it with a deadline.
 //
@@ -29,9 +30,6 @@
 
 #include <fmt/format.h>
 
-#include "../cuda/buffer.hpp"
-#include "../cuda/check.hpp"
-#include "../cuda/half.hpp"
 #include "communicator.hpp"
 #include "detail/deadline.hpp"
 #include "detail/members.hpp"
@@ -69,7 +67,7 @@ class communicator : public comm::detail::group_members {
                                     rank, nranks);
     if (global_ranks.empty())
       for (int r = 0; r < nranks; ++r) global_ranks.push_back(r);
-    cuda::check(cudaSetDevice(device), "cudaSetDevice", "nccl::communicator::init");
+    detail::check_cuda(cudaSetDevice(device), "cudaSetDevice", "nccl::communicator::init");
     auto s = std::make_shared<detail::state>();
     s->device = device, s->timeout = opt.timeout;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -113,7 +111,7 @@ class communicator : public comm::detail::group_members {
     ncclCommUserRank(s->comm, &child_rank);
     ncclCommCount(s->comm, &child_size);
     communicator c(std::move(s), child_rank, std::vector<int>(static_cast<std::size_t>(child_size)), opt_);
-    cuda::device_buffer<int> mine(1), all(static_cast<std::size_t>(child_size));
+    detail::device_array<int> mine(1), all(static_cast<std::size_t>(child_size));
     const int me = ranks_[static_cast<std::size_t>(rank_)];
     mine.copy_from(std::span<const int>(&me, 1));
     c.all_gather(std::span<const int>(mine.span()), all.span());
@@ -183,7 +181,7 @@ class communicator : public comm::detail::group_members {
   /// All ranks have arrived: a one-element all-reduce, then synchronize() (so it blocks the host,
   /// bounded by the timeout).
   void barrier() {
-    if (scratch_.size() == 0) scratch_ = cuda::device_buffer<int>(1);
+    if (scratch_.size() == 0) scratch_ = detail::device_array<int>(1);
     all_reduce(scratch_.span(), reduce_op::sum);
     synchronize();
   }
@@ -195,7 +193,7 @@ class communicator : public comm::detail::group_members {
     const bool completed = comm::detail::poll_until(opt_.timeout, {.yield_from = 65}, [&] {
       const cudaError_t st = cudaStreamQuery(stream());
       if (st == cudaSuccess) return true;
-      if (st != cudaErrorNotReady) cuda::check(st, "cudaStreamQuery", where("synchronize"));
+      if (st != cudaErrorNotReady) detail::check_cuda(st, "cudaStreamQuery", where("synchronize"));
       poll_async("synchronize");
       return false;
     });
@@ -283,12 +281,12 @@ class communicator : public comm::detail::group_members {
   template <class Call>
   void enqueue(const char* op, const char* call, Call&& f) {
     usable(op);
-    cuda::check(cudaSetDevice(s_->device), "cudaSetDevice", where(op));
+    detail::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice", where(op));
     settle(f(), call, op);
     std::lock_guard lock(s_->m);
-    cuda::event e{nullptr};
+    detail::event_handle e{nullptr};
     if (s_->spare.empty()) {
-      e = cuda::event{};
+      e = detail::event_handle{};
     } else {
       e = std::move(s_->spare.back());
       s_->spare.pop_back();
@@ -299,7 +297,7 @@ class communicator : public comm::detail::group_members {
 
   std::shared_ptr<detail::state> s_;
   options opt_;
-  cuda::device_buffer<int> scratch_;
+  detail::device_array<int> scratch_;
 };
 
 static_assert(comm::communicator<communicator>);

@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "detail/file.hpp"
@@ -34,35 +35,48 @@ static_assert(
     std::endian::native == std::endian::little,
     "hetmesh::data reads Megatron's little-endian files by mapping them; big-endian hosts are not supported");
 
-/// Element type codes of Megatron's DType enum (the values are the on-disk codes).
-enum class dtype : std::uint8_t {
-  uint8 = 1,
-  int8 = 2,
-  int16 = 3,
-  int32 = 4,
-  int64 = 5,
-  float64 = 6,
-  float32 = 7,
-  uint16 = 8
-};
+/// Element types are hetmesh's one `dtype` (core/dtype.hpp); Megatron's DType enum numbers them
+/// differently on disk (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 6 f64, 7 f32, 8 u16), so the files go through
+/// these two mappings.
+using ::hetmesh::dtype;
 
-/// Bytes per element of `t`; throws data_error for a code outside Megatron's table.
-[[nodiscard]] inline std::int64_t dtype_size(dtype t) {
+/// Megatron's on-disk code of `t`, or 0 for a dtype Megatron has no code for (uint32, uint64, float16,
+/// bfloat16). Pure; O(1).
+[[nodiscard]] constexpr std::uint8_t megatron_code(dtype t) noexcept {
   switch (t) {
     case dtype::uint8:
-    case dtype::int8:
       return 1;
-    case dtype::int16:
-    case dtype::uint16:
+    case dtype::int8:
       return 2;
+    case dtype::int16:
+      return 3;
     case dtype::int32:
-    case dtype::float32:
       return 4;
     case dtype::int64:
+      return 5;
     case dtype::float64:
+      return 6;
+    case dtype::float32:
+      return 7;
+    case dtype::uint16:
       return 8;
+    case dtype::uint32:
+    case dtype::uint64:
+    case dtype::float16:
+    case dtype::bfloat16:
+      break;
   }
-  throw_error<data_error>("dtype code {} is not one of Megatron's codes 1..8", static_cast<int>(t));
+  return 0;
+}
+
+/// The dtype of Megatron's on-disk code `code`; throws data_error for a code outside Megatron's table
+/// 1..8. Pure; O(1).
+[[nodiscard]] inline dtype dtype_from_megatron_code(int code) {
+  static constexpr dtype table[] = {dtype::uint8, dtype::int8,    dtype::int16,   dtype::int32,
+                                    dtype::int64, dtype::float64, dtype::float32, dtype::uint16};
+  if (code < 1 || code > 8)
+    throw_error<data_error>("dtype code {} is not one of Megatron's codes 1..8", code);
+  return table[code - 1];
 }
 
 /// The dtype Megatron picks for a vocabulary (uint16 below 65500 tokens, else int32).
@@ -147,7 +161,7 @@ class indexed_dataset {
         throw_error<invalid_argument>(
             "'{}.bin' holds dtype code {}, which is not a token type; expected an integer type of at most 32 "
             "bits",
-            prefix_, static_cast<int>(type_));
+            prefix_, megatron_code(type_));
     }
   }
   /// Bytes of the mapped index (all of it is touched by validation, so it is resident) and of .bin.
@@ -169,8 +183,8 @@ class indexed_dataset {
     const auto code = detail::load_le<std::uint8_t>(idx.data() + 17);
     if (code < 1 || code > 8)
       throw_error<data_error>("'{}' has dtype code {}; expected one of Megatron's codes 1..8", ip, code);
-    type_ = static_cast<dtype>(code);
-    elem_ = dtype_size(type_);
+    type_ = dtype_from_megatron_code(code);
+    elem_ = static_cast<std::int64_t>(dtype_size(type_));
     const auto s = detail::load_le<std::uint64_t>(idx.data() + 18);
     const auto d = detail::load_le<std::uint64_t>(idx.data() + 26);
     const std::uint64_t limit = static_cast<std::uint64_t>(idx_.size());
@@ -237,10 +251,11 @@ class indexed_dataset {
 /// last sequence of each document. Not thread-safe. Cost O(total bytes).
 class indexed_dataset_writer {
  public:
+  /// Pre: Megatron has a code for `type` (megatron_code(type) != 0), else invalid_argument.
   indexed_dataset_writer(std::string prefix, dtype type)
       : prefix_(std::move(prefix)),
-        type_(type),
-        elem_(dtype_size(type)),
+        type_(checked(type, prefix_)),
+        elem_(static_cast<std::int64_t>(dtype_size(type))),
         bin_(detail::open_file(prefix_ + ".bin", O_WRONLY | O_CREAT | O_TRUNC)) {}
 
   /// Appends one sequence. Pre: every value fits the dtype (else invalid_argument naming the value).
@@ -271,7 +286,7 @@ class indexed_dataset_writer {
           break;
         default:
           throw_error<invalid_argument>("indexed_dataset_writer: dtype code {} is not an integer type",
-                                        static_cast<int>(type_));
+                                        megatron_code(type_));
       }
     }
     if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
@@ -292,7 +307,7 @@ class indexed_dataset_writer {
       idx.insert(idx.end(), b, b + n);
     };
     const std::uint64_t version = 1, s = lengths_.size(), d = docs_.size();
-    const auto code = static_cast<std::uint8_t>(type_);
+    const std::uint8_t code = megatron_code(type_);
     put(indexed_magic, sizeof indexed_magic);
     put(&version, 8);
     put(&code, 1);
@@ -310,12 +325,20 @@ class indexed_dataset_writer {
   }
 
  private:
+  static dtype checked(dtype type, const std::string& prefix) {
+    if (megatron_code(type) == 0)
+      throw_error<invalid_argument>(
+          "indexed_dataset_writer: '{}' as {}, which Megatron's indexed format has no code for; expected "
+          "one of uint8, int8, int16, uint16, int32, int64, float32, float64",
+          prefix, type);
+    return type;
+  }
   template <class U>
   void store(std::byte* out, std::size_t k, std::int64_t v) {
     if (v < static_cast<std::int64_t>(std::numeric_limits<U>::min()) ||
         v > static_cast<std::int64_t>(std::numeric_limits<U>::max()))
       throw_error<invalid_argument>("indexed_dataset_writer: token {} does not fit dtype code {} of '{}'", v,
-                                    static_cast<int>(type_), prefix_);
+                                    megatron_code(type_), prefix_);
     const U u = static_cast<U>(v);
     std::memcpy(out + k * sizeof(U), &u, sizeof(U));
   }
@@ -330,16 +353,6 @@ class indexed_dataset_writer {
 };
 
 }  // namespace hetmesh::data
-
-template <>
-struct fmt::formatter<hetmesh::data::dtype> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::data::dtype t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    static constexpr const char* names[] = {"?",     "uint8",   "int8",    "int16", "int32",
-                                            "int64", "float64", "float32", "uint16"};
-    const int c = static_cast<int>(t);
-    return fmt::format_to(ctx.out(), "{}", c >= 1 && c <= 8 ? names[c] : "invalid");
-  }
-};
 
 template <>
 struct fmt::formatter<hetmesh::data::indexed_dataset> : hetmesh::empty_spec_formatter {

@@ -34,7 +34,7 @@ struct loader_options {
   int loaders_per_source = 1;  // initial k_s
   int chunk_samples = 64;      // samples per read task (fewer hand-offs between threads)
   /// The data-parallel ranks this data plane loads for (empty: all of them). A data plane scaled out over
-  /// several processes (data/service.hpp) gives each a disjoint share: every process plans the whole
+  /// several processes (run/data_service.hpp) gives each a disjoint share: every process plans the whole
   /// step, and reads only its share, so no sample is read twice.
   std::vector<int> serve_dp{};
   autoscale_options autoscale{};

@@ -129,7 +129,9 @@ class indexed_source final : public source_reader {
   [[nodiscard]] sample_meta raw_meta(std::int64_t i) const {
     const auto [part, local] = locate(i);
     const auto len = parts_[part].length(local);
-    return {.tokens = len, .item_tokens = {}, .bytes = len * dtype_size(parts_[part].type())};
+    return {.tokens = len,
+            .item_tokens = {},
+            .bytes = len * static_cast<std::int64_t>(dtype_size(parts_[part].type()))};
   }
   std::vector<indexed_dataset> parts_{};
   std::vector<std::int64_t> starts_{};

@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::pipeline: everything of the pipeline room in one include. Planning headers (action, io,
-// generators, lower, verify, simulate, joint, trace) need only core; executor.hpp adds comm.
+// hetmesh::pipeline: everything of the pipeline room in one include. Plans only (they need only core);
+// the executor that runs a schedule over a communicator is run::execute_pipeline (run/pipeline_executor.hpp).
 #pragma once
 
 #include "action.hpp"
-#include "executor.hpp"
 #include "generators.hpp"
 #include "io.hpp"
 #include "joint.hpp"

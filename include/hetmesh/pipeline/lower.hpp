@@ -73,8 +73,13 @@ class action_flags {
   std::vector<std::uint64_t> bits_;  // one bit per possible action: small enough to stay in cache
 };
 
-/// The (send, recv) pairs a compute action produces under schedule s. Empty when the consumer is
-/// on the same rank or there is none.
+}  // namespace detail
+
+/// The (send, recv) pairs compute action `a` produces under schedule `s`, written to `out` (cleared
+/// first): one pair per consumer of a's output (or gradient) on another rank; empty when the consumer is
+/// on the same rank or there is none. Pre: `a` is an action of `s`. Pure; deterministic (pairs in
+/// stage, then encoder-shard order); O(encoder shards). Used by add_send_recv and by the executor
+/// (run/pipeline_executor.hpp) to tell whether a schedule's data crosses ranks.
 inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair<action, action>>& out) {
   out.clear();
   const int mb = a.microbatch;
@@ -100,8 +105,6 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
       break;
   }
 }
-
-}  // namespace detail
 
 /// The schedule without its communication actions (compute and REDUCE_GRAD kept, order kept). Pure.
 [[nodiscard]] inline schedule strip_comm(const schedule& s) {
@@ -171,7 +174,7 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
       done.set(a);
       if (a.type == action_type::backward || a.type == action_type::backward_weight)
         ++backward_count[static_cast<std::size_t>(a.stage)];
-      detail::comm_pairs(s, a, pairs);
+      comm_pairs(s, a, pairs);
       for (const auto& [snd, rcv] : pairs) {
         out.ranks[static_cast<std::size_t>(r)].push_back(snd);
         done.set(snd);

@@ -22,7 +22,7 @@
 
 namespace hetmesh::pipeline {
 
-/// Chrome trace event JSON of a timeline (simulated: simulation::timeline; executed: execute()'s
+/// Chrome trace event JSON of a timeline (simulated: simulation::timeline; executed: run::execute_pipeline's
 /// `timeline` output). Times in seconds become microseconds. `process_name` labels the trace. Pure.
 [[nodiscard]] inline nlohmann::json chrome_trace(const std::vector<timed_action>& timeline,
                                                  const std::string& process_name = "hetmesh pipeline") {

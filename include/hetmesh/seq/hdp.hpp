@@ -152,7 +152,7 @@ struct hdp_plan {
   if (pool < 1) throw_error<invalid_argument>("hdp_shard: pool has {} ranks; expected >= 1", pool);
   if (policy.capacity < 1)
     throw_error<invalid_argument>("hdp_shard: capacity C = {}; expected >= 1 token", policy.capacity);
-  detail::check_seq_descs(seqs, "hdp_shard");
+  check_seq_descs(seqs, "hdp_shard");
   hdp_sharding out;
   out.policy = policy;
   out.pool = pool;
@@ -162,7 +162,7 @@ struct hdp_plan {
     if (s.length == 0) continue;
     (s.length <= policy.capacity ? shorts : longs).push_back(s);
   }
-  std::sort(longs.begin(), longs.end(), detail::longer_first);
+  std::sort(longs.begin(), longs.end(), longer_first);
   const auto bins = detail::best_fit_decreasing(shorts, policy.capacity);
   out.items.reserve(longs.size() + bins.size());
   for (const auto& s : longs) {

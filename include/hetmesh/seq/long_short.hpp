@@ -82,14 +82,14 @@ struct long_short_plan {
     throw_error<invalid_argument>(
         "plan_long_short: ranks {}, devices_per_node {}, heads {}, max_tokens_per_rank {}; expected all >= 1",
         ranks, node, policy.heads, policy.max_tokens_per_rank);
-  detail::check_seq_descs(items, "plan_long_short");
+  check_seq_descs(items, "plan_long_short");
   long_short_plan plan;
   plan.policy = policy;
   plan.ranks = ranks;
   plan.load.assign(static_cast<std::size_t>(ranks), 0.0);
   plan.tokens.assign(static_cast<std::size_t>(ranks), 0);
   std::vector<seq_desc> sorted(items.begin(), items.end());
-  std::sort(sorted.begin(), sorted.end(), detail::longer_first);
+  std::sort(sorted.begin(), sorted.end(), longer_first);
   double total = 0;
   for (const auto& s : sorted) total += policy.cost(s.length);
   const double tau = total / ranks;

@@ -69,13 +69,13 @@ struct pack_plan {
 [[nodiscard]] inline pack_plan pack(std::span<const seq_desc> docs, const pack_policy& policy) {
   if (policy.capacity < 1)
     throw_error<invalid_argument>("pack: capacity {}; expected >= 1 token", policy.capacity);
-  detail::check_seq_descs(docs, "pack");
+  check_seq_descs(docs, "pack");
   pack_plan out;
   out.policy = policy;
   std::vector<seq_desc> fits;
   fits.reserve(docs.size());
   for (const auto& d : docs) (d.length > policy.capacity ? out.rejected : fits).push_back(d);
-  std::sort(out.rejected.begin(), out.rejected.end(), detail::longer_first);
+  std::sort(out.rejected.begin(), out.rejected.end(), longer_first);
   if (!out.rejected.empty() && policy.overlong == overlong_action::error) {
     std::vector<seq_desc> shown(
         out.rejected.begin(),

@@ -54,8 +54,10 @@ struct seq_segment {
   return out;
 }
 
-namespace detail {
-/// Rejects negative lengths and duplicate ids; planners rely on ids for their total order.
+/// Validates planner input: throws invalid_argument, prefixed with `who` (the calling planner's name),
+/// naming the first sequence with a negative length or the first id that appears twice. Planners rely
+/// on unique ids for their total order, so every planner over seq_descs (here and in balance/) calls
+/// this first. Post: returns normally iff all lengths >= 0 and ids are unique. Pure; O(n log n).
 inline void check_seq_descs(std::span<const seq_desc> seqs, const char* who) {
   std::vector<std::int64_t> ids;
   ids.reserve(seqs.size());
@@ -71,11 +73,14 @@ inline void check_seq_descs(std::span<const seq_desc> seqs, const char* who) {
       throw_error<invalid_argument>("{}: sequence id {} appears twice; expected unique ids", who, ids[i]);
 }
 
-/// Sort key used by every planner here: longest first, then smallest id.
+/// The total order every planner over seq_descs sorts by: longest first, then smallest id. A strict
+/// weak ordering, total over unique ids, so sorts with it are deterministic across ranks and builds.
+/// Pure; O(1).
 [[nodiscard]] inline bool longer_first(const seq_desc& a, const seq_desc& b) noexcept {
   return a.length != b.length ? a.length > b.length : a.id < b.id;
 }
 
+namespace detail {
 /// ceil(a / b) for a >= 0, b > 0.
 [[nodiscard]] constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept {
   return (a + b - 1) / b;

@@ -78,6 +78,10 @@ namespace detail {
       return MPI_INT8_T;
     case dtype::uint8:
       return MPI_UINT8_T;
+    case dtype::int16:
+      return MPI_INT16_T;
+    case dtype::uint16:
+      return MPI_UINT16_T;
     case dtype::int32:
       return MPI_INT32_T;
     case dtype::uint32:

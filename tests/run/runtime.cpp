@@ -12,16 +12,18 @@
 #include <string>
 #include <vector>
 
-#include <hetmesh/balance/agreement.hpp>
 #include <hetmesh/balance/dp.hpp>
 #include <hetmesh/balance/planner.hpp>
-#include <hetmesh/balance/reorder_exec.hpp>
-#include <hetmesh/balance/reshard.hpp>
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/run/agreement.hpp>
+#include <hetmesh/run/grouped_reorder.hpp>
+#include <hetmesh/run/reshard.hpp>
 
-#include "support.hpp"
+#include "balance/reshard_case.hpp"
+#include "balance/support.hpp"
 
 using namespace hetmesh;
+using test::make_case;
 
 namespace {
 std::int64_t val(std::initializer_list<std::uint64_t> k) {
@@ -30,9 +32,9 @@ std::int64_t val(std::initializer_list<std::uint64_t> k) {
 }  // namespace
 
 TEST_CASE("disagreeing_ranks names the minority, deterministically") {
-  CHECK(balance::disagreeing_ranks(std::vector<std::uint64_t>{5, 5, 9, 5}) == std::vector<int>{2});
-  CHECK(balance::disagreeing_ranks(std::vector<std::uint64_t>{7, 7, 7}).empty());
-  CHECK(balance::disagreeing_ranks(std::vector<std::uint64_t>{9, 4}) ==
+  CHECK(run::disagreeing_ranks(std::vector<std::uint64_t>{5, 5, 9, 5}) == std::vector<int>{2});
+  CHECK(run::disagreeing_ranks(std::vector<std::uint64_t>{7, 7, 7}).empty());
+  CHECK(run::disagreeing_ranks(std::vector<std::uint64_t>{9, 4}) ==
         std::vector<int>{0});  // tie: smaller hash wins
 }
 
@@ -43,12 +45,12 @@ TEST_CASE("check_plan_agreement passes on equal plans and reports a mismatch nam
   comm::loopback::run(4, [&](comm::loopback::communicator& c) {
     const auto seqs = test::random_batch(11, 50, 16, 4096);
     const auto plan = balance::plan_dp(seqs, llm, {.ranks = 4, .capacity = 4096});
-    balance::check_plan_agreement(c, plan, "dp plan");  // every rank computed the same plan: no throw
+    run::check_plan_agreement(c, plan, "dp plan");  // every rank computed the same plan: no throw
     // Rank 2 plans from different metadata (a stale batch): every rank must detect and name it.
     const auto other = balance::plan_dp(test::random_batch(c.rank() == 2 ? 12 : 11, 50, 16, 4096), llm,
                                         {.ranks = 4, .capacity = 4096});
     try {
-      balance::check_plan_agreement(c, other, "dp plan");
+      run::check_plan_agreement(c, other, "dp plan");
     } catch (const mismatch_error& e) {
       std::lock_guard<std::mutex> lock(mu);
       errors[static_cast<std::size_t>(c.rank())] = e.what();
@@ -76,7 +78,7 @@ TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, 
     auto c = wc.subgroup(members);
     rng g(seed + static_cast<std::uint64_t>(wc.rank()));
     std::vector<balance::sample_meta> local;
-    std::vector<balance::parcel<std::int64_t>> parcels;
+    std::vector<run::parcel<std::int64_t>> parcels;
     const int n = 3 + wc.rank() % 3;
     for (int k = 0; k < n; ++k) {
       balance::sample_meta s;
@@ -86,7 +88,7 @@ TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, 
       const auto items = g.uniform(0, 3);
       for (std::int64_t i = 0; i < items; ++i) s.encoder_tokens.push_back(g.uniform(16, 3000));
       auto make = [&](int item, std::int64_t len) {
-        balance::parcel<std::int64_t> p{s.id, item, {}};
+        run::parcel<std::int64_t> p{s.id, item, {}};
         for (std::int64_t j = 0; j < len; ++j)
           p.data.push_back(val({seed, static_cast<std::uint64_t>(s.id), static_cast<std::uint64_t>(item + 1),
                                 static_cast<std::uint64_t>(j)}));
@@ -97,8 +99,7 @@ TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, 
         make(static_cast<int>(i), s.encoder_tokens[i] / 8 + 1);
       local.push_back(std::move(s));
     }
-    const auto res =
-        balance::grouped_reorder<comm::loopback::communicator, std::int64_t>(c, local, parcels, pol);
+    const auto res = run::grouped_reorder<comm::loopback::communicator, std::int64_t>(c, local, parcels, pol);
     // The plan covers exactly the group's samples.
     for (auto id : res.plan.sample_ids) CHECK(id / 100 / group == wc.rank() / group);
     for (const auto& p : res.received) {
@@ -114,130 +115,6 @@ TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, 
   });
   CHECK(landed.size() == sent);
   CHECK(std::set<std::pair<std::int64_t, int>>(landed.begin(), landed.end()).size() == sent);
-}
-
-TEST_CASE("plan_grouped_reorder: balance, permutation invariance, capacity") {
-  std::vector<balance::sample_meta> s;
-  rng g(5);
-  for (int i = 0; i < 400; ++i) {
-    balance::sample_meta m{i * 3 + 1, static_cast<int>(g.below(16)), g.uniform(32, 16000), {}};
-    for (std::int64_t k = g.uniform(0, 4); k > 0; --k) m.encoder_tokens.push_back(g.uniform(64, 7290));
-    s.push_back(std::move(m));
-  }
-  const balance::reorder_policy pol;
-  const auto plan = balance::plan_grouped_reorder(s, 16, pol);
-  // Loads of leaving every sample with its loader, for comparison.
-  std::vector<cost::fixed> llm_stay(16), enc_stay(16);
-  for (const auto& m : s) {
-    llm_stay[static_cast<std::size_t>(m.owner)] += pol.llm.sequence_fixed(m.llm_tokens);
-    for (auto t : m.encoder_tokens) enc_stay[static_cast<std::size_t>(m.owner)] += pol.encoder.item_fixed(t);
-  }
-  const auto mx = [](const std::vector<cost::fixed>& v) { return *std::max_element(v.begin(), v.end()); };
-  CHECK(mx(plan.llm_load) < mx(llm_stay));
-  CHECK(mx(plan.encoder_load) < mx(enc_stay));
-  cost::fixed tot{};
-  for (auto l : plan.llm_load) tot += l;
-  CHECK(mx(plan.llm_load).units() <=
-        tot.units() / 16 * 1.10);  // within 10% of perfect on 25 samples per rank
-  std::int64_t parcels = 0;
-  for (auto p : plan.parcels) parcels += p;
-  CHECK(parcels == static_cast<std::int64_t>(s.size() + plan.encoder_rank.size()));
-  auto rev = s;
-  std::reverse(rev.begin(), rev.end());
-  CHECK(balance::plan_grouped_reorder(rev, 16, pol) == plan);
-  balance::reorder_policy tight = pol;
-  tight.token_capacity = 1000;
-  CHECK_THROWS_AS((void)balance::plan_grouped_reorder(s, 16, tight), capacity_error);
-  CHECK_THROWS_AS((void)balance::locality_groups(12, 6, 4), invalid_argument);
-}
-
-namespace {
-
-struct reshard_case {
-  std::vector<seq::seq_desc> seqs;
-  std::vector<balance::item_span> items;
-  std::vector<balance::encoder_block> enc;
-  std::vector<std::int64_t> enc_rows;  // per rank
-  seq::hdp_plan llm;
-  std::vector<balance::llm_block> blocks;
-  std::vector<std::int64_t> llm_rows;  // per rank
-};
-
-reshard_case make_case(int ranks, std::uint64_t seed) {
-  reshard_case rc;
-  rng g(seed);
-  std::vector<balance::sample_meta> metas;
-  for (int i = 0; i < 14; ++i) {
-    const std::int64_t id = 100 + 3 * i;
-    const std::int64_t len = g.uniform(200, 3000);
-    rc.seqs.push_back({id, len});
-    balance::sample_meta m{id, static_cast<int>(id % ranks), len, {}};
-    std::int64_t pos = g.uniform(0, 40);
-    for (int k = 0; k < 3; ++k) {
-      const std::int64_t rows = g.uniform(16, 400);
-      if (pos + rows > len) break;
-      rc.items.push_back({id, k, pos, rows});
-      m.encoder_tokens.push_back(rows);
-      pos += rows + g.uniform(0, 60);
-    }
-    metas.push_back(std::move(m));
-  }
-  // Encoder side: the grouped-reorder plan picks each item's rank; items of >= 128 rows are split over
-  // two ranks (as long-short sequence parallelism would), to exercise multi-block items.
-  const auto rp = balance::plan_grouped_reorder(metas, ranks);
-  rc.enc_rows.assign(static_cast<std::size_t>(ranks), 0);
-  for (const auto& it : rc.items) {
-    const auto idx = static_cast<std::size_t>(rp.index_of(it.sample_id));
-    const int r0 = rp.encoder_rank[static_cast<std::size_t>(rp.item_offset[idx] + it.item)];
-    auto add = [&](int r, std::int64_t b, std::int64_t e) {
-      rc.enc.push_back({it.sample_id, it.item, r, b, e, rc.enc_rows[static_cast<std::size_t>(r)]});
-      rc.enc_rows[static_cast<std::size_t>(r)] += e - b;
-    };
-    if (it.rows >= 128) {
-      add(r0, 0, it.rows / 2);
-      add((r0 + 1) % ranks, it.rows / 2, it.rows);
-    } else {
-      add(r0, 0, it.rows);
-    }
-  }
-  // LLM side: hetmesh's HDP plan with a small capacity, so long samples become zigzag rings.
-  rc.llm = balance::plan_hetmesh(rc.seqs, {.capacity = 1024}, ranks, balance::step_model{});
-  rc.blocks = balance::llm_blocks_from_hdp(rc.llm);
-  rc.llm_rows.assign(static_cast<std::size_t>(ranks), 0);
-  for (const auto& b : rc.blocks) rc.llm_rows[static_cast<std::size_t>(b.rank)] += b.tokens.size();
-  return rc;
-}
-
-}  // namespace
-
-TEST_CASE("plan_reshard: exact cover, coalescing, transpose, bad layouts") {
-  const auto rc = make_case(4, 3);
-  const auto plan = balance::plan_reshard(4, rc.items, rc.enc, rc.blocks);
-  std::int64_t rows = 0;
-  for (const auto& it : rc.items) rows += it.rows;
-  CHECK(plan.total_rows() == rows);
-  CHECK(plan.transposed().transposed() == plan);
-  CHECK(plan.transposed().total_rows() == rows);
-  for (std::size_t k = 1; k < plan.runs.size(); ++k) {  // coalesced: no two mergeable neighbours remain
-    const auto& a = plan.runs[k - 1];
-    const auto& b = plan.runs[k];
-    CHECK_FALSE((a.src == b.src && a.dst == b.dst && a.src_offset + a.rows == b.src_offset &&
-                 a.dst_offset + a.rows == b.dst_offset));
-  }
-  // One item produced twice, or a position no LLM block holds, is rejected.
-  auto twice = rc.enc;
-  twice.push_back(twice.front());
-  CHECK_THROWS_AS((void)balance::plan_reshard(4, rc.items, twice, rc.blocks), invalid_argument);
-  auto missing = rc.blocks;
-  missing.erase(missing.begin());
-  CHECK_THROWS_AS((void)balance::plan_reshard(4, rc.items, rc.enc, missing), invalid_argument);
-  // A whole item on one encoder rank into one LLM block: a single coalesced run.
-  const std::vector<balance::item_span> one{{1, 0, 10, 50}};
-  const std::vector<balance::encoder_block> e1{{1, 0, 2, 0, 20, 0}, {1, 0, 2, 20, 50, 20}};
-  const std::vector<balance::llm_block> l1{{1, 3, {0, 100}, 7}};
-  const auto p1 = balance::plan_reshard(4, one, e1, l1);
-  REQUIRE(p1.runs.size() == 1);
-  CHECK(p1.runs[0] == balance::reshard_run{2, 3, 0, 17, 50});
 }
 
 TEST_CASE("reshard on loopback: encoder outputs reach the LLM shards and gradients come back transposed") {
@@ -268,7 +145,7 @@ TEST_CASE("reshard on loopback: encoder outputs reach the LLM shards and gradien
                      static_cast<std::uint64_t>(r), static_cast<std::uint64_t>(k)});
     std::vector<std::int64_t> llm_in(
         static_cast<std::size_t>(rc.llm_rows[static_cast<std::size_t>(me)] * width), sentinel);
-    balance::reshard(c, plan, std::span<const std::int64_t>(enc_out), std::span<std::int64_t>(llm_in), width);
+    run::reshard(c, plan, std::span<const std::int64_t>(enc_out), std::span<std::int64_t>(llm_in), width);
     std::int64_t checked = 0;
     for (const auto& b : rc.blocks) {
       if (b.rank != me) continue;
@@ -295,8 +172,8 @@ TEST_CASE("reshard on loopback: encoder outputs reach the LLM shards and gradien
                 val({2, static_cast<std::uint64_t>(b.sample_id), static_cast<std::uint64_t>(p),
                      static_cast<std::uint64_t>(k)});
     std::vector<std::int64_t> enc_grad(enc_out.size(), sentinel);
-    balance::reshard(c, plan.transposed(), std::span<const std::int64_t>(llm_grad),
-                     std::span<std::int64_t>(enc_grad), width);
+    run::reshard(c, plan.transposed(), std::span<const std::int64_t>(llm_grad),
+                 std::span<std::int64_t>(enc_grad), width);
     for (const auto& b : rc.enc) {
       if (b.rank != me) continue;
       const auto& it = *std::find_if(rc.items.begin(), rc.items.end(), [&](const auto& x) {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::balance: the cross-rank determinism check. Decentralized planning is only correct if every
+// hetmesh::run: the cross-rank determinism check. Decentralized planning is only correct if every
 // rank of a group computed the same plan from the same gathered metadata; a rank that disagrees (a
 // different library build, a float that rounded differently before reaching fixed point, a stale
 // input) would send and receive different counts and hang or corrupt data. The check all-gathers
@@ -21,7 +21,7 @@
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
 
-namespace hetmesh::balance {
+namespace hetmesh::run {
 
 /// The ranks (group-local) whose hash differs from the most common one (ties: the smallest hash wins,
 /// so every rank names the same culprits). Empty when all agree. Pure; O(p log p).
@@ -76,4 +76,4 @@ void assert_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan
   if constexpr (assertion_enabled(assertion_level::collective)) check_plan_agreement(c, plan, what);
 }
 
-}  // namespace hetmesh::balance
+}  // namespace hetmesh::run

@@ -13,14 +13,17 @@
 
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/random.hpp>
-#include <hetmesh/pipeline/executor.hpp>
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/joint.hpp>
 #include <hetmesh/pipeline/lower.hpp>
 #include <hetmesh/pipeline/trace.hpp>
 #include <hetmesh/pipeline/verify.hpp>
+#include <hetmesh/run/pipeline_executor.hpp>
 
 using namespace hetmesh::pipeline;
+using hetmesh::run::activation_sizes;
+using hetmesh::run::execute_pipeline;
+using hetmesh::run::stage_functions;
 
 namespace {
 
@@ -209,7 +212,7 @@ void check_against_reference(const schedule& lowered, int microbatches) {
   std::vector<std::vector<timed_action>> timelines(static_cast<std::size_t>(lowered.total_ranks()));
   hetmesh::comm::loopback::run(lowered.total_ranks(), [&](hetmesh::comm::loopback::communicator& c) {
     auto& model = per_rank[static_cast<std::size_t>(c.rank())];
-    execute(c, lowered, model.functions(), sizes, &timelines[static_cast<std::size_t>(c.rank())]);
+    execute_pipeline(c, lowered, model.functions(), sizes, &timelines[static_cast<std::size_t>(c.rank())]);
   });
   for (int s = 0; s < lowered.num_stages; ++s) {
     const auto& got = per_rank[static_cast<std::size_t>(lowered.rank_of_stage(s))];
@@ -269,8 +272,9 @@ TEST_CASE("pipeline executor: refuses an unlowered multi-rank schedule") {
   CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(
                            2,
                            [&](hetmesh::comm::loopback::communicator& c) {
-                             execute(c, s, m.functions(),
-                                     activation_sizes{.output = [](int, int) -> std::int64_t { return D; }});
+                             execute_pipeline(
+                                 c, s, m.functions(),
+                                 activation_sizes{.output = [](int, int) -> std::int64_t { return D; }});
                            }),
                        doctest::Contains("expected a lowered schedule"), hetmesh::invalid_argument);
 }

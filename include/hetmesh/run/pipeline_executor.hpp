@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::pipeline: the executor. It runs one rank's action list of a lowered schedule (see
-// add_send_recv) with the user's stage callables, moving activations and gradients with the
+// hetmesh::run: the pipeline executor. It runs one rank's action list of a lowered schedule (see
+// pipeline::add_send_recv) with the user's stage callables, moving activations and gradients with the
 // communicator's send/recv. Buffer sizes come from the plan (`activation_sizes`), so micro-batches of
 // different lengths need no shape exchange: each RECV knows its element count.
 //
@@ -24,11 +24,11 @@
 #include "../comm/collectives.hpp"
 #include "../comm/communicator.hpp"
 #include "../core/error.hpp"
-#include "action.hpp"
-#include "lower.hpp"
-#include "simulate.hpp"
+#include "../pipeline/action.hpp"
+#include "../pipeline/lower.hpp"
+#include "../pipeline/simulate.hpp"
 
-namespace hetmesh::pipeline {
+namespace hetmesh::run {
 
 /// The user's stage callables. `forward` and one of `backward` / (`backward_input` and
 /// `backward_weight`) are required for the actions a schedule contains; the others are optional.
@@ -58,7 +58,7 @@ struct activation_sizes {
 
 namespace detail {
 
-inline int pipeline_tag(const schedule& s, int stage_or_shard, int mb, int kind) {
+inline int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb, int kind) {
   const std::int64_t raw = ((static_cast<std::int64_t>(stage_or_shard) * s.num_microbatches + mb) * 4 + kind);
   return static_cast<int>(raw % (static_cast<std::int64_t>(comm::max_user_tag) + 1));
 }
@@ -73,8 +73,9 @@ inline int pipeline_tag(const schedule& s, int stage_or_shard, int mb, int kind)
 /// time (seconds since the call) for trace export. Cost: the callables plus one send or receive per
 /// cross-rank transfer.
 template <comm::communicator C, class T>
-void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activation_sizes& sizes,
-             std::vector<timed_action>* timeline = nullptr) {
+void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T>& fn,
+                      const activation_sizes& sizes,
+                      std::vector<pipeline::timed_action>* timeline = nullptr) {
   const int rank = c.rank();
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -87,12 +88,12 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
         "pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
   {  // a schedule whose data crosses ranks must carry its SEND/RECV actions
     bool any_comm = false, crosses = false;
-    std::vector<std::pair<action, action>> pairs;
+    std::vector<std::pair<pipeline::action, pipeline::action>> pairs;
     for (const auto& row : s.ranks)
       for (const auto& a : row) {
-        any_comm = any_comm || is_comm(a.type);
-        if (!crosses && is_compute(a.type)) {
-          detail::comm_pairs(s, a, pairs);
+        any_comm = any_comm || pipeline::is_comm(a.type);
+        if (!crosses && pipeline::is_compute(a.type)) {
+          pipeline::comm_pairs(s, a, pairs);
           crosses = !pairs.empty();
         }
       }
@@ -121,28 +122,28 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
           s.name);
     return static_cast<std::size_t>(sizes.encoder_output(e, mb));
   };
-  auto take = [&](std::map<key, std::vector<T>>& m, key k, const action& a, const char* what) {
+  auto take = [&](std::map<key, std::vector<T>>& m, key k, const pipeline::action& a, const char* what) {
     auto it = m.find(k);
     if (it == m.end())
       throw_error<invalid_argument>(
           "pipeline execute({}): rank {} action `{}` finds no {} (stage/shard {}, micro-batch "
           "{}); expected it produced or received earlier in the list",
-          s.name, rank, to_text(a), what, k.first, k.second);
+          s.name, rank, pipeline::to_text(a), what, k.first, k.second);
     std::vector<T> v = std::move(it->second);
     m.erase(it);
     return v;
   };
-  auto need = [&](const auto& f, const action& a, const char* name) {
+  auto need = [&](const auto& f, const pipeline::action& a, const char* name) {
     if (!f)
       throw_error<invalid_argument>("pipeline execute({}): rank {} runs `{}` but stage_functions.{} is empty",
-                                    s.name, rank, to_text(a), name);
+                                    s.name, rank, pipeline::to_text(a), name);
   };
-  for (const action& a : s.ranks.at(static_cast<std::size_t>(rank))) {
+  for (const pipeline::action& a : s.ranks.at(static_cast<std::size_t>(rank))) {
     const int mb = a.microbatch;
     const double start = timeline != nullptr ? seconds() : 0.0;
     try {
       switch (a.type) {
-        case action_type::forward: {
+        case pipeline::action_type::forward: {
           need(fn.forward, a, "forward");
           std::vector<T> in;
           if (a.stage > 0) {
@@ -163,9 +164,9 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
           }
           break;
         }
-        case action_type::backward:
-        case action_type::backward_input: {
-          const bool full = a.type == action_type::backward;
+        case pipeline::action_type::backward:
+        case pipeline::action_type::backward_input: {
+          const bool full = a.type == pipeline::action_type::backward;
           if (full)
             need(fn.backward, a, "backward");
           else
@@ -199,14 +200,14 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
           }
           break;
         }
-        case action_type::backward_weight:
+        case pipeline::action_type::backward_weight:
           need(fn.backward_weight, a, "backward_weight");
           fn.backward_weight(a.stage, mb);
           break;
-        case action_type::reduce_grad:
+        case pipeline::action_type::reduce_grad:
           if (fn.reduce_grad) fn.reduce_grad(a.stage);
           break;
-        case action_type::encoder_forward: {
+        case pipeline::action_type::encoder_forward: {
           need(fn.encoder_forward, a, "encoder_forward");
           std::vector<T> out(enc_size(a.stage, mb));
           fn.encoder_forward(a.stage, mb, std::span<T>(out));
@@ -216,57 +217,57 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
             enc_out[{a.stage, mb}] = std::move(out);
           break;
         }
-        case action_type::encoder_backward: {
+        case pipeline::action_type::encoder_backward: {
           need(fn.encoder_backward, a, "encoder_backward");
           auto g = take(enc_grad, {a.stage, mb}, a, "embedding gradient");
           fn.encoder_backward(a.stage, mb, std::span<const T>(g));
           break;
         }
-        case action_type::send_f: {
+        case pipeline::action_type::send_f: {
           auto buf = take(act_out, {a.stage, mb}, a, "output activation to send");
           comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage + 1),
                      detail::pipeline_tag(s, a.stage, mb, 0));
           break;
         }
-        case action_type::recv_f: {
+        case pipeline::action_type::recv_f: {
           std::vector<T> buf(out_size(a.stage - 1, mb));
           comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage - 1),
                      detail::pipeline_tag(s, a.stage - 1, mb, 0));
           act_in[{a.stage, mb}] = std::move(buf);
           break;
         }
-        case action_type::send_b: {
+        case pipeline::action_type::send_b: {
           auto buf = take(grad_out, {a.stage, mb}, a, "input gradient to send");
           comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage - 1),
                      detail::pipeline_tag(s, a.stage, mb, 1));
           break;
         }
-        case action_type::recv_b: {
+        case pipeline::action_type::recv_b: {
           std::vector<T> buf(out_size(a.stage, mb));
           comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage + 1),
                      detail::pipeline_tag(s, a.stage + 1, mb, 1));
           grad_in[{a.stage, mb}] = std::move(buf);
           break;
         }
-        case action_type::send_ef: {
+        case pipeline::action_type::send_ef: {
           auto buf = take(enc_out, {a.stage, mb}, a, "encoder output to send");
           comm::send(c, std::span<const T>(buf), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 2));
           break;
         }
-        case action_type::recv_ef: {
+        case pipeline::action_type::recv_ef: {
           std::vector<T> buf(enc_size(a.stage, mb));
           comm::recv(c, std::span<T>(buf), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
                      detail::pipeline_tag(s, a.stage, mb, 2));
           enc_in[{a.stage, mb}] = std::move(buf);
           break;
         }
-        case action_type::send_eb: {
+        case pipeline::action_type::send_eb: {
           auto buf = take(enc_grad_out, {a.stage, mb}, a, "embedding gradient to send");
           comm::send(c, std::span<const T>(buf), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
                      detail::pipeline_tag(s, a.stage, mb, 3));
           break;
         }
-        case action_type::recv_eb: {
+        case pipeline::action_type::recv_eb: {
           std::vector<T> buf(enc_size(a.stage, mb));
           comm::recv(c, std::span<T>(buf), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 3));
           enc_grad[{a.stage, mb}] = std::move(buf);
@@ -274,11 +275,12 @@ void execute(C& c, const schedule& s, const stage_functions<T>& fn, const activa
         }
       }
     } catch (error& e) {
-      e.add_context(fmt::format("pipeline execute({}) rank {} action `{}`", s.name, rank, to_text(a)));
+      e.add_context(
+          fmt::format("pipeline execute({}) rank {} action `{}`", s.name, rank, pipeline::to_text(a)));
       throw;
     }
-    if (timeline != nullptr) timeline->push_back(timed_action{rank, a, start, seconds()});
+    if (timeline != nullptr) timeline->push_back(pipeline::timed_action{rank, a, start, seconds()});
   }
 }
 
-}  // namespace hetmesh::pipeline
+}  // namespace hetmesh::run

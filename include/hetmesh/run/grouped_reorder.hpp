@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::balance: decentralized grouped reordering -- the runtime half. Collective over one locality
+// hetmesh::run: decentralized grouped reordering -- the runtime half (the plan is
+// balance::plan_grouped_reorder in balance/reorder.hpp). Collective over one locality
 // group's communicator: all-gather the members' sample metadata (a few int64 per sample), compute the
-// same reorder_plan on every member, check at the collective assertion level that the plans agree,
+// same balance::reorder_plan on every member, check at the collective assertion level that the plans agree,
 // then move every parcel (a sample's LLM part, or one encoder item) to its planned rank with two
 // all_to_all_v calls: one of (id, item, size) headers, whose counts every member knows from the plan,
 // then one of the payloads.
@@ -14,13 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "../balance/reorder.hpp"
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
 #include "agreement.hpp"
-#include "reorder.hpp"
 
-namespace hetmesh::balance {
+namespace hetmesh::run {
 
 /// A piece of a sample that moves as one: item = -1 is the sample's LLM part (its text), item k >= 0
 /// its k-th encoder item's input.
@@ -37,13 +38,13 @@ struct parcel {
 /// by (sample id, item).
 template <class T>
 struct reorder_result {
-  reorder_plan plan;
+  balance::reorder_plan plan;
   std::vector<parcel<T>> received;
 };
 
 /// Wire form of metadata: per sample [id, llm_tokens, item count, item tokens...]. The owner is
 /// implied by the sender. O(total items).
-[[nodiscard]] inline std::vector<std::int64_t> encode_meta(std::span<const sample_meta> samples) {
+[[nodiscard]] inline std::vector<std::int64_t> encode_meta(std::span<const balance::sample_meta> samples) {
   std::vector<std::int64_t> out;
   for (const auto& s : samples) {
     out.push_back(s.id);
@@ -55,16 +56,17 @@ struct reorder_result {
 }
 
 /// Inverse of encode_meta, stamping `owner`. Throws data_error on a truncated record.
-[[nodiscard]] inline std::vector<sample_meta> decode_meta(std::span<const std::int64_t> wire, int owner) {
-  std::vector<sample_meta> out;
+[[nodiscard]] inline std::vector<balance::sample_meta> decode_meta(std::span<const std::int64_t> wire,
+                                                                   int owner) {
+  std::vector<balance::sample_meta> out;
   std::size_t k = 0;
   while (k < wire.size()) {
     if (k + 3 > wire.size() || wire[k + 2] < 0 || k + 3 + static_cast<std::size_t>(wire[k + 2]) > wire.size())
       throw_error<data_error>(
-          "balance::decode_meta: truncated record at word {} of {} from rank {}; expected [id, "
+          "run::decode_meta: truncated record at word {} of {} from rank {}; expected [id, "
           "tokens, n, n item sizes]",
           k, wire.size(), owner);
-    sample_meta s;
+    balance::sample_meta s;
     s.id = wire[k];
     s.owner = owner;
     s.llm_tokens = wire[k + 1];
@@ -93,20 +95,20 @@ inline std::vector<std::int64_t> displs_of(std::span<const std::int64_t> counts)
 /// at the collective assertion level). Deterministic. Cost: one all_gather_vectors of the metadata,
 /// planning O(n log n), two all_to_all_v (headers, payloads).
 template <comm::communicator C, class T>
-[[nodiscard]] reorder_result<T> grouped_reorder(C& c, std::span<const sample_meta> local,
+[[nodiscard]] reorder_result<T> grouped_reorder(C& c, std::span<const balance::sample_meta> local,
                                                 std::span<const parcel<T>> parcels,
-                                                const reorder_policy& policy = {}) {
+                                                const balance::reorder_policy& policy = {}) {
   const int me = c.rank();
   const auto n = static_cast<std::size_t>(c.size());
   const auto wire = encode_meta(local);
   const auto gathered = comm::all_gather_vectors(c, std::span<const std::int64_t>(wire));
-  std::vector<sample_meta> all;
+  std::vector<balance::sample_meta> all;
   for (std::size_t j = 0; j < n; ++j) {
     auto part = decode_meta(gathered[j], static_cast<int>(j));
     all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
   reorder_result<T> out;
-  out.plan = plan_grouped_reorder(all, static_cast<int>(n), policy);
+  out.plan = balance::plan_grouped_reorder(all, static_cast<int>(n), policy);
   assert_plan_agreement(c, out.plan, "grouped reorder plan");
   const auto& plan = out.plan;
 
@@ -122,19 +124,18 @@ template <comm::communicator C, class T>
     const auto i = plan.index_of(p.sample_id);
     if (i < 0 || plan.owner[static_cast<std::size_t>(i)] != me)
       throw_error<invalid_argument>(
-          "balance::grouped_reorder: rank {} holds a parcel of sample {}, which it did not "
+          "run::grouped_reorder: rank {} holds a parcel of sample {}, which it did not "
           "load; expected parcels only of local samples",
           me, p.sample_id);
     if (k > 0 && mine[k - 1]->sample_id == p.sample_id && mine[k - 1]->item == p.item)
-      throw_error<invalid_argument>(
-          "balance::grouped_reorder: rank {} holds parcel (sample {}, item {}) twice", me, p.sample_id,
-          p.item);
+      throw_error<invalid_argument>("run::grouped_reorder: rank {} holds parcel (sample {}, item {}) twice",
+                                    me, p.sample_id, p.item);
     to[static_cast<std::size_t>(plan.destination(p.sample_id, p.item))].push_back(&p);
   }
   for (std::size_t j = 0; j < n; ++j)
     if (static_cast<std::int64_t>(to[j].size()) != plan.parcels[static_cast<std::size_t>(me) * n + j])
       throw_error<invalid_argument>(
-          "balance::grouped_reorder: rank {} has {} parcels for rank {}; the plan expects {} "
+          "run::grouped_reorder: rank {} has {} parcels for rank {}; the plan expects {} "
           "(one per LLM part and encoder item of the local samples)",
           me, to[j].size(), j, plan.parcels[static_cast<std::size_t>(me) * n + j]);
 
@@ -183,4 +184,4 @@ template <comm::communicator C, class T>
   return out;
 }
 
-}  // namespace hetmesh::balance
+}  // namespace hetmesh::run

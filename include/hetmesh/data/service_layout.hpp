@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::data: who is who when the data plane runs in processes of its own (MegaScale-Data's source
+// loaders and constructors on hosts apart from the trainers): the trainer ranks first, numbered as the
+// layout says, then H >= 1 data-plane hosts; host h serves the data-parallel indices d with d mod H == h.
+// Pure; the service itself (serve_step, receive_step) is in run/data_service.hpp.
+#pragma once
+
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../core/error.hpp"
+#include "../core/format.hpp"
+#include "mixture.hpp"
+
+namespace hetmesh::data {
+
+/// Who is who in a world of trainers followed by data-plane hosts (1 <= hosts <= dp). Plain data.
+struct service_layout {
+  int trainers = 0;  // ranks [0, trainers): the layout's ranks
+  int hosts = 0;     // ranks [trainers, trainers + hosts): data-plane hosts
+  /// The world rank of the host serving data-parallel index dp.
+  [[nodiscard]] int host_of(int dp) const noexcept { return trainers + dp % hosts; }
+  [[nodiscard]] bool is_host(int rank) const noexcept { return rank >= trainers; }
+  friend bool operator==(const service_layout&, const service_layout&) = default;
+};
+
+/// The service layout of a world of `world_size` ranks around layout `t`. Throws invalid_argument when
+/// the world has no room for a host.
+[[nodiscard]] inline service_layout service_layout_of(const topology& t, int world_size) {
+  if (world_size <= t.world())
+    throw_error<invalid_argument>(
+        "data service: a world of {} ranks for a layout of {} trainer ranks (tp={} cp={} dp={} pp={}); "
+        "expected the trainers followed by at least one data-plane host",
+        world_size, t.world(), t.tp, t.cp, t.dp, t.pp);
+  if (world_size - t.world() > t.dp)
+    throw_error<invalid_argument>(
+        "data service: {} data-plane hosts for dp = {} data-parallel indices; expected at most one host per "
+        "index (a host serves whole indices)",
+        world_size - t.world(), t.dp);
+  return {t.world(), world_size - t.world()};
+}
+
+/// The data-parallel indices host `rank` serves, ascending; never empty for a host (at most dp hosts).
+/// What its data_loader takes as loader_options::serve_dp. Pre: sl.is_host(rank).
+[[nodiscard]] inline std::vector<int> served_by(const service_layout& sl, const topology& t, int rank) {
+  std::vector<int> out;
+  for (int d = 0; d < t.dp; ++d)
+    if (sl.host_of(d) == rank) out.push_back(d);
+  return out;
+}
+
+}  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::service_layout> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::data::service_layout& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return fmt::format_to(ctx.out(), "service_layout(trainers=[0, {}), hosts=[{}, {}))", s.trainers,
+                          s.trainers, s.trainers + s.hosts);
+  }
+};

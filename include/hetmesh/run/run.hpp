@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::run: the runtime room in one include -- everything that executes a plan over a communicator:
+// plan agreement, grouped-reorder and reshard execution, delivery and the data service, the pipeline
+// executor. The plans themselves come from balance/, data/, pipeline/ and seq/.
+#pragma once
+
+#include "agreement.hpp"
+#include "data_service.hpp"
+#include "delivery.hpp"
+#include "grouped_reorder.hpp"
+#include "pipeline_executor.hpp"
+#include "reshard.hpp"
