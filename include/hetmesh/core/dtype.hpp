@@ -120,6 +120,7 @@ struct dtype_of<T, std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T
   static constexpr dtype value = detail::arithmetic_dtype<T>();
 };
 
+/// The dtype of T (cv-qualifiers ignored); ill-formed for a type with no dtype_of specialisation.
 template <class T>
 inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
 

@@ -42,10 +42,12 @@ template <integral_like T>
   return static_cast<std::int64_t>(x);
 }
 
+/// The product of two static integers is static: extents multiply at compile time.
 template <std::int64_t A, std::int64_t B>
 constexpr C<A * B> operator*(C<A>, C<B>) noexcept {
   return {};
 }
+/// The sum of two static integers is static.
 template <std::int64_t A, std::int64_t B>
 constexpr C<A + B> operator+(C<A>, C<B>) noexcept {
   return {};
