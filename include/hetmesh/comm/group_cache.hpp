@@ -141,8 +141,8 @@ class group_cache {
 
   /// Number of cached communicators (the parent not counted).
   [[nodiscard]] std::size_t size() const noexcept { return groups_.size(); }
-  /// Whether the communicator of `members` was created already (no communicator is created). Cost: O(log
-  /// size).
+  /// Whether the communicator of `members` was created already (no communicator is created).
+  /// Cost: O(members x log size).
   [[nodiscard]] bool contains(std::span<const int> members) const {
     return groups_.contains(std::vector<int>(members.begin(), members.end()));
   }

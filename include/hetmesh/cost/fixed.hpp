@@ -26,7 +26,7 @@ struct fixed {
   /// Ticks per model unit.
   static constexpr std::int64_t ticks_per_unit = 1'000'000;
 
-  std::int64_t ticks = 0;  ///< the value, in ticks (units x scale)
+  std::int64_t ticks = 0;  ///< the value, in ticks (units x ticks_per_unit)
 
   /// Rounds `units` to the nearest tick. Pre: finite and within +-9.2e12 units (invalid_argument
   /// otherwise: a NaN or overflow here means a broken model, not a big batch). Deterministic for a
