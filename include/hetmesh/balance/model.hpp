@@ -30,9 +30,9 @@ namespace hetmesh::balance {
 struct step_model {
   /// backbone compute; layers = the whole model
   cost::llm_compute llm{cost::bytescale_fig6a_layer(), 32, 3.0};
-  cost::network net{};  ///< the cluster: devices per node, links
+  cost::network net{};                 ///< the cluster: devices per node, links
   double kv_bytes_per_token = 4096.0;  ///< K and V bytes a ring passes per token and layer
-  int pp_stages = 1;  ///< pipeline stages the model is cut into
+  int pp_stages = 1;                   ///< pipeline stages the model is cut into
 
   /// One rank running one packed row of `docs`. O(docs).
   [[nodiscard]] cost::fixed pack_time(std::span<const std::int64_t> docs) const {

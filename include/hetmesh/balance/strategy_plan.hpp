@@ -65,7 +65,7 @@ struct work_item {
 /// One strategy's plan for one batch: `tasks[i]` prices `items[i]` (same ranks and order key).
 struct strategy_plan {
   std::vector<work_item> items;  ///< the work, in canonical order
-  std::vector<task> tasks;  ///< tasks[i] prices items[i]
+  std::vector<task> tasks;       ///< tasks[i] prices items[i]
 };
 
 namespace detail {

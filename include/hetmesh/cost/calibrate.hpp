@@ -25,7 +25,7 @@ namespace hetmesh::cost {
 /// One measurement: a length (tokens, frames, ...) and its time (model units).
 struct sample_point {
   double length = 0.0;  ///< sequence length, tokens
-  double time = 0.0;  ///< measured time
+  double time = 0.0;    ///< measured time
 };
 
 /// Which terms the fit may use, and how it weights points.
@@ -40,7 +40,7 @@ struct fit_options {
 
 /// A fitted model with its errors on the points it was fitted to.
 struct fit_result {
-  quadratic_time model{};  ///< the fitted T(s) = a s^2 + b s + c
+  quadratic_time model{};           ///< the fitted T(s) = a s^2 + b s + c
   double max_relative_error = 0.0;  ///< max |T(s) - t| / t
   double rms_relative_error = 0.0;  ///< root mean square of |T(s) - t| / t
 };

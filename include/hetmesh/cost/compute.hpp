@@ -49,8 +49,8 @@ using quadratic_count = basic_quadratic<std::int64_t>;
 /// `layer`, trained at `train_factor` times the forward cost (3: forward + backward at twice forward;
 /// 4: with full recomputation).
 struct llm_compute {
-  quadratic_time layer{};  ///< time of one layer as a function of length
-  std::int64_t layers = 1;  ///< layers of the model (or of the stage)
+  quadratic_time layer{};     ///< time of one layer as a function of length
+  std::int64_t layers = 1;    ///< layers of the model (or of the stage)
   double train_factor = 3.0;  ///< training / forward time (3: forward + 2x backward)
 
   /// Coefficients from transformer FLOPs: per layer forward 24 h^2 s (projections, MLP ratio 4) plus

@@ -20,8 +20,8 @@ namespace hetmesh::cost {
 
 /// Act(s) = alpha s + beta bytes per layer; `layers` layers live on a rank.
 struct activation_memory {
-  double alpha = 0.0;  ///< bytes per token per layer
-  double beta = 0.0;   ///< bytes per layer independent of length (workspace)
+  double alpha = 0.0;       ///< bytes per token per layer
+  double beta = 0.0;        ///< bytes per layer independent of length (workspace)
   std::int64_t layers = 1;  ///< layers the rank holds
 
   /// Activations of a transformer layer with FlashAttention and no recomputation: about 34 h bytes
@@ -82,7 +82,7 @@ struct activation_memory {
 /// bytes per second. An infinite bandwidth means "the copies always hide" (the paper's worked
 /// example ignores the overlap bound). Fill it from calibrated models or the paper's constants.
 struct offload_model {
-  quadratic_time layer{};  ///< time of one layer as a function of length
+  quadratic_time layer{};                      ///< time of one layer as a function of length
   activation_memory activation{1.0, 0.0, 32};  ///< activation bytes per token and layer
   /// device-to-host bytes per ms; infinity: free
   double d2h_bandwidth = std::numeric_limits<double>::infinity();

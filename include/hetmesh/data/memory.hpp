@@ -19,7 +19,7 @@ namespace hetmesh::data {
 struct memory_entry {
   std::string component{};  ///< "source_loader", "prefetch", "planner", "constructor"
   std::string owner{};      ///< e.g. "web#0" (source web, loader 0) or "rank 3"
-  std::int64_t bytes = 0;  ///< heap bytes owned
+  std::int64_t bytes = 0;   ///< heap bytes owned
   std::int64_t mapped = 0;  ///< bytes of mapped files (page cache, shared): reported, not owned
   friend bool operator==(const memory_entry&, const memory_entry&) = default;
 };

@@ -26,7 +26,7 @@ namespace hetmesh::data {
 /// One control point of a schedule: at `step` the weight is `weight`.
 struct weight_point {
   std::int64_t step = 0;  ///< step from which the weight holds
-  double weight = 0;  ///< the weight there (linear in between)
+  double weight = 0;      ///< the weight there (linear in between)
   void hash_append(hasher& h) const { append_all(h, step, weight); }
   friend bool operator==(const weight_point&, const weight_point&) = default;
 };
@@ -53,7 +53,7 @@ enum class balance_method { lpt, karmarkar_karp, round_robin };
 
 /// One data source.
 struct source_spec {
-  std::string name{};  ///< unique name, used in logs and checkpoints
+  std::string name{};                             ///< unique name, used in logs and checkpoints
   source_format format = source_format::indexed;  ///< indexed or webdataset
   /// indexed: dataset prefixes (`p.bin`/`p.idx`), concatenated; webdataset: shard paths, concatenated.
   std::vector<std::string> paths{};
@@ -61,7 +61,7 @@ struct source_spec {
   /// every step; with them, a source's weight is relative to the others of its (modality, bucket) group.
   schedule weight = {{0, 1.0}};
   std::string modality = "text";  ///< modality group for the modality mix
-  std::string bucket{};  ///< long/short bucket for the bucket mix
+  std::string bucket{};           ///< long/short bucket for the bucket mix
   /// Long/short filter: keep the samples with min_tokens <= tokens (+ encoder tokens) and, when
   /// max_tokens > 0, tokens < max_tokens. Two specs over the same files make a short and a long bucket.
   std::int64_t min_tokens = 0;
@@ -78,7 +78,7 @@ struct source_spec {
 /// A named weight of a modality or bucket mix.
 struct group_weight {
   std::string name{};  ///< the modality or bucket
-  schedule weight{};  ///< its weight over steps
+  schedule weight{};   ///< its weight over steps
   void hash_append(hasher& h) const { append_all(h, name, weight); }
   friend bool operator==(const group_weight&, const group_weight&) = default;
 };
@@ -118,16 +118,16 @@ struct topology {
 
 /// The whole declarative data plane.
 struct mixture_config {
-  std::uint64_t seed = 0;  ///< seeds every source's permutation
-  std::int64_t global_batch = 0;  ///< samples per step
-  std::vector<source_spec> sources{};  ///< the sources
-  std::vector<group_weight> modalities{};  ///< optional modality mix (weights sum to one)
-  std::vector<group_weight> buckets{};     ///< optional long/short mix (weights sum to one)
-  cost_model cost{};  ///< prices samples for balancing
+  std::uint64_t seed = 0;                        ///< seeds every source's permutation
+  std::int64_t global_batch = 0;                 ///< samples per step
+  std::vector<source_spec> sources{};            ///< the sources
+  std::vector<group_weight> modalities{};        ///< optional modality mix (weights sum to one)
+  std::vector<group_weight> buckets{};           ///< optional long/short mix (weights sum to one)
+  cost_model cost{};                             ///< prices samples for balancing
   balance_method balance = balance_method::lpt;  ///< how samples go to dp ranks
-  topology layout{};  ///< the ranks' layout
-  int micro_batches = 1;                        ///< per data-parallel rank and step
-  std::int64_t max_tokens_per_micro_batch = 0;  ///< 0: unlimited; else a capacity_error when exceeded
+  topology layout{};                             ///< the ranks' layout
+  int micro_batches = 1;                         ///< per data-parallel rank and step
+  std::int64_t max_tokens_per_micro_batch = 0;   ///< 0: unlimited; else a capacity_error when exceeded
 
   void hash_append(hasher& h) const {
     append_all(h, seed, global_batch, sources, modalities, buckets, cost, balance, layout, micro_batches,

@@ -32,16 +32,16 @@ namespace hetmesh::data {
 /// Where one source's stream stands: epoch, next position in the epoch's permutation, and the quota
 /// carry in 1/weight_one samples.
 struct source_cursor {
-  std::int64_t epoch = 0;  ///< epoch of the source
+  std::int64_t epoch = 0;     ///< epoch of the source
   std::int64_t position = 0;  ///< next position in the epoch's permutation
-  std::int64_t carry = 0;  ///< quota carry, in 1/weight_one samples
+  std::int64_t carry = 0;     ///< quota carry, in 1/weight_one samples
   void hash_append(hasher& h) const { append_all(h, epoch, position, carry); }
   friend bool operator==(const source_cursor&, const source_cursor&) = default;
 };
 
 /// The planner's whole state before `step`.
 struct planner_state {
-  std::int64_t step = 0;  ///< the step planned next
+  std::int64_t step = 0;                 ///< the step planned next
   std::vector<source_cursor> cursors{};  ///< one cursor per source
   void hash_append(hasher& h) const { append_all(h, step, cursors); }
   friend bool operator==(const planner_state&, const planner_state&) = default;
@@ -65,11 +65,11 @@ concept metadata_source = requires(M& m, int s, std::int64_t e, std::int64_t p) 
 
 /// One sample of a step plan: where it comes from, its lengths and cost, and where it goes.
 struct planned_sample {
-  sample_ref ref{};  ///< which sample
-  sample_meta meta{};  ///< its metadata
+  sample_ref ref{};       ///< which sample
+  sample_meta meta{};     ///< its metadata
   std::int64_t cost = 0;  ///< its price (cost_model)
-  int dp_rank = 0;  ///< data-parallel rank it goes to
-  int micro_batch = 0;  ///< micro-batch on that rank
+  int dp_rank = 0;        ///< data-parallel rank it goes to
+  int micro_batch = 0;    ///< micro-batch on that rank
   void hash_append(hasher& h) const { append_all(h, ref, meta, cost, dp_rank, micro_batch); }
   friend bool operator==(const planned_sample&, const planned_sample&) = default;
 };
@@ -77,9 +77,9 @@ struct planned_sample {
 /// The plan of one step: samples ordered by (source, epoch, position); per-source counts; the cost load
 /// of every data-parallel rank.
 struct step_plan {
-  std::int64_t step = 0;  ///< the step
+  std::int64_t step = 0;                  ///< the step
   std::vector<planned_sample> samples{};  ///< the samples, in canonical order
-  std::vector<std::int64_t> quotas{};  ///< samples drawn per source
+  std::vector<std::int64_t> quotas{};     ///< samples drawn per source
   std::vector<std::int64_t> rank_cost{};  ///< per dp rank, summed price
   /// Indices into `samples` of rank r's micro-batch m, in sample order.
   [[nodiscard]] std::vector<int> micro_batch(int r, int m) const {
@@ -172,7 +172,7 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
 
 /// The result of planning a step: its plan and the state before the next step.
 struct planned_step {
-  step_plan plan{};  ///< the plan of the step
+  step_plan plan{};      ///< the plan of the step
   planner_state next{};  ///< the state after it
 };
 
@@ -262,7 +262,7 @@ template <metadata_source M>
 /// group, and of the last pipeline stage's group (which needs the labels), receive it by broadcast from
 /// the loading rank. Middle pipeline stages receive nothing. Pure.
 struct delivery_group {
-  int dp = 0;  ///< the data-parallel rank
+  int dp = 0;                ///< the data-parallel rank
   int loader = 0;            ///< global rank that receives the data from the loaders
   std::vector<int> ranks{};  ///< the broadcast group, loader first, ascending otherwise
   friend bool operator==(const delivery_group&, const delivery_group&) = default;

@@ -33,7 +33,7 @@ namespace hetmesh::data {
 
 /// One sample's entry in a shard index.
 struct wds_entry {
-  std::string key{};  ///< sample key (member name without extension)
+  std::string key{};                ///< sample key (member name without extension)
   std::vector<std::string> exts{};  ///< extensions of its members
   ///@{
   /// Offset and size of each member's content, parallel to exts.
@@ -46,7 +46,7 @@ struct wds_entry {
 /// The index of one shard: its size when indexed (a changed shard no longer matches) and its samples.
 struct wds_index {
   static constexpr int version = 1;  ///< format version of the index file
-  std::int64_t shard_bytes = 0;  ///< size of the shard it indexes, to detect a stale index
+  std::int64_t shard_bytes = 0;      ///< size of the shard it indexes, to detect a stale index
   std::vector<wds_entry> samples{};  ///< one entry per sample, in archive order
   friend bool operator==(const wds_index&, const wds_index&) = default;
 };
@@ -185,7 +185,7 @@ struct wds_record {
   std::string_view key{};  ///< the sample's key
   /// (extension, content) of each member
   std::vector<std::pair<std::string_view, std::span<const std::byte>>> members{};
-  nlohmann::json json{};  ///< the parsed json member
+  nlohmann::json json{};              ///< the parsed json member
   const sample_meta* meta = nullptr;  ///< metadata, when known
 };
 

@@ -47,7 +47,7 @@ class dim {
   /// Same as the string_view constructor, so that "tp" converts to a dim where one is expected.
   constexpr dim(const char* name) : dim(std::string_view(name)) {}  // NOLINT: implicit by design
   /// Same as the string_view constructor.
-  dim(const std::string& name) : dim(std::string_view(name)) {}     // NOLINT: implicit by design
+  dim(const std::string& name) : dim(std::string_view(name)) {}  // NOLINT: implicit by design
 
   /// The name, e.g. "tp".
   [[nodiscard]] constexpr std::string_view name() const noexcept { return {text_.data(), size_}; }
@@ -78,7 +78,7 @@ class dim {
 /// A dim with its extent. E is C<N> (static) or std::int64_t (dynamic).
 template <class E>
 struct dim_extent {
-  dim name;  ///< the dim
+  dim name;                        ///< the dim
   [[no_unique_address]] E extent;  ///< its extent, static C<N> or dynamic
 };
 

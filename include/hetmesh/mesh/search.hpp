@@ -77,10 +77,10 @@ struct search_options {
 
 /// One dim under one order.
 struct dim_cost {
-  dim name;  ///< the dim
-  std::int64_t extent = 1;  ///< its extent
-  std::int64_t stride = 1;  ///< its stride in the candidate layout
-  double bytes = 0;  ///< bytes per step over it
+  dim name;                  ///< the dim
+  std::int64_t extent = 1;   ///< its extent
+  std::int64_t stride = 1;   ///< its stride in the candidate layout
+  double bytes = 0;          ///< bytes per step over it
   int nodes_spanned = 1;     ///< the most nodes any one of its groups occupies
   std::int64_t time_ns = 0;  ///< modelled; fixed point so that ranking is exact on every platform
   /// Whether the dim's groups stay within one node.
@@ -93,8 +93,8 @@ struct dim_cost {
 struct candidate {
   std::string order;           ///< innermost first, e.g. "tp-ep-cp-dp"
   std::vector<dim_cost> dims;  ///< in that order
-  std::int64_t time_ns = 0;  ///< modelled communication time, ns
-  bool admissible = true;  ///< false only for a baseline that search_options::admissible rejects
+  std::int64_t time_ns = 0;    ///< modelled communication time, ns
+  bool admissible = true;      ///< false only for a baseline that search_options::admissible rejects
   friend bool operator==(const candidate&, const candidate&) = default;
   void hash_append(hasher& h) const { append_all(h, order, dims, time_ns, admissible); }
 };
@@ -102,9 +102,9 @@ struct candidate {
 /// The result: every admissible order, best first, with the baseline's place and an explanation.
 struct layout_choice {
   std::vector<std::pair<dim, std::int64_t>> shape;  ///< dims of extent > 1, in the baseline's order
-  topology topo;  ///< the cluster searched over
-  traffic load;  ///< the traffic priced
-  combine total = combine::sum;  ///< how per-dim times were combined
+  topology topo;                                    ///< the cluster searched over
+  traffic load;                                     ///< the traffic priced
+  combine total = combine::sum;                     ///< how per-dim times were combined
   std::vector<candidate> ranking;  ///< best first; ties broken by closeness to the baseline order
   std::size_t baseline_index = 0;  ///< where the baseline order sits in `ranking`
   std::size_t best_index = 0;      ///< the first admissible order in `ranking` (0 unless the baseline is not)

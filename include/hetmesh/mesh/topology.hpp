@@ -54,7 +54,7 @@ struct link {
 /// The cluster. An aggregate: `topology{.nodes = 8, .devices_per_node = 8, .intra_bw_gbps = 450, ...}`.
 /// Bandwidths are per device, in GB/s (1e9 bytes/s); latencies are per message, in microseconds.
 struct topology {
-  int nodes = 1;  ///< number of nodes
+  int nodes = 1;             ///< number of nodes
   int devices_per_node = 8;  ///< an HGX node
   double intra_bw_gbps =
       450.0;  ///< one device's NVLink bandwidth (H100/H200 NVLink 4: ~450 GB/s per direction)

@@ -37,7 +37,7 @@ struct atom {
 /// A named mode of a view. Its extent is the product of its atoms' extents; a coordinate along it is
 /// decomposed over the atoms first-atom-fastest.
 struct view_mode {
-  dim name;  ///< the dim
+  dim name;                 ///< the dim
   std::vector<atom> atoms;  ///< its atoms, fastest first
 
   /// The dim's extent: the product of its atoms' extents.

@@ -105,9 +105,9 @@ constexpr std::string_view type_name(action_type t) noexcept {
 
 /// One action. `microbatch` is -1 for actions without one (REDUCE_GRAD).
 struct action {
-  int stage = 0;  ///< pipeline stage (virtual stage for interleaved schedules)
+  int stage = 0;                            ///< pipeline stage (virtual stage for interleaved schedules)
   action_type type = action_type::forward;  ///< what the action does
-  int microbatch = -1;  ///< micro-batch; -1 for actions of none
+  int microbatch = -1;                      ///< micro-batch; -1 for actions of none
 
   friend constexpr bool operator==(const action&, const action&) = default;
   void hash_append(hasher& h) const { append_all(h, stage, type, microbatch); }

@@ -51,7 +51,7 @@ enum class group_rule : std::uint8_t {
 /// Interleaved 1F1B with `virtual_stages` model chunks per rank (stage s on rank s % pp).
 struct interleaved_1f1b {
   int virtual_stages = 2;  ///< model chunks per rank
-  int group_size = 0;  ///< Megatron's microbatch_group_size_per_vp_stage; 0 = the rule's default.
+  int group_size = 0;      ///< Megatron's microbatch_group_size_per_vp_stage; 0 = the rule's default.
   group_rule rule = group_rule::megatron;  ///< how micro-batches group (Megatron's or PyTorch's)
   friend constexpr bool operator==(const interleaved_1f1b&, const interleaved_1f1b&) = default;
   void hash_append(hasher& h) const {
@@ -68,7 +68,7 @@ struct zero_bubble {
 /// PyTorch's ScheduleInterleavedZeroBubble (ZB1P) with `virtual_stages` chunks per rank.
 struct interleaved_zero_bubble {
   int virtual_stages = 2;  ///< model chunks per rank
-  int group_size = 0;  ///< 0 = PyTorch's rule; else a Megatron-style group size in [1, M].
+  int group_size = 0;      ///< 0 = PyTorch's rule; else a Megatron-style group size in [1, M].
   friend constexpr bool operator==(const interleaved_zero_bubble&, const interleaved_zero_bubble&) = default;
   void hash_append(hasher& h) const {
     append_all(h, std::string_view("interleaved-zero-bubble"), virtual_stages, group_size);

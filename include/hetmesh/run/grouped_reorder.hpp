@@ -28,8 +28,8 @@ namespace hetmesh::run {
 template <class T>
 struct parcel {
   std::int64_t sample_id = 0;  ///< sample it belongs to
-  int item = -1;  ///< item index; -1: the sample's LLM part
-  std::vector<T> data;  ///< its payload
+  int item = -1;               ///< item index; -1: the sample's LLM part
+  std::vector<T> data;         ///< its payload
   friend bool operator==(const parcel&, const parcel&) = default;
   void hash_append(hasher& h) const { append_all(h, sample_id, item, data); }
 };
@@ -38,7 +38,7 @@ struct parcel {
 /// by (sample id, item).
 template <class T>
 struct reorder_result {
-  balance::reorder_plan plan;  ///< the plan executed
+  balance::reorder_plan plan;       ///< the plan executed
   std::vector<parcel<T>> received;  ///< parcels this rank received, in plan order
 };
 

@@ -26,7 +26,7 @@ using offload_model = cost::offload_model;
 /// Policy of the solver: ratios are chosen on a grid of `ratio_steps` steps (r = k/ratio_steps), so
 /// plans compare exactly and hash the same everywhere; `enabled = false` pins r = 0.
 struct offload_policy {
-  bool enabled = true;  ///< false: nothing offloaded
+  bool enabled = true;    ///< false: nothing offloaded
   int ratio_steps = 100;  ///< ratios are multiples of 1 / ratio_steps
 
   friend constexpr bool operator==(const offload_policy&, const offload_policy&) = default;
@@ -35,7 +35,7 @@ struct offload_policy {
 
 /// The solver's answer for one sequence.
 struct offload_choice {
-  std::int64_t length = 0;  ///< sequence length
+  std::int64_t length = 0;       ///< sequence length
   int ranks = 1;                 ///< D(s)
   int ratio_steps = 100;         ///< grid of the ratio
   int ratio_k = 0;               ///< r = ratio_k / ratio_steps

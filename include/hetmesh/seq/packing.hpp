@@ -25,7 +25,7 @@ enum class overlong_action { error, reject };
 
 /// Policy value of packing.
 struct pack_policy {
-  std::int64_t capacity = 8192;  ///< tokens per micro-batch
+  std::int64_t capacity = 8192;                       ///< tokens per micro-batch
   overlong_action overlong = overlong_action::error;  ///< what to do with a sequence longer than capacity
 
   friend constexpr bool operator==(const pack_policy&, const pack_policy&) = default;
@@ -34,7 +34,7 @@ struct pack_policy {
 
 /// One packed micro-batch: its documents in order, and cu_seqlens over them (size docs+1, from 0).
 struct packed_micro_batch {
-  std::vector<seq_desc> docs;  ///< documents, in pack order
+  std::vector<seq_desc> docs;            ///< documents, in pack order
   std::vector<std::int64_t> cu_seqlens;  ///< cumulative lengths, from 0
 
   /// Tokens of the micro-batch.
@@ -53,9 +53,9 @@ struct packed_micro_batch {
 
 /// The packing plan: micro-batches in creation order, and documents rejected as over-long.
 struct pack_plan {
-  pack_policy policy{};  ///< the policy it was made with
+  pack_policy policy{};                           ///< the policy it was made with
   std::vector<packed_micro_batch> micro_batches;  ///< the packed micro-batches
-  std::vector<seq_desc> rejected;  ///< (-length, id) order; empty unless overlong == reject
+  std::vector<seq_desc> rejected;                 ///< (-length, id) order; empty unless overlong == reject
 
   friend bool operator==(const pack_plan&, const pack_plan&) = default;
   void hash_append(hasher& h) const { append_all(h, policy, micro_batches, rejected); }

@@ -29,10 +29,10 @@ enum class block_mask { none, full, causal };
 /// One block product of a step: query chunk and KV chunk (indices into the owners' chunk lists),
 /// the mask, and the (query, key) pairs it computes.
 struct ring_pair {
-  int q_chunk = 0;  ///< query chunk
-  int kv_chunk = 0;  ///< KV chunk
+  int q_chunk = 0;                     ///< query chunk
+  int kv_chunk = 0;                    ///< KV chunk
   block_mask mask = block_mask::none;  ///< which part of the block is computed
-  std::int64_t work = 0;  ///< work units of the pair
+  std::int64_t work = 0;               ///< work units of the pair
 
   friend constexpr bool operator==(const ring_pair&, const ring_pair&) = default;
   void hash_append(hasher& h) const { append_all(h, q_chunk, kv_chunk, mask, work); }
@@ -44,7 +44,7 @@ struct ring_step {
   int send_to = -1;              ///< position receiving this KV after the step; -1 on the last step
   int recv_from = -1;            ///< position this step's successor KV comes from; -1 on the last step
   std::vector<ring_pair> pairs;  ///< only pairs with mask != none
-  std::int64_t work = 0;  ///< work units of the step
+  std::int64_t work = 0;         ///< work units of the step
 
   friend bool operator==(const ring_step&, const ring_step&) = default;
   void hash_append(hasher& h) const { append_all(h, kv_source, send_to, recv_from, pairs, work); }
