@@ -82,11 +82,11 @@ struct activation_memory {
 /// bytes per second. An infinite bandwidth means "the copies always hide" (the paper's worked
 /// example ignores the overlap bound). Fill it from calibrated models or the paper's constants.
 struct offload_model {
-  quadratic_time layer{};                      ///< time of one layer as a function of length
-  activation_memory activation{1.0, 0.0, 32};  ///< activation bytes per token and layer
-  /// device-to-host bytes per ms; infinity: free
+  quadratic_time layer{};                      ///< T(s): one layer's compute, in seconds
+  activation_memory activation{1.0, 0.0, 32};  ///< Act(s): activation bytes; its layers is l
+  /// Device-to-host bytes per second; infinity: the copies always hide.
   double d2h_bandwidth = std::numeric_limits<double>::infinity();
-  /// host-to-device bytes per ms; infinity: free
+  /// Host-to-device bytes per second; infinity: the copies always hide.
   double h2d_bandwidth = std::numeric_limits<double>::infinity();
 
   /// T(s), one layer over the whole sequence. O(1).

@@ -107,7 +107,7 @@ constexpr std::string_view type_name(action_type t) noexcept {
 struct action {
   int stage = 0;                            ///< pipeline stage (virtual stage for interleaved schedules)
   action_type type = action_type::forward;  ///< what the action does
-  int microbatch = -1;                      ///< micro-batch; -1 for actions of none
+  int microbatch = -1;                      ///< micro-batch; -1 for actions without one
 
   friend constexpr bool operator==(const action&, const action&) = default;
   void hash_append(hasher& h) const { append_all(h, stage, type, microbatch); }

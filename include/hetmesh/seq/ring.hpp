@@ -23,7 +23,8 @@
 
 namespace hetmesh::seq {
 
-/// How much of a (query chunk, KV chunk) block causal attention computes: none, all, or the lower triangle.
+/// How much of a (query chunk, KV chunk) block causal attention computes: none, all of it (full), or
+/// its lower triangle (causal).
 enum class block_mask { none, full, causal };
 
 /// One block product of a step: query chunk and KV chunk (indices into the owners' chunk lists),
@@ -59,9 +60,9 @@ struct ring_schedule {
 
   /// Ranks in the ring.
   [[nodiscard]] int size() const noexcept { return static_cast<int>(ring.size()); }
-  /// Ring successor of position p (the rank p sends KV to).
+  /// The position after p, which p sends its KV to (ring[next(p)] is that rank).
   [[nodiscard]] int next(int p) const noexcept { return (p + 1) % size(); }
-  /// Ring predecessor of position p (the rank p receives KV from).
+  /// The position before p, which p receives KV from.
   [[nodiscard]] int prev(int p) const noexcept { return (p + size() - 1) % size(); }
   friend bool operator==(const ring_schedule&, const ring_schedule&) = default;
   void hash_append(hasher& h) const { append_all(h, ring, chunks, steps, work); }
