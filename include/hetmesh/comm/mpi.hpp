@@ -52,7 +52,8 @@ struct options {
 };
 
 /// A handle on an MPI communicator (borrowed or owned), modelling comm::host_communicator. Collectives poll
-/// nonblocking MPI calls so that a missing rank raises timeout_error instead of hanging; move-only.
+/// nonblocking MPI calls so that a missing rank raises timeout_error instead of hanging (unless
+/// options::blocking). Move-only: the handle is owned once.
 class communicator : public comm::detail::group_members {
  public:
   /// Marks the type as a communicator (opt-in, as the concepts require).

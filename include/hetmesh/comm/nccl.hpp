@@ -39,8 +39,8 @@ namespace hetmesh::comm::nccl {
 
 /// Per-communicator settings: timeout and watchdog.
 struct options {
-  /// How long an operation may wait for its stream before the communicator is aborted and timeout_error
-  /// raised.
+  /// How long enqueued work may stay incomplete before the watchdog aborts the communicator; the next
+  /// call on it then raises timeout_error.
   std::chrono::milliseconds timeout{HETMESH_DEFAULT_TIMEOUT_MS};
   std::chrono::milliseconds watchdog_interval{20};  ///< how often the watchdog polls; 0: no watchdog thread
   friend bool operator==(const options&, const options&) = default;
