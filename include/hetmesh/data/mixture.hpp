@@ -78,7 +78,8 @@ struct source_spec {
 /// A named weight of a modality or bucket mix.
 struct group_weight {
   std::string name{};  ///< the modality or bucket
-  schedule weight{};   ///< its weight over steps
+  /// Its weight over steps.
+  schedule weight{};
   void hash_append(hasher& h) const { append_all(h, name, weight); }
   friend bool operator==(const group_weight&, const group_weight&) = default;
 };
@@ -118,12 +119,13 @@ struct topology {
 
 /// The whole declarative data plane.
 struct mixture_config {
-  std::uint64_t seed = 0;                        ///< seeds every source's permutation
-  std::int64_t global_batch = 0;                 ///< samples per step
-  std::vector<source_spec> sources{};            ///< the sources
-  std::vector<group_weight> modalities{};        ///< optional modality mix (weights sum to one)
-  std::vector<group_weight> buckets{};           ///< optional long/short mix (weights sum to one)
-  cost_model cost{};                             ///< prices samples for balancing
+  std::uint64_t seed = 0;                  ///< seeds every source's permutation
+  std::int64_t global_batch = 0;           ///< samples per step
+  std::vector<source_spec> sources{};      ///< the sources
+  std::vector<group_weight> modalities{};  ///< optional modality mix (weights sum to one)
+  std::vector<group_weight> buckets{};     ///< optional long/short mix (weights sum to one)
+  /// Prices samples for balancing.
+  cost_model cost{};
   balance_method balance = balance_method::lpt;  ///< how samples go to dp ranks
   topology layout{};                             ///< the ranks' layout
   int micro_batches = 1;                         ///< per data-parallel rank and step

@@ -67,7 +67,7 @@ concept metadata_source = requires(M& m, int s, std::int64_t e, std::int64_t p) 
 struct planned_sample {
   sample_ref ref{};       ///< which sample
   sample_meta meta{};     ///< its metadata
-  std::int64_t cost = 0;  ///< its price (cost_model)
+  std::int64_t cost = 0;  ///< its price (mixture_config::cost)
   int dp_rank = 0;        ///< data-parallel rank it goes to
   int micro_batch = 0;    ///< micro-batch on that rank
   void hash_append(hasher& h) const { append_all(h, ref, meta, cost, dp_rank, micro_batch); }
