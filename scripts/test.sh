@@ -2,7 +2,8 @@
 # Builds hetmesh and runs its tests: the default build (Release, -Werror; unit, multi-rank on loopback
 # and under mpirun, examples, package consumers: build tree, install tree, an install of a tree that was
 # only configured consumed with no components and with all, add_subdirectory; heavy sweeps; GPU tests
-# skip without a device), then the ASan+UBSan build. Compiles through ccache where it is installed.
+# skip without a device), the API reference (doxygen, warnings as errors), then the ASan+UBSan build.
+# Compiles through ccache where it is installed.
 # Usage: bash scripts/test.sh [--no-sanitize]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,9 @@ echo "== default build (Release) =="
 cmake --preset default
 cmake --build --preset default -j "$jobs"
 ctest --preset default -j "$jobs"
+
+echo "== API reference (doxygen; a warning, e.g. an undocumented public name, fails) =="
+cmake --build --preset default --target docs
 
 if [ "${1:-}" != "--no-sanitize" ]; then
   echo "== ASan + UBSan build =="

@@ -3,17 +3,24 @@
 // before the first include to override the default (fmt's pattern: user value, else detect, else default).
 #pragma once
 
+/// \file
+/// Configuration macros: every HETMESH_ macro but the assertions themselves (core/assert.hpp). Define
+/// any of them before the first hetmesh include to override its default.
+
+///@{
 /// Assertion levels, from cheapest to most expensive. A check runs when its level is at most
 /// HETMESH_ASSERTION_LEVEL.
-///   0 off        : no checks at all.
-///   1 normal     : O(1) or O(n) local precondition checks (the default).
-///   2 collective : checks that communicate (e.g. plan hashes agree across ranks).
-///   3 heavy      : checks that cost more than the operation they guard (e.g. re-verifying a plan).
+/// - 0 off: no checks at all.
+/// - 1 normal: O(1) or O(n) local precondition checks (the default).
+/// - 2 collective: checks that communicate (e.g. plan hashes agree across ranks).
+/// - 3 heavy: checks that cost more than the operation they guard (e.g. re-verifying a plan).
 #define HETMESH_ASSERTION_LEVEL_OFF 0
 #define HETMESH_ASSERTION_LEVEL_NORMAL 1
 #define HETMESH_ASSERTION_LEVEL_COLLECTIVE 2
 #define HETMESH_ASSERTION_LEVEL_HEAVY 3
+///@}
 
+/// The assertion level compiled in: checks of a higher level are not even evaluated. Default: normal (1).
 #ifndef HETMESH_ASSERTION_LEVEL
 #define HETMESH_ASSERTION_LEVEL HETMESH_ASSERTION_LEVEL_NORMAL
 #endif
@@ -43,6 +50,9 @@
 #endif
 #endif
 
+///@{
+/// hetmesh's version (major.minor.patch), the same as the CMake package's.
 #define HETMESH_VERSION_MAJOR 0
 #define HETMESH_VERSION_MINOR 1
 #define HETMESH_VERSION_PATCH 0
+///@}

@@ -30,14 +30,15 @@
 
 namespace hetmesh::balance {
 
+/// Which resource the ByteScale scheduler balances: data-parallel ranks (dp) or pipeline stages (pp).
 enum class hdp_balance_mode : std::uint8_t { dp, pp };
 
 /// Policy value of the ByteScale scheduler. `delta` is the slack relative to the busiest rank's time
 /// (ByteScale gives no value; Megatron's port uses 5%). `buckets` = 0 picks min(16, items).
 struct bytescale_policy {
-  double delta = 0.05;
-  hdp_balance_mode mode = hdp_balance_mode::dp;
-  int buckets = 0;
+  double delta = 0.05;                           ///< slack relative to the busiest rank's time
+  hdp_balance_mode mode = hdp_balance_mode::dp;  ///< balance over dp ranks or pp stages
+  int buckets = 0;                               ///< length buckets; 0: min(16, items)
   friend constexpr bool operator==(const bytescale_policy&, const bytescale_policy&) = default;
   void hash_append(hasher& h) const { append_all(h, delta, mode, buckets); }
 };

@@ -23,34 +23,36 @@
 
 namespace hetmesh::balance {
 
+/// The number-partitioning solver dp_plan uses: LPT (greedy) or Karmarkar-Karp (differencing).
 enum class dp_solver : std::uint8_t { lpt, karmarkar_karp };
 
 /// Policy value. `micro_batches` = 0: every rank runs as many micro-batches as its sequences need (HDP
 /// style gradient accumulation, ByteScale §6.1); m > 0: every rank runs exactly m slots of C tokens
 /// (Megatron's fixed count; a slot may stay empty when the batch is small).
 struct dp_policy {
-  int ranks = 1;
-  std::int64_t capacity = 8192;
-  int micro_batches = 0;
-  dp_solver solver = dp_solver::karmarkar_karp;
+  int ranks = 1;                                 ///< data-parallel ranks to fill
+  std::int64_t capacity = 8192;                  ///< C: tokens of one micro-batch
+  int micro_batches = 0;                         ///< 0: as many as needed; m > 0: exactly m
+  dp_solver solver = dp_solver::karmarkar_karp;  ///< how sequences are spread over ranks
   friend constexpr bool operator==(const dp_policy&, const dp_policy&) = default;
   void hash_append(hasher& h) const { append_all(h, ranks, capacity, micro_batches, solver); }
 };
 
 /// One micro-batch: its sequences (packed, in (-length, id) order), tokens and modelled time.
 struct dp_micro_batch {
-  std::vector<seq::seq_desc> seqs;
-  std::int64_t tokens = 0;
-  cost::fixed time{};
+  std::vector<seq::seq_desc> seqs;  ///< packed, in (-length, id) order
+  std::int64_t tokens = 0;          ///< sum of the sequences' lengths
+  cost::fixed time{};               ///< modelled compute time
   friend bool operator==(const dp_micro_batch&, const dp_micro_batch&) = default;
   void hash_append(hasher& h) const { append_all(h, seqs, tokens, time); }
 };
 
 /// The plan: per rank, its micro-batches (longest time first); per rank, its modelled time.
 struct dp_plan {
-  dp_policy policy{};
-  std::vector<std::vector<dp_micro_batch>> per_rank;
-  std::vector<cost::fixed> rank_time;
+  dp_policy policy{};                                 ///< the policy it was made with
+  std::vector<std::vector<dp_micro_batch>> per_rank;  ///< per rank, its micro-batches, longest time first
+  std::vector<cost::fixed> rank_time;                 ///< per rank, its modelled time
+  /// The step time the plan models: the busiest rank's time (zero for no ranks). O(ranks).
   [[nodiscard]] cost::fixed makespan() const noexcept {
     return rank_time.empty() ? cost::fixed{} : *std::max_element(rank_time.begin(), rank_time.end());
   }

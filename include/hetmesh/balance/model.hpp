@@ -28,10 +28,11 @@ namespace hetmesh::balance {
 /// V a ring passes per token per layer (`kv_bytes_per_token`; 2 x 8 KV heads x 128 dims x 2 bytes =
 /// 4096 for a GQA 7B-class model).
 struct step_model {
+  /// backbone compute; layers = the whole model
   cost::llm_compute llm{cost::bytescale_fig6a_layer(), 32, 3.0};
-  cost::network net{};
-  double kv_bytes_per_token = 4096.0;
-  int pp_stages = 1;
+  cost::network net{};                 ///< the cluster: devices per node, links
+  double kv_bytes_per_token = 4096.0;  ///< K and V bytes a ring passes per token and layer
+  int pp_stages = 1;                   ///< pipeline stages the model is cut into
 
   /// One rank running one packed row of `docs`. O(docs).
   [[nodiscard]] cost::fixed pack_time(std::span<const std::int64_t> docs) const {
@@ -70,9 +71,9 @@ struct step_model {
 
 /// One task of a step: its ranks (one, or a ring), its global order key and its modelled duration.
 struct task {
-  std::vector<int> ranks;
-  std::int64_t order = 0;
-  cost::fixed duration{};
+  std::vector<int> ranks;  ///< one rank, or a ring
+  std::int64_t order = 0;  ///< global order key: ranks run tasks by it
+  cost::fixed duration{};  ///< modelled duration
   friend bool operator==(const task&, const task&) = default;
   void hash_append(hasher& h) const { append_all(h, ranks, order, duration); }
 };

@@ -38,7 +38,7 @@ namespace hetmesh::balance {
 
 /// Policy value of the hetmesh planner. group_size 0 = the whole pool is one group.
 struct hetmesh_policy {
-  int group_size = 0;
+  int group_size = 0;  ///< ranks per group; 0: the whole pool
   friend constexpr bool operator==(const hetmesh_policy&, const hetmesh_policy&) = default;
   void hash_append(hasher& h) const { append(h, group_size); }
 };

@@ -35,19 +35,19 @@ namespace hetmesh::balance {
 /// What a loader knows about a sample before reading its bytes: a globally unique id, the group-local
 /// rank that loaded it, its LLM token count, and the token count of each encoder item.
 struct sample_meta {
-  std::int64_t id = 0;
-  int owner = 0;
-  std::int64_t llm_tokens = 0;
-  std::vector<std::int64_t> encoder_tokens;
+  std::int64_t id = 0;                       ///< globally unique sample id
+  int owner = 0;                             ///< group-local rank that loaded it
+  std::int64_t llm_tokens = 0;               ///< LLM (text) tokens
+  std::vector<std::int64_t> encoder_tokens;  ///< token count of each encoder item
   friend bool operator==(const sample_meta&, const sample_meta&) = default;
   void hash_append(hasher& h) const { append_all(h, id, owner, llm_tokens, encoder_tokens); }
 };
 
 /// Policy value: the cost models and the LLM token capacity of a rank for the step (0 = unlimited).
 struct reorder_policy {
-  cost::llm_compute llm{cost::bytescale_fig6a_layer(), 32, 3.0};
-  cost::encoder_compute encoder = cost::encoder_compute::vit(1024, 24, 400e9);
-  std::int64_t token_capacity = 0;
+  cost::llm_compute llm{cost::bytescale_fig6a_layer(), 32, 3.0};                ///< backbone cost model
+  cost::encoder_compute encoder = cost::encoder_compute::vit(1024, 24, 400e9);  ///< encoder cost model
+  std::int64_t token_capacity = 0;  ///< LLM tokens a rank may take; 0: unlimited
   friend bool operator==(const reorder_policy&, const reorder_policy&) = default;
   void hash_append(hasher& h) const { append_all(h, llm, encoder, token_capacity); }
 };
@@ -56,16 +56,16 @@ struct reorder_policy {
 /// entry item_offset[i] + k of the item arrays. parcels[i * ranks + j] counts what rank i sends to
 /// rank j (LLM parts and encoder items), the all_to_all_v shape of the exchange.
 struct reorder_plan {
-  int ranks = 0;
-  std::vector<std::int64_t> sample_ids;
-  std::vector<int> owner;
-  std::vector<int> llm_rank;
-  std::vector<std::int64_t> item_offset;  // size samples + 1
-  std::vector<int> encoder_rank;
-  std::vector<cost::fixed> llm_load;
-  std::vector<cost::fixed> encoder_load;
-  std::vector<std::int64_t> llm_tokens_on;
-  std::vector<std::int32_t> parcels;
+  int ranks = 0;                            ///< ranks of the group
+  std::vector<std::int64_t> sample_ids;     ///< sample ids, ascending (canonical order)
+  std::vector<int> owner;                   ///< per sample, the rank that loaded it
+  std::vector<int> llm_rank;                ///< per sample, the rank that runs its LLM part
+  std::vector<std::int64_t> item_offset;    ///< size samples + 1
+  std::vector<int> encoder_rank;            ///< per item, the encoder rank that runs it
+  std::vector<cost::fixed> llm_load;        ///< per rank, modelled LLM time
+  std::vector<cost::fixed> encoder_load;    ///< per rank, modelled encoder time
+  std::vector<std::int64_t> llm_tokens_on;  ///< per rank, LLM tokens it runs
+  std::vector<std::int32_t> parcels;        ///< ranks x ranks parcel counts, row = sender
 
   /// Position of sample `id` in the canonical order; -1 when absent. O(log n).
   [[nodiscard]] std::ptrdiff_t index_of(std::int64_t id) const noexcept {

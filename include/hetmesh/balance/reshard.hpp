@@ -27,46 +27,46 @@ namespace hetmesh::balance {
 
 /// Where an item's embedding rows go in its sample: row r is the sample's token position + r.
 struct item_span {
-  std::int64_t sample_id = 0;
-  int item = 0;
-  std::int64_t position = 0;
-  std::int64_t rows = 0;
+  std::int64_t sample_id = 0;  ///< sample the item belongs to
+  int item = 0;                ///< item index within the sample
+  std::int64_t position = 0;   ///< token position of the item's first row
+  std::int64_t rows = 0;       ///< embedding rows (the item's tokens)
 };
 
 /// Rows [row_begin, row_end) of an item, produced on encoder `rank` at row `offset` of its output buffer.
 struct encoder_block {
-  std::int64_t sample_id = 0;
-  int item = 0;
-  int rank = 0;
-  std::int64_t row_begin = 0;
-  std::int64_t row_end = 0;
-  std::int64_t offset = 0;
+  std::int64_t sample_id = 0;  ///< sample the item belongs to
+  int item = 0;                ///< item index within the sample
+  int rank = 0;                ///< encoder rank that produces it
+  std::int64_t row_begin = 0;  ///< first row of the item in this block
+  std::int64_t row_end = 0;    ///< one past the last row
+  std::int64_t offset = 0;     ///< row in the rank's output buffer
 };
 
 /// Token positions `tokens` of a sample, consumed on LLM `rank` at row `offset` of its input buffer.
 struct llm_block {
-  std::int64_t sample_id = 0;
-  int rank = 0;
-  seq::token_range tokens;
-  std::int64_t offset = 0;
+  std::int64_t sample_id = 0;  ///< sample the tokens belong to
+  int rank = 0;                ///< LLM rank that consumes them
+  seq::token_range tokens;     ///< token positions within the sample
+  std::int64_t offset = 0;     ///< row in the rank's input buffer
 };
 
 /// One contiguous copy: `rows` rows from src's buffer at src_offset to dst's buffer at dst_offset.
 struct reshard_run {
-  int src = 0;
-  int dst = 0;
-  std::int64_t src_offset = 0;
-  std::int64_t dst_offset = 0;
-  std::int64_t rows = 0;
+  int src = 0;                  ///< sending rank
+  int dst = 0;                  ///< receiving rank
+  std::int64_t src_offset = 0;  ///< first row in the sender's buffer
+  std::int64_t dst_offset = 0;  ///< first row in the receiver's buffer
+  std::int64_t rows = 0;        ///< rows copied
   friend constexpr bool operator==(const reshard_run&, const reshard_run&) = default;
   void hash_append(hasher& h) const { append_all(h, src, dst, src_offset, dst_offset, rows); }
 };
 
 /// The reshard plan of one step over `ranks` ranks. counts[src * ranks + dst] = rows from src to dst.
 struct reshard_plan {
-  int ranks = 0;
-  std::vector<reshard_run> runs;
-  std::vector<std::int64_t> counts;
+  int ranks = 0;                     ///< ranks of the exchange
+  std::vector<reshard_run> runs;     ///< contiguous copies, by (src, dst, src_offset)
+  std::vector<std::int64_t> counts;  ///< ranks x ranks row counts, row = sender
 
   /// The backward plan: every run reversed; same rows, same pairs transposed. O(runs log runs).
   [[nodiscard]] reshard_plan transposed() const {
@@ -83,6 +83,7 @@ struct reshard_plan {
       for (std::size_t j = 0; j < n; ++j) t.counts[j * n + i] = counts[i * n + j];
     return t;
   }
+  /// Rows moved in all, self-copies included. O(ranks^2).
   [[nodiscard]] std::int64_t total_rows() const noexcept {
     return std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
   }

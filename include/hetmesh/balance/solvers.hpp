@@ -30,9 +30,10 @@ namespace hetmesh::balance {
 /// The result of a solver: item i goes to bin `bin_of[i]`; `load[b]` is the sum of the costs (or sizes)
 /// of the items in bin b. Plain data; hashable; printable.
 struct assignment {
-  std::vector<int> bin_of;
-  std::vector<std::int64_t> load;
+  std::vector<int> bin_of;         ///< bin of each item
+  std::vector<std::int64_t> load;  ///< summed cost of each bin
 
+  /// Number of bins.
   [[nodiscard]] int bins() const noexcept { return static_cast<int>(load.size()); }
   /// The largest bin load (0 when there are no bins).
   [[nodiscard]] std::int64_t makespan() const noexcept {

@@ -31,14 +31,14 @@ namespace hetmesh::balance {
 
 /// One strategy's modelled outcome.
 struct strategy_result {
-  std::string name;
-  cost::fixed step{};         ///< modelled step time
-  double imbalance = 0.0;     ///< max / mean of per-rank busy time
-  cost::fixed lower_bound{};  ///< max(total / N, largest short sequence), per pipeline stage
-  double ratio_to_lower_bound = 0.0;
-  std::int64_t tasks = 0;  ///< micro-batches (a ring counts once)
-  std::int64_t max_tasks_per_rank = 0;
-  double comm_bytes = 0.0;  ///< modelled ring-attention traffic of the step (ring_comm_bytes)
+  std::string name;                     ///< the strategy's name, as the benchmarks print it
+  cost::fixed step{};                   ///< modelled step time
+  double imbalance = 0.0;               ///< max / mean of per-rank busy time
+  cost::fixed lower_bound{};            ///< max(total / N, largest short sequence), per pipeline stage
+  double ratio_to_lower_bound = 0.0;    ///< step / lower_bound (1.0 is perfect)
+  std::int64_t tasks = 0;               ///< micro-batches (a ring counts once)
+  std::int64_t max_tasks_per_rank = 0;  ///< the most micro-batches any rank runs
+  double comm_bytes = 0.0;              ///< modelled ring-attention traffic of the step (ring_comm_bytes)
 };
 
 /// max(sum of whole-sequence times (without the per-row constant) / ranks, the largest sequence of <= C

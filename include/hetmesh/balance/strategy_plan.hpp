@@ -41,6 +41,7 @@ struct strategy_config {
   hetmesh_policy hetmesh{};      ///< group_size for grouped reordering
   std::uint64_t seed = 1;        ///< random placement; loader of sample i is rank i % ranks
   std::int64_t context = 0;      ///< static_dp_cp: the context length (0: the longest sequence)
+  /// Hashes every parameter, so that a plan's hash names the configuration it came from.
   void hash_append(hasher& h) const { append_all(h, ranks, hdp, model, bytescale, hetmesh, seed, context); }
 };
 
@@ -53,6 +54,7 @@ struct work_item {
   std::vector<seq::seq_desc> seqs;  ///< the sequences it holds
   double offload_ratio = 0.0;       ///< share of activations offloaded (HDP rings with offloading)
 
+  /// Tokens of the item: the sum of its sequences' lengths. O(seqs).
   [[nodiscard]] std::int64_t tokens() const {
     std::int64_t t = 0;
     for (const auto& s : seqs) t += s.length;
@@ -62,8 +64,8 @@ struct work_item {
 
 /// One strategy's plan for one batch: `tasks[i]` prices `items[i]` (same ranks and order key).
 struct strategy_plan {
-  std::vector<work_item> items;
-  std::vector<task> tasks;
+  std::vector<work_item> items;  ///< the work, in canonical order
+  std::vector<task> tasks;       ///< tasks[i] prices items[i]
 };
 
 namespace detail {

@@ -25,7 +25,7 @@
 namespace hetmesh::balance {
 
 /// One line of a length list. Returns nullopt for a blank line or a '#' comment (surrounding spaces,
-/// tabs and '\r' ignored), else the length: one positive decimal integer ("+8" accepted).
+/// tabs and carriage returns ignored), else the length: one positive decimal integer ("+8" accepted).
 /// Throws data_error "FILE:LINE: ..." naming what was found and what was expected when the line is
 /// not a positive integer in int64 range. `file` and `line_no` only name the place in errors.
 /// Pure; O(line size). Not collective.

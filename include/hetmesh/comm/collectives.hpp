@@ -203,6 +203,7 @@ void group_p2p(C& c, std::span<const p2p_op> ops) {
   }
   c.group_p2p(ops);
 }
+/// group_p2p over a braced list of operations: `group_p2p(c, {send_op(...), recv_op(...)})`. Same contract.
 template <communicator C>
 void group_p2p(C& c, std::initializer_list<p2p_op> ops) {
   group_p2p(c, std::span<const p2p_op>(ops.begin(), ops.size()));

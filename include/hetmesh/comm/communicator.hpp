@@ -29,6 +29,7 @@ enum class memory_space : std::uint8_t { host, device };
 /// loopback::run prefers that one over these induced errors.
 class aborted_error : public error {
  public:
+  /// Takes the message, as hetmesh::error does.
   using error::error;
 };
 
@@ -39,12 +40,15 @@ inline constexpr int max_user_tag = (1 << 20) - 1;
 /// One operation of a point-to-point batch, type-erased so that a batch may mix element types.
 /// Build them with `send_op` / `recv_op`; the buffers must stay alive until the batch completes.
 struct p2p_op {
+  /// Which way the data goes.
   enum class kind : std::uint8_t { send, recv };
+  /// Send to `peer` or receive from it.
   kind what = kind::send;
   int peer = 0;            ///< rank within the communicator's group
   int tag = 0;             ///< 0 <= tag <= max_user_tag for user batches
   void* data = nullptr;    ///< host or device pointer, per the backend's memory_space
   std::int64_t count = 0;  ///< elements
+  /// Element type of `data`.
   dtype type = dtype::uint8;
 
   friend bool operator==(const p2p_op&, const p2p_op&) = default;

@@ -77,8 +77,10 @@ void check_group(const C& parent, std::span<const int> members, std::string_view
 template <communicator C>
 class group_cache {
  public:
+  /// A cache over `parent`, which must outlive it. Creates no communicator yet.
   explicit group_cache(C& parent) : parent_(&parent) {}
 
+  /// The parent communicator, for operations over the whole group.
   [[nodiscard]] C& parent() noexcept { return *parent_; }
 
   /// The communicator of `members` (ranks of the parent, in group order), which must contain this
@@ -139,6 +141,8 @@ class group_cache {
 
   /// Number of cached communicators (the parent not counted).
   [[nodiscard]] std::size_t size() const noexcept { return groups_.size(); }
+  /// Whether the communicator of `members` was created already (no communicator is created).
+  /// Cost: O(members x log size).
   [[nodiscard]] bool contains(std::span<const int> members) const {
     return groups_.contains(std::vector<int>(members.begin(), members.end()));
   }

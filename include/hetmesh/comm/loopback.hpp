@@ -32,19 +32,27 @@ namespace hetmesh::comm::loopback {
 /// posts disagree.
 class communicator {
  public:
+  /// Marks the type as a communicator (opt-in, as the concepts require).
   using is_communicator = void;
+  /// Buffers are host memory.
   static constexpr memory_space memory = memory_space::host;
 
+  /// A handle of `rank` on `group` in `world`, waiting at most `timeout`. Made by loopback::run and
+  /// subgroup(), not by users.
   communicator(std::shared_ptr<detail::world_state> world, std::shared_ptr<detail::group_state> group,
                int rank, std::chrono::milliseconds timeout)
       : world_(std::move(world)), group_(std::move(group)), rank_(rank), timeout_(timeout) {}
 
+  /// This rank's index within the group, 0 <= rank() < size().
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// Number of ranks in the group.
   [[nodiscard]] int size() const noexcept { return group_->size(); }
+  /// The group's members as ranks of the world, in group order.
   [[nodiscard]] std::span<const int> ranks() const noexcept { return group_->members(); }
 
   /// How long any wait of this handle lasts before it raises timeout_error.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// Sets how long waits of this handle last. Pre: t > 0; otherwise invalid_argument. Local, not collective.
   void set_timeout(std::chrono::milliseconds t) {
     if (t.count() <= 0) throw_error<invalid_argument>("loopback timeout of {} ms; expected > 0", t.count());
     timeout_ = t;
@@ -83,6 +91,7 @@ class communicator {
     return communicator(world_, world_->join(global, ranks()[static_cast<std::size_t>(rank_)]), me, timeout_);
   }
 
+  /// Backend of comm::all_reduce (collectives.hpp), which checks the arguments first and holds the contract.
   template <host_element T>
   void all_reduce(std::span<T> inout, reduce_op op) {
     const auto n = static_cast<std::size_t>(size()), m = inout.size(), me = static_cast<std::size_t>(rank_);
@@ -106,6 +115,7 @@ class communicator {
         });
   }
 
+  /// Backend of comm::broadcast (collectives.hpp), which checks the arguments first and holds the contract.
   template <element T>
   void broadcast(std::span<T> buf, int root) {
     detail::post p = make_post("broadcast", dtype_of_v<T>, static_cast<std::int64_t>(buf.size()), root,
@@ -119,6 +129,7 @@ class communicator {
         [](std::byte*) {});
   }
 
+  /// Backend of comm::all_gather (collectives.hpp), which checks the arguments first and holds the contract.
   template <element T>
   void all_gather(std::span<const T> send, std::span<T> recv) {
     detail::post p = make_post("all_gather", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0,
@@ -132,6 +143,8 @@ class communicator {
         [](std::byte*) {});
   }
 
+  /// Backend of comm::all_gather_v (collectives.hpp), which checks the arguments first and holds the
+  /// contract.
   template <element T>
   void all_gather_v(std::span<const T> send, std::span<T> recv, std::span<const std::int64_t> recv_counts,
                     std::span<const std::int64_t> recv_displs) {
@@ -158,6 +171,8 @@ class communicator {
         [](std::byte*) {});
   }
 
+  /// Backend of comm::reduce_scatter (collectives.hpp), which checks the arguments first and holds the
+  /// contract.
   template <host_element T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op op) {
     const auto m = recv.size(), me = static_cast<std::size_t>(rank_);
@@ -180,6 +195,8 @@ class communicator {
         [](std::byte*) {});
   }
 
+  /// Backend of comm::all_to_all_v (collectives.hpp), which checks the arguments first and holds the
+  /// contract.
   template <element T>
   void all_to_all_v(std::span<const T> send, std::span<const std::int64_t> send_counts,
                     std::span<const std::int64_t> send_displs, std::span<T> recv,
@@ -211,6 +228,7 @@ class communicator {
         [](std::byte*) {});
   }
 
+  /// Backend of comm::barrier (collectives.hpp): returns once every rank of the group has entered it.
   void barrier() {
     detail::post p = make_post("barrier", dtype::uint8, 0, 0, reduce_op::sum, nullptr, nullptr);
     group_->arrive(rank_, p, 0, timeout_, {"barrier", rank_},

@@ -41,7 +41,9 @@
 
 namespace hetmesh::comm::mpi {
 
+/// Per-communicator settings: timeout, verification, blocking or polling calls.
 struct options {
+  /// How long a polling collective waits before it raises timeout_error and marks the communicator broken.
   std::chrono::milliseconds timeout{HETMESH_DEFAULT_TIMEOUT_MS};
   bool verify =
       assertion_enabled(assertion_level::collective);  ///< cross-rank signature check per collective
@@ -49,9 +51,14 @@ struct options {
   friend bool operator==(const options&, const options&) = default;
 };
 
+/// A handle on an MPI communicator (borrowed or owned), modelling comm::host_communicator. Collectives poll
+/// nonblocking MPI calls so that a missing rank raises timeout_error instead of hanging (unless
+/// options::blocking). Move-only: the handle is owned once.
 class communicator : public comm::detail::group_members {
  public:
+  /// Marks the type as a communicator (opt-in, as the concepts require).
   using is_communicator = void;
+  /// Buffers are host memory.
   static constexpr memory_space memory = memory_space::host;
 
   /// Wraps `comm` without owning it (the caller frees it, after this object is gone).
@@ -65,6 +72,7 @@ class communicator : public comm::detail::group_members {
   /// MPI_COMM_WORLD, borrowed. Pre: MPI is initialised (mpi::environment).
   [[nodiscard]] static communicator world(options opt = {}) { return borrow(MPI_COMM_WORLD, opt); }
 
+  /// Moves the handle; `o` is left with MPI_COMM_NULL.
   communicator(communicator&& o) noexcept
       : group_members(std::move(o)),
         comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
@@ -72,6 +80,7 @@ class communicator : public comm::detail::group_members {
         opt_(o.opt_),
         broken_(o.broken_),
         abandoned_(std::move(o.abandoned_)) {}
+  /// Releases this handle (freeing it if owned) and takes `o`'s; `o` is left with MPI_COMM_NULL.
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
       release();
@@ -82,8 +91,11 @@ class communicator : public comm::detail::group_members {
   }
   ~communicator() { release(); }  // copies are deleted by group_members: the handle is owned once
 
+  /// The native MPI_Comm, for MPI calls hetmesh does not wrap. Still owned by this object when adopted.
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
+  /// The settings in use.
   [[nodiscard]] const options& opts() const noexcept { return opt_; }
+  /// Replaces the settings. Local, not collective: every rank should set the same `verify`.
   void set_options(const options& o) { opt_ = o; }
   /// True after a timeout: every later operation raises.
   [[nodiscard]] bool broken() const noexcept { return broken_; }
@@ -124,6 +136,7 @@ class communicator : public comm::detail::group_members {
     return adopt(c, opt_);
   }
 
+  /// Backend of comm::all_reduce (collectives.hpp), which checks the arguments first and holds the contract.
   template <host_element T>
   void all_reduce(std::span<T> x, reduce_op r) {
     const int n = detail::count(static_cast<std::int64_t>(x.size()), "all_reduce");
@@ -136,6 +149,7 @@ class communicator : public comm::detail::group_members {
     comm::detail::finish_reduce(x.data(), x.size(), r, size());
   }
 
+  /// Backend of comm::broadcast (collectives.hpp), which checks the arguments first and holds the contract.
   template <host_element T>
   void broadcast(std::span<T> x, int root) {
     const int n = detail::count(static_cast<std::int64_t>(x.size()), "broadcast");
@@ -146,6 +160,7 @@ class communicator : public comm::detail::group_members {
         [&] { return MPI_Bcast(x.data(), n, t, root, comm_); });
   }
 
+  /// Backend of comm::all_gather (collectives.hpp), which checks the arguments first and holds the contract.
   template <host_element T>
   void all_gather(std::span<const T> send, std::span<T> recv) {
     const int n = detail::count(static_cast<std::int64_t>(send.size()), "all_gather");
@@ -160,6 +175,8 @@ class communicator : public comm::detail::group_members {
         [&] { return MPI_Allgather(s, n, t, recv.data(), n, t, comm_); });
   }
 
+  /// Backend of comm::all_gather_v (collectives.hpp), which checks the arguments first and holds the
+  /// contract.
   template <host_element T>
   void all_gather_v(std::span<const T> send, std::span<T> recv, std::span<const std::int64_t> recv_counts,
                     std::span<const std::int64_t> recv_displs) {
@@ -180,6 +197,8 @@ class communicator : public comm::detail::group_members {
         [&] { return MPI_Allgatherv(s, n, t, recv.data(), rc.data(), rd.data(), t, comm_); });
   }
 
+  /// Backend of comm::reduce_scatter (collectives.hpp), which checks the arguments first and holds the
+  /// contract.
   template <host_element T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op r) {
     const int n = detail::count(static_cast<std::int64_t>(recv.size()), "reduce_scatter");
@@ -202,6 +221,7 @@ class communicator : public comm::detail::group_members {
     comm::detail::finish_reduce(recv.data(), recv.size(), r, size());
   }
 
+  /// Backend of comm::all_to_all (collectives.hpp), which checks the arguments first and holds the contract.
   template <host_element T>
   void all_to_all(std::span<const T> send, std::span<T> recv) {
     const int n = detail::count(static_cast<std::int64_t>(send.size()) / size(), "all_to_all");
@@ -213,6 +233,8 @@ class communicator : public comm::detail::group_members {
         [&] { return MPI_Alltoall(send.data(), n, t, recv.data(), n, t, comm_); });
   }
 
+  /// Backend of comm::all_to_all_v (collectives.hpp), which checks the arguments first and holds the
+  /// contract.
   template <host_element T>
   void all_to_all_v(std::span<const T> send, std::span<const std::int64_t> send_counts,
                     std::span<const std::int64_t> send_displs, std::span<T> recv,
@@ -235,6 +257,7 @@ class communicator : public comm::detail::group_members {
         });
   }
 
+  /// Backend of comm::barrier (collectives.hpp): returns once every rank of the group has entered it.
   void barrier() {
     verify("barrier", dtype::uint8, 0, 0, reduce_op::sum);
     issue(

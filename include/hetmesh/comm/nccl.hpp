@@ -37,7 +37,10 @@
 
 namespace hetmesh::comm::nccl {
 
+/// Per-communicator settings: timeout and watchdog.
 struct options {
+  /// How long enqueued work may stay incomplete before the watchdog aborts the communicator; the next
+  /// call on it then raises timeout_error.
   std::chrono::milliseconds timeout{HETMESH_DEFAULT_TIMEOUT_MS};
   std::chrono::milliseconds watchdog_interval{20};  ///< how often the watchdog polls; 0: no watchdog thread
   friend bool operator==(const options&, const options&) = default;
@@ -52,9 +55,13 @@ struct options {
   return id;
 }
 
+/// A handle on an NCCL communicator with its own stream, modelling comm::device_communicator. Operations are
+/// enqueued on stream(); a watchdog polls for asynchronous errors and aborts on timeout. Move-only.
 class communicator : public comm::detail::group_members {
  public:
+  /// Marks the type as a communicator (opt-in, as the concepts require).
   using is_communicator = void;
+  /// Buffers are device memory.
   static constexpr memory_space memory = memory_space::device;
 
   /// Joins the communicator of `nranks` ranks identified by `id` as `rank`, on CUDA device `device`.
@@ -82,7 +89,9 @@ class communicator : public comm::detail::group_members {
     return init(unique_id(), 1, 0, device, opt);
   }
 
+  /// Moves the handle; `o` is left empty.
   communicator(communicator&&) noexcept = default;
+  /// Releases this handle and takes `o`'s; `o` is left empty.
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
       release();
@@ -93,8 +102,11 @@ class communicator : public comm::detail::group_members {
   }
   ~communicator() { release(); }  // copies are deleted by group_members: the handle is owned once
 
+  /// The native ncclComm_t, for NCCL calls hetmesh does not wrap.
   [[nodiscard]] ncclComm_t native() const noexcept { return s_->comm; }
+  /// The stream this communicator's operations are enqueued on; order user kernels against it.
   [[nodiscard]] cudaStream_t stream() const noexcept { return s_->owned_stream.get(); }
+  /// The CUDA device the communicator was created on.
   [[nodiscard]] int device() const noexcept { return s_->device; }
 
   /// ncclCommSplit: ranks of equal color, ordered by (key, rank). Collective over the whole parent.
@@ -120,6 +132,8 @@ class communicator : public comm::detail::group_members {
     return c;
   }
 
+  /// Backend of comm::all_reduce (collectives.hpp), which checks the arguments first and holds the contract.
+  /// Enqueued on stream().
   template <element T>
   void all_reduce(std::span<T> x, reduce_op r) {
     enqueue("all_reduce", "ncclAllReduce", [&] {
@@ -127,6 +141,8 @@ class communicator : public comm::detail::group_members {
                            s_->comm, stream());
     });
   }
+  /// Backend of comm::broadcast (collectives.hpp), which checks the arguments first and holds the contract.
+  /// Enqueued on stream().
   template <element T>
   void broadcast(std::span<T> x, int root) {
     enqueue("broadcast", "ncclBroadcast", [&] {
@@ -134,6 +150,8 @@ class communicator : public comm::detail::group_members {
                            stream());
     });
   }
+  /// Backend of comm::all_gather (collectives.hpp), which checks the arguments first and holds the contract.
+  /// Enqueued on stream().
   template <element T>
   void all_gather(std::span<const T> send, std::span<T> recv) {
     enqueue("all_gather", "ncclAllGather", [&] {
@@ -141,6 +159,8 @@ class communicator : public comm::detail::group_members {
                            stream());
     });
   }
+  /// Backend of comm::reduce_scatter (collectives.hpp), which checks the arguments first and holds the
+  /// contract. Enqueued on stream().
   template <element T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op r) {
     enqueue("reduce_scatter", "ncclReduceScatter", [&] {

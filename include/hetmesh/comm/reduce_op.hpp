@@ -17,6 +17,7 @@ namespace hetmesh::comm {
 /// (C++ integer division), on floating types it rounds once, after the exact-order sum.
 enum class reduce_op : std::uint8_t { sum, prod, min, max, avg };
 
+/// The operation's name ("sum", "prod", "min", "max", "avg"), for messages and printing.
 [[nodiscard]] constexpr const char* reduce_op_name(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum:

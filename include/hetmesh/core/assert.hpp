@@ -3,6 +3,9 @@
 // the expression, the location and a formatted explanation.
 #pragma once
 
+/// \file
+/// Leveled assertions: HETMESH_ASSERT and HETMESH_ASSERT_AT throw hetmesh::assertion_error, never abort.
+
 #include <string_view>
 
 #include <fmt/format.h>

@@ -112,11 +112,15 @@ constexpr dtype arithmetic_dtype() noexcept {
 }
 }  // namespace detail
 
+/// The dtype of an arithmetic type other than bool and 16-bit types: the fixed-width type of its size and
+/// signedness.
 template <class T>
 struct dtype_of<T, std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && sizeof(T) != 2>> {
+  /// The dtype of T.
   static constexpr dtype value = detail::arithmetic_dtype<T>();
 };
 
+/// The dtype of T (cv-qualifiers ignored); ill-formed for a type with no dtype_of specialisation.
 template <class T>
 inline constexpr dtype dtype_of_v = dtype_of<std::remove_cv_t<T>>::value;
 

@@ -19,6 +19,7 @@ namespace hetmesh {
 /// on the way up (outermost first), then the original message.
 class error : public std::runtime_error {
  public:
+  /// An error with `message` and no context frames yet.
   explicit error(const std::string& message) : std::runtime_error(message), message_(message) {}
 
   /// The message without context frames.
@@ -31,6 +32,7 @@ class error : public std::runtime_error {
     return *this;
   }
 
+  /// The context frames (outermost first), then the message; the plain message when no frame was added.
   [[nodiscard]] const char* what() const noexcept override {
     return full_.empty() ? std::runtime_error::what() : full_.c_str();
   }
@@ -44,6 +46,7 @@ class error : public std::runtime_error {
 /// lengths a scheme cannot split, weights that do not sum to one, ...).
 class invalid_argument : public error {
  public:
+  /// Takes the message, as hetmesh::error does.
   using error::error;
 };
 
@@ -51,24 +54,28 @@ class invalid_argument : public error {
 /// exceeds capacity even with full offloading.
 class capacity_error : public error {
  public:
+  /// Takes the message, as hetmesh::error does.
   using error::error;
 };
 
 /// A collective could not complete within its timeout (a rank never arrived).
 class timeout_error : public error {
  public:
+  /// Takes the message, as hetmesh::error does.
   using error::error;
 };
 
 /// Ranks disagree: mismatched sizes in a collective, plan hashes that differ across ranks.
 class mismatch_error : public error {
  public:
+  /// Takes the message, as hetmesh::error does.
   using error::error;
 };
 
 /// Data on disk or on the wire is corrupt, truncated, or does not match its index.
 class data_error : public error {
  public:
+  /// Takes the message, as hetmesh::error does.
   using error::error;
 };
 
@@ -76,7 +83,10 @@ class data_error : public error {
 /// message includes the backend's own error text.
 class backend_error : public error {
  public:
+  /// An error with `message` (which already quotes the backend's own text) and the backend's status `code`.
   backend_error(const std::string& message, int code) : error(message), code_(code) {}
+  /// The backend's own status code (an ncclResult_t, an MPI error code, a cudaError_t), for a caller that
+  /// branches on it.
   [[nodiscard]] int code() const noexcept { return code_; }
 
  private:
@@ -86,6 +96,7 @@ class backend_error : public error {
 /// A precondition checked by HETMESH_ASSERT failed.
 class assertion_error : public error {
  public:
+  /// Takes the message, as hetmesh::error does.
   using error::error;
 };
 

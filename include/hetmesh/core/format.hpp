@@ -13,6 +13,7 @@ namespace hetmesh {
 
 /// Base of hetmesh's fmt::formatter specialisations: parses `{}` and nothing else.
 struct empty_spec_formatter {
+  /// Accepts `{}` only: a spec such as `{:x}` throws fmt::format_error (at compile time under FMT_STRING).
   constexpr auto parse(fmt::format_parse_context& ctx) -> decltype(ctx.begin()) {
     auto it = ctx.begin();
     if (it != ctx.end() && *it != '}') throw fmt::format_error("hetmesh types take no format spec: use {}");

@@ -22,18 +22,21 @@ class hasher {
  public:
   constexpr hasher() = default;
 
+  /// Mixes `n` bytes into the state. Cost: O(n).
   constexpr void add_bytes(const unsigned char* data, std::size_t n) noexcept {
     for (std::size_t i = 0; i < n; ++i) {
       state_ ^= data[i];
       state_ *= 0x100000001b3ULL;
     }
   }
+  /// Mixes the 8 bytes of `v`, little-endian whatever the host order, so digests agree across machines.
   constexpr void add_u64(std::uint64_t v) noexcept {
     for (int i = 0; i < 8; ++i) {
       state_ ^= (v >> (8 * i)) & 0xffU;
       state_ *= 0x100000001b3ULL;
     }
   }
+  /// The finalised 64-bit digest of everything added so far; the state is unchanged, so adding may go on.
   [[nodiscard]] constexpr std::uint64_t digest() const noexcept {
     std::uint64_t z = state_ + 0x9e3779b97f4a7c15ULL;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

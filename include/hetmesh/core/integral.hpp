@@ -14,8 +14,11 @@ namespace hetmesh {
 /// A compile-time integer. Prints as `_N`.
 template <std::int64_t N>
 struct C {
+  /// The type of the dynamic counterpart (std::int64_t), as in std::integral_constant.
   using value_type = std::int64_t;
+  /// N, usable in constant expressions.
   static constexpr std::int64_t value = N;
+  /// Converts to the dynamic integer, so static and dynamic extents share one implementation.
   constexpr operator std::int64_t() const noexcept { return N; }  // NOLINT: implicit by design
   friend constexpr bool operator==(C, C) noexcept { return true; }
 };
@@ -39,10 +42,12 @@ template <integral_like T>
   return static_cast<std::int64_t>(x);
 }
 
+/// The product of two static integers is static: extents multiply at compile time.
 template <std::int64_t A, std::int64_t B>
 constexpr C<A * B> operator*(C<A>, C<B>) noexcept {
   return {};
 }
+/// The sum of two static integers is static.
 template <std::int64_t A, std::int64_t B>
 constexpr C<A + B> operator+(C<A>, C<B>) noexcept {
   return {};

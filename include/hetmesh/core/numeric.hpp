@@ -26,6 +26,7 @@ template <class T>
 [[nodiscard]] std::vector<T> prefix_sums(std::span<const T> sizes) {
   return prefix_sums<T, T>(sizes);
 }
+/// Exclusive prefix sums of `sizes`: size + 1 entries, starting at 0 (offsets of packed blocks). O(n).
 template <class T>
 [[nodiscard]] std::vector<T> prefix_sums(const std::vector<T>& sizes) {
   return prefix_sums<T, T>(std::span<const T>(sizes));

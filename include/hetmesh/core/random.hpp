@@ -33,10 +33,16 @@ namespace hetmesh {
 /// A small, fast, portable generator (splitmix64 sequence). Satisfies UniformRandomBitGenerator.
 class rng {
  public:
+  /// The type of the values drawn (UniformRandomBitGenerator).
   using result_type = std::uint64_t;
+  /// The generator whose sequence is fixed by `seed`: the same seed gives the same values on every rank and
+  /// platform.
   constexpr explicit rng(std::uint64_t seed) noexcept : state_(seed) {}
+  /// Smallest value drawn: 0.
   static constexpr result_type min() noexcept { return 0; }
+  /// Largest value drawn: 2^64 - 1.
   static constexpr result_type max() noexcept { return std::numeric_limits<result_type>::max(); }
+  /// The next value of the sequence. Cost: O(1).
   constexpr result_type operator()() noexcept {
     state_ += 0x9e3779b97f4a7c15ULL;
     std::uint64_t z = state_;

@@ -24,25 +24,25 @@ namespace hetmesh::cost {
 
 /// One measurement: a length (tokens, frames, ...) and its time (model units).
 struct sample_point {
-  double length = 0.0;
-  double time = 0.0;
+  double length = 0.0;  ///< sequence length, tokens
+  double time = 0.0;    ///< measured time
 };
 
 /// Which terms the fit may use, and how it weights points.
 struct fit_options {
-  bool quadratic = true;    // a s^2
-  bool linear = true;       // b s
-  bool constant = true;     // c
-  bool relative = true;     // minimise sum ((T(s) - t) / t)^2; else sum (T(s) - t)^2
-  bool nonnegative = true;  // a, b, c >= 0
+  bool quadratic = true;    ///< a s^2
+  bool linear = true;       ///< b s
+  bool constant = true;     ///< c
+  bool relative = true;     ///< minimise sum ((T(s) - t) / t)^2; else sum (T(s) - t)^2
+  bool nonnegative = true;  ///< a, b, c >= 0
   friend constexpr bool operator==(const fit_options&, const fit_options&) = default;
 };
 
 /// A fitted model with its errors on the points it was fitted to.
 struct fit_result {
-  quadratic_time model{};
-  double max_relative_error = 0.0;  // max |T(s) - t| / t
-  double rms_relative_error = 0.0;
+  quadratic_time model{};           ///< the fitted T(s) = a s^2 + b s + c
+  double max_relative_error = 0.0;  ///< max |T(s) - t| / t
+  double rms_relative_error = 0.0;  ///< root mean square of |T(s) - t| / t
 };
 
 namespace detail {

@@ -28,9 +28,9 @@ namespace hetmesh::cost {
 /// hashable; printable.
 template <class T>
 struct basic_quadratic {
-  T a{};
-  T b{};
-  T c{};
+  T a{};  ///< coefficient of s^2 (attention)
+  T b{};  ///< coefficient of s (GEMMs, MLP)
+  T c{};  ///< constant (launches)
 
   /// The length-dependent part (a s + b) s: what packing s with other documents adds. O(1).
   [[nodiscard]] constexpr T variable(T s) const noexcept { return (a * s + b) * s; }
@@ -49,9 +49,9 @@ using quadratic_count = basic_quadratic<std::int64_t>;
 /// `layer`, trained at `train_factor` times the forward cost (3: forward + backward at twice forward;
 /// 4: with full recomputation).
 struct llm_compute {
-  quadratic_time layer{};
-  std::int64_t layers = 1;
-  double train_factor = 3.0;
+  quadratic_time layer{};     ///< time of one layer as a function of length
+  std::int64_t layers = 1;    ///< layers of the model (or of the stage)
+  double train_factor = 3.0;  ///< training / forward time (3: forward + 2x backward)
 
   /// Coefficients from transformer FLOPs: per layer forward 24 h^2 s (projections, MLP ratio 4) plus
   /// 2 h s^2 for causal attention (half of the full 4 h s^2), divided by the achieved FLOP rate
@@ -89,6 +89,7 @@ struct llm_compute {
     const auto x = static_cast<double>(s);
     return scale() * (layer.variable(x) + layer.c * x / static_cast<double>(capacity));
   }
+  /// placement() as fixed-point: what a planner compares. O(1).
   [[nodiscard]] fixed placement_fixed(std::int64_t s, std::int64_t capacity) const {
     return fixed::from_units(placement(s, capacity));
   }
@@ -118,10 +119,13 @@ struct llm_compute {
     return scale() * shard_layer(std::span<const std::int64_t>(&s, 1), d);
   }
 
+  /// sequence() as fixed-point. O(1).
   [[nodiscard]] fixed sequence_fixed(std::int64_t s) const { return fixed::from_units(sequence(s)); }
+  /// packed_row() as fixed-point. O(docs).
   [[nodiscard]] fixed packed_row_fixed(std::span<const std::int64_t> docs) const {
     return fixed::from_units(packed_row(docs));
   }
+  /// shard() as fixed-point. O(1).
   [[nodiscard]] fixed shard_fixed(std::int64_t s, std::int64_t d) const {
     return fixed::from_units(shard(s, d));
   }

@@ -27,10 +27,10 @@ enum class item_kind : std::uint8_t { image, video_frame, audio };
 /// `window` = 0: an item attends fully within itself (ViT). `window` = w > 0: attention within
 /// consecutive windows of w tokens (Whisper-style audio: 1500 frames per 30 s window).
 struct encoder_compute {
-  quadratic_time layer{};
-  std::int64_t layers = 1;
-  double train_factor = 3.0;
-  std::int64_t window = 0;
+  quadratic_time layer{};     ///< time of one encoder layer as a function of tokens
+  std::int64_t layers = 1;    ///< encoder layers
+  double train_factor = 3.0;  ///< training / forward time
+  std::int64_t window = 0;    ///< attention window in tokens; 0: full attention
 
   /// A ViT from dimensions: per layer forward 24 h^2 L + 4 h L^2 FLOPs (full attention) over
   /// `flops_per_unit`. Pre: hidden, layers, flops_per_unit > 0.
@@ -66,6 +66,7 @@ struct encoder_compute {
     }
     return static_cast<double>(layers) * train_factor * per_layer;
   }
+  /// item() as fixed-point: what a planner compares. O(1).
   [[nodiscard]] fixed item_fixed(std::int64_t tokens) const { return fixed::from_units(item(tokens)); }
   /// Sum over items. O(items).
   [[nodiscard]] double items(std::span<const std::int64_t> tokens) const noexcept {
@@ -81,11 +82,12 @@ struct encoder_compute {
 /// A mixture-of-experts MLP: `experts` experts, `top_k` active per token; `expert_per_token` is one
 /// expert MLP's forward time per token, `router_per_token` the gate's. Times in model units.
 struct moe_compute {
-  std::int64_t experts = 1;
-  std::int64_t top_k = 1;
-  double expert_per_token = 0.0;
-  double router_per_token = 0.0;
+  std::int64_t experts = 1;       ///< experts per MoE layer
+  std::int64_t top_k = 1;         ///< experts each token is routed to
+  double expert_per_token = 0.0;  ///< time of one expert per token
+  double router_per_token = 0.0;  ///< router time per token
 
+  /// Throws invalid_argument unless experts >= 1, 1 <= top_k <= experts and the times are >= 0.
   void validate() const {
     if (experts < 1 || top_k < 1 || top_k > experts || expert_per_token < 0.0 || router_per_token < 0.0) {
       throw_error<invalid_argument>(

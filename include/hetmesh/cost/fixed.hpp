@@ -26,7 +26,7 @@ struct fixed {
   /// Ticks per model unit.
   static constexpr std::int64_t ticks_per_unit = 1'000'000;
 
-  std::int64_t ticks = 0;
+  std::int64_t ticks = 0;  ///< the value, in ticks (units x ticks_per_unit)
 
   /// Rounds `units` to the nearest tick. Pre: finite and within +-9.2e12 units (invalid_argument
   /// otherwise: a NaN or overflow here means a broken model, not a big batch). Deterministic for a
@@ -39,27 +39,36 @@ struct fixed {
     }
     return fixed{std::llround(t)};
   }
+  /// The value of `t` ticks, exactly.
   [[nodiscard]] static constexpr fixed from_ticks(std::int64_t t) noexcept { return fixed{t}; }
+  /// The value in model units (a double, for printing and reports).
   [[nodiscard]] constexpr double units() const noexcept {
     return static_cast<double>(ticks) / static_cast<double>(ticks_per_unit);
   }
+  /// Zero.
   [[nodiscard]] static constexpr fixed zero() noexcept { return fixed{0}; }
+  /// The largest value, for "no bound yet".
   [[nodiscard]] static constexpr fixed max() noexcept {
     return fixed{std::numeric_limits<std::int64_t>::max()};
   }
 
+  /// Adds exactly (integer ticks).
   constexpr fixed& operator+=(fixed o) noexcept {
     ticks += o.ticks;
     return *this;
   }
+  /// Subtracts exactly (integer ticks).
   constexpr fixed& operator-=(fixed o) noexcept {
     ticks -= o.ticks;
     return *this;
   }
+  /// Exact sum.
   friend constexpr fixed operator+(fixed a, fixed b) noexcept { return fixed{a.ticks + b.ticks}; }
+  /// Exact difference.
   friend constexpr fixed operator-(fixed a, fixed b) noexcept { return fixed{a.ticks - b.ticks}; }
   /// Integer scaling (e.g. by a layer count): exact.
   friend constexpr fixed operator*(fixed a, std::int64_t k) noexcept { return fixed{a.ticks * k}; }
+  /// Totally ordered by ticks: the comparisons planners' sort keys rely on.
   friend constexpr auto operator<=>(fixed, fixed) = default;
   friend constexpr bool operator==(fixed, fixed) = default;
   void hash_append(hasher& h) const { append(h, ticks); }

@@ -20,9 +20,9 @@ namespace hetmesh::cost {
 
 /// Act(s) = alpha s + beta bytes per layer; `layers` layers live on a rank.
 struct activation_memory {
-  double alpha = 0.0;  // bytes per token per layer
-  double beta = 0.0;   // bytes per layer independent of length (workspace)
-  std::int64_t layers = 1;
+  double alpha = 0.0;       ///< bytes per token per layer
+  double beta = 0.0;        ///< bytes per layer independent of length (workspace)
+  std::int64_t layers = 1;  ///< layers the rank holds
 
   /// Activations of a transformer layer with FlashAttention and no recomputation: about 34 h bytes
   /// per token in 16-bit types (Korthikanti et al.; the 5 a s / h attention-score term disappears),
@@ -82,9 +82,11 @@ struct activation_memory {
 /// bytes per second. An infinite bandwidth means "the copies always hide" (the paper's worked
 /// example ignores the overlap bound). Fill it from calibrated models or the paper's constants.
 struct offload_model {
-  quadratic_time layer{};
-  activation_memory activation{1.0, 0.0, 32};
+  quadratic_time layer{};                      ///< T(s): one layer's compute, in seconds
+  activation_memory activation{1.0, 0.0, 32};  ///< Act(s): activation bytes; its layers is l
+  /// Device-to-host bytes per second; infinity: the copies always hide.
   double d2h_bandwidth = std::numeric_limits<double>::infinity();
+  /// Host-to-device bytes per second; infinity: the copies always hide.
   double h2d_bandwidth = std::numeric_limits<double>::infinity();
 
   /// T(s), one layer over the whole sequence. O(1).

@@ -23,11 +23,14 @@ class device_buffer {
 
  public:
   device_buffer() = default;
+  /// Allocates `n` uninitialised elements (nothing when n is 0). Throws backend_error when cudaMalloc fails.
   explicit device_buffer(std::size_t n) : n_(n) {
     if (n != 0)
       check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc", "cuda::device_buffer");
   }
+  /// Moves the allocation; `o` is left empty.
   device_buffer(device_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  /// Frees this allocation and takes `o`'s; `o` is left empty.
   device_buffer& operator=(device_buffer&& o) noexcept {
     if (this != &o) {
       reset();
@@ -39,8 +42,11 @@ class device_buffer {
   device_buffer& operator=(const device_buffer&) = delete;
   ~device_buffer() { reset(); }
 
+  /// Device pointer to the first element (nullptr when empty). Never dereference it on the host.
   [[nodiscard]] T* data() const noexcept { return p_; }
+  /// Number of elements.
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  /// The elements as a span of device memory, for device communicators and kernels.
   [[nodiscard]] std::span<T> span() const noexcept { return {p_, n_}; }
 
   /// Copies host data in (stream-ordered on `s`; synchronous on the legacy stream when s is null).

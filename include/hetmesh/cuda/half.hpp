@@ -11,12 +11,16 @@
 
 #include "../core/dtype.hpp"
 
+/// `__half` is dtype::float16, so device buffers of halves go through the communicators.
 template <>
 struct hetmesh::dtype_of<__half> {
+  /// dtype::float16.
   static constexpr dtype value = dtype::float16;
 };
+/// `__nv_bfloat16` is dtype::bfloat16, so device buffers of bfloat16 go through the communicators.
 template <>
 struct hetmesh::dtype_of<__nv_bfloat16> {
+  /// dtype::bfloat16.
   static constexpr dtype value = dtype::bfloat16;
 };
 

@@ -17,7 +17,9 @@ class stream {
   stream() {
     check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", "cuda::stream");
   }
+  /// Moves the stream; `o` is left without one.
   stream(stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  /// Destroys this stream and takes `o`'s; `o` is left without one.
   stream& operator=(stream&& o) noexcept {
     if (this != &o) {
       reset();
@@ -29,6 +31,7 @@ class stream {
   stream& operator=(const stream&) = delete;
   ~stream() { reset(); }
 
+  /// The native stream, for kernel launches and CUDA calls.
   [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
   /// Blocks until all work on the stream has finished (no timeout; communicators poll instead).
   void synchronize() const { check(cudaStreamSynchronize(s_), "cudaStreamSynchronize", "cuda::stream"); }
@@ -49,7 +52,9 @@ class event {
   }
   /// No event yet (to be moved into).
   explicit event(std::nullptr_t) noexcept {}
+  /// Moves the event; `o` is left without one.
   event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  /// Destroys this event and takes `o`'s; `o` is left without one.
   event& operator=(event&& o) noexcept {
     if (this != &o) {
       reset();
@@ -61,7 +66,9 @@ class event {
   event& operator=(const event&) = delete;
   ~event() { reset(); }
 
+  /// The native event.
   [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
+  /// Records the event on stream `s`: ready() turns true once the work queued on `s` before it has finished.
   void record(cudaStream_t s) { check(cudaEventRecord(e_, s), "cudaEventRecord", "cuda::event"); }
   /// True when the work before the last record has completed; throws on a device error.
   [[nodiscard]] bool ready() const {

@@ -16,13 +16,15 @@
 
 namespace hetmesh::data {
 
+/// Settings of loader autoscaling: how often the data plane re-plans how many source loaders each source
+/// gets, and within what budget.
 struct autoscale_options {
-  bool enabled = false;
-  int interval_steps = 8;  // re-plan loaders every this many steps
-  int loader_budget = 0;   // total loaders; 0: two per source
-  int max_per_source = 8;
+  bool enabled = false;    ///< false: the loader counts stay as configured
+  int interval_steps = 8;  ///< re-plan loaders every this many steps
+  int loader_budget = 0;   ///< total loaders; 0: two per source
+  int max_per_source = 8;  ///< most loaders one source may get
   std::int64_t lookahead_steps =
-      0;  // size for the weights this many steps ahead (curricula known in advance)
+      0;  ///< size for the weights this many steps ahead (curricula known in advance)
   friend bool operator==(const autoscale_options&, const autoscale_options&) = default;
 };
 

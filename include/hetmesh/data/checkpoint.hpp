@@ -19,6 +19,7 @@
 
 namespace hetmesh::data {
 
+/// Version of the checkpoint format; loading another version is a data_error.
 inline constexpr int checkpoint_version = 1;
 
 /// Fingerprint of what the stream depends on: seed, batch, and per source its name, weights, filters

@@ -23,15 +23,19 @@
 
 namespace hetmesh::data {
 
+/// One micro-batch as the backbone consumes it: documents packed back to back (THD layout) with their encoder
+/// items.
 struct packed_micro_batch {
-  std::vector<std::int32_t> tokens{};
-  std::vector<std::int32_t> cu_seqlens{0};
-  std::vector<std::int32_t> positions{};
-  std::vector<sample_ref> refs{};  // one per document, in order
-  std::vector<encoder_item> items{};
-  std::vector<std::int32_t> item_owner{};  // document (index into refs) of each item
+  std::vector<std::int32_t> tokens{};       ///< token ids, documents back to back
+  std::vector<std::int32_t> cu_seqlens{0};  ///< cumulative document lengths, from 0
+  std::vector<std::int32_t> positions{};    ///< position of each token within its document
+  std::vector<sample_ref> refs{};           ///< one per document, in order
+  std::vector<encoder_item> items{};        ///< encoder items of all documents, in order
+  std::vector<std::int32_t> item_owner{};   ///< document (index into refs) of each item
 
+  /// Number of documents.
   [[nodiscard]] std::int64_t documents() const noexcept { return static_cast<std::int64_t>(refs.size()); }
+  /// Heap bytes held, for memory accounting.
   [[nodiscard]] std::int64_t heap_bytes() const noexcept {
     auto b = static_cast<std::int64_t>(
         4 * (tokens.capacity() + cu_seqlens.capacity() + positions.capacity() + item_owner.capacity()) +

@@ -21,6 +21,7 @@
 
 namespace hetmesh::data {
 
+/// Text to token ids, for the converters; byte_tokenizer is the default.
 using tokenizer = std::function<std::vector<std::int64_t>(const std::string& text)>;
 
 /// The default tokenizer: one id per UTF-8 byte.
@@ -30,9 +31,13 @@ using tokenizer = std::function<std::vector<std::int64_t>(const std::string& tex
   return ids;
 }
 
+/// What a conversion did: lines read, samples and tokens written, files created.
 struct convert_stats {
+  ///@{
+  /// Lines read, samples written and tokens written.
   std::int64_t lines = 0, samples = 0, tokens = 0;
-  std::vector<std::string> outputs{};
+  ///@}
+  std::vector<std::string> outputs{};  ///< the files written
 };
 
 namespace detail {

@@ -84,7 +84,9 @@ using ::hetmesh::dtype;
   return vocab_size < 65500 ? dtype::uint16 : dtype::int32;
 }
 
+/// Magic bytes at the start of a Megatron .idx file.
 inline constexpr char indexed_magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+/// Size of the .idx header, in bytes.
 inline constexpr std::int64_t indexed_header_bytes = 34;
 
 /// A read-only Megatron indexed dataset. Opening maps both files and validates the whole index against
@@ -100,7 +102,9 @@ class indexed_dataset {
     validate();
   }
 
+  /// The dataset prefix (`p` of `p.bin`/`p.idx`).
   [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+  /// Element type of the token ids.
   [[nodiscard]] dtype type() const noexcept { return type_; }
   /// Number of sequences (Megatron's len(IndexedDataset)).
   [[nodiscard]] std::int64_t size() const noexcept { return sequences_; }
@@ -120,6 +124,7 @@ class indexed_dataset {
   }
   /// Whether the index carries Megatron's multimodal per-sequence modes.
   [[nodiscard]] bool multimodal() const noexcept { return modes_ != nullptr; }
+  /// Megatron's multimodal mode of sequence i; 0 when the index has none.
   [[nodiscard]] std::int8_t mode(std::int64_t i) const noexcept {
     return modes_ == nullptr ? std::int8_t{0} : static_cast<std::int8_t>(modes_[i]);
   }
@@ -166,6 +171,7 @@ class indexed_dataset {
   }
   /// Bytes of the mapped index (all of it is touched by validation, so it is resident) and of .bin.
   [[nodiscard]] std::int64_t index_bytes() const noexcept { return idx_.size(); }
+  /// Size of the .bin file in bytes.
   [[nodiscard]] std::int64_t data_bytes() const noexcept { return bin_.size(); }
 
  private:

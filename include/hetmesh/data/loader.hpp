@@ -27,27 +27,31 @@
 
 namespace hetmesh::data {
 
+/// Settings of a data_loader: reading threads, read-ahead, loaders per source, autoscaling.
 struct loader_options {
-  int workers = 2;         // reading threads besides the caller (which reads too while it waits in next());
+  int workers = 2;         ///< reading threads besides the caller (which reads too while it waits in next());
                            // 0: all reads on the caller's thread, inside next()
-  int prefetch_steps = 2;  // steps planned and read ahead of the one next() returns
-  int loaders_per_source = 1;  // initial k_s
-  int chunk_samples = 64;      // samples per read task (fewer hand-offs between threads)
+  int prefetch_steps = 2;  ///< steps planned and read ahead of the one next() returns
+  int loaders_per_source = 1;  ///< initial k_s
+  int chunk_samples = 64;      ///< samples per read task (fewer hand-offs between threads)
   /// The data-parallel ranks this data plane loads for (empty: all of them). A data plane scaled out over
   /// several processes (run/data_service.hpp) gives each a disjoint share: every process plans the whole
   /// step, and reads only its share, so no sample is read twice.
   std::vector<int> serve_dp{};
-  autoscale_options autoscale{};
+  autoscale_options autoscale{};  ///< how loaders per source follow the mixture
   friend bool operator==(const loader_options&, const loader_options&) = default;
 };
 
 /// One step as delivered: its plan and the loaded samples, samples[i] for plan.samples[i] (left empty
 /// for samples of data-parallel ranks outside loader_options::serve_dp).
 struct step_batch {
-  step_plan plan{};
-  std::vector<sample> samples{};
+  step_plan plan{};               ///< the step's data plan
+  std::vector<sample> samples{};  ///< samples[i] is plan.samples[i]
 };
 
+/// The data plane of one process: plans every step (data::plan_step), reads its share of the samples through
+/// source loaders on a pool of threads, ahead of time, and hands out one step_batch per next().
+/// Deterministic: the samples of a step depend only on the configuration, seed and step.
 class data_loader {
  public:
   /// Opens k_s = loaders_per_source loaders per source and starts the workers. Throws invalid_argument for
@@ -149,7 +153,9 @@ class data_loader {
     plan_state_ = consumed_ = st;
   }
 
+  /// The mixture configuration it plans with.
   [[nodiscard]] const mixture_config& config() const noexcept { return cfg_; }
+  /// Loaders currently serving `source` (changes under autoscaling). Pre: 0 <= source < sources.
   [[nodiscard]] int loaders(int source) const {
     std::lock_guard lock(mutex_);
     return static_cast<int>(loaders_[static_cast<std::size_t>(source)].size());

@@ -15,33 +15,40 @@
 
 namespace hetmesh::data {
 
+/// One accounted allocation of the data plane: what holds it, for whom, how many bytes.
 struct memory_entry {
-  std::string component{};  // "source_loader", "prefetch", "planner", "constructor"
-  std::string owner{};      // e.g. "web#0" (source web, loader 0) or "rank 3"
-  std::int64_t bytes = 0;
-  std::int64_t mapped = 0;
+  std::string component{};  ///< "source_loader", "prefetch", "planner", "constructor"
+  std::string owner{};      ///< e.g. "web#0" (source web, loader 0) or "rank 3"
+  std::int64_t bytes = 0;   ///< heap bytes owned
+  std::int64_t mapped = 0;  ///< bytes of mapped files (page cache, shared): reported, not owned
   friend bool operator==(const memory_entry&, const memory_entry&) = default;
 };
 
+/// The data plane's memory, entry by entry: what benchmarks compare (access state once per source vs on every
+/// rank).
 struct memory_report {
-  std::vector<memory_entry> entries{};
+  std::vector<memory_entry> entries{};  ///< one per component and owner
 
+  /// Heap bytes of all entries.
   [[nodiscard]] std::int64_t total() const noexcept {
     std::int64_t t = 0;
     for (const auto& e : entries) t += e.bytes;
     return t;
   }
+  /// Heap bytes of the entries of `component`.
   [[nodiscard]] std::int64_t total_of(std::string_view component) const noexcept {
     std::int64_t t = 0;
     for (const auto& e : entries)
       if (e.component == component) t += e.bytes;
     return t;
   }
+  /// Number of entries of `component`.
   [[nodiscard]] std::int64_t count_of(std::string_view component) const noexcept {
     std::int64_t n = 0;
     for (const auto& e : entries) n += e.component == component ? 1 : 0;
     return n;
   }
+  /// Appends an entry.
   void add(std::string component, std::string owner, std::int64_t bytes, std::int64_t mapped = 0) {
     entries.push_back({std::move(component), std::move(owner), bytes, mapped});
   }

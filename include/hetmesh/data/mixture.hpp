@@ -25,8 +25,8 @@ namespace hetmesh::data {
 
 /// One control point of a schedule: at `step` the weight is `weight`.
 struct weight_point {
-  std::int64_t step = 0;
-  double weight = 0;
+  std::int64_t step = 0;  ///< step from which the weight holds
+  double weight = 0;      ///< the weight there (linear in between)
   void hash_append(hasher& h) const { append_all(h, step, weight); }
   friend bool operator==(const weight_point&, const weight_point&) = default;
 };
@@ -46,24 +46,26 @@ using schedule = std::vector<weight_point>;
   return lo->weight + (hi->weight - lo->weight) * t;
 }
 
+/// How a source is stored: Megatron indexed dataset (.bin/.idx) or WebDataset tar shards.
 enum class source_format { indexed, webdataset };
+/// How samples are spread over data-parallel ranks by cost: LPT, Karmarkar-Karp or round robin (no balance).
 enum class balance_method { lpt, karmarkar_karp, round_robin };
 
 /// One data source.
 struct source_spec {
-  std::string name{};
-  source_format format = source_format::indexed;
+  std::string name{};                             ///< unique name, used in logs and checkpoints
+  source_format format = source_format::indexed;  ///< indexed or webdataset
   /// indexed: dataset prefixes (`p.bin`/`p.idx`), concatenated; webdataset: shard paths, concatenated.
   std::vector<std::string> paths{};
   /// Mixture weight over steps. Without modality/bucket mixes, the weights of all sources sum to one at
   /// every step; with them, a source's weight is relative to the others of its (modality, bucket) group.
   schedule weight = {{0, 1.0}};
-  std::string modality = "text";
-  std::string bucket{};
+  std::string modality = "text";  ///< modality group for the modality mix
+  std::string bucket{};           ///< long/short bucket for the bucket mix
   /// Long/short filter: keep the samples with min_tokens <= tokens (+ encoder tokens) and, when
   /// max_tokens > 0, tokens < max_tokens. Two specs over the same files make a short and a long bucket.
   std::int64_t min_tokens = 0;
-  std::int64_t max_tokens = 0;
+  std::int64_t max_tokens = 0;  ///< 0: no upper bound
   /// 0: the source repeats epochs forever; n > 0: it runs dry after n epochs (an error, not a skip).
   std::int64_t max_epochs = 0;
 
@@ -75,7 +77,8 @@ struct source_spec {
 
 /// A named weight of a modality or bucket mix.
 struct group_weight {
-  std::string name{};
+  std::string name{};  ///< the modality or bucket
+  /// Its weight over steps.
   schedule weight{};
   void hash_append(hasher& h) const { append_all(h, name, weight); }
   friend bool operator==(const group_weight&, const group_weight&) = default;
@@ -85,8 +88,9 @@ struct group_weight {
 /// models (cost::quadratic_count, a s^2 + b s + c), one for the text tokens and one per encoder item.
 /// Integers keep the balance plan bitwise equal on every rank.
 struct cost_model {
-  cost::quadratic_count text{.a = 0, .b = 1, .c = 0};
-  cost::quadratic_count item{.a = 0, .b = 1, .c = 0};
+  cost::quadratic_count text{.a = 0, .b = 1, .c = 0};  ///< price of the text tokens
+  cost::quadratic_count item{.a = 0, .b = 1, .c = 0};  ///< price of each encoder item
+  /// The price of sample `m`: text(tokens) plus item(t) for each encoder item. O(items).
   [[nodiscard]] std::int64_t operator()(const sample_meta& m) const noexcept {
     std::int64_t c = text(m.tokens);
     for (auto t : m.item_tokens) c += item(t);
@@ -99,8 +103,13 @@ struct cost_model {
 /// The trainer's layout for delivery. Ranks are numbered in Megatron's "tp-cp-dp-pp" order (tp
 /// fastest): rank = tp + TP * (cp + CP * (dp + DP * pp)).
 struct topology {
+  ///@{
+  /// Extents of the tensor, context, data and pipeline dims; tp varies fastest.
   int tp = 1, cp = 1, dp = 1, pp = 1;
+  ///@}
+  /// Number of ranks: tp x cp x dp x pp.
   [[nodiscard]] int world() const noexcept { return tp * cp * dp * pp; }
+  /// The global rank of coordinate (t, c, d, p), tp fastest.
   [[nodiscard]] int rank(int t, int c, int d, int p) const noexcept {
     return t + tp * (c + cp * (d + dp * p));
   }
@@ -110,16 +119,17 @@ struct topology {
 
 /// The whole declarative data plane.
 struct mixture_config {
-  std::uint64_t seed = 0;
-  std::int64_t global_batch = 0;  // samples per step
-  std::vector<source_spec> sources{};
-  std::vector<group_weight> modalities{};  // optional modality mix (weights sum to one)
-  std::vector<group_weight> buckets{};     // optional long/short mix (weights sum to one)
+  std::uint64_t seed = 0;                  ///< seeds every source's permutation
+  std::int64_t global_batch = 0;           ///< samples per step
+  std::vector<source_spec> sources{};      ///< the sources
+  std::vector<group_weight> modalities{};  ///< optional modality mix (weights sum to one)
+  std::vector<group_weight> buckets{};     ///< optional long/short mix (weights sum to one)
+  /// Prices samples for balancing.
   cost_model cost{};
-  balance_method balance = balance_method::lpt;
-  topology layout{};
-  int micro_batches = 1;                        // per data-parallel rank and step
-  std::int64_t max_tokens_per_micro_batch = 0;  // 0: unlimited; else a capacity_error when exceeded
+  balance_method balance = balance_method::lpt;  ///< how samples go to dp ranks
+  topology layout{};                             ///< the ranks' layout
+  int micro_batches = 1;                         ///< per data-parallel rank and step
+  std::int64_t max_tokens_per_micro_batch = 0;   ///< 0: unlimited; else a capacity_error when exceeded
 
   void hash_append(hasher& h) const {
     append_all(h, seed, global_batch, sources, modalities, buckets, cost, balance, layout, micro_batches,
@@ -130,6 +140,7 @@ struct mixture_config {
 
 /// Fixed-point scale of per-step weights: integers summing to exactly this make quotas exact.
 inline constexpr std::int64_t weight_one = 1'000'000'000;
+/// Tolerance on weights that must sum to one (floating-point input).
 inline constexpr double weight_tolerance = 1e-6;
 
 namespace detail {

@@ -32,17 +32,17 @@ namespace hetmesh::data {
 /// Where one source's stream stands: epoch, next position in the epoch's permutation, and the quota
 /// carry in 1/weight_one samples.
 struct source_cursor {
-  std::int64_t epoch = 0;
-  std::int64_t position = 0;
-  std::int64_t carry = 0;
+  std::int64_t epoch = 0;     ///< epoch of the source
+  std::int64_t position = 0;  ///< next position in the epoch's permutation
+  std::int64_t carry = 0;     ///< quota carry, in 1/weight_one samples
   void hash_append(hasher& h) const { append_all(h, epoch, position, carry); }
   friend bool operator==(const source_cursor&, const source_cursor&) = default;
 };
 
 /// The planner's whole state before `step`.
 struct planner_state {
-  std::int64_t step = 0;
-  std::vector<source_cursor> cursors{};
+  std::int64_t step = 0;                 ///< the step planned next
+  std::vector<source_cursor> cursors{};  ///< one cursor per source
   void hash_append(hasher& h) const { append_all(h, step, cursors); }
   friend bool operator==(const planner_state&, const planner_state&) = default;
 };
@@ -65,11 +65,11 @@ concept metadata_source = requires(M& m, int s, std::int64_t e, std::int64_t p) 
 
 /// One sample of a step plan: where it comes from, its lengths and cost, and where it goes.
 struct planned_sample {
-  sample_ref ref{};
-  sample_meta meta{};
-  std::int64_t cost = 0;
-  int dp_rank = 0;
-  int micro_batch = 0;
+  sample_ref ref{};       ///< which sample
+  sample_meta meta{};     ///< its metadata
+  std::int64_t cost = 0;  ///< its price (mixture_config::cost)
+  int dp_rank = 0;        ///< data-parallel rank it goes to
+  int micro_batch = 0;    ///< micro-batch on that rank
   void hash_append(hasher& h) const { append_all(h, ref, meta, cost, dp_rank, micro_batch); }
   friend bool operator==(const planned_sample&, const planned_sample&) = default;
 };
@@ -77,10 +77,10 @@ struct planned_sample {
 /// The plan of one step: samples ordered by (source, epoch, position); per-source counts; the cost load
 /// of every data-parallel rank.
 struct step_plan {
-  std::int64_t step = 0;
-  std::vector<planned_sample> samples{};
-  std::vector<std::int64_t> quotas{};
-  std::vector<std::int64_t> rank_cost{};
+  std::int64_t step = 0;                  ///< the step
+  std::vector<planned_sample> samples{};  ///< the samples, in canonical order
+  std::vector<std::int64_t> quotas{};     ///< samples drawn per source
+  std::vector<std::int64_t> rank_cost{};  ///< per dp rank, summed price
   /// Indices into `samples` of rank r's micro-batch m, in sample order.
   [[nodiscard]] std::vector<int> micro_batch(int r, int m) const {
     std::vector<int> out;
@@ -172,8 +172,8 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
 
 /// The result of planning a step: its plan and the state before the next step.
 struct planned_step {
-  step_plan plan{};
-  planner_state next{};
+  step_plan plan{};      ///< the plan of the step
+  planner_state next{};  ///< the state after it
 };
 
 /// Plans step `st.step`. Pre: validate(cfg); st.cursors.size() == sources. Post: exactly global_batch
@@ -262,12 +262,13 @@ template <metadata_source M>
 /// group, and of the last pipeline stage's group (which needs the labels), receive it by broadcast from
 /// the loading rank. Middle pipeline stages receive nothing. Pure.
 struct delivery_group {
-  int dp = 0;
-  int loader = 0;            // global rank that receives the data from the loaders
-  std::vector<int> ranks{};  // the broadcast group, loader first, ascending otherwise
+  int dp = 0;                ///< the data-parallel rank
+  int loader = 0;            ///< global rank that receives the data from the loaders
+  std::vector<int> ranks{};  ///< the broadcast group, loader first, ascending otherwise
   friend bool operator==(const delivery_group&, const delivery_group&) = default;
 };
 
+/// The delivery group of data-parallel rank `dp` under `t`. Pure. O(tp x cp).
 [[nodiscard]] inline delivery_group delivery_of(const topology& t, int dp) {
   delivery_group g{dp, t.rank(0, 0, dp, 0), {}};
   for (int p : {0, t.pp - 1}) {

@@ -18,10 +18,11 @@ namespace hetmesh::data {
 /// The lengths of one sample: text tokens, and the tokens each encoder item (image, audio clip, ...)
 /// becomes. `bytes` is the on-disk payload size (what a loader will read).
 struct sample_meta {
-  std::int64_t tokens = 0;
-  std::vector<std::int64_t> item_tokens{};
-  std::int64_t bytes = 0;
+  std::int64_t tokens = 0;                  ///< text tokens
+  std::vector<std::int64_t> item_tokens{};  ///< token count of each encoder item
+  std::int64_t bytes = 0;                   ///< payload bytes on disk
 
+  /// Tokens of all encoder items.
   [[nodiscard]] std::int64_t encoder_tokens() const noexcept {
     std::int64_t t = 0;
     for (auto v : item_tokens) t += v;
@@ -34,10 +35,10 @@ struct sample_meta {
 /// Where a sample sits in the stream: source, the source's epoch, its position in that epoch's
 /// permutation, and the sample's index inside the source (= permutation[position]).
 struct sample_ref {
-  int source = 0;
-  std::int64_t epoch = 0;
-  std::int64_t position = 0;
-  std::int64_t index = 0;
+  int source = 0;             ///< source index in the mixture
+  std::int64_t epoch = 0;     ///< epoch of the source
+  std::int64_t position = 0;  ///< position in the epoch's permutation
+  std::int64_t index = 0;     ///< index of the sample in the source
   void hash_append(hasher& h) const { append_all(h, source, epoch, position, index); }
   friend bool operator==(const sample_ref&, const sample_ref&) = default;
 };
@@ -45,17 +46,17 @@ struct sample_ref {
 /// One encoder input of a sample: its kind (the file extension in a WebDataset shard, e.g. "jpg"),
 /// the tokens the encoder turns it into, and its payload bytes as decoded by the user's hook.
 struct encoder_item {
-  std::string kind{};
-  std::int64_t tokens = 0;
-  std::vector<std::byte> payload{};
+  std::string kind{};                ///< modality, e.g. "image"
+  std::int64_t tokens = 0;           ///< tokens it becomes in the LLM
+  std::vector<std::byte> payload{};  ///< the raw bytes, decoded by the user's encoder
   friend bool operator==(const encoder_item&, const encoder_item&) = default;
 };
 
 /// A loaded sample: text token ids and encoder items.
 struct sample {
-  sample_ref ref{};
-  std::vector<std::int32_t> tokens{};
-  std::vector<encoder_item> items{};
+  sample_ref ref{};                    ///< which sample
+  std::vector<std::int32_t> tokens{};  ///< text token ids
+  std::vector<encoder_item> items{};   ///< encoder items
 
   /// Heap bytes this sample holds (for memory accounting).
   [[nodiscard]] std::int64_t heap_bytes() const noexcept {

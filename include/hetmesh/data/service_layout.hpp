@@ -17,10 +17,11 @@ namespace hetmesh::data {
 
 /// Who is who in a world of trainers followed by data-plane hosts (1 <= hosts <= dp). Plain data.
 struct service_layout {
-  int trainers = 0;  // ranks [0, trainers): the layout's ranks
-  int hosts = 0;     // ranks [trainers, trainers + hosts): data-plane hosts
+  int trainers = 0;  ///< ranks [0, trainers): the layout's ranks
+  int hosts = 0;     ///< ranks [trainers, trainers + hosts): data-plane hosts
   /// The world rank of the host serving data-parallel index dp.
   [[nodiscard]] int host_of(int dp) const noexcept { return trainers + dp % hosts; }
+  /// Whether `rank` is a data-plane host (not a trainer).
   [[nodiscard]] bool is_host(int rank) const noexcept { return rank >= trainers; }
   friend bool operator==(const service_layout&, const service_layout&) = default;
 };

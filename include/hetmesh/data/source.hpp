@@ -29,7 +29,9 @@ namespace hetmesh::data {
 class source_reader {
  public:
   virtual ~source_reader() = default;
+  /// Number of samples (after the source's token filter).
   [[nodiscard]] virtual std::int64_t size() const = 0;
+  /// Metadata of sample i, without reading its payload. Pre: 0 <= i < size().
   [[nodiscard]] virtual sample_meta meta(std::int64_t i) const = 0;
   /// Fills out.tokens / out.items (out.ref is the caller's). Counts one read.
   virtual void load(std::int64_t i, sample& out) const = 0;
@@ -45,6 +47,7 @@ class source_reader {
   [[nodiscard]] std::int64_t reads() const noexcept { return reads_.load(std::memory_order_relaxed); }
 
  protected:
+  /// Counts one load, for reads().
   void count_read() const noexcept { reads_.fetch_add(1, std::memory_order_relaxed); }
   /// Applies a [min, max) token filter: the kept underlying indices (empty filter keeps everything and
   /// stores nothing).
@@ -59,12 +62,15 @@ class source_reader {
       if (t >= spec.min_tokens && (spec.max_tokens == 0 || t < spec.max_tokens)) keep_.push_back(i);
     }
   }
+  /// Samples kept by the filter (all when there is no filter).
   [[nodiscard]] std::int64_t filtered_size() const noexcept {
     return filtered_ ? static_cast<std::int64_t>(keep_.size()) : total_;
   }
+  /// The underlying index of kept sample i.
   [[nodiscard]] std::int64_t underlying(std::int64_t i) const noexcept {
     return filtered_ ? keep_[static_cast<std::size_t>(i)] : i;
   }
+  /// Heap bytes of the filter.
   [[nodiscard]] std::int64_t filter_bytes() const noexcept {
     return static_cast<std::int64_t>(keep_.capacity() * 8);
   }
@@ -82,6 +88,8 @@ class source_reader {
 /// Megatron indexed datasets, concatenated in the order given.
 class indexed_source final : public source_reader {
  public:
+  /// Opens the indexed datasets of `spec.paths` (concatenated) and applies its token filter. Throws
+  /// data_error on a corrupt file.
   explicit indexed_source(const source_spec& spec) {
     std::int64_t total = 0;
     for (const auto& p : spec.paths) {
@@ -91,7 +99,9 @@ class indexed_source final : public source_reader {
     }
     apply_filter(spec, total, [&](std::int64_t i) { return raw_meta(i); });
   }
+  /// Samples kept by the filter.
   [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
+  /// Metadata of sample i.
   [[nodiscard]] sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
   void load(std::int64_t i, sample& out) const override {
     const auto [part, local] = locate(underlying(i));
@@ -140,6 +150,7 @@ class indexed_source final : public source_reader {
 /// WebDataset shards, concatenated in the order given; payloads decoded by the user's hook.
 class webdataset_source final : public source_reader {
  public:
+  /// Opens the shards of `spec.paths` (concatenated) with `decode` and applies its token filter.
   webdataset_source(const source_spec& spec, wds_decoder decode)
       : decode_(decode ? std::move(decode) : wds_decoder(default_wds_decode)) {
     std::int64_t total = 0;
@@ -150,7 +161,9 @@ class webdataset_source final : public source_reader {
     }
     apply_filter(spec, total, [&](std::int64_t i) { return raw_meta(i); });
   }
+  /// Samples kept by the filter.
   [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
+  /// Metadata of sample i.
   [[nodiscard]] sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
   void load(std::int64_t i, sample& out) const override {
     const auto [part, local] = locate(underlying(i));
@@ -210,15 +223,18 @@ class webdataset_source final : public source_reader {
 /// one load at a time, which is what makes k_s loaders per source the source's parallelism).
 class source_loader {
  public:
+  /// Opens source `source` of the mixture from `spec`; `seed` fixes its per-epoch permutations.
   source_loader(const source_spec& spec, int source, std::uint64_t seed, const wds_decoder& decode = {})
       : reader_(open_source(spec, decode)), source_(source), seed_(seed) {}
 
+  /// Number of samples.
   [[nodiscard]] std::int64_t size() const noexcept { return reader_->size(); }
   /// The sample index at `position` of `epoch` (permutation keyed by (seed, source, epoch)).
   [[nodiscard]] std::int64_t index_at(std::int64_t epoch, std::int64_t position) {
     std::lock_guard lock(mutex_);
     return perm_locked(epoch)[static_cast<std::size_t>(position)];
   }
+  /// Metadata of sample `index`.
   [[nodiscard]] sample_meta meta(std::int64_t index) const { return reader_->meta(index); }
   /// Loads the sample at (epoch, position). Cost: the read plus the user's decode.
   [[nodiscard]] sample load(std::int64_t epoch, std::int64_t position) {
@@ -256,6 +272,7 @@ class source_loader {
       }
     }
   }
+  /// The reader, for accounting and tests.
   [[nodiscard]] const source_reader& reader() const noexcept { return *reader_; }
   /// Access state in bytes: the reader's state plus the cached permutation.
   [[nodiscard]] std::int64_t state_bytes() const {

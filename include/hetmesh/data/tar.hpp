@@ -16,13 +16,14 @@
 
 namespace hetmesh::data::tar {
 
+/// Size of a tar block and header, in bytes.
 inline constexpr std::int64_t block = 512;
 
 /// One member of an archive: its name, where its content starts, and its size.
 struct member {
-  std::string name{};
-  std::int64_t offset = 0;  // of the content (the header is 512 bytes before it)
-  std::int64_t size = 0;
+  std::string name{};       ///< path of the member in the archive
+  std::int64_t offset = 0;  ///< of the content (the header is 512 bytes before it)
+  std::int64_t size = 0;    ///< bytes of content
   friend bool operator==(const member&, const member&) = default;
 };
 

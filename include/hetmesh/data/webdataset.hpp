@@ -33,18 +33,21 @@ namespace hetmesh::data {
 
 /// One sample's entry in a shard index.
 struct wds_entry {
-  std::string key{};
-  std::vector<std::string> exts{};
+  std::string key{};                ///< sample key (member name without extension)
+  std::vector<std::string> exts{};  ///< extensions of its members
+  ///@{
+  /// Offset and size of each member's content, parallel to exts.
   std::vector<std::int64_t> offsets{}, sizes{};  // of each member's content, parallel to exts
-  sample_meta meta{};
+  ///@}
+  sample_meta meta{};  ///< metadata, from the json member
   friend bool operator==(const wds_entry&, const wds_entry&) = default;
 };
 
 /// The index of one shard: its size when indexed (a changed shard no longer matches) and its samples.
 struct wds_index {
-  static constexpr int version = 1;
-  std::int64_t shard_bytes = 0;
-  std::vector<wds_entry> samples{};
+  static constexpr int version = 1;  ///< format version of the index file
+  std::int64_t shard_bytes = 0;      ///< size of the shard it indexes, to detect a stale index
+  std::vector<wds_entry> samples{};  ///< one entry per sample, in archive order
   friend bool operator==(const wds_index&, const wds_index&) = default;
 };
 
@@ -179,10 +182,11 @@ inline void store_wds_index(const std::string& shard, const wds_index& idx) {
 /// A sample as read from a shard, before decoding: its key, members (extension and bytes, in shard
 /// order), and parsed `.json`. What a `wds_decoder` receives.
 struct wds_record {
-  std::string_view key{};
+  std::string_view key{};  ///< the sample's key
+  /// (extension, content) of each member
   std::vector<std::pair<std::string_view, std::span<const std::byte>>> members{};
-  nlohmann::json json{};
-  const sample_meta* meta = nullptr;
+  nlohmann::json json{};              ///< the parsed json member
+  const sample_meta* meta = nullptr;  ///< metadata, when known
 };
 
 /// The user's payload-decoding hook: fills `out.tokens` and `out.items` from a record.
@@ -205,15 +209,19 @@ inline void default_wds_decode(const wds_record& r, sample& out) {
 /// against the index (name, size, checksum), so a shard replaced under a stale index is caught.
 class wds_shard {
  public:
+  /// Opens the shard at `path` and its index (built and stored beside it when missing).
   explicit wds_shard(const std::string& path) : index_(open_wds_index(path)), file_(path) {
     if (file_.size() != index_.shard_bytes)
       throw_error<data_error>("shard '{}' changed size after indexing ({} -> {} bytes)", path,
                               index_.shard_bytes, file_.size());
   }
+  /// Number of samples.
   [[nodiscard]] std::int64_t size() const noexcept {
     return static_cast<std::int64_t>(index_.samples.size());
   }
+  /// The index.
   [[nodiscard]] const wds_index& index() const noexcept { return index_; }
+  /// Path of the shard.
   [[nodiscard]] const std::string& path() const noexcept { return file_.path(); }
 
   /// The raw record of sample i (views into the mapping; valid while the shard lives).
@@ -260,9 +268,10 @@ class wds_shard {
 };
 
 /// Writes a WebDataset shard: each add() appends one sample's members as consecutive ustar files named
-/// `<key>.<ext>`; finish() closes the archive and stores its index beside it. Not thread-safe.
+/// KEY.EXT; finish() closes the archive and stores its index beside it. Not thread-safe.
 class wds_writer {
  public:
+  /// Creates the archive at `path`.
   explicit wds_writer(std::string path)
       : path_(std::move(path)), fd_(detail::open_file(path_, O_WRONLY | O_CREAT | O_TRUNC)) {}
 

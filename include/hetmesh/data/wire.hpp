@@ -15,8 +15,8 @@ namespace hetmesh::data {
 
 /// Micro-batches as one message: the byte size of each serialised micro-batch, and their bytes end to end.
 struct wire_micro_batches {
-  std::vector<std::int64_t> sizes{};
-  std::vector<std::uint8_t> bytes{};
+  std::vector<std::int64_t> sizes{};  ///< size in bytes of each micro-batch
+  std::vector<std::uint8_t> bytes{};  ///< the micro-batches, serialised back to back
 };
 
 /// Serialises micro-batches into one message. Local; O(bytes).

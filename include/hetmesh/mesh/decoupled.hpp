@@ -28,7 +28,7 @@ namespace hetmesh::mesh {
 
 /// A coordinate with its dim names, e.g. {tp=3,cp=1,dp=2}.
 struct named_coord {
-  std::vector<std::pair<dim, std::int64_t>> entries;
+  std::vector<std::pair<dim, std::int64_t>> entries;  ///< (dim, coordinate) pairs, in mesh order
 
   /// The coordinate along d. Throws invalid_argument when absent.
   [[nodiscard]] std::int64_t at(const dim& d) const {
@@ -56,6 +56,7 @@ struct group_placement {
   std::vector<int> ranks;     ///< encoder ranks = devices
   int nodes = 1;              ///< distinct nodes its devices occupy
   std::vector<dim> llm_dims;  ///< LLM dims along which its devices' LLM coordinates differ
+  /// Whether the group fits in one node.
   [[nodiscard]] bool in_node() const noexcept { return nodes <= 1; }
   friend bool operator==(const group_placement&, const group_placement&) = default;
   void hash_append(hasher& h) const { append_all(h, ranks, nodes, llm_dims); }
@@ -85,8 +86,11 @@ class decoupled {
     }
   }
 
+  /// The encoder mesh.
   [[nodiscard]] const view& encoder() const noexcept { return encoder_; }
+  /// The LLM mesh.
   [[nodiscard]] const view& llm() const noexcept { return llm_; }
+  /// The cluster both meshes are placed on.
   [[nodiscard]] const topology& topo() const noexcept { return topo_; }
 
   /// The LLM coordinates of the device encoder rank `r` runs on. Throws for r outside the world.
@@ -120,6 +124,7 @@ class decoupled {
     }
     return out;
   }
+  /// The groups of the encoder mesh along `dims`, each with where it lands on the cluster. O(world).
   template <class... D>
   requires(std::convertible_to<const D&, dim>&&...)
       [[nodiscard]] std::vector<group_placement> encoder_groups(const D&... dims) const {

@@ -44,10 +44,14 @@ class dim {
     for (std::size_t i = 0; i < name.size(); ++i) text_[i] = name[i];
     size_ = static_cast<std::uint8_t>(name.size());
   }
+  /// Same as the string_view constructor, so that "tp" converts to a dim where one is expected.
   constexpr dim(const char* name) : dim(std::string_view(name)) {}  // NOLINT: implicit by design
-  dim(const std::string& name) : dim(std::string_view(name)) {}     // NOLINT: implicit by design
+  /// Same as the string_view constructor.
+  dim(const std::string& name) : dim(std::string_view(name)) {}  // NOLINT: implicit by design
 
+  /// The name, e.g. "tp".
   [[nodiscard]] constexpr std::string_view name() const noexcept { return {text_.data(), size_}; }
+  /// Whether this is the empty (default-constructed) dim.
   [[nodiscard]] constexpr bool empty() const noexcept { return size_ == 0; }
 
   /// Pairs this dim with an extent: `tp(8_c)` (static) or `dp(4)` (dynamic).
@@ -55,6 +59,7 @@ class dim {
   [[nodiscard]] constexpr auto operator()(E extent) const noexcept;
 
   friend constexpr bool operator==(const dim& a, const dim& b) noexcept { return a.name() == b.name(); }
+  /// Orders dims by name, so that sets and maps of dims are deterministic.
   friend constexpr bool operator<(const dim& a, const dim& b) noexcept { return a.name() < b.name(); }
 
   void hash_append(hasher& h) const { append(h, name()); }
@@ -73,8 +78,8 @@ class dim {
 /// A dim with its extent. E is C<N> (static) or std::int64_t (dynamic).
 template <class E>
 struct dim_extent {
-  dim name;
-  [[no_unique_address]] E extent;
+  dim name;                        ///< the dim
+  [[no_unique_address]] E extent;  ///< its extent, static C<N> or dynamic
 };
 
 template <integral_like E>

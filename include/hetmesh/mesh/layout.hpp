@@ -46,7 +46,8 @@ class layout {
                 "layout extents are hetmesh::C<N> or std::int64_t; build layouts with make_mesh");
 
  public:
-  static constexpr std::size_t rank_count = sizeof...(Extents);
+  static constexpr std::size_t rank_count = sizeof...(Extents);  ///< number of dims
+  /// A coordinate: one index per dim, in the layout's order.
   using coord_type = std::array<std::int64_t, rank_count>;
 
   /// Pre: distinct dims, positive extents, product <= INT_MAX, `order` a permutation (order[i] is the
@@ -78,9 +79,11 @@ class layout {
 
   /// Name, extent and stride at mesh position i (innermost first). Pre: i < dims_count().
   [[nodiscard]] constexpr dim name(std::size_t i) const { return names_[order_[check_pos(i)]]; }
+  /// Extent of the i-th dim. Pre: i < rank_count.
   [[nodiscard]] constexpr std::int64_t extent(std::size_t i) const {
     return arg_extent(order_[check_pos(i)]);
   }
+  /// Stride of the i-th dim. Pre: i < rank_count.
   [[nodiscard]] constexpr std::int64_t stride(std::size_t i) const {
     std::int64_t s = 1;
     for (std::size_t j = 0; j < check_pos(i); ++j) s *= extent(j);
@@ -96,6 +99,7 @@ class layout {
     return true;
   }
 
+  /// Whether the layout has dim `d`.
   [[nodiscard]] constexpr bool has(const dim& d) const noexcept {
     for (const dim& n : names_) {
       if (n == d) return true;
@@ -109,7 +113,9 @@ class layout {
     }
     missing_dim(d);
   }
+  /// Extent of dim `d`. Pre: has(d); otherwise invalid_argument.
   [[nodiscard]] constexpr std::int64_t extent(const dim& d) const { return extent(index_of(d)); }
+  /// Stride of dim `d`. Pre: has(d); otherwise invalid_argument.
   [[nodiscard]] constexpr std::int64_t stride(const dim& d) const { return stride(index_of(d)); }
 
   /// The coordinate of `rank`, in mesh order. Pre: 0 <= rank < size() (else invalid_argument).
@@ -156,6 +162,7 @@ class layout {
     const std::array<dim, sizeof...(D)> a{dim(dims)...};
     return group_of(rank, std::span<const dim>(a));
   }
+  /// The group of `rank` along `dims` (std::span form of the variadic overload). O(group size).
   [[nodiscard]] std::vector<int> group_of(int rank, std::span<const dim> dims) const {
     check_dims(dims);
     if (rank < 0 || rank >= value_of(size())) bad_rank(rank);
@@ -170,6 +177,7 @@ class layout {
     const std::array<dim, sizeof...(D)> a{dim(dims)...};
     return groups(std::span<const dim>(a));
   }
+  /// Every group along `dims`, each in group order (std::span form of the variadic overload). O(world).
   [[nodiscard]] std::vector<std::vector<int>> groups(std::span<const dim> dims) const {
     check_dims(dims);
     return to_view().groups(dims);
@@ -186,6 +194,7 @@ class layout {
   [[nodiscard]] view submesh(std::initializer_list<std::pair<dim, std::int64_t>> fixed) const {
     return to_view().submesh(fixed);
   }
+  /// The sub-mesh with the given dims fixed at the given coordinates (std::span form). O(dims).
   [[nodiscard]] view submesh(std::span<const std::pair<dim, std::int64_t>> fixed) const {
     return to_view().submesh(fixed);
   }

@@ -38,8 +38,11 @@ namespace hetmesh::mesh {
 /// Bytes one rank sends per step along each dim's groups (e.g. tp: all-reduces of activations; dp:
 /// the gradient reduce-scatter/all-gather; ep: token all-to-alls). `other` covers user-defined dims.
 struct traffic {
+  ///@{
+  /// Bytes per step over each of the five LLM dims.
   double tp = 0, cp = 0, ep = 0, dp = 0, pp = 0;
-  std::vector<std::pair<dim, double>> other{};
+  ///@}
+  std::vector<std::pair<dim, double>> other{};  ///< bytes over other dims, by name
 
   /// The bytes of dim d (0 when not given).
   [[nodiscard]] double of(const dim& d) const noexcept {
@@ -60,8 +63,9 @@ struct traffic {
 /// How per-dim times combine into a step's time.
 enum class combine { sum, max };
 
+/// How a layout search scores candidates.
 struct search_options {
-  combine total = combine::sum;
+  combine total = combine::sum;  ///< how per-dim times combine into one score
   /// The order to compare with; dims it omits go outermost (by name), names it has beyond the mesh are
   /// ignored.
   std::string baseline = std::string(megatron_order);
@@ -73,12 +77,13 @@ struct search_options {
 
 /// One dim under one order.
 struct dim_cost {
-  dim name;
-  std::int64_t extent = 1;
-  std::int64_t stride = 1;
-  double bytes = 0;
+  dim name;                  ///< the dim
+  std::int64_t extent = 1;   ///< its extent
+  std::int64_t stride = 1;   ///< its stride in the candidate layout
+  double bytes = 0;          ///< bytes per step over it
   int nodes_spanned = 1;     ///< the most nodes any one of its groups occupies
   std::int64_t time_ns = 0;  ///< modelled; fixed point so that ranking is exact on every platform
+  /// Whether the dim's groups stay within one node.
   [[nodiscard]] bool in_node() const noexcept { return nodes_spanned <= 1; }
   friend bool operator==(const dim_cost&, const dim_cost&) = default;
   void hash_append(hasher& h) const { append_all(h, name, extent, stride, bytes, nodes_spanned, time_ns); }
@@ -88,8 +93,8 @@ struct dim_cost {
 struct candidate {
   std::string order;           ///< innermost first, e.g. "tp-ep-cp-dp"
   std::vector<dim_cost> dims;  ///< in that order
-  std::int64_t time_ns = 0;
-  bool admissible = true;  ///< false only for a baseline that search_options::admissible rejects
+  std::int64_t time_ns = 0;    ///< modelled communication time, ns
+  bool admissible = true;      ///< false only for a baseline that search_options::admissible rejects
   friend bool operator==(const candidate&, const candidate&) = default;
   void hash_append(hasher& h) const { append_all(h, order, dims, time_ns, admissible); }
 };
@@ -97,14 +102,16 @@ struct candidate {
 /// The result: every admissible order, best first, with the baseline's place and an explanation.
 struct layout_choice {
   std::vector<std::pair<dim, std::int64_t>> shape;  ///< dims of extent > 1, in the baseline's order
-  topology topo;
-  traffic load;
-  combine total = combine::sum;
+  topology topo;                                    ///< the cluster searched over
+  traffic load;                                     ///< the traffic priced
+  combine total = combine::sum;                     ///< how per-dim times were combined
   std::vector<candidate> ranking;  ///< best first; ties broken by closeness to the baseline order
   std::size_t baseline_index = 0;  ///< where the baseline order sits in `ranking`
   std::size_t best_index = 0;      ///< the first admissible order in `ranking` (0 unless the baseline is not)
 
+  /// The best candidate.
   [[nodiscard]] const candidate& best() const { return ranking.at(best_index); }
+  /// The baseline candidate (Megatron's order), for comparison.
   [[nodiscard]] const candidate& baseline() const { return ranking.at(baseline_index); }
   /// baseline time / best time (1 when both are zero).
   [[nodiscard]] double speedup() const {

@@ -26,8 +26,8 @@ namespace hetmesh::mesh {
 
 /// One link class, alpha-beta: time(n bytes) = alpha + beta n, in milliseconds (the unit of cost/).
 struct link {
-  double alpha = 0.0;  // latency per message, ms
-  double beta = 0.0;   // ms per byte
+  double alpha = 0.0;  ///< latency per message, ms
+  double beta = 0.0;   ///< ms per byte
 
   /// From a latency in microseconds and a bandwidth in GB/s (1e9 bytes/s). Pre: latency >= 0 and
   /// bandwidth > 0 (invalid_argument otherwise).
@@ -54,7 +54,7 @@ struct link {
 /// The cluster. An aggregate: `topology{.nodes = 8, .devices_per_node = 8, .intra_bw_gbps = 450, ...}`.
 /// Bandwidths are per device, in GB/s (1e9 bytes/s); latencies are per message, in microseconds.
 struct topology {
-  int nodes = 1;
+  int nodes = 1;             ///< number of nodes
   int devices_per_node = 8;  ///< an HGX node
   double intra_bw_gbps =
       450.0;  ///< one device's NVLink bandwidth (H100/H200 NVLink 4: ~450 GB/s per direction)
@@ -99,6 +99,7 @@ struct topology {
     (void)node_of(rank);
     return rank % devices_per_node;
   }
+  /// Whether ranks `a` and `b` are on the same node.
   [[nodiscard]] bool same_node(int a, int b) const { return node_of(a) == node_of(b); }
 
   /// The ranks on `node`, ascending.

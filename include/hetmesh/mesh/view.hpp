@@ -28,8 +28,8 @@ namespace hetmesh::mesh {
 
 /// One affine piece of a mode: coordinate digit c in [0, extent) adds c * stride to the rank.
 struct atom {
-  std::int64_t extent = 1;
-  std::int64_t stride = 1;
+  std::int64_t extent = 1;  ///< extent of the atom
+  std::int64_t stride = 1;  ///< stride of the atom
   friend bool operator==(const atom&, const atom&) = default;
   void hash_append(hasher& h) const { append_all(h, extent, stride); }
 };
@@ -37,9 +37,10 @@ struct atom {
 /// A named mode of a view. Its extent is the product of its atoms' extents; a coordinate along it is
 /// decomposed over the atoms first-atom-fastest.
 struct view_mode {
-  dim name;
-  std::vector<atom> atoms;
+  dim name;                 ///< the dim
+  std::vector<atom> atoms;  ///< its atoms, fastest first
 
+  /// The dim's extent: the product of its atoms' extents.
   [[nodiscard]] std::int64_t extent() const noexcept {
     std::int64_t e = 1;
     for (const atom& a : atoms) e *= a.extent;
@@ -131,12 +132,19 @@ class view {
 
   /// Number of ranks. O(1).
   [[nodiscard]] std::int64_t size() const noexcept { return size_; }
+  /// Number of dims.
   [[nodiscard]] std::size_t dims_count() const noexcept { return modes_.size(); }
+  /// The dims with their atoms.
   [[nodiscard]] const std::vector<view_mode>& modes() const noexcept { return modes_; }
+  /// Rank offset of coordinate 0 (non-zero in sub-meshes).
   [[nodiscard]] std::int64_t offset() const noexcept { return offset_; }
+  /// Name of the i-th dim. Pre: i < dims_count().
   [[nodiscard]] dim name(std::size_t i) const { return mode(i).name; }
+  /// Extent of the i-th dim. Pre: i < dims_count().
   [[nodiscard]] std::int64_t extent(std::size_t i) const { return mode(i).extent(); }
+  /// Extent of dim `d`. Pre: has(d); otherwise invalid_argument.
   [[nodiscard]] std::int64_t extent(const dim& d) const { return modes_[index_of(d)].extent(); }
+  /// Whether the view has dim `d`.
   [[nodiscard]] bool has(const dim& d) const noexcept {
     return std::any_of(modes_.begin(), modes_.end(), [&](const view_mode& m) { return m.name == d; });
   }
@@ -164,6 +172,7 @@ class view {
     }
     return c;
   }
+  /// Coordinate of `rank` along dim `d`. Pre: has(d), rank in range.
   [[nodiscard]] std::int64_t coord_of(int rank, const dim& d) const { return coord_of(rank)[index_of(d)]; }
 
   /// The rank at `coord`. Throws invalid_argument on a wrong number of entries or an entry out of range.
@@ -183,6 +192,7 @@ class view {
     }
     return static_cast<int>(r);
   }
+  /// The rank at `coord` (one index per dim, in order). Pre: in range; otherwise invalid_argument.
   [[nodiscard]] int rank_of(std::initializer_list<std::int64_t> coord) const {
     return rank_of(std::span<const std::int64_t>(coord.begin(), coord.size()));
   }
@@ -205,6 +215,8 @@ class view {
     }
     return detail::enumerate_atoms(atoms, base);
   }
+  /// The group of `rank` along `dims`: the ranks that differ from it only in those coordinates, in group
+  /// order. Pure. O(group size).
   template <class... D>
   requires(std::convertible_to<const D&, dim>&&...)
       [[nodiscard]] std::vector<int> group_of(int rank, const D&... dims) const {
@@ -229,6 +241,7 @@ class view {
       out.push_back(detail::enumerate_atoms(inside, base));
     return out;
   }
+  /// Every group along `dims`, each in group order. Pure. O(world).
   template <class... D>
   requires(std::convertible_to<const D&, dim>&&...)
       [[nodiscard]] std::vector<std::vector<int>> groups(const D&... dims) const {
@@ -257,6 +270,8 @@ class view {
     }
     return view(std::move(out), offset_);
   }
+  /// A view with `dims` merged into one dim `name` (the first listed varies fastest). Pre: distinct dims of
+  /// this view.
   template <class... D>
   requires(std::convertible_to<const D&, dim>&&...) [[nodiscard]] view
       flatten(const dim& name, const D&... dims) const {
@@ -287,6 +302,8 @@ class view {
     }
     return view(std::move(out), offset);
   }
+  /// The sub-mesh with the given dims fixed at the given coordinates. Pre: dims of this view, coordinates in
+  /// range.
   [[nodiscard]] view submesh(std::initializer_list<std::pair<dim, std::int64_t>> fixed) const {
     return submesh(std::span<const std::pair<dim, std::int64_t>>(fixed.begin(), fixed.size()));
   }

@@ -40,6 +40,7 @@ enum class action_type : std::uint8_t {
   recv_eb,           ///< RECV_EB: encoder shard `stage` receives its embedding gradient.
 };
 
+/// Number of action types, for tables indexed by action_type.
 inline constexpr int action_type_count = 15;
 
 namespace detail {
@@ -94,17 +95,19 @@ constexpr std::string_view type_name(action_type t) noexcept {
   return t == action_type::send_f || t == action_type::send_b || t == action_type::send_ef ||
          t == action_type::send_eb;
 }
+/// Whether `t` receives (activation or gradient).
 [[nodiscard]] constexpr bool is_recv(action_type t) noexcept {
   return t == action_type::recv_f || t == action_type::recv_b || t == action_type::recv_ef ||
          t == action_type::recv_eb;
 }
+/// Whether `t` sends or receives.
 [[nodiscard]] constexpr bool is_comm(action_type t) noexcept { return is_send(t) || is_recv(t); }
 
 /// One action. `microbatch` is -1 for actions without one (REDUCE_GRAD).
 struct action {
-  int stage = 0;
-  action_type type = action_type::forward;
-  int microbatch = -1;
+  int stage = 0;                            ///< pipeline stage (virtual stage for interleaved schedules)
+  action_type type = action_type::forward;  ///< what the action does
+  int microbatch = -1;                      ///< micro-batch; -1 for actions without one
 
   friend constexpr bool operator==(const action&, const action&) = default;
   void hash_append(hasher& h) const { append_all(h, stage, type, microbatch); }
@@ -112,10 +115,13 @@ struct action {
 
 /// Shorthands for tests and hand-written schedules: `F(2, 0)` is `2F0`.
 [[nodiscard]] constexpr action F(int stage, int mb) noexcept { return {stage, action_type::forward, mb}; }
+/// `B(2, 0)` is `2B0`: full backward.
 [[nodiscard]] constexpr action B(int stage, int mb) noexcept { return {stage, action_type::backward, mb}; }
+/// `I(2, 0)` is `2I0`: backward for inputs.
 [[nodiscard]] constexpr action I(int stage, int mb) noexcept {
   return {stage, action_type::backward_input, mb};
 }
+/// `W(2, 0)` is `2W0`: backward for weights.
 [[nodiscard]] constexpr action W(int stage, int mb) noexcept {
   return {stage, action_type::backward_weight, mb};
 }
@@ -192,7 +198,9 @@ struct schedule {
   [[nodiscard]] int rank_of_stage(int stage) const noexcept {
     return stage_to_rank[static_cast<std::size_t>(stage)];
   }
+  /// Ranks of the schedule.
   [[nodiscard]] int total_ranks() const noexcept { return static_cast<int>(ranks.size()); }
+  /// Number of encoder shards (ranks that run encoder actions).
   [[nodiscard]] int num_encoder_shards() const noexcept {
     return static_cast<int>(encoder_shard_to_rank.size());
   }

@@ -50,9 +50,9 @@ enum class group_rule : std::uint8_t {
 
 /// Interleaved 1F1B with `virtual_stages` model chunks per rank (stage s on rank s % pp).
 struct interleaved_1f1b {
-  int virtual_stages = 2;
-  int group_size = 0;  ///< Megatron's microbatch_group_size_per_vp_stage; 0 = the rule's default.
-  group_rule rule = group_rule::megatron;
+  int virtual_stages = 2;  ///< model chunks per rank
+  int group_size = 0;      ///< Megatron's microbatch_group_size_per_vp_stage; 0 = the rule's default.
+  group_rule rule = group_rule::megatron;  ///< how micro-batches group (Megatron's or PyTorch's)
   friend constexpr bool operator==(const interleaved_1f1b&, const interleaved_1f1b&) = default;
   void hash_append(hasher& h) const {
     append_all(h, std::string_view("interleaved-1f1b"), virtual_stages, group_size, rule);
@@ -67,8 +67,8 @@ struct zero_bubble {
 
 /// PyTorch's ScheduleInterleavedZeroBubble (ZB1P) with `virtual_stages` chunks per rank.
 struct interleaved_zero_bubble {
-  int virtual_stages = 2;
-  int group_size = 0;  ///< 0 = PyTorch's rule; else a Megatron-style group size in [1, M].
+  int virtual_stages = 2;  ///< model chunks per rank
+  int group_size = 0;      ///< 0 = PyTorch's rule; else a Megatron-style group size in [1, M].
   friend constexpr bool operator==(const interleaved_zero_bubble&, const interleaved_zero_bubble&) = default;
   void hash_append(hasher& h) const {
     append_all(h, std::string_view("interleaved-zero-bubble"), virtual_stages, group_size);
@@ -81,6 +81,7 @@ struct zbv {
   void hash_append(hasher& h) const { append(h, std::string_view("zbv")); }
 };
 
+/// Any schedule family, for tools that choose by name; the families themselves are types.
 using schedule_policy =
     std::variant<gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, interleaved_zero_bubble, zbv>;
 
@@ -194,12 +195,17 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
 
 /// The schedule name a policy prints as (and `make_schedule` accepts).
 [[nodiscard]] inline std::string_view name_of(const gpipe&) noexcept { return "gpipe"; }
+/// "1f1b", the family's name in schedule files and traces.
 [[nodiscard]] inline std::string_view name_of(const one_f_one_b&) noexcept { return "1f1b"; }
+/// "interleaved-1f1b".
 [[nodiscard]] inline std::string_view name_of(const interleaved_1f1b&) noexcept { return "interleaved-1f1b"; }
+/// "zero-bubble".
 [[nodiscard]] inline std::string_view name_of(const zero_bubble&) noexcept { return "zero-bubble"; }
+/// "interleaved-zero-bubble".
 [[nodiscard]] inline std::string_view name_of(const interleaved_zero_bubble&) noexcept {
   return "interleaved-zero-bubble";
 }
+/// "zbv".
 [[nodiscard]] inline std::string_view name_of(const zbv&) noexcept { return "zbv"; }
 
 /// GPipe order. Preconditions: pp >= 1, microbatches >= 1 (else invalid_argument). Pure; O(pp * M).

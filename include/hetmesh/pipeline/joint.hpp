@@ -56,6 +56,7 @@ struct encoder_pool {
   void hash_append(hasher& h) const { append_all(h, std::string_view("pool"), ranks, lookahead); }
 };
 
+/// Any encoder placement, for tools that choose by name.
 using encoder_policy = std::variant<colocated_encoder, encoder_on_first_stage, encoder_pool>;
 
 /// The encoder work of each micro-batch, whole (before splitting over shards).

@@ -41,13 +41,14 @@ struct cost_model {
 /// Equal costs for every micro-batch: F = forward, B = backward, I = backward - weight, W = weight,
 /// EF = encoder_forward, EB = encoder_backward, each transfer = transfer, memory 1 per activation.
 struct uniform_costs {
-  double forward = 1.0;
-  double backward = 2.0;
-  double weight = 1.0;  ///< the W part of a split backward (I takes backward - weight)
-  double encoder_forward = 0.0;
-  double encoder_backward = 0.0;
-  double transfer = 0.0;
+  double forward = 1.0;           ///< F
+  double backward = 2.0;          ///< full B
+  double weight = 1.0;            ///< the W part of a split backward (I takes backward - weight)
+  double encoder_forward = 0.0;   ///< EF
+  double encoder_backward = 0.0;  ///< EB
+  double transfer = 0.0;          ///< each send/recv
 
+  /// The cost model of these costs, for simulate().
   [[nodiscard]] cost_model model() const {
     const uniform_costs c = *this;
     cost_model m;
@@ -79,9 +80,9 @@ struct uniform_costs {
 /// activation (or gradient) between stages; an F keeps memory_bytes[k] alive. Built from cost/'s
 /// models by `priced`, or filled by hand.
 struct micro_batch_costs {
-  std::vector<double> forward_s;
-  std::vector<double> transfer_s;
-  std::vector<std::int64_t> memory_bytes;
+  std::vector<double> forward_s;           ///< per micro-batch: forward time
+  std::vector<double> transfer_s;          ///< per micro-batch: stage-to-stage transfer time
+  std::vector<std::int64_t> memory_bytes;  ///< per micro-batch: activation memory of an F
 
   /// Prices micro-batch k (its documents `docs[k]`, packed in one row) with cost/ models: the
   /// backbone `llm` (llm.layers layers, in ms) cut into `stage_shards` equal parts (pipeline stages x
@@ -109,6 +110,7 @@ struct micro_batch_costs {
     return c;
   }
 
+  /// The cost model of these costs, for simulate().
   [[nodiscard]] cost_model model() const {
     const auto f = forward_s;
     const auto t = transfer_s;
@@ -140,9 +142,12 @@ struct micro_batch_costs {
 
 /// One action placed in time.
 struct timed_action {
-  int rank = 0;
-  action what;
+  int rank = 0;  ///< rank that runs it
+  action what;   ///< the action
+  ///@{
+  /// Start and end time of the action.
   double start = 0, end = 0;
+  ///@}
   friend bool operator==(const timed_action&, const timed_action&) = default;
 };
 

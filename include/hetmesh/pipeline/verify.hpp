@@ -29,8 +29,9 @@ enum class send_mode : std::uint8_t {
   buffered,    ///< a SEND completes at once; its RECV completes once the SEND has (eager/isend).
 };
 
+/// Options of verify(): how sends complete.
 struct verify_options {
-  send_mode mode = send_mode::rendezvous;
+  send_mode mode = send_mode::rendezvous;  ///< rendezvous or buffered sends
   int max_in_flight = 0;  ///< 0: no bound; else the most (stage, micro-batch) activations a rank may hold.
   bool require_backward = true;  ///< false for forward-only (inference) schedules.
   /// Bytes an F or EF action allocates (freed by its B / W / EB). Empty: 1 per action (counts).

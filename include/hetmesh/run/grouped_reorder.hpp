@@ -27,9 +27,9 @@ namespace hetmesh::run {
 /// its k-th encoder item's input.
 template <class T>
 struct parcel {
-  std::int64_t sample_id = 0;
-  int item = -1;
-  std::vector<T> data;
+  std::int64_t sample_id = 0;  ///< sample it belongs to
+  int item = -1;               ///< item index; -1: the sample's LLM part
+  std::vector<T> data;         ///< its payload
   friend bool operator==(const parcel&, const parcel&) = default;
   void hash_append(hasher& h) const { append_all(h, sample_id, item, data); }
 };
@@ -38,8 +38,8 @@ struct parcel {
 /// by (sample id, item).
 template <class T>
 struct reorder_result {
-  balance::reorder_plan plan;
-  std::vector<parcel<T>> received;
+  balance::reorder_plan plan;       ///< the plan executed
+  std::vector<parcel<T>> received;  ///< parcels this rank received, in plan order
 };
 
 /// Wire form of metadata: per sample [id, llm_tokens, item count, item tokens...]. The owner is

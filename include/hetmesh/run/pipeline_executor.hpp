@@ -46,14 +46,15 @@ struct stage_functions {
   std::function<void(int)> reduce_grad{};
   /// encoder_forward(shard, mb, output) and encoder_backward(shard, mb, grad_output).
   std::function<void(int, int, std::span<T>)> encoder_forward{};
+  /// The gradient pass of encoder_forward.
   std::function<void(int, int, std::span<const T>)> encoder_backward{};
 };
 
 /// Element counts from the plan. `output(stage, mb)`: stage's forward output for mb (= stage+1's input);
 /// `encoder_output(shard, mb)`: one shard's encoder output for mb.
 struct activation_sizes {
-  std::function<std::int64_t(int, int)> output{};
-  std::function<std::int64_t(int, int)> encoder_output{};
+  std::function<std::int64_t(int, int)> output{};          ///< output(stage, mb)
+  std::function<std::int64_t(int, int)> encoder_output{};  ///< encoder_output(shard, mb)
 };
 
 namespace detail {

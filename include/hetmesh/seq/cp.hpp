@@ -24,13 +24,15 @@
 
 namespace hetmesh::seq {
 
+/// Context-parallel layouts: Megatron-LM's zigzag for one sequence, TransformerEngine's THD per-document
+/// split for packed ones.
 enum class cp_scheme { contiguous, zigzag, thd };
 
 /// Policy value: scheme, degree, and whether documents may be padded to a multiple of 2cp.
 struct cp_policy {
-  cp_scheme scheme = cp_scheme::thd;
-  int cp = 1;
-  bool pad = false;
+  cp_scheme scheme = cp_scheme::thd;  ///< zigzag or thd
+  int cp = 1;                         ///< context-parallel ranks
+  bool pad = false;                   ///< pad documents to a multiple of 2 cp
 
   friend constexpr bool operator==(const cp_policy&, const cp_policy&) = default;
   void hash_append(hasher& h) const { append_all(h, scheme, cp, pad); }
@@ -40,10 +42,10 @@ struct cp_policy {
 /// chunk ordinal (zigzag/thd: 0..2cp-1; contiguous: the rank), positions inside the (padded)
 /// document, and where the run starts in the rank's local buffer.
 struct cp_chunk {
-  std::int64_t doc = 0;
-  int chunk = 0;
-  token_range positions;
-  std::int64_t local_offset = 0;
+  std::int64_t doc = 0;           ///< document index in the batch
+  int chunk = 0;                  ///< chunk index k of 2 cp
+  token_range positions;          ///< token positions within the document
+  std::int64_t local_offset = 0;  ///< offset of the chunk in the rank's buffer
 
   friend constexpr bool operator==(const cp_chunk&, const cp_chunk&) = default;
   void hash_append(hasher& h) const { append_all(h, doc, chunk, positions, local_offset); }
@@ -56,8 +58,9 @@ struct cp_rank_shard {
   std::vector<std::int64_t> position_ids;  ///< per local token: position in its document (pads continue)
   std::vector<std::int64_t> cu_seqlens;    ///< local per-document boundaries (documents with tokens here)
   std::vector<std::int64_t> local_docs;    ///< the documents of cu_seqlens, in order
-  std::vector<cp_chunk> chunks;
+  std::vector<cp_chunk> chunks;            ///< this rank's chunks, in buffer order
 
+  /// Tokens this rank holds.
   [[nodiscard]] std::int64_t tokens() const noexcept { return static_cast<std::int64_t>(token_index.size()); }
   friend bool operator==(const cp_rank_shard&, const cp_rank_shard&) = default;
   void hash_append(hasher& h) const {
@@ -67,13 +70,14 @@ struct cp_rank_shard {
 
 /// The partition of one stream.
 struct cp_partition {
-  cp_policy policy{};
+  cp_policy policy{};                           ///< the policy it was made with
   std::vector<std::int64_t> cu_seqlens;         ///< input stream
   std::vector<std::int64_t> cu_seqlens_padded;  ///< padded stream (== cu_seqlens without padding)
-  std::vector<cp_rank_shard> ranks;
-  std::vector<int> owner_rank;            ///< per padded-stream token: its rank
-  std::vector<std::int64_t> owner_local;  ///< per padded-stream token: its local index there
+  std::vector<cp_rank_shard> ranks;             ///< per cp rank, its shard
+  std::vector<int> owner_rank;                  ///< per padded-stream token: its rank
+  std::vector<std::int64_t> owner_local;        ///< per padded-stream token: its local index there
 
+  /// Tokens after padding (the last padded cumulative length).
   [[nodiscard]] std::int64_t padded_tokens() const noexcept { return cu_seqlens_padded.back(); }
   friend bool operator==(const cp_partition&, const cp_partition&) = default;
   void hash_append(hasher& h) const {

@@ -39,10 +39,10 @@ enum class hdp_placement_kind {
 
 /// Policy value of HDP. `capacity` is C, the tokens of activations one rank holds per micro-batch.
 struct hdp_policy {
-  std::int64_t capacity = 8192;
-  offload_policy offload{.enabled = false};
+  std::int64_t capacity = 8192;              ///< C: activation tokens one rank holds per micro-batch
+  offload_policy offload{.enabled = false};  ///< selective offloading of activations (off by default)
   offload_model model{};  ///< offload solver and item costs; Act(s) proportional to s by default
-  hdp_placement_kind placement = hdp_placement_kind::waves;
+  hdp_placement_kind placement = hdp_placement_kind::waves;  ///< how rings are placed on the pool
 
   friend bool operator==(const hdp_policy&, const hdp_policy&) = default;
   void hash_append(hasher& h) const { append_all(h, capacity, offload, model, placement); }
@@ -51,8 +51,8 @@ struct hdp_policy {
 /// One unit of work: either a pack of whole short sequences on one rank (degree 1, `packed`), or
 /// one long sequence on a ring of `degree` ranks with an offload ratio.
 struct hdp_item {
-  std::int64_t index = 0;  ///< position in hdp_sharding::items
-  bool packed = false;
+  std::int64_t index = 0;      ///< position in hdp_sharding::items
+  bool packed = false;         ///< a pack of whole short sequences on one rank
   int degree = 1;              ///< D: ranks of the ring (1 for packs)
   offload_choice offload{};    ///< ratio and solver bounds (ratio 0 for packs)
   std::vector<seq_desc> seqs;  ///< packed: members in pack order; ring: exactly one
@@ -65,10 +65,10 @@ struct hdp_item {
 /// Output of hdp_shard: items in canonical order (rings by (-length, id), then packs in best-fit
 /// creation order), and the global token count for loss normalisation.
 struct hdp_sharding {
-  hdp_policy policy{};
-  int pool = 0;
-  std::vector<hdp_item> items;
-  std::int64_t global_tokens = 0;
+  hdp_policy policy{};             ///< the policy it was made with
+  int pool = 0;                    ///< ranks of the HDP pool
+  std::vector<hdp_item> items;     ///< canonical order: rings, then packs
+  std::int64_t global_tokens = 0;  ///< tokens of the batch, for loss normalisation
 
   friend bool operator==(const hdp_sharding&, const hdp_sharding&) = default;
   void hash_append(hasher& h) const { append_all(h, policy, pool, items, global_tokens); }
@@ -91,8 +91,8 @@ struct hdp_sharding {
 /// its items by (order, item index); because that order is global, every ring's members reach it
 /// together and the step cannot deadlock.
 struct hdp_placement {
-  std::vector<int> ring;
-  std::int64_t order = 0;
+  std::vector<int> ring;   ///< ordered pool ranks, size = degree
+  std::int64_t order = 0;  ///< global order key
 
   friend bool operator==(const hdp_placement&, const hdp_placement&) = default;
   void hash_append(hasher& h) const { append_all(h, ring, order); }
@@ -102,13 +102,13 @@ struct hdp_placement {
 /// hdp_plan::ring(mb), stored once per item rather than once per member), the token ranges it holds
 /// (per sequence, local order = order of `segments`), and its offload ratio.
 struct hdp_micro_batch {
-  std::int64_t item = 0;
-  std::int64_t order = 0;
+  std::int64_t item = 0;              ///< index in hdp_sharding::items
+  std::int64_t order = 0;             ///< the item's order key
   int degree = 1;                     ///< ring size D (1 for a pack)
   int ring_position = 0;              ///< index of this rank in the item's ring
   std::vector<seq_segment> segments;  ///< packs: whole sequences; rings: chunks p and 2D-1-p
-  double offload_ratio = 0.0;
-  std::int64_t tokens = 0;
+  double offload_ratio = 0.0;         ///< share of activations offloaded
+  std::int64_t tokens = 0;            ///< tokens this rank holds
 
   friend bool operator==(const hdp_micro_batch&, const hdp_micro_batch&) = default;
   void hash_append(hasher& h) const {
@@ -118,7 +118,7 @@ struct hdp_micro_batch {
 
 /// The per-step HDP plan: equal on every rank that computes it.
 struct hdp_plan {
-  hdp_sharding sharding;
+  hdp_sharding sharding;                               ///< the items of the step
   std::vector<hdp_placement> placement;                ///< per item
   std::vector<std::vector<hdp_micro_batch>> per_rank;  ///< per pool rank, in execution order
 
@@ -133,6 +133,7 @@ struct hdp_plan {
     const auto& r = ring(mb);
     return r[static_cast<std::size_t>((mb.ring_position + 1) % mb.degree)];
   }
+  /// The pool rank this micro-batch receives KV from (its ring predecessor).
   [[nodiscard]] int prev_rank(const hdp_micro_batch& mb) const {
     const auto& r = ring(mb);
     return r[static_cast<std::size_t>((mb.ring_position + mb.degree - 1) % mb.degree)];

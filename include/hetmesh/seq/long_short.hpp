@@ -33,8 +33,10 @@ struct long_short_policy {
   int heads = 16;                            ///< encoder attention heads
   mesh::topology cluster{};                  ///< Ulysses groups stay inside one of its nodes
   double balance_factor = 1.0;               ///< beta
+  /// The encoder's cost model that prices an item (linear in tokens by default).
   cost::encoder_compute encoder{.layer = {.a = 0.0, .b = 1.0, .c = 0.0}, .layers = 1, .train_factor = 1.0};
 
+  /// Modelled cost of an item of `l` tokens.
   [[nodiscard]] double cost(std::int64_t l) const noexcept { return encoder.item(l); }
   friend bool operator==(const long_short_policy&, const long_short_policy&) = default;
   void hash_append(hasher& h) const {
@@ -45,11 +47,11 @@ struct long_short_policy {
 /// Where one encoder item runs: `degree` ranks from `first_rank` (degree 1: a short item), the
 /// contiguous token range each group rank holds before Ulysses' all-to-all, and its modelled cost.
 struct long_short_assignment {
-  seq_desc item;
-  int degree = 1;
-  int first_rank = 0;
-  std::vector<token_range> splits;
-  double cost = 0.0;
+  seq_desc item;                    ///< the encoder item
+  int degree = 1;                   ///< ranks it is split over (1: whole)
+  int first_rank = 0;               ///< first rank of its contiguous group
+  std::vector<token_range> splits;  ///< token ranges, one per rank
+  double cost = 0.0;                ///< modelled cost
 
   friend bool operator==(const long_short_assignment&, const long_short_assignment&) = default;
   void hash_append(hasher& h) const { append_all(h, item, degree, first_rank, splits, cost); }
@@ -58,12 +60,12 @@ struct long_short_assignment {
 /// The plan: assignments (long items first, by (-length, id); then short ones likewise), each rank's
 /// modelled load and tokens, and the distinct Ulysses groups used (as (first rank, size), sorted).
 struct long_short_plan {
-  long_short_policy policy{};
-  int ranks = 0;
-  std::vector<long_short_assignment> items;
-  std::vector<double> load;
-  std::vector<std::int64_t> tokens;
-  std::vector<std::pair<int, int>> groups;
+  long_short_policy policy{};                ///< the policy it was made with
+  int ranks = 0;                             ///< ranks of the encoder group
+  std::vector<long_short_assignment> items;  ///< per item, in input order
+  std::vector<double> load;                  ///< per rank, modelled cost
+  std::vector<std::int64_t> tokens;          ///< per rank, tokens
+  std::vector<std::pair<int, int>> groups;   ///< (first rank, size) of each split group
 
   friend bool operator==(const long_short_plan&, const long_short_plan&) = default;
   void hash_append(hasher& h) const { append_all(h, policy, ranks, items, load, tokens, groups); }

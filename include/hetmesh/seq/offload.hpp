@@ -26,8 +26,8 @@ using offload_model = cost::offload_model;
 /// Policy of the solver: ratios are chosen on a grid of `ratio_steps` steps (r = k/ratio_steps), so
 /// plans compare exactly and hash the same everywhere; `enabled = false` pins r = 0.
 struct offload_policy {
-  bool enabled = true;
-  int ratio_steps = 100;
+  bool enabled = true;    ///< false: nothing offloaded
+  int ratio_steps = 100;  ///< ratios are multiples of 1 / ratio_steps
 
   friend constexpr bool operator==(const offload_policy&, const offload_policy&) = default;
   void hash_append(hasher& h) const { append_all(h, enabled, ratio_steps); }
@@ -35,13 +35,14 @@ struct offload_policy {
 
 /// The solver's answer for one sequence.
 struct offload_choice {
-  std::int64_t length = 0;
+  std::int64_t length = 0;       ///< sequence length
   int ranks = 1;                 ///< D(s)
   int ratio_steps = 100;         ///< grid of the ratio
   int ratio_k = 0;               ///< r = ratio_k / ratio_steps
   double ratio_max = 0.0;        ///< overlap bound min(1, T(s)*min(B)/Act(s))
   double ratio_lower_bound = 0;  ///< min(1, l*Act(C) / ((l-2)*Act(s))): below it offloading saves no rank
 
+  /// The chosen offload ratio, ratio_k / ratio_steps.
   [[nodiscard]] double ratio() const noexcept { return static_cast<double>(ratio_k) / ratio_steps; }
   friend constexpr bool operator==(const offload_choice&, const offload_choice&) = default;
   void hash_append(hasher& h) const { append_all(h, length, ranks, ratio_steps, ratio_k); }

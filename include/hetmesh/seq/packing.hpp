@@ -25,8 +25,8 @@ enum class overlong_action { error, reject };
 
 /// Policy value of packing.
 struct pack_policy {
-  std::int64_t capacity = 8192;  ///< tokens per micro-batch
-  overlong_action overlong = overlong_action::error;
+  std::int64_t capacity = 8192;                       ///< tokens per micro-batch
+  overlong_action overlong = overlong_action::error;  ///< what to do with a sequence longer than capacity
 
   friend constexpr bool operator==(const pack_policy&, const pack_policy&) = default;
   void hash_append(hasher& h) const { append_all(h, capacity, overlong); }
@@ -34,9 +34,10 @@ struct pack_policy {
 
 /// One packed micro-batch: its documents in order, and cu_seqlens over them (size docs+1, from 0).
 struct packed_micro_batch {
-  std::vector<seq_desc> docs;
-  std::vector<std::int64_t> cu_seqlens;
+  std::vector<seq_desc> docs;            ///< documents, in pack order
+  std::vector<std::int64_t> cu_seqlens;  ///< cumulative lengths, from 0
 
+  /// Tokens of the micro-batch.
   [[nodiscard]] std::int64_t tokens() const noexcept { return cu_seqlens.empty() ? 0 : cu_seqlens.back(); }
   /// Position ids of the micro-batch's tokens: 0..len-1 for each document in turn. O(tokens).
   [[nodiscard]] std::vector<std::int64_t> position_ids() const {
@@ -52,9 +53,9 @@ struct packed_micro_batch {
 
 /// The packing plan: micro-batches in creation order, and documents rejected as over-long.
 struct pack_plan {
-  pack_policy policy{};
-  std::vector<packed_micro_batch> micro_batches;
-  std::vector<seq_desc> rejected;  ///< (-length, id) order; empty unless overlong == reject
+  pack_policy policy{};                           ///< the policy it was made with
+  std::vector<packed_micro_batch> micro_batches;  ///< the packed micro-batches
+  std::vector<seq_desc> rejected;                 ///< (-length, id) order; empty unless overlong == reject
 
   friend bool operator==(const pack_plan&, const pack_plan&) = default;
   void hash_append(hasher& h) const { append_all(h, policy, micro_batches, rejected); }

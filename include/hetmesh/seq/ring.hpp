@@ -23,15 +23,17 @@
 
 namespace hetmesh::seq {
 
+/// How much of a (query chunk, KV chunk) block causal attention computes: none, all of it (full), or
+/// its lower triangle (causal).
 enum class block_mask { none, full, causal };
 
 /// One block product of a step: query chunk and KV chunk (indices into the owners' chunk lists),
 /// the mask, and the (query, key) pairs it computes.
 struct ring_pair {
-  int q_chunk = 0;
-  int kv_chunk = 0;
-  block_mask mask = block_mask::none;
-  std::int64_t work = 0;
+  int q_chunk = 0;                     ///< query chunk
+  int kv_chunk = 0;                    ///< KV chunk
+  block_mask mask = block_mask::none;  ///< which part of the block is computed
+  std::int64_t work = 0;               ///< work units of the pair
 
   friend constexpr bool operator==(const ring_pair&, const ring_pair&) = default;
   void hash_append(hasher& h) const { append_all(h, q_chunk, kv_chunk, mask, work); }
@@ -43,7 +45,7 @@ struct ring_step {
   int send_to = -1;              ///< position receiving this KV after the step; -1 on the last step
   int recv_from = -1;            ///< position this step's successor KV comes from; -1 on the last step
   std::vector<ring_pair> pairs;  ///< only pairs with mask != none
-  std::int64_t work = 0;
+  std::int64_t work = 0;         ///< work units of the step
 
   friend bool operator==(const ring_step&, const ring_step&) = default;
   void hash_append(hasher& h) const { append_all(h, kv_source, send_to, recv_from, pairs, work); }
@@ -56,8 +58,11 @@ struct ring_schedule {
   std::vector<std::vector<ring_step>> steps;  ///< per position: D steps
   std::vector<std::int64_t> work;             ///< per position: total causal pairs computed
 
+  /// Ranks in the ring.
   [[nodiscard]] int size() const noexcept { return static_cast<int>(ring.size()); }
+  /// The position after p, which p sends its KV to (ring[next(p)] is that rank).
   [[nodiscard]] int next(int p) const noexcept { return (p + 1) % size(); }
+  /// The position before p, which p receives KV from.
   [[nodiscard]] int prev(int p) const noexcept { return (p + size() - 1) % size(); }
   friend bool operator==(const ring_schedule&, const ring_schedule&) = default;
   void hash_append(hasher& h) const { append_all(h, ring, chunks, steps, work); }

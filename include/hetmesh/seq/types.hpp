@@ -20,8 +20,8 @@ namespace hetmesh::seq {
 /// One sequence (sample, document) to partition: a caller-chosen id, unique within a batch, and
 /// its length in tokens. Planners sort by (-length, id), so equal lengths never tie.
 struct seq_desc {
-  std::int64_t id = 0;
-  std::int64_t length = 0;
+  std::int64_t id = 0;      ///< sequence id, unique in the batch
+  std::int64_t length = 0;  ///< tokens
 
   friend constexpr bool operator==(const seq_desc&, const seq_desc&) = default;
   void hash_append(hasher& h) const { append_all(h, id, length); }
@@ -29,19 +29,21 @@ struct seq_desc {
 
 /// Half-open token range [begin, end) inside one sequence.
 struct token_range {
-  std::int64_t begin = 0;
-  std::int64_t end = 0;
+  std::int64_t begin = 0;  ///< first token
+  std::int64_t end = 0;    ///< one past the last token
 
+  /// Tokens in the range.
   [[nodiscard]] constexpr std::int64_t size() const noexcept { return end - begin; }
   friend constexpr bool operator==(const token_range&, const token_range&) = default;
+  /// Orders ranges by (begin, end).
   friend constexpr auto operator<=>(const token_range&, const token_range&) = default;
   void hash_append(hasher& h) const { append_all(h, begin, end); }
 };
 
 /// A piece of one sequence held by one rank: which sequence (by id) and which tokens.
 struct seq_segment {
-  std::int64_t seq_id = 0;
-  token_range tokens;
+  std::int64_t seq_id = 0;  ///< the sequence
+  token_range tokens;       ///< its tokens held here
 
   friend constexpr bool operator==(const seq_segment&, const seq_segment&) = default;
   void hash_append(hasher& h) const { append_all(h, seq_id, tokens); }

@@ -20,10 +20,10 @@ namespace hetmesh::seq {
 
 /// Policy value of Ulysses: group size and the model's head counts.
 struct ulysses_policy {
-  int degree = 1;
+  int degree = 1;    ///< Ulysses ranks (heads are split over them)
   int heads = 1;     ///< query heads H
   int kv_heads = 1;  ///< key/value heads Hkv (== H without GQA)
-  int head_dim = 1;
+  int head_dim = 1;  ///< dimension of one head
 
   friend constexpr bool operator==(const ulysses_policy&, const ulysses_policy&) = default;
   void hash_append(hasher& h) const { append_all(h, degree, heads, kv_heads, head_dim); }
@@ -33,16 +33,18 @@ struct ulysses_policy {
 /// Send layout on rank r: for each peer p in order, its local tokens x (heads of p) x head_dim,
 /// token-major within a peer block. Receive layout: for each source p, p's tokens x (my heads).
 struct ulysses_plan {
-  ulysses_policy policy{};
+  ulysses_policy policy{};           ///< the policy it was made with
   std::vector<std::int64_t> tokens;  ///< per rank: tokens it holds before the all-to-all
-  std::int64_t total_tokens = 0;
-  int heads_per_rank = 1;          ///< H / d
-  int kv_heads_per_rank = 1;       ///< Hkv / d, or 1 when KV heads are replicated
-  int kv_replication = 1;          ///< ranks sharing one KV head (d / Hkv when Hkv < d)
-  std::vector<int> q_head_begin;   ///< per rank: first query head it owns after the swap
-  std::vector<int> kv_head_begin;  ///< per rank: first KV head it owns after the swap
+  std::int64_t total_tokens = 0;     ///< tokens of the batch
+  int heads_per_rank = 1;            ///< H / d
+  int kv_heads_per_rank = 1;         ///< Hkv / d, or 1 when KV heads are replicated
+  int kv_replication = 1;            ///< ranks sharing one KV head (d / Hkv when Hkv < d)
+  std::vector<int> q_head_begin;     ///< per rank: first query head it owns after the swap
+  std::vector<int> kv_head_begin;    ///< per rank: first KV head it owns after the swap
+  ///@{
   /// counts[r][p]: elements rank r sends to p for q (resp. kv); recv counts are the transpose.
   std::vector<std::vector<std::int64_t>> q_send_counts, kv_send_counts;
+  ///@}
 
   friend bool operator==(const ulysses_plan&, const ulysses_plan&) = default;
   void hash_append(hasher& h) const {
