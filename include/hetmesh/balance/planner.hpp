@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -283,7 +284,10 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
     }
   }
   for (std::size_t i = 0; i < sh.items.size(); ++i) sh.items[i].index = static_cast<std::int64_t>(i);
-  return seq::hdp_assemble(std::move(sh), std::move(placement));
+  auto plan = seq::hdp_assemble(std::move(sh), std::move(placement));
+  HETMESH_ASSERT_AT(heavy, seq::hdp_exactly_once_violation(seqs, plan).empty(),
+                    "balance::plan_gap_filling_hdp: {}", seq::hdp_exactly_once_violation(seqs, plan));
+  return plan;
 }
 
 }  // namespace hetmesh::balance
