@@ -28,6 +28,7 @@
 #include "../pipeline/action.hpp"
 #include "../pipeline/lower.hpp"
 #include "../pipeline/simulate.hpp"
+#include "agreement.hpp"
 
 namespace hetmesh::run {
 
@@ -99,6 +100,7 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
     throw_error<invalid_argument>(
         "pipeline execute({}): communicator of {} ranks; expected the schedule's {} ranks", s.name, c.size(),
         s.total_ranks());
+  assert_plan_agreement(c, s, "pipeline schedule");  // collective level: every rank runs the same schedule
   if (!sizes.output && s.num_stages > 1)
     throw_error<invalid_argument>(
         "pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
