@@ -282,8 +282,12 @@ TEST_CASE("pipeline executor: refuses an unlowered multi-rank schedule") {
 
 TEST_CASE("pipeline executor: message tags never alias; past the tag space it refuses before sending") {
   using hetmesh::run::detail::pipeline_tag;
-  schedule s{
-      .name = "tags", .num_ranks = 1, .num_stages = 3, .num_microbatches = 7, .stage_to_rank = {0, 0, 0}};
+  schedule s;
+  s.name = "tags";
+  s.num_ranks = 1;
+  s.num_stages = 3;
+  s.num_microbatches = 7;
+  s.stage_to_rank = {0, 0, 0};
   s.encoder_shard_to_rank = {0, 0, 0, 0, 0};
   std::set<int> tags;
   for (int st = 0; st < 5; ++st)
@@ -292,7 +296,11 @@ TEST_CASE("pipeline executor: message tags never alias; past the tag space it re
   CHECK(tags.size() == 5 * 7 * 4);
   // 4 stages x 2^16 micro-batches x 4 kinds fill the 2^20 user tags exactly; one more micro-batch does not
   // fit.
-  schedule big{.name = "big", .num_ranks = 1, .num_stages = 4, .num_microbatches = 1 << 16};
+  schedule big;
+  big.name = "big";
+  big.num_ranks = 1;
+  big.num_stages = 4;
+  big.num_microbatches = 1 << 16;
   big.stage_to_rank = {0, 0, 0, 0};
   big.ranks = {{}};
   CHECK(pipeline_tag(big, 3, (1 << 16) - 1, 3) == hetmesh::comm::max_user_tag);
@@ -306,6 +314,6 @@ TEST_CASE("pipeline executor: message tags never alias; past the tag space it re
           1,
           [&](hetmesh::comm::loopback::communicator& c) { execute_pipeline(c, big, m.functions(), sizes); }),
       doctest::Contains(
-          "stage/shard 3 micro-batch 65536 (kind 3) is 1048579, past the limit max_user_tag = 1048575"),
+          "stage/shard 3 micro-batch 65536 (kind 3) is 1048591, past the limit max_user_tag = 1048575"),
       hetmesh::capacity_error);
 }
