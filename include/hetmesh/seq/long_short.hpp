@@ -15,11 +15,14 @@
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "../core/assert.hpp"
 #include "../core/error.hpp"
+#include "../core/exactly_once.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "../cost/encoder.hpp"
@@ -193,6 +196,14 @@ struct long_short_plan {
   }
   std::sort(plan.groups.begin(), plan.groups.end());
   plan.groups.erase(std::unique(plan.groups.begin(), plan.groups.end()), plan.groups.end());
+  if constexpr (assertion_enabled(assertion_level::heavy)) {  // every token of every item exactly once
+    std::vector<id_range> expected, assigned;
+    for (const auto& s : items) expected.push_back({s.id, 0, s.length});
+    for (const auto& a : plan.items)
+      for (const auto& r : a.splits) assigned.push_back({a.item.id, r.begin, r.end});
+    const std::string v = exactly_once_violation(std::move(expected), std::move(assigned));
+    HETMESH_ASSERT_AT(heavy, v.empty(), "plan_long_short: {}", v);
+  }
   return plan;
 }
 
