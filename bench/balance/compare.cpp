@@ -126,9 +126,9 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
       "\n{} -- {} ranks, C = {}, ~{}M tokens per batch, {} seeds, ~{:.0f} sequences (step times MODELLED, "
       "ms)\n",
       w.name, w.ranks, w.capacity, batch_tokens >> 20, seeds, median(nseq));
-  fmt::print("  {:<16} {:>14} {:>11} {:>14}\n", "strategy", "step (median)", "imbalance", "step / bound");
+  fmt::print("  {:<20} {:>14} {:>11} {:>14}\n", "strategy", "step (median)", "imbalance", "step / bound");
   for (const auto& n : order) {
-    fmt::print("  {:<16} {:>14.1f} {:>11.3f} {:>14.3f}\n", n, median(step[n]), median(imb[n]),
+    fmt::print("  {:<20} {:>14.1f} {:>11.3f} {:>14.3f}\n", n, median(step[n]), median(imb[n]),
                median(ratio[n]));
     out["strategies"].push_back({{"name", n},
                                  {"modelled_step_ms_median", median(step[n])},
@@ -281,7 +281,7 @@ json run_planning(const std::vector<std::int64_t>& text, bool quick) {
   out["grouped_reorder_8192_in_256_ms"] = {
       {"cpu_median", gr}, {"cpu_min", last_min_ms}, {"wall_median", last_wall_ms}, {"target_ms", 5}};
   // Scaling 1K .. 100K sequences (2,048 ranks, Byted-like).
-  fmt::print("  {:>8} {:>12} {:>12} {:>18}   (CPU ms)\n", "seqs", "gap_filling_hdp", "bytescale",
+  fmt::print("  {:>8} {:>16} {:>12} {:>24}   (CPU ms)\n", "seqs", "gap_filling_hdp", "bytescale",
              "gap_filling ns/(n lg n)");
   for (int n : {1000, 3000, 10000, 30000, 100000}) {
     if (quick && n > 10000) break;
@@ -291,7 +291,7 @@ json run_planning(const std::vector<std::int64_t>& text, bool quick) {
     const double th = time_ms(r, [&] { (void)balance::plan_gap_filling_hdp(b, hdp, 2048, m); });
     const double tb = time_ms(r, [&] { (void)balance::plan_bytescale(b, hdp, 2048, m); });
     const double per = th * 1e6 / (static_cast<double>(n) * std::log2(static_cast<double>(n)));
-    fmt::print("  {:>8} {:>12.2f} {:>12.2f} {:>18.1f}\n", n, th, tb, per);
+    fmt::print("  {:>8} {:>16.2f} {:>12.2f} {:>24.1f}\n", n, th, tb, per);
     out["scaling_2048_ranks"].push_back({{"sequences", n},
                                          {"gap_filling_hdp_ms", th},
                                          {"bytescale_hdp_ms", tb},
