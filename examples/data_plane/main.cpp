@@ -21,6 +21,7 @@
 #include <hetmesh/data/all.hpp>
 #include <hetmesh/data/checkpoint.hpp>
 #include <hetmesh/data/mixture_json.hpp>
+#include <hetmesh/data/webdataset.hpp>
 #include <hetmesh/run/data_service.hpp>
 
 namespace data = hetmesh::data;

@@ -5,8 +5,9 @@
 //
 // Headers that read or write JSON are left out, so this include does not pay for nlohmann/json's
 // templates: include them where JSON is read or written -- data/mixture_json.hpp (mixtures),
-// data/checkpoint.hpp (checkpoint files), data/convert.hpp (the jsonl converters). webdataset.hpp still
-// parses each sample's `.json` member, so nlohmann/json is still parsed (but little instantiated) here.
+// data/checkpoint.hpp (checkpoint files), data/convert.hpp (the jsonl converters) and
+// data/webdataset.hpp (WebDataset shards, whose samples carry a `.json` member; a program that opens a
+// WebDataset source includes it in some translation unit, which registers the reader with open_source).
 #pragma once
 
 #include "autoscale.hpp"
@@ -20,5 +21,4 @@
 #include "service_layout.hpp"
 #include "source.hpp"
 #include "tar.hpp"
-#include "webdataset.hpp"
 #include "wire.hpp"

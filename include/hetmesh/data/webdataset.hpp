@@ -19,6 +19,7 @@
 #include "../core/error.hpp"
 #include "detail/file.hpp"
 #include "sample.hpp"
+#include "source.hpp"
 #include "tar.hpp"
 
 namespace hetmesh::data {
@@ -185,8 +186,7 @@ struct wds_record {
   const sample_meta* meta = nullptr;
 };
 
-/// The user's payload-decoding hook: fills `out.tokens` and `out.items` from a record.
-using wds_decoder = std::function<void(const wds_record&, sample& out)>;
+// wds_decoder, the user's payload-decoding hook, is declared in source.hpp.
 
 /// The default decoder: text token ids from the json's "text_tokens" array, and one encoder item per
 /// entry of "items" whose payload is the raw bytes of the member with that "ext".
@@ -294,5 +294,65 @@ class wds_writer {
   detail::unique_fd fd_;
   std::vector<std::byte> zeros_ = std::vector<std::byte>(tar::block, std::byte{0});
 };
+
+/// WebDataset shards, concatenated in the order given; payloads decoded by the user's hook.
+class webdataset_source final : public source_reader {
+ public:
+  webdataset_source(const source_spec& spec, wds_decoder decode)
+      : decode_(decode ? std::move(decode) : wds_decoder(default_wds_decode)) {
+    std::int64_t total = 0;
+    for (const auto& p : spec.paths) {
+      shards_.emplace_back(p);
+      starts_.push_back(total);
+      total += shards_.back().size();
+    }
+    apply_filter(spec, total, [&](std::int64_t i) { return raw_meta(i); });
+  }
+  [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
+  [[nodiscard]] sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
+  void load(std::int64_t i, sample& out) const override {
+    const auto [part, local] = locate(underlying(i));
+    const auto rec = shards_[part].record(local);
+    out.tokens.clear();
+    out.items.clear();
+    decode_(rec, out);
+    count_read();
+  }
+  [[nodiscard]] std::int64_t state_bytes() const override {
+    std::int64_t b =
+        sizeof(*this) + filter_bytes() +
+        static_cast<std::int64_t>(shards_.capacity() * sizeof(wds_shard) + starts_.capacity() * 8);
+    for (const auto& s : shards_) b += s.index_heap_bytes();
+    return b;
+  }
+  [[nodiscard]] std::int64_t mapped_data_bytes() const override {
+    std::int64_t b = 0;
+    for (const auto& s : shards_) b += s.index().shard_bytes;
+    return b;
+  }
+
+ private:
+  [[nodiscard]] std::pair<std::size_t, std::int64_t> locate(std::int64_t i) const noexcept {
+    const auto it = std::upper_bound(starts_.begin(), starts_.end(), i) - 1;
+    return {static_cast<std::size_t>(it - starts_.begin()), i - *it};
+  }
+  [[nodiscard]] sample_meta raw_meta(std::int64_t i) const {
+    const auto [part, local] = locate(i);
+    return shards_[part].index().samples[static_cast<std::size_t>(local)].meta;
+  }
+  wds_decoder decode_;
+  std::vector<wds_shard> shards_{};
+  std::vector<std::int64_t> starts_{};
+};
+
+namespace detail {
+/// Registers webdataset_source with open_source (see detail::open_webdataset in source.hpp).
+inline const bool webdataset_registered = [] {
+  open_webdataset = [](const source_spec& spec, const wds_decoder& decode) -> std::unique_ptr<source_reader> {
+    return std::make_unique<webdataset_source>(spec, decode);
+  };
+  return true;
+}();
+}  // namespace detail
 
 }  // namespace hetmesh::data
