@@ -274,7 +274,8 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
     try {
       detail::plan_group(mine, hdp, g, k * g, m, sh.items, placement, counter);
     } catch (error& e) {
-      e.add_context(fmt::format("balance::plan_hetmesh: group {} (ranks [{}, {}))", k, k * g, (k + 1) * g));
+      e.add_context(
+          hetmesh::format("balance::plan_hetmesh: group {} (ranks [{}, {}))", k, k * g, (k + 1) * g));
       throw;
     }
   }
@@ -288,6 +289,6 @@ template <>
 struct fmt::formatter<hetmesh::balance::hetmesh_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::hetmesh_policy& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "hetmesh_policy(group_size={})", p.group_size);
+    return hetmesh::format_to(ctx.out(), "hetmesh_policy(group_size={})", p.group_size);
   }
 };

@@ -31,7 +31,7 @@ namespace detail {
                                                                             fmt::string_view format,
                                                                             fmt::format_args args) {
   throw assertion_error(
-      fmt::format("assertion `{}` failed at {}:{}: {}", expr, file, line, fmt::vformat(format, args)));
+      hetmesh::format("assertion `{}` failed at {}:{}: {}", expr, file, line, fmt::vformat(format, args)));
 }
 
 /// A failed HETMESH_ASSERT: formats the explanation out of line (see throw_error).

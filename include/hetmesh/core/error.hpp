@@ -110,6 +110,20 @@ template <class E>
 }
 }  // namespace detail
 
+/// fmt::format, with the format string checked when formatting rather than at compile time (unless
+/// HETMESH_CHECK_FORMAT_STRINGS): each call site costs one fmt::make_format_args instead of fmt's
+/// consteval checker. The library's headers format through this and format_to.
+template <class... Args>
+[[nodiscard]] std::string format(detail::format_string_t<Args...> text, Args&&... args) {
+  return fmt::vformat(text, fmt::make_format_args(args...));
+}
+
+/// fmt::format_to, checked like hetmesh::format.
+template <class Out, class... Args>
+Out format_to(Out out, detail::format_string_t<Args...> text, Args&&... args) {
+  return fmt::vformat_to(out, text, fmt::make_format_args(args...));
+}
+
 /// Throws E with a message formatted by fmt. `throw_error<invalid_argument>("cp={} ...", cp)`.
 /// A call site costs one fmt::make_format_args; the formatting itself is out of line (fmt::vformat).
 template <class E, class... Args>

@@ -290,23 +290,23 @@ struct delivery_group {
 template <>
 struct fmt::formatter<hetmesh::data::planner_state> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::planner_state& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "planner_state(step={}", s.step);
+    auto out = hetmesh::format_to(ctx.out(), "planner_state(step={}", s.step);
     for (std::size_t i = 0; i < s.cursors.size(); ++i)
-      out = fmt::format_to(out, ", s{}: e{} p{} c{}", i, s.cursors[i].epoch, s.cursors[i].position,
-                           s.cursors[i].carry);
-    return fmt::format_to(out, ")");
+      out = hetmesh::format_to(out, ", s{}: e{} p{} c{}", i, s.cursors[i].epoch, s.cursors[i].position,
+                               s.cursors[i].carry);
+    return hetmesh::format_to(out, ")");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::step_plan> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::step_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "step_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step,
-                          p.samples.size(), p.quotas, p.rank_cost);
+    return hetmesh::format_to(ctx.out(), "step_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step,
+                              p.samples.size(), p.quotas, p.rank_cost);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::delivery_group> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::delivery_group& g, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "delivery(dp={}, loader={}, ranks={})", g.dp, g.loader, g.ranks);
+    return hetmesh::format_to(ctx.out(), "delivery(dp={}, loader={}, ranks={})", g.dp, g.loader, g.ranks);
   }
 };

@@ -160,7 +160,7 @@ inline std::unique_ptr<source_reader> (*open_webdataset)(const source_spec&, con
           spec.name);
     return detail::open_webdataset(spec, decode);
   } catch (error& e) {
-    e.add_context(fmt::format("opening source '{}'", spec.name));
+    e.add_context(hetmesh::format("opening source '{}'", spec.name));
     throw;
   }
 }

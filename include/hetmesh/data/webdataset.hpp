@@ -98,7 +98,7 @@ inline sample_meta meta_from_json(const nlohmann::json& j, const std::string& wh
       bytes += e.sizes[k];
       if (e.exts[k] == "json") json_at = static_cast<std::int64_t>(k);
     }
-    const std::string where = fmt::format("shard '{}', sample '{}'", shard, e.key);
+    const std::string where = hetmesh::format("shard '{}', sample '{}'", shard, e.key);
     if (json_at < 0)
       throw_error<data_error>("{}: no .json member; every sample needs one with its lengths", where);
     const auto k = static_cast<std::size_t>(json_at);
@@ -167,7 +167,7 @@ inline void store_wds_index(const std::string& shard, const wds_index& idx) {
   } catch (const nlohmann::json::exception& ex) {
     throw_error<data_error>("'{}' is malformed: {}", path, ex.what());
   } catch (data_error& ex) {
-    ex.add_context(fmt::format("'{}' is malformed", path));
+    ex.add_context(hetmesh::format("'{}' is malformed", path));
     throw;
   }
   if (idx.shard_bytes != shard_bytes)
@@ -273,7 +273,7 @@ class wds_writer {
       throw_error<invalid_argument>(
           "wds_writer: key '{}' must be non-empty and contain no '.' (the key ends at the first '.')", key);
     for (const auto& [ext, bytes] : members) {
-      const auto h = tar::header(fmt::format("{}.{}", key, ext), static_cast<std::int64_t>(bytes.size()));
+      const auto h = tar::header(hetmesh::format("{}.{}", key, ext), static_cast<std::int64_t>(bytes.size()));
       detail::write_all(fd_.get(), h, path_);
       detail::write_all(fd_.get(), bytes, path_);
       const auto pad = static_cast<std::size_t>(

@@ -79,13 +79,13 @@ inline char timeline_glyph(action_type t) {
       }
     }
   }
-  std::string out = fmt::format(
+  std::string out = hetmesh::format(
       "time 0 .. {:.6g} s, {:.3g} s per column; F fwd, B bwd, I bwd-input, W bwd-weight, "
       "e/b encoder fwd/bwd, . idle\n",
       end, slot);
-  const int label = static_cast<int>(fmt::format("{}", ranks - 1).size());
+  const int label = static_cast<int>(hetmesh::format("{}", ranks - 1).size());
   for (int r = 0; r < ranks; ++r)
-    out += fmt::format("rank {:>{}} |{}|\n", r, label, rows[static_cast<std::size_t>(r)]);
+    out += hetmesh::format("rank {:>{}} |{}|\n", r, label, rows[static_cast<std::size_t>(r)]);
   return out;
 }
 
@@ -99,7 +99,7 @@ inline char timeline_glyph(action_type t) {
 [[nodiscard]] inline std::string render(const schedule& s, std::string_view format, int width = 100) {
   if (format == "actions") {
     std::string out;
-    for (int r = 0; r < s.total_ranks(); ++r) out += fmt::format("rank {}: {}\n", r, compute_text(s, r));
+    for (int r = 0; r < s.total_ranks(); ++r) out += hetmesh::format("rank {}: {}\n", r, compute_text(s, r));
     return out;
   }
   if (format == "csv") return to_csv(strip_comm(s));

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../core/error.hpp"
 #include "action.hpp"
 #include "simulate.hpp"
 #include "trace.hpp"
@@ -30,7 +31,7 @@ namespace hetmesh::pipeline {
                       {"ph", "M"},
                       {"pid", 0},
                       {"tid", r},
-                      {"args", {{"name", fmt::format("rank {}", r)}}}});
+                      {"args", {{"name", hetmesh::format("rank {}", r)}}}});
     events.push_back(
         {{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", r}, {"args", {{"sort_index", r}}}});
   }
