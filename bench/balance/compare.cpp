@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // bench_balance_compare: the balancing strategies side by side on the vendored workloads.
 //   1. modelled step time, imbalance (max/mean busy) and ratio to the lower bound max(total/N, largest
-//      short sequence) for random, token_count, static_dp_cp, bytescale_hdp, hetmesh (one group) and
-//      hetmesh with locality groups, median over seeds (batches);
+//      short sequence) for random, token_count, static_dp_cp, bytescale_hdp, gap_filling_hdp (one group) and
+//      gap_filling_hdp with locality groups, median over seeds (batches);
 //   2. grouped reordering of a multimodal batch: encoder and LLM maxima, no reordering vs LLM-only vs
 //      joint, by group size;
 //   3. measured planning times on this machine (one core): 16,384 ranks x 4,000 sequences, grouped
@@ -90,7 +90,7 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
   std::map<std::string, std::vector<double>> step, imb, ratio;
   std::vector<double> plan_bs, plan_hm, nseq;
   std::vector<std::string> order(balance::strategy_names.begin(), balance::strategy_names.end());
-  const std::string grouped = fmt::format("hetmesh_g{}", w.group_size);
+  const std::string grouped = fmt::format("gap_filling_hdp_g{}", w.group_size);
   order.push_back(grouped);
   for (int s = 0; s < seeds; ++s) {
     const auto seed = static_cast<std::uint64_t>(1000 + s);
@@ -100,8 +100,8 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
     cfg.seed = seed;
     auto res = balance::compare_strategies(seqs, cfg);
     auto gcfg = cfg;
-    gcfg.hetmesh.group_size = w.group_size;
-    auto g = balance::run_strategy("hetmesh", seqs, gcfg);
+    gcfg.gap_filling.group_size = w.group_size;
+    auto g = balance::run_strategy("gap_filling_hdp", seqs, gcfg);
     g.name = grouped;
     res.push_back(g);
     for (const auto& r : res) {
@@ -112,7 +112,8 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
     balance::bytescale_policy bp;
     plan_bs.push_back(
         time_ms(3, [&] { (void)balance::plan_bytescale(seqs, cfg.hdp, cfg.ranks, cfg.model, bp); }));
-    plan_hm.push_back(time_ms(3, [&] { (void)balance::plan_hetmesh(seqs, cfg.hdp, cfg.ranks, cfg.model); }));
+    plan_hm.push_back(
+        time_ms(3, [&] { (void)balance::plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model); }));
   }
   json out{{"workload", w.name},
            {"ranks", w.ranks},
@@ -125,9 +126,9 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
       "\n{} -- {} ranks, C = {}, ~{}M tokens per batch, {} seeds, ~{:.0f} sequences (step times MODELLED, "
       "ms)\n",
       w.name, w.ranks, w.capacity, batch_tokens >> 20, seeds, median(nseq));
-  fmt::print("  {:<16} {:>14} {:>11} {:>14}\n", "strategy", "step (median)", "imbalance", "step / bound");
+  fmt::print("  {:<20} {:>14} {:>11} {:>14}\n", "strategy", "step (median)", "imbalance", "step / bound");
   for (const auto& n : order) {
-    fmt::print("  {:<16} {:>14.1f} {:>11.3f} {:>14.3f}\n", n, median(step[n]), median(imb[n]),
+    fmt::print("  {:<20} {:>14.1f} {:>11.3f} {:>14.3f}\n", n, median(step[n]), median(imb[n]),
                median(ratio[n]));
     out["strategies"].push_back({{"name", n},
                                  {"modelled_step_ms_median", median(step[n])},
@@ -135,9 +136,10 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
                                  {"ratio_to_lower_bound_median", median(ratio[n])},
                                  {"ratio_to_lower_bound_all", ratio[n]}});
   }
-  fmt::print("  planning (measured CPU time): bytescale {:.2f} ms, hetmesh {:.2f} ms (median)\n",
+  fmt::print("  planning (measured CPU time): bytescale {:.2f} ms, gap_filling_hdp {:.2f} ms (median)\n",
              median(plan_bs), median(plan_hm));
-  out["planning_cpu_ms_measured"] = {{"bytescale_hdp", median(plan_bs)}, {"hetmesh", median(plan_hm)}};
+  out["planning_cpu_ms_measured"] = {{"bytescale_hdp", median(plan_bs)},
+                                     {"gap_filling_hdp", median(plan_hm)}};
   return out;
 }
 
@@ -253,18 +255,19 @@ json run_planning(const std::vector<std::int64_t>& text, bool quick) {
   const seq::hdp_policy hdp{.capacity = 8192};
   const balance::step_model m;
   const int reps = quick ? 3 : 15;
-  const double hm = time_ms(reps, [&] { (void)balance::plan_hetmesh(seqs, hdp, 16384, m); });
+  const double hm = time_ms(reps, [&] { (void)balance::plan_gap_filling_hdp(seqs, hdp, 16384, m); });
   const double hm_wall = last_wall_ms;
   const double hm_min = last_min_ms;
   const double bs = time_ms(reps, [&] { (void)balance::plan_bytescale(seqs, hdp, 16384, m); });
   fmt::print(
-      "  16384 ranks x 4000 sequences: hetmesh {:.2f} ms, bytescale {:.2f} ms CPU (target < 20 ms; hetmesh "
+      "  16384 ranks x 4000 sequences: gap_filling_hdp {:.2f} ms, bytescale {:.2f} ms CPU (target < 20 ms; "
+      "gap_filling_hdp "
       "wall "
       "{:.2f} ms)\n",
       hm, bs, hm_wall);
-  out["ranks16384_seqs4000_ms"] = {{"hetmesh_cpu_median", hm},
-                                   {"hetmesh_cpu_min", hm_min},
-                                   {"hetmesh_wall_median", hm_wall},
+  out["ranks16384_seqs4000_ms"] = {{"gap_filling_hdp_cpu_median", hm},
+                                   {"gap_filling_hdp_cpu_min", hm_min},
+                                   {"gap_filling_hdp_wall_median", hm_wall},
                                    {"bytescale_hdp_cpu_median", bs},
                                    {"target_ms", 20}};
   // Grouped reordering: 8,192 samples in a 256-rank group.
@@ -278,19 +281,21 @@ json run_planning(const std::vector<std::int64_t>& text, bool quick) {
   out["grouped_reorder_8192_in_256_ms"] = {
       {"cpu_median", gr}, {"cpu_min", last_min_ms}, {"wall_median", last_wall_ms}, {"target_ms", 5}};
   // Scaling 1K .. 100K sequences (2,048 ranks, Byted-like).
-  fmt::print("  {:>8} {:>12} {:>12} {:>18}   (CPU ms)\n", "seqs", "hetmesh", "bytescale",
-             "hetmesh ns/(n lg n)");
+  fmt::print("  {:>8} {:>16} {:>12} {:>24}   (CPU ms)\n", "seqs", "gap_filling_hdp", "bytescale",
+             "gap_filling ns/(n lg n)");
   for (int n : {1000, 3000, 10000, 30000, 100000}) {
     if (quick && n > 10000) break;
     auto b = bench::byted_like_batch(static_cast<std::int64_t>(n) * 12000, 7 + static_cast<std::uint64_t>(n));
     b.resize(static_cast<std::size_t>(std::min<std::size_t>(b.size(), static_cast<std::size_t>(n))));
     const int r = n >= 30000 ? 3 : 7;
-    const double th = time_ms(r, [&] { (void)balance::plan_hetmesh(b, hdp, 2048, m); });
+    const double th = time_ms(r, [&] { (void)balance::plan_gap_filling_hdp(b, hdp, 2048, m); });
     const double tb = time_ms(r, [&] { (void)balance::plan_bytescale(b, hdp, 2048, m); });
     const double per = th * 1e6 / (static_cast<double>(n) * std::log2(static_cast<double>(n)));
-    fmt::print("  {:>8} {:>12.2f} {:>12.2f} {:>18.1f}\n", n, th, tb, per);
-    out["scaling_2048_ranks"].push_back(
-        {{"sequences", n}, {"hetmesh_ms", th}, {"bytescale_hdp_ms", tb}, {"hetmesh_ns_per_n_log2_n", per}});
+    fmt::print("  {:>8} {:>16.2f} {:>12.2f} {:>24.1f}\n", n, th, tb, per);
+    out["scaling_2048_ranks"].push_back({{"sequences", n},
+                                         {"gap_filling_hdp_ms", th},
+                                         {"bytescale_hdp_ms", tb},
+                                         {"gap_filling_hdp_ns_per_n_log2_n", per}});
   }
   return out;
 }

@@ -7,6 +7,7 @@
 #include "core/assert.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/exactly_once.hpp"
 #include "core/format.hpp"
 #include "core/hash.hpp"
 #include "core/integral.hpp"

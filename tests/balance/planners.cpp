@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Planners: DP/micro-batch balancing, the step simulator, ByteScale's balance scheduler, hetmesh's
+// Planners: DP/micro-batch balancing, the step simulator, ByteScale's balance scheduler, the gap-filling
 // planner and the strategy comparison -- properties over seeded inputs.
 #include <doctest/doctest.h>
 
@@ -184,21 +184,21 @@ TEST_CASE("verify_deadlock_free detects rings run in crossed orders") {
   CHECK_THROWS_AS(balance::verify_deadlock_free(bad), invalid_argument);
 }
 
-TEST_CASE("plan_hetmesh: properties, groups, and near the lower bound") {
+TEST_CASE("plan_gap_filling_hdp: properties, groups, and near the lower bound") {
   balance::step_model m;
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
     const auto seqs = test::random_batch(seed, 600, 64, 60000);
     const seq::hdp_policy hdp{.capacity = 8192};
-    const auto plan = balance::plan_hetmesh(seqs, hdp, 32, m);
+    const auto plan = balance::plan_gap_filling_hdp(seqs, hdp, 32, m);
     test::check_exactly_once(plan, seqs);
     balance::verify_deadlock_free(plan);
     for (const auto& it : plan.sharding.items)
       if (it.packed) CHECK(it.tokens <= hdp.capacity);
-    CHECK(balance::plan_hetmesh(permuted(seqs, seed), hdp, 32, m) == plan);
+    CHECK(balance::plan_gap_filling_hdp(permuted(seqs, seed), hdp, 32, m) == plan);
     // Groups of 8: every item stays in the group of its sequences' loader.
     std::vector<int> owner(seqs.size());
     for (std::size_t i = 0; i < seqs.size(); ++i) owner[i] = static_cast<int>((seqs[i].id * 13) % 32);
-    const auto grouped = balance::plan_hetmesh(seqs, hdp, 32, m, {.group_size = 8}, owner);
+    const auto grouped = balance::plan_gap_filling_hdp(seqs, hdp, 32, m, {.group_size = 8}, owner);
     test::check_exactly_once(grouped, seqs);
     balance::verify_deadlock_free(grouped);
     std::map<std::int64_t, int> group_of;
@@ -207,8 +207,8 @@ TEST_CASE("plan_hetmesh: properties, groups, and near the lower bound") {
       for (int r : grouped.placement[i].ring)
         for (const auto& s : grouped.sharding.items[i].seqs) CHECK(r / 8 == group_of[s.id]);
   }
-  CHECK_THROWS_AS((void)balance::plan_hetmesh(test::random_batch(1, 10, 10, 100), {.capacity = 64}, 6, m,
-                                              {.group_size = 4}),
+  CHECK_THROWS_AS((void)balance::plan_gap_filling_hdp(test::random_batch(1, 10, 10, 100), {.capacity = 64}, 6,
+                                                      m, {.group_size = 4}),
                   invalid_argument);
 }
 
@@ -228,17 +228,17 @@ TEST_CASE(
   const auto by = [&](std::string_view n) {
     return *std::find_if(res.begin(), res.end(), [&](const auto& r) { return r.name == n; });
   };
-  CHECK(by("hetmesh").ratio_to_lower_bound < 1.05);
-  CHECK(by("hetmesh").step <= by("bytescale_hdp").step);
+  CHECK(by("gap_filling_hdp").ratio_to_lower_bound < 1.05);
+  CHECK(by("gap_filling_hdp").step <= by("bytescale_hdp").step);
   CHECK(by("bytescale_hdp").step < by("token_count").step);
   CHECK(by("token_count").step < by("random").step);
   CHECK_THROWS_WITH_AS((void)balance::run_strategy("magic", seqs, cfg),
                        doctest::Contains("unknown strategy 'magic'"), invalid_argument);
 }
 
-TEST_CASE("compare_strategies: heavy-tailed synthetic batch, hetmesh within 2% of the lower bound") {
+TEST_CASE("compare_strategies: heavy-tailed synthetic batch, gap_filling_hdp within 2% of the lower bound") {
   // Lengths log-skewed over [64, 300000]: about 110 of 1,700 sequences are rings (up to ~17 ranks) that
-  // carry 90% of the work. Before ring gaps were filled, hetmesh reached 1.063 here: every ring
+  // carry 90% of the work. Before ring gaps were filled, the planner reached 1.063 here: every ring
   // member free before the ring's last member idled (mean busy 1.006 x the bound, step 1.063 x), which
   // is the balancer's gap, not the bound's. Filled, the step is 1.008 x the bound (seeds 1-3). The
   // bound leaves out the per-row constant of every micro-batch and of every ring member (packing and
@@ -253,8 +253,8 @@ TEST_CASE("compare_strategies: heavy-tailed synthetic batch, hetmesh within 2% o
       return *std::find_if(res.begin(), res.end(), [&](const auto& r) { return r.name == n; });
     };
     CAPTURE(seed);
-    CHECK(by("hetmesh").step >= by("hetmesh").lower_bound);
-    CHECK(by("hetmesh").ratio_to_lower_bound < 1.02);
-    CHECK(by("hetmesh").step < by("bytescale_hdp").step);
+    CHECK(by("gap_filling_hdp").step >= by("gap_filling_hdp").lower_bound);
+    CHECK(by("gap_filling_hdp").ratio_to_lower_bound < 1.02);
+    CHECK(by("gap_filling_hdp").step < by("bytescale_hdp").step);
   }
 }

@@ -62,8 +62,8 @@ inline reshard_case make_case(int ranks, std::uint64_t seed) {
       add(r0, 0, it.rows);
     }
   }
-  // LLM side: hetmesh's HDP plan with a small capacity, so long samples become zigzag rings.
-  rc.llm = balance::plan_hetmesh(rc.seqs, {.capacity = 1024}, ranks, balance::step_model{});
+  // LLM side: the gap-filling HDP plan with a small capacity, so long samples become zigzag rings.
+  rc.llm = balance::plan_gap_filling_hdp(rc.seqs, {.capacity = 1024}, ranks, balance::step_model{});
   rc.blocks = balance::llm_blocks_from_hdp(rc.llm);
   rc.llm_rows.assign(static_cast<std::size_t>(ranks), 0);
   for (const auto& b : rc.blocks) rc.llm_rows[static_cast<std::size_t>(b.rank)] += b.tokens.size();

@@ -5,8 +5,10 @@
 
 #include <numeric>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
+#include <hetmesh/comm/detail/checks.hpp>
 #include <hetmesh/comm/group_cache.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/comm/ring.hpp>
@@ -154,4 +156,42 @@ TEST_CASE("ring_peer_counts counts distinct neighbours per rank") {
       CHECK(counts[static_cast<std::size_t>(r)] <= n - 1);
     }
   }
+}
+
+namespace {
+
+// A group of `n` ranks seen from one member: only what describe() and the argument checks read.
+struct large_group {
+  using is_communicator = void;
+  static constexpr comm::memory_space memory = comm::memory_space::host;
+  std::vector<int> members;
+  int me = 0;
+  [[nodiscard]] int rank() const { return me; }
+  [[nodiscard]] int size() const { return static_cast<int>(members.size()); }
+  [[nodiscard]] std::span<const int> ranks() const { return members; }
+  void group_p2p(std::span<const comm::p2p_op>) { throw std::logic_error("large_group: no transport"); }
+};
+static_assert(comm::communicator<large_group>);
+
+}  // namespace
+
+TEST_CASE("describe prints a large group as its first 4 and last 2 ranks and its size") {
+  large_group g{std::vector<int>(16384), 5};
+  for (int r = 0; r < 16384; ++r) g.members[static_cast<std::size_t>(r)] = 2 * r + 1;
+  CHECK(comm::describe(g) == "group [1,3,5,7,...,32765,32767] of 16384 rank 5/16384");
+  try {  // an error message that names the group stays short
+    comm::detail::check_tag(g, "send", -1);
+    FAIL("check_tag accepted tag -1");
+  } catch (const hetmesh::invalid_argument& e) {
+    const std::string what = e.what();
+    CHECK(what.find("group [1,3,5,7,...,32765,32767] of 16384 rank 5/16384") != std::string::npos);
+    CHECK(what.size() < 200);
+  }
+  large_group seven{{0, 1, 2, 3, 4, 5, 6}, 6};
+  CHECK(comm::describe(seven) == "group [0,1,2,3,...,5,6] of 7 rank 6/7");
+  large_group six{{0, 2, 4, 6, 8, 10}, 1};  // up to 6 ranks print whole
+  CHECK(comm::describe(six) == "group [0,2,4,6,8,10] rank 1/6");
+  lb::run(3, [](lb::communicator& c) {
+    require(comm::describe(c) == fmt::format("group [0,1,2] rank {}/3", c.rank()), "describe");
+  });
 }

@@ -49,7 +49,7 @@ mixture_config three_sources() {
 }  // namespace
 
 TEST_CASE("schedules: piecewise-linear weights, constant outside the control points") {
-  const schedule s{{10, 0.2}, {20, 0.6}, {40, 0.0}};
+  const weight_schedule s{{10, 0.2}, {20, 0.6}, {40, 0.0}};
   CHECK(evaluate(s, 0) == doctest::Approx(0.2));
   CHECK(evaluate(s, 15) == doctest::Approx(0.4));
   CHECK(evaluate(s, 30) == doctest::Approx(0.3));

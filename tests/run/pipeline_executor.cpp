@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -277,4 +278,42 @@ TEST_CASE("pipeline executor: refuses an unlowered multi-rank schedule") {
                                  activation_sizes{.output = [](int, int) -> std::int64_t { return D; }});
                            }),
                        doctest::Contains("expected a lowered schedule"), hetmesh::invalid_argument);
+}
+
+TEST_CASE("pipeline executor: message tags never alias; past the tag space it refuses before sending") {
+  using hetmesh::run::detail::pipeline_tag;
+  schedule s;
+  s.name = "tags";
+  s.num_ranks = 1;
+  s.num_stages = 3;
+  s.num_microbatches = 7;
+  s.stage_to_rank = {0, 0, 0};
+  s.encoder_shard_to_rank = {0, 0, 0, 0, 0};
+  std::set<int> tags;
+  for (int st = 0; st < 5; ++st)
+    for (int mb = 0; mb < 7; ++mb)
+      for (int kind = 0; kind < 4; ++kind) tags.insert(pipeline_tag(s, st, mb, kind));
+  CHECK(tags.size() == 5 * 7 * 4);
+  // 4 stages x 2^16 micro-batches x 4 kinds fill the 2^20 user tags exactly; one more micro-batch does not
+  // fit.
+  schedule big;
+  big.name = "big";
+  big.num_ranks = 1;
+  big.num_stages = 4;
+  big.num_microbatches = 1 << 16;
+  big.stage_to_rank = {0, 0, 0, 0};
+  big.ranks = {{}};
+  CHECK(pipeline_tag(big, 3, (1 << 16) - 1, 3) == hetmesh::comm::max_user_tag);
+  mlp m(4, 0);
+  const activation_sizes sizes{.output = [](int, int) -> std::int64_t { return D; }};
+  CHECK_NOTHROW(hetmesh::comm::loopback::run(
+      1, [&](hetmesh::comm::loopback::communicator& c) { execute_pipeline(c, big, m.functions(), sizes); }));
+  big.num_microbatches = (1 << 16) + 1;
+  CHECK_THROWS_WITH_AS(
+      hetmesh::comm::loopback::run(
+          1,
+          [&](hetmesh::comm::loopback::communicator& c) { execute_pipeline(c, big, m.functions(), sizes); }),
+      doctest::Contains(
+          "stage/shard 3 micro-batch 65536 (kind 3) is 1048591, past the limit max_user_tag = 1048575"),
+      hetmesh::capacity_error);
 }

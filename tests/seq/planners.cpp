@@ -493,7 +493,7 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
     const int ranks = 16;
     const auto plan = plan_long_short(items, ranks, pol);
     std::map<std::int64_t, int> seen;
-    std::vector<double> load(ranks, 0.0);
+    std::vector<hetmesh::cost::fixed> load(ranks);
     std::vector<std::int64_t> tok(ranks, 0);
     for (const auto& a : plan.items) {
       seen[a.item.id]++;
@@ -505,20 +505,23 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
       for (int k = 0; k < a.degree; ++k) {
         CHECK(a.splits[static_cast<std::size_t>(k)].begin == at);
         at = a.splits[static_cast<std::size_t>(k)].end;
-        load[static_cast<std::size_t>(a.first_rank + k)] += pol.cost(a.item.length) / a.degree;
+        load[static_cast<std::size_t>(a.first_rank + k)] +=
+            hetmesh::cost::fixed::from_ticks(a.cost.ticks / a.degree + (k < a.cost.ticks % a.degree ? 1 : 0));
         tok[static_cast<std::size_t>(a.first_rank + k)] += a.splits[static_cast<std::size_t>(k)].size();
       }
       CHECK(at == a.item.length);
+      CHECK(a.cost == hetmesh::cost::fixed::from_units(pol.cost(a.item.length)));  // rounded once
     }
     CHECK(seen.size() == items.size());
     for (int r = 0; r < ranks; ++r) {
-      CHECK(load[static_cast<std::size_t>(r)] == doctest::Approx(plan.load[static_cast<std::size_t>(r)]));
+      CHECK(load[static_cast<std::size_t>(r)] == plan.load[static_cast<std::size_t>(r)]);  // exact sums
       CHECK(tok[static_cast<std::size_t>(r)] <= pol.max_tokens_per_rank);
     }
     CHECK(plan_long_short(shuffled(items, seed), ranks, pol) == plan);
     if (seed == 1) {
-      const double mx = *std::max_element(plan.load.begin(), plan.load.end());
-      const double mean = std::accumulate(plan.load.begin(), plan.load.end(), 0.0) / ranks;
+      const double mx = std::max_element(plan.load.begin(), plan.load.end())->units();
+      const double mean =
+          std::accumulate(plan.load.begin(), plan.load.end(), hetmesh::cost::fixed{}).units() / ranks;
       MESSAGE("long-short modelled load max/mean: ", mx / mean, ", groups: ", to_string(plan.groups));
     }
   }
@@ -529,6 +532,33 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
       capacity_error);  // needs 10 ranks; groups are at most gcd(16, 8) = 8
   CHECK_NOTHROW((void)plan_long_short(
       huge, 16, {.max_tokens_per_rank = 12500, .heads = 16, .cluster = {.devices_per_node = 8}}));
+}
+
+TEST_CASE(
+    "long-short SP: the plan is invariant under permutation and under a reordering of the model's "
+    "arithmetic") {
+  // The same model written two ways: coefficients 0.1 + 0.2 and 0.3 differ in the last bit of a double,
+  // as a cost summed in another order would. Rounded once to fixed-point, both give the same decisions.
+  const double a1 = 0.1e-4 + 0.2e-4, a2 = 0.3e-4;
+  REQUIRE(a1 != a2);
+  for (std::uint64_t seed = 11; seed <= 20; ++seed) {
+    const auto items = random_seqs(seed, 80, 30000, 64);
+    long_short_policy p1{.max_tokens_per_rank = 50000,
+                         .heads = 8,
+                         .cluster = {.devices_per_node = 8},
+                         .balance_factor = 1.0,
+                         .encoder = {.layer = {.a = a1, .b = 0.1 + 0.7}, .train_factor = 1.0}};
+    long_short_policy p2 = p1;
+    p2.encoder.layer.a = a2;
+    p2.encoder.layer.b = 0.8;
+    const auto plan1 = plan_long_short(items, 16, p1);
+    const auto plan2 = plan_long_short(items, 16, p2);
+    CHECK(plan1.items == plan2.items);
+    CHECK(plan1.load == plan2.load);
+    CHECK(plan1.groups == plan2.groups);
+    for (std::uint64_t k = 1; k <= 4; ++k)
+      CHECK(plan_long_short(shuffled(items, seed * 7 + k), 16, p1) == plan1);
+  }
 }
 
 TEST_CASE("every plan and policy prints") {

@@ -396,7 +396,8 @@ TEST_CASE("hetmesh-plan compare: five strategies, consistent numbers, independen
   const std::int64_t total = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
   CHECK(j["config"]["tokens"] == total);
   CHECK(j["config"]["samples"] == lengths.size());
-  const std::vector<std::string> names{"random", "token_count", "static_dp_cp", "bytescale_hdp", "hetmesh"};
+  const std::vector<std::string> names{"random", "token_count", "static_dp_cp", "bytescale_hdp",
+                                       "gap_filling_hdp"};
   REQUIRE(j["strategies"].size() == names.size());
   // Ring traffic, from the rule: a sequence longer than C runs on ceil(s / C) ranks (no offloading);
   // static_dp_cp puts every token on a ring of cp = ceil(longest / C) ranks.
@@ -426,10 +427,10 @@ TEST_CASE("hetmesh-plan compare: five strategies, consistent numbers, independen
   }
   // A subset, in the order asked for; the table and CSV views carry the same strategies.
   const result sub = run({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--strategies",
-                          "hetmesh,random", "--repeat", "1"});
+                          "gap_filling_hdp,random", "--repeat", "1"});
   REQUIRE(sub.code == 0);
   REQUIRE(sub.json()["strategies"].size() == 2);
-  CHECK(sub.json()["strategies"][0]["name"] == "hetmesh");
+  CHECK(sub.json()["strategies"][0]["name"] == "gap_filling_hdp");
   CHECK(sub.json()["strategies"][1]["name"] == "random");
   const result t =
       run({"compare", "--workload", file, "--ranks", "8", "--capacity", "4096", "--format", "table"});
@@ -454,7 +455,8 @@ TEST_CASE("hetmesh-plan balance: every token of every sample on exactly one rank
   const auto lengths = test_lengths();
   const auto file = dir.write("w.txt", lines_of(lengths));
   const int ranks = 8;
-  for (const std::string strategy : {"random", "token_count", "static_dp_cp", "bytescale_hdp", "hetmesh"}) {
+  for (const std::string strategy :
+       {"random", "token_count", "static_dp_cp", "bytescale_hdp", "gap_filling_hdp"}) {
     CAPTURE(strategy);
     const result r = run({"balance", "--strategy", strategy, "--workload", file, "--ranks",
                           std::to_string(ranks), "--capacity", "4096"});
@@ -536,11 +538,11 @@ TEST_CASE("hetmesh-plan workloads: JSONL multimodal samples, and errors that nam
   // The shipped demo workloads parse.
   for (const char* shipped : {"examples/data/prolong_sample.txt", "examples/data/multimodal_sample.jsonl"}) {
     const result s = run({"compare", "--workload", std::string(HETMESH_SOURCE_DIR) + "/" + shipped, "--ranks",
-                          "64", "--capacity", "16384", "--strategies", "hetmesh", "--repeat", "1"});
+                          "64", "--capacity", "16384", "--strategies", "gap_filling_hdp", "--repeat", "1"});
     CHECK_MESSAGE(s.code == 0, s.err);
   }
   CHECK(run({"compare", "--workload", std::string(HETMESH_SOURCE_DIR) + "/examples/data/prolong_sample.txt",
-             "--ranks", "64", "--capacity", "16384", "--strategies", "hetmesh", "--repeat", "1"})
+             "--ranks", "64", "--capacity", "16384", "--strategies", "gap_filling_hdp", "--repeat", "1"})
             .json()["config"]["samples"] == 2000);
 
   struct bad {

@@ -50,7 +50,7 @@ void add_model_options(command_spec& spec) {
       .option("context", "S",
               "static_dp_cp: the context length its cp is sized for (default: the longest sample)")
       .option("group-size", "G",
-              "hetmesh: ranks per locality group for grouped reordering (default: one group)")
+              "gap_filling_hdp: ranks per locality group for grouped reordering (default: one group)")
       .option("seed", "N", "seed of the random strategy", "1");
 }
 
@@ -89,7 +89,7 @@ setup setup_of(const parsed& args) {
   cfg.model.net.nodes = (cfg.ranks + cfg.model.net.devices_per_node - 1) / cfg.model.net.devices_per_node;
   cfg.model.net.validate();
   if (args.has("context")) cfg.context = args.integer("context", 1, std::int64_t{1} << 40);
-  if (args.has("group-size")) cfg.hetmesh.group_size = args.int32("group-size", 1, cfg.ranks);
+  if (args.has("group-size")) cfg.gap_filling.group_size = args.int32("group-size", 1, cfg.ranks);
   cfg.seed = static_cast<std::uint64_t>(args.integer("seed", 0));
   return s;
 }
@@ -303,7 +303,7 @@ std::vector<subcommand> balance_commands() {
   add_model_options(compare);
   compare
       .option("strategies", "A,B,...",
-              "strategies to run (default: random,token_count,static_dp_cp,bytescale_hdp,hetmesh)")
+              "strategies to run (default: random,token_count,static_dp_cp,bytescale_hdp,gap_filling_hdp)")
       .option("repeat", "N", "plan each strategy N times; plan_ms is the median", "5")
       .option("format", "FMT", "json, table or csv", "json")
       .epilog(std::string(workload_help) +
@@ -320,14 +320,15 @@ std::vector<subcommand> balance_commands() {
               "16384 --format table\n");
   command_spec balance(
       "balance", "One balance strategy's full plan: per rank, its micro-batches, rings and token ranges.");
-  balance.option("strategy", "NAME", "random, token_count, static_dp_cp, bytescale_hdp or hetmesh",
-                 "hetmesh");
+  balance.option("strategy", "NAME", "random, token_count, static_dp_cp, bytescale_hdp or gap_filling_hdp",
+                 "gap_filling_hdp");
   add_model_options(balance);
   balance.option("format", "FMT", "json or table", "json")
       .epilog(
           std::string(workload_help) +
           "\noutput (json):\n"
-          "  {\"strategy\": \"hetmesh\", \"ranks\": 4, \"step_time_model_s\": .., \"imbalance\": ..,\n"
+          "  {\"strategy\": \"gap_filling_hdp\", \"ranks\": 4, \"step_time_model_s\": .., \"imbalance\": "
+          "..,\n"
           "   \"vs_lower_bound\": .., \"comm_bytes\": .., \"items\": [{\"item\": 0, \"order\": 0, \"ring\": "
           "[0, 1],\n"
           "   \"tokens\": 9000, \"offload_ratio\": 0, \"time_model_ms\": .., \"sequences\": [3]}, ...],\n"

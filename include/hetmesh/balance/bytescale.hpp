@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -173,7 +174,10 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
                                                   const bytescale_policy& policy = {}) {
   auto sh = seq::hdp_shard(seqs, hdp, pool);
   auto pl = bytescale_placement(sh, m, policy);
-  return seq::hdp_assemble(std::move(sh), std::move(pl));
+  auto plan = seq::hdp_assemble(std::move(sh), std::move(pl));
+  HETMESH_ASSERT_AT(heavy, seq::hdp_exactly_once_violation(seqs, plan).empty(), "balance::plan_bytescale: {}",
+                    seq::hdp_exactly_once_violation(seqs, plan));
+  return plan;
 }
 
 }  // namespace hetmesh::balance

@@ -9,12 +9,15 @@
 #include <cstdint>
 #include <set>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "../core/assert.hpp"
 #include "../core/error.hpp"
+#include "../core/exactly_once.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "../cost/compute.hpp"
@@ -165,6 +168,15 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
     }
   }
   for (std::size_t r = 0; r < nr; ++r) detail::finish_rank(plan.per_rank[r], plan.rank_time[r], m);
+  if constexpr (assertion_enabled(assertion_level::heavy)) {  // every sequence in exactly one micro-batch
+    std::vector<id_range> expected, assigned;
+    for (const auto& s : seqs) expected.push_back({s.id, 0, 1});
+    for (const auto& mbs : plan.per_rank)
+      for (const auto& mb : mbs)
+        for (const auto& s : mb.seqs) assigned.push_back({s.id, 0, 1});
+    const std::string v = exactly_once_violation(std::move(expected), std::move(assigned));
+    HETMESH_ASSERT_AT(heavy, v.empty(), "balance::plan_dp: {}", v);
+  }
   return plan;
 }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::balance: hetmesh's own HDP planner. It keeps ByteScale's data-aware sharding (a long
-// sequence gets a ring of D(s) ranks from the offload solver) but balances at the granularity of
-// sequences rather than pre-packed micro-batches:
+// hetmesh::balance: the gap-filling HDP planner (strategy "gap_filling_hdp"). It keeps ByteScale's
+// data-aware sharding (a long sequence gets a ring of D(s) ranks from the offload solver) but balances at the
+// granularity of sequences rather than pre-packed micro-batches:
 //   1. rings, longest first, each on the D least-loaded ranks (all free at first, so rings land on
 //      contiguous rank ranges, inside a node when D allows); a ring's start waits for its last member,
 //      and the planner charges that wait, exactly as the step simulator does. A ring that would be the
@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -36,10 +37,10 @@
 
 namespace hetmesh::balance {
 
-/// Policy value of the hetmesh planner. group_size 0 = the whole pool is one group.
-struct hetmesh_policy {
+/// Policy value of the gap-filling HDP planner. group_size 0 = the whole pool is one group.
+struct gap_filling_policy {
   int group_size = 0;  ///< ranks per group; 0: the whole pool
-  friend constexpr bool operator==(const hetmesh_policy&, const hetmesh_policy&) = default;
+  friend constexpr bool operator==(const gap_filling_policy&, const gap_filling_policy&) = default;
   void hash_append(hasher& h) const { append(h, group_size); }
 };
 
@@ -231,23 +232,26 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
 /// so the plan is deadlock-free. Pure; deterministic; independent of the order of `seqs` (with `owner`
 /// permuted alike). O(n log n + n log pool). Not collective: every rank of a group computes it from the
 /// same gathered metadata.
-[[nodiscard]] inline seq::hdp_plan plan_hetmesh(std::span<const seq::seq_desc> seqs,
-                                                const seq::hdp_policy& hdp, int pool, const step_model& m,
-                                                const hetmesh_policy& policy = {},
-                                                std::span<const int> owner = {}) {
-  if (pool < 1) throw_error<invalid_argument>("balance::plan_hetmesh: pool = {}; expected >= 1", pool);
+[[nodiscard]] inline seq::hdp_plan plan_gap_filling_hdp(std::span<const seq::seq_desc> seqs,
+                                                        const seq::hdp_policy& hdp, int pool,
+                                                        const step_model& m,
+                                                        const gap_filling_policy& policy = {},
+                                                        std::span<const int> owner = {}) {
+  if (pool < 1)
+    throw_error<invalid_argument>("balance::plan_gap_filling_hdp: pool = {}; expected >= 1", pool);
   if (hdp.capacity < 1)
-    throw_error<invalid_argument>("balance::plan_hetmesh: capacity = {}; expected >= 1", hdp.capacity);
-  seq::check_seq_descs(seqs, "balance::plan_hetmesh");
+    throw_error<invalid_argument>("balance::plan_gap_filling_hdp: capacity = {}; expected >= 1",
+                                  hdp.capacity);
+  seq::check_seq_descs(seqs, "balance::plan_gap_filling_hdp");
   const int g = policy.group_size == 0 ? pool : policy.group_size;
   if (g < 1 || pool % g != 0)
     throw_error<invalid_argument>(
-        "balance::plan_hetmesh: group_size = {} for a pool of {}; expected a divisor of the pool",
+        "balance::plan_gap_filling_hdp: group_size = {} for a pool of {}; expected a divisor of the pool",
         policy.group_size, pool);
   const int groups = pool / g;
   if (groups > 1 && owner.size() != seqs.size())
     throw_error<invalid_argument>(
-        "balance::plan_hetmesh: {} owners for {} sequences with {} groups; expected one loader "
+        "balance::plan_gap_filling_hdp: {} owners for {} sequences with {} groups; expected one loader "
         "rank per sequence",
         owner.size(), seqs.size(), groups);
   std::vector<std::vector<seq::seq_desc>> per_group(static_cast<std::size_t>(groups));
@@ -259,8 +263,8 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
     if (groups > 1) {
       if (owner[i] < 0 || owner[i] >= pool)
         throw_error<invalid_argument>(
-            "balance::plan_hetmesh: sequence {} has loader rank {}; expected [0, {})", seqs[i].id, owner[i],
-            pool);
+            "balance::plan_gap_filling_hdp: sequence {} has loader rank {}; expected [0, {})", seqs[i].id,
+            owner[i], pool);
       grp = owner[i] / g;
     }
     per_group[static_cast<std::size_t>(grp)].push_back(seqs[i]);
@@ -274,20 +278,24 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
     try {
       detail::plan_group(mine, hdp, g, k * g, m, sh.items, placement, counter);
     } catch (error& e) {
-      e.add_context(fmt::format("balance::plan_hetmesh: group {} (ranks [{}, {}))", k, k * g, (k + 1) * g));
+      e.add_context(
+          fmt::format("balance::plan_gap_filling_hdp: group {} (ranks [{}, {}))", k, k * g, (k + 1) * g));
       throw;
     }
   }
   for (std::size_t i = 0; i < sh.items.size(); ++i) sh.items[i].index = static_cast<std::int64_t>(i);
-  return seq::hdp_assemble(std::move(sh), std::move(placement));
+  auto plan = seq::hdp_assemble(std::move(sh), std::move(placement));
+  HETMESH_ASSERT_AT(heavy, seq::hdp_exactly_once_violation(seqs, plan).empty(),
+                    "balance::plan_gap_filling_hdp: {}", seq::hdp_exactly_once_violation(seqs, plan));
+  return plan;
 }
 
 }  // namespace hetmesh::balance
 
 template <>
-struct fmt::formatter<hetmesh::balance::hetmesh_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::hetmesh_policy& p, fmt::format_context& ctx) const
+struct fmt::formatter<hetmesh::balance::gap_filling_policy> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::balance::gap_filling_policy& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "hetmesh_policy(group_size={})", p.group_size);
+    return fmt::format_to(ctx.out(), "gap_filling_policy(group_size={})", p.group_size);
   }
 };

@@ -17,12 +17,15 @@
 #include <functional>
 #include <numeric>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "../core/assert.hpp"
 #include "../core/error.hpp"
+#include "../core/exactly_once.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "../core/numeric.hpp"
@@ -105,6 +108,31 @@ struct reorder_plan {
   std::vector<std::vector<int>> out(static_cast<std::size_t>(world / group_size));
   for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(r / group_size)].push_back(r);
   return out;
+}
+
+/// How `p` fails to send every parcel of `samples` (each sample's LLM part and each of its encoder items)
+/// to exactly one rank in [0, p.ranks), as exactly_once_violation reports it (parcel 0 is the LLM part,
+/// parcel j + 1 encoder item j); empty when it holds. plan_grouped_reorder checks it at heavy level.
+/// Pure; O(parcels log parcels).
+[[nodiscard]] inline std::string reorder_exactly_once_violation(std::span<const sample_meta> samples,
+                                                                const reorder_plan& p) {
+  std::vector<id_range> expected, assigned;
+  for (const auto& s : samples)
+    expected.push_back({s.id, 0, 1 + static_cast<std::int64_t>(s.encoder_tokens.size())});
+  const std::size_t n = p.sample_ids.size();
+  if (p.llm_rank.size() != n || p.item_offset.size() != n + 1 ||
+      p.encoder_rank.size() != static_cast<std::size_t>(p.item_offset.back()))
+    return fmt::format(
+        "the plan's arrays disagree: {} samples, {} LLM ranks, {} item offsets, {} encoder ranks", n,
+        p.llm_rank.size(), p.item_offset.size(), p.encoder_rank.size());
+  const auto placed = [&](int r) { return r >= 0 && r < p.ranks; };
+  for (std::size_t k = 0; k < n; ++k) {
+    if (placed(p.llm_rank[k])) assigned.push_back({p.sample_ids[k], 0, 1});
+    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j)
+      if (placed(p.encoder_rank[static_cast<std::size_t>(j)]))
+        assigned.push_back({p.sample_ids[k], 1 + j - p.item_offset[k], 2 + j - p.item_offset[k]});
+  }
+  return exactly_once_violation(std::move(expected), std::move(assigned));
 }
 
 /// Plans the reassignment of one group's samples over its `ranks` ranks.
@@ -244,6 +272,8 @@ struct reorder_plan {
     p.encoder_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
     p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
   }
+  HETMESH_ASSERT_AT(heavy, reorder_exactly_once_violation(samples, p).empty(),
+                    "balance::plan_grouped_reorder: {}", reorder_exactly_once_violation(samples, p));
   return p;
 }
 

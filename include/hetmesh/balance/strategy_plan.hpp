@@ -30,7 +30,7 @@ namespace hetmesh::balance {
 
 /// The names plan_strategy and run_strategy accept, in the order compare_strategies reports them.
 inline constexpr std::array<std::string_view, 5> strategy_names{"random", "token_count", "static_dp_cp",
-                                                                "bytescale_hdp", "hetmesh"};
+                                                                "bytescale_hdp", "gap_filling_hdp"};
 
 /// Everything the strategies need besides the batch.
 struct strategy_config {
@@ -38,11 +38,11 @@ struct strategy_config {
   seq::hdp_policy hdp{};         ///< capacity C per rank and offloading (HDP strategies)
   step_model model{};            ///< prices every task
   bytescale_policy bytescale{};  ///< mode is taken from model.pp_stages
-  hetmesh_policy hetmesh{};      ///< group_size for grouped reordering
+  gap_filling_policy gap_filling{};  ///< group_size for grouped reordering
   std::uint64_t seed = 1;        ///< random placement; loader of sample i is rank i % ranks
   std::int64_t context = 0;      ///< static_dp_cp: the context length (0: the longest sequence)
   /// Hashes every parameter, so that a plan's hash names the configuration it came from.
-  void hash_append(hasher& h) const { append_all(h, ranks, hdp, model, bytescale, hetmesh, seed, context); }
+  void hash_append(hasher& h) const { append_all(h, ranks, hdp, model, bytescale, gap_filling, seed, context); }
 };
 
 /// One unit of work: whole sequences packed on one rank (a ring of one), or one sequence (for
@@ -182,11 +182,12 @@ inline strategy_plan plan_strategy(std::string_view name, std::span<const seq::s
     p.mode = cfg.model.pp_stages > 1 ? hdp_balance_mode::pp : hdp_balance_mode::dp;
     return hdp_plan_items(plan_bytescale(seqs, cfg.hdp, cfg.ranks, cfg.model, p), cfg.model);
   }
-  if (name == "hetmesh") {
+  if (name == "gap_filling_hdp") {
     std::vector<int> owner(seqs.size());
     for (std::size_t i = 0; i < owner.size(); ++i)
       owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
-    return hdp_plan_items(plan_hetmesh(seqs, cfg.hdp, cfg.ranks, cfg.model, cfg.hetmesh, owner), cfg.model);
+    return hdp_plan_items(plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model, cfg.gap_filling, owner),
+                          cfg.model);
   }
   throw_error<invalid_argument>("balance::{}: unknown strategy '{}'; expected one of {}", who, name,
                                 fmt::join(strategy_names, ", "));
@@ -225,7 +226,7 @@ struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_f
   auto format(const hetmesh::balance::strategy_config& c, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
     return fmt::format_to(ctx.out(), "strategy_config(ranks={}, {}, {}, {}, {}, seed={}, context={})",
-                          c.ranks, c.hdp, c.model, c.bytescale, c.hetmesh, c.seed, c.context);
+                          c.ranks, c.hdp, c.model, c.bytescale, c.gap_filling, c.seed, c.context);
   }
 };
 template <>

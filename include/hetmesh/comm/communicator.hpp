@@ -107,10 +107,15 @@ concept communicator = enable_communicator<std::remove_cvref_t<C>> &&
   { std::remove_cvref_t<C>::memory } -> std::convertible_to<memory_space>;
 };
 
-/// "group [0,2,4] rank 1/3": the group and caller as error messages print them.
+/// "group [0,2,4] rank 1/3": the group and caller as error messages print them. A group of more than
+/// 6 ranks prints its first 4 and last 2 members and its size ("group [0,1,2,3,...,16382,16383] of
+/// 16384 rank 1/16384"), so a message stays short on a large cluster. O(1) in the group size.
 template <communicator C>
 [[nodiscard]] std::string describe(const C& c) {
-  return fmt::format("group [{}] rank {}/{}", fmt::join(c.ranks(), ","), c.rank(), c.size());
+  const std::span<const int> r = c.ranks();
+  if (r.size() <= 6) return fmt::format("group [{}] rank {}/{}", fmt::join(r, ","), c.rank(), c.size());
+  return fmt::format("group [{},...,{}] of {} rank {}/{}", fmt::join(r.first(4), ","),
+                     fmt::join(r.last(2), ","), r.size(), c.rank(), c.size());
 }
 
 }  // namespace hetmesh::comm

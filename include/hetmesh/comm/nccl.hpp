@@ -120,8 +120,10 @@ class communicator : public comm::detail::group_members {
     const ncclResult_t r = ncclCommSplit(s_->comm, color, key, &s->comm, &cfg);
     settle(r, "ncclCommSplit", "split");
     int child_rank = 0, child_size = 0;
-    ncclCommUserRank(s->comm, &child_rank);
-    ncclCommCount(s->comm, &child_size);
+    if (const ncclResult_t e = ncclCommUserRank(s->comm, &child_rank); e != ncclSuccess)
+      detail::raise(e, "ncclCommUserRank", where("split"), s->comm);
+    if (const ncclResult_t e = ncclCommCount(s->comm, &child_size); e != ncclSuccess)
+      detail::raise(e, "ncclCommCount", where("split"), s->comm);
     communicator c(std::move(s), child_rank, std::vector<int>(static_cast<std::size_t>(child_size)), opt_);
     detail::device_array<int> mine(1), all(static_cast<std::size_t>(child_size));
     const int me = ranks_[static_cast<std::size_t>(rank_)];

@@ -33,10 +33,10 @@ struct weight_point {
 
 /// A piecewise-linear function of the step: constant before the first point and after the last, linear
 /// in between. One point is a constant weight; several are a curriculum. Points sorted by step.
-using schedule = std::vector<weight_point>;
+using weight_schedule = std::vector<weight_point>;
 
 /// The schedule's value at `step`. Pre: non-empty, steps strictly increasing (validate() checks).
-[[nodiscard]] inline double evaluate(const schedule& s, std::int64_t step) {
+[[nodiscard]] inline double evaluate(const weight_schedule& s, std::int64_t step) {
   if (step <= s.front().step) return s.front().weight;
   if (step >= s.back().step) return s.back().weight;
   const auto hi = std::upper_bound(s.begin(), s.end(), step,
@@ -59,7 +59,7 @@ struct source_spec {
   std::vector<std::string> paths{};
   /// Mixture weight over steps. Without modality/bucket mixes, the weights of all sources sum to one at
   /// every step; with them, a source's weight is relative to the others of its (modality, bucket) group.
-  schedule weight = {{0, 1.0}};
+  weight_schedule weight = {{0, 1.0}};
   std::string modality = "text";  ///< modality group for the modality mix
   std::string bucket{};           ///< long/short bucket for the bucket mix
   /// Long/short filter: keep the samples with min_tokens <= tokens (+ encoder tokens) and, when
@@ -79,7 +79,7 @@ struct source_spec {
 struct group_weight {
   std::string name{};  ///< the modality or bucket
   /// Its weight over steps.
-  schedule weight{};
+  weight_schedule weight{};
   void hash_append(hasher& h) const { append_all(h, name, weight); }
   friend bool operator==(const group_weight&, const group_weight&) = default;
 };
@@ -87,7 +87,7 @@ struct group_weight {
 /// The price of a sample for balancing, in integer units: a composition of cost/'s exact integer
 /// models (cost::quadratic_count, a s^2 + b s + c), one for the text tokens and one per encoder item.
 /// Integers keep the balance plan bitwise equal on every rank.
-struct cost_model {
+struct sample_cost {
   cost::quadratic_count text{.a = 0, .b = 1, .c = 0};  ///< price of the text tokens
   cost::quadratic_count item{.a = 0, .b = 1, .c = 0};  ///< price of each encoder item
   /// The price of sample `m`: text(tokens) plus item(t) for each encoder item. O(items).
@@ -97,7 +97,7 @@ struct cost_model {
     return c;
   }
   void hash_append(hasher& h) const { append_all(h, text, item); }
-  friend bool operator==(const cost_model&, const cost_model&) = default;
+  friend bool operator==(const sample_cost&, const sample_cost&) = default;
 };
 
 /// The trainer's layout for delivery. Ranks are numbered in Megatron's "tp-cp-dp-pp" order (tp
@@ -125,7 +125,7 @@ struct mixture_config {
   std::vector<group_weight> modalities{};  ///< optional modality mix (weights sum to one)
   std::vector<group_weight> buckets{};     ///< optional long/short mix (weights sum to one)
   /// Prices samples for balancing.
-  cost_model cost{};
+  sample_cost cost{};
   balance_method balance = balance_method::lpt;  ///< how samples go to dp ranks
   topology layout{};                             ///< the ranks' layout
   int micro_batches = 1;                         ///< per data-parallel rank and step
@@ -145,7 +145,7 @@ inline constexpr double weight_tolerance = 1e-6;
 
 namespace detail {
 
-inline void check_schedule(const schedule& s, const std::string& what) {
+inline void check_schedule(const weight_schedule& s, const std::string& what) {
   if (s.empty())
     throw_error<invalid_argument>(
         "{}: the weight schedule is empty; expected at least one (step, weight) point", what);

@@ -34,9 +34,9 @@ inline void check_keys(const nlohmann::json& j, std::initializer_list<const char
   }
 }
 
-inline schedule schedule_from_json(const nlohmann::json& j, const std::string& where) {
+inline weight_schedule schedule_from_json(const nlohmann::json& j, const std::string& where) {
   if (j.is_number()) return {{0, j.get<double>()}};
-  schedule s{};
+  weight_schedule s{};
   if (j.is_array()) {
     for (const auto& p : j) {
       if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number())
@@ -49,7 +49,7 @@ inline schedule schedule_from_json(const nlohmann::json& j, const std::string& w
                                 j.dump());
 }
 
-inline nlohmann::json schedule_to_json(const schedule& s) {
+inline nlohmann::json schedule_to_json(const weight_schedule& s) {
   if (s.size() == 1 && s[0].step == 0) return s[0].weight;
   auto out = nlohmann::json::array();
   for (const auto& p : s) out.push_back({p.step, p.weight});

@@ -15,6 +15,8 @@
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -22,6 +24,7 @@
 #include "../balance/solvers.hpp"
 #include "../core/assert.hpp"
 #include "../core/error.hpp"
+#include "../core/exactly_once.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "mixture.hpp"
@@ -253,6 +256,32 @@ template <metadata_source M>
             "{} "
             "(raise micro_batches or the capacity)",
             st.step, r, m, mb_tokens[static_cast<std::size_t>(m)], cfg.max_tokens_per_micro_batch);
+  }
+  if constexpr (assertion_enabled(assertion_level::heavy)) {
+    // Exactly once: global_batch samples, no (source, epoch, position) drawn twice, each sample in the
+    // member list of exactly one rank and in one (dp_rank, micro_batch) in range.
+    std::vector<id_range> expected, assigned;
+    for (std::size_t i = 0; i < n; ++i) expected.push_back({static_cast<std::int64_t>(i), 0, 1});
+    for (const auto& mine : members)
+      for (int i : mine) assigned.push_back({i, 0, 1});
+    std::string v = exactly_once_violation(std::move(expected), std::move(assigned));
+    if (v.empty() && static_cast<std::int64_t>(n) != cfg.global_batch)
+      v = fmt::format("{} samples; expected global_batch = {}", n, cfg.global_batch);
+    std::vector<std::tuple<int, std::int64_t, std::int64_t>> keys;
+    for (const auto& smp : samples) {
+      keys.emplace_back(smp.ref.source, smp.ref.epoch, smp.ref.position);
+      if (v.empty() && (smp.dp_rank < 0 || smp.dp_rank >= dp || smp.micro_batch < 0 ||
+                        smp.micro_batch >= cfg.micro_batches))
+        v = fmt::format(
+            "sample (source {}, epoch {}, position {}) is on rank {} micro-batch {}; expected {} x {}",
+            smp.ref.source, smp.ref.epoch, smp.ref.position, smp.dp_rank, smp.micro_batch, dp,
+            cfg.micro_batches);
+    }
+    std::sort(keys.begin(), keys.end());
+    if (const auto d = std::adjacent_find(keys.begin(), keys.end()); v.empty() && d != keys.end())
+      v = fmt::format("sample (source {}, epoch {}, position {}) drawn twice", std::get<0>(*d),
+                      std::get<1>(*d), std::get<2>(*d));
+    HETMESH_ASSERT_AT(heavy, v.empty(), "data::plan_step (step {}): {}", st.step, v);
   }
   return out;
 }

@@ -27,6 +27,7 @@
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "action.hpp"
+#include "verify.hpp"
 
 namespace hetmesh::pipeline {
 
@@ -217,6 +218,7 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
     for (int mb = 0; mb < microbatches; ++mb) ops.push_back(F(r, mb));
     for (int mb = 0; mb < microbatches; ++mb) ops.push_back(B(r, mb));
   }
+  assert_deadlock_free(s, "pipeline::generate(gpipe)");
   return s;
 }
 
@@ -229,6 +231,7 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
   for (int r = 0; r < pp; ++r)
     s.ranks[static_cast<std::size_t>(r)] =
         detail::one_f_one_b_rank(pp, 1, r, microbatches, table, std::min(pp - 1 - r, microbatches), false, 0);
+  assert_deadlock_free(s, "pipeline::generate(1f1b)");
   return s;
 }
 
@@ -264,6 +267,7 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
     s.ranks[static_cast<std::size_t>(r)] =
         detail::one_f_one_b_rank(pp, v, r, microbatches, table, warmup, false, 0);
   }
+  assert_deadlock_free(s, "pipeline::generate(interleaved-1f1b)");
   return s;
 }
 
@@ -276,6 +280,7 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
   for (int r = 0; r < pp; ++r)
     s.ranks[static_cast<std::size_t>(r)] =
         detail::one_f_one_b_rank(pp, 1, r, microbatches, table, std::min(pp - 1 - r, microbatches), true, r);
+  assert_deadlock_free(s, "pipeline::generate(zero-bubble)");
   return s;
 }
 
@@ -303,6 +308,7 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
     s.ranks[static_cast<std::size_t>(r)] =
         detail::one_f_one_b_rank(pp, v, r, microbatches, table, warmup, true, r);
   }
+  assert_deadlock_free(s, "pipeline::generate(interleaved-zero-bubble)");
   return s;
 }
 
@@ -351,6 +357,7 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
     while (w0 < b0) push(W(c0, w0++));
     s.ranks[static_cast<std::size_t>(r)] = std::move(ops);
   }
+  assert_deadlock_free(s, "pipeline::generate(zbv)");
   return s;
 }
 

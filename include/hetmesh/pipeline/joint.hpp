@@ -32,6 +32,7 @@
 #include "action.hpp"
 #include "lower.hpp"
 #include "simulate.hpp"
+#include "verify.hpp"
 
 namespace hetmesh::pipeline {
 
@@ -207,6 +208,7 @@ inline void check_llm(const schedule& s, std::string_view who) {
         row.push_back({0, action_type::encoder_backward, a.microbatch});
     }
     s.ranks[static_cast<std::size_t>(r0)] = std::move(row);
+    assert_deadlock_free(s, "pipeline::add_encoder");
     return s;
   }
   schedule s = llm;
@@ -238,6 +240,7 @@ inline void check_llm(const schedule& s, std::string_view who) {
   detail::engine<detail::encoder_source> eng(s, c, src, false);
   (void)eng.run();
   s.ranks = std::move(src.out);
+  assert_deadlock_free(s, "pipeline::add_encoder");
   return s;
 }
 

@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -474,6 +476,26 @@ inline action partner(const action& a) {
           std::max(rep.peak_memory[static_cast<std::size_t>(r)],
                    static_cast<std::int64_t>(rep.peak_in_flight[static_cast<std::size_t>(r)]));
   return rep;
+}
+
+/// Heavy level (HETMESH_ASSERTION_LEVEL 3): checks that `s` passes verify() as given and, when it has no
+/// SEND/RECV actions, once lowered by add_send_recv (every dependency met, no rank waits forever), and
+/// throws assertion_error naming `who` and the verifier's finding otherwise. Below heavy it does
+/// nothing. The schedule generators call it on what they return. Pure; O(verify).
+inline void assert_deadlock_free(const schedule& s, std::string_view who) {
+  if constexpr (assertion_enabled(assertion_level::heavy)) {
+    std::string finding;
+    try {
+      (void)verify(s);
+      const bool lowered = std::any_of(s.ranks.begin(), s.ranks.end(), [](const std::vector<action>& row) {
+        return std::any_of(row.begin(), row.end(), [](const action& a) { return is_comm(a.type); });
+      });
+      if (!lowered) (void)verify(add_send_recv(s));
+    } catch (const error& e) {
+      finding = e.what();
+    }
+    HETMESH_ASSERT_AT(heavy, finding.empty(), "{}: schedule {} fails verification: {}", who, s.name, finding);
+  }
 }
 
 }  // namespace hetmesh::pipeline

@@ -11,6 +11,7 @@
 // encoder shards' slices.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -27,6 +28,7 @@
 #include "../pipeline/action.hpp"
 #include "../pipeline/lower.hpp"
 #include "../pipeline/simulate.hpp"
+#include "agreement.hpp"
 
 namespace hetmesh::run {
 
@@ -59,9 +61,24 @@ struct activation_sizes {
 
 namespace detail {
 
+/// The tag of a transfer: kind (0 activation, 1 gradient, 2 encoder output, 3 embedding gradient) in the
+/// lowest 2 bits, then the micro-batch, then the stage (kinds 0, 1) or encoder shard (kinds 2, 3). For
+/// stage_or_shard < max(stages, shards) and mb < num_microbatches the map is injective, so two transfers
+/// never share a tag; a tag past comm::max_user_tag is refused (capacity_error naming the stage,
+/// micro-batch and limit), never wrapped: a wrapped tag could match another transfer's message.
 inline int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb, int kind) {
   const std::int64_t raw = ((static_cast<std::int64_t>(stage_or_shard) * s.num_microbatches + mb) * 4 + kind);
-  return static_cast<int>(raw % (static_cast<std::int64_t>(comm::max_user_tag) + 1));
+  if (raw > comm::max_user_tag)
+    throw_error<capacity_error>(
+        "pipeline execute({}): the message tag of stage/shard {} micro-batch {} (kind {}) is {}, past the "
+        "limit max_user_tag = {}; {} stages, {} encoder shards and {} micro-batches need tags up to {}; "
+        "expected (max(stages, shards) x micro-batches x 4) <= {}: use fewer micro-batches per step",
+        s.name, stage_or_shard, mb, kind, raw, comm::max_user_tag, s.num_stages, s.num_encoder_shards(),
+        s.num_microbatches,
+        (static_cast<std::int64_t>(std::max(s.num_stages, s.num_encoder_shards())) * s.num_microbatches * 4) -
+            1,
+        static_cast<std::int64_t>(comm::max_user_tag) + 1);
+  return static_cast<int>(raw);
 }
 
 }  // namespace detail
@@ -84,6 +101,7 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
     throw_error<invalid_argument>(
         "pipeline execute({}): communicator of {} ranks; expected the schedule's {} ranks", s.name, c.size(),
         s.total_ranks());
+  assert_plan_agreement(c, s, "pipeline schedule");  // collective level: every rank runs the same schedule
   if (!sizes.output && s.num_stages > 1)
     throw_error<invalid_argument>(
         "pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
@@ -105,6 +123,8 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
           s.name);
   }
   const int S = s.num_stages, E = s.num_encoder_shards();
+  if (s.num_microbatches > 0 && std::max(S, E) > 0)  // the largest tag: every rank refuses before sending
+    (void)detail::pipeline_tag(s, std::max(S, E) - 1, s.num_microbatches - 1, 3);
   using key = std::pair<int, int>;
   std::map<key, std::vector<T>> act_in, act_out, grad_in, grad_out, enc_in, enc_out, enc_grad, enc_grad_out;
   auto out_size = [&](int stage, int mb) -> std::size_t {

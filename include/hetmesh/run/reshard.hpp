@@ -12,6 +12,7 @@
 #include "../balance/reshard.hpp"
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
+#include "agreement.hpp"
 
 namespace hetmesh::run {
 
@@ -29,6 +30,7 @@ void reshard(C& c, const balance::reshard_plan& plan, std::span<const T> src, st
         "run::reshard: group of {} ranks, plan for {}, width {}; expected equal sizes "
         "and width >= 1",
         c.size(), plan.ranks, width);
+  assert_plan_agreement(c, plan, "reshard plan");  // collective level: every rank moves rows by the same plan
   const auto n = static_cast<std::size_t>(plan.ranks);
   const auto me = static_cast<std::size_t>(c.rank());
   const auto w = static_cast<std::size_t>(width);

@@ -18,11 +18,14 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "../core/assert.hpp"
 #include "../core/error.hpp"
+#include "../core/exactly_once.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "detail/best_fit.hpp"
@@ -327,14 +330,31 @@ struct hdp_plan {
   return out;
 }
 
+/// How `plan`'s segments, over all ranks, fail to hold every token of every sequence of `seqs` exactly
+/// once (exactly_once_violation's message); empty when they do. The planners check it at heavy level
+/// (HETMESH_ASSERTION_LEVEL 3). Pure; O(segments log segments).
+[[nodiscard]] inline std::string hdp_exactly_once_violation(std::span<const seq_desc> seqs,
+                                                            const hdp_plan& plan) {
+  std::vector<id_range> expected, assigned;
+  expected.reserve(seqs.size());
+  for (const auto& s : seqs) expected.push_back({s.id, 0, s.length});
+  for (const auto& mbs : plan.per_rank)
+    for (const auto& mb : mbs)
+      for (const auto& sg : mb.segments) assigned.push_back({sg.seq_id, sg.tokens.begin, sg.tokens.end});
+  return exactly_once_violation(std::move(expected), std::move(assigned));
+}
+
 /// HDP end to end: hdp_shard, the placement the policy names, hdp_assemble (with the default
 /// `waves` placement this is ByteScale Alg. 1). Same contract as hdp_shard; the result is
-/// independent of the order of `seqs`.
+/// independent of the order of `seqs`. Heavy level: checks every token is assigned exactly once.
 [[nodiscard]] inline hdp_plan plan_hdp(std::span<const seq_desc> seqs, const hdp_policy& policy, int pool) {
   auto sh = hdp_shard(seqs, policy, pool);
   auto pl = policy.placement == hdp_placement_kind::least_loaded ? hdp_least_loaded_placement(sh)
                                                                  : hdp_naive_placement(sh);
-  return hdp_assemble(std::move(sh), std::move(pl));
+  auto plan = hdp_assemble(std::move(sh), std::move(pl));
+  HETMESH_ASSERT_AT(heavy, hdp_exactly_once_violation(seqs, plan).empty(), "plan_hdp: {}",
+                    hdp_exactly_once_violation(seqs, plan));
+  return plan;
 }
 
 }  // namespace hetmesh::seq

@@ -6,20 +6,27 @@
 // the encoder's head count (Ulysses splits heads) and the node size (aligned blocks tile nodes).
 // The paper gives no thresholds; an item is long when it exceeds the per-rank memory cap or, by its
 // modelled cost, more than beta times the per-rank average (LPT cannot balance such an item).
+// Costs are rounded once to cost::fixed when an item is priced; every comparison that decides the plan
+// (long or short, group degree, block, rank) is on those integers, so the plan does not depend on the
+// last bit of a double (summation order, FMA contraction, a coefficient computed another way).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "../core/assert.hpp"
 #include "../core/error.hpp"
+#include "../core/exactly_once.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "../cost/encoder.hpp"
+#include "../cost/fixed.hpp"
 #include "../mesh/topology.hpp"
 #include "types.hpp"
 
@@ -45,25 +52,27 @@ struct long_short_policy {
 };
 
 /// Where one encoder item runs: `degree` ranks from `first_rank` (degree 1: a short item), the
-/// contiguous token range each group rank holds before Ulysses' all-to-all, and its modelled cost.
+/// contiguous token range each group rank holds before Ulysses' all-to-all, and its modelled cost
+/// (rounded once; group rank k carries cost / degree, the first cost % degree ranks one tick more).
 struct long_short_assignment {
   seq_desc item;                    ///< the encoder item
   int degree = 1;                   ///< ranks it is split over (1: whole)
   int first_rank = 0;               ///< first rank of its contiguous group
   std::vector<token_range> splits;  ///< token ranges, one per rank
-  double cost = 0.0;                ///< modelled cost
+  cost::fixed cost{};               ///< modelled cost
 
   friend bool operator==(const long_short_assignment&, const long_short_assignment&) = default;
   void hash_append(hasher& h) const { append_all(h, item, degree, first_rank, splits, cost); }
 };
 
 /// The plan: assignments (long items first, by (-length, id); then short ones likewise), each rank's
-/// modelled load and tokens, and the distinct Ulysses groups used (as (first rank, size), sorted).
+/// modelled load (exact sums of the assignments' fixed-point shares) and tokens, and the distinct
+/// Ulysses groups used (as (first rank, size), sorted).
 struct long_short_plan {
   long_short_policy policy{};                ///< the policy it was made with
   int ranks = 0;                             ///< ranks of the encoder group
   std::vector<long_short_assignment> items;  ///< per item, in input order
-  std::vector<double> load;                  ///< per rank, modelled cost
+  std::vector<cost::fixed> load;             ///< per rank, modelled cost
   std::vector<std::int64_t> tokens;          ///< per rank, tokens
   std::vector<std::pair<int, int>> groups;   ///< (first rank, size) of each split group
 
@@ -75,8 +84,9 @@ struct long_short_plan {
 /// consecutive ranks). Long items are placed first on the aligned block with the least maximum load that has
 /// room; short items by LPT on the least-loaded rank with room (ties: lowest rank). Throws
 /// capacity_error when an item needs a group larger than gcd(heads, cluster.devices_per_node) allows or when
-/// no rank/block has room; invalid_argument on bad parameters. Pure; independent of input order;
-/// O(n log n + n * ranks).
+/// no rank/block has room; invalid_argument on bad parameters (or a cost that is not finite). Pure;
+/// independent of input order; decisions on fixed-point costs (one rounding per item); O(n log n + n *
+/// ranks).
 [[nodiscard]] inline long_short_plan plan_long_short(std::span<const seq_desc> items, int ranks,
                                                      const long_short_policy& policy) {
   const int node = policy.cluster.devices_per_node;
@@ -88,31 +98,38 @@ struct long_short_plan {
   long_short_plan plan;
   plan.policy = policy;
   plan.ranks = ranks;
-  plan.load.assign(static_cast<std::size_t>(ranks), 0.0);
+  plan.load.assign(static_cast<std::size_t>(ranks), cost::fixed::zero());
   plan.tokens.assign(static_cast<std::size_t>(ranks), 0);
   std::vector<seq_desc> sorted(items.begin(), items.end());
   std::sort(sorted.begin(), sorted.end(), longer_first);
-  double total = 0;
-  for (const auto& s : sorted) total += policy.cost(s.length);
-  const double tau = total / ranks;
+  std::vector<cost::fixed> price;  // sorted[i]'s cost, rounded once
+  price.reserve(sorted.size());
+  cost::fixed total{};
+  for (const auto& s : sorted) {
+    price.push_back(cost::fixed::from_units(policy.cost(s.length)));
+    total += price.back();
+  }
+  // beta x the per-rank mean, rounded once: an item costing more is long (LPT cannot balance it).
+  const cost::fixed limit = cost::fixed::from_units(policy.balance_factor * (total.units() / ranks));
   const int gmax = std::gcd(policy.heads, node);
   std::vector<int> sizes;  // allowed Ulysses degrees > 1: divisors of gcd(heads, node size), ascending
   for (int s = 2; s <= gmax; ++s)
     if (gmax % s == 0 && s <= ranks) sizes.push_back(s);
   const auto cap = policy.max_tokens_per_rank;
-  std::vector<seq_desc> shorts;
-  for (const auto& s : sorted) {
-    const double c = policy.cost(s.length);
+  std::vector<std::size_t> shorts;  // indices into sorted
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const auto& s = sorted[i];
+    const cost::fixed c = price[i];
     const bool over_mem = s.length > cap;
-    const bool over_bal = c > policy.balance_factor * tau && ranks > 1;
+    const bool over_bal = c > limit && ranks > 1;
     if (!over_mem && !over_bal) {
-      shorts.push_back(s);
+      shorts.push_back(i);
       continue;
     }
     // Smallest allowed degree meeting memory and balance; else the smallest meeting memory.
     int deg = 0;
     for (int g : sizes)
-      if (detail::ceil_div(s.length, g) <= cap && c / g <= policy.balance_factor * tau) {
+      if (detail::ceil_div(s.length, g) <= cap && detail::ceil_div(c.ticks, g) <= limit.ticks) {
         deg = g;
         break;
       }
@@ -124,7 +141,7 @@ struct long_short_plan {
         }
     if (deg == 0) {
       if (!over_mem) {  // balance wanted a split no allowed group gives: run it whole
-        shorts.push_back(s);
+        shorts.push_back(i);
         continue;
       }
       throw_error<capacity_error>(
@@ -136,9 +153,9 @@ struct long_short_plan {
     }
     const std::int64_t share = detail::ceil_div(s.length, deg);
     int best = -1;
-    double best_max = 0;
+    cost::fixed best_max{};
     for (int start = 0; start + deg <= ranks; start += deg) {
-      double mx = 0;
+      cost::fixed mx{};
       bool room = true;
       for (int r = start; r < start + deg; ++r) {
         mx = std::max(mx, plan.load[static_cast<std::size_t>(r)]);
@@ -156,13 +173,15 @@ struct long_short_plan {
     long_short_assignment a{s, deg, best, {}, c};
     for (int k = 0; k < deg; ++k) {
       a.splits.push_back({k * s.length / deg, (k + 1) * s.length / deg});
-      plan.load[static_cast<std::size_t>(best + k)] += c / deg;
+      plan.load[static_cast<std::size_t>(best + k)] +=
+          cost::fixed::from_ticks(c.ticks / deg + (k < c.ticks % deg ? 1 : 0));
       plan.tokens[static_cast<std::size_t>(best + k)] += a.splits.back().size();
     }
     plan.groups.emplace_back(best, deg);
     plan.items.push_back(std::move(a));
   }
-  for (const auto& s : shorts) {
+  for (const std::size_t i : shorts) {
+    const auto& s = sorted[i];
     int best = -1;
     for (int r = 0; r < ranks; ++r) {
       if (plan.tokens[static_cast<std::size_t>(r)] + s.length > cap) continue;
@@ -172,13 +191,21 @@ struct long_short_plan {
     if (best < 0)
       throw_error<capacity_error>(
           "plan_long_short: no rank has room for item {} ({} tokens, cap {} per rank)", s.id, s.length, cap);
-    const double c = policy.cost(s.length);
+    const cost::fixed c = price[i];
     plan.items.push_back({s, 1, best, {{0, s.length}}, c});
     plan.load[static_cast<std::size_t>(best)] += c;
     plan.tokens[static_cast<std::size_t>(best)] += s.length;
   }
   std::sort(plan.groups.begin(), plan.groups.end());
   plan.groups.erase(std::unique(plan.groups.begin(), plan.groups.end()), plan.groups.end());
+  if constexpr (assertion_enabled(assertion_level::heavy)) {  // every token of every item exactly once
+    std::vector<id_range> expected, assigned;
+    for (const auto& s : items) expected.push_back({s.id, 0, s.length});
+    for (const auto& a : plan.items)
+      for (const auto& r : a.splits) assigned.push_back({a.item.id, r.begin, r.end});
+    const std::string v = exactly_once_violation(std::move(expected), std::move(assigned));
+    HETMESH_ASSERT_AT(heavy, v.empty(), "plan_long_short: {}", v);
+  }
   return plan;
 }
 
