@@ -19,6 +19,9 @@
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/data/all.hpp>
+#include <hetmesh/data/checkpoint.hpp>
+#include <hetmesh/data/mixture_json.hpp>
+#include <hetmesh/data/webdataset.hpp>
 #include <hetmesh/run/data_service.hpp>
 
 namespace data = hetmesh::data;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <hetmesh/pipeline/all.hpp>
+#include <hetmesh/pipeline/trace_json.hpp>
 
 namespace hp = hetmesh::pipeline;
 

@@ -14,6 +14,7 @@
 #include <hetmesh/pipeline/lower.hpp>
 #include <hetmesh/pipeline/simulate.hpp>
 #include <hetmesh/pipeline/trace.hpp>
+#include <hetmesh/pipeline/trace_json.hpp>
 #include <hetmesh/pipeline/verify.hpp>
 
 using namespace hetmesh::pipeline;

@@ -18,6 +18,7 @@
 #include <hetmesh/pipeline/joint.hpp>
 #include <hetmesh/pipeline/lower.hpp>
 #include <hetmesh/pipeline/trace.hpp>
+#include <hetmesh/pipeline/trace_json.hpp>
 #include <hetmesh/pipeline/verify.hpp>
 #include <hetmesh/run/pipeline_executor.hpp>
 

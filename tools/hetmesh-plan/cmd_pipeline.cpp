@@ -18,6 +18,7 @@
 #include <hetmesh/pipeline/io.hpp>
 #include <hetmesh/pipeline/simulate.hpp>
 #include <hetmesh/pipeline/trace.hpp>
+#include <hetmesh/pipeline/trace_json.hpp>
 #include <hetmesh/seq/packing.hpp>
 
 #include "commands.hpp"

@@ -185,7 +185,7 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
 template <>
 struct fmt::formatter<hetmesh::balance::hdp_balance_mode> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::balance::hdp_balance_mode m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", m == hetmesh::balance::hdp_balance_mode::dp ? "dp" : "pp");
+    return hetmesh::format_to(ctx.out(), "{}", m == hetmesh::balance::hdp_balance_mode::dp ? "dp" : "pp");
   }
 };
 
@@ -193,7 +193,7 @@ template <>
 struct fmt::formatter<hetmesh::balance::bytescale_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::bytescale_policy& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "bytescale_policy(delta={}, mode={}, buckets={})", p.delta, p.mode,
-                          p.buckets);
+    return hetmesh::format_to(ctx.out(), "bytescale_policy(delta={}, mode={}, buckets={})", p.delta, p.mode,
+                              p.buckets);
   }
 };

@@ -185,15 +185,16 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
 template <>
 struct fmt::formatter<hetmesh::balance::dp_solver> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::balance::dp_solver s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", s == hetmesh::balance::dp_solver::lpt ? "lpt" : "karmarkar_karp");
+    return hetmesh::format_to(ctx.out(), "{}",
+                              s == hetmesh::balance::dp_solver::lpt ? "lpt" : "karmarkar_karp");
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::dp_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::dp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "dp_policy(ranks={}, capacity={}, micro_batches={}, solver={})", p.ranks,
-                          p.capacity, p.micro_batches, p.solver);
+    return hetmesh::format_to(ctx.out(), "dp_policy(ranks={}, capacity={}, micro_batches={}, solver={})",
+                              p.ranks, p.capacity, p.micro_batches, p.solver);
   }
 };
 
@@ -201,13 +202,14 @@ template <>
 struct fmt::formatter<hetmesh::balance::dp_micro_batch> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::dp_micro_batch& mb, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "mb(tokens={}, time={}, seqs={})", mb.tokens, mb.time, mb.seqs.size());
+    return hetmesh::format_to(ctx.out(), "mb(tokens={}, time={}, seqs={})", mb.tokens, mb.time,
+                              mb.seqs.size());
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::dp_plan> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::dp_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "dp_plan({}, makespan={} modelled)", p.policy, p.makespan());
+    return hetmesh::format_to(ctx.out(), "dp_plan({}, makespan={} modelled)", p.policy, p.makespan());
   }
 };

@@ -99,7 +99,7 @@ inline void verify_deadlock_free(const seq::hdp_plan& plan) {
     std::vector<std::string> stuck;
     for (std::size_t r = 0; r < n && stuck.size() < 8; ++r)
       if (head[r] < plan.per_rank[r].size())
-        stuck.push_back(fmt::format("rank {} waits in item {}", r, plan.per_rank[r][head[r]].item));
+        stuck.push_back(hetmesh::format("rank {} waits in item {}", r, plan.per_rank[r][head[r]].item));
     throw_error<error>(
         "verify_deadlock_free: the plan deadlocks after {} of {} items ({}); expected every ring's "
         "members to run shared rings in the same relative order",

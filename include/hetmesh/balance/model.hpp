@@ -154,22 +154,23 @@ struct timeline {
 template <>
 struct fmt::formatter<hetmesh::balance::step_model> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::step_model& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "step_model({}, {}, kv_bytes_per_token={}, pp={})", m.llm, m.net,
-                          m.kv_bytes_per_token, m.pp_stages);
+    return hetmesh::format_to(ctx.out(), "step_model({}, {}, kv_bytes_per_token={}, pp={})", m.llm, m.net,
+                              m.kv_bytes_per_token, m.pp_stages);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::task> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::task& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "task(order={}, ranks={}, duration={})", t.order, t.ranks, t.duration);
+    return hetmesh::format_to(ctx.out(), "task(order={}, ranks={}, duration={})", t.order, t.ranks,
+                              t.duration);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::timeline> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::timeline& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "timeline(step={} modelled, ranks={}, imbalance={:.4f})", t.step,
-                          t.busy.size(), t.imbalance());
+    return hetmesh::format_to(ctx.out(), "timeline(step={} modelled, ranks={}, imbalance={:.4f})", t.step,
+                              t.busy.size(), t.imbalance());
   }
 };

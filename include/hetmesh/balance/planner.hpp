@@ -279,7 +279,7 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
       detail::plan_group(mine, hdp, g, k * g, m, sh.items, placement, counter);
     } catch (error& e) {
       e.add_context(
-          fmt::format("balance::plan_gap_filling_hdp: group {} (ranks [{}, {}))", k, k * g, (k + 1) * g));
+          hetmesh::format("balance::plan_gap_filling_hdp: group {} (ranks [{}, {}))", k, k * g, (k + 1) * g));
       throw;
     }
   }
@@ -296,6 +296,6 @@ template <>
 struct fmt::formatter<hetmesh::balance::gap_filling_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::gap_filling_policy& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "gap_filling_policy(group_size={})", p.group_size);
+    return hetmesh::format_to(ctx.out(), "gap_filling_policy(group_size={})", p.group_size);
   }
 };

@@ -122,7 +122,7 @@ struct reorder_plan {
   const std::size_t n = p.sample_ids.size();
   if (p.llm_rank.size() != n || p.item_offset.size() != n + 1 ||
       p.encoder_rank.size() != static_cast<std::size_t>(p.item_offset.back()))
-    return fmt::format(
+    return hetmesh::format(
         "the plan's arrays disagree: {} samples, {} LLM ranks, {} item offsets, {} encoder ranks", n,
         p.llm_rank.size(), p.item_offset.size(), p.encoder_rank.size());
   const auto placed = [&](int r) { return r >= 0 && r < p.ranks; };
@@ -282,8 +282,8 @@ struct reorder_plan {
 template <>
 struct fmt::formatter<hetmesh::balance::sample_meta> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::sample_meta& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "sample(id={}, owner={}, llm_tokens={}, items={})", s.id, s.owner,
-                          s.llm_tokens, s.encoder_tokens);
+    return hetmesh::format_to(ctx.out(), "sample(id={}, owner={}, llm_tokens={}, items={})", s.id, s.owner,
+                              s.llm_tokens, s.encoder_tokens);
   }
 };
 
@@ -291,8 +291,8 @@ template <>
 struct fmt::formatter<hetmesh::balance::reorder_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::reorder_policy& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "reorder_policy({}, {}, token_capacity={})", p.llm, p.encoder,
-                          p.token_capacity);
+    return hetmesh::format_to(ctx.out(), "reorder_policy({}, {}, token_capacity={})", p.llm, p.encoder,
+                              p.token_capacity);
   }
 };
 
@@ -303,7 +303,7 @@ struct fmt::formatter<hetmesh::balance::reorder_plan> : hetmesh::empty_spec_form
     const auto mx = [](const std::vector<hetmesh::cost::fixed>& v) {
       return v.empty() ? hetmesh::cost::fixed{} : *std::max_element(v.begin(), v.end());
     };
-    return fmt::format_to(
+    return hetmesh::format_to(
         ctx.out(), "reorder_plan(ranks={}, samples={}, items={}, max_llm={}, max_encoder={} modelled)",
         p.ranks, p.sample_ids.size(), p.encoder_rank.size(), mx(p.llm_load), mx(p.encoder_load));
   }

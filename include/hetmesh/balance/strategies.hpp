@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../seq/types.hpp"
 #include "model.hpp"
@@ -110,8 +111,8 @@ template <>
 struct fmt::formatter<hetmesh::balance::strategy_result> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::strategy_result& r, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(),
-                          "{}: step={} (modelled), imbalance={:.3f}, lower_bound={}, ratio={:.3f}, tasks={}",
-                          r.name, r.step, r.imbalance, r.lower_bound, r.ratio_to_lower_bound, r.tasks);
+    return hetmesh::format_to(
+        ctx.out(), "{}: step={} (modelled), imbalance={:.3f}, lower_bound={}, ratio={:.3f}, tasks={}", r.name,
+        r.step, r.imbalance, r.lower_bound, r.ratio_to_lower_bound, r.tasks);
   }
 };

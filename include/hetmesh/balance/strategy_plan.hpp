@@ -225,15 +225,15 @@ template <>
 struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::strategy_config& c, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "strategy_config(ranks={}, {}, {}, {}, {}, seed={}, context={})",
-                          c.ranks, c.hdp, c.model, c.bytescale, c.gap_filling, c.seed, c.context);
+    return hetmesh::format_to(ctx.out(), "strategy_config(ranks={}, {}, {}, {}, {}, seed={}, context={})",
+                              c.ranks, c.hdp, c.model, c.bytescale, c.gap_filling, c.seed, c.context);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::balance::work_item> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::balance::work_item& w, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "work_item(ring={}, order={}, {} seqs, {} tokens, offload={:.2f})",
-                          w.ring, w.order, w.seqs.size(), w.tokens(), w.offload_ratio);
+    return hetmesh::format_to(ctx.out(), "work_item(ring={}, order={}, {} seqs, {} tokens, offload={:.2f})",
+                              w.ring, w.order, w.seqs.size(), w.tokens(), w.offload_ratio);
   }
 };
 template <>
@@ -242,6 +242,6 @@ struct fmt::formatter<hetmesh::balance::strategy_plan> : hetmesh::empty_spec_for
       -> decltype(ctx.out()) {
     std::int64_t tokens = 0;
     for (const auto& w : p.items) tokens += w.tokens();
-    return fmt::format_to(ctx.out(), "strategy_plan({} items, {} tokens)", p.items.size(), tokens);
+    return hetmesh::format_to(ctx.out(), "strategy_plan({} items, {} tokens)", p.items.size(), tokens);
   }
 };

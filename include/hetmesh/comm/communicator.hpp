@@ -113,8 +113,8 @@ concept communicator = enable_communicator<std::remove_cvref_t<C>> &&
 template <communicator C>
 [[nodiscard]] std::string describe(const C& c) {
   const std::span<const int> r = c.ranks();
-  if (r.size() <= 6) return fmt::format("group [{}] rank {}/{}", fmt::join(r, ","), c.rank(), c.size());
-  return fmt::format("group [{},...,{}] of {} rank {}/{}", fmt::join(r.first(4), ","),
+  if (r.size() <= 6) return hetmesh::format("group [{}] rank {}/{}", fmt::join(r, ","), c.rank(), c.size());
+  return hetmesh::format("group [{},...,{}] of {} rank {}/{}", fmt::join(r.first(4), ","),
                      fmt::join(r.last(2), ","), r.size(), c.rank(), c.size());
 }
 
@@ -123,14 +123,14 @@ template <communicator C>
 template <>
 struct fmt::formatter<hetmesh::comm::memory_space> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::comm::memory_space m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", m == hetmesh::comm::memory_space::host ? "host" : "device");
+    return hetmesh::format_to(ctx.out(), "{}", m == hetmesh::comm::memory_space::host ? "host" : "device");
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::comm::p2p_op> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::comm::p2p_op& op, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}(peer={}, tag={}, {} x {})",
+    return hetmesh::format_to(ctx.out(), "{}(peer={}, tag={}, {} x {})",
                           op.what == hetmesh::comm::p2p_op::kind::send ? "send" : "recv", op.peer, op.tag,
                           op.count, op.type);
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../config.hpp"
+#include "../core/error.hpp"
 #include "communicator.hpp"
 #include "detail/loopback_state.hpp"
 #include "reduce_op.hpp"
@@ -158,7 +159,7 @@ class communicator {
           for (std::size_t i = 0; i < ps.size(); ++i)
             for (std::size_t j = 0; j < ps.size(); ++j)
               if (ps[i].recv_counts[j] != ps[j].count)
-                return fmt::format(
+                return hetmesh::format(
                     "rank {} expects {} elements from rank {}, which sends {}; expected recv_counts "
                     "equal on every rank and recv_counts[j] equal to rank j's send count",
                     i, ps[i].recv_counts[j], j, ps[j].count);
@@ -213,7 +214,7 @@ class communicator {
           for (std::size_t i = 0; i < ps.size(); ++i)
             for (std::size_t j = 0; j < ps.size(); ++j)
               if (ps[i].send_counts[j] != ps[j].recv_counts[i])
-                return fmt::format(
+                return hetmesh::format(
                     "rank {} sends {} elements to rank {}, which expects {}; expected send_counts[j] "
                     "on rank i to equal recv_counts[i] on rank j",
                     i, ps[i].send_counts[j], j, ps[j].recv_counts[i]);
@@ -286,11 +287,11 @@ class communicator {
   static std::string verify_signature(std::span<const detail::post> ps) {
     for (std::size_t j = 1; j < ps.size(); ++j) {
       if (ps[j].op != ps[0].op)
-        return fmt::format(
+        return hetmesh::format(
             "rank {} called {} while rank 0 called {}; expected every rank to call the same collective", j,
             ps[j].op, ps[0].op);
       if (ps[j].type != ps[0].type)
-        return fmt::format(
+        return hetmesh::format(
             "rank {} passed {} elements while rank 0 passed {}; expected the same dtype on every rank", j,
             ps[j].type, ps[0].type);
     }
@@ -301,16 +302,16 @@ class communicator {
     if (auto v = verify_signature(ps); !v.empty()) return v;
     for (std::size_t j = 1; j < ps.size(); ++j) {
       if (ps[j].count != ps[0].count)
-        return fmt::format(
+        return hetmesh::format(
             "rank {} passed {} elements while rank 0 passed {}; expected the same count on every rank", j,
             ps[j].count, ps[0].count);
       if (check_op && ps[j].rop != ps[0].rop)
-        return fmt::format(
+        return hetmesh::format(
             "rank {} reduces with {} while rank 0 reduces with {}; expected the same reduce_op", j, ps[j].rop,
             ps[0].rop);
       if (check_root && ps[j].root != ps[0].root)
-        return fmt::format("rank {} names root {} while rank 0 names root {}; expected the same root", j,
-                           ps[j].root, ps[0].root);
+        return hetmesh::format("rank {} names root {} while rank 0 names root {}; expected the same root", j,
+                               ps[j].root, ps[0].root);
     }
     return {};
   }
@@ -349,10 +350,10 @@ void run(int nranks, F&& body,
       induced[rs] = 1;
     } catch (const std::exception& e) {
       errors[rs] = std::current_exception();
-      world->abort_all(fmt::format("rank {} failed: {}", r, e.what()));
+      world->abort_all(hetmesh::format("rank {} failed: {}", r, e.what()));
     } catch (...) {
       errors[rs] = std::current_exception();
-      world->abort_all(fmt::format("rank {} failed with a non-standard exception", r));
+      world->abort_all(hetmesh::format("rank {} failed with a non-standard exception", r));
     }
   };
   std::vector<std::thread> threads;

@@ -34,6 +34,7 @@
 #include <fmt/ranges.h>
 
 #include "../core/assert.hpp"
+#include "../core/error.hpp"
 #include "communicator.hpp"
 #include "detail/members.hpp"
 #include "detail/mpi_support.hpp"
@@ -340,7 +341,7 @@ class communicator : public comm::detail::group_members {
   }
 
   [[nodiscard]] std::string where(const char* op) const {
-    return fmt::format("mpi {} on {}", op, comm::describe(*this));
+    return hetmesh::format("mpi {} on {}", op, comm::describe(*this));
   }
   void check(int rc, const char* call, const char* op) const {
     if (rc != MPI_SUCCESS) mpi::check(rc, call, where(op));
@@ -348,8 +349,9 @@ class communicator : public comm::detail::group_members {
   void usable(const char* op) const {
     if (broken_)
       throw backend_error(
-          fmt::format("{}: the communicator timed out earlier and is unusable; expected a new communicator",
-                      where(op)),
+          hetmesh::format(
+              "{}: the communicator timed out earlier and is unusable; expected a new communicator",
+              where(op)),
           MPI_ERR_OTHER);
   }
   void abandon(std::span<MPI_Request> reqs) {

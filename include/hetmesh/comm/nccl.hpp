@@ -221,7 +221,7 @@ class communicator : public comm::detail::group_members {
     });
     if (!completed)
       s_->abort(detail::abort_kind::timeout,
-                fmt::format("synchronize did not complete within {} ms", opt_.timeout.count()));
+                hetmesh::format("synchronize did not complete within {} ms", opt_.timeout.count()));
     usable("synchronize");
   }
 
@@ -252,7 +252,7 @@ class communicator : public comm::detail::group_members {
   }
 
   [[nodiscard]] std::string where(const char* op) const {
-    return fmt::format("nccl {} on {}", op, comm::describe(*this));
+    return hetmesh::format("nccl {} on {}", op, comm::describe(*this));
   }
 
   /// Raises if the communicator was aborted (by the watchdog, a timeout, or the user).
@@ -261,12 +261,12 @@ class communicator : public comm::detail::group_members {
       case detail::abort_kind::none:
         return;
       case detail::abort_kind::timeout:
-        throw timeout_error(fmt::format("{}: {}", where(op), s_->reason));
+        throw timeout_error(hetmesh::format("{}: {}", where(op), s_->reason));
       case detail::abort_kind::async_error:
-        throw backend_error(fmt::format("{}: the communicator was aborted: {}", where(op), s_->reason),
+        throw backend_error(hetmesh::format("{}: the communicator was aborted: {}", where(op), s_->reason),
                             ncclRemoteError);
       case detail::abort_kind::user:
-        throw aborted_error(fmt::format("{}: the communicator was aborted: {}", where(op), s_->reason));
+        throw aborted_error(hetmesh::format("{}: the communicator was aborted: {}", where(op), s_->reason));
     }
   }
   void poll_async(const char* op) {
@@ -274,7 +274,7 @@ class communicator : public comm::detail::group_members {
     ncclCommGetAsyncError(s_->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
       s_->abort(detail::abort_kind::async_error,
-                fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
+                hetmesh::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
       usable(op);
     }
   }
@@ -291,7 +291,7 @@ class communicator : public comm::detail::group_members {
     if (!completed) {
       s_->abort(
           detail::abort_kind::timeout,
-          fmt::format("{} did not complete within {} ms (a rank is missing)", call, opt_.timeout.count()));
+          hetmesh::format("{} did not complete within {} ms (a rank is missing)", call, opt_.timeout.count()));
       usable(op);
     }
     if (r != ncclSuccess) detail::raise(r, call, where(op), s_->comm);

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "../core/error.hpp"
 #include "../core/format.hpp"
 
 namespace hetmesh::comm {
@@ -72,6 +73,6 @@ void finish_reduce(T* data, std::size_t n, reduce_op op, int group_size) noexcep
 template <>
 struct fmt::formatter<hetmesh::comm::reduce_op> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::comm::reduce_op op, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", hetmesh::comm::reduce_op_name(op));
+    return hetmesh::format_to(ctx.out(), "{}", hetmesh::comm::reduce_op_name(op));
   }
 };

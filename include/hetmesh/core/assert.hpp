@@ -29,9 +29,19 @@ enum class assertion_level : int {
 }
 
 namespace detail {
-[[noreturn]] inline void assertion_failed(std::string_view expr, std::string_view file, int line,
-                                          const std::string& explanation) {
-  throw assertion_error(fmt::format("assertion `{}` failed at {}:{}: {}", expr, file, line, explanation));
+[[noreturn]] [[gnu::cold]] [[gnu::noinline]] inline void assertion_failed_v(std::string_view expr,
+                                                                            std::string_view file, int line,
+                                                                            fmt::string_view format,
+                                                                            fmt::format_args args) {
+  throw assertion_error(
+      hetmesh::format("assertion `{}` failed at {}:{}: {}", expr, file, line, fmt::vformat(format, args)));
+}
+
+/// A failed HETMESH_ASSERT: formats the explanation out of line (see throw_error).
+template <class... Args>
+[[noreturn]] void assertion_failed(std::string_view expr, std::string_view file, int line,
+                                   format_string_t<Args...> format, Args&&... args) {
+  assertion_failed_v(expr, file, line, format, fmt::make_format_args(args...));
 }
 }  // namespace detail
 
@@ -43,7 +53,7 @@ namespace detail {
   do {                                                                                              \
     if constexpr (::hetmesh::assertion_enabled(::hetmesh::assertion_level::level)) {                \
       if (!(cond)) {                                                                                \
-        ::hetmesh::detail::assertion_failed(#cond, __FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
+        ::hetmesh::detail::assertion_failed(#cond, __FILE__, __LINE__, __VA_ARGS__);                \
       }                                                                                             \
     }                                                                                               \
   } while (false)

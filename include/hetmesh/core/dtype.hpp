@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "error.hpp"
 #include "format.hpp"
 
 namespace hetmesh {
@@ -142,6 +143,6 @@ static_assert(!element<std::int16_t> && dtype_size(dtype::uint16) == 2);
 template <>
 struct fmt::formatter<hetmesh::dtype> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::dtype t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", hetmesh::dtype_name(t));
+    return hetmesh::format_to(ctx.out(), "{}", hetmesh::dtype_name(t));
   }
 };

@@ -10,8 +10,10 @@
 // CUDA translation units (nvcc) get the exception types without fmt, whose consteval format checks
 // nvcc cannot compile; throw_error is for host translation units.
 #ifndef __CUDACC__
-#include <fmt/format.h>
+#include <fmt/core.h>
 #endif
+
+#include "../config.hpp"
 
 namespace hetmesh {
 
@@ -101,10 +103,43 @@ class assertion_error : public error {
 };
 
 #ifndef __CUDACC__
+namespace detail {
+/// The format-string parameter of throw_error and HETMESH_ASSERT: fmt's compile-time checked string
+/// when HETMESH_CHECK_FORMAT_STRINGS is on, else a plain string view (checked when formatted).
+#if HETMESH_CHECK_FORMAT_STRINGS
+template <class... Args>
+using format_string_t = fmt::format_string<Args...>;
+#else
+template <class... Args>
+using format_string_t = fmt::string_view;
+#endif
+
+/// The cold half of throw_error: one instantiation per exception type, not per call site.
+template <class E>
+[[noreturn]] [[gnu::cold]] [[gnu::noinline]] void throw_formatted(fmt::string_view format, fmt::format_args args) {
+  throw E(fmt::vformat(format, args));
+}
+}  // namespace detail
+
+/// fmt::format, with the format string checked when formatting rather than at compile time (unless
+/// HETMESH_CHECK_FORMAT_STRINGS): each call site costs one fmt::make_format_args instead of fmt's
+/// consteval checker. The library's headers format through this and format_to.
+template <class... Args>
+[[nodiscard]] std::string format(detail::format_string_t<Args...> text, Args&&... args) {
+  return fmt::vformat(text, fmt::make_format_args(args...));
+}
+
+/// fmt::format_to, checked like hetmesh::format.
+template <class Out, class... Args>
+Out format_to(Out out, detail::format_string_t<Args...> text, Args&&... args) {
+  return fmt::vformat_to(out, text, fmt::make_format_args(args...));
+}
+
 /// Throws E with a message formatted by fmt. `throw_error<invalid_argument>("cp={} ...", cp)`.
+/// A call site costs one fmt::make_format_args; the formatting itself is out of line (fmt::vformat).
 template <class E, class... Args>
-[[noreturn]] void throw_error(fmt::format_string<Args...> format, Args&&... args) {
-  throw E(fmt::format(format, std::forward<Args>(args)...));
+[[noreturn]] void throw_error(detail::format_string_t<Args...> format, Args&&... args) {
+  detail::throw_formatted<E>(format, fmt::make_format_args(args...));
 }
 #endif
 

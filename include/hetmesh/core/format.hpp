@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "error.hpp"
+
 namespace hetmesh {
 
 /// Base of hetmesh's fmt::formatter specialisations: parses `{}` and nothing else.
@@ -24,7 +26,7 @@ struct empty_spec_formatter {
 /// The text of any printable value.
 template <class T>
 [[nodiscard]] std::string to_string(const T& v) {
-  return fmt::format("{}", v);
+  return hetmesh::format("{}", v);
 }
 
 }  // namespace hetmesh

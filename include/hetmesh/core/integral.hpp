@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "error.hpp"
+
 namespace hetmesh {
 
 /// A compile-time integer. Prints as `_N`.
@@ -84,6 +86,6 @@ constexpr auto operator""_c() noexcept {
 template <std::int64_t N>
 struct fmt::formatter<hetmesh::C<N>> : fmt::formatter<std::int64_t> {
   auto format(hetmesh::C<N>, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "_{}", N);
+    return hetmesh::format_to(ctx.out(), "_{}", N);
   }
 };

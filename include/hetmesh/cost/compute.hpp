@@ -148,16 +148,16 @@ struct fmt::formatter<hetmesh::cost::basic_quadratic<T>> : hetmesh::empty_spec_f
   auto format(const hetmesh::cost::basic_quadratic<T>& q, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
     if constexpr (std::is_floating_point_v<T>)
-      return fmt::format_to(ctx.out(), "T(s)={:.4g}*s^2+{:.4g}*s+{:.4g}", q.a, q.b, q.c);
+      return hetmesh::format_to(ctx.out(), "T(s)={:.4g}*s^2+{:.4g}*s+{:.4g}", q.a, q.b, q.c);
     else
-      return fmt::format_to(ctx.out(), "c(s)={}*s^2+{}*s+{}", q.a, q.b, q.c);
+      return hetmesh::format_to(ctx.out(), "c(s)={}*s^2+{}*s+{}", q.a, q.b, q.c);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::cost::llm_compute> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::cost::llm_compute& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "llm_compute({}, layers={}, train_factor={})", m.layer, m.layers,
-                          m.train_factor);
+    return hetmesh::format_to(ctx.out(), "llm_compute({}, layers={}, train_factor={})", m.layer, m.layers,
+                              m.train_factor);
   }
 };

@@ -145,7 +145,7 @@ struct fmt::formatter<hetmesh::cost::item_kind> : hetmesh::empty_spec_formatter 
     const char* n = k == hetmesh::cost::item_kind::image         ? "image"
                     : k == hetmesh::cost::item_kind::video_frame ? "video_frame"
                                                                  : "audio";
-    return fmt::format_to(ctx.out(), "{}", n);
+    return hetmesh::format_to(ctx.out(), "{}", n);
   }
 };
 
@@ -153,16 +153,16 @@ template <>
 struct fmt::formatter<hetmesh::cost::encoder_compute> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::cost::encoder_compute& e, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "encoder_compute({}, layers={}, train_factor={}, window={})", e.layer,
-                          e.layers, e.train_factor, e.window);
+    return hetmesh::format_to(ctx.out(), "encoder_compute({}, layers={}, train_factor={}, window={})",
+                              e.layer, e.layers, e.train_factor, e.window);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::cost::moe_compute> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::cost::moe_compute& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(),
-                          "moe_compute(experts={}, top_k={}, expert={:.4g}/tok, router={:.4g}/tok)",
-                          m.experts, m.top_k, m.expert_per_token, m.router_per_token);
+    return hetmesh::format_to(ctx.out(),
+                              "moe_compute(experts={}, top_k={}, expert={:.4g}/tok, router={:.4g}/tok)",
+                              m.experts, m.top_k, m.expert_per_token, m.router_per_token);
   }
 };

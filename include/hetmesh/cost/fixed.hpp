@@ -87,6 +87,6 @@ struct fixed {
 template <>
 struct fmt::formatter<hetmesh::cost::fixed> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::cost::fixed& f, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{:.6f}", f.units());
+    return hetmesh::format_to(ctx.out(), "{:.6f}", f.units());
   }
 };

@@ -108,15 +108,15 @@ template <>
 struct fmt::formatter<hetmesh::cost::activation_memory> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::cost::activation_memory& m, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "Act(s)={:.4g}*s+{:.4g} bytes/layer x {} layers", m.alpha, m.beta,
-                          m.layers);
+    return hetmesh::format_to(ctx.out(), "Act(s)={:.4g}*s+{:.4g} bytes/layer x {} layers", m.alpha, m.beta,
+                              m.layers);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::cost::offload_model> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::cost::offload_model& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "offload_model{{{} (s), {}, d2h={}, h2d={}}}", m.layer, m.activation,
-                          m.d2h_bandwidth, m.h2d_bandwidth);
+    return hetmesh::format_to(ctx.out(), "offload_model{{{} (s), {}, d2h={}, h2d={}}}", m.layer, m.activation,
+                              m.d2h_bandwidth, m.h2d_bandwidth);
   }
 };

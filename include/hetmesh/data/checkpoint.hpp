@@ -37,7 +37,7 @@ inline constexpr int checkpoint_version = 1;
   nlohmann::json j;
   j["format"] = "hetmesh-data-state";
   j["version"] = checkpoint_version;
-  j["fingerprint"] = fmt::format("{:016x}", stream_fingerprint(cfg));
+  j["fingerprint"] = hetmesh::format("{:016x}", stream_fingerprint(cfg));
   j["step"] = st.step;
   auto& src = j["sources"] = nlohmann::json::array();
   for (std::size_t s = 0; s < st.cursors.size(); ++s)
@@ -56,7 +56,7 @@ inline constexpr int checkpoint_version = 1;
   if (j.value("version", 0) != checkpoint_version)
     throw_error<data_error>("data checkpoint version {}; this build reads version {}", j.value("version", 0),
                             checkpoint_version);
-  const std::string want = fmt::format("{:016x}", stream_fingerprint(cfg));
+  const std::string want = hetmesh::format("{:016x}", stream_fingerprint(cfg));
   if (j.value("fingerprint", "") != want)
     throw_error<mismatch_error>(
         "data checkpoint fingerprint {} does not match the configuration's {}: it was written under another "
@@ -95,7 +95,7 @@ inline void save_checkpoint(const std::string& path, const mixture_config& cfg, 
   try {
     return checkpoint_from_json(cfg, j);
   } catch (error& e) {
-    e.add_context(fmt::format("reading '{}'", path));
+    e.add_context(hetmesh::format("reading '{}'", path));
     throw;
   }
 }

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../core/error.hpp"
 #include "indexed_dataset.hpp"
 #include "webdataset.hpp"
 
@@ -56,7 +57,7 @@ void for_each_jsonl(const std::string& path, F&& f) {
     try {
       f(j, no);
     } catch (error& e) {
-      e.add_context(fmt::format("'{}' line {}", path, no));
+      e.add_context(hetmesh::format("'{}' line {}", path, no));
       throw;
     } catch (const nlohmann::json::exception& e) {
       throw_error<data_error>("'{}' line {}: {}", path, no, e.what());
@@ -100,7 +101,7 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
   std::unique_ptr<wds_writer> w;
   auto open_next = [&] {
     if (w) w->finish();
-    st.outputs.push_back(fmt::format("{}-{:06}.tar", prefix, st.outputs.size()));
+    st.outputs.push_back(hetmesh::format("{}-{:06}.tar", prefix, st.outputs.size()));
     w = std::make_unique<wds_writer>(st.outputs.back());
   };
   detail::for_each_jsonl(jsonl, [&](nlohmann::json j, std::int64_t no) {
@@ -117,7 +118,7 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
         members.emplace_back(ext, std::vector<std::byte>(b, b + text.size()));
       }
     }
-    const std::string key = j.contains("key") ? j["key"].get<std::string>() : fmt::format("s{:09}", no);
+    const std::string key = j.contains("key") ? j["key"].get<std::string>() : hetmesh::format("s{:09}", no);
     const std::string meta = j.dump();
     const auto* mb = reinterpret_cast<const std::byte*>(meta.data());
     members.insert(members.begin(), {"json", std::vector<std::byte>(mb, mb + meta.size())});

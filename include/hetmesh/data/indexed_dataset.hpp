@@ -364,7 +364,7 @@ template <>
 struct fmt::formatter<hetmesh::data::indexed_dataset> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::indexed_dataset& d, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "indexed_dataset({}, {}, {} sequences, {} documents)", d.prefix(),
-                          d.type(), d.size(), d.documents());
+    return hetmesh::format_to(ctx.out(), "indexed_dataset({}, {}, {} sequences, {} documents)", d.prefix(),
+                              d.type(), d.size(), d.documents());
   }
 };

@@ -19,6 +19,7 @@
 
 #include <fmt/ranges.h>
 
+#include "../core/error.hpp"
 #include "autoscale.hpp"
 #include "memory.hpp"
 #include "mixture.hpp"
@@ -198,8 +199,8 @@ class data_loader {
     std::lock_guard lock(mutex_);
     for (std::size_t s = 0; s < loaders_.size(); ++s)
       for (std::size_t j = 0; j < loaders_[s].size(); ++j)
-        r.add("source_loader", fmt::format("{}#{}", cfg_.sources[s].name, j), loaders_[s][j]->state_bytes(),
-              loaders_[s][j]->reader().mapped_data_bytes());
+        r.add("source_loader", hetmesh::format("{}#{}", cfg_.sources[s].name, j),
+              loaders_[s][j]->state_bytes(), loaders_[s][j]->reader().mapped_data_bytes());
     std::int64_t pre = 0;
     for (const auto& sl : inflight_)
       for (const auto& smp : sl->samples) pre += smp.heap_bytes();

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "../core/error.hpp"
 #include "../core/format.hpp"
 
 namespace hetmesh::data {
@@ -59,9 +60,10 @@ struct memory_report {
 template <>
 struct fmt::formatter<hetmesh::data::memory_report> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::memory_report& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "memory_report(total={} B", r.total());
+    auto out = hetmesh::format_to(ctx.out(), "memory_report(total={} B", r.total());
     for (const char* c : {"source_loader", "prefetch", "planner", "constructor"})
-      if (r.count_of(c) > 0) out = fmt::format_to(out, ", {}: {} x, {} B", c, r.count_of(c), r.total_of(c));
-    return fmt::format_to(out, ")");
+      if (r.count_of(c) > 0)
+        out = hetmesh::format_to(out, ", {}: {} x, {} B", c, r.count_of(c), r.total_of(c));
+    return hetmesh::format_to(out, ")");
   }
 };

@@ -263,7 +263,7 @@ inline void validate(const mixture_config& cfg) {
   std::vector<std::int64_t> steps{};
   for (std::size_t i = 0; i < cfg.sources.size(); ++i) {
     const auto& s = cfg.sources[i];
-    const std::string what = fmt::format("source {} '{}'", i, s.name);
+    const std::string what = hetmesh::format("source {} '{}'", i, s.name);
     if (s.name.empty())
       throw_error<invalid_argument>("{}: empty name; every source needs a unique name", what);
     for (std::size_t j = 0; j < i; ++j)
@@ -287,7 +287,7 @@ inline void validate(const mixture_config& cfg) {
   }
   for (const auto* axis : {&cfg.modalities, &cfg.buckets})
     for (const auto& g : *axis) {
-      detail::check_schedule(g.weight, fmt::format("group '{}'", g.name));
+      detail::check_schedule(g.weight, hetmesh::format("group '{}'", g.name));
       for (const auto& p : g.weight) steps.push_back(p.step);
     }
   std::sort(steps.begin(), steps.end());
@@ -300,17 +300,17 @@ inline void validate(const mixture_config& cfg) {
 template <>
 struct fmt::formatter<hetmesh::data::source_spec> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::source_spec& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "source({}, {}, {} paths, {} weight points, {}/{})", s.name,
-                          s.format == hetmesh::data::source_format::indexed ? "indexed" : "webdataset",
-                          s.paths.size(), s.weight.size(), s.modality, s.bucket);
+    return hetmesh::format_to(ctx.out(), "source({}, {}, {} paths, {} weight points, {}/{})", s.name,
+                              s.format == hetmesh::data::source_format::indexed ? "indexed" : "webdataset",
+                              s.paths.size(), s.weight.size(), s.modality, s.bucket);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::mixture_config> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::mixture_config& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(),
-                          "mixture(seed={}, batch={}, {} sources, tp={} cp={} dp={} pp={}, {} micro-batches)",
-                          c.seed, c.global_batch, c.sources.size(), c.layout.tp, c.layout.cp, c.layout.dp,
-                          c.layout.pp, c.micro_batches);
+    return hetmesh::format_to(
+        ctx.out(), "mixture(seed={}, batch={}, {} sources, tp={} cp={} dp={} pp={}, {} micro-batches)",
+        c.seed, c.global_batch, c.sources.size(), c.layout.tp, c.layout.cp, c.layout.dp, c.layout.pp,
+        c.micro_batches);
   }
 };

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../core/error.hpp"
 #include "mixture.hpp"
 
 namespace hetmesh::data {
@@ -28,7 +29,7 @@ inline void check_keys(const nlohmann::json& j, std::initializer_list<const char
     for (const char* a : allowed) ok = ok || k == a;
     if (!ok) {
       std::string list;
-      for (const char* a : allowed) list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", a);
+      for (const char* a : allowed) list += hetmesh::format("{}\"{}\"", list.empty() ? "" : ", ", a);
       throw_error<invalid_argument>("{}: unknown key \"{}\"; expected one of {}", where, k, list);
     }
   }
@@ -88,7 +89,7 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
     throw_error<invalid_argument>("mixture: \"sources\" must be a list");
   for (std::size_t i = 0; i < j["sources"].size(); ++i) {
     const auto& s = j["sources"][i];
-    const std::string where = fmt::format("mixture.sources[{}]", i);
+    const std::string where = hetmesh::format("mixture.sources[{}]", i);
     detail::check_keys(
         s,
         {"name", "format", "paths", "weight", "modality", "bucket", "min_tokens", "max_tokens", "max_epochs"},

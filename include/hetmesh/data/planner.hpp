@@ -266,20 +266,20 @@ template <metadata_source M>
       for (int i : mine) assigned.push_back({i, 0, 1});
     std::string v = exactly_once_violation(std::move(expected), std::move(assigned));
     if (v.empty() && static_cast<std::int64_t>(n) != cfg.global_batch)
-      v = fmt::format("{} samples; expected global_batch = {}", n, cfg.global_batch);
+      v = hetmesh::format("{} samples; expected global_batch = {}", n, cfg.global_batch);
     std::vector<std::tuple<int, std::int64_t, std::int64_t>> keys;
     for (const auto& smp : samples) {
       keys.emplace_back(smp.ref.source, smp.ref.epoch, smp.ref.position);
       if (v.empty() && (smp.dp_rank < 0 || smp.dp_rank >= dp || smp.micro_batch < 0 ||
                         smp.micro_batch >= cfg.micro_batches))
-        v = fmt::format(
+        v = hetmesh::format(
             "sample (source {}, epoch {}, position {}) is on rank {} micro-batch {}; expected {} x {}",
             smp.ref.source, smp.ref.epoch, smp.ref.position, smp.dp_rank, smp.micro_batch, dp,
             cfg.micro_batches);
     }
     std::sort(keys.begin(), keys.end());
     if (const auto d = std::adjacent_find(keys.begin(), keys.end()); v.empty() && d != keys.end())
-      v = fmt::format("sample (source {}, epoch {}, position {}) drawn twice", std::get<0>(*d),
+      v = hetmesh::format("sample (source {}, epoch {}, position {}) drawn twice", std::get<0>(*d),
                       std::get<1>(*d), std::get<2>(*d));
     HETMESH_ASSERT_AT(heavy, v.empty(), "data::plan_step (step {}): {}", st.step, v);
   }
@@ -320,23 +320,23 @@ struct delivery_group {
 template <>
 struct fmt::formatter<hetmesh::data::planner_state> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::planner_state& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "planner_state(step={}", s.step);
+    auto out = hetmesh::format_to(ctx.out(), "planner_state(step={}", s.step);
     for (std::size_t i = 0; i < s.cursors.size(); ++i)
-      out = fmt::format_to(out, ", s{}: e{} p{} c{}", i, s.cursors[i].epoch, s.cursors[i].position,
-                           s.cursors[i].carry);
-    return fmt::format_to(out, ")");
+      out = hetmesh::format_to(out, ", s{}: e{} p{} c{}", i, s.cursors[i].epoch, s.cursors[i].position,
+                               s.cursors[i].carry);
+    return hetmesh::format_to(out, ")");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::step_plan> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::step_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "step_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step,
-                          p.samples.size(), p.quotas, p.rank_cost);
+    return hetmesh::format_to(ctx.out(), "step_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step,
+                              p.samples.size(), p.quotas, p.rank_cost);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::delivery_group> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::delivery_group& g, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "delivery(dp={}, loader={}, ranks={})", g.dp, g.loader, g.ranks);
+    return hetmesh::format_to(ctx.out(), "delivery(dp={}, loader={}, ranks={})", g.dp, g.loader, g.ranks);
   }
 };

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 
@@ -73,19 +74,20 @@ struct sample {
 template <>
 struct fmt::formatter<hetmesh::data::sample_meta> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::sample_meta& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "meta(tokens={}, items={}, bytes={})", m.tokens, m.item_tokens, m.bytes);
+    return hetmesh::format_to(ctx.out(), "meta(tokens={}, items={}, bytes={})", m.tokens, m.item_tokens,
+                              m.bytes);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::sample_ref> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::sample_ref& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "s{}/e{}/p{}=#{}", r.source, r.epoch, r.position, r.index);
+    return hetmesh::format_to(ctx.out(), "s{}/e{}/p{}=#{}", r.source, r.epoch, r.position, r.index);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::sample> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::data::sample& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "sample({}, {} tokens, {} items)", s.ref, s.tokens.size(),
-                          s.items.size());
+    return hetmesh::format_to(ctx.out(), "sample({}, {} tokens, {} items)", s.ref, s.tokens.size(),
+                              s.items.size());
   }
 };

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -20,9 +21,13 @@
 #include "indexed_dataset.hpp"
 #include "mixture.hpp"
 #include "sample.hpp"
-#include "webdataset.hpp"
 
 namespace hetmesh::data {
+
+struct wds_record;
+/// The user's payload-decoding hook of WebDataset sources: fills `out.tokens` and `out.items` from a
+/// record (data/webdataset.hpp defines wds_record).
+using wds_decoder = std::function<void(const wds_record&, sample& out)>;
 
 /// Read access to one source: sample count, metadata and payload of sample i (i in [0, size())).
 /// Implementations are immutable after opening, so concurrent meta()/load() calls are safe.
@@ -147,67 +152,25 @@ class indexed_source final : public source_reader {
   std::vector<std::int64_t> starts_{};
 };
 
-/// WebDataset shards, concatenated in the order given; payloads decoded by the user's hook.
-class webdataset_source final : public source_reader {
- public:
-  /// Opens the shards of `spec.paths` (concatenated) with `decode` and applies its token filter.
-  webdataset_source(const source_spec& spec, wds_decoder decode)
-      : decode_(decode ? std::move(decode) : wds_decoder(default_wds_decode)) {
-    std::int64_t total = 0;
-    for (const auto& p : spec.paths) {
-      shards_.emplace_back(p);
-      starts_.push_back(total);
-      total += shards_.back().size();
-    }
-    apply_filter(spec, total, [&](std::int64_t i) { return raw_meta(i); });
-  }
-  /// Samples kept by the filter.
-  [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
-  /// Metadata of sample i.
-  [[nodiscard]] sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
-  void load(std::int64_t i, sample& out) const override {
-    const auto [part, local] = locate(underlying(i));
-    const auto rec = shards_[part].record(local);
-    out.tokens.clear();
-    out.items.clear();
-    decode_(rec, out);
-    count_read();
-  }
-  [[nodiscard]] std::int64_t state_bytes() const override {
-    std::int64_t b =
-        sizeof(*this) + filter_bytes() +
-        static_cast<std::int64_t>(shards_.capacity() * sizeof(wds_shard) + starts_.capacity() * 8);
-    for (const auto& s : shards_) b += s.index_heap_bytes();
-    return b;
-  }
-  [[nodiscard]] std::int64_t mapped_data_bytes() const override {
-    std::int64_t b = 0;
-    for (const auto& s : shards_) b += s.index().shard_bytes;
-    return b;
-  }
-
- private:
-  [[nodiscard]] std::pair<std::size_t, std::int64_t> locate(std::int64_t i) const noexcept {
-    const auto it = std::upper_bound(starts_.begin(), starts_.end(), i) - 1;
-    return {static_cast<std::size_t>(it - starts_.begin()), i - *it};
-  }
-  [[nodiscard]] sample_meta raw_meta(std::int64_t i) const {
-    const auto [part, local] = locate(i);
-    return shards_[part].index().samples[static_cast<std::size_t>(local)].meta;
-  }
-  wds_decoder decode_;
-  std::vector<wds_shard> shards_{};
-  std::vector<std::int64_t> starts_{};
-};
+namespace detail {
+/// Opens a WebDataset source; set by data/webdataset.hpp when a translation unit includes it, so that
+/// the JSON it needs is paid for only where WebDataset is used.
+inline std::unique_ptr<source_reader> (*open_webdataset)(const source_spec&, const wds_decoder&) = nullptr;
+}  // namespace detail
 
 /// Opens the reader a spec names. Throws data_error for missing/corrupt files, with the source named.
 [[nodiscard]] inline std::unique_ptr<source_reader> open_source(const source_spec& spec,
                                                                 const wds_decoder& decode = {}) {
   try {
     if (spec.format == source_format::indexed) return std::make_unique<indexed_source>(spec);
-    return std::make_unique<webdataset_source>(spec, decode);
+    if (detail::open_webdataset == nullptr)
+      throw_error<invalid_argument>(
+          "source '{}' is a WebDataset source: include <hetmesh/data/webdataset.hpp> in the program (the "
+          "WebDataset reader parses JSON, so the umbrella headers leave it out)",
+          spec.name);
+    return detail::open_webdataset(spec, decode);
   } catch (error& e) {
-    e.add_context(fmt::format("opening source '{}'", spec.name));
+    e.add_context(hetmesh::format("opening source '{}'", spec.name));
     throw;
   }
 }

@@ -19,6 +19,7 @@
 #include "../core/error.hpp"
 #include "detail/file.hpp"
 #include "sample.hpp"
+#include "source.hpp"
 #include "tar.hpp"
 
 namespace hetmesh::data {
@@ -100,7 +101,7 @@ inline sample_meta meta_from_json(const nlohmann::json& j, const std::string& wh
       bytes += e.sizes[k];
       if (e.exts[k] == "json") json_at = static_cast<std::int64_t>(k);
     }
-    const std::string where = fmt::format("shard '{}', sample '{}'", shard, e.key);
+    const std::string where = hetmesh::format("shard '{}', sample '{}'", shard, e.key);
     if (json_at < 0)
       throw_error<data_error>("{}: no .json member; every sample needs one with its lengths", where);
     const auto k = static_cast<std::size_t>(json_at);
@@ -169,7 +170,7 @@ inline void store_wds_index(const std::string& shard, const wds_index& idx) {
   } catch (const nlohmann::json::exception& ex) {
     throw_error<data_error>("'{}' is malformed: {}", path, ex.what());
   } catch (data_error& ex) {
-    ex.add_context(fmt::format("'{}' is malformed", path));
+    ex.add_context(hetmesh::format("'{}' is malformed", path));
     throw;
   }
   if (idx.shard_bytes != shard_bytes)
@@ -189,8 +190,7 @@ struct wds_record {
   const sample_meta* meta = nullptr;  ///< metadata, when known
 };
 
-/// The user's payload-decoding hook: fills `out.tokens` and `out.items` from a record.
-using wds_decoder = std::function<void(const wds_record&, sample& out)>;
+// wds_decoder, the user's payload-decoding hook, is declared in source.hpp.
 
 /// The default decoder: text token ids from the json's "text_tokens" array, and one encoder item per
 /// entry of "items" whose payload is the raw bytes of the member with that "ext".
@@ -282,7 +282,7 @@ class wds_writer {
       throw_error<invalid_argument>(
           "wds_writer: key '{}' must be non-empty and contain no '.' (the key ends at the first '.')", key);
     for (const auto& [ext, bytes] : members) {
-      const auto h = tar::header(fmt::format("{}.{}", key, ext), static_cast<std::int64_t>(bytes.size()));
+      const auto h = tar::header(hetmesh::format("{}.{}", key, ext), static_cast<std::int64_t>(bytes.size()));
       detail::write_all(fd_.get(), h, path_);
       detail::write_all(fd_.get(), bytes, path_);
       const auto pad = static_cast<std::size_t>(
@@ -303,5 +303,66 @@ class wds_writer {
   detail::unique_fd fd_;
   std::vector<std::byte> zeros_ = std::vector<std::byte>(tar::block, std::byte{0});
 };
+
+/// WebDataset shards, concatenated in the order given; payloads decoded by the user's hook.
+class webdataset_source final : public source_reader {
+ public:
+  /// Opens the shards of `spec.paths` (concatenated) with `decode` and applies its token filter.
+  webdataset_source(const source_spec& spec, wds_decoder decode)
+      : decode_(decode ? std::move(decode) : wds_decoder(default_wds_decode)) {
+    std::int64_t total = 0;
+    for (const auto& p : spec.paths) {
+      shards_.emplace_back(p);
+      starts_.push_back(total);
+      total += shards_.back().size();
+    }
+    apply_filter(spec, total, [&](std::int64_t i) { return raw_meta(i); });
+  }
+  [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
+  [[nodiscard]] sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
+  void load(std::int64_t i, sample& out) const override {
+    const auto [part, local] = locate(underlying(i));
+    const auto rec = shards_[part].record(local);
+    out.tokens.clear();
+    out.items.clear();
+    decode_(rec, out);
+    count_read();
+  }
+  [[nodiscard]] std::int64_t state_bytes() const override {
+    std::int64_t b =
+        sizeof(*this) + filter_bytes() +
+        static_cast<std::int64_t>(shards_.capacity() * sizeof(wds_shard) + starts_.capacity() * 8);
+    for (const auto& s : shards_) b += s.index_heap_bytes();
+    return b;
+  }
+  [[nodiscard]] std::int64_t mapped_data_bytes() const override {
+    std::int64_t b = 0;
+    for (const auto& s : shards_) b += s.index().shard_bytes;
+    return b;
+  }
+
+ private:
+  [[nodiscard]] std::pair<std::size_t, std::int64_t> locate(std::int64_t i) const noexcept {
+    const auto it = std::upper_bound(starts_.begin(), starts_.end(), i) - 1;
+    return {static_cast<std::size_t>(it - starts_.begin()), i - *it};
+  }
+  [[nodiscard]] sample_meta raw_meta(std::int64_t i) const {
+    const auto [part, local] = locate(i);
+    return shards_[part].index().samples[static_cast<std::size_t>(local)].meta;
+  }
+  wds_decoder decode_;
+  std::vector<wds_shard> shards_{};
+  std::vector<std::int64_t> starts_{};
+};
+
+namespace detail {
+/// Registers webdataset_source with open_source (see detail::open_webdataset in source.hpp).
+inline const bool webdataset_registered = [] {
+  open_webdataset = [](const source_spec& spec, const wds_decoder& decode) -> std::unique_ptr<source_reader> {
+    return std::make_unique<webdataset_source>(spec, decode);
+  };
+  return true;
+}();
+}  // namespace detail
 
 }  // namespace hetmesh::data

@@ -162,11 +162,11 @@ class decoupled {
 template <>
 struct fmt::formatter<hetmesh::mesh::named_coord> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::named_coord& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "{{");
+    auto out = hetmesh::format_to(ctx.out(), "{{");
     for (std::size_t i = 0; i < c.entries.size(); ++i) {
-      out = fmt::format_to(out, "{}{}={}", i ? "," : "", c.entries[i].first, c.entries[i].second);
+      out = hetmesh::format_to(out, "{}{}={}", i ? "," : "", c.entries[i].first, c.entries[i].second);
     }
-    return fmt::format_to(out, "}}");
+    return hetmesh::format_to(out, "}}");
   }
 };
 
@@ -175,9 +175,9 @@ struct fmt::formatter<hetmesh::mesh::group_placement> : hetmesh::empty_spec_form
   auto format(const hetmesh::mesh::group_placement& g, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
     std::string dims;
-    for (const auto& d : g.llm_dims) dims += fmt::format("{}{}", dims.empty() ? "" : ",", d);
-    return fmt::format_to(ctx.out(), "{} on {} node{} (LLM dims: {})", fmt::join(g.ranks, ","), g.nodes,
-                          g.nodes == 1 ? "" : "s", dims.empty() ? "none" : dims);
+    for (const auto& d : g.llm_dims) dims += hetmesh::format("{}{}", dims.empty() ? "" : ",", d);
+    return hetmesh::format_to(ctx.out(), "{} on {} node{} (LLM dims: {})", fmt::join(g.ranks, ","), g.nodes,
+                              g.nodes == 1 ? "" : "s", dims.empty() ? "none" : dims);
   }
 };
 
@@ -185,13 +185,13 @@ struct fmt::formatter<hetmesh::mesh::group_placement> : hetmesh::empty_spec_form
 template <>
 struct fmt::formatter<hetmesh::mesh::decoupled> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::decoupled& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "encoder {} and LLM {} on {}", d.encoder(), d.llm(), d.topo());
+    auto out = hetmesh::format_to(ctx.out(), "encoder {} and LLM {} on {}", d.encoder(), d.llm(), d.topo());
     for (std::size_t i = 0; i < d.encoder().dims_count(); ++i) {
       const hetmesh::mesh::dim name = d.encoder().name(i);
       const auto groups = d.encoder_groups(std::span<const hetmesh::mesh::dim>(&name, 1));
       std::size_t local = 0;
       for (const auto& g : groups) local += g.in_node() ? 1 : 0;
-      out = fmt::format_to(out, "\n  {} groups: {} of {} inside one node", name, local, groups.size());
+      out = hetmesh::format_to(out, "\n  {} groups: {} of {} inside one node", name, local, groups.size());
     }
     return out;
   }

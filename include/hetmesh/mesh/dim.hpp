@@ -138,13 +138,13 @@ constexpr void for_each_order_token(std::string_view order, F&& f) {
 template <>
 struct fmt::formatter<hetmesh::mesh::dim> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::dim& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", d.name());
+    return hetmesh::format_to(ctx.out(), "{}", d.name());
   }
 };
 
 template <class E>
 struct fmt::formatter<hetmesh::mesh::dim_extent<E>> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::dim_extent<E>& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}={}", d.name, d.extent);
+    return hetmesh::format_to(ctx.out(), "{}={}", d.name, d.extent);
   }
 };

@@ -228,8 +228,8 @@ class layout {
         e += ',';
         s += ',';
       }
-      e += fmt::format("{}={}{}", name(i).name(), static_extent(i) ? "_" : "", extent(i));
-      s += fmt::format("{}{}", static_stride(i) ? "_" : "", stride(i));
+      e += hetmesh::format("{}={}{}", name(i).name(), static_extent(i) ? "_" : "", extent(i));
+      s += hetmesh::format("{}{}", static_stride(i) ? "_" : "", stride(i));
     }
     return "(" + e + "):(" + s + ")";
   }
@@ -291,7 +291,8 @@ class layout {
   }
   [[noreturn]] void missing_dim(const dim& d) const {
     std::string dims;
-    for (std::size_t i = 0; i < rank_count; ++i) dims += fmt::format("{}{}", i ? ", " : "", name(i).name());
+    for (std::size_t i = 0; i < rank_count; ++i)
+      dims += hetmesh::format("{}{}", i ? ", " : "", name(i).name());
     throw_error<invalid_argument>("mesh {} has no dim '{}': expected one of {}", str(), d, dims);
   }
   [[noreturn]] void bad_rank(std::int64_t rank) const {
@@ -374,7 +375,7 @@ template <class... E>
     if (!is_llm_dim(d)) {
       std::string known;
       for (std::size_t k = 0; k < n; ++k) {
-        if (!is_llm_dim(names[k])) known += fmt::format("{}, ", names[k].name());
+        if (!is_llm_dim(names[k])) known += hetmesh::format("{}, ", names[k].name());
       }
       throw_error<invalid_argument>(
           "unknown dim '{}' in order string \"{}\": expected one of {}tp, cp, ep, dp, pp", d, order_string,
@@ -401,6 +402,6 @@ static_assert(mesh_like<layout<C<8>, std::int64_t>>);
 template <class... E>
 struct fmt::formatter<hetmesh::mesh::layout<E...>> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::layout<E...>& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", m.str());
+    return hetmesh::format_to(ctx.out(), "{}", m.str());
   }
 };

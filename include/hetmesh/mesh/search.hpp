@@ -130,13 +130,13 @@ struct layout_choice {
 namespace detail {
 
 inline std::string format_bytes(double b) {
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
-  return fmt::format("{:.0f} B", b);
+  if (b >= 1e9) return hetmesh::format("{:.2f} GB", b / 1e9);
+  if (b >= 1e6) return hetmesh::format("{:.2f} MB", b / 1e6);
+  if (b >= 1e3) return hetmesh::format("{:.2f} kB", b / 1e3);
+  return hetmesh::format("{:.0f} B", b);
 }
 inline std::string format_ns(std::int64_t ns) {
-  return fmt::format("{:.3f} ms", static_cast<double>(ns) / 1e6);
+  return hetmesh::format("{:.3f} ms", static_cast<double>(ns) / 1e6);
 }
 
 // The most nodes any group of a compact dim (extent e, stride s) occupies in a world of w ranks.
@@ -291,15 +291,15 @@ inline std::string layout_choice::explain() const {
     for (const auto& d : c.dims) {
       if (d.in_node() != inside) continue;
       if (!s.empty()) s += ", ";
-      s += inside ? fmt::format("{} ({})", d.name, d.extent)
-                  : fmt::format("{} ({} nodes)", d.name, d.nodes_spanned);
+      s += inside ? hetmesh::format("{} ({})", d.name, d.extent)
+                  : hetmesh::format("{} ({} nodes)", d.name, d.nodes_spanned);
     }
     return s.empty() ? std::string("none") : s;
   };
   std::string out =
-      fmt::format("best order {} ({} per step, modelled); baseline {} ({}); {:.2f}x.\n", b.order,
-                  detail::format_ns(b.time_ns), m.order, detail::format_ns(m.time_ns), speedup());
-  out += fmt::format("  inside one node: {}\n  across nodes:    {}\n", list(b, true), list(b, false));
+      hetmesh::format("best order {} ({} per step, modelled); baseline {} ({}); {:.2f}x.\n", b.order,
+                      detail::format_ns(b.time_ns), m.order, detail::format_ns(m.time_ns), speedup());
+  out += hetmesh::format("  inside one node: {}\n  across nodes:    {}\n", list(b, true), list(b, false));
   if (b.order == m.order || b.time_ns == m.time_ns) {
     out += "  the baseline order is already as fast as any for this traffic";
     return out;
@@ -309,9 +309,9 @@ inline std::string layout_choice::explain() const {
     const auto it =
         std::find_if(m.dims.begin(), m.dims.end(), [&](const dim_cost& x) { return x.name == d.name; });
     if (it == m.dims.end() || it->in_node() == d.in_node() || d.bytes == 0) continue;
-    why += fmt::format("    {} ({}/rank/step) {}: {} -> {}\n", d.name, detail::format_bytes(d.bytes),
-                       d.in_node() ? "moves inside a node" : "moves across nodes",
-                       detail::format_ns(it->time_ns), detail::format_ns(d.time_ns));
+    why += hetmesh::format("    {} ({}/rank/step) {}: {} -> {}\n", d.name, detail::format_bytes(d.bytes),
+                           d.in_node() ? "moves inside a node" : "moves across nodes",
+                           detail::format_ns(it->time_ns), detail::format_ns(d.time_ns));
   }
   if (why.empty()) {
     why = "    the same dims stay inside a node; the best order spans fewer nodes with the heavier groups\n";
@@ -327,10 +327,10 @@ template <>
 struct fmt::formatter<hetmesh::mesh::traffic> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::traffic& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     namespace hd = hetmesh::mesh::detail;
-    auto out = fmt::format_to(ctx.out(), "traffic per rank per step: tp {}, cp {}, ep {}, dp {}, pp {}",
-                              hd::format_bytes(t.tp), hd::format_bytes(t.cp), hd::format_bytes(t.ep),
-                              hd::format_bytes(t.dp), hd::format_bytes(t.pp));
-    for (const auto& [d, b] : t.other) out = fmt::format_to(out, ", {} {}", d, hd::format_bytes(b));
+    auto out = hetmesh::format_to(ctx.out(), "traffic per rank per step: tp {}, cp {}, ep {}, dp {}, pp {}",
+                                  hd::format_bytes(t.tp), hd::format_bytes(t.cp), hd::format_bytes(t.ep),
+                                  hd::format_bytes(t.dp), hd::format_bytes(t.pp));
+    for (const auto& [d, b] : t.other) out = hetmesh::format_to(out, ", {} {}", d, hd::format_bytes(b));
     return out;
   }
 };
@@ -338,35 +338,36 @@ struct fmt::formatter<hetmesh::mesh::traffic> : hetmesh::empty_spec_formatter {
 template <>
 struct fmt::formatter<hetmesh::mesh::combine> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::mesh::combine c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", c == hetmesh::mesh::combine::sum ? "sum" : "max");
+    return hetmesh::format_to(ctx.out(), "{}", c == hetmesh::mesh::combine::sum ? "sum" : "max");
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::mesh::search_options> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::search_options& o, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{{total={}, baseline={}, admissible={}}}", o.total, o.baseline,
-                          o.admissible ? "restricted" : "all orders");
+    return hetmesh::format_to(ctx.out(), "{{total={}, baseline={}, admissible={}}}", o.total, o.baseline,
+                              o.admissible ? "restricted" : "all orders");
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::mesh::dim_cost> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::dim_cost& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}={}:{} {} {}", d.name, d.extent, d.stride,
-                          d.in_node() ? std::string("in-node") : fmt::format("{}-nodes", d.nodes_spanned),
-                          hetmesh::mesh::detail::format_ns(d.time_ns));
+    return hetmesh::format_to(
+        ctx.out(), "{}={}:{} {} {}", d.name, d.extent, d.stride,
+        d.in_node() ? std::string("in-node") : hetmesh::format("{}-nodes", d.nodes_spanned),
+        hetmesh::mesh::detail::format_ns(d.time_ns));
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::mesh::candidate> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::candidate& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out =
-        fmt::format_to(ctx.out(), "{:<16} {:>10}  [", c.order, hetmesh::mesh::detail::format_ns(c.time_ns));
+    auto out = hetmesh::format_to(ctx.out(), "{:<16} {:>10}  [", c.order,
+                                  hetmesh::mesh::detail::format_ns(c.time_ns));
     for (std::size_t i = 0; i < c.dims.size(); ++i)
-      out = fmt::format_to(out, "{}{}", i ? ", " : "", c.dims[i]);
-    return fmt::format_to(out, "]");
+      out = hetmesh::format_to(out, "{}{}", i ? ", " : "", c.dims[i]);
+    return hetmesh::format_to(out, "]");
   }
 };
 
@@ -375,15 +376,15 @@ template <>
 struct fmt::formatter<hetmesh::mesh::layout_choice> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::layout_choice& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     std::string shape;
-    for (const auto& [d, e] : c.shape) shape += fmt::format("{}{}={}", shape.empty() ? "" : ",", d, e);
-    auto out =
-        fmt::format_to(ctx.out(), "layout search over {} orders of ({}) on {}; step time = {} over dims\n",
-                       c.ranking.size(), shape, c.topo, c.total);
+    for (const auto& [d, e] : c.shape) shape += hetmesh::format("{}{}={}", shape.empty() ? "" : ",", d, e);
+    auto out = hetmesh::format_to(ctx.out(),
+                                  "layout search over {} orders of ({}) on {}; step time = {} over dims\n",
+                                  c.ranking.size(), shape, c.topo, c.total);
     for (std::size_t i = 0; i < c.ranking.size(); ++i) {
       if (i >= 5 && i != c.baseline_index) continue;
-      out = fmt::format_to(out, "  #{:<3} {}{}\n", i + 1, c.ranking[i],
-                           i == c.baseline_index ? "  <- baseline" : "");
+      out = hetmesh::format_to(out, "  #{:<3} {}{}\n", i + 1, c.ranking[i],
+                               i == c.baseline_index ? "  <- baseline" : "");
     }
-    return fmt::format_to(out, "{}", c.explain());
+    return hetmesh::format_to(out, "{}", c.explain());
   }
 };

@@ -326,22 +326,22 @@ class view {
         e += ',';
         s += ',';
       }
-      e += fmt::format("{}=", m.name.name());
+      e += hetmesh::format("{}=", m.name.name());
       if (m.atoms.size() == 1) {
-        e += fmt::format("{}", m.atoms[0].extent);
-        s += fmt::format("{}", m.atoms[0].stride);
+        e += hetmesh::format("{}", m.atoms[0].extent);
+        s += hetmesh::format("{}", m.atoms[0].stride);
       } else {
         std::vector<std::int64_t> ex, st;
         for (const atom& a : m.atoms) {
           ex.push_back(a.extent);
           st.push_back(a.stride);
         }
-        e += fmt::format("({})", fmt::join(ex, ","));
-        s += fmt::format("({})", fmt::join(st, ","));
+        e += hetmesh::format("({})", fmt::join(ex, ","));
+        s += hetmesh::format("({})", fmt::join(st, ","));
       }
     }
     std::string out = "(" + e + "):(" + s + ")";
-    if (offset_ != 0) out += fmt::format("+{}", offset_);
+    if (offset_ != 0) out += hetmesh::format("+{}", offset_);
     return out;
   }
 
@@ -445,22 +445,22 @@ static_assert(mesh_like<view>);
 template <>
 struct fmt::formatter<hetmesh::mesh::atom> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::atom& a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}:{}", a.extent, a.stride);
+    return hetmesh::format_to(ctx.out(), "{}:{}", a.extent, a.stride);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::mesh::view_mode> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::view_mode& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(), "{}=", m.name);
-    if (m.atoms.size() == 1) return fmt::format_to(out, "{}:{}", m.atoms[0].extent, m.atoms[0].stride);
-    return fmt::format_to(out, "{}", m.atoms);
+    auto out = hetmesh::format_to(ctx.out(), "{}=", m.name);
+    if (m.atoms.size() == 1) return hetmesh::format_to(out, "{}:{}", m.atoms[0].extent, m.atoms[0].stride);
+    return hetmesh::format_to(out, "{}", m.atoms);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::mesh::view> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::mesh::view& v, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", v.str());
+    return hetmesh::format_to(ctx.out(), "{}", v.str());
   }
 };

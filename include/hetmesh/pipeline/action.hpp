@@ -128,8 +128,8 @@ struct action {
 
 /// The text of an action, as PyTorch's `_Action.__repr__` writes it: "2F0", "1SEND_B3", "0REDUCE_GRAD".
 [[nodiscard]] inline std::string to_text(const action& a) {
-  if (a.microbatch < 0) return fmt::format("{}{}", a.stage, name_of(a.type));
-  return fmt::format("{}{}{}", a.stage, name_of(a.type), a.microbatch);
+  if (a.microbatch < 0) return hetmesh::format("{}{}", a.stage, name_of(a.type));
+  return hetmesh::format("{}{}{}", a.stage, name_of(a.type), a.microbatch);
 }
 
 /// Parses one action ("2F0", " 1SEND_F3 "). Leading/trailing spaces are ignored.
@@ -166,7 +166,7 @@ struct action {
       found = true;
     }
   }
-  if (!found) bad(fmt::format("unknown type \"{}\"", type_text));
+  if (!found) bad(hetmesh::format("unknown type \"{}\"", type_text));
   if (k > j) {
     if (std::from_chars(s.data() + j, s.data() + k, a.microbatch).ec != std::errc{})
       bad("microbatch number out of range");
@@ -252,14 +252,14 @@ struct schedule {
 template <>
 struct fmt::formatter<hetmesh::pipeline::action_type> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::pipeline::action_type t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(t));
+    return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(t));
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::action> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::action& a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::to_text(a));
+    return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::to_text(a));
   }
 };
 
@@ -267,11 +267,11 @@ template <>
 struct fmt::formatter<hetmesh::pipeline::schedule> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::schedule& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     auto out =
-        fmt::format_to(ctx.out(), "schedule {} (ranks={}, stages={}, microbatches={}, encoder shards={})",
-                       s.name, s.total_ranks(), s.num_stages, s.num_microbatches, s.num_encoder_shards());
+        hetmesh::format_to(ctx.out(), "schedule {} (ranks={}, stages={}, microbatches={}, encoder shards={})",
+                           s.name, s.total_ranks(), s.num_stages, s.num_microbatches, s.num_encoder_shards());
     for (std::size_t r = 0; r < s.ranks.size(); ++r) {
-      out = fmt::format_to(out, "\n  rank {}:", r);
-      for (const auto& a : s.ranks[r]) out = fmt::format_to(out, " {}", hetmesh::pipeline::to_text(a));
+      out = hetmesh::format_to(out, "\n  rank {}:", r);
+      for (const auto& a : s.ranks[r]) out = hetmesh::format_to(out, " {}", hetmesh::pipeline::to_text(a));
     }
     return out;
   }

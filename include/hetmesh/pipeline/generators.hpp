@@ -121,7 +121,7 @@ inline int megatron_group_size(std::string_view name, int pp, int m, int g) {
         "but it is {}{}",
         name, pp, m, g,
         g == pp && m < pp
-            ? fmt::format(" (with the default group size pp, microbatches must be >= pp={})", pp)
+            ? hetmesh::format(" (with the default group size pp, microbatches must be >= pp={})", pp)
             : std::string());
   const int rem = m % g;
   if (rem != 0 && rem < pp)
@@ -130,8 +130,9 @@ inline int megatron_group_size(std::string_view name, int pp, int m, int g) {
         "< "
         "pp={}{}",
         name, m, g, rem, pp,
-        g == pp ? fmt::format("; with the default group size, microbatches must be a multiple of pp={}", pp)
-                : std::string());
+        g == pp
+            ? hetmesh::format("; with the default group size, microbatches must be a multiple of pp={}", pp)
+            : std::string());
   return g;
 }
 
@@ -410,15 +411,15 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
 template <>
 struct fmt::formatter<hetmesh::pipeline::group_rule> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::pipeline::group_rule r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}",
-                          r == hetmesh::pipeline::group_rule::megatron ? "megatron" : "pytorch");
+    return hetmesh::format_to(ctx.out(), "{}",
+                              r == hetmesh::pipeline::group_rule::megatron ? "megatron" : "pytorch");
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::gpipe> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::gpipe& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
+    return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
 
@@ -426,7 +427,7 @@ template <>
 struct fmt::formatter<hetmesh::pipeline::one_f_one_b> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::one_f_one_b& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
+    return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
 
@@ -434,14 +435,14 @@ template <>
 struct fmt::formatter<hetmesh::pipeline::zero_bubble> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::zero_bubble& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
+    return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::zbv> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::zbv& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
+    return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
 
@@ -449,8 +450,8 @@ template <>
 struct fmt::formatter<hetmesh::pipeline::interleaved_1f1b> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::interleaved_1f1b& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "interleaved-1f1b(virtual_stages={}, group_size={}, rule={})",
-                          p.virtual_stages, p.group_size, p.rule);
+    return hetmesh::format_to(ctx.out(), "interleaved-1f1b(virtual_stages={}, group_size={}, rule={})",
+                              p.virtual_stages, p.group_size, p.rule);
   }
 };
 
@@ -458,8 +459,8 @@ template <>
 struct fmt::formatter<hetmesh::pipeline::interleaved_zero_bubble> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::interleaved_zero_bubble& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "interleaved-zero-bubble(virtual_stages={}, group_size={})",
-                          p.virtual_stages, p.group_size);
+    return hetmesh::format_to(ctx.out(), "interleaved-zero-bubble(virtual_stages={}, group_size={})",
+                              p.virtual_stages, p.group_size);
   }
 };
 
@@ -467,6 +468,6 @@ template <>
 struct fmt::formatter<hetmesh::pipeline::schedule_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::schedule_policy& p, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return std::visit([&](const auto& q) { return fmt::format_to(ctx.out(), "{}", q); }, p);
+    return std::visit([&](const auto& q) { return hetmesh::format_to(ctx.out(), "{}", q); }, p);
   }
 };

@@ -54,8 +54,8 @@ namespace hetmesh::pipeline {
         try {
           row.push_back(parse_action(field));
         } catch (error& e) {
-          e.add_context(fmt::format("pipeline CSV row {} (rank {}) field {}", s.ranks.size(), s.ranks.size(),
-                                    row.size()));
+          e.add_context(hetmesh::format("pipeline CSV row {} (rank {}) field {}", s.ranks.size(),
+                                        s.ranks.size(), row.size()));
           throw;
         }
       }
@@ -134,9 +134,9 @@ namespace hetmesh::pipeline {
   std::size_t steps = 0;
   for (const auto& r : s.ranks) steps = std::max(steps, r.size());
   const std::size_t nr = s.ranks.size();
-  const std::size_t label_digits = fmt::format("{}", steps == 0 ? 0 : steps - 1).size();
+  const std::size_t label_digits = hetmesh::format("{}", steps == 0 ? 0 : steps - 1).size();
   std::vector<std::string> step_labels(steps);
-  for (std::size_t i = 0; i < steps; ++i) step_labels[i] = fmt::format("Step {:0>{}}", i, label_digits);
+  for (std::size_t i = 0; i < steps; ++i) step_labels[i] = hetmesh::format("Step {:0>{}}", i, label_digits);
   std::vector<std::vector<std::string>> cells(nr, std::vector<std::string>(steps));
   for (std::size_t r = 0; r < nr; ++r)
     for (std::size_t i = 0; i < s.ranks[r].size(); ++i) cells[r][i] = to_text(s.ranks[r][i]);
@@ -148,14 +148,14 @@ namespace hetmesh::pipeline {
   std::string out(label_width + 2, ' ');
   for (std::size_t r = 0; r < nr; ++r) {
     if (r != 0) out += ' ';
-    out += fmt::format("{:<{}}", fmt::format("Rank {}", r), width[r]);
+    out += hetmesh::format("{:<{}}", hetmesh::format("Rank {}", r), width[r]);
   }
   out += '\n';
   for (std::size_t i = 0; i < steps; ++i) {
     out += step_labels[i] + ": ";
     for (std::size_t r = 0; r < nr; ++r) {
       if (r != 0) out += ' ';
-      out += fmt::format("{:<{}}", cells[r][i], width[r]);
+      out += hetmesh::format("{:<{}}", cells[r][i], width[r]);
     }
     out += '\n';
   }

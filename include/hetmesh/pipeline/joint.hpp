@@ -252,9 +252,10 @@ struct fmt::formatter<hetmesh::pipeline::encoder_policy> : hetmesh::empty_spec_f
       -> decltype(ctx.out()) {
     using namespace hetmesh::pipeline;
     if (const auto* c = std::get_if<colocated_encoder>(&p))
-      return fmt::format_to(ctx.out(), "colocated(lookahead={})", c->lookahead);
-    if (std::holds_alternative<encoder_on_first_stage>(p)) return fmt::format_to(ctx.out(), "first-stage");
+      return hetmesh::format_to(ctx.out(), "colocated(lookahead={})", c->lookahead);
+    if (std::holds_alternative<encoder_on_first_stage>(p))
+      return hetmesh::format_to(ctx.out(), "first-stage");
     const auto& q = std::get<encoder_pool>(p);
-    return fmt::format_to(ctx.out(), "pool(ranks={}, lookahead={})", q.ranks, q.lookahead);
+    return hetmesh::format_to(ctx.out(), "pool(ranks={}, lookahead={})", q.ranks, q.lookahead);
   }
 };

@@ -190,7 +190,8 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
       for (int r = 0; r < nranks; ++r) {
         const auto h = head[static_cast<std::size_t>(r)];
         if (h < s.ranks[static_cast<std::size_t>(r)].size())
-          stuck += fmt::format(" rank {} at #{} {};", r, h, to_text(s.ranks[static_cast<std::size_t>(r)][h]));
+          stuck +=
+              hetmesh::format(" rank {} at #{} {};", r, h, to_text(s.ranks[static_cast<std::size_t>(r)][h]));
       }
       throw_error<invalid_argument>(
           "pipeline add_send_recv({}): the compute order cannot run, no rank can take its next action (a "

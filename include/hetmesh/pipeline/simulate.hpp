@@ -451,18 +451,17 @@ template <>
 struct fmt::formatter<hetmesh::pipeline::timed_action> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::timed_action& t, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "rank {} {} [{:.6g}, {:.6g})", t.rank,
-                          hetmesh::pipeline::to_text(t.what), t.start, t.end);
+    return hetmesh::format_to(ctx.out(), "rank {} {} [{:.6g}, {:.6g})", t.rank,
+                              hetmesh::pipeline::to_text(t.what), t.start, t.end);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::simulation> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::simulation& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    auto out = fmt::format_to(ctx.out(),
-                              "simulated step {:.6g} s, bubble {:.4f}, peak memory per rank:", s.step_time,
-                              s.bubble_ratio);
-    for (auto m : s.peak_memory) out = fmt::format_to(out, " {}", m);
+    auto out = hetmesh::format_to(ctx.out(), "simulated step {:.6g} s, bubble {:.4f}, peak memory per rank:",
+                                  s.step_time, s.bubble_ratio);
+    for (auto m : s.peak_memory) out = hetmesh::format_to(out, " {}", m);
     return out;
   }
 };

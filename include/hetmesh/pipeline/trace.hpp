@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::pipeline: timelines for people. `chrome_trace` writes the Chrome trace event JSON that
+// hetmesh::pipeline: timelines for people. `chrome_trace` (trace_json.hpp) writes the Chrome trace event JSON that
 // Perfetto (ui.perfetto.dev) and chrome://tracing open: one track per rank, one complete ("X") event per
 // action. `ascii_timeline` draws the same step in a terminal: one row per rank, one character per time
 // slot (F forward, B backward, I input-backward, W weight-backward, e/b encoder forward/backward, '.' idle).
@@ -12,7 +12,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../core/error.hpp"
 #include "action.hpp"
@@ -21,43 +20,6 @@
 #include "simulate.hpp"
 
 namespace hetmesh::pipeline {
-
-/// Chrome trace event JSON of a timeline (simulated: simulation::timeline; executed: run::execute_pipeline's
-/// `timeline` output). Times in seconds become microseconds. `process_name` labels the trace. Pure.
-[[nodiscard]] inline nlohmann::json chrome_trace(const std::vector<timed_action>& timeline,
-                                                 const std::string& process_name = "hetmesh pipeline") {
-  nlohmann::json events = nlohmann::json::array();
-  int max_rank = -1;
-  for (const auto& t : timeline) max_rank = std::max(max_rank, t.rank);
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", process_name}}}});
-  for (int r = 0; r <= max_rank; ++r) {
-    events.push_back({{"name", "thread_name"},
-                      {"ph", "M"},
-                      {"pid", 0},
-                      {"tid", r},
-                      {"args", {{"name", fmt::format("rank {}", r)}}}});
-    events.push_back(
-        {{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", r}, {"args", {{"sort_index", r}}}});
-  }
-  for (const auto& t : timeline) {
-    const char* cat =
-        is_comm(t.what.type) ? "communication"
-        : (t.what.type == action_type::encoder_forward || t.what.type == action_type::encoder_backward)
-            ? "encoder"
-            : "computation";
-    nlohmann::json args = {{"stage", t.what.stage}, {"type", std::string(name_of(t.what.type))}};
-    if (t.what.microbatch >= 0) args["microbatch"] = t.what.microbatch;
-    events.push_back({{"name", to_text(t.what)},
-                      {"cat", cat},
-                      {"ph", "X"},
-                      {"pid", 0},
-                      {"tid", t.rank},
-                      {"ts", t.start * 1e6},
-                      {"dur", (t.end - t.start) * 1e6},
-                      {"args", std::move(args)}});
-  }
-  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
-}
 
 namespace detail {
 inline char timeline_glyph(action_type t) {
@@ -117,13 +79,13 @@ inline char timeline_glyph(action_type t) {
       }
     }
   }
-  std::string out = fmt::format(
+  std::string out = hetmesh::format(
       "time 0 .. {:.6g} s, {:.3g} s per column; F fwd, B bwd, I bwd-input, W bwd-weight, "
       "e/b encoder fwd/bwd, . idle\n",
       end, slot);
-  const int label = static_cast<int>(fmt::format("{}", ranks - 1).size());
+  const int label = static_cast<int>(hetmesh::format("{}", ranks - 1).size());
   for (int r = 0; r < ranks; ++r)
-    out += fmt::format("rank {:>{}} |{}|\n", r, label, rows[static_cast<std::size_t>(r)]);
+    out += hetmesh::format("rank {:>{}} |{}|\n", r, label, rows[static_cast<std::size_t>(r)]);
   return out;
 }
 
@@ -137,7 +99,7 @@ inline char timeline_glyph(action_type t) {
 [[nodiscard]] inline std::string render(const schedule& s, std::string_view format, int width = 100) {
   if (format == "actions") {
     std::string out;
-    for (int r = 0; r < s.total_ranks(); ++r) out += fmt::format("rank {}: {}\n", r, compute_text(s, r));
+    for (int r = 0; r < s.total_ranks(); ++r) out += hetmesh::format("rank {}: {}\n", r, compute_text(s, r));
     return out;
   }
   if (format == "csv") return to_csv(strip_comm(s));

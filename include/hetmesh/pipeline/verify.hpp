@@ -89,7 +89,7 @@ inline action partner(const action& a) {
 [[nodiscard]] inline verify_report verify(const schedule& s, const verify_options& opt = {}) {
   const int nranks = s.total_ranks();
   const int S = s.num_stages, M = s.num_microbatches, E = s.num_encoder_shards();
-  const std::string where = fmt::format("pipeline verify({})", s.name);
+  const std::string where = hetmesh::format("pipeline verify({})", s.name);
   if (S < 1 || M < 1 || static_cast<int>(s.stage_to_rank.size()) != S)
     throw_error<invalid_argument>(
         "{}: {} stages, {} micro-batches and a stage map of {} entries; expected at least one "
@@ -122,19 +122,21 @@ inline action partner(const action& a) {
         throw_error<invalid_argument>("{}: rank {} action #{} `{}`: {}", where, r, i, to_text(a), why);
       };
       if (a.type == action_type::reduce_grad) {
-        if (a.stage < 0 || a.stage >= S) fail(fmt::format("stage out of range; expected [0, {})", S));
+        if (a.stage < 0 || a.stage >= S) fail(hetmesh::format("stage out of range; expected [0, {})", S));
         if (s.rank_of_stage(a.stage) != r)
-          fail(fmt::format("stage {} lives on rank {}", a.stage, s.rank_of_stage(a.stage)));
+          fail(hetmesh::format("stage {} lives on rank {}", a.stage, s.rank_of_stage(a.stage)));
         if (reduce_seen[static_cast<std::size_t>(a.stage)]++ != 0)
           fail("appears twice; expected once per stage");
         continue;
       }
       if (!present.in_range(a))
-        fail(fmt::format("{} or micro-batch out of range; expected {} in [0, {}) and micro-batch in [0, {})",
-                         detail::action_flags::uses_shard(a.type) ? "encoder shard" : "stage",
-                         detail::action_flags::uses_shard(a.type) ? "shard" : "stage",
-                         detail::action_flags::uses_shard(a.type) ? E : S, M));
-      if (s.rank_of(a) != r) fail(fmt::format("belongs on rank {} (by the stage/shard map)", s.rank_of(a)));
+        fail(hetmesh::format(
+            "{} or micro-batch out of range; expected {} in [0, {}) and micro-batch in [0, {})",
+            detail::action_flags::uses_shard(a.type) ? "encoder shard" : "stage",
+            detail::action_flags::uses_shard(a.type) ? "shard" : "stage",
+            detail::action_flags::uses_shard(a.type) ? E : S, M));
+      if (s.rank_of(a) != r)
+        fail(hetmesh::format("belongs on rank {} (by the stage/shard map)", s.rank_of(a)));
       if (present.get(a)) fail("appears a second time; expected each action exactly once");
       present.set(a);
     }
@@ -458,12 +460,12 @@ inline action partner(const action& a) {
         const action waits = n.found ? n.what : (is_comm(a.type) ? detail::partner(a) : a);
         const int q = s.rank_of(waits);
         const std::size_t qi = pc[static_cast<std::size_t>(q)];
-        msg +=
-            fmt::format("\n  rank {} blocked at #{} `{}`, waiting for `{}` on rank {} (which is at {})", r, i,
-                        to_text(a), to_text(waits), q,
-                        qi < s.ranks[static_cast<std::size_t>(q)].size()
-                            ? fmt::format("#{} `{}`", qi, to_text(s.ranks[static_cast<std::size_t>(q)][qi]))
-                            : std::string("its end"));
+        msg += hetmesh::format(
+            "\n  rank {} blocked at #{} `{}`, waiting for `{}` on rank {} (which is at {})", r, i, to_text(a),
+            to_text(waits), q,
+            qi < s.ranks[static_cast<std::size_t>(q)].size()
+                ? hetmesh::format("#{} `{}`", qi, to_text(s.ranks[static_cast<std::size_t>(q)][qi]))
+                : std::string("its end"));
       }
       throw_error<invalid_argument>("{}: deadlock under {} send/receive; no rank can make progress:{}", where,
                                     opt.mode == send_mode::rendezvous ? "blocking (rendezvous)" : "buffered",
@@ -504,13 +506,13 @@ template <>
 struct fmt::formatter<hetmesh::pipeline::verify_report> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::pipeline::verify_report& r, fmt::format_context& ctx) const
       -> decltype(ctx.out()) {
-    auto out = fmt::format_to(
+    auto out = hetmesh::format_to(
         ctx.out(),
         "verified: {} actions ({} compute, {} send/recv pairs); peak in-flight per rank:", r.actions,
         r.compute_actions, r.comm_pairs);
-    for (int v : r.peak_in_flight) out = fmt::format_to(out, " {}", v);
-    out = fmt::format_to(out, "; peak memory per rank:");
-    for (auto v : r.peak_memory) out = fmt::format_to(out, " {}", v);
+    for (int v : r.peak_in_flight) out = hetmesh::format_to(out, " {}", v);
+    out = hetmesh::format_to(out, "; peak memory per rank:");
+    for (auto v : r.peak_memory) out = hetmesh::format_to(out, " {}", v);
     return out;
   }
 };

@@ -55,8 +55,8 @@ void check_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan"
   const auto members = c.ranks();
   std::vector<std::string> who;
   for (int r : bad)
-    who.push_back(fmt::format("rank {} (global {}) has {:#018x}", r, members[static_cast<std::size_t>(r)],
-                              all[static_cast<std::size_t>(r)]));
+    who.push_back(hetmesh::format("rank {} (global {}) has {:#018x}", r, members[static_cast<std::size_t>(r)],
+                                  all[static_cast<std::size_t>(r)]));
   std::uint64_t majority = 0;
   for (std::size_t r = 0; r < all.size(); ++r)
     if (std::find(bad.begin(), bad.end(), static_cast<int>(r)) == bad.end()) {

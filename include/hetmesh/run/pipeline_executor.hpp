@@ -297,7 +297,7 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
       }
     } catch (error& e) {
       e.add_context(
-          fmt::format("pipeline execute({}) rank {} action `{}`", s.name, rank, pipeline::to_text(a)));
+          hetmesh::format("pipeline execute({}) rank {} action `{}`", s.name, rank, pipeline::to_text(a)));
       throw;
     }
     if (timeline != nullptr) timeline->push_back(pipeline::timed_action{rank, a, start, seconds()});

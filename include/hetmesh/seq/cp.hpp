@@ -235,35 +235,35 @@ template <>
 struct fmt::formatter<hetmesh::seq::cp_scheme> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::seq::cp_scheme s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
     using hetmesh::seq::cp_scheme;
-    return fmt::format_to(ctx.out(), "{}",
-                          s == cp_scheme::contiguous ? "contiguous"
-                          : s == cp_scheme::zigzag   ? "zigzag"
-                                                     : "thd");
+    return hetmesh::format_to(ctx.out(), "{}",
+                              s == cp_scheme::contiguous ? "contiguous"
+                              : s == cp_scheme::zigzag   ? "zigzag"
+                                                         : "thd");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::cp_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::cp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "cp_policy{{{}, cp={}, pad={}}}", p.scheme, p.cp, p.pad);
+    return hetmesh::format_to(ctx.out(), "cp_policy{{{}, cp={}, pad={}}}", p.scheme, p.cp, p.pad);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::cp_chunk> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::cp_chunk& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "d{}c{}{}@{}", c.doc, c.chunk, c.positions, c.local_offset);
+    return hetmesh::format_to(ctx.out(), "d{}c{}{}@{}", c.doc, c.chunk, c.positions, c.local_offset);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::cp_rank_shard> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::cp_rank_shard& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "shard{{tokens={}, cu_seqlens={}, chunks={}}}", s.tokens(), s.cu_seqlens,
-                          s.chunks);
+    return hetmesh::format_to(ctx.out(), "shard{{tokens={}, cu_seqlens={}, chunks={}}}", s.tokens(),
+                              s.cu_seqlens, s.chunks);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::cp_partition> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::cp_partition& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "cp_partition{{{}, cu_seqlens_padded={}, ranks={}}}", p.policy,
-                          p.cu_seqlens_padded, p.ranks);
+    return hetmesh::format_to(ctx.out(), "cp_partition{{{}, cu_seqlens_padded={}, ranks={}}}", p.policy,
+                              p.cu_seqlens_padded, p.ranks);
   }
 };

@@ -362,44 +362,44 @@ struct hdp_plan {
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_placement_kind> : hetmesh::empty_spec_formatter {
   auto format(hetmesh::seq::hdp_placement_kind k, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "{}",
-                          k == hetmesh::seq::hdp_placement_kind::waves ? "waves" : "least_loaded");
+    return hetmesh::format_to(ctx.out(), "{}",
+                              k == hetmesh::seq::hdp_placement_kind::waves ? "waves" : "least_loaded");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_policy> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "hdp_policy{{C={}, {}, {}, placement={}}}", p.capacity, p.offload,
-                          p.model,
-                          p.placement == hetmesh::seq::hdp_placement_kind::waves ? "waves" : "least_loaded");
+    return hetmesh::format_to(
+        ctx.out(), "hdp_policy{{C={}, {}, {}, placement={}}}", p.capacity, p.offload, p.model,
+        p.placement == hetmesh::seq::hdp_placement_kind::waves ? "waves" : "least_loaded");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_item> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_item& it, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "item{}{{{} D={} r={:.2f} tokens={} seqs={}}}", it.index,
-                          it.packed ? "pack" : "ring", it.degree, it.offload.ratio(), it.tokens,
-                          it.seqs.size());
+    return hetmesh::format_to(ctx.out(), "item{}{{{} D={} r={:.2f} tokens={} seqs={}}}", it.index,
+                              it.packed ? "pack" : "ring", it.degree, it.offload.ratio(), it.tokens,
+                              it.seqs.size());
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_sharding> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_sharding& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "hdp_sharding{{pool={}, items={}, global_tokens={}}}", s.pool,
-                          s.items.size(), s.global_tokens);
+    return hetmesh::format_to(ctx.out(), "hdp_sharding{{pool={}, items={}, global_tokens={}}}", s.pool,
+                              s.items.size(), s.global_tokens);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_placement> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_placement& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "at{{order={}, ring={}}}", p.order, p.ring);
+    return hetmesh::format_to(ctx.out(), "at{{order={}, ring={}}}", p.order, p.ring);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_micro_batch> : hetmesh::empty_spec_formatter {
   auto format(const hetmesh::seq::hdp_micro_batch& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return fmt::format_to(ctx.out(), "mb{{item={}, order={}, pos={}/{}, r={:.2f}, {}}}", m.item, m.order,
-                          m.ring_position, m.degree, m.offload_ratio, m.segments);
+    return hetmesh::format_to(ctx.out(), "mb{{item={}, order={}, pos={}/{}, r={:.2f}, {}}}", m.item, m.order,
+                              m.ring_position, m.degree, m.offload_ratio, m.segments);
   }
 };
 template <>
@@ -410,7 +410,7 @@ struct fmt::formatter<hetmesh::seq::hdp_plan> : hetmesh::empty_spec_formatter {
       mbs += r.size();
       most = std::max(most, r.size());
     }
-    return fmt::format_to(ctx.out(), "hdp_plan{{{}, micro_batches={}, max_per_rank={}}}", p.sharding, mbs,
-                          most);
+    return hetmesh::format_to(ctx.out(), "hdp_plan{{{}, micro_batches={}, max_per_rank={}}}", p.sharding, mbs,
+                              most);
   }
 };

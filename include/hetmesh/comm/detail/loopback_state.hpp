@@ -112,7 +112,7 @@ class group_state {
         verdict_ = verify(std::span<const post>(posts_));
         if (verdict_.empty() && scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
       } catch (const std::exception& e) {
-        verdict_ = fmt::format("could not prepare the collective: {}", e.what());
+        verdict_ = hetmesh::format("could not prepare the collective: {}", e.what());
       }
       ++generation_;
       lock.unlock();
@@ -126,7 +126,7 @@ class group_state {
         --arrived_;
         --entered_[static_cast<std::size_t>(rank)];
         if (completed) raise_aborted(where);
-        auto reason = fmt::format(
+        auto reason = hetmesh::format(
             "{}: timed out after {} ms waiting for ranks [{}] to arrive; expected all {} "
             "ranks of the group to call it",
             describe(where), std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count(), missing,
@@ -138,7 +138,7 @@ class group_state {
         throw timeout_error(reason);
       }
     }
-    if (!verdict_.empty()) throw mismatch_error(fmt::format("{}: {}", describe(where), verdict_));
+    if (!verdict_.empty()) throw mismatch_error(hetmesh::format("{}: {}", describe(where), verdict_));
     return std::span<const post>(posts_);
   }
 
@@ -157,9 +157,9 @@ class group_state {
     }
     if (!cv_.wait_until(lock, deadline, [&] { return done_ == n_; }))
       throw timeout_error(
-          fmt::format("{}: timed out after the data exchange waiting for the other ranks to finish "
-                      "reading; expected them to finish within the timeout",
-                      describe(where)));
+          hetmesh::format("{}: timed out after the data exchange waiting for the other ranks to finish "
+                          "reading; expected them to finish within the timeout",
+                          describe(where)));
   }
 
   /// Eager send: copies `bytes` into the mailbox of (src -> dst, tag).
@@ -186,7 +186,7 @@ class group_state {
       return msg;
     }
     if (ready) raise_aborted(where);
-    auto reason = fmt::format(
+    auto reason = hetmesh::format(
         "{}: timed out after {} ms waiting for a message from rank {} with tag {}; expected rank {} to send "
         "{} x {}",
         describe(where), std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count(), src, tag,
@@ -207,19 +207,19 @@ class group_state {
     // complete for the same reason (a rank missing), and callers catch timeout_error for that.
     if (abort_ == abort_kind::timeout)
       throw timeout_error(
-          fmt::format("{}: the group was aborted after a timeout ({})", describe(where), abort_reason_));
-    throw aborted_error(fmt::format("{}: the group was aborted ({})", describe(where), abort_reason_));
+          hetmesh::format("{}: the group was aborted after a timeout ({})", describe(where), abort_reason_));
+    throw aborted_error(hetmesh::format("{}: the group was aborted ({})", describe(where), abort_reason_));
   }
   [[nodiscard]] std::string describe(const site& where) const {
-    return fmt::format("loopback {} on group [{}] rank {}/{}", where.op, fmt::join(members_, ","), where.rank,
-                       n_);
+    return hetmesh::format("loopback {} on group [{}] rank {}/{}", where.op, fmt::join(members_, ","),
+                           where.rank, n_);
   }
   /// Group ranks that have entered fewer than `count` collectives.
   [[nodiscard]] std::string missing_ranks(std::uint64_t count) const {
     std::vector<int> missing;
     for (int r = 0; r < n_; ++r)
       if (entered_[static_cast<std::size_t>(r)] < count) missing.push_back(r);
-    return fmt::format("{}", fmt::join(missing, ","));
+    return hetmesh::format("{}", fmt::join(missing, ","));
   }
 
   const std::vector<int> members_;  // global ranks, in group order

@@ -27,14 +27,14 @@ namespace hetmesh::comm::mpi {
 [[nodiscard]] inline std::string error_string(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return hetmesh::format("MPI error {}", code);
   return std::string(text, static_cast<std::size_t>(len));
 }
 
 /// Throws backend_error carrying MPI's error text when `code` is not MPI_SUCCESS.
 inline void check(int code, std::string_view call, std::string_view where) {
   if (code != MPI_SUCCESS)
-    throw backend_error(fmt::format("{}: {} failed: {}", where, call, error_string(code)), code);
+    throw backend_error(hetmesh::format("{}: {} failed: {}", where, call, error_string(code)), code);
 }
 
 /// RAII MPI initialisation: initialises MPI (thread level `serialized`) unless it already is, and
@@ -168,9 +168,9 @@ struct waiter {
     });
     if (!completed)
       throw timeout_error(
-          fmt::format("{}: timed out after {} ms; expected {} (a rank is missing, or slower than the "
-                      "timeout). The communicator is unusable from now on.",
-                      where(), timeout.count(), expected));
+          hetmesh::format("{}: timed out after {} ms; expected {} (a rank is missing, or slower than the "
+                          "timeout). The communicator is unusable from now on.",
+                          where(), timeout.count(), expected));
     return rc;
   }
 };

@@ -36,8 +36,8 @@ using clock = std::chrono::steady_clock;
 /// Throws backend_error(code) naming `call` and `where` when `status` is not cudaSuccess.
 inline void check_cuda(cudaError_t status, std::string_view call, std::string_view where) {
   if (status != cudaSuccess)
-    throw backend_error(fmt::format("{}: {} failed: {} ({})", where, call, cudaGetErrorString(status),
-                                    cudaGetErrorName(status)),
+    throw backend_error(hetmesh::format("{}: {} failed: {} ({})", where, call, cudaGetErrorString(status),
+                                        cudaGetErrorName(status)),
                         static_cast<int>(status));
 }
 
@@ -148,8 +148,8 @@ class device_array {
 [[noreturn]] inline void raise(ncclResult_t r, std::string_view call, std::string_view where,
                                ncclComm_t comm) {
   const char* last = comm ? ncclGetLastError(comm) : nullptr;
-  throw backend_error(fmt::format("{}: {} failed: {}{}{}", where, call, ncclGetErrorString(r),
-                                  last && *last ? ": " : "", last ? last : ""),
+  throw backend_error(hetmesh::format("{}: {} failed: {}{}{}", where, call, ncclGetErrorString(r),
+                                      last && *last ? ": " : "", last ? last : ""),
                       static_cast<int>(r));
 }
 
@@ -244,7 +244,7 @@ struct state {
         async != ncclInProgress) {
       const char* last = ncclGetLastError(comm);
       abort(abort_kind::async_error,
-            fmt::format("asynchronous NCCL error: {}: {}", ncclGetErrorString(async), last ? last : ""));
+            hetmesh::format("asynchronous NCCL error: {}: {}", ncclGetErrorString(async), last ? last : ""));
       return;
     }
     std::unique_lock lock(m);
@@ -257,16 +257,17 @@ struct state {
       }
       if (st != cudaErrorNotReady) {
         lock.unlock();
-        abort(abort_kind::async_error, fmt::format("CUDA error while waiting: {}", cudaGetErrorString(st)));
+        abort(abort_kind::async_error,
+              hetmesh::format("CUDA error while waiting: {}", cudaGetErrorString(st)));
         return;
       }
       if (clock::now() - work.front().enqueued > timeout) {
         const char* op = work.front().op;
         lock.unlock();
         abort(abort_kind::timeout,
-              fmt::format("{} did not complete within {} ms (a rank is missing or stuck); the "
-                          "watchdog aborted the communicator",
-                          op, timeout.count()));
+              hetmesh::format("{} did not complete within {} ms (a rank is missing or stuck); the "
+                              "watchdog aborted the communicator",
+                              op, timeout.count()));
       }
       return;
     }

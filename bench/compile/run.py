@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Compile time of hetmesh: the parse time of every room's umbrella header (clang++ -fsyntax-only,
+median of N) and the -O2 build time of trainer-sized translation units (g++ -O2 -c). Prints a table,
+writes bench/results/compile.json, and exits 1 when hetmesh.hpp parses in more than the target.
+
+Usage: python3 bench/compile/run.py [--repeat N] [--include DIR] [--src DIR] [--label TEXT] [--out FILE]
+                                   [--no-tus]
+(--include and --src measure another checkout, e.g. an older commit unpacked with git archive.)
+Times are wall times of one compiler process each; the machine's load average is recorded beside them
+(on a shared machine they are pessimistic: also compare the user CPU times, recorded too).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+UMBRELLAS = [
+    ("core", "hetmesh/core/all.hpp"),
+    ("mesh", "hetmesh/mesh/mesh.hpp"),
+    ("cost", "hetmesh/cost/cost.hpp"),
+    ("comm", "hetmesh/comm/all.hpp"),
+    ("seq", "hetmesh/seq/seq.hpp"),
+    ("balance", "hetmesh/balance/balance.hpp"),
+    ("pipeline", "hetmesh/pipeline/all.hpp"),
+    ("data", "hetmesh/data/all.hpp"),
+    ("run", "hetmesh/run/run.hpp"),
+    ("hetmesh.hpp", "hetmesh/hetmesh.hpp"),
+]
+# Rooms without an umbrella header are measured as the set of their headers (core, comm).
+ROOM_SETS = {
+    "core": ["assert", "dtype", "error", "format", "hash", "integral", "numeric", "random"],
+    "comm": ["collectives", "group_cache", "loopback", "ring"],
+}
+TUS = ["examples/data_plane/main.cpp", "examples/pipeline/main.cpp"]
+TARGET_UMBRELLA_S = 5.0
+TARGET_TU_S = 20.0
+
+
+def timed(cmd):
+    t0 = time.perf_counter()
+    r0 = os.times()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    r1 = os.times()
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout[-4000:]}")
+    return wall, (r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)
+
+
+def measure(cmd, repeat):
+    runs = [timed(cmd) for _ in range(repeat)]
+    return {"wall_s": round(statistics.median(w for w, _ in runs), 2),
+            "cpu_s": round(statistics.median(c for _, c in runs), 2),
+            "runs_wall_s": [round(w, 2) for w, _ in runs]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--include", default=os.path.join(ROOT, "include"))
+    ap.add_argument("--src", default=ROOT, help="the tree the trainer-sized TUs are taken from")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compile.json"))
+    ap.add_argument("--no-tus", action="store_true", help="parse times only")
+    args = ap.parse_args()
+    clang = shutil.which("clang++-14") or shutil.which("clang++")
+    gxx = shutil.which("g++")
+    tmp = tempfile.mkdtemp(prefix="hetmesh-compile-")
+    load_before = os.getloadavg()[0]
+    headers = []
+    print(f"{'umbrella':<14}{'parse s (median)':>18}{'cpu s':>8}   clang++ -std=c++20 -fsyntax-only")
+    for room, hdr in UMBRELLAS:
+        src = os.path.join(tmp, f"{room}.cpp")
+        with open(src, "w") as f:
+            if os.path.exists(os.path.join(args.include, hdr)):
+                f.write(f"#include <{hdr}>\n")
+            else:
+                for h in ROOM_SETS[room]:
+                    f.write(f"#include <hetmesh/{room}/{h}.hpp>\n")
+        m = measure([clang, "-std=c++20", "-fsyntax-only", "-I", args.include, src], args.repeat)
+        if not os.path.exists(os.path.join(args.include, hdr)):
+            hdr = f"hetmesh/{room}/{{{','.join(ROOM_SETS[room])}}}.hpp"
+        m.update(room=room, header=hdr)
+        headers.append(m)
+        print(f"{room:<14}{m['wall_s']:>18.2f}{m['cpu_s']:>8.2f}")
+    tus = []
+    if not args.no_tus:
+        print(f"{'TU':<34}{'build s (median)':>18}{'cpu s':>8}   g++ -std=c++20 -O2 -c")
+        for tu in TUS:
+            m = measure([gxx, "-std=c++20", "-O2", "-DFMT_SHARED", "-I", args.include, "-c",
+                         os.path.join(args.src, tu), "-o", os.path.join(tmp, "tu.o")], args.repeat)
+            m.update(tu=tu)
+            tus.append(m)
+            print(f"{tu:<34}{m['wall_s']:>18.2f}{m['cpu_s']:>8.2f}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    umbrella = next(h for h in headers if h["room"] == "hetmesh.hpp")
+    ok = umbrella["wall_s"] <= TARGET_UMBRELLA_S
+    ver = subprocess.run([clang, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
+    gver = subprocess.run([gxx, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
+    result = {
+        "benchmark": "compile_time",
+        "label": args.label,
+        "machine": f"{os.cpu_count()}-core {platform.machine()} {platform.node()}",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
+        "compilers": {"parse": ver, "build": gver},
+        "repeat": args.repeat,
+        "umbrellas": headers,
+        "trainer_tus": tus,
+        "targets": {"hetmesh.hpp_parse_s": TARGET_UMBRELLA_S, "trainer_tu_O2_s": TARGET_TU_S},
+        "hetmesh_hpp_within_target": ok,
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"load average {result['load_average']}; wrote {args.out}")
+    if not ok:
+        print(f"FAIL: hetmesh.hpp parses in {umbrella['wall_s']} s; target <= {TARGET_UMBRELLA_S} s")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
