@@ -184,14 +184,16 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
 
 template <>
 struct fmt::formatter<hetmesh::balance::hdp_balance_mode> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::balance::hdp_balance_mode m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::balance::hdp_balance_mode m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", m == hetmesh::balance::hdp_balance_mode::dp ? "dp" : "pp");
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::bytescale_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::bytescale_policy& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::bytescale_policy& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "bytescale_policy(delta={}, mode={}, buckets={})", p.delta, p.mode,
                               p.buckets);

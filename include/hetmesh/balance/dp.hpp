@@ -184,7 +184,8 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
 
 template <>
 struct fmt::formatter<hetmesh::balance::dp_solver> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::balance::dp_solver s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::balance::dp_solver s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}",
                               s == hetmesh::balance::dp_solver::lpt ? "lpt" : "karmarkar_karp");
   }
@@ -192,7 +193,8 @@ struct fmt::formatter<hetmesh::balance::dp_solver> : hetmesh::empty_spec_formatt
 
 template <>
 struct fmt::formatter<hetmesh::balance::dp_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::dp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::dp_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "dp_policy(ranks={}, capacity={}, micro_batches={}, solver={})",
                               p.ranks, p.capacity, p.micro_batches, p.solver);
   }
@@ -200,7 +202,8 @@ struct fmt::formatter<hetmesh::balance::dp_policy> : hetmesh::empty_spec_formatt
 
 template <>
 struct fmt::formatter<hetmesh::balance::dp_micro_batch> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::dp_micro_batch& mb, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::dp_micro_batch& mb, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "mb(tokens={}, time={}, seqs={})", mb.tokens, mb.time,
                               mb.seqs.size());
@@ -209,7 +212,8 @@ struct fmt::formatter<hetmesh::balance::dp_micro_batch> : hetmesh::empty_spec_fo
 
 template <>
 struct fmt::formatter<hetmesh::balance::dp_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::dp_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::dp_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "dp_plan({}, makespan={} modelled)", p.policy, p.makespan());
   }
 };

@@ -153,7 +153,8 @@ struct timeline {
 
 template <>
 struct fmt::formatter<hetmesh::balance::step_model> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::step_model& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::step_model& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "step_model({}, {}, kv_bytes_per_token={}, pp={})", m.llm, m.net,
                               m.kv_bytes_per_token, m.pp_stages);
   }
@@ -161,7 +162,8 @@ struct fmt::formatter<hetmesh::balance::step_model> : hetmesh::empty_spec_format
 
 template <>
 struct fmt::formatter<hetmesh::balance::task> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::task& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::task& t, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "task(order={}, ranks={}, duration={})", t.order, t.ranks,
                               t.duration);
   }
@@ -169,7 +171,8 @@ struct fmt::formatter<hetmesh::balance::task> : hetmesh::empty_spec_formatter {
 
 template <>
 struct fmt::formatter<hetmesh::balance::timeline> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::timeline& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::timeline& t, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "timeline(step={} modelled, ranks={}, imbalance={:.4f})", t.step,
                               t.busy.size(), t.imbalance());
   }

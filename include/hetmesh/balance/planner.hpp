@@ -294,7 +294,8 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
 
 template <>
 struct fmt::formatter<hetmesh::balance::gap_filling_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::gap_filling_policy& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::gap_filling_policy& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "gap_filling_policy(group_size={})", p.group_size);
   }

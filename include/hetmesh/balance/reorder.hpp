@@ -281,7 +281,8 @@ struct reorder_plan {
 
 template <>
 struct fmt::formatter<hetmesh::balance::sample_meta> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::sample_meta& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::sample_meta& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "sample(id={}, owner={}, llm_tokens={}, items={})", s.id, s.owner,
                               s.llm_tokens, s.encoder_tokens);
   }
@@ -289,7 +290,8 @@ struct fmt::formatter<hetmesh::balance::sample_meta> : hetmesh::empty_spec_forma
 
 template <>
 struct fmt::formatter<hetmesh::balance::reorder_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::reorder_policy& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::reorder_policy& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "reorder_policy({}, {}, token_capacity={})", p.llm, p.encoder,
                               p.token_capacity);
@@ -298,7 +300,8 @@ struct fmt::formatter<hetmesh::balance::reorder_policy> : hetmesh::empty_spec_fo
 
 template <>
 struct fmt::formatter<hetmesh::balance::reorder_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::reorder_plan& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::reorder_plan& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     const auto mx = [](const std::vector<hetmesh::cost::fixed>& v) {
       return v.empty() ? hetmesh::cost::fixed{} : *std::max_element(v.begin(), v.end());

@@ -223,7 +223,8 @@ struct reshard_plan {
 
 template <>
 struct fmt::formatter<hetmesh::balance::reshard_run> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::reshard_run& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::reshard_run& r, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "run({}->{}, rows {}@{} -> @{})", r.src, r.dst, r.rows, r.src_offset,
                               r.dst_offset);
   }
@@ -231,7 +232,8 @@ struct fmt::formatter<hetmesh::balance::reshard_run> : hetmesh::empty_spec_forma
 
 template <>
 struct fmt::formatter<hetmesh::balance::reshard_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::reshard_plan& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::reshard_plan& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "reshard_plan(ranks={}, runs={}, rows={})", p.ranks, p.runs.size(),
                               p.total_rows());
@@ -240,14 +242,16 @@ struct fmt::formatter<hetmesh::balance::reshard_plan> : hetmesh::empty_spec_form
 
 template <>
 struct fmt::formatter<hetmesh::balance::item_span> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::item_span& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::item_span& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "item({}, {}) at {} x {}", s.sample_id, s.item, s.position, s.rows);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::encoder_block> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::encoder_block& b, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::encoder_block& b, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "enc({}, {}) rows [{}, {}) on {}@{}", b.sample_id, b.item,
                               b.row_begin, b.row_end, b.rank, b.offset);
@@ -256,7 +260,8 @@ struct fmt::formatter<hetmesh::balance::encoder_block> : hetmesh::empty_spec_for
 
 template <>
 struct fmt::formatter<hetmesh::balance::llm_block> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::llm_block& b, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::llm_block& b, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "llm({}) {} on {}@{}", b.sample_id, b.tokens, b.rank, b.offset);
   }
 };

@@ -345,7 +345,8 @@ class kk_state {
 
 template <>
 struct fmt::formatter<hetmesh::balance::assignment> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::assignment& a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::assignment& a, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "assignment(items={}, bins={}, makespan={}, load={})",
                               a.bin_of.size(), a.bins(), a.makespan(), a.load);
   }

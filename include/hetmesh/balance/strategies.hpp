@@ -109,7 +109,8 @@ struct strategy_result {
 
 template <>
 struct fmt::formatter<hetmesh::balance::strategy_result> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::strategy_result& r, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::strategy_result& r, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(
         ctx.out(), "{}: step={} (modelled), imbalance={:.3f}, lower_bound={}, ratio={:.3f}, tasks={}", r.name,

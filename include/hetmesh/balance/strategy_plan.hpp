@@ -223,7 +223,8 @@ inline strategy_plan plan_strategy(std::string_view name, std::span<const seq::s
 
 template <>
 struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::strategy_config& c, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::strategy_config& c, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "strategy_config(ranks={}, {}, {}, {}, {}, seed={}, context={})",
                               c.ranks, c.hdp, c.model, c.bytescale, c.gap_filling, c.seed, c.context);
@@ -231,14 +232,16 @@ struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_f
 };
 template <>
 struct fmt::formatter<hetmesh::balance::work_item> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::work_item& w, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::work_item& w, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "work_item(ring={}, order={}, {} seqs, {} tokens, offload={:.2f})",
                               w.ring, w.order, w.seqs.size(), w.tokens(), w.offload_ratio);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::balance::strategy_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::strategy_plan& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::balance::strategy_plan& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     std::int64_t tokens = 0;
     for (const auto& w : p.items) tokens += w.tokens();

@@ -122,14 +122,16 @@ template <communicator C>
 
 template <>
 struct fmt::formatter<hetmesh::comm::memory_space> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::comm::memory_space m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::comm::memory_space m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", m == hetmesh::comm::memory_space::host ? "host" : "device");
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::comm::p2p_op> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::comm::p2p_op& op, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::comm::p2p_op& op, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}(peer={}, tag={}, {} x {})",
                           op.what == hetmesh::comm::p2p_op::kind::send ? "send" : "recv", op.peer, op.tag,
                           op.count, op.type);

@@ -72,7 +72,8 @@ void finish_reduce(T* data, std::size_t n, reduce_op op, int group_size) noexcep
 
 template <>
 struct fmt::formatter<hetmesh::comm::reduce_op> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::comm::reduce_op op, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::comm::reduce_op op, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::comm::reduce_op_name(op));
   }
 };

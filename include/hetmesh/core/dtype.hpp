@@ -142,7 +142,8 @@ static_assert(!element<std::int16_t> && dtype_size(dtype::uint16) == 2);
 
 template <>
 struct fmt::formatter<hetmesh::dtype> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::dtype t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::dtype t, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::dtype_name(t));
   }
 };

@@ -119,27 +119,60 @@ template <class E>
 [[noreturn]] [[gnu::cold]] [[gnu::noinline]] void throw_formatted(fmt::string_view format, fmt::format_args args) {
   throw E(fmt::vformat(format, args));
 }
+
+/// One type-erased format argument referring to `v` (which must outlive its use), through fmt's public
+/// API. Instantiated once per argument *type*; a call site then only builds an array of these, where
+/// fmt::make_format_args would instantiate a format_arg_store per distinct argument *pack* (hundreds in
+/// the library, the largest item of its compile time).
+template <class Context, class T>
+[[nodiscard]] typename Context::format_arg erased_arg(const T& v) {
+  return fmt::basic_format_args<Context>(fmt::make_format_args<Context>(v)).get(0);
+}
+
+/// vformat/vformat_to arguments for a pack: built per type (erased_arg), passed as one array.
+template <class Context, class... Args>
+struct erased_args {
+  typename Context::format_arg data[sizeof...(Args) == 0 ? 1 : sizeof...(Args)];
+  explicit erased_args(const Args&... args) : data{erased_arg<Context>(args)...} {}
+  [[nodiscard]] fmt::basic_format_args<Context> get() const noexcept {
+    return {data, static_cast<int>(sizeof...(Args))};
+  }
+};
 }  // namespace detail
 
 /// fmt::format, with the format string checked when formatting rather than at compile time (unless
-/// HETMESH_CHECK_FORMAT_STRINGS): each call site costs one fmt::make_format_args instead of fmt's
-/// consteval checker. The library's headers format through this and format_to.
+/// HETMESH_CHECK_FORMAT_STRINGS): each call site costs an array of type-erased arguments instead of
+/// fmt's consteval checker and format_arg_store. The library's headers format through this and
+/// format_to.
 template <class... Args>
 [[nodiscard]] std::string format(detail::format_string_t<Args...> text, Args&&... args) {
+#if HETMESH_CHECK_FORMAT_STRINGS
   return fmt::vformat(text, fmt::make_format_args(args...));
+#else
+  return fmt::vformat(text, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+#endif
 }
 
 /// fmt::format_to, checked like hetmesh::format.
 template <class Out, class... Args>
 Out format_to(Out out, detail::format_string_t<Args...> text, Args&&... args) {
+#if HETMESH_CHECK_FORMAT_STRINGS
   return fmt::vformat_to(out, text, fmt::make_format_args(args...));
+#else
+  return fmt::vformat_to(out, text, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+#endif
 }
 
 /// Throws E with a message formatted by fmt. `throw_error<invalid_argument>("cp={} ...", cp)`.
-/// A call site costs one fmt::make_format_args; the formatting itself is out of line (fmt::vformat).
+/// A call site costs an array of type-erased arguments; the formatting itself is out of line
+/// (fmt::vformat).
 template <class E, class... Args>
 [[noreturn]] void throw_error(detail::format_string_t<Args...> format, Args&&... args) {
+#if HETMESH_CHECK_FORMAT_STRINGS
   detail::throw_formatted<E>(format, fmt::make_format_args(args...));
+#else
+  detail::throw_formatted<E>(format, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+#endif
 }
 #endif
 

@@ -6,14 +6,8 @@
 #include <concepts>
 #include <cstdint>
 #include <cstring>
-#include <map>
-#include <optional>
-#include <ranges>
-#include <string>
 #include <string_view>
 #include <type_traits>
-#include <utility>
-#include <vector>
 
 namespace hetmesh {
 
@@ -61,19 +55,15 @@ concept has_adl_hash_append = requires(const T& t, hasher& h) {
 
 /// Appends `v` to `h`. Customisation, in order: a member `void hash_append(hasher&) const`; an ADL
 /// `hash_append(hasher&, const T&)`; integers, enums, floating point (by bit pattern, with -0 == +0),
-/// strings, pairs, optionals and ranges (length-prefixed).
+/// strings, pairs, optionals and containers (anything with begin(), end() and size(); length-prefixed).
+/// The cheap type traits are tested first and containers are recognised by their members rather than
+/// by std::ranges concepts: every plan type instantiates this, so its compile cost is paid everywhere.
 template <class T>
 constexpr void append(hasher& h, const T& v) {
   using U = std::remove_cvref_t<T>;
-  if constexpr (detail::has_member_hash_append<U>) {
-    v.hash_append(h);
-  } else if constexpr (detail::has_adl_hash_append<U>) {
-    hash_append(h, v);
-  } else if constexpr (std::is_same_v<U, bool>) {
+  if constexpr (std::is_same_v<U, bool>) {
     h.add_u64(v ? 1U : 0U);
-  } else if constexpr (std::is_integral_v<U>) {
-    h.add_u64(static_cast<std::uint64_t>(static_cast<std::int64_t>(v)));
-  } else if constexpr (std::is_enum_v<U>) {
+  } else if constexpr (std::is_integral_v<U> || std::is_enum_v<U>) {
     h.add_u64(static_cast<std::uint64_t>(static_cast<std::int64_t>(v)));
   } else if constexpr (std::is_floating_point_v<U>) {
     double d = static_cast<double>(v);
@@ -81,8 +71,12 @@ constexpr void append(hasher& h, const T& v) {
     std::uint64_t bits = 0;
     std::memcpy(&bits, &d, sizeof bits);
     h.add_u64(bits);
+  } else if constexpr (detail::has_member_hash_append<U>) {
+    v.hash_append(h);
+  } else if constexpr (detail::has_adl_hash_append<U>) {
+    hash_append(h, v);
   } else if constexpr (std::is_convertible_v<const U&, std::string_view>) {
-    std::string_view s = v;
+    const std::string_view s = v;
     h.add_u64(s.size());
     for (char c : s) h.add_u64(static_cast<unsigned char>(c));
   } else if constexpr (requires {
@@ -97,8 +91,12 @@ constexpr void append(hasher& h, const T& v) {
                        }) {
     h.add_u64(v.has_value() ? 1U : 0U);
     if (v.has_value()) append(h, *v);
-  } else if constexpr (std::ranges::input_range<U>) {
-    h.add_u64(static_cast<std::uint64_t>(std::ranges::distance(v)));
+  } else if constexpr (requires {
+                         v.begin();
+                         v.end();
+                         v.size();
+                       }) {
+    h.add_u64(static_cast<std::uint64_t>(v.size()));
     for (const auto& x : v) append(h, x);
   } else {
     static_assert(sizeof(U) == 0,

@@ -85,7 +85,8 @@ constexpr auto operator""_c() noexcept {
 
 template <std::int64_t N>
 struct fmt::formatter<hetmesh::C<N>> : fmt::formatter<std::int64_t> {
-  auto format(hetmesh::C<N>, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::C<N>, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "_{}", N);
   }
 };

@@ -155,14 +155,16 @@ inline bool solve_terms(std::span<const sample_point> pts, unsigned mask, bool r
 
 template <>
 struct fmt::formatter<hetmesh::cost::sample_point> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::sample_point& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::cost::sample_point& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "({}, {})", p.length, p.time);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::cost::fit_result> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::fit_result& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::cost::fit_result& r, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "fit({}, max_rel_err={:.4f}, rms_rel_err={:.4f})", r.model,
                               r.max_relative_error, r.rms_relative_error);
   }

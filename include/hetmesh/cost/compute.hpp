@@ -145,7 +145,8 @@ struct llm_compute {
 
 template <class T>
 struct fmt::formatter<hetmesh::cost::basic_quadratic<T>> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::basic_quadratic<T>& q, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::cost::basic_quadratic<T>& q, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     if constexpr (std::is_floating_point_v<T>)
       return hetmesh::format_to(ctx.out(), "T(s)={:.4g}*s^2+{:.4g}*s+{:.4g}", q.a, q.b, q.c);
@@ -156,7 +157,8 @@ struct fmt::formatter<hetmesh::cost::basic_quadratic<T>> : hetmesh::empty_spec_f
 
 template <>
 struct fmt::formatter<hetmesh::cost::llm_compute> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::llm_compute& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::cost::llm_compute& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "llm_compute({}, layers={}, train_factor={})", m.layer, m.layers,
                               m.train_factor);
   }

@@ -141,7 +141,8 @@ struct moe_compute {
 
 template <>
 struct fmt::formatter<hetmesh::cost::item_kind> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::cost::item_kind k, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::cost::item_kind k, FormatContext& ctx) const -> decltype(ctx.out()) {
     const char* n = k == hetmesh::cost::item_kind::image         ? "image"
                     : k == hetmesh::cost::item_kind::video_frame ? "video_frame"
                                                                  : "audio";
@@ -151,7 +152,8 @@ struct fmt::formatter<hetmesh::cost::item_kind> : hetmesh::empty_spec_formatter 
 
 template <>
 struct fmt::formatter<hetmesh::cost::encoder_compute> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::encoder_compute& e, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::cost::encoder_compute& e, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "encoder_compute({}, layers={}, train_factor={}, window={})",
                               e.layer, e.layers, e.train_factor, e.window);
@@ -160,7 +162,8 @@ struct fmt::formatter<hetmesh::cost::encoder_compute> : hetmesh::empty_spec_form
 
 template <>
 struct fmt::formatter<hetmesh::cost::moe_compute> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::moe_compute& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::cost::moe_compute& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(),
                               "moe_compute(experts={}, top_k={}, expert={:.4g}/tok, router={:.4g}/tok)",
                               m.experts, m.top_k, m.expert_per_token, m.router_per_token);

@@ -86,7 +86,8 @@ struct fixed {
 
 template <>
 struct fmt::formatter<hetmesh::cost::fixed> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::fixed& f, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::cost::fixed& f, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{:.6f}", f.units());
   }
 };

@@ -106,7 +106,8 @@ struct offload_model {
 
 template <>
 struct fmt::formatter<hetmesh::cost::activation_memory> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::activation_memory& m, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::cost::activation_memory& m, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "Act(s)={:.4g}*s+{:.4g} bytes/layer x {} layers", m.alpha, m.beta,
                               m.layers);
@@ -115,7 +116,8 @@ struct fmt::formatter<hetmesh::cost::activation_memory> : hetmesh::empty_spec_fo
 
 template <>
 struct fmt::formatter<hetmesh::cost::offload_model> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::cost::offload_model& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::cost::offload_model& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "offload_model{{{} (s), {}, d2h={}, h2d={}}}", m.layer, m.activation,
                               m.d2h_bandwidth, m.h2d_bandwidth);
   }

@@ -362,7 +362,8 @@ class indexed_dataset_writer {
 
 template <>
 struct fmt::formatter<hetmesh::data::indexed_dataset> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::indexed_dataset& d, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::data::indexed_dataset& d, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "indexed_dataset({}, {}, {} sequences, {} documents)", d.prefix(),
                               d.type(), d.size(), d.documents());

@@ -59,7 +59,8 @@ struct memory_report {
 
 template <>
 struct fmt::formatter<hetmesh::data::memory_report> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::memory_report& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::memory_report& r, FormatContext& ctx) const -> decltype(ctx.out()) {
     auto out = hetmesh::format_to(ctx.out(), "memory_report(total={} B", r.total());
     for (const char* c : {"source_loader", "prefetch", "planner", "constructor"})
       if (r.count_of(c) > 0)

@@ -299,7 +299,8 @@ inline void validate(const mixture_config& cfg) {
 
 template <>
 struct fmt::formatter<hetmesh::data::source_spec> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::source_spec& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::source_spec& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "source({}, {}, {} paths, {} weight points, {}/{})", s.name,
                               s.format == hetmesh::data::source_format::indexed ? "indexed" : "webdataset",
                               s.paths.size(), s.weight.size(), s.modality, s.bucket);
@@ -307,7 +308,8 @@ struct fmt::formatter<hetmesh::data::source_spec> : hetmesh::empty_spec_formatte
 };
 template <>
 struct fmt::formatter<hetmesh::data::mixture_config> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::mixture_config& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::mixture_config& c, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(
         ctx.out(), "mixture(seed={}, batch={}, {} sources, tp={} cp={} dp={} pp={}, {} micro-batches)",
         c.seed, c.global_batch, c.sources.size(), c.layout.tp, c.layout.cp, c.layout.dp, c.layout.pp,

@@ -319,7 +319,8 @@ struct delivery_group {
 
 template <>
 struct fmt::formatter<hetmesh::data::planner_state> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::planner_state& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::planner_state& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     auto out = hetmesh::format_to(ctx.out(), "planner_state(step={}", s.step);
     for (std::size_t i = 0; i < s.cursors.size(); ++i)
       out = hetmesh::format_to(out, ", s{}: e{} p{} c{}", i, s.cursors[i].epoch, s.cursors[i].position,
@@ -329,14 +330,16 @@ struct fmt::formatter<hetmesh::data::planner_state> : hetmesh::empty_spec_format
 };
 template <>
 struct fmt::formatter<hetmesh::data::step_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::step_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::step_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "step_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step,
                               p.samples.size(), p.quotas, p.rank_cost);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::delivery_group> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::delivery_group& g, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::delivery_group& g, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "delivery(dp={}, loader={}, ranks={})", g.dp, g.loader, g.ranks);
   }
 };

@@ -73,20 +73,23 @@ struct sample {
 
 template <>
 struct fmt::formatter<hetmesh::data::sample_meta> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::sample_meta& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::sample_meta& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "meta(tokens={}, items={}, bytes={})", m.tokens, m.item_tokens,
                               m.bytes);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::sample_ref> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::sample_ref& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::sample_ref& r, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "s{}/e{}/p{}=#{}", r.source, r.epoch, r.position, r.index);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::data::sample> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::sample& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::sample& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "sample({}, {} tokens, {} items)", s.ref, s.tokens.size(),
                               s.items.size());
   }

@@ -55,7 +55,8 @@ struct service_layout {
 
 template <>
 struct fmt::formatter<hetmesh::data::service_layout> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::data::service_layout& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::data::service_layout& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "service_layout(trainers=[0, {}), hosts=[{}, {}))", s.trainers,
                               s.trainers, s.trainers + s.hosts);
   }

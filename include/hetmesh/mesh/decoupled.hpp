@@ -161,7 +161,8 @@ class decoupled {
 
 template <>
 struct fmt::formatter<hetmesh::mesh::named_coord> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::named_coord& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::named_coord& c, FormatContext& ctx) const -> decltype(ctx.out()) {
     auto out = hetmesh::format_to(ctx.out(), "{{");
     for (std::size_t i = 0; i < c.entries.size(); ++i) {
       out = hetmesh::format_to(out, "{}{}={}", i ? "," : "", c.entries[i].first, c.entries[i].second);
@@ -172,7 +173,8 @@ struct fmt::formatter<hetmesh::mesh::named_coord> : hetmesh::empty_spec_formatte
 
 template <>
 struct fmt::formatter<hetmesh::mesh::group_placement> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::group_placement& g, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::group_placement& g, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     std::string dims;
     for (const auto& d : g.llm_dims) dims += hetmesh::format("{}{}", dims.empty() ? "" : ",", d);
@@ -184,7 +186,8 @@ struct fmt::formatter<hetmesh::mesh::group_placement> : hetmesh::empty_spec_form
 /// Prints both meshes, the topology and, per encoder dim, how many of its groups are node-local.
 template <>
 struct fmt::formatter<hetmesh::mesh::decoupled> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::decoupled& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::decoupled& d, FormatContext& ctx) const -> decltype(ctx.out()) {
     auto out = hetmesh::format_to(ctx.out(), "encoder {} and LLM {} on {}", d.encoder(), d.llm(), d.topo());
     for (std::size_t i = 0; i < d.encoder().dims_count(); ++i) {
       const hetmesh::mesh::dim name = d.encoder().name(i);

@@ -137,14 +137,16 @@ constexpr void for_each_order_token(std::string_view order, F&& f) {
 
 template <>
 struct fmt::formatter<hetmesh::mesh::dim> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::dim& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::dim& d, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", d.name());
   }
 };
 
 template <class E>
 struct fmt::formatter<hetmesh::mesh::dim_extent<E>> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::dim_extent<E>& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::dim_extent<E>& d, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}={}", d.name, d.extent);
   }
 };

@@ -401,7 +401,8 @@ static_assert(mesh_like<layout<C<8>, std::int64_t>>);
 
 template <class... E>
 struct fmt::formatter<hetmesh::mesh::layout<E...>> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::layout<E...>& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::layout<E...>& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", m.str());
   }
 };

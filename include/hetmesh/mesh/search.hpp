@@ -325,7 +325,8 @@ inline std::string layout_choice::explain() const {
 
 template <>
 struct fmt::formatter<hetmesh::mesh::traffic> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::traffic& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::traffic& t, FormatContext& ctx) const -> decltype(ctx.out()) {
     namespace hd = hetmesh::mesh::detail;
     auto out = hetmesh::format_to(ctx.out(), "traffic per rank per step: tp {}, cp {}, ep {}, dp {}, pp {}",
                                   hd::format_bytes(t.tp), hd::format_bytes(t.cp), hd::format_bytes(t.ep),
@@ -337,14 +338,16 @@ struct fmt::formatter<hetmesh::mesh::traffic> : hetmesh::empty_spec_formatter {
 
 template <>
 struct fmt::formatter<hetmesh::mesh::combine> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::mesh::combine c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::mesh::combine c, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", c == hetmesh::mesh::combine::sum ? "sum" : "max");
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::mesh::search_options> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::search_options& o, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::search_options& o, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{{total={}, baseline={}, admissible={}}}", o.total, o.baseline,
                               o.admissible ? "restricted" : "all orders");
   }
@@ -352,7 +355,8 @@ struct fmt::formatter<hetmesh::mesh::search_options> : hetmesh::empty_spec_forma
 
 template <>
 struct fmt::formatter<hetmesh::mesh::dim_cost> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::dim_cost& d, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::dim_cost& d, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(
         ctx.out(), "{}={}:{} {} {}", d.name, d.extent, d.stride,
         d.in_node() ? std::string("in-node") : hetmesh::format("{}-nodes", d.nodes_spanned),
@@ -362,7 +366,8 @@ struct fmt::formatter<hetmesh::mesh::dim_cost> : hetmesh::empty_spec_formatter {
 
 template <>
 struct fmt::formatter<hetmesh::mesh::candidate> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::candidate& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::candidate& c, FormatContext& ctx) const -> decltype(ctx.out()) {
     auto out = hetmesh::format_to(ctx.out(), "{:<16} {:>10}  [", c.order,
                                   hetmesh::mesh::detail::format_ns(c.time_ns));
     for (std::size_t i = 0; i < c.dims.size(); ++i)
@@ -374,7 +379,8 @@ struct fmt::formatter<hetmesh::mesh::candidate> : hetmesh::empty_spec_formatter 
 /// Prints the search: header, the five best orders and the baseline, then the explanation.
 template <>
 struct fmt::formatter<hetmesh::mesh::layout_choice> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::layout_choice& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::layout_choice& c, FormatContext& ctx) const -> decltype(ctx.out()) {
     std::string shape;
     for (const auto& [d, e] : c.shape) shape += hetmesh::format("{}{}={}", shape.empty() ? "" : ",", d, e);
     auto out = hetmesh::format_to(ctx.out(),

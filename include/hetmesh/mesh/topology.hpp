@@ -154,14 +154,16 @@ struct topology {
 
 template <>
 struct fmt::formatter<hetmesh::mesh::link> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::link& l, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::link& l, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "link(alpha={:.4g}, beta={:.4g}/B)", l.alpha, l.beta);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::mesh::topology> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::topology& t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::topology& t, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(
         ctx.out(), "{} nodes x {} devices (intra-node {} GB/s, {} us; inter-node {} GB/s, {} us)", t.nodes,
         t.devices_per_node, t.intra_bw_gbps, t.intra_latency_us, t.inter_bw_gbps, t.inter_latency_us);

@@ -444,14 +444,16 @@ static_assert(mesh_like<view>);
 
 template <>
 struct fmt::formatter<hetmesh::mesh::atom> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::atom& a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::atom& a, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}:{}", a.extent, a.stride);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::mesh::view_mode> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::view_mode& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::view_mode& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     auto out = hetmesh::format_to(ctx.out(), "{}=", m.name);
     if (m.atoms.size() == 1) return hetmesh::format_to(out, "{}:{}", m.atoms[0].extent, m.atoms[0].stride);
     return hetmesh::format_to(out, "{}", m.atoms);
@@ -460,7 +462,8 @@ struct fmt::formatter<hetmesh::mesh::view_mode> : hetmesh::empty_spec_formatter 
 
 template <>
 struct fmt::formatter<hetmesh::mesh::view> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::mesh::view& v, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::mesh::view& v, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", v.str());
   }
 };

@@ -251,21 +251,24 @@ struct schedule {
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::action_type> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::pipeline::action_type t, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::pipeline::action_type t, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(t));
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::action> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::action& a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::action& a, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::to_text(a));
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::schedule> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::schedule& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::schedule& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     auto out =
         hetmesh::format_to(ctx.out(), "schedule {} (ranks={}, stages={}, microbatches={}, encoder shards={})",
                            s.name, s.total_ranks(), s.num_stages, s.num_microbatches, s.num_encoder_shards());

@@ -410,7 +410,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::group_rule> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::pipeline::group_rule r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::pipeline::group_rule r, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}",
                               r == hetmesh::pipeline::group_rule::megatron ? "megatron" : "pytorch");
   }
@@ -418,14 +419,16 @@ struct fmt::formatter<hetmesh::pipeline::group_rule> : hetmesh::empty_spec_forma
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::gpipe> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::gpipe& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::gpipe& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::one_f_one_b> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::one_f_one_b& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::one_f_one_b& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
@@ -433,7 +436,8 @@ struct fmt::formatter<hetmesh::pipeline::one_f_one_b> : hetmesh::empty_spec_form
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::zero_bubble> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::zero_bubble& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::zero_bubble& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
@@ -441,14 +445,16 @@ struct fmt::formatter<hetmesh::pipeline::zero_bubble> : hetmesh::empty_spec_form
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::zbv> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::zbv& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::zbv& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::interleaved_1f1b> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::interleaved_1f1b& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::interleaved_1f1b& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "interleaved-1f1b(virtual_stages={}, group_size={}, rule={})",
                               p.virtual_stages, p.group_size, p.rule);
@@ -457,7 +463,8 @@ struct fmt::formatter<hetmesh::pipeline::interleaved_1f1b> : hetmesh::empty_spec
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::interleaved_zero_bubble> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::interleaved_zero_bubble& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::interleaved_zero_bubble& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "interleaved-zero-bubble(virtual_stages={}, group_size={})",
                               p.virtual_stages, p.group_size);
@@ -466,7 +473,8 @@ struct fmt::formatter<hetmesh::pipeline::interleaved_zero_bubble> : hetmesh::emp
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::schedule_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::schedule_policy& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::schedule_policy& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return std::visit([&](const auto& q) { return hetmesh::format_to(ctx.out(), "{}", q); }, p);
   }

@@ -248,7 +248,8 @@ inline void check_llm(const schedule& s, std::string_view who) {
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::encoder_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::encoder_policy& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::encoder_policy& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     using namespace hetmesh::pipeline;
     if (const auto* c = std::get_if<colocated_encoder>(&p))

@@ -449,7 +449,8 @@ struct list_source {
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::timed_action> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::timed_action& t, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::timed_action& t, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "rank {} {} [{:.6g}, {:.6g})", t.rank,
                               hetmesh::pipeline::to_text(t.what), t.start, t.end);
@@ -458,7 +459,8 @@ struct fmt::formatter<hetmesh::pipeline::timed_action> : hetmesh::empty_spec_for
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::simulation> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::simulation& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::simulation& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     auto out = hetmesh::format_to(ctx.out(), "simulated step {:.6g} s, bubble {:.4f}, peak memory per rank:",
                                   s.step_time, s.bubble_ratio);
     for (auto m : s.peak_memory) out = hetmesh::format_to(out, " {}", m);

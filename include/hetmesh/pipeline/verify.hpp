@@ -504,7 +504,8 @@ inline void assert_deadlock_free(const schedule& s, std::string_view who) {
 
 template <>
 struct fmt::formatter<hetmesh::pipeline::verify_report> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::pipeline::verify_report& r, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::verify_report& r, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     auto out = hetmesh::format_to(
         ctx.out(),

@@ -233,7 +233,8 @@ inline void close_shards(cp_partition& p) {
 
 template <>
 struct fmt::formatter<hetmesh::seq::cp_scheme> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::seq::cp_scheme s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::seq::cp_scheme s, FormatContext& ctx) const -> decltype(ctx.out()) {
     using hetmesh::seq::cp_scheme;
     return hetmesh::format_to(ctx.out(), "{}",
                               s == cp_scheme::contiguous ? "contiguous"
@@ -243,26 +244,30 @@ struct fmt::formatter<hetmesh::seq::cp_scheme> : hetmesh::empty_spec_formatter {
 };
 template <>
 struct fmt::formatter<hetmesh::seq::cp_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::cp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::cp_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "cp_policy{{{}, cp={}, pad={}}}", p.scheme, p.cp, p.pad);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::cp_chunk> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::cp_chunk& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::cp_chunk& c, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "d{}c{}{}@{}", c.doc, c.chunk, c.positions, c.local_offset);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::cp_rank_shard> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::cp_rank_shard& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::cp_rank_shard& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "shard{{tokens={}, cu_seqlens={}, chunks={}}}", s.tokens(),
                               s.cu_seqlens, s.chunks);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::cp_partition> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::cp_partition& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::cp_partition& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "cp_partition{{{}, cu_seqlens_padded={}, ranks={}}}", p.policy,
                               p.cu_seqlens_padded, p.ranks);
   }

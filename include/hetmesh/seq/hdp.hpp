@@ -361,14 +361,16 @@ struct hdp_plan {
 
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_placement_kind> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::seq::hdp_placement_kind k, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::seq::hdp_placement_kind k, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}",
                               k == hetmesh::seq::hdp_placement_kind::waves ? "waves" : "least_loaded");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::hdp_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::hdp_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(
         ctx.out(), "hdp_policy{{C={}, {}, {}, placement={}}}", p.capacity, p.offload, p.model,
         p.placement == hetmesh::seq::hdp_placement_kind::waves ? "waves" : "least_loaded");
@@ -376,7 +378,8 @@ struct fmt::formatter<hetmesh::seq::hdp_policy> : hetmesh::empty_spec_formatter 
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_item> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::hdp_item& it, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::hdp_item& it, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "item{}{{{} D={} r={:.2f} tokens={} seqs={}}}", it.index,
                               it.packed ? "pack" : "ring", it.degree, it.offload.ratio(), it.tokens,
                               it.seqs.size());
@@ -384,27 +387,31 @@ struct fmt::formatter<hetmesh::seq::hdp_item> : hetmesh::empty_spec_formatter {
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_sharding> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::hdp_sharding& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::hdp_sharding& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "hdp_sharding{{pool={}, items={}, global_tokens={}}}", s.pool,
                               s.items.size(), s.global_tokens);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_placement> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::hdp_placement& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::hdp_placement& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "at{{order={}, ring={}}}", p.order, p.ring);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_micro_batch> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::hdp_micro_batch& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::hdp_micro_batch& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "mb{{item={}, order={}, pos={}/{}, r={:.2f}, {}}}", m.item, m.order,
                               m.ring_position, m.degree, m.offload_ratio, m.segments);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::hdp_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::hdp_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::hdp_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     std::size_t mbs = 0, most = 0;
     for (const auto& r : p.per_rank) {
       mbs += r.size();

@@ -213,7 +213,8 @@ struct long_short_plan {
 
 template <>
 struct fmt::formatter<hetmesh::seq::long_short_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::long_short_policy& p, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::seq::long_short_policy& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "long_short_policy{{cap={}, heads={}, node={}, beta={}, {}}}",
                           p.max_tokens_per_rank, p.heads, p.cluster.devices_per_node, p.balance_factor,
@@ -222,14 +223,16 @@ struct fmt::formatter<hetmesh::seq::long_short_policy> : hetmesh::empty_spec_for
 };
 template <>
 struct fmt::formatter<hetmesh::seq::long_short_assignment> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::long_short_assignment& a, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::seq::long_short_assignment& a, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}->ranks[{},{})", a.item, a.first_rank, a.first_rank + a.degree);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::long_short_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::long_short_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::long_short_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "long_short_plan{{ranks={}, items={}, groups={}, load={}}}", p.ranks,
                           p.items.size(), p.groups, p.load);
   }

@@ -122,13 +122,15 @@ struct offload_choice {
 
 template <>
 struct fmt::formatter<hetmesh::seq::offload_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::offload_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::offload_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "offload_policy{{enabled={}, steps={}}}", p.enabled, p.ratio_steps);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::offload_choice> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::offload_choice& c, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::offload_choice& c, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "offload{{s={}, D={}, r={:.3f}, r_max={:.3f}, r_lb={:.4f}}}",
                               c.length, c.ranks, c.ratio(), c.ratio_max, c.ratio_lower_bound);
   }

@@ -103,28 +103,32 @@ struct pack_plan {
 
 template <>
 struct fmt::formatter<hetmesh::seq::overlong_action> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::seq::overlong_action a, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::seq::overlong_action a, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}",
                               a == hetmesh::seq::overlong_action::error ? "error" : "reject");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::pack_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::pack_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::pack_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "pack_policy{{capacity={}, overlong={}}}", p.capacity,
                               p.overlong == hetmesh::seq::overlong_action::error ? "error" : "reject");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::packed_micro_batch> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::packed_micro_batch& m, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::seq::packed_micro_batch& m, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "packed{{tokens={}, cu_seqlens={}}}", m.tokens(), m.cu_seqlens);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::pack_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::pack_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::pack_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "pack_plan{{{}, micro_batches={}, rejected={}}}", p.policy,
                               p.micro_batches.size(), p.rejected);
   }

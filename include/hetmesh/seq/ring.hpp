@@ -181,7 +181,8 @@ struct ring_schedule {
 
 template <>
 struct fmt::formatter<hetmesh::seq::block_mask> : hetmesh::empty_spec_formatter {
-  auto format(hetmesh::seq::block_mask m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(hetmesh::seq::block_mask m, FormatContext& ctx) const -> decltype(ctx.out()) {
     using hetmesh::seq::block_mask;
     return hetmesh::format_to(ctx.out(), "{}",
                               m == block_mask::none   ? "none"
@@ -191,20 +192,23 @@ struct fmt::formatter<hetmesh::seq::block_mask> : hetmesh::empty_spec_formatter 
 };
 template <>
 struct fmt::formatter<hetmesh::seq::ring_pair> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::ring_pair& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::ring_pair& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "q{}xkv{}:{}", p.q_chunk, p.kv_chunk, p.mask);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::ring_step> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::ring_step& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::ring_step& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "step{{kv from {}, send {}, recv {}, {}}}", s.kv_source, s.send_to,
                               s.recv_from, s.pairs);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::ring_schedule> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::ring_schedule& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::ring_schedule& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "ring_schedule{{ring={}, work={}}}", s.ring, s.work);
   }
 };

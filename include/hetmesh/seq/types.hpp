@@ -93,19 +93,22 @@ namespace detail {
 
 template <>
 struct fmt::formatter<hetmesh::seq::seq_desc> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::seq_desc& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::seq_desc& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "seq{{id={}, len={}}}", s.id, s.length);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::token_range> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::token_range& r, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::token_range& r, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "[{},{})", r.begin, r.end);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::seq_segment> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::seq_segment& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::seq_segment& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}{}", s.seq_id, s.tokens);
   }
 };

@@ -121,14 +121,16 @@ inline void check_ulysses_heads(const ulysses_policy& p) {
 
 template <>
 struct fmt::formatter<hetmesh::seq::ulysses_policy> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::ulysses_policy& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::ulysses_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "ulysses_policy{{d={}, heads={}, kv_heads={}, head_dim={}}}",
                               p.degree, p.heads, p.kv_heads, p.head_dim);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::seq::ulysses_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::seq::ulysses_plan& u, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::ulysses_plan& u, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(),
                               "ulysses_plan{{{}, tokens={}, heads/rank={}, kv/rank={}, kv_repl={}}}",
                               u.policy, u.tokens, u.heads_per_rank, u.kv_heads_per_rank, u.kv_replication);
