@@ -158,7 +158,14 @@ struct dispatch_plan {
   });
   std::vector<reshard_run> runs;
   std::size_t k = 0;
+  auto unknown = [&] {
+    throw_error<invalid_argument>(
+        "{}: a target on rank {} names sequence {}, which has no source; expected every target sequence held "
+        "by an owner",
+        op, tgt[k].rank, tgt[k].sample_id);
+  };
   for (const auto& s : src) {
+    if (k < tgt.size() && tgt[k].sample_id < s.seq_id) unknown();
     std::int64_t covered = 0;  // tokens [0, covered) of s are planned
     for (; k < tgt.size() && tgt[k].sample_id == s.seq_id; ++k) {
       const auto& t = tgt[k];
@@ -179,10 +186,7 @@ struct dispatch_plan {
           op, s.seq_id, s.length, s.rank, covered, s.length);
     plan.tokens += s.length;
   }
-  if (k != tgt.size())
-    throw_error<invalid_argument>("{}: a target on rank {} names sequence {}, which has no source; expected "
-                                  "every target sequence held by an owner",
-                                  op, tgt[k].rank, tgt[k].sample_id);
+  if (k != tgt.size()) unknown();
   std::sort(runs.begin(), runs.end(), [](const reshard_run& a, const reshard_run& b) {
     return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
   });
