@@ -83,3 +83,27 @@ TEST_CASE("dispatch_tokens and gather_tokens refuse buffers smaller than the pla
   }
   CHECK(msg.find("run::gather_tokens: rank 0 passed a source buffer of 3 elements") != std::string::npos);
 }
+
+TEST_CASE("dispatch_tokens: a rank holding another plan is caught at the collective assertion level") {
+  if constexpr (!assertion_enabled(assertion_level::collective)) {
+    MESSAGE("built below the collective assertion level: plan agreement is not checked (test_run_exchange_heavy "
+            "runs this case)");
+  } else {
+    const std::vector<balance::token_source> src{{7, 0, 0, 10}, {9, 1, 0, 4}};
+    const auto a = balance::plan_token_dispatch(
+        2, src, std::vector<balance::llm_block>{{7, 1, {0, 6}, 0}, {7, 0, {6, 10}, 0}, {9, 0, {0, 4}, 4}});
+    const auto b = balance::plan_token_dispatch(
+        2, src, std::vector<balance::llm_block>{{7, 1, {0, 5}, 0}, {7, 0, {5, 10}, 0}, {9, 0, {0, 4}, 5}});
+    std::string msg;
+    try {
+      comm::loopback::run(2, [&](comm::loopback::communicator& c) {
+        const auto& plan = c.rank() == 0 ? a : b;
+        std::vector<int> s(16), t(16);
+        run::dispatch_tokens(c, plan, std::span<const int>(s), std::span<int>(t), 1);
+      });
+    } catch (const mismatch_error& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find("token dispatch plan hashes disagree") != std::string::npos);
+  }
+}
