@@ -48,7 +48,8 @@ static_assert(comm::host_communicator<comm::loopback::communicator&>);
 static_assert(!comm::device_communicator<comm::loopback::communicator>);
 static_assert(comm::host_communicator<comm::testing::p2p_only<comm::loopback::communicator>>);
 static_assert(comm::device_communicator<device_like> && !comm::host_communicator<device_like>);
-static_assert(comm::communicator<device_without_stream> && !comm::device_communicator<device_without_stream> &&
+static_assert(comm::communicator<device_without_stream> &&
+              !comm::device_communicator<device_without_stream> &&
               !comm::host_communicator<device_without_stream>);
 static_assert(comm::host_communicator<host_with_stream> && !comm::device_communicator<host_with_stream>);
 static_assert(!comm::host_communicator<int> && !comm::device_communicator<int>);

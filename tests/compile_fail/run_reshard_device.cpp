@@ -7,5 +7,6 @@
 int main() {
   compile_fail::test_communicator c;
   std::vector<float> src(4), dst(4);
-  hetmesh::run::reshard(c, hetmesh::balance::reshard_plan{}, std::span<const float>(src), std::span<float>(dst), 1);
+  hetmesh::run::reshard(c, hetmesh::balance::reshard_plan{}, std::span<const float>(src),
+                        std::span<float>(dst), 1);
 }

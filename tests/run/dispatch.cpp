@@ -22,7 +22,8 @@ TEST_CASE("token dispatch on loopback: exactly once and an exact inverse, over r
         CAPTURE(n);
         CAPTURE(kind);
         CAPTURE(seed);
-        comm::loopback::run(n, [&](comm::loopback::communicator& c) { runtest::dispatch_property(c, kind, seed); });
+        comm::loopback::run(
+            n, [&](comm::loopback::communicator& c) { runtest::dispatch_property(c, kind, seed); });
       }
 }
 
@@ -42,17 +43,18 @@ TEST_CASE("plan_token_dispatch: a token planned twice or never, an unknown seque
   CHECK(plan.tokens == 14);
   CHECK(plan.source_rows == std::vector<std::int64_t>{10, 4});
   CHECK(plan.target_rows == std::vector<std::int64_t>{8, 6});
-  CHECK(refusal({{7, 1, {0, 6}, 0}, {7, 0, {5, 10}, 0}, {9, 0, {0, 4}, 5}}).find(
-            "sequence 7 (length 10): [5,10) on rank 0; expected tokens from 6 next (token 5 is planned twice)") !=
+  CHECK(refusal({{7, 1, {0, 6}, 0}, {7, 0, {5, 10}, 0}, {9, 0, {0, 4}, 5}})
+            .find("sequence 7 (length 10): [5,10) on rank 0; expected tokens from 6 next (token 5 is planned "
+                  "twice)") != std::string::npos);
+  CHECK(refusal({{7, 1, {0, 6}, 0}, {7, 0, {7, 10}, 0}, {9, 0, {0, 4}, 4}})
+            .find("token 6 is planned on no rank") != std::string::npos);
+  CHECK(refusal({{7, 1, {0, 10}, 0}})
+            .find("sequence 9 (length 4, on rank 1): tokens [0, 4) are planned on no rank") !=
         std::string::npos);
-  CHECK(refusal({{7, 1, {0, 6}, 0}, {7, 0, {7, 10}, 0}, {9, 0, {0, 4}, 4}}).find("token 6 is planned on no rank") !=
-        std::string::npos);
-  CHECK(refusal({{7, 1, {0, 10}, 0}}).find("sequence 9 (length 4, on rank 1): tokens [0, 4) are planned on no rank") !=
-        std::string::npos);
-  CHECK(refusal({{7, 1, {0, 10}, 0}, {9, 0, {0, 4}, 0}, {8, 0, {0, 1}, 9}}).find(
-            "names sequence 8, which has no source") != std::string::npos);
-  CHECK(refusal({{7, 1, {0, 10}, 0}, {9, 1, {0, 4}, 8}}).find("target rows [0, 10) and [8, 12) overlap on rank 1") !=
-        std::string::npos);
+  CHECK(refusal({{7, 1, {0, 10}, 0}, {9, 0, {0, 4}, 0}, {8, 0, {0, 1}, 9}})
+            .find("names sequence 8, which has no source") != std::string::npos);
+  CHECK(refusal({{7, 1, {0, 10}, 0}, {9, 1, {0, 4}, 8}})
+            .find("target rows [0, 10) and [8, 12) overlap on rank 1") != std::string::npos);
   CHECK(refusal(good, 1).find("expected a rank in [0, 1)") != std::string::npos);
 }
 
@@ -63,15 +65,17 @@ TEST_CASE("dispatch_tokens and gather_tokens refuse buffers smaller than the pla
   std::string msg;
   try {
     comm::loopback::run(2, [&](comm::loopback::communicator& c) {
-      std::vector<int> s(40), t(static_cast<std::size_t>(plan.target_rows[static_cast<std::size_t>(c.rank())]) * 2);
+      std::vector<int> s(40),
+          t(static_cast<std::size_t>(plan.target_rows[static_cast<std::size_t>(c.rank())]) * 2);
       if (c.rank() == 1) t.resize(t.size() - 2);
       run::dispatch_tokens(c, plan, std::span<const int>(s), std::span<int>(t), 2);
     });
   } catch (const invalid_argument& e) {
     msg = e.what();
   }
-  CHECK(msg.find("run::dispatch_tokens: rank 1 passed a target buffer of 10 elements; expected a whole number of "
-                 "rows of 2 elements and at least 6 rows") != std::string::npos);
+  CHECK(msg.find(
+            "run::dispatch_tokens: rank 1 passed a target buffer of 10 elements; expected a whole number of "
+            "rows of 2 elements and at least 6 rows") != std::string::npos);
   msg.clear();
   try {
     comm::loopback::run(2, [&](comm::loopback::communicator& c) {
@@ -86,8 +90,9 @@ TEST_CASE("dispatch_tokens and gather_tokens refuse buffers smaller than the pla
 
 TEST_CASE("dispatch_tokens: a rank holding another plan is caught at the collective assertion level") {
   if constexpr (!assertion_enabled(assertion_level::collective)) {
-    MESSAGE("built below the collective assertion level: plan agreement is not checked (test_run_exchange_heavy "
-            "runs this case)");
+    MESSAGE(
+        "built below the collective assertion level: plan agreement is not checked (test_run_exchange_heavy "
+        "runs this case)");
   } else {
     const std::vector<balance::token_source> src{{7, 0, 0, 10}, {9, 1, 0, 4}};
     const auto a = balance::plan_token_dispatch(

@@ -27,7 +27,9 @@ namespace runtest {
 using namespace hetmesh;
 
 /// Verifiable integer of the keys, small enough that sums of 8 copies do not overflow.
-inline std::int64_t ival(std::initializer_list<std::uint64_t> k) { return static_cast<std::int64_t>(key_hash(k) >> 8); }
+inline std::int64_t ival(std::initializer_list<std::uint64_t> k) {
+  return static_cast<std::int64_t>(key_hash(k) >> 8);
+}
 
 /// Token counts of `total` tokens cut unevenly over d ranks (some may be empty), a pure function of seed.
 inline std::vector<std::int64_t> uneven_tokens(int d, std::int64_t total, std::uint64_t seed) {
@@ -46,7 +48,8 @@ inline std::vector<std::int64_t> uneven_tokens(int d, std::int64_t total, std::u
 /// where the plan says; to_sequence(first) inverts it bitwise; to_sequence(sum) gives each head times
 /// its number of replicas. Collective over c (c.size() == pol.degree).
 template <class C>
-void ulysses_movement(C& c, const seq::ulysses_policy& pol, std::span<const std::int64_t> tokens, std::uint64_t seed) {
+void ulysses_movement(C& c, const seq::ulysses_policy& pol, std::span<const std::int64_t> tokens,
+                      std::uint64_t seed) {
   const auto plan = seq::plan_ulysses(tokens, pol);
   const int me = c.rank();
   const auto d = static_cast<std::size_t>(c.size());
@@ -55,7 +58,8 @@ void ulysses_movement(C& c, const seq::ulysses_policy& pol, std::span<const std:
   const std::int64_t mine = tokens[static_cast<std::size_t>(me)], D = pol.head_dim;
   for (const auto part : {run::ulysses_part::query, run::ulysses_part::key_value}) {
     const bool q = part == run::ulysses_part::query;
-    const std::int64_t H = q ? pol.heads : pol.kv_heads, per = q ? plan.heads_per_rank : plan.kv_heads_per_rank;
+    const std::int64_t H = q ? pol.heads : pol.kv_heads,
+                       per = q ? plan.heads_per_rank : plan.kv_heads_per_rank;
     const auto& begin = q ? plan.q_head_begin : plan.kv_head_begin;
     auto val = [&](std::int64_t t, std::int64_t h, std::int64_t e) {
       return ival({seed, q ? 1u : 2u, static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(h),
@@ -64,14 +68,16 @@ void ulysses_movement(C& c, const seq::ulysses_policy& pol, std::span<const std:
     std::vector<std::int64_t> x(static_cast<std::size_t>(mine * H * D));
     for (std::int64_t t = 0; t < mine; ++t)
       for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t e = 0; e < D; ++e) x[static_cast<std::size_t>((t * H + h) * D + e)] = val(first + t, h, e);
+        for (std::int64_t e = 0; e < D; ++e)
+          x[static_cast<std::size_t>((t * H + h) * D + e)] = val(first + t, h, e);
     std::vector<std::int64_t> y(static_cast<std::size_t>(run::ulysses_head_size(plan, part)), -1);
     run::ulysses_to_heads(c, plan, part, std::span<const std::int64_t>(x), std::span<std::int64_t>(y));
     std::int64_t bad = 0;
     for (std::int64_t t = 0; t < plan.total_tokens; ++t)
       for (std::int64_t k = 0; k < per; ++k)
         for (std::int64_t e = 0; e < D; ++e)
-          bad += y[static_cast<std::size_t>((t * per + k) * D + e)] != val(t, begin[static_cast<std::size_t>(me)] + k, e);
+          bad += y[static_cast<std::size_t>((t * per + k) * D + e)] !=
+                 val(t, begin[static_cast<std::size_t>(me)] + k, e);
     CHECK_MESSAGE(bad == 0, "ulysses_to_heads misplaced ", bad, " elements on rank ", me);
     std::vector<std::int64_t> back(x.size(), -1), sum(x.size(), -1);
     run::ulysses_to_sequence(c, plan, part, std::span<const std::int64_t>(y), std::span<std::int64_t>(back));
@@ -108,8 +114,8 @@ void ulysses_attention(C& c, const seq::ulysses_policy& pol, std::span<const std
       meta.pos.push_back(t);
     }
   const auto T = static_cast<std::int64_t>(meta.doc.size());
-  const auto q = make_tensor(seed, T, H, D), k = make_tensor(seed + 1, T, Hkv, D), v = make_tensor(seed + 2, T, Hkv, D),
-             dout = make_tensor(seed + 3, T, H, D);
+  const auto q = make_tensor(seed, T, H, D), k = make_tensor(seed + 1, T, Hkv, D),
+             v = make_tensor(seed + 2, T, Hkv, D), dout = make_tensor(seed + 3, T, H, D);
   const auto ref = full_attention(q, k, v, meta, dout);
   const auto plan = seq::plan_ulysses(tokens, pol);
   const int me = c.rank();
@@ -132,16 +138,19 @@ void ulysses_attention(C& c, const seq::ulysses_policy& pol, std::span<const std
   std::vector<double> delta(lse.size());
   for (std::size_t i = 0; i < delta.size(); ++i) {
     double s = 0;
-    for (int e = 0; e < D; ++e) s += ldout.v[i * static_cast<std::size_t>(D) + static_cast<std::size_t>(e)] *
-                                      o[i * static_cast<std::size_t>(D) + static_cast<std::size_t>(e)];
+    for (int e = 0; e < D; ++e)
+      s += ldout.v[i * static_cast<std::size_t>(D) + static_cast<std::size_t>(e)] *
+           o[i * static_cast<std::size_t>(D) + static_cast<std::size_t>(e)];
     delta[i] = s;
   }
   tensor dq(T, hq, D), dk(T, hk, D), dv(T, hk, D);
   block_backward(lq, meta, 0, T, lk, lv, meta, 0, T, true, hm, lse, delta, ldout, 0, dq, 0, dk, dv, 0);
-  std::vector<double> out(static_cast<std::size_t>(run::ulysses_sequence_size(plan, run::ulysses_part::query, me)));
-  run::ulysses_to_sequence(c, plan, run::ulysses_part::query, std::span<const double>(o), std::span<double>(out));
-  const auto g = run::ulysses_grads_to_sequence(c, plan, std::span<const double>(dq.v), std::span<const double>(dk.v),
-                                                std::span<const double>(dv.v));
+  std::vector<double> out(
+      static_cast<std::size_t>(run::ulysses_sequence_size(plan, run::ulysses_part::query, me)));
+  run::ulysses_to_sequence(c, plan, run::ulysses_part::query, std::span<const double>(o),
+                           std::span<double>(out));
+  const auto g = run::ulysses_grads_to_sequence(c, plan, std::span<const double>(dq.v),
+                                                std::span<const double>(dk.v), std::span<const double>(dv.v));
   auto err = [&](const std::vector<double>& got, const tensor& want) {
     const auto s = slice(want);
     double num = 0, den = 0;
@@ -192,7 +201,11 @@ inline dispatch_case make_dispatch_case(int n, int kind, std::uint64_t seed) {
     at += s.length;
   }
   if (kind == 0) {
-    struct piece { std::int64_t id; seq::token_range tokens; int rank; };
+    struct piece {
+      std::int64_t id;
+      seq::token_range tokens;
+      int rank;
+    };
     std::vector<piece> pieces;
     for (const auto& s : dc.seqs) {
       std::int64_t b = 0;
@@ -232,12 +245,15 @@ std::int64_t dispatch_round_trip(C& c, const dispatch_case& dc, std::int64_t wid
   const int me = c.rank();
   const auto plan = balance::plan_token_dispatch(c.size(), dc.sources, dc.targets);
   const auto w = static_cast<std::size_t>(width);
-  std::vector<T> src(static_cast<std::size_t>(plan.source_rows[static_cast<std::size_t>(me)] + 1) * w, sentinel);
+  std::vector<T> src(static_cast<std::size_t>(plan.source_rows[static_cast<std::size_t>(me)] + 1) * w,
+                     sentinel);
   for (const auto& s : dc.sources)
     if (s.rank == me)
       for (std::int64_t t = 0; t < s.length; ++t)
-        for (std::size_t k = 0; k < w; ++k) src[static_cast<std::size_t>(s.offset + t) * w + k] = make(s.seq_id, t, k);
-  std::vector<T> dst(static_cast<std::size_t>(plan.target_rows[static_cast<std::size_t>(me)] + 1) * w, sentinel);
+        for (std::size_t k = 0; k < w; ++k)
+          src[static_cast<std::size_t>(s.offset + t) * w + k] = make(s.seq_id, t, k);
+  std::vector<T> dst(static_cast<std::size_t>(plan.target_rows[static_cast<std::size_t>(me)] + 1) * w,
+                     sentinel);
   run::dispatch_tokens(c, plan, std::span<const T>(src), std::span<T>(dst), width);
   std::vector<T> want(dst.size(), sentinel);
   std::int64_t received = 0;

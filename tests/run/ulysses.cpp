@@ -21,11 +21,11 @@ struct ulysses_case {
 };
 const ulysses_case cases[] = {
     {{.degree = 1, .heads = 2, .kv_heads = 1, .head_dim = 3}, 7},
-    {{.degree = 2, .heads = 4, .kv_heads = 4, .head_dim = 3}, 11},  // KV heads split
-    {{.degree = 4, .heads = 8, .kv_heads = 2, .head_dim = 2}, 13},  // GQA, each KV head on 2 ranks
-    {{.degree = 4, .heads = 4, .kv_heads = 1, .head_dim = 5}, 9},   // MQA: one KV head on every rank
-    {{.degree = 8, .heads = 16, .kv_heads = 8, .head_dim = 2}, 21}, // GQA with KV heads split
-    {{.degree = 8, .heads = 8, .kv_heads = 2, .head_dim = 2}, 5},   // fewer tokens than ranks
+    {{.degree = 2, .heads = 4, .kv_heads = 4, .head_dim = 3}, 11},   // KV heads split
+    {{.degree = 4, .heads = 8, .kv_heads = 2, .head_dim = 2}, 13},   // GQA, each KV head on 2 ranks
+    {{.degree = 4, .heads = 4, .kv_heads = 1, .head_dim = 5}, 9},    // MQA: one KV head on every rank
+    {{.degree = 8, .heads = 16, .kv_heads = 8, .head_dim = 2}, 21},  // GQA with KV heads split
+    {{.degree = 8, .heads = 8, .kv_heads = 2, .head_dim = 2}, 5},    // fewer tokens than ranks
 };
 }  // namespace
 
@@ -62,24 +62,28 @@ TEST_CASE("ulysses exchange: wrong sizes and a group of the wrong degree are ref
   std::string msg;
   try {
     comm::loopback::run(2, [&](comm::loopback::communicator& c) {
-      std::vector<double> x(static_cast<std::size_t>(run::ulysses_sequence_size(plan, run::ulysses_part::query,
-                                                                                 c.rank())) + 1),
+      std::vector<double> x(
+          static_cast<std::size_t>(run::ulysses_sequence_size(plan, run::ulysses_part::query, c.rank())) + 1),
           y(static_cast<std::size_t>(run::ulysses_head_size(plan, run::ulysses_part::query)));
-      run::ulysses_to_heads(c, plan, run::ulysses_part::query, std::span<const double>(x), std::span<double>(y));
+      run::ulysses_to_heads(c, plan, run::ulysses_part::query, std::span<const double>(x),
+                            std::span<double>(y));
     });
   } catch (const invalid_argument& e) {
     msg = e.what();
   }
-  CHECK(msg.find("run::ulysses_to_heads: rank 0 passed a sequence-sharded query-shaped tensor of 25 elements; "
-                 "expected 24") != std::string::npos);
+  CHECK(
+      msg.find("run::ulysses_to_heads: rank 0 passed a sequence-sharded query-shaped tensor of 25 elements; "
+               "expected 24") != std::string::npos);
   msg.clear();
   try {
     comm::loopback::run(3, [&](comm::loopback::communicator& c) {
       std::vector<double> x, y;
-      run::ulysses_to_sequence(c, plan, run::ulysses_part::key_value, std::span<const double>(x), std::span<double>(y));
+      run::ulysses_to_sequence(c, plan, run::ulysses_part::key_value, std::span<const double>(x),
+                               std::span<double>(y));
     });
   } catch (const invalid_argument& e) {
     msg = e.what();
   }
-  CHECK(msg.find("run::ulysses_to_sequence on group [0,1,2] rank 0/3: a group of 3 ranks") != std::string::npos);
+  CHECK(msg.find("run::ulysses_to_sequence on group [0,1,2] rank 0/3: a group of 3 ranks") !=
+        std::string::npos);
 }

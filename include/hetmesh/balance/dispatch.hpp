@@ -66,7 +66,8 @@ struct token_source {
   std::vector<llm_block> out;
   for (std::size_t r = 0; r < p.ranks.size(); ++r)
     for (const auto& ch : p.ranks[r].chunks)
-      out.push_back({seq_ids[static_cast<std::size_t>(ch.doc)], static_cast<int>(r), ch.positions, ch.local_offset});
+      out.push_back(
+          {seq_ids[static_cast<std::size_t>(ch.doc)], static_cast<int>(r), ch.positions, ch.local_offset});
   return out;
 }
 
@@ -124,7 +125,8 @@ struct dispatch_plan {
             "{}: {} rows [{}, {}) and [{}, {}) overlap on rank {}; expected each row of a rank's buffer "
             "used once",
             op, what, begin_of(v[reach]), end_of(v[reach]), begin_of(v[k]), end_of(v[k]), rank_of(v[k]));
-      if (reach == v.size() || rank_of(v[reach]) != rank_of(v[k]) || end_of(v[k]) > end_of(v[reach])) reach = k;
+      if (reach == v.size() || rank_of(v[reach]) != rank_of(v[k]) || end_of(v[k]) > end_of(v[reach]))
+        reach = k;
     }
   };
   overlap_check(
@@ -134,7 +136,8 @@ struct dispatch_plan {
     auto& rows = plan.source_rows[static_cast<std::size_t>(s.rank)];
     rows = std::max(rows, s.offset + s.length);
   }
-  std::sort(src.begin(), src.end(), [](const token_source& a, const token_source& b) { return a.seq_id < b.seq_id; });
+  std::sort(src.begin(), src.end(),
+            [](const token_source& a, const token_source& b) { return a.seq_id < b.seq_id; });
   for (std::size_t k = 1; k < src.size(); ++k)
     if (src[k].seq_id == src[k - 1].seq_id)
       throw_error<invalid_argument>("{}: sequence {} has two sources (ranks {} and {}); expected one owner",
@@ -143,7 +146,8 @@ struct dispatch_plan {
   for (const auto& t : tgt)
     if (t.rank < 0 || t.rank >= ranks || t.offset < 0 || t.tokens.begin < 0 || t.tokens.end < t.tokens.begin)
       throw_error<invalid_argument>(
-          "{}: target of sequence {} on rank {} (tokens {}, row {}) is malformed; expected a rank in [0, {}), "
+          "{}: target of sequence {} on rank {} (tokens {}, row {}) is malformed; expected a rank in [0, "
+          "{}), "
           "row >= 0 and 0 <= begin <= end",
           op, t.sample_id, t.rank, t.tokens, t.offset, ranks);
   overlap_check(
@@ -181,7 +185,8 @@ struct dispatch_plan {
     }
     if (covered != s.length)
       throw_error<invalid_argument>(
-          "{}: sequence {} (length {}, on rank {}): tokens [{}, {}) are planned on no rank; expected every token "
+          "{}: sequence {} (length {}, on rank {}): tokens [{}, {}) are planned on no rank; expected every "
+          "token "
           "planned once",
           op, s.seq_id, s.length, s.rank, covered, s.length);
     plan.tokens += s.length;
@@ -212,14 +217,17 @@ struct dispatch_plan {
 
 template <>
 struct fmt::formatter<hetmesh::balance::token_source> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::token_source& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "source(seq {} x {} on {}@{})", s.seq_id, s.length, s.rank, s.offset);
+  auto format(const hetmesh::balance::token_source& s, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "source(seq {} x {} on {}@{})", s.seq_id, s.length, s.rank,
+                              s.offset);
   }
 };
 
 template <>
 struct fmt::formatter<hetmesh::balance::dispatch_plan> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::balance::dispatch_plan& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::dispatch_plan& p, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "dispatch_plan(ranks={}, tokens={}, runs={})", p.ranks, p.tokens,
                               p.moves.runs.size());
   }

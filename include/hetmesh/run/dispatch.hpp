@@ -28,9 +28,10 @@ void check_dispatch_args(const C& c, const balance::dispatch_plan& plan, std::si
                          std::span<const std::int64_t> from_rows, const char* to_name,
                          std::span<const std::int64_t> to_rows) {
   if (c.size() != plan.ranks || width < 1)
-    throw_error<invalid_argument>("{} on {}: group of {} ranks, plan for {}, width {}; expected equal sizes and "
-                                  "width >= 1",
-                                  op, comm::describe(c), c.size(), plan.ranks, width);
+    throw_error<invalid_argument>(
+        "{} on {}: group of {} ranks, plan for {}, width {}; expected equal sizes and "
+        "width >= 1",
+        op, comm::describe(c), c.size(), plan.ranks, width);
   const auto me = static_cast<std::size_t>(c.rank());
   const auto w = static_cast<std::size_t>(width);
   auto check = [&](std::size_t got, std::int64_t rows, const char* name) {
@@ -54,13 +55,13 @@ void check_dispatch_args(const C& c, const balance::dispatch_plan& plan, std::si
 /// planned rank and row, bitwise; rows no token is planned to (pads) are untouched. Deterministic.
 /// Cost: O(rows * width) packing plus one all_to_all_v of the moved rows.
 template <comm::communicator C, class T>
-void dispatch_tokens(C& c, const balance::dispatch_plan& plan, std::span<const T> sources, std::span<T> targets,
-                     std::int64_t width) {
+void dispatch_tokens(C& c, const balance::dispatch_plan& plan, std::span<const T> sources,
+                     std::span<T> targets, std::int64_t width) {
   static_assert(comm::host_communicator<C>,
                 "run::dispatch_tokens packs token rows in host vectors: it needs a comm::host_communicator "
                 "(loopback, mpi), not a device communicator");
-  detail::check_dispatch_args(c, plan, sources.size(), targets.size(), width, "run::dispatch_tokens", "source",
-                              plan.source_rows, "target", plan.target_rows);
+  detail::check_dispatch_args(c, plan, sources.size(), targets.size(), width, "run::dispatch_tokens",
+                              "source", plan.source_rows, "target", plan.target_rows);
   assert_plan_agreement(c, plan, "token dispatch plan");
   detail::move_rows(c, plan.moves, sources, targets, width, "run::dispatch_tokens");
 }

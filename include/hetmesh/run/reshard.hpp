@@ -23,9 +23,10 @@ namespace hetmesh::run {
 template <comm::communicator C, class T>
 void reshard(C& c, const balance::reshard_plan& plan, std::span<const T> src, std::span<T> dst,
              std::int64_t width) {
-  static_assert(comm::host_communicator<C>,
-                "run::reshard packs rows in host vectors: it needs a comm::host_communicator (loopback, mpi), "
-                "not a device communicator");
+  static_assert(
+      comm::host_communicator<C>,
+      "run::reshard packs rows in host vectors: it needs a comm::host_communicator (loopback, mpi), "
+      "not a device communicator");
   if (c.size() != plan.ranks || width < 1)
     throw_error<invalid_argument>(
         "run::reshard: group of {} ranks, plan for {}, width {}; expected equal sizes "

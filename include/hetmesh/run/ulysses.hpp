@@ -44,8 +44,8 @@ enum class ulysses_combine : std::uint8_t {
 [[nodiscard]] inline std::int64_t ulysses_sequence_size(const seq::ulysses_plan& plan, ulysses_part part,
                                                         int rank) {
   const auto& p = plan.policy;
-  return plan.tokens.at(static_cast<std::size_t>(rank)) * (part == ulysses_part::query ? p.heads : p.kv_heads) *
-         p.head_dim;
+  return plan.tokens.at(static_cast<std::size_t>(rank)) *
+         (part == ulysses_part::query ? p.heads : p.kv_heads) * p.head_dim;
 }
 
 /// Elements of one tensor of `part` on any rank in head sharding: total_tokens x heads per rank x
@@ -58,10 +58,10 @@ enum class ulysses_combine : std::uint8_t {
 namespace detail {
 /// The plan's view of one part: heads in the sequence layout, heads per rank, first head of each rank.
 struct ulysses_shape {
-  std::int64_t heads = 0;              // heads of the tensor in the sequence layout
-  std::int64_t per = 0;                // heads per rank in the head layout
-  std::span<const int> begin;          // per rank: its first head
-  std::int64_t dim = 0;                // head_dim
+  std::int64_t heads = 0;      // heads of the tensor in the sequence layout
+  std::int64_t per = 0;        // heads per rank in the head layout
+  std::span<const int> begin;  // per rank: its first head
+  std::int64_t dim = 0;        // head_dim
 };
 
 inline ulysses_shape ulysses_shape_of(const seq::ulysses_plan& plan, ulysses_part part) {
@@ -82,13 +82,14 @@ void check_ulysses_args(const C& c, const seq::ulysses_plan& plan, ulysses_part 
   const auto want_head = ulysses_head_size(plan, part);
   if (seq_size != static_cast<std::size_t>(want_seq))
     throw_error<invalid_argument>(
-        "{}: rank {} passed a sequence-sharded {} tensor of {} elements; expected {} ({} tokens x {} heads x {})",
+        "{}: rank {} passed a sequence-sharded {} tensor of {} elements; expected {} ({} tokens x {} heads x "
+        "{})",
         op, c.rank(), what, seq_size, want_seq, plan.tokens[static_cast<std::size_t>(c.rank())],
         ulysses_shape_of(plan, part).heads, plan.policy.head_dim);
   if (head_size != static_cast<std::size_t>(want_head))
     throw_error<invalid_argument>(
-        "{}: rank {} passed a head-sharded {} tensor of {} elements; expected {} ({} tokens x {} heads x {})", op,
-        c.rank(), what, head_size, want_head, plan.total_tokens, ulysses_shape_of(plan, part).per,
+        "{}: rank {} passed a head-sharded {} tensor of {} elements; expected {} ({} tokens x {} heads x {})",
+        op, c.rank(), what, head_size, want_head, plan.total_tokens, ulysses_shape_of(plan, part).per,
         plan.policy.head_dim);
 }
 }  // namespace detail
@@ -136,13 +137,15 @@ void ulysses_to_heads(C& c, const seq::ulysses_plan& plan, ulysses_part part, st
 /// invalid_argument). ulysses_to_sequence(ulysses_to_heads(x), first) == x bitwise. Deterministic.
 /// Cost: one all_to_all_v plus O(tokens x H x head_dim x replication) unpacking.
 template <comm::communicator C, class T>
-void ulysses_to_sequence(C& c, const seq::ulysses_plan& plan, ulysses_part part, std::span<const T> head_local,
-                         std::span<T> seq_local, ulysses_combine combine = ulysses_combine::first) {
-  static_assert(comm::host_communicator<C>,
-                "run::ulysses_to_sequence unpacks heads from host vectors: it needs a comm::host_communicator "
-                "(loopback, mpi), not a device communicator");
+void ulysses_to_sequence(C& c, const seq::ulysses_plan& plan, ulysses_part part,
+                         std::span<const T> head_local, std::span<T> seq_local,
+                         ulysses_combine combine = ulysses_combine::first) {
+  static_assert(
+      comm::host_communicator<C>,
+      "run::ulysses_to_sequence unpacks heads from host vectors: it needs a comm::host_communicator "
+      "(loopback, mpi), not a device communicator");
   detail::check_ulysses_args(c, plan, part, seq_local.size(), head_local.size(), "run::ulysses_to_sequence");
-  constexpr bool addable = requires(T& a, const T& b) { a += b; };
+  constexpr bool addable = requires(T & a, const T& b) { a += b; };
   if (!addable && combine == ulysses_combine::sum)
     throw_error<invalid_argument>(
         "run::ulysses_to_sequence: combine sum needs an element type with +=; expected combine first");
@@ -159,8 +162,8 @@ void ulysses_to_sequence(C& c, const seq::ulysses_plan& plan, ulysses_part part,
   std::vector<T> recv(static_cast<std::size_t>(mine * block) * d);
   const auto sd = detail::prefix(sc), rd = detail::prefix(rc);
   detail::all_to_all_v_any(c, std::span<const T>(head_local), std::span<const std::int64_t>(sc),
-                           std::span<const std::int64_t>(sd), std::span<T>(recv), std::span<const std::int64_t>(rc),
-                           std::span<const std::int64_t>(rd));
+                           std::span<const std::int64_t>(sd), std::span<T>(recv),
+                           std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
   std::vector<char> written(static_cast<std::size_t>(sh.heads), 0);  // per head: a copy already landed
   auto in = recv.begin();
   for (std::size_t p = 0; p < d; ++p) {

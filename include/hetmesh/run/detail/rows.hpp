@@ -43,7 +43,8 @@ void all_to_all_v_any(C& c, std::span<const T> send, std::span<const std::int64_
       return out;
     };
     const auto bsc = scale(sc), bsd = scale(sd), brc = scale(rc), brd = scale(rd);
-    const std::span<const std::uint8_t> sb(reinterpret_cast<const std::uint8_t*>(send.data()), send.size_bytes());
+    const std::span<const std::uint8_t> sb(reinterpret_cast<const std::uint8_t*>(send.data()),
+                                           send.size_bytes());
     const std::span<std::uint8_t> rb(reinterpret_cast<std::uint8_t*>(recv.data()), recv.size_bytes());
     comm::all_to_all_v(c, sb, std::span<const std::int64_t>(bsc), std::span<const std::int64_t>(bsd), rb,
                        std::span<const std::int64_t>(brc), std::span<const std::int64_t>(brd));
@@ -72,7 +73,8 @@ void move_rows(C& c, const balance::reshard_plan& plan, std::span<const T> src, 
     const auto b = static_cast<std::size_t>(r.src_offset) * w, len = static_cast<std::size_t>(r.rows) * w;
     if (r.src_offset < 0 || b + len > src.size())
       throw_error<invalid_argument>(
-          "{}: rank {} reads rows [{}, {}) of its source buffer of {} rows; expected the buffer to hold every "
+          "{}: rank {} reads rows [{}, {}) of its source buffer of {} rows; expected the buffer to hold "
+          "every "
           "row the plan sends from it",
           op, me, r.src_offset, r.src_offset + r.rows, src.size() / w);
     send.insert(send.end(), src.begin() + static_cast<std::ptrdiff_t>(b),
@@ -80,8 +82,9 @@ void move_rows(C& c, const balance::reshard_plan& plan, std::span<const T> src, 
   }
   std::vector<T> recv(static_cast<std::size_t>(std::accumulate(rc.begin(), rc.end(), std::int64_t{0})));
   const auto sd = prefix(sc), rd = prefix(rc);
-  all_to_all_v_any(c, std::span<const T>(send), std::span<const std::int64_t>(sc), std::span<const std::int64_t>(sd),
-                   std::span<T>(recv), std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
+  all_to_all_v_any(c, std::span<const T>(send), std::span<const std::int64_t>(sc),
+                   std::span<const std::int64_t>(sd), std::span<T>(recv), std::span<const std::int64_t>(rc),
+                   std::span<const std::int64_t>(rd));
   // Runs into this rank arrive in the sender's packing order: plan order restricted to dst == me.
   std::vector<std::int64_t> cursor(rd);
   for (const auto& r : plan.runs) {
@@ -89,7 +92,8 @@ void move_rows(C& c, const balance::reshard_plan& plan, std::span<const T> src, 
     const auto b = static_cast<std::size_t>(r.dst_offset) * w, len = static_cast<std::size_t>(r.rows) * w;
     if (r.dst_offset < 0 || b + len > dst.size())
       throw_error<invalid_argument>(
-          "{}: rank {} writes rows [{}, {}) of its destination buffer of {} rows; expected the buffer to hold "
+          "{}: rank {} writes rows [{}, {}) of its destination buffer of {} rows; expected the buffer to "
+          "hold "
           "every row the plan sends to it",
           op, me, r.dst_offset, r.dst_offset + r.rows, dst.size() / w);
     auto& at = cursor[static_cast<std::size_t>(r.src)];
