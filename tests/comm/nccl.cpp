@@ -14,6 +14,7 @@
 #include <hetmesh/comm/nccl.hpp>
 #include <hetmesh/cuda/buffer.hpp>
 #include <hetmesh/cuda/half.hpp>
+#include <hetmesh/cuda/stream.hpp>
 
 #include "conformance.hpp"
 
@@ -166,6 +167,47 @@ TEST_CASE("nccl: a receive that is never matched ends in an error, not a hang") 
   }
   CHECK(raised);
   CHECK(std::chrono::steady_clock::now() - start < 30s);
+}
+
+static_assert(comm::device_communicator<nccl::communicator> && !comm::host_communicator<nccl::communicator>);
+
+TEST_CASE("nccl: set_stream, stream_scope and wait order operations after the user's work") {
+  auto c = nccl::communicator::single(0, quick());
+  CHECK(c.uses_own_stream());
+  hetmesh::cuda::stream user;
+  constexpr std::size_t n = std::size_t{1} << 24;  // 64 MiB of int: long enough to race if unordered
+  std::vector<int> host(n), back(n, -1);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<int>((i * 2654435761u) >> 3);
+  device_buffer<int> a(n), b(n);
+  SUBCASE("set_stream: a self send/recv enqueued on the user's stream reads the copy before it") {
+    a.copy_from(std::span<const int>(host), user.get());  // asynchronous on the user's stream
+    c.set_stream(user.get());
+    CHECK(c.stream() == user.get());
+    comm::group_p2p(c, {comm::send_op(std::span<const int>(a.span()), 0), comm::recv_op(b.span(), 0)});
+    c.synchronize();
+    c.reset_stream();
+    CHECK(c.stream() == c.own_stream());
+  }
+  SUBCASE("stream_scope: per-scope stream, restored after") {
+    a.copy_from(std::span<const int>(host), user.get());
+    {
+      nccl::stream_scope on(c, user.get());
+      CHECK(!c.uses_own_stream());
+      comm::group_p2p(c, {comm::send_op(std::span<const int>(a.span()), 0), comm::recv_op(b.span(), 0)});
+    }
+    CHECK(c.uses_own_stream());
+    user.synchronize();
+  }
+  SUBCASE("wait: the own stream waits on the user's event") {
+    a.copy_from(std::span<const int>(host), user.get());
+    hetmesh::cuda::event done;
+    done.record(user.get());
+    c.wait(done.get());
+    comm::group_p2p(c, {comm::send_op(std::span<const int>(a.span()), 0), comm::recv_op(b.span(), 0)});
+    c.synchronize();
+  }
+  b.copy_to(std::span<int>(back));
+  CHECK(back == host);
 }
 
 int main(int argc, char** argv) {

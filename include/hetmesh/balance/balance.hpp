@@ -3,6 +3,7 @@
 #pragma once
 
 #include "bytescale.hpp"
+#include "dispatch.hpp"
 #include "dp.hpp"
 #include "hdp_common.hpp"
 #include "model.hpp"

@@ -107,7 +107,7 @@ void all_gather_v(C& c, std::span<const T> send, std::span<T> recv,
 template <communicator C, element T>
 [[nodiscard]] std::vector<std::vector<T>> all_gather_vectors(C& c, std::span<const T> local) {
   static_assert(
-      std::remove_cvref_t<C>::memory == memory_space::host,
+      host_communicator<C>,
       "all_gather_vectors returns host vectors; on a device backend gather counts and call all_gather_v");
   const auto n = static_cast<std::size_t>(c.size());
   const std::int64_t mine = static_cast<std::int64_t>(local.size());

@@ -107,6 +107,38 @@ concept communicator = enable_communicator<std::remove_cvref_t<C>> &&
   { std::remove_cvref_t<C>::memory } -> std::convertible_to<memory_space>;
 };
 
+/// A communicator whose buffers are host memory: the CPU may read and write every span its operations
+/// take, and each operation has completed when it returns. Runtime pieces that pack, unpack or inspect
+/// buffers on the CPU (run::reshard, run::dispatch_tokens, the Ulysses exchange, ...) require it.
+/// Requirements:
+///  1. communicator<C>;
+///  2. `C::memory == memory_space::host`.
+/// Models: comm::loopback::communicator, comm::mpi::communicator (static_assert in their headers).
+template <class C>
+concept host_communicator = communicator<C> && (std::remove_cvref_t<C>::memory == memory_space::host);
+
+/// A communicator whose buffers are device memory and whose operations are stream-ordered: an
+/// operation returns once it is enqueued, and it runs after everything enqueued before it on the
+/// communicator's current stream. Requirements:
+///  1. communicator<C>;
+///  2. `C::memory == memory_space::device`;
+///  3. `typename C::stream_type`: the backend's stream handle (cudaStream_t for NCCL), copyable;
+///  4. `std::as_const(c).stream()` -> C::stream_type: the stream operations are enqueued on now;
+///  5. `c.set_stream(s)` with `s` a C::stream_type: later operations are enqueued on `s`, so they are
+///     ordered after the caller's own work on `s` (no extra synchronisation);
+///  6. `c.synchronize()`: returns when every operation enqueued so far has completed (bounded by the
+///     communicator's timeout).
+/// Models: comm::nccl::communicator (static_assert in nccl.hpp). comm/ does not include cuda/, so the
+/// stream type is the backend's, not a hetmesh::cuda type.
+template <class C>
+concept device_communicator =
+    communicator<C> && (std::remove_cvref_t<C>::memory == memory_space::device) &&
+    requires(C& c, typename std::remove_cvref_t<C>::stream_type s) {
+      { std::as_const(c).stream() } -> std::convertible_to<typename std::remove_cvref_t<C>::stream_type>;
+      c.set_stream(s);
+      c.synchronize();
+    };
+
 /// "group [0,2,4] rank 1/3": the group and caller as error messages print them. A group of more than
 /// 6 ranks prints its first 4 and last 2 members and its size ("group [0,1,2,3,...,16382,16383] of
 /// 16384 rank 1/16384"), so a message stays short on a large cluster. O(1) in the group size.

@@ -322,7 +322,7 @@ class communicator {
   std::chrono::milliseconds timeout_;
 };
 
-static_assert(comm::communicator<communicator>);
+static_assert(comm::host_communicator<communicator> && !comm::device_communicator<communicator>);
 
 /// Runs body(communicator&) on `nranks` threads, one per rank of a fresh world, and returns when all
 /// have finished. When a rank's body throws, every group of the world is aborted so the other ranks'

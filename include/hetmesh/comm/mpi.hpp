@@ -437,7 +437,7 @@ class communicator : public comm::detail::group_members {
   std::vector<MPI_Request> abandoned_;
 };
 
-static_assert(comm::communicator<communicator>);
+static_assert(comm::host_communicator<communicator> && !comm::device_communicator<communicator>);
 
 }  // namespace hetmesh::comm::mpi
 

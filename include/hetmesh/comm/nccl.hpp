@@ -2,8 +2,17 @@
 // hetmesh::comm::nccl: the NCCL backend (device memory, stream-ordered). Needs the hetmesh::nccl
 // CMake target (HETMESH_HAS_NCCL). Buffers are device spans (cuda::device_buffer::span()); for
 // `__half` / `__nv_bfloat16` elements include hetmesh/cuda/half.hpp (comm/ does not include cuda/). Every
-// operation is enqueued on the communicator's stream and returns without waiting; `synchronize()`
+// operation is enqueued on the communicator's current stream and returns without waiting; `synchronize()`
 // waits for it with a deadline.
+//
+// Ordering after the user's compute: by default a communicator enqueues on a stream of its own, which
+// knows nothing of the user's kernels. Either hand it the stream the compute runs on
+// (`c.set_stream(s)`, or `nccl::stream_scope scope(c, s);` for a few calls), so a collective starts
+// after the kernels enqueued before it on `s`; or keep the own stream and make it wait on an event
+// the user recorded after the compute (`c.wait(event)`, cudaStreamWaitEvent: no host block). Either
+// way nothing blocks the host; read results after `c.synchronize()` or by ordering later work on the
+// same stream. The watchdog's timeout runs from the moment a call is enqueued, so on a shared stream
+// it includes the user's work queued before that call.
 //
 // No hangs: communicators are created in NCCL's non-blocking mode and every call that reports
 // ncclInProgress is polled with a deadline. A watchdog thread polls ncclCommGetAsyncError and the
@@ -63,6 +72,8 @@ class communicator : public comm::detail::group_members {
   using is_communicator = void;
   /// Buffers are device memory.
   static constexpr memory_space memory = memory_space::device;
+  /// Operations are enqueued on a CUDA stream (device_communicator requirement 3).
+  using stream_type = cudaStream_t;
 
   /// Joins the communicator of `nranks` ranks identified by `id` as `rank`, on CUDA device `device`.
   /// Collective over the nranks processes (or threads); bounded by the timeout. `global_ranks` (one
@@ -96,7 +107,7 @@ class communicator : public comm::detail::group_members {
     if (this != &o) {
       release();
       s_ = std::move(o.s_), rank_ = o.rank_, ranks_ = std::move(o.ranks_), opt_ = o.opt_,
-      scratch_ = std::move(o.scratch_);
+      scratch_ = std::move(o.scratch_), user_stream_ = o.user_stream_, has_user_stream_ = o.has_user_stream_;
     }
     return *this;
   }
@@ -104,8 +115,34 @@ class communicator : public comm::detail::group_members {
 
   /// The native ncclComm_t, for NCCL calls hetmesh does not wrap.
   [[nodiscard]] ncclComm_t native() const noexcept { return s_->comm; }
-  /// The stream this communicator's operations are enqueued on; order user kernels against it.
-  [[nodiscard]] cudaStream_t stream() const noexcept { return s_->owned_stream.get(); }
+  /// The stream this communicator's operations are enqueued on now: the one set_stream chose, else
+  /// its own (own_stream()). Order user kernels against it.
+  [[nodiscard]] cudaStream_t stream() const noexcept {
+    return has_user_stream_ ? user_stream_ : s_->owned_stream.get();
+  }
+  /// The non-blocking stream created with the communicator, whatever set_stream chose.
+  [[nodiscard]] cudaStream_t own_stream() const noexcept { return s_->owned_stream.get(); }
+  /// Enqueues every later operation of this handle on the caller's stream `s` (a stream of device(),
+  /// or 0 for the legacy default stream), so each runs after the work enqueued on `s` before it: a
+  /// gradient all_reduce issued after the backward kernels on `s` reads finished gradients. Local, not
+  /// collective; the caller keeps `s` alive while work of this communicator is pending on it (until
+  /// synchronize() or reset_stream() after it). Cost: O(1), no CUDA call.
+  void set_stream(cudaStream_t s) {
+    usable("set_stream");
+    user_stream_ = s, has_user_stream_ = true;
+  }
+  /// Whether operations go to own_stream() (no set_stream in effect).
+  [[nodiscard]] bool uses_own_stream() const noexcept { return !has_user_stream_; }
+  /// Back to own_stream() for later operations. Local; O(1).
+  void reset_stream() noexcept { has_user_stream_ = false, user_stream_ = nullptr; }
+  /// Makes the current stream wait, on the device, for the user's event `e` (cudaStreamWaitEvent):
+  /// operations enqueued after this call start once the work `e` recorded has completed. The host is
+  /// not blocked. Pre: `e` was recorded (cudaEventRecord) on a stream of device(). Local; O(1).
+  void wait(cudaEvent_t e) {
+    usable("wait");
+    detail::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice", where("wait"));
+    detail::check_cuda(cudaStreamWaitEvent(stream(), e, 0), "cudaStreamWaitEvent", where("wait"));
+  }
   /// The CUDA device the communicator was created on.
   [[nodiscard]] int device() const noexcept { return s_->device; }
 
@@ -320,9 +357,37 @@ class communicator : public comm::detail::group_members {
   std::shared_ptr<detail::state> s_;
   options opt_;
   detail::device_array<int> scratch_;
+  cudaStream_t user_stream_ = nullptr;  // set_stream's stream, when has_user_stream_
+  bool has_user_stream_ = false;
 };
 
-static_assert(comm::communicator<communicator>);
+static_assert(comm::device_communicator<communicator> && !comm::host_communicator<communicator>);
+
+/// Enqueues a communicator's operations on the caller's stream for one scope, then restores the stream
+/// it had: `{ nccl::stream_scope on(c, compute); comm::all_reduce(c, grads, reduce_op::sum); }` orders
+/// the all-reduce after the kernels already on `compute`. Not copyable or movable; the communicator
+/// must outlive it.
+class stream_scope {
+ public:
+  /// c.set_stream(s) until the end of the scope.
+  stream_scope(communicator& c, cudaStream_t s) : c_(c), had_(!c.uses_own_stream()), prev_(c.stream()) {
+    c_.set_stream(s);
+  }
+  stream_scope(const stream_scope&) = delete;
+  stream_scope& operator=(const stream_scope&) = delete;
+  /// Restores the stream the communicator had before the scope.
+  ~stream_scope() {
+    if (had_)
+      c_.set_stream(prev_);
+    else
+      c_.reset_stream();
+  }
+
+ private:
+  communicator& c_;
+  bool had_;
+  cudaStream_t prev_;
+};
 
 }  // namespace hetmesh::comm::nccl
 

@@ -47,6 +47,9 @@ namespace hetmesh::run {
 /// all-gather of 8 bytes per rank plus hashing the plan.
 template <comm::communicator C, class Plan>
 void check_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan") {
+  static_assert(comm::host_communicator<C>,
+                "run::check_plan_agreement gathers hashes into a host vector: it needs a "
+                "comm::host_communicator (loopback, mpi), not a device communicator");
   const std::uint64_t mine = plan_hash(plan);
   std::vector<std::uint64_t> all(static_cast<std::size_t>(c.size()));
   comm::all_gather(c, std::span<const std::uint64_t>(&mine, 1), std::span<std::uint64_t>(all));
@@ -73,6 +76,9 @@ void check_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan"
 /// production builds pay no all-gather per plan. Same contract when enabled.
 template <comm::communicator C, class Plan>
 void assert_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan") {
+  static_assert(comm::host_communicator<C>,
+                "run::assert_plan_agreement gathers hashes into a host vector: it needs a "
+                "comm::host_communicator (loopback, mpi), not a device communicator");
   if constexpr (assertion_enabled(assertion_level::collective)) check_plan_agreement(c, plan, what);
 }
 

@@ -34,8 +34,11 @@ inline constexpr int service_bytes_tag = 0x5d2;
 /// from `batch` (loaded with serve_dp = data::served_by(...)) and sends them to the indices' loading ranks.
 /// Point-to-point with those loading ranks, which call receive_step for the same step. Pre: this rank is
 /// a host of data::service_layout_of(cfg.layout, world.size()). Cost O(bytes served).
-template <class C>
+template <comm::communicator C>
 void serve_step(C& world, const data::mixture_config& cfg, const data::step_batch& batch) {
+  static_assert(comm::host_communicator<C>,
+                "run::serve_step sends host vectors: it needs a comm::host_communicator (loopback, mpi), "
+                "not a device communicator");
   const auto sl = data::service_layout_of(cfg.layout, world.size());
   if (!sl.is_host(world.rank()))
     throw_error<invalid_argument>(
@@ -72,9 +75,12 @@ void serve_step(C& world, const data::mixture_config& cfg, const data::step_batc
 /// delivery group. Throws mismatch_error when the host sends another step (the two sides are out of
 /// step), data_error for a message of another protocol, and the backend's timeout_error when the host
 /// never sends.
-template <class C>
+template <comm::communicator C>
 [[nodiscard]] std::vector<data::packed_micro_batch> receive_step(C& world, const data::mixture_config& cfg,
                                                                  std::int64_t step) {
+  static_assert(comm::host_communicator<C>,
+                "run::receive_step receives into host vectors: it needs a comm::host_communicator (loopback, "
+                "mpi), not a device communicator");
   const auto sl = data::service_layout_of(cfg.layout, world.size());
   const int me = world.rank();
   if (sl.is_host(me))

@@ -22,9 +22,12 @@ namespace hetmesh::run {
 /// Broadcasts micro-batches from `root` over `group`. Collective over `group`: every member calls it with
 /// the same root; only the root's `mine` is read. Returns the root's micro-batches on every member.
 /// Three broadcasts (count, sizes, bytes); cost O(bytes) per member.
-template <class C>
+template <comm::communicator C>
 [[nodiscard]] std::vector<data::packed_micro_batch> broadcast_micro_batches(
     C& group, const std::vector<data::packed_micro_batch>& mine, int root) {
+  static_assert(comm::host_communicator<C>,
+                "run::broadcast_micro_batches broadcasts host vectors: it needs a comm::host_communicator "
+                "(loopback, mpi), not a device communicator");
   data::wire_micro_batches w;
   if (group.rank() == root) w = data::to_wire(mine);
   std::int64_t count[2] = {static_cast<std::int64_t>(w.sizes.size()),
@@ -41,9 +44,12 @@ template <class C>
 /// `batch` is the step's batch and must be non-null on loading ranks (it is not read elsewhere). Collective
 /// over each delivery group (the group's communicator is made from `world`); ranks in no group (middle
 /// pipeline stages) return an empty list without communicating.
-template <class C>
+template <comm::communicator C>
 [[nodiscard]] std::vector<data::packed_micro_batch> deliver(C& world, const data::mixture_config& cfg,
                                                             const data::step_batch* batch) {
+  static_assert(comm::host_communicator<C>,
+                "run::deliver moves micro-batches in host vectors: it needs a comm::host_communicator "
+                "(loopback, mpi), not a device communicator");
   const auto& t = cfg.layout;
   if (world.size() != t.world())
     throw_error<invalid_argument>(

@@ -98,6 +98,9 @@ template <comm::communicator C, class T>
 [[nodiscard]] reorder_result<T> grouped_reorder(C& c, std::span<const balance::sample_meta> local,
                                                 std::span<const parcel<T>> parcels,
                                                 const balance::reorder_policy& policy = {}) {
+  static_assert(comm::host_communicator<C>,
+                "run::grouped_reorder moves parcels through host vectors: it needs a comm::host_communicator "
+                "(loopback, mpi), not a device communicator");
   const int me = c.rank();
   const auto n = static_cast<std::size_t>(c.size());
   const auto wire = encode_meta(local);

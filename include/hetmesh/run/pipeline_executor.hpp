@@ -94,6 +94,9 @@ template <comm::communicator C, class T>
 void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T>& fn,
                       const activation_sizes& sizes,
                       std::vector<pipeline::timed_action>* timeline = nullptr) {
+  static_assert(comm::host_communicator<C>,
+                "run::execute_pipeline keeps activations in host vectors: it needs a comm::host_communicator "
+                "(loopback, mpi), not a device communicator");
   const int rank = c.rank();
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };

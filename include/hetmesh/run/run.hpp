@@ -7,6 +7,8 @@
 #include "agreement.hpp"
 #include "data_service.hpp"
 #include "delivery.hpp"
+#include "dispatch.hpp"
 #include "grouped_reorder.hpp"
 #include "pipeline_executor.hpp"
 #include "reshard.hpp"
+#include "ulysses.hpp"

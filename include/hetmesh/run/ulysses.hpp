@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::run: the Ulysses all-to-all exchange (DeepSpeed-Ulysses), the executor of a
+// seq::ulysses_plan (seq/ulysses.hpp). Around attention, each of the d ranks of the group swaps
+//   sequence sharding  [its tokens][all heads][head_dim]
+//   head sharding      [every token of the group][its heads][head_dim]
+// with one all_to_all_v per tensor, and swaps back after it. Tokens of the head-sharded layout are
+// the ranks' tokens in rank order (rank 0's first), so when rank r holds the r-th consecutive slice
+// of a stream, the head-sharded tensor is that stream in order.
+//
+// Query-shaped tensors (q, the attention output, dq, dout) have `heads` heads, each owned by exactly
+// one rank after the swap. Key/value-shaped tensors (k, v, dk, dv) have `kv_heads`; with GQA and
+// kv_heads < d every KV head is replicated to the d / kv_heads ranks whose query heads read it, as the
+// plan says. Going back, a replicated head arrives once per replica: values are identical (take the
+// first), gradients are partial sums (add them, in rank order, so the result is deterministic).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../comm/collectives.hpp"
+#include "../core/error.hpp"
+#include "../seq/ulysses.hpp"
+#include "agreement.hpp"
+#include "detail/rows.hpp"
+
+namespace hetmesh::run {
+
+/// Which head count a tensor has: query-shaped (heads) or key/value-shaped (kv_heads).
+enum class ulysses_part : std::uint8_t {
+  query,     ///< q, attention output, dq, dout: `heads` heads, one owner each
+  key_value  ///< k, v, dk, dv: `kv_heads` heads, replicated to several ranks when kv_heads < degree
+};
+
+/// How ulysses_to_sequence combines the copies of a replicated KV head (query heads have one copy).
+enum class ulysses_combine : std::uint8_t {
+  first,  ///< keep the copy of the lowest rank (values: the copies are equal)
+  sum     ///< add the copies in rank order (gradients: each copy holds one rank's partial sum)
+};
+
+/// Elements of one tensor of `part` on `rank` in sequence sharding: tokens[rank] x heads x head_dim.
+/// Pure; O(1).
+[[nodiscard]] inline std::int64_t ulysses_sequence_size(const seq::ulysses_plan& plan, ulysses_part part,
+                                                        int rank) {
+  const auto& p = plan.policy;
+  return plan.tokens.at(static_cast<std::size_t>(rank)) *
+         (part == ulysses_part::query ? p.heads : p.kv_heads) * p.head_dim;
+}
+
+/// Elements of one tensor of `part` on any rank in head sharding: total_tokens x heads per rank x
+/// head_dim. Pure; O(1).
+[[nodiscard]] inline std::int64_t ulysses_head_size(const seq::ulysses_plan& plan, ulysses_part part) {
+  return plan.total_tokens * (part == ulysses_part::query ? plan.heads_per_rank : plan.kv_heads_per_rank) *
+         plan.policy.head_dim;
+}
+
+namespace detail {
+/// The plan's view of one part: heads in the sequence layout, heads per rank, first head of each rank.
+struct ulysses_shape {
+  std::int64_t heads = 0;      // heads of the tensor in the sequence layout
+  std::int64_t per = 0;        // heads per rank in the head layout
+  std::span<const int> begin;  // per rank: its first head
+  std::int64_t dim = 0;        // head_dim
+};
+
+inline ulysses_shape ulysses_shape_of(const seq::ulysses_plan& plan, ulysses_part part) {
+  const bool q = part == ulysses_part::query;
+  return {q ? plan.policy.heads : plan.policy.kv_heads, q ? plan.heads_per_rank : plan.kv_heads_per_rank,
+          q ? std::span<const int>(plan.q_head_begin) : std::span<const int>(plan.kv_head_begin),
+          plan.policy.head_dim};
+}
+
+template <comm::host_communicator C>
+void check_ulysses_args(const C& c, const seq::ulysses_plan& plan, ulysses_part part, std::size_t seq_size,
+                        std::size_t head_size, const char* op) {
+  if (c.size() != plan.policy.degree || plan.tokens.size() != static_cast<std::size_t>(c.size()))
+    throw_error<invalid_argument>("{} on {}: a group of {} ranks for {}; expected the plan's degree", op,
+                                  comm::describe(c), c.size(), plan.policy);
+  const char* what = part == ulysses_part::query ? "query-shaped" : "key/value-shaped";
+  const auto want_seq = ulysses_sequence_size(plan, part, c.rank());
+  const auto want_head = ulysses_head_size(plan, part);
+  if (seq_size != static_cast<std::size_t>(want_seq))
+    throw_error<invalid_argument>(
+        "{}: rank {} passed a sequence-sharded {} tensor of {} elements; expected {} ({} tokens x {} heads x "
+        "{})",
+        op, c.rank(), what, seq_size, want_seq, plan.tokens[static_cast<std::size_t>(c.rank())],
+        ulysses_shape_of(plan, part).heads, plan.policy.head_dim);
+  if (head_size != static_cast<std::size_t>(want_head))
+    throw_error<invalid_argument>(
+        "{}: rank {} passed a head-sharded {} tensor of {} elements; expected {} ({} tokens x {} heads x {})",
+        op, c.rank(), what, head_size, want_head, plan.total_tokens, ulysses_shape_of(plan, part).per,
+        plan.policy.head_dim);
+}
+}  // namespace detail
+
+/// Sequence sharding to head sharding for one tensor. Collective over `c`, the plan's group in rank
+/// order (c.size() == plan.policy.degree); every rank passes the same plan (checked at the collective
+/// assertion level) and the same part. `seq_local`: this rank's [tokens[rank]][H][head_dim] (H = heads
+/// or kv_heads by `part`); `head_local`: receives [total_tokens][per][head_dim], the heads
+/// [begin[rank], begin[rank] + per) of every token of the group, sources in rank order. Pre: sizes as
+/// stated (invalid_argument naming the op, rank and expected shape). Post: bitwise copies; a replicated
+/// KV head lands on each of its ranks. Deterministic. Cost: O(tokens x H x head_dim) packing on each rank
+/// plus one all_to_all_v.
+template <comm::communicator C, class T>
+void ulysses_to_heads(C& c, const seq::ulysses_plan& plan, ulysses_part part, std::span<const T> seq_local,
+                      std::span<T> head_local) {
+  static_assert(comm::host_communicator<C>,
+                "run::ulysses_to_heads packs heads in host vectors: it needs a comm::host_communicator "
+                "(loopback, mpi), not a device communicator");
+  detail::check_ulysses_args(c, plan, part, seq_local.size(), head_local.size(), "run::ulysses_to_heads");
+  assert_plan_agreement(c, plan, "ulysses plan");
+  const auto sh = detail::ulysses_shape_of(plan, part);
+  const auto d = static_cast<std::size_t>(c.size());
+  const auto me = static_cast<std::size_t>(c.rank());
+  const std::int64_t mine = plan.tokens[me], block = sh.per * sh.dim, row = sh.heads * sh.dim;
+  std::vector<T> send(static_cast<std::size_t>(mine * block) * d);
+  std::vector<std::int64_t> sc(d), rc(d);
+  auto out = send.begin();
+  for (std::size_t p = 0; p < d; ++p) {
+    sc[p] = mine * block;
+    rc[p] = plan.tokens[p] * block;
+    for (std::int64_t t = 0; t < mine; ++t)
+      out = std::copy_n(seq_local.begin() + t * row + sh.begin[p] * sh.dim, block, out);
+  }
+  const auto sd = detail::prefix(sc), rd = detail::prefix(rc);
+  detail::all_to_all_v_any(c, std::span<const T>(send), std::span<const std::int64_t>(sc),
+                           std::span<const std::int64_t>(sd), head_local, std::span<const std::int64_t>(rc),
+                           std::span<const std::int64_t>(rd));
+}
+
+/// Head sharding back to sequence sharding for one tensor: the inverse of ulysses_to_heads (the
+/// attention output and dq with part query; dk, dv with part key_value and combine sum). Collective over
+/// `c`, same preconditions with the buffers' roles swapped. Post: every head of every token of
+/// `seq_local` is written: from its one owner, or for a replicated KV head from the lowest rank
+/// holding it (first) or the sum of all its copies in rank order (sum; T must support +=, else
+/// invalid_argument). ulysses_to_sequence(ulysses_to_heads(x), first) == x bitwise. Deterministic.
+/// Cost: one all_to_all_v plus O(tokens x H x head_dim x replication) unpacking.
+template <comm::communicator C, class T>
+void ulysses_to_sequence(C& c, const seq::ulysses_plan& plan, ulysses_part part,
+                         std::span<const T> head_local, std::span<T> seq_local,
+                         ulysses_combine combine = ulysses_combine::first) {
+  static_assert(
+      comm::host_communicator<C>,
+      "run::ulysses_to_sequence unpacks heads from host vectors: it needs a comm::host_communicator "
+      "(loopback, mpi), not a device communicator");
+  detail::check_ulysses_args(c, plan, part, seq_local.size(), head_local.size(), "run::ulysses_to_sequence");
+  constexpr bool addable = requires(T & a, const T& b) { a += b; };
+  if (!addable && combine == ulysses_combine::sum)
+    throw_error<invalid_argument>(
+        "run::ulysses_to_sequence: combine sum needs an element type with +=; expected combine first");
+  assert_plan_agreement(c, plan, "ulysses plan");
+  const auto sh = detail::ulysses_shape_of(plan, part);
+  const auto d = static_cast<std::size_t>(c.size());
+  const auto me = static_cast<std::size_t>(c.rank());
+  const std::int64_t mine = plan.tokens[me], block = sh.per * sh.dim, row = sh.heads * sh.dim;
+  std::vector<std::int64_t> sc(d), rc(d);
+  for (std::size_t p = 0; p < d; ++p) {
+    sc[p] = plan.tokens[p] * block;
+    rc[p] = mine * block;
+  }
+  std::vector<T> recv(static_cast<std::size_t>(mine * block) * d);
+  const auto sd = detail::prefix(sc), rd = detail::prefix(rc);
+  detail::all_to_all_v_any(c, std::span<const T>(head_local), std::span<const std::int64_t>(sc),
+                           std::span<const std::int64_t>(sd), std::span<T>(recv),
+                           std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
+  std::vector<char> written(static_cast<std::size_t>(sh.heads), 0);  // per head: a copy already landed
+  auto in = recv.begin();
+  for (std::size_t p = 0; p < d; ++p) {
+    const auto h0 = static_cast<std::size_t>(sh.begin[p]);
+    const bool again = written[h0] != 0;  // heads of one rank are replicated together or not at all
+    for (std::int64_t k = 0; k < sh.per; ++k) written[h0 + static_cast<std::size_t>(k)] = 1;
+    if (again && combine == ulysses_combine::first) {
+      in += mine * block;
+      continue;
+    }
+    for (std::int64_t t = 0; t < mine; ++t) {
+      auto to = seq_local.begin() + t * row + sh.begin[p] * sh.dim;
+      if (again) {
+        if constexpr (addable)
+          for (std::int64_t e = 0; e < block; ++e) to[e] += in[e];
+      } else {
+        std::copy_n(in, block, to);
+      }
+      in += block;
+    }
+  }
+}
+
+/// The three inputs of attention in head sharding (ulysses_qkv_to_heads).
+template <class T>
+struct ulysses_qkv {
+  std::vector<T> q;  ///< [total_tokens][heads_per_rank][head_dim]
+  std::vector<T> k;  ///< [total_tokens][kv_heads_per_rank][head_dim]
+  std::vector<T> v;  ///< [total_tokens][kv_heads_per_rank][head_dim]
+};
+
+/// q, k and v of this rank (sequence sharding) to head sharding: three ulysses_to_heads. Collective
+/// over `c`; same contract; returns freshly sized host vectors. Cost: three all_to_all_v.
+template <comm::communicator C, class T>
+[[nodiscard]] ulysses_qkv<T> ulysses_qkv_to_heads(C& c, const seq::ulysses_plan& plan, std::span<const T> q,
+                                                  std::span<const T> k, std::span<const T> v) {
+  ulysses_qkv<T> out;
+  out.q.resize(static_cast<std::size_t>(ulysses_head_size(plan, ulysses_part::query)));
+  out.k.resize(static_cast<std::size_t>(ulysses_head_size(plan, ulysses_part::key_value)));
+  out.v.resize(out.k.size());
+  ulysses_to_heads(c, plan, ulysses_part::query, q, std::span<T>(out.q));
+  ulysses_to_heads(c, plan, ulysses_part::key_value, k, std::span<T>(out.k));
+  ulysses_to_heads(c, plan, ulysses_part::key_value, v, std::span<T>(out.v));
+  return out;
+}
+
+/// Gradients dq, dk, dv of attention (head sharding) back to this rank's tokens (sequence sharding):
+/// dq as a query-shaped tensor, dk and dv summed over the replicas of each KV head. Collective over
+/// `c`; returns {dq, dk, dv} sized [tokens[rank]][heads or kv_heads][head_dim]. Cost: three
+/// all_to_all_v.
+template <comm::communicator C, class T>
+[[nodiscard]] ulysses_qkv<T> ulysses_grads_to_sequence(C& c, const seq::ulysses_plan& plan,
+                                                       std::span<const T> dq, std::span<const T> dk,
+                                                       std::span<const T> dv) {
+  ulysses_qkv<T> out;
+  out.q.resize(static_cast<std::size_t>(ulysses_sequence_size(plan, ulysses_part::query, c.rank())));
+  out.k.resize(static_cast<std::size_t>(ulysses_sequence_size(plan, ulysses_part::key_value, c.rank())));
+  out.v.resize(out.k.size());
+  ulysses_to_sequence(c, plan, ulysses_part::query, dq, std::span<T>(out.q));
+  ulysses_to_sequence(c, plan, ulysses_part::key_value, dk, std::span<T>(out.k), ulysses_combine::sum);
+  ulysses_to_sequence(c, plan, ulysses_part::key_value, dv, std::span<T>(out.v), ulysses_combine::sum);
+  return out;
+}
+
+}  // namespace hetmesh::run
