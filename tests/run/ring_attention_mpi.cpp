@@ -18,7 +18,8 @@ comm::mpi::communicator world() {
 }
 
 void check(const verdict& v, double tol, std::int64_t rows, const char* what) {
-  MESSAGE(std::string(what) + ": " + v.describe());
+  const std::string msg = std::string(what) + ": " + v.describe();
+  MESSAGE(msg);
   CHECK(v.worst() <= tol);
   CHECK(v.rows == rows);
   CHECK(v.bad_calls == 0);
