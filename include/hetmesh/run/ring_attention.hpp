@@ -261,31 +261,9 @@ void check_size(std::size_t got, std::size_t want, const char* what, const char*
     throw_error<invalid_argument>("{}: {} has {} elements; expected {}", who, what, got, want);
 }
 
-}  // namespace detail
-
-/// Ring attention forward at the caller's position of ring `s`, on the parent communicator `c`.
-/// Requires: C is a host communicator and K a model::attention_kernel<K, T> (static_assert).
-/// Pre: every rank of s.ring calls it with the same schedule (checked between neighbours at the
-/// `collective` assertion level), ranks of s.ring are ranks of `c`, and this rank is one of them;
-/// `in` holds this position's tokens in the schedule's local order; out and lse are sized
-/// [tokens][q_heads][head_dim] and [tokens][q_heads] (invalid_argument otherwise).
-/// Post: out and lse hold the attention of the local queries over every key of the ring they see (per
-/// document, causal), merged across blocks; rows that see no key get lse = -infinity and out = 0.
-/// Collective over the ranks of s.ring only (other ranks of `c` do not take part; rings on disjoint
-/// ranks may run at once). A ring of one rank only runs the kernel. Errors (hetmesh::error) carry
-/// the ring, the position and the step. Deterministic for a deterministic kernel. Cost: the kernel on
-/// every pair of the schedule, one merge per pair (O(rows * head_dim)), and D-1 hops each sending and
-/// receiving one KV (2 * tokens * kv_heads * head_dim elements); two KV buffers of scratch.
-template <comm::communicator C, class K, class T>
-void ring_attention_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in,
-                            std::span<T> out, std::span<T> lse, const ring_attention_options& opt = {}) {
-  static_assert(detail::host_memory<C>,
-                "run::ring_attention_forward stages buffers in host memory: pass a host communicator "
-                "(loopback, mpi); the device path (NCCL, cuda/ buffers) is not implemented yet");
-  static_assert(model::attention_kernel<K, T>,
-                "run::ring_attention_forward: K must model model::attention_kernel<K, T>: "
-                "k.forward(const attention_block<T>&, attention_forward_out<T>) and "
-                "k.backward(const attention_block<T>&, attention_backward_io<T>)");
+template <class C, class K, class T>
+void ring_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in, std::span<T> out,
+                  std::span<T> lse, const ring_attention_options& opt) {
   constexpr const char* who = "run::ring_attention_forward";
   const auto x = detail::make_ctx(c, s, in, opt, who);
   const std::size_t n = x.tokens(x.p);
@@ -334,29 +312,10 @@ void ring_attention_forward(C& c, const seq::ring_schedule& s, K& kernel, const 
   }
 }
 
-/// Ring attention backward at the caller's position of ring `s`, on the parent communicator `c`:
-/// given the forward's inputs, its merged out and lse, and dout, writes dq, dk and dv of the local
-/// tokens. The KV travels the ring again with dK/dV accumulators; after the last step each
-/// accumulator makes one more hop, to its owner.
-/// Requires: as ring_attention_forward. Pre: as ring_attention_forward, with out, lse from it (or an
-/// equal computation) and dout, dq sized like q and dk, dv like k (invalid_argument otherwise).
-/// Post: dq, dk, dv hold the gradients of sum(dout * out) with respect to the local q, k, v over the
-/// whole ring (overwritten, not accumulated). Collective over the ranks of s.ring only. Errors carry
-/// the ring, the position and the step. Deterministic for a deterministic kernel. Cost: the kernel's
-/// backward on every pair; D-1 hops of KV plus dK/dV (4 * tokens * kv_heads * head_dim elements each
-/// way) and one last hop of dK/dV; four KV-sized buffers of scratch.
-template <comm::communicator C, class K, class T>
-void ring_attention_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in,
-                             std::span<const T> out, std::span<const T> lse, std::span<const T> dout,
-                             std::span<T> dq, std::span<T> dk, std::span<T> dv,
-                             const ring_attention_options& opt = {}) {
-  static_assert(detail::host_memory<C>,
-                "run::ring_attention_backward stages buffers in host memory: pass a host communicator "
-                "(loopback, mpi); the device path (NCCL, cuda/ buffers) is not implemented yet");
-  static_assert(model::attention_kernel<K, T>,
-                "run::ring_attention_backward: K must model model::attention_kernel<K, T>: "
-                "k.forward(const attention_block<T>&, attention_forward_out<T>) and "
-                "k.backward(const attention_block<T>&, attention_backward_io<T>)");
+template <class C, class K, class T>
+void ring_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in,
+                   std::span<const T> out, std::span<const T> lse, std::span<const T> dout, std::span<T> dq,
+                   std::span<T> dk, std::span<T> dv, const ring_attention_options& opt) {
   constexpr const char* who = "run::ring_attention_backward";
   const auto x = detail::make_ctx(c, s, in, opt, who);
   const std::size_t n = x.tokens(x.p);
@@ -440,6 +399,63 @@ void ring_attention_backward(C& c, const seq::ring_schedule& s, K& kernel, const
     e.add_context(detail::where(c, x, who, t));
     throw;
   }
+}
+
+}  // namespace detail
+
+/// Ring attention forward at the caller's position of ring `s`, on the parent communicator `c`.
+/// Requires: C is a host communicator and K a model::attention_kernel<K, T> (static_assert).
+/// Pre: every rank of s.ring calls it with the same schedule (checked between neighbours at the
+/// `collective` assertion level), ranks of s.ring are ranks of `c`, and this rank is one of them;
+/// `in` holds this position's tokens in the schedule's local order; out and lse are sized
+/// [tokens][q_heads][head_dim] and [tokens][q_heads] (invalid_argument otherwise).
+/// Post: out and lse hold the attention of the local queries over every key of the ring they see (per
+/// document, causal), merged across blocks; rows that see no key get lse = -infinity and out = 0.
+/// Collective over the ranks of s.ring only (other ranks of `c` do not take part; rings on disjoint
+/// ranks may run at once). A ring of one rank only runs the kernel. Errors (hetmesh::error) carry
+/// the ring, the position and the step. Deterministic for a deterministic kernel. Cost: the kernel on
+/// every pair of the schedule, one merge per pair (O(rows * head_dim)), and D-1 hops each sending and
+/// receiving one KV (2 * tokens * kv_heads * head_dim elements); two KV buffers of scratch.
+template <comm::communicator C, class K, class T>
+void ring_attention_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in,
+                            std::span<T> out, std::span<T> lse, const ring_attention_options& opt = {}) {
+  static_assert(detail::host_memory<C>,
+                "run::ring_attention_forward stages buffers in host memory: pass a host communicator "
+                "(loopback, mpi); the device path (NCCL, cuda/ buffers) is not implemented yet");
+  static_assert(model::attention_kernel<K, T>,
+                "run::ring_attention_forward: K must model model::attention_kernel<K, T>: "
+                "k.forward(const attention_block<T>&, attention_forward_out<T>) and "
+                "k.backward(const attention_block<T>&, attention_backward_io<T>)");
+  // Only a conforming call is instantiated, so the static_asserts above are the only errors a user reads.
+  if constexpr (detail::host_memory<C> && model::attention_kernel<K, T>)
+    detail::ring_forward(c, s, kernel, in, out, lse, opt);
+}
+
+/// Ring attention backward at the caller's position of ring `s`, on the parent communicator `c`:
+/// given the forward's inputs, its merged out and lse, and dout, writes dq, dk and dv of the local
+/// tokens. The KV travels the ring again with dK/dV accumulators; after the last step each
+/// accumulator makes one more hop, to its owner.
+/// Requires: as ring_attention_forward. Pre: as ring_attention_forward, with out, lse from it (or an
+/// equal computation) and dout, dq sized like q and dk, dv like k (invalid_argument otherwise).
+/// Post: dq, dk, dv hold the gradients of sum(dout * out) with respect to the local q, k, v over the
+/// whole ring (overwritten, not accumulated). Collective over the ranks of s.ring only. Errors carry
+/// the ring, the position and the step. Deterministic for a deterministic kernel. Cost: the kernel's
+/// backward on every pair; D-1 hops of KV plus dK/dV (4 * tokens * kv_heads * head_dim elements each
+/// way) and one last hop of dK/dV; four KV-sized buffers of scratch.
+template <comm::communicator C, class K, class T>
+void ring_attention_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in,
+                             std::span<const T> out, std::span<const T> lse, std::span<const T> dout,
+                             std::span<T> dq, std::span<T> dk, std::span<T> dv,
+                             const ring_attention_options& opt = {}) {
+  static_assert(detail::host_memory<C>,
+                "run::ring_attention_backward stages buffers in host memory: pass a host communicator "
+                "(loopback, mpi); the device path (NCCL, cuda/ buffers) is not implemented yet");
+  static_assert(model::attention_kernel<K, T>,
+                "run::ring_attention_backward: K must model model::attention_kernel<K, T>: "
+                "k.forward(const attention_block<T>&, attention_forward_out<T>) and "
+                "k.backward(const attention_block<T>&, attention_backward_io<T>)");
+  if constexpr (detail::host_memory<C> && model::attention_kernel<K, T>)
+    detail::ring_backward(c, s, kernel, in, out, lse, dout, dq, dk, dv, opt);
 }
 
 /// Ring attention forward over several rings in sequence: the multi-ring entry for one rank of an
