@@ -137,21 +137,31 @@ namespace detail {
 template <class C>
 inline constexpr bool host_memory = std::remove_cvref_t<C>::memory == comm::memory_space::host;
 
-/// One ring call's fixed context: the schedule, this rank's position, ranks of its neighbours, sizes.
+/// One ring call's context: the schedule, this rank's position, its neighbours' ranks, sizes, and the
+/// document/position scratch of the block in hand (a chunk is one document's consecutive positions, so
+/// a block's metadata is built per chunk, O(chunk), rather than kept for the whole ring).
 template <class T>
 struct ring_ctx {
   const seq::ring_schedule& s;
   const ring_attention_input<T>& in;
   int p = 0, d = 1, next = 0, prev = 0;
   std::size_t hq = 1, hk = 1, dim = 1;
-  std::vector<ring_token_meta> meta;  // per position (all of them: every KV visits)
+  std::vector<std::size_t> ntok;                   // per position: tokens it holds
+  std::vector<std::int64_t> qdoc, qpos, kdoc, kpos;  // the block in hand
 
   ring_ctx(const seq::ring_schedule& sched, const ring_attention_input<T>& input) : s(sched), in(input) {}
 
   std::size_t q_row() const noexcept { return hq * dim; }
   std::size_t kv_row() const noexcept { return hk * dim; }
-  std::size_t tokens(int pos) const noexcept { return meta[static_cast<std::size_t>(pos)].doc.size(); }
+  std::size_t tokens(int pos) const noexcept { return ntok[static_cast<std::size_t>(pos)]; }
 };
+
+inline void fill_meta(const seq::cp_chunk& c, std::vector<std::int64_t>& doc, std::vector<std::int64_t>& pos) {
+  const auto n = static_cast<std::size_t>(c.positions.size());
+  doc.assign(n, c.doc);
+  pos.resize(n);
+  for (std::size_t i = 0; i < n; ++i) pos[i] = c.positions.begin + static_cast<std::int64_t>(i);
+}
 
 template <comm::communicator C, class T>
 ring_ctx<T> make_ctx(const C& c, const seq::ring_schedule& s, const ring_attention_input<T>& in,
@@ -193,8 +203,17 @@ ring_ctx<T> make_ctx(const C& c, const seq::ring_schedule& s, const ring_attenti
   x.hq = static_cast<std::size_t>(sh.q_heads);
   x.hk = static_cast<std::size_t>(sh.kv_heads);
   x.dim = static_cast<std::size_t>(sh.head_dim);
-  x.meta.reserve(static_cast<std::size_t>(d));
-  for (int q = 0; q < d; ++q) x.meta.push_back(ring_meta(s, q));
+  x.ntok.reserve(static_cast<std::size_t>(d));
+  for (int q = 0; q < d; ++q) {
+    const auto n = ring_tokens(s, q);
+    for (const auto& ch : s.chunks[static_cast<std::size_t>(q)])
+      if (ch.local_offset < 0 || ch.positions.size() < 0 || ch.local_offset + ch.positions.size() > n)
+        throw_error<invalid_argument>(
+            "{}: position {} of ring [{}] has a chunk of document {} at [{}, {}) of its {} tokens; expected "
+            "chunks that tile the local buffer",
+            who, q, fmt::join(s.ring, ","), ch.doc, ch.local_offset, ch.local_offset + ch.positions.size(), n);
+    x.ntok.push_back(static_cast<std::size_t>(n));
+  }
   const std::size_t n = x.tokens(p);
   if (in.q.size() != n * x.q_row() || in.k.size() != n * x.kv_row() || in.v.size() != n * x.kv_row())
     throw_error<invalid_argument>(
@@ -225,25 +244,26 @@ void check_neighbours(C& c, const ring_ctx<T>& x, const ring_attention_options& 
   }
 }
 
-/// The block of (q chunk qc of this position) x (kv chunk kc of position `src`) over the given KV.
+/// The block of (q chunk pr.q_chunk of this position) x (kv chunk pr.kv_chunk of position `src`) over
+/// the given KV; its document/position spans point into x's scratch, valid until the next call.
 template <class T>
-model::attention_block<T> block_of(const ring_ctx<T>& x, const seq::ring_pair& pr, int src,
-                                   std::span<const T> k, std::span<const T> v) {
+model::attention_block<T> block_of(ring_ctx<T>& x, const seq::ring_pair& pr, int src, std::span<const T> k,
+                                   std::span<const T> v) {
   const auto& qc = x.s.chunks[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(pr.q_chunk)];
   const auto& kc = x.s.chunks[static_cast<std::size_t>(src)][static_cast<std::size_t>(pr.kv_chunk)];
   const auto q0 = static_cast<std::size_t>(qc.local_offset), nq = static_cast<std::size_t>(qc.positions.size());
   const auto k0 = static_cast<std::size_t>(kc.local_offset), nk = static_cast<std::size_t>(kc.positions.size());
-  const auto& qm = x.meta[static_cast<std::size_t>(x.p)];
-  const auto& km = x.meta[static_cast<std::size_t>(src)];
+  fill_meta(qc, x.qdoc, x.qpos);
+  fill_meta(kc, x.kdoc, x.kpos);
   model::attention_block<T> b;
   b.shape = x.in.shape;
   b.q = x.in.q.subspan(q0 * x.q_row(), nq * x.q_row());
   b.k = k.subspan(k0 * x.kv_row(), nk * x.kv_row());
   b.v = v.subspan(k0 * x.kv_row(), nk * x.kv_row());
-  b.q_doc = std::span<const std::int64_t>(qm.doc).subspan(q0, nq);
-  b.q_pos = std::span<const std::int64_t>(qm.pos).subspan(q0, nq);
-  b.k_doc = std::span<const std::int64_t>(km.doc).subspan(k0, nk);
-  b.k_pos = std::span<const std::int64_t>(km.pos).subspan(k0, nk);
+  b.q_doc = x.qdoc;
+  b.q_pos = x.qpos;
+  b.k_doc = x.kdoc;
+  b.k_pos = x.kpos;
   b.mask = pr.mask;
   b.scale = x.in.scale;
   return b;
@@ -251,6 +271,9 @@ model::attention_block<T> block_of(const ring_ctx<T>& x, const seq::ring_pair& p
 
 template <class T>
 std::string where(const comm::communicator auto& c, const ring_ctx<T>& x, const char* who, int step) {
+  if (step < 0)  // before the first step: the schedule check between neighbours
+    return hetmesh::format("{} on {}, ring [{}], position {}, checking the schedule with its neighbours", who,
+                           comm::describe(c), fmt::join(x.s.ring, ","), x.p);
   return hetmesh::format("{} on {}, ring [{}], position {}, step {} of {}", who, comm::describe(c),
                          fmt::join(x.s.ring, ","), x.p, step, x.d);
 }
@@ -265,7 +288,7 @@ template <class C, class K, class T>
 void ring_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in, std::span<T> out,
                   std::span<T> lse, const ring_attention_options& opt) {
   constexpr const char* who = "run::ring_attention_forward";
-  const auto x = detail::make_ctx(c, s, in, opt, who);
+  auto x = detail::make_ctx(c, s, in, opt, who);
   const std::size_t n = x.tokens(x.p);
   detail::check_size<T>(out.size(), n * x.q_row(), "out", who);
   detail::check_size<T>(lse.size(), n * x.hq, "lse", who);
@@ -317,7 +340,7 @@ void ring_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atte
                    std::span<const T> out, std::span<const T> lse, std::span<const T> dout, std::span<T> dq,
                    std::span<T> dk, std::span<T> dv, const ring_attention_options& opt) {
   constexpr const char* who = "run::ring_attention_backward";
-  const auto x = detail::make_ctx(c, s, in, opt, who);
+  auto x = detail::make_ctx(c, s, in, opt, who);
   const std::size_t n = x.tokens(x.p);
   detail::check_size<T>(out.size(), n * x.q_row(), "out", who);
   detail::check_size<T>(dout.size(), n * x.q_row(), "dout", who);
