@@ -9,6 +9,8 @@
 #include <mutex>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/seq/hdp.hpp>
 
@@ -152,10 +154,10 @@ TEST_CASE("ring attention over THD-packed documents (padded per document) equals
 }
 
 TEST_CASE("ring attention over HDP rings of different sizes on one parent communicator equals full attention") {
-  // The two placements really put rings on different ranks (else the second run would add nothing).
-  CHECK(make_hdp_case(5, seq::hdp_placement_kind::waves).plan.placement !=
-        make_hdp_case(5, seq::hdp_placement_kind::least_loaded).plan.placement);
-  for (auto placement : {seq::hdp_placement_kind::waves, seq::hdp_placement_kind::least_loaded})
+  // The placements really put rings on different ranks (else the second run would add nothing).
+  CHECK(make_hdp_case(5, planner::waves).plan.placement != make_hdp_case(5, planner::least_loaded).plan.placement);
+  CHECK(make_hdp_case(5, planner::waves).plan.placement != make_hdp_case(5, planner::bytescale).plan.placement);
+  for (auto placement : {planner::waves, planner::least_loaded, planner::bytescale})
     for (std::uint64_t seed : {5u, 6u}) {
       CAPTURE(seed);
       CAPTURE(static_cast<int>(placement));
@@ -164,9 +166,17 @@ TEST_CASE("ring attention over HDP rings of different sizes on one parent commun
       std::set<int> degrees;
       bool multi = false;
       for (const auto& it : h.plan.sharding.items) degrees.insert(it.degree);
-      for (const auto& mbs : h.plan.per_rank) multi = multi || mbs.size() > 1;
+      std::size_t most_rings = 0;  // rings of more than one rank that one rank belongs to
+      for (const auto& mbs : h.plan.per_rank) {
+        multi = multi || mbs.size() > 1;
+        std::size_t r = 0;
+        for (const auto& mb : mbs) r += mb.degree > 1 ? 1 : 0;
+        most_rings = std::max(most_rings, r);
+      }
+      MESSAGE("ring sizes ", fmt::format("{}", degrees), "; a rank is in up to ", most_rings, " rings");
       REQUIRE(degrees.size() >= 3);
       REQUIRE(multi);
+      CHECK(most_rings >= 2);
       std::int64_t tokens = 0;
       for (const auto& s : h.seqs) tokens += s.length;
       const auto d = on_loopback([&](auto& c) { return hdp_body<double>(c, seed, placement); });

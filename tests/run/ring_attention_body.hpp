@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <hetmesh/balance/bytescale.hpp>
 #include <hetmesh/comm/collectives.hpp>
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/model/reference_attention.hpp>
@@ -305,6 +306,9 @@ verdict thd_body(C& world) {
   return run_partition<T>(world, seq::partition_thd(lens, 4, true), {6, 1, 4, 3}, lens, 23);
 }
 
+/// Who places the HDP items: seq::plan_hdp's two placements, or balance's ByteScale planner (Alg. 2).
+enum class planner { waves, least_loaded, bytescale };
+
 /// A seeded random batch and its HDP plan over the pool of 8.
 struct hdp_case {
   std::vector<seq::seq_desc> seqs;
@@ -312,7 +316,7 @@ struct hdp_case {
   std::map<std::int64_t, std::int64_t> lengths;
 };
 
-inline hdp_case make_hdp_case(std::uint64_t seed, seq::hdp_placement_kind placement) {
+inline hdp_case make_hdp_case(std::uint64_t seed, planner who) {
   hdp_case h;
   rng g(seed);
   for (std::int64_t i = 0; i < 14; ++i) {
@@ -320,15 +324,19 @@ inline hdp_case make_hdp_case(std::uint64_t seed, seq::hdp_placement_kind placem
     h.seqs.push_back({100 + i, len});
     h.lengths[100 + i] = len;
   }
-  h.plan = seq::plan_hdp(h.seqs, {.capacity = 24, .placement = placement}, 8);
+  const seq::hdp_policy policy{.capacity = 24,
+                               .placement = who == planner::least_loaded ? seq::hdp_placement_kind::least_loaded
+                                                                         : seq::hdp_placement_kind::waves};
+  h.plan = who == planner::bytescale ? balance::plan_bytescale(h.seqs, policy, 8, balance::step_model{})
+                                     : seq::plan_hdp(h.seqs, policy, 8);
   return h;
 }
 
 /// HDP rings (several rings of different sizes at once, and packs) on one parent communicator: each
 /// rank runs its micro-batches in plan order with the multi-ring entry.
 template <class T, class C>
-verdict hdp_body(C& world, std::uint64_t seed, seq::hdp_placement_kind placement) {
-  const auto h = make_hdp_case(seed, placement);
+verdict hdp_body(C& world, std::uint64_t seed, planner who) {
+  const auto h = make_hdp_case(seed, who);
   std::vector<seq::ring_schedule> scheds;
   const auto& mbs = h.plan.per_rank[static_cast<std::size_t>(world.rank())];
   scheds.reserve(mbs.size());

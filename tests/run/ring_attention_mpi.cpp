@@ -44,7 +44,7 @@ TEST_CASE("MPI: ring attention over THD-packed documents equals full causal atte
 TEST_CASE("MPI: ring attention over HDP rings on one parent communicator equals full causal attention") {
   auto w = world();
   REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
-  for (auto placement : {seq::hdp_placement_kind::waves, seq::hdp_placement_kind::least_loaded})
+  for (auto placement : {planner::waves, planner::least_loaded, planner::bytescale})
     for (std::uint64_t seed : {5u, 6u}) {
       const auto h = make_hdp_case(seed, placement);
       std::int64_t tokens = 0;
