@@ -96,8 +96,12 @@ struct ring_backward_task {
   return it == s.ring.end() ? -1 : static_cast<int>(it - s.ring.begin());
 }
 
-/// Tokens position p of `s` holds (the sum of its chunk sizes). Pure; O(chunks).
+/// Tokens position p of `s` holds (the sum of its chunk sizes). Pre: 0 <= p < s.chunks.size()
+/// (invalid_argument otherwise). Pure; O(chunks).
 [[nodiscard]] inline std::int64_t ring_tokens(const seq::ring_schedule& s, int p) {
+  if (p < 0 || static_cast<std::size_t>(p) >= s.chunks.size())
+    throw_error<invalid_argument>("ring_tokens: position {} of a ring of {}; expected 0 <= position < {}", p,
+                                  s.chunks.size(), s.chunks.size());
   std::int64_t n = 0;
   for (const auto& c : s.chunks.at(static_cast<std::size_t>(p))) n += c.positions.size();
   return n;
@@ -112,7 +116,8 @@ struct ring_token_meta {
   friend bool operator==(const ring_token_meta&, const ring_token_meta&) = default;
 };
 
-/// The document and position of every token position p of `s` holds, from its chunks. Pure; O(tokens).
+/// The document and position of every token position p of `s` holds, from its chunks. Pre: 0 <= p <
+/// s.chunks.size() and chunks that tile the local buffer (invalid_argument otherwise). Pure; O(tokens).
 [[nodiscard]] inline ring_token_meta ring_meta(const seq::ring_schedule& s, int p) {
   ring_token_meta m;
   const auto n = static_cast<std::size_t>(ring_tokens(s, p));
