@@ -186,6 +186,20 @@ TEST_CASE("ring attention over HDP rings of different sizes on one parent commun
     }
 }
 
+TEST_CASE("ring attention with communication overlapped with compute gives bitwise the same results") {
+  const auto a = on_loopback([](auto& c) { return zigzag_body<double>(c, false); });
+  const auto b = on_loopback([](auto& c) { return zigzag_body<double>(c, true); });
+  check(b, 1e-10, 96, "zigzag cp=8 double, overlapped");
+  CHECK(a.same_as(b));
+  const auto tf = on_loopback([](auto& c) { return thd_body<float>(c, false); });
+  const auto tt = on_loopback([](auto& c) { return thd_body<float>(c, true); });
+  CHECK(tf.same_as(tt));
+  const auto hf = on_loopback([](auto& c) { return hdp_body<double>(c, 5, planner::bytescale, false); });
+  const auto ht = on_loopback([](auto& c) { return hdp_body<double>(c, 5, planner::bytescale, true); });
+  check(ht, 1e-10, hf.rows, "hdp double, overlapped");
+  CHECK(hf.same_as(ht));
+}
+
 TEST_CASE("ring attention errors name the ring, position and step; ranks outside the ring are refused") {
   const auto part = seq::partition_zigzag(32, 4);
   const auto s = seq::ring_for(part, {0, 1, 2, 3});

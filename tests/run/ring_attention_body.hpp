@@ -141,6 +141,12 @@ struct verdict {
     for (int i = 0; i < 5; ++i) w = std::max(w, rel(i));
     return w;
   }
+  /// Bitwise equal errors: the same results, up to the (vanishing) chance of equal maxima by accident.
+  bool same_as(const verdict& o) const {
+    for (int i = 0; i < 5; ++i)
+      if (num[i] != o.num[i] || den[i] != o.den[i]) return false;
+    return rows == o.rows && bad_calls == o.bad_calls;
+  }
   std::string describe() const {
     return fmt::format("rel err out {:.3g}, lse {:.3g}, dq {:.3g}, dk {:.3g}, dv {:.3g}; {} rows, {} bad calls",
                        rel(0), rel(1), rel(2), rel(3), rel(4), rows, bad_calls);
@@ -247,7 +253,7 @@ verdict reduce(C& world, verdict v) {
 /// here against the single-rank reference. Collective over `world`.
 template <class T, class C>
 verdict run_rings(C& world, const std::vector<const seq::ring_schedule*>& rings,
-                  const std::map<std::int64_t, std::int64_t>& lengths, std::uint64_t seed) {
+                  const std::map<std::int64_t, std::int64_t>& lengths, std::uint64_t seed, bool overlap) {
   std::vector<position_io<T>> ios;
   std::vector<const seq::ring_schedule*> mine;
   std::vector<int> pos;
@@ -267,8 +273,9 @@ verdict run_rings(C& world, const std::vector<const seq::ring_schedule*>& rings,
     bw.push_back({mine[i], input_of(io), io.out, io.lse, io.dout, io.dq, io.dk, io.dv});
   }
   checking_kernel kernel;
-  run::ring_attention_forward_all(world, fw, kernel);
-  run::ring_attention_backward_all(world, bw, kernel);
+  const run::ring_attention_options opt{.overlap = overlap};
+  run::ring_attention_forward_all(world, fw, kernel, opt);
+  run::ring_attention_backward_all(world, bw, kernel, opt);
   verdict v;
   std::map<std::int64_t, doc_ref> refs;
   std::int64_t expected = 0;
@@ -284,26 +291,26 @@ verdict run_rings(C& world, const std::vector<const seq::ring_schedule*>& rings,
 /// One CP ring over `ring` (ranks of world): the partition's shards at its positions.
 template <class T, class C>
 verdict run_partition(C& world, const seq::cp_partition& part, std::vector<int> ring,
-                      std::span<const std::int64_t> lengths, std::uint64_t seed) {
+                      std::span<const std::int64_t> lengths, std::uint64_t seed, bool overlap) {
   const auto s = seq::ring_for(part, std::move(ring));
   std::map<std::int64_t, std::int64_t> lens;
   for (std::size_t d = 0; d < lengths.size(); ++d) lens[static_cast<std::int64_t>(d)] = lengths[d];
-  return run_rings<T>(world, {&s}, lens, seed);
+  return run_rings<T>(world, {&s}, lens, seed, overlap);
 }
 
 /// Zigzag CP (Megatron-LM's split) of one 96-token sequence over all 8 ranks, in a shuffled ring order.
 template <class T, class C>
-verdict zigzag_body(C& world) {
+verdict zigzag_body(C& world, bool overlap = false) {
   const std::int64_t len[1] = {96};
-  return run_partition<T>(world, seq::partition_zigzag(96, 8), {3, 0, 5, 1, 7, 2, 6, 4}, len, 11);
+  return run_partition<T>(world, seq::partition_zigzag(96, 8), {3, 0, 5, 1, 7, 2, 6, 4}, len, 11, overlap);
 }
 
 /// THD-packed documents (TransformerEngine's per-document split, padded to multiples of 2cp) over a
 /// ring of 4 of the 8 ranks: the other ranks hold nothing and take no part.
 template <class T, class C>
-verdict thd_body(C& world) {
+verdict thd_body(C& world, bool overlap = false) {
   const std::int64_t lens[6] = {7, 11, 5, 20, 1, 30};
-  return run_partition<T>(world, seq::partition_thd(lens, 4, true), {6, 1, 4, 3}, lens, 23);
+  return run_partition<T>(world, seq::partition_thd(lens, 4, true), {6, 1, 4, 3}, lens, 23, overlap);
 }
 
 /// Who places the HDP items: seq::plan_hdp's two placements, or balance's ByteScale planner (Alg. 2).
@@ -335,7 +342,7 @@ inline hdp_case make_hdp_case(std::uint64_t seed, planner who) {
 /// HDP rings (several rings of different sizes at once, and packs) on one parent communicator: each
 /// rank runs its micro-batches in plan order with the multi-ring entry.
 template <class T, class C>
-verdict hdp_body(C& world, std::uint64_t seed, planner who) {
+verdict hdp_body(C& world, std::uint64_t seed, planner who, bool overlap = false) {
   const auto h = make_hdp_case(seed, who);
   std::vector<seq::ring_schedule> scheds;
   const auto& mbs = h.plan.per_rank[static_cast<std::size_t>(world.rank())];
@@ -343,7 +350,7 @@ verdict hdp_body(C& world, std::uint64_t seed, planner who) {
   for (const auto& mb : mbs) scheds.push_back(seq::ring_for(h.plan, mb.item));
   std::vector<const seq::ring_schedule*> rings;
   for (const auto& s : scheds) rings.push_back(&s);
-  return run_rings<T>(world, rings, h.lengths, 1000 + seed);
+  return run_rings<T>(world, rings, h.lengths, 1000 + seed, overlap);
 }
 
 }  // namespace ringtest

@@ -53,3 +53,10 @@ TEST_CASE("MPI: ring attention over HDP rings on one parent communicator equals 
       check(hdp_body<float>(w, seed, placement), 1e-5, tokens, "hdp float");
     }
 }
+
+TEST_CASE("MPI: ring attention with communication overlapped with compute gives the same results") {
+  auto w = world();
+  REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
+  CHECK(zigzag_body<double>(w, false).same_as(zigzag_body<double>(w, true)));
+  CHECK(hdp_body<double>(w, 6, planner::bytescale, false).same_as(hdp_body<double>(w, 6, planner::bytescale, true)));
+}

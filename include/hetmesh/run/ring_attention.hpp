@@ -20,11 +20,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <ranges>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -57,6 +60,12 @@ struct ring_attention_options {
   /// First of the four point-to-point tags a call uses (tag .. tag+3: K, V, dK, dV); 0 <= tag <=
   /// comm::max_user_tag - 3. Calls that may be in flight together on one communicator need disjoint tags.
   int tag = 0x5a00;
+  /// Overlap each hop with the step's compute: the K/V exchange runs on a helper thread while the
+  /// kernel computes (backward: K/V overlap, the dK/dV accumulators follow the compute). The
+  /// communicator is then used from that thread while the caller's thread does not touch it, so it
+  /// must allow that (loopback does; MPI needs MPI_THREAD_SERIALIZED, which mpi::environment asks for).
+  /// Results are bitwise the same either way.
+  bool overlap = false;
 
   friend constexpr bool operator==(const ring_attention_options&, const ring_attention_options&) = default;
 };
@@ -289,6 +298,37 @@ void check_size(std::size_t got, std::size_t want, const char* what, const char*
     throw_error<invalid_argument>("{}: {} has {} elements; expected {}", who, what, got, want);
 }
 
+/// A point-to-point batch run on a helper thread while the caller computes (ring_attention_options::
+/// overlap). join() rethrows the batch's error; the destructor joins without rethrowing, so a failure of
+/// the caller's compute is the error reported and the helper never outlives the buffers it uses.
+class background_p2p {
+ public:
+  background_p2p() = default;
+  background_p2p(const background_p2p&) = delete;
+  background_p2p& operator=(const background_p2p&) = delete;
+  ~background_p2p() {
+    if (thread_.joinable()) thread_.join();
+  }
+  template <class C>
+  void start(C& c, std::span<const comm::p2p_op> ops) {
+    thread_ = std::thread([this, &c, ops] {
+      try {
+        comm::group_p2p(c, ops);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    });
+  }
+  void join() {
+    if (thread_.joinable()) thread_.join();
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  std::thread thread_;
+  std::exception_ptr error_;
+};
+
 template <class C, class K, class T>
 void ring_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in, std::span<T> out,
                   std::span<T> lse, const ring_attention_options& opt) {
@@ -306,6 +346,20 @@ void ring_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atten
     std::span<const T> k = in.k, v = in.v;  // step 0 reads the caller's own KV, no copy
     for (t = 0; t < x.d; ++t) {
       const auto& st = s.steps[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(t)];
+      const bool hop = t + 1 < x.d;
+      comm::p2p_op ops[4];
+      if (hop) {  // the KV in hand goes on; the previous position's arrives into the spare buffers
+        const int src = s.steps[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(t + 1)].kv_source;
+        const std::size_t m = x.tokens(src) * x.kv_row();
+        k_nxt.resize(m);
+        v_nxt.resize(m);
+        ops[0] = comm::send_op(k, x.next, opt.tag);
+        ops[1] = comm::send_op(v, x.next, opt.tag + 1);
+        ops[2] = comm::recv_op(std::span<T>(k_nxt), x.prev, opt.tag);
+        ops[3] = comm::recv_op(std::span<T>(v_nxt), x.prev, opt.tag + 1);
+      }
+      background_p2p bg;
+      if (hop && opt.overlap) bg.start(c, std::span<const comm::p2p_op>(ops));
       for (const auto& pr : st.pairs) {
         if (pr.mask == seq::block_mask::none) continue;
         const auto b = detail::block_of(x, pr, st.kv_source, k, v);
@@ -320,15 +374,11 @@ void ring_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atten
         seq::merge_partial(out.subspan(r0 * x.dim, rows * x.dim), lse.subspan(r0, rows),
                            std::span<const T>(ob), std::span<const T>(lb), x.dim);
       }
-      if (t + 1 == x.d) break;
-      const int src = s.steps[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(t + 1)].kv_source;
-      const std::size_t m = x.tokens(src) * x.kv_row();
-      k_nxt.resize(m);
-      v_nxt.resize(m);
-      const comm::p2p_op ops[4] = {comm::send_op(k, x.next, opt.tag), comm::send_op(v, x.next, opt.tag + 1),
-                                   comm::recv_op(std::span<T>(k_nxt), x.prev, opt.tag),
-                                   comm::recv_op(std::span<T>(v_nxt), x.prev, opt.tag + 1)};
-      comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
+      if (!hop) break;
+      if (opt.overlap)
+        bg.join();
+      else
+        comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
       std::swap(k_cur, k_nxt);
       std::swap(v_cur, v_nxt);
       k = k_cur;
@@ -374,6 +424,27 @@ void ring_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atte
     }
     for (t = 0; t < x.d; ++t) {
       const auto& st = s.steps[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(t)];
+      const bool hop = t + 1 < x.d;
+      comm::p2p_op ops[8];  // K, V out; K, V in; then dK, dV out and in
+      if (hop) {
+        const int src = s.steps[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(t + 1)].kv_source;
+        const std::size_t m = x.tokens(src) * x.kv_row();
+        k_nxt.resize(m);
+        v_nxt.resize(m);
+        dk_nxt.resize(m);
+        dv_nxt.resize(m);
+        ops[0] = comm::send_op(k, x.next, opt.tag);
+        ops[1] = comm::send_op(v, x.next, opt.tag + 1);
+        ops[2] = comm::recv_op(std::span<T>(k_nxt), x.prev, opt.tag);
+        ops[3] = comm::recv_op(std::span<T>(v_nxt), x.prev, opt.tag + 1);
+        ops[4] = comm::send_op(std::span<const T>(gk), x.next, opt.tag + 2);
+        ops[5] = comm::send_op(std::span<const T>(gv), x.next, opt.tag + 3);
+        ops[6] = comm::recv_op(std::span<T>(dk_nxt), x.prev, opt.tag + 2);
+        ops[7] = comm::recv_op(std::span<T>(dv_nxt), x.prev, opt.tag + 3);
+      }
+      // Overlap: K and V are only read by the compute, so they may leave now; the accumulators follow it.
+      background_p2p bg;
+      if (hop && opt.overlap) bg.start(c, std::span<const comm::p2p_op>(ops, 4));
       for (const auto& pr : st.pairs) {
         if (pr.mask == seq::block_mask::none) continue;
         const auto b = detail::block_of(x, pr, st.kv_source, k, v);
@@ -391,23 +462,13 @@ void ring_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atte
         kernel.backward(b, io);
       }
       if (x.d == 1) break;
-      if (t + 1 < x.d) {  // KV and its accumulators move on together
-        const int src = s.steps[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(t + 1)].kv_source;
-        const std::size_t m = x.tokens(src) * x.kv_row();
-        k_nxt.resize(m);
-        v_nxt.resize(m);
-        dk_nxt.resize(m);
-        dv_nxt.resize(m);
-        const comm::p2p_op ops[8] = {
-            comm::send_op(k, x.next, opt.tag),
-            comm::send_op(v, x.next, opt.tag + 1),
-            comm::send_op(std::span<const T>(gk), x.next, opt.tag + 2),
-            comm::send_op(std::span<const T>(gv), x.next, opt.tag + 3),
-            comm::recv_op(std::span<T>(k_nxt), x.prev, opt.tag),
-            comm::recv_op(std::span<T>(v_nxt), x.prev, opt.tag + 1),
-            comm::recv_op(std::span<T>(dk_nxt), x.prev, opt.tag + 2),
-            comm::recv_op(std::span<T>(dv_nxt), x.prev, opt.tag + 3)};
-        comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
+      if (hop) {  // KV and its accumulators move on together
+        if (opt.overlap) {
+          bg.join();
+          comm::group_p2p(c, std::span<const comm::p2p_op>(ops + 4, 4));
+        } else {
+          comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
+        }
         std::swap(k_cur, k_nxt);
         std::swap(v_cur, v_nxt);
         std::swap(dk_cur, dk_nxt);
@@ -417,10 +478,10 @@ void ring_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atte
         gk = dk_cur;
         gv = dv_cur;
       } else {  // last hop: the accumulators in hand belong to the next position; ours arrive in place
-        const comm::p2p_op ops[4] = {comm::send_op(std::span<const T>(gk), x.next, opt.tag + 2),
-                                     comm::send_op(std::span<const T>(gv), x.next, opt.tag + 3),
-                                     comm::recv_op(dk, x.prev, opt.tag + 2), comm::recv_op(dv, x.prev, opt.tag + 3)};
-        comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
+        const comm::p2p_op last[4] = {comm::send_op(std::span<const T>(gk), x.next, opt.tag + 2),
+                                      comm::send_op(std::span<const T>(gv), x.next, opt.tag + 3),
+                                      comm::recv_op(dk, x.prev, opt.tag + 2), comm::recv_op(dv, x.prev, opt.tag + 3)};
+        comm::group_p2p(c, std::span<const comm::p2p_op>(last));
       }
     }
   } catch (error& e) {
@@ -443,7 +504,8 @@ void ring_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atte
 /// ranks may run at once). A ring of one rank only runs the kernel. Errors (hetmesh::error) carry
 /// the ring, the position and the step. Deterministic for a deterministic kernel. Cost: the kernel on
 /// every pair of the schedule, one merge per pair (O(rows * head_dim)), and D-1 hops each sending and
-/// receiving one KV (2 * tokens * kv_heads * head_dim elements); two KV buffers of scratch.
+/// receiving one KV (2 * tokens * kv_heads * head_dim elements), overlapped with the step's compute when
+/// opt.overlap; two KV buffers of scratch.
 template <comm::communicator C, class K, class T>
 void ring_attention_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in,
                             std::span<T> out, std::span<T> lse, const ring_attention_options& opt = {}) {
