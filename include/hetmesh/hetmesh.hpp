@@ -27,6 +27,8 @@
 #include "balance/balance.hpp"
 #include "cost/cost.hpp"
 #include "data/all.hpp"
+#include "model/attention.hpp"
+#include "model/reference_attention.hpp"
 #include "pipeline/all.hpp"
 #include "seq/seq.hpp"
 

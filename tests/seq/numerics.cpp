@@ -1,17 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // Numerical proof, in double: ring attention over zigzag, THD-packed and HDP rings, and Ulysses,
-// forward and backward, equal full causal attention on one rank (relative error < 1e-10). Runs in
-// lockstep in one thread and on loopback ranks (threads) with comm send/recv and all-to-all-v.
+// forward and backward, equal full causal attention on one rank (relative error < 1e-10). The rings
+// run the library's executor (run/ring_attention.hpp, with model::reference_attention) on loopback
+// ranks (threads); the reference is the independent naive attention of reference_attention.hpp.
 #include <doctest/doctest.h>
 
 #include <map>
 #include <mutex>
 
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/model/reference_attention.hpp>
+#include <hetmesh/run/ring_attention.hpp>
 #include <hetmesh/seq/seq.hpp>
 
 #include "reference_attention.hpp"
-#include "ring_runner.hpp"
 
 using namespace hetmesh;
 using namespace seqtest;
@@ -44,6 +46,38 @@ stream make_stream(std::vector<std::int64_t> lengths, std::uint64_t seed) {
   s.dout = make_tensor(seed + 3, n, kHeads, kDim);
   s.ref = full_attention(s.q, s.k, s.v, s.meta, s.dout);
   return s;
+}
+
+/// Inputs of one ring position, in its local token order (chunk after chunk).
+struct local_io {
+  tensor q, k, v, dout;
+};
+
+/// Results of one ring position.
+struct position_result {
+  tensor out, dq, dk, dv;
+};
+
+std::int64_t tokens_of(const std::vector<seq::cp_chunk>& chunks) {
+  std::int64_t n = 0;
+  for (const auto& c : chunks) n += c.positions.size();
+  return n;
+}
+
+/// This rank's position of ring `s`, forward then backward, through the library's executor.
+template <class Comm>
+position_result run_position(Comm& c, const seq::ring_schedule& s, const local_io& io) {
+  position_result r{tensor(io.q.tokens, kHeads, kDim), tensor(io.q.tokens, kHeads, kDim),
+                    tensor(io.k.tokens, kKvHeads, kDim), tensor(io.v.tokens, kKvHeads, kDim)};
+  std::vector<double> lse(static_cast<std::size_t>(io.q.tokens * kHeads));
+  const run::ring_attention_input<double> in{
+      {kHeads, kKvHeads, kDim}, 1.0 / std::sqrt(static_cast<double>(kDim)), io.q.v, io.k.v, io.v.v};
+  model::reference_attention kernel;
+  run::ring_attention_forward(c, s, kernel, in, std::span<double>(r.out.v), std::span<double>(lse));
+  run::ring_attention_backward(c, s, kernel, in, std::span<const double>(r.out.v), std::span<const double>(lse),
+                               std::span<const double>(io.dout.v), std::span<double>(r.dq.v),
+                               std::span<double>(r.dk.v), std::span<double>(r.dv.v));
+  return r;
 }
 
 void copy_row(const tensor& from, std::int64_t fr, tensor& to, std::int64_t tr) {
@@ -82,7 +116,7 @@ struct gathered {
         dq(s.q.tokens, kHeads, kDim),
         dk(s.k.tokens, kKvHeads, kDim),
         dv(s.v.tokens, kKvHeads, kDim) {}
-  void put(const ring_rank& r, const std::vector<std::int64_t>& source) {
+  void put(const position_result& r, const std::vector<std::int64_t>& source) {
     std::lock_guard lock(m);
     for (std::size_t i = 0; i < source.size(); ++i) {
       if (source[i] < 0) continue;
@@ -106,20 +140,14 @@ void check_partition_ring(const seq::cp_partition& part, const stream& s, std::v
   const auto sched = seq::ring_for(part, ring);
   std::vector<local_io> io;
   for (const auto& sh : part.ranks) io.push_back(io_for(sh, s));
-  {  // one thread, lockstep
-    gathered g(s);
-    auto rk = run_ring_lockstep(sched, io);
-    for (std::size_t p = 0; p < rk.size(); ++p) g.put(rk[p], part.ranks[p].source_index);
-    g.check(s, std::string(what) + " (lockstep)");
-  }
-  {  // loopback ranks: position p runs on rank ring[p]
+  {  // loopback ranks: position p runs on rank ring[p]; ranks outside the ring idle
     gathered g(s);
     const int world = *std::max_element(ring.begin(), ring.end()) + 1;
     comm::loopback::run(world, [&](comm::loopback::communicator& c) {
       const auto it = std::find(ring.begin(), ring.end(), c.rank());
       if (it == ring.end()) return;
       const int p = static_cast<int>(it - ring.begin());
-      auto r = run_ring_position(c, sched, p, io[static_cast<std::size_t>(p)]);
+      auto r = run_position(c, sched, io[static_cast<std::size_t>(p)]);
       g.put(r, part.ranks[static_cast<std::size_t>(p)].source_index);
     });
     g.check(s, std::string(what) + " (loopback)");
@@ -154,6 +182,26 @@ TEST_CASE("reference attention backward matches finite differences") {
     CHECK((loss(s.q, s.k, vp) - loss(s.q, s.k, vm)) / (2 * h) ==
           doctest::Approx(s.ref.dv.v[i % vp.v.size()]).epsilon(1e-6));
   }
+}
+
+TEST_CASE("model::reference_attention equals the naive attention of the seq tests (GQA, packed documents)") {
+  const auto s = make_stream({9, 14, 3}, 5);
+  const auto n = static_cast<std::size_t>(s.q.tokens);
+  const model::attention_block<double> b{{kHeads, kKvHeads, kDim}, s.q.v, s.k.v, s.v.v, s.meta.doc,
+                                         s.meta.pos, s.meta.doc, s.meta.pos, seq::block_mask::causal,
+                                         1.0 / std::sqrt(static_cast<double>(kDim))};
+  std::vector<double> out(s.q.v.size()), lse(n * kHeads), delta(n * kHeads), dq(s.q.v.size(), 0.0),
+      dk(s.k.v.size(), 0.0), dv(s.v.v.size(), 0.0);
+  model::reference_attention kernel;
+  kernel.forward(b, {out, lse});
+  seq::attention_delta(std::span<const double>(out), std::span<const double>(s.dout.v), std::span<double>(delta),
+                       static_cast<std::size_t>(kDim));
+  kernel.backward(b, {s.dout.v, lse, delta, dq, dk, dv});
+  CHECK(rel_err(out, s.ref.out.v) < kTol);
+  CHECK(rel_err(lse, s.ref.lse) < kTol);
+  CHECK(rel_err(dq, s.ref.dq.v) < kTol);
+  CHECK(rel_err(dk, s.ref.dk.v) < kTol);
+  CHECK(rel_err(dv, s.ref.dv.v) < kTol);
 }
 
 TEST_CASE("ring attention over a zigzag CP ring equals full causal attention, forward and backward") {
@@ -201,7 +249,7 @@ TEST_CASE("ring attention over HDP rings on one parent communicator equals full 
           copy_row(s.dout, t, io.dout, li);
         }
       }
-      auto r = run_ring_position(c, sched, mb.ring_position, io);
+      auto r = run_position(c, sched, io);
       // Scatter back per sequence.
       for (const auto& ch : chunks) {
         std::vector<std::int64_t> src(static_cast<std::size_t>(n), -1);
