@@ -70,6 +70,42 @@ concept activation_store = enable_activation_store<std::remove_cvref_t<S>> &&
   { cs.bytes() } -> std::convertible_to<std::int64_t>;
 };
 
+namespace detail {
+template <class S, class T>
+concept store_writes = requires(S& s, activation_key k, std::span<const T> data) { s.write(k, data); };
+template <class S, class T>
+concept store_reads = requires(S& s, activation_key k) {
+  { s.read(k) } -> std::convertible_to<std::span<const T>>;
+};
+template <class S>
+concept store_releases = requires(S& s, activation_key k) { s.release(k); };
+template <class S>
+concept store_contains = requires(const S& s, activation_key k) {
+  { s.contains(k) } -> std::convertible_to<bool>;
+};
+template <class S>
+concept store_bytes = requires(const S& s) {
+  { s.bytes() } -> std::convertible_to<std::int64_t>;
+};
+}  // namespace detail
+
+/// Checks activation_store<S, T> requirement by requirement: each one S misses fails a static_assert that
+/// names it. Returns true (so `static_assert(check_activation_store<S, T>())`).
+template <class S, class T>
+consteval bool check_activation_store() {
+  static_assert(enable_activation_store<std::remove_cvref_t<S>>,
+                "activation_store requirement 1: the store type must opt in with `using is_activation_store = void;`");
+  static_assert(detail::store_writes<S, T>,
+                "activation_store requirement 2: missing `write(activation_key, std::span<const T>)`");
+  static_assert(detail::store_reads<S, T>,
+                "activation_store requirement 3: missing `read(activation_key)` returning a std::span<const T>");
+  static_assert(detail::store_releases<S>, "activation_store requirement 4: missing `release(activation_key)`");
+  static_assert(detail::store_contains<S>,
+                "activation_store requirement 5: missing `bool contains(activation_key) const`");
+  static_assert(detail::store_bytes<S>, "activation_store requirement 6: missing `std::int64_t bytes() const`");
+  return true;
+}
+
 /// The activation store in host memory: one vector per slot. Not thread-safe (one per rank).
 template <class T>
 class host_activation_store {
@@ -140,6 +176,7 @@ class host_activation_store {
 
 static_assert(activation_store<host_activation_store<float>, float>);
 static_assert(activation_store<host_activation_store<double>, double>);
+static_assert(check_activation_store<host_activation_store<double>, double>());
 
 /// A stage's handle on its own slots for one micro-batch: the store and (stage, micro-batch) bound, so
 /// a stage says `slot.save(0, x)` and `slot.load(0)`. Holds a pointer: the store outlives the handle.

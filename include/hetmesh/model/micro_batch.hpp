@@ -141,7 +141,8 @@ struct token_segment {
 
 /// Where a piece of an encoder item's output lands in this rank's tokens: output tokens
 /// [item_tokens.begin, item_tokens.end) of item `item` of encoder `encoder` go to local tokens
-/// [local_offset, local_offset + item_tokens.size()). Under CP an item may land in several pieces.
+/// [local_offset, local_offset + item_tokens.size()). Under CP an item may land in several pieces (one per
+/// run of consecutive local tokens that holds it; pieces adjacent in both the item and the buffer are one).
 struct encoder_landing {
   int encoder = 0;                ///< index of the encoder
   std::int64_t item = 0;          ///< item id
@@ -249,8 +250,16 @@ inline void append_run(micro_batch& mb, const step_batch& b, const step_index& s
   for (const auto& it : d.items) {
     const std::int64_t lo = std::max(positions.begin, it.position);
     const std::int64_t hi = std::min(positions.end, it.position + it.tokens);
-    if (lo < hi) mb.encoder_outputs.push_back({it.encoder, it.id, {lo - it.position, hi - it.position},
-                                                local + (lo - positions.begin)});
+    if (lo >= hi) continue;
+    const encoder_landing l{it.encoder, it.id, {lo - it.position, hi - it.position}, local + (lo - positions.begin)};
+    auto& out = mb.encoder_outputs;
+    if (!out.empty() && out.back().encoder == l.encoder && out.back().item == l.item &&
+        out.back().item_tokens.end == l.item_tokens.begin &&
+        out.back().local_offset + out.back().item_tokens.size() == l.local_offset) {
+      out.back().item_tokens.end = l.item_tokens.end;  // continues the previous run's piece: one landing
+    } else {
+      out.push_back(l);
+    }
   }
 }
 
