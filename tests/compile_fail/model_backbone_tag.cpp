@@ -1,0 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
+// a backbone stage without `using is_backbone_stage = void;` is refused with the message naming the requirement.
+#ifndef HETMESH_COMPILE_FAIL_CONTROL
+#define HETMESH_TEST_OMIT_BACKBONE_TAG
+#endif
+#include "model_fixture.hpp"
+
+static_assert(hetmesh::model::check_backbone_stage<fixture::backbone, float>());
+
+int main() { return 0; }

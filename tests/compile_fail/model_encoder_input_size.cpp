@@ -1,0 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
+// an encoder without input_size is refused with the message naming the requirement.
+#ifndef HETMESH_COMPILE_FAIL_CONTROL
+#define HETMESH_TEST_OMIT_ENCODER_INPUT_SIZE
+#endif
+#include "model_fixture.hpp"
+
+static_assert(hetmesh::model::check_encoder_stage<fixture::encoder, float>());
+
+int main() { return 0; }
