@@ -2,6 +2,8 @@
 // Conforming models of every model/ concept, each member removable by a HETMESH_TEST_OMIT_* macro, for the
 // compile-fail tests: a test defines one macro (unless HETMESH_COMPILE_FAIL_CONTROL), includes this file and
 // calls the concept's check_* function, which must fail with the message naming the missing requirement.
+// A test names the one family it needs (HETMESH_TEST_FIXTURE_STAGES, _KERNEL or _STORE), so that it parses
+// only that family's header.
 #pragma once
 
 #include <array>
@@ -9,11 +11,20 @@
 #include <span>
 #include <string_view>
 
-#include <hetmesh/model/model.hpp>
+#if defined(HETMESH_TEST_FIXTURE_STAGES)
+#include <hetmesh/model/stage.hpp>
+#elif defined(HETMESH_TEST_FIXTURE_KERNEL)
+#include <hetmesh/model/attention_check.hpp>
+#elif defined(HETMESH_TEST_FIXTURE_STORE)
+#include <hetmesh/model/activation.hpp>
+#else
+#error "define HETMESH_TEST_FIXTURE_STAGES, _KERNEL or _STORE before including model_fixture.hpp"
+#endif
 
 namespace fixture {
 using namespace hetmesh::model;
 
+#if defined(HETMESH_TEST_FIXTURE_STAGES)
 struct encoder {
 #ifndef HETMESH_TEST_OMIT_ENCODER_TAG
   using is_encoder_stage = void;
@@ -70,6 +81,9 @@ struct backbone {
 #endif
 };
 
+#endif
+
+#if defined(HETMESH_TEST_FIXTURE_KERNEL)
 struct kernel {
 #ifndef HETMESH_TEST_OMIT_ATTENTION_FORWARD
   void forward(const attention_block<float>&, attention_forward_out<float>) {}
@@ -79,6 +93,9 @@ struct kernel {
 #endif
 };
 
+#endif
+
+#if defined(HETMESH_TEST_FIXTURE_STORE)
 struct store {
 #ifndef HETMESH_TEST_OMIT_STORE_TAG
   using is_activation_store = void;
@@ -99,5 +116,7 @@ struct store {
   std::int64_t bytes() const { return 0; }
 #endif
 };
+
+#endif
 
 }  // namespace fixture

@@ -37,17 +37,19 @@ TEST_CASE("activation store: write, read, release, with bytes accounted") {
 TEST_CASE("activation store: errors name the (stage, micro-batch) slot") {
   host_activation_store<float> s;
   const std::vector<float> x{1, 2};
-  CHECK_THROWS_WITH_AS((void)s.read({3, 7}),
-                       "activation slot (stage 3, micro-batch 7, tensor 0) read before it was written (or after it was "
-                       "released); expected the stage's forward of that micro-batch to run first",
-                       activation_error);
+  CHECK_THROWS_WITH_AS(
+      (void)s.read({3, 7}),
+      "activation slot (stage 3, micro-batch 7, tensor 0) read before it was written (or after it was "
+      "released); expected the stage's forward of that micro-batch to run first",
+      activation_error);
   s.write({3, 7}, x);
-  CHECK_THROWS_WITH_AS(s.write({3, 7}, x), doctest::Contains("(stage 3, micro-batch 7, tensor 0) written twice"),
+  CHECK_THROWS_WITH_AS(s.write({3, 7}, x),
+                       doctest::Contains("(stage 3, micro-batch 7, tensor 0) written twice"),
                        activation_error);
   CHECK(s.bytes() == 8);  // the refused write changed nothing
   s.release({3, 7});
-  CHECK_THROWS_WITH_AS((void)s.read({3, 7}), doctest::Contains("(stage 3, micro-batch 7, tensor 0) read before"),
-                       activation_error);
+  CHECK_THROWS_WITH_AS((void)s.read({3, 7}),
+                       doctest::Contains("(stage 3, micro-batch 7, tensor 0) read before"), activation_error);
   CHECK_THROWS_WITH_AS(s.release({3, 7}), doctest::Contains("released but holds nothing"), activation_error);
   CHECK_THROWS_AS((void)s.read({3, 7}), hetmesh::error);  // derives from hetmesh::error
 }
@@ -72,7 +74,8 @@ TEST_CASE("activation store: seeded random operations agree with a plain map") {
     host_activation_store<double> s;
     std::map<activation_key, std::vector<double>> model;
     for (int op = 0; op < 400; ++op) {
-      const activation_key k{static_cast<int>(g.below(3)), static_cast<int>(g.below(4)), static_cast<int>(g.below(2))};
+      const activation_key k{static_cast<int>(g.below(3)), static_cast<int>(g.below(4)),
+                             static_cast<int>(g.below(2))};
       const bool held = model.contains(k);
       switch (g.below(3)) {
         case 0: {

@@ -29,8 +29,10 @@ step_batch random_batch(std::uint64_t seed, int max_docs = 10, std::int64_t max_
     doc.id = static_cast<std::int64_t>(g.below(1000)) * 16 + d;
     const std::int64_t len = g.below(8) == 0 ? 0 : g.uniform(1, max_len);
     for (std::int64_t p = 0; p < len; ++p)
-      doc.tokens.push_back(static_cast<std::int64_t>(key_hash({seed, static_cast<std::uint64_t>(d),
-                                                                 static_cast<std::uint64_t>(p)}) % 50000) + 1);
+      doc.tokens.push_back(
+          static_cast<std::int64_t>(
+              key_hash({seed, static_cast<std::uint64_t>(d), static_cast<std::uint64_t>(p)}) % 50000) +
+          1);
     std::int64_t at = 0;
     const int items = static_cast<int>(g.below(4));
     for (int i = 0; i < items && at < len; ++i) {
@@ -159,7 +161,8 @@ TEST_CASE("micro_batch: THD and contiguous CP views cover the step exactly once,
       CAPTURE(seed);
       CAPTURE(cp);
       for (const bool thd : {true, false}) {
-        const auto p = thd ? seq::partition_thd(lengths, cp, /*pad=*/true) : seq::partition_contiguous(lengths, cp);
+        const auto p =
+            thd ? seq::partition_thd(lengths, cp, /*pad=*/true) : seq::partition_contiguous(lengths, cp);
         std::vector<micro_batch> parts;
         for (int r = 0; r < cp; ++r) {
           parts.push_back(make_cp_micro_batch(b, p, r));
@@ -206,7 +209,8 @@ TEST_CASE("micro_batch: HDP rings and packs cover the step exactly once, for poo
         for (const auto& mb : plan.per_rank[static_cast<std::size_t>(r)]) {
           parts.push_back(make_hdp_micro_batch(b, mb, r, index++));
           CHECK(parts.back().view().size() == mb.tokens);
-          if (mb.degree > 1) CHECK(parts.back().seqlen_docs.size() == 1);  // a ring's two chunks: one interval
+          if (mb.degree > 1)
+            CHECK(parts.back().seqlen_docs.size() == 1);  // a ring's two chunks: one interval
           rings += mb.degree > 1 ? 1 : 0;
         }
       }
@@ -218,7 +222,8 @@ TEST_CASE("micro_batch: HDP rings and packs cover the step exactly once, for poo
 
 TEST_CASE("micro_batch: a hand-worked THD example (one document of 8 tokens, cp = 2)") {
   step_batch b;
-  b.documents.push_back({.id = 42, .tokens = {10, 11, 12, 13, 14, 15, 16, 17}, .items = {{1, 9, 3, 2}}, .loss_mask = {}});
+  b.documents.push_back(
+      {.id = 42, .tokens = {10, 11, 12, 13, 14, 15, 16, 17}, .items = {{1, 9, 3, 2}}, .loss_mask = {}});
   const std::int64_t len[1] = {8};
   const auto p = seq::partition_thd(len, 2);
   const auto r0 = make_cp_micro_batch(b, p, 0), r1 = make_cp_micro_batch(b, p, 1);
@@ -243,7 +248,8 @@ TEST_CASE("micro_batch: a hand-worked THD example (one document of 8 tokens, cp 
 
 TEST_CASE("micro_batch: an item cut by a CP chunk boundary lands in pieces on two ranks") {
   step_batch b;
-  b.documents.push_back({.id = 1, .tokens = {1, 2, 3, 4, 5, 6, 7, 8}, .items = {{0, 5, 1, 4}}, .loss_mask = {}});
+  b.documents.push_back(
+      {.id = 1, .tokens = {1, 2, 3, 4, 5, 6, 7, 8}, .items = {{0, 5, 1, 4}}, .loss_mask = {}});
   const std::int64_t len[1] = {8};
   const auto p = seq::partition_thd(len, 2);
   const auto r0 = make_cp_micro_batch(b, p, 0), r1 = make_cp_micro_batch(b, p, 1);
@@ -259,13 +265,14 @@ TEST_CASE("micro_batch: errors name what is wrong") {
   auto lengths = document_lengths(b);
   lengths.push_back(4);
   const auto wrong = seq::partition_thd(lengths, 2, true);
-  CHECK_THROWS_WITH_AS(make_cp_micro_batch(b, wrong, 0), doctest::Contains("do not match the batch's document"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS(make_cp_micro_batch(b, wrong, 0),
+                       doctest::Contains("do not match the batch's document"), invalid_argument);
   const auto p = seq::partition_thd(document_lengths(b), 2, true);
   CHECK_THROWS_WITH_AS(make_cp_micro_batch(b, p, 2), doctest::Contains("rank 2; expected a rank in [0, 2)"),
                        invalid_argument);
   const seq::seq_segment unknown[1] = {{-5, {0, 1}}};
-  CHECK_THROWS_WITH_AS(make_segment_micro_batch(b, unknown), doctest::Contains("document id -5"), invalid_argument);
+  CHECK_THROWS_WITH_AS(make_segment_micro_batch(b, unknown), doctest::Contains("document id -5"),
+                       invalid_argument);
   const seq::seq_segment outside[1] = {{b.documents[0].id, {0, b.documents[0].length() + 1}}};
   CHECK_THROWS_WITH_AS(make_segment_micro_batch(b, outside), doctest::Contains("expected a range inside"),
                        invalid_argument);
@@ -273,11 +280,13 @@ TEST_CASE("micro_batch: errors name what is wrong") {
   step_batch dup;
   dup.documents = {{.id = 3, .tokens = {1, 2}, .items = {}, .loss_mask = {}},
                    {.id = 3, .tokens = {1}, .items = {}, .loss_mask = {}}};
-  CHECK_THROWS_WITH_AS(check_step_batch(dup), doctest::Contains("document id 3 appears twice"), invalid_argument);
-  step_batch overlap;
-  overlap.documents = {{.id = 1, .tokens = {1, 2, 3, 4}, .items = {{0, 1, 0, 2}, {0, 2, 1, 2}}, .loss_mask = {}}};
-  CHECK_THROWS_WITH_AS(check_step_batch(overlap), doctest::Contains("item 2 (encoder 0) covers tokens [1, 3)"),
+  CHECK_THROWS_WITH_AS(check_step_batch(dup), doctest::Contains("document id 3 appears twice"),
                        invalid_argument);
+  step_batch overlap;
+  overlap.documents = {
+      {.id = 1, .tokens = {1, 2, 3, 4}, .items = {{0, 1, 0, 2}, {0, 2, 1, 2}}, .loss_mask = {}}};
+  CHECK_THROWS_WITH_AS(check_step_batch(overlap),
+                       doctest::Contains("item 2 (encoder 0) covers tokens [1, 3)"), invalid_argument);
   step_batch mask;
   mask.documents = {{.id = 1, .tokens = {1, 2, 3}, .items = {}, .loss_mask = {1}}};
   CHECK_THROWS_WITH_AS(check_step_batch(mask), doctest::Contains("loss mask of 1 entries for 3 tokens"),

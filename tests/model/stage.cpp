@@ -25,7 +25,8 @@ struct probe {
   std::int64_t output_size(const micro_batch_view&) const requires Size { return 0; }
   void forward(ctx_t&, const micro_batch_view&, std::span<const double>, std::span<double>) requires Fwd {}
   void backward(ctx_t&, const micro_batch_view&, std::span<const double>, std::span<double>) requires Bwd {}
-  void backward_input(ctx_t&, const micro_batch_view&, std::span<const double>, std::span<double>) requires BwdI {}
+  void backward_input(ctx_t&, const micro_batch_view&, std::span<const double>,
+                      std::span<double>) requires BwdI {}
   void backward_weight(ctx_t&, const micro_batch_view&) requires BwdW {}
   std::array<std::span<double>, 1> parameters() requires Params { return {}; }
   std::array<std::span<double>, 1> gradients() requires Params { return {}; }
@@ -56,7 +57,8 @@ static_assert(!backbone_stage<probe<true, true, true, true, true>, float, ctx_t>
 // element type does not.
 static_assert(span_range<std::vector<std::span<float>>, float>);
 static_assert(span_range<std::array<std::span<float>, 3>&, float>);
-static_assert(span_range<std::vector<std::vector<float>>&, float>);  // a vector<float>& converts to span<float>
+static_assert(
+    span_range<std::vector<std::vector<float>>&, float>);  // a vector<float>& converts to span<float>
 static_assert(!span_range<std::vector<std::vector<double>>, float>);
 static_assert(!span_range<int, float>);
 
@@ -166,11 +168,11 @@ TEST_CASE("scale_stage: a backward before its forward names the slot") {
   const auto mb = tokens_batch(3);
   std::vector<double> dy(6, 1.0), dx(6);
   s.backward_input(c, mb.view(), dy, dx);
-  CHECK_THROWS_WITH_AS(s.backward_weight(c, mb.view()), doctest::Contains("(stage 1, micro-batch 4, tensor 0) read before"),
-                       activation_error);
+  CHECK_THROWS_WITH_AS(s.backward_weight(c, mb.view()),
+                       doctest::Contains("(stage 1, micro-batch 4, tensor 0) read before"), activation_error);
   std::vector<double> wrong(5);
-  CHECK_THROWS_WITH_AS(s.forward(c, mb.view(), wrong, dx), doctest::Contains("input has 5 elements; expected 6"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS(s.forward(c, mb.view(), wrong, dx),
+                       doctest::Contains("input has 5 elements; expected 6"), invalid_argument);
   ctx_t none{};
   CHECK_THROWS_WITH_AS((void)none.slots(), doctest::Contains("has no activation store"), invalid_argument);
 }

@@ -46,11 +46,13 @@ class activation_error : public error {
 /// Opt-in for activation_store: a store declares `using is_activation_store = void;`, so that an
 /// unrelated type with read/write members never matches by accident.
 template <class S>
-inline constexpr bool enable_activation_store = requires { typename S::is_activation_store; };
+inline constexpr bool enable_activation_store = requires {
+  typename S::is_activation_store;
+};
 
 /// An activation store for element type T: where stages' saved tensors live between a micro-batch's
 /// forward and its backward. Requirements:
-///  1. opt-in: enable_activation_store<S> is true;
+///  1. opt-in: `enable_activation_store<S>` is true;
 ///  2. `s.write(key, std::span<const T>)`: stores a copy of the data under `key`; throws activation_error
 ///     naming the key when the slot already holds data;
 ///  3. `s.read(key)` -> convertible to std::span<const T>: the data written under `key`, valid until the
@@ -72,13 +74,17 @@ concept activation_store = enable_activation_store<std::remove_cvref_t<S>> &&
 
 namespace detail {
 template <class S, class T>
-concept store_writes = requires(S& s, activation_key k, std::span<const T> data) { s.write(k, data); };
+concept store_writes = requires(S& s, activation_key k, std::span<const T> data) {
+  s.write(k, data);
+};
 template <class S, class T>
 concept store_reads = requires(S& s, activation_key k) {
   { s.read(k) } -> std::convertible_to<std::span<const T>>;
 };
 template <class S>
-concept store_releases = requires(S& s, activation_key k) { s.release(k); };
+concept store_releases = requires(S& s, activation_key k) {
+  s.release(k);
+};
 template <class S>
 concept store_contains = requires(const S& s, activation_key k) {
   { s.contains(k) } -> std::convertible_to<bool>;
@@ -89,20 +95,24 @@ concept store_bytes = requires(const S& s) {
 };
 }  // namespace detail
 
-/// Checks activation_store<S, T> requirement by requirement: each one S misses fails a static_assert that
+/// Checks `activation_store<S, T>` requirement by requirement: each one S misses fails a static_assert that
 /// names it. Returns true (so `static_assert(check_activation_store<S, T>())`).
 template <class S, class T>
 consteval bool check_activation_store() {
-  static_assert(enable_activation_store<std::remove_cvref_t<S>>,
-                "activation_store requirement 1: the store type must opt in with `using is_activation_store = void;`");
+  static_assert(
+      enable_activation_store<std::remove_cvref_t<S>>,
+      "activation_store requirement 1: the store type must opt in with `using is_activation_store = void;`");
   static_assert(detail::store_writes<S, T>,
                 "activation_store requirement 2: missing `write(activation_key, std::span<const T>)`");
-  static_assert(detail::store_reads<S, T>,
-                "activation_store requirement 3: missing `read(activation_key)` returning a std::span<const T>");
-  static_assert(detail::store_releases<S>, "activation_store requirement 4: missing `release(activation_key)`");
+  static_assert(
+      detail::store_reads<S, T>,
+      "activation_store requirement 3: missing `read(activation_key)` returning a std::span<const T>");
+  static_assert(detail::store_releases<S>,
+                "activation_store requirement 4: missing `release(activation_key)`");
   static_assert(detail::store_contains<S>,
                 "activation_store requirement 5: missing `bool contains(activation_key) const`");
-  static_assert(detail::store_bytes<S>, "activation_store requirement 6: missing `std::int64_t bytes() const`");
+  static_assert(detail::store_bytes<S>,
+                "activation_store requirement 6: missing `std::int64_t bytes() const`");
   return true;
 }
 
@@ -121,7 +131,8 @@ class host_activation_store {
     const auto [it, fresh] = slots_.try_emplace(k);
     if (!fresh)
       throw_error<activation_error>(
-          "activation slot (stage {}, micro-batch {}, tensor {}) written twice; expected one write per forward "
+          "activation slot (stage {}, micro-batch {}, tensor {}) written twice; expected one write per "
+          "forward "
           "and a release after its backward",
           k.stage, k.micro_batch, k.tensor);
     it->second.assign(data.begin(), data.end());
@@ -187,7 +198,7 @@ class activation_slot {
   activation_slot(Store& store, int stage, int micro_batch) noexcept
       : store_(&store), stage_(stage), micro_batch_(micro_batch) {}
 
-  /// Saves `data` as tensor `tensor` (Store::write's contract). 
+  /// Saves `data` as tensor `tensor` (Store::write's contract).
   template <class T>
   void save(int tensor, std::span<const T> data) const {
     store_->write(activation_key{stage_, micro_batch_, tensor}, data);
@@ -213,7 +224,9 @@ class activation_slot {
 
 template <>
 struct fmt::formatter<hetmesh::model::activation_key> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::activation_key& k, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "(stage {}, micro-batch {}, tensor {})", k.stage, k.micro_batch, k.tensor);
+  auto format(const hetmesh::model::activation_key& k, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "(stage {}, micro-batch {}, tensor {})", k.stage, k.micro_batch,
+                              k.tensor);
   }
 };

@@ -10,7 +10,9 @@ namespace hetmesh::model {
 
 namespace detail {
 template <class K, class T>
-concept attention_forward = requires(K& k, const attention_block<T>& b, attention_forward_out<T> o) { k.forward(b, o); };
+concept attention_forward = requires(K& k, const attention_block<T>& b, attention_forward_out<T> o) {
+  k.forward(b, o);
+};
 template <class K, class T>
 concept attention_backward = requires(K& k, const attention_block<T>& b, attention_backward_io<T> g) {
   k.backward(b, g);

@@ -21,9 +21,9 @@ namespace hetmesh::model {
 /// KV to next() and receives from prev(). A ring of size 1 means the sequence is whole on this rank.
 template <class Comm>
 struct ring_group {
-  Comm* parent = nullptr;     ///< the communicator whose ranks `ranks` names (null: no ring)
-  std::span<const int> ranks; ///< ordered ranks of parent; ranks[position] is the caller's parent rank
-  int position = 0;           ///< the caller's index in `ranks`
+  Comm* parent = nullptr;      ///< the communicator whose ranks `ranks` names (null: no ring)
+  std::span<const int> ranks;  ///< ordered ranks of parent; ranks[position] is the caller's parent rank
+  int position = 0;            ///< the caller's index in `ranks`
 
   /// Ranks in the ring (1 when there is none). O(1).
   [[nodiscard]] int size() const noexcept { return ranks.empty() ? 1 : static_cast<int>(ranks.size()); }
@@ -59,17 +59,15 @@ struct stage_context : detail::context_store<Store> {
   /// The activation store type (void: none).
   using store_type = Store;
 
-  Comm* tp = nullptr;        ///< tensor-parallel group (null: tp = 1)
-  Comm* ep = nullptr;        ///< expert-parallel group (null: ep = 1)
-  ring_group<Comm> ring{};   ///< the sequence's CP or HDP ring
-  int stage = 0;             ///< pipeline stage (encoder: encoder shard) of the call
-  int micro_batch = 0;       ///< micro-batch of the call
+  Comm* tp = nullptr;       ///< tensor-parallel group (null: tp = 1)
+  Comm* ep = nullptr;       ///< expert-parallel group (null: ep = 1)
+  ring_group<Comm> ring{};  ///< the sequence's CP or HDP ring
+  int stage = 0;            ///< pipeline stage (encoder: encoder shard) of the call
+  int micro_batch = 0;      ///< micro-batch of the call
 
   /// The stage's activation slots for this call's (stage, micro-batch). Only when Store is not void;
   /// throws invalid_argument when no store is set. O(1).
-  [[nodiscard]] activation_slot<Store> slots() const
-    requires(!std::is_void_v<Store>)
-  {
+  [[nodiscard]] activation_slot<Store> slots() const requires(!std::is_void_v<Store>) {
     if (this->activations == nullptr)
       throw_error<invalid_argument>("stage_context: stage {} micro-batch {} has no activation store", stage,
                                     micro_batch);

@@ -20,12 +20,12 @@ namespace hetmesh::model {
 /// encoder buffers: item `item` contributes its tokens `tokens` at `offset` (a long item split by
 /// Ulysses gives each rank of its group a contiguous range).
 struct encoder_piece {
-  std::int64_t item = 0;      ///< item id
+  std::int64_t item = 0;         ///< item id
   std::int64_t item_tokens = 0;  ///< the item's full length in tokens
-  seq::token_range tokens;    ///< tokens of the item held here
-  std::int64_t offset = 0;    ///< first token of the piece in the rank's buffer
-  int degree = 1;             ///< ranks the item is split over (1: whole here)
-  int group_rank = 0;         ///< this rank's index in the item's group
+  seq::token_range tokens;       ///< tokens of the item held here
+  std::int64_t offset = 0;       ///< first token of the piece in the rank's buffer
+  int degree = 1;                ///< ranks the item is split over (1: whole here)
+  int group_rank = 0;            ///< this rank's index in the item's group
 
   friend constexpr bool operator==(const encoder_piece&, const encoder_piece&) = default;
 };
@@ -61,7 +61,8 @@ struct encoder_batch {
 [[nodiscard]] inline encoder_batch make_encoder_batch(const seq::long_short_plan& plan, int encoder, int rank,
                                                       int index = 0) {
   if (rank < 0 || rank >= plan.ranks)
-    throw_error<invalid_argument>("make_encoder_batch: rank {}; expected a rank in [0, {})", rank, plan.ranks);
+    throw_error<invalid_argument>("make_encoder_batch: rank {}; expected a rank in [0, {})", rank,
+                                  plan.ranks);
   encoder_batch eb;
   eb.encoder = encoder;
   eb.rank = rank;

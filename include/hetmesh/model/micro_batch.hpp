@@ -101,16 +101,18 @@ inline void check_step_batch(const step_batch& b) {
     const auto& d = b.documents[i];
     ids.push_back(d.id);
     if (!d.loss_mask.empty() && d.loss_mask.size() != d.tokens.size())
-      throw_error<invalid_argument>("step_batch: document {} (id {}) has a loss mask of {} entries for {} tokens",
-                                    i, d.id, d.loss_mask.size(), d.tokens.size());
+      throw_error<invalid_argument>(
+          "step_batch: document {} (id {}) has a loss mask of {} entries for {} tokens", i, d.id,
+          d.loss_mask.size(), d.tokens.size());
     std::int64_t end = 0;
     for (const auto& it : d.items) {
       if (it.encoder < 0)
-        throw_error<invalid_argument>("step_batch: document id {} item {} names encoder {}; expected >= 0", d.id,
-                                      it.id, it.encoder);
+        throw_error<invalid_argument>("step_batch: document id {} item {} names encoder {}; expected >= 0",
+                                      d.id, it.id, it.encoder);
       if (it.tokens < 0 || it.position < end || it.position + it.tokens > d.length())
         throw_error<invalid_argument>(
-            "step_batch: document id {} item {} (encoder {}) covers tokens [{}, {}); expected items in position "
+            "step_batch: document id {} item {} (encoder {}) covers tokens [{}, {}); expected items in "
+            "position "
             "order, not overlapping, inside the document's {} tokens",
             d.id, it.id, it.encoder, it.position, it.position + it.tokens, d.length());
       end = it.position + it.tokens;
@@ -159,20 +161,20 @@ struct encoder_landing {
 /// document of the step, possibly empty here). The step's token and target counts let every rank
 /// normalise its loss the same way: loss = sum(weight * token_loss) / step_targets.
 struct micro_batch_view {
-  int rank = 0;                                 ///< rank (within the partition's group) holding it
-  int index = 0;                                ///< micro-batch index on that rank
-  std::span<const std::int64_t> tokens;         ///< per local token: token id (padding: pad_token)
-  std::span<const std::int64_t> positions;      ///< per local token: position in its document
-  std::span<const std::int64_t> doc_ids;        ///< per local token: document id
-  std::span<const std::int64_t> stream_index;   ///< per local token: index in the step's stream, -1 = padding
-  std::span<const std::int64_t> targets;        ///< per local token: next token id, or ignore_target
-  std::span<const double> loss_weights;         ///< per local token: 1 when its target counts, else 0
-  std::span<const std::int64_t> cu_seqlens;     ///< local per-document boundaries, from 0 to size()
-  std::span<const std::int64_t> seqlen_docs;    ///< document id of each cu_seqlens interval
-  std::span<const token_segment> segments;      ///< runs of documents, in local order
+  int rank = 0;                                ///< rank (within the partition's group) holding it
+  int index = 0;                               ///< micro-batch index on that rank
+  std::span<const std::int64_t> tokens;        ///< per local token: token id (padding: pad_token)
+  std::span<const std::int64_t> positions;     ///< per local token: position in its document
+  std::span<const std::int64_t> doc_ids;       ///< per local token: document id
+  std::span<const std::int64_t> stream_index;  ///< per local token: index in the step's stream, -1 = padding
+  std::span<const std::int64_t> targets;       ///< per local token: next token id, or ignore_target
+  std::span<const double> loss_weights;        ///< per local token: 1 when its target counts, else 0
+  std::span<const std::int64_t> cu_seqlens;    ///< local per-document boundaries, from 0 to size()
+  std::span<const std::int64_t> seqlen_docs;   ///< document id of each cu_seqlens interval
+  std::span<const token_segment> segments;     ///< runs of documents, in local order
   std::span<const encoder_landing> encoder_outputs;  ///< where encoder outputs land
-  std::int64_t step_tokens = 0;                 ///< tokens of the step (padding excluded)
-  std::int64_t step_targets = 0;                ///< targets that count in the step, over every rank
+  std::int64_t step_tokens = 0;                      ///< tokens of the step (padding excluded)
+  std::int64_t step_targets = 0;                     ///< targets that count in the step, over every rank
 
   /// Local tokens (padding included).
   [[nodiscard]] std::int64_t size() const noexcept { return static_cast<std::int64_t>(tokens.size()); }
@@ -187,26 +189,25 @@ struct micro_batch_view {
 /// The storage of one rank's micro-batch; `view()` is what stages read. Built by make_cp_micro_batch,
 /// make_hdp_micro_batch or make_segment_micro_batch.
 struct micro_batch {
-  int rank = 0;                                   ///< rank holding it
-  int index = 0;                                  ///< micro-batch index on that rank
-  std::vector<std::int64_t> tokens;               ///< see micro_batch_view
-  std::vector<std::int64_t> positions;            ///< see micro_batch_view
-  std::vector<std::int64_t> doc_ids;              ///< see micro_batch_view
-  std::vector<std::int64_t> stream_index;         ///< see micro_batch_view
-  std::vector<std::int64_t> targets;              ///< see micro_batch_view
-  std::vector<double> loss_weights;               ///< see micro_batch_view
-  std::vector<std::int64_t> cu_seqlens;           ///< see micro_batch_view
-  std::vector<std::int64_t> seqlen_docs;          ///< see micro_batch_view
-  std::vector<token_segment> segments;            ///< see micro_batch_view
-  std::vector<encoder_landing> encoder_outputs;   ///< see micro_batch_view
-  std::int64_t step_tokens = 0;                   ///< see micro_batch_view
-  std::int64_t step_targets = 0;                  ///< see micro_batch_view
+  int rank = 0;                                  ///< rank holding it
+  int index = 0;                                 ///< micro-batch index on that rank
+  std::vector<std::int64_t> tokens;              ///< see micro_batch_view
+  std::vector<std::int64_t> positions;           ///< see micro_batch_view
+  std::vector<std::int64_t> doc_ids;             ///< see micro_batch_view
+  std::vector<std::int64_t> stream_index;        ///< see micro_batch_view
+  std::vector<std::int64_t> targets;             ///< see micro_batch_view
+  std::vector<double> loss_weights;              ///< see micro_batch_view
+  std::vector<std::int64_t> cu_seqlens;          ///< see micro_batch_view
+  std::vector<std::int64_t> seqlen_docs;         ///< see micro_batch_view
+  std::vector<token_segment> segments;           ///< see micro_batch_view
+  std::vector<encoder_landing> encoder_outputs;  ///< see micro_batch_view
+  std::int64_t step_tokens = 0;                  ///< see micro_batch_view
+  std::int64_t step_targets = 0;                 ///< see micro_batch_view
 
   /// The view over this storage; valid while *this lives and is not modified. O(1).
   [[nodiscard]] micro_batch_view view() const noexcept {
-    return {rank,         index,        tokens,          positions,  doc_ids,    stream_index, targets,
-            loss_weights, cu_seqlens,   seqlen_docs,     segments,   encoder_outputs, step_tokens,
-            step_targets};
+    return {rank,         index,      tokens,      positions, doc_ids,         stream_index, targets,
+            loss_weights, cu_seqlens, seqlen_docs, segments,  encoder_outputs, step_tokens,  step_targets};
   }
   friend bool operator==(const micro_batch&, const micro_batch&) = default;
 };
@@ -251,7 +252,8 @@ inline void append_run(micro_batch& mb, const step_batch& b, const step_index& s
     const std::int64_t lo = std::max(positions.begin, it.position);
     const std::int64_t hi = std::min(positions.end, it.position + it.tokens);
     if (lo >= hi) continue;
-    const encoder_landing l{it.encoder, it.id, {lo - it.position, hi - it.position}, local + (lo - positions.begin)};
+    const encoder_landing l{
+        it.encoder, it.id, {lo - it.position, hi - it.position}, local + (lo - positions.begin)};
     auto& out = mb.encoder_outputs;
     if (!out.empty() && out.back().encoder == l.encoder && out.back().item == l.item &&
         out.back().item_tokens.end == l.item_tokens.begin &&
@@ -278,13 +280,15 @@ inline void close_by_segments(micro_batch& mb) {
   }
 }
 
-inline const document& find_document(const step_batch& b, std::int64_t id, std::int64_t& index, const char* who) {
+inline const document& find_document(const step_batch& b, std::int64_t id, std::int64_t& index,
+                                     const char* who) {
   for (std::size_t i = 0; i < b.documents.size(); ++i)
     if (b.documents[i].id == id) {
       index = static_cast<std::int64_t>(i);
       return b.documents[i];
     }
-  throw_error<invalid_argument>("{}: the plan names document id {}, which is not in the step's batch", who, id);
+  throw_error<invalid_argument>("{}: the plan names document id {}, which is not in the step's batch", who,
+                                id);
 }
 }  // namespace detail
 
@@ -296,16 +300,18 @@ inline const document& find_document(const step_batch& b, std::int64_t id, std::
 /// Preconditions: `p` was made from document_lengths(b) (checked: invalid_argument otherwise);
 /// 0 <= rank < p.policy.cp. Postconditions: over all ranks, every stream token appears exactly once and
 /// every counting target exactly once. Pure; O(local tokens x items per document + documents).
-[[nodiscard]] inline micro_batch make_cp_micro_batch(const step_batch& b, const seq::cp_partition& p, int rank,
-                                                     int index = 0) {
+[[nodiscard]] inline micro_batch make_cp_micro_batch(const step_batch& b, const seq::cp_partition& p,
+                                                     int rank, int index = 0) {
   const auto s = detail::index_step(b);
   if (p.cu_seqlens != s.offsets)
     throw_error<invalid_argument>(
-        "make_cp_micro_batch: the partition's cu_seqlens {} do not match the batch's document lengths {}; expected "
+        "make_cp_micro_batch: the partition's cu_seqlens {} do not match the batch's document lengths {}; "
+        "expected "
         "a partition of document_lengths(batch)",
         p.cu_seqlens, s.offsets);
   if (rank < 0 || rank >= static_cast<int>(p.ranks.size()))
-    throw_error<invalid_argument>("make_cp_micro_batch: rank {}; expected a rank in [0, {})", rank, p.ranks.size());
+    throw_error<invalid_argument>("make_cp_micro_batch: rank {}; expected a rank in [0, {})", rank,
+                                  p.ranks.size());
   const auto& sh = p.ranks[static_cast<std::size_t>(rank)];
   micro_batch mb;
   mb.rank = rank;
@@ -328,8 +334,8 @@ inline const document& find_document(const step_batch& b, std::int64_t id, std::
 /// Preconditions: every seq_id names a document of `b`, every range lies inside it (both checked:
 /// invalid_argument). Pure; O(local tokens x items per document + segments x documents).
 [[nodiscard]] inline micro_batch make_segment_micro_batch(const step_batch& b,
-                                                          std::span<const seq::seq_segment> segments, int rank = 0,
-                                                          int index = 0) {
+                                                          std::span<const seq::seq_segment> segments,
+                                                          int rank = 0, int index = 0) {
   const auto s = detail::index_step(b);
   micro_batch mb;
   mb.rank = rank;
@@ -340,9 +346,10 @@ inline const document& find_document(const step_batch& b, std::int64_t id, std::
     std::int64_t doc = 0;
     const auto& d = detail::find_document(b, sg.seq_id, doc, "make_segment_micro_batch");
     if (sg.tokens.begin < 0 || sg.tokens.end > d.length() || sg.tokens.begin > sg.tokens.end)
-      throw_error<invalid_argument>("make_segment_micro_batch: segment {} of document id {}; expected a range "
-                                    "inside its {} tokens",
-                                    sg.tokens, sg.seq_id, d.length());
+      throw_error<invalid_argument>(
+          "make_segment_micro_batch: segment {} of document id {}; expected a range "
+          "inside its {} tokens",
+          sg.tokens, sg.seq_id, d.length());
     detail::append_run(mb, b, s, doc, sg.tokens);
   }
   detail::close_by_segments(mb);
@@ -389,14 +396,18 @@ struct fmt::formatter<hetmesh::model::token_segment> : hetmesh::empty_spec_forma
 };
 template <>
 struct fmt::formatter<hetmesh::model::encoder_landing> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::encoder_landing& l, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "enc{}:item{}{}@{}", l.encoder, l.item, l.item_tokens, l.local_offset);
+  auto format(const hetmesh::model::encoder_landing& l, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "enc{}:item{}{}@{}", l.encoder, l.item, l.item_tokens,
+                              l.local_offset);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::model::micro_batch_view> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::micro_batch_view& v, fmt::format_context& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "micro_batch{{rank={}, mb={}, tokens={}, targets={}, segments={}, encoder={}}}",
+  auto format(const hetmesh::model::micro_batch_view& v, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(),
+                              "micro_batch{{rank={}, mb={}, tokens={}, targets={}, segments={}, encoder={}}}",
                               v.rank, v.index, v.size(), v.local_targets(), v.segments, v.encoder_outputs);
   }
 };
