@@ -87,6 +87,8 @@ void check_view(const step_batch& b, const std::vector<token_facts>& ref, const 
       CHECK(v.doc_ids[i] == f.doc_id);
       CHECK(v.targets[i] == f.target);
       CHECK(v.loss_weights[i] == f.weight);
+      // The builders' sweep agrees with the one-token rule, an independent statement of it.
+      CHECK((v.loss_weights[i] != 0.0) == target_counts(*by_id.at(v.doc_ids[i]), v.positions[i]));
     } else {  // padding continues its document and never counts
       CHECK(v.tokens[i] == b.pad_token);
       CHECK(v.positions[i] >= by_id.at(v.doc_ids[i])->length());
@@ -203,11 +205,13 @@ TEST_CASE("micro_batch: HDP rings and packs cover the step exactly once, for poo
       pol.capacity = std::max<std::int64_t>(16, (longest + pool - 1) / pool + 4);
       const auto descs = document_descs(b);
       const auto plan = seq::plan_hdp(descs, pol, pool);
+      const auto summary = summarize_step(b);  // once per step, shared by every micro-batch
       std::vector<micro_batch> parts;
       for (int r = 0; r < pool; ++r) {
         int index = 0;
         for (const auto& mb : plan.per_rank[static_cast<std::size_t>(r)]) {
-          parts.push_back(make_hdp_micro_batch(b, mb, r, index++));
+          parts.push_back(make_hdp_micro_batch(b, summary, mb, r, index++));
+          CHECK(parts.back() == make_hdp_micro_batch(b, mb, r, index - 1));
           CHECK(parts.back().view().size() == mb.tokens);
           if (mb.degree > 1)
             CHECK(parts.back().seqlen_docs.size() == 1);  // a ring's two chunks: one interval

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -212,42 +213,80 @@ struct micro_batch {
   friend bool operator==(const micro_batch&, const micro_batch&) = default;
 };
 
-namespace detail {
-/// Stream offsets of the documents (prefix sums of their lengths), and the step's counts.
-struct step_index {
-  std::vector<std::int64_t> offsets;  // per document, then the total
-  std::int64_t targets = 0;
+/// What every rank's builder needs to know of the whole step, computed once per step: where each document
+/// starts in the step's stream, the documents by id, and the step's token and target counts.
+struct step_summary {
+  std::vector<std::int64_t> offsets;  ///< per document its first stream token, then the total
+  std::vector<std::pair<std::int64_t, std::int64_t>> ids;  ///< (document id, index), sorted by id
+  std::int64_t tokens = 0;                                 ///< tokens of the step
+  std::int64_t targets = 0;                                ///< targets that count in the step
+
+  /// The index of the document with id `id`, or -1. O(log documents).
+  [[nodiscard]] std::int64_t find(std::int64_t id) const noexcept {
+    const auto it = std::lower_bound(ids.begin(), ids.end(), std::pair<std::int64_t, std::int64_t>{id, -1});
+    return it != ids.end() && it->first == id ? it->second : -1;
+  }
 };
 
-inline step_index index_step(const step_batch& b) {
-  step_index s;
+namespace detail {
+/// Calls f(position, counts) for positions [begin, end) of `d` (past its length: counts = false), in
+/// order, with target_counts' rule. O(end - begin + log items).
+template <class F>
+void for_each_target(const document& d, std::int64_t begin, std::int64_t end, F&& f) {
+  const auto& items = d.items;
+  // First item that may contain begin + 1 (items are sorted and disjoint).
+  auto j = static_cast<std::size_t>(
+      std::partition_point(items.begin(), items.end(),
+                           [&](const encoder_item& it) { return it.position + it.tokens <= begin + 1; }) -
+      items.begin());
+  for (std::int64_t p = begin; p < end; ++p) {
+    const std::int64_t next = p + 1;
+    while (j < items.size() && items[j].position + items[j].tokens <= next) ++j;
+    const bool placeholder = j < items.size() && items[j].position <= next;
+    const bool counts = next < d.length() && !placeholder &&
+                        (d.loss_mask.empty() || d.loss_mask[static_cast<std::size_t>(p)] != 0);
+    f(p, counts);
+  }
+}
+}  // namespace detail
+
+/// The step's summary, once per step, for the builders (which otherwise compute it per call). Pure;
+/// O(tokens + documents log documents).
+[[nodiscard]] inline step_summary summarize_step(const step_batch& b) {
+  step_summary s;
   s.offsets.reserve(b.documents.size() + 1);
   s.offsets.push_back(0);
-  for (const auto& d : b.documents) {
+  s.ids.reserve(b.documents.size());
+  for (std::size_t i = 0; i < b.documents.size(); ++i) {
+    const auto& d = b.documents[i];
     s.offsets.push_back(s.offsets.back() + d.length());
-    for (std::int64_t p = 0; p < d.length(); ++p) s.targets += target_counts(d, p) ? 1 : 0;
+    s.ids.emplace_back(d.id, static_cast<std::int64_t>(i));
+    detail::for_each_target(d, 0, d.length(),
+                            [&](std::int64_t, bool counts) { s.targets += counts ? 1 : 0; });
   }
+  s.tokens = s.offsets.back();
+  std::sort(s.ids.begin(), s.ids.end());
   return s;
 }
 
+namespace detail {
 /// Appends the run `positions` of document `doc` to `mb`: per token fields, the segment, and the
 /// landings of the document's items that intersect the run.
-inline void append_run(micro_batch& mb, const step_batch& b, const step_index& s, std::int64_t doc,
+inline void append_run(micro_batch& mb, const step_batch& b, const step_summary& s, std::int64_t doc,
                        seq::token_range positions) {
   if (positions.size() <= 0) return;
   const auto& d = b.documents[static_cast<std::size_t>(doc)];
   const std::int64_t local = static_cast<std::int64_t>(mb.tokens.size());
   mb.segments.push_back({doc, d.id, positions, local});
-  for (std::int64_t p = positions.begin; p < positions.end; ++p) {
+  for_each_target(d, positions.begin, positions.end, [&](std::int64_t p, bool counts) {
     const bool real = p < d.length();
     mb.tokens.push_back(real ? d.tokens[static_cast<std::size_t>(p)] : b.pad_token);
     mb.positions.push_back(p);
     mb.doc_ids.push_back(d.id);
     mb.stream_index.push_back(real ? s.offsets[static_cast<std::size_t>(doc)] + p : -1);
-    const bool counts = real && target_counts(d, p);
     mb.targets.push_back(counts ? d.tokens[static_cast<std::size_t>(p + 1)] : ignore_target);
     mb.loss_weights.push_back(counts ? 1.0 : 0.0);
-  }
+  });
   for (const auto& it : d.items) {
     const std::int64_t lo = std::max(positions.begin, it.position);
     const std::int64_t hi = std::min(positions.end, it.position + it.tokens);
@@ -279,17 +318,6 @@ inline void close_by_segments(micro_batch& mb) {
     }
   }
 }
-
-inline const document& find_document(const step_batch& b, std::int64_t id, std::int64_t& index,
-                                     const char* who) {
-  for (std::size_t i = 0; i < b.documents.size(); ++i)
-    if (b.documents[i].id == id) {
-      index = static_cast<std::int64_t>(i);
-      return b.documents[i];
-    }
-  throw_error<invalid_argument>("{}: the plan names document id {}, which is not in the step's batch", who,
-                                id);
-}
 }  // namespace detail
 
 /// Micro-batch of `rank` under a context-parallel partition of the batch (THD per document, zigzag of
@@ -297,17 +325,16 @@ inline const document& find_document(const step_batch& b, std::int64_t id, std::
 /// the partition's local order (THD: per document, chunk r then chunk 2cp-1-r); padding tokens get
 /// pad_token, the positions that continue their document, stream index -1 and weight 0. cu_seqlens and
 /// seqlen_docs are the partition's (TransformerEngine's cu_seqlens_padded / cp under THD).
-/// Preconditions: `p` was made from document_lengths(b) (checked: invalid_argument otherwise);
-/// 0 <= rank < p.policy.cp. Postconditions: over all ranks, every stream token appears exactly once and
-/// every counting target exactly once. Pure; O(local tokens x items per document + documents).
-[[nodiscard]] inline micro_batch make_cp_micro_batch(const step_batch& b, const seq::cp_partition& p,
-                                                     int rank, int index = 0) {
-  const auto s = detail::index_step(b);
+/// Preconditions: `s` is summarize_step(b); `p` was made from document_lengths(b) (checked:
+/// invalid_argument otherwise); 0 <= rank < p.policy.cp (checked). Postconditions: over all ranks, every
+/// stream token appears exactly once and every counting target exactly once. Pure; O(local tokens + local
+/// chunks x items per document + documents).
+[[nodiscard]] inline micro_batch make_cp_micro_batch(const step_batch& b, const step_summary& s,
+                                                     const seq::cp_partition& p, int rank, int index = 0) {
   if (p.cu_seqlens != s.offsets)
     throw_error<invalid_argument>(
         "make_cp_micro_batch: the partition's cu_seqlens {} do not match the batch's document lengths {}; "
-        "expected "
-        "a partition of document_lengths(batch)",
+        "expected a partition of document_lengths(batch)",
         p.cu_seqlens, s.offsets);
   if (rank < 0 || rank >= static_cast<int>(p.ranks.size()))
     throw_error<invalid_argument>("make_cp_micro_batch: rank {}; expected a rank in [0, {})", rank,
@@ -316,7 +343,7 @@ inline const document& find_document(const step_batch& b, std::int64_t id, std::
   micro_batch mb;
   mb.rank = rank;
   mb.index = index;
-  mb.step_tokens = s.offsets.back();
+  mb.step_tokens = s.tokens;
   mb.step_targets = s.targets;
   const auto n = static_cast<std::size_t>(sh.tokens());
   for (auto* v : {&mb.tokens, &mb.positions, &mb.doc_ids, &mb.stream_index, &mb.targets}) v->reserve(n);
@@ -328,23 +355,33 @@ inline const document& find_document(const step_batch& b, std::int64_t id, std::
   return mb;
 }
 
+/// make_cp_micro_batch with the step's summary computed here: O(step tokens) more.
+[[nodiscard]] inline micro_batch make_cp_micro_batch(const step_batch& b, const seq::cp_partition& p,
+                                                     int rank, int index = 0) {
+  return make_cp_micro_batch(b, summarize_step(b), p, rank, index);
+}
+
 /// Micro-batch made of the given segments of documents, in that order: whole sequences on one rank
 /// ({id, [0, length)}), a pack, or any pieces a plan hands one rank. cu_seqlens has one interval per
 /// maximal group of consecutive segments of one document (a ring's two zigzag chunks form one).
-/// Preconditions: every seq_id names a document of `b`, every range lies inside it (both checked:
-/// invalid_argument). Pure; O(local tokens x items per document + segments x documents).
-[[nodiscard]] inline micro_batch make_segment_micro_batch(const step_batch& b,
+/// Preconditions: `s` is summarize_step(b); every seq_id names a document of `b`, every range lies inside
+/// it (both checked: invalid_argument). Pure; O(local tokens + segments x (items per document + log
+/// documents)).
+[[nodiscard]] inline micro_batch make_segment_micro_batch(const step_batch& b, const step_summary& s,
                                                           std::span<const seq::seq_segment> segments,
                                                           int rank = 0, int index = 0) {
-  const auto s = detail::index_step(b);
   micro_batch mb;
   mb.rank = rank;
   mb.index = index;
-  mb.step_tokens = s.offsets.back();
+  mb.step_tokens = s.tokens;
   mb.step_targets = s.targets;
   for (const auto& sg : segments) {
-    std::int64_t doc = 0;
-    const auto& d = detail::find_document(b, sg.seq_id, doc, "make_segment_micro_batch");
+    const std::int64_t doc = s.find(sg.seq_id);
+    if (doc < 0)
+      throw_error<invalid_argument>(
+          "make_segment_micro_batch: the plan names document id {}, which is not in the step's batch",
+          sg.seq_id);
+    const auto& d = b.documents[static_cast<std::size_t>(doc)];
     if (sg.tokens.begin < 0 || sg.tokens.end > d.length() || sg.tokens.begin > sg.tokens.end)
       throw_error<invalid_argument>(
           "make_segment_micro_batch: segment {} of document id {}; expected a range "
@@ -356,13 +393,27 @@ inline const document& find_document(const step_batch& b, std::int64_t id, std::
   return mb;
 }
 
+/// make_segment_micro_batch with the step's summary computed here: O(step tokens) more.
+[[nodiscard]] inline micro_batch make_segment_micro_batch(const step_batch& b,
+                                                          std::span<const seq::seq_segment> segments,
+                                                          int rank = 0, int index = 0) {
+  return make_segment_micro_batch(b, summarize_step(b), segments, rank, index);
+}
+
 /// Micro-batch of one HDP micro-batch (a pack of whole sequences, or this rank's two zigzag chunks of a
 /// ring's sequence) of a seq::hdp_plan made from document_descs(b). `rank` is the pool rank holding it.
 /// Same contract as make_segment_micro_batch; over every micro-batch of every rank of the plan, every
 /// stream token and every counting target appears exactly once.
+[[nodiscard]] inline micro_batch make_hdp_micro_batch(const step_batch& b, const step_summary& s,
+                                                      const seq::hdp_micro_batch& m, int rank = 0,
+                                                      int index = 0) {
+  return make_segment_micro_batch(b, s, m.segments, rank, index);
+}
+
+/// make_hdp_micro_batch with the step's summary computed here: O(step tokens) more.
 [[nodiscard]] inline micro_batch make_hdp_micro_batch(const step_batch& b, const seq::hdp_micro_batch& m,
                                                       int rank = 0, int index = 0) {
-  return make_segment_micro_batch(b, m.segments, rank, index);
+  return make_hdp_micro_batch(b, summarize_step(b), m, rank, index);
 }
 
 /// How the micro-batches of one step fail to hold every stream token exactly once (an
@@ -370,8 +421,8 @@ inline const document& find_document(const step_batch& b, std::int64_t id, std::
 /// they do. For tests and heavy-level checks. O(tokens log tokens).
 [[nodiscard]] inline std::string micro_batch_exactly_once_violation(const step_batch& b,
                                                                     std::span<const micro_batch> parts) {
-  const auto s = detail::index_step(b);
-  std::vector<id_range> expected{{0, 0, s.offsets.back()}}, assigned;
+  const auto s = summarize_step(b);
+  std::vector<id_range> expected{{0, 0, s.tokens}}, assigned;
   std::int64_t targets = 0;
   for (const auto& mb : parts) {
     for (std::size_t i = 0; i < mb.stream_index.size(); ++i) {
