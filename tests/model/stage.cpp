@@ -239,3 +239,23 @@ TEST_CASE("stage_context: ring neighbours are parent ranks, in ring order") {
   static_assert(std::is_same_v<decltype(c)::communicator_type, communicator_archetype>);
   static_assert(std::is_void_v<decltype(c)::store_type>);
 }
+
+TEST_CASE("stage_context: an HDP micro-batch's ring is its item's ring on the pool communicator") {
+  communicator_archetype pool;
+  std::vector<seq::seq_desc> seqs{{1, 300}, {2, 40}, {3, 30}, {4, 250}};
+  seq::hdp_policy pol;
+  pol.capacity = 64;
+  const auto plan = seq::plan_hdp(seqs, pol, 8);
+  int rings = 0;
+  for (int r = 0; r < 8; ++r)
+    for (const auto& mb : plan.per_rank[static_cast<std::size_t>(r)]) {
+      const auto ring = hdp_ring(pool, plan, mb);
+      CHECK(ring.parent == &pool);
+      CHECK(ring.size() == mb.degree);
+      CHECK(ring.at(ring.position) == r);  // the caller's own pool rank
+      CHECK(ring.next() == plan.next_rank(mb));
+      CHECK(ring.prev() == plan.prev_rank(mb));
+      rings += ring.split() ? 1 : 0;
+    }
+  CHECK(rings > 0);
+}

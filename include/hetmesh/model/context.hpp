@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "../core/error.hpp"
+#include "../seq/hdp.hpp"
 #include "activation.hpp"
 
 namespace hetmesh::model {
@@ -36,6 +37,15 @@ struct ring_group {
   /// Parent rank of ring member `i mod size()`. Pre: ranks not empty. O(1).
   [[nodiscard]] int at(int i) const noexcept { return ranks[static_cast<std::size_t>(i % size())]; }
 };
+
+/// The ring of an HDP micro-batch: the item's ordered pool ranks (plan.ring(mb)) on the pool's
+/// communicator `pool`, and this rank's place in it. The ring's span points into `plan`, which must outlive
+/// it. Pre: `mb` is one of plan.per_rank's micro-batches. O(1).
+template <class Comm>
+[[nodiscard]] ring_group<Comm> hdp_ring(Comm& pool, const seq::hdp_plan& plan,
+                                        const seq::hdp_micro_batch& mb) {
+  return {&pool, std::span<const int>(plan.ring(mb)), mb.ring_position};
+}
 
 namespace detail {
 template <class Store>
