@@ -18,9 +18,9 @@ namespace hetmesh {
 /// The half-open token range [begin, end) of the sequence or sample `id`. A whole sample is [0, 1) or
 /// [0, length).
 struct id_range {
-  std::int64_t id = 0;
-  std::int64_t begin = 0;
-  std::int64_t end = 0;
+  std::int64_t id = 0;     ///< the sequence or sample
+  std::int64_t begin = 0;  ///< first token
+  std::int64_t end = 0;    ///< one past the last token
   friend bool operator==(const id_range&, const id_range&) = default;
 };
 
