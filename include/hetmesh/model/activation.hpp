@@ -132,8 +132,7 @@ class host_activation_store {
     if (!fresh)
       throw_error<activation_error>(
           "activation slot (stage {}, micro-batch {}, tensor {}) written twice; expected one write per "
-          "forward "
-          "and a release after its backward",
+          "forward and a release after its backward",
           k.stage, k.micro_batch, k.tensor);
     it->second.assign(data.begin(), data.end());
     bytes_ += static_cast<std::int64_t>(data.size() * sizeof(T));

@@ -113,8 +113,7 @@ inline void check_step_batch(const step_batch& b) {
       if (it.tokens < 0 || it.position < end || it.position + it.tokens > d.length())
         throw_error<invalid_argument>(
             "step_batch: document id {} item {} (encoder {}) covers tokens [{}, {}); expected items in "
-            "position "
-            "order, not overlapping, inside the document's {} tokens",
+            "position order, not overlapping, inside the document's {} tokens",
             d.id, it.id, it.encoder, it.position, it.position + it.tokens, d.length());
       end = it.position + it.tokens;
       items.emplace_back(it.encoder, it.id);
@@ -384,8 +383,7 @@ inline void close_by_segments(micro_batch& mb) {
     const auto& d = b.documents[static_cast<std::size_t>(doc)];
     if (sg.tokens.begin < 0 || sg.tokens.end > d.length() || sg.tokens.begin > sg.tokens.end)
       throw_error<invalid_argument>(
-          "make_segment_micro_batch: segment {} of document id {}; expected a range "
-          "inside its {} tokens",
+          "make_segment_micro_batch: segment {} of document id {}; expected a range inside its {} tokens",
           sg.tokens, sg.seq_id, d.length());
     detail::append_run(mb, b, s, doc, sg.tokens);
   }

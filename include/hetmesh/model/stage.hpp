@@ -206,12 +206,13 @@ consteval bool check_split_backward_stage() {
 
 /// The element counts of each stage's output for one micro-batch, in stage order: the buffers the runtime
 /// allocates for a pipeline of backbone stages. Pre: every stage is a backbone_stage. O(stages).
+// clang-format off
 template <class T, class... Stages>
-requires(backbone_stage<Stages, T>&&...)
-    [[nodiscard]] std::vector<std::int64_t> output_sizes(const micro_batch_view& mb,
-                                                         const Stages&... stages) {
+  requires(backbone_stage<Stages, T> && ...)
+[[nodiscard]] std::vector<std::int64_t> output_sizes(const micro_batch_view& mb, const Stages&... stages) {
   return {static_cast<std::int64_t>(stages.output_size(mb))...};
 }
+// clang-format on
 
 // ---- models -------------------------------------------------------------------------------------------
 // Two small stages, used by the static_asserts below, by the tests, and as examples of the concepts: each
