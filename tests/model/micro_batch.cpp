@@ -350,5 +350,10 @@ TEST_CASE("encoder_batch: long-short pieces cover every item exactly once, for 1
       CHECK_THROWS_AS(make_encoder_batch(plan, 0, ranks), invalid_argument);
     }
   }
+  encoder_batch eb;
+  eb.encoder = 1;
+  eb.pieces = {{4, 10, {5, 10}, 0, 2, 1}};
+  eb.tokens = 5;
+  CHECK(to_string(eb) == "encoder_batch{encoder=1, rank=0, mb=0, tokens=5, pieces=[item4[5,10)/10@0]}");
   CHECK(split > 20);  // the property covered Ulysses pieces, not only whole items
 }

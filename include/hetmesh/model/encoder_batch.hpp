@@ -10,7 +10,10 @@
 #include <span>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "../core/error.hpp"
+#include "../core/format.hpp"
 #include "../seq/long_short.hpp"
 #include "../seq/types.hpp"
 
@@ -79,3 +82,24 @@ struct encoder_batch {
 }
 
 }  // namespace hetmesh::model
+
+template <>
+struct fmt::formatter<hetmesh::model::encoder_piece> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::model::encoder_piece& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "item{}{}/{}@{}", p.item, p.tokens, p.item_tokens, p.offset);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::model::encoder_batch_view> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::model::encoder_batch_view& v, fmt::format_context& ctx) const
+      -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "encoder_batch{{encoder={}, rank={}, mb={}, tokens={}, pieces={}}}",
+                              v.encoder, v.rank, v.index, v.tokens, v.pieces);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::model::encoder_batch> : hetmesh::empty_spec_formatter {
+  auto format(const hetmesh::model::encoder_batch& b, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "{}", b.view());
+  }
+};

@@ -7,6 +7,8 @@
 // document whichever rank holds it), cu_seqlens, document ids, where encoder outputs land, and loss
 // targets and weights. Targets come from the whole batch, so a token whose successor sits on another
 // rank still gets its target, and the union over the ranks of a step counts every target exactly once.
+// Ulysses takes any of these views as its ranks' tokens before the all-to-all (its plan needs only
+// their sizes); a contiguous split is make_cp_micro_batch of seq::partition_contiguous.
 #pragma once
 
 #include <algorithm>
