@@ -27,8 +27,7 @@
 #include "balance/balance.hpp"
 #include "cost/cost.hpp"
 #include "data/all.hpp"
-#include "model/attention.hpp"
-#include "model/reference_attention.hpp"
+#include "model/model.hpp"
 #include "pipeline/all.hpp"
 #include "seq/seq.hpp"
 

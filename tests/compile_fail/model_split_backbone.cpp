@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+// A split-backward stage that is no backbone stage (no forward) is refused with the message naming the
+// requirement.
+#ifndef HETMESH_COMPILE_FAIL_CONTROL
+#define HETMESH_TEST_OMIT_BACKBONE_FORWARD
+#endif
+#define HETMESH_TEST_FIXTURE_STAGES
+#include "model_fixture.hpp"
+
+static_assert(hetmesh::model::check_split_backward_stage<fixture::backbone, float>());
+
+int main() { return 0; }
