@@ -85,13 +85,15 @@ struct encoder_batch {
 
 template <>
 struct fmt::formatter<hetmesh::model::encoder_piece> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::encoder_piece& p, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::model::encoder_piece& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "item{}{}/{}@{}", p.item, p.tokens, p.item_tokens, p.offset);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::model::encoder_batch_view> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::encoder_batch_view& v, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::model::encoder_batch_view& v, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "encoder_batch{{encoder={}, rank={}, mb={}, tokens={}, pieces={}}}",
                               v.encoder, v.rank, v.index, v.tokens, v.pieces);
@@ -99,7 +101,8 @@ struct fmt::formatter<hetmesh::model::encoder_batch_view> : hetmesh::empty_spec_
 };
 template <>
 struct fmt::formatter<hetmesh::model::encoder_batch> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::encoder_batch& b, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::model::encoder_batch& b, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", b.view());
   }
 };

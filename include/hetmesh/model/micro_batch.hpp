@@ -441,13 +441,15 @@ inline void close_by_segments(micro_batch& mb) {
 
 template <>
 struct fmt::formatter<hetmesh::model::token_segment> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::token_segment& s, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::model::token_segment& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "doc{}{}@{}", s.doc_id, s.positions, s.local_offset);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::model::encoder_landing> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::encoder_landing& l, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::model::encoder_landing& l, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "enc{}:item{}{}@{}", l.encoder, l.item, l.item_tokens,
                               l.local_offset);
@@ -455,7 +457,8 @@ struct fmt::formatter<hetmesh::model::encoder_landing> : hetmesh::empty_spec_for
 };
 template <>
 struct fmt::formatter<hetmesh::model::micro_batch_view> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::micro_batch_view& v, fmt::format_context& ctx) const
+  template <class FormatContext>
+  auto format(const hetmesh::model::micro_batch_view& v, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(),
                               "micro_batch{{rank={}, mb={}, tokens={}, targets={}, segments={}, encoder={}}}",
@@ -464,7 +467,8 @@ struct fmt::formatter<hetmesh::model::micro_batch_view> : hetmesh::empty_spec_fo
 };
 template <>
 struct fmt::formatter<hetmesh::model::micro_batch> : hetmesh::empty_spec_formatter {
-  auto format(const hetmesh::model::micro_batch& m, fmt::format_context& ctx) const -> decltype(ctx.out()) {
+  template <class FormatContext>
+  auto format(const hetmesh::model::micro_batch& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", m.view());
   }
 };
