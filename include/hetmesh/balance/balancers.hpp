@@ -38,11 +38,10 @@ namespace hetmesh::balance {
 ///   5. `B` prints through fmt.
 template <class B>
 concept balancer = std::regular<B> && std::convertible_to<decltype(B::name), std::string_view> &&
-                   requires(const B& b, std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
-                            hasher& h) {
-                     { b.plan(seqs, cfg) } -> std::same_as<strategy_plan>;
-                     b.hash_append(h);
-                   } && fmt::is_formattable<B>::value;
+    requires(const B& b, std::span<const seq::seq_desc> seqs, const strategy_config& cfg, hasher& h) {
+  { b.plan(seqs, cfg) } -> std::same_as<strategy_plan>;
+  b.hash_append(h);
+} && fmt::is_formattable<B>::value;
 
 /// ByteScale's balance scheduler (Alg. 2) over ByteScale's data-aware sharding. It balances over dp
 /// ranks, or over pp stages when cfg.model.pp_stages > 1 (ByteScale's two modes).

@@ -26,8 +26,8 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../seq/types.hpp"
-#include "model.hpp"
 #include "balancers.hpp"
+#include "model.hpp"
 #include "strategy_plan.hpp"
 
 namespace hetmesh::balance {

@@ -120,7 +120,7 @@ inline strategy_plan token_count_plan(std::span<const seq::seq_desc> seqs, const
 }
 
 inline strategy_plan static_dp_cp_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
-                                      std::int64_t context_length) {
+                                       std::int64_t context_length) {
   std::int64_t longest = 0;
   for (const auto& s : seqs) longest = std::max(longest, s.length);
   const std::int64_t context = std::max({context_length, longest, cfg.hdp.capacity});

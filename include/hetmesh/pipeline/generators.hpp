@@ -74,9 +74,7 @@ struct interleaved_1f1b {
   int group_size = 0;      ///< Megatron's microbatch_group_size_per_vp_stage; 0 = the rule's default.
   group_rule rule = group_rule::megatron;  ///< how micro-batches group (Megatron's or PyTorch's)
   friend constexpr bool operator==(const interleaved_1f1b&, const interleaved_1f1b&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, name, virtual_stages, group_size, rule);
-  }
+  void hash_append(hasher& h) const { append_all(h, name, virtual_stages, group_size, rule); }
 };
 
 /// ZB-H1: one stage per rank, backward split into I and W, W deferred by `rank` steps.
@@ -102,9 +100,7 @@ struct interleaved_zero_bubble {
   int virtual_stages = 2;  ///< model chunks per rank
   int group_size = 0;      ///< 0 = PyTorch's rule; else a Megatron-style group size in [1, M].
   friend constexpr bool operator==(const interleaved_zero_bubble&, const interleaved_zero_bubble&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, name, virtual_stages, group_size);
-  }
+  void hash_append(hasher& h) const { append_all(h, name, virtual_stages, group_size); }
 };
 
 /// ZB-V: two stages per rank in a V (rank r holds stages r and 2*pp-1-r).
@@ -230,10 +226,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
 
 /// The schedule name a policy prints as: its family's `name`.
 template <class Policy>
-  requires requires { Policy::requires_split_backward; }
-[[nodiscard]] constexpr std::string_view name_of(const Policy&) noexcept {
-  return Policy::name;
-}
+requires requires { Policy::requires_split_backward; }
+[[nodiscard]] constexpr std::string_view name_of(const Policy&) noexcept { return Policy::name; }
 
 /// GPipe order. Preconditions: pp >= 1, microbatches >= 1 (else invalid_argument). Pure; O(pp * M).
 [[nodiscard]] inline schedule generate(const gpipe&, int pp, int microbatches) {
@@ -388,7 +382,9 @@ template <class Policy>
 }
 
 // The member form of each family's generator (declared in the class, defined once the free ones exist).
-inline schedule gpipe::generate(int pp, int microbatches) const { return pipeline::generate(*this, pp, microbatches); }
+inline schedule gpipe::generate(int pp, int microbatches) const {
+  return pipeline::generate(*this, pp, microbatches);
+}
 inline schedule one_f_one_b::generate(int pp, int microbatches) const {
   return pipeline::generate(*this, pp, microbatches);
 }
@@ -401,7 +397,9 @@ inline schedule zero_bubble::generate(int pp, int microbatches) const {
 inline schedule interleaved_zero_bubble::generate(int pp, int microbatches) const {
   return pipeline::generate(*this, pp, microbatches);
 }
-inline schedule zbv::generate(int pp, int microbatches) const { return pipeline::generate(*this, pp, microbatches); }
+inline schedule zbv::generate(int pp, int microbatches) const {
+  return pipeline::generate(*this, pp, microbatches);
+}
 
 }  // namespace hetmesh::pipeline
 

@@ -28,14 +28,14 @@ namespace hetmesh::pipeline {
 ///   5. `s.hash_append(h)` feeds every parameter to a `hasher` (plans name the policy they came from);
 ///   6. `S` prints through fmt.
 template <class S>
-concept schedule_family =
-    std::regular<S> && std::convertible_to<decltype(S::name), std::string_view> &&
-    std::same_as<std::remove_cv_t<decltype(S::requires_split_backward)>, bool> &&
-    std::bool_constant<S::requires_split_backward>::value == S::requires_split_backward &&
-    requires(const S& s, int pp, int m, hasher& h) {
-      { s.generate(pp, m) } -> std::same_as<schedule>;
-      s.hash_append(h);
-    } && fmt::is_formattable<S>::value;
+concept schedule_family = std::regular<S> && std::convertible_to<decltype(S::name), std::string_view> &&
+                          std::same_as < std::remove_cv_t<decltype(S::requires_split_backward)>,
+bool > &&std::bool_constant<S::requires_split_backward>::value ==
+    S::requires_split_backward&& requires(const S& s, int pp, int m, hasher& h) {
+  { s.generate(pp, m) } -> std::same_as<schedule>;
+  s.hash_append(h);
+}
+&&fmt::is_formattable<S>::value;
 
 static_assert(schedule_family<gpipe>);
 static_assert(schedule_family<one_f_one_b>);
@@ -49,7 +49,7 @@ static_assert(schedule_family<zbv>);
 /// backward_weight. Use it in a `requires` clause; `check_schedule_accepts` says the same with a
 /// message.
 template <class S, bool StageHasSplitBackward>
-concept schedule_accepts = schedule_family<S> && (!S::requires_split_backward || StageHasSplitBackward);
+concept schedule_accepts = schedule_family<S> &&(!S::requires_split_backward || StageHasSplitBackward);
 
 /// Compile-time check that schedule family `S` can run a stage that has (`StageHasSplitBackward`) or
 /// lacks split backward. Instantiating it with a zero-bubble family and `false` fails with a message
@@ -57,13 +57,15 @@ concept schedule_accepts = schedule_family<S> && (!S::requires_split_backward ||
 /// context. Returns true so that it can sit in a `static_assert` or a `requires` clause.
 template <class S, bool StageHasSplitBackward>
 consteval bool check_schedule_accepts() {
-  static_assert(schedule_family<S>,
-                "not a pipeline schedule family: expected a policy type with `name`, `requires_split_backward`, "
-                "`generate(pp, microbatches)`, `hash_append`, ==, and a formatter (see pipeline::schedule_family)");
-  static_assert(!S::requires_split_backward || StageHasSplitBackward,
-                "this schedule needs split backward (its backward runs as I and W actions): the backbone stage "
-                "must provide backward_input and backward_weight (model::split_backward_stage), or pick a "
-                "schedule without split backward (gpipe, one_f_one_b, interleaved_1f1b)");
+  static_assert(
+      schedule_family<S>,
+      "not a pipeline schedule family: expected a policy type with `name`, `requires_split_backward`, "
+      "`generate(pp, microbatches)`, `hash_append`, ==, and a formatter (see pipeline::schedule_family)");
+  static_assert(
+      !S::requires_split_backward || StageHasSplitBackward,
+      "this schedule needs split backward (its backward runs as I and W actions): the backbone stage "
+      "must provide backward_input and backward_weight (model::split_backward_stage), or pick a "
+      "schedule without split backward (gpipe, one_f_one_b, interleaved_1f1b)");
   return true;
 }
 

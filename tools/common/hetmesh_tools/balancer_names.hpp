@@ -35,14 +35,15 @@ inline constexpr std::array<std::string_view, 5> strategy_names{
 
 /// The parameters the tools set on whichever balancer a name picks (each balancer takes its own).
 struct balancer_options {
-  std::uint64_t seed = 1;     ///< random_placement's seed
-  std::int64_t context = 0;   ///< static_dp_cp's context length (0: the longest sequence)
-  int group_size = 0;         ///< gap_filling_hdp's locality group size (0: the whole pool)
+  std::uint64_t seed = 1;    ///< random_placement's seed
+  std::int64_t context = 0;  ///< static_dp_cp's context length (0: the longest sequence)
+  int group_size = 0;        ///< gap_filling_hdp's locality group size (0: the whole pool)
 };
 
 /// The balancer `name` (one of strategy_names) denotes, with its parameters from `opt`. Throws
 /// invalid_argument naming `who` for an unknown name.
-[[nodiscard]] inline balancer_policy balancer_from_name(std::string_view name, const balancer_options& opt = {},
+[[nodiscard]] inline balancer_policy balancer_from_name(std::string_view name,
+                                                        const balancer_options& opt = {},
                                                         std::string_view who = "balancer_from_name") {
   if (name == balance::random_placement::name) return balance::random_placement{.seed = opt.seed};
   if (name == balance::token_count::name) return balance::token_count{};
@@ -75,8 +76,8 @@ struct balancer_options {
 /// Every balancer of `names` (default: all five) on the same batch, side by side. Same contract as
 /// run_strategy.
 [[nodiscard]] inline std::vector<balance::strategy_result> compare_strategies(
-    std::span<const seq::seq_desc> seqs, const balance::strategy_config& cfg, const balancer_options& opt = {},
-    std::span<const std::string_view> names = strategy_names) {
+    std::span<const seq::seq_desc> seqs, const balance::strategy_config& cfg,
+    const balancer_options& opt = {}, std::span<const std::string_view> names = strategy_names) {
   std::vector<balance::strategy_result> out;
   out.reserve(names.size());
   for (auto n : names) out.push_back(run_strategy(n, seqs, cfg, opt));

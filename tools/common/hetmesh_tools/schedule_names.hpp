@@ -18,15 +18,16 @@
 namespace hetmesh::tools {
 
 /// Any schedule family, for code that chooses by name at run time.
-using schedule_policy =
-    std::variant<pipeline::gpipe, pipeline::one_f_one_b, pipeline::interleaved_1f1b, pipeline::zero_bubble,
-                 pipeline::interleaved_zero_bubble, pipeline::zbv>;
+using schedule_policy = std::variant<pipeline::gpipe, pipeline::one_f_one_b, pipeline::interleaved_1f1b,
+                                     pipeline::zero_bubble, pipeline::interleaved_zero_bubble, pipeline::zbv>;
 
 /// Every schedule name, in the order of schedule_policy's alternatives.
-inline constexpr std::array<std::string_view, 6> schedule_names{
-    pipeline::gpipe::name,       pipeline::one_f_one_b::name,
-    pipeline::interleaved_1f1b::name, pipeline::zero_bubble::name,
-    pipeline::interleaved_zero_bubble::name, pipeline::zbv::name};
+inline constexpr std::array<std::string_view, 6> schedule_names{pipeline::gpipe::name,
+                                                                pipeline::one_f_one_b::name,
+                                                                pipeline::interleaved_1f1b::name,
+                                                                pipeline::zero_bubble::name,
+                                                                pipeline::interleaved_zero_bubble::name,
+                                                                pipeline::zbv::name};
 
 /// Generates the schedule of whichever family `p` holds: its `generate(pp, microbatches)`.
 [[nodiscard]] inline pipeline::schedule generate(const schedule_policy& p, int pp, int microbatches) {
