@@ -11,8 +11,8 @@
 #include <vector>
 
 #include <hetmesh/balance/strategies.hpp>
-#include <hetmesh_tools/balancer_names.hpp>
 #include <hetmesh/mesh/topology.hpp>
+#include <hetmesh_tools/balancer_names.hpp>
 
 #include "commands.hpp"
 #include "output.hpp"
@@ -116,9 +116,11 @@ json config_json(const setup& s) {
 
 std::vector<std::string_view> strategies_of(const parsed& args) {
   std::vector<std::string_view> out;
-  if (!args.has("strategies")) return {hetmesh::tools::strategy_names.begin(), hetmesh::tools::strategy_names.end()};
+  if (!args.has("strategies"))
+    return {hetmesh::tools::strategy_names.begin(), hetmesh::tools::strategy_names.end()};
   for (const auto name : split_commas(args.str("strategies"))) {
-    const auto it = std::find(hetmesh::tools::strategy_names.begin(), hetmesh::tools::strategy_names.end(), name);
+    const auto it =
+        std::find(hetmesh::tools::strategy_names.begin(), hetmesh::tools::strategy_names.end(), name);
     if (it == hetmesh::tools::strategy_names.end()) {
       usage_fail("--strategies: unknown strategy '{}'; expected names from: {}", name,
                  fmt::join(hetmesh::tools::strategy_names, ", "));
@@ -200,8 +202,10 @@ void run_compare(const parsed& args, std::ostream& out) {
 void run_balance(const parsed& args, std::ostream& out) {
   const auto format = format_of(args, balance_formats);
   const std::string& name = args.str("strategy");
-  if (std::find(hetmesh::tools::strategy_names.begin(), hetmesh::tools::strategy_names.end(), name) == hetmesh::tools::strategy_names.end()) {
-    usage_fail("--strategy = '{}'; expected one of: {}", name, fmt::join(hetmesh::tools::strategy_names, ", "));
+  if (std::find(hetmesh::tools::strategy_names.begin(), hetmesh::tools::strategy_names.end(), name) ==
+      hetmesh::tools::strategy_names.end()) {
+    usage_fail("--strategy = '{}'; expected one of: {}", name,
+               fmt::join(hetmesh::tools::strategy_names, ", "));
   }
   const setup s = setup_of(args);
   const bal::strategy_plan v = hetmesh::tools::plan_strategy(name, s.seqs, s.cfg, s.options);

@@ -15,12 +15,12 @@
 #include <hetmesh/cost/memory.hpp>
 #include <hetmesh/mesh/topology.hpp>
 #include <hetmesh/pipeline/generators.hpp>
-#include <hetmesh_tools/schedule_names.hpp>
 #include <hetmesh/pipeline/io.hpp>
 #include <hetmesh/pipeline/simulate.hpp>
 #include <hetmesh/pipeline/trace.hpp>
 #include <hetmesh/pipeline/trace_json.hpp>
 #include <hetmesh/seq/packing.hpp>
+#include <hetmesh_tools/schedule_names.hpp>
 
 #include "commands.hpp"
 #include "output.hpp"
