@@ -80,18 +80,26 @@ struct strategy_result {
 /// cfg.model (b.plan(seqs, cfg)). Every non-empty sequence is in exactly one item. Pre: cfg.ranks >= 1
 /// (else invalid_argument); valid sequences. Throws what the balancer throws (static_dp_cp:
 /// capacity_error when its cp exceeds the pool). Pure; deterministic. Not collective.
-template <balancer B>
+template <class B>
 [[nodiscard]] strategy_plan plan_strategy(const B& b, std::span<const seq::seq_desc> seqs,
                                           const strategy_config& cfg) {
+  static_assert(balancer<B>,
+                "not a balance::balancer: expected a policy type with `name`, `plan(seqs, strategy_config)` "
+                "returning strategy_plan, `hash_append`, ==, and a formatter (bytescale, gap_filling_hdp, "
+                "token_count, random_placement, static_dp_cp)");
   return b.plan(seqs, cfg);
 }
 
 /// Runs balancer `b` on `seqs` and prices its plan with the step simulator; the result is named B::name.
 /// Pre: cfg.ranks >= 1; valid sequences. Post: step >= lower_bound for the HDP strategies. Pure;
 /// deterministic. Cost: the balancer's planning plus O(tasks log tasks).
-template <balancer B>
+template <class B>
 [[nodiscard]] strategy_result run_strategy(const B& b, std::span<const seq::seq_desc> seqs,
                                            const strategy_config& cfg) {
+  static_assert(balancer<B>,
+                "not a balance::balancer: expected a policy type with `name`, `plan(seqs, strategy_config)` "
+                "returning strategy_plan, `hash_append`, ==, and a formatter (bytescale, gap_filling_hdp, "
+                "token_count, random_placement, static_dp_cp)");
   const strategy_plan plan = b.plan(seqs, cfg);
   const std::vector<task>& tasks = plan.tasks;
   const timeline tl = simulate(cfg.ranks, tasks, cfg.model.pp_stages);
@@ -109,7 +117,7 @@ template <balancer B>
 
 /// Every balancer of `bs` on the same batch, side by side, in argument order. Same contract as
 /// run_strategy.
-template <balancer... Bs>
+template <class... Bs>
 [[nodiscard]] std::vector<strategy_result> compare_strategies(std::span<const seq::seq_desc> seqs,
                                                               const strategy_config& cfg, const Bs&... bs) {
   std::vector<strategy_result> out;

@@ -210,9 +210,12 @@ inline void check_llm(const schedule& s, std::string_view who) {
 /// Preconditions: `llm` has no encoder shards and passes verify(); pool ranks >= 1; lookahead >= 0
 /// (colocated). Throws invalid_argument naming the broken one. Pure; deterministic;
 /// O(actions log actions).
-template <encoder_placement Placement>
+template <class Placement>
 [[nodiscard]] schedule add_encoder(const schedule& llm_in, const Placement& policy, const cost_model& costs,
                                    const encoder_work& work) {
+  static_assert(encoder_placement<Placement>,
+                "not a pipeline::encoder_placement: expected colocated_encoder (the joint pipeline), "
+                "encoder_on_first_stage or encoder_pool");
   detail::check_llm(llm_in, "add_encoder");
   const schedule llm = strip_comm(llm_in);
   if constexpr (std::is_same_v<Placement, encoder_on_first_stage>) {
