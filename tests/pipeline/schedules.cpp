@@ -18,6 +18,7 @@
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/io.hpp>
 #include <hetmesh/pipeline/lower.hpp>
+#include <hetmesh/pipeline/schedule_family.hpp>
 #include <hetmesh/pipeline/verify.hpp>
 #include <hetmesh_tools/schedule_names.hpp>  // names -> schedules: the tools' mapping
 
@@ -245,4 +246,31 @@ TEST_CASE("pipeline: REDUCE_GRAD follows each stage's last backward") {
     CHECK(reduced.size() == 2);
   }
   (void)verify(add_send_recv(s));
+}
+
+TEST_CASE("pipeline: schedule families are types; the split-backward rule is a compile-time trait") {
+  static_assert(schedule_family<gpipe> && schedule_family<zbv>);
+  static_assert(!schedule_family<schedule>);
+  static_assert(!gpipe::requires_split_backward && !one_f_one_b::requires_split_backward &&
+                !interleaved_1f1b::requires_split_backward);
+  static_assert(zero_bubble::requires_split_backward && interleaved_zero_bubble::requires_split_backward &&
+                zbv::requires_split_backward);
+  static_assert(schedule_accepts<one_f_one_b, false> && !schedule_accepts<zbv, false> &&
+                schedule_accepts<zbv, true>);
+  static_assert(check_schedule_accepts<interleaved_1f1b, false>());
+  CHECK(name_of(zbv{}) == "zbv");
+  CHECK(zbv::name == "zbv");
+  CHECK(zbv{}.generate(2, 4).ranks == generate(zbv{}, 2, 4).ranks);
+  CHECK(interleaved_1f1b{.virtual_stages = 3}.generate(2, 4).num_stages == 6);
+  // The trait agrees with the actions each family emits, and with the tools' view of the same names.
+  for (const auto name : hetmesh::tools::schedule_names) {
+    const auto policy = hetmesh::tools::policy_from_name(name);
+    const schedule s = hetmesh::tools::generate(policy, 2, 4);
+    bool split = false;
+    for (const auto& row : s.ranks)
+      for (const auto& a : row) split = split || a.type == action_type::backward_weight;
+    CHECK(split == hetmesh::tools::requires_split_backward(policy));
+    CHECK(fmt::format("{}", policy).starts_with(name));
+  }
+  CHECK(hetmesh::plan_hash(interleaved_1f1b{}) != hetmesh::plan_hash(interleaved_zero_bubble{}));
 }
