@@ -31,8 +31,10 @@ TEST_CASE("seq families: each type's plan is its planner's") {
   CHECK_FALSE(hdp<no_offload>{}.policy().offload.enabled);
   CHECK(h.plan(seqs, 8) == plan_hdp(seqs, h.policy(), 8));
 
-  const long_short_policy ls{.max_tokens_per_rank = 4096, .heads = 8};
-  CHECK(ls.plan(seqs, 8) == plan_long_short(seqs, 8, ls));
+  std::vector<seq_desc> items;  // encoder items: images and a few long videos
+  for (std::int64_t i = 0; i < 24; ++i) items.push_back({i, i % 8 == 0 ? 6000 : 64 + 131 * i % 1500});
+  const long_short_policy ls{.max_tokens_per_rank = 8192, .heads = 8};
+  CHECK(ls.plan(items, 8) == plan_long_short(items, 8, ls));
 }
 
 TEST_CASE("seq families: traits, equality, hashing and printing") {
