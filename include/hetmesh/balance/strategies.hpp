@@ -11,7 +11,7 @@
 //                     gaps; with locality groups when group_size is set (planner.hpp)
 // Every strategy is priced by the same step_model and the same simulator; the times are modelled.
 // Each strategy's per-rank plan (its work items) is its `plan` member (plan_strategy).
-// Choosing a strategy by name is the tools' business (tools/common/balancer_names.hpp).
+// Choosing a strategy by name is the tools' business (tools/common/hetmesh_tools/balancer_names.hpp).
 #pragma once
 
 #include <algorithm>
