@@ -10,6 +10,15 @@ function(hetmesh_strict_warnings target)
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${HETMESH_WERROR}>>:-Werror>)
 endfunction()
 
+# hetmesh_tools_common: the tools' own headers (tools/common/hetmesh_tools: names -> policies, i.e.
+# schedule and balancer names). The library chooses policies by type; tools, and the tests and
+# benchmarks that loop over policies by name, link this to map names to them. Not installed.
+if(NOT TARGET hetmesh_tools_common)
+  add_library(hetmesh_tools_common INTERFACE)
+  target_include_directories(hetmesh_tools_common INTERFACE "${PROJECT_SOURCE_DIR}/tools/common")
+  target_link_libraries(hetmesh_tools_common INTERFACE hetmesh::hetmesh)
+endif()
+
 # Adds every direct subdirectory of DIR that holds a CMakeLists.txt, in sorted order, so each room
 # owns its own CMakeLists.txt and nobody edits a shared list.
 function(hetmesh_add_subdirectories dir)

@@ -89,7 +89,10 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
   cfg.model.net.inter_bw_gbps = 25.0;
   std::map<std::string, std::vector<double>> step, imb, ratio;
   std::vector<double> plan_bs, plan_hm, nseq;
-  std::vector<std::string> order(balance::strategy_names.begin(), balance::strategy_names.end());
+  std::vector<std::string> order{
+      std::string(balance::random_placement::name), std::string(balance::token_count::name),
+      std::string(balance::static_dp_cp::name), std::string(balance::bytescale::name),
+      std::string(balance::gap_filling_hdp::name)};
   const std::string grouped = fmt::format("gap_filling_hdp_g{}", w.group_size);
   order.push_back(grouped);
   for (int s = 0; s < seeds; ++s) {
@@ -97,11 +100,10 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
     const auto seqs = w.lengths.empty() ? bench::byted_like_batch(batch_tokens, seed)
                                         : balance::sample_batch(w.lengths, batch_tokens, seed);
     nseq.push_back(static_cast<double>(seqs.size()));
-    cfg.seed = seed;
-    auto res = balance::compare_strategies(seqs, cfg);
-    auto gcfg = cfg;
-    gcfg.gap_filling.group_size = w.group_size;
-    auto g = balance::run_strategy("gap_filling_hdp", seqs, gcfg);
+    auto res = balance::compare_strategies(seqs, cfg, balance::random_placement{.seed = seed},
+                                           balance::token_count{}, balance::static_dp_cp{},
+                                           balance::bytescale{}, balance::gap_filling_hdp{});
+    auto g = balance::run_strategy(balance::gap_filling_hdp{.group_size = w.group_size}, seqs, cfg);
     g.name = grouped;
     res.push_back(g);
     for (const auto& r : res) {

@@ -26,6 +26,7 @@
 #include <hetmesh/pipeline/lower.hpp>
 #include <hetmesh/pipeline/simulate.hpp>
 #include <hetmesh/pipeline/verify.hpp>
+#include <hetmesh_tools/schedule_names.hpp>  // names -> schedules: the tools' mapping
 
 using namespace hetmesh::pipeline;
 using clock_type = std::chrono::steady_clock;
@@ -55,7 +56,7 @@ gen_result bench_generation(const std::string& name, int pp, int m, int v, int r
   for (int i = 0; i < reps; ++i) {
     const std::clock_t c0 = std::clock();
     auto t0 = clock_type::now();
-    const schedule s = make_schedule(name, pp, m, v);
+    const schedule s = hetmesh::tools::make_schedule(name, pp, m, v);
     const double g = seconds_since(t0);
     t0 = clock_type::now();
     const auto rep = verify(s);
@@ -106,7 +107,7 @@ struct mix_point {
 // Image fractions vary per micro-batch around the mix (seeded), so encoder loads differ by micro-batch.
 std::vector<mix_point> bench_joint(int pp, int m, std::vector<int> ratios, int pool_ranks) {
   std::vector<mix_point> out;
-  const schedule llm = make_schedule("1f1b", pp, m);
+  const schedule llm = one_f_one_b{}.generate(pp, m);
   const auto costs = uniform_costs{.forward = 1.0, .backward = 2.0, .transfer = 0.02}.model();
   for (int img : ratios) {
     const double f = img / 10.0;
@@ -119,7 +120,7 @@ std::vector<mix_point> bench_joint(int pp, int m, std::vector<int> ratios, int p
     w.backward = [&, ratio](int mb) { return 2 * ratio * frac[static_cast<std::size_t>(mb)] * pp * 1.0; };
     w.transfer = [&](int mb) { return 0.02 * frac[static_cast<std::size_t>(mb)] * pp; };
     mix_point p{.image = img, .text = 10 - img};
-    auto run = [&](const encoder_policy& pol) {
+    auto run = [&](const auto& pol) {  // each placement is a type
       const schedule s = add_encoder(llm, pol, costs, w);
       (void)verify(s);
       return simulate(s, with_encoder(costs, w, s.num_encoder_shards()), false).step_time;
@@ -233,7 +234,7 @@ int main(int argc, char** argv) {
                g.verify_lowered_ms, g.copy_ms);
 
   // 2. simulator throughput
-  const schedule big = make_schedule("interleaved-1f1b", 64, 1024, 4);
+  const schedule big = interleaved_1f1b{.virtual_stages = 4}.generate(64, 1024);
   const auto costs = uniform_costs{.forward = 0.25, .backward = 0.5, .transfer = 0.01}.model();
   std::vector<double> sim_s;
   std::size_t events = 0;

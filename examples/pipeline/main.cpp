@@ -12,21 +12,22 @@
 namespace hp = hetmesh::pipeline;
 
 int main(int argc, char** argv) {
-  const hp::schedule llm = hp::make_schedule("interleaved-1f1b", /*pp=*/4, /*microbatches=*/8, /*virtual=*/2);
+  const hp::schedule llm = hp::interleaved_1f1b{.virtual_stages = 2}.generate(/*pp=*/4, /*microbatches=*/8);
   fmt::print("{}\n\n{}\n", llm, hp::verify(hp::add_send_recv(llm)));
 
   const auto costs = hp::uniform_costs{.forward = 0.5, .backward = 1.0}.model();
   // Micro-batches with more images cost the encoder more: variable encoder work per micro-batch.
   hp::encoder_work enc{.forward = [](int mb) { return 0.5 + 0.25 * (mb % 3); },
                        .backward = [](int mb) { return 1.0 + 0.5 * (mb % 3); }};
-  for (const hp::encoder_policy& policy :
-       {hp::encoder_policy{hp::colocated_encoder{}}, hp::encoder_policy{hp::encoder_on_first_stage{}}}) {
+  // Encoder placements are types (hp::encoder_placement): one generic body per placement.
+  const auto place = [&](const auto& policy, bool write_trace) {
     const hp::schedule s = hp::add_encoder(llm, policy, costs, enc);
     (void)hp::verify(hp::add_send_recv(s));
     const auto sim = hp::simulate(s, hp::with_encoder(costs, enc, s.num_encoder_shards()));
     fmt::print("\n{}: {}\n{}", policy, sim, hp::ascii_timeline(sim.timeline, 96));
-    if (argc > 1 && std::holds_alternative<hp::colocated_encoder>(policy))
-      std::ofstream(argv[1]) << hp::chrome_trace(sim.timeline).dump(1) << "\n";
-  }
+    if (write_trace) std::ofstream(argv[1]) << hp::chrome_trace(sim.timeline).dump(1) << "\n";
+  };
+  place(hp::colocated_encoder{}, argc > 1);
+  place(hp::encoder_on_first_stage{}, false);
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <hetmesh/balance/dp.hpp>
 #include <hetmesh/balance/planner.hpp>
 #include <hetmesh/balance/strategies.hpp>
+#include <hetmesh_tools/balancer_names.hpp>  // names -> balancers: the tools' mapping
 
 #include "support.hpp"
 
@@ -218,8 +219,17 @@ TEST_CASE(
   cfg.ranks = 64;
   cfg.hdp.capacity = 16384;
   const auto seqs = test::prolong_batch(3, 64LL * 8 * 16384);
-  const auto res = balance::compare_strategies(seqs, cfg);
-  REQUIRE(res.size() == balance::strategy_names.size());
+  const auto res =
+      balance::compare_strategies(seqs, cfg, balance::random_placement{}, balance::token_count{},
+                                  balance::static_dp_cp{}, balance::bytescale{}, balance::gap_filling_hdp{});
+  REQUIRE(res.size() == hetmesh::tools::strategy_names.size());
+  // The tools' name-driven compare runs the same five with the same results.
+  const auto named = hetmesh::tools::compare_strategies(seqs, cfg);
+  REQUIRE(named.size() == res.size());
+  for (std::size_t i = 0; i < res.size(); ++i) {
+    CHECK(named[i].name == res[i].name);
+    CHECK(named[i].step == res[i].step);
+  }
   for (const auto& r : res) {
     CHECK(r.step.ticks > 0);
     CHECK(r.imbalance >= 1.0);
@@ -232,7 +242,7 @@ TEST_CASE(
   CHECK(by("gap_filling_hdp").step <= by("bytescale_hdp").step);
   CHECK(by("bytescale_hdp").step < by("token_count").step);
   CHECK(by("token_count").step < by("random").step);
-  CHECK_THROWS_WITH_AS((void)balance::run_strategy("magic", seqs, cfg),
+  CHECK_THROWS_WITH_AS((void)hetmesh::tools::run_strategy("magic", seqs, cfg),
                        doctest::Contains("unknown strategy 'magic'"), invalid_argument);
 }
 
@@ -248,7 +258,7 @@ TEST_CASE("compare_strategies: heavy-tailed synthetic batch, gap_filling_hdp wit
   cfg.hdp.capacity = 16384;
   for (std::uint64_t seed = 1; seed <= 3; ++seed) {
     const auto seqs = test::heavy_tailed_batch(seed, 64LL * 8 * 16384);
-    const auto res = balance::compare_strategies(seqs, cfg);
+    const auto res = balance::compare_strategies(seqs, cfg, balance::bytescale{}, balance::gap_filling_hdp{});
     const auto by = [&](std::string_view n) {
       return *std::find_if(res.begin(), res.end(), [&](const auto& r) { return r.name == n; });
     };

@@ -74,7 +74,7 @@ TEST_CASE("a corrupted grouped-reorder plan fails the exactly-once check") {
 
 TEST_CASE("heavy: a schedule that cannot finish trips assert_deadlock_free") {
   using namespace hetmesh::pipeline;
-  const schedule ok = make_schedule("1f1b", 2, 3);  // verified inside the generator at this level
+  const schedule ok = one_f_one_b{}.generate(2, 3);  // verified inside the generator at this level
   CHECK_NOTHROW(assert_deadlock_free(ok, "test"));
   CHECK_NOTHROW(assert_deadlock_free(add_send_recv(ok), "test"));
   schedule bad = ok;  // rank 1 runs its list backwards: backward before its forward
@@ -85,7 +85,7 @@ TEST_CASE("heavy: a schedule that cannot finish trips assert_deadlock_free") {
 
 TEST_CASE("collective: ranks running different schedules fail plan agreement before any transfer") {
   using namespace hetmesh::pipeline;
-  const schedule s = add_send_recv(make_schedule("1f1b", 2, 2));
+  const schedule s = add_send_recv(one_f_one_b{}.generate(2, 2));
   schedule other = s;
   other.name = "1f1b (stale)";
   CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(2,

@@ -18,7 +18,9 @@
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/io.hpp>
 #include <hetmesh/pipeline/lower.hpp>
+#include <hetmesh/pipeline/schedule_family.hpp>
 #include <hetmesh/pipeline/verify.hpp>
+#include <hetmesh_tools/schedule_names.hpp>  // names -> schedules: the tools' mapping
 
 using namespace hetmesh::pipeline;
 
@@ -70,7 +72,7 @@ TEST_CASE("pipeline: PyTorch CSV import and export") {
   // Round trip of every generator through CSV, lowered.
   for (const char* name :
        {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
-    const schedule g = add_send_recv(make_schedule(name, 3, 6));
+    const schedule g = add_send_recv(hetmesh::tools::make_schedule(name, 3, 6));
     const schedule back = from_csv(to_csv(g), g.name);
     CHECK(back.ranks == g.ranks);
     CHECK(back.stage_to_rank == g.stage_to_rank);
@@ -87,13 +89,13 @@ TEST_CASE("pipeline: PyTorch's table formatter layout") {
 }
 
 TEST_CASE("pipeline: golden 1F1B and GPipe orders (Megatron-LM / PyTorch)") {
-  const schedule s = make_schedule("1f1b", 4, 6);
+  const schedule s = one_f_one_b{}.generate(4, 6);
   CHECK(texts(s, 0) == split("0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5"));
   CHECK(texts(s, 2) == split("2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2B5"));
   CHECK(texts(s, 3) == split("3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5"));
   // Fewer micro-batches than stages: the warm-up is capped at M.
-  CHECK(texts(make_schedule("1f1b", 4, 2), 0) == split("0F0 0F1 0B0 0B1"));
-  CHECK(texts(make_schedule("gpipe", 2, 3), 1) == split("1F0 1F1 1F2 1B0 1B1 1B2"));
+  CHECK(texts(one_f_one_b{}.generate(4, 2), 0) == split("0F0 0F1 0B0 0B1"));
+  CHECK(texts(gpipe{}.generate(2, 3), 1) == split("1F0 1F1 1F2 1B0 1B1 1B2"));
 }
 
 TEST_CASE("pipeline: golden interleaved 1F1B (Megatron-LM schedule table, PP2 N3 M5 VP2)") {
@@ -127,17 +129,17 @@ TEST_CASE(
 }
 
 TEST_CASE("pipeline: golden PyTorch ScheduleInterleavedZeroBubble and ZB-H1") {
-  const schedule s = make_schedule("interleaved-zero-bubble", 2, 2, 2);
+  const schedule s = interleaved_zero_bubble{.virtual_stages = 2}.generate(2, 2);
   CHECK(texts(s, 0) == split("0F0 0F1 2F0 2F1 2I0 2W0 2I1 2W1 0I0 0W0 0I1 0W1"));
   CHECK(texts(s, 1) == split("1F0 1F1 3F0 3I0 3F1 3I1 3W0 1I0 3W1 1I1 1W0 1W1"));
   // ZB-H1, pp=3, M=4: rank r warms up with pp-1-r forwards and defers each W by r backwards.
-  const schedule z = make_schedule("zero-bubble", 3, 4);
+  const schedule z = zero_bubble{}.generate(3, 4);
   CHECK(texts(z, 0) == split("0F0 0F1 0F2 0I0 0W0 0F3 0I1 0W1 0I2 0W2 0I3 0W3"));
   CHECK(texts(z, 2) == split("2F0 2I0 2F1 2I1 2F2 2I2 2W0 2F3 2I3 2W1 2W2 2W3"));
 }
 
 TEST_CASE("pipeline: golden PyTorch ScheduleZBVZeroBubble") {
-  const schedule s = make_schedule("zbv", 2, 4);
+  const schedule s = zbv{}.generate(2, 4);
   CHECK(s.stage_to_rank == std::vector<int>{0, 1, 1, 0});
   CHECK(
       texts(s, 0) ==
@@ -150,24 +152,24 @@ TEST_CASE("pipeline: golden PyTorch ScheduleZBVZeroBubble") {
 }
 
 TEST_CASE("pipeline: impossible configurations name the rule they break") {
-  CHECK_THROWS_WITH_AS((void)make_schedule("interleaved-1f1b", 4, 6, 2),
+  CHECK_THROWS_WITH_AS((void)interleaved_1f1b{.virtual_stages = 2}.generate(4, 6),
                        doctest::Contains("multiple of pp=4"), hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("interleaved-1f1b", 4, 2, 2),
+  CHECK_THROWS_WITH_AS((void)interleaved_1f1b{.virtual_stages = 2}.generate(4, 2),
                        doctest::Contains("[pp, microbatches]"), hetmesh::invalid_argument);
   CHECK_THROWS_WITH_AS(
       (void)generate(interleaved_1f1b{.virtual_stages = 2, .rule = group_rule::pytorch}, 4, 9),
       doctest::Contains("multiple of the number of rounds"), hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("1f1b", 0, 4), doctest::Contains("pp >= 1"),
+  CHECK_THROWS_WITH_AS((void)one_f_one_b{}.generate(0, 4), doctest::Contains("pp >= 1"),
                        hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("1f1b", 2, 0), doctest::Contains("at least one micro-batch"),
+  CHECK_THROWS_WITH_AS((void)one_f_one_b{}.generate(2, 0), doctest::Contains("at least one micro-batch"),
                        hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("dualpipe", 2, 4), doctest::Contains("unknown schedule"),
-                       hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("1f1b", 2, 4, 3), doctest::Contains("does not apply"),
-                       hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("gpipe", 2, 4, 0, 2), doctest::Contains("--group-size"),
-                       hetmesh::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)make_schedule("interleaved-1f1b", 2, 4, -1),
+  CHECK_THROWS_WITH_AS((void)hetmesh::tools::make_schedule("dualpipe", 2, 4),
+                       doctest::Contains("unknown schedule"), hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)hetmesh::tools::make_schedule("1f1b", 2, 4, 3),
+                       doctest::Contains("does not apply"), hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)hetmesh::tools::make_schedule("gpipe", 2, 4, 0, 2),
+                       doctest::Contains("--group-size"), hetmesh::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)interleaved_1f1b{.virtual_stages = -1}.generate(2, 4),
                        doctest::Contains("virtual_stages=-1"), hetmesh::invalid_argument);
 }
 
@@ -181,7 +183,7 @@ TEST_CASE("pipeline: every generator over a grid passes the verifier, compute-on
         for (int v : interleaved ? std::vector<int>{1, 2, 3, 4} : std::vector<int>{0}) {
           schedule s;
           try {
-            s = make_schedule(name, pp, m, v);
+            s = hetmesh::tools::make_schedule(name, pp, m, v);
           } catch (const hetmesh::invalid_argument&) {
             // Only the documented rules may refuse: Megatron's group size for interleaved-1f1b and
             // PyTorch's rounds for interleaved-zero-bubble.
@@ -216,20 +218,25 @@ TEST_CASE("pipeline: every generator over a grid passes the verifier, compute-on
 }
 
 TEST_CASE("pipeline: plans are deterministic and hashable") {
-  const auto a = make_schedule("interleaved-zero-bubble", 4, 8, 2);
-  const auto b = make_schedule("interleaved-zero-bubble", 4, 8, 2);
+  const auto a = interleaved_zero_bubble{.virtual_stages = 2}.generate(4, 8);
+  const auto b = interleaved_zero_bubble{.virtual_stages = 2}.generate(4, 8);
   CHECK(hetmesh::plan_hash(a) == hetmesh::plan_hash(b));
-  CHECK(hetmesh::plan_hash(a) != hetmesh::plan_hash(make_schedule("interleaved-zero-bubble", 4, 8, 3)));
+  CHECK(hetmesh::plan_hash(a) !=
+        hetmesh::plan_hash(interleaved_zero_bubble{.virtual_stages = 3}.generate(4, 8)));
   CHECK(hetmesh::plan_hash(add_send_recv(a)) == hetmesh::plan_hash(add_send_recv(b)));
-  CHECK(fmt::format("{}", schedule_policy{interleaved_1f1b{}}) ==
+  CHECK(fmt::format("{}", interleaved_1f1b{}) ==
         "interleaved-1f1b(virtual_stages=2, group_size=0, rule=megatron)");
-  CHECK(fmt::format("{}", schedule_policy{zbv{}}) == "zbv");
+  CHECK(fmt::format("{}", zbv{}) == "zbv");
+  // The tools' variant prints as the family it holds.
+  CHECK(fmt::format("{}", hetmesh::tools::schedule_policy{interleaved_1f1b{}}) ==
+        "interleaved-1f1b(virtual_stages=2, group_size=0, rule=megatron)");
+  CHECK(fmt::format("{}", hetmesh::tools::schedule_policy{zbv{}}) == "zbv");
   CHECK(fmt::format("{}", a).starts_with(
       "schedule interleaved-zero-bubble (ranks=4, stages=8, microbatches=8"));
 }
 
 TEST_CASE("pipeline: REDUCE_GRAD follows each stage's last backward") {
-  const schedule s = add_reduce_grad(make_schedule("interleaved-zero-bubble", 2, 4, 2));
+  const schedule s = add_reduce_grad(interleaved_zero_bubble{.virtual_stages = 2}.generate(2, 4));
   for (const auto& row : s.ranks) {
     std::set<int> reduced;
     for (const auto& a : row) {
@@ -239,4 +246,31 @@ TEST_CASE("pipeline: REDUCE_GRAD follows each stage's last backward") {
     CHECK(reduced.size() == 2);
   }
   (void)verify(add_send_recv(s));
+}
+
+TEST_CASE("pipeline: schedule families are types; the split-backward rule is a compile-time trait") {
+  static_assert(schedule_family<gpipe> && schedule_family<zbv>);
+  static_assert(!schedule_family<schedule>);
+  static_assert(!gpipe::requires_split_backward && !one_f_one_b::requires_split_backward &&
+                !interleaved_1f1b::requires_split_backward);
+  static_assert(zero_bubble::requires_split_backward && interleaved_zero_bubble::requires_split_backward &&
+                zbv::requires_split_backward);
+  static_assert(schedule_accepts<one_f_one_b, false> && !schedule_accepts<zbv, false> &&
+                schedule_accepts<zbv, true>);
+  static_assert(check_schedule_accepts<interleaved_1f1b, false>());
+  CHECK(name_of(zbv{}) == "zbv");
+  CHECK(zbv::name == "zbv");
+  CHECK(zbv{}.generate(2, 4).ranks == generate(zbv{}, 2, 4).ranks);
+  CHECK(interleaved_1f1b{.virtual_stages = 3}.generate(2, 4).num_stages == 6);
+  // The trait agrees with the actions each family emits, and with the tools' view of the same names.
+  for (const auto name : hetmesh::tools::schedule_names) {
+    const auto policy = hetmesh::tools::policy_from_name(name);
+    const schedule s = hetmesh::tools::generate(policy, 2, 4);
+    bool split = false;
+    for (const auto& row : s.ranks)
+      for (const auto& a : row) split = split || a.type == action_type::backward_weight;
+    CHECK(split == hetmesh::tools::requires_split_backward(policy));
+    CHECK(fmt::format("{}", policy).starts_with(name));
+  }
+  CHECK(hetmesh::plan_hash(interleaved_1f1b{}) != hetmesh::plan_hash(interleaved_zero_bubble{}));
 }

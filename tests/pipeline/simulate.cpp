@@ -16,6 +16,7 @@
 #include <hetmesh/pipeline/trace.hpp>
 #include <hetmesh/pipeline/trace_json.hpp>
 #include <hetmesh/pipeline/verify.hpp>
+#include <hetmesh_tools/schedule_names.hpp>  // names -> schedules: the tools' mapping
 
 using namespace hetmesh::pipeline;
 
@@ -46,17 +47,17 @@ TEST_CASE("pipeline verify: errors name the offending action") {
   CHECK_THROWS_WITH_AS((void)verify(from_csv("0F0,0F0,0B0\r\n")), doctest::Contains("appears a second time"),
                        hetmesh::invalid_argument);
   // Data crossing ranks in a lowered schedule needs its RECV.
-  schedule low = add_send_recv(make_schedule("1f1b", 2, 2));
+  schedule low = add_send_recv(one_f_one_b{}.generate(2, 2));
   std::erase_if(low.ranks[1],
                 [](const action& a) { return a.type == action_type::recv_f && a.microbatch == 1; });
   CHECK_THROWS_AS((void)verify(low), hetmesh::invalid_argument);
   // The in-flight bound.
-  CHECK_THROWS_WITH_AS((void)verify(make_schedule("gpipe", 2, 4), {.max_in_flight = 3}),
+  CHECK_THROWS_WITH_AS((void)verify(gpipe{}.generate(2, 4), {.max_in_flight = 3}),
                        doctest::Contains("above the bound max_in_flight=3"), hetmesh::invalid_argument);
-  CHECK_NOTHROW((void)verify(make_schedule("1f1b", 2, 4), {.max_in_flight = 2}));
+  CHECK_NOTHROW((void)verify(one_f_one_b{}.generate(2, 4), {.max_in_flight = 2}));
   // Peak memory with per-micro-batch sizes.
   const auto rep =
-      verify(make_schedule("gpipe", 2, 3),
+      verify(gpipe{}.generate(2, 3),
              {.activation_bytes = [](const action& a) -> std::int64_t { return 10 * (a.microbatch + 1); }});
   CHECK(rep.peak_memory == std::vector<std::int64_t>{60, 60});
 }
@@ -67,15 +68,15 @@ TEST_CASE("pipeline simulate: equal costs reproduce the bubble formulas") {
       INFO("p=", p, " m=", m);
       const double expected = static_cast<double>(p - 1) / (m + p - 1);
       for (const char* name : {"gpipe", "1f1b"}) {
-        const auto sim =
-            simulate(make_schedule(name, p, m), uniform_costs{.forward = 1, .backward = 2}.model());
+        const auto sim = simulate(hetmesh::tools::make_schedule(name, p, m),
+                                  uniform_costs{.forward = 1, .backward = 2}.model());
         CHECK(sim.bubble_ratio == doctest::Approx(expected).epsilon(1e-12));
         CHECK(sim.step_time == doctest::Approx(3.0 * (m + p - 1)));
       }
       if (m % p == 0 && p > 1)
         for (int v : {2, 3}) {
           // Interleaving divides the warm-up and cool-down by v: (p-1)/(v*m + p-1) at per-chunk costs 1/v.
-          const auto sim = simulate(make_schedule("interleaved-1f1b", p, m, v),
+          const auto sim = simulate(interleaved_1f1b{.virtual_stages = v}.generate(p, m),
                                     uniform_costs{.forward = 1.0 / v, .backward = 2.0 / v}.model());
           CHECK(sim.bubble_ratio ==
                 doctest::Approx(static_cast<double>(p - 1) / (v * m + p - 1)).epsilon(1e-9));
@@ -85,16 +86,16 @@ TEST_CASE("pipeline simulate: equal costs reproduce the bubble formulas") {
 
 TEST_CASE("pipeline simulate: zero-bubble schedules beat 1F1B; transfers and variable lengths count") {
   const auto costs = uniform_costs{.forward = 1, .backward = 2, .weight = 1}.model();
-  const double t1 = simulate(make_schedule("1f1b", 4, 8), costs).step_time;
-  const double zb = simulate(make_schedule("zero-bubble", 4, 8), costs).step_time;
+  const double t1 = simulate(one_f_one_b{}.generate(4, 8), costs).step_time;
+  const double zb = simulate(zero_bubble{}.generate(4, 8), costs).step_time;
   CHECK(zb < t1);
   // ZB-V at F = I = W reaches the ideal per-rank work plus a short ramp.
   const auto half = uniform_costs{.forward = 0.5, .backward = 1, .weight = 0.5}.model();
-  const auto zbv_sim = simulate(make_schedule("zbv", 4, 8), half);
+  const auto zbv_sim = simulate(zbv{}.generate(4, 8), half);
   CHECK(zbv_sim.step_time < t1);
   // A link delay lengthens the step by at least (stages-1) transfers each way.
   const auto slow = uniform_costs{.forward = 1, .backward = 2, .transfer = 0.25}.model();
-  CHECK(simulate(make_schedule("1f1b", 4, 8), slow).step_time >= t1 + 2 * 3 * 0.25 - 1e-12);
+  CHECK(simulate(one_f_one_b{}.generate(4, 8), slow).step_time >= t1 + 2 * 3 * 0.25 - 1e-12);
   // Variable micro-batch lengths: the step is at least each rank's own work, and equals it plus the
   // pipeline ramp for GPipe on one rank.
   hetmesh::rng g(7);
@@ -106,8 +107,8 @@ TEST_CASE("pipeline simulate: zero-bubble schedules beat 1F1B; transfers and var
   };
   double total = 0;
   for (double l : len) total += 3 * l;
-  CHECK(simulate(make_schedule("gpipe", 1, 8), var).step_time == doctest::Approx(total));
-  const auto vs = simulate(make_schedule("1f1b", 3, 8), var);
+  CHECK(simulate(gpipe{}.generate(1, 8), var).step_time == doctest::Approx(total));
+  const auto vs = simulate(one_f_one_b{}.generate(3, 8), var);
   for (double b : vs.busy) CHECK(b == doctest::Approx(total));
   CHECK(vs.step_time > total);
   CHECK(vs.timeline.size() == 3 * 8 * 2);
@@ -117,7 +118,7 @@ TEST_CASE("pipeline simulate: zero-bubble schedules beat 1F1B; transfers and var
     if (t.what.type == action_type::forward) fwd[{t.what.stage, t.what.microbatch}] = t;
   for (int s = 1; s < 3; ++s)
     for (int mb = 0; mb < 8; ++mb) CHECK(fwd[{s, mb}].start >= fwd[{s - 1, mb}].end);
-  CHECK_THROWS_AS((void)simulate(make_schedule("1f1b", 2, 2), cost_model{}), hetmesh::invalid_argument);
+  CHECK_THROWS_AS((void)simulate(one_f_one_b{}.generate(2, 2), cost_model{}), hetmesh::invalid_argument);
 }
 
 TEST_CASE("pipeline joint encoder: dependencies hold and it beats encoder-on-first-stage") {
@@ -128,7 +129,7 @@ TEST_CASE("pipeline joint encoder: dependencies hold and it beats encoder-on-fir
       for (int m : {4, 8, 12}) {
         schedule llm;
         try {
-          llm = make_schedule(name, p, m);
+          llm = hetmesh::tools::make_schedule(name, p, m);
         } catch (const hetmesh::invalid_argument&) {
           continue;
         }
@@ -170,13 +171,15 @@ TEST_CASE("pipeline joint encoder: dependencies hold and it beats encoder-on-fir
       }
   CHECK(compared > 20);
   CHECK_THROWS_AS(
-      (void)add_encoder(make_schedule("1f1b", 2, 2), encoder_pool{.ranks = 0}, uniform_costs{}.model(), {}),
+      (void)add_encoder(one_f_one_b{}.generate(2, 2), encoder_pool{.ranks = 0}, uniform_costs{}.model(), {}),
       hetmesh::invalid_argument);
-  CHECK(fmt::format("{}", encoder_policy{colocated_encoder{.lookahead = 3}}) == "colocated(lookahead=3)");
+  CHECK(fmt::format("{}", colocated_encoder{.lookahead = 3}) == "colocated(lookahead=3)");
+  CHECK(fmt::format("{}", encoder_pool{.ranks = 2}) == "pool(ranks=2, lookahead=-1)");
+  CHECK(fmt::format("{}", encoder_on_first_stage{}) == "first-stage");
 }
 
 TEST_CASE("pipeline trace: Chrome trace JSON and ASCII timeline") {
-  const auto sim = simulate(make_schedule("1f1b", 2, 3), uniform_costs{.forward = 1, .backward = 2}.model());
+  const auto sim = simulate(one_f_one_b{}.generate(2, 3), uniform_costs{.forward = 1, .backward = 2}.model());
   const auto j = chrome_trace(sim.timeline);
   const auto& ev = j.at("traceEvents");
   int complete = 0;
@@ -197,7 +200,7 @@ TEST_CASE("pipeline trace: Chrome trace JSON and ASCII timeline") {
 }
 
 TEST_CASE("pipeline render: the CLI's formats") {
-  const schedule s = make_schedule("1f1b", 2, 2);
+  const schedule s = one_f_one_b{}.generate(2, 2);
   CHECK(render(s, "actions") == "rank 0: 0F0 0F1 0B0 0B1\nrank 1: 1F0 1B0 1F1 1B1\n");
   CHECK(render(s, "csv") == "0F0,0F1,0B0,0B1\r\n1F0,1B0,1F1,1B1\r\n");
   CHECK(from_csv(render(s, "csv-comms")).ranks == add_send_recv(s).ranks);

@@ -21,6 +21,7 @@
 #include <hetmesh/pipeline/trace_json.hpp>
 #include <hetmesh/pipeline/verify.hpp>
 #include <hetmesh/run/pipeline_executor.hpp>
+#include <hetmesh_tools/schedule_names.hpp>  // names -> schedules: the tools' mapping
 
 using namespace hetmesh::pipeline;
 using hetmesh::run::activation_sizes;
@@ -247,29 +248,32 @@ TEST_CASE("pipeline executor: pipelined MLP on loopback ranks matches single-ran
   for (const char* name :
        {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
     INFO(name);
-    const schedule s = add_send_recv(make_schedule(name, 2, 4));
+    const schedule s = add_send_recv(hetmesh::tools::make_schedule(name, 2, 4));
     (void)verify(s);
     check_against_reference(s, 4);
   }
-  const schedule three = add_send_recv(make_schedule("interleaved-1f1b", 3, 6, 2));
+  const schedule three = add_send_recv(interleaved_1f1b{.virtual_stages = 2}.generate(3, 6));
   check_against_reference(three, 6);
 }
 
 TEST_CASE("pipeline executor: joint encoder-LLM schedule trains the encoder shards too") {
-  const schedule llm = make_schedule("1f1b", 3, 5);
+  const schedule llm = one_f_one_b{}.generate(3, 5);
   encoder_work w{.forward = [](int mb) { return 0.3 * rows_of(mb); },
                  .backward = [](int mb) { return 0.6 * rows_of(mb); }};
-  for (const encoder_policy& p :
-       {encoder_policy{colocated_encoder{}}, encoder_policy{encoder_on_first_stage{}},
-        encoder_policy{encoder_pool{.ranks = 2}}}) {
-    const schedule j = add_send_recv(add_encoder(llm, p, uniform_costs{}.model(), w));
+  // Each placement is a type: one generic body, called once per family.
+  const auto check_placement = [&](const auto& placement) {
+    INFO(fmt::format("{}", placement));
+    const schedule j = add_send_recv(add_encoder(llm, placement, uniform_costs{}.model(), w));
     (void)verify(j);
     check_against_reference(j, 5);
-  }
+  };
+  check_placement(colocated_encoder{});
+  check_placement(encoder_on_first_stage{});
+  check_placement(encoder_pool{.ranks = 2});
 }
 
 TEST_CASE("pipeline executor: refuses an unlowered multi-rank schedule") {
-  const schedule s = make_schedule("1f1b", 2, 2);
+  const schedule s = one_f_one_b{}.generate(2, 2);
   mlp m(2, 0);
   CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(
                            2,

@@ -12,6 +12,7 @@
 
 #include <hetmesh/balance/strategies.hpp>
 #include <hetmesh/mesh/topology.hpp>
+#include <hetmesh_tools/balancer_names.hpp>
 
 #include "commands.hpp"
 #include "output.hpp"
@@ -58,6 +59,7 @@ struct setup {
   workload wl;
   std::vector<sq::seq_desc> seqs;
   bal::strategy_config cfg;
+  hetmesh::tools::balancer_options options;  // each balancer's own parameters
 };
 
 setup setup_of(const parsed& args) {
@@ -88,9 +90,9 @@ setup setup_of(const parsed& args) {
   cfg.model.net.inter_bw_gbps = args.real("inter-gbps");
   cfg.model.net.nodes = (cfg.ranks + cfg.model.net.devices_per_node - 1) / cfg.model.net.devices_per_node;
   cfg.model.net.validate();
-  if (args.has("context")) cfg.context = args.integer("context", 1, std::int64_t{1} << 40);
-  if (args.has("group-size")) cfg.gap_filling.group_size = args.int32("group-size", 1, cfg.ranks);
-  cfg.seed = static_cast<std::uint64_t>(args.integer("seed", 0));
+  if (args.has("context")) s.options.context = args.integer("context", 1, std::int64_t{1} << 40);
+  if (args.has("group-size")) s.options.group_size = args.int32("group-size", 1, cfg.ranks);
+  s.options.seed = static_cast<std::uint64_t>(args.integer("seed", 0));
   return s;
 }
 
@@ -114,12 +116,14 @@ json config_json(const setup& s) {
 
 std::vector<std::string_view> strategies_of(const parsed& args) {
   std::vector<std::string_view> out;
-  if (!args.has("strategies")) return {bal::strategy_names.begin(), bal::strategy_names.end()};
+  if (!args.has("strategies"))
+    return {hetmesh::tools::strategy_names.begin(), hetmesh::tools::strategy_names.end()};
   for (const auto name : split_commas(args.str("strategies"))) {
-    const auto it = std::find(bal::strategy_names.begin(), bal::strategy_names.end(), name);
-    if (it == bal::strategy_names.end()) {
+    const auto it =
+        std::find(hetmesh::tools::strategy_names.begin(), hetmesh::tools::strategy_names.end(), name);
+    if (it == hetmesh::tools::strategy_names.end()) {
       usage_fail("--strategies: unknown strategy '{}'; expected names from: {}", name,
-                 fmt::join(bal::strategy_names, ", "));
+                 fmt::join(hetmesh::tools::strategy_names, ", "));
     }
     out.push_back(*it);
   }
@@ -147,7 +151,7 @@ void run_compare(const parsed& args, std::ostream& out) {
     bal::strategy_result r;
     for (int k = 0; k < repeat; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
-      r = bal::run_strategy(name, s.seqs, s.cfg);
+      r = hetmesh::tools::run_strategy(name, s.seqs, s.cfg, s.options);
       const auto t1 = std::chrono::steady_clock::now();
       times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
@@ -198,11 +202,13 @@ void run_compare(const parsed& args, std::ostream& out) {
 void run_balance(const parsed& args, std::ostream& out) {
   const auto format = format_of(args, balance_formats);
   const std::string& name = args.str("strategy");
-  if (std::find(bal::strategy_names.begin(), bal::strategy_names.end(), name) == bal::strategy_names.end()) {
-    usage_fail("--strategy = '{}'; expected one of: {}", name, fmt::join(bal::strategy_names, ", "));
+  if (std::find(hetmesh::tools::strategy_names.begin(), hetmesh::tools::strategy_names.end(), name) ==
+      hetmesh::tools::strategy_names.end()) {
+    usage_fail("--strategy = '{}'; expected one of: {}", name,
+               fmt::join(hetmesh::tools::strategy_names, ", "));
   }
   const setup s = setup_of(args);
-  const bal::strategy_plan v = bal::plan_strategy(name, s.seqs, s.cfg);
+  const bal::strategy_plan v = hetmesh::tools::plan_strategy(name, s.seqs, s.cfg, s.options);
   const auto tl = bal::simulate(s.cfg.ranks, v.tasks, s.cfg.model.pp_stages);
   const auto lb = bal::step_lower_bound(s.seqs, s.cfg);
 

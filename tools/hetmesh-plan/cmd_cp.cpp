@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <hetmesh/seq/cp.hpp>
+#include <hetmesh/seq/partition.hpp>
 
 #include "commands.hpp"
 #include "output.hpp"
@@ -14,6 +15,7 @@
 namespace hetmesh_plan {
 namespace {
 
+// --scheme names -> the partition families (seq::cp_zigzag, cp_thd, cp_contiguous).
 constexpr std::string_view schemes[] = {"zigzag", "thd", "contiguous"};
 constexpr output_format cp_formats[] = {output_format::json, output_format::table};
 
@@ -69,7 +71,7 @@ void run_cp(const parsed& args, std::ostream& out) {
     if (args.has("cu-seqlens"))
       usage_fail("cp --scheme zigzag splits one sequence: give --seqlen, not --cu-seqlens");
     const auto seqlen = args.integer("seqlen", 1, std::int64_t{1} << 40);
-    p = with_pad_hint(pad, [&] { return hetmesh::seq::partition_zigzag(seqlen, cp, pad); });
+    p = with_pad_hint(pad, [&] { return hetmesh::seq::cp_zigzag{.cp = cp, .pad = pad}.plan(seqlen); });
     doc["seqlen"] = seqlen;
   } else {
     if (args.has("seqlen")) {
@@ -78,10 +80,10 @@ void run_cp(const parsed& args, std::ostream& out) {
     }
     const auto lens = lengths_from_cu(args.integer_list("cu-seqlens"));
     if (scheme == "thd") {
-      p = with_pad_hint(pad, [&] { return hetmesh::seq::partition_thd(lens, cp, pad); });
+      p = with_pad_hint(pad, [&] { return hetmesh::seq::cp_thd{.cp = cp, .pad = pad}.plan(lens); });
     } else {
       if (pad) usage_fail("cp --scheme contiguous never pads; --pad applies to zigzag and thd");
-      p = hetmesh::seq::partition_contiguous(lens, cp);
+      p = hetmesh::seq::cp_contiguous{.cp = cp}.plan(lens);
     }
     doc["cu_seqlens"] = p.cu_seqlens;
   }

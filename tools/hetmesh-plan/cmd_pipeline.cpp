@@ -20,6 +20,7 @@
 #include <hetmesh/pipeline/trace.hpp>
 #include <hetmesh/pipeline/trace_json.hpp>
 #include <hetmesh/seq/packing.hpp>
+#include <hetmesh_tools/schedule_names.hpp>
 
 #include "commands.hpp"
 #include "output.hpp"
@@ -34,15 +35,13 @@ constexpr output_format pipeline_formats[] = {output_format::json, output_format
                                               output_format::table};
 constexpr output_format simulate_formats[] = {output_format::json, output_format::table,
                                               output_format::ascii};
-constexpr std::string_view schedule_names[] = {
-    "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"};
 
 pl::schedule schedule_of(const parsed& args, int m) {
-  const std::string& name = args.choice("schedule", schedule_names);
+  const std::string& name = args.choice("schedule", hetmesh::tools::schedule_names);
   const int pp = args.int32("pp", 1, 1 << 16);
   const int v = args.opt_int32("virtual", 1, 1 << 10).value_or(0);
   const int g = args.opt_int32("group-size", 1, 1 << 20).value_or(0);
-  return pl::make_schedule(name, pp, m, v, g);
+  return hetmesh::tools::make_schedule(name, pp, m, v, g);
 }
 
 json schedule_json(const pl::schedule& s) {

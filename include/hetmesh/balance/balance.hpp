@@ -2,6 +2,7 @@
 // hetmesh::balance: the balancing room in one include (plans only; their execution is in run/).
 #pragma once
 
+#include "balancers.hpp"
 #include "bytescale.hpp"
 #include "dispatch.hpp"
 #include "dp.hpp"

@@ -1,16 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::balance: five ways to spread one global batch over a pool of ranks, behind one call so a
-// tool (hetmesh-plan compare) and the benchmarks can set them side by side:
-//   random         HDP work items (packs, rings) on random ranks
-//   token_count    HDP work items balanced by token count (LPT on tokens)
-//   static_dp_cp   a fixed dp x cp mesh, cp = ceil(context / C); sequences packed Megatron-style (in
-//                  arrival order, next-fit) into rows of cp x C tokens, rows dealt round-robin to the
-//                  dp groups; every row runs on its whole cp ring (THD zigzag)
-//   bytescale_hdp  ByteScale: data-aware sharding + Alg. 2 balance scheduler (bytescale.hpp)
-//   hetmesh        ours: rings first, LPT on modelled time per sequence, pack per rank; with locality
-//                  groups when hetmesh.group_size is set (planner.hpp)
+// hetmesh::balance: the balancer families of balancers.hpp priced side by side, so a tool (hetmesh-plan
+// compare) and the benchmarks can compare them:
+//   random_placement  HDP work items (packs, rings) on random ranks
+//   token_count       HDP work items balanced by token count (LPT on tokens)
+//   static_dp_cp      a fixed dp x cp mesh, cp = ceil(context / C); sequences packed Megatron-style (in
+//                     arrival order, next-fit) into rows of cp x C tokens, rows dealt round-robin to the
+//                     dp groups; every row runs on its whole cp ring (THD zigzag)
+//   bytescale         ByteScale: data-aware sharding + Alg. 2 balance scheduler (bytescale.hpp)
+//   gap_filling_hdp   ours: rings first, LPT on modelled time per sequence, short sequences fill the
+//                     gaps; with locality groups when group_size is set (planner.hpp)
 // Every strategy is priced by the same step_model and the same simulator; the times are modelled.
-// Each strategy's per-rank plan (its work items) is plan_strategy's, in strategy_plan.hpp.
+// Each strategy's per-rank plan (its work items) is its `plan` member (plan_strategy).
+// Choosing a strategy by name is the tools' business (tools/common/hetmesh_tools/balancer_names.hpp).
 #pragma once
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../seq/types.hpp"
+#include "balancers.hpp"
 #include "model.hpp"
 #include "strategy_plan.hpp"
 
@@ -74,16 +76,35 @@ struct strategy_result {
   return cost::fixed::from_ticks(lb / cfg.model.pp_stages);
 }
 
-/// Runs strategy `name` (one of strategy_names) on `seqs` and prices it with the step simulator.
+/// The plan balancer `b` makes for `seqs` on cfg.ranks ranks: its work items and their tasks, priced by
+/// cfg.model (b.plan(seqs, cfg)). Every non-empty sequence is in exactly one item. Pre: cfg.ranks >= 1
+/// (else invalid_argument); valid sequences. Throws what the balancer throws (static_dp_cp:
+/// capacity_error when its cp exceeds the pool). Pure; deterministic. Not collective.
+template <class B>
+[[nodiscard]] strategy_plan plan_strategy(const B& b, std::span<const seq::seq_desc> seqs,
+                                          const strategy_config& cfg) {
+  static_assert(balancer<B>,
+                "not a balance::balancer: expected a policy type with `name`, `plan(seqs, strategy_config)` "
+                "returning strategy_plan, `hash_append`, ==, and a formatter (bytescale, gap_filling_hdp, "
+                "token_count, random_placement, static_dp_cp)");
+  return b.plan(seqs, cfg);
+}
+
+/// Runs balancer `b` on `seqs` and prices its plan with the step simulator; the result is named B::name.
 /// Pre: cfg.ranks >= 1; valid sequences. Post: step >= lower_bound for the HDP strategies. Pure;
-/// deterministic (random uses cfg.seed). Cost: that strategy's planning plus O(tasks log tasks).
-[[nodiscard]] inline strategy_result run_strategy(std::string_view name, std::span<const seq::seq_desc> seqs,
-                                                  const strategy_config& cfg) {
-  const strategy_plan plan = detail::plan_strategy(name, seqs, cfg, "run_strategy");
+/// deterministic. Cost: the balancer's planning plus O(tasks log tasks).
+template <class B>
+[[nodiscard]] strategy_result run_strategy(const B& b, std::span<const seq::seq_desc> seqs,
+                                           const strategy_config& cfg) {
+  static_assert(balancer<B>,
+                "not a balance::balancer: expected a policy type with `name`, `plan(seqs, strategy_config)` "
+                "returning strategy_plan, `hash_append`, ==, and a formatter (bytescale, gap_filling_hdp, "
+                "token_count, random_placement, static_dp_cp)");
+  const strategy_plan plan = b.plan(seqs, cfg);
   const std::vector<task>& tasks = plan.tasks;
   const timeline tl = simulate(cfg.ranks, tasks, cfg.model.pp_stages);
   strategy_result r;
-  r.name = std::string(name);
+  r.name = std::string(B::name);
   r.step = tl.step;
   r.imbalance = tl.imbalance();
   r.lower_bound = step_lower_bound(seqs, cfg);
@@ -94,14 +115,14 @@ struct strategy_result {
   return r;
 }
 
-/// Every strategy of `names` (default: all five) on the same batch, side by side. Same contract as
+/// Every balancer of `bs` on the same batch, side by side, in argument order. Same contract as
 /// run_strategy.
-[[nodiscard]] inline std::vector<strategy_result> compare_strategies(
-    std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
-    std::span<const std::string_view> names = strategy_names) {
+template <class... Bs>
+[[nodiscard]] std::vector<strategy_result> compare_strategies(std::span<const seq::seq_desc> seqs,
+                                                              const strategy_config& cfg, const Bs&... bs) {
   std::vector<strategy_result> out;
-  out.reserve(names.size());
-  for (auto n : names) out.push_back(run_strategy(n, seqs, cfg));
+  out.reserve(sizeof...(Bs));
+  (out.push_back(run_strategy(bs, seqs, cfg)), ...);
   return out;
 }
 

@@ -1,21 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::balance: the per-rank plans of the five balance strategies that strategies.hpp prices side
 // by side. A plan is a list of work items (whole sequences packed on one rank, or a sequence split
-// zigzag over a ring), each with the task that prices it; the strategies are described there.
+// zigzag over a ring), each with the task that prices it; the strategies are described there, and
+// chosen by type (the balancer families of balancers.hpp, each holding its own parameters).
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <set>
 #include <span>
-#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
+#include <fmt/ranges.h>  // the formatters print rings (vectors)
 
 #include "../core/error.hpp"
 #include "../core/format.hpp"
@@ -28,21 +27,15 @@
 
 namespace hetmesh::balance {
 
-/// The names plan_strategy and run_strategy accept, in the order compare_strategies reports them.
-inline constexpr std::array<std::string_view, 5> strategy_names{"random", "token_count", "static_dp_cp",
-                                                                "bytescale_hdp", "gap_filling_hdp"};
-
-/// Everything the strategies need besides the batch.
+/// What every balancer needs besides the batch and its own parameters: the pool, HDP's capacity and
+/// offloading, and the step model that prices every task. (A balancer's own parameters, such as
+/// ByteScale's slack or the gap-filling group size, live in the balancer's type: balancers.hpp.)
 struct strategy_config {
-  int ranks = 256;               ///< the pool (dp x cp positions)
-  seq::hdp_policy hdp{};         ///< capacity C per rank and offloading (HDP strategies)
-  step_model model{};            ///< prices every task
-  bytescale_policy bytescale{};  ///< mode is taken from model.pp_stages
-  gap_filling_policy gap_filling{};  ///< group_size for grouped reordering
-  std::uint64_t seed = 1;        ///< random placement; loader of sample i is rank i % ranks
-  std::int64_t context = 0;      ///< static_dp_cp: the context length (0: the longest sequence)
+  int ranks = 256;        ///< the pool (dp x cp positions); the loader of sample i is rank i % ranks
+  seq::hdp_policy hdp{};  ///< capacity C per rank and offloading (HDP strategies)
+  step_model model{};     ///< prices every task
   /// Hashes every parameter, so that a plan's hash names the configuration it came from.
-  void hash_append(hasher& h) const { append_all(h, ranks, hdp, model, bytescale, gap_filling, seed, context); }
+  void hash_append(hasher& h) const { append_all(h, ranks, hdp, model); }
 };
 
 /// One unit of work: whole sequences packed on one rank (a ring of one), or one sequence (for
@@ -76,9 +69,14 @@ inline void push_item(strategy_plan& p, std::vector<int> ring, std::int64_t orde
   p.items.push_back(work_item{std::move(ring), order, std::move(seqs), offload_ratio});
 }
 
-inline strategy_plan random_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) {
+inline void check_ranks(const strategy_config& cfg, std::string_view who) {
+  if (cfg.ranks < 1) throw_error<invalid_argument>("balance::{}: ranks = {}; expected >= 1", who, cfg.ranks);
+}
+
+inline strategy_plan random_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
+                                 std::uint64_t seed) {
   const auto sh = seq::hdp_shard(seqs, cfg.hdp, cfg.ranks);
-  rng g(cfg.seed);
+  rng g(seed);
   std::vector<int> ranks(static_cast<std::size_t>(cfg.ranks));
   for (int r = 0; r < cfg.ranks; ++r) ranks[static_cast<std::size_t>(r)] = r;
   strategy_plan out;
@@ -121,10 +119,11 @@ inline strategy_plan token_count_plan(std::span<const seq::seq_desc> seqs, const
   return out;
 }
 
-inline strategy_plan static_dp_cp_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) {
+inline strategy_plan static_dp_cp_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
+                                       std::int64_t context_length) {
   std::int64_t longest = 0;
   for (const auto& s : seqs) longest = std::max(longest, s.length);
-  const std::int64_t context = std::max({cfg.context, longest, cfg.hdp.capacity});
+  const std::int64_t context = std::max({context_length, longest, cfg.hdp.capacity});
   const std::int64_t cp = (context + cfg.hdp.capacity - 1) / cfg.hdp.capacity;
   if (cp > cfg.ranks)
     throw_error<capacity_error>(
@@ -170,40 +169,6 @@ inline strategy_plan hdp_plan_items(const seq::hdp_plan& plan, const step_model&
 
 }  // namespace detail
 
-namespace detail {
-inline strategy_plan plan_strategy(std::string_view name, std::span<const seq::seq_desc> seqs,
-                                   const strategy_config& cfg, const char* who) {
-  if (cfg.ranks < 1) throw_error<invalid_argument>("balance::{}: ranks = {}; expected >= 1", who, cfg.ranks);
-  if (name == "random") return random_plan(seqs, cfg);
-  if (name == "token_count") return token_count_plan(seqs, cfg);
-  if (name == "static_dp_cp") return static_dp_cp_plan(seqs, cfg);
-  if (name == "bytescale_hdp") {
-    bytescale_policy p = cfg.bytescale;
-    p.mode = cfg.model.pp_stages > 1 ? hdp_balance_mode::pp : hdp_balance_mode::dp;
-    return hdp_plan_items(plan_bytescale(seqs, cfg.hdp, cfg.ranks, cfg.model, p), cfg.model);
-  }
-  if (name == "gap_filling_hdp") {
-    std::vector<int> owner(seqs.size());
-    for (std::size_t i = 0; i < owner.size(); ++i)
-      owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
-    return hdp_plan_items(plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model, cfg.gap_filling, owner),
-                          cfg.model);
-  }
-  throw_error<invalid_argument>("balance::{}: unknown strategy '{}'; expected one of {}", who, name,
-                                fmt::join(strategy_names, ", "));
-}
-}  // namespace detail
-
-/// The plan strategy `name` (one of strategy_names) makes for `seqs` on cfg.ranks ranks: its work
-/// items and their tasks, priced by cfg.model. Every non-empty sequence is in exactly one item.
-/// Pre: cfg.ranks >= 1 (else invalid_argument); valid sequences. Throws invalid_argument for an
-/// unknown name, capacity_error when static_dp_cp's cp exceeds the pool. Pure; deterministic (random
-/// uses cfg.seed). Not collective. Cost: that strategy's planning plus O(sequences).
-[[nodiscard]] inline strategy_plan plan_strategy(std::string_view name, std::span<const seq::seq_desc> seqs,
-                                                 const strategy_config& cfg) {
-  return detail::plan_strategy(name, seqs, cfg, "plan_strategy");
-}
-
 /// Modelled ring-attention traffic of `plan`'s step, bytes summed over all ranks: per layer, a ring of
 /// D ranks passes every KV block D-1 hops forward, and KV plus its gradient back (3x forward); items on
 /// one rank move nothing. Gradient reduction, the same for every strategy, is left out.
@@ -226,8 +191,7 @@ struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_f
   template <class FormatContext>
   auto format(const hetmesh::balance::strategy_config& c, FormatContext& ctx) const
       -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "strategy_config(ranks={}, {}, {}, {}, {}, seed={}, context={})",
-                              c.ranks, c.hdp, c.model, c.bytescale, c.gap_filling, c.seed, c.context);
+    return hetmesh::format_to(ctx.out(), "strategy_config(ranks={}, {}, {})", c.ranks, c.hdp, c.model);
   }
 };
 template <>

@@ -8,6 +8,7 @@
 #include "io.hpp"
 #include "joint.hpp"
 #include "lower.hpp"
+#include "schedule_family.hpp"
 #include "simulate.hpp"
 #include "trace.hpp"
 #include "verify.hpp"

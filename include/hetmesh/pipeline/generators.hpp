@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::pipeline: schedule generators as policy values. Each policy is a small aggregate; `generate`
-// turns (policy, pp, microbatches) into a compute-only schedule (F, B, I, W per rank, in order).
+// hetmesh::pipeline: schedule families as policy types. Each family is a small aggregate (its type is the
+// choice, its members the parameters); `generate` turns (policy, pp, microbatches) into a compute-only
+// schedule (F, B, I, W per rank, in order). The `schedule_family` concept and the split-backward rule
+// are in schedule_family.hpp; names (strings) to policies are the tools' business (tools/common).
 // Orders match the peers whose names they share:
 //   gpipe, one_f_one_b           PyTorch ScheduleGPipe / Schedule1F1B (= Megatron-LM without interleaving)
 //   interleaved_1f1b             Megatron-LM forward_backward_pipelining_with_interleaving for a micro-batch
@@ -18,7 +20,6 @@
 #include <string>
 #include <string_view>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
@@ -33,14 +34,26 @@ namespace hetmesh::pipeline {
 
 /// GPipe: all forwards, then all backwards, micro-batches in order.
 struct gpipe {
+  /// The family's name in schedule files, traces and the tools.
+  static constexpr std::string_view name = "gpipe";
+  /// Backward runs whole (B): any backbone stage will do.
+  static constexpr bool requires_split_backward = false;
+  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
+  [[nodiscard]] schedule generate(int pp, int microbatches) const;
   friend constexpr bool operator==(const gpipe&, const gpipe&) = default;
-  void hash_append(hasher& h) const { append(h, std::string_view("gpipe")); }
+  void hash_append(hasher& h) const { append(h, name); }
 };
 
 /// 1F1B (PipeDream-flush): rank r runs min(pp-1-r, M) warm-up forwards, then alternates F and B.
 struct one_f_one_b {
+  /// The family's name in schedule files, traces and the tools.
+  static constexpr std::string_view name = "1f1b";
+  /// Backward runs whole (B): any backbone stage will do.
+  static constexpr bool requires_split_backward = false;
+  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
+  [[nodiscard]] schedule generate(int pp, int microbatches) const;
   friend constexpr bool operator==(const one_f_one_b&, const one_f_one_b&) = default;
-  void hash_append(hasher& h) const { append(h, std::string_view("1f1b")); }
+  void hash_append(hasher& h) const { append(h, name); }
 };
 
 /// Which project's rule picks and checks the micro-batch group size of interleaved schedules.
@@ -51,40 +64,56 @@ enum class group_rule : std::uint8_t {
 
 /// Interleaved 1F1B with `virtual_stages` model chunks per rank (stage s on rank s % pp).
 struct interleaved_1f1b {
+  /// The family's name in schedule files, traces and the tools.
+  static constexpr std::string_view name = "interleaved-1f1b";
+  /// Backward runs whole (B): any backbone stage will do.
+  static constexpr bool requires_split_backward = false;
+  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
+  [[nodiscard]] schedule generate(int pp, int microbatches) const;
   int virtual_stages = 2;  ///< model chunks per rank
   int group_size = 0;      ///< Megatron's microbatch_group_size_per_vp_stage; 0 = the rule's default.
   group_rule rule = group_rule::megatron;  ///< how micro-batches group (Megatron's or PyTorch's)
   friend constexpr bool operator==(const interleaved_1f1b&, const interleaved_1f1b&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, std::string_view("interleaved-1f1b"), virtual_stages, group_size, rule);
-  }
+  void hash_append(hasher& h) const { append_all(h, name, virtual_stages, group_size, rule); }
 };
 
 /// ZB-H1: one stage per rank, backward split into I and W, W deferred by `rank` steps.
 struct zero_bubble {
+  /// The family's name in schedule files, traces and the tools.
+  static constexpr std::string_view name = "zero-bubble";
+  /// Backward is split into I (input) and W (weight): the stage must provide both.
+  static constexpr bool requires_split_backward = true;
+  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
+  [[nodiscard]] schedule generate(int pp, int microbatches) const;
   friend constexpr bool operator==(const zero_bubble&, const zero_bubble&) = default;
-  void hash_append(hasher& h) const { append(h, std::string_view("zero-bubble")); }
+  void hash_append(hasher& h) const { append(h, name); }
 };
 
 /// PyTorch's ScheduleInterleavedZeroBubble (ZB1P) with `virtual_stages` chunks per rank.
 struct interleaved_zero_bubble {
+  /// The family's name in schedule files, traces and the tools.
+  static constexpr std::string_view name = "interleaved-zero-bubble";
+  /// Backward is split into I (input) and W (weight): the stage must provide both.
+  static constexpr bool requires_split_backward = true;
+  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
+  [[nodiscard]] schedule generate(int pp, int microbatches) const;
   int virtual_stages = 2;  ///< model chunks per rank
   int group_size = 0;      ///< 0 = PyTorch's rule; else a Megatron-style group size in [1, M].
   friend constexpr bool operator==(const interleaved_zero_bubble&, const interleaved_zero_bubble&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, std::string_view("interleaved-zero-bubble"), virtual_stages, group_size);
-  }
+  void hash_append(hasher& h) const { append_all(h, name, virtual_stages, group_size); }
 };
 
 /// ZB-V: two stages per rank in a V (rank r holds stages r and 2*pp-1-r).
 struct zbv {
+  /// The family's name in schedule files, traces and the tools.
+  static constexpr std::string_view name = "zbv";
+  /// Backward is split into I (input) and W (weight): the stage must provide both.
+  static constexpr bool requires_split_backward = true;
+  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
+  [[nodiscard]] schedule generate(int pp, int microbatches) const;
   friend constexpr bool operator==(const zbv&, const zbv&) = default;
-  void hash_append(hasher& h) const { append(h, std::string_view("zbv")); }
+  void hash_append(hasher& h) const { append(h, name); }
 };
-
-/// Any schedule family, for tools that choose by name; the families themselves are types.
-using schedule_policy =
-    std::variant<gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, interleaved_zero_bubble, zbv>;
 
 namespace detail {
 
@@ -195,20 +224,10 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
 
 }  // namespace detail
 
-/// The schedule name a policy prints as (and `make_schedule` accepts).
-[[nodiscard]] inline std::string_view name_of(const gpipe&) noexcept { return "gpipe"; }
-/// "1f1b", the family's name in schedule files and traces.
-[[nodiscard]] inline std::string_view name_of(const one_f_one_b&) noexcept { return "1f1b"; }
-/// "interleaved-1f1b".
-[[nodiscard]] inline std::string_view name_of(const interleaved_1f1b&) noexcept { return "interleaved-1f1b"; }
-/// "zero-bubble".
-[[nodiscard]] inline std::string_view name_of(const zero_bubble&) noexcept { return "zero-bubble"; }
-/// "interleaved-zero-bubble".
-[[nodiscard]] inline std::string_view name_of(const interleaved_zero_bubble&) noexcept {
-  return "interleaved-zero-bubble";
-}
-/// "zbv".
-[[nodiscard]] inline std::string_view name_of(const zbv&) noexcept { return "zbv"; }
+/// The schedule name a policy prints as: its family's `name`.
+template <class Policy>
+requires requires { Policy::requires_split_backward; }
+[[nodiscard]] constexpr std::string_view name_of(const Policy&) noexcept { return Policy::name; }
 
 /// GPipe order. Preconditions: pp >= 1, microbatches >= 1 (else invalid_argument). Pure; O(pp * M).
 [[nodiscard]] inline schedule generate(const gpipe&, int pp, int microbatches) {
@@ -362,48 +381,24 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
   return s;
 }
 
-/// Generates from a policy variant.
-[[nodiscard]] inline schedule generate(const schedule_policy& p, int pp, int microbatches) {
-  return std::visit([&](const auto& q) { return generate(q, pp, microbatches); }, p);
+// The member form of each family's generator (declared in the class, defined once the free ones exist).
+inline schedule gpipe::generate(int pp, int microbatches) const {
+  return pipeline::generate(*this, pp, microbatches);
 }
-
-/// The policy a CLI name denotes: gpipe | 1f1b | interleaved-1f1b | zero-bubble |
-/// interleaved-zero-bubble | zbv. `virtual_stages` (0 = default 2) applies to the interleaved ones,
-/// `group_size` (0 = rule's default) to both interleaved ones. Throws invalid_argument for unknown
-/// names and for parameters the named schedule does not take.
-[[nodiscard]] inline schedule_policy policy_from_name(std::string_view name, int virtual_stages = 0,
-                                                      int group_size = 0) {
-  const bool interleaved = name == "interleaved-1f1b" || name == "interleaved-zero-bubble";
-  if (!interleaved && name != "gpipe" && name != "1f1b" && name != "zero-bubble" && name != "zbv")
-    throw_error<invalid_argument>(
-        "pipeline: unknown schedule \"{}\"; expected one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, "
-        "interleaved-zero-bubble, zbv",
-        name);
-  if (!interleaved && group_size != 0)
-    throw_error<invalid_argument>(
-        "pipeline {}: --group-size applies only to interleaved-1f1b and interleaved-zero-bubble", name);
-  const bool two_chunks = name == "zbv";
-  if (!interleaved && virtual_stages != 0 && !(two_chunks && virtual_stages == 2) &&
-      !(!two_chunks && virtual_stages == 1))
-    throw_error<invalid_argument>(
-        "pipeline {}: --virtual {} does not apply; {} runs {} stage(s) per rank (use an interleaved schedule "
-        "for "
-        "more)",
-        name, virtual_stages, name, two_chunks ? 2 : 1);
-  const int v = virtual_stages == 0 ? 2 : virtual_stages;
-  if (name == "gpipe") return gpipe{};
-  if (name == "1f1b") return one_f_one_b{};
-  if (name == "zero-bubble") return zero_bubble{};
-  if (name == "zbv") return zbv{};
-  if (name == "interleaved-1f1b") return interleaved_1f1b{.virtual_stages = v, .group_size = group_size};
-  return interleaved_zero_bubble{.virtual_stages = v, .group_size = group_size};
+inline schedule one_f_one_b::generate(int pp, int microbatches) const {
+  return pipeline::generate(*this, pp, microbatches);
 }
-
-/// Makes a schedule from a CLI name and parameters: the entry point of `hetmesh-plan pipeline`.
-/// Same errors as policy_from_name and generate. Pure.
-[[nodiscard]] inline schedule make_schedule(std::string_view name, int pp, int microbatches,
-                                            int virtual_stages = 0, int group_size = 0) {
-  return generate(policy_from_name(name, virtual_stages, group_size), pp, microbatches);
+inline schedule interleaved_1f1b::generate(int pp, int microbatches) const {
+  return pipeline::generate(*this, pp, microbatches);
+}
+inline schedule zero_bubble::generate(int pp, int microbatches) const {
+  return pipeline::generate(*this, pp, microbatches);
+}
+inline schedule interleaved_zero_bubble::generate(int pp, int microbatches) const {
+  return pipeline::generate(*this, pp, microbatches);
+}
+inline schedule zbv::generate(int pp, int microbatches) const {
+  return pipeline::generate(*this, pp, microbatches);
 }
 
 }  // namespace hetmesh::pipeline
@@ -468,14 +463,5 @@ struct fmt::formatter<hetmesh::pipeline::interleaved_zero_bubble> : hetmesh::emp
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "interleaved-zero-bubble(virtual_stages={}, group_size={})",
                               p.virtual_stages, p.group_size);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::pipeline::schedule_policy> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::pipeline::schedule_policy& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
-    return std::visit([&](const auto& q) { return hetmesh::format_to(ctx.out(), "{}", q); }, p);
   }
 };

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::pipeline: the joint encoder-LLM pipeline (MegaScale-Omni) and its two baselines, as policies.
+// hetmesh::pipeline: the joint encoder-LLM pipeline (MegaScale-Omni) and its two baselines, as policy
+// types (the `encoder_placement` concept); the type is the choice, its members the parameters.
 //
 //   colocated_encoder       the encoder runs on every LLM rank (shard r on rank r, 1/pp of each
 //                           micro-batch's encoder work each); its forward and backward are inserted into
@@ -17,11 +18,13 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
-#include <variant>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -38,6 +41,8 @@ namespace hetmesh::pipeline {
 
 /// MegaScale-Omni's joint pipeline: encoder colocated on every LLM rank, work inserted into bubbles.
 struct colocated_encoder {
+  /// The placement's name (schedules made with it are named `<llm>+encoder-colocated`).
+  static constexpr std::string_view name = "colocated";
   int lookahead = 2;  ///< how many micro-batches beyond stage 0's next forward a shard may encode early
   friend constexpr bool operator==(const colocated_encoder&, const colocated_encoder&) = default;
   void hash_append(hasher& h) const { append_all(h, std::string_view("colocated"), lookahead); }
@@ -45,20 +50,37 @@ struct colocated_encoder {
 
 /// Baseline: the encoder is part of pipeline stage 0 (Megatron-LM).
 struct encoder_on_first_stage {
+  /// The placement's name.
+  static constexpr std::string_view name = "first-stage";
   friend constexpr bool operator==(const encoder_on_first_stage&, const encoder_on_first_stage&) = default;
   void hash_append(hasher& h) const { append(h, std::string_view("first-stage")); }
 };
 
 /// Baseline: a separate pool of encoder ranks.
 struct encoder_pool {
+  /// The placement's name.
+  static constexpr std::string_view name = "pool";
   int ranks = 1;       ///< encoder ranks, placed after the LLM ranks
   int lookahead = -1;  ///< micro-batches the pool may run ahead of stage 0; -1 = unbounded
   friend constexpr bool operator==(const encoder_pool&, const encoder_pool&) = default;
   void hash_append(hasher& h) const { append_all(h, std::string_view("pool"), ranks, lookahead); }
 };
 
-/// Any encoder placement, for tools that choose by name.
-using encoder_policy = std::variant<colocated_encoder, encoder_on_first_stage, encoder_pool>;
+/// An encoder placement family: where encoder work runs relative to the LLM pipeline. Requirements on
+/// `P` (a value `p`):
+///   1. `P` is a regular aggregate (`std::regular`): default-constructible, copyable, `p == p`;
+///   2. `P::name` is a constant convertible to `std::string_view`;
+///   3. `p.hash_append(h)` feeds every parameter to a `hasher`;
+///   4. `P` prints through fmt;
+///   5. `P` is one of the families add_encoder knows (colocated_encoder, encoder_on_first_stage,
+///      encoder_pool): a placement is an algorithm of this room, not a user extension point.
+template <class P>
+concept encoder_placement = std::regular<P> && std::convertible_to<decltype(P::name), std::string_view> &&
+    requires(const P& p, hasher& h) {
+  p.hash_append(h);
+} && fmt::is_formattable<P>::value &&
+    (std::same_as<P, colocated_encoder> || std::same_as<P, encoder_on_first_stage> ||
+     std::same_as<P, encoder_pool>);
 
 /// The encoder work of each micro-batch, whole (before splitting over shards).
 struct encoder_work {
@@ -188,13 +210,18 @@ inline void check_llm(const schedule& s, std::string_view who) {
 /// Preconditions: `llm` has no encoder shards and passes verify(); pool ranks >= 1; lookahead >= 0
 /// (colocated). Throws invalid_argument naming the broken one. Pure; deterministic;
 /// O(actions log actions).
-[[nodiscard]] inline schedule add_encoder(const schedule& llm_in, const encoder_policy& policy,
-                                          const cost_model& costs, const encoder_work& work) {
+template <class Placement>
+[[nodiscard]] schedule add_encoder(const schedule& llm_in, const Placement& policy, const cost_model& costs,
+                                   const encoder_work& work) {
+  static_assert(encoder_placement<Placement>,
+                "not a pipeline::encoder_placement: expected colocated_encoder (the joint pipeline), "
+                "encoder_on_first_stage or encoder_pool");
   detail::check_llm(llm_in, "add_encoder");
   const schedule llm = strip_comm(llm_in);
-  const int p = llm.total_ranks();
-  if (const auto* first = std::get_if<encoder_on_first_stage>(&policy)) {
-    (void)first;
+  if constexpr (std::is_same_v<Placement, encoder_on_first_stage>) {
+    (void)policy;
+    (void)costs;
+    (void)work;
     schedule s = llm;
     s.name = llm.name + "+encoder-first-stage";
     const int r0 = s.rank_of_stage(0);
@@ -210,53 +237,70 @@ inline void check_llm(const schedule& s, std::string_view who) {
     s.ranks[static_cast<std::size_t>(r0)] = std::move(row);
     assert_deadlock_free(s, "pipeline::add_encoder");
     return s;
-  }
-  schedule s = llm;
-  int lookahead = -1;
-  bool urgent = false;
-  if (const auto* co = std::get_if<colocated_encoder>(&policy)) {
-    if (co->lookahead < 0)
-      throw_error<invalid_argument>("pipeline add_encoder: colocated lookahead={}; expected >= 0",
-                                    co->lookahead);
-    s.name = llm.name + "+encoder-colocated";
-    s.encoder_shard_to_rank.resize(static_cast<std::size_t>(p));
-    for (int r = 0; r < p; ++r) s.encoder_shard_to_rank[static_cast<std::size_t>(r)] = r;
-    lookahead = co->lookahead;
-    urgent = true;
   } else {
-    const auto& pool = std::get<encoder_pool>(policy);
-    if (pool.ranks < 1)
-      throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one",
-                                    pool.ranks);
-    s.name = llm.name + "+encoder-pool";
-    for (int e = 0; e < pool.ranks; ++e) {
-      s.encoder_shard_to_rank.push_back(p + e);
-      s.ranks.emplace_back();
+    const int p = llm.total_ranks();
+    schedule s = llm;
+    int lookahead = -1;
+    bool urgent = false;
+    if constexpr (std::is_same_v<Placement, colocated_encoder>) {
+      const auto& co = policy;
+      if (co.lookahead < 0)
+        throw_error<invalid_argument>("pipeline add_encoder: colocated lookahead={}; expected >= 0",
+                                      co.lookahead);
+      s.name = llm.name + "+encoder-colocated";
+      s.encoder_shard_to_rank.resize(static_cast<std::size_t>(p));
+      for (int r = 0; r < p; ++r) s.encoder_shard_to_rank[static_cast<std::size_t>(r)] = r;
+      lookahead = co.lookahead;
+      urgent = true;
+    } else {
+      const encoder_pool& pool = policy;
+      if (pool.ranks < 1)
+        throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one",
+                                      pool.ranks);
+      s.name = llm.name + "+encoder-pool";
+      for (int e = 0; e < pool.ranks; ++e) {
+        s.encoder_shard_to_rank.push_back(p + e);
+        s.ranks.emplace_back();
+      }
+      lookahead = pool.lookahead;
     }
-    lookahead = pool.lookahead;
+    const cost_model c = with_encoder(costs, work, s.num_encoder_shards());
+    detail::encoder_source src(s, s.num_encoder_shards(), lookahead, urgent);
+    detail::engine<detail::encoder_source> eng(s, c, src, false);
+    (void)eng.run();
+    s.ranks = std::move(src.out);
+    assert_deadlock_free(s, "pipeline::add_encoder");
+    return s;
   }
-  const cost_model c = with_encoder(costs, work, s.num_encoder_shards());
-  detail::encoder_source src(s, s.num_encoder_shards(), lookahead, urgent);
-  detail::engine<detail::encoder_source> eng(s, c, src, false);
-  (void)eng.run();
-  s.ranks = std::move(src.out);
-  assert_deadlock_free(s, "pipeline::add_encoder");
-  return s;
 }
 
 }  // namespace hetmesh::pipeline
 
 template <>
-struct fmt::formatter<hetmesh::pipeline::encoder_policy> : hetmesh::empty_spec_formatter {
+struct fmt::formatter<hetmesh::pipeline::colocated_encoder> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::pipeline::encoder_policy& p, FormatContext& ctx) const
+  auto format(const hetmesh::pipeline::colocated_encoder& c, FormatContext& ctx) const
       -> decltype(ctx.out()) {
-    using namespace hetmesh::pipeline;
-    if (const auto* c = std::get_if<colocated_encoder>(&p))
-      return hetmesh::format_to(ctx.out(), "colocated(lookahead={})", c->lookahead);
-    if (std::holds_alternative<encoder_on_first_stage>(p))
-      return hetmesh::format_to(ctx.out(), "first-stage");
-    const auto& q = std::get<encoder_pool>(p);
+    return hetmesh::format_to(ctx.out(), "colocated(lookahead={})", c.lookahead);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::pipeline::encoder_on_first_stage> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::encoder_on_first_stage&, FormatContext& ctx) const
+      -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "first-stage");
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::pipeline::encoder_pool> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::encoder_pool& q, FormatContext& ctx) const
+      -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "pool(ranks={}, lookahead={})", q.ranks, q.lookahead);
   }
 };
+
+static_assert(hetmesh::pipeline::encoder_placement<hetmesh::pipeline::colocated_encoder>);
+static_assert(hetmesh::pipeline::encoder_placement<hetmesh::pipeline::encoder_on_first_stage>);
+static_assert(hetmesh::pipeline::encoder_placement<hetmesh::pipeline::encoder_pool>);

@@ -24,11 +24,13 @@
 
 namespace hetmesh::seq {
 
-/// Context-parallel layouts: Megatron-LM's zigzag for one sequence, TransformerEngine's THD per-document
-/// split for packed ones.
+/// Which context-parallel layout made a partition: Megatron-LM's zigzag for one sequence,
+/// TransformerEngine's THD per-document split for packed ones, or the contiguous baseline. It records
+/// what a plan is; the choice itself is a type (seq::cp_zigzag, cp_thd, cp_contiguous: partition.hpp).
 enum class cp_scheme { contiguous, zigzag, thd };
 
-/// Policy value: scheme, degree, and whether documents may be padded to a multiple of 2cp.
+/// What a partition was made with: scheme, degree, and whether documents were padded to a multiple of
+/// 2cp (recorded in cp_partition, so its hash names the layout).
 struct cp_policy {
   cp_scheme scheme = cp_scheme::thd;  ///< zigzag or thd
   int cp = 1;                         ///< context-parallel ranks
@@ -203,22 +205,6 @@ inline void close_shards(cp_partition& p) {
   auto p = partition_thd(one, cp, pad);
   p.policy.scheme = cp_scheme::zigzag;
   return p;
-}
-
-/// Dispatch on a policy value. `lengths` is one document for zigzag.
-[[nodiscard]] inline cp_partition partition(std::span<const std::int64_t> lengths, const cp_policy& policy) {
-  switch (policy.scheme) {
-    case cp_scheme::contiguous:
-      return partition_contiguous(lengths, policy.cp);
-    case cp_scheme::zigzag:
-      if (lengths.size() != 1)
-        throw_error<invalid_argument>("partition: zigzag splits one sequence; got {} documents (use thd)",
-                                      lengths.size());
-      return partition_zigzag(lengths[0], policy.cp, policy.pad);
-    case cp_scheme::thd:
-      return partition_thd(lengths, policy.cp, policy.pad);
-  }
-  throw_error<invalid_argument>("partition: unknown cp_scheme {}", static_cast<int>(policy.scheme));
 }
 
 /// Causal attention work of one shard: the number of (query, key) pairs its queries compute under a

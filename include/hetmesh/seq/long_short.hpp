@@ -16,6 +16,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -32,10 +33,21 @@
 
 namespace hetmesh::seq {
 
-/// Policy value of long-short SP. Items are priced by the encoder's compute model (cost/encoder.hpp:
-/// per layer a L^2 + b L + c, windowed for audio, times layers x train_factor; any unit, default L);
-/// node size and alignment come from the cluster (mesh::topology::devices_per_node).
+struct long_short_plan;
+
+/// Policy value of long-short SP, and the encoders' partition family (seq::partition_family, role
+/// encoder): its type is the choice, its members the parameters. Items are priced by the encoder's compute
+/// model (cost/encoder.hpp: per layer a L^2 + b L + c, windowed for audio, times layers x train_factor; any
+/// unit, default L); node size and alignment come from the cluster (mesh::topology::devices_per_node).
 struct long_short_policy {
+  /// The family's name.
+  static constexpr std::string_view name = "long-short";
+  /// Partitions encoder items (not the LLM's sequences).
+  static constexpr partition_role role = partition_role::encoder;
+  /// Long items run Ulysses inside a node; no ring attention over ranks.
+  static constexpr bool ring_attention = false;
+  /// What plan() returns.
+  using plan_type = long_short_plan;
   std::int64_t max_tokens_per_rank = 16384;  ///< Mcap: encoder tokens one rank holds
   int heads = 16;                            ///< encoder attention heads
   mesh::topology cluster{};                  ///< Ulysses groups stay inside one of its nodes
@@ -45,6 +57,8 @@ struct long_short_policy {
 
   /// Modelled cost of an item of `l` tokens.
   [[nodiscard]] double cost(std::int64_t l) const noexcept { return encoder.item(l); }
+  /// plan_long_short(items, ranks, *this): one encoder micro-batch over `ranks` ranks.
+  [[nodiscard]] long_short_plan plan(std::span<const seq_desc> items, int ranks) const;
   friend bool operator==(const long_short_policy&, const long_short_policy&) = default;
   void hash_append(hasher& h) const {
     append_all(h, max_tokens_per_rank, heads, cluster, balance_factor, encoder);
@@ -209,6 +223,10 @@ struct long_short_plan {
   return plan;
 }
 
+inline long_short_plan long_short_policy::plan(std::span<const seq_desc> items, int ranks) const {
+  return plan_long_short(items, ranks, *this);
+}
+
 }  // namespace hetmesh::seq
 
 template <>
@@ -217,8 +235,8 @@ struct fmt::formatter<hetmesh::seq::long_short_policy> : hetmesh::empty_spec_for
   auto format(const hetmesh::seq::long_short_policy& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "long_short_policy{{cap={}, heads={}, node={}, beta={}, {}}}",
-                          p.max_tokens_per_rank, p.heads, p.cluster.devices_per_node, p.balance_factor,
-                          p.encoder);
+                              p.max_tokens_per_rank, p.heads, p.cluster.devices_per_node, p.balance_factor,
+                              p.encoder);
   }
 };
 template <>
@@ -234,6 +252,6 @@ struct fmt::formatter<hetmesh::seq::long_short_plan> : hetmesh::empty_spec_forma
   template <class FormatContext>
   auto format(const hetmesh::seq::long_short_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "long_short_plan{{ranks={}, items={}, groups={}, load={}}}", p.ranks,
-                          p.items.size(), p.groups, p.load);
+                              p.items.size(), p.groups, p.load);
   }
 };

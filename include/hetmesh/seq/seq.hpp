@@ -8,6 +8,7 @@
 #include "long_short.hpp"
 #include "offload.hpp"
 #include "packing.hpp"
+#include "partition.hpp"
 #include "ring.hpp"
 #include "types.hpp"
 #include "ulysses.hpp"

@@ -17,6 +17,13 @@
 
 namespace hetmesh::seq {
 
+/// What a partition family (seq::partition_family) splits: the LLM backbone's sequences, or the
+/// encoders' items.
+enum class partition_role : std::uint8_t {
+  llm,      ///< the LLM backbone's sequences (static CP, Ulysses, HDP)
+  encoder,  ///< an encoder's items (long-short SP)
+};
+
 /// One sequence (sample, document) to partition: a caller-chosen id, unique within a batch, and
 /// its length in tokens. Planners sort by (-length, id), so equal lengths never tie.
 struct seq_desc {
@@ -110,5 +117,12 @@ struct fmt::formatter<hetmesh::seq::seq_segment> : hetmesh::empty_spec_formatter
   template <class FormatContext>
   auto format(const hetmesh::seq::seq_segment& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}{}", s.seq_id, s.tokens);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::partition_role> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(hetmesh::seq::partition_role r, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "{}", r == hetmesh::seq::partition_role::llm ? "llm" : "encoder");
   }
 };

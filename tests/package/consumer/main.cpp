@@ -36,7 +36,7 @@ int main() {
   for (int s : sums)
     if (s != 10) return 2;
 
-  const auto schedule = hetmesh::pipeline::make_schedule("1f1b", 2, 4, 1, 0);
+  const auto schedule = hetmesh::pipeline::one_f_one_b{}.generate(2, 4);
   if (schedule.num_ranks != 2) return 3;
 
   const std::vector<std::int64_t> costs{5, 4, 3, 3, 2, 1};
