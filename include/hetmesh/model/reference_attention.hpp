@@ -28,11 +28,7 @@ struct block_dims {
 template <class T>
 block_dims check_block(const attention_block<T>& b, const char* who) {
   const auto& s = b.shape;
-  if (s.q_heads < 1 || s.kv_heads < 1 || s.head_dim < 1 || s.q_heads % s.kv_heads != 0)
-    throw_error<invalid_argument>(
-        "{}: shape q_heads={}, kv_heads={}, head_dim={}; expected positive values with kv_heads dividing "
-        "q_heads",
-        who, s.q_heads, s.kv_heads, s.head_dim);
+  check_attention_shape(s, who);
   if (b.mask == seq::block_mask::none)
     throw_error<invalid_argument>("{}: called with block_mask::none; expected full or causal", who);
   block_dims d;

@@ -204,11 +204,7 @@ ring_ctx<T> make_ctx(const C& c, const seq::ring_schedule& s, const ring_attenti
     throw_error<invalid_argument>("{}: tag {}; expected 0 <= tag <= {} (it uses tag .. tag+3)", who, opt.tag,
                                   comm::max_user_tag - 3);
   const auto& sh = in.shape;
-  if (sh.q_heads < 1 || sh.kv_heads < 1 || sh.head_dim < 1 || sh.q_heads % sh.kv_heads != 0)
-    throw_error<invalid_argument>(
-        "{}: shape q_heads={}, kv_heads={}, head_dim={}; expected positive values with kv_heads dividing "
-        "q_heads",
-        who, sh.q_heads, sh.kv_heads, sh.head_dim);
+  model::check_attention_shape(sh, who);
   ring_ctx<T> x(s, in);
   x.p = p;
   x.d = d;
