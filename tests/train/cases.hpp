@@ -28,10 +28,14 @@ void parity_cases(On8 on8) {
     for (int cp : {2, 4}) {
       const auto zz = train::static_cp_zigzag{cp};
       const auto thd = train::static_cp_thd{cp};
-      check_verdict(on8([&](auto& w) { return parity_body<double>(w, zz, seed, 10, 40); }), 1e-10, "zigzag double");
-      check_verdict(on8([&](auto& w) { return parity_body<float>(w, zz, seed, 10, 40); }), 1e-5, "zigzag float");
-      check_verdict(on8([&](auto& w) { return parity_body<double>(w, thd, seed, 10, 40); }), 1e-10, "thd double");
-      check_verdict(on8([&](auto& w) { return parity_body<float>(w, thd, seed, 10, 40); }), 1e-5, "thd float");
+      check_verdict(on8([&](auto& w) { return parity_body<double>(w, zz, seed, 10, 40); }), 1e-10,
+                    "zigzag double");
+      check_verdict(on8([&](auto& w) { return parity_body<float>(w, zz, seed, 10, 40); }), 1e-5,
+                    "zigzag float");
+      check_verdict(on8([&](auto& w) { return parity_body<double>(w, thd, seed, 10, 40); }), 1e-10,
+                    "thd double");
+      check_verdict(on8([&](auto& w) { return parity_body<float>(w, thd, seed, 10, 40); }), 1e-5,
+                    "thd float");
     }
     for (auto placement : {seq::hdp_placement_kind::waves, seq::hdp_placement_kind::least_loaded}) {
       const auto hdp = train::hdp_partition{test_hdp_policy(placement)};
@@ -39,11 +43,14 @@ void parity_cases(On8 on8) {
       check_verdict(vd, 1e-10, "hdp double");
       CHECK(vd.ring_sizes.back() > 2);  // rings of several sizes, packs included
       CHECK(vd.ring_sizes.front() == 1);
-      check_verdict(on8([&](auto& w) { return parity_body<float>(w, hdp, seed, 12, 60); }), 1e-5, "hdp float");
+      check_verdict(on8([&](auto& w) { return parity_body<float>(w, hdp, seed, 12, 60); }), 1e-5,
+                    "hdp float");
     }
     const auto bs = train::hdp_bytescale_partition{test_hdp_policy(), {}};
-    check_verdict(on8([&](auto& w) { return parity_body<double>(w, bs, seed, 12, 60); }), 1e-10, "hdp bytescale double");
-    check_verdict(on8([&](auto& w) { return parity_body<float>(w, bs, seed, 12, 60); }), 1e-5, "hdp bytescale float");
+    check_verdict(on8([&](auto& w) { return parity_body<double>(w, bs, seed, 12, 60); }), 1e-10,
+                  "hdp bytescale double");
+    check_verdict(on8([&](auto& w) { return parity_body<float>(w, bs, seed, 12, 60); }), 1e-5,
+                  "hdp bytescale float");
   }
 }
 

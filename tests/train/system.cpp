@@ -18,8 +18,9 @@ namespace {
 
 using lctx = train::step_context<comm::loopback::communicator, model::reference_attention, double>;
 static_assert(model::check_backbone_stage<tiny_lm<double>, double, lctx>());
-static_assert(model::backbone_stage<tiny_lm<float>, float,
-                                    train::step_context<comm::loopback::communicator, model::reference_attention, float>>);
+static_assert(model::backbone_stage<
+              tiny_lm<float>, float,
+              train::step_context<comm::loopback::communicator, model::reference_attention, float>>);
 static_assert(train::attention_context<lctx, double>);
 // The test model needs attention: against a context without the entry it is no backbone stage.
 static_assert(!model::backbone_stage<tiny_lm<double>, double>);
@@ -66,7 +67,8 @@ TEST_CASE("train::system: one step's gradients equal a single-rank run's (loopba
 
 TEST_CASE("train::system: every token of a step counts in the loss exactly once (random batches)") {
   for (std::uint64_t seed = 100; seed < 130; ++seed) {
-    const auto b = random_batch(seed, 1 + static_cast<int>(seed % 17), 1 + static_cast<std::int64_t>(seed % 5) * 23);
+    const auto b =
+        random_batch(seed, 1 + static_cast<int>(seed % 17), 1 + static_cast<std::int64_t>(seed % 5) * 23);
     for (int cp : {1, 2, 4, 8}) {
       check_exactly_once(train::static_cp_zigzag{cp}, b, 8);
       check_exactly_once(train::static_cp_thd{cp}, b, 8);
@@ -83,7 +85,8 @@ TEST_CASE("train: plans reject bad input with a clear error") {
   CHECK_THROWS_AS((void)train::static_cp_zigzag{2}.plan({}, 8), invalid_argument);
   const auto plan = train::static_cp_thd{2}.plan(model::document_descs(b), 8);
   const auto other = random_batch(4, 5, 20);
-  CHECK_THROWS_AS((void)train::build_micro_batches(plan, other, model::summarize_step(other), 0), invalid_argument);
+  CHECK_THROWS_AS((void)train::build_micro_batches(plan, other, model::summarize_step(other), 0),
+                  invalid_argument);
   CHECK(fmt::format("{}", plan).find("static_cp") != std::string::npos);
 }
 

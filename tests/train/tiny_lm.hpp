@@ -23,7 +23,8 @@ using namespace hetmesh;
 
 /// y[n][m] = x[n][k] w[k][m] (row-major).
 template <class T>
-void matmul(std::span<const T> x, std::span<const T> w, std::span<T> y, std::size_t n, std::size_t k, std::size_t m) {
+void matmul(std::span<const T> x, std::span<const T> w, std::span<T> y, std::size_t n, std::size_t k,
+            std::size_t m) {
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t j = 0; j < m; ++j) {
       T s = 0;
@@ -66,8 +67,8 @@ struct tiny_lm {
   using is_backbone_stage = void;
 
   lm_shape shape;
-  std::vector<T> emb, wq, wk, wv, wo, wout;              // parameters
-  std::vector<T> gemb, gwq, gwk, gwv, gwo, gwout;        // gradients
+  std::vector<T> emb, wq, wk, wv, wo, wout;        // parameters
+  std::vector<T> gemb, gwq, gwk, gwv, gwo, gwout;  // gradients
 
   /// Parameters are pure functions of (seed, tensor, index) in [-0.5, 0.5): every rank builds the same model.
   explicit tiny_lm(lm_shape s, std::uint64_t seed) : shape(s) {
@@ -75,26 +76,33 @@ struct tiny_lm {
     const auto hk = static_cast<std::size_t>(s.attn.kv_heads * s.attn.head_dim);
     const auto w = static_cast<std::size_t>(s.width), v = static_cast<std::size_t>(s.vocab);
     std::uint64_t tensor = 0;
-    for (auto [p, n] : {std::pair{&emb, v * w}, {&wq, w * hq}, {&wk, w * hk}, {&wv, w * hk}, {&wo, hq * w},
+    for (auto [p, n] : {std::pair{&emb, v * w},
+                        {&wq, w * hq},
+                        {&wk, w * hk},
+                        {&wv, w * hk},
+                        {&wo, hq * w},
                         {&wout, w * v}}) {
       ++tensor;
       p->resize(n);
       for (std::size_t i = 0; i < n; ++i)
         (*p)[i] = static_cast<T>(static_cast<double>(key_hash({seed, tensor, i}) >> 11) * 0x1.0p-53 - 0.5);
     }
-    for (auto [g, p] : {std::pair{&gemb, &emb}, {&gwq, &wq}, {&gwk, &wk}, {&gwv, &wv}, {&gwo, &wo}, {&gwout, &wout}})
+    for (auto [g, p] :
+         {std::pair{&gemb, &emb}, {&gwq, &wq}, {&gwk, &wk}, {&gwv, &wv}, {&gwo, &wo}, {&gwout, &wout}})
       g->assign(p->size(), T(0));
   }
 
   /// One loss term per local token.
-  [[nodiscard]] std::int64_t output_size(const model::micro_batch_view& mb) const noexcept { return mb.size(); }
+  [[nodiscard]] std::int64_t output_size(const model::micro_batch_view& mb) const noexcept {
+    return mb.size();
+  }
 
   /// out[t] = weight[t] * CE(logits[t], target[t]) / step_targets. Saves x, q, k, v, a, lse, h.
   template <train::attention_context<T> Ctx>
   void forward(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T>, std::span<T> out) {
     const auto d = dims(mb);
-    std::vector<T> x(d.n * d.w), q(d.n * d.hq), k(d.n * d.hk), v(d.n * d.hk), a(d.n * d.hq), lse(d.n * d.heads),
-        h(d.n * d.w);
+    std::vector<T> x(d.n * d.w), q(d.n * d.hq), k(d.n * d.hk), v(d.n * d.hk), a(d.n * d.hq),
+        lse(d.n * d.heads), h(d.n * d.w);
     for (std::size_t t = 0; t < d.n; ++t)
       for (std::size_t e = 0; e < d.w; ++e) x[t * d.w + e] = emb[token(mb, t) * d.w + e];
     matmul<T>(x, wq, q, d.n, d.w, d.hq);
@@ -126,8 +134,8 @@ struct tiny_lm {
   void backward(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T>, std::span<T>) {
     const auto d = dims(mb);
     const auto slot = ctx.slots();
-    const std::span<const T> x = slot.load(0), q = slot.load(1), k = slot.load(2), v = slot.load(3), a = slot.load(4),
-                             lse = slot.load(5), h = slot.load(6);
+    const std::span<const T> x = slot.load(0), q = slot.load(1), k = slot.load(2), v = slot.load(3),
+                             a = slot.load(4), lse = slot.load(5), h = slot.load(6);
     std::vector<T> dlogits(d.n * d.v, T(0)), p(d.v);
     for (std::size_t t = 0; t < d.n; ++t) {
       if (mb.loss_weights[t] == 0.0) continue;
@@ -163,12 +171,16 @@ struct tiny_lm {
     std::size_t n, w, v, hq, hk, heads;
   };
   [[nodiscard]] dims_t dims(const model::micro_batch_view& mb) const noexcept {
-    return {static_cast<std::size_t>(mb.size()), static_cast<std::size_t>(shape.width),
-            static_cast<std::size_t>(shape.vocab), static_cast<std::size_t>(shape.attn.q_heads * shape.attn.head_dim),
+    return {static_cast<std::size_t>(mb.size()),
+            static_cast<std::size_t>(shape.width),
+            static_cast<std::size_t>(shape.vocab),
+            static_cast<std::size_t>(shape.attn.q_heads * shape.attn.head_dim),
             static_cast<std::size_t>(shape.attn.kv_heads * shape.attn.head_dim),
             static_cast<std::size_t>(shape.attn.q_heads)};
   }
-  [[nodiscard]] T scale() const { return static_cast<T>(1.0 / std::sqrt(static_cast<double>(shape.attn.head_dim))); }
+  [[nodiscard]] T scale() const {
+    return static_cast<T>(1.0 / std::sqrt(static_cast<double>(shape.attn.head_dim)));
+  }
   [[nodiscard]] std::size_t token(const model::micro_batch_view& mb, std::size_t t) const {
     const auto id = mb.tokens[t];
     if (id < 0 || id >= shape.vocab)

@@ -68,7 +68,8 @@ struct recording_optimizer {
 
 /// One step of `partition` over `world` on `batch`: collective over world.
 template <class T, class Partition, class C>
-step_result<T> run_step(C& world, const Partition& partition, const model::step_batch& batch, std::uint64_t seed) {
+step_result<T> run_step(C& world, const Partition& partition, const model::step_batch& batch,
+                        std::uint64_t seed) {
   train::system<Partition, model::reference_attention, C> sys(partition, world);
   const auto plan = sys.plan(batch);
   tiny_lm<T> lm(kShape, seed);
@@ -82,33 +83,34 @@ step_result<T> run_step(C& world, const Partition& partition, const model::step_
 template <class T>
 step_result<T> single_rank(const model::step_batch& batch, std::uint64_t seed) {
   step_result<T> r;
-  comm::loopback::run(1, [&](comm::loopback::communicator& c) {
-    r = run_step<T>(c, train::static_cp_thd{1}, batch, seed);
-  });
+  comm::loopback::run(
+      1, [&](comm::loopback::communicator& c) { r = run_step<T>(c, train::static_cp_thd{1}, batch, seed); });
   return r;
 }
 
 /// Parity verdict: max |g - ref| / max |ref| over every gradient element, reduced over the world, and
 /// the step's stats beside the batch's own counts.
 struct verdict {
-  double rel = 0;              ///< gradient relative error
-  double loss_rel = 0;         ///< loss relative error
-  std::int64_t targets = 0;    ///< stats.targets (sum of loss weights over ranks)
-  std::int64_t tokens = 0;     ///< stats.tokens
+  double rel = 0;            ///< gradient relative error
+  double loss_rel = 0;       ///< loss relative error
+  std::int64_t targets = 0;  ///< stats.targets (sum of loss weights over ranks)
+  std::int64_t tokens = 0;   ///< stats.tokens
   std::int64_t expected_targets = 0, expected_tokens = 0;
   std::int64_t micro_batches = 0;
   int optimizer_calls = 0;
   std::vector<int> ring_sizes;  ///< sizes of the plan's rings (for coverage)
 
   std::string describe() const {
-    return fmt::format("grad rel err {:.3g}, loss rel err {:.3g}, targets {}/{}, tokens {}/{}, {} micro-batches, "
-                       "rings {}",
-                       rel, loss_rel, targets, expected_targets, tokens, expected_tokens, micro_batches, ring_sizes);
+    return fmt::format(
+        "grad rel err {:.3g}, loss rel err {:.3g}, targets {}/{}, tokens {}/{}, {} micro-batches, "
+        "rings {}",
+        rel, loss_rel, targets, expected_targets, tokens, expected_tokens, micro_batches, ring_sizes);
   }
 };
 
 template <class T, class Partition, class C>
-verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, int docs, std::int64_t max_len) {
+verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, int docs,
+                    std::int64_t max_len) {
   const auto batch = random_batch(seed, docs, max_len);
   const auto ref = single_rank<T>(batch, seed + 1);
   const auto got = run_step<T>(world, partition, batch, seed + 1);
@@ -119,7 +121,8 @@ verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, in
     num = std::max(num, std::abs(static_cast<double>(got.grads[i]) - static_cast<double>(ref.grads[i])));
     den = std::max(den, std::abs(static_cast<double>(ref.grads[i])));
   }
-  double e[2] = {den > 0 ? num / den : num, std::abs(got.stats.loss - ref.stats.loss) / std::abs(ref.stats.loss)};
+  double e[2] = {den > 0 ? num / den : num,
+                 std::abs(got.stats.loss - ref.stats.loss) / std::abs(ref.stats.loss)};
   comm::all_reduce(world, std::span<double>(e), comm::reduce_op::max);
   v.rel = e[0];
   v.loss_rel = e[1];

@@ -64,8 +64,8 @@ struct step_context : model::stage_context<Comm, model::host_activation_store<T>
                           std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) const {
     check_bound("attention_backward");
     run::ring_attention_backward(*this->ring.parent, *schedule, *kernel,
-                                 run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk, dv,
-                                 options);
+                                 run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk,
+                                 dv, options);
   }
 
  private:

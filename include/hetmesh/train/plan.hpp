@@ -84,7 +84,9 @@ struct step_plan {
   [[nodiscard]] std::uint64_t hash() const { return plan_hash(*this); }
   friend bool operator==(const step_plan&, const step_plan&) = default;
   /// Feeds the plan to a plan hash.
-  void hash_append(hasher& h) const { append_all(h, kind, world, cp, documents, cp_pieces, hdp, rings, per_rank); }
+  void hash_append(hasher& h) const {
+    append_all(h, kind, world, cp, documents, cp_pieces, hdp, rings, per_rank);
+  }
 };
 
 namespace detail {
@@ -111,16 +113,16 @@ inline void check_cp(int cp, int world, const char* who) {
 /// Documents to dp groups: longest processing time first by causal cost (length^2 + length), ties by
 /// stream index, each to the least loaded group (ties: the lowest group). Returns per group its document
 /// indices in stream order. Pure; O(docs log docs + docs x groups).
-inline std::vector<std::vector<std::int64_t>> split_over_groups(std::span<const seq::seq_desc> docs, int groups) {
+inline std::vector<std::vector<std::int64_t>> split_over_groups(std::span<const seq::seq_desc> docs,
+                                                                int groups) {
   std::vector<std::int64_t> order(docs.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
   const auto cost = [&](std::int64_t i) {
     const auto l = docs[static_cast<std::size_t>(i)].length;
     return l * l + l;
   };
-  std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
-    return cost(a) != cost(b) ? cost(a) > cost(b) : a < b;
-  });
+  std::sort(order.begin(), order.end(),
+            [&](std::int64_t a, std::int64_t b) { return cost(a) != cost(b) ? cost(a) > cost(b) : a < b; });
   std::vector<std::int64_t> load(static_cast<std::size_t>(groups), 0);
   std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(groups));
   for (auto i : order) {
@@ -139,7 +141,8 @@ inline void add_cp_piece(step_plan& p, int group, std::vector<std::int64_t> ids,
   p.rings.push_back(seq::ring_for(part, ranks));
   const auto ring = static_cast<std::int64_t>(p.rings.size()) - 1;
   const auto source = static_cast<std::int64_t>(p.cp_pieces.size());
-  for (int r = 0; r < p.cp; ++r) p.per_rank[static_cast<std::size_t>(group * p.cp + r)].push_back({ring, r, source});
+  for (int r = 0; r < p.cp; ++r)
+    p.per_rank[static_cast<std::size_t>(group * p.cp + r)].push_back({ring, r, source});
   p.cp_pieces.push_back({group, std::move(ids), std::move(part)});
 }
 
@@ -173,12 +176,13 @@ struct static_cp_zigzag {
   [[nodiscard]] step_plan plan(std::span<const seq::seq_desc> docs, int world) const {
     detail::check_documents(docs, "static_cp_zigzag::plan");
     detail::check_cp(cp, world, "static_cp_zigzag::plan");
-    return detail::plan_static_cp(docs, cp, world, [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
-      for (auto i : idx) {
-        const auto& d = docs[static_cast<std::size_t>(i)];
-        detail::add_cp_piece(p, g, {d.id}, seq::partition_zigzag(d.length, cp, true));
-      }
-    });
+    return detail::plan_static_cp(
+        docs, cp, world, [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
+          for (auto i : idx) {
+            const auto& d = docs[static_cast<std::size_t>(i)];
+            detail::add_cp_piece(p, g, {d.id}, seq::partition_zigzag(d.length, cp, true));
+          }
+        });
   }
   friend constexpr bool operator==(const static_cp_zigzag&, const static_cp_zigzag&) = default;
 };
@@ -195,15 +199,16 @@ struct static_cp_thd {
   [[nodiscard]] step_plan plan(std::span<const seq::seq_desc> docs, int world) const {
     detail::check_documents(docs, "static_cp_thd::plan");
     detail::check_cp(cp, world, "static_cp_thd::plan");
-    return detail::plan_static_cp(docs, cp, world, [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
-      if (idx.empty()) return;  // a group with no document has no micro-batch
-      std::vector<std::int64_t> ids, lens;
-      for (auto i : idx) {
-        ids.push_back(docs[static_cast<std::size_t>(i)].id);
-        lens.push_back(docs[static_cast<std::size_t>(i)].length);
-      }
-      detail::add_cp_piece(p, g, std::move(ids), seq::partition_thd(lens, cp, true));
-    });
+    return detail::plan_static_cp(
+        docs, cp, world, [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
+          if (idx.empty()) return;  // a group with no document has no micro-batch
+          std::vector<std::int64_t> ids, lens;
+          for (auto i : idx) {
+            ids.push_back(docs[static_cast<std::size_t>(i)].id);
+            lens.push_back(docs[static_cast<std::size_t>(i)].length);
+          }
+          detail::add_cp_piece(p, g, std::move(ids), seq::partition_thd(lens, cp, true));
+        });
   }
   friend constexpr bool operator==(const static_cp_thd&, const static_cp_thd&) = default;
 };
@@ -221,7 +226,8 @@ inline step_plan plan_from_hdp(std::span<const seq::seq_desc> docs, int world, s
   std::vector<std::int64_t> items(hdp.placement.size());
   for (std::size_t i = 0; i < items.size(); ++i) items[i] = static_cast<std::int64_t>(i);
   std::sort(items.begin(), items.end(), [&](std::int64_t a, std::int64_t b) {
-    const auto oa = hdp.placement[static_cast<std::size_t>(a)].order, ob = hdp.placement[static_cast<std::size_t>(b)].order;
+    const auto oa = hdp.placement[static_cast<std::size_t>(a)].order,
+               ob = hdp.placement[static_cast<std::size_t>(b)].order;
     return oa != ob ? oa < ob : a < b;
   });
   std::vector<std::int64_t> ring_of(items.size(), -1);
@@ -232,7 +238,8 @@ inline step_plan plan_from_hdp(std::span<const seq::seq_desc> docs, int world, s
   for (std::size_t r = 0; r < hdp.per_rank.size(); ++r)
     for (std::size_t m = 0; m < hdp.per_rank[r].size(); ++m) {
       const auto& mb = hdp.per_rank[r][m];
-      p.per_rank[r].push_back({ring_of[static_cast<std::size_t>(mb.item)], mb.ring_position, static_cast<std::int64_t>(m)});
+      p.per_rank[r].push_back(
+          {ring_of[static_cast<std::size_t>(mb.item)], mb.ring_position, static_cast<std::int64_t>(m)});
     }
   p.hdp = std::move(hdp);
   return p;
@@ -261,7 +268,7 @@ struct hdp_partition {
 /// (balance::plan_bytescale) over the pool of every rank. Parameters: the HDP policy and the step's cost
 /// model.
 struct hdp_bytescale_partition {
-  seq::hdp_policy policy{};    ///< capacity, offload
+  seq::hdp_policy policy{};     ///< capacity, offload
   balance::step_model model{};  ///< what the scheduler prices items with
 
   /// The family's name, for messages and stats.
@@ -296,14 +303,16 @@ template <>
 struct fmt::formatter<hetmesh::train::partition_kind> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(hetmesh::train::partition_kind k, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "{}", k == hetmesh::train::partition_kind::hdp ? "hdp" : "static_cp");
+    return hetmesh::format_to(ctx.out(), "{}",
+                              k == hetmesh::train::partition_kind::hdp ? "hdp" : "static_cp");
   }
 };
 template <>
 struct fmt::formatter<hetmesh::train::step_plan> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::train::step_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "step_plan{{{}, world={}, cp={}, documents={}, rings={}, micro_batches={}}}",
+    return hetmesh::format_to(ctx.out(),
+                              "step_plan{{{}, world={}, cp={}, documents={}, rings={}, micro_batches={}}}",
                               p.kind, p.world, p.cp, p.documents.size(), p.rings.size(), p.micro_batches());
   }
 };

@@ -44,29 +44,34 @@ namespace hetmesh::train {
 /// each stream token and each counting target appears exactly once. Pure; O(local tokens + documents).
 [[nodiscard]] inline std::vector<model::micro_batch> build_micro_batches(const step_plan& plan,
                                                                          const model::step_batch& batch,
-                                                                         const model::step_summary& s, int rank) {
+                                                                         const model::step_summary& s,
+                                                                         int rank) {
   if (model::document_descs(batch) != plan.documents)
     throw_error<invalid_argument>(
         "train::build_micro_batches: the step's documents do not match the plan's {} documents; expected "
         "the batch the plan was made from",
         plan.documents.size());
   if (rank < 0 || rank >= plan.world)
-    throw_error<invalid_argument>("train::build_micro_batches: rank {}; expected 0 <= rank < {}", rank, plan.world);
+    throw_error<invalid_argument>("train::build_micro_batches: rank {}; expected 0 <= rank < {}", rank,
+                                  plan.world);
   std::vector<model::micro_batch> out;
   const auto& mine = plan.per_rank[static_cast<std::size_t>(rank)];
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const auto& pm = mine[i];
     const int index = static_cast<int>(i);
     if (plan.kind == partition_kind::hdp) {
-      const auto& hmb = plan.hdp.per_rank[static_cast<std::size_t>(rank)][static_cast<std::size_t>(pm.source)];
+      const auto& hmb =
+          plan.hdp.per_rank[static_cast<std::size_t>(rank)][static_cast<std::size_t>(pm.source)];
       out.push_back(model::make_hdp_micro_batch(batch, s, hmb, rank, index));
       continue;
     }
     const auto& piece = plan.cp_pieces[static_cast<std::size_t>(pm.source)];
     model::step_batch sub;
     sub.pad_token = batch.pad_token;
-    for (auto id : piece.doc_ids) sub.documents.push_back(batch.documents[static_cast<std::size_t>(s.find(id))]);
-    auto mb = model::make_cp_micro_batch(sub, model::summarize_step(sub), piece.partition, pm.position, index);
+    for (auto id : piece.doc_ids)
+      sub.documents.push_back(batch.documents[static_cast<std::size_t>(s.find(id))]);
+    auto mb =
+        model::make_cp_micro_batch(sub, model::summarize_step(sub), piece.partition, pm.position, index);
     mb.rank = rank;
     mb.step_tokens = s.tokens;
     mb.step_targets = s.targets;
@@ -93,11 +98,14 @@ struct step_stats {
 /// An optimizer hook for a stage of type S: called once per step, after the gradient reduction, as
 /// `o(s.parameters(), s.gradients())` (ranges of spans; it updates the parameters in place).
 template <class O, class S>
-concept optimizer_hook = requires(O& o, S& s) { o(s.parameters(), s.gradients()); };
+concept optimizer_hook = requires(O& o, S& s) {
+  o(s.parameters(), s.gradients());
+};
 
 /// The element type of a stage's parameters (the span element of s.parameters()).
 template <class S>
-using stage_value_t = typename std::ranges::range_value_t<decltype(std::declval<S&>().parameters())>::element_type;
+using stage_value_t =
+    typename std::ranges::range_value_t<decltype(std::declval<S&>().parameters())>::element_type;
 
 /// Options of train::system that are run-time values.
 struct system_options {
@@ -124,7 +132,9 @@ class system {
     return partition_.plan(docs, world_->size());
   }
   /// plan(document_descs(batch)).
-  [[nodiscard]] step_plan plan(const model::step_batch& batch) const { return plan(model::document_descs(batch)); }
+  [[nodiscard]] step_plan plan(const model::step_batch& batch) const {
+    return plan(model::document_descs(batch));
+  }
 
   /// Runs one step of `plan` over `batch` with the user's backbone stage and optimizer hook; collective
   /// over the pool. In order: checks (collective assertion level) that every rank holds the same plan;
@@ -138,15 +148,17 @@ class system {
   /// disagreement (mismatch_error), a batch other than the plan's, a micro-batch whose tokens are not in its
   /// ring's order, a stage that leaves activation slots behind (invalid_argument); ring errors.
   template <class Stage, class Optimizer, class T = stage_value_t<Stage>>
-    requires model::backbone_stage<Stage, T, context_type<T>> && model::attention_kernel<Kernel, T> &&
-             optimizer_hook<Optimizer, Stage>
-  step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage, Optimizer&& optimizer) {
+  requires model::backbone_stage<Stage, T, context_type<T>> && model::attention_kernel<Kernel, T> &&
+      optimizer_hook<Optimizer, Stage>
+          step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage,
+                         Optimizer&& optimizer) {
     using clock = std::chrono::steady_clock;
     auto& world = *world_;
     run::assert_plan_agreement(world, plan, "train step plan");
     if (plan.world != world.size())
-      throw_error<invalid_argument>("train::system::run: a plan for {} ranks on a pool of {}; expected equal sizes",
-                                    plan.world, world.size());
+      throw_error<invalid_argument>(
+          "train::system::run: a plan for {} ranks on a pool of {}; expected equal sizes", plan.world,
+          world.size());
     const auto s = model::summarize_step(batch);
     const auto mbs = build_micro_batches(plan, batch, s, world.rank());
     for (auto g : stage.gradients())
@@ -215,7 +227,8 @@ class system {
     for (std::size_t t = 0; ok && t < n; ++t) ok = meta.pos[t] == v.positions[t];
     if (!ok)
       throw_error<invalid_argument>(
-          "train::system::run: micro-batch {} has {} tokens that do not follow its ring's {} tokens at position {} "
+          "train::system::run: micro-batch {} has {} tokens that do not follow its ring's {} tokens at "
+          "position {} "
           "in order; expected the plan's micro-batches",
           v.index, n, meta.pos.size(), position);
   }
