@@ -143,15 +143,22 @@ class system {
   /// step_targets) and backward (empty grad_out and grad_in), the stage calling attention through the
   /// context; all-reduces (sum) every gradient span and the step's stats over the pool; calls
   /// `optimizer(stage.parameters(), stage.gradients())`. Post: the gradients equal those of a single-rank
-  /// run of the same batch (up to rounding). Requires: Stage is a model::backbone_stage with
-  /// context_type<T>, Kernel a model::attention_kernel<T>, Optimizer an optimizer_hook. Errors: plan
+  /// run of the same batch (up to rounding). Requires (static_asserts naming what is missing): Stage is a
+  /// model::backbone_stage with context_type<T>, Kernel a model::attention_kernel<T>, Optimizer an
+  /// optimizer_hook. Errors: plan
   /// disagreement (mismatch_error), a batch other than the plan's, a micro-batch whose tokens are not in its
   /// ring's order, a stage that leaves activation slots behind (invalid_argument); ring errors.
   template <class Stage, class Optimizer, class T = stage_value_t<Stage>>
-  requires model::backbone_stage<Stage, T, context_type<T>> && model::attention_kernel<Kernel, T> &&
-      optimizer_hook<Optimizer, Stage>
-          step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage,
+  step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage,
                          Optimizer&& optimizer) {
+    static_assert(model::attention_kernel<Kernel, T>,
+                  "train::system: Kernel must model model::attention_kernel<Kernel, T> for the stage's element "
+                  "type T: `forward(const attention_block<T>&, attention_forward_out<T>)` and "
+                  "`backward(const attention_block<T>&, attention_backward_io<T>)`");
+    static_assert(model::check_backbone_stage<Stage, T, context_type<T>>());
+    static_assert(optimizer_hook<Optimizer, Stage>,
+                  "train::system::run: the optimizer hook must be callable as "
+                  "`optimizer(stage.parameters(), stage.gradients())`");
     using clock = std::chrono::steady_clock;
     auto& world = *world_;
     run::assert_plan_agreement(world, plan, "train step plan");
