@@ -12,5 +12,6 @@ struct optimizer {  // takes a learning rate, not the parameters
 #endif
 
 int main() {
-  compile_fail::run_step<hetmesh::model::scale_stage<double>, hetmesh::model::reference_attention, optimizer>();
+  compile_fail::run_step<hetmesh::model::scale_stage<double>, hetmesh::model::reference_attention,
+                         optimizer>();
 }

@@ -10,9 +10,12 @@ struct stage {  // forward only
   using is_backbone_stage = void;
   std::vector<double> w{1.0}, g{0.0};
   explicit stage(int) {}
-  [[nodiscard]] std::int64_t output_size(const hetmesh::model::micro_batch_view& mb) const { return mb.size(); }
+  [[nodiscard]] std::int64_t output_size(const hetmesh::model::micro_batch_view& mb) const {
+    return mb.size();
+  }
   template <class Ctx>
-  void forward(const Ctx&, const hetmesh::model::micro_batch_view&, std::span<const double>, std::span<double>) {}
+  void forward(const Ctx&, const hetmesh::model::micro_batch_view&, std::span<const double>,
+               std::span<double>) {}
   [[nodiscard]] std::vector<std::span<double>> parameters() { return {std::span<double>(w)}; }
   [[nodiscard]] std::vector<std::span<double>> gradients() { return {std::span<double>(g)}; }
 };

@@ -4,6 +4,7 @@
 // and the model's conformance to the stage concepts.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <mutex>
 
 #include <hetmesh/comm/loopback.hpp>
@@ -100,4 +101,39 @@ TEST_CASE("train::system: sgd updates the parameters from the reduced gradients"
     CHECK(st.loss > 0);
     for (std::size_t i = 0; i < before.size(); ++i) CHECK(lm.wout[i] == before[i] - 0.5 * lm.gwout[i]);
   });
+}
+
+TEST_CASE("train::system: ranks holding different plans fail together (collective assertion level)") {
+  static_assert(assertion_enabled(assertion_level::collective), "test_train builds at the collective level");
+  const auto b = random_batch(11, 9, 30);
+  std::atomic<int> mismatches{0};
+  comm::loopback::run(8, [&](comm::loopback::communicator& c) {
+    train::system<train::static_cp_thd, model::reference_attention, comm::loopback::communicator> sys({2}, c);
+    auto plan = sys.plan(b);
+    if (c.rank() == 3) plan = train::static_cp_thd{4}.plan(model::document_descs(b), 8);
+    tiny_lm<double> lm(kShape, 1);
+    try {
+      (void)sys.run(plan, b, lm, train::sgd<double>{});
+    } catch (const mismatch_error& e) {
+      if (std::string(e.what()).find("train step plan") != std::string::npos) ++mismatches;
+    }
+  });
+  CHECK(mismatches == 8);
+}
+
+TEST_CASE("train::system: overlapping ring communication with compute gives bitwise the same gradients") {
+  const auto b = random_batch(12, 12, 60);
+  std::vector<double> plain, overlapped;
+  for (bool overlap : {false, true})
+    comm::loopback::run(8, [&](comm::loopback::communicator& c) {
+      const train::system_options opt{.attention = {.overlap = overlap}};
+      train::system<train::hdp_partition, model::reference_attention, comm::loopback::communicator> sys(
+          {test_hdp_policy()}, c, {}, opt);
+      step_result<double> r;
+      tiny_lm<double> lm(kShape, 2);
+      (void)sys.run(sys.plan(b), b, lm, recording_optimizer<double>{&r});
+      if (c.rank() == 0) (overlap ? overlapped : plain) = r.grads;
+    });
+  CHECK(!plain.empty());
+  CHECK(plain == overlapped);
 }

@@ -149,12 +149,12 @@ class system {
   /// disagreement (mismatch_error), a batch other than the plan's, a micro-batch whose tokens are not in its
   /// ring's order, a stage that leaves activation slots behind (invalid_argument); ring errors.
   template <class Stage, class Optimizer, class T = stage_value_t<Stage>>
-  step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage,
-                         Optimizer&& optimizer) {
-    static_assert(model::attention_kernel<Kernel, T>,
-                  "train::system: Kernel must model model::attention_kernel<Kernel, T> for the stage's element "
-                  "type T: `forward(const attention_block<T>&, attention_forward_out<T>)` and "
-                  "`backward(const attention_block<T>&, attention_backward_io<T>)`");
+  step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage, Optimizer&& optimizer) {
+    static_assert(
+        model::attention_kernel<Kernel, T>,
+        "train::system: Kernel must model model::attention_kernel<Kernel, T> for the stage's element "
+        "type T: `forward(const attention_block<T>&, attention_forward_out<T>)` and "
+        "`backward(const attention_block<T>&, attention_backward_io<T>)`");
     static_assert(model::check_backbone_stage<Stage, T, context_type<T>>());
     static_assert(optimizer_hook<Optimizer, Stage>,
                   "train::system::run: the optimizer hook must be callable as "
