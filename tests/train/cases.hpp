@@ -19,13 +19,13 @@ inline void check_verdict(const verdict& v, double tol, const char* what) {
   CHECK(v.optimizer_calls == 1);
 }
 
-/// Static CP zigzag and THD with cp = 2 and 4 (dp = 8 / cp), HDP with both placements of seq::plan_hdp
+/// Static CP zigzag and THD with cp = 2, 4 and 8 (dp = 8 / cp), HDP with both placements of seq::plan_hdp
 /// and with ByteScale's planner, in double and float, over seeded random batches. `on8(body)` runs
 /// body(world) on 8 ranks and returns rank 0's verdict.
 template <class On8>
 void parity_cases(On8 on8) {
-  for (std::uint64_t seed : {1u, 2u}) {
-    for (int cp : {2, 4}) {
+  for (std::uint64_t seed : {1u, 2u, 3u, 4u}) {
+    for (int cp : {2, 4, 8}) {
       const auto zz = train::static_cp_zigzag{cp};
       const auto thd = train::static_cp_thd{cp};
       check_verdict(on8([&](auto& w) { return parity_body<double>(w, zz, seed, 10, 40); }), 1e-10,
