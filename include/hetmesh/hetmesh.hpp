@@ -32,3 +32,5 @@
 #include "seq/seq.hpp"
 
 #include "run/run.hpp"
+
+#include "train/train.hpp"

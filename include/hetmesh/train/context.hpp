@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: how a user's backbone stage calls attention. The stage never sees rings, schedules or
+// the kernel: train::system hands it a train::step_context, a model::stage_context (tp, ep, its sequence
+// ring, its activation slots) that also carries an attention entry, `ctx.attention_forward(...)` and
+// `ctx.attention_backward(...)`, bound by the runtime to run::ring_attention_forward/backward over the
+// micro-batch's ring (a static CP group, or an HDP ring of the pool's parent communicator; a ring of one
+// rank runs the kernel locally) with the user's model::attention_kernel. The stage computes q, k, v for
+// its local tokens in the micro-batch's local order and gets the attention over every key of the ring its
+// queries see (per document, causal); documents and positions come from the micro-batch view, which the
+// runtime built in the ring schedule's local order (checked). The binding lives here rather than in model/
+// so that model/ stays free of run/ (design.md's rooms table): a model includes train/context.hpp only
+// for the attention_context concept, or stays generic over its context type.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+#include "../comm/collectives.hpp"
+#include "../core/error.hpp"
+#include "../model/activation.hpp"
+#include "../model/attention.hpp"
+#include "../model/context.hpp"
+#include "../run/ring_attention.hpp"
+#include "../seq/ring.hpp"
+
+namespace hetmesh::train {
+
+/// The context train::system hands a backbone stage for one (stage, micro-batch) call: everything a
+/// model::stage_context holds (tp, ep, the micro-batch's ring, activation slots in a host store of T),
+/// plus the attention entry bound to ring attention over that ring with the system's kernel. Holds
+/// pointers (schedule, kernel, store, communicators) that the runtime keeps alive across the call.
+template <class Comm, class Kernel, class T>
+struct step_context : model::stage_context<Comm, model::host_activation_store<T>> {
+  /// Element type of activations and parameters.
+  using value_type = T;
+  /// The attention kernel type.
+  using kernel_type = Kernel;
+
+  const seq::ring_schedule* schedule = nullptr;  ///< the micro-batch's ring (its position: ring.position)
+  Kernel* kernel = nullptr;                      ///< the system's kernel
+  run::ring_attention_options options{};         ///< tags and overlap of the ring calls
+
+  /// Causal per-document attention of the micro-batch's local queries over every key of its ring:
+  /// out [tokens][q_heads][head_dim] and lse [tokens][q_heads] (natural log), for q [tokens][q_heads]
+  /// [head_dim] and k, v [tokens][kv_heads][head_dim] of the local tokens in the micro-batch's order.
+  /// Collective over the ring's ranks (each calls it the same number of times, in the same order); a
+  /// ring of one rank only runs the kernel. Pre: spans sized as above (invalid_argument otherwise).
+  /// The stage saves q, k, v, out and lse (its activation slots) for attention_backward.
+  /// Cost: as run::ring_attention_forward.
+  void attention_forward(model::attention_shape shape, T scale, std::span<const T> q, std::span<const T> k,
+                         std::span<const T> v, std::span<T> out, std::span<T> lse) const {
+    check_bound("attention_forward");
+    run::ring_attention_forward(*this->ring.parent, *schedule, *kernel,
+                                run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, options);
+  }
+
+  /// Backward of attention_forward: given its inputs, its out and lse, and dout (the loss gradient with
+  /// respect to out), writes (overwrites) dq, dk, dv of the local tokens, including the contributions of
+  /// the other ring members' queries to the local keys and values. Collective over the ring's ranks, in
+  /// the same order as the forwards. Cost: as run::ring_attention_backward.
+  void attention_backward(model::attention_shape shape, T scale, std::span<const T> q, std::span<const T> k,
+                          std::span<const T> v, std::span<const T> out, std::span<const T> lse,
+                          std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) const {
+    check_bound("attention_backward");
+    run::ring_attention_backward(*this->ring.parent, *schedule, *kernel,
+                                 run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk,
+                                 dv, options);
+  }
+
+ private:
+  void check_bound(const char* who) const {
+    if (schedule == nullptr || kernel == nullptr || this->ring.parent == nullptr)
+      throw_error<invalid_argument>(
+          "train::step_context::{}: stage {} micro-batch {} has no ring attention bound; expected a context "
+          "made by train::system::run",
+          who, this->stage, this->micro_batch);
+  }
+};
+
+/// A stage context whose stages can call attention, for element type T. Requirements:
+///  1. `ctx.attention_forward(shape, scale, q, k, v, out, lse)` on a const context, with
+///     model::attention_shape, T, three std::span<const T> and two std::span<T>;
+///  2. `ctx.attention_backward(shape, scale, q, k, v, out, lse, dout, dq, dk, dv)`, with
+///     model::attention_shape, T, six std::span<const T> and three std::span<T>;
+///  3. `ctx.slots()`: the call's activation slots (model::stage_context's).
+/// train::step_context is the model; a user's stage may constrain its forward on this concept.
+template <class Ctx, class T>
+concept attention_context = requires(const Ctx& ctx, model::attention_shape s, T scale, std::span<const T> c,
+                                     std::span<T> m) {
+  ctx.attention_forward(s, scale, c, c, c, m, m);
+  ctx.attention_backward(s, scale, c, c, c, c, c, c, m, m, m);
+  ctx.slots();
+};
+
+}  // namespace hetmesh::train

@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the train::system compile-fail tests share: a step run with a given stage, kernel and optimizer
+// on a one-rank loopback world. Each test swaps one of them for a non-conforming type (and, under
+// HETMESH_COMPILE_FAIL_CONTROL, back for a conforming one).
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/model/reference_attention.hpp>
+#include <hetmesh/model/stage.hpp>
+#include <hetmesh/train/train.hpp>
+
+namespace compile_fail {
+
+/// A conforming optimizer hook that does nothing.
+struct no_update {
+  template <class P, class G>
+  void operator()(P&&, G&&) const {}
+};
+
+template <class Stage, class Kernel, class Optimizer = no_update>
+void run_step() {
+  hetmesh::comm::loopback::run(1, [](hetmesh::comm::loopback::communicator& c) {
+    hetmesh::train::system<hetmesh::train::static_cp_thd, Kernel, hetmesh::comm::loopback::communicator> sys(
+        {1}, c);
+    hetmesh::model::step_batch b;
+    b.documents.push_back({1, {1, 2, 3}, {}, {}});
+    Stage stage(4);
+    sys.run(sys.plan(b), b, stage, Optimizer{});
+  });
+}
+
+}  // namespace compile_fail

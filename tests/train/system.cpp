@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+// train::system on loopback ranks: gradient parity with a single-rank run (static CP zigzag and THD, HDP
+// rings), the exactly-once property of the step plans over random batches, plan purity and hashing,
+// and the model's conformance to the stage concepts.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <mutex>
+
+#include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/train/train.hpp>
+
+#include "train/cases.hpp"
+
+using namespace hetmesh;
+using namespace traintest;
+
+namespace {
+
+using lctx = train::step_context<comm::loopback::communicator, model::reference_attention, double>;
+static_assert(model::check_backbone_stage<tiny_lm<double>, double, lctx>());
+static_assert(model::backbone_stage<
+              tiny_lm<float>, float,
+              train::step_context<comm::loopback::communicator, model::reference_attention, float>>);
+static_assert(train::attention_context<lctx, double>);
+// The test model needs attention: against a context without the entry it is no backbone stage.
+static_assert(!model::backbone_stage<tiny_lm<double>, double>);
+
+template <class Body>
+verdict on_loopback(Body body) {
+  verdict out;
+  std::mutex m;
+  comm::loopback::run(8, [&](comm::loopback::communicator& c) {
+    const auto v = body(c);
+    if (c.rank() == 0) {
+      std::lock_guard lock(m);
+      out = v;
+    }
+  });
+  return out;
+}
+
+/// Every rank's micro-batches of `plan` together hold each stream token and counting target once.
+template <class Partition>
+void check_exactly_once(const Partition& p, const model::step_batch& b, int world) {
+  const auto plan = p.plan(model::document_descs(b), world);
+  CHECK(plan == p.plan(model::document_descs(b), world));  // pure
+  CHECK(plan.hash() == p.plan(model::document_descs(b), world).hash());
+  const auto s = model::summarize_step(b);
+  std::vector<model::micro_batch> all;
+  double weights = 0;
+  for (int r = 0; r < world; ++r)
+    for (auto& mb : train::build_micro_batches(plan, b, s, r)) {
+      for (auto w : mb.loss_weights) weights += w;
+      CHECK(mb.step_targets == s.targets);
+      all.push_back(std::move(mb));
+    }
+  const auto violation = model::micro_batch_exactly_once_violation(b, all);
+  CHECK_MESSAGE(violation.empty(), p.name, ": ", violation);
+  CHECK(static_cast<std::int64_t>(weights) == s.targets);
+}
+
+}  // namespace
+
+TEST_CASE("train::system: one step's gradients equal a single-rank run's (loopback, 8 ranks)") {
+  parity_cases([](auto body) { return on_loopback(body); });
+}
+
+TEST_CASE("train::system: every token of a step counts in the loss exactly once (random batches)") {
+  for (std::uint64_t seed = 100; seed < 130; ++seed) {
+    const auto b =
+        random_batch(seed, 1 + static_cast<int>(seed % 17), 1 + static_cast<std::int64_t>(seed % 5) * 23);
+    for (int cp : {1, 2, 4, 8}) {
+      check_exactly_once(train::static_cp_zigzag{cp}, b, 8);
+      check_exactly_once(train::static_cp_thd{cp}, b, 8);
+    }
+    check_exactly_once(train::hdp_partition{test_hdp_policy()}, b, 8);
+    check_exactly_once(train::hdp_partition{test_hdp_policy(seq::hdp_placement_kind::least_loaded)}, b, 8);
+    check_exactly_once(train::hdp_bytescale_partition{test_hdp_policy(), {}}, b, 8);
+  }
+}
+
+TEST_CASE("train: plans reject bad input with a clear error") {
+  const auto b = random_batch(3, 5, 20);
+  CHECK_THROWS_AS((void)train::static_cp_thd{3}.plan(model::document_descs(b), 8), invalid_argument);
+  CHECK_THROWS_AS((void)train::static_cp_zigzag{2}.plan({}, 8), invalid_argument);
+  const auto plan = train::static_cp_thd{2}.plan(model::document_descs(b), 8);
+  const auto other = random_batch(4, 5, 20);
+  CHECK_THROWS_AS((void)train::build_micro_batches(plan, other, model::summarize_step(other), 0),
+                  invalid_argument);
+  CHECK(fmt::format("{}", plan).find("static_cp") != std::string::npos);
+}
+
+TEST_CASE("train::system: sgd updates the parameters from the reduced gradients") {
+  const auto b = random_batch(9, 6, 30);
+  comm::loopback::run(4, [&](comm::loopback::communicator& c) {
+    train::system<train::static_cp_thd, model::reference_attention, comm::loopback::communicator> sys({2}, c);
+    tiny_lm<double> lm(kShape, 5);
+    const auto before = lm.wout;
+    const auto st = sys.run(sys.plan(b), b, lm, train::sgd<double>{0.5});
+    CHECK(st.loss > 0);
+    for (std::size_t i = 0; i < before.size(); ++i) CHECK(lm.wout[i] == before[i] - 0.5 * lm.gwout[i]);
+  });
+}
+
+TEST_CASE("train::system: ranks holding different plans fail together (collective assertion level)") {
+  static_assert(assertion_enabled(assertion_level::collective), "test_train builds at the collective level");
+  const auto b = random_batch(11, 9, 30);
+  std::atomic<int> mismatches{0};
+  comm::loopback::run(8, [&](comm::loopback::communicator& c) {
+    train::system<train::static_cp_thd, model::reference_attention, comm::loopback::communicator> sys({2}, c);
+    auto plan = sys.plan(b);
+    if (c.rank() == 3) plan = train::static_cp_thd{4}.plan(model::document_descs(b), 8);
+    tiny_lm<double> lm(kShape, 1);
+    try {
+      (void)sys.run(plan, b, lm, train::sgd<double>{});
+    } catch (const mismatch_error& e) {
+      if (std::string(e.what()).find("train step plan") != std::string::npos) ++mismatches;
+    }
+  });
+  CHECK(mismatches == 8);
+}
+
+TEST_CASE("train::system: overlapping ring communication with compute gives bitwise the same gradients") {
+  const auto b = random_batch(12, 12, 60);
+  std::vector<double> plain, overlapped;
+  for (bool overlap : {false, true})
+    comm::loopback::run(8, [&](comm::loopback::communicator& c) {
+      const train::system_options opt{.attention = {.overlap = overlap}};
+      train::system<train::hdp_partition, model::reference_attention, comm::loopback::communicator> sys(
+          {test_hdp_policy()}, c, {}, opt);
+      step_result<double> r;
+      tiny_lm<double> lm(kShape, 2);
+      (void)sys.run(sys.plan(b), b, lm, recording_optimizer<double>{&r});
+      if (c.rank() == 0) (overlap ? overlapped : plain) = r.grads;
+    });
+  CHECK(!plain.empty());
+  CHECK(plain == overlapped);
+}
