@@ -58,8 +58,11 @@ TEST_CASE("a corrupted HDP plan fails the exactly-once check the planners run at
 }
 
 TEST_CASE("a corrupted grouped-reorder plan fails the exactly-once check") {
-  std::vector<hetmesh::balance::sample_meta> s{
-      {10, 0, 500, {64, 128}}, {11, 1, 300, {}}, {12, 2, 900, {256}}, {13, 3, 100, {32, 32, 32}}};
+  std::vector<hetmesh::seq::sample_meta> s{
+      {.id = 10, .tokens = 500, .item_tokens = {64, 128}, .owner = 0},
+      {.id = 11, .tokens = 300, .item_tokens = {}, .owner = 1},
+      {.id = 12, .tokens = 900, .item_tokens = {256}, .owner = 2},
+      {.id = 13, .tokens = 100, .item_tokens = {32, 32, 32}, .owner = 3}};
   const auto plan = hetmesh::balance::plan_grouped_reorder(s, 4);
   CHECK(hetmesh::balance::reorder_exactly_once_violation(s, plan).empty());
   auto lost = plan;

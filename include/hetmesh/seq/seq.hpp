@@ -9,5 +9,6 @@
 #include "offload.hpp"
 #include "packing.hpp"
 #include "ring.hpp"
+#include "sample.hpp"
 #include "types.hpp"
 #include "ulysses.hpp"
