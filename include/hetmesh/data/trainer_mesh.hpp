@@ -31,6 +31,7 @@
 #include "../core/hash.hpp"
 #include "../mesh/decoupled.hpp"
 #include "../mesh/dim.hpp"
+#include "../mesh/layout.hpp"
 #include "../mesh/view.hpp"
 
 namespace hetmesh::data {
@@ -46,7 +47,18 @@ inline constexpr mesh::dim data_dim{"data"};
                                               std::span<const std::pair<mesh::dim, std::int64_t>> shape) {
   std::vector<mesh::view_mode> modes;
   std::int64_t stride = 1;
-  mesh::detail::for_each_order_token(order, [&](const mesh::dim& d) {
+  std::vector<mesh::dim> names;
+  for (std::size_t start = 0;;) {
+    const std::size_t end = order.find('-', start);
+    const auto token = order.substr(start, end == std::string_view::npos ? end : end - start);
+    if (token.empty() || token.size() > mesh::max_dim_name)
+      throw_error<invalid_argument>("order \"{}\" has a dim name \"{}\"; expected dims joined by '-', e.g. \"{}\"",
+                                    order, token, mesh::megatron_order);
+    names.emplace_back(token);
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  for (const mesh::dim& d : names) {
     for (const auto& m : modes)
       if (m.name == d)
         throw_error<invalid_argument>("order \"{}\" names dim '{}' twice; expected each dim once", order, d);
@@ -65,7 +77,7 @@ inline constexpr mesh::dim data_dim{"data"};
     modes.push_back({d, {mesh::atom{extent, stride}}});
     stride *= extent;
     if (stride > INT_MAX) throw_error<invalid_argument>("mesh \"{}\" has more than {} ranks", order, INT_MAX);
-  });
+  }
   for (const auto& [name, e] : shape) {
     const bool listed =
         std::any_of(modes.begin(), modes.end(), [&](const mesh::view_mode& m) { return m.name == name; });
