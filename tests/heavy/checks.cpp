@@ -71,7 +71,7 @@ TEST_CASE("a corrupted grouped-reorder plan fails the exactly-once check") {
   auto out = plan;
   out.encoder_rank.back() = 4;  // sample 13's last item to a rank outside the group
   CHECK(hetmesh::balance::reorder_exactly_once_violation(s, out) == "id 13: tokens [3, 4) never assigned");
-  s.push_back({14, 0, 10, {}});  // a sample the plan never saw
+  s.push_back({.id = 14, .tokens = 10, .item_tokens = {}, .owner = 0});  // a sample the plan never saw
   CHECK(hetmesh::balance::reorder_exactly_once_violation(s, plan) == "id 14: tokens [0, 1) never assigned");
 }
 
