@@ -10,6 +10,7 @@
 #include <hetmesh/data/checkpoint.hpp>
 #include <hetmesh/data/mixture_json.hpp>
 #include <hetmesh/data/planner.hpp>
+#include <hetmesh/mesh/decoupled.hpp>
 
 using namespace hetmesh;
 using namespace hetmesh::data;
@@ -286,6 +287,12 @@ TEST_CASE("trainer mesh: the data-parallel index flattens ep and dp (ep fastest)
   for (int r = 0; r < 24; ++r) CHECK(t.dp_of(r) == (r / 2) % 6);
   CHECK(trainer_mesh(mesh::make_mesh(mesh::tp(2), mesh::dp(4))) ==
         trainer_mesh(mesh_of_order("tp-cp-ep-dp-pp", {{mesh::tp, 2}, {mesh::dp, 4}})));
+  // Decoupled meshes: the data plane delivers by the LLM mesh.
+  const auto llm = mesh::make_mesh("dp-tp", mesh::tp(2), mesh::dp(2));
+  const trainer_mesh dm = mesh::decoupled(mesh::make_mesh(mesh::dim("esp")(4)), llm,
+                                          mesh::topology{.nodes = 1, .devices_per_node = 4});
+  CHECK(dm == trainer_mesh(llm));
+  CHECK(dm.dp_of(1) == 1);
   CHECK(trainer_mesh().world() == 1);
   CHECK(trainer_mesh().dp_size() == 1);
   CHECK_THROWS_AS((void)mesh_of_order("tp-xx", {{mesh::tp, 2}}), invalid_argument);
