@@ -102,6 +102,14 @@ TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, 
     const auto res = run::grouped_reorder<comm::loopback::communicator, std::int64_t>(c, local, parcels, pol);
     // The plan covers exactly the group's samples.
     for (auto id : res.plan.sample_ids) CHECK(id / 100 / group == wc.rank() / group);
+    // The result carries the gathered records and lengths: no second gather for the next room.
+    REQUIRE(res.samples.size() == res.plan.sample_ids.size());
+    for (std::size_t i = 0; i < res.samples.size(); ++i) {
+      CHECK(res.samples[i].id == res.plan.sample_ids[i]);
+      CHECK(res.samples[i].tokens == res.plan.tokens[i]);
+      CHECK(res.samples[i].owner == res.plan.owner[i]);
+    }
+    for (const auto& s : local) CHECK(res.samples[static_cast<std::size_t>(res.plan.index_of(s.id))] == s);
     for (const auto& p : res.received) {
       CHECK(res.plan.destination(p.sample_id, p.item) == c.rank());
       for (std::size_t j = 0; j < p.data.size(); ++j)
