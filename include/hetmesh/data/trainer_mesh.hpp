@@ -98,6 +98,7 @@ inline constexpr mesh::dim data_dim{"data"};
 /// number no rank), so two spellings of one mesh compare equal.
 class trainer_mesh {
  public:
+  /// One rank, one data-parallel index.
   trainer_mesh() : trainer_mesh(mesh::view()) {}
 
   /// From any mesh over ranks 0..size-1: a mesh::layout of any order (implicitly, so a config can say
