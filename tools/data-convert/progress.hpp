@@ -53,21 +53,30 @@ class convert_progress {
   }
   convert_progress(const convert_progress&) = delete;
   convert_progress& operator=(const convert_progress&) = delete;
-  ~convert_progress() { finish(); }
+  /// Stops the watcher without a last report (the conversion failed: its error follows on its own line).
+  ~convert_progress() {
+    if (stop() && shown_ && tty_) fmt::print(stderr, "\n");
+  }
 
-  /// Stops the watcher; when it has shown anything, ends with a last report at 100%. Idempotent.
+  /// The conversion succeeded: stops the watcher and, when it has shown anything, ends with a last report
+  /// at 100%. Idempotent.
   void finish() {
+    if (stop() && shown_) report(total_ >= 0 ? std::optional<std::int64_t>(total_) : std::nullopt, true);
+  }
+
+ private:
+  // Stops and joins the watcher; false when it was stopped already.
+  bool stop() {
     {
       std::lock_guard lk(m_);
-      if (stop_) return;
+      if (stop_) return false;
       stop_ = true;
     }
     cv_.notify_all();
     if (watcher_.joinable()) watcher_.join();
-    if (shown_) report(total_ >= 0 ? std::optional<std::int64_t>(total_) : std::nullopt, true);
+    return true;
   }
 
- private:
   using clock = std::chrono::steady_clock;
 
   void run() {
