@@ -147,8 +147,8 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
 // the recipes in multimodal_tokens.json (LLaVA-1.5: 576; OneVision any-res: 729 per tile, 1..10 tiles;
 // Qwen2-VL: 4x its 4..1280 LLM tokens); an image adds its LLM tokens (encoder tokens, or a quarter for
 // Qwen2-VL's 2x2 merge) to the sample's LLM length.
-std::vector<seq::sample_meta> multimodal_batch(const std::vector<std::int64_t>& text, int samples,
-                                                   int ranks, std::uint64_t seed) {
+std::vector<seq::sample_meta> multimodal_batch(const std::vector<std::int64_t>& text, int samples, int ranks,
+                                               std::uint64_t seed) {
   rng g(seed);
   std::vector<seq::sample_meta> out;
   for (int i = 0; i < samples; ++i) {

@@ -137,7 +137,8 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
                                 std::int64_t lo, std::int64_t hi, std::int64_t samples_per_source) {
   const int nsrc = 4;
   std::vector<std::string> bins;
-  mixture_config cfg{.seed = 9, .global_batch = 256, .layout = mesh::make_mesh(mesh::dp(8)), .micro_batches = 2};
+  mixture_config cfg{
+      .seed = 9, .global_batch = 256, .layout = mesh::make_mesh(mesh::dp(8)), .micro_batches = 2};
   for (int s = 0; s < nsrc; ++s) {
     const auto prefix = dir / fmt::format("tp_{}_{}", label, s);
     test::make_indexed(prefix, 23, s, samples_per_source, lo, hi, dtype::int32);

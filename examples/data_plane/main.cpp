@@ -82,9 +82,10 @@ int main(int argc, char** argv) {
       "cost": {{"linear": 4096, "quadratic": 1, "item_linear": 4096}},
       "layout": {{"order": "tp-cp-ep-dp-pp", "tp": 2, "dp": 2}}}})",
                                                                                dir)));
-    fmt::print("mixture: {} sources, global batch {}, trainer mesh {} ({} data-parallel indices); trainers 0-3, "
-               "data-plane host 4\n",
-               cfg.sources.size(), cfg.global_batch, cfg.layout, cfg.layout.dp_size());
+    fmt::print(
+        "mixture: {} sources, global batch {}, trainer mesh {} ({} data-parallel indices); trainers 0-3, "
+        "data-plane host 4\n",
+        cfg.sources.size(), cfg.global_batch, cfg.layout, cfg.layout.dp_size());
     std::vector<std::string> lines(static_cast<std::size_t>(steps));
     data::planner_state after{};
     hetmesh::comm::loopback::run(5, [&](hetmesh::comm::loopback::communicator& world) {

@@ -91,7 +91,8 @@ TEST_CASE("grouped reorder: the plan carries the gathered lengths; blocks_from_r
   std::vector<balance::item_span> items;
   for (int i = 0; i < 30; ++i) {
     const int owner = static_cast<int>(g.below(ranks));
-    seq::sample_meta m{.id = seq::make_sample_id(i % 3, 0, 7 * i), .tokens = g.uniform(300, 4000), .owner = owner};
+    seq::sample_meta m{
+        .id = seq::make_sample_id(i % 3, 0, 7 * i), .tokens = g.uniform(300, 4000), .owner = owner};
     std::int64_t pos = g.uniform(0, 20);
     for (int k = 0; k < 3; ++k) {
       const std::int64_t rows = g.uniform(8, 90);

@@ -31,7 +31,8 @@ TEST_CASE("sample id: unique over random (source, epoch, position) triples; roun
     const bool small = g.below(2) == 0;
     const auto s = static_cast<std::int64_t>(g.below(small ? 4 : L::max_source + 1));
     const auto e = static_cast<std::int64_t>(g.below(small ? 4 : L::max_epoch + 1));
-    const auto p = static_cast<std::int64_t>(g.below(small ? 64 : static_cast<std::uint64_t>(L::max_position) + 1));
+    const auto p =
+        static_cast<std::int64_t>(g.below(small ? 64 : static_cast<std::uint64_t>(L::max_position) + 1));
     check(s, e, p);
   }
   check(L::max_source, L::max_epoch, L::max_position);  // the largest id
@@ -54,7 +55,8 @@ TEST_CASE("sample id: parts outside the limits are refused, never wrapped") {
 }
 
 TEST_CASE("sample record: lengths per modality, origin from the id, printed") {
-  const seq::sample_meta m{.id = seq::make_sample_id(3, 1, 42), .tokens = 100, .item_tokens = {64, 256}, .bytes = 9};
+  const seq::sample_meta m{
+      .id = seq::make_sample_id(3, 1, 42), .tokens = 100, .item_tokens = {64, 256}, .bytes = 9};
   CHECK(m.encoder_tokens() == 320);
   CHECK(m.origin() == seq::sample_origin{3, 1, 42});
   CHECK(to_string(m.origin()) == "s3/e1/p42");

@@ -71,7 +71,8 @@ struct scratch_dir {
 };
 
 /// Runs `exe` with `args` (and `env`, "NAME=value ..." prefixed to the command line, when not empty).
-inline result run_exe(const std::string& exe, const std::vector<std::string>& args, const std::string& env = "") {
+inline result run_exe(const std::string& exe, const std::vector<std::string>& args,
+                      const std::string& env = "") {
   const scratch_dir dir;
   std::string cmd = env.empty() ? std::string() : env + " ";
   cmd += quote(exe);

@@ -123,7 +123,9 @@ class convert_progress {
     return b;
   }
 
-  static std::string mb(std::int64_t bytes) { return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6); }
+  static std::string mb(std::int64_t bytes) {
+    return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
+  }
 
   void report(std::optional<std::int64_t> offset, bool last) {
     const double secs = std::chrono::duration<double>(clock::now() - start_).count();

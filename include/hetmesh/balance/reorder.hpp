@@ -46,8 +46,8 @@ struct reorder_policy {
 };
 
 /// The reassignment of one group, with the lengths it was planned from. Samples are in canonical order
-/// (by id); item k of sample i is entry item_offset[i] + k of the item arrays. parcels[i * ranks + j] counts what rank i sends to
-/// rank j (LLM parts and encoder items), the all_to_all_v shape of the exchange.
+/// (by id); item k of sample i is entry item_offset[i] + k of the item arrays. parcels[i * ranks + j] counts
+/// what rank i sends to rank j (LLM parts and encoder items), the all_to_all_v shape of the exchange.
 struct reorder_plan {
   int ranks = 0;                            ///< ranks of the group
   std::vector<std::int64_t> sample_ids;     ///< sample ids, ascending (canonical order)
@@ -61,7 +61,7 @@ struct reorder_plan {
   /// Per sample (canonical order), its LLM tokens as gathered: the next room (reshard, partitioning)
   /// reads lengths here instead of gathering the metadata a second time.
   std::vector<std::int64_t> tokens;
-  std::vector<std::int64_t> item_tokens;  ///< per item (item_offset order), its tokens as gathered
+  std::vector<std::int64_t> item_tokens;    ///< per item (item_offset order), its tokens as gathered
   std::vector<std::int32_t> parcels;        ///< ranks x ranks parcel counts, row = sender
 
   /// Position of sample `id` in the canonical order; -1 when absent. O(log n).

@@ -21,8 +21,8 @@
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "../seq/hdp.hpp"
-#include "reorder.hpp"
 #include "../seq/types.hpp"
+#include "reorder.hpp"
 
 namespace hetmesh::balance {
 
@@ -252,8 +252,8 @@ struct reorder_blocks {
       const auto u = static_cast<std::size_t>(j);
       const int e = plan.encoder_rank[u];
       auto& eoff = enc_rows[static_cast<std::size_t>(e)];
-      out.encoder.push_back({plan.sample_ids[i], static_cast<int>(j - plan.item_offset[i]), e, 0,
-                             plan.item_tokens[u], eoff});
+      out.encoder.push_back(
+          {plan.sample_ids[i], static_cast<int>(j - plan.item_offset[i]), e, 0, plan.item_tokens[u], eoff});
       eoff += plan.item_tokens[u];
     }
   }

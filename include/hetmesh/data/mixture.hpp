@@ -242,8 +242,9 @@ inline void validate(const mixture_config& cfg) {
     throw_error<invalid_argument>("mixture: global_batch = {}; expected > 0", cfg.global_batch);
   if (cfg.sources.empty()) throw_error<invalid_argument>("mixture: no sources; expected at least one");
   if (static_cast<std::int64_t>(cfg.sources.size()) > seq::sample_id_layout::max_source + 1)
-    throw_error<invalid_argument>("mixture: {} sources; expected at most {} (the source field of a sample id)",
-                                  cfg.sources.size(), seq::sample_id_layout::max_source + 1);
+    throw_error<invalid_argument>(
+        "mixture: {} sources; expected at most {} (the source field of a sample id)", cfg.sources.size(),
+        seq::sample_id_layout::max_source + 1);
   if (cfg.micro_batches < 1)
     throw_error<invalid_argument>("mixture: micro_batches = {}; expected >= 1", cfg.micro_batches);
   std::vector<std::int64_t> steps{};
@@ -296,8 +297,7 @@ template <>
 struct fmt::formatter<hetmesh::data::mixture_config> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::data::mixture_config& c, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(
-        ctx.out(), "mixture(seed={}, batch={}, {} sources, mesh {}, {} micro-batches)", c.seed,
-        c.global_batch, c.sources.size(), c.layout, c.micro_batches);
+    return hetmesh::format_to(ctx.out(), "mixture(seed={}, batch={}, {} sources, mesh {}, {} micro-batches)",
+                              c.seed, c.global_batch, c.sources.size(), c.layout, c.micro_batches);
   }
 };

@@ -139,9 +139,12 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   if (j.contains("layout")) {
     const auto& l = j["layout"];
     detail::check_keys(l, {"order", "tp", "cp", "ep", "dp", "pp"}, "mixture.layout");
-    c.layout = mesh_of_order(l.value("order", std::string(mesh::megatron_order)),
-                             {{mesh::tp, l.value("tp", 1)}, {mesh::cp, l.value("cp", 1)}, {mesh::ep, l.value("ep", 1)},
-                              {mesh::dp, l.value("dp", 1)}, {mesh::pp, l.value("pp", 1)}});
+    c.layout =
+        mesh_of_order(l.value("order", std::string(mesh::megatron_order)), {{mesh::tp, l.value("tp", 1)},
+                                                                            {mesh::cp, l.value("cp", 1)},
+                                                                            {mesh::ep, l.value("ep", 1)},
+                                                                            {mesh::dp, l.value("dp", 1)},
+                                                                            {mesh::pp, l.value("pp", 1)}});
   }
   c.micro_batches = j.value("micro_batches", 1);
   c.max_tokens_per_micro_batch = j.value("max_tokens_per_micro_batch", std::int64_t{0});

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::data: who is who when the data plane runs in processes of its own (MegaScale-Data's source
 // loaders and constructors on hosts apart from the trainers): the trainer ranks first, numbered as the
-// trainers' mesh says, then H >= 1 data-plane hosts; host h serves the data-parallel indices d with d mod H == h.
-// Pure; the service itself (serve_step, receive_step) is in run/data_service.hpp.
+// trainers' mesh says, then H >= 1 data-plane hosts; host h serves the data-parallel indices d with d mod H
+// == h. Pure; the service itself (serve_step, receive_step) is in run/data_service.hpp.
 #pragma once
 
 #include <vector>

@@ -52,8 +52,9 @@ inline constexpr mesh::dim data_dim{"data"};
     const std::size_t end = order.find('-', start);
     const auto token = order.substr(start, end == std::string_view::npos ? end : end - start);
     if (token.empty() || token.size() > mesh::max_dim_name)
-      throw_error<invalid_argument>("order \"{}\" has a dim name \"{}\"; expected dims joined by '-', e.g. \"{}\"",
-                                    order, token, mesh::megatron_order);
+      throw_error<invalid_argument>(
+          "order \"{}\" has a dim name \"{}\"; expected dims joined by '-', e.g. \"{}\"", order, token,
+          mesh::megatron_order);
     names.emplace_back(token);
     if (end == std::string_view::npos) break;
     start = end + 1;
@@ -67,9 +68,10 @@ inline constexpr mesh::dim data_dim{"data"};
       if (name == d) extent = e;
     if (extent < 0) {
       if (!mesh::is_llm_dim(d))
-        throw_error<invalid_argument>("order \"{}\" names dim '{}' that the shape lacks; expected one of "
-                                      "tp cp ep dp pp or a dim of the shape",
-                                      order, d);
+        throw_error<invalid_argument>(
+            "order \"{}\" names dim '{}' that the shape lacks; expected one of "
+            "tp cp ep dp pp or a dim of the shape",
+            order, d);
       extent = 1;
     }
     if (extent < 1 || extent > INT_MAX)
@@ -88,9 +90,10 @@ inline constexpr mesh::dim data_dim{"data"};
   return mesh::view(std::move(modes), 0);
 }
 /// A mesh from an order string and extents (see the span overload).
-[[nodiscard]] inline mesh::view mesh_of_order(std::string_view order,
-                                              std::initializer_list<std::pair<mesh::dim, std::int64_t>> shape) {
-  return mesh_of_order(order, std::span<const std::pair<mesh::dim, std::int64_t>>(shape.begin(), shape.size()));
+[[nodiscard]] inline mesh::view mesh_of_order(
+    std::string_view order, std::initializer_list<std::pair<mesh::dim, std::int64_t>> shape) {
+  return mesh_of_order(order,
+                       std::span<const std::pair<mesh::dim, std::int64_t>>(shape.begin(), shape.size()));
 }
 
 /// The trainers' mesh, with the data-parallel index of every rank (see the file comment). A value:
@@ -105,9 +108,10 @@ class trainer_mesh {
   /// `.layout = mesh::make_mesh("tp-dp-cp-pp", ...)`), or a mesh::view. Throws invalid_argument for a
   /// view that does not cover 0..size-1 (a sub-mesh). O(world).
   template <mesh::mesh_like M>
-  requires(std::same_as<M, mesh::view> || requires(const M& m) {
-    { m.to_view() } -> std::same_as<mesh::view>;
-  }) trainer_mesh(const M& m)  // NOLINT(google-explicit-constructor): a mesh is a trainer mesh
+  requires(std::same_as<M, mesh::view> ||
+           requires(const M& m) {
+             { m.to_view() } -> std::same_as<mesh::view>;
+           }) trainer_mesh(const M& m)  // NOLINT(google-explicit-constructor): a mesh is a trainer mesh
       : mesh_(without_unit_dims(to_view(m))) {
     if (mesh_.offset() != 0)
       throw_error<invalid_argument>("data plane: mesh {} starts at rank {}; expected a mesh over ranks 0..{}",
@@ -154,8 +158,8 @@ class trainer_mesh {
   /// the one that receives the data from the data plane. Throws invalid_argument for d out of range. O(1).
   [[nodiscard]] const std::vector<int>& ranks_of(int d) const {
     if (d < 0 || d >= dp_size_)
-      throw_error<invalid_argument>("data plane: data-parallel index {} of mesh {}; expected 0 <= index < {}", d,
-                                    mesh_.str(), dp_size_);
+      throw_error<invalid_argument>("data plane: data-parallel index {} of mesh {}; expected 0 <= index < {}",
+                                    d, mesh_.str(), dp_size_);
     return groups_[static_cast<std::size_t>(d)];
   }
   /// The printed form: the mesh's.
@@ -182,8 +186,9 @@ class trainer_mesh {
   }
   void check_rank(int rank) const {
     if (rank < 0 || rank >= world())
-      throw_error<invalid_argument>("data plane: rank {} is not a trainer of mesh {}; expected 0 <= rank < {}",
-                                    rank, mesh_.str(), world());
+      throw_error<invalid_argument>(
+          "data plane: rank {} is not a trainer of mesh {}; expected 0 <= rank < {}", rank, mesh_.str(),
+          world());
   }
 
   mesh::view mesh_;

@@ -53,8 +53,8 @@ template <comm::communicator C>
                 "(loopback, mpi), not a device communicator");
   const auto& t = cfg.layout;
   if (world.size() != t.world())
-    throw_error<invalid_argument>("deliver: the communicator has {} ranks; the mesh {} needs {}", world.size(),
-                                  t.str(), t.world());
+    throw_error<invalid_argument>("deliver: the communicator has {} ranks; the mesh {} needs {}",
+                                  world.size(), t.str(), t.world());
   const int me = world.rank();
   const int dp = t.dp_of(me);
   const auto g = data::delivery_of(t, dp);

@@ -60,7 +60,7 @@ struct reorder_result {
 
 /// Inverse of encode_meta, stamping `owner`. Throws data_error on a truncated record.
 [[nodiscard]] inline std::vector<seq::sample_meta> decode_meta(std::span<const std::int64_t> wire,
-                                                                   int owner) {
+                                                               int owner) {
   std::vector<seq::sample_meta> out;
   std::size_t k = 0;
   while (k < wire.size()) {
@@ -75,7 +75,7 @@ struct reorder_result {
     s.tokens = wire[k + 1];
     const auto n = static_cast<std::size_t>(wire[k + 2]);
     s.item_tokens.assign(wire.begin() + static_cast<std::ptrdiff_t>(k + 3),
-                            wire.begin() + static_cast<std::ptrdiff_t>(k + 3 + n));
+                         wire.begin() + static_cast<std::ptrdiff_t>(k + 3 + n));
     k += 3 + n;
     out.push_back(std::move(s));
   }

@@ -42,14 +42,16 @@ struct sample_id_layout {
   static constexpr std::int64_t max_epoch = (std::int64_t{1} << epoch_bits) - 1;        ///< largest epoch
   static constexpr std::int64_t max_source = (std::int64_t{1} << source_bits) - 1;      ///< largest source
 };
-static_assert(sample_id_layout::position_bits + sample_id_layout::epoch_bits + sample_id_layout::source_bits ==
+static_assert(sample_id_layout::position_bits + sample_id_layout::epoch_bits +
+                      sample_id_layout::source_bits ==
                   63,
               "a sample id uses the 63 value bits of a non-negative int64");
 
 /// The stable id of the sample at `position` of `epoch` of `source` (layout: sample_id_layout).
 /// Throws invalid_argument naming the part and its limit when a part is negative or too large.
 /// Pure; O(1). Inverse: sample_origin_of.
-[[nodiscard]] inline std::int64_t make_sample_id(std::int64_t source, std::int64_t epoch, std::int64_t position) {
+[[nodiscard]] inline std::int64_t make_sample_id(std::int64_t source, std::int64_t epoch,
+                                                 std::int64_t position) {
   using L = sample_id_layout;
   const auto check = [](const char* what, std::int64_t v, std::int64_t max) {
     if (v < 0 || v > max)
@@ -70,7 +72,8 @@ static_assert(sample_id_layout::position_bits + sample_id_layout::epoch_bits + s
 /// made by make_sample_id). Pure; O(1).
 [[nodiscard]] inline sample_origin sample_origin_of(std::int64_t id) {
   using L = sample_id_layout;
-  if (id < 0) throw_error<invalid_argument>("sample id {} is negative; expected an id from make_sample_id", id);
+  if (id < 0)
+    throw_error<invalid_argument>("sample id {} is negative; expected an id from make_sample_id", id);
   return {.source = id >> (L::position_bits + L::epoch_bits),
           .epoch = (id >> L::position_bits) & L::max_epoch,
           .position = id & L::max_position};
@@ -117,7 +120,7 @@ template <>
 struct fmt::formatter<hetmesh::seq::sample_meta> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::seq::sample_meta& m, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "sample(id={}, tokens={}, items={}, bytes={}, owner={})", m.id, m.tokens,
-                              m.item_tokens, m.bytes, m.owner);
+    return hetmesh::format_to(ctx.out(), "sample(id={}, tokens={}, items={}, bytes={}, owner={})", m.id,
+                              m.tokens, m.item_tokens, m.bytes, m.owner);
   }
 };
