@@ -124,6 +124,15 @@ TEST_CASE("mixture: the JSON file and the C++ aggregate are the same value") {
                 {"name": "math", "format": "indexed", "paths": ["m"], "weight": [[0, 0.1], [100, 0.5]]}],
     "cost": {"linear": 1, "quadratic": 1}, "layout": {"tp": 2, "dp": 4}, "micro_batches": 2})";
   auto parsed = mixture_from_json(nlohmann::json::parse(text));
+  // The layout in any order, with ep: the same mesh as in C++, and it round-trips.
+  auto ordered = nlohmann::json::parse(text);
+  ordered["layout"] = {{"order", "tp-dp-ep-cp-pp"}, {"tp", 2}, {"dp", 2}, {"ep", 2}};
+  const auto with_ep = mixture_from_json(ordered);
+  CHECK(with_ep.layout == trainer_mesh(mesh::make_mesh("tp-dp-ep", mesh::tp(2), mesh::dp(2), mesh::ep(2))));
+  CHECK(with_ep.layout.dp_size() == 4);
+  CHECK(mixture_from_json(mixture_to_json(with_ep)) == with_ep);
+  ordered["layout"] = {{"order", "tp-dp"}, {"tp", 2}, {"dp", 2}, {"cp", 2}};  // cp of extent 2, not listed
+  CHECK_THROWS_AS((void)mixture_from_json(ordered), invalid_argument);
   auto want = cfg;
   want.sources[1].weight = {{0, 0.3}};
   CHECK(parsed == want);
