@@ -149,15 +149,15 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
 // the recipes in multimodal_tokens.json (LLaVA-1.5: 576; OneVision any-res: 729 per tile, 1..10 tiles;
 // Qwen2-VL: 4x its 4..1280 LLM tokens); an image adds its LLM tokens (encoder tokens, or a quarter for
 // Qwen2-VL's 2x2 merge) to the sample's LLM length.
-std::vector<balance::sample_meta> multimodal_batch(const std::vector<std::int64_t>& text, int samples,
-                                                   int ranks, std::uint64_t seed) {
+std::vector<seq::sample_meta> multimodal_batch(const std::vector<std::int64_t>& text, int samples, int ranks,
+                                               std::uint64_t seed) {
   rng g(seed);
-  std::vector<balance::sample_meta> out;
+  std::vector<seq::sample_meta> out;
   for (int i = 0; i < samples; ++i) {
-    balance::sample_meta m;
+    seq::sample_meta m;
     m.id = i;
     m.owner = static_cast<int>(g.below(static_cast<std::uint64_t>(ranks)));
-    m.llm_tokens = std::min<std::int64_t>(text[static_cast<std::size_t>(g.below(text.size()))], 16384);
+    m.tokens = std::min<std::int64_t>(text[static_cast<std::size_t>(g.below(text.size()))], 16384);
     const auto images = g.uniform(0, 4);
     for (std::int64_t k = 0; k < images; ++k) {
       const auto kind = g.below(3);
@@ -170,8 +170,8 @@ std::vector<balance::sample_meta> multimodal_batch(const std::vector<std::int64_
         llm = g.uniform(4, 1280);
         enc = 4 * llm;
       }
-      m.encoder_tokens.push_back(enc);
-      m.llm_tokens += llm;
+      m.item_tokens.push_back(enc);
+      m.tokens += llm;
     }
     out.push_back(std::move(m));
   }
@@ -204,12 +204,12 @@ json run_multimodal(const std::vector<std::int64_t>& text, int seeds) {
       std::vector<double> enc(ranks, 0.0), llm(ranks, 0.0);
       if (rw.mode == 0) {
         for (const auto& m : batch) {
-          llm[static_cast<std::size_t>(m.owner)] += pol.llm.sequence(m.llm_tokens);
-          for (auto t : m.encoder_tokens) enc[static_cast<std::size_t>(m.owner)] += pol.encoder.item(t);
+          llm[static_cast<std::size_t>(m.owner)] += pol.llm.sequence(m.tokens);
+          for (auto t : m.item_tokens) enc[static_cast<std::size_t>(m.owner)] += pol.encoder.item(t);
         }
       } else {
         for (int g0 = 0; g0 < ranks; g0 += rw.group) {
-          std::vector<balance::sample_meta> mine;
+          std::vector<seq::sample_meta> mine;
           for (const auto& m : batch)
             if (m.owner >= g0 && m.owner < g0 + rw.group) {
               mine.push_back(m);
@@ -219,11 +219,11 @@ json run_multimodal(const std::vector<std::int64_t>& text, int seeds) {
           for (std::size_t i = 0; i < p.sample_ids.size(); ++i) {
             const auto& m = *std::find_if(mine.begin(), mine.end(),
                                           [&](const auto& x) { return x.id == p.sample_ids[i]; });
-            llm[static_cast<std::size_t>(g0 + p.llm_rank[i])] += pol.llm.sequence(m.llm_tokens);
-            for (std::size_t k = 0; k < m.encoder_tokens.size(); ++k) {
+            llm[static_cast<std::size_t>(g0 + p.llm_rank[i])] += pol.llm.sequence(m.tokens);
+            for (std::size_t k = 0; k < m.item_tokens.size(); ++k) {
               const int r = rw.mode == 1 ? p.llm_rank[i]
                                          : p.encoder_rank[static_cast<std::size_t>(p.item_offset[i]) + k];
-              enc[static_cast<std::size_t>(g0 + r)] += pol.encoder.item(m.encoder_tokens[k]);
+              enc[static_cast<std::size_t>(g0 + r)] += pol.encoder.item(m.item_tokens[k]);
             }
           }
         }

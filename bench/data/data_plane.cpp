@@ -75,7 +75,7 @@ nlohmann::json bench_memory(const test::temp_dir& dir, bool quick) {
   fmt::print("{:>8} {:>14} {:>14} {:>16} {:>16} {:>14} {:>9}\n", "sources", "ours total", "ours/trainer",
              "ours/rank(hosts)", "replicated total", "repl/rank", "ratio");
   for (int n : counts) {
-    mixture_config cfg{.seed = 5, .global_batch = 4 * ranks, .layout = {.dp = ranks}};
+    mixture_config cfg{.seed = 5, .global_batch = 4 * ranks, .layout = mesh::make_mesh(mesh::dp(ranks))};
     for (int s = 0; s < n; ++s)
       cfg.sources.push_back({.name = fmt::format("s{}", s),
                              .paths = {dir / fmt::format("mem{}", s)},
@@ -137,7 +137,8 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
                                 std::int64_t lo, std::int64_t hi, std::int64_t samples_per_source) {
   const int nsrc = 4;
   std::vector<std::string> bins;
-  mixture_config cfg{.seed = 9, .global_batch = 256, .layout = {.dp = 8}, .micro_batches = 2};
+  mixture_config cfg{
+      .seed = 9, .global_batch = 256, .layout = mesh::make_mesh(mesh::dp(8)), .micro_batches = 2};
   for (int s = 0; s < nsrc; ++s) {
     const auto prefix = dir / fmt::format("tp_{}_{}", label, s);
     test::make_indexed(prefix, 23, s, samples_per_source, lo, hi, dtype::int32);
@@ -202,7 +203,7 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
       std::vector<indexed_dataset>* f;
       std::uint64_t seed;
       std::int64_t source_size(int s) const { return (*f)[static_cast<std::size_t>(s)].size(); }
-      std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
+      std::pair<std::int64_t, seq::sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
         const auto& d = (*f)[static_cast<std::size_t>(s)];
         const auto idx = permutation(d.size(), epoch_seed(seed, s, e))[static_cast<std::size_t>(p)];
         return {idx, {.tokens = d.length(idx), .item_tokens = {}, .bytes = 4 * d.length(idx)}};
@@ -293,7 +294,7 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
 struct mix_meta {
   std::vector<std::int64_t> sizes;
   std::int64_t source_size(int s) const { return sizes[static_cast<std::size_t>(s)]; }
-  std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
+  std::pair<std::int64_t, seq::sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
     const auto h = key_hash(
         {77, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(e), static_cast<std::uint64_t>(p)});
     std::int64_t len = 0;
@@ -319,7 +320,7 @@ nlohmann::json bench_balance(bool quick) {
       // Per sample: L + L^2 / 4096 (attention grows quadratically; document-masked) + encoder 4 x item
       // tokens.
       .cost = {.text = {.a = 1, .b = 4096}, .item = {.a = 0, .b = 4 * 4096}},
-      .layout = {.dp = 16},
+      .layout = mesh::make_mesh(mesh::dp(16)),
       .micro_batches = 1,
   };
   mix_meta meta{{1 << 20, 1 << 20, 1 << 20, 1 << 20}};
@@ -339,7 +340,7 @@ nlohmann::json bench_balance(bool quick) {
       std::vector<std::int64_t> costs;
       for (const auto& smp : p.plan.samples) costs.push_back(smp.cost);
       sum_max += static_cast<double>(*std::max_element(rc.begin(), rc.end()));
-      sum_bound += static_cast<double>(balance::makespan_lower_bound(costs, c.layout.dp));
+      sum_bound += static_cast<double>(balance::makespan_lower_bound(costs, c.layout.dp_size()));
       st = p.next;
     }
     if (m == balance_method::round_robin) rr_sum = sum_max;

@@ -80,10 +80,12 @@ int main(int argc, char** argv) {
         {{"name": "code", "paths": ["{0}/code"], "weight": [[0, 0.3], [4, 0.3]]}},
         {{"name": "img",  "format": "webdataset", "paths": ["{0}/img-000.tar"], "weight": [[0, 0.0], [4, 0.3]]}}],
       "cost": {{"linear": 4096, "quadratic": 1, "item_linear": 4096}},
-      "layout": {{"tp": 2, "cp": 1, "dp": 2, "pp": 1}}}})",
+      "layout": {{"order": "tp-cp-ep-dp-pp", "tp": 2, "dp": 2}}}})",
                                                                                dir)));
-    fmt::print("mixture: {} sources, global batch {}, layout tp={} dp={}; trainers 0-3, data-plane host 4\n",
-               cfg.sources.size(), cfg.global_batch, cfg.layout.tp, cfg.layout.dp);
+    fmt::print(
+        "mixture: {} sources, global batch {}, trainer mesh {} ({} data-parallel indices); trainers 0-3, "
+        "data-plane host 4\n",
+        cfg.sources.size(), cfg.global_batch, cfg.layout, cfg.layout.dp_size());
     std::vector<std::string> lines(static_cast<std::size_t>(steps));
     data::planner_state after{};
     hetmesh::comm::loopback::run(5, [&](hetmesh::comm::loopback::communicator& world) {

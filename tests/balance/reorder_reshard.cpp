@@ -19,11 +19,12 @@ using namespace hetmesh;
 using test::make_case;
 
 TEST_CASE("plan_grouped_reorder: balance, permutation invariance, capacity") {
-  std::vector<balance::sample_meta> s;
+  std::vector<seq::sample_meta> s;
   rng g(5);
   for (int i = 0; i < 400; ++i) {
-    balance::sample_meta m{i * 3 + 1, static_cast<int>(g.below(16)), g.uniform(32, 16000), {}};
-    for (std::int64_t k = g.uniform(0, 4); k > 0; --k) m.encoder_tokens.push_back(g.uniform(64, 7290));
+    const int owner = static_cast<int>(g.below(16));
+    seq::sample_meta m{.id = i * 3 + 1, .tokens = g.uniform(32, 16000), .item_tokens = {}, .owner = owner};
+    for (std::int64_t k = g.uniform(0, 4); k > 0; --k) m.item_tokens.push_back(g.uniform(64, 7290));
     s.push_back(std::move(m));
   }
   const balance::reorder_policy pol;
@@ -31,8 +32,8 @@ TEST_CASE("plan_grouped_reorder: balance, permutation invariance, capacity") {
   // Loads of leaving every sample with its loader, for comparison.
   std::vector<cost::fixed> llm_stay(16), enc_stay(16);
   for (const auto& m : s) {
-    llm_stay[static_cast<std::size_t>(m.owner)] += pol.llm.sequence_fixed(m.llm_tokens);
-    for (auto t : m.encoder_tokens) enc_stay[static_cast<std::size_t>(m.owner)] += pol.encoder.item_fixed(t);
+    llm_stay[static_cast<std::size_t>(m.owner)] += pol.llm.sequence_fixed(m.tokens);
+    for (auto t : m.item_tokens) enc_stay[static_cast<std::size_t>(m.owner)] += pol.encoder.item_fixed(t);
   }
   const auto mx = [](const std::vector<cost::fixed>& v) { return *std::max_element(v.begin(), v.end()); };
   CHECK(mx(plan.llm_load) < mx(llm_stay));
@@ -81,4 +82,62 @@ TEST_CASE("plan_reshard: exact cover, coalescing, transpose, bad layouts") {
   const auto p1 = balance::plan_reshard(4, one, e1, l1);
   REQUIRE(p1.runs.size() == 1);
   CHECK(p1.runs[0] == balance::reshard_run{2, 3, 0, 17, 50});
+}
+
+TEST_CASE("grouped reorder: the plan carries the gathered lengths; blocks_from_reorder feeds plan_reshard") {
+  rng g(17);
+  const int ranks = 4;
+  std::vector<seq::sample_meta> s;
+  std::vector<balance::item_span> items;
+  for (int i = 0; i < 30; ++i) {
+    const int owner = static_cast<int>(g.below(ranks));
+    seq::sample_meta m{
+        .id = seq::make_sample_id(i % 3, 0, 7 * i), .tokens = g.uniform(300, 4000), .owner = owner};
+    std::int64_t pos = g.uniform(0, 20);
+    for (int k = 0; k < 3; ++k) {
+      const std::int64_t rows = g.uniform(8, 90);
+      if (pos + rows > m.tokens) break;
+      items.push_back({m.id, k, pos, rows});
+      m.item_tokens.push_back(rows);
+      pos += rows + g.uniform(0, 30);
+    }
+    s.push_back(std::move(m));
+  }
+  const auto plan = balance::plan_grouped_reorder(s, ranks);
+  // Lengths, in canonical order, equal to what was gathered: no second gather needed.
+  REQUIRE(plan.tokens.size() == s.size());
+  for (const auto& m : s) {
+    const auto i = static_cast<std::size_t>(plan.index_of(m.id));
+    CHECK(plan.tokens[i] == m.tokens);
+    const std::vector<std::int64_t> its(plan.item_tokens.begin() + plan.item_offset[i],
+                                        plan.item_tokens.begin() + plan.item_offset[i + 1]);
+    CHECK(its == m.item_tokens);
+  }
+  const auto blocks = balance::blocks_from_reorder(plan);
+  REQUIRE(blocks.llm.size() == s.size());
+  REQUIRE(blocks.encoder.size() == items.size());
+  std::vector<std::int64_t> llm_rows(ranks, 0), enc_rows(ranks, 0);
+  for (const auto& b : blocks.llm) {  // whole samples on their planned rank, packed in canonical order
+    const auto i = static_cast<std::size_t>(plan.index_of(b.sample_id));
+    CHECK(b.rank == plan.llm_rank[i]);
+    CHECK(b.tokens == seq::token_range{0, plan.tokens[i]});
+    CHECK(b.offset == llm_rows[static_cast<std::size_t>(b.rank)]);
+    llm_rows[static_cast<std::size_t>(b.rank)] += b.tokens.size();
+  }
+  CHECK(llm_rows == plan.llm_tokens_on);
+  for (const auto& b : blocks.encoder) {  // whole items on their planned encoder rank
+    CHECK(b.rank == plan.destination(b.sample_id, b.item));
+    CHECK(b.row_begin == 0);
+    CHECK(b.offset == enc_rows[static_cast<std::size_t>(b.rank)]);
+    enc_rows[static_cast<std::size_t>(b.rank)] += b.row_end;
+  }
+  // The reshard over these blocks moves every item row exactly once.
+  const auto rp = balance::plan_reshard(ranks, items, blocks.encoder, blocks.llm);
+  std::int64_t moved = 0, rows = 0;
+  for (const auto& r : rp.runs) moved += r.rows;
+  for (const auto& it : items) rows += it.rows;
+  CHECK(moved == rows);
+  auto bad = plan;
+  bad.tokens.pop_back();
+  CHECK_THROWS_AS((void)balance::blocks_from_reorder(bad), invalid_argument);
 }

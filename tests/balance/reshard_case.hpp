@@ -28,18 +28,18 @@ struct reshard_case {
 inline reshard_case make_case(int ranks, std::uint64_t seed) {
   reshard_case rc;
   rng g(seed);
-  std::vector<balance::sample_meta> metas;
+  std::vector<seq::sample_meta> metas;
   for (int i = 0; i < 14; ++i) {
     const std::int64_t id = 100 + 3 * i;
     const std::int64_t len = g.uniform(200, 3000);
     rc.seqs.push_back({id, len});
-    balance::sample_meta m{id, static_cast<int>(id % ranks), len, {}};
+    seq::sample_meta m{.id = id, .tokens = len, .item_tokens = {}, .owner = static_cast<int>(id % ranks)};
     std::int64_t pos = g.uniform(0, 40);
     for (int k = 0; k < 3; ++k) {
       const std::int64_t rows = g.uniform(16, 400);
       if (pos + rows > len) break;
       rc.items.push_back({id, k, pos, rows});
-      m.encoder_tokens.push_back(rows);
+      m.item_tokens.push_back(rows);
       pos += rows + g.uniform(0, 60);
     }
     metas.push_back(std::move(m));

@@ -6,8 +6,8 @@
 
 int main() {
   compile_fail::test_communicator c;
-  std::vector<hetmesh::balance::sample_meta> meta;
+  std::vector<hetmesh::seq::sample_meta> meta;
   std::vector<hetmesh::run::parcel<float>> parcels;
-  (void)hetmesh::run::grouped_reorder(c, std::span<const hetmesh::balance::sample_meta>(meta),
+  (void)hetmesh::run::grouped_reorder(c, std::span<const hetmesh::seq::sample_meta>(meta),
                                       std::span<const hetmesh::run::parcel<float>>(parcels));
 }

@@ -41,7 +41,7 @@ struct corpus {
                      .weight = {{0, 0.2}, {30, 0.5}},
                      .modality = "text"}},
         .cost = {.text = {.a = 1, .b = 1}, .item = {.a = 0, .b = 1}},
-        .layout = {.tp = 1, .cp = 1, .dp = 2, .pp = 1},
+        .layout = mesh::make_mesh(mesh::dp(2)),
         .micro_batches = 2,
     };
   }
@@ -215,7 +215,7 @@ TEST_CASE(
   std::vector<std::int64_t> trainer_rank_bytes;
   std::vector<std::int64_t> loader_bytes;
   for (int nsrc : {1, 4, 16}) {
-    mixture_config cfg{.seed = 3, .global_batch = 32, .layout = {.dp = 4}};
+    mixture_config cfg{.seed = 3, .global_batch = 32, .layout = mesh::make_mesh(mesh::dp(4))};
     for (int s = 0; s < nsrc; ++s) {
       const auto prefix = dir / fmt::format("m{}_{}", nsrc, s);
       test::make_indexed(prefix, 3, s, 200, 50, 50);  // equal lengths: batches differ only in content
@@ -237,35 +237,74 @@ TEST_CASE(
   CHECK(loader_bytes[2] > 8 * loader_bytes[0]);  // the loaders' total grows with sources, once each
 }
 
+// The data-parallel index of `rank`, computed from its coordinates: ep and dp flattened, ep fastest.
+int expected_dp(const trainer_mesh& t, int rank) {
+  const auto& m = t.mesh();
+  const auto c = m.coord_of(rank);
+  const std::int64_t e = m.has(mesh::ep) ? c[m.index_of(mesh::ep)] : 0;
+  const std::int64_t ne = m.has(mesh::ep) ? m.extent(mesh::ep) : 1;
+  const std::int64_t d = m.has(mesh::dp) ? c[m.index_of(mesh::dp)] : 0;
+  return static_cast<int>(e + ne * d);
+}
+
 TEST_CASE(
-    "delivery: loading ranks get the batch, tensor/context/last-stage ranks receive by broadcast; each "
-    "sample read once") {
-  corpus c(12);
-  c.cfg.layout = {.tp = 2, .cp = 1, .dp = 2, .pp = 3};
-  data_loader dl(c.cfg, {.workers = 0, .prefetch_steps = 1});  // reads happen inside next() only
-  std::vector<step_batch> batches;
-  for (int i = 0; i < 3; ++i) batches.push_back(dl.next());
-  const std::int64_t reads_before = dl.reads(0) + dl.reads(1) + dl.reads(2);
-  CHECK(reads_before == 3 * 12);  // every sample of the three steps read exactly once
-  std::vector<std::vector<std::vector<packed_micro_batch>>> got(
-      3, std::vector<std::vector<packed_micro_batch>>(12));
-  comm::loopback::run(12, [&](comm::loopback::communicator& world) {
-    for (std::size_t i = 0; i < batches.size(); ++i) {
-      const int me = world.rank();
-      const bool loads = me == c.cfg.layout.rank(0, 0, (me / 2) % 2, 0);
-      got[i][static_cast<std::size_t>(me)] = run::deliver(world, c.cfg, loads ? &batches[i] : nullptr);
-    }
-  });
-  CHECK(dl.reads(0) + dl.reads(1) + dl.reads(2) == reads_before);  // delivery read nothing
-  for (std::size_t i = 0; i < batches.size(); ++i) {
-    for (int r = 0; r < 12; ++r) {
-      const int dp = (r / 2) % 2, stage = r / 4;
-      const auto& mine = got[i][static_cast<std::size_t>(r)];
-      if (stage == 1) {
-        CHECK(mine.empty());
-        continue;
+    "delivery: in every mesh order (and with ep) each data-parallel index's batch reaches exactly the ranks "
+    "of that index; each sample read once") {
+  struct mesh_case {
+    const char* name;
+    trainer_mesh mesh;
+  };
+  const std::vector<mesh_case> cases = {
+      {"tp-cp-dp-pp", mesh::make_mesh("tp-cp-dp-pp", mesh::tp(2), mesh::dp(2), mesh::pp(3))},
+      {"tp-dp-cp-pp", mesh::make_mesh("tp-dp-cp-pp", mesh::tp(2), mesh::dp(2), mesh::cp(3))},
+      {"pp-dp-tp", mesh::make_mesh("pp-dp-tp", mesh::tp(2), mesh::dp(2), mesh::pp(3))},
+      {"tp-ep-dp-pp", mesh::make_mesh("tp-cp-ep-dp-pp", mesh::ep(2), mesh::dp(2), mesh::pp(3))},
+      {"searched dp-tp-ep-pp", mesh_of_order("dp-tp-ep-pp", {{mesh::tp, 3}, {mesh::dp, 2}, {mesh::ep, 2}})},
+  };
+  for (const auto& mc : cases) {
+    CAPTURE(mc.name);
+    corpus c(12);
+    c.cfg.layout = mc.mesh;
+    const trainer_mesh& t = c.cfg.layout;
+    REQUIRE(t.world() == 12);
+    data_loader dl(c.cfg, {.workers = 0, .prefetch_steps = 1});  // reads happen inside next() only
+    std::vector<step_batch> batches;
+    for (int i = 0; i < 2; ++i) batches.push_back(dl.next());
+    const std::int64_t reads_before = dl.reads(0) + dl.reads(1) + dl.reads(2);
+    CHECK(reads_before == 2 * 12);  // every sample of the steps read exactly once
+    // The groups partition the trainers; each group is the set of ranks whose coordinates name its index.
+    std::vector<int> seen(12, 0);
+    for (const auto& g : delivery_plan(t)) {
+      CHECK(g.loader == g.ranks.front());
+      for (int r : g.ranks) {
+        ++seen[static_cast<std::size_t>(r)];
+        CHECK(expected_dp(t, r) == g.dp);
       }
-      CHECK(mine == construct(batches[i].plan, batches[i].samples, dp, c.cfg.micro_batches));
+    }
+    for (int r = 0; r < 12; ++r) CHECK(seen[static_cast<std::size_t>(r)] == 1);
+    std::vector<std::vector<std::vector<packed_micro_batch>>> got(
+        batches.size(), std::vector<std::vector<packed_micro_batch>>(12));
+    comm::loopback::run(12, [&](comm::loopback::communicator& world) {
+      const int me = world.rank();
+      const bool loads = me == delivery_of(t, t.dp_of(me)).loader;
+      for (std::size_t i = 0; i < batches.size(); ++i)
+        got[i][static_cast<std::size_t>(me)] = run::deliver(world, c.cfg, loads ? &batches[i] : nullptr);
+    });
+    CHECK(dl.reads(0) + dl.reads(1) + dl.reads(2) == reads_before);  // delivery read nothing
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      std::set<std::vector<std::int64_t>> distinct;  // per index, the ids it got: indices differ
+      for (int r = 0; r < 12; ++r) {
+        const int dp = expected_dp(t, r);
+        const auto& mine = got[i][static_cast<std::size_t>(r)];
+        CHECK(mine == construct(batches[i].plan, batches[i].samples, dp, c.cfg.micro_batches));
+      }
+      for (int d = 0; d < t.dp_size(); ++d) {
+        std::vector<std::int64_t> ids;
+        for (const auto& smp : batches[i].plan.samples)
+          if (smp.dp_rank == d) ids.push_back(smp.meta.id);
+        distinct.insert(ids);
+      }
+      CHECK(distinct.size() == static_cast<std::size_t>(t.dp_size()));
     }
   }
 }

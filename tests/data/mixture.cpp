@@ -10,6 +10,7 @@
 #include <hetmesh/data/checkpoint.hpp>
 #include <hetmesh/data/mixture_json.hpp>
 #include <hetmesh/data/planner.hpp>
+#include <hetmesh/mesh/decoupled.hpp>
 
 using namespace hetmesh;
 using namespace hetmesh::data;
@@ -20,13 +21,13 @@ struct table_meta {
   std::uint64_t seed;
   std::vector<std::int64_t> sizes;
   std::int64_t source_size(int s) const { return sizes[static_cast<std::size_t>(s)]; }
-  std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
+  std::pair<std::int64_t, seq::sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
     const auto perm = permutation(sizes[static_cast<std::size_t>(s)], epoch_seed_of(s, e));
     const auto idx = perm[static_cast<std::size_t>(p)];
     const auto len =
         1 + static_cast<std::int64_t>(
                 key_hash({seed, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(idx)}) % 500);
-    return {idx, sample_meta{.tokens = len, .item_tokens = {}, .bytes = 2 * len}};
+    return {idx, seq::sample_meta{.tokens = len, .item_tokens = {}, .bytes = 2 * len}};
   }
   std::uint64_t epoch_seed_of(int s, std::int64_t e) const {
     return key_hash({seed, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(e)});
@@ -42,7 +43,7 @@ mixture_config three_sources() {
                   {.name = "code", .paths = {"c"}, .weight = {{0, 0.3}, {100, 0.3}}},
                   {.name = "math", .paths = {"m"}, .weight = {{0, 0.1}, {100, 0.5}}}},
       .cost = {.text = {.a = 1, .b = 1}},
-      .layout = {.tp = 2, .cp = 1, .dp = 4, .pp = 1},
+      .layout = mesh::make_mesh(mesh::tp(2), mesh::dp(4)),
       .micro_batches = 2,
   };
 }
@@ -123,6 +124,15 @@ TEST_CASE("mixture: the JSON file and the C++ aggregate are the same value") {
                 {"name": "math", "format": "indexed", "paths": ["m"], "weight": [[0, 0.1], [100, 0.5]]}],
     "cost": {"linear": 1, "quadratic": 1}, "layout": {"tp": 2, "dp": 4}, "micro_batches": 2})";
   auto parsed = mixture_from_json(nlohmann::json::parse(text));
+  // The layout in any order, with ep: the same mesh as in C++, and it round-trips.
+  auto ordered = nlohmann::json::parse(text);
+  ordered["layout"] = {{"order", "tp-dp-ep-cp-pp"}, {"tp", 2}, {"dp", 2}, {"ep", 2}};
+  const auto with_ep = mixture_from_json(ordered);
+  CHECK(with_ep.layout == trainer_mesh(mesh::make_mesh("tp-dp-ep", mesh::tp(2), mesh::dp(2), mesh::ep(2))));
+  CHECK(with_ep.layout.dp_size() == 4);
+  CHECK(mixture_from_json(mixture_to_json(with_ep)) == with_ep);
+  ordered["layout"] = {{"order", "tp-dp"}, {"tp", 2}, {"dp", 2}, {"cp", 2}};  // cp of extent 2, not listed
+  CHECK_THROWS_AS((void)mixture_from_json(ordered), invalid_argument);
   auto want = cfg;
   want.sources[1].weight = {{0, 0.3}};
   CHECK(parsed == want);
@@ -161,7 +171,7 @@ TEST_CASE(
                                         {40, w1[static_cast<std::size_t>(s)] / s1}}});
       meta.sizes.push_back(g.uniform(1, 60));
     }
-    cfg.layout.dp = static_cast<int>(g.uniform(1, 5));
+    cfg.layout = mesh::make_mesh(mesh::dp(g.uniform(1, 5)));
     cfg.micro_batches = static_cast<int>(g.uniform(1, 3));
     validate(cfg);
     auto st = initial_state(cfg);
@@ -180,11 +190,11 @@ TEST_CASE(
         REQUIRE(std::abs(static_cast<double>(realised[static_cast<std::size_t>(s)]) -
                          ideal[static_cast<std::size_t>(s)]) < 1.0 + 1e-6);
       }
-      std::vector<std::int64_t> load(static_cast<std::size_t>(cfg.layout.dp), 0);
+      std::vector<std::int64_t> load(static_cast<std::size_t>(cfg.layout.dp_size()), 0);
       for (const auto& smp : p.samples) {
         drawn[{smp.ref.source, smp.ref.epoch}].push_back(smp.ref.index);
         REQUIRE(smp.dp_rank >= 0);
-        REQUIRE(smp.dp_rank < cfg.layout.dp);
+        REQUIRE(smp.dp_rank < cfg.layout.dp_size());
         REQUIRE(smp.micro_batch < cfg.micro_batches);
         load[static_cast<std::size_t>(smp.dp_rank)] += smp.cost;
       }
@@ -193,8 +203,8 @@ TEST_CASE(
       // planner sorts once for both).
       std::vector<std::int64_t> costs;
       for (const auto& smp : p.samples) costs.push_back(smp.cost);
-      const auto ranks = balance::lpt(costs, cfg.layout.dp);
-      for (int r = 0; r < cfg.layout.dp; ++r) {
+      const auto ranks = balance::lpt(costs, cfg.layout.dp_size());
+      for (int r = 0; r < cfg.layout.dp_size(); ++r) {
         std::vector<std::int64_t> share;
         std::vector<int> got;
         for (std::size_t i = 0; i < p.samples.size(); ++i) {
@@ -256,25 +266,49 @@ TEST_CASE(
   }
 }
 
-TEST_CASE(
-    "delivery: one loading rank per tensor x context group; first and last stages receive, middle stages do "
-    "not") {
-  const topology t{.tp = 2, .cp = 2, .dp = 3, .pp = 4};
+TEST_CASE("delivery: every rank of a data-parallel index receives its batch, at every pipeline stage") {
+  const trainer_mesh t = mesh::make_mesh("tp-cp-dp-pp", mesh::tp(2), mesh::cp(2), mesh::dp(3), mesh::pp(4));
   const auto groups = delivery_plan(t);
   REQUIRE(groups.size() == 3);
   std::set<int> all;
   for (const auto& g : groups) {
     CHECK(g.ranks.front() == g.loader);
-    CHECK(g.ranks.size() == 8);  // 4 ranks of stage 0 and 4 of stage 3
+    CHECK(g.ranks.size() == 16);  // 4 ranks of each of the 4 stages
+    CHECK(g.loader == 4 * g.dp);  // tp = cp = pp = 0
     for (int r : g.ranks) {
       CHECK(all.insert(r).second);
-      const int stage = r / (t.tp * t.cp * t.dp);
-      CHECK((stage == 0 || stage == 3));
-      CHECK((r / (t.tp * t.cp)) % t.dp == g.dp);
+      CHECK((r / 4) % 3 == g.dp);
     }
   }
-  const auto one = delivery_of({.tp = 4, .cp = 1, .dp = 2, .pp = 1}, 1);
+  CHECK(all.size() == 48);
+  const auto one = delivery_of(mesh::make_mesh(mesh::tp(4), mesh::dp(2)), 1);
   CHECK(one.ranks == std::vector<int>{4, 5, 6, 7});
+  // Another order: dp fastest.
+  const auto two = delivery_of(mesh::make_mesh("dp-tp", mesh::tp(4), mesh::dp(2)), 1);
+  CHECK(two.ranks == std::vector<int>{1, 3, 5, 7});
+  CHECK_THROWS_AS((void)delivery_of(t, 3), invalid_argument);
+}
+
+TEST_CASE("trainer mesh: the data-parallel index flattens ep and dp (ep fastest); one value per mesh") {
+  const trainer_mesh t = mesh::make_mesh("tp-ep-dp-pp", mesh::tp(2), mesh::ep(2), mesh::dp(3), mesh::pp(2));
+  CHECK(t.world() == 24);
+  CHECK(t.dp_size() == 6);
+  for (int r = 0; r < 24; ++r) CHECK(t.dp_of(r) == (r / 2) % 6);
+  CHECK(trainer_mesh(mesh::make_mesh(mesh::tp(2), mesh::dp(4))) ==
+        trainer_mesh(mesh_of_order("tp-cp-ep-dp-pp", {{mesh::tp, 2}, {mesh::dp, 4}})));
+  // Decoupled meshes: the data plane delivers by the LLM mesh.
+  const auto llm = mesh::make_mesh("dp-tp", mesh::tp(2), mesh::dp(2));
+  const trainer_mesh dm = mesh::decoupled(mesh::make_mesh(mesh::dim("esp")(4)), llm,
+                                          mesh::topology{.nodes = 1, .devices_per_node = 4});
+  CHECK(dm == trainer_mesh(llm));
+  CHECK(dm.dp_of(1) == 1);
+  CHECK(trainer_mesh().world() == 1);
+  CHECK(trainer_mesh().dp_size() == 1);
+  CHECK_THROWS_AS((void)mesh_of_order("tp-xx", {{mesh::tp, 2}}), invalid_argument);
+  CHECK_THROWS_AS((void)mesh_of_order("tp", {{mesh::tp, 2}, {mesh::dp, 2}}), invalid_argument);
+  // A sub-mesh (not over ranks 0..n-1) is refused.
+  CHECK_THROWS_AS((void)trainer_mesh(mesh::make_mesh(mesh::tp(2), mesh::dp(2)).submesh({{mesh::tp, 1}})),
+                  invalid_argument);
 }
 
 TEST_CASE("checkpoint: versioned JSON round trip; another mixture or version is refused") {

@@ -17,7 +17,7 @@ using namespace hetmesh::data;
 using namespace std::chrono_literals;
 
 namespace {
-std::vector<std::string> run_service(const topology& layout, int hosts, int steps) {
+std::vector<std::string> run_service(const trainer_mesh& layout, int hosts, int steps) {
   std::vector<std::string> failures(static_cast<std::size_t>(layout.world() + hosts));
   comm::loopback::run(layout.world() + hosts, [&](comm::loopback::communicator& world) {
     failures[static_cast<std::size_t>(world.rank())] = test::service_body(world, layout, steps);
@@ -28,26 +28,26 @@ std::vector<std::string> run_service(const topology& layout, int hosts, int step
 
 TEST_CASE("service: hosts serve their shares; every trainer gets the independently planned micro-batches") {
   struct shape {
-    topology layout;
+    trainer_mesh layout;
     int hosts;
   };
-  for (const auto& s :
-       {shape{{.tp = 2, .cp = 1, .dp = 2, .pp = 1}, 2}, shape{{.tp = 1, .cp = 2, .dp = 3, .pp = 3}, 2},
-        shape{{.tp = 1, .cp = 1, .dp = 4, .pp = 1}, 1}}) {
+  for (const auto& s : {shape{mesh::make_mesh("tp-cp-dp-pp", mesh::tp(2), mesh::dp(2)), 2},
+                        shape{mesh::make_mesh("tp-cp-dp-pp", mesh::cp(2), mesh::dp(3), mesh::pp(3)), 2},
+                        shape{mesh::make_mesh("dp-cp-pp", mesh::cp(2), mesh::dp(3), mesh::pp(2)), 3},
+                        shape{mesh::make_mesh("tp-ep-dp", mesh::tp(2), mesh::ep(2), mesh::dp(2)), 3},
+                        shape{mesh::make_mesh(mesh::dp(4)), 1}}) {
     // Not a structured binding: CAPTURE is a lambda, and clang++ 14 cannot capture bindings (P1091).
-    const topology& layout = s.layout;
+    const trainer_mesh& layout = s.layout;
     const int hosts = s.hosts;
-    CAPTURE(layout.tp);
-    CAPTURE(layout.cp);
-    CAPTURE(layout.dp);
-    CAPTURE(layout.pp);
+    const std::string mesh_str = layout.str();
+    CAPTURE(mesh_str);
     CAPTURE(hosts);
     for (const auto& f : run_service(layout, hosts, 4)) CHECK(f == "");
   }
 }
 
 TEST_CASE("service: the layout of trainers and hosts is checked") {
-  const topology t{.tp = 2, .cp = 1, .dp = 2, .pp = 1};
+  const trainer_mesh t = mesh::make_mesh(mesh::tp(2), mesh::dp(2));
   CHECK_THROWS_AS((void)service_layout_of(t, 4), invalid_argument);  // no host
   CHECK_THROWS_AS((void)service_layout_of(t, 7), invalid_argument);  // 3 hosts for 2 indices
   const auto sl = service_layout_of(t, 6);
@@ -64,7 +64,7 @@ TEST_CASE("service: the layout of trainers and hosts is checked") {
 }
 
 TEST_CASE("service: a host out of step is a mismatch_error; a host that never sends is a timeout") {
-  const topology t{.tp = 1, .cp = 1, .dp = 1, .pp = 1};
+  const trainer_mesh t{};
   test::temp_dir dir;
   test::service_corpus::write(dir);
   const auto cfg = test::service_corpus::config(t, dir.path);

@@ -26,7 +26,7 @@ struct service_corpus {
   static constexpr std::int64_t size[3] = {40, 30, 25};
   static constexpr std::int64_t lo[3] = {1, 30, 100}, hi[3] = {60, 200, 400};
 
-  static mixture_config config(const topology& layout, const std::string& dir) {
+  static mixture_config config(const trainer_mesh& layout, const std::string& dir) {
     mixture_config cfg{.seed = 5,
                        .global_batch = 24,
                        .cost = {.text = {.a = 1, .b = 1}},
@@ -50,7 +50,7 @@ struct service_corpus {
 struct generator_metadata {
   const mixture_config* cfg;
   std::int64_t source_size(int s) const { return service_corpus::size[s]; }
-  std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
+  std::pair<std::int64_t, seq::sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
     const auto perm = permutation(service_corpus::size[s], epoch_seed(cfg->seed, s, e));
     const auto index = perm[static_cast<std::size_t>(p)];
     const auto len =
@@ -60,7 +60,7 @@ struct generator_metadata {
 };
 
 template <class C>
-std::string trainer_side(C& world, const topology& layout, int steps);
+std::string trainer_side(C& world, const trainer_mesh& layout, int steps);
 
 /// The loaded samples of a plan, from the generator (what a correct data plane must have read).
 inline std::vector<sample> generator_samples(const step_plan& plan) {
@@ -77,7 +77,7 @@ inline std::vector<sample> generator_samples(const step_plan& plan) {
 /// Runs `steps` steps of the service on this rank. `layout` is the trainers' layout; the world holds
 /// layout.world() trainers followed by the hosts.
 template <class C>
-std::string service_body(C& world, const topology& layout, int steps) {
+std::string service_body(C& world, const trainer_mesh& layout, int steps) {
   const auto sl = service_layout_of(layout, world.size());
   const int me = world.rank();
   std::string failure;
@@ -112,27 +112,24 @@ std::string service_body(C& world, const topology& layout, int steps) {
 
 /// A trainer's side of service_body.
 template <class C>
-std::string trainer_side(C& world, const topology& layout, int steps) {
+std::string trainer_side(C& world, const trainer_mesh& layout, int steps) {
   const int me = world.rank();
   const auto cfg = service_corpus::config(layout, "/nonexistent");  // trainers open no file
   generator_metadata meta{&cfg};
   auto st = initial_state(cfg);
-  const int dp = (me / (layout.tp * layout.cp)) % layout.dp;
-  const int stage = me / (layout.tp * layout.cp * layout.dp);
+  const int dp = layout.dp_of(me);
   for (int step = 0; step < steps; ++step) {
     auto planned = plan_step(cfg, st, meta);
     st = planned.next;
     const auto samples = generator_samples(planned.plan);
     const auto got = run::receive_step(world, cfg, step);
-    const bool in_group = stage == 0 || stage == layout.pp - 1;
-    const auto expected = in_group ? construct(planned.plan, samples, dp, cfg.micro_batches)
-                                   : std::vector<packed_micro_batch>{};
+    const auto expected = construct(planned.plan, samples, dp, cfg.micro_batches);
     if (got != expected)
       return fmt::format(
-          "trainer {} (dp {}, stage {}) step {}: received {} micro-batches that differ from the "
+          "trainer {} (dp {}, mesh {}) step {}: received {} micro-batches that differ from the "
           "{} built from the generator",
-          me, dp, stage, step, got.size(), expected.size());
-    if (in_group && expected.empty())
+          me, dp, layout, step, got.size(), expected.size());
+    if (expected.empty())
       return fmt::format("trainer {} step {}: no micro-batches; expected its share", me, step);
   }
   return {};

@@ -16,7 +16,7 @@ using namespace hetmesh::data;
 TEST_CASE("service under MPI: hosts in their own processes serve the trainers") {
   auto world = comm::mpi::communicator::world({.timeout = std::chrono::seconds(60), .verify = true});
   REQUIRE_MESSAGE(world.size() == 6, "needs exactly 6 ranks (mpirun -np 6)");
-  const topology layout{.tp = 2, .cp = 1, .dp = 2, .pp = 1};
+  const trainer_mesh layout = mesh::make_mesh(mesh::tp(2), mesh::dp(2));
   CHECK(test::service_body(world, layout, 5) == "");
 }
 
@@ -25,7 +25,7 @@ TEST_CASE("delivery under MPI: loading ranks broadcast to their tensor group") {
   REQUIRE_MESSAGE(world.size() == 6, "needs exactly 6 ranks (mpirun -np 6)");
   // All 6 ranks are trainers here: tp = 3, dp = 2. Every loading rank reads its own copy of the corpus
   // with serve_dp = its index; the others receive by broadcast and check against the generator.
-  const topology layout{.tp = 3, .cp = 1, .dp = 2, .pp = 1};
+  const trainer_mesh layout = mesh::make_mesh(mesh::tp(3), mesh::dp(2));
   const int me = world.rank();
   const int dp = (me / 3) % 2;
   const bool loads = me % 3 == 0;

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
                      .paths = shards,
                      .weight = {{0, 0.2}, {40, 0.4}}}},
         .cost = {.text = {.a = 1, .b = 1}},
-        .layout = {.dp = 2},
+        .layout = mesh::make_mesh(mesh::dp(2)),
     };
     data_loader dl(cfg, {.workers = workers, .prefetch_steps = 3});
     std::int64_t start = 0;

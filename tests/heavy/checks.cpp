@@ -58,8 +58,11 @@ TEST_CASE("a corrupted HDP plan fails the exactly-once check the planners run at
 }
 
 TEST_CASE("a corrupted grouped-reorder plan fails the exactly-once check") {
-  std::vector<hetmesh::balance::sample_meta> s{
-      {10, 0, 500, {64, 128}}, {11, 1, 300, {}}, {12, 2, 900, {256}}, {13, 3, 100, {32, 32, 32}}};
+  std::vector<hetmesh::seq::sample_meta> s{
+      {.id = 10, .tokens = 500, .item_tokens = {64, 128}, .owner = 0},
+      {.id = 11, .tokens = 300, .item_tokens = {}, .owner = 1},
+      {.id = 12, .tokens = 900, .item_tokens = {256}, .owner = 2},
+      {.id = 13, .tokens = 100, .item_tokens = {32, 32, 32}, .owner = 3}};
   const auto plan = hetmesh::balance::plan_grouped_reorder(s, 4);
   CHECK(hetmesh::balance::reorder_exactly_once_violation(s, plan).empty());
   auto lost = plan;
@@ -68,7 +71,7 @@ TEST_CASE("a corrupted grouped-reorder plan fails the exactly-once check") {
   auto out = plan;
   out.encoder_rank.back() = 4;  // sample 13's last item to a rank outside the group
   CHECK(hetmesh::balance::reorder_exactly_once_violation(s, out) == "id 13: tokens [3, 4) never assigned");
-  s.push_back({14, 0, 10, {}});  // a sample the plan never saw
+  s.push_back({.id = 14, .tokens = 10, .item_tokens = {}, .owner = 0});  // a sample the plan never saw
   CHECK(hetmesh::balance::reorder_exactly_once_violation(s, plan) == "id 14: tokens [0, 1) never assigned");
 }
 

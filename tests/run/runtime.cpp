@@ -77,16 +77,16 @@ TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, 
     const auto& members = groups[static_cast<std::size_t>(wc.rank() / group)];
     auto c = wc.subgroup(members);
     rng g(seed + static_cast<std::uint64_t>(wc.rank()));
-    std::vector<balance::sample_meta> local;
+    std::vector<seq::sample_meta> local;
     std::vector<run::parcel<std::int64_t>> parcels;
     const int n = 3 + wc.rank() % 3;
     for (int k = 0; k < n; ++k) {
-      balance::sample_meta s;
+      seq::sample_meta s;
       s.id = wc.rank() * 100 + k;
       s.owner = c.rank();
-      s.llm_tokens = g.uniform(64, 8000);
+      s.tokens = g.uniform(64, 8000);
       const auto items = g.uniform(0, 3);
-      for (std::int64_t i = 0; i < items; ++i) s.encoder_tokens.push_back(g.uniform(16, 3000));
+      for (std::int64_t i = 0; i < items; ++i) s.item_tokens.push_back(g.uniform(16, 3000));
       auto make = [&](int item, std::int64_t len) {
         run::parcel<std::int64_t> p{s.id, item, {}};
         for (std::int64_t j = 0; j < len; ++j)
@@ -94,14 +94,22 @@ TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, 
                                 static_cast<std::uint64_t>(j)}));
         parcels.push_back(std::move(p));
       };
-      make(-1, s.llm_tokens / 16 + 1);
-      for (std::size_t i = 0; i < s.encoder_tokens.size(); ++i)
-        make(static_cast<int>(i), s.encoder_tokens[i] / 8 + 1);
+      make(-1, s.tokens / 16 + 1);
+      for (std::size_t i = 0; i < s.item_tokens.size(); ++i)
+        make(static_cast<int>(i), s.item_tokens[i] / 8 + 1);
       local.push_back(std::move(s));
     }
     const auto res = run::grouped_reorder<comm::loopback::communicator, std::int64_t>(c, local, parcels, pol);
     // The plan covers exactly the group's samples.
     for (auto id : res.plan.sample_ids) CHECK(id / 100 / group == wc.rank() / group);
+    // The result carries the gathered records and lengths: no second gather for the next room.
+    REQUIRE(res.samples.size() == res.plan.sample_ids.size());
+    for (std::size_t i = 0; i < res.samples.size(); ++i) {
+      CHECK(res.samples[i].id == res.plan.sample_ids[i]);
+      CHECK(res.samples[i].tokens == res.plan.tokens[i]);
+      CHECK(res.samples[i].owner == res.plan.owner[i]);
+    }
+    for (const auto& s : local) CHECK(res.samples[static_cast<std::size_t>(res.plan.index_of(s.id))] == s);
     for (const auto& p : res.received) {
       CHECK(res.plan.destination(p.sample_id, p.item) == c.rank());
       for (std::size_t j = 0; j < p.data.size(); ++j)

@@ -70,9 +70,12 @@ struct scratch_dir {
   }
 };
 
-inline result run(const std::vector<std::string>& args) {
+/// Runs `exe` with `args` (and `env`, "NAME=value ..." prefixed to the command line, when not empty).
+inline result run_exe(const std::string& exe, const std::vector<std::string>& args,
+                      const std::string& env = "") {
   const scratch_dir dir;
-  std::string cmd = quote(HETMESH_PLAN_EXE);
+  std::string cmd = env.empty() ? std::string() : env + " ";
+  cmd += quote(exe);
   // Appended piecewise: `" " + quote(a)` trips a g++ 12 -O3 -Wrestrict false positive.
   for (const auto& a : args) {
     cmd += ' ';
@@ -89,5 +92,8 @@ inline result run(const std::vector<std::string>& args) {
   r.err = slurp(dir.path / "err");
   return r;
 }
+
+/// Runs hetmesh-plan with `args`.
+inline result run(const std::vector<std::string>& args) { return run_exe(HETMESH_PLAN_EXE, args); }
 
 }  // namespace tools_test

@@ -632,3 +632,36 @@ TEST_CASE("hetmesh-plan simulate: variable micro-batches, bubbles, and a Perfett
                    (dir.path / "no" / "such" / "dir.json").string()},
                   "--trace");
 }
+
+TEST_CASE("hetmesh-data-convert: progress on stderr for long conversions, nothing for short ones") {
+  const scratch_dir dir;
+  std::string jsonl;
+  for (int i = 0; i < 2000; ++i)
+    jsonl += fmt::format("{{\"text\": \"sample {} of the progress test\"}}\n", i);
+  const auto in = dir.write("in.jsonl", jsonl);
+  const auto out = (dir.path / "out").string();
+  // A short conversion prints its JSON on stdout and nothing on stderr.
+  const result quiet = tools_test::run_exe(HETMESH_DATA_CONVERT_EXE, {"indexed", in, out});
+  CHECK(quiet.code == 0);
+  CHECK(quiet.err.empty());
+  CHECK(quiet.json()["samples"] == 2000);
+  // With the quiet period at 0 (what a long conversion reaches), stderr (a file here, not a terminal)
+  // gets plain lines, no carriage returns, ending with the whole input read.
+  const result shown = tools_test::run_exe(HETMESH_DATA_CONVERT_EXE, {"indexed", in, out + "2"},
+                                           "HETMESH_PROGRESS_AFTER_MS=0");
+  CHECK(shown.code == 0);
+  CHECK(shown.json()["samples"] == 2000);
+  CHECK_MESSAGE(shown.err.rfind("hetmesh-data-convert: ", 0) == 0, shown.err);
+  CHECK(shown.err.find('\r') == std::string::npos);
+  CHECK_MESSAGE(shown.err.find(fmt::format("100% ({:.1f} MB of {:.1f} MB read)", jsonl.size() / 1e6,
+                                           jsonl.size() / 1e6)) != std::string::npos,
+                shown.err);
+  CHECK(shown.err.find(", done\n") != std::string::npos);
+  // A failed conversion ends with its error, not with "done".
+  const auto bad = dir.write("bad.jsonl", "{\"text\": \"a\"}\n{\"neither\": 1}\n");
+  const result failed = tools_test::run_exe(HETMESH_DATA_CONVERT_EXE, {"indexed", bad, out + "3"},
+                                            "HETMESH_PROGRESS_AFTER_MS=0");
+  CHECK(failed.code == 1);
+  CHECK(failed.err.find("done") == std::string::npos);
+  CHECK_MESSAGE(failed.err.find("line 2") != std::string::npos, failed.err);
+}

@@ -13,6 +13,8 @@
 #include <hetmesh/data/indexed_dataset.hpp>
 #include <hetmesh/data/webdataset.hpp>
 
+#include "progress.hpp"
+
 namespace {
 
 int usage() {
@@ -74,7 +76,10 @@ int main(int argc, char** argv) {
         else
           return usage();
       }
-      std::cout << stats_json(convert_jsonl_to_indexed(in, out, type)).dump(1) << '\n';
+      hetmesh_tool::convert_progress progress(in, out);
+      const auto st = convert_jsonl_to_indexed(in, out, type);
+      progress.finish();
+      std::cout << stats_json(st).dump(1) << '\n';
       return 0;
     }
     if (cmd == "webdataset") {
@@ -83,7 +88,10 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--per-shard") != 0) return usage();
         per_shard = std::stoll(argv[i + 1]);
       }
-      std::cout << stats_json(convert_jsonl_to_webdataset(in, out, per_shard)).dump(1) << '\n';
+      hetmesh_tool::convert_progress progress(in, out);
+      const auto st = convert_jsonl_to_webdataset(in, out, per_shard);
+      progress.finish();
+      std::cout << stats_json(st).dump(1) << '\n';
       return 0;
     }
     return usage();

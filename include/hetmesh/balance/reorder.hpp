@@ -32,19 +32,9 @@
 #include "../cost/compute.hpp"
 #include "../cost/encoder.hpp"
 #include "../cost/fixed.hpp"
+#include "../seq/sample.hpp"
 
 namespace hetmesh::balance {
-
-/// What a loader knows about a sample before reading its bytes: a globally unique id, the group-local
-/// rank that loaded it, its LLM token count, and the token count of each encoder item.
-struct sample_meta {
-  std::int64_t id = 0;                       ///< globally unique sample id
-  int owner = 0;                             ///< group-local rank that loaded it
-  std::int64_t llm_tokens = 0;               ///< LLM (text) tokens
-  std::vector<std::int64_t> encoder_tokens;  ///< token count of each encoder item
-  friend bool operator==(const sample_meta&, const sample_meta&) = default;
-  void hash_append(hasher& h) const { append_all(h, id, owner, llm_tokens, encoder_tokens); }
-};
 
 /// Policy value: the cost models and the LLM token capacity of a rank for the step (0 = unlimited).
 struct reorder_policy {
@@ -55,9 +45,9 @@ struct reorder_policy {
   void hash_append(hasher& h) const { append_all(h, llm, encoder, token_capacity); }
 };
 
-/// The reassignment of one group. Samples are in canonical order (by id); item k of sample i is
-/// entry item_offset[i] + k of the item arrays. parcels[i * ranks + j] counts what rank i sends to
-/// rank j (LLM parts and encoder items), the all_to_all_v shape of the exchange.
+/// The reassignment of one group, with the lengths it was planned from. Samples are in canonical order
+/// (by id); item k of sample i is entry item_offset[i] + k of the item arrays. parcels[i * ranks + j] counts
+/// what rank i sends to rank j (LLM parts and encoder items), the all_to_all_v shape of the exchange.
 struct reorder_plan {
   int ranks = 0;                            ///< ranks of the group
   std::vector<std::int64_t> sample_ids;     ///< sample ids, ascending (canonical order)
@@ -68,6 +58,10 @@ struct reorder_plan {
   std::vector<cost::fixed> llm_load;        ///< per rank, modelled LLM time
   std::vector<cost::fixed> encoder_load;    ///< per rank, modelled encoder time
   std::vector<std::int64_t> llm_tokens_on;  ///< per rank, LLM tokens it runs
+  /// Per sample (canonical order), its LLM tokens as gathered: the next room (reshard, partitioning)
+  /// reads lengths here instead of gathering the metadata a second time.
+  std::vector<std::int64_t> tokens;
+  std::vector<std::int64_t> item_tokens;    ///< per item (item_offset order), its tokens as gathered
   std::vector<std::int32_t> parcels;        ///< ranks x ranks parcel counts, row = sender
 
   /// Position of sample `id` in the canonical order; -1 when absent. O(log n).
@@ -90,7 +84,7 @@ struct reorder_plan {
   friend bool operator==(const reorder_plan&, const reorder_plan&) = default;
   void hash_append(hasher& h) const {
     append_all(h, ranks, sample_ids, owner, llm_rank, item_offset, encoder_rank, llm_load, encoder_load,
-               parcels);
+               parcels, tokens, item_tokens);
   }
 };
 
@@ -114,11 +108,11 @@ struct reorder_plan {
 /// to exactly one rank in [0, p.ranks), as exactly_once_violation reports it (parcel 0 is the LLM part,
 /// parcel j + 1 encoder item j); empty when it holds. plan_grouped_reorder checks it at heavy level.
 /// Pure; O(parcels log parcels).
-[[nodiscard]] inline std::string reorder_exactly_once_violation(std::span<const sample_meta> samples,
+[[nodiscard]] inline std::string reorder_exactly_once_violation(std::span<const seq::sample_meta> samples,
                                                                 const reorder_plan& p) {
   std::vector<id_range> expected, assigned;
   for (const auto& s : samples)
-    expected.push_back({s.id, 0, 1 + static_cast<std::int64_t>(s.encoder_tokens.size())});
+    expected.push_back({s.id, 0, 1 + static_cast<std::int64_t>(s.item_tokens.size())});
   const std::size_t n = p.sample_ids.size();
   if (p.llm_rank.size() != n || p.item_offset.size() != n + 1 ||
       p.encoder_rank.size() != static_cast<std::size_t>(p.item_offset.back()))
@@ -141,7 +135,7 @@ struct reorder_plan {
 /// (capacity_error naming the sample that fits nowhere); parcels conserve (sum = samples + items).
 /// Pure; deterministic (fixed-point costs, (-cost, id, item) keys); the same for any order of `samples`.
 /// O(n log n + n log ranks). Not collective: every member computes it from the same gathered metadata.
-[[nodiscard]] inline reorder_plan plan_grouped_reorder(std::span<const sample_meta> samples, int ranks,
+[[nodiscard]] inline reorder_plan plan_grouped_reorder(std::span<const seq::sample_meta> samples, int ranks,
                                                        const reorder_policy& policy = {}) {
   if (ranks < 1)
     throw_error<invalid_argument>("balance::plan_grouped_reorder: ranks = {}; expected >= 1", ranks);
@@ -169,24 +163,26 @@ struct reorder_plan {
     if (k > 0 && s.id == p.sample_ids.back())
       throw_error<invalid_argument>(
           "balance::plan_grouped_reorder: sample id {} appears twice; expected unique ids", s.id);
-    if (s.owner < 0 || s.owner >= ranks || s.llm_tokens < 0)
+    if (s.owner < 0 || s.owner >= ranks || s.tokens < 0)
       throw_error<invalid_argument>(
           "balance::plan_grouped_reorder: sample {} has owner {} and {} LLM tokens; expected "
           "an owner in [0, {}) and tokens >= 0",
-          s.id, s.owner, s.llm_tokens, ranks);
+          s.id, s.owner, s.tokens, ranks);
     p.sample_ids.push_back(s.id);
     p.owner.push_back(s.owner);
-    tokens[k] = s.llm_tokens;
-    llm_cost[k] = policy.llm.sequence_fixed(s.llm_tokens).ticks;
-    for (auto t : s.encoder_tokens) {
+    tokens[k] = s.tokens;
+    llm_cost[k] = policy.llm.sequence_fixed(s.tokens).ticks;
+    for (auto t : s.item_tokens) {
       if (t < 0)
         throw_error<invalid_argument>(
             "balance::plan_grouped_reorder: sample {} has an item of {} tokens; expected >= 0", s.id, t);
       item_cost.push_back(policy.encoder.item_fixed(t).ticks);
+      p.item_tokens.push_back(t);
     }
-    items_of[k] = static_cast<std::int64_t>(s.encoder_tokens.size());
+    items_of[k] = static_cast<std::int64_t>(s.item_tokens.size());
   }
   p.item_offset = prefix_sums(items_of);
+  p.tokens = tokens;
   const auto nr = static_cast<std::size_t>(ranks);
   p.llm_rank.assign(n, -1);
   p.encoder_rank.assign(item_cost.size(), -1);
@@ -278,15 +274,6 @@ struct reorder_plan {
 }
 
 }  // namespace hetmesh::balance
-
-template <>
-struct fmt::formatter<hetmesh::balance::sample_meta> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::sample_meta& s, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "sample(id={}, owner={}, llm_tokens={}, items={})", s.id, s.owner,
-                              s.llm_tokens, s.encoder_tokens);
-  }
-};
 
 template <>
 struct fmt::formatter<hetmesh::balance::reorder_policy> : hetmesh::empty_spec_formatter {

@@ -22,6 +22,7 @@
 #include "../core/hash.hpp"
 #include "../seq/hdp.hpp"
 #include "../seq/types.hpp"
+#include "reorder.hpp"
 
 namespace hetmesh::balance {
 
@@ -215,6 +216,46 @@ struct reshard_plan {
         out.push_back({sg.seq_id, static_cast<int>(r), sg.tokens, off});
         off += sg.tokens.size();
       }
+  }
+  return out;
+}
+
+/// Both sides of a grouped-reorder plan as reshard blocks (see blocks_from_reorder).
+struct reorder_blocks {
+  std::vector<encoder_block> encoder;  ///< one block per encoder item, whole
+  std::vector<llm_block> llm;          ///< one block per sample, whole
+};
+
+/// The blocks of a grouped-reorder plan, beside llm_blocks_from_hdp: each encoder item whole on its
+/// encoder rank, each sample's tokens [0, tokens) whole on its LLM rank, both at consecutive rows of the
+/// rank's buffer in canonical (sample id, item) order. Reads the lengths the plan carries (no second
+/// gather). Together with the items' positions in their samples, what plan_reshard takes. Pure; O(samples
+/// + items).
+[[nodiscard]] inline reorder_blocks blocks_from_reorder(const reorder_plan& plan) {
+  const std::size_t n = plan.sample_ids.size();
+  if (plan.tokens.size() != n || plan.item_offset.size() != n + 1 ||
+      plan.item_tokens.size() != plan.encoder_rank.size() ||
+      plan.encoder_rank.size() != static_cast<std::size_t>(plan.item_offset.back()))
+    throw_error<invalid_argument>(
+        "balance::blocks_from_reorder: the plan's arrays disagree ({} samples, {} lengths, {} item offsets, "
+        "{} items, {} item lengths); expected a plan from plan_grouped_reorder",
+        n, plan.tokens.size(), plan.item_offset.size(), plan.encoder_rank.size(), plan.item_tokens.size());
+  reorder_blocks out;
+  const auto nr = static_cast<std::size_t>(plan.ranks);
+  std::vector<std::int64_t> enc_rows(nr, 0), llm_rows(nr, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const int r = plan.llm_rank[i];
+    auto& off = llm_rows[static_cast<std::size_t>(r)];
+    out.llm.push_back({plan.sample_ids[i], r, {0, plan.tokens[i]}, off});
+    off += plan.tokens[i];
+    for (auto j = plan.item_offset[i]; j < plan.item_offset[i + 1]; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      const int e = plan.encoder_rank[u];
+      auto& eoff = enc_rows[static_cast<std::size_t>(e)];
+      out.encoder.push_back(
+          {plan.sample_ids[i], static_cast<int>(j - plan.item_offset[i]), e, 0, plan.item_tokens[u], eoff});
+      eoff += plan.item_tokens[u];
+    }
   }
   return out;
 }

@@ -21,4 +21,5 @@
 #include "service_layout.hpp"
 #include "source.hpp"
 #include "tar.hpp"
+#include "trainer_mesh.hpp"
 #include "wire.hpp"

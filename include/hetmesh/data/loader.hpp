@@ -65,12 +65,12 @@ class data_loader {
           "data_loader: workers = {}, prefetch_steps = {}, loaders_per_source = {}; expected >= 0, >= 0, >= "
           "1",
           opts_.workers, opts_.prefetch_steps, opts_.loaders_per_source);
-    served_.assign(static_cast<std::size_t>(cfg_.layout.dp), opts_.serve_dp.empty() ? 1 : 0);
+    served_.assign(static_cast<std::size_t>(cfg_.layout.dp_size()), opts_.serve_dp.empty() ? 1 : 0);
     for (int d : opts_.serve_dp) {
-      if (d < 0 || d >= cfg_.layout.dp || served_[static_cast<std::size_t>(d)] != 0)
+      if (d < 0 || d >= cfg_.layout.dp_size() || served_[static_cast<std::size_t>(d)] != 0)
         throw_error<invalid_argument>(
             "data_loader: serve_dp names {} (in [{}]); expected distinct data-parallel ranks in [0, {})", d,
-            fmt::join(opts_.serve_dp, ", "), cfg_.layout.dp);
+            fmt::join(opts_.serve_dp, ", "), cfg_.layout.dp_size());
       served_[static_cast<std::size_t>(d)] = 1;
     }
     loaders_.resize(cfg_.sources.size());
@@ -234,7 +234,7 @@ class data_loader {
     const std::vector<std::int64_t>* sizes;
     std::vector<std::vector<std::shared_ptr<source_loader>>> loaders;
     std::int64_t source_size(int s) const { return (*sizes)[static_cast<std::size_t>(s)]; }
-    std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
+    std::pair<std::int64_t, seq::sample_meta> lookup(int s, std::int64_t e, std::int64_t p) const {
       const auto& ls = loaders[static_cast<std::size_t>(s)];
       source_loader& l = *ls[static_cast<std::size_t>(p) % ls.size()];
       const auto idx = l.index_at(e, p);

@@ -2,7 +2,7 @@
 // hetmesh::data: the declarative mixture. One value says which sources exist, how much of each goes
 // into every step (weights as piecewise-linear functions of the step: constant weights and curricula are
 // the same thing), how long/short buckets and modalities are mixed, how samples are priced for
-// balancing, and the parallel layout the batch is delivered to. The C++ aggregate and the JSON file are
+// balancing, and the trainers' mesh the batch is delivered to. The C++ aggregate and the JSON file are
 // two spellings of the same value (see mixture_json.hpp); validate() checks either.
 #pragma once
 
@@ -19,7 +19,9 @@
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "../cost/compute.hpp"
+#include "../seq/sample.hpp"
 #include "sample.hpp"
+#include "trainer_mesh.hpp"
 
 namespace hetmesh::data {
 
@@ -91,30 +93,13 @@ struct sample_cost {
   cost::quadratic_count text{.a = 0, .b = 1, .c = 0};  ///< price of the text tokens
   cost::quadratic_count item{.a = 0, .b = 1, .c = 0};  ///< price of each encoder item
   /// The price of sample `m`: text(tokens) plus item(t) for each encoder item. O(items).
-  [[nodiscard]] std::int64_t operator()(const sample_meta& m) const noexcept {
+  [[nodiscard]] std::int64_t operator()(const seq::sample_meta& m) const noexcept {
     std::int64_t c = text(m.tokens);
     for (auto t : m.item_tokens) c += item(t);
     return c;
   }
   void hash_append(hasher& h) const { append_all(h, text, item); }
   friend bool operator==(const sample_cost&, const sample_cost&) = default;
-};
-
-/// The trainer's layout for delivery. Ranks are numbered in Megatron's "tp-cp-dp-pp" order (tp
-/// fastest): rank = tp + TP * (cp + CP * (dp + DP * pp)).
-struct topology {
-  ///@{
-  /// Extents of the tensor, context, data and pipeline dims; tp varies fastest.
-  int tp = 1, cp = 1, dp = 1, pp = 1;
-  ///@}
-  /// Number of ranks: tp x cp x dp x pp.
-  [[nodiscard]] int world() const noexcept { return tp * cp * dp * pp; }
-  /// The global rank of coordinate (t, c, d, p), tp fastest.
-  [[nodiscard]] int rank(int t, int c, int d, int p) const noexcept {
-    return t + tp * (c + cp * (d + dp * p));
-  }
-  void hash_append(hasher& h) const { append_all(h, tp, cp, dp, pp); }
-  friend bool operator==(const topology&, const topology&) = default;
 };
 
 /// The whole declarative data plane.
@@ -127,7 +112,9 @@ struct mixture_config {
   /// Prices samples for balancing.
   sample_cost cost{};
   balance_method balance = balance_method::lpt;  ///< how samples go to dp ranks
-  topology layout{};                             ///< the ranks' layout
+  /// The trainers' mesh: any mesh::layout (every order, with ep), a mesh::view, the LLM side of a
+  /// mesh::decoupled, or data::mesh_of_order(order, shape) for a layout search's choice.
+  trainer_mesh layout{};
   int micro_batches = 1;                         ///< per data-parallel rank and step
   std::int64_t max_tokens_per_micro_batch = 0;   ///< 0: unlimited; else a capacity_error when exceeded
 
@@ -254,10 +241,10 @@ inline void validate(const mixture_config& cfg) {
   if (cfg.global_batch <= 0)
     throw_error<invalid_argument>("mixture: global_batch = {}; expected > 0", cfg.global_batch);
   if (cfg.sources.empty()) throw_error<invalid_argument>("mixture: no sources; expected at least one");
-  const auto& t = cfg.layout;
-  if (t.tp < 1 || t.cp < 1 || t.dp < 1 || t.pp < 1)
-    throw_error<invalid_argument>("mixture: layout tp={} cp={} dp={} pp={}; expected every extent >= 1", t.tp,
-                                  t.cp, t.dp, t.pp);
+  if (static_cast<std::int64_t>(cfg.sources.size()) > seq::sample_id_layout::max_source + 1)
+    throw_error<invalid_argument>(
+        "mixture: {} sources; expected at most {} (the source field of a sample id)", cfg.sources.size(),
+        seq::sample_id_layout::max_source + 1);
   if (cfg.micro_batches < 1)
     throw_error<invalid_argument>("mixture: micro_batches = {}; expected >= 1", cfg.micro_batches);
   std::vector<std::int64_t> steps{};
@@ -310,9 +297,7 @@ template <>
 struct fmt::formatter<hetmesh::data::mixture_config> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::data::mixture_config& c, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(
-        ctx.out(), "mixture(seed={}, batch={}, {} sources, tp={} cp={} dp={} pp={}, {} micro-batches)",
-        c.seed, c.global_batch, c.sources.size(), c.layout.tp, c.layout.cp, c.layout.dp, c.layout.pp,
-        c.micro_batches);
+    return hetmesh::format_to(ctx.out(), "mixture(seed={}, batch={}, {} sources, mesh {}, {} micro-batches)",
+                              c.seed, c.global_batch, c.sources.size(), c.layout, c.micro_batches);
   }
 };

@@ -7,7 +7,8 @@
 //    0.5]]},
 //                {"name": "code", "paths": ["/d/code"], "weight": [[0, 0.2], [1000, 0.5]]}],
 //    "cost": {"linear": 1, "quadratic": 1}, "balance": "lpt",
-//    "layout": {"tp": 2, "cp": 1, "dp": 4, "pp": 1}, "micro_batches": 2}
+//    "layout": {"order": "tp-cp-ep-dp-pp", "tp": 2, "dp": 4}, "micro_batches": 2}
+// (layout: an order string, default Megatron-LM's, and the extents of tp cp ep dp pp, default 1)
 #pragma once
 
 #include <string>
@@ -137,8 +138,13 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
         "mixture.balance: \"{}\"; expected \"lpt\", \"karmarkar_karp\" or \"round_robin\"", bal);
   if (j.contains("layout")) {
     const auto& l = j["layout"];
-    detail::check_keys(l, {"tp", "cp", "dp", "pp"}, "mixture.layout");
-    c.layout = {l.value("tp", 1), l.value("cp", 1), l.value("dp", 1), l.value("pp", 1)};
+    detail::check_keys(l, {"order", "tp", "cp", "ep", "dp", "pp"}, "mixture.layout");
+    c.layout =
+        mesh_of_order(l.value("order", std::string(mesh::megatron_order)), {{mesh::tp, l.value("tp", 1)},
+                                                                            {mesh::cp, l.value("cp", 1)},
+                                                                            {mesh::ep, l.value("ep", 1)},
+                                                                            {mesh::dp, l.value("dp", 1)},
+                                                                            {mesh::pp, l.value("pp", 1)}});
   }
   c.micro_batches = j.value("micro_batches", 1);
   c.max_tokens_per_micro_batch = j.value("max_tokens_per_micro_batch", std::int64_t{0});
@@ -176,7 +182,10 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   j["balance"] = c.balance == balance_method::lpt              ? "lpt"
                  : c.balance == balance_method::karmarkar_karp ? "karmarkar_karp"
                                                                : "round_robin";
-  j["layout"] = {{"tp", c.layout.tp}, {"cp", c.layout.cp}, {"dp", c.layout.dp}, {"pp", c.layout.pp}};
+  const auto order = c.layout.mesh().order_string();  // dims of extent > 1; in JSON among tp cp ep dp pp
+  j["layout"] = {{"order", order.empty() ? std::string(mesh::megatron_order) : order}};
+  for (std::size_t i = 0; i < c.layout.mesh().dims_count(); ++i)
+    j["layout"][std::string(c.layout.mesh().name(i).name())] = c.layout.mesh().extent(i);
   j["micro_batches"] = c.micro_batches;
   j["max_tokens_per_micro_batch"] = c.max_tokens_per_micro_batch;
   return j;

@@ -63,13 +63,13 @@ struct planner_state {
 template <class M>
 concept metadata_source = requires(M& m, int s, std::int64_t e, std::int64_t p) {
   { m.source_size(s) } -> std::convertible_to<std::int64_t>;
-  { m.lookup(s, e, p) } -> std::convertible_to<std::pair<std::int64_t, sample_meta>>;
+  { m.lookup(s, e, p) } -> std::convertible_to<std::pair<std::int64_t, seq::sample_meta>>;
 };
 
 /// One sample of a step plan: where it comes from, its lengths and cost, and where it goes.
 struct planned_sample {
   sample_ref ref{};       ///< which sample
-  sample_meta meta{};     ///< its metadata
+  seq::sample_meta meta{};  ///< its metadata; meta.id = ref.id()
   std::int64_t cost = 0;  ///< its price (mixture_config::cost)
   int dp_rank = 0;        ///< data-parallel rank it goes to
   int micro_batch = 0;    ///< micro-batch on that rank
@@ -201,12 +201,13 @@ template <metadata_source M>
     detail::draw(cfg.sources[s], si, metadata.source_size(si), out.plan.quotas[s], out.next.cursors[s],
                  [&](std::int64_t e, std::int64_t p) {
                    auto [index, meta] = metadata.lookup(si, e, p);
+                   meta.id = seq::make_sample_id(si, e, p);
                    const auto cost = cfg.cost(meta);
                    samples.push_back({{si, e, p, index}, std::move(meta), cost, 0, 0});
                  });
   }
   // Data-parallel shares, then micro-batches inside each share; both balanced on the integer costs.
-  const int dp = cfg.layout.dp;
+  const int dp = cfg.layout.dp_size();
   const std::size_t n = samples.size();
   std::vector<std::int64_t> costs(n);
   for (std::size_t i = 0; i < n; ++i) costs[i] = samples[i].cost;
@@ -286,32 +287,29 @@ template <metadata_source M>
   return out;
 }
 
-/// Who does what with a data-parallel rank's batch under hybrid parallelism: the loading rank (tp = cp =
-/// 0 of the first pipeline stage) gets it from the data plane; the other ranks of that tensor x context
-/// group, and of the last pipeline stage's group (which needs the labels), receive it by broadcast from
-/// the loading rank. Middle pipeline stages receive nothing. Pure.
+/// Who receives a data-parallel index's batch: the loading rank (coordinate 0 along every dim but the data
+/// dims, see trainer_mesh) gets it from the data plane; every other rank with the same data-parallel
+/// index -- its tensor and context peers, and those of every pipeline stage (the last needs the labels,
+/// colocated encoder shards run on every stage) -- receives it by broadcast from the loading rank. The
+/// groups of all indices partition the trainers, so no rank receives a batch twice. Pure.
 struct delivery_group {
-  int dp = 0;                ///< the data-parallel rank
+  int dp = 0;                ///< the data-parallel index
   int loader = 0;            ///< global rank that receives the data from the loaders
   std::vector<int> ranks{};  ///< the broadcast group, loader first, ascending otherwise
   friend bool operator==(const delivery_group&, const delivery_group&) = default;
 };
 
-/// The delivery group of data-parallel rank `dp` under `t`. Pure. O(tp x cp).
-[[nodiscard]] inline delivery_group delivery_of(const topology& t, int dp) {
-  delivery_group g{dp, t.rank(0, 0, dp, 0), {}};
-  for (int p : {0, t.pp - 1}) {
-    if (p == t.pp - 1 && p == 0 && !g.ranks.empty()) break;
-    for (int c = 0; c < t.cp; ++c)
-      for (int x = 0; x < t.tp; ++x) g.ranks.push_back(t.rank(x, c, dp, p));
-  }
-  return g;
+/// The delivery group of data-parallel index `dp` in mesh `m`. Throws invalid_argument for dp out of
+/// range. Pure. O(ranks of the group).
+[[nodiscard]] inline delivery_group delivery_of(const trainer_mesh& m, int dp) {
+  const auto& ranks = m.ranks_of(dp);
+  return {dp, ranks.front(), ranks};
 }
 
-/// Every delivery group, one per data-parallel index. Their rank sets are disjoint.
-[[nodiscard]] inline std::vector<delivery_group> delivery_plan(const topology& t) {
+/// Every delivery group, one per data-parallel index. Their rank sets partition the trainers.
+[[nodiscard]] inline std::vector<delivery_group> delivery_plan(const trainer_mesh& m) {
   std::vector<delivery_group> out{};
-  for (int d = 0; d < t.dp; ++d) out.push_back(delivery_of(t, d));
+  for (int d = 0; d < m.dp_size(); ++d) out.push_back(delivery_of(m, d));
   return out;
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::data: what a sample is, in the two forms the data plane moves: its metadata (lengths only:
-// enough to plan and balance, never the bytes) and its loaded form (token ids and encoder payloads).
+// enough to plan and balance, never the bytes; the one record seq::sample_meta, shared with balance/)
+// and its loaded form (token ids and encoder payloads).
 #pragma once
 
 #include <cstddef>
@@ -13,25 +14,9 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../seq/sample.hpp"
 
 namespace hetmesh::data {
-
-/// The lengths of one sample: text tokens, and the tokens each encoder item (image, audio clip, ...)
-/// becomes. `bytes` is the on-disk payload size (what a loader will read).
-struct sample_meta {
-  std::int64_t tokens = 0;                  ///< text tokens
-  std::vector<std::int64_t> item_tokens{};  ///< token count of each encoder item
-  std::int64_t bytes = 0;                   ///< payload bytes on disk
-
-  /// Tokens of all encoder items.
-  [[nodiscard]] std::int64_t encoder_tokens() const noexcept {
-    std::int64_t t = 0;
-    for (auto v : item_tokens) t += v;
-    return t;
-  }
-  void hash_append(hasher& h) const { append_all(h, tokens, item_tokens, bytes); }
-  friend bool operator==(const sample_meta&, const sample_meta&) = default;
-};
 
 /// Where a sample sits in the stream: source, the source's epoch, its position in that epoch's
 /// permutation, and the sample's index inside the source (= permutation[position]).
@@ -40,6 +25,9 @@ struct sample_ref {
   std::int64_t epoch = 0;     ///< epoch of the source
   std::int64_t position = 0;  ///< position in the epoch's permutation
   std::int64_t index = 0;     ///< index of the sample in the source
+  /// The sample's stable id (seq::make_sample_id of source, epoch, position). Throws invalid_argument
+  /// when a part exceeds seq::sample_id_layout's limits.
+  [[nodiscard]] std::int64_t id() const { return seq::make_sample_id(source, epoch, position); }
   void hash_append(hasher& h) const { append_all(h, source, epoch, position, index); }
   friend bool operator==(const sample_ref&, const sample_ref&) = default;
 };
@@ -71,14 +59,6 @@ struct sample {
 
 }  // namespace hetmesh::data
 
-template <>
-struct fmt::formatter<hetmesh::data::sample_meta> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::data::sample_meta& m, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "meta(tokens={}, items={}, bytes={})", m.tokens, m.item_tokens,
-                              m.bytes);
-  }
-};
 template <>
 struct fmt::formatter<hetmesh::data::sample_ref> : hetmesh::empty_spec_formatter {
   template <class FormatContext>

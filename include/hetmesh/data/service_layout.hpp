@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::data: who is who when the data plane runs in processes of its own (MegaScale-Data's source
 // loaders and constructors on hosts apart from the trainers): the trainer ranks first, numbered as the
-// layout says, then H >= 1 data-plane hosts; host h serves the data-parallel indices d with d mod H == h.
-// Pure; the service itself (serve_step, receive_step) is in run/data_service.hpp.
+// trainers' mesh says, then H >= 1 data-plane hosts; host h serves the data-parallel indices d with d mod H
+// == h. Pure; the service itself (serve_step, receive_step) is in run/data_service.hpp.
 #pragma once
 
 #include <vector>
@@ -12,6 +12,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "mixture.hpp"
+#include "trainer_mesh.hpp"
 
 namespace hetmesh::data {
 
@@ -26,27 +27,27 @@ struct service_layout {
   friend bool operator==(const service_layout&, const service_layout&) = default;
 };
 
-/// The service layout of a world of `world_size` ranks around layout `t`. Throws invalid_argument when
-/// the world has no room for a host.
-[[nodiscard]] inline service_layout service_layout_of(const topology& t, int world_size) {
+/// The service layout of a world of `world_size` ranks around the trainers' mesh `t`. Throws
+/// invalid_argument when the world has no room for a host, or more hosts than data-parallel indices.
+[[nodiscard]] inline service_layout service_layout_of(const trainer_mesh& t, int world_size) {
   if (world_size <= t.world())
     throw_error<invalid_argument>(
-        "data service: a world of {} ranks for a layout of {} trainer ranks (tp={} cp={} dp={} pp={}); "
+        "data service: a world of {} ranks for a mesh of {} trainer ranks ({}); "
         "expected the trainers followed by at least one data-plane host",
-        world_size, t.world(), t.tp, t.cp, t.dp, t.pp);
-  if (world_size - t.world() > t.dp)
+        world_size, t.world(), t.str());
+  if (world_size - t.world() > t.dp_size())
     throw_error<invalid_argument>(
-        "data service: {} data-plane hosts for dp = {} data-parallel indices; expected at most one host per "
+        "data service: {} data-plane hosts for {} data-parallel indices; expected at most one host per "
         "index (a host serves whole indices)",
-        world_size - t.world(), t.dp);
+        world_size - t.world(), t.dp_size());
   return {t.world(), world_size - t.world()};
 }
 
 /// The data-parallel indices host `rank` serves, ascending; never empty for a host (at most dp hosts).
 /// What its data_loader takes as loader_options::serve_dp. Pre: sl.is_host(rank).
-[[nodiscard]] inline std::vector<int> served_by(const service_layout& sl, const topology& t, int rank) {
+[[nodiscard]] inline std::vector<int> served_by(const service_layout& sl, const trainer_mesh& t, int rank) {
   std::vector<int> out;
-  for (int d = 0; d < t.dp; ++d)
+  for (int d = 0; d < t.dp_size(); ++d)
     if (sl.host_of(d) == rank) out.push_back(d);
   return out;
 }

@@ -37,7 +37,7 @@ class source_reader {
   /// Number of samples (after the source's token filter).
   [[nodiscard]] virtual std::int64_t size() const = 0;
   /// Metadata of sample i, without reading its payload. Pre: 0 <= i < size().
-  [[nodiscard]] virtual sample_meta meta(std::int64_t i) const = 0;
+  [[nodiscard]] virtual seq::sample_meta meta(std::int64_t i) const = 0;
   /// Fills out.tokens / out.items (out.ref is the caller's). Counts one read.
   virtual void load(std::int64_t i, sample& out) const = 0;
   /// A hint that sample i will be loaded soon: starts bringing its first bytes into the cache so that a
@@ -107,7 +107,7 @@ class indexed_source final : public source_reader {
   /// Samples kept by the filter.
   [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
   /// Metadata of sample i.
-  [[nodiscard]] sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
+  [[nodiscard]] seq::sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
   void load(std::int64_t i, sample& out) const override {
     const auto [part, local] = locate(underlying(i));
     out.tokens.clear();
@@ -141,7 +141,7 @@ class indexed_source final : public source_reader {
     const auto part = static_cast<std::size_t>(it - starts_.begin());
     return {part, i - *it};
   }
-  [[nodiscard]] sample_meta raw_meta(std::int64_t i) const {
+  [[nodiscard]] seq::sample_meta raw_meta(std::int64_t i) const {
     const auto [part, local] = locate(i);
     const auto len = parts_[part].length(local);
     return {.tokens = len,
@@ -198,7 +198,7 @@ class source_loader {
     return perm_locked(epoch)[static_cast<std::size_t>(position)];
   }
   /// Metadata of sample `index`.
-  [[nodiscard]] sample_meta meta(std::int64_t index) const { return reader_->meta(index); }
+  [[nodiscard]] seq::sample_meta meta(std::int64_t index) const { return reader_->meta(index); }
   /// Loads the sample at (epoch, position). Cost: the read plus the user's decode.
   [[nodiscard]] sample load(std::int64_t epoch, std::int64_t position) {
     return load({source_, epoch, position, index_at(epoch, position)});

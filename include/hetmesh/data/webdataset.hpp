@@ -40,7 +40,7 @@ struct wds_entry {
   /// Offset and size of each member's content, parallel to exts.
   std::vector<std::int64_t> offsets{}, sizes{};  // of each member's content, parallel to exts
   ///@}
-  sample_meta meta{};  ///< metadata, from the json member
+  seq::sample_meta meta{};  ///< metadata, from the json member
   friend bool operator==(const wds_entry&, const wds_entry&) = default;
 };
 
@@ -56,8 +56,8 @@ struct wds_index {
 [[nodiscard]] inline std::string wds_index_path(const std::string& shard) { return shard + ".hmidx.json"; }
 
 namespace detail {
-inline sample_meta meta_from_json(const nlohmann::json& j, const std::string& where) {
-  sample_meta m{};
+inline seq::sample_meta meta_from_json(const nlohmann::json& j, const std::string& where) {
+  seq::sample_meta m{};
   if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_number_integer())
     throw_error<data_error>(
         "{}: the .json member has no integer \"tokens\" field; expected {{\"tokens\": N, \"items\": [...]}}",
@@ -187,7 +187,7 @@ struct wds_record {
   /// (extension, content) of each member
   std::vector<std::pair<std::string_view, std::span<const std::byte>>> members{};
   nlohmann::json json{};              ///< the parsed json member
-  const sample_meta* meta = nullptr;  ///< metadata, when known
+  const seq::sample_meta* meta = nullptr;  ///< metadata, when known
 };
 
 // wds_decoder, the user's payload-decoding hook, is declared in source.hpp.
@@ -319,7 +319,7 @@ class webdataset_source final : public source_reader {
     apply_filter(spec, total, [&](std::int64_t i) { return raw_meta(i); });
   }
   [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
-  [[nodiscard]] sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
+  [[nodiscard]] seq::sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
   void load(std::int64_t i, sample& out) const override {
     const auto [part, local] = locate(underlying(i));
     const auto rec = shards_[part].record(local);
@@ -346,7 +346,7 @@ class webdataset_source final : public source_reader {
     const auto it = std::upper_bound(starts_.begin(), starts_.end(), i) - 1;
     return {static_cast<std::size_t>(it - starts_.begin()), i - *it};
   }
-  [[nodiscard]] sample_meta raw_meta(std::int64_t i) const {
+  [[nodiscard]] seq::sample_meta raw_meta(std::int64_t i) const {
     const auto [part, local] = locate(i);
     return shards_[part].index().samples[static_cast<std::size_t>(local)].meta;
   }

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::run: the data plane in processes of its own (MegaScale-Data's source loaders and
 // constructors on hosts apart from the trainers). The communicator `world` holds the trainer ranks
-// first, [0, layout.world()), numbered as the layout says, and after them H >= 1 data-plane hosts.
-// Host h serves the data-parallel indices d with d mod H == h: it runs a data_loader whose serve_dp is
-// that share (every host plans the whole step, a pure function, and reads only its share, so no
-// sample is read twice and no trainer opens a source), constructs each served rank's micro-batches
-// and sends them to that rank's loading rank, which broadcasts them to its delivery group as
-// run::deliver() does. Every host holds the same planner state, so any one of them writes the checkpoint.
+// first, [0, layout.world()), numbered as the trainers' mesh (cfg.layout, any order) says, and after
+// them H >= 1 data-plane hosts. Host h serves the data-parallel indices d with d mod H == h: it runs a data_loader
+// whose serve_dp is that share (every host plans the whole step, a pure function, and reads only its share,
+// so no sample is read twice and no trainer opens a source), constructs each served rank's micro-batches and
+// sends them to that rank's loading rank, which broadcasts them to its delivery group as run::deliver() does.
+// Every host holds the same planner state, so any one of them writes the checkpoint.
 #pragma once
 
 #include <algorithm>
@@ -70,11 +70,10 @@ void serve_step(C& world, const data::mixture_config& cfg, const data::step_batc
 }
 
 /// Trainer side of step `step`: this rank's micro-batches. The loading rank of each delivery group
-/// receives them from its host (serve_step of the same step) and broadcasts them to the group; ranks in
-/// no group (middle pipeline stages) return an empty list without communicating. Collective over each
-/// delivery group. Throws mismatch_error when the host sends another step (the two sides are out of
-/// step), data_error for a message of another protocol, and the backend's timeout_error when the host
-/// never sends.
+/// receives them from its host (serve_step of the same step) and broadcasts them to the group (every
+/// trainer is in the group of its data-parallel index). Collective over each delivery group. Throws
+/// mismatch_error when the host sends another step (the two sides are out of step), data_error for a message
+/// of another protocol, and the backend's timeout_error when the host never sends.
 template <comm::communicator C>
 [[nodiscard]] std::vector<data::packed_micro_batch> receive_step(C& world, const data::mixture_config& cfg,
                                                                  std::int64_t step) {
@@ -88,10 +87,8 @@ template <comm::communicator C>
         "receive_step: rank {} is a data-plane host (hosts are [{}, {})); expected a "
         "trainer rank",
         me, sl.trainers, sl.trainers + sl.hosts);
-  const auto& t = cfg.layout;
-  const int dp = (me / (t.tp * t.cp)) % t.dp;
-  const auto g = data::delivery_of(t, dp);
-  if (std::find(g.ranks.begin(), g.ranks.end(), me) == g.ranks.end()) return {};
+  const int dp = cfg.layout.dp_of(me);
+  const auto g = data::delivery_of(cfg.layout, dp);
   std::vector<data::packed_micro_batch> mine;
   if (me == g.loader) {
     const int host = sl.host_of(dp);

@@ -2,7 +2,8 @@
 // hetmesh::run: delivery under hybrid parallelism. Per data-parallel index, one rank (the loading rank
 // of its delivery group, see data::delivery_of) receives the step's samples from the data plane and
 // builds the packed micro-batches; the other ranks of the group get the bytes by broadcast. So every
-// sample is read once per step in the whole job, and tensor/context/last-stage ranks never touch a source.
+// sample is read once per step in the whole job, and the other ranks of its data-parallel index (tensor,
+// context, pipeline peers, in any mesh order) never touch a source.
 #pragma once
 
 #include <algorithm>
@@ -40,10 +41,10 @@ template <comm::communicator C>
   return data::from_wire(w.sizes, w.bytes);
 }
 
-/// This rank's micro-batches of a step. `world` spans the whole layout (rank numbering of `cfg.layout`);
-/// `batch` is the step's batch and must be non-null on loading ranks (it is not read elsewhere). Collective
-/// over each delivery group (the group's communicator is made from `world`); ranks in no group (middle
-/// pipeline stages) return an empty list without communicating.
+/// This rank's micro-batches of a step. `world` spans the trainers' mesh (rank numbering of `cfg.layout`,
+/// any order); `batch` is the step's batch and must be non-null on loading ranks (it is not read
+/// elsewhere). Collective over each delivery group (the group's communicator is made from `world`): every
+/// rank is in exactly one group, that of its data-parallel index, and returns that index's micro-batches.
 template <comm::communicator C>
 [[nodiscard]] std::vector<data::packed_micro_batch> deliver(C& world, const data::mixture_config& cfg,
                                                             const data::step_batch* batch) {
@@ -52,14 +53,11 @@ template <comm::communicator C>
                 "(loopback, mpi), not a device communicator");
   const auto& t = cfg.layout;
   if (world.size() != t.world())
-    throw_error<invalid_argument>(
-        "deliver: the communicator has {} ranks; the layout tp={} cp={} dp={} pp={} needs {}", world.size(),
-        t.tp, t.cp, t.dp, t.pp, t.world());
+    throw_error<invalid_argument>("deliver: the communicator has {} ranks; the mesh {} needs {}",
+                                  world.size(), t.str(), t.world());
   const int me = world.rank();
-  const int dp = (me / (t.tp * t.cp)) % t.dp;
+  const int dp = t.dp_of(me);
   const auto g = data::delivery_of(t, dp);
-  const auto it = std::find(g.ranks.begin(), g.ranks.end(), me);
-  if (it == g.ranks.end()) return {};
   std::vector<data::packed_micro_batch> mine{};
   if (me == g.loader) {
     if (batch == nullptr)

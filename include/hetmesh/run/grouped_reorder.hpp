@@ -19,6 +19,7 @@
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
+#include "../seq/sample.hpp"
 #include "agreement.hpp"
 
 namespace hetmesh::run {
@@ -34,31 +35,33 @@ struct parcel {
   void hash_append(hasher& h) const { append_all(h, sample_id, item, data); }
 };
 
-/// What a member holds after the exchange: the group's plan and the parcels now on this rank, ordered
-/// by (sample id, item).
+/// What a member holds after the exchange: the group's plan (with the gathered lengths:
+/// plan.tokens, plan.item_tokens), the group's gathered sample records, and the parcels now on this
+/// rank, ordered by (sample id, item).
 template <class T>
 struct reorder_result {
-  balance::reorder_plan plan;       ///< the plan executed
-  std::vector<parcel<T>> received;  ///< parcels this rank received, in plan order
+  balance::reorder_plan plan;             ///< the plan executed
+  std::vector<seq::sample_meta> samples;  ///< the group's records as gathered, in canonical (id) order
+  std::vector<parcel<T>> received;        ///< parcels this rank received, in plan order
 };
 
-/// Wire form of metadata: per sample [id, llm_tokens, item count, item tokens...]. The owner is
-/// implied by the sender. O(total items).
-[[nodiscard]] inline std::vector<std::int64_t> encode_meta(std::span<const balance::sample_meta> samples) {
+/// Wire form of metadata: per sample [id, tokens, item count, item tokens...]. The owner is
+/// implied by the sender; `bytes` does not travel. O(total items).
+[[nodiscard]] inline std::vector<std::int64_t> encode_meta(std::span<const seq::sample_meta> samples) {
   std::vector<std::int64_t> out;
   for (const auto& s : samples) {
     out.push_back(s.id);
-    out.push_back(s.llm_tokens);
-    out.push_back(static_cast<std::int64_t>(s.encoder_tokens.size()));
-    out.insert(out.end(), s.encoder_tokens.begin(), s.encoder_tokens.end());
+    out.push_back(s.tokens);
+    out.push_back(static_cast<std::int64_t>(s.item_tokens.size()));
+    out.insert(out.end(), s.item_tokens.begin(), s.item_tokens.end());
   }
   return out;
 }
 
 /// Inverse of encode_meta, stamping `owner`. Throws data_error on a truncated record.
-[[nodiscard]] inline std::vector<balance::sample_meta> decode_meta(std::span<const std::int64_t> wire,
-                                                                   int owner) {
-  std::vector<balance::sample_meta> out;
+[[nodiscard]] inline std::vector<seq::sample_meta> decode_meta(std::span<const std::int64_t> wire,
+                                                               int owner) {
+  std::vector<seq::sample_meta> out;
   std::size_t k = 0;
   while (k < wire.size()) {
     if (k + 3 > wire.size() || wire[k + 2] < 0 || k + 3 + static_cast<std::size_t>(wire[k + 2]) > wire.size())
@@ -66,13 +69,13 @@ struct reorder_result {
           "run::decode_meta: truncated record at word {} of {} from rank {}; expected [id, "
           "tokens, n, n item sizes]",
           k, wire.size(), owner);
-    balance::sample_meta s;
+    seq::sample_meta s;
     s.id = wire[k];
     s.owner = owner;
-    s.llm_tokens = wire[k + 1];
+    s.tokens = wire[k + 1];
     const auto n = static_cast<std::size_t>(wire[k + 2]);
-    s.encoder_tokens.assign(wire.begin() + static_cast<std::ptrdiff_t>(k + 3),
-                            wire.begin() + static_cast<std::ptrdiff_t>(k + 3 + n));
+    s.item_tokens.assign(wire.begin() + static_cast<std::ptrdiff_t>(k + 3),
+                         wire.begin() + static_cast<std::ptrdiff_t>(k + 3 + n));
     k += 3 + n;
     out.push_back(std::move(s));
   }
@@ -95,7 +98,7 @@ inline std::vector<std::int64_t> displs_of(std::span<const std::int64_t> counts)
 /// at the collective assertion level). Deterministic. Cost: one all_gather_vectors of the metadata,
 /// planning O(n log n), two all_to_all_v (headers, payloads).
 template <comm::communicator C, class T>
-[[nodiscard]] reorder_result<T> grouped_reorder(C& c, std::span<const balance::sample_meta> local,
+[[nodiscard]] reorder_result<T> grouped_reorder(C& c, std::span<const seq::sample_meta> local,
                                                 std::span<const parcel<T>> parcels,
                                                 const balance::reorder_policy& policy = {}) {
   static_assert(comm::host_communicator<C>,
@@ -105,7 +108,7 @@ template <comm::communicator C, class T>
   const auto n = static_cast<std::size_t>(c.size());
   const auto wire = encode_meta(local);
   const auto gathered = comm::all_gather_vectors(c, std::span<const std::int64_t>(wire));
-  std::vector<balance::sample_meta> all;
+  std::vector<seq::sample_meta> all;
   for (std::size_t j = 0; j < n; ++j) {
     auto part = decode_meta(gathered[j], static_cast<int>(j));
     all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
@@ -113,6 +116,9 @@ template <comm::communicator C, class T>
   reorder_result<T> out;
   out.plan = balance::plan_grouped_reorder(all, static_cast<int>(n), policy);
   assert_plan_agreement(c, out.plan, "grouped reorder plan");
+  std::sort(all.begin(), all.end(),
+            [](const seq::sample_meta& a, const seq::sample_meta& b) { return a.id < b.id; });
+  out.samples = std::move(all);
   const auto& plan = out.plan;
 
   // Bucket local parcels by destination, each bucket in (id, item) order; check exactly-once locally.

@@ -10,5 +10,6 @@
 #include "packing.hpp"
 #include "partition.hpp"
 #include "ring.hpp"
+#include "sample.hpp"
 #include "types.hpp"
 #include "ulysses.hpp"
