@@ -23,8 +23,8 @@ struct no_update {
 template <class Stage, class Kernel, class Optimizer = no_update>
 void run_step() {
   hetmesh::comm::loopback::run(1, [](hetmesh::comm::loopback::communicator& c) {
-    hetmesh::train::system<hetmesh::train::static_cp_thd, Kernel, hetmesh::comm::loopback::communicator> sys(
-        {1}, c);
+    hetmesh::train::system<hetmesh::seq::cp_thd, Kernel, hetmesh::comm::loopback::communicator> sys(
+        {.cp = 1, .pad = true}, c);
     hetmesh::model::step_batch b;
     b.documents.push_back({1, {1, 2, 3}, {}, {}});
     Stage stage(4);
