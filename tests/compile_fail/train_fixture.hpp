@@ -37,8 +37,8 @@ void run_step() {
 template <class Partition, class Balancer>
 void plan_step() {
   hetmesh::comm::loopback::run(1, [](hetmesh::comm::loopback::communicator& c) {
-    hetmesh::train::system<Partition, hetmesh::model::reference_attention, hetmesh::comm::loopback::communicator,
-                           Balancer>
+    hetmesh::train::system<Partition, hetmesh::model::reference_attention,
+                           hetmesh::comm::loopback::communicator, Balancer>
         sys(Partition{}, Balancer{}, c);
     hetmesh::model::step_batch b;
     b.documents.push_back({1, {1, 2}, {}, {}});

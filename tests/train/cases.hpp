@@ -20,8 +20,8 @@ inline void check_verdict(const verdict& v, double tol, const char* what) {
 }
 
 /// Static CP zigzag and THD with cp = 2, 4 and 8 (dp = 8 / cp), HDP with both placements of seq::plan_hdp
-/// (train::family_placement) and placed by balance::bytescale, in double and float, over seeded random batches. `on8(body)` runs
-/// body(world) on 8 ranks and returns rank 0's verdict.
+/// (train::family_placement) and placed by balance::bytescale, in double and float, over seeded random
+/// batches. `on8(body)` runs body(world) on 8 ranks and returns rank 0's verdict.
 template <class On8>
 void parity_cases(On8 on8) {
   for (std::uint64_t seed : {1u, 2u, 3u, 4u}) {

@@ -115,7 +115,8 @@ TEST_CASE("train::system: ranks holding different plans fail together (collectiv
     train::system<seq::cp_thd, model::reference_attention, comm::loopback::communicator> sys(
         {.cp = 2, .pad = true}, c);
     auto plan = sys.plan(b);
-    if (c.rank() == 3) plan = train::plan_step(seq::cp_thd{.cp = 4, .pad = true}, model::document_descs(b), 8);
+    if (c.rank() == 3)
+      plan = train::plan_step(seq::cp_thd{.cp = 4, .pad = true}, model::document_descs(b), 8);
     tiny_lm<double> lm(kShape, 1);
     try {
       (void)sys.run(plan, b, lm, train::sgd<double>{});

@@ -83,8 +83,9 @@ step_result<T> run_step(C& world, const Partition& partition, const model::step_
 template <class T>
 step_result<T> single_rank(const model::step_batch& batch, std::uint64_t seed) {
   step_result<T> r;
-  comm::loopback::run(
-      1, [&](comm::loopback::communicator& c) { r = run_step<T>(c, seq::cp_thd{.cp = 1, .pad = true}, batch, seed); });
+  comm::loopback::run(1, [&](comm::loopback::communicator& c) {
+    r = run_step<T>(c, seq::cp_thd{.cp = 1, .pad = true}, batch, seed);
+  });
   return r;
 }
 
@@ -141,7 +142,8 @@ verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, in
 
 /// The HDP family of the tests: a capacity small enough that the longer documents need rings of 2 to 4,
 /// no offloading.
-inline seq::hdp<seq::no_offload> test_hdp(seq::hdp_placement_kind placement = seq::hdp_placement_kind::waves) {
+inline seq::hdp<seq::no_offload> test_hdp(
+    seq::hdp_placement_kind placement = seq::hdp_placement_kind::waves) {
   return {.capacity = 16, .placement = placement};
 }
 

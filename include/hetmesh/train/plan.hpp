@@ -235,7 +235,7 @@ inline constexpr bool trains_family_v<seq::hdp<Offload>> = true;
 /// seq::hdp<Offload>, which it places instead of seq::plan_hdp. Balancers that return only a
 /// balance::strategy_plan (token_count, random_placement, static_dp_cp) do not place a step plan yet.
 template <class P, class B>
-inline constexpr bool places_family_v = trains_family_v<P> && std::same_as<B, family_placement>;
+inline constexpr bool places_family_v = (trains_family_v<P> && std::same_as<B, family_placement>);
 /// ByteScale's balance scheduler places HDP items.
 template <class Offload>
 inline constexpr bool places_family_v<seq::hdp<Offload>, balance::bytescale> = true;
@@ -264,8 +264,8 @@ consteval bool check_trainable() {
 /// by causal cost (length^2 + length), ties by stream index, each to the least loaded group (ties: the
 /// lowest group). Returns per group its document indices (into `docs`) in stream order. Used by
 /// plan_step for seq::cp_zigzag and seq::cp_thd. Pre: groups >= 1. Pure; O(docs log docs + docs x groups).
-[[nodiscard]] inline std::vector<std::vector<std::int64_t>> static_cp_groups(std::span<const seq::seq_desc> docs,
-                                                                             int groups) {
+[[nodiscard]] inline std::vector<std::vector<std::int64_t>> static_cp_groups(
+    std::span<const seq::seq_desc> docs, int groups) {
   return detail::split_over_groups(docs, groups);
 }
 
@@ -291,26 +291,26 @@ template <class P, class B = family_placement>
   if constexpr (std::same_as<P, seq::cp_zigzag>) {
     detail::check_documents(docs, "train::plan_step(cp-zigzag)");
     detail::check_cp(family.cp, world, "train::plan_step(cp-zigzag)");
-    return detail::plan_static_cp(
-        docs, family.cp, world, [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
-          for (auto i : idx) {
-            const auto& d = docs[static_cast<std::size_t>(i)];
-            detail::add_cp_piece(p, g, {d.id}, family.plan(d.length));
-          }
-        });
+    return detail::plan_static_cp(docs, family.cp, world,
+                                  [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
+                                    for (auto i : idx) {
+                                      const auto& d = docs[static_cast<std::size_t>(i)];
+                                      detail::add_cp_piece(p, g, {d.id}, family.plan(d.length));
+                                    }
+                                  });
   } else if constexpr (std::same_as<P, seq::cp_thd>) {
     detail::check_documents(docs, "train::plan_step(cp-thd)");
     detail::check_cp(family.cp, world, "train::plan_step(cp-thd)");
-    return detail::plan_static_cp(
-        docs, family.cp, world, [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
-          if (idx.empty()) return;  // a group with no document has no micro-batch
-          std::vector<std::int64_t> ids, lens;
-          for (auto i : idx) {
-            ids.push_back(docs[static_cast<std::size_t>(i)].id);
-            lens.push_back(docs[static_cast<std::size_t>(i)].length);
-          }
-          detail::add_cp_piece(p, g, std::move(ids), family.plan(lens));
-        });
+    return detail::plan_static_cp(docs, family.cp, world,
+                                  [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
+                                    if (idx.empty()) return;  // a group with no document has no micro-batch
+                                    std::vector<std::int64_t> ids, lens;
+                                    for (auto i : idx) {
+                                      ids.push_back(docs[static_cast<std::size_t>(i)].id);
+                                      lens.push_back(docs[static_cast<std::size_t>(i)].length);
+                                    }
+                                    detail::add_cp_piece(p, g, std::move(ids), family.plan(lens));
+                                  });
   } else {
     detail::check_documents(docs, "train::plan_step(hdp)");
     if constexpr (std::same_as<B, balance::bytescale>) {
@@ -318,7 +318,8 @@ template <class P, class B = family_placement>
           .delta = balancer.delta,
           .mode = cost.pp_stages > 1 ? balance::hdp_balance_mode::pp : balance::hdp_balance_mode::dp,
           .buckets = balancer.buckets};
-      return detail::plan_from_hdp(docs, world, balance::plan_bytescale(docs, family.policy(), world, cost, bp));
+      return detail::plan_from_hdp(docs, world,
+                                   balance::plan_bytescale(docs, family.policy(), world, cost, bp));
     } else if constexpr (std::same_as<B, balance::gap_filling_hdp>) {
       std::vector<int> owner(docs.size());
       for (std::size_t i = 0; i < owner.size(); ++i)

@@ -123,7 +123,8 @@ struct system_options {
 /// balance::gap_filling_hdp for seq::hdp, priced by system_options::cost. E.g.
 /// `system<seq::cp_zigzag, K, C>`, `system<seq::hdp<seq::selective_offload>, K, C, balance::bytescale>`.
 /// One object per rank; the communicator and kernel outlive it.
-template <seq::llm_partition Partition, class Kernel, comm::communicator Comm, class Balancer = family_placement>
+template <seq::llm_partition Partition, class Kernel, comm::communicator Comm,
+          class Balancer = family_placement>
 class system {
   static_assert(check_trainable<Partition, Balancer>());
 
