@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the train::system compile-fail tests share: a step run with a given stage, kernel and optimizer
-// on a one-rank loopback world. Each test swaps one of them for a non-conforming type (and, under
-// HETMESH_COMPILE_FAIL_CONTROL, back for a conforming one).
+// What the train::system compile-fail tests share: a step run with a given stage, kernel and optimizer,
+// and a step plan with a given partition family and balancer, on a one-rank loopback world. Each test
+// swaps one of them for a non-conforming type (and, under HETMESH_COMPILE_FAIL_CONTROL, back for a
+// conforming one).
 #pragma once
 
 #include <span>
@@ -23,12 +24,25 @@ struct no_update {
 template <class Stage, class Kernel, class Optimizer = no_update>
 void run_step() {
   hetmesh::comm::loopback::run(1, [](hetmesh::comm::loopback::communicator& c) {
-    hetmesh::train::system<hetmesh::train::static_cp_thd, Kernel, hetmesh::comm::loopback::communicator> sys(
-        {1}, c);
+    hetmesh::train::system<hetmesh::seq::cp_thd, Kernel, hetmesh::comm::loopback::communicator> sys(
+        {.cp = 1, .pad = true}, c);
     hetmesh::model::step_batch b;
     b.documents.push_back({1, {1, 2, 3}, {}, {}});
     Stage stage(4);
     sys.run(sys.plan(b), b, stage, Optimizer{});
+  });
+}
+
+/// Plans a step of two-token documents with a default-constructed partition family and balancer.
+template <class Partition, class Balancer>
+void plan_step() {
+  hetmesh::comm::loopback::run(1, [](hetmesh::comm::loopback::communicator& c) {
+    hetmesh::train::system<Partition, hetmesh::model::reference_attention,
+                           hetmesh::comm::loopback::communicator, Balancer>
+        sys(Partition{}, Balancer{}, c);
+    hetmesh::model::step_batch b;
+    b.documents.push_back({1, {1, 2}, {}, {}});
+    (void)sys.plan(b);
   });
 }
 

@@ -20,14 +20,14 @@ inline void check_verdict(const verdict& v, double tol, const char* what) {
 }
 
 /// Static CP zigzag and THD with cp = 2, 4 and 8 (dp = 8 / cp), HDP with both placements of seq::plan_hdp
-/// and with ByteScale's planner, in double and float, over seeded random batches. `on8(body)` runs
-/// body(world) on 8 ranks and returns rank 0's verdict.
+/// (train::family_placement) and placed by balance::bytescale, in double and float, over seeded random
+/// batches. `on8(body)` runs body(world) on 8 ranks and returns rank 0's verdict.
 template <class On8>
 void parity_cases(On8 on8) {
   for (std::uint64_t seed : {1u, 2u, 3u, 4u}) {
     for (int cp : {2, 4, 8}) {
-      const auto zz = train::static_cp_zigzag{cp};
-      const auto thd = train::static_cp_thd{cp};
+      const auto zz = seq::cp_zigzag{.cp = cp, .pad = true};
+      const auto thd = seq::cp_thd{.cp = cp, .pad = true};
       check_verdict(on8([&](auto& w) { return parity_body<double>(w, zz, seed, 10, 40); }), 1e-10,
                     "zigzag double");
       check_verdict(on8([&](auto& w) { return parity_body<float>(w, zz, seed, 10, 40); }), 1e-5,
@@ -38,7 +38,7 @@ void parity_cases(On8 on8) {
                     "thd float");
     }
     for (auto placement : {seq::hdp_placement_kind::waves, seq::hdp_placement_kind::least_loaded}) {
-      const auto hdp = train::hdp_partition{test_hdp_policy(placement)};
+      const auto hdp = test_hdp(placement);
       const auto vd = on8([&](auto& w) { return parity_body<double>(w, hdp, seed, 12, 60); });
       check_verdict(vd, 1e-10, "hdp double");
       CHECK(vd.ring_sizes.back() > 2);  // rings of several sizes, packs included
@@ -46,10 +46,11 @@ void parity_cases(On8 on8) {
       check_verdict(on8([&](auto& w) { return parity_body<float>(w, hdp, seed, 12, 60); }), 1e-5,
                     "hdp float");
     }
-    const auto bs = train::hdp_bytescale_partition{test_hdp_policy(), {}};
-    check_verdict(on8([&](auto& w) { return parity_body<double>(w, bs, seed, 12, 60); }), 1e-10,
+    const auto hdp = test_hdp();
+    const auto bs = balance::bytescale{};
+    check_verdict(on8([&](auto& w) { return parity_body<double>(w, hdp, seed, 12, 60, bs); }), 1e-10,
                   "hdp bytescale double");
-    check_verdict(on8([&](auto& w) { return parity_body<float>(w, bs, seed, 12, 60); }), 1e-5,
+    check_verdict(on8([&](auto& w) { return parity_body<float>(w, hdp, seed, 12, 60, bs); }), 1e-5,
                   "hdp bytescale float");
   }
 }

@@ -40,12 +40,13 @@ verdict on_loopback(Body body) {
   return out;
 }
 
-/// Every rank's micro-batches of `plan` together hold each stream token and counting target once.
-template <class Partition>
-void check_exactly_once(const Partition& p, const model::step_batch& b, int world) {
-  const auto plan = p.plan(model::document_descs(b), world);
-  CHECK(plan == p.plan(model::document_descs(b), world));  // pure
-  CHECK(plan.hash() == p.plan(model::document_descs(b), world).hash());
+/// Every rank's micro-batches of the step plan of `p` placed by `bal` together hold each stream token and
+/// counting target once.
+template <class Partition, class Balancer = train::family_placement>
+void check_exactly_once(const Partition& p, const model::step_batch& b, int world, const Balancer& bal = {}) {
+  const auto plan = train::plan_step(p, model::document_descs(b), world, bal);
+  CHECK(plan == train::plan_step(p, model::document_descs(b), world, bal));  // pure
+  CHECK(plan.hash() == train::plan_step(p, model::document_descs(b), world, bal).hash());
   const auto s = model::summarize_step(b);
   std::vector<model::micro_batch> all;
   double weights = 0;
@@ -56,7 +57,7 @@ void check_exactly_once(const Partition& p, const model::step_batch& b, int worl
       all.push_back(std::move(mb));
     }
   const auto violation = model::micro_batch_exactly_once_violation(b, all);
-  CHECK_MESSAGE(violation.empty(), p.name, ": ", violation);
+  CHECK_MESSAGE(violation.empty(), p.name, " placed by ", Balancer::name, ": ", violation);
   CHECK(static_cast<std::int64_t>(weights) == s.targets);
 }
 
@@ -71,20 +72,22 @@ TEST_CASE("train::system: every token of a step counts in the loss exactly once 
     const auto b =
         random_batch(seed, 1 + static_cast<int>(seed % 17), 1 + static_cast<std::int64_t>(seed % 5) * 23);
     for (int cp : {1, 2, 4, 8}) {
-      check_exactly_once(train::static_cp_zigzag{cp}, b, 8);
-      check_exactly_once(train::static_cp_thd{cp}, b, 8);
+      check_exactly_once(seq::cp_zigzag{.cp = cp, .pad = true}, b, 8);
+      check_exactly_once(seq::cp_thd{.cp = cp, .pad = true}, b, 8);
     }
-    check_exactly_once(train::hdp_partition{test_hdp_policy()}, b, 8);
-    check_exactly_once(train::hdp_partition{test_hdp_policy(seq::hdp_placement_kind::least_loaded)}, b, 8);
-    check_exactly_once(train::hdp_bytescale_partition{test_hdp_policy(), {}}, b, 8);
+    check_exactly_once(test_hdp(), b, 8);
+    check_exactly_once(test_hdp(seq::hdp_placement_kind::least_loaded), b, 8);
+    check_exactly_once(test_hdp(), b, 8, balance::bytescale{});
+    check_exactly_once(test_hdp(), b, 8, balance::gap_filling_hdp{});
   }
 }
 
 TEST_CASE("train: plans reject bad input with a clear error") {
   const auto b = random_batch(3, 5, 20);
-  CHECK_THROWS_AS((void)train::static_cp_thd{3}.plan(model::document_descs(b), 8), invalid_argument);
-  CHECK_THROWS_AS((void)train::static_cp_zigzag{2}.plan({}, 8), invalid_argument);
-  const auto plan = train::static_cp_thd{2}.plan(model::document_descs(b), 8);
+  CHECK_THROWS_AS((void)train::plan_step(seq::cp_thd{.cp = 3, .pad = true}, model::document_descs(b), 8),
+                  invalid_argument);
+  CHECK_THROWS_AS((void)train::plan_step(seq::cp_zigzag{.cp = 2, .pad = true}, {}, 8), invalid_argument);
+  const auto plan = train::plan_step(seq::cp_thd{.cp = 2, .pad = true}, model::document_descs(b), 8);
   const auto other = random_batch(4, 5, 20);
   CHECK_THROWS_AS((void)train::build_micro_batches(plan, other, model::summarize_step(other), 0),
                   invalid_argument);
@@ -94,7 +97,8 @@ TEST_CASE("train: plans reject bad input with a clear error") {
 TEST_CASE("train::system: sgd updates the parameters from the reduced gradients") {
   const auto b = random_batch(9, 6, 30);
   comm::loopback::run(4, [&](comm::loopback::communicator& c) {
-    train::system<train::static_cp_thd, model::reference_attention, comm::loopback::communicator> sys({2}, c);
+    train::system<seq::cp_thd, model::reference_attention, comm::loopback::communicator> sys(
+        {.cp = 2, .pad = true}, c);
     tiny_lm<double> lm(kShape, 5);
     const auto before = lm.wout;
     const auto st = sys.run(sys.plan(b), b, lm, train::sgd<double>{0.5});
@@ -108,9 +112,11 @@ TEST_CASE("train::system: ranks holding different plans fail together (collectiv
   const auto b = random_batch(11, 9, 30);
   std::atomic<int> mismatches{0};
   comm::loopback::run(8, [&](comm::loopback::communicator& c) {
-    train::system<train::static_cp_thd, model::reference_attention, comm::loopback::communicator> sys({2}, c);
+    train::system<seq::cp_thd, model::reference_attention, comm::loopback::communicator> sys(
+        {.cp = 2, .pad = true}, c);
     auto plan = sys.plan(b);
-    if (c.rank() == 3) plan = train::static_cp_thd{4}.plan(model::document_descs(b), 8);
+    if (c.rank() == 3)
+      plan = train::plan_step(seq::cp_thd{.cp = 4, .pad = true}, model::document_descs(b), 8);
     tiny_lm<double> lm(kShape, 1);
     try {
       (void)sys.run(plan, b, lm, train::sgd<double>{});
@@ -127,8 +133,8 @@ TEST_CASE("train::system: overlapping ring communication with compute gives bitw
   for (bool overlap : {false, true})
     comm::loopback::run(8, [&](comm::loopback::communicator& c) {
       const train::system_options opt{.attention = {.overlap = overlap}};
-      train::system<train::hdp_partition, model::reference_attention, comm::loopback::communicator> sys(
-          {test_hdp_policy()}, c, {}, opt);
+      train::system<seq::hdp<seq::no_offload>, model::reference_attention, comm::loopback::communicator> sys(
+          test_hdp(), c, {}, opt);
       step_result<double> r;
       tiny_lm<double> lm(kShape, 2);
       (void)sys.run(sys.plan(b), b, lm, recording_optimizer<double>{&r});

@@ -66,11 +66,11 @@ struct recording_optimizer {
   }
 };
 
-/// One step of `partition` over `world` on `batch`: collective over world.
-template <class T, class Partition, class C>
+/// One step of `partition` placed by `balancer` over `world` on `batch`: collective over world.
+template <class T, class Partition, class C, class Balancer = train::family_placement>
 step_result<T> run_step(C& world, const Partition& partition, const model::step_batch& batch,
-                        std::uint64_t seed) {
-  train::system<Partition, model::reference_attention, C> sys(partition, world);
+                        std::uint64_t seed, const Balancer& balancer = {}) {
+  train::system<Partition, model::reference_attention, C, Balancer> sys(partition, balancer, world);
   const auto plan = sys.plan(batch);
   tiny_lm<T> lm(kShape, seed);
   step_result<T> r;
@@ -83,8 +83,9 @@ step_result<T> run_step(C& world, const Partition& partition, const model::step_
 template <class T>
 step_result<T> single_rank(const model::step_batch& batch, std::uint64_t seed) {
   step_result<T> r;
-  comm::loopback::run(
-      1, [&](comm::loopback::communicator& c) { r = run_step<T>(c, train::static_cp_thd{1}, batch, seed); });
+  comm::loopback::run(1, [&](comm::loopback::communicator& c) {
+    r = run_step<T>(c, seq::cp_thd{.cp = 1, .pad = true}, batch, seed);
+  });
   return r;
 }
 
@@ -108,12 +109,12 @@ struct verdict {
   }
 };
 
-template <class T, class Partition, class C>
-verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, int docs,
-                    std::int64_t max_len) {
+template <class T, class Partition, class C, class Balancer = train::family_placement>
+verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, int docs, std::int64_t max_len,
+                    const Balancer& balancer = {}) {
   const auto batch = random_batch(seed, docs, max_len);
   const auto ref = single_rank<T>(batch, seed + 1);
-  const auto got = run_step<T>(world, partition, batch, seed + 1);
+  const auto got = run_step<T>(world, partition, batch, seed + 1, balancer);
   verdict v;
   double num = 0, den = 0;
   if (got.grads.size() != ref.grads.size()) num = 1e300;
@@ -133,14 +134,16 @@ verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, in
   v.expected_tokens = s.tokens;
   v.micro_batches = got.stats.micro_batches;
   v.optimizer_calls = got.optimizer_calls;
-  const auto plan = partition.plan(model::document_descs(batch), world.size());
+  const auto plan = train::plan_step(partition, model::document_descs(batch), world.size(), balancer);
   for (const auto& r : plan.rings) v.ring_sizes.push_back(r.size());
   std::sort(v.ring_sizes.begin(), v.ring_sizes.end());
   return v;
 }
 
-/// The HDP policy of the tests: a capacity small enough that the longer documents need rings of 2 to 4.
-inline seq::hdp_policy test_hdp_policy(seq::hdp_placement_kind placement = seq::hdp_placement_kind::waves) {
+/// The HDP family of the tests: a capacity small enough that the longer documents need rings of 2 to 4,
+/// no offloading.
+inline seq::hdp<seq::no_offload> test_hdp(
+    seq::hdp_placement_kind placement = seq::hdp_placement_kind::waves) {
   return {.capacity = 16, .placement = placement};
 }
 

@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::train: the step plan of one training step at pipeline depth 1, and the LLM partition families
-// that make it. A family is a type (the choice: static CP zigzag, static CP THD, HDP by seq::plan_hdp, HDP
-// by ByteScale's planner); its parameters (cp, the HDP policy) are run-time values. Planning is pure: a
-// function of (family parameters, world size, the step's document metadata), equal on every rank, and
-// hashable, so ranks can check they agree before they communicate. Every family lowers to the same plain
-// plan: an ordered list of rings (seq::ring_schedule, in one global order every rank follows) and, per
-// rank, its micro-batches, each naming its ring, its position in it and where its tokens come from.
+// hetmesh::train: the step plan of one training step at pipeline depth 1, and how the LLM partition
+// families lower to it. The families are seq::'s policy types (seq::cp_zigzag, seq::cp_thd,
+// seq::hdp<Offload>, seq/partition.hpp): the type is the choice, its members the run-time parameters.
+// Where a balancer places HDP work, it is balance::'s policy type (balance::bytescale,
+// balance::gap_filling_hdp); train::family_placement leaves placement to the family. What train adds
+// over the seq:: types is not a second type but traits (trains_family_v, places_family_v) and free
+// functions (static_cp_groups: how static CP splits documents over dp groups; plan_step). Planning is
+// pure: a function of (family, balancer, world size, the step's document metadata), equal on every rank,
+// and hashable, so ranks can check they agree before they communicate. Every family lowers to the same
+// plain plan: an ordered list of rings (seq::ring_schedule, in one global order every rank follows) and,
+// per rank, its micro-batches, each naming its ring, its position in it and where its tokens come from.
 #pragma once
 
 #include <algorithm>
@@ -18,12 +22,15 @@
 
 #include <fmt/format.h>
 
+#include "../balance/balancers.hpp"
 #include "../balance/bytescale.hpp"
+#include "../balance/planner.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "../seq/cp.hpp"
 #include "../seq/hdp.hpp"
+#include "../seq/partition.hpp"
 #include "../seq/ring.hpp"
 #include "../seq/types.hpp"
 
@@ -162,57 +169,6 @@ step_plan plan_static_cp(std::span<const seq::seq_desc> docs, int cp, int world,
 
 }  // namespace detail
 
-/// Partition family: static context parallelism with Megatron-LM's zigzag of one sequence. Documents go
-/// to dp = world / cp groups (longest first, least loaded group, by causal cost); each document is one
-/// micro-batch of its group, zigzagged over the group's cp ranks and padded at its end to a multiple of
-/// 2cp (padding carries no loss). Parameter: cp.
-struct static_cp_zigzag {
-  int cp = 1;  ///< context-parallel group size, dividing the world
-
-  /// The family's name, for messages and stats.
-  static constexpr std::string_view name = "static_cp_zigzag";
-  /// The step plan over `world` ranks. Pre: cp divides world; documents non-empty, lengths >= 1, ids unique
-  /// (invalid_argument otherwise). Pure; O(tokens / 2cp x cp + docs log docs).
-  [[nodiscard]] step_plan plan(std::span<const seq::seq_desc> docs, int world) const {
-    detail::check_documents(docs, "static_cp_zigzag::plan");
-    detail::check_cp(cp, world, "static_cp_zigzag::plan");
-    return detail::plan_static_cp(
-        docs, cp, world, [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
-          for (auto i : idx) {
-            const auto& d = docs[static_cast<std::size_t>(i)];
-            detail::add_cp_piece(p, g, {d.id}, seq::partition_zigzag(d.length, cp, true));
-          }
-        });
-  }
-  friend constexpr bool operator==(const static_cp_zigzag&, const static_cp_zigzag&) = default;
-};
-
-/// Partition family: static context parallelism with TransformerEngine's THD split of packed documents.
-/// Documents go to dp groups as static_cp_zigzag does; each group's documents form one packed micro-batch,
-/// every document cut into 2cp chunks (padded at its end to a multiple of 2cp). Parameter: cp.
-struct static_cp_thd {
-  int cp = 1;  ///< context-parallel group size, dividing the world
-
-  /// The family's name, for messages and stats.
-  static constexpr std::string_view name = "static_cp_thd";
-  /// The step plan over `world` ranks. Same preconditions and cost as static_cp_zigzag::plan.
-  [[nodiscard]] step_plan plan(std::span<const seq::seq_desc> docs, int world) const {
-    detail::check_documents(docs, "static_cp_thd::plan");
-    detail::check_cp(cp, world, "static_cp_thd::plan");
-    return detail::plan_static_cp(
-        docs, cp, world, [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
-          if (idx.empty()) return;  // a group with no document has no micro-batch
-          std::vector<std::int64_t> ids, lens;
-          for (auto i : idx) {
-            ids.push_back(docs[static_cast<std::size_t>(i)].id);
-            lens.push_back(docs[static_cast<std::size_t>(i)].length);
-          }
-          detail::add_cp_piece(p, g, std::move(ids), seq::partition_thd(lens, cp, true));
-        });
-  }
-  friend constexpr bool operator==(const static_cp_thd&, const static_cp_thd&) = default;
-};
-
 namespace detail {
 inline step_plan plan_from_hdp(std::span<const seq::seq_desc> docs, int world, seq::hdp_plan hdp) {
   step_plan p;
@@ -246,59 +202,147 @@ inline step_plan plan_from_hdp(std::span<const seq::seq_desc> docs, int world, s
 }
 }  // namespace detail
 
-/// Partition family: hybrid data parallelism (ByteScale) with seq::plan_hdp over the pool of every rank:
-/// sequences up to the capacity are packed whole on one rank, longer ones split over a ring of just as
-/// many ranks as they need; rings of several sizes run on the one parent communicator. Parameter: the
-/// HDP policy (capacity, placement, offload).
-struct hdp_partition {
-  seq::hdp_policy policy{};  ///< capacity, placement kind, offload
-
-  /// The family's name, for messages and stats.
-  static constexpr std::string_view name = "hdp";
-  /// The step plan over the pool of `world` ranks. Pre: as seq::plan_hdp, and documents non-empty with
-  /// unique ids and lengths >= 1 (invalid_argument). Pure; as seq::plan_hdp plus the rings' schedules.
-  [[nodiscard]] step_plan plan(std::span<const seq::seq_desc> docs, int world) const {
-    detail::check_documents(docs, "hdp_partition::plan");
-    return detail::plan_from_hdp(docs, world, seq::plan_hdp(docs, policy, world));
-  }
-  friend bool operator==(const hdp_partition&, const hdp_partition&) = default;
+/// The default Balancer of train::system: placement is left to the partition family itself. Static CP
+/// (seq::cp_zigzag, seq::cp_thd) places documents on dp groups by static_cp_groups; seq::hdp places its
+/// items by seq::plan_hdp with the family's `placement` kind. A balance:: balancer type in its place
+/// (balance::bytescale, balance::gap_filling_hdp) places seq::hdp's items instead.
+struct family_placement {
+  /// The name results and messages use.
+  static constexpr std::string_view name = "family";
+  friend constexpr bool operator==(const family_placement&, const family_placement&) = default;
+  /// Hashes the choice.
+  void hash_append(hasher& h) const { append(h, name); }
 };
 
-/// Partition family: hybrid data parallelism placed by ByteScale's balance scheduler
-/// (balance::plan_bytescale) over the pool of every rank. Parameters: the HDP policy and the step's cost
-/// model.
-struct hdp_bytescale_partition {
-  seq::hdp_policy policy{};     ///< capacity, offload
-  balance::step_model model{};  ///< what the scheduler prices items with
-
-  /// The family's name, for messages and stats.
-  static constexpr std::string_view name = "hdp_bytescale";
-  /// The step plan over the pool of `world` ranks. Pre and cost: as balance::plan_bytescale, documents
-  /// non-empty with unique ids and lengths >= 1 (invalid_argument). Pure.
-  [[nodiscard]] step_plan plan(std::span<const seq::seq_desc> docs, int world) const {
-    detail::check_documents(docs, "hdp_bytescale_partition::plan");
-    return detail::plan_from_hdp(docs, world, balance::plan_bytescale(docs, policy, world, model));
-  }
-};
-
-/// An LLM partition family for train::system. Requirements:
-///  1. `P::name` converts to std::string_view;
-///  2. `p.plan(docs, world)` on a const P, with `std::span<const seq::seq_desc>` and `int`, returns a
-///     step_plan for `world` ranks, and is pure (the same inputs give equal plans on every rank).
-/// Models: static_cp_zigzag, static_cp_thd, hdp_partition, hdp_bytescale_partition.
+/// True when train can lower LLM partition family `P` (a seq:: policy type) to a step plan:
+/// seq::cp_zigzag and seq::cp_thd (static CP over dp groups of cp ranks) and seq::hdp<Offload> (HDP over
+/// the pool). seq::cp_contiguous and seq::ulysses have no step plan yet. A new family specialises it
+/// together with a branch of plan_step.
 template <class P>
-concept partition_family = requires(const P& p, std::span<const seq::seq_desc> docs, int world) {
-  { P::name } -> std::convertible_to<std::string_view>;
-  { p.plan(docs, world) } -> std::same_as<step_plan>;
-};
+inline constexpr bool trains_family_v = false;
+/// Static CP zigzag trains.
+template <>
+inline constexpr bool trains_family_v<seq::cp_zigzag> = true;
+/// Static CP THD trains.
+template <>
+inline constexpr bool trains_family_v<seq::cp_thd> = true;
+/// HDP trains, with either offload family.
+template <class Offload>
+inline constexpr bool trains_family_v<seq::hdp<Offload>> = true;
 
-static_assert(partition_family<static_cp_zigzag>);
-static_assert(partition_family<static_cp_thd>);
-static_assert(partition_family<hdp_partition>);
-static_assert(partition_family<hdp_bytescale_partition>);
+/// True when balancer `B` can place the work of partition family `P` in a step plan: family_placement
+/// for every family train trains; an HDP balancer (balance::bytescale, balance::gap_filling_hdp) for
+/// seq::hdp<Offload>, which it places instead of seq::plan_hdp. Balancers that return only a
+/// balance::strategy_plan (token_count, random_placement, static_dp_cp) do not place a step plan yet.
+template <class P, class B>
+inline constexpr bool places_family_v = (trains_family_v<P> && std::same_as<B, family_placement>);
+/// ByteScale's balance scheduler places HDP items.
+template <class Offload>
+inline constexpr bool places_family_v<seq::hdp<Offload>, balance::bytescale> = true;
+/// This project's gap-filling planner places HDP items.
+template <class Offload>
+inline constexpr bool places_family_v<seq::hdp<Offload>, balance::gap_filling_hdp> = true;
+
+/// Compile-time check that train::system can run partition family `P` placed by balancer `B`, with a
+/// message naming what is missing; returns true for use in a static_assert.
+template <class P, class B>
+consteval bool check_trainable() {
+  static_assert(seq::llm_partition<P>,
+                "train: Partition must be an LLM partition family (seq::llm_partition), a seq:: policy type "
+                "such as seq::cp_zigzag, seq::cp_thd or seq::hdp<seq::selective_offload>");
+  static_assert(trains_family_v<P>,
+                "train: no step plan for this partition family yet; expected seq::cp_zigzag, seq::cp_thd or "
+                "seq::hdp<Offload> (train::trains_family_v)");
+  static_assert(!trains_family_v<P> || places_family_v<P, B>,
+                "train: this Balancer cannot place the partition family's work; expected "
+                "train::family_placement, or balance::bytescale / balance::gap_filling_hdp with "
+                "seq::hdp<Offload> (train::places_family_v)");
+  return true;
+}
+
+/// How static CP spreads a step's documents over its dp = `groups` groups: longest processing time first
+/// by causal cost (length^2 + length), ties by stream index, each to the least loaded group (ties: the
+/// lowest group). Returns per group its document indices (into `docs`) in stream order. Used by
+/// plan_step for seq::cp_zigzag and seq::cp_thd. Pre: groups >= 1. Pure; O(docs log docs + docs x groups).
+[[nodiscard]] inline std::vector<std::vector<std::int64_t>> static_cp_groups(
+    std::span<const seq::seq_desc> docs, int groups) {
+  return detail::split_over_groups(docs, groups);
+}
+
+/// The step plan of LLM partition family `family` placed by `balancer` for documents `docs` (id, length
+/// in stream order) over `world` ranks. Pure: equal on every rank for equal inputs; not collective.
+///  - seq::cp_zigzag{cp, pad}: documents to dp = world / cp groups (static_cp_groups); each document one
+///    micro-batch of its group, zigzagged over the group's cp ranks (seq::partition_zigzag(length, cp,
+///    pad); padding carries no loss).
+///  - seq::cp_thd{cp, pad}: documents to groups alike; each group's documents one packed micro-batch
+///    (seq::partition_thd(lengths, cp, pad)); a group with no document has no micro-batch.
+///    With pad = false every length must be a multiple of 2cp (the partitioner's invalid_argument).
+///  - seq::hdp<Offload>: the pool of every rank; items placed by seq::plan_hdp(docs, family.policy(),
+///    world) under family_placement, by balance::plan_bytescale (balance::bytescale: its delta and
+///    buckets, dp mode, or pp mode when cost.pp_stages > 1) or balance::plan_gap_filling_hdp
+///    (balance::gap_filling_hdp; the loader of document i is rank i % world), both priced by `cost`.
+/// Pre: documents non-empty, lengths >= 1, ids unique; static CP: cp >= 1 dividing world
+/// (invalid_argument otherwise); the planners' own preconditions. Compile time: check_trainable<P, B>.
+/// Cost: static CP O(tokens + docs log docs + docs x dp); HDP as its planner plus the rings' schedules.
+template <class P, class B = family_placement>
+[[nodiscard]] step_plan plan_step(const P& family, std::span<const seq::seq_desc> docs, int world,
+                                  const B& balancer = {}, const balance::step_model& cost = {}) {
+  static_assert(check_trainable<P, B>());
+  if constexpr (std::same_as<P, seq::cp_zigzag>) {
+    detail::check_documents(docs, "train::plan_step(cp-zigzag)");
+    detail::check_cp(family.cp, world, "train::plan_step(cp-zigzag)");
+    return detail::plan_static_cp(docs, family.cp, world,
+                                  [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
+                                    for (auto i : idx) {
+                                      const auto& d = docs[static_cast<std::size_t>(i)];
+                                      detail::add_cp_piece(p, g, {d.id}, family.plan(d.length));
+                                    }
+                                  });
+  } else if constexpr (std::same_as<P, seq::cp_thd>) {
+    detail::check_documents(docs, "train::plan_step(cp-thd)");
+    detail::check_cp(family.cp, world, "train::plan_step(cp-thd)");
+    return detail::plan_static_cp(docs, family.cp, world,
+                                  [&](step_plan& p, int g, const std::vector<std::int64_t>& idx) {
+                                    if (idx.empty()) return;  // a group with no document has no micro-batch
+                                    std::vector<std::int64_t> ids, lens;
+                                    for (auto i : idx) {
+                                      ids.push_back(docs[static_cast<std::size_t>(i)].id);
+                                      lens.push_back(docs[static_cast<std::size_t>(i)].length);
+                                    }
+                                    detail::add_cp_piece(p, g, std::move(ids), family.plan(lens));
+                                  });
+  } else {
+    detail::check_documents(docs, "train::plan_step(hdp)");
+    if constexpr (std::same_as<B, balance::bytescale>) {
+      const balance::bytescale_policy bp{
+          .delta = balancer.delta,
+          .mode = cost.pp_stages > 1 ? balance::hdp_balance_mode::pp : balance::hdp_balance_mode::dp,
+          .buckets = balancer.buckets};
+      return detail::plan_from_hdp(docs, world,
+                                   balance::plan_bytescale(docs, family.policy(), world, cost, bp));
+    } else if constexpr (std::same_as<B, balance::gap_filling_hdp>) {
+      std::vector<int> owner(docs.size());
+      for (std::size_t i = 0; i < owner.size(); ++i)
+        owner[i] = static_cast<int>(i % static_cast<std::size_t>(std::max(world, 1)));
+      return detail::plan_from_hdp(
+          docs, world,
+          balance::plan_gap_filling_hdp(docs, family.policy(), world, cost,
+                                        balance::gap_filling_policy{balancer.group_size}, owner));
+    } else {
+      return detail::plan_from_hdp(docs, world, family.plan(docs, world));
+    }
+  }
+}
 
 }  // namespace hetmesh::train
 
+template <>
+struct fmt::formatter<hetmesh::train::family_placement> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::train::family_placement&, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "family_placement");
+  }
+};
 template <>
 struct fmt::formatter<hetmesh::train::partition_kind> : hetmesh::empty_spec_formatter {
   template <class FormatContext>

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::train: train::system, the first vertical slice of the training system (issue 12 item 3) at
-// pipeline depth 1: one LLM partition family (a type), the user's attention kernel (a type), a host
-// communicator over the data-parallel pool (dp x cp ranks, or the HDP pool). `plan` is pure; `run`
+// pipeline depth 1: one LLM partition family (a seq:: policy type), the user's attention kernel (a type), a
+// host communicator over the data-parallel pool (dp x cp ranks, or the HDP pool), and a balancer (a
+// balance:: policy type placing HDP work, or train::family_placement, the default). `plan` is pure; `run`
 // builds this rank's micro-batches from the plan, runs the user's backbone stage forward and backward
 // (attention through the context's ring attention entry), reduces the gradients over the pool with a sum
 // (each rank's loss is already normalised by the step's global target count, so the sum is the gradient
@@ -110,13 +111,23 @@ using stage_value_t =
 /// Options of train::system that are run-time values.
 struct system_options {
   run::ring_attention_options attention{};  ///< tags and overlap of ring attention calls
+  balance::step_model cost{};  ///< what a balance:: balancer prices HDP work with (unused otherwise)
 };
 
-/// The training system at pipeline depth 1. Partition: a partition_family type (static CP zigzag or THD,
-/// HDP); Kernel: the user's model::attention_kernel; Comm: a host comm::communicator over the whole
-/// data-parallel pool. One object per rank; the communicator and kernel outlive it.
-template <partition_family Partition, class Kernel, comm::communicator Comm>
+/// The training system at pipeline depth 1. Partition: an LLM partition family, a seq:: policy type
+/// (seq::llm_partition) that train lowers to a step plan (trains_family_v): seq::cp_zigzag, seq::cp_thd
+/// (static CP over dp = world / cp groups) or seq::hdp<Offload> (HDP over the pool); Kernel: the user's
+/// model::attention_kernel; Comm: a host comm::communicator over the whole data-parallel pool; Balancer:
+/// who places the family's work (places_family_v), family_placement by default (the family's own
+/// placement: static_cp_groups, or seq::plan_hdp with its placement kind), or balance::bytescale /
+/// balance::gap_filling_hdp for seq::hdp, priced by system_options::cost. E.g.
+/// `system<seq::cp_zigzag, K, C>`, `system<seq::hdp<seq::selective_offload>, K, C, balance::bytescale>`.
+/// One object per rank; the communicator and kernel outlive it.
+template <seq::llm_partition Partition, class Kernel, comm::communicator Comm,
+          class Balancer = family_placement>
 class system {
+  static_assert(check_trainable<Partition, Balancer>());
+
  public:
   /// The context the stage receives for element type T.
   template <class T>
@@ -125,11 +136,20 @@ class system {
   /// A system over `world` with the partition family's parameters, the kernel and options.
   system(Partition partition, Comm& world, Kernel kernel = {}, system_options options = {})
       : partition_(std::move(partition)), world_(&world), kernel_(std::move(kernel)), options_(options) {}
+  /// A system over `world` with the partition family's and the balancer's parameters, the kernel and
+  /// options.
+  system(Partition partition, Balancer balancer, Comm& world, Kernel kernel = {}, system_options options = {})
+      : partition_(std::move(partition)),
+        balancer_(std::move(balancer)),
+        world_(&world),
+        kernel_(std::move(kernel)),
+        options_(options) {}
 
   /// The step plan for documents `docs` (id, length in stream order) over the pool. Pure: equal on every
-  /// rank for equal inputs; not collective. Errors: the family's (invalid_argument).
+  /// rank for equal inputs; not collective: plan_step(partition(), docs, world size, balancer(),
+  /// options' cost). Errors: plan_step's (invalid_argument).
   [[nodiscard]] step_plan plan(std::span<const seq::seq_desc> docs) const {
-    return partition_.plan(docs, world_->size());
+    return plan_step(partition_, docs, world_->size(), balancer_, options_.cost);
   }
   /// plan(document_descs(batch)).
   [[nodiscard]] step_plan plan(const model::step_batch& batch) const {
@@ -222,6 +242,8 @@ class system {
 
   /// The partition family's parameters.
   [[nodiscard]] const Partition& partition() const noexcept { return partition_; }
+  /// The balancer's parameters.
+  [[nodiscard]] const Balancer& balancer() const noexcept { return balancer_; }
   /// The pool's communicator.
   [[nodiscard]] Comm& world() const noexcept { return *world_; }
 
@@ -242,6 +264,7 @@ class system {
   }
 
   Partition partition_;
+  Balancer balancer_{};
   Comm* world_;
   Kernel kernel_;
   system_options options_;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::train: the training system. plan.hpp: partition families and the step plan; context.hpp: the
-// stage context with the attention entry bound to ring attention; system.hpp: train::system (plan, run).
+// hetmesh::train: the training system. plan.hpp: the step plan and how seq::'s partition families (placed
+// by themselves or by a balance:: balancer) lower to it; context.hpp: the stage context with the
+// attention entry bound to ring attention; system.hpp: train::system (plan, run).
 #pragma once
 
 #include "context.hpp"
