@@ -124,7 +124,7 @@ inline convert_stats convert_jsonl_to_indexed(const std::string& jsonl, const st
   detail::for_each_jsonl(jsonl, [&](const nlohmann::json& j, std::int64_t) {
     std::vector<std::int64_t> ids;
     if (j.contains("tokens") && j["tokens"].is_array())
-      ids = token_ids(j["tokens"], type);
+      ids = detail::token_ids(j["tokens"], type);
     else if (j.contains("text") && j["text"].is_string())
       ids = tok(j["text"].get<std::string>());
     else
