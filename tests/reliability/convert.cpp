@@ -57,7 +57,6 @@ TEST_CASE("convert indexed: a failed conversion leaves an earlier good dataset i
   test::temp_dir d;
   const auto good = write(d, "good.jsonl", "{\"tokens\": [5, 6, 7]}\n{\"tokens\": [8]}\n");
   (void)convert_jsonl_to_indexed(good, d / "out");
-  const auto bin = test::temp_dir{}.path;  // unused name source
   const std::string before = [&] {
     std::ifstream f(d / "out.bin", std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), {});
@@ -129,7 +128,7 @@ TEST_CASE("webdataset reader: a shard with a repeated key is refused, not merged
     tar.resize(tar.size() + (512 - 13), std::byte{0});
   }
   tar.resize(tar.size() + 1024, std::byte{0});
-  detail::write_file_atomic(d / "dup.tar", tar);
+  hetmesh::data::detail::write_file_atomic(d / "dup.tar", tar);
   CHECK_THROWS_WITH_AS((void)build_wds_index(d / "dup.tar"), Contains("sample 'k' has two '.json' members"),
                        data_error);
 }
