@@ -18,7 +18,8 @@ namespace hetmesh::fuzz {
 /// A per-process scratch path in the temporary folder (readers that take a path are fed through it).
 inline std::string scratch(const std::string& name) {
   const char* tmp = std::getenv("TMPDIR");
-  return std::string(tmp != nullptr ? tmp : "/tmp") + "/hetmesh-fuzz-" + std::to_string(::getpid()) + "-" + name;
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/hetmesh-fuzz-" + std::to_string(::getpid()) + "-" +
+         name;
 }
 
 /// Writes `size` bytes at `data` to `path` (replacing it; no fsync, which would bound the target at a few

@@ -34,18 +34,19 @@ TEST_CASE("args: options anywhere, both spellings, switches, repeatable options,
 }
 
 TEST_CASE("args: unknown options are refused, naming the option and the accepted ones") {
-  CHECK_THROWS_WITH_AS(parse({"in", "out", "--bogus"}), Contains("unknown option '--bogus'; expected one of --per-shard"),
-                       usage_error);
+  CHECK_THROWS_WITH_AS(parse({"in", "out", "--bogus"}),
+                       Contains("unknown option '--bogus'; expected one of --per-shard"), usage_error);
   CHECK_THROWS_WITH_AS(parse({"in", "out", "--bogus=1"}), Contains("unknown option '--bogus'"), usage_error);
   CHECK_THROWS_AS(parse({"in", "out", "-x"}), hetmesh::invalid_argument);
 }
 
 TEST_CASE("args: an option without its value is refused, naming what it expected") {
-  CHECK_THROWS_WITH_AS(parse({"in", "out", "--dtype"}), Contains("option --dtype needs a value; expected uint16|int32"),
-                       usage_error);
+  CHECK_THROWS_WITH_AS(parse({"in", "out", "--dtype"}),
+                       Contains("option --dtype needs a value; expected uint16|int32"), usage_error);
   CHECK_THROWS_WITH_AS(parse({"in", "--per-shard", "--dtype", "int32", "out"}),
                        Contains("option --per-shard needs a value; expected N"), usage_error);
-  CHECK_THROWS_WITH_AS(parse({"in", "out", "--verbose=1"}), Contains("--verbose takes no value"), usage_error);
+  CHECK_THROWS_WITH_AS(parse({"in", "out", "--verbose=1"}), Contains("--verbose takes no value"),
+                       usage_error);
 }
 
 TEST_CASE("args: numbers with trailing garbage, fractions or out of range are refused") {
@@ -58,14 +59,16 @@ TEST_CASE("args: numbers with trailing garbage, fractions or out of range are re
   CHECK_THROWS_AS((void)parse({"in", "out", "--per-shard="}).integer("--per-shard", 1), usage_error);
   CHECK_THROWS_WITH_AS((void)parse({"in", "out", "--per-shard", "0"}).integer("--per-shard", 1, 1, 100),
                        Contains("'0': out of range"), usage_error);
-  CHECK_THROWS_WITH_AS((void)parse({"in", "out", "--per-shard", "99999999999999999999"}).integer("--per-shard", 1),
-                       Contains("out of range"), usage_error);
+  CHECK_THROWS_WITH_AS(
+      (void)parse({"in", "out", "--per-shard", "99999999999999999999"}).integer("--per-shard", 1),
+      Contains("out of range"), usage_error);
   CHECK(parse_int("-42", "x") == -42);
 }
 
 TEST_CASE("args: a value outside the choices, an option twice, stray and missing positionals") {
-  CHECK_THROWS_WITH_AS((void)parse({"in", "out", "--dtype", "float"}).choice("--dtype", "int32", {"uint16", "int32"}),
-                       Contains("option --dtype 'float': expected one of uint16, int32"), usage_error);
+  CHECK_THROWS_WITH_AS(
+      (void)parse({"in", "out", "--dtype", "float"}).choice("--dtype", "int32", {"uint16", "int32"}),
+      Contains("option --dtype 'float': expected one of uint16, int32"), usage_error);
   CHECK_THROWS_WITH_AS(parse({"in", "out", "--per-shard", "1", "--per-shard", "2"}),
                        Contains("option --per-shard given twice ('1', then '2')"), usage_error);
   CHECK_THROWS_WITH_AS(parse({"in", "out", "extra"}), Contains("unexpected argument 'extra'; expected 2"),

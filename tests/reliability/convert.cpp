@@ -41,16 +41,17 @@ TEST_CASE("convert indexed: a fractional token is refused with its line, not tru
 TEST_CASE("convert indexed: negative and out-of-dtype tokens are refused naming the range") {
   test::temp_dir d;
   auto in = write(d, "neg.jsonl", "{\"tokens\": [-1]}\n");
-  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(in, d / "out", dtype::int32),
-                       Contains("line 1: \"tokens\"[0] = -1; expected an integer token id in [0, 2147483647]"),
-                       data_error);
+  CHECK_THROWS_WITH_AS(
+      (void)convert_jsonl_to_indexed(in, d / "out", dtype::int32),
+      Contains("line 1: \"tokens\"[0] = -1; expected an integer token id in [0, 2147483647]"), data_error);
   in = write(d, "big.jsonl", "{\"tokens\": [65536]}\n");
-  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(in, d / "out", dtype::uint16), Contains("in [0, 65535]"),
-                       data_error);
+  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(in, d / "out", dtype::uint16),
+                       Contains("in [0, 65535]"), data_error);
   in = write(d, "huge.jsonl", "{\"tokens\": [18446744073709551615]}\n");
   CHECK_THROWS_AS((void)convert_jsonl_to_indexed(in, d / "out", dtype::int32), data_error);
   in = write(d, "str.jsonl", "{\"tokens\": [\"7\"]}\n");
-  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(in, d / "out"), Contains("\"tokens\"[0] = \"7\""), data_error);
+  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(in, d / "out"), Contains("\"tokens\"[0] = \"7\""),
+                       data_error);
 }
 
 TEST_CASE("convert indexed: a failed conversion leaves an earlier good dataset intact") {
@@ -97,8 +98,8 @@ TEST_CASE("convert webdataset: mistyped fields name the field and line") {
   in = write(d, "n.jsonl", "{\"tokens\": -4}\n");
   CHECK_THROWS_AS((void)convert_jsonl_to_webdataset(in, d / "s", 2), data_error);
   in = write(d, "k.jsonl", "{\"tokens\": 2, \"key\": 9}\n");
-  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_webdataset(in, d / "s", 2), Contains("\"key\" = 9; expected a string"),
-                       data_error);
+  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_webdataset(in, d / "s", 2),
+                       Contains("\"key\" = 9; expected a string"), data_error);
   in = write(d, "f.jsonl", "{\"tokens\": 2, \"files\": [\"x\"]}\n");
   CHECK_THROWS_WITH_AS((void)convert_jsonl_to_webdataset(in, d / "s", 2), Contains("\"files\" = [\"x\"]"),
                        data_error);

@@ -32,10 +32,11 @@ struct table_meta {
   std::int64_t len_override = 0;
   std::int64_t source_size(int s) const { return sizes[static_cast<std::size_t>(s)]; }
   std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t, std::int64_t p) const {
-    const auto len = len_override != 0 ? len_override
-                                       : 1 + static_cast<std::int64_t>(key_hash({seed, static_cast<std::uint64_t>(s),
-                                                                                 static_cast<std::uint64_t>(p)}) %
-                                                                       500);
+    const auto len =
+        len_override != 0
+            ? len_override
+            : 1 + static_cast<std::int64_t>(
+                      key_hash({seed, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(p)}) % 500);
     return {p, sample_meta{.tokens = len, .item_tokens = {}, .bytes = 2 * len}};
   }
 };
@@ -77,7 +78,8 @@ TEST_CASE("checked arithmetic: in-range results, overflow_error naming what over
                        Contains("bytes of the plan: 4294967296 x 2147483648 overflows"), overflow_error);
   CHECK_THROWS_AS((void)checked_sub(std::numeric_limits<std::int64_t>::min(), 1, "x"), overflow_error);
   const std::vector<std::int64_t> v{i64max / 2, i64max / 2, 2};
-  CHECK_THROWS_WITH_AS((void)checked_sum(v, "lengths"), Contains("lengths: the sum overflows int64 at element 2"),
+  CHECK_THROWS_WITH_AS((void)checked_sum(v, "lengths"),
+                       Contains("lengths: the sum overflows int64 at element 2"),
                        invalid_argument);  // overflow_error is an invalid_argument
 }
 
@@ -94,7 +96,8 @@ TEST_CASE("checkpoint: negative epoch and negative step are refused") {
   const auto cfg = two_sources();
   auto j = good_checkpoint(cfg);
   j["sources"][1]["epoch"] = -1;
-  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("sources[1] ('code').epoch = -1"), data_error);
+  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("sources[1] ('code').epoch = -1"),
+                       data_error);
   j = good_checkpoint(cfg);
   j["step"] = -3;
   CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("checkpoint.step = -3; expected >= 0"),
@@ -106,7 +109,8 @@ TEST_CASE("checkpoint: an epoch past max_epochs is refused") {
   cfg.sources[0].max_epochs = 2;
   auto j = good_checkpoint(cfg);
   j["sources"][0]["epoch"] = 2;
-  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("epoch = 2; expected in [0, 2)"), data_error);
+  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("epoch = 2; expected in [0, 2)"),
+                       data_error);
 }
 
 TEST_CASE("checkpoint: an absurd carry (1e18 as an integer, or as a float) is refused") {
@@ -124,26 +128,28 @@ TEST_CASE("checkpoint: carries that do not sum to zero are refused") {
   const auto cfg = two_sources();
   auto j = good_checkpoint(cfg);
   j["sources"][0]["carry"] = j["sources"][0]["carry"].get<std::int64_t>() + 1;
-  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("carry sum to 1; expected 0"), data_error);
+  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("carry sum to 1; expected 0"),
+                       data_error);
 }
 
 TEST_CASE("checkpoint: wrong types name the field instead of json.exception") {
   const auto cfg = two_sources();
   auto j = good_checkpoint(cfg);
   j["step"] = "3";
-  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("checkpoint.step = \"3\"; expected an integer"),
-                       data_error);
+  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j),
+                       Contains("checkpoint.step = \"3\"; expected an integer"), data_error);
   j = good_checkpoint(cfg);
   j["sources"][1]["position"] = 1.5;
   CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("checkpoint.sources[1].position = 1.5"),
                        data_error);
   j = good_checkpoint(cfg);
   j["sources"] = 3;
-  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("checkpoint.sources = 3; expected a list"),
-                       data_error);
+  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j),
+                       Contains("checkpoint.sources = 3; expected a list"), data_error);
   j = good_checkpoint(cfg);
   j["sources"][0]["name"] = 5;
-  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("checkpoint.sources[0].name = 5"), data_error);
+  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("checkpoint.sources[0].name = 5"),
+                       data_error);
   j = good_checkpoint(cfg);
   j["version"] = "1";
   CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("checkpoint.version"), data_error);
@@ -153,7 +159,8 @@ TEST_CASE("checkpoint: wrong types name the field instead of json.exception") {
                        data_error);
   j = good_checkpoint(cfg);
   j["step"] = std::uint64_t{18'000'000'000'000'000'000u};
-  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("expected an integer in int64"), data_error);
+  CHECK_THROWS_WITH_AS((void)checkpoint_from_json(cfg, j), Contains("expected an integer in int64"),
+                       data_error);
 }
 
 TEST_CASE("checkpoint file: errors name the file; a tampered file never reaches the reader") {
@@ -201,8 +208,8 @@ TEST_CASE("restore and index_at: a position past the source's size is refused be
   st.cursors[1].position = -5;
   CHECK_THROWS_WITH_AS(dl.restore(st), Contains("position = -5"), data_error);
   source_loader l(cfg.sources[0], 0, 7);
-  CHECK_THROWS_WITH_AS((void)l.index_at(0, -5), Contains("position -5; expected epoch >= 0 and position in [0, 20)"),
-                       data_error);
+  CHECK_THROWS_WITH_AS((void)l.index_at(0, -5),
+                       Contains("position -5; expected epoch >= 0 and position in [0, 20)"), data_error);
   CHECK_THROWS_AS((void)l.index_at(0, 20), data_error);
   CHECK_THROWS_AS((void)l.index_at(-1, 0), data_error);
   CHECK(l.index_at(0, 19) >= 0);
@@ -223,7 +230,8 @@ TEST_CASE("plan_step: a hand-made state with a negative position is refused") {
 TEST_CASE("overflow: global_batch near 2^63 is refused by validate with the bound") {
   auto cfg = two_sources();
   cfg.global_batch = i64max - 1;
-  CHECK_THROWS_WITH_AS(validate(cfg), Contains("global_batch = 9223372036854775806; expected in [1, 2147483647]"),
+  CHECK_THROWS_WITH_AS(validate(cfg),
+                       Contains("global_batch = 9223372036854775806; expected in [1, 2147483647]"),
                        invalid_argument);
 }
 
@@ -231,8 +239,10 @@ TEST_CASE("overflow: a quadratic cost coefficient near 2^63 gives overflow_error
   auto cfg = two_sources();
   cfg.cost.text.a = i64max / 2;
   table_meta meta{3, {40, 40}};
-  CHECK_THROWS_WITH_AS((void)plan_step(cfg, initial_state(cfg), meta), Contains("sample price"), overflow_error);
-  CHECK_THROWS_WITH_AS((void)plan_step(cfg, initial_state(cfg), meta), Contains("pricing source 0"), overflow_error);
+  CHECK_THROWS_WITH_AS((void)plan_step(cfg, initial_state(cfg), meta), Contains("sample price"),
+                       overflow_error);
+  CHECK_THROWS_WITH_AS((void)plan_step(cfg, initial_state(cfg), meta), Contains("pricing source 0"),
+                       overflow_error);
 }
 
 TEST_CASE("overflow: prices that fit one by one but whose sum leaves int64 are refused") {
@@ -263,7 +273,9 @@ TEST_CASE("validate: negative cost coefficients and capacity are refused") {
 }
 
 // ----------------------------------------------------------------------------------------- mixture JSON
-TEST_CASE("mixture JSON: the good spelling parses") { CHECK(mixture_from_json(good_mixture()).global_batch == 8); }
+TEST_CASE("mixture JSON: the good spelling parses") {
+  CHECK(mixture_from_json(good_mixture()).global_batch == 8);
+}
 
 TEST_CASE("mixture JSON: type errors name the path and field, never json.exception") {
   struct bad {
@@ -306,8 +318,10 @@ TEST_CASE("mixture JSON: type errors name the path and field, never json.excepti
 TEST_CASE("mixture JSON: a missing required field is named") {
   auto j = good_mixture();
   j.erase("global_batch");
-  CHECK_THROWS_WITH_AS((void)mixture_from_json(j), Contains("mixture.global_batch: missing"), invalid_argument);
+  CHECK_THROWS_WITH_AS((void)mixture_from_json(j), Contains("mixture.global_batch: missing"),
+                       invalid_argument);
   j = good_mixture();
   j["sources"][0].erase("paths");
-  CHECK_THROWS_WITH_AS((void)mixture_from_json(j), Contains("mixture.sources[0].paths: missing"), invalid_argument);
+  CHECK_THROWS_WITH_AS((void)mixture_from_json(j), Contains("mixture.sources[0].paths: missing"),
+                       invalid_argument);
 }

@@ -69,9 +69,11 @@ TEST_CASE("hetmesh-data-convert: bad arguments are refused, naming the flag and 
   const std::string in = d / "in.jsonl", out = d / "out";
   check_refused({"indexed", in, out, "--dtype"}, "option --dtype needs a value; expected uint16|int32");
   check_refused({"indexed", in, out, "--bogus"}, "unknown option '--bogus'");
-  check_refused({"indexed", in, out, "--dtype", "float32"}, "option --dtype 'float32': expected one of uint16, int32");
+  check_refused({"indexed", in, out, "--dtype", "float32"},
+                "option --dtype 'float32': expected one of uint16, int32");
   check_refused({"indexed", in, out, "stray"}, "unexpected argument 'stray'");
-  check_refused({"webdataset", in, out, "--per-shard", "12abc"}, "option --per-shard '12abc': expected an integer");
+  check_refused({"webdataset", in, out, "--per-shard", "12abc"},
+                "option --per-shard '12abc': expected an integer");
   check_refused({"webdataset", in, out, "--per-shard", "abc"}, "option --per-shard 'abc'");
   check_refused({"webdataset", in, out, "--per-shard", "0"}, "out of range");
   check_refused({"webdataset", in}, "missing argument OUT_PREFIX");

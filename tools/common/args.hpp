@@ -34,10 +34,10 @@ class usage_error : public invalid_argument {
 /// One option a command accepts: its name ("--per-shard"), the name of its value for messages ("N";
 /// empty for a switch that takes none) and a one-line description.
 struct option_spec {
-  std::string_view name;        ///< "--name"
-  std::string_view value;       ///< what its value is ("N", "uint16|int32"); empty: a switch
-  std::string_view help;        ///< one line for usage texts
-  bool repeatable = false;      ///< may be given more than once (values kept in order)
+  std::string_view name;    ///< "--name"
+  std::string_view value;   ///< what its value is ("N", "uint16|int32"); empty: a switch
+  std::string_view help;    ///< one line for usage texts
+  bool repeatable = false;  ///< may be given more than once (values kept in order)
 };
 
 /// `text` as an integer in [lo, hi]: the whole text must be the number (no "12abc", no " 12", no "1.5");
@@ -117,7 +117,8 @@ class parsed_args {
 /// "--name=value"; "--" ends the options. Throws usage_error for an unknown option (naming it and the
 /// accepted ones), a missing value (the option and what it expected), a value given to a switch, an
 /// option given twice, a missing positional (its name) and an extra one (its text). Pure.
-[[nodiscard]] inline parsed_args parse_args(std::span<const std::string> args, std::span<const option_spec> options,
+[[nodiscard]] inline parsed_args parse_args(std::span<const std::string> args,
+                                            std::span<const option_spec> options,
                                             std::span<const std::string_view> positional_names,
                                             std::size_t required = std::numeric_limits<std::size_t>::max()) {
   parsed_args out;
@@ -145,10 +146,12 @@ class parsed_args {
     const option_spec* spec = nullptr;
     for (const auto& o : options)
       if (o.name == name) spec = &o;
-    if (spec == nullptr) throw_error<usage_error>("unknown option '{}'; expected one of {}", name, accepted());
+    if (spec == nullptr)
+      throw_error<usage_error>("unknown option '{}'; expected one of {}", name, accepted());
     std::string value;
     if (spec->value.empty()) {
-      if (eq != std::string::npos) throw_error<usage_error>("option {} takes no value, got '{}'", name, a.substr(eq + 1));
+      if (eq != std::string::npos)
+        throw_error<usage_error>("option {} takes no value, got '{}'", name, a.substr(eq + 1));
     } else if (eq != std::string::npos) {
       value = a.substr(eq + 1);
     } else {

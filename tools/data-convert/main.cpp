@@ -55,7 +55,8 @@ int run(const std::string& cmd, const std::vector<std::string>& rest) {
     } else {
       const indexed_dataset ds(path);
       std::int64_t tokens = 0;
-      for (std::int64_t i = 0; i < ds.size(); ++i) tokens = hetmesh::checked_add(tokens, ds.length(i), "tokens");
+      for (std::int64_t i = 0; i < ds.size(); ++i)
+        tokens = hetmesh::checked_add(tokens, ds.length(i), "tokens");
       j = {{"format", "indexed"},    {"dtype", fmt::format("{}", ds.type())},
            {"sequences", ds.size()}, {"documents", ds.documents()},
            {"tokens", tokens},       {"bytes", ds.data_bytes()}};
@@ -66,16 +67,19 @@ int run(const std::string& cmd, const std::vector<std::string>& rest) {
   if (cmd == "indexed") {
     static constexpr tl::option_spec opts[] = {{"--dtype", "uint16|int32", "element type of the .bin"}};
     const auto a = tl::parse_args(rest, opts, in_out);
-    const dtype type = a.choice("--dtype", "int32", {"uint16", "int32"}) == "uint16" ? dtype::uint16 : dtype::int32;
-    std::cout << stats_json(convert_jsonl_to_indexed(a.positionals()[0], a.positionals()[1], type)).dump(1) << '\n';
+    const dtype type =
+        a.choice("--dtype", "int32", {"uint16", "int32"}) == "uint16" ? dtype::uint16 : dtype::int32;
+    std::cout << stats_json(convert_jsonl_to_indexed(a.positionals()[0], a.positionals()[1], type)).dump(1)
+              << '\n';
     return 0;
   }
   if (cmd == "webdataset") {
     static constexpr tl::option_spec opts[] = {{"--per-shard", "N", "samples per shard, >= 1"}};
     const auto a = tl::parse_args(rest, opts, in_out);
     const auto per_shard = a.integer("--per-shard", 1000, 1, std::int64_t{1} << 40);
-    std::cout << stats_json(convert_jsonl_to_webdataset(a.positionals()[0], a.positionals()[1], per_shard)).dump(1)
-              << '\n';
+    std::cout
+        << stats_json(convert_jsonl_to_webdataset(a.positionals()[0], a.positionals()[1], per_shard)).dump(1)
+        << '\n';
     return 0;
   }
   hetmesh::throw_error<tl::usage_error>("unknown command '{}'; expected indexed, webdataset or info", cmd);

@@ -55,19 +55,23 @@ inline constexpr std::int64_t max_checkpoint_bytes = std::int64_t{64} << 20;
 namespace detail {
 /// The integer field `key` of JSON object `j` at JSON path `where`: data_error naming the path, the
 /// field and what it holds when it is missing or not an integer that fits int64.
-[[nodiscard]] inline std::int64_t checkpoint_int(const nlohmann::json& j, const char* key, const std::string& where) {
+[[nodiscard]] inline std::int64_t checkpoint_int(const nlohmann::json& j, const char* key,
+                                                 const std::string& where) {
   const auto it = j.find(key);
   if (it == j.end()) throw_error<data_error>("{}.{}: missing; expected an integer", where, key);
-  if (!it->is_number_integer() || (it->is_number_unsigned() && it->get<std::uint64_t>() >
-                                                                    static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
+  if (!it->is_number_integer() ||
+      (it->is_number_unsigned() &&
+       it->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
     throw_error<data_error>("{}.{} = {}; expected an integer in int64", where, key, it->dump());
   return it->get<std::int64_t>();
 }
 /// The string field `key` of `j` at `where`, or data_error naming them.
-[[nodiscard]] inline std::string checkpoint_string(const nlohmann::json& j, const char* key, const std::string& where) {
+[[nodiscard]] inline std::string checkpoint_string(const nlohmann::json& j, const char* key,
+                                                   const std::string& where) {
   const auto it = j.find(key);
   if (it == j.end() || !it->is_string())
-    throw_error<data_error>("{}.{} = {}; expected a string", where, key, it == j.end() ? "(missing)" : it->dump());
+    throw_error<data_error>("{}.{} = {}; expected a string", where, key,
+                            it == j.end() ? "(missing)" : it->dump());
   return it->get<std::string>();
 }
 }  // namespace detail
@@ -84,7 +88,8 @@ namespace detail {
     throw_error<data_error>("not a hetmesh data checkpoint (expected \"format\": \"hetmesh-data-state\")");
   const auto version = detail::checkpoint_int(j, "version", "checkpoint");
   if (version != checkpoint_version)
-    throw_error<data_error>("checkpoint.version = {}; this build reads version {}", version, checkpoint_version);
+    throw_error<data_error>("checkpoint.version = {}; this build reads version {}", version,
+                            checkpoint_version);
   const std::string want = hetmesh::format("{:016x}", stream_fingerprint(cfg));
   const std::string have = detail::checkpoint_string(j, "fingerprint", "checkpoint");
   if (have != want)
@@ -131,9 +136,10 @@ inline void save_checkpoint(const std::string& path, const mixture_config& cfg, 
 /// Reads the checkpoint at `path` (see checkpoint_from_json for errors).
 [[nodiscard]] inline planner_state load_checkpoint(const std::string& path, const mixture_config& cfg) {
   if (detail::file_size_or_missing(path) > max_checkpoint_bytes)
-    throw_error<data_error>("data checkpoint '{}' has {} bytes; expected at most {} (a checkpoint is a few "
-                            "numbers per source)",
-                            path, detail::file_size_or_missing(path), max_checkpoint_bytes);
+    throw_error<data_error>(
+        "data checkpoint '{}' has {} bytes; expected at most {} (a checkpoint is a few "
+        "numbers per source)",
+        path, detail::file_size_or_missing(path), max_checkpoint_bytes);
   auto j = nlohmann::json::parse(detail::read_text(path), nullptr, false);
   if (j.is_discarded()) throw_error<data_error>("data checkpoint '{}' is not valid JSON", path);
   try {

@@ -13,11 +13,11 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
-#include <fstream>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,8 +55,10 @@ namespace detail {
 template <class F>
 void for_each_jsonl(const std::string& path, F&& f) {
   struct stat sb {};
-  if (::stat(path.c_str(), &sb) != 0) throw_error<data_error>("cannot open JSONL '{}': {}", path, std::strerror(errno));
-  if (!S_ISREG(sb.st_mode)) throw_error<data_error>("JSONL '{}' is not a regular file; expected a file of JSON lines", path);
+  if (::stat(path.c_str(), &sb) != 0)
+    throw_error<data_error>("cannot open JSONL '{}': {}", path, std::strerror(errno));
+  if (!S_ISREG(sb.st_mode))
+    throw_error<data_error>("JSONL '{}' is not a regular file; expected a file of JSON lines", path);
   std::ifstream in(path);
   if (!in) throw_error<data_error>("cannot open JSONL '{}'", path);
   std::string line{};
@@ -81,12 +83,18 @@ void for_each_jsonl(const std::string& path, F&& f) {
 /// The largest token id `type` can store (its maximum; token ids are never negative).
 [[nodiscard]] inline std::int64_t max_token_id(dtype type) {
   switch (type) {
-    case dtype::uint8: return 255;
-    case dtype::int8: return 127;
-    case dtype::int16: return 32767;
-    case dtype::uint16: return 65535;
-    case dtype::int32: return 2147483647;
-    default: return std::numeric_limits<std::int64_t>::max();
+    case dtype::uint8:
+      return 255;
+    case dtype::int8:
+      return 127;
+    case dtype::int16:
+      return 32767;
+    case dtype::uint16:
+      return 65535;
+    case dtype::int32:
+      return 2147483647;
+    default:
+      return std::numeric_limits<std::int64_t>::max();
   }
 }
 
@@ -100,8 +108,7 @@ void for_each_jsonl(const std::string& path, F&& f) {
     const auto& v = arr[k];
     bool ok = v.is_number_integer();
     std::int64_t id = 0;
-    if (ok && v.is_number_unsigned())
-      ok = v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi);
+    if (ok && v.is_number_unsigned()) ok = v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi);
     if (ok) {
       id = v.get<std::int64_t>();
       ok = id >= 0 && id <= hi;
@@ -133,7 +140,8 @@ inline convert_stats convert_jsonl_to_indexed(const std::string& jsonl, const st
     w.end_document();
     ++st.lines;
     ++st.samples;
-    st.tokens = checked_add(st.tokens, static_cast<std::int64_t>(ids.size()), "total tokens of the conversion");
+    st.tokens =
+        checked_add(st.tokens, static_cast<std::int64_t>(ids.size()), "total tokens of the conversion");
   });
   w.finish();
   st.outputs = {prefix + ".bin", prefix + ".idx"};
@@ -156,8 +164,10 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
     std::int64_t tokens = 0;
     if (j.contains("tokens")) {
       const auto& t = j["tokens"];
-      if (!t.is_number_integer() || (t.is_number_integer() && !t.is_number_unsigned() && t.get<std::int64_t>() < 0) ||
-          (t.is_number_unsigned() && t.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
+      if (!t.is_number_integer() ||
+          (t.is_number_integer() && !t.is_number_unsigned() && t.get<std::int64_t>() < 0) ||
+          (t.is_number_unsigned() &&
+           t.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
         throw_error<data_error>("\"tokens\" = {}; expected a non-negative integer count", t.dump());
       tokens = t.get<std::int64_t>();
     } else {
@@ -172,8 +182,9 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
         throw_error<data_error>("\"files\" = {}; expected an object of extension: path", j["files"].dump());
       for (const auto& [ext, path] : j["files"].items()) {
         if (!path.is_string() || ext.empty() || ext == "json")
-          throw_error<data_error>("\"files\".{} = {}; expected a path string under an extension other than json",
-                                  ext, path.dump());
+          throw_error<data_error>(
+              "\"files\".{} = {}; expected a path string under an extension other than json", ext,
+              path.dump());
         const std::string text = detail::read_text(path.get<std::string>());
         const auto* b = reinterpret_cast<const std::byte*>(text.data());
         members.emplace_back(ext, std::vector<std::byte>(b, b + text.size()));
@@ -183,9 +194,10 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
       throw_error<data_error>("\"key\" = {}; expected a string", j["key"].dump());
     const std::string key = j.contains("key") ? j["key"].get<std::string>() : hetmesh::format("s{:09}", no);
     if (const auto [it, fresh] = key_line.emplace(key, no); !fresh)
-      throw_error<data_error>("key '{}' was already used on line {}; expected unique keys (a repeated key "
-                              "would merge two samples into one)",
-                              key, it->second);
+      throw_error<data_error>(
+          "key '{}' was already used on line {}; expected unique keys (a repeated key "
+          "would merge two samples into one)",
+          key, it->second);
     const std::string meta = j.dump();
     const auto* mb = reinterpret_cast<const std::byte*>(meta.data());
     members.insert(members.begin(), {"json", std::vector<std::byte>(mb, mb + meta.size())});

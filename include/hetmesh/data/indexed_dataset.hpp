@@ -254,8 +254,9 @@ class indexed_dataset {
 
 /// Writes a Megatron indexed dataset: sequences stream into a temporary beside `prefix.bin` as they are
 /// added; `finish()` writes the index and renames both into place, so a writer destroyed before finish()
-/// (a bad token, a full disk) leaves no partial dataset and the previous one, if any, unharmed. Mirrors Megatron's builder: add_sequence() per sequence, end_document() after the
-/// last sequence of each document. Not thread-safe. Cost O(total bytes).
+/// (a bad token, a full disk) leaves no partial dataset and the previous one, if any, unharmed. Mirrors
+/// Megatron's builder: add_sequence() per sequence, end_document() after the last sequence of each
+/// document. Not thread-safe. Cost O(total bytes).
 class indexed_dataset_writer {
  public:
   /// Pre: Megatron has a code for `type` (megatron_code(type) != 0), else invalid_argument.

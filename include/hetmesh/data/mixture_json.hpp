@@ -34,7 +34,8 @@ namespace detail {
 
 inline void check_keys(const nlohmann::json& j, std::initializer_list<const char*> allowed,
                        const std::string& where) {
-  if (!j.is_object()) throw_error<invalid_argument>("{}: expected a JSON object, got {}", where, json_excerpt(j));
+  if (!j.is_object())
+    throw_error<invalid_argument>("{}: expected a JSON object, got {}", where, json_excerpt(j));
   for (const auto& [k, v] : j.items()) {
     bool ok = false;
     for (const char* a : allowed) ok = ok || k == a;
@@ -54,9 +55,10 @@ inline weight_schedule schedule_from_json(const nlohmann::json& j, const std::st
       if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number() ||
           (p[0].is_number_unsigned() &&
            p[0].get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
-        throw_error<invalid_argument>("{}: schedule point {} is not a [step, weight] pair (integer step, number "
-                                      "weight)",
-                                      where, json_excerpt(p));
+        throw_error<invalid_argument>(
+            "{}: schedule point {} is not a [step, weight] pair (integer step, number "
+            "weight)",
+            where, json_excerpt(p));
       s.push_back({p[0].get<std::int64_t>(), p[1].get<double>()});
     }
     return s;
@@ -102,7 +104,8 @@ template <class T>
     if (!v.is_number()) bad("a number");
     return v.get<T>();
   } else {
-    static_assert(std::is_integral_v<T>, "field<T>: T is a string, a list of strings, a number or an integer");
+    static_assert(std::is_integral_v<T>,
+                  "field<T>: T is a string, a list of strings, a number or an integer");
     if (!v.is_number_integer()) bad("an integer");
     if (v.is_number_unsigned()) {
       const auto u = v.get<std::uint64_t>();
@@ -195,8 +198,9 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   if (j.contains("layout")) {
     const auto& l = j["layout"];
     detail::check_keys(l, {"tp", "cp", "dp", "pp"}, "mixture.layout");
-    c.layout = {detail::field<int>(l, "tp", "mixture.layout", 1), detail::field<int>(l, "cp", "mixture.layout", 1),
-                detail::field<int>(l, "dp", "mixture.layout", 1), detail::field<int>(l, "pp", "mixture.layout", 1)};
+    c.layout = {
+        detail::field<int>(l, "tp", "mixture.layout", 1), detail::field<int>(l, "cp", "mixture.layout", 1),
+        detail::field<int>(l, "dp", "mixture.layout", 1), detail::field<int>(l, "pp", "mixture.layout", 1)};
   }
   c.micro_batches = detail::field<int>(j, "micro_batches", "mixture", 1);
   c.max_tokens_per_micro_batch = detail::field<std::int64_t>(j, "max_tokens_per_micro_batch", "mixture");

@@ -67,14 +67,15 @@ inline void validate_state(const mixture_config& cfg, const planner_state& st, s
     const auto& c = st.cursors[s];
     const auto& spec = cfg.sources[s];
     if (c.epoch < 0 || (spec.max_epochs > 0 && c.epoch >= spec.max_epochs))
-      throw_error<data_error>("{}.sources[{}] ('{}').epoch = {}; expected in [0, {})", where, s, spec.name,
-                              c.epoch, spec.max_epochs > 0 ? spec.max_epochs : std::numeric_limits<std::int64_t>::max());
+      throw_error<data_error>(
+          "{}.sources[{}] ('{}').epoch = {}; expected in [0, {})", where, s, spec.name, c.epoch,
+          spec.max_epochs > 0 ? spec.max_epochs : std::numeric_limits<std::int64_t>::max());
     if (c.position < 0)
       throw_error<data_error>("{}.sources[{}] ('{}').position = {}; expected >= 0", where, s, spec.name,
                               c.position);
     if (c.carry <= -weight_one || c.carry >= weight_one)
-      throw_error<data_error>("{}.sources[{}] ('{}').carry = {}; expected in ({}, {}) (under one sample)", where,
-                              s, spec.name, c.carry, -weight_one, weight_one);
+      throw_error<data_error>("{}.sources[{}] ('{}').carry = {}; expected in ({}, {}) (under one sample)",
+                              where, s, spec.name, c.carry, -weight_one, weight_one);
   }
 }
 
@@ -85,8 +86,9 @@ inline void validate_positions(const mixture_config& cfg, const planner_state& s
                                std::span<const std::int64_t> sizes, std::string_view where) {
   for (std::size_t s = 0; s < st.cursors.size() && s < sizes.size(); ++s)
     if (st.cursors[s].position < 0 || st.cursors[s].position > sizes[s])
-      throw_error<data_error>("{}.sources[{}] ('{}').position = {}; expected in [0, {}] (the source has {} samples)",
-                              where, s, cfg.sources[s].name, st.cursors[s].position, sizes[s], sizes[s]);
+      throw_error<data_error>(
+          "{}.sources[{}] ('{}').position = {}; expected in [0, {}] (the source has {} samples)", where, s,
+          cfg.sources[s].name, st.cursors[s].position, sizes[s], sizes[s]);
 }
 
 /// The state before step 0.
@@ -167,9 +169,10 @@ namespace detail {
 template <class F>
 void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count, source_cursor& c, F&& f) {
   if (c.position < 0 || c.position > size || c.epoch < 0)
-    throw_error<data_error>("source {} '{}': cursor at epoch {}, position {}; expected epoch >= 0 and position "
-                            "in [0, {}] (the source's size)",
-                            s, spec.name, c.epoch, c.position, size);
+    throw_error<data_error>(
+        "source {} '{}': cursor at epoch {}, position {}; expected epoch >= 0 and position "
+        "in [0, {}] (the source's size)",
+        s, spec.name, c.epoch, c.position, size);
   if (count > 0 && size == 0)
     throw_error<data_error>(
         "source {} '{}' has no samples (after its token filter) but weight > 0 at this step", s, spec.name);
@@ -194,7 +197,8 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
                                                 std::int64_t position) {
   auto one = [&](const cost::quadratic_count& q, std::int64_t t) {
     if (t < 0)
-      throw_error<data_error>("source {} position {}: a length of {} tokens; expected >= 0", source, position, t);
+      throw_error<data_error>("source {} position {}: a length of {} tokens; expected >= 0", source, position,
+                              t);
     const std::string_view what = "sample price (cost a x tokens^2 + b x tokens + c)";
     return checked_add(checked_mul(checked_add(checked_mul(q.a, t, what), q.b, what), t, what), q.c, what);
   };
@@ -349,7 +353,7 @@ template <metadata_source M>
     std::sort(keys.begin(), keys.end());
     if (const auto d = std::adjacent_find(keys.begin(), keys.end()); v.empty() && d != keys.end())
       v = hetmesh::format("sample (source {}, epoch {}, position {}) drawn twice", std::get<0>(*d),
-                      std::get<1>(*d), std::get<2>(*d));
+                          std::get<1>(*d), std::get<2>(*d));
     HETMESH_ASSERT_AT(heavy, v.empty(), "data::plan_step (step {}): {}", st.step, v);
   }
   return out;

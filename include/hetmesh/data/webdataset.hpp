@@ -293,8 +293,8 @@ class wds_writer {
       throw_error<invalid_argument>(
           "wds_writer: key '{}' must be non-empty and contain no '.' (the key ends at the first '.')", key);
     if (!keys_.insert(std::string(key)).second)
-      throw_error<invalid_argument>("wds_writer: key '{}' is already in shard '{}'; expected unique keys", key,
-                                    path_);
+      throw_error<invalid_argument>("wds_writer: key '{}' is already in shard '{}'; expected unique keys",
+                                    key, path_);
     for (const auto& [ext, bytes] : members) {
       const auto h = tar::header(hetmesh::format("{}.{}", key, ext), static_cast<std::int64_t>(bytes.size()));
       file_.write(h);

@@ -157,7 +157,9 @@ class atomic_file {
   explicit atomic_file(std::string path)
       : path_(std::move(path)), tmp_(path_ + ".tmp"), fd_(open_file(tmp_, O_WRONLY | O_CREAT | O_TRUNC)) {}
   atomic_file(atomic_file&& o) noexcept
-      : path_(std::move(o.path_)), tmp_(std::move(o.tmp_)), fd_(std::move(o.fd_)),
+      : path_(std::move(o.path_)),
+        tmp_(std::move(o.tmp_)),
+        fd_(std::move(o.fd_)),
         done_(std::exchange(o.done_, true)) {}
   atomic_file& operator=(atomic_file&& o) noexcept {
     if (this != &o) {
