@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 
+#include <hetmesh/balance/workload.hpp>
 #include <hetmesh/core/checked.hpp>
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/data/checkpoint.hpp>
@@ -323,5 +325,18 @@ TEST_CASE("mixture JSON: a missing required field is named") {
   j = good_mixture();
   j["sources"][0].erase("paths");
   CHECK_THROWS_WITH_AS((void)mixture_from_json(j), Contains("mixture.sources[0].paths: missing"),
+                       invalid_argument);
+}
+
+// ---------------------------------------------------------------------------------------- length lists
+TEST_CASE("length lists: lengths whose total leaves int64 are refused naming the file and line") {
+  std::istringstream in("4611686018427387904\n4611686018427387904\n");
+  CHECK_THROWS_WITH_AS((void)balance::read_lengths(in, "big.txt"),
+                       Contains("big.txt:2: the total of the lengths"), overflow_error);
+  const std::vector<std::int64_t> lens{i64max / 2 + 1};
+  CHECK_THROWS_WITH_AS((void)balance::sample_batch(lens, i64max, 1),
+                       Contains("sample_batch: the batch's total"), overflow_error);
+  const std::vector<std::int64_t> bad{4, -2};
+  CHECK_THROWS_WITH_AS((void)balance::sample_batch(bad, 10, 1), Contains("lengths[1] = -2"),
                        invalid_argument);
 }
