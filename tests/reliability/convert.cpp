@@ -69,7 +69,7 @@ TEST_CASE("convert indexed: a failed conversion leaves an earlier good dataset i
   const indexed_dataset ds(d / "out");
   CHECK(ds.size() == 2);
   CHECK(ds.length(0) == 3);
-  CHECK_FALSE(std::filesystem::exists(d / "out.bin.tmp"));
+  CHECK(files_in(d) == 4);  // good.jsonl, bad.jsonl, out.bin, out.idx: no temporary
 }
 
 TEST_CASE("convert: a directory for the JSONL input is refused, not read as an empty dataset") {

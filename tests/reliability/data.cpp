@@ -184,11 +184,15 @@ TEST_CASE("checkpoint writer: a failed write leaves the previous good file") {
   const auto path = dir / "state.json";
   const auto st = checkpoint_from_json(cfg, good_checkpoint(cfg));
   save_checkpoint(path, cfg, st);
-  // A directory where the temporary would go: the write fails, and the good file is untouched.
-  std::filesystem::create_directory(path + ".tmp");
-  CHECK_THROWS_AS(save_checkpoint(path, cfg, initial_state(cfg)), data_error);
+  // A failed write: the target is now a non-empty folder, so the rename fails after the temporary was
+  // written; the temporary is removed and nothing else changes.
+  const auto folder = dir / "as_folder";
+  std::filesystem::create_directories(folder + "/x");
+  CHECK_THROWS_WITH_AS(save_checkpoint(folder, cfg, initial_state(cfg)), Contains("cannot rename"),
+                       data_error);
   CHECK(load_checkpoint(path, cfg) == st);
-  std::filesystem::remove(path + ".tmp");
+  std::filesystem::remove_all(folder);
+  // A new save replaces the old file whole.
   save_checkpoint(path, cfg, initial_state(cfg));
   CHECK(load_checkpoint(path, cfg) == initial_state(cfg));
   for (const auto& e : std::filesystem::directory_iterator(dir.path))

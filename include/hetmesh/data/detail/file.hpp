@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -146,16 +147,23 @@ inline void pread_all(int fd, std::span<std::byte> bytes, std::int64_t offset, c
   }
 }
 
-/// An output file written under a temporary name beside its final one (`path` + ".tmp", same folder so
-/// the rename stays on one file system) and renamed over `path` only by commit(), after an fsync. Until
+/// A temporary name beside `path`, unique to this process and call ("<path>.tmp-<pid>-<n>"), so writers
+/// racing on the same file (loaders building one shard index) never share a temporary.
+[[nodiscard]] inline std::string temp_name(const std::string& path) {
+  static std::atomic<unsigned> counter{0};
+  return path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+}
+
+/// An output file written under a temporary name beside its final one (temp_name: same folder, so the
+/// rename stays on one file system) and renamed over `path` only by commit(), after an fsync. Until
 /// then a reader, or a process killed mid-write, sees the previous file or none, never half of the new
 /// one; destroyed without commit() (an exception on the way), it removes the temporary. Move-only.
 class atomic_file {
  public:
   atomic_file() = default;
-  /// Creates (truncates) the temporary for `path`; data_error naming it when that fails.
+  /// Creates the temporary for `path`; data_error naming it when that fails.
   explicit atomic_file(std::string path)
-      : path_(std::move(path)), tmp_(path_ + ".tmp"), fd_(open_file(tmp_, O_WRONLY | O_CREAT | O_TRUNC)) {}
+      : path_(std::move(path)), tmp_(temp_name(path_)), fd_(open_file(tmp_, O_WRONLY | O_CREAT | O_EXCL)) {}
   atomic_file(atomic_file&& o) noexcept
       : path_(std::move(o.path_)),
         tmp_(std::move(o.tmp_)),
