@@ -164,11 +164,12 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
     std::int64_t tokens = 0;
     if (j.contains("tokens")) {
       const auto& t = j["tokens"];
-      if (!t.is_number_integer() ||
-          (t.is_number_integer() && !t.is_number_unsigned() && t.get<std::int64_t>() < 0) ||
-          (t.is_number_unsigned() &&
-           t.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
-        throw_error<data_error>("\"tokens\" = {}; expected a non-negative integer count", t.dump());
+      // An integer that is non-negative (as a signed value) and fits int64 (as an unsigned one).
+      const bool ok =
+          t.is_number_unsigned()
+              ? t.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())
+              : t.is_number_integer() && t.get<std::int64_t>() >= 0;
+      if (!ok) throw_error<data_error>("\"tokens\" = {}; expected a non-negative integer count", t.dump());
       tokens = t.get<std::int64_t>();
     } else {
       if (!j.contains("text_tokens") || !j["text_tokens"].is_array())
