@@ -20,6 +20,13 @@ ctest --preset default -j "$jobs"
 echo "== API reference (doxygen; a warning, e.g. an undocumented public name, fails) =="
 cmake --build --preset default --target docs
 
+# libFuzzer targets (fuzz/, clang only): each parser of untrusted input for a bounded time; a finding fails.
+fuzz_seconds="${HETMESH_FUZZ_SECONDS:-20}"
+if [ "$fuzz_seconds" != 0 ] && { command -v clang++-14 || command -v clang++; } > /dev/null; then
+  echo "== fuzz (libFuzzer + ASan + UBSan, ${fuzz_seconds}s per target) =="
+  JOBS="$jobs" bash scripts/fuzz.sh "$fuzz_seconds"
+fi
+
 if [ "${1:-}" != "--no-sanitize" ]; then
   echo "== ASan + UBSan build =="
   cmake --preset asan

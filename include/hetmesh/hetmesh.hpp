@@ -5,6 +5,7 @@
 
 #include "config.hpp"
 #include "core/assert.hpp"
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/exactly_once.hpp"

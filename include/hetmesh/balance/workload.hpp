@@ -18,6 +18,7 @@
 #include <system_error>
 #include <vector>
 
+#include "../core/checked.hpp"
 #include "../core/error.hpp"
 #include "../core/random.hpp"
 #include "../seq/types.hpp"
@@ -49,14 +50,19 @@ namespace hetmesh::balance {
 }
 
 /// Every length of the list read from `in`, in file order; `file` names it in errors.
-/// Throws data_error as parse_length_line does, on a read error, and when the list holds no length.
+/// Throws data_error as parse_length_line does, on a read error, and when the list holds no length;
+/// overflow_error naming the file and line when the lengths' total leaves int64 (planners sum them).
 /// Pure apart from reading `in`; O(bytes). Not collective.
 [[nodiscard]] inline std::vector<std::int64_t> read_lengths(std::istream& in, std::string_view file) {
   std::vector<std::int64_t> out;
   std::string raw;
   std::size_t line = 0;
+  std::int64_t total = 0;
   while (std::getline(in, raw))
-    if (const auto n = parse_length_line(raw, file, ++line)) out.push_back(*n);
+    if (const auto n = parse_length_line(raw, file, ++line)) {
+      total = checked_add(total, *n, hetmesh::format("{}:{}: the total of the lengths", file, line));
+      out.push_back(*n);
+    }
   if (in.bad()) throw_error<data_error>("{}: read error after line {}", file, line);
   if (out.empty()) throw_error<data_error>("{}: no lengths; expected one positive integer per line", file);
   return out;
@@ -77,13 +83,17 @@ namespace hetmesh::balance {
 [[nodiscard]] inline std::vector<seq::seq_desc> sample_batch(std::span<const std::int64_t> lengths,
                                                              std::int64_t tokens, std::uint64_t seed) {
   if (lengths.empty()) throw_error<invalid_argument>("balance::sample_batch: no lengths to draw from");
+  for (std::size_t i = 0; i < lengths.size(); ++i)
+    if (lengths[i] <= 0)
+      throw_error<invalid_argument>(
+          "balance::sample_batch: lengths[{}] = {}; expected a positive token count", i, lengths[i]);
   rng g(seed);
   std::vector<seq::seq_desc> out;
   std::int64_t total = 0;
   while (total < tokens) {
     const auto l = lengths[static_cast<std::size_t>(g.below(lengths.size()))];
     out.push_back({static_cast<std::int64_t>(out.size()), l});
-    total += l;
+    total = checked_add(total, l, "balance::sample_batch: the batch's total tokens");
   }
   return out;
 }

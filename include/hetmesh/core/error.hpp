@@ -60,6 +60,14 @@ class capacity_error : public error {
   using error::error;
 };
 
+/// An integer computation on input sizes would overflow its type (core/checked.hpp): the input is refused
+/// rather than wrapped. It is an invalid_argument, since the sizes that overflow came from the caller.
+class overflow_error : public invalid_argument {
+ public:
+  /// Takes the message, as hetmesh::error does.
+  using invalid_argument::invalid_argument;
+};
+
 /// A collective could not complete within its timeout (a rank never arrived).
 class timeout_error : public error {
  public:

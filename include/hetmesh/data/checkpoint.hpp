@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,9 @@ namespace hetmesh::data {
 
 /// Version of the checkpoint format; loading another version is a data_error.
 inline constexpr int checkpoint_version = 1;
+
+/// The largest checkpoint file load_checkpoint reads (a checkpoint holds a few numbers per source).
+inline constexpr std::int64_t max_checkpoint_bytes = std::int64_t{64} << 20;
 
 /// Fingerprint of what the stream depends on: seed, batch, and per source its name, weights, filters
 /// and epoch limit, plus the modality and bucket mixes. Paths are left out so data may move.
@@ -48,37 +52,78 @@ inline constexpr int checkpoint_version = 1;
   return j;
 }
 
-/// Reads a checkpoint for `cfg`. Throws data_error for a malformed file or another version, and
-/// mismatch_error when it was written under a configuration with a different stream.
+namespace detail {
+/// The integer field `key` of JSON object `j` at JSON path `where`: data_error naming the path, the
+/// field and what it holds when it is missing or not an integer that fits int64.
+[[nodiscard]] inline std::int64_t checkpoint_int(const nlohmann::json& j, const char* key,
+                                                 const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end()) throw_error<data_error>("{}.{}: missing; expected an integer", where, key);
+  if (!it->is_number_integer() ||
+      (it->is_number_unsigned() &&
+       it->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
+    throw_error<data_error>("{}.{} = {}; expected an integer in int64", where, key, it->dump());
+  return it->get<std::int64_t>();
+}
+/// The string field `key` of `j` at `where`, or data_error naming them.
+[[nodiscard]] inline std::string checkpoint_string(const nlohmann::json& j, const char* key,
+                                                   const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string())
+    throw_error<data_error>("{}.{} = {}; expected a string", where, key,
+                            it == j.end() ? "(missing)" : it->dump());
+  return it->get<std::string>();
+}
+}  // namespace detail
+
+/// Reads a checkpoint for `cfg`. Every field is checked before use: the format and version, the
+/// fingerprint, one entry per source in order, and each cursor's range (validate_state: step, epoch,
+/// position >= 0, |carry| under one sample, carries summing to zero as the planner keeps them). Throws
+/// data_error naming the JSON path, the field, the value and the expected range for a malformed or
+/// tampered file or another version, and mismatch_error when it was written under a configuration with
+/// a different stream. Positions are checked against the source sizes where the sources are open
+/// (data_loader::restore, source_loader::index_at).
 [[nodiscard]] inline planner_state checkpoint_from_json(const mixture_config& cfg, const nlohmann::json& j) {
-  if (!j.is_object() || j.value("format", "") != "hetmesh-data-state")
+  if (!j.is_object() || !j.contains("format") || j["format"] != "hetmesh-data-state")
     throw_error<data_error>("not a hetmesh data checkpoint (expected \"format\": \"hetmesh-data-state\")");
-  if (j.value("version", 0) != checkpoint_version)
-    throw_error<data_error>("data checkpoint version {}; this build reads version {}", j.value("version", 0),
+  const auto version = detail::checkpoint_int(j, "version", "checkpoint");
+  if (version != checkpoint_version)
+    throw_error<data_error>("checkpoint.version = {}; this build reads version {}", version,
                             checkpoint_version);
   const std::string want = hetmesh::format("{:016x}", stream_fingerprint(cfg));
-  if (j.value("fingerprint", "") != want)
+  const std::string have = detail::checkpoint_string(j, "fingerprint", "checkpoint");
+  if (have != want)
     throw_error<mismatch_error>(
         "data checkpoint fingerprint {} does not match the configuration's {}: it was written under another "
         "mixture (seed, batch, sources or weights differ)",
-        j.value("fingerprint", ""), want);
+        have, want);
   planner_state st{};
-  try {
-    st.step = j.at("step").get<std::int64_t>();
-    const auto& src = j.at("sources");
-    if (src.size() != cfg.sources.size())
-      throw_error<mismatch_error>("data checkpoint has {} sources; the configuration has {}", src.size(),
-                                  cfg.sources.size());
-    for (std::size_t s = 0; s < src.size(); ++s) {
-      if (src[s].at("name").get<std::string>() != cfg.sources[s].name)
-        throw_error<mismatch_error>("data checkpoint source {} is '{}'; the configuration's is '{}'", s,
-                                    src[s].at("name").get<std::string>(), cfg.sources[s].name);
-      st.cursors.push_back({src[s].at("epoch").get<std::int64_t>(), src[s].at("position").get<std::int64_t>(),
-                            src[s].at("carry").get<std::int64_t>()});
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw_error<data_error>("data checkpoint is malformed: {}", e.what());
+  st.step = detail::checkpoint_int(j, "step", "checkpoint");
+  const auto it = j.find("sources");
+  if (it == j.end() || !it->is_array())
+    throw_error<data_error>("checkpoint.sources = {}; expected a list with one entry per source",
+                            it == j.end() ? std::string("(missing)") : it->dump());
+  const auto& src = *it;
+  if (src.size() != cfg.sources.size())
+    throw_error<mismatch_error>("data checkpoint has {} sources; the configuration has {}", src.size(),
+                                cfg.sources.size());
+  std::int64_t carry_sum = 0;
+  for (std::size_t s = 0; s < src.size(); ++s) {
+    const std::string where = hetmesh::format("checkpoint.sources[{}]", s);
+    if (!src[s].is_object()) throw_error<data_error>("{} = {}; expected an object", where, src[s].dump());
+    const std::string name = detail::checkpoint_string(src[s], "name", where);
+    if (name != cfg.sources[s].name)
+      throw_error<mismatch_error>("data checkpoint source {} is '{}'; the configuration's is '{}'", s, name,
+                                  cfg.sources[s].name);
+    st.cursors.push_back({detail::checkpoint_int(src[s], "epoch", where),
+                          detail::checkpoint_int(src[s], "position", where),
+                          detail::checkpoint_int(src[s], "carry", where)});
   }
+  validate_state(cfg, st, "checkpoint");
+  for (const auto& c : st.cursors) carry_sum += c.carry;  // |carry| < weight_one: no overflow
+  if (carry_sum != 0)
+    throw_error<data_error>("checkpoint.sources[*].carry sum to {}; expected 0 (the planner keeps them so)",
+                            carry_sum);
   return st;
 }
 
@@ -90,6 +135,11 @@ inline void save_checkpoint(const std::string& path, const mixture_config& cfg, 
 
 /// Reads the checkpoint at `path` (see checkpoint_from_json for errors).
 [[nodiscard]] inline planner_state load_checkpoint(const std::string& path, const mixture_config& cfg) {
+  if (detail::file_size_or_missing(path) > max_checkpoint_bytes)
+    throw_error<data_error>(
+        "data checkpoint '{}' has {} bytes; expected at most {} (a checkpoint is a few "
+        "numbers per source)",
+        path, detail::file_size_or_missing(path), max_checkpoint_bytes);
   auto j = nlohmann::json::parse(detail::read_text(path), nullptr, false);
   if (j.is_discarded()) throw_error<data_error>("data checkpoint '{}' is not valid JSON", path);
   try {

@@ -8,14 +8,22 @@
 // Blank lines are skipped; a malformed line is a data_error naming the file and line number.
 #pragma once
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "../core/checked.hpp"
 #include "../core/error.hpp"
 #include "indexed_dataset.hpp"
 #include "webdataset.hpp"
@@ -42,8 +50,15 @@ struct convert_stats {
 };
 
 namespace detail {
+/// Calls f(json object, line number) for each non-blank line of the JSONL file `path`; data_error naming
+/// the file and line for a line that is not a JSON object, and that context added to whatever f throws.
 template <class F>
 void for_each_jsonl(const std::string& path, F&& f) {
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) != 0)
+    throw_error<data_error>("cannot open JSONL '{}': {}", path, std::strerror(errno));
+  if (!S_ISREG(sb.st_mode))
+    throw_error<data_error>("JSONL '{}' is not a regular file; expected a file of JSON lines", path);
   std::ifstream in(path);
   if (!in) throw_error<data_error>("cannot open JSONL '{}'", path);
   std::string line{};
@@ -64,6 +79,47 @@ void for_each_jsonl(const std::string& path, F&& f) {
     }
   }
 }
+
+/// The largest token id `type` can store (its maximum; token ids are never negative).
+[[nodiscard]] inline std::int64_t max_token_id(dtype type) {
+  switch (type) {
+    case dtype::uint8:
+      return 255;
+    case dtype::int8:
+      return 127;
+    case dtype::int16:
+      return 32767;
+    case dtype::uint16:
+      return 65535;
+    case dtype::int32:
+      return 2147483647;
+    default:
+      return std::numeric_limits<std::int64_t>::max();
+  }
+}
+
+/// The "tokens" array as ids, each checked: an integer (not 1.5, not "7"), >= 0 and at most what `type`
+/// holds; data_error naming the element, its value and the range otherwise.
+[[nodiscard]] inline std::vector<std::int64_t> token_ids(const nlohmann::json& arr, dtype type) {
+  std::vector<std::int64_t> ids;
+  ids.reserve(arr.size());
+  const std::int64_t hi = max_token_id(type);
+  for (std::size_t k = 0; k < arr.size(); ++k) {
+    const auto& v = arr[k];
+    bool ok = v.is_number_integer();
+    std::int64_t id = 0;
+    if (ok && v.is_number_unsigned()) ok = v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi);
+    if (ok) {
+      id = v.get<std::int64_t>();
+      ok = id >= 0 && id <= hi;
+    }
+    if (!ok)
+      throw_error<data_error>("\"tokens\"[{}] = {}; expected an integer token id in [0, {}] (dtype {})", k,
+                              v.dump(), hi, type);
+    ids.push_back(id);
+  }
+  return ids;
+}
 }  // namespace detail
 
 /// JSONL -> `prefix.bin`/`prefix.idx`. Not collective; deterministic; O(input bytes).
@@ -75,7 +131,7 @@ inline convert_stats convert_jsonl_to_indexed(const std::string& jsonl, const st
   detail::for_each_jsonl(jsonl, [&](const nlohmann::json& j, std::int64_t) {
     std::vector<std::int64_t> ids;
     if (j.contains("tokens") && j["tokens"].is_array())
-      ids = j["tokens"].get<std::vector<std::int64_t>>();
+      ids = detail::token_ids(j["tokens"], type);
     else if (j.contains("text") && j["text"].is_string())
       ids = tok(j["text"].get<std::string>());
     else
@@ -84,7 +140,8 @@ inline convert_stats convert_jsonl_to_indexed(const std::string& jsonl, const st
     w.end_document();
     ++st.lines;
     ++st.samples;
-    st.tokens += static_cast<std::int64_t>(ids.size());
+    st.tokens =
+        checked_add(st.tokens, static_cast<std::int64_t>(ids.size()), "total tokens of the conversion");
   });
   w.finish();
   st.outputs = {prefix + ".bin", prefix + ".idx"};
@@ -92,43 +149,71 @@ inline convert_stats convert_jsonl_to_indexed(const std::string& jsonl, const st
 }
 
 /// JSONL -> WebDataset shards `<prefix>-000000.tar`, ... of `per_shard` samples each, each with its
-/// index beside it. Keys are the line's "key" or "s<line number>".
+/// index beside it. Keys are the line's "key" or "s<line number>", and must be unique over the whole
+/// conversion (a repeated key is a data_error naming both lines). Every shard is written under a temporary
+/// name and all are published together at the end, so a failed conversion leaves none of its shards and
+/// no earlier file of the same name damaged. Not collective; deterministic; O(input bytes).
 inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const std::string& prefix,
                                                  std::int64_t per_shard) {
   if (per_shard < 1)
     throw_error<invalid_argument>("convert_jsonl_to_webdataset: per_shard = {}; expected >= 1", per_shard);
   convert_stats st;
-  std::unique_ptr<wds_writer> w;
-  auto open_next = [&] {
-    if (w) w->finish();
-    st.outputs.push_back(hetmesh::format("{}-{:06}.tar", prefix, st.outputs.size()));
-    w = std::make_unique<wds_writer>(st.outputs.back());
-  };
+  std::vector<std::unique_ptr<wds_writer>> shards;
+  std::map<std::string, std::int64_t> key_line;
   detail::for_each_jsonl(jsonl, [&](nlohmann::json j, std::int64_t no) {
-    if (!j.contains("tokens")) {
-      if (!j.contains("text_tokens"))
-        throw_error<data_error>("no \"tokens\" count and no \"text_tokens\"; expected one of them");
-      j["tokens"] = j["text_tokens"].size();
+    std::int64_t tokens = 0;
+    if (j.contains("tokens")) {
+      const auto& t = j["tokens"];
+      // An integer that is non-negative (as a signed value) and fits int64 (as an unsigned one).
+      const bool ok =
+          t.is_number_unsigned()
+              ? t.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())
+              : t.is_number_integer() && t.get<std::int64_t>() >= 0;
+      if (!ok) throw_error<data_error>("\"tokens\" = {}; expected a non-negative integer count", t.dump());
+      tokens = t.get<std::int64_t>();
+    } else {
+      if (!j.contains("text_tokens") || !j["text_tokens"].is_array())
+        throw_error<data_error>("no \"tokens\" count and no \"text_tokens\" list; expected one of them");
+      tokens = static_cast<std::int64_t>(j["text_tokens"].size());
+      j["tokens"] = tokens;
     }
     std::vector<std::pair<std::string, std::vector<std::byte>>> members;
     if (j.contains("files")) {
+      if (!j["files"].is_object())
+        throw_error<data_error>("\"files\" = {}; expected an object of extension: path", j["files"].dump());
       for (const auto& [ext, path] : j["files"].items()) {
+        if (!path.is_string() || ext.empty() || ext == "json")
+          throw_error<data_error>(
+              "\"files\".{} = {}; expected a path string under an extension other than json", ext,
+              path.dump());
         const std::string text = detail::read_text(path.get<std::string>());
         const auto* b = reinterpret_cast<const std::byte*>(text.data());
         members.emplace_back(ext, std::vector<std::byte>(b, b + text.size()));
       }
     }
+    if (j.contains("key") && !j["key"].is_string())
+      throw_error<data_error>("\"key\" = {}; expected a string", j["key"].dump());
     const std::string key = j.contains("key") ? j["key"].get<std::string>() : hetmesh::format("s{:09}", no);
+    if (const auto [it, fresh] = key_line.emplace(key, no); !fresh)
+      throw_error<data_error>(
+          "key '{}' was already used on line {}; expected unique keys (a repeated key "
+          "would merge two samples into one)",
+          key, it->second);
     const std::string meta = j.dump();
     const auto* mb = reinterpret_cast<const std::byte*>(meta.data());
     members.insert(members.begin(), {"json", std::vector<std::byte>(mb, mb + meta.size())});
-    if (st.samples % per_shard == 0) open_next();
-    w->add(key, members);
+    if (st.samples % per_shard == 0) {
+      if (!shards.empty()) shards.back()->close();
+      st.outputs.push_back(hetmesh::format("{}-{:06}.tar", prefix, st.outputs.size()));
+      shards.push_back(std::make_unique<wds_writer>(st.outputs.back()));
+    }
+    shards.back()->add(key, members);
     ++st.lines;
     ++st.samples;
-    st.tokens += j["tokens"].get<std::int64_t>();
+    st.tokens = checked_add(st.tokens, tokens, "total tokens of the conversion");
   });
-  if (w) w->finish();
+  for (auto& w : shards) w->close();
+  for (auto& w : shards) w->commit();
   return st;
 }
 

@@ -252,9 +252,11 @@ class indexed_dataset {
   const std::byte* modes_ = nullptr;
 };
 
-/// Writes a Megatron indexed dataset: sequences stream into `prefix.bin` as they are added; `finish()`
-/// writes `prefix.idx`. Mirrors Megatron's builder: add_sequence() per sequence, end_document() after the
-/// last sequence of each document. Not thread-safe. Cost O(total bytes).
+/// Writes a Megatron indexed dataset: sequences stream into a temporary beside `prefix.bin` as they are
+/// added; `finish()` writes the index and renames both into place, so a writer destroyed before finish()
+/// (a bad token, a full disk) leaves no partial dataset and the previous one, if any, unharmed. Mirrors
+/// Megatron's builder: add_sequence() per sequence, end_document() after the last sequence of each
+/// document. Not thread-safe. Cost O(total bytes).
 class indexed_dataset_writer {
  public:
   /// Pre: Megatron has a code for `type` (megatron_code(type) != 0), else invalid_argument.
@@ -262,7 +264,7 @@ class indexed_dataset_writer {
       : prefix_(std::move(prefix)),
         type_(checked(type, prefix_)),
         elem_(static_cast<std::int64_t>(dtype_size(type))),
-        bin_(detail::open_file(prefix_ + ".bin", O_WRONLY | O_CREAT | O_TRUNC)) {}
+        bin_(prefix_ + ".bin") {}
 
   /// Appends one sequence. Pre: every value fits the dtype (else invalid_argument naming the value).
   template <class T>
@@ -299,7 +301,7 @@ class indexed_dataset_writer {
       throw_error<invalid_argument>(
           "indexed_dataset_writer: a sequence of {} elements exceeds Megatron's int32 length field",
           tokens.size());
-    detail::write_all(bin_.get(), buf_, prefix_ + ".bin");
+    bin_.write(buf_);
     lengths_.push_back(static_cast<std::int32_t>(tokens.size()));
   }
   /// Closes the current document (Megatron's end_document).
@@ -326,8 +328,13 @@ class indexed_dataset_writer {
       ptr += len * elem_;
     }
     put(docs_.data(), docs_.size() * 8);
-    detail::write_file_atomic(prefix_ + ".idx", idx);
-    bin_.reset();
+    // Both files go under temporary names first; the .bin is renamed, then the .idx: a failure before
+    // the renames leaves the previous dataset (or none), never a partial one.
+    detail::atomic_file idx_file(prefix_ + ".idx");
+    idx_file.write(idx);
+    idx_file.close();
+    bin_.commit();
+    idx_file.commit();
   }
 
  private:
@@ -352,7 +359,7 @@ class indexed_dataset_writer {
   std::string prefix_{};
   dtype type_;
   std::int64_t elem_;
-  detail::unique_fd bin_;
+  detail::atomic_file bin_;
   std::vector<std::byte> buf_{};
   std::vector<std::int32_t> lengths_{};
   std::vector<std::int64_t> docs_{0};

@@ -147,6 +147,8 @@ class data_loader {
     if (st.cursors.size() != cfg_.sources.size())
       throw_error<mismatch_error>("data_loader::restore: state has {} cursors for {} sources",
                                   st.cursors.size(), cfg_.sources.size());
+    validate_state(cfg_, st, "data_loader::restore: state");
+    validate_positions(cfg_, st, sizes_, "data_loader::restore: state");
     std::unique_lock lock(mutex_);
     tasks_.clear();
     done_cv_.wait(lock, [&] { return active_ == 0; });

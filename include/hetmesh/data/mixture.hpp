@@ -127,6 +127,9 @@ struct mixture_config {
 
 /// Fixed-point scale of per-step weights: integers summing to exactly this make quotas exact.
 inline constexpr std::int64_t weight_one = 1'000'000'000;
+/// The largest global batch a mixture accepts: samples are indexed by int inside a step, and the quota
+/// arithmetic (weight x global_batch in 1/weight_one units) must fit int64.
+inline constexpr std::int64_t max_global_batch = 2'147'483'647;
 /// Tolerance on weights that must sum to one (floating-point input).
 inline constexpr double weight_tolerance = 1e-6;
 
@@ -238,8 +241,16 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
 /// Checks a configuration: sizes, names, schedules, formats, and that the weights sum to one at every
 /// control point (the sums are linear between them). Throws invalid_argument naming the field.
 inline void validate(const mixture_config& cfg) {
-  if (cfg.global_batch <= 0)
-    throw_error<invalid_argument>("mixture: global_batch = {}; expected > 0", cfg.global_batch);
+  if (cfg.global_batch <= 0 || cfg.global_batch > max_global_batch)
+    throw_error<invalid_argument>("mixture: global_batch = {}; expected in [1, {}]", cfg.global_batch,
+                                  max_global_batch);
+  for (const auto* q : {&cfg.cost.text, &cfg.cost.item})
+    if (q->a < 0 || q->b < 0 || q->c < 0)
+      throw_error<invalid_argument>("mixture.cost: {} coefficients a = {}, b = {}, c = {}; expected >= 0",
+                                    q == &cfg.cost.text ? "text" : "item", q->a, q->b, q->c);
+  if (cfg.max_tokens_per_micro_batch < 0)
+    throw_error<invalid_argument>("mixture: max_tokens_per_micro_batch = {}; expected >= 0 (0: unlimited)",
+                                  cfg.max_tokens_per_micro_batch);
   if (cfg.sources.empty()) throw_error<invalid_argument>("mixture: no sources; expected at least one");
   if (static_cast<std::int64_t>(cfg.sources.size()) > seq::sample_id_layout::max_source + 1)
     throw_error<invalid_argument>(

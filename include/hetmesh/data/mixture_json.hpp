@@ -11,7 +11,11 @@
 // (layout: an order string, default Megatron-LM's, and the extents of tp cp ep dp pp, default 1)
 #pragma once
 
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,9 +26,17 @@ namespace hetmesh::data {
 
 namespace detail {
 
+/// A JSON value for an error message, cut to a readable length.
+[[nodiscard]] inline std::string json_excerpt(const nlohmann::json& v) {
+  std::string d = v.dump();
+  if (d.size() > 60) d = d.substr(0, 57) + "...";
+  return d;
+}
+
 inline void check_keys(const nlohmann::json& j, std::initializer_list<const char*> allowed,
                        const std::string& where) {
-  if (!j.is_object()) throw_error<invalid_argument>("{}: expected a JSON object, got {}", where, j.dump());
+  if (!j.is_object())
+    throw_error<invalid_argument>("{}: expected a JSON object, got {}", where, json_excerpt(j));
   for (const auto& [k, v] : j.items()) {
     bool ok = false;
     for (const char* a : allowed) ok = ok || k == a;
@@ -41,14 +53,19 @@ inline weight_schedule schedule_from_json(const nlohmann::json& j, const std::st
   weight_schedule s{};
   if (j.is_array()) {
     for (const auto& p : j) {
-      if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number())
-        throw_error<invalid_argument>("{}: schedule point {} is not a [step, weight] pair", where, p.dump());
+      if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number() ||
+          (p[0].is_number_unsigned() &&
+           p[0].get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
+        throw_error<invalid_argument>(
+            "{}: schedule point {} is not a [step, weight] pair (integer step, number "
+            "weight)",
+            where, json_excerpt(p));
       s.push_back({p[0].get<std::int64_t>(), p[1].get<double>()});
     }
     return s;
   }
   throw_error<invalid_argument>("{}: a weight is a number or a list of [step, weight] pairs, got {}", where,
-                                j.dump());
+                                json_excerpt(j));
 }
 
 inline nlohmann::json schedule_to_json(const weight_schedule& s) {
@@ -58,13 +75,53 @@ inline nlohmann::json schedule_to_json(const weight_schedule& s) {
   return out;
 }
 
+/// Field `key` of `j` as T, checked without nlohmann's conversions (which truncate 1.5 to 1 and wrap
+/// -1 into unsigned): invalid_argument "`where`.`key` = <value>; expected <kind>" when it has the wrong
+/// type or does not fit T; `def` when it is absent and not `required`.
 template <class T>
-T get_as(const nlohmann::json& j, const char* key, const std::string& where) {
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    throw_error<invalid_argument>("{}: field \"{}\" is missing or has the wrong type ({})", where, key,
-                                  e.what());
+[[nodiscard]] T field(const nlohmann::json& j, const char* key, const std::string& where, T def = T{},
+                      bool required = false) {
+  const auto it = j.find(key);
+  if (it == j.end()) {
+    if (required) throw_error<invalid_argument>("{}.{}: missing; this field is required", where, key);
+    return def;
+  }
+  const auto& v = *it;
+  auto bad = [&](const char* expected) {
+    throw_error<invalid_argument>("{}.{} = {}; expected {}", where, key, json_excerpt(v), expected);
+  };
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) bad("a string");
+    return v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    if (!v.is_array()) bad("a list of strings");
+    std::vector<std::string> out;
+    for (const auto& e : v) {
+      if (!e.is_string()) bad("a list of strings");
+      out.push_back(e.get<std::string>());
+    }
+    return out;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) bad("a number");
+    return v.get<T>();
+  } else {
+    static_assert(std::is_integral_v<T>,
+                  "field<T>: T is a string, a list of strings, a number or an integer");
+    if (!v.is_number_integer()) bad("an integer");
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<std::uint64_t>();
+      if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) bad("an integer in range");
+      return static_cast<T>(u);
+    }
+    const auto i = v.get<std::int64_t>();
+    if constexpr (std::is_signed_v<T>) {
+      if (i < static_cast<std::int64_t>(std::numeric_limits<T>::min()) ||
+          i > static_cast<std::int64_t>(std::numeric_limits<T>::max()))
+        bad("an integer in range");
+    } else {
+      if (i < 0) bad("a non-negative integer");
+    }
+    return static_cast<T>(i);
   }
 }
 
@@ -84,10 +141,11 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
                       "micro_batches", "max_tokens_per_micro_batch"},
                      "mixture");
   mixture_config c;
-  c.seed = j.value("seed", std::uint64_t{0});
-  c.global_batch = detail::get_as<std::int64_t>(j, "global_batch", "mixture");
+  c.seed = detail::field<std::uint64_t>(j, "seed", "mixture");
+  c.global_batch = detail::field<std::int64_t>(j, "global_batch", "mixture", 0, true);
   if (!j.contains("sources") || !j["sources"].is_array())
-    throw_error<invalid_argument>("mixture: \"sources\" must be a list");
+    throw_error<invalid_argument>("mixture.sources = {}; expected a list of sources",
+                                  j.contains("sources") ? detail::json_excerpt(j["sources"]) : "(missing)");
   for (std::size_t i = 0; i < j["sources"].size(); ++i) {
     const auto& s = j["sources"][i];
     const std::string where = hetmesh::format("mixture.sources[{}]", i);
@@ -96,8 +154,8 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
         {"name", "format", "paths", "weight", "modality", "bucket", "min_tokens", "max_tokens", "max_epochs"},
         where);
     source_spec spec;
-    spec.name = detail::get_as<std::string>(s, "name", where);
-    const std::string fmt_name = s.value("format", "indexed");
+    spec.name = detail::field<std::string>(s, "name", where, "", true);
+    const std::string fmt_name = detail::field<std::string>(s, "format", where, "indexed");
     if (fmt_name == "indexed")
       spec.format = source_format::indexed;
     else if (fmt_name == "webdataset")
@@ -105,13 +163,13 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
     else
       throw_error<invalid_argument>("{}: format \"{}\"; expected \"indexed\" or \"webdataset\"", where,
                                     fmt_name);
-    spec.paths = detail::get_as<std::vector<std::string>>(s, "paths", where);
+    spec.paths = detail::field<std::vector<std::string>>(s, "paths", where, {}, true);
     if (s.contains("weight")) spec.weight = detail::schedule_from_json(s["weight"], where + ".weight");
-    spec.modality = s.value("modality", "text");
-    spec.bucket = s.value("bucket", "");
-    spec.min_tokens = s.value("min_tokens", std::int64_t{0});
-    spec.max_tokens = s.value("max_tokens", std::int64_t{0});
-    spec.max_epochs = s.value("max_epochs", std::int64_t{0});
+    spec.modality = detail::field<std::string>(s, "modality", where, "text");
+    spec.bucket = detail::field<std::string>(s, "bucket", where, "");
+    spec.min_tokens = detail::field<std::int64_t>(s, "min_tokens", where);
+    spec.max_tokens = detail::field<std::int64_t>(s, "max_tokens", where);
+    spec.max_epochs = detail::field<std::int64_t>(s, "max_epochs", where);
     c.sources.push_back(std::move(spec));
   }
   if (j.contains("modalities"))
@@ -120,13 +178,15 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   if (j.contains("cost")) {
     const auto& k = j["cost"];
     detail::check_keys(k, {"linear", "quadratic", "item_linear", "item_quadratic"}, "mixture.cost");
-    c.cost.text = {
-        .a = k.value("quadratic", std::int64_t{0}), .b = k.value("linear", std::int64_t{1}), .c = 0};
-    c.cost.item = {.a = k.value("item_quadratic", std::int64_t{0}),
-                   .b = k.value("item_linear", std::int64_t{1}),
+    const std::string w = "mixture.cost";
+    c.cost.text = {.a = detail::field<std::int64_t>(k, "quadratic", w, 0),
+                   .b = detail::field<std::int64_t>(k, "linear", w, 1),
+                   .c = 0};
+    c.cost.item = {.a = detail::field<std::int64_t>(k, "item_quadratic", w, 0),
+                   .b = detail::field<std::int64_t>(k, "item_linear", w, 1),
                    .c = 0};
   }
-  const std::string bal = j.value("balance", "lpt");
+  const std::string bal = detail::field<std::string>(j, "balance", "mixture", "lpt");
   if (bal == "lpt")
     c.balance = balance_method::lpt;
   else if (bal == "karmarkar_karp")
@@ -139,15 +199,16 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   if (j.contains("layout")) {
     const auto& l = j["layout"];
     detail::check_keys(l, {"order", "tp", "cp", "ep", "dp", "pp"}, "mixture.layout");
-    c.layout =
-        mesh_of_order(l.value("order", std::string(mesh::megatron_order)), {{mesh::tp, l.value("tp", 1)},
-                                                                            {mesh::cp, l.value("cp", 1)},
-                                                                            {mesh::ep, l.value("ep", 1)},
-                                                                            {mesh::dp, l.value("dp", 1)},
-                                                                            {mesh::pp, l.value("pp", 1)}});
+    const auto dim_extent = [&](const char* key) { return detail::field<int>(l, key, "mixture.layout", 1); };
+    c.layout = mesh_of_order(detail::field<std::string>(l, "order", "mixture.layout", std::string(mesh::megatron_order)),
+                             {{mesh::tp, dim_extent("tp")},
+                              {mesh::cp, dim_extent("cp")},
+                              {mesh::ep, dim_extent("ep")},
+                              {mesh::dp, dim_extent("dp")},
+                              {mesh::pp, dim_extent("pp")}});
   }
-  c.micro_batches = j.value("micro_batches", 1);
-  c.max_tokens_per_micro_batch = j.value("max_tokens_per_micro_batch", std::int64_t{0});
+  c.micro_batches = detail::field<int>(j, "micro_batches", "mixture", 1);
+  c.max_tokens_per_micro_batch = detail::field<std::int64_t>(j, "max_tokens_per_micro_batch", "mixture");
   validate(c);
   return c;
 }

@@ -14,8 +14,10 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -23,6 +25,7 @@
 
 #include "../balance/solvers.hpp"
 #include "../core/assert.hpp"
+#include "../core/checked.hpp"
 #include "../core/error.hpp"
 #include "../core/exactly_once.hpp"
 #include "../core/format.hpp"
@@ -49,6 +52,44 @@ struct planner_state {
   void hash_append(hasher& h) const { append_all(h, step, cursors); }
   friend bool operator==(const planner_state&, const planner_state&) = default;
 };
+
+/// Checks a planner state read from outside (a checkpoint, a restore) against `cfg`: one cursor per source,
+/// step >= 0, and per source epoch >= 0 (and < max_epochs when that is set), position >= 0 and |carry| <
+/// weight_one (the planner keeps every carry under one sample). Throws data_error naming `where`, the
+/// field, its value and the expected range. Positions are bounded by the source sizes, which only the
+/// sources know: see validate_positions. Pure; O(sources).
+inline void validate_state(const mixture_config& cfg, const planner_state& st, std::string_view where) {
+  if (st.cursors.size() != cfg.sources.size())
+    throw_error<mismatch_error>("{}: {} source cursors; the configuration has {} sources", where,
+                                st.cursors.size(), cfg.sources.size());
+  if (st.step < 0) throw_error<data_error>("{}.step = {}; expected >= 0", where, st.step);
+  for (std::size_t s = 0; s < st.cursors.size(); ++s) {
+    const auto& c = st.cursors[s];
+    const auto& spec = cfg.sources[s];
+    if (c.epoch < 0 || (spec.max_epochs > 0 && c.epoch >= spec.max_epochs))
+      throw_error<data_error>(
+          "{}.sources[{}] ('{}').epoch = {}; expected in [0, {})", where, s, spec.name, c.epoch,
+          spec.max_epochs > 0 ? spec.max_epochs : std::numeric_limits<std::int64_t>::max());
+    if (c.position < 0)
+      throw_error<data_error>("{}.sources[{}] ('{}').position = {}; expected >= 0", where, s, spec.name,
+                              c.position);
+    if (c.carry <= -weight_one || c.carry >= weight_one)
+      throw_error<data_error>("{}.sources[{}] ('{}').carry = {}; expected in ({}, {}) (under one sample)",
+                              where, s, spec.name, c.carry, -weight_one, weight_one);
+  }
+}
+
+/// Checks every cursor's position against its source's size: 0 <= position <= sizes[s] (position ==
+/// size means the epoch is used up and the next draw starts the next one). Throws data_error naming
+/// `where`, the source, the value and the range. Pure; O(sources).
+inline void validate_positions(const mixture_config& cfg, const planner_state& st,
+                               std::span<const std::int64_t> sizes, std::string_view where) {
+  for (std::size_t s = 0; s < st.cursors.size() && s < sizes.size(); ++s)
+    if (st.cursors[s].position < 0 || st.cursors[s].position > sizes[s])
+      throw_error<data_error>(
+          "{}.sources[{}] ('{}').position = {}; expected in [0, {}] (the source has {} samples)", where, s,
+          cfg.sources[s].name, st.cursors[s].position, sizes[s], sizes[s]);
+}
 
 /// The state before step 0.
 [[nodiscard]] inline planner_state initial_state(const mixture_config& cfg) {
@@ -104,7 +145,8 @@ struct step_plan {
   std::vector<std::int64_t> q(n), count(n, 0);
   std::int64_t assigned = 0;
   for (std::size_t s = 0; s < n; ++s) {
-    q[s] = weights[s] * B + cursors[s].carry;
+    q[s] = checked_add(checked_mul(weights[s], B, "step_quotas: weight x global_batch"), cursors[s].carry,
+                       "step_quotas: quota + carry");
     count[s] = q[s] > 0 ? q[s] / weight_one : 0;
     assigned += count[s];
   }
@@ -126,6 +168,11 @@ namespace detail {
 /// Advances one cursor by `count` positions, calling f(epoch, position) for each; wraps epochs.
 template <class F>
 void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count, source_cursor& c, F&& f) {
+  if (c.position < 0 || c.position > size || c.epoch < 0)
+    throw_error<data_error>(
+        "source {} '{}': cursor at epoch {}, position {}; expected epoch >= 0 and position "
+        "in [0, {}] (the source's size)",
+        s, spec.name, c.epoch, c.position, size);
   if (count > 0 && size == 0)
     throw_error<data_error>(
         "source {} '{}' has no samples (after its token filter) but weight > 0 at this step", s, spec.name);
@@ -144,6 +191,28 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
     ++c.position;
   }
 }
+/// The price of `m` under `cost` (a s^2 + b s + c per text and per item) in checked arithmetic: an
+/// overflow_error naming the sample instead of a wrapped (negative) price.
+[[nodiscard]] inline std::int64_t checked_price(const sample_cost& cost, const sample_meta& m, int source,
+                                                std::int64_t position) {
+  auto one = [&](const cost::quadratic_count& q, std::int64_t t) {
+    if (t < 0)
+      throw_error<data_error>("source {} position {}: a length of {} tokens; expected >= 0", source, position,
+                              t);
+    const std::string_view what = "sample price (cost a x tokens^2 + b x tokens + c)";
+    return checked_add(checked_mul(checked_add(checked_mul(q.a, t, what), q.b, what), t, what), q.c, what);
+  };
+  try {
+    std::int64_t c = one(cost.text, m.tokens);
+    for (auto t : m.item_tokens) c = checked_add(c, one(cost.item, t), "sample price (text + items)");
+    return c;
+  } catch (error& e) {
+    e.add_context(hetmesh::format("pricing source {} position {} ({} tokens, {} items)", source, position,
+                                  m.tokens, m.item_tokens.size()));
+    throw;
+  }
+}
+
 /// Splits items into `bins` by the configured method (round_robin deals them out in stream order: the
 /// baseline).
 [[nodiscard]] inline balance::assignment split_items(balance_method method, std::span<const std::int64_t> c,
@@ -190,6 +259,7 @@ template <metadata_source M>
   if (st.cursors.size() != cfg.sources.size())
     throw_error<invalid_argument>("plan_step: state has {} cursors for {} sources; expected one per source",
                                   st.cursors.size(), cfg.sources.size());
+  validate_state(cfg, st, "plan_step: state");
   planned_step out{{st.step, {}, {}, {}}, st};
   out.next.step = st.step + 1;
   out.plan.quotas = step_quotas(cfg, weights_at(cfg, st.step), out.next.cursors);
@@ -202,7 +272,7 @@ template <metadata_source M>
                  [&](std::int64_t e, std::int64_t p) {
                    auto [index, meta] = metadata.lookup(si, e, p);
                    meta.id = seq::make_sample_id(si, e, p);
-                   const auto cost = cfg.cost(meta);
+                   const auto cost = detail::checked_price(cfg.cost, meta, si, p);
                    samples.push_back({{si, e, p, index}, std::move(meta), cost, 0, 0});
                  });
   }
@@ -211,6 +281,8 @@ template <metadata_source M>
   const std::size_t n = samples.size();
   std::vector<std::int64_t> costs(n);
   for (std::size_t i = 0; i < n; ++i) costs[i] = samples[i].cost;
+  // Rank and micro-batch loads are partial sums of non-negative prices: the total bounds them all.
+  (void)checked_sum(costs, hetmesh::format("step {}: the summed price of the batch", st.step));
   balance::assignment ranks;
   // LPT: one sort of the whole batch serves the ranks and, restricted to each rank, its micro-batches
   // (a sub-list of a (-cost, index)-sorted list is sorted the same way: identical to sorting each share).
@@ -247,7 +319,8 @@ template <metadata_source M>
       auto& smp = samples[static_cast<std::size_t>(mine[k])];
       smp.dp_rank = r;
       smp.micro_batch = mbs.bin_of[k];
-      mb_tokens[static_cast<std::size_t>(smp.micro_batch)] += smp.meta.tokens;
+      auto& mt = mb_tokens[static_cast<std::size_t>(smp.micro_batch)];
+      mt = checked_add(mt, smp.meta.tokens, "micro-batch token count");
     }
     for (int m = 0; m < cfg.micro_batches; ++m)
       if (cfg.max_tokens_per_micro_batch > 0 &&
@@ -281,7 +354,7 @@ template <metadata_source M>
     std::sort(keys.begin(), keys.end());
     if (const auto d = std::adjacent_find(keys.begin(), keys.end()); v.empty() && d != keys.end())
       v = hetmesh::format("sample (source {}, epoch {}, position {}) drawn twice", std::get<0>(*d),
-                      std::get<1>(*d), std::get<2>(*d));
+                          std::get<1>(*d), std::get<2>(*d));
     HETMESH_ASSERT_AT(heavy, v.empty(), "data::plan_step (step {}): {}", st.step, v);
   }
   return out;

@@ -192,8 +192,14 @@ class source_loader {
 
   /// Number of samples.
   [[nodiscard]] std::int64_t size() const noexcept { return reader_->size(); }
-  /// The sample index at `position` of `epoch` (permutation keyed by (seed, source, epoch)).
+  /// The sample index at `position` of `epoch` (permutation keyed by (seed, source, epoch)). Throws
+  /// data_error naming the source, the epoch and position and the range unless epoch >= 0 and 0 <=
+  /// position < size() (a tampered checkpoint must not read outside the permutation).
   [[nodiscard]] std::int64_t index_at(std::int64_t epoch, std::int64_t position) {
+    if (epoch < 0 || position < 0 || position >= size())
+      throw_error<data_error>(
+          "source {}: epoch {}, position {}; expected epoch >= 0 and position in [0, {}) (the source's size)",
+          source_, epoch, position, size());
     std::lock_guard lock(mutex_);
     return perm_locked(epoch)[static_cast<std::size_t>(position)];
   }

@@ -7,8 +7,10 @@
 // lengths, so planning never touches payloads. Decoding payloads is the user's hook (`wds_decoder`).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -85,12 +87,21 @@ inline seq::sample_meta meta_from_json(const nlohmann::json& j, const std::strin
   const auto members = tar::list(f.bytes(), shard);
   wds_index idx{};
   idx.shard_bytes = f.size();
+  std::set<std::string> seen{};
   for (const auto& m : members) {
     auto [key, ext] = wds_split(m.name);
     if (idx.samples.empty() || idx.samples.back().key != key) {
+      if (!seen.insert(key).second)
+        throw_error<data_error>(
+            "shard '{}': sample key '{}' appears again at offset {} after other samples; expected each "
+            "sample's members together and keys unique",
+            shard, key, m.offset);
       idx.samples.push_back(wds_entry{.key = key});
     }
     auto& e = idx.samples.back();
+    if (std::find(e.exts.begin(), e.exts.end(), ext) != e.exts.end())
+      throw_error<data_error>("shard '{}': sample '{}' has two '.{}' members (a duplicate key); expected one",
+                              shard, key, ext);
     e.exts.push_back(ext);
     e.offsets.push_back(m.offset);
     e.sizes.push_back(m.size);
@@ -271,36 +282,53 @@ class wds_shard {
 /// KEY.EXT; finish() closes the archive and stores its index beside it. Not thread-safe.
 class wds_writer {
  public:
-  /// Creates the archive at `path`.
-  explicit wds_writer(std::string path)
-      : path_(std::move(path)), fd_(detail::open_file(path_, O_WRONLY | O_CREAT | O_TRUNC)) {}
+  /// Starts the archive for `path`, under a temporary name until commit() (detail::atomic_file).
+  explicit wds_writer(std::string path) : path_(std::move(path)), file_(path_) {}
 
   /// Appends one sample. Pre: a "json" member whose content carries the lengths (see the file comment);
-  /// the key contains no '.'; keys are unique within the shard.
+  /// the key contains no '.'; keys are unique within the shard (else invalid_argument naming the key: a
+  /// repeated key would merge two samples into one on reading).
   void add(std::string_view key, std::span<const std::pair<std::string, std::vector<std::byte>>> members) {
     if (key.empty() || key.find('.') != std::string_view::npos)
       throw_error<invalid_argument>(
           "wds_writer: key '{}' must be non-empty and contain no '.' (the key ends at the first '.')", key);
+    if (!keys_.insert(std::string(key)).second)
+      throw_error<invalid_argument>("wds_writer: key '{}' is already in shard '{}'; expected unique keys",
+                                    key, path_);
     for (const auto& [ext, bytes] : members) {
       const auto h = tar::header(hetmesh::format("{}.{}", key, ext), static_cast<std::int64_t>(bytes.size()));
-      detail::write_all(fd_.get(), h, path_);
-      detail::write_all(fd_.get(), bytes, path_);
+      file_.write(h);
+      file_.write(bytes);
       const auto pad = static_cast<std::size_t>(
           (tar::block - static_cast<std::int64_t>(bytes.size()) % tar::block) % tar::block);
-      detail::write_all(fd_.get(), std::span<const std::byte>(zeros_.data(), pad), path_);
+      file_.write(std::span<const std::byte>(zeros_.data(), pad));
     }
   }
-  /// Closes the archive (two zero blocks) and writes the index beside it.
-  void finish() {
-    detail::write_all(fd_.get(), zeros_, path_);
-    detail::write_all(fd_.get(), zeros_, path_);
-    fd_.reset();
-    store_wds_index(path_, build_wds_index(path_));
+  /// Writes the end of the archive (two zero blocks) and builds its index, leaving both unpublished:
+  /// a converter closes every shard it writes and commits them together at the end.
+  void close() {
+    if (closed_) return;
+    file_.write(zeros_);
+    file_.write(zeros_);
+    file_.close();
+    index_ = build_wds_index(file_.temp_path());
+    closed_ = true;
   }
+  /// Publishes the shard under its name (rename), then its index beside it.
+  void commit() {
+    close();
+    file_.commit();
+    store_wds_index(path_, index_);
+  }
+  /// close() then commit(): the archive and its index in place.
+  void finish() { commit(); }
 
  private:
   std::string path_{};
-  detail::unique_fd fd_;
+  detail::atomic_file file_;
+  std::set<std::string> keys_{};
+  wds_index index_{};
+  bool closed_ = false;
   std::vector<std::byte> zeros_ = std::vector<std::byte>(tar::block, std::byte{0});
 };
 

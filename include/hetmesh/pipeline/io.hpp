@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -75,6 +77,17 @@ namespace hetmesh::pipeline {
       }
       max_mb = std::max(max_mb, a.microbatch);
     }
+  // Every stage, encoder shard and micro-batch up to the largest named must run at least one action, so
+  // none can exceed the number of actions: refuse "0F959319657" before sizing tables by it.
+  std::int64_t actions = 0;
+  for (const auto& row : s.ranks) actions += static_cast<std::int64_t>(row.size());
+  for (const auto& [what, top] : {std::pair{"stage", max_stage}, std::pair{"encoder shard", max_shard},
+                                  std::pair{"micro-batch", max_mb}})
+    if (top >= actions)
+      throw_error<invalid_argument>(
+          "pipeline CSV: {} {} named, but the CSV has only {} action(s); expected {}s numbered from 0 with "
+          "each one run",
+          what, top, actions, what);
   s.num_stages = max_stage + 1;
   s.num_microbatches = max_mb + 1;
   s.stage_to_rank.assign(static_cast<std::size_t>(s.num_stages), -1);

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -146,17 +147,83 @@ inline void pread_all(int fd, std::span<std::byte> bytes, std::int64_t offset, c
   }
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, then rename, so a
-/// reader (or a process killed mid-write) never sees half a file.
-inline void write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    unique_fd fd = open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-    write_all(fd.get(), bytes, tmp);
-    if (::fsync(fd.get()) != 0) throw_error<data_error>("cannot fsync '{}': {}", tmp, std::strerror(errno));
+/// A temporary name beside `path`, unique to this process and call ("<path>.tmp-<pid>-<n>"), so writers
+/// racing on the same file (loaders building one shard index) never share a temporary.
+[[nodiscard]] inline std::string temp_name(const std::string& path) {
+  static std::atomic<unsigned> counter{0};
+  return path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+}
+
+/// An output file written under a temporary name beside its final one (temp_name: same folder, so the
+/// rename stays on one file system) and renamed over `path` only by commit(), after an fsync. Until
+/// then a reader, or a process killed mid-write, sees the previous file or none, never half of the new
+/// one; destroyed without commit() (an exception on the way), it removes the temporary. Move-only.
+class atomic_file {
+ public:
+  atomic_file() = default;
+  /// Creates the temporary for `path`; data_error naming it when that fails.
+  explicit atomic_file(std::string path)
+      : path_(std::move(path)), tmp_(temp_name(path_)), fd_(open_file(tmp_, O_WRONLY | O_CREAT | O_EXCL)) {}
+  atomic_file(atomic_file&& o) noexcept
+      : path_(std::move(o.path_)),
+        tmp_(std::move(o.tmp_)),
+        fd_(std::move(o.fd_)),
+        done_(std::exchange(o.done_, true)) {}
+  atomic_file& operator=(atomic_file&& o) noexcept {
+    if (this != &o) {
+      discard();
+      path_ = std::move(o.path_);
+      tmp_ = std::move(o.tmp_);
+      fd_ = std::move(o.fd_);
+      done_ = std::exchange(o.done_, true);
+    }
+    return *this;
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    throw_error<data_error>("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno));
+  atomic_file(const atomic_file&) = delete;
+  atomic_file& operator=(const atomic_file&) = delete;
+  ~atomic_file() { discard(); }
+
+  /// The descriptor of the temporary (-1 once closed).
+  [[nodiscard]] int fd() const noexcept { return fd_.get(); }
+  /// The final path.
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  /// The temporary's path, where the bytes are until commit().
+  [[nodiscard]] const std::string& temp_path() const noexcept { return tmp_; }
+  /// Appends `bytes` to the temporary.
+  void write(std::span<const std::byte> bytes) { write_all(fd_.get(), bytes, tmp_); }
+  /// Flushes and closes the temporary (it stays under its temporary name): what a caller does before
+  /// reading the file back, or before committing several files together.
+  void close() {
+    if (fd_.get() < 0) return;
+    if (::fsync(fd_.get()) != 0) throw_error<data_error>("cannot fsync '{}': {}", tmp_, std::strerror(errno));
+    fd_.reset();
+  }
+  /// Closes the temporary and renames it over the final path.
+  void commit() {
+    close();
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+      throw_error<data_error>("cannot rename '{}' to '{}': {}", tmp_, path_, std::strerror(errno));
+    done_ = true;
+  }
+
+ private:
+  void discard() noexcept {
+    fd_.reset();
+    if (!done_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+    done_ = true;
+  }
+  std::string path_{};
+  std::string tmp_{};
+  unique_fd fd_{};
+  bool done_ = false;
+};
+
+/// Writes `bytes` to `path` atomically (atomic_file): a reader, or a process killed mid-write, never sees
+/// half a file, and a failure leaves the previous file as it was.
+inline void write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
+  atomic_file f(path);
+  f.write(bytes);
+  f.commit();
 }
 
 /// The whole content of `path` as a string.

@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
+// The PyTorch CSV schedule reader (pipeline/io.hpp) on bad input found by fuzzing: names that would
+// size tables by a huge number are refused with the figure, before any allocation.
+#include <doctest/doctest.h>
+
+#include <hetmesh/pipeline/io.hpp>
+
+using namespace hetmesh;
+using doctest::Contains;
+
+TEST_CASE("pipeline CSV: a stage number far beyond the actions is refused, not allocated") {
+  CHECK_THROWS_WITH_AS((void)pipeline::from_csv("0F0,00000959319657F50"),
+                       Contains("stage 959319657 named, but the CSV has only 2 action(s)"), invalid_argument);
+  CHECK_THROWS_WITH_AS((void)pipeline::from_csv("0F2147483647"), Contains("micro-batch 2147483647 named"),
+                       invalid_argument);
+  CHECK_THROWS_AS((void)pipeline::from_csv("0F99999999999999999999"), invalid_argument);
+  CHECK(pipeline::from_csv("0F0,0F1,0B0,0B1\n").num_microbatches == 2);
+}
