@@ -4,7 +4,7 @@
 # are skipped with one message at configure time.
 set -euo pipefail
 
-packages=(cmake ninja-build ccache g++ clang libfmt-dev doctest-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin clang-format python3 doxygen)
+packages=(cmake ninja-build ccache g++ clang libclang-rt-14-dev libfmt-dev doctest-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin clang-format python3 doxygen)
 
 missing=()
 for p in "${packages[@]}"; do
