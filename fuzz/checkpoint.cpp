@@ -19,7 +19,7 @@ const mixture_config& config() {
       .sources = {{.name = "web", .paths = {"w"}, .weight = {{0, 0.7}}, .max_epochs = 3},
                   {.name = "code", .paths = {"c"}, .weight = {{0, 0.3}}}},
       .cost = {.text = {.a = 1, .b = 1}},
-      .layout = {.tp = 1, .cp = 1, .dp = 2, .pp = 1},
+      .layout = hetmesh::mesh::make_mesh(hetmesh::mesh::dp(2)),
       .micro_batches = 2,
   };
   return cfg;
@@ -27,9 +27,9 @@ const mixture_config& config() {
 
 struct table {
   std::int64_t source_size(int s) const { return s == 0 ? 40 : 25; }
-  std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t, std::int64_t p) const {
+  std::pair<std::int64_t, hetmesh::seq::sample_meta> lookup(int s, std::int64_t, std::int64_t p) const {
     if (p < 0 || p >= source_size(s)) __builtin_trap();  // the planner must never ask outside a source
-    return {p, sample_meta{.tokens = 1 + p, .item_tokens = {}, .bytes = 2 + 2 * p}};
+    return {p, hetmesh::seq::sample_meta{.tokens = 1 + p, .item_tokens = {}, .bytes = 2 + 2 * p}};
   }
 };
 }  // namespace

@@ -33,13 +33,13 @@ struct table_meta {
   std::vector<std::int64_t> sizes;
   std::int64_t len_override = 0;
   std::int64_t source_size(int s) const { return sizes[static_cast<std::size_t>(s)]; }
-  std::pair<std::int64_t, sample_meta> lookup(int s, std::int64_t, std::int64_t p) const {
+  std::pair<std::int64_t, hetmesh::seq::sample_meta> lookup(int s, std::int64_t, std::int64_t p) const {
     const auto len =
         len_override != 0
             ? len_override
             : 1 + static_cast<std::int64_t>(
                       key_hash({seed, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(p)}) % 500);
-    return {p, sample_meta{.tokens = len, .item_tokens = {}, .bytes = 2 * len}};
+    return {p, hetmesh::seq::sample_meta{.tokens = len, .item_tokens = {}, .bytes = 2 * len}};
   }
 };
 
@@ -50,7 +50,7 @@ mixture_config two_sources() {
       .sources = {{.name = "web", .paths = {"w"}, .weight = {{0, 0.7}}},
                   {.name = "code", .paths = {"c"}, .weight = {{0, 0.3}}}},
       .cost = {.text = {.a = 1, .b = 1}},
-      .layout = {.tp = 1, .cp = 1, .dp = 2, .pp = 1},
+      .layout = hetmesh::mesh::make_mesh(hetmesh::mesh::dp(2)),
       .micro_batches = 2,
   };
 }
@@ -263,7 +263,7 @@ TEST_CASE("overflow: sequence lengths whose sum leaves int64 are refused, not re
   auto cfg = two_sources();
   cfg.cost.text = {.a = 0, .b = 0, .c = 0};
   cfg.micro_batches = 1;
-  cfg.layout.dp = 1;
+  cfg.layout = hetmesh::mesh::make_mesh(hetmesh::mesh::dp(1));
   table_meta meta{3, {40, 40}, i64max / 4};
   CHECK_THROWS_WITH_AS((void)plan_step(cfg, initial_state(cfg), meta), Contains("micro-batch token count"),
                        overflow_error);

@@ -193,7 +193,7 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
 }
 /// The price of `m` under `cost` (a s^2 + b s + c per text and per item) in checked arithmetic: an
 /// overflow_error naming the sample instead of a wrapped (negative) price.
-[[nodiscard]] inline std::int64_t checked_price(const sample_cost& cost, const sample_meta& m, int source,
+[[nodiscard]] inline std::int64_t checked_price(const sample_cost& cost, const seq::sample_meta& m, int source,
                                                 std::int64_t position) {
   auto one = [&](const cost::quadratic_count& q, std::int64_t t) {
     if (t < 0)
