@@ -80,9 +80,10 @@ inline constexpr mesh::dim data_dim{"data"};
     stride *= extent;
     if (stride > INT_MAX) throw_error<invalid_argument>("mesh \"{}\" has more than {} ranks", order, INT_MAX);
   }
-  for (const auto& [name, e] : shape) {
-    const bool listed =
-        std::any_of(modes.begin(), modes.end(), [&](const mesh::view_mode& m) { return m.name == name; });
+  for (const auto& entry : shape) {
+    const auto& [name, e] = entry;  // clang 14 cannot capture a structured binding: the lambda reads entry
+    const bool listed = std::any_of(modes.begin(), modes.end(),
+                                    [&](const mesh::view_mode& m) { return m.name == entry.first; });
     if (!listed && e != 1)
       throw_error<invalid_argument>("dim '{}' of extent {} is missing from order \"{}\"; expected it listed",
                                     name, e, order);
