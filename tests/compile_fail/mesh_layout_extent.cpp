@@ -8,6 +8,4 @@ using extent = std::int64_t;
 using extent = int;
 #endif
 
-int main() {
-  return static_cast<int>(sizeof(hetmesh::mesh::layout<extent>) > 0);
-}
+int main() { return static_cast<int>(sizeof(hetmesh::mesh::layout<extent>) > 0); }

@@ -12,7 +12,8 @@
 using kernel = hetmesh::model::reference_attention;
 #else
 struct kernel {  // forward only
-  void forward(const hetmesh::model::attention_block<double>&, hetmesh::model::attention_forward_out<double>) {}
+  void forward(const hetmesh::model::attention_block<double>&,
+               hetmesh::model::attention_forward_out<double>) {}
 };
 #endif
 

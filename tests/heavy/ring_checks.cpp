@@ -27,7 +27,8 @@ TEST_CASE("ring attention: a rank with another schedule of the same ring is caug
         auto io = make_io<double>(s, c.rank(), {{0, c.rank() == 2 ? 40 : 32}}, 3);
         model::reference_attention k;
         try {
-          run::ring_attention_forward(c, s, k, input_of(io), std::span<double>(io.out), std::span<double>(io.lse));
+          run::ring_attention_forward(c, s, k, input_of(io), std::span<double>(io.out),
+                                      std::span<double>(io.lse));
         } catch (const mismatch_error& e) {
           mismatch[static_cast<std::size_t>(c.rank())] = 1;
           errors[static_cast<std::size_t>(c.rank())] = e.what();

@@ -272,14 +272,14 @@ TEST_CASE("micro_batch: errors name what is wrong") {
   CHECK_THROWS_WITH_AS((void)make_cp_micro_batch(b, wrong, 0),
                        doctest::Contains("do not match the batch's document"), invalid_argument);
   const auto p = seq::partition_thd(document_lengths(b), 2, true);
-  CHECK_THROWS_WITH_AS((void)make_cp_micro_batch(b, p, 2), doctest::Contains("rank 2; expected a rank in [0, 2)"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)make_cp_micro_batch(b, p, 2),
+                       doctest::Contains("rank 2; expected a rank in [0, 2)"), invalid_argument);
   const seq::seq_segment unknown[1] = {{-5, {0, 1}}};
   CHECK_THROWS_WITH_AS((void)make_segment_micro_batch(b, unknown), doctest::Contains("document id -5"),
                        invalid_argument);
   const seq::seq_segment outside[1] = {{b.documents[0].id, {0, b.documents[0].length() + 1}}};
-  CHECK_THROWS_WITH_AS((void)make_segment_micro_batch(b, outside), doctest::Contains("expected a range inside"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)make_segment_micro_batch(b, outside),
+                       doctest::Contains("expected a range inside"), invalid_argument);
 
   step_batch dup;
   dup.documents = {{.id = 3, .tokens = {1, 2}, .items = {}, .loss_mask = {}},

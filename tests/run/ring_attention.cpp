@@ -69,14 +69,16 @@ TEST_CASE("reference attention: backward matches finite differences (GQA, two do
   const auto nq = q_doc.size(), nk = k_doc.size();
   auto fill = [](std::uint64_t f, std::size_t n) {
     std::vector<double> x(n);
-    for (std::size_t i = 0; i < n; ++i) x[i] = value(7, static_cast<field>(f), 0, static_cast<std::int64_t>(i), 0, 0);
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = value(7, static_cast<field>(f), 0, static_cast<std::int64_t>(i), 0, 0);
     return x;
   };
-  auto q = fill(fq, nq * kHeads * kDim), k = fill(fk, nk * kKvHeads * kDim), v = fill(fv, nk * kKvHeads * kDim),
-       dout = fill(fdout, nq * kHeads * kDim);
+  auto q = fill(fq, nq * kHeads * kDim), k = fill(fk, nk * kKvHeads * kDim),
+       v = fill(fv, nk * kKvHeads * kDim), dout = fill(fdout, nq * kHeads * kDim);
   for (auto mask : {seq::block_mask::causal, seq::block_mask::full}) {
     CAPTURE(mask);
-    auto block = [&](const std::vector<double>& qq, const std::vector<double>& kk, const std::vector<double>& vv) {
+    auto block = [&](const std::vector<double>& qq, const std::vector<double>& kk,
+                     const std::vector<double>& vv) {
       return model::attention_block<double>{kShape, qq, kk, vv, q_doc, q_pos, k_doc, k_pos, mask, 0.35};
     };
     std::vector<double> out(q.size()), lse(nq * kHeads);
@@ -85,11 +87,12 @@ TEST_CASE("reference attention: backward matches finite differences (GQA, two do
     // The row of document 3 sees nothing: lse = -inf, out = 0.
     for (int h = 0; h < kHeads; ++h) {
       CHECK(lse[8 * kHeads + static_cast<std::size_t>(h)] == -std::numeric_limits<double>::infinity());
-      for (int e = 0; e < kDim; ++e) CHECK(out[(8 * kHeads + static_cast<std::size_t>(h)) * kDim + static_cast<std::size_t>(e)] == 0.0);
+      for (int e = 0; e < kDim; ++e)
+        CHECK(out[(8 * kHeads + static_cast<std::size_t>(h)) * kDim + static_cast<std::size_t>(e)] == 0.0);
     }
     std::vector<double> delta(lse.size()), dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
-    seq::attention_delta(std::span<const double>(out), std::span<const double>(dout), std::span<double>(delta),
-                         std::size_t{kDim});
+    seq::attention_delta(std::span<const double>(out), std::span<const double>(dout),
+                         std::span<double>(delta), std::size_t{kDim});
     kern.backward(block(q, k, v), {dout, lse, delta, dq, dk, dv});
     const double h = 1e-6;
     double worst = 0;
@@ -126,19 +129,22 @@ TEST_CASE("reference attention: float and double agree; bad sizes and mask none 
   std::vector<double> od(qd.size()), ld(6 * kHeads);
   std::vector<float> of(qd.size()), lf(6 * kHeads);
   model::reference_attention kern;
-  kern.forward(model::attention_block<double>{kShape, qd, kd, vd, doc, pos, doc, pos, seq::block_mask::causal, 0.3},
-               {od, ld});
-  kern.forward(model::attention_block<float>{kShape, qf, kf, vf, doc, pos, doc, pos, seq::block_mask::causal, 0.3f},
-               {of, lf});
+  kern.forward(
+      model::attention_block<double>{kShape, qd, kd, vd, doc, pos, doc, pos, seq::block_mask::causal, 0.3},
+      {od, ld});
+  kern.forward(
+      model::attention_block<float>{kShape, qf, kf, vf, doc, pos, doc, pos, seq::block_mask::causal, 0.3f},
+      {of, lf});
   for (std::size_t i = 0; i < od.size(); ++i) CHECK(std::abs(od[i] - double(of[i])) < 1e-5);
   CHECK_THROWS_AS(kern.forward(model::attention_block<double>{kShape, qd, kd, vd, doc, pos, doc, pos,
                                                               seq::block_mask::none, 0.3},
                                {od, ld}),
                   invalid_argument);
-  CHECK_THROWS_WITH_AS(kern.forward(model::attention_block<double>{kShape, std::span<const double>(qd).first(8), kd,
-                                                                   vd, doc, pos, doc, pos, seq::block_mask::causal, 0.3},
-                                    {od, ld}),
-                       doctest::Contains("expected q = tokens*q_heads*head_dim"), invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      kern.forward(model::attention_block<double>{kShape, std::span<const double>(qd).first(8), kd, vd, doc,
+                                                  pos, doc, pos, seq::block_mask::causal, 0.3},
+                   {od, ld}),
+      doctest::Contains("expected q = tokens*q_heads*head_dim"), invalid_argument);
 }
 
 TEST_CASE("ring attention over a zigzag CP ring of 8 equals full causal attention, forward and backward") {
@@ -153,10 +159,13 @@ TEST_CASE("ring attention over THD-packed documents (padded per document) equals
   check(on_loopback([](auto& c) { return thd_body<float>(c); }), 1e-5, total(lens), "thd cp=4 float");
 }
 
-TEST_CASE("ring attention over HDP rings of different sizes on one parent communicator equals full attention") {
+TEST_CASE(
+    "ring attention over HDP rings of different sizes on one parent communicator equals full attention") {
   // The placements really put rings on different ranks (else the second run would add nothing).
-  CHECK(make_hdp_case(5, planner::waves).plan.placement != make_hdp_case(5, planner::least_loaded).plan.placement);
-  CHECK(make_hdp_case(5, planner::waves).plan.placement != make_hdp_case(5, planner::bytescale).plan.placement);
+  CHECK(make_hdp_case(5, planner::waves).plan.placement !=
+        make_hdp_case(5, planner::least_loaded).plan.placement);
+  CHECK(make_hdp_case(5, planner::waves).plan.placement !=
+        make_hdp_case(5, planner::bytescale).plan.placement);
   for (auto placement : {planner::waves, planner::least_loaded, planner::bytescale})
     for (std::uint64_t seed : {5u, 6u}) {
       CAPTURE(seed);
@@ -182,7 +191,8 @@ TEST_CASE("ring attention over HDP rings of different sizes on one parent commun
       const auto d = on_loopback([&](auto& c) { return hdp_body<double>(c, seed, placement); });
       check(d, 1e-10, tokens, "hdp double");
       CHECK(d.rings > 0);
-      check(on_loopback([&](auto& c) { return hdp_body<float>(c, seed, placement); }), 1e-5, tokens, "hdp float");
+      check(on_loopback([&](auto& c) { return hdp_body<float>(c, seed, placement); }), 1e-5, tokens,
+            "hdp float");
     }
 }
 
@@ -216,13 +226,15 @@ TEST_CASE("ring attention errors name the ring, position and step; ranks outside
           // Rank 3 passes a ring of another order, so its neighbours see a different schedule or the
           // sizes do not match; the ring's ranks time out or mismatch, naming the ring and step.
           auto bad = c.rank() == 3 ? seq::ring_for(part, {0, 1, 3, 2}) : s;
-          run::ring_attention_forward(c, bad, k, input_of(io), std::span<double>(io.out), std::span<double>(io.lse));
+          run::ring_attention_forward(c, bad, k, input_of(io), std::span<double>(io.out),
+                                      std::span<double>(io.lse));
         } catch (const error& e) {
           errors[static_cast<std::size_t>(c.rank())] = e.what();
         }
       },
       std::chrono::milliseconds(2000));
-  for (int r = 4; r < 8; ++r) CHECK(errors[static_cast<std::size_t>(r)].find("is not in ring [0,1,2,3]") != std::string::npos);
+  for (int r = 4; r < 8; ++r)
+    CHECK(errors[static_cast<std::size_t>(r)].find("is not in ring [0,1,2,3]") != std::string::npos);
   bool named = false;
   for (int r = 0; r < 4; ++r) {
     MESSAGE("rank ", r, ": ", errors[static_cast<std::size_t>(r)]);

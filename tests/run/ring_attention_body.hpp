@@ -74,16 +74,16 @@ doc_ref reference(std::uint64_t seed, std::int64_t doc, std::int64_t len) {
   }
   std::vector<std::int64_t> docs(n, doc), pos(n);
   for (std::size_t t = 0; t < n; ++t) pos[t] = static_cast<std::int64_t>(t);
-  model::attention_block<double> b{kShape, q, k, v, docs, pos, docs, pos, seq::block_mask::causal,
-                                   1.0 / std::sqrt(double(kDim))};
+  model::attention_block<double> b{
+      kShape, q, k, v, docs, pos, docs, pos, seq::block_mask::causal, 1.0 / std::sqrt(double(kDim))};
   doc_ref r;
   r.out.resize(q.size());
   r.lse.resize(n * kHeads);
   model::reference_attention kernel;
   kernel.forward(b, {r.out, r.lse});
   std::vector<double> delta(r.lse.size());
-  seq::attention_delta(std::span<const double>(r.out), std::span<const double>(dout), std::span<double>(delta),
-                       std::size_t{kDim});
+  seq::attention_delta(std::span<const double>(r.out), std::span<const double>(dout),
+                       std::span<double>(delta), std::size_t{kDim});
   r.dq.assign(q.size(), 0.0);
   r.dk.assign(k.size(), 0.0);
   r.dv.assign(k.size(), 0.0);
@@ -148,8 +148,9 @@ struct verdict {
     return rows == o.rows && bad_calls == o.bad_calls;
   }
   std::string describe() const {
-    return fmt::format("rel err out {:.3g}, lse {:.3g}, dq {:.3g}, dk {:.3g}, dv {:.3g}; {} rows, {} bad calls",
-                       rel(0), rel(1), rel(2), rel(3), rel(4), rows, bad_calls);
+    return fmt::format(
+        "rel err out {:.3g}, lse {:.3g}, dq {:.3g}, dk {:.3g}, dv {:.3g}; {} rows, {} bad calls", rel(0),
+        rel(1), rel(2), rel(3), rel(4), rows, bad_calls);
   }
 };
 
@@ -162,8 +163,8 @@ struct position_io {
 
 /// Builds the inputs of position p of `s`; `lengths` maps a chunk's doc to its real length.
 template <class T>
-position_io<T> make_io(const seq::ring_schedule& s, int p, const std::map<std::int64_t, std::int64_t>& lengths,
-                       std::uint64_t seed) {
+position_io<T> make_io(const seq::ring_schedule& s, int p,
+                       const std::map<std::int64_t, std::int64_t>& lengths, std::uint64_t seed) {
   position_io<T> io;
   io.meta = run::ring_meta(s, p);
   const auto n = io.meta.doc.size();
@@ -199,8 +200,8 @@ run::ring_attention_input<T> input_of(const position_io<T>& io) {
 
 /// Compares a position's results with the references of its documents (real tokens only).
 template <class T>
-void compare(const position_io<T>& io, const std::map<std::int64_t, std::int64_t>& lengths, std::uint64_t seed,
-             std::map<std::int64_t, doc_ref>& refs, verdict& v) {
+void compare(const position_io<T>& io, const std::map<std::int64_t, std::int64_t>& lengths,
+             std::uint64_t seed, std::map<std::int64_t, doc_ref>& refs, verdict& v) {
   auto upd = [&](int qi, double got, double ref) {
     v.num[qi] = std::max(v.num[qi], std::abs(got - ref));
     v.den[qi] = std::max(v.den[qi], std::abs(ref));
@@ -221,8 +222,10 @@ void compare(const position_io<T>& io, const std::map<std::int64_t, std::int64_t
     }
     for (std::size_t j = 0; j < std::size_t{kKvHeads}; ++j)
       for (std::size_t e = 0; e < std::size_t{kDim}; ++e) {
-        upd(3, static_cast<double>(io.dk[(i * kKvHeads + j) * kDim + e]), r.dk[(t * kKvHeads + j) * kDim + e]);
-        upd(4, static_cast<double>(io.dv[(i * kKvHeads + j) * kDim + e]), r.dv[(t * kKvHeads + j) * kDim + e]);
+        upd(3, static_cast<double>(io.dk[(i * kKvHeads + j) * kDim + e]),
+            r.dk[(t * kKvHeads + j) * kDim + e]);
+        upd(4, static_cast<double>(io.dv[(i * kKvHeads + j) * kDim + e]),
+            r.dv[(t * kKvHeads + j) * kDim + e]);
       }
     ++v.rows;
   }
@@ -332,8 +335,9 @@ inline hdp_case make_hdp_case(std::uint64_t seed, planner who) {
     h.lengths[100 + i] = len;
   }
   const seq::hdp_policy policy{.capacity = 24,
-                               .placement = who == planner::least_loaded ? seq::hdp_placement_kind::least_loaded
-                                                                         : seq::hdp_placement_kind::waves};
+                               .placement = who == planner::least_loaded
+                                                ? seq::hdp_placement_kind::least_loaded
+                                                : seq::hdp_placement_kind::waves};
   h.plan = who == planner::bytescale ? balance::plan_bytescale(h.seqs, policy, 8, balance::step_model{})
                                      : seq::plan_hdp(h.seqs, policy, 8);
   return h;

@@ -58,5 +58,6 @@ TEST_CASE("MPI: ring attention with communication overlapped with compute gives 
   auto w = world();
   REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
   CHECK(zigzag_body<double>(w, false).same_as(zigzag_body<double>(w, true)));
-  CHECK(hdp_body<double>(w, 6, planner::bytescale, false).same_as(hdp_body<double>(w, 6, planner::bytescale, true)));
+  CHECK(hdp_body<double>(w, 6, planner::bytescale, false)
+            .same_as(hdp_body<double>(w, 6, planner::bytescale, true)));
 }

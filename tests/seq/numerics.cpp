@@ -74,9 +74,10 @@ position_result run_position(Comm& c, const seq::ring_schedule& s, const local_i
       {kHeads, kKvHeads, kDim}, 1.0 / std::sqrt(static_cast<double>(kDim)), io.q.v, io.k.v, io.v.v};
   model::reference_attention kernel;
   run::ring_attention_forward(c, s, kernel, in, std::span<double>(r.out.v), std::span<double>(lse));
-  run::ring_attention_backward(c, s, kernel, in, std::span<const double>(r.out.v), std::span<const double>(lse),
-                               std::span<const double>(io.dout.v), std::span<double>(r.dq.v),
-                               std::span<double>(r.dk.v), std::span<double>(r.dv.v));
+  run::ring_attention_backward(c, s, kernel, in, std::span<const double>(r.out.v),
+                               std::span<const double>(lse), std::span<const double>(io.dout.v),
+                               std::span<double>(r.dq.v), std::span<double>(r.dk.v),
+                               std::span<double>(r.dv.v));
   return r;
 }
 
@@ -187,15 +188,22 @@ TEST_CASE("reference attention backward matches finite differences") {
 TEST_CASE("model::reference_attention equals the naive attention of the seq tests (GQA, packed documents)") {
   const auto s = make_stream({9, 14, 3}, 5);
   const auto n = static_cast<std::size_t>(s.q.tokens);
-  const model::attention_block<double> b{{kHeads, kKvHeads, kDim}, s.q.v, s.k.v, s.v.v, s.meta.doc,
-                                         s.meta.pos, s.meta.doc, s.meta.pos, seq::block_mask::causal,
+  const model::attention_block<double> b{{kHeads, kKvHeads, kDim},
+                                         s.q.v,
+                                         s.k.v,
+                                         s.v.v,
+                                         s.meta.doc,
+                                         s.meta.pos,
+                                         s.meta.doc,
+                                         s.meta.pos,
+                                         seq::block_mask::causal,
                                          1.0 / std::sqrt(static_cast<double>(kDim))};
   std::vector<double> out(s.q.v.size()), lse(n * kHeads), delta(n * kHeads), dq(s.q.v.size(), 0.0),
       dk(s.k.v.size(), 0.0), dv(s.v.v.size(), 0.0);
   model::reference_attention kernel;
   kernel.forward(b, {out, lse});
-  seq::attention_delta(std::span<const double>(out), std::span<const double>(s.dout.v), std::span<double>(delta),
-                       static_cast<std::size_t>(kDim));
+  seq::attention_delta(std::span<const double>(out), std::span<const double>(s.dout.v),
+                       std::span<double>(delta), static_cast<std::size_t>(kDim));
   kernel.backward(b, {s.dout.v, lse, delta, dq, dk, dv});
   CHECK(rel_err(out, s.ref.out.v) < kTol);
   CHECK(rel_err(lse, s.ref.lse) < kTol);

@@ -17,8 +17,8 @@
 #include <hetmesh/data/indexed_dataset.hpp>
 #include <hetmesh/data/webdataset.hpp>
 
-#include "progress.hpp"
 #include "../common/args.hpp"
+#include "progress.hpp"
 
 namespace {
 

@@ -151,8 +151,7 @@ struct fmt::formatter<hetmesh::balance::bytescale> : hetmesh::empty_spec_formatt
 template <>
 struct fmt::formatter<hetmesh::balance::gap_filling_hdp> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::gap_filling_hdp& b, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::gap_filling_hdp& b, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "gap_filling_hdp(group_size={})", b.group_size);
   }
 };
@@ -166,16 +165,14 @@ struct fmt::formatter<hetmesh::balance::token_count> : hetmesh::empty_spec_forma
 template <>
 struct fmt::formatter<hetmesh::balance::random_placement> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::random_placement& b, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::random_placement& b, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "random_placement(seed={})", b.seed);
   }
 };
 template <>
 struct fmt::formatter<hetmesh::balance::static_dp_cp> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::static_dp_cp& b, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::static_dp_cp& b, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "static_dp_cp(context={})", b.context);
   }
 };

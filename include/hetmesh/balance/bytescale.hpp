@@ -193,8 +193,7 @@ struct fmt::formatter<hetmesh::balance::hdp_balance_mode> : hetmesh::empty_spec_
 template <>
 struct fmt::formatter<hetmesh::balance::bytescale_policy> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::bytescale_policy& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::bytescale_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "bytescale_policy(delta={}, mode={}, buckets={})", p.delta, p.mode,
                               p.buckets);
   }

@@ -218,8 +218,7 @@ struct dispatch_plan {
 template <>
 struct fmt::formatter<hetmesh::balance::token_source> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::token_source& s, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::token_source& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "source(seq {} x {} on {}@{})", s.seq_id, s.length, s.rank,
                               s.offset);
   }
@@ -228,8 +227,7 @@ struct fmt::formatter<hetmesh::balance::token_source> : hetmesh::empty_spec_form
 template <>
 struct fmt::formatter<hetmesh::balance::dispatch_plan> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::dispatch_plan& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::dispatch_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "dispatch_plan(ranks={}, tokens={}, runs={})", p.ranks, p.tokens,
                               p.moves.runs.size());
   }

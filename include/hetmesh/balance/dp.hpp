@@ -203,8 +203,7 @@ struct fmt::formatter<hetmesh::balance::dp_policy> : hetmesh::empty_spec_formatt
 template <>
 struct fmt::formatter<hetmesh::balance::dp_micro_batch> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::dp_micro_batch& mb, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::dp_micro_batch& mb, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "mb(tokens={}, time={}, seqs={})", mb.tokens, mb.time,
                               mb.seqs.size());
   }

@@ -61,8 +61,8 @@ struct reorder_plan {
   /// Per sample (canonical order), its LLM tokens as gathered: the next room (reshard, partitioning)
   /// reads lengths here instead of gathering the metadata a second time.
   std::vector<std::int64_t> tokens;
-  std::vector<std::int64_t> item_tokens;    ///< per item (item_offset order), its tokens as gathered
-  std::vector<std::int32_t> parcels;        ///< ranks x ranks parcel counts, row = sender
+  std::vector<std::int64_t> item_tokens;  ///< per item (item_offset order), its tokens as gathered
+  std::vector<std::int32_t> parcels;      ///< ranks x ranks parcel counts, row = sender
 
   /// Position of sample `id` in the canonical order; -1 when absent. O(log n).
   [[nodiscard]] std::ptrdiff_t index_of(std::int64_t id) const noexcept {
@@ -278,8 +278,7 @@ struct reorder_plan {
 template <>
 struct fmt::formatter<hetmesh::balance::reorder_policy> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::reorder_policy& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::reorder_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "reorder_policy({}, {}, token_capacity={})", p.llm, p.encoder,
                               p.token_capacity);
   }
@@ -288,8 +287,7 @@ struct fmt::formatter<hetmesh::balance::reorder_policy> : hetmesh::empty_spec_fo
 template <>
 struct fmt::formatter<hetmesh::balance::reorder_plan> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::reorder_plan& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::reorder_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     const auto mx = [](const std::vector<hetmesh::cost::fixed>& v) {
       return v.empty() ? hetmesh::cost::fixed{} : *std::max_element(v.begin(), v.end());
     };

@@ -274,8 +274,7 @@ struct fmt::formatter<hetmesh::balance::reshard_run> : hetmesh::empty_spec_forma
 template <>
 struct fmt::formatter<hetmesh::balance::reshard_plan> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::reshard_plan& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::reshard_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "reshard_plan(ranks={}, runs={}, rows={})", p.ranks, p.runs.size(),
                               p.total_rows());
   }
@@ -292,8 +291,7 @@ struct fmt::formatter<hetmesh::balance::item_span> : hetmesh::empty_spec_formatt
 template <>
 struct fmt::formatter<hetmesh::balance::encoder_block> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::encoder_block& b, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::encoder_block& b, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "enc({}, {}) rows [{}, {}) on {}@{}", b.sample_id, b.item,
                               b.row_begin, b.row_end, b.rank, b.offset);
   }

@@ -131,8 +131,7 @@ template <class... Bs>
 template <>
 struct fmt::formatter<hetmesh::balance::strategy_result> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::strategy_result& r, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::strategy_result& r, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(
         ctx.out(), "{}: step={} (modelled), imbalance={:.3f}, lower_bound={}, ratio={:.3f}, tasks={}", r.name,
         r.step, r.imbalance, r.lower_bound, r.ratio_to_lower_bound, r.tasks);

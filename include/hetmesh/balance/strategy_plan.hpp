@@ -189,8 +189,7 @@ inline strategy_plan hdp_plan_items(const seq::hdp_plan& plan, const step_model&
 template <>
 struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::strategy_config& c, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::strategy_config& c, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "strategy_config(ranks={}, {}, {})", c.ranks, c.hdp, c.model);
   }
 };
@@ -205,8 +204,7 @@ struct fmt::formatter<hetmesh::balance::work_item> : hetmesh::empty_spec_formatt
 template <>
 struct fmt::formatter<hetmesh::balance::strategy_plan> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::strategy_plan& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::balance::strategy_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     std::int64_t tokens = 0;
     for (const auto& w : p.items) tokens += w.tokens();
     return hetmesh::format_to(ctx.out(), "strategy_plan({} items, {} tokens)", p.items.size(), tokens);

@@ -326,9 +326,9 @@ class communicator : public comm::detail::group_members {
       return r != ncclInProgress;
     });
     if (!completed) {
-      s_->abort(
-          detail::abort_kind::timeout,
-          hetmesh::format("{} did not complete within {} ms (a rank is missing)", call, opt_.timeout.count()));
+      s_->abort(detail::abort_kind::timeout,
+                hetmesh::format("{} did not complete within {} ms (a rank is missing)", call,
+                                opt_.timeout.count()));
       usable(op);
     }
     if (r != ncclSuccess) detail::raise(r, call, where(op), s_->comm);

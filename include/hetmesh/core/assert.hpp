@@ -49,13 +49,13 @@ template <class... Args>
 
 /// HETMESH_ASSERT_AT(level, cond, fmt, args...): checks `cond` when `level` (off, normal, collective,
 /// heavy) is enabled; otherwise the condition is not evaluated.
-#define HETMESH_ASSERT_AT(level, cond, ...)                                                         \
-  do {                                                                                              \
-    if constexpr (::hetmesh::assertion_enabled(::hetmesh::assertion_level::level)) {                \
-      if (!(cond)) {                                                                                \
-        ::hetmesh::detail::assertion_failed(#cond, __FILE__, __LINE__, __VA_ARGS__);                \
-      }                                                                                             \
-    }                                                                                               \
+#define HETMESH_ASSERT_AT(level, cond, ...)                                          \
+  do {                                                                               \
+    if constexpr (::hetmesh::assertion_enabled(::hetmesh::assertion_level::level)) { \
+      if (!(cond)) {                                                                 \
+        ::hetmesh::detail::assertion_failed(#cond, __FILE__, __LINE__, __VA_ARGS__); \
+      }                                                                              \
+    }                                                                                \
   } while (false)
 
 /// HETMESH_ASSERT(cond, fmt, args...): a normal-level precondition check.

@@ -124,7 +124,8 @@ using format_string_t = fmt::string_view;
 
 /// The cold half of throw_error: one instantiation per exception type, not per call site.
 template <class E>
-[[noreturn]] [[gnu::cold]] [[gnu::noinline]] void throw_formatted(fmt::string_view format, fmt::format_args args) {
+[[noreturn]] [[gnu::cold]] [[gnu::noinline]] void throw_formatted(fmt::string_view format,
+                                                                  fmt::format_args args) {
   throw E(fmt::vformat(format, args));
 }
 
@@ -157,7 +158,8 @@ template <class... Args>
 #if HETMESH_CHECK_FORMAT_STRINGS
   return fmt::vformat(text, fmt::make_format_args(args...));
 #else
-  return fmt::vformat(text, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+  return fmt::vformat(text,
+                      detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
 #endif
 }
 
@@ -167,7 +169,8 @@ Out format_to(Out out, detail::format_string_t<Args...> text, Args&&... args) {
 #if HETMESH_CHECK_FORMAT_STRINGS
   return fmt::vformat_to(out, text, fmt::make_format_args(args...));
 #else
-  return fmt::vformat_to(out, text, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+  return fmt::vformat_to(
+      out, text, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
 #endif
 }
 
@@ -179,7 +182,8 @@ template <class E, class... Args>
 #if HETMESH_CHECK_FORMAT_STRINGS
   detail::throw_formatted<E>(format, fmt::make_format_args(args...));
 #else
-  detail::throw_formatted<E>(format, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+  detail::throw_formatted<E>(
+      format, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
 #endif
 }
 #endif

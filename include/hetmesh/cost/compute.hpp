@@ -146,8 +146,7 @@ struct llm_compute {
 template <class T>
 struct fmt::formatter<hetmesh::cost::basic_quadratic<T>> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::cost::basic_quadratic<T>& q, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::cost::basic_quadratic<T>& q, FormatContext& ctx) const -> decltype(ctx.out()) {
     if constexpr (std::is_floating_point_v<T>)
       return hetmesh::format_to(ctx.out(), "T(s)={:.4g}*s^2+{:.4g}*s+{:.4g}", q.a, q.b, q.c);
     else

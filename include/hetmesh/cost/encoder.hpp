@@ -153,8 +153,7 @@ struct fmt::formatter<hetmesh::cost::item_kind> : hetmesh::empty_spec_formatter 
 template <>
 struct fmt::formatter<hetmesh::cost::encoder_compute> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::cost::encoder_compute& e, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::cost::encoder_compute& e, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "encoder_compute({}, layers={}, train_factor={}, window={})",
                               e.layer, e.layers, e.train_factor, e.window);
   }

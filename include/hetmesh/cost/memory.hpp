@@ -107,8 +107,7 @@ struct offload_model {
 template <>
 struct fmt::formatter<hetmesh::cost::activation_memory> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::cost::activation_memory& m, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::cost::activation_memory& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "Act(s)={:.4g}*s+{:.4g} bytes/layer x {} layers", m.alpha, m.beta,
                               m.layers);
   }

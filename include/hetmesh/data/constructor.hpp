@@ -175,8 +175,7 @@ struct byte_reader {
 template <>
 struct fmt::formatter<hetmesh::data::packed_micro_batch> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::data::packed_micro_batch& m, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::data::packed_micro_batch& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "micro_batch({} documents, {} tokens, {} items, cu_seqlens={})",
                               m.refs.size(), m.tokens.size(), m.items.size(), m.cu_seqlens);
   }

@@ -370,8 +370,7 @@ class indexed_dataset_writer {
 template <>
 struct fmt::formatter<hetmesh::data::indexed_dataset> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::data::indexed_dataset& d, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::data::indexed_dataset& d, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "indexed_dataset({}, {}, {} sequences, {} documents)", d.prefix(),
                               d.type(), d.size(), d.documents());
   }

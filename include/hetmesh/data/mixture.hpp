@@ -115,8 +115,8 @@ struct mixture_config {
   /// The trainers' mesh: any mesh::layout (every order, with ep), a mesh::view, the LLM side of a
   /// mesh::decoupled, or data::mesh_of_order(order, shape) for a layout search's choice.
   trainer_mesh layout{};
-  int micro_batches = 1;                         ///< per data-parallel rank and step
-  std::int64_t max_tokens_per_micro_batch = 0;   ///< 0: unlimited; else a capacity_error when exceeded
+  int micro_batches = 1;                        ///< per data-parallel rank and step
+  std::int64_t max_tokens_per_micro_batch = 0;  ///< 0: unlimited; else a capacity_error when exceeded
 
   void hash_append(hasher& h) const {
     append_all(h, seed, global_batch, sources, modalities, buckets, cost, balance, layout, micro_batches,

@@ -200,12 +200,13 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
     const auto& l = j["layout"];
     detail::check_keys(l, {"order", "tp", "cp", "ep", "dp", "pp"}, "mixture.layout");
     const auto dim_extent = [&](const char* key) { return detail::field<int>(l, key, "mixture.layout", 1); };
-    c.layout = mesh_of_order(detail::field<std::string>(l, "order", "mixture.layout", std::string(mesh::megatron_order)),
-                             {{mesh::tp, dim_extent("tp")},
-                              {mesh::cp, dim_extent("cp")},
-                              {mesh::ep, dim_extent("ep")},
-                              {mesh::dp, dim_extent("dp")},
-                              {mesh::pp, dim_extent("pp")}});
+    c.layout = mesh_of_order(
+        detail::field<std::string>(l, "order", "mixture.layout", std::string(mesh::megatron_order)),
+        {{mesh::tp, dim_extent("tp")},
+         {mesh::cp, dim_extent("cp")},
+         {mesh::ep, dim_extent("ep")},
+         {mesh::dp, dim_extent("dp")},
+         {mesh::pp, dim_extent("pp")}});
   }
   c.micro_batches = detail::field<int>(j, "micro_batches", "mixture", 1);
   c.max_tokens_per_micro_batch = detail::field<std::int64_t>(j, "max_tokens_per_micro_batch", "mixture");

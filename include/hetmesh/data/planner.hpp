@@ -109,11 +109,11 @@ concept metadata_source = requires(M& m, int s, std::int64_t e, std::int64_t p) 
 
 /// One sample of a step plan: where it comes from, its lengths and cost, and where it goes.
 struct planned_sample {
-  sample_ref ref{};       ///< which sample
+  sample_ref ref{};         ///< which sample
   seq::sample_meta meta{};  ///< its metadata; meta.id = ref.id()
-  std::int64_t cost = 0;  ///< its price (mixture_config::cost)
-  int dp_rank = 0;        ///< data-parallel rank it goes to
-  int micro_batch = 0;    ///< micro-batch on that rank
+  std::int64_t cost = 0;    ///< its price (mixture_config::cost)
+  int dp_rank = 0;          ///< data-parallel rank it goes to
+  int micro_batch = 0;      ///< micro-batch on that rank
   void hash_append(hasher& h) const { append_all(h, ref, meta, cost, dp_rank, micro_batch); }
   friend bool operator==(const planned_sample&, const planned_sample&) = default;
 };
@@ -193,8 +193,8 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
 }
 /// The price of `m` under `cost` (a s^2 + b s + c per text and per item) in checked arithmetic: an
 /// overflow_error naming the sample instead of a wrapped (negative) price.
-[[nodiscard]] inline std::int64_t checked_price(const sample_cost& cost, const seq::sample_meta& m, int source,
-                                                std::int64_t position) {
+[[nodiscard]] inline std::int64_t checked_price(const sample_cost& cost, const seq::sample_meta& m,
+                                                int source, std::int64_t position) {
   auto one = [&](const cost::quadratic_count& q, std::int64_t t) {
     if (t < 0)
       throw_error<data_error>("source {} position {}: a length of {} tokens; expected >= 0", source, position,

@@ -7,9 +7,9 @@
 #pragma once
 
 #include <algorithm>
-#include <functional>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>

@@ -197,7 +197,7 @@ struct wds_record {
   std::string_view key{};  ///< the sample's key
   /// (extension, content) of each member
   std::vector<std::pair<std::string_view, std::span<const std::byte>>> members{};
-  nlohmann::json json{};              ///< the parsed json member
+  nlohmann::json json{};                   ///< the parsed json member
   const seq::sample_meta* meta = nullptr;  ///< metadata, when known
 };
 

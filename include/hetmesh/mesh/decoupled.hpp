@@ -174,8 +174,7 @@ struct fmt::formatter<hetmesh::mesh::named_coord> : hetmesh::empty_spec_formatte
 template <>
 struct fmt::formatter<hetmesh::mesh::group_placement> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::mesh::group_placement& g, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::mesh::group_placement& g, FormatContext& ctx) const -> decltype(ctx.out()) {
     std::string dims;
     for (const auto& d : g.llm_dims) dims += hetmesh::format("{}{}", dims.empty() ? "" : ",", d);
     return hetmesh::format_to(ctx.out(), "{} on {} node{} (LLM dims: {})", fmt::join(g.ranks, ","), g.nodes,

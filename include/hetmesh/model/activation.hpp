@@ -224,8 +224,7 @@ class activation_slot {
 template <>
 struct fmt::formatter<hetmesh::model::activation_key> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::model::activation_key& k, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::model::activation_key& k, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "(stage {}, micro-batch {}, tensor {})", k.stage, k.micro_batch,
                               k.tensor);
   }

@@ -93,8 +93,7 @@ struct fmt::formatter<hetmesh::model::encoder_piece> : hetmesh::empty_spec_forma
 template <>
 struct fmt::formatter<hetmesh::model::encoder_batch_view> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::model::encoder_batch_view& v, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::model::encoder_batch_view& v, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "encoder_batch{{encoder={}, rank={}, mb={}, tokens={}, pieces={}}}",
                               v.encoder, v.rank, v.index, v.tokens, v.pieces);
   }

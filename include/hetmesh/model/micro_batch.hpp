@@ -449,8 +449,7 @@ struct fmt::formatter<hetmesh::model::token_segment> : hetmesh::empty_spec_forma
 template <>
 struct fmt::formatter<hetmesh::model::encoder_landing> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::model::encoder_landing& l, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::model::encoder_landing& l, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "enc{}:item{}{}@{}", l.encoder, l.item, l.item_tokens,
                               l.local_offset);
   }
@@ -458,8 +457,7 @@ struct fmt::formatter<hetmesh::model::encoder_landing> : hetmesh::empty_spec_for
 template <>
 struct fmt::formatter<hetmesh::model::micro_batch_view> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::model::micro_batch_view& v, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::model::micro_batch_view& v, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(),
                               "micro_batch{{rank={}, mb={}, tokens={}, targets={}, segments={}, encoder={}}}",
                               v.rank, v.index, v.size(), v.local_targets(), v.segments, v.encoder_outputs);

@@ -423,8 +423,7 @@ struct fmt::formatter<hetmesh::pipeline::gpipe> : hetmesh::empty_spec_formatter 
 template <>
 struct fmt::formatter<hetmesh::pipeline::one_f_one_b> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::pipeline::one_f_one_b& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::one_f_one_b& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
@@ -432,8 +431,7 @@ struct fmt::formatter<hetmesh::pipeline::one_f_one_b> : hetmesh::empty_spec_form
 template <>
 struct fmt::formatter<hetmesh::pipeline::zero_bubble> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::pipeline::zero_bubble& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::zero_bubble& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
   }
 };
@@ -449,8 +447,7 @@ struct fmt::formatter<hetmesh::pipeline::zbv> : hetmesh::empty_spec_formatter {
 template <>
 struct fmt::formatter<hetmesh::pipeline::interleaved_1f1b> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::pipeline::interleaved_1f1b& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::interleaved_1f1b& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "interleaved-1f1b(virtual_stages={}, group_size={}, rule={})",
                               p.virtual_stages, p.group_size, p.rule);
   }

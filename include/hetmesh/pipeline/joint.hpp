@@ -295,8 +295,7 @@ struct fmt::formatter<hetmesh::pipeline::encoder_on_first_stage> : hetmesh::empt
 template <>
 struct fmt::formatter<hetmesh::pipeline::encoder_pool> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::pipeline::encoder_pool& q, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::encoder_pool& q, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "pool(ranks={}, lookahead={})", q.ranks, q.lookahead);
   }
 };

@@ -450,8 +450,7 @@ struct list_source {
 template <>
 struct fmt::formatter<hetmesh::pipeline::timed_action> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::pipeline::timed_action& t, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::timed_action& t, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "rank {} {} [{:.6g}, {:.6g})", t.rank,
                               hetmesh::pipeline::to_text(t.what), t.start, t.end);
   }

@@ -505,8 +505,7 @@ inline void assert_deadlock_free(const schedule& s, std::string_view who) {
 template <>
 struct fmt::formatter<hetmesh::pipeline::verify_report> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::pipeline::verify_report& r, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::pipeline::verify_report& r, FormatContext& ctx) const -> decltype(ctx.out()) {
     auto out = hetmesh::format_to(
         ctx.out(),
         "verified: {} actions ({} compute, {} send/recv pairs); peak in-flight per rank:", r.actions,

@@ -2,11 +2,11 @@
 // hetmesh::run: the data plane in processes of its own (MegaScale-Data's source loaders and
 // constructors on hosts apart from the trainers). The communicator `world` holds the trainer ranks
 // first, [0, layout.world()), numbered as the trainers' mesh (cfg.layout, any order) says, and after
-// them H >= 1 data-plane hosts. Host h serves the data-parallel indices d with d mod H == h: it runs a data_loader
-// whose serve_dp is that share (every host plans the whole step, a pure function, and reads only its share,
-// so no sample is read twice and no trainer opens a source), constructs each served rank's micro-batches and
-// sends them to that rank's loading rank, which broadcasts them to its delivery group as run::deliver() does.
-// Every host holds the same planner state, so any one of them writes the checkpoint.
+// them H >= 1 data-plane hosts. Host h serves the data-parallel indices d with d mod H == h: it runs a
+// data_loader whose serve_dp is that share (every host plans the whole step, a pure function, and reads only
+// its share, so no sample is read twice and no trainer opens a source), constructs each served rank's
+// micro-batches and sends them to that rank's loading rank, which broadcasts them to its delivery group as
+// run::deliver() does. Every host holds the same planner state, so any one of them writes the checkpoint.
 #pragma once
 
 #include <algorithm>

@@ -160,7 +160,7 @@ struct ring_ctx {
   const ring_attention_input<T>& in;
   int p = 0, d = 1, next = 0, prev = 0;
   std::size_t hq = 1, hk = 1, dim = 1;
-  std::vector<std::size_t> ntok;                   // per position: tokens it holds
+  std::vector<std::size_t> ntok;                     // per position: tokens it holds
   std::vector<std::int64_t> qdoc, qpos, kdoc, kpos;  // the block in hand
 
   ring_ctx(const seq::ring_schedule& sched, const ring_attention_input<T>& input) : s(sched), in(input) {}
@@ -170,7 +170,8 @@ struct ring_ctx {
   std::size_t tokens(int pos) const noexcept { return ntok[static_cast<std::size_t>(pos)]; }
 };
 
-inline void fill_meta(const seq::cp_chunk& c, std::vector<std::int64_t>& doc, std::vector<std::int64_t>& pos) {
+inline void fill_meta(const seq::cp_chunk& c, std::vector<std::int64_t>& doc,
+                      std::vector<std::int64_t>& pos) {
   const auto n = static_cast<std::size_t>(c.positions.size());
   doc.assign(n, c.doc);
   pos.resize(n);
@@ -221,14 +222,16 @@ ring_ctx<T> make_ctx(const C& c, const seq::ring_schedule& s, const ring_attenti
         throw_error<invalid_argument>(
             "{}: position {} of ring [{}] has a chunk of document {} at [{}, {}) of its {} tokens; expected "
             "chunks that tile the local buffer",
-            who, q, fmt::join(s.ring, ","), ch.doc, ch.local_offset, ch.local_offset + ch.positions.size(), n);
+            who, q, fmt::join(s.ring, ","), ch.doc, ch.local_offset, ch.local_offset + ch.positions.size(),
+            n);
     x.ntok.push_back(static_cast<std::size_t>(n));
   }
   const std::size_t n = x.tokens(p);
   if (in.q.size() != n * x.q_row() || in.k.size() != n * x.kv_row() || in.v.size() != n * x.kv_row())
     throw_error<invalid_argument>(
-        "{}: position {} of ring [{}] holds {} tokens; q has {} elements, k {}, v {}; expected {} and {}", who,
-        p, fmt::join(s.ring, ","), n, in.q.size(), in.k.size(), in.v.size(), n * x.q_row(), n * x.kv_row());
+        "{}: position {} of ring [{}] holds {} tokens; q has {} elements, k {}, v {}; expected {} and {}",
+        who, p, fmt::join(s.ring, ","), n, in.q.size(), in.k.size(), in.v.size(), n * x.q_row(),
+        n * x.kv_row());
   return x;
 }
 
@@ -261,8 +264,10 @@ model::attention_block<T> block_of(ring_ctx<T>& x, const seq::ring_pair& pr, int
                                    std::span<const T> v) {
   const auto& qc = x.s.chunks[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(pr.q_chunk)];
   const auto& kc = x.s.chunks[static_cast<std::size_t>(src)][static_cast<std::size_t>(pr.kv_chunk)];
-  const auto q0 = static_cast<std::size_t>(qc.local_offset), nq = static_cast<std::size_t>(qc.positions.size());
-  const auto k0 = static_cast<std::size_t>(kc.local_offset), nk = static_cast<std::size_t>(kc.positions.size());
+  const auto q0 = static_cast<std::size_t>(qc.local_offset),
+             nq = static_cast<std::size_t>(qc.positions.size());
+  const auto k0 = static_cast<std::size_t>(kc.local_offset),
+             nk = static_cast<std::size_t>(kc.positions.size());
   fill_meta(qc, x.qdoc, x.qpos);
   fill_meta(kc, x.kdoc, x.kpos);
   model::attention_block<T> b;
@@ -290,8 +295,7 @@ std::string where(const comm::communicator auto& c, const ring_ctx<T>& x, const 
 
 template <class T>
 void check_size(std::size_t got, std::size_t want, const char* what, const char* who) {
-  if (got != want)
-    throw_error<invalid_argument>("{}: {} has {} elements; expected {}", who, what, got, want);
+  if (got != want) throw_error<invalid_argument>("{}: {} has {} elements; expected {}", who, what, got, want);
 }
 
 /// A point-to-point batch run on a helper thread while the caller computes (ring_attention_options::
@@ -326,8 +330,8 @@ class background_p2p {
 };
 
 template <class C, class K, class T>
-void ring_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in, std::span<T> out,
-                  std::span<T> lse, const ring_attention_options& opt) {
+void ring_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_attention_input<T>& in,
+                  std::span<T> out, std::span<T> lse, const ring_attention_options& opt) {
   constexpr const char* who = "run::ring_attention_forward";
   auto x = detail::make_ctx(c, s, in, opt, who);
   const std::size_t n = x.tokens(x.p);
@@ -363,10 +367,10 @@ void ring_forward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atten
         ob.resize(rows * x.dim);
         lb.resize(rows);
         kernel.forward(b, model::attention_forward_out<T>{std::span<T>(ob), std::span<T>(lb)});
-        const auto r0 = static_cast<std::size_t>(
-                            s.chunks[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(pr.q_chunk)]
-                                .local_offset) *
-                        x.hq;
+        const auto r0 =
+            static_cast<std::size_t>(
+                s.chunks[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(pr.q_chunk)].local_offset) *
+            x.hq;
         seq::merge_partial(out.subspan(r0 * x.dim, rows * x.dim), lse.subspan(r0, rows),
                            std::span<const T>(ob), std::span<const T>(lb), x.dim);
       }
@@ -445,7 +449,8 @@ void ring_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atte
         if (pr.mask == seq::block_mask::none) continue;
         const auto b = detail::block_of(x, pr, st.kv_source, k, v);
         const auto& qc = s.chunks[static_cast<std::size_t>(x.p)][static_cast<std::size_t>(pr.q_chunk)];
-        const auto& kc = s.chunks[static_cast<std::size_t>(st.kv_source)][static_cast<std::size_t>(pr.kv_chunk)];
+        const auto& kc =
+            s.chunks[static_cast<std::size_t>(st.kv_source)][static_cast<std::size_t>(pr.kv_chunk)];
         const auto q0 = static_cast<std::size_t>(qc.local_offset), nq = b.q_doc.size();
         const auto k0 = static_cast<std::size_t>(kc.local_offset), nk = b.k_doc.size();
         model::attention_backward_io<T> io;
@@ -476,7 +481,8 @@ void ring_backward(C& c, const seq::ring_schedule& s, K& kernel, const ring_atte
       } else {  // last hop: the accumulators in hand belong to the next position; ours arrive in place
         const comm::p2p_op last[4] = {comm::send_op(std::span<const T>(gk), x.next, opt.tag + 2),
                                       comm::send_op(std::span<const T>(gv), x.next, opt.tag + 3),
-                                      comm::recv_op(dk, x.prev, opt.tag + 2), comm::recv_op(dv, x.prev, opt.tag + 3)};
+                                      comm::recv_op(dk, x.prev, opt.tag + 2),
+                                      comm::recv_op(dv, x.prev, opt.tag + 3)};
         comm::group_p2p(c, std::span<const comm::p2p_op>(last));
       }
     }
@@ -560,7 +566,8 @@ void ring_attention_forward_all(C& c, const Tasks& tasks, K& kernel, const ring_
   std::size_t i = 0;
   for (const auto& tk : tasks) {
     if (tk.schedule == nullptr)
-      throw_error<invalid_argument>("run::ring_attention_forward_all: task {} has no schedule; expected one", i);
+      throw_error<invalid_argument>("run::ring_attention_forward_all: task {} has no schedule; expected one",
+                                    i);
     try {
       ring_attention_forward(c, *tk.schedule, kernel, tk.in, tk.out, tk.lse, opt);
     } catch (error& e) {
@@ -576,7 +583,8 @@ void ring_attention_forward_all(C& c, const Tasks& tasks, K& kernel, const ring_
 /// with the forward's results in each task. Post and cost: those of ring_attention_backward, summed.
 /// Collective over the union of the tasks' rings, ring by ring.
 template <comm::communicator C, class K, std::ranges::input_range Tasks>
-void ring_attention_backward_all(C& c, const Tasks& tasks, K& kernel, const ring_attention_options& opt = {}) {
+void ring_attention_backward_all(C& c, const Tasks& tasks, K& kernel,
+                                 const ring_attention_options& opt = {}) {
   using task = std::ranges::range_value_t<Tasks>;
   static_assert(std::is_same_v<task, ring_backward_task<typename task::value_type>>,
                 "run::ring_attention_backward_all takes a range of run::ring_backward_task<T>");
@@ -586,7 +594,8 @@ void ring_attention_backward_all(C& c, const Tasks& tasks, K& kernel, const ring
       throw_error<invalid_argument>("run::ring_attention_backward_all: task {} has no schedule; expected one",
                                     i);
     try {
-      ring_attention_backward(c, *tk.schedule, kernel, tk.in, tk.out, tk.lse, tk.dout, tk.dq, tk.dk, tk.dv, opt);
+      ring_attention_backward(c, *tk.schedule, kernel, tk.in, tk.out, tk.lse, tk.dout, tk.dq, tk.dk, tk.dv,
+                              opt);
     } catch (error& e) {
       e.add_context(hetmesh::format("run::ring_attention_backward_all: task {}", i));
       throw;

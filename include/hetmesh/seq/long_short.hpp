@@ -232,8 +232,7 @@ inline long_short_plan long_short_policy::plan(std::span<const seq_desc> items, 
 template <>
 struct fmt::formatter<hetmesh::seq::long_short_policy> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::seq::long_short_policy& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::seq::long_short_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "long_short_policy{{cap={}, heads={}, node={}, beta={}, {}}}",
                               p.max_tokens_per_rank, p.heads, p.cluster.devices_per_node, p.balance_factor,
                               p.encoder);
@@ -242,8 +241,7 @@ struct fmt::formatter<hetmesh::seq::long_short_policy> : hetmesh::empty_spec_for
 template <>
 struct fmt::formatter<hetmesh::seq::long_short_assignment> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::seq::long_short_assignment& a, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::seq::long_short_assignment& a, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}->ranks[{},{})", a.item, a.first_rank, a.first_rank + a.degree);
   }
 };

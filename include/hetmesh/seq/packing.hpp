@@ -120,8 +120,7 @@ struct fmt::formatter<hetmesh::seq::pack_policy> : hetmesh::empty_spec_formatter
 template <>
 struct fmt::formatter<hetmesh::seq::packed_micro_batch> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::seq::packed_micro_batch& m, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::seq::packed_micro_batch& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "packed{{tokens={}, cu_seqlens={}}}", m.tokens(), m.cu_seqlens);
   }
 };

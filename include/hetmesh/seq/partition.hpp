@@ -280,8 +280,7 @@ struct fmt::formatter<hetmesh::seq::no_offload> : hetmesh::empty_spec_formatter 
 template <>
 struct fmt::formatter<hetmesh::seq::selective_offload> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::seq::selective_offload& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
+  auto format(const hetmesh::seq::selective_offload& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "selective_offload{{ratio_steps={}}}", p.ratio_steps);
   }
 };

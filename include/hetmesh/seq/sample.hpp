@@ -42,9 +42,10 @@ struct sample_id_layout {
   static constexpr std::int64_t max_epoch = (std::int64_t{1} << epoch_bits) - 1;        ///< largest epoch
   static constexpr std::int64_t max_source = (std::int64_t{1} << source_bits) - 1;      ///< largest source
 };
-static_assert(
-    sample_id_layout::position_bits + sample_id_layout::epoch_bits + sample_id_layout::source_bits == 63,
-    "a sample id uses the 63 value bits of a non-negative int64");
+static_assert(sample_id_layout::position_bits + sample_id_layout::epoch_bits +
+                      sample_id_layout::source_bits ==
+                  63,
+              "a sample id uses the 63 value bits of a non-negative int64");
 
 /// The stable id of the sample at `position` of `epoch` of `source` (layout: sample_id_layout).
 /// Throws invalid_argument naming the part and its limit when a part is negative or too large.
