@@ -28,6 +28,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../pipeline/action.hpp"
 #include "../seq/cp.hpp"
 #include "../seq/hdp.hpp"
 #include "../seq/partition.hpp"
@@ -61,10 +62,11 @@ struct planned_micro_batch {
   std::int64_t ring = 0;    ///< index into step_plan::rings
   int position = 0;         ///< the rank's position in that ring
   std::int64_t source = 0;  ///< cp piece, or index in the rank's HDP micro-batches
+  int slot = 0;             ///< its pipeline micro-batch index (see step_plan::slots)
 
   friend constexpr bool operator==(const planned_micro_batch&, const planned_micro_batch&) = default;
   /// Feeds the micro-batch to a plan hash.
-  void hash_append(hasher& h) const { append_all(h, ring, position, source); }
+  void hash_append(hasher& h) const { append_all(h, ring, position, source, slot); }
 };
 
 /// The plan of one step (pipeline depth 1): plain data, equal on every rank that computed it from the same
@@ -79,7 +81,13 @@ struct step_plan {
   std::vector<cp_piece> cp_pieces;                  ///< static CP: the groups' shares
   seq::hdp_plan hdp;                                ///< HDP: the plan (empty under static CP)
   std::vector<seq::ring_schedule> rings;            ///< every ring of the step, in global order
-  std::vector<std::vector<planned_micro_batch>> per_rank;  ///< per rank, in execution order
+  std::vector<std::vector<planned_micro_batch>> per_rank;  ///< per rank, in execution (slot) order
+  /// Pipeline micro-batches per step, the same for every rank of the pool: each ring's members run it in
+  /// the same slot, a rank runs at most one micro-batch per slot (a slot it has none in runs empty), so
+  /// every pipeline runs the same schedule and ring calls meet in the same order on every member.
+  int slots = 0;
+  int pp = 1;                  ///< pipeline depth: the world is pp x world ranks (pipeline rank slowest)
+  pipeline::schedule pipeline; ///< the lowered, verified schedule every pipeline runs (train::attach_pipeline)
 
   /// Micro-batches over every rank. O(world).
   [[nodiscard]] std::int64_t micro_batches() const noexcept {
@@ -92,7 +100,7 @@ struct step_plan {
   friend bool operator==(const step_plan&, const step_plan&) = default;
   /// Feeds the plan to a plan hash.
   void hash_append(hasher& h) const {
-    append_all(h, kind, world, cp, documents, cp_pieces, hdp, rings, per_rank);
+    append_all(h, kind, world, cp, documents, cp_pieces, hdp, rings, per_rank, slots, pp, pipeline);
   }
 };
 
@@ -154,6 +162,29 @@ inline void add_cp_piece(step_plan& p, int group, std::vector<std::int64_t> ids,
 }
 
 /// Static CP: documents to dp groups, then per group `pieces(group docs)` -> list of (doc indices, lengths).
+/// Gives every planned micro-batch its slot: rings in global order, each taking the first slot after
+/// the last one any of its members used, so a ring's members share its slot, a rank's slots increase
+/// along its list, and every member of two rings sees them in the same order. Sets p.slots.
+inline void align_slots(step_plan& p) {
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> members(p.rings.size());
+  for (std::size_t r = 0; r < p.per_rank.size(); ++r)
+    for (std::size_t i = 0; i < p.per_rank[r].size(); ++i)
+      members[static_cast<std::size_t>(p.per_rank[r][i].ring)].emplace_back(r, i);
+  std::vector<int> next(p.per_rank.size(), 0);
+  for (const auto& ring : members) {
+    int slot = 0;
+    for (const auto& [r, i] : ring) slot = std::max(slot, next[r]);
+    for (const auto& [r, i] : ring) {
+      p.per_rank[r][i].slot = slot;
+      next[r] = slot + 1;
+    }
+  }
+  for (auto& list : p.per_rank)
+    std::stable_sort(list.begin(), list.end(),
+                     [](const planned_micro_batch& a, const planned_micro_batch& b) { return a.slot < b.slot; });
+  p.slots = next.empty() ? 0 : *std::max_element(next.begin(), next.end());
+}
+
 template <class Split>
 step_plan plan_static_cp(std::span<const seq::seq_desc> docs, int cp, int world, Split&& split) {
   step_plan p;
@@ -164,6 +195,7 @@ step_plan plan_static_cp(std::span<const seq::seq_desc> docs, int cp, int world,
   p.per_rank.resize(static_cast<std::size_t>(world));
   const auto groups = split_over_groups(docs, world / cp);
   for (std::size_t g = 0; g < groups.size(); ++g) split(p, static_cast<int>(g), groups[g]);
+  align_slots(p);
   return p;
 }
 
@@ -198,6 +230,7 @@ inline step_plan plan_from_hdp(std::span<const seq::seq_desc> docs, int world, s
           {ring_of[static_cast<std::size_t>(mb.item)], mb.ring_position, static_cast<std::int64_t>(m)});
     }
   p.hdp = std::move(hdp);
+  align_slots(p);
   return p;
 }
 }  // namespace detail

@@ -1,17 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::train: train::system, the first vertical slice of the training system (issue 12 item 3) at
-// pipeline depth 1: one LLM partition family (a seq:: policy type), the user's attention kernel (a type), a
-// host communicator over the data-parallel pool (dp x cp ranks, or the HDP pool), and a balancer (a
-// balance:: policy type placing HDP work, or train::family_placement, the default). `plan` is pure; `run`
-// builds this rank's micro-batches from the plan, runs the user's backbone stage forward and backward
-// (attention through the context's ring attention entry), reduces the gradients over the pool with a sum
-// (each rank's loss is already normalised by the step's global target count, so the sum is the gradient
-// of the global loss: a single-rank run of the same batch gives the same gradient), and calls the
-// optimizer hook. Pipelines, encoders, delivery and offload come later.
+// hetmesh::train: train::system, the training system over policy types: an LLM partition family (a seq::
+// policy type), the user's attention kernel, a host communicator over the world, a balancer (a balance::
+// policy type placing HDP work, or train::family_placement), a pipeline schedule family and an encoder
+// placement. `plan` is pure (train/plan.hpp, train/pipeline_plan.hpp); `run` builds this pipeline's
+// micro-batches from the plan, runs the plan's schedule with run::execute_pipeline (encoders, the user's
+// backbone stages forward and backward, attention through the context's ring attention entry over the
+// pool at this pipeline rank), reduces the stages' gradients over the pool and the encoders' over the
+// world with a sum (each rank's loss is already normalised by the step's global target count, so the sum is
+// the gradient of the global loss: a single-rank run of the same batch gives the same gradient), and calls
+// the optimizer hook. Delivery by plan, long-short SP for encoders and offload come later.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <concepts>
+#include <optional>
 #include <cstdint>
 #include <ranges>
 #include <span>
@@ -23,15 +26,20 @@
 #include <fmt/format.h>
 
 #include "../comm/collectives.hpp"
+#include "../comm/group_cache.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../model/activation.hpp"
 #include "../model/attention.hpp"
+#include "../model/encoder_batch.hpp"
 #include "../model/micro_batch.hpp"
 #include "../model/stage.hpp"
+#include "../pipeline/schedule_family.hpp"
 #include "../run/agreement.hpp"
+#include "../run/pipeline_executor.hpp"
 #include "../run/ring_attention.hpp"
 #include "context.hpp"
+#include "pipeline_plan.hpp"
 #include "plan.hpp"
 
 namespace hetmesh::train {
@@ -59,7 +67,7 @@ namespace hetmesh::train {
   const auto& mine = plan.per_rank[static_cast<std::size_t>(rank)];
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const auto& pm = mine[i];
-    const int index = static_cast<int>(i);
+    const int index = pm.slot;
     if (plan.kind == partition_kind::hdp) {
       const auto& hmb =
           plan.hdp.per_rank[static_cast<std::size_t>(rank)][static_cast<std::size_t>(pm.source)];
@@ -84,20 +92,28 @@ namespace hetmesh::train {
   return out;
 }
 
-/// What one step did, the same on every rank (reduced over the pool), plus this rank's own times.
+/// What one step did, the same on every rank (reduced over the world), plus this rank's own times.
 struct step_stats {
-  double loss = 0.0;               ///< the step's loss: sum over ranks of the stages' loss terms
+  double loss = 0.0;               ///< the step's loss: sum over ranks of the last stage's loss terms
   std::int64_t targets = 0;        ///< sum over ranks of loss weights: the step's target count, exactly once
-  std::int64_t tokens = 0;         ///< real (non-padding) tokens run over every rank: the step's tokens
-  std::int64_t micro_batches = 0;  ///< micro-batches run over every rank
+  std::int64_t tokens = 0;         ///< real (non-padding) tokens run over every pipeline: the step's tokens
+  std::int64_t micro_batches = 0;  ///< non-empty micro-batches run over every pipeline
+  std::int64_t encoder_items = 0;  ///< encoder items encoded over every rank (an item split over ranks
+                                   ///< of its document counts on each)
   std::uint64_t plan_hash = 0;     ///< the plan's hash
-  double forward_seconds = 0.0;    ///< this rank: forward time
-  double backward_seconds = 0.0;   ///< this rank: backward time
+  double forward_seconds = 0.0;    ///< this rank: time in forward actions (encoders included)
+  double backward_seconds = 0.0;   ///< this rank: time in backward actions (I and W included)
+  double busy_seconds = 0.0;       ///< this rank: time in compute actions (forward + backward)
+  double step_seconds = 0.0;       ///< this rank: the pipeline's wall time, communication included
   double reduce_seconds = 0.0;     ///< this rank: gradient reduction time
+  /// This rank's executed actions with their wall times (seconds since the step began), the simulator's
+  /// trace format (pipeline::timed_action; its rank is this rank's world rank).
+  std::vector<pipeline::timed_action> timeline;
 };
 
 /// An optimizer hook for a stage of type S: called once per step, after the gradient reduction, as
-/// `o(s.parameters(), s.gradients())` (ranges of spans; it updates the parameters in place).
+/// `o(s.parameters(), s.gradients())` (ranges of spans; it updates the parameters in place). The encoders'
+/// parameters get the same call after the stage's.
 template <class O, class S>
 concept optimizer_hook = requires(O& o, S& s) {
   o(s.parameters(), s.gradients());
@@ -114,140 +130,513 @@ struct system_options {
   balance::step_model cost{};  ///< what a balance:: balancer prices HDP work with (unused otherwise)
 };
 
-/// The training system at pipeline depth 1. Partition: an LLM partition family, a seq:: policy type
-/// (seq::llm_partition) that train lowers to a step plan (trains_family_v): seq::cp_zigzag, seq::cp_thd
-/// (static CP over dp = world / cp groups) or seq::hdp<Offload> (HDP over the pool); Kernel: the user's
-/// model::attention_kernel; Comm: a host comm::communicator over the whole data-parallel pool; Balancer:
-/// who places the family's work (places_family_v), family_placement by default (the family's own
-/// placement: static_cp_groups, or seq::plan_hdp with its placement kind), or balance::bytescale /
-/// balance::gap_filling_hdp for seq::hdp, priced by system_options::cost. E.g.
-/// `system<seq::cp_zigzag, K, C>`, `system<seq::hdp<seq::selective_offload>, K, C, balance::bytescale>`.
-/// One object per rank; the communicator and kernel outlive it.
-template <seq::llm_partition Partition, class Kernel, comm::communicator Comm,
-          class Balancer = family_placement>
+/// The pipeline of train::system: its depth (a run-time value: the cluster's), the schedule family and
+/// the encoder placement (policy types; their members are parameters).
+template <pipeline::schedule_family Schedule = pipeline::one_f_one_b,
+          class Placement = pipeline::encoder_on_first_stage>
+struct pipeline_config {
+  int pp = 1;               ///< pipeline depth: the world is pp x pool ranks
+  Schedule schedule{};      ///< the schedule family (e.g. pipeline::zero_bubble)
+  Placement encoders{};     ///< where the encoders run (pipeline::colocated_encoder: the joint pipeline)
+};
+
+/// An encoder of the model, as train::system::run takes it: the user's model::encoder_stage and a callable
+/// `input(const model::encoder_batch_view&, std::span<T>)` that writes the encoder's input for the items
+/// of the view (e.g. their image patches), input_size(view) elements. Item k of a document (encoder
+/// index e) runs on the e-th encoder passed to run.
+template <class Encoder, class Input>
+struct encoder_binding {
+  Encoder* stage = nullptr;  ///< the user's encoder; outlives the step
+  Input input;               ///< its input source
+};
+
+/// encoder_binding for `e` and `input`.
+template <class Encoder, class Input>
+[[nodiscard]] encoder_binding<Encoder, std::decay_t<Input>> bind_encoder(Encoder& e, Input&& input) {
+  return {&e, std::forward<Input>(input)};
+}
+
+namespace detail {
+
+template <class S, class T>
+concept sizes_stage_output = requires(const S& s, const model::micro_batch_view& v, int stage) {
+  { s.output_size(v, stage) } -> std::convertible_to<std::int64_t>;
+};
+
+/// One encoder's share of an encoder shard's work for one micro-batch: the distinct items it encodes
+/// (a batch view in buffer order) and, per landing of the shard's block, where its rows sit.
+struct encoder_call {
+  model::encoder_batch batch;  ///< items whole (degree 1), in first-landing order
+};
+struct landing_rows {
+  int encoder = 0;              ///< which encoder
+  std::int64_t item_offset = 0; ///< the item's first token in that encoder's output buffer
+  seq::token_range rows;        ///< the item's rows that land
+};
+struct shard_work {
+  std::vector<encoder_call> calls;    ///< per encoder (empty batch: none)
+  std::vector<landing_rows> landings; ///< the shard's landings, in the micro-batch's landing order
+};
+
+}  // namespace detail
+
+/// The training system. Partition: an LLM partition family, a seq:: policy type (seq::llm_partition) that
+/// train lowers to a step plan (trains_family_v): seq::cp_zigzag, seq::cp_thd (static CP over dp = pool /
+/// cp groups) or seq::hdp<Offload> (HDP over the pool); Kernel: the user's model::attention_kernel; Comm:
+/// a host comm::communicator over the world (pp x pool ranks; pipeline rank slowest), which must split
+/// (comm::split) when pp > 1; Balancer: who places the family's work (places_family_v), family_placement by
+/// default, or balance::bytescale / balance::gap_filling_hdp for seq::hdp, priced by system_options::cost;
+/// Schedule: a pipeline::schedule_family (gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, ...; a family
+/// with split backward requires model::split_backward_stage, checked at compile time); Placement: where
+/// encoders run (pipeline::encoder_on_first_stage, or pipeline::colocated_encoder: the joint pipeline, a
+/// shard on every pipeline rank filling the LLM's bubbles). E.g. `system<seq::cp_zigzag, K, C>`,
+/// `system<seq::hdp<seq::selective_offload>, K, C, balance::bytescale, pipeline::zero_bubble,
+/// pipeline::colocated_encoder>`. One object per rank; constructing it is collective over the world (it
+/// splits the pipeline's communicators); the communicator and kernel outlive it.
+template <seq::llm_partition Partition, class Kernel, comm::communicator Comm, class Balancer = family_placement,
+          pipeline::schedule_family Schedule = pipeline::one_f_one_b,
+          class Placement = pipeline::encoder_on_first_stage>
 class system {
   static_assert(check_trainable<Partition, Balancer>());
+  static_assert(comm::host_communicator<Comm>,
+                "train::system keeps activations in host vectors: Comm must be a comm::host_communicator "
+                "(loopback, mpi)");
 
  public:
-  /// The context the stage receives for element type T.
+  /// The context the backbone stage receives for element type T.
   template <class T>
   using context_type = step_context<Comm, Kernel, T>;
+  /// The context an encoder receives for element type T.
+  template <class T>
+  using encoder_context_type = model::stage_context<Comm, model::host_activation_store<T>>;
+  /// The pipeline configuration type.
+  using pipeline_type = pipeline_config<Schedule, Placement>;
 
-  /// A system over `world` with the partition family's parameters, the kernel and options.
-  system(Partition partition, Comm& world, Kernel kernel = {}, system_options options = {})
-      : partition_(std::move(partition)), world_(&world), kernel_(std::move(kernel)), options_(options) {}
-  /// A system over `world` with the partition family's and the balancer's parameters, the kernel and
+  /// A system over `world` (pipeline depth 1) with the partition family's parameters, the kernel and
   /// options.
+  system(Partition partition, Comm& world, Kernel kernel = {}, system_options options = {})
+      : system(std::move(partition), Balancer{}, pipeline_type{}, world, std::move(kernel), options) {}
+  /// A system over `world` (pipeline depth 1) with the partition family's and the balancer's parameters.
   system(Partition partition, Balancer balancer, Comm& world, Kernel kernel = {}, system_options options = {})
+      : system(std::move(partition), std::move(balancer), pipeline_type{}, world, std::move(kernel), options) {}
+  /// A system over `world` with every policy's parameters. Collective over the world (it splits the
+  /// pipeline's communicators). Errors: pp < 1 or not dividing the world size (invalid_argument).
+  system(Partition partition, Balancer balancer, pipeline_type pipeline, Comm& world, Kernel kernel = {},
+         system_options options = {})
       : partition_(std::move(partition)),
         balancer_(std::move(balancer)),
+        pipeline_(std::move(pipeline)),
         world_(&world),
         kernel_(std::move(kernel)),
-        options_(options) {}
-
-  /// The step plan for documents `docs` (id, length in stream order) over the pool. Pure: equal on every
-  /// rank for equal inputs; not collective: plan_step(partition(), docs, world size, balancer(),
-  /// options' cost). Errors: plan_step's (invalid_argument).
-  [[nodiscard]] step_plan plan(std::span<const seq::seq_desc> docs) const {
-    return plan_step(partition_, docs, world_->size(), balancer_, options_.cost);
+        options_(options) {
+    const int pp = pipeline_.pp;
+    if (pp < 1 || world.size() % pp != 0)
+      throw_error<invalid_argument>(
+          "train::system: pipeline depth pp = {} over a world of {} ranks; expected pp >= 1 dividing the "
+          "world (pool = world / pp ranks per pipeline rank)",
+          pp, world.size());
+    pool_size_ = world.size() / pp;
+    static_assert(requires { comm::split(world, 0, 0); },
+                  "train::system: Comm must split (comm::split: a backend split or subgroup) for the pipeline's "
+                  "communicators");
+    // The pipeline's communicator (one rank at pp = 1) and, at pp > 1, the pool at this pipeline rank.
+    pipe_.emplace(comm::split(world, world.rank() % pool_size_, world.rank() / pool_size_));
+    if (pp > 1) pool_.emplace(comm::split(world, world.rank() / pool_size_, world.rank() % pool_size_));
   }
-  /// plan(document_descs(batch)).
+
+  /// The step plan for documents `docs` (id, length in stream order) over the pool, with the pipeline
+  /// (no encoders). Pure: equal on every rank for equal inputs; not collective. Errors: plan_step's and
+  /// attach_pipeline's (invalid_argument).
+  [[nodiscard]] step_plan plan(std::span<const seq::seq_desc> docs) const { return plan_impl(docs, nullptr); }
+  /// The step plan of `batch`: plan(document_descs(batch)), with the batch's encoder items placed in the
+  /// pipeline by the Placement policy.
   [[nodiscard]] step_plan plan(const model::step_batch& batch) const {
-    return plan(model::document_descs(batch));
+    const auto docs = model::document_descs(batch);
+    return plan_impl(docs, &batch);
   }
 
-  /// Runs one step of `plan` over `batch` with the user's backbone stage and optimizer hook; collective
-  /// over the pool. In order: checks (collective assertion level) that every rank holds the same plan;
-  /// zeroes the stage's gradients; per micro-batch of this rank, in plan order, runs the stage forward
-  /// (empty input: text only; output: its per-token loss terms, which it scales by the loss weights over
-  /// step_targets) and backward (empty grad_out and grad_in), the stage calling attention through the
-  /// context; all-reduces (sum) every gradient span and the step's stats over the pool; calls
-  /// `optimizer(stage.parameters(), stage.gradients())`. Post: the gradients equal those of a single-rank
-  /// run of the same batch (up to rounding). Requires (static_asserts naming what is missing): Stage is a
-  /// model::backbone_stage with context_type<T>, Kernel a model::attention_kernel<T>, Optimizer an
-  /// optimizer_hook. Errors: plan disagreement (mismatch_error), a batch other than the plan's, a
-  /// micro-batch whose tokens are not in its ring's order, a stage that leaves activation slots behind
-  /// (invalid_argument); ring attention's errors. Deterministic for a deterministic stage and kernel.
-  /// Cost: the stage on the rank's tokens, ring attention's hops, one all-reduce per gradient span.
-  template <class Stage, class Optimizer, class T = stage_value_t<Stage>>
-  step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage, Optimizer&& optimizer) {
+  /// Runs one step of `plan` over `batch` with the user's backbone stage (this rank's stages: the stages
+  /// local_stages() names, told apart by ctx.stage), optimizer hook and encoders (bind_encoder; the e-th
+  /// serves items of encoder index e); collective over the world. In order: checks (collective assertion
+  /// level) that every rank holds the same plan; zeroes gradients; builds the pipeline's micro-batches (one
+  /// per slot; a slot this pool rank has none in runs empty, without calling the stage); runs the plan's
+  /// schedule: encoder forward (shard e of micro-batch m encodes the items of its block of m's landings,
+  /// whole, and sends the landing rows to stage 0), stage forward (stage 0's input: the landings' rows in
+  /// view.encoder_outputs order; the last stage's output: its per-token loss terms, which it scales by the
+  /// loss weights over step_targets), backward (or I then W under split-backward schedules), encoder
+  /// backward; all-reduces (sum) the stage's gradients over its pool and the encoders' over the world, and
+  /// the stats; calls `optimizer(stage.parameters(), stage.gradients())`, then the same for each encoder.
+  /// Output sizes come from `stage.output_size(view, stage_index)` when the stage has it, else
+  /// `stage.output_size(view)`. Post: the gradients equal those of a single-rank run of the same batch
+  /// (up to rounding). Errors: plan disagreement (mismatch_error), a plan for another world or batch, a
+  /// micro-batch whose tokens are not in its ring's order, an item of an encoder not passed, a stage that
+  /// leaves activation slots behind (invalid_argument); ring attention's, the executor's and the stages'
+  /// errors, with the action as context. Deterministic for deterministic stages and kernel.
+  template <class Stage, class Optimizer, class... Encoders, class T = stage_value_t<Stage>>
+  step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage, Optimizer&& optimizer,
+                 Encoders... encoders) {
     static_assert(
         model::attention_kernel<Kernel, T>,
         "train::system: Kernel must model model::attention_kernel<Kernel, T> for the stage's element "
         "type T: `forward(const attention_block<T>&, attention_forward_out<T>)` and "
         "`backward(const attention_block<T>&, attention_backward_io<T>)`");
     static_assert(model::check_backbone_stage<Stage, T, context_type<T>>());
+    static_assert(pipeline::check_schedule_accepts<
+                  Schedule, model::split_backward_stage<Stage, T, context_type<T>>>());
     static_assert(optimizer_hook<Optimizer, Stage>,
                   "train::system::run: the optimizer hook must be callable as "
                   "`optimizer(stage.parameters(), stage.gradients())`");
+    static_assert((model::check_encoder_stage<std::remove_pointer_t<decltype(encoders.stage)>, T,
+                                              encoder_context_type<T>>() && ...));
     using clock = std::chrono::steady_clock;
     auto& world = *world_;
     run::assert_plan_agreement(world, plan, "train step plan");
-    if (plan.world != world.size())
+    if (plan.world != pool_size_ || plan.pp != pipeline_.pp)
       throw_error<invalid_argument>(
-          "train::system::run: a plan for {} ranks on a pool of {}; expected equal sizes", plan.world,
-          world.size());
+          "train::system::run: a plan for pp = {} x {} ranks on a world of pp = {} x {}; expected the "
+          "system's plan",
+          plan.pp, plan.world, pipeline_.pp, pool_size_);
+    const int pool_rank = world.rank() % pool_size_;
+    const int pipe_rank = world.rank() / pool_size_;
+    Comm& pool = pool_ ? *pool_ : world;
+    const auto& sched = plan.pipeline;
+    const int S = sched.num_stages;
+    const int E = sched.num_encoder_shards();
+    constexpr int num_encoders = static_cast<int>(sizeof...(Encoders));
+
     const auto s = model::summarize_step(batch);
-    const auto mbs = build_micro_batches(plan, batch, s, world.rank());
-    for (auto g : stage.gradients())
-      for (auto& x : std::span<T>(g)) x = T(0);
+    const auto built = build_micro_batches(plan, batch, s, pool_rank);
+    std::vector<const model::micro_batch*> by_slot(static_cast<std::size_t>(std::max(plan.slots, 1)), nullptr);
+    const auto& mine = plan.per_rank[static_cast<std::size_t>(pool_rank)];
+    for (std::size_t i = 0; i < built.size(); ++i) by_slot[static_cast<std::size_t>(mine[i].slot)] = &built[i];
+    std::vector<const planned_micro_batch*> planned(by_slot.size(), nullptr);
+    for (const auto& pm : mine) planned[static_cast<std::size_t>(pm.slot)] = &pm;
+    for (std::size_t i = 0; i < built.size(); ++i)
+      check_ring_order(plan.rings[static_cast<std::size_t>(mine[i].ring)], mine[i].position, built[i].view());
+
+    auto zero = [](auto&& spans) {
+      for (auto g : spans)
+        for (auto& x : std::span<T>(g)) x = T(0);
+    };
+    zero(stage.gradients());
+    (zero(encoders.stage->gradients()), ...);
+
+    // The encoder shards' work, per (shard, slot), for this pipeline: shard e encodes block e of the
+    // micro-batch's landings (contiguous, so the shards' outputs concatenate in landing order).
+    std::vector<std::vector<detail::shard_work>> work(
+        static_cast<std::size_t>(E), std::vector<detail::shard_work>(by_slot.size()));
+    std::vector<std::vector<std::int64_t>> enc_sizes(static_cast<std::size_t>(E),
+                                                     std::vector<std::int64_t>(by_slot.size(), 0));
+    for (std::size_t m = 0; m < by_slot.size(); ++m) {
+      if (by_slot[m] == nullptr) continue;
+      const auto& outs = by_slot[m]->encoder_outputs;
+      const auto L = static_cast<std::int64_t>(outs.size());
+      for (int e = 0; e < E; ++e) {
+        auto& w = work[static_cast<std::size_t>(e)][m];
+        w.calls.resize(static_cast<std::size_t>(num_encoders));
+        for (int k = 0; k < num_encoders; ++k) {
+          w.calls[static_cast<std::size_t>(k)].batch.encoder = k;
+          w.calls[static_cast<std::size_t>(k)].batch.rank = e;
+          w.calls[static_cast<std::size_t>(k)].batch.index = static_cast<int>(m);
+        }
+        for (std::int64_t i = L * e / E; i < L * (e + 1) / E; ++i) {
+          const auto& land = outs[static_cast<std::size_t>(i)];
+          if (land.encoder < 0 || land.encoder >= num_encoders)
+            throw_error<invalid_argument>(
+                "train::system::run: encoder item {} names encoder {}, but {} encoders were passed to run; "
+                "expected an encoder (bind_encoder) for every encoder index of the batch",
+                land.item, land.encoder, num_encoders);
+          auto& b = w.calls[static_cast<std::size_t>(land.encoder)].batch;
+          std::int64_t offset = -1;
+          for (const auto& p : b.pieces)
+            if (p.item == land.item) offset = p.offset;
+          if (offset < 0) {
+            const auto len = item_tokens(batch, land);
+            offset = b.tokens;
+            b.pieces.push_back({land.item, len, seq::token_range{0, len}, offset, 1, 0});
+            b.tokens += len;
+          }
+          w.landings.push_back({land.encoder, offset, land.item_tokens});
+        }
+        std::int64_t n = 0;
+        for (const auto& l : w.landings)
+          n += l.rows.size() * row_width(l.encoder, w.calls[static_cast<std::size_t>(l.encoder)].batch, encoders...);
+        enc_sizes[static_cast<std::size_t>(e)][m] = n;
+      }
+    }
 
     step_stats st;
     st.plan_hash = plan.hash();
-    double sums[2] = {0.0, 0.0};  // loss, weights
-    std::int64_t counts[3] = {0, 0, static_cast<std::int64_t>(mbs.size())};
+    double sums[2] = {0.0, 0.0};    // loss, weights
+    std::int64_t counts[3] = {0, 0, 0};  // tokens, micro-batches, encoder items
     model::host_activation_store<T> store;
-    const auto& mine = plan.per_rank[static_cast<std::size_t>(world.rank())];
-    for (std::size_t i = 0; i < mbs.size(); ++i) {
-      const auto view = mbs[i].view();
-      const auto& sched = plan.rings[static_cast<std::size_t>(mine[i].ring)];
-      check_ring_order(sched, mine[i].position, view);
+    std::array<model::host_activation_store<T>, sizeof...(Encoders) + 1> enc_stores;
+    const model::micro_batch empty_mb{};
+
+    auto view_of = [&](int mb) { return (by_slot[static_cast<std::size_t>(mb)] ? *by_slot[static_cast<std::size_t>(mb)] : empty_mb).view(); };
+    auto out_size = [&](int stg, const model::micro_batch_view& v) -> std::int64_t {
+      if (v.size() == 0) return 0;
+      if constexpr (detail::sizes_stage_output<Stage, T>)
+        return static_cast<std::int64_t>(stage.output_size(v, stg));
+      else
+        return static_cast<std::int64_t>(stage.output_size(v));
+    };
+    auto context = [&](int stg, int mb) {
       context_type<T> ctx;
       ctx.activations = &store;
-      ctx.ring = {world_, std::span<const int>(sched.ring), mine[i].position};
-      ctx.stage = 0;
-      ctx.micro_batch = static_cast<int>(i);
-      ctx.schedule = &sched;
+      ctx.stage = stg;
+      ctx.micro_batch = mb;
       ctx.kernel = &kernel_;
       ctx.options = options_.attention;
-      std::vector<T> out(static_cast<std::size_t>(stage.output_size(view)));
-      const auto t0 = clock::now();
-      stage.forward(ctx, view, std::span<const T>{}, std::span<T>(out));
-      const auto t1 = clock::now();
-      stage.backward(ctx, view, std::span<const T>{}, std::span<T>{});
-      const auto t2 = clock::now();
-      st.forward_seconds += std::chrono::duration<double>(t1 - t0).count();
-      st.backward_seconds += std::chrono::duration<double>(t2 - t1).count();
-      for (auto x : out) sums[0] += static_cast<double>(x);
-      for (auto w : view.loss_weights) sums[1] += w;
-      for (auto si : view.stream_index) counts[0] += si >= 0 ? 1 : 0;
-      if (const int left = store.release_all(0, static_cast<int>(i)); left != 0)
-        throw_error<invalid_argument>(
-            "train::system::run: the stage left {} activation slots of micro-batch {} after its backward; "
-            "expected backward to release what forward saved",
-            left, i);
+      if (const auto* pm = planned[static_cast<std::size_t>(mb)]) {
+        const auto& ring = plan.rings[static_cast<std::size_t>(pm->ring)];
+        ctx.ring = {&pool, std::span<const int>(ring.ring), pm->position};
+        ctx.schedule = &ring;
+      }
+      return ctx;
+    };
+
+    run::stage_functions<T> fn;
+    fn.forward = [&](int stg, int mb, std::span<const T> in, std::span<T> out) {
+      const auto v = view_of(mb);
+      if (v.size() == 0) return;
+      auto ctx = context(stg, mb);
+      if (stg + 1 < S) {
+        stage.forward(ctx, v, in, out);
+        return;
+      }
+      std::vector<T> loss(static_cast<std::size_t>(out_size(stg, v)));
+      stage.forward(ctx, v, in, std::span<T>(loss));
+      for (auto x : loss) sums[0] += static_cast<double>(x);
+      for (auto w : v.loss_weights) sums[1] += w;
+      for (auto si : v.stream_index) counts[0] += si >= 0 ? 1 : 0;
+      ++counts[1];
+    };
+    fn.backward = [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
+      const auto v = view_of(mb);
+      if (v.size() == 0) return;
+      auto ctx = context(stg, mb);
+      stage.backward(ctx, v, gout, gin);
+    };
+    if constexpr (model::split_backward_stage<Stage, T, context_type<T>>) {
+      fn.backward_input = [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
+        const auto v = view_of(mb);
+        if (v.size() == 0) return;
+        auto ctx = context(stg, mb);
+        stage.backward_input(ctx, v, gout, gin);
+      };
+      fn.backward_weight = [&](int stg, int mb) {
+        const auto v = view_of(mb);
+        if (v.size() == 0) return;
+        auto ctx = context(stg, mb);
+        stage.backward_weight(ctx, v);
+      };
     }
-    const auto t3 = clock::now();
-    for (auto g : stage.gradients()) comm::all_reduce(world, std::span<T>(g), comm::reduce_op::sum);
+    fn.encoder_forward = [&](int e, int mb, std::span<T> out) {
+      const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
+      if (w.landings.empty()) return;
+      encode<T>(w, out, e, mb, enc_stores, counts[2], encoders...);
+    };
+    fn.encoder_backward = [&](int e, int mb, std::span<const T> g) {
+      const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
+      if (w.landings.empty()) return;
+      encode_backward<T>(w, g, e, mb, enc_stores, encoders...);
+    };
+    run::activation_sizes sizes;
+    sizes.output = [&](int stg, int mb) { return out_size(stg, view_of(mb)); };
+    sizes.encoder_output = [&](int e, int mb) {
+      return enc_sizes[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
+    };
+
+    const auto t0 = clock::now();
+    run::execute_pipeline(*pipe_, sched, fn, sizes, &st.timeline);
+    const auto t1 = clock::now();
+    st.step_seconds = std::chrono::duration<double>(t1 - t0).count();
+    for (auto& ta : st.timeline) {
+      ta.rank = world.rank();
+      const double d = ta.end - ta.start;
+      using pipeline::action_type;
+      if (ta.what.type == action_type::forward || ta.what.type == action_type::encoder_forward)
+        st.forward_seconds += d;
+      else if (pipeline::is_compute(ta.what.type))
+        st.backward_seconds += d;
+    }
+    st.busy_seconds = st.forward_seconds + st.backward_seconds;
+    (void)pipe_rank;
+    if (const auto left = store.slots() + (enc_stores_left(enc_stores)); left != 0)
+      throw_error<invalid_argument>(
+          "train::system::run: the stages left {} activation slots after the step; expected every backward "
+          "to release what its forward saved",
+          left);
+
+    const auto t2 = clock::now();
+    for (auto g : stage.gradients()) comm::all_reduce(pool, std::span<T>(g), comm::reduce_op::sum);
+    [[maybe_unused]] auto reduce_world = [&](auto&& spans) {
+      for (auto g : spans) comm::all_reduce(world, std::span<T>(g), comm::reduce_op::sum);
+    };
+    (reduce_world(encoders.stage->gradients()), ...);
     comm::all_reduce(world, std::span<double>(sums), comm::reduce_op::sum);
     comm::all_reduce(world, std::span<std::int64_t>(counts), comm::reduce_op::sum);
-    st.reduce_seconds = std::chrono::duration<double>(clock::now() - t3).count();
+    st.reduce_seconds = std::chrono::duration<double>(clock::now() - t2).count();
     st.loss = sums[0];
     st.targets = static_cast<std::int64_t>(sums[1] + 0.5);
     st.tokens = counts[0];
-    st.micro_batches = counts[2];
+    st.micro_batches = counts[1];
+    st.encoder_items = counts[2];
     optimizer(stage.parameters(), stage.gradients());
+    (optimizer(encoders.stage->parameters(), encoders.stage->gradients()), ...);
     return st;
   }
 
+  /// The global pipeline stages this rank runs under `plan`, ascending (its pipeline rank's stages).
+  [[nodiscard]] std::vector<int> local_stages(const step_plan& plan) const {
+    std::vector<int> out;
+    const int me = world_->rank() / pool_size_;
+    for (int st = 0; st < plan.pipeline.num_stages; ++st)
+      if (plan.pipeline.rank_of_stage(st) == me) out.push_back(st);
+    return out;
+  }
   /// The partition family's parameters.
   [[nodiscard]] const Partition& partition() const noexcept { return partition_; }
   /// The balancer's parameters.
   [[nodiscard]] const Balancer& balancer() const noexcept { return balancer_; }
-  /// The pool's communicator.
+  /// The pipeline configuration.
+  [[nodiscard]] const pipeline_type& pipeline() const noexcept { return pipeline_; }
+  /// The world's communicator.
   [[nodiscard]] Comm& world() const noexcept { return *world_; }
+  /// Ranks per pipeline rank (the data-parallel pool: dp x cp, or the HDP pool).
+  [[nodiscard]] int pool_size() const noexcept { return pool_size_; }
+  /// This rank's position in its pool (its pipeline: every pipeline rank of it has the same).
+  [[nodiscard]] int pool_rank() const noexcept { return world_->rank() % pool_size_; }
+  /// This rank's pipeline rank.
+  [[nodiscard]] int pipeline_rank() const noexcept { return world_->rank() / pool_size_; }
 
  private:
+  step_plan plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch) const {
+    auto p = plan_step(partition_, docs, pool_size_, balancer_, options_.cost);
+    attach_pipeline(p, pipeline_.schedule, pipeline_.encoders, pipeline_.pp, batch);
+    return p;
+  }
+
+  /// The item's output tokens (its placeholder count in its document).
+  static std::int64_t item_tokens(const model::step_batch& batch, const model::encoder_landing& land) {
+    for (const auto& d : batch.documents)
+      for (const auto& it : d.items)
+        if (it.encoder == land.encoder && it.id == land.item) return it.tokens;
+    throw_error<invalid_argument>("train::system::run: encoder {} item {} is not in the batch", land.encoder,
+                                  land.item);
+  }
+
+  /// Elements per output token of encoder `k` (output_size over tokens of a batch), for any pack.
+  template <class... Es>
+  static std::int64_t row_width(int k, const model::encoder_batch& b, const Es&... es) {
+    std::int64_t w = 0;
+    int i = 0;
+    const auto v = b.view();
+    [[maybe_unused]] auto one = [&](const auto& binding) {
+      if (i++ != k) return;
+      const auto n = static_cast<std::int64_t>(binding.stage->output_size(v));
+      if (v.tokens <= 0 || n % v.tokens != 0)
+        throw_error<invalid_argument>(
+            "train::system::run: encoder {} ({}) has {} output elements for {} tokens; expected a whole number "
+            "of elements per output token",
+            k, std::remove_pointer_t<decltype(binding.stage)>::modality, n, v.tokens);
+      w = n / v.tokens;
+    };
+    (one(es), ...);
+    return w;
+  }
+
+  /// Runs every encoder's forward for shard work `w` and writes the landing rows into `out`, in landing
+  /// order. Each encoder's context: its own activation store, stage = shard e, micro_batch = slot.
+  template <class T, class Stores, class... Es>
+  static void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, Stores& stores,
+                     std::int64_t& items, Es&... es) {
+    std::vector<std::vector<T>> outputs(sizeof...(Es));
+    std::vector<std::int64_t> width(sizeof...(Es), 0);
+    int k = 0;
+    [[maybe_unused]] auto one = [&](auto& binding) {
+      const int index = k++;
+      const auto& b = w.calls[static_cast<std::size_t>(index)].batch;
+      if (b.pieces.empty()) return;
+      const auto v = b.view();
+      std::vector<T> in(static_cast<std::size_t>(binding.stage->input_size(v)));
+      binding.input(v, std::span<T>(in));
+      auto& o = outputs[static_cast<std::size_t>(index)];
+      o.resize(static_cast<std::size_t>(binding.stage->output_size(v)));
+      encoder_context_type<T> ctx;
+      ctx.activations = &stores[static_cast<std::size_t>(index)];
+      ctx.stage = e;
+      ctx.micro_batch = mb;
+      binding.stage->forward(ctx, v, std::span<const T>(in), std::span<T>(o));
+      width[static_cast<std::size_t>(index)] = static_cast<std::int64_t>(o.size()) / v.tokens;
+      items += static_cast<std::int64_t>(b.pieces.size());
+    };
+    (one(es), ...);
+    std::size_t at = 0;
+    for (const auto& l : w.landings) {
+      const auto wd = width[static_cast<std::size_t>(l.encoder)];
+      const auto& o = outputs[static_cast<std::size_t>(l.encoder)];
+      const auto first = static_cast<std::size_t>((l.item_offset + l.rows.begin) * wd);
+      const auto n = static_cast<std::size_t>(l.rows.size() * wd);
+      if (at + n > out.size())
+        throw_error<invalid_argument>(
+            "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; expected "
+            "output_size to be the same for a batch of one item as per token of a larger batch",
+            e, mb, out.size());
+      std::copy_n(o.begin() + static_cast<std::ptrdiff_t>(first), n, out.begin() + static_cast<std::ptrdiff_t>(at));
+      at += n;
+    }
+  }
+
+  /// The gradient pass of encode: scatters the landing rows' gradients `g` into each encoder's output
+  /// gradient (zero elsewhere) and runs its backward.
+  template <class T, class Stores, class... Es>
+  static void encode_backward(const detail::shard_work& w, std::span<const T> g, int e, int mb,
+                              Stores& stores, Es&... es) {
+    std::vector<std::vector<T>> grads(sizeof...(Es));
+    std::vector<std::int64_t> width(sizeof...(Es), 0);
+    int k = 0;
+    [[maybe_unused]] auto size_one = [&](auto& binding) {
+      const int index = k++;
+      const auto& b = w.calls[static_cast<std::size_t>(index)].batch;
+      if (b.pieces.empty()) return;
+      const auto n = static_cast<std::int64_t>(binding.stage->output_size(b.view()));
+      grads[static_cast<std::size_t>(index)].assign(static_cast<std::size_t>(n), T(0));
+      width[static_cast<std::size_t>(index)] = n / b.tokens;
+    };
+    (size_one(es), ...);
+    std::size_t at = 0;
+    for (const auto& l : w.landings) {
+      const auto wd = width[static_cast<std::size_t>(l.encoder)];
+      auto& gr = grads[static_cast<std::size_t>(l.encoder)];
+      const auto first = static_cast<std::size_t>((l.item_offset + l.rows.begin) * wd);
+      const auto n = static_cast<std::size_t>(l.rows.size() * wd);
+      for (std::size_t i = 0; i < n; ++i) gr[first + i] += g[at + i];
+      at += n;
+    }
+    k = 0;
+    [[maybe_unused]] auto back_one = [&](auto& binding) {
+      const int index = k++;
+      const auto& b = w.calls[static_cast<std::size_t>(index)].batch;
+      if (b.pieces.empty()) return;
+      encoder_context_type<T> ctx;
+      ctx.activations = &stores[static_cast<std::size_t>(index)];
+      ctx.stage = e;
+      ctx.micro_batch = mb;
+      binding.stage->backward(ctx, b.view(), std::span<const T>(grads[static_cast<std::size_t>(index)]),
+                              std::span<T>{});
+    };
+    (back_one(es), ...);
+  }
+
+  template <class Stores>
+  static std::size_t enc_stores_left(const Stores& stores) {
+    std::size_t n = 0;
+    for (const auto& st : stores) n += st.slots();
+    return n;
+  }
+
   /// The micro-batch's tokens must be the ring position's tokens in the schedule's local order: the
   /// stage's q, k, v rows are the ring's rows.
   static void check_ring_order(const seq::ring_schedule& s, int position, const model::micro_batch_view& v) {
@@ -258,16 +647,19 @@ class system {
     if (!ok)
       throw_error<invalid_argument>(
           "train::system::run: micro-batch {} has {} tokens that do not follow its ring's {} tokens at "
-          "position {} "
-          "in order; expected the plan's micro-batches",
+          "position {} in order; expected the plan's micro-batches",
           v.index, n, meta.pos.size(), position);
   }
 
   Partition partition_;
   Balancer balancer_{};
+  pipeline_type pipeline_{};
   Comm* world_;
   Kernel kernel_;
   system_options options_;
+  int pool_size_ = 1;
+  std::optional<Comm> pool_;  // pp > 1: the ranks of this pipeline rank (ring attention, stage gradients)
+  std::optional<Comm> pipe_;  // this pipeline's ranks in pipeline order (the schedule's transfers)
 };
 
 /// A plain SGD optimizer hook: p -= lr * g for every parameter. Deterministic; O(parameters).
@@ -295,9 +687,11 @@ struct fmt::formatter<hetmesh::train::step_stats> : hetmesh::empty_spec_formatte
   template <class FormatContext>
   auto format(const hetmesh::train::step_stats& s, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(),
-                              "step{{loss={:.6g}, targets={}, tokens={}, micro_batches={}, plan={:#018x}, "
-                              "forward={:.3g}s, backward={:.3g}s, reduce={:.3g}s}}",
-                              s.loss, s.targets, s.tokens, s.micro_batches, s.plan_hash, s.forward_seconds,
-                              s.backward_seconds, s.reduce_seconds);
+                              "step{{loss={:.6g}, targets={}, tokens={}, micro_batches={}, encoder_items={}, "
+                              "plan={:#018x}, forward={:.3g}s, backward={:.3g}s, busy={:.3g}s, step={:.3g}s, "
+                              "reduce={:.3g}s}}",
+                              s.loss, s.targets, s.tokens, s.micro_batches, s.encoder_items, s.plan_hash,
+                              s.forward_seconds, s.backward_seconds, s.busy_seconds, s.step_seconds,
+                              s.reduce_seconds);
   }
 };

@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: the pipeline part of a step plan. The world is pp pipelines deep and `plan.world` ranks
+// wide: world rank r is pipeline rank r / plan.world of the pipeline of pool rank r % plan.world
+// (Megatron-LM's order: the pipeline dimension is the slowest). Every pipeline runs the same schedule,
+// over the plan's slots (step_plan::slots): a pool rank with no micro-batch in a slot runs it empty. One
+// schedule for all keeps ring attention deadlock-free at any depth: the ranks of one pipeline rank run
+// the same action sequence, so the members of a ring meet in its slot in the same order. The schedule
+// is a schedule family's (a pipeline:: policy type) for (pp, slots), with the step's encoders inserted
+// by an encoder placement (pipeline::encoder_on_first_stage, or pipeline::colocated_encoder: the joint
+// encoder-LLM pipeline) when the step has encoder items, then lowered (SEND/RECV) and verified.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../model/micro_batch.hpp"
+#include "../pipeline/generators.hpp"
+#include "../pipeline/joint.hpp"
+#include "../pipeline/lower.hpp"
+#include "../pipeline/schedule_family.hpp"
+#include "../pipeline/verify.hpp"
+#include "plan.hpp"
+
+namespace hetmesh::train {
+
+/// What the pipeline part of a plan sees of the step, for the schedule's costs (every pipeline runs one
+/// schedule): per slot, the largest number of tokens a pool rank runs in it, and an even share of the
+/// step's encoder tokens.
+struct slot_load {
+  std::vector<std::int64_t> tokens;          ///< per slot: max over pool ranks of its tokens
+  std::vector<std::int64_t> encoder_tokens;  ///< per slot: the step's encoder tokens over the slots
+};
+
+/// The slot loads of `plan` (with `batch`, the batch it was made from, for encoder tokens; may be null).
+/// Pure; O(micro-batches x chunks + documents x items).
+[[nodiscard]] inline slot_load slot_loads(const step_plan& plan, const model::step_batch* batch) {
+  slot_load l;
+  const auto n = static_cast<std::size_t>(std::max(plan.slots, 1));
+  l.tokens.assign(n, 0);
+  l.encoder_tokens.assign(n, 0);
+  for (const auto& list : plan.per_rank)
+    for (const auto& pm : list) {
+      std::int64_t t = 0;
+      for (const auto& c : plan.rings[static_cast<std::size_t>(pm.ring)].chunks[static_cast<std::size_t>(pm.position)])
+        t += c.positions.size();
+      auto& m = l.tokens[static_cast<std::size_t>(pm.slot)];
+      m = std::max(m, t);
+    }
+  std::int64_t enc = 0;
+  if (batch != nullptr)
+    for (const auto& d : batch->documents)
+      for (const auto& it : d.items) enc += it.tokens;
+  for (auto& x : l.encoder_tokens) x = (enc + static_cast<std::int64_t>(n) - 1) / static_cast<std::int64_t>(n);
+  return l;
+}
+
+/// True when the batch has an encoder item.
+[[nodiscard]] inline bool has_encoder_items(const model::step_batch& b) noexcept {
+  for (const auto& d : b.documents)
+    if (!d.items.empty()) return true;
+  return false;
+}
+
+/// Sets plan.pp and plan.pipeline: `family`'s schedule for (pp, plan.slots), with encoders placed by
+/// `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation come
+/// from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). Pure. Errors: pp < 1
+/// (invalid_argument); the family's (e.g. interleaved schedules' micro-batch rules) and the verifier's.
+template <pipeline::schedule_family Schedule, class Placement>
+void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& placement, int pp,
+                     const model::step_batch* batch) {
+  if (pp < 1)
+    throw_error<invalid_argument>("train::attach_pipeline: pp = {}; expected a pipeline depth >= 1", pp);
+  plan.pp = pp;
+  const int slots = std::max(plan.slots, 1);
+  pipeline::schedule s = family.generate(pp, slots);
+  if (batch != nullptr && has_encoder_items(*batch)) {
+    static_assert(pipeline::encoder_placement<Placement>,
+                  "train: the encoder placement must be a pipeline::encoder_placement "
+                  "(pipeline::encoder_on_first_stage, or pipeline::colocated_encoder for the joint pipeline)");
+    static_assert(!std::is_same_v<Placement, pipeline::encoder_pool>,
+                  "train: a separate encoder pool is not run by train::system yet; expected "
+                  "pipeline::encoder_on_first_stage or pipeline::colocated_encoder");
+    const auto load = slot_loads(plan, batch);
+    auto at = [](const std::vector<std::int64_t>& v, int mb) {
+      return mb >= 0 && mb < static_cast<int>(v.size()) ? static_cast<double>(v[static_cast<std::size_t>(mb)])
+                                                         : 0.0;
+    };
+    pipeline::cost_model costs;
+    costs.compute = [load, at, stages = s.num_stages](const pipeline::action& a) {
+      const double f = (1.0 + at(load.tokens, a.microbatch)) / stages;
+      switch (a.type) {
+        case pipeline::action_type::forward:
+        case pipeline::action_type::backward_input:
+        case pipeline::action_type::backward_weight: return f;
+        case pipeline::action_type::backward: return 2.0 * f;
+        default: return 0.0;
+      }
+    };
+    pipeline::encoder_work work;
+    work.forward = [load, at](int mb) { return at(load.encoder_tokens, mb); };
+    work.backward = [load, at](int mb) { return 2.0 * at(load.encoder_tokens, mb); };
+    s = pipeline::add_encoder(s, placement, costs, work);
+  }
+  plan.pipeline = pipeline::add_send_recv(s);
+  pipeline::assert_deadlock_free(plan.pipeline, "train::attach_pipeline");
+}
+
+}  // namespace hetmesh::train
