@@ -65,7 +65,8 @@ struct slot_load {
   return false;
 }
 
-/// Sets plan.pp and plan.pipeline: `family`'s schedule for (pp, plan.slots), with encoders placed by
+/// Sets plan.pp and plan.pipeline: `family`'s schedule for (pp, slots), where slots is the smallest count
+/// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders placed by
 /// `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation come
 /// from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). Pure. Errors: pp < 1
 /// (invalid_argument); the family's (e.g. interleaved schedules' micro-batch rules) and the verifier's.
@@ -75,8 +76,19 @@ void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& p
   if (pp < 1)
     throw_error<invalid_argument>("train::attach_pipeline: pp = {}; expected a pipeline depth >= 1", pp);
   plan.pp = pp;
-  const int slots = std::max(plan.slots, 1);
-  pipeline::schedule s = family.generate(pp, slots);
+  // The smallest slot count >= the plan's that the family accepts (interleaved families need micro-batch
+  // counts that group evenly): the extra slots run empty on every rank.
+  const int want = std::max(plan.slots, 1);
+  pipeline::schedule s;
+  for (int m = want;; ++m) {
+    try {
+      s = family.generate(pp, m);
+      plan.slots = m;
+      break;
+    } catch (const invalid_argument&) {
+      if (m >= want + 4 * pp) throw;  // no count near the plan's works: the family's own error
+    }
+  }
   if (batch != nullptr && has_encoder_items(*batch)) {
     static_assert(pipeline::encoder_placement<Placement>,
                   "train: the encoder placement must be a pipeline::encoder_placement "

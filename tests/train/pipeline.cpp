@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// train::system with pipelines and encoders on 8 loopback ranks: the parity grid (pipeline_cases.hpp), and
+// what a step's plan and run promise at any depth.
+#include <doctest/doctest.h>
+
+#include <mutex>
+
+#include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/train/train.hpp>
+
+#include "train/pipeline_cases.hpp"
+
+using namespace hetmesh;
+using namespace traintest;
+
+namespace {
+
+template <class Body>
+auto on_loopback8(Body body) {
+  decltype(body(std::declval<comm::loopback::communicator&>())) out{};
+  std::mutex m;
+  comm::loopback::run(8, [&](comm::loopback::communicator& c) {
+    const auto v = body(c);
+    if (c.rank() == 0) {
+      std::lock_guard lock(m);
+      out = v;
+    }
+  });
+  return out;
+}
+
+using lctx = train::step_context<comm::loopback::communicator, model::reference_attention, double>;
+static_assert(model::check_split_backward_stage<tiny_stack<double>, double, lctx>());
+
+}  // namespace
+
+TEST_CASE("train::system: pipelined multimodal steps' gradients equal a single-rank run's (loopback, 8 ranks)") {
+  pipeline_cases([](auto body) { return on_loopback8(body); });
+}
+
+TEST_CASE("train: slots align every ring's members and give each rank at most one micro-batch per slot") {
+  for (std::uint64_t seed = 200; seed < 230; ++seed) {
+    const auto b = random_batch(seed, 1 + static_cast<int>(seed % 13), 1 + static_cast<std::int64_t>(seed % 4) * 20);
+    const auto docs = model::document_descs(b);
+    for (const auto& plan : {train::plan_step(seq::cp_zigzag{.cp = 2, .pad = true}, docs, 4),
+                             train::plan_step(test_hdp(), docs, 8),
+                             train::plan_step(test_hdp(), docs, 8, balance::bytescale{})}) {
+      std::vector<std::vector<int>> ring_slots(plan.rings.size());
+      for (const auto& list : plan.per_rank) {
+        int last = -1;
+        for (const auto& pm : list) {
+          CHECK(pm.slot > last);  // increasing along the rank's list: at most one per slot
+          CHECK(pm.slot < plan.slots);
+          last = pm.slot;
+          ring_slots[static_cast<std::size_t>(pm.ring)].push_back(pm.slot);
+        }
+      }
+      for (const auto& rs : ring_slots) {
+        REQUIRE(!rs.empty());
+        CHECK(std::all_of(rs.begin(), rs.end(), [&](int s) { return s == rs.front(); }));
+      }
+    }
+  }
+}
+
+TEST_CASE("train::system: bad pipeline configurations and missing encoders fail with a clear error") {
+  comm::loopback::run(4, [](comm::loopback::communicator& c) {
+    using sys_t = train::system<seq::cp_thd, model::reference_attention, comm::loopback::communicator,
+                                train::family_placement, pipeline::one_f_one_b>;
+    CHECK_THROWS_WITH_AS(sys_t(seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
+                               train::pipeline_config<>{3, {}, {}}, c),
+                         doctest::Contains("pp = 3 over a world of 4 ranks"), invalid_argument);
+    sys_t sys(seq::cp_thd{.cp = 2, .pad = true}, train::family_placement{}, train::pipeline_config<>{2, {}, {}}, c);
+    CHECK(sys.pool_size() == 2);
+    CHECK(sys.pipeline_rank() == c.rank() / 2);
+    const auto batch = random_mm_batch(5, 6, 30);
+    const auto plan = sys.plan(batch);
+    CHECK(plan.pp == 2);
+    CHECK(plan.pipeline.num_encoder_shards() == 1);
+    CHECK(sys.local_stages(plan) == std::vector<int>{c.rank() / 2});
+    tiny_stack<double> lm(kShape, 1, kBlocks, 2, sys.local_stages(plan));
+    // The batch has encoder items but run gets no encoder: every rank fails, none hangs.
+    CHECK_THROWS_WITH_AS((void)sys.run(plan, batch, lm, train::sgd<double>{}),
+                         doctest::Contains("encoders were passed to run"), invalid_argument);
+  });
+}

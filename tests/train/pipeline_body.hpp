@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// Pipelined, multimodal gradient parity for train::system, for any communicator (loopback threads, MPI
+// processes): one step of tiny_stack with two encoders (vision and audio, model::scale_encoder) under a
+// partition family, balancer, schedule family, pipeline depth and encoder placement, against a
+// single-rank run of the same batch (pp = 1, one stage holding every block). Every rank compares its own
+// stages' tensors and the encoders' by global tensor id; the largest relative error is reduced over ranks.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <hetmesh/comm/collectives.hpp>
+#include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/core/random.hpp>
+#include <hetmesh/model/reference_attention.hpp>
+#include <hetmesh/model/stage.hpp>
+#include <hetmesh/train/train.hpp>
+
+#include "train/tiny_stack.hpp"
+#include "train/train_body.hpp"
+
+namespace traintest {
+
+inline constexpr int kBlocks = 4;
+
+/// random_batch with encoder items: about half the documents of >= 6 tokens carry one item (encoder
+/// doc % 2) over a third of their tokens, starting at token 1.
+inline model::step_batch random_mm_batch(std::uint64_t seed, int docs, std::int64_t max_len) {
+  auto b = random_batch(seed, docs, max_len);
+  rng g(seed ^ 0x9e37u);
+  for (std::size_t i = 0; i < b.documents.size(); ++i) {
+    auto& d = b.documents[i];
+    if (d.length() < 6 || g.uniform(0, 1) == 0) continue;
+    const auto n = d.length() / 3;
+    d.items.push_back({static_cast<int>(i % 2), static_cast<std::int64_t>(i), 1, n});
+  }
+  return b;
+}
+
+/// The encoders' input: a feature per (item, token, feature), in the view's buffer order.
+template <class T>
+struct item_features {
+  std::int64_t width = 1;
+  int encoder = 0;
+  void operator()(const model::encoder_batch_view& v, std::span<T> in) const {
+    for (const auto& p : v.pieces)
+      for (std::int64_t t = p.tokens.begin; t < p.tokens.end; ++t)
+        for (std::int64_t f = 0; f < width; ++f)
+          in[static_cast<std::size_t>((p.offset + t - p.tokens.begin) * width + f)] = static_cast<T>(
+              static_cast<double>(key_hash({static_cast<std::uint64_t>(encoder), static_cast<std::uint64_t>(p.item),
+                                            static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(f)}) >>
+                                  11) *
+                  0x1.0p-53 -
+              0.5);
+  }
+};
+
+template <class T>
+struct mm_result {
+  std::map<int, std::vector<T>> grads;  ///< by tensor id; encoders: -1 vision, -2 audio
+  train::step_stats stats;
+  int slots = 0, stages = 0, encoder_shards = 0;
+};
+
+template <class T>
+struct mm_optimizer {
+  int* calls;
+  template <class P, class G>
+  void operator()(P&&, G&&) const {
+    ++*calls;
+  }
+};
+
+/// One step of the multimodal model on `world` under the given policies.
+template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
+mm_result<T> run_mm_step(C& world, const Partition& partition, const Balancer& balancer,
+                         const train::pipeline_config<Schedule, Placement>& pc, const model::step_batch& batch,
+                         std::uint64_t seed) {
+  using sys_t = train::system<Partition, model::reference_attention, C, Balancer, Schedule, Placement>;
+  sys_t sys(partition, balancer, pc, world);
+  const auto plan = sys.plan(batch);
+  const auto local = sys.local_stages(plan);
+  tiny_stack<T> lm(kShape, seed, kBlocks, plan.pipeline.num_stages, local);
+  model::scale_encoder<T, model::vision_modality> vision(kShape.width, T(0.9));
+  model::scale_encoder<T, model::audio_modality> audio(kShape.width, T(1.1));
+  int calls = 0;
+  mm_result<T> r;
+  r.stats = sys.run(plan, batch, lm, mm_optimizer<T>{&calls},
+                    train::bind_encoder(vision, item_features<T>{kShape.width, 0}),
+                    train::bind_encoder(audio, item_features<T>{kShape.width, 1}));
+  if (calls != 3)
+    throw_error<invalid_argument>("mm step: optimizer called {} times; expected 3 (stage + 2 encoders)", calls);
+  r.grads = lm.grad;
+  r.grads[-1] = std::vector<T>(vision.gradients()[0].begin(), vision.gradients()[0].end());
+  r.grads[-2] = std::vector<T>(audio.gradients()[0].begin(), audio.gradients()[0].end());
+  r.slots = plan.slots;
+  r.stages = plan.pipeline.num_stages;
+  r.encoder_shards = plan.pipeline.num_encoder_shards();
+  return r;
+}
+
+struct mm_verdict {
+  double rel = 0, loss_rel = 0;
+  std::int64_t targets = 0, tokens = 0, expected_targets = 0, expected_tokens = 0;
+  std::int64_t encoder_items = 0;
+  int stages = 0, slots = 0, encoder_shards = 0, tensors = 0;
+  std::string describe() const {
+    return fmt::format(
+        "grad rel err {:.3g}, loss rel err {:.3g}, targets {}/{}, tokens {}/{}, encoder items {}, {} stages, "
+        "{} slots, {} encoder shards, {} tensors compared",
+        rel, loss_rel, targets, expected_targets, tokens, expected_tokens, encoder_items, stages, slots,
+        encoder_shards, tensors);
+  }
+};
+
+template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
+mm_verdict mm_parity_body(C& world, const Partition& partition, const Balancer& balancer,
+                          const train::pipeline_config<Schedule, Placement>& pc, std::uint64_t seed, int docs,
+                          std::int64_t max_len) {
+  const auto batch = random_mm_batch(seed, docs, max_len);
+  mm_result<T> ref;
+  comm::loopback::run(1, [&](comm::loopback::communicator& c) {
+    ref = run_mm_step<T>(c, seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
+                         train::pipeline_config<>{}, batch, seed + 1);
+  });
+  const auto got = run_mm_step<T>(world, partition, balancer, pc, batch, seed + 1);
+  double num = 0, den = 0;
+  int tensors = 0;
+  for (const auto& [id, g] : got.grads) {
+    const auto& r = ref.grads.at(id);
+    ++tensors;
+    if (r.size() != g.size()) num = 1e300;
+    for (std::size_t i = 0; i < std::min(r.size(), g.size()); ++i) {
+      num = std::max(num, std::abs(static_cast<double>(g[i]) - static_cast<double>(r[i])));
+      den = std::max(den, std::abs(static_cast<double>(r[i])));
+    }
+  }
+  double e[2] = {den > 0 ? num / den : num, std::abs(got.stats.loss - ref.stats.loss) / std::abs(ref.stats.loss)};
+  comm::all_reduce(world, std::span<double>(e), comm::reduce_op::max);
+  int t = tensors;
+  comm::all_reduce(world, std::span<int>(&t, 1), comm::reduce_op::sum);
+  mm_verdict v;
+  v.rel = e[0];
+  v.loss_rel = e[1];
+  v.targets = got.stats.targets;
+  v.tokens = got.stats.tokens;
+  const auto s = model::summarize_step(batch);
+  v.expected_targets = s.targets;
+  v.expected_tokens = s.tokens;
+  v.encoder_items = got.stats.encoder_items;
+  v.stages = got.stages;
+  v.slots = got.slots;
+  v.encoder_shards = got.encoder_shards;
+  v.tensors = t;
+  return v;
+}
+
+}  // namespace traintest
