@@ -33,6 +33,25 @@ void run_step() {
   });
 }
 
+/// A two-stage pipelined step (pp = 2 on two loopback ranks) of `Stage` under schedule family `Schedule`,
+/// with the encoders `encs` bound to a do-nothing input.
+template <class Stage, class Schedule, class Placement = hetmesh::pipeline::encoder_on_first_stage,
+          class... Encoders>
+void run_pipelined_step() {
+  hetmesh::comm::loopback::run(2, [](hetmesh::comm::loopback::communicator& c) {
+    hetmesh::train::system<hetmesh::seq::cp_thd, hetmesh::model::reference_attention,
+                           hetmesh::comm::loopback::communicator, hetmesh::train::family_placement, Schedule,
+                           Placement>
+        sys({.cp = 1, .pad = true}, {}, {2, {}, {}}, c);
+    hetmesh::model::step_batch b;
+    b.documents.push_back({1, {1, 2, 3}, {}, {}});
+    Stage stage(4);
+    auto input = [](const hetmesh::model::encoder_batch_view&, std::span<double>) {};
+    [&](auto... enc) { sys.run(sys.plan(b), b, stage, no_update{}, hetmesh::train::bind_encoder(enc, input)...); }(
+        Encoders(4)...);
+  });
+}
+
 /// Plans a step of two-token documents with a default-constructed partition family and balancer.
 template <class Partition, class Balancer>
 void plan_step() {

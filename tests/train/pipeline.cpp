@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/train/report_json.hpp>
 #include <hetmesh/train/train.hpp>
 
 #include "train/pipeline_cases.hpp"
@@ -82,5 +83,39 @@ TEST_CASE("train::system: bad pipeline configurations and missing encoders fail 
     // The batch has encoder items but run gets no encoder: every rank fails, none hangs.
     CHECK_THROWS_WITH_AS((void)sys.run(plan, batch, lm, train::sgd<double>{}),
                          doctest::Contains("encoders were passed to run"), invalid_argument);
+  });
+}
+
+TEST_CASE("train: a step's report gathers every rank's measured times and executed actions") {
+  comm::loopback::run(4, [](comm::loopback::communicator& c) {
+    train::system<seq::cp_zigzag, model::reference_attention, comm::loopback::communicator,
+                  train::family_placement, pipeline::zero_bubble, pipeline::colocated_encoder>
+        sys({.cp = 2, .pad = true}, {}, {2, {}, {}}, c);
+    const auto batch = random_mm_batch(7, 8, 30);
+    const auto plan = sys.plan(batch);
+    tiny_stack<double> lm(kShape, 1, kBlocks, plan.pipeline.num_stages, sys.local_stages(plan));
+    model::scale_encoder<double, model::vision_modality> vision(kShape.width);
+    model::scale_encoder<double, model::audio_modality> audio(kShape.width);
+    const auto st = sys.run(plan, batch, lm, train::sgd<double>{},
+                            train::bind_encoder(vision, item_features<double>{kShape.width, 0}),
+                            train::bind_encoder(audio, item_features<double>{kShape.width, 1}));
+    const auto r = train::gather_report(c, st);
+    REQUIRE(r.busy_seconds.size() == 4);
+    CHECK(r.busy_seconds[static_cast<std::size_t>(c.rank())] == doctest::Approx(st.busy_seconds));
+    CHECK(r.imbalance() >= 1.0);
+    for (int rank = 0; rank < 4; ++rank) {  // every action of the rank's pipeline list ran once, in order
+      std::vector<pipeline::action> ran;
+      for (const auto& t : r.timeline)
+        if (t.rank == rank) {
+          CHECK(t.end >= t.start);
+          ran.push_back(t.what);
+        }
+      CHECK(ran == plan.pipeline.ranks[static_cast<std::size_t>(rank / 2)]);
+    }
+    const auto js = train::to_json(r);
+    CHECK(js.at("busy_s").size() == 4);
+    CHECK(js.at("tokens").get<std::int64_t>() == model::summarize_step(batch).tokens);
+    const auto trace = train::step_trace(r);
+    CHECK(trace.at("traceEvents").size() > r.timeline.size());  // the actions plus rank names
   });
 }

@@ -76,6 +76,14 @@ void pipeline_cases(On8 on8) {
                    50);
              }),
              1e-10, "hdp gap-filling pp2 zbv first-stage");
+    // Ulysses over 2 (heads swapped by all-to-all), pp = 2, interleaved 1F1B, joint pipeline
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<double>(
+                   w, seq::ulysses{.degree = 2, .heads = 2, .kv_heads = 1, .head_dim = 4}, fam,
+                   train::pipeline_config<pipeline::interleaved_1f1b, pipeline::colocated_encoder>{2, {}, joint},
+                   seed, 10, 30);
+             }),
+             1e-10, "ulysses 2 pp2 interleaved-1f1b joint");
     // float: THD over 2, pp = 2, 1F1B, joint pipeline
     check_mm(on8([&](auto& w) {
                return mm_parity_body<float>(

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// train::system under mpirun -np 8: the same parity bodies as test_train's loopback cases, each rank a
-// process. CTest runs it only under mpirun -np 8 (test_train_mpi_mpi).
+// train::system under mpirun -np 8: the same parity bodies as the loopback cases of test_train (pp = 1) and
+// test_train_pipeline (pipelines with encoders), each rank a process. CTest runs it only under mpirun -np 8
+// (test_train_mpi_mpi).
 #include <doctest/doctest.h>
 
 #include <hetmesh/comm/mpi.hpp>
 
 #include "train/cases.hpp"
+#include "train/pipeline_cases.hpp"
 
 using namespace hetmesh;
 using namespace traintest;
@@ -14,4 +16,10 @@ TEST_CASE("MPI: train::system one step's gradients equal a single-rank run's") {
   auto w = comm::mpi::communicator::world({.timeout = std::chrono::seconds(60), .verify = true});
   REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
   parity_cases([&](auto body) { return body(w); });
+}
+
+TEST_CASE("MPI: train::system pipelined multimodal steps' gradients equal a single-rank run's") {
+  auto w = comm::mpi::communicator::world({.timeout = std::chrono::seconds(60), .verify = true});
+  REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
+  pipeline_cases([&](auto body) { return body(w); });
 }

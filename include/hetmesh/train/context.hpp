@@ -22,6 +22,7 @@
 #include "../model/attention.hpp"
 #include "../model/context.hpp"
 #include "../run/ring_attention.hpp"
+#include "../run/ulysses_attention.hpp"
 #include "../seq/ring.hpp"
 
 namespace hetmesh::train {
@@ -38,6 +39,10 @@ struct step_context : model::stage_context<Comm, model::host_activation_store<T>
   using kernel_type = Kernel;
 
   const seq::ring_schedule* schedule = nullptr;  ///< the micro-batch's ring (its position: ring.position)
+  const seq::ulysses_plan* ulysses = nullptr;    ///< Ulysses: the group's exchange plan (then no ring)
+  Comm* group = nullptr;                         ///< Ulysses: the group's communicator, in stream order
+  std::span<const std::int64_t> stream_doc;      ///< Ulysses: document of every token of the group
+  std::span<const std::int64_t> stream_pos;      ///< Ulysses: position of every token of the group
   Kernel* kernel = nullptr;                      ///< the system's kernel
   run::ring_attention_options options{};         ///< tags and overlap of the ring calls
 
@@ -50,6 +55,13 @@ struct step_context : model::stage_context<Comm, model::host_activation_store<T>
   /// Cost: as run::ring_attention_forward.
   void attention_forward(model::attention_shape shape, T scale, std::span<const T> q, std::span<const T> k,
                          std::span<const T> v, std::span<T> out, std::span<T> lse) const {
+    if (ulysses != nullptr) {
+      check_ulysses("attention_forward");
+      run::ulysses_attention_forward(*group, *ulysses, *kernel,
+                                     run::ulysses_attention_input<T>{shape, scale, q, k, v, stream_doc, stream_pos},
+                                     out, lse);
+      return;
+    }
     check_bound("attention_forward");
     run::ring_attention_forward(*this->ring.parent, *schedule, *kernel,
                                 run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, options);
@@ -62,6 +74,13 @@ struct step_context : model::stage_context<Comm, model::host_activation_store<T>
   void attention_backward(model::attention_shape shape, T scale, std::span<const T> q, std::span<const T> k,
                           std::span<const T> v, std::span<const T> out, std::span<const T> lse,
                           std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) const {
+    if (ulysses != nullptr) {
+      check_ulysses("attention_backward");
+      run::ulysses_attention_backward(
+          *group, *ulysses, *kernel, run::ulysses_attention_input<T>{shape, scale, q, k, v, stream_doc, stream_pos},
+          out, lse, dout, dq, dk, dv);
+      return;
+    }
     check_bound("attention_backward");
     run::ring_attention_backward(*this->ring.parent, *schedule, *kernel,
                                  run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk,
@@ -69,6 +88,13 @@ struct step_context : model::stage_context<Comm, model::host_activation_store<T>
   }
 
  private:
+  void check_ulysses(const char* who) const {
+    if (group == nullptr || kernel == nullptr)
+      throw_error<invalid_argument>(
+          "train::step_context::{}: stage {} micro-batch {} has a Ulysses plan but no group or kernel; expected a "
+          "context made by train::system::run",
+          who, this->stage, this->micro_batch);
+  }
   void check_bound(const char* who) const {
     if (schedule == nullptr || kernel == nullptr || this->ring.parent == nullptr)
       throw_error<invalid_argument>(

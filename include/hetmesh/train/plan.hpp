@@ -34,6 +34,7 @@
 #include "../seq/partition.hpp"
 #include "../seq/ring.hpp"
 #include "../seq/types.hpp"
+#include "../seq/ulysses.hpp"
 
 namespace hetmesh::train {
 
@@ -41,6 +42,8 @@ namespace hetmesh::train {
 enum class partition_kind {
   static_cp,  ///< dp groups of cp consecutive ranks; each group's documents under a CP partition
   hdp,        ///< one pool of every rank; sequences packed whole or split over rings (ByteScale's HDP)
+  ulysses,    ///< dp groups of `cp` (the Ulysses degree) ranks; each group's documents packed and split
+              ///< contiguously, heads swapped by all-to-all around attention
 };
 
 /// A static CP group's share of the step: the ids of the documents it holds (in stream order) and their
@@ -80,6 +83,7 @@ struct step_plan {
   std::vector<seq::seq_desc> documents;             ///< the step's documents (id, length), stream order
   std::vector<cp_piece> cp_pieces;                  ///< static CP: the groups' shares
   seq::hdp_plan hdp;                                ///< HDP: the plan (empty under static CP)
+  std::vector<seq::ulysses_plan> ulysses;           ///< Ulysses: per cp piece, its exchange plan
   std::vector<seq::ring_schedule> rings;            ///< every ring of the step, in global order
   std::vector<std::vector<planned_micro_batch>> per_rank;  ///< per rank, in execution (slot) order
   /// Pipeline micro-batches per step, the same for every rank of the pool: each ring's members run it in
@@ -100,7 +104,7 @@ struct step_plan {
   friend bool operator==(const step_plan&, const step_plan&) = default;
   /// Feeds the plan to a plan hash.
   void hash_append(hasher& h) const {
-    append_all(h, kind, world, cp, documents, cp_pieces, hdp, rings, per_rank, slots, pp, pipeline);
+    append_all(h, kind, world, cp, documents, cp_pieces, hdp, ulysses, rings, per_rank, slots, pp, pipeline);
   }
 };
 
@@ -259,6 +263,8 @@ inline constexpr bool trains_family_v<seq::cp_zigzag> = true;
 /// Static CP THD trains.
 template <>
 inline constexpr bool trains_family_v<seq::cp_thd> = true;
+template <>
+inline constexpr bool trains_family_v<seq::ulysses> = true;
 /// HDP trains, with either offload family.
 template <class Offload>
 inline constexpr bool trains_family_v<seq::hdp<Offload>> = true;
@@ -284,8 +290,8 @@ consteval bool check_trainable() {
                 "train: Partition must be an LLM partition family (seq::llm_partition), a seq:: policy type "
                 "such as seq::cp_zigzag, seq::cp_thd or seq::hdp<seq::selective_offload>");
   static_assert(trains_family_v<P>,
-                "train: no step plan for this partition family yet; expected seq::cp_zigzag, seq::cp_thd or "
-                "seq::hdp<Offload> (train::trains_family_v)");
+                "train: no step plan for this partition family yet; expected seq::cp_zigzag, seq::cp_thd, "
+                "seq::ulysses or seq::hdp<Offload> (train::trains_family_v)");
   static_assert(!trains_family_v<P> || places_family_v<P, B>,
                 "train: this Balancer cannot place the partition family's work; expected "
                 "train::family_placement, or balance::bytescale / balance::gap_filling_hdp with "
@@ -344,6 +350,25 @@ template <class P, class B = family_placement>
                                     }
                                     detail::add_cp_piece(p, g, std::move(ids), family.plan(lens));
                                   });
+  } else if constexpr (std::same_as<P, seq::ulysses>) {
+    detail::check_documents(docs, "train::plan_step(ulysses)");
+    detail::check_cp(family.degree, world, "train::plan_step(ulysses)");
+    auto p = detail::plan_static_cp(docs, family.degree, world,
+                                    [&](step_plan& sp, int g, const std::vector<std::int64_t>& idx) {
+                                      if (idx.empty()) return;
+                                      std::vector<std::int64_t> ids, lens;
+                                      for (auto i : idx) {
+                                        ids.push_back(docs[static_cast<std::size_t>(i)].id);
+                                        lens.push_back(docs[static_cast<std::size_t>(i)].length);
+                                      }
+                                      auto part = seq::partition_contiguous(lens, family.degree);
+                                      std::vector<std::int64_t> tokens(static_cast<std::size_t>(family.degree), 0);
+                                      for (int r : part.owner_rank) ++tokens[static_cast<std::size_t>(r)];
+                                      sp.ulysses.push_back(family.plan(tokens));
+                                      detail::add_cp_piece(sp, g, std::move(ids), std::move(part));
+                                    });
+    p.kind = partition_kind::ulysses;
+    return p;
   } else {
     detail::check_documents(docs, "train::plan_step(hdp)");
     if constexpr (std::same_as<B, balance::bytescale>) {
@@ -381,7 +406,9 @@ struct fmt::formatter<hetmesh::train::partition_kind> : hetmesh::empty_spec_form
   template <class FormatContext>
   auto format(hetmesh::train::partition_kind k, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}",
-                              k == hetmesh::train::partition_kind::hdp ? "hdp" : "static_cp");
+                              k == hetmesh::train::partition_kind::hdp       ? "hdp"
+                              : k == hetmesh::train::partition_kind::ulysses ? "ulysses"
+                                                                             : "static_cp");
   }
 };
 template <>

@@ -242,6 +242,15 @@ class system {
     // The pipeline's communicator (one rank at pp = 1) and, at pp > 1, the pool at this pipeline rank.
     pipe_.emplace(comm::split(world, world.rank() % pool_size_, world.rank() / pool_size_));
     if (pp > 1) pool_.emplace(comm::split(world, world.rank() / pool_size_, world.rank() % pool_size_));
+    if constexpr (std::same_as<Partition, seq::ulysses>) {  // the Ulysses groups: `degree` consecutive pool ranks
+      const int d = partition_.degree;
+      if (d < 1 || pool_size_ % d != 0)
+        throw_error<invalid_argument>(
+            "train::system: Ulysses degree {} over a pool of {} ranks; expected a degree >= 1 dividing the pool",
+            d, pool_size_);
+      Comm& pool = pool_ ? *pool_ : world;
+      group_.emplace(comm::split(pool, pool.rank() / d, pool.rank() % d));
+    }
   }
 
   /// The step plan for documents `docs` (id, length in stream order) over the pool, with the pipeline
@@ -313,6 +322,18 @@ class system {
     for (const auto& pm : mine) planned[static_cast<std::size_t>(pm.slot)] = &pm;
     for (std::size_t i = 0; i < built.size(); ++i)
       check_ring_order(plan.rings[static_cast<std::size_t>(mine[i].ring)], mine[i].position, built[i].view());
+
+    // Ulysses: per slot, the document and position of every token of the group's stream, in rank order.
+    std::vector<std::vector<std::int64_t>> stream_doc(by_slot.size()), stream_pos(by_slot.size());
+    if (plan.kind == partition_kind::ulysses) {
+      const int d = plan.cp, first = pool_rank / d * d;
+      for (int member = first; member < first + d; ++member)
+        for (const auto& mb : build_micro_batches(plan, batch, s, member)) {
+          const auto m = static_cast<std::size_t>(mb.index);
+          stream_doc[m].insert(stream_doc[m].end(), mb.doc_ids.begin(), mb.doc_ids.end());
+          stream_pos[m].insert(stream_pos[m].end(), mb.positions.begin(), mb.positions.end());
+        }
+    }
 
     auto zero = [](auto&& spans) {
       for (auto g : spans)
@@ -392,6 +413,12 @@ class system {
         const auto& ring = plan.rings[static_cast<std::size_t>(pm->ring)];
         ctx.ring = {&pool, std::span<const int>(ring.ring), pm->position};
         ctx.schedule = &ring;
+        if (plan.kind == partition_kind::ulysses) {
+          ctx.ulysses = &plan.ulysses[static_cast<std::size_t>(pm->source)];
+          ctx.group = &*group_;
+          ctx.stream_doc = stream_doc[static_cast<std::size_t>(mb)];
+          ctx.stream_pos = stream_pos[static_cast<std::size_t>(mb)];
+        }
       }
       return ctx;
     };
@@ -448,6 +475,7 @@ class system {
       return enc_sizes[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
     };
 
+    comm::barrier(world);  // the ranks' timelines share an origin, up to the barrier's skew
     const auto t0 = clock::now();
     run::execute_pipeline(*pipe_, sched, fn, sizes, &st.timeline);
     const auto t1 = clock::now();
@@ -660,6 +688,7 @@ class system {
   int pool_size_ = 1;
   std::optional<Comm> pool_;  // pp > 1: the ranks of this pipeline rank (ring attention, stage gradients)
   std::optional<Comm> pipe_;  // this pipeline's ranks in pipeline order (the schedule's transfers)
+  std::optional<Comm> group_;  // Ulysses: this rank's group of the pool, in stream order
 };
 
 /// A plain SGD optimizer hook: p -= lr * g for every parameter. Deterministic; O(parameters).

@@ -5,5 +5,7 @@
 #pragma once
 
 #include "context.hpp"
+#include "pipeline_plan.hpp"
 #include "plan.hpp"
+#include "report.hpp"
 #include "system.hpp"

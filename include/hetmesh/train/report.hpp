@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: what a step did on every rank, gathered: per-rank measured times (busy, forward,
+// backward, the pipeline's wall time) and every rank's executed actions with their wall times, in the
+// pipeline simulator's trace format (pipeline::timed_action), so a measured step and a modelled one
+// (pipeline::simulate of the same schedule) can be laid side by side. Ranks start a step's pipeline
+// after a barrier, so their timelines share an origin up to the barrier's skew. JSON and Chrome trace
+// output: train/report_json.hpp.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../comm/collectives.hpp"
+#include "../pipeline/simulate.hpp"
+#include "system.hpp"
+
+namespace hetmesh::train {
+
+/// A step's stats gathered from every rank of the world.
+struct step_report {
+  step_stats stats;                       ///< the step's reduced stats (loss, tokens, ...), this rank's times
+  std::vector<double> busy_seconds;       ///< per world rank: time in compute actions
+  std::vector<double> forward_seconds;    ///< per world rank: time in forward actions
+  std::vector<double> backward_seconds;   ///< per world rank: time in backward actions
+  std::vector<double> step_seconds;       ///< per world rank: the pipeline's wall time
+  std::vector<pipeline::timed_action> timeline;  ///< every rank's executed actions, by rank then time
+
+  /// The largest busy time: the measured step's critical rank.
+  [[nodiscard]] double max_busy() const noexcept {
+    return busy_seconds.empty() ? 0.0 : *std::max_element(busy_seconds.begin(), busy_seconds.end());
+  }
+  /// max / mean busy time (1 = perfectly balanced; 0 without ranks or work).
+  [[nodiscard]] double imbalance() const noexcept {
+    double sum = 0;
+    for (double b : busy_seconds) sum += b;
+    return sum > 0 ? max_busy() * static_cast<double>(busy_seconds.size()) / sum : 0.0;
+  }
+};
+
+/// Gathers `s` (this rank's stats of the step) from every rank of `world`. Collective over the world;
+/// every rank gets the whole report. Cost: one all-gather of 4 doubles per rank and one of the timelines.
+template <comm::communicator C>
+[[nodiscard]] step_report gather_report(C& world, const step_stats& s) {
+  step_report r;
+  r.stats = s;
+  const auto n = static_cast<std::size_t>(world.size());
+  const double mine[4] = {s.busy_seconds, s.forward_seconds, s.backward_seconds, s.step_seconds};
+  std::vector<double> all(4 * n);
+  comm::all_gather(world, std::span<const double>(mine), std::span<double>(all));
+  for (std::size_t i = 0; i < n; ++i) {
+    r.busy_seconds.push_back(all[4 * i]);
+    r.forward_seconds.push_back(all[4 * i + 1]);
+    r.backward_seconds.push_back(all[4 * i + 2]);
+    r.step_seconds.push_back(all[4 * i + 3]);
+  }
+  std::vector<double> flat;  // rank, stage, type, micro-batch, start, end per action
+  flat.reserve(6 * s.timeline.size());
+  for (const auto& t : s.timeline)
+    flat.insert(flat.end(), {static_cast<double>(t.rank), static_cast<double>(t.what.stage),
+                             static_cast<double>(static_cast<int>(t.what.type)),
+                             static_cast<double>(t.what.microbatch), t.start, t.end});
+  for (const auto& part : comm::all_gather_vectors(world, std::span<const double>(flat)))
+    for (std::size_t i = 0; i + 5 < part.size(); i += 6)
+      r.timeline.push_back(
+          {static_cast<int>(part[i]),
+           pipeline::action{static_cast<int>(part[i + 1]),
+                            static_cast<pipeline::action_type>(static_cast<int>(part[i + 2])),
+                            static_cast<int>(part[i + 3])},
+           part[i + 4], part[i + 5]});
+  return r;
+}
+
+}  // namespace hetmesh::train
