@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <mutex>
+#include <tuple>
 
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/train/report_json.hpp>
@@ -118,4 +119,63 @@ TEST_CASE("train: a step's report gathers every rank's measured times and execut
     const auto trace = train::step_trace(r);
     CHECK(trace.at("traceEvents").size() > r.timeline.size());  // the actions plus rank names
   });
+}
+
+TEST_CASE("train::system: selective offload moves the plan's share of activations and keeps the gradients") {
+  const seq::hdp<seq::selective_offload> offload{.capacity = 16};
+  // A batch whose plan offloads: some long document gets a ratio > 0 (ByteScale's solver).
+  std::uint64_t seed = 300;
+  for (; seed < 340; ++seed) {
+    const auto plan = train::plan_step(offload, model::document_descs(random_mm_batch(seed, 12, 60)), 4);
+    bool any = false;
+    for (const auto& list : plan.hdp.per_rank)
+      for (const auto& mb : list) any = any || mb.offload_ratio > 0;
+    if (any) break;
+  }
+  REQUIRE(seed < 340);
+  for (int pp : {1, 2}) {
+    const auto v = on_loopback8([&](auto& w) {
+      const auto batch = random_mm_batch(seed, 12, 60);
+      mm_result<double> ref;
+      comm::loopback::run(1, [&](comm::loopback::communicator& c) {
+        ref = run_mm_step<double>(c, seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
+                                  train::pipeline_config<>{}, batch, seed + 1);
+      });
+      const auto got = run_mm_step<double>(
+          w, offload, train::family_placement{},
+          train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{pp, {}, {}}, batch, seed + 1);
+      double err = 0;
+      for (const auto& [id, g] : got.grads)
+        for (std::size_t i = 0; i < g.size(); ++i)
+          err = std::max(err, std::abs(g[i] - ref.grads.at(id)[i]) / (1e-12 + std::abs(ref.grads.at(id)[i])));
+      std::int64_t moved[2] = {got.stats.offloaded_bytes, got.stats.activation_peak_bytes > 0 ? 1 : 0};
+      comm::all_reduce(w, std::span<double>(&err, 1), comm::reduce_op::max);
+      comm::all_reduce(w, std::span<std::int64_t>(moved), comm::reduce_op::sum);
+      return std::tuple<double, std::int64_t, std::int64_t>{err, moved[0], moved[1]};
+    });
+    MESSAGE("pp ", pp, ": largest elementwise relative gradient error ", std::get<0>(v), ", ", std::get<1>(v),
+            " bytes offloaded");
+    CHECK(std::get<0>(v) <= 1e-8);
+    CHECK(std::get<1>(v) > 0);   // the plan's ratios moved activations
+    CHECK(std::get<2>(v) == 8);  // every rank saved activations
+  }
+}
+
+TEST_CASE("train::offload_store keeps (1 - r) of each tensor resident and reads it back whole") {
+  train::offload_store<double> s;
+  s.set_ratio(0, 1, 0.25);
+  const std::vector<double> x{1, 2, 3, 4, 5, 6, 7, 8};
+  s.write({0, 1, 0}, x);
+  s.write({0, 2, 0}, x);  // no ratio: all resident
+  CHECK(s.bytes() == static_cast<std::int64_t>((6 + 8) * sizeof(double)));
+  CHECK(s.offloaded_bytes() == static_cast<std::int64_t>(2 * sizeof(double)));
+  const auto back = s.read({0, 1, 0});
+  CHECK(std::vector<double>(back.begin(), back.end()) == x);
+  CHECK(s.fetched_bytes() == static_cast<std::int64_t>(2 * sizeof(double)));
+  s.release({0, 1, 0});
+  CHECK(s.release_all(0, 2) == 1);
+  CHECK(s.bytes() == 0);
+  CHECK(s.peak_bytes() == static_cast<std::int64_t>(14 * sizeof(double)));
+  CHECK_THROWS_AS(s.set_ratio(0, 3, 1.5), invalid_argument);
+  CHECK_THROWS_AS((void)s.read({0, 1, 0}), model::activation_error);
 }

@@ -24,6 +24,7 @@
 #include "../run/ring_attention.hpp"
 #include "../run/ulysses_attention.hpp"
 #include "../seq/ring.hpp"
+#include "offload.hpp"
 
 namespace hetmesh::train {
 
@@ -32,7 +33,7 @@ namespace hetmesh::train {
 /// plus the attention entry bound to ring attention over that ring with the system's kernel. Holds
 /// pointers (schedule, kernel, store, communicators) that the runtime keeps alive across the call.
 template <class Comm, class Kernel, class T>
-struct step_context : model::stage_context<Comm, model::host_activation_store<T>> {
+struct step_context : model::stage_context<Comm, offload_store<T>> {
   /// Element type of activations and parameters.
   using value_type = T;
   /// The attention kernel type.

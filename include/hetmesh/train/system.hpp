@@ -106,6 +106,8 @@ struct step_stats {
   double busy_seconds = 0.0;       ///< this rank: time in compute actions (forward + backward)
   double step_seconds = 0.0;       ///< this rank: the pipeline's wall time, communication included
   double reduce_seconds = 0.0;     ///< this rank: gradient reduction time
+  std::int64_t activation_peak_bytes = 0;  ///< this rank: peak resident bytes of the stages' saved activations
+  std::int64_t offloaded_bytes = 0;        ///< this rank: activation bytes offloaded (selective offload)
   /// This rank's executed actions with their wall times (seconds since the step began), the simulator's
   /// trace format (pipeline::timed_action; its rank is this rank's world rank).
   std::vector<pipeline::timed_action> timeline;
@@ -390,7 +392,14 @@ class system {
     st.plan_hash = plan.hash();
     double sums[2] = {0.0, 0.0};    // loss, weights
     std::int64_t counts[3] = {0, 0, 0};  // tokens, micro-batches, encoder items
-    model::host_activation_store<T> store;
+    offload_store<T> store;  // the plan's offload ratios (HDP with selective offload), 0 elsewhere
+    if (plan.kind == partition_kind::hdp)
+      for (const auto& pm : mine) {
+        const double r =
+            plan.hdp.per_rank[static_cast<std::size_t>(pool_rank)][static_cast<std::size_t>(pm.source)].offload_ratio;
+        if (r > 0)
+          for (int stg = 0; stg < S; ++stg) store.set_ratio(stg, pm.slot, r);
+      }
     std::array<model::host_activation_store<T>, sizeof...(Encoders) + 1> enc_stores;
     const model::micro_batch empty_mb{};
 
@@ -490,6 +499,8 @@ class system {
         st.backward_seconds += d;
     }
     st.busy_seconds = st.forward_seconds + st.backward_seconds;
+    st.activation_peak_bytes = store.peak_bytes();
+    st.offloaded_bytes = store.offloaded_bytes();
     (void)pipe_rank;
     if (const auto left = store.slots() + (enc_stores_left(enc_stores)); left != 0)
       throw_error<invalid_argument>(

@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: selective activation offloading (ByteScale) as an activation store. The plan gives each
+// HDP micro-batch an offload ratio r (seq::hdp_micro_batch::offload_ratio: the share of its activations
+// that must leave device memory so its ring fits); the store keeps the first (1 - r) of every tensor a
+// stage saves in the resident store (device memory on a GPU) and moves the rest to the offload store
+// (host memory; pinned host memory on a GPU), and brings it back when the backward reads the tensor. The
+// two stores are template parameters, so a user can put their own behind either side (any
+// model::activation_store); on CPU both are host stores and the offload is a copy, which the stats
+// count. Resident bytes are what the plan's memory model budgets: their peak is the step's activation
+// footprint.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../model/activation.hpp"
+
+namespace hetmesh::train {
+
+/// An activation store that offloads a per-micro-batch share of each saved tensor. Resident and Offload
+/// are model::activation_store types of element T. Not thread-safe (one per rank, like the stages).
+template <class T, class Resident = model::host_activation_store<T>, class Offload = model::host_activation_store<T>>
+class offload_store {
+  static_assert(model::activation_store<Resident, T> && model::activation_store<Offload, T>,
+                "train::offload_store: both sides must model model::activation_store<S, T>");
+
+ public:
+  using is_activation_store = void;
+  using value_type = T;
+
+  /// The share of every tensor that (stage, micro_batch) saves from now on that goes to the offload
+  /// store: 0 <= ratio <= 1 (invalid_argument otherwise). Unset pairs offload nothing.
+  void set_ratio(int stage, int micro_batch, double ratio) {
+    if (!(ratio >= 0.0 && ratio <= 1.0))
+      throw_error<invalid_argument>(
+          "offload_store: ratio {} for stage {} micro-batch {}; expected a share in [0, 1]", ratio, stage,
+          micro_batch);
+    ratios_[{stage, micro_batch}] = ratio;
+  }
+
+  /// Saves `data`: the first n - floor(r n) elements stay resident, the rest are offloaded. Errors: a
+  /// key written twice (activation_error, from the resident store).
+  void write(model::activation_key k, std::span<const T> data) {
+    const auto it = ratios_.find({k.stage, k.micro_batch});
+    const double r = it == ratios_.end() ? 0.0 : it->second;
+    const auto n = data.size();
+    const auto moved = static_cast<std::size_t>(std::floor(r * static_cast<double>(n)));
+    resident_.write(k, data.first(n - moved));
+    if (moved > 0) {
+      offload_.write(k, data.last(moved));
+      offloaded_bytes_ += static_cast<std::int64_t>(moved * sizeof(T));
+    }
+    peak_ = std::max(peak_, resident_.bytes());
+  }
+
+  /// The tensor, whole: the resident part, then the offloaded part brought back (into a buffer the
+  /// store owns until release). Errors: an unknown key (activation_error).
+  [[nodiscard]] std::span<const T> read(model::activation_key k) const {
+    const std::span<const T> head = resident_.read(k);
+    if (!offload_.contains(k)) return head;
+    auto& buf = fetched_[k];
+    if (buf.empty()) {
+      const std::span<const T> tail = offload_.read(k);
+      buf.reserve(head.size() + tail.size());
+      buf.assign(head.begin(), head.end());
+      buf.insert(buf.end(), tail.begin(), tail.end());
+      fetched_bytes_ += static_cast<std::int64_t>(tail.size() * sizeof(T));
+    }
+    return buf;
+  }
+
+  /// Frees the tensor on both sides. Errors: an unknown key (activation_error).
+  void release(model::activation_key k) {
+    resident_.release(k);
+    if (offload_.contains(k)) offload_.release(k);
+    fetched_.erase(k);
+  }
+
+  /// Frees every tensor of (stage, micro_batch); returns how many there were (resident keys).
+  int release_all(int stage, int micro_batch) {
+    std::vector<model::activation_key> keys;
+    for (const auto& [k, v] : fetched_)
+      if (k.stage == stage && k.micro_batch == micro_batch) keys.push_back(k);
+    for (const auto& k : keys) fetched_.erase(k);
+    if constexpr (requires { offload_.release_all(stage, micro_batch); }) offload_.release_all(stage, micro_batch);
+    if constexpr (requires { resident_.release_all(stage, micro_batch); })
+      return resident_.release_all(stage, micro_batch);
+    else
+      return 0;
+  }
+
+  [[nodiscard]] bool contains(model::activation_key k) const { return resident_.contains(k); }
+  /// Resident bytes now (the activation footprint the plan budgets).
+  [[nodiscard]] std::int64_t bytes() const { return resident_.bytes(); }
+  /// The largest resident footprint since construction.
+  [[nodiscard]] std::int64_t peak_bytes() const noexcept { return peak_; }
+  /// Bytes moved to the offload store since construction.
+  [[nodiscard]] std::int64_t offloaded_bytes() const noexcept { return offloaded_bytes_; }
+  /// Bytes brought back from it since construction.
+  [[nodiscard]] std::int64_t fetched_bytes() const noexcept { return fetched_bytes_; }
+  /// Tensors held (resident keys), where the resident store counts them.
+  [[nodiscard]] std::size_t slots() const {
+    if constexpr (requires { resident_.slots(); })
+      return resident_.slots();
+    else
+      return 0;
+  }
+
+ private:
+  Resident resident_{};
+  Offload offload_{};
+  std::map<std::pair<int, int>, double> ratios_;
+  mutable std::map<model::activation_key, std::vector<T>> fetched_;
+  std::int64_t peak_ = 0, offloaded_bytes_ = 0;
+  mutable std::int64_t fetched_bytes_ = 0;
+};
+
+static_assert(model::activation_store<offload_store<float>, float>);
+static_assert(model::check_activation_store<offload_store<double>, double>());
+
+}  // namespace hetmesh::train
