@@ -15,7 +15,8 @@
 //
 // What the model can learn (vocabulary of cfg.vocab ids):
 //   0 pad, 1 placeholder (rows an encoder's output replaces), 2 .. 2+C-1 class tokens, the rest text.
-//   A text document follows a noisy affine Markov chain: t[i+1] = base + (a (t[i] - base) + b) mod R.
+//   A text document follows a noisy Markov chain: t[i+1] = successor(t[i]) (one seeded cycle through the
+//   text tokens), or with probability cfg.noise a uniform text token.
 //   An image-text or audio-text sample has a class c (a hash of its key): each of its items' feature rows
 //   is a class pattern (+-1 per feature, per encoder) plus uniform noise; its document is the items'
 //   placeholders followed by the caption: class token 2 + c, then class_tail tokens that are a function of
@@ -125,21 +126,26 @@ namespace text_gen {
 [[nodiscard]] inline std::int64_t base(const data_config& cfg) { return first_class_token + cfg.classes; }
 [[nodiscard]] inline std::int64_t range(const data_config& cfg) { return cfg.vocab - base(cfg); }
 
-/// The chain's successor of text token t (without noise).
-[[nodiscard]] inline std::int64_t successor(const data_config& cfg, std::int64_t t) {
-  const std::int64_t r = range(cfg);
-  return base(cfg) + (5 * (t - base(cfg)) + 3) % r;
+/// The chain: successor[t - base] is text token t's successor (without noise). One cycle through every
+/// text token (Sattolo's shuffle, seeded), so the chain neither sticks nor loops early. Pure.
+[[nodiscard]] inline std::vector<std::int64_t> successors(const data_config& cfg) {
+  std::vector<std::int64_t> next(static_cast<std::size_t>(range(cfg)));
+  for (std::size_t i = 0; i < next.size(); ++i) next[i] = base(cfg) + static_cast<std::int64_t>(i);
+  hetmesh::rng g(hetmesh::key_hash({cfg.seed, 0xc1c1e}));
+  for (std::size_t i = next.size() - 1; i > 0; --i) std::swap(next[i], next[g.below(i)]);
+  return next;
 }
 
-/// Appends n tokens continuing the chain from `prev` (or from a random token when prev < base).
-inline void continue_chain(const data_config& cfg, hetmesh::rng& g, std::int64_t prev, std::int64_t n,
-                           std::vector<std::int32_t>& out) {
+/// Appends n tokens continuing the chain from `prev` (from a random token when prev < base); each
+/// token leaves the chain for a uniform one with probability cfg.noise.
+inline void continue_chain(const data_config& cfg, const std::vector<std::int64_t>& next, hetmesh::rng& g,
+                           std::int64_t prev, std::int64_t n, std::vector<std::int32_t>& out) {
   for (std::int64_t i = 0; i < n; ++i) {
     std::int64_t t = 0;
     if (prev < base(cfg) || g.unit() < cfg.noise)
       t = base(cfg) + g.uniform(0, range(cfg) - 1);
     else
-      t = successor(cfg, prev);
+      t = next[static_cast<std::size_t>(prev - base(cfg))];
     out.push_back(static_cast<std::int32_t>(t));
     prev = t;
   }
@@ -242,8 +248,8 @@ inline void add_multimodal(hetmesh::data::wds_writer& w, const data_config& cfg,
   std::vector<std::int32_t> caption{static_cast<std::int32_t>(first_class_token + c)};
   for (int k = 0; k < cfg.class_tail; ++k)
     caption.push_back(static_cast<std::int32_t>(text_gen::class_tail_token(cfg, c, k)));
-  text_gen::continue_chain(cfg, g, caption.back(), n_caption - static_cast<std::int64_t>(caption.size()),
-                           caption);
+  text_gen::continue_chain(cfg, text_gen::successors(cfg), g, caption.back(),
+                           n_caption - static_cast<std::int64_t>(caption.size()), caption);
   const auto& counts = encoder == vision_encoder ? s.images : s.audio;
   const std::int64_t scale = encoder == vision_encoder ? cfg.image_scale : cfg.audio_scale;
   const char* prefix = encoder == vision_encoder ? "img" : "aud";
@@ -322,13 +328,14 @@ inline bool make_sources(const std::filesystem::path& dir, const data_config& cf
   {
     data::indexed_dataset_writer w((dir / "text").string(), data::optimal_dtype(cfg.vocab));
     hetmesh::rng g(hetmesh::key_hash({cfg.seed, 0x7e47}));
+    const auto chain = text_gen::successors(cfg);
     std::vector<std::int32_t> t;
     for (const auto len : lengths.documents) {
       const auto n =
           source_writing::clamp_scaled(len, cfg.text_scale, cfg.min_doc_tokens, cfg.max_doc_tokens);
       text_mean += static_cast<double>(n);
       t.clear();
-      text_gen::continue_chain(cfg, g, -1, n, t);
+      text_gen::continue_chain(cfg, chain, g, -1, n, t);
       w.add_sequence(std::span<const std::int32_t>(t));
       w.end_document();
     }

@@ -98,6 +98,8 @@ TEST_CASE("step_source: valid batches of about tokens_per_step tokens, placehold
   const auto cfg = test_config();
   mllm::step_source src(shared_sources(), cfg);
   const std::int64_t base = mllm::first_class_token + cfg.classes;
+  const auto chain = mllm::text_gen::successors(cfg);
+  std::int64_t follows = 0, transitions = 0;
   for (int s = 0; s < 30; ++s) {
     INFO("step " << s);
     const auto b = src.next();
@@ -133,6 +135,8 @@ TEST_CASE("step_source: valid batches of about tokens_per_step tokens, placehold
         CHECK(d.length() >= cfg.min_doc_tokens);
         CHECK(d.length() <= cfg.max_doc_tokens);
         CHECK(*std::min_element(d.tokens.begin(), d.tokens.end()) >= base);
+        for (std::size_t p = 1; p < d.tokens.size(); ++p, ++transitions)
+          follows += d.tokens[p] == chain[static_cast<std::size_t>(d.tokens[p - 1] - base)] ? 1 : 0;
       } else {  // placeholders, then the class token and its tail
         const auto& last = d.items.back();
         const auto after = static_cast<std::size_t>(last.position + last.tokens);
@@ -152,6 +156,17 @@ TEST_CASE("step_source: valid batches of about tokens_per_step tokens, placehold
     CHECK(tokens > cfg.tokens_per_step / 3);  // "about": a fixed sample count of varying lengths
     CHECK(tokens < cfg.tokens_per_step * 3);
   }
+  // Text is learnable: about 1 - noise of its transitions follow the chain.
+  MESSAGE("text transitions on the chain: " << follows << " of " << transitions);
+  CHECK(static_cast<double>(follows) > (0.95 - cfg.noise) * static_cast<double>(transitions));
+  CHECK(static_cast<double>(follows) < (1.0 - cfg.noise / 2) * static_cast<double>(transitions));
+  // The chain is one cycle through every text token.
+  std::set<std::int64_t> seen;
+  std::int64_t t = base;
+  for (std::size_t k = 0; k < chain.size(); ++k, t = chain[static_cast<std::size_t>(t - base)])
+    seen.insert(t);
+  CHECK(t == base);
+  CHECK(seen.size() == chain.size());
 }
 
 TEST_CASE("step_source: two sources give identical batches and features; the curriculum shifts the mix") {
