@@ -76,13 +76,13 @@ struct data_config {
   // Sizes, scaled down from the real lengths of examples/data.
   std::int64_t text_scale = 64;          ///< text document tokens = prolong length / text_scale ...
   std::int64_t min_doc_tokens = 8;       ///< ... clamped to [min_doc_tokens, max_doc_tokens]
-  std::int64_t max_doc_tokens = 256;     ///<
+  std::int64_t max_doc_tokens = 256;     ///< longest text document (the model's longest sequence)
   std::int64_t caption_scale = 64;       ///< caption tokens = sample's text tokens / caption_scale ...
   std::int64_t max_caption_tokens = 48;  ///< ... clamped to [1 + class_tail, max_caption_tokens]
   std::int64_t image_scale = 64;         ///< image encoder tokens = LLM tokens of the image / image_scale ...
   std::int64_t audio_scale = 48;         ///< audio frames = LLM tokens of the clip / audio_scale ...
   std::int64_t min_item_tokens = 4;      ///< ... both clamped to [min_item_tokens, max_item_tokens]
-  std::int64_t max_item_tokens = 16;     ///<
+  std::int64_t max_item_tokens = 16;     ///< most encoder tokens of one image or clip
   int copies = 4;        ///< each multimodal line becomes this many samples (own class and noise)
   int image_shards = 2;  ///< image-text shards
   // Encoder inputs.
