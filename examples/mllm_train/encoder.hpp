@@ -24,7 +24,7 @@ namespace mllm {
 /// audio_modality). Tensor ids (global, beside the backbone's): tensor_base + {0 input embedding
 /// [in][d_enc], 1 its bias [d_enc], 10 + 3l + {0 norm gain [d_enc], 1 MLP up [d_enc][hidden], 2 MLP down
 /// [hidden][d_enc]} for layer l, 99 projection [d_enc][D]}; tensor_base is 10000 for vision, 20000 for
-/// audio (and others).
+/// audio, 30000 for any other modality (one more encoder).
 template <class T, class Modality>
 struct encoder {
   /// Opt-in for encoder_stage.
@@ -32,7 +32,9 @@ struct encoder {
   /// The modality's name ("vision", "audio").
   static constexpr std::string_view modality = Modality::name;
   /// The first tensor id of this encoder.
-  static constexpr int tensor_base = modality == std::string_view("vision") ? 10000 : 20000;
+  static constexpr int tensor_base = modality == std::string_view("vision")  ? 10000
+                                     : modality == std::string_view("audio") ? 20000
+                                                                             : 30000;
 
   config cfg;
   std::int64_t in_width = 1;  ///< features per input token: cfg.patch (vision) or cfg.frame (others)

@@ -19,13 +19,13 @@ namespace mllm {
 /// One rank's share of the model: its backbone stages and both encoders (every rank runs encoders under
 /// the colocated and first-stage placements; their gradients are reduced over the world).
 template <class T>
-struct model {
+struct multimodal_model {
   backbone<T> llm;
   vision_encoder<T> vision;
   audio_encoder<T> audio;
 
   /// The model of `c` from `seed`, holding backbone stages `local` of `num_stages`. O(parameters).
-  model(const config& c, std::uint64_t seed, int num_stages, std::span<const int> local)
+  multimodal_model(const config& c, std::uint64_t seed, int num_stages, std::span<const int> local)
       : llm(c, seed, num_stages, local), vision(c, seed), audio(c, seed) {}
 
   /// (global id, value, gradient) of every tensor this rank holds, in id order: backbone, vision, audio.
