@@ -26,7 +26,9 @@ namespace mllm {
 /// Backbone stages of one rank. Tensor ids (global): 0 embedding [vocab][D], 1 final norm gain [D], 2 head
 /// [D][vocab], and per block b: 100 + 16b + {0 attention norm gain [D], 1 wq [D][hq], 2 wk [D][hk], 3 wv
 /// [D][hk], 4 wo [hq][D], 5 MLP norm gain [D], 6 MLP up [D][hidden], 7 MLP down [hidden][D]}
-/// (hq = q_heads * head_dim, hk = kv_heads * head_dim).
+/// (hq = q_heads * head_dim, hk = kv_heads * head_dim). Models split_backward_stage for a
+/// train::step_context (its forward needs an attention context, which needs a communicator: the
+/// static_assert is in tests/mllm/model.cpp).
 template <class T>
 struct backbone {
   /// Opt-in for backbone_stage.

@@ -142,10 +142,12 @@ void silu_backward(std::span<const T> u, std::span<const T> dy, std::span<T> du)
 template <class T>
 void rope(std::span<T> x, std::span<const std::int64_t> pos, std::size_t n, std::size_t heads,
           std::size_t head_dim, double base, int sign) {
+  std::vector<double> freq(head_dim / 2);
+  for (std::size_t i = 0; i < freq.size(); ++i)
+    freq[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
   for (std::size_t t = 0; t < n; ++t)
-    for (std::size_t i = 0; i < head_dim / 2; ++i) {
-      const double freq = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-      const double ang = static_cast<double>(pos[t]) * freq;
+    for (std::size_t i = 0; i < freq.size(); ++i) {
+      const double ang = static_cast<double>(pos[t]) * freq[i];
       const T c = static_cast<T>(std::cos(ang)), s = static_cast<T>(sign) * static_cast<T>(std::sin(ang));
       for (std::size_t h = 0; h < heads; ++h) {
         T* p = x.data() + (t * heads + h) * head_dim + 2 * i;

@@ -107,7 +107,7 @@ step_out<T> run_single(C& c, const model::step_batch& batch, std::uint64_t seed)
 /// also the loss's relative error and the count of tensors compared (summed).
 struct parity {
   double rel = 0, loss_rel = 0;
-  int tensors = 0, stages = 0;
+  int tensors = 0, stages = 0, items = 0;  ///< items: encoder items of the batch
 };
 
 template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
@@ -133,7 +133,9 @@ parity parity_body(C& world, const Partition& partition, const Balancer& balance
   comm::all_reduce(world, std::span<double>(e), comm::reduce_op::max);
   int t = tensors;
   comm::all_reduce(world, std::span<int>(&t, 1), comm::reduce_op::sum);
-  return {e[0], e[1], t, got.stages};
+  int items = 0;
+  for (const auto& d : batch.documents) items += static_cast<int>(d.items.size());
+  return {e[0], e[1], t, got.stages, items};
 }
 
 template <class Body>
@@ -152,10 +154,11 @@ parity on_loopback(int n, Body body) {
 
 void check_parity(const parity& p, double tol, const std::string& what, int expected_tensors) {
   MESSAGE(what << ": grad rel err " << p.rel << ", loss rel err " << p.loss_rel << ", " << p.tensors
-               << " tensors over " << p.stages << " stages");
+               << " tensors over " << p.stages << " stages, " << p.items << " encoder items");
   CHECK(p.rel <= tol);
   CHECK(p.loss_rel <= tol);
   CHECK(p.stages == 2);
+  CHECK(p.items > 0);
   CHECK(p.tensors >= expected_tensors);
 }
 
