@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: Apache-2.0
+// The example's encoders (hetmesh::model::encoder_stage models): a per-token encoder of a modality's
+// features. Vision reads one patch of `patch` features per output token, audio one frame of `frame`
+// features; both embed it to d_enc, run `enc_layers` residual layers (RMSNorm, then an MLP with SiLU) and
+// project to the LLM width. Tokens do not mix, so a long item split into pieces (long-short sequence
+// parallelism) encodes exactly as it would whole.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <hetmesh/model/encoder_batch.hpp>
+#include <hetmesh/model/stage.hpp>
+
+#include "mllm_train/layers.hpp"
+
+namespace mllm {
+
+/// An encoder for modality `Modality` (a tag with a `name`: hetmesh::model::vision_modality,
+/// audio_modality). Tensor ids (global, beside the backbone's): tensor_base + {0 input embedding
+/// [in][d_enc], 1 its bias [d_enc], 10 + 3l + {0 norm gain [d_enc], 1 MLP up [d_enc][hidden], 2 MLP down
+/// [hidden][d_enc]} for layer l, 99 projection [d_enc][D]}; tensor_base is 10000 for vision, 20000 for
+/// audio, 30000 for any other modality (one more encoder).
+template <class T, class Modality>
+struct encoder {
+  /// Opt-in for encoder_stage.
+  using is_encoder_stage = void;
+  /// The modality's name ("vision", "audio").
+  static constexpr std::string_view modality = Modality::name;
+  /// The first tensor id of this encoder.
+  static constexpr int tensor_base = modality == std::string_view("vision")  ? 10000
+                                     : modality == std::string_view("audio") ? 20000
+                                                                             : 30000;
+
+  config cfg;
+  std::int64_t in_width = 1;  ///< features per input token: cfg.patch (vision) or cfg.frame (others)
+  tensor_store<T> store;
+
+  /// The encoder of `c` with parameters from `seed` (equal on every rank). Throws invalid_argument on a
+  /// bad config. O(parameters).
+  encoder(const config& c, std::uint64_t seed)
+      : cfg(c), in_width(modality == std::string_view("vision") ? c.patch : c.frame) {
+    check_config(c);
+    const auto i = static_cast<std::size_t>(in_width), e = static_cast<std::size_t>(c.enc_width),
+               h = static_cast<std::size_t>(c.enc_hidden), d = static_cast<std::size_t>(c.width);
+    store.add(tensor_base + 0, i * e, seed, 1.0 / std::sqrt(static_cast<double>(i)));
+    store.add(tensor_base + 1, e, seed, 0.1);
+    for (int l = 0; l < c.enc_layers; ++l) {
+      store.add(tensor_base + 10 + 3 * l, e, seed, 0.1, 1.0);
+      store.add(tensor_base + 11 + 3 * l, e * h, seed, 1.0 / std::sqrt(static_cast<double>(e)));
+      store.add(tensor_base + 12 + 3 * l, h * e, seed, 1.0 / std::sqrt(static_cast<double>(h)));
+    }
+    store.add(tensor_base + 99, e * d, seed, 1.0 / std::sqrt(static_cast<double>(e)));
+  }
+
+  /// ev.size() tokens of in_width features.
+  [[nodiscard]] std::int64_t input_size(const hetmesh::model::encoder_batch_view& ev) const noexcept {
+    return ev.size() * in_width;
+  }
+  /// ev.size() rows of the LLM width.
+  [[nodiscard]] std::int64_t output_size(const hetmesh::model::encoder_batch_view& ev) const noexcept {
+    return ev.size() * cfg.width;
+  }
+
+  /// out = encode(in) token by token. Saves (slots 0, 10 + 4l + {0, 1, 2}, 99) the input, each layer's
+  /// input, RMS scale and MLP pre-activation, and the last hidden rows. Throws invalid_argument on
+  /// mis-sized buffers. O(tokens * (in + layers * hidden + D) * d_enc).
+  template <class Ctx>
+  void forward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev, std::span<const T> in,
+               std::span<T> out) {
+    const auto s = dims(ev);
+    check_size(in.size(), s.n * s.i, "mllm::encoder", "input");
+    check_size(out.size(), s.n * s.d, "mllm::encoder", "output");
+    const auto slot = ctx.slots();
+    slot.save(0, in);
+    std::vector<T> x(s.n * s.e), xn(s.n * s.e), rstd(s.n), u(s.n * s.h), a(s.n * s.h), y(s.n * s.e);
+    matmul<T>(in, store.p(tensor_base + 0), x, s.n, s.i, s.e);
+    const auto b = store.p(tensor_base + 1);
+    for (std::size_t t = 0; t < s.n; ++t)
+      for (std::size_t j = 0; j < s.e; ++j) x[t * s.e + j] += b[j];
+    for (int l = 0; l < cfg.enc_layers; ++l) {
+      const int id = tensor_base + 10 + 3 * l;
+      rmsnorm_forward<T>(x, store.p(id), xn, rstd, s.n, s.e, cfg.norm_eps);
+      matmul<T>(xn, store.p(id + 1), u, s.n, s.e, s.h);
+      silu_forward<T>(u, a);
+      matmul<T>(a, store.p(id + 2), y, s.n, s.h, s.e);
+      slot.save(10 + 4 * l, std::span<const T>(x));
+      slot.save(11 + 4 * l, std::span<const T>(rstd));
+      slot.save(12 + 4 * l, std::span<const T>(u));
+      for (std::size_t k = 0; k < x.size(); ++k) x[k] += y[k];
+    }
+    slot.save(99, std::span<const T>(x));
+    matmul<T>(x, store.p(tensor_base + 99), out, s.n, s.e, s.d);
+  }
+
+  /// Adds every weight gradient for output gradient `gout`; writes the input gradient into `gin` unless it
+  /// is empty (raw features need none). Releases every slot forward saved. O(as forward).
+  template <class Ctx>
+  void backward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev, std::span<const T> gout,
+                std::span<T> gin) {
+    const auto s = dims(ev);
+    check_size(gout.size(), s.n * s.d, "mllm::encoder", "output gradient");
+    const auto slot = ctx.slots();
+    std::vector<T> dx(s.n * s.e, T(0)), xn(s.n * s.e), a(s.n * s.h), da(s.n * s.h, T(0)), du(s.n * s.h),
+        dxn(s.n * s.e), scratch(s.n);
+    add_xt_dy<T>(slot.load(99), gout, store.g(tensor_base + 99), s.n, s.e, s.d);
+    add_dy_wt<T>(gout, store.p(tensor_base + 99), dx, s.n, s.e, s.d);
+    slot.release(99);
+    for (int l = cfg.enc_layers - 1; l >= 0; --l) {
+      const int id = tensor_base + 10 + 3 * l;
+      const auto x = slot.load(10 + 4 * l), rstd = slot.load(11 + 4 * l), u = slot.load(12 + 4 * l);
+      rmsnorm_forward<T>(x, store.p(id), xn, scratch, s.n, s.e, cfg.norm_eps);  // xn again
+      silu_forward<T>(u, a);
+      add_xt_dy<T>(a, dx, store.g(id + 2), s.n, s.h, s.e);  // dx: the gradient of the layer's output
+      std::fill(da.begin(), da.end(), T(0));
+      add_dy_wt<T>(dx, store.p(id + 2), da, s.n, s.h, s.e);
+      silu_backward<T>(u, da, du);
+      add_xt_dy<T>(xn, du, store.g(id + 1), s.n, s.e, s.h);
+      std::fill(dxn.begin(), dxn.end(), T(0));
+      add_dy_wt<T>(du, store.p(id + 1), dxn, s.n, s.e, s.h);
+      rmsnorm_gain_grad<T>(x, rstd, dxn, store.g(id), s.n, s.e);
+      rmsnorm_input_grad<T>(x, store.p(id), rstd, dxn, dx, s.n, s.e);  // adds onto the residual's
+      for (int k = 0; k < 3; ++k) slot.release(10 + 4 * l + k);
+    }
+    const auto in = slot.load(0);
+    add_xt_dy<T>(in, dx, store.g(tensor_base + 0), s.n, s.i, s.e);
+    auto db = store.g(tensor_base + 1);
+    for (std::size_t t = 0; t < s.n; ++t)
+      for (std::size_t j = 0; j < s.e; ++j) db[j] += dx[t * s.e + j];
+    if (!gin.empty()) {
+      check_size(gin.size(), s.n * s.i, "mllm::encoder", "input gradient");
+      std::fill(gin.begin(), gin.end(), T(0));
+      add_dy_wt<T>(dx, store.p(tensor_base + 0), gin, s.n, s.i, s.e);
+    }
+    slot.release(0);
+  }
+
+  /// Parameter tensors, in id order.
+  [[nodiscard]] std::vector<std::span<T>> parameters() { return store.parameters(); }
+  /// Their gradients, in the same order.
+  [[nodiscard]] std::vector<std::span<T>> gradients() { return store.gradients(); }
+  /// (global id, value, gradient) of every tensor, in id order: what a trainer checkpoints by.
+  [[nodiscard]] std::vector<tensor_ref<T>> tensors() { return tensor_refs(store); }
+
+ private:
+  struct dims_t {
+    std::size_t n, i, e, h, d;
+  };
+  [[nodiscard]] dims_t dims(const hetmesh::model::encoder_batch_view& ev) const noexcept {
+    return {static_cast<std::size_t>(ev.size()), static_cast<std::size_t>(in_width),
+            static_cast<std::size_t>(cfg.enc_width), static_cast<std::size_t>(cfg.enc_hidden),
+            static_cast<std::size_t>(cfg.width)};
+  }
+};
+
+/// The example's vision encoder: patches of cfg.patch features.
+template <class T>
+using vision_encoder = encoder<T, hetmesh::model::vision_modality>;
+/// The example's audio encoder: frames of cfg.frame features.
+template <class T>
+using audio_encoder = encoder<T, hetmesh::model::audio_modality>;
+
+static_assert(hetmesh::model::check_encoder_stage<vision_encoder<float>, float>());
+static_assert(hetmesh::model::check_encoder_stage<audio_encoder<double>, double>());
+
+}  // namespace mllm

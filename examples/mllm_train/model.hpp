@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// The mllm_train example's model, as a user of hetmesh writes it: a vision and an audio encoder
+// (encoder.hpp) and a pipelined transformer backbone with split backward (backbone.hpp), over the layers of
+// layers.hpp. train::system runs them: the encoders through train::bind_encoder, the backbone as the
+// rank's stages. Every tensor has a global id (backbone 0..9999, vision 10000+, audio 20000+), so a trainer
+// checkpoints, restores and compares tensors by id whatever the pipeline split.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "mllm_train/backbone.hpp"
+#include "mllm_train/encoder.hpp"
+#include "mllm_train/layers.hpp"
+
+namespace mllm {
+
+/// One rank's share of the model: its backbone stages and both encoders (every rank runs encoders under
+/// the colocated and first-stage placements; their gradients are reduced over the world).
+template <class T>
+struct multimodal_model {
+  backbone<T> llm;
+  vision_encoder<T> vision;
+  audio_encoder<T> audio;
+
+  /// The model of `c` from `seed`, holding backbone stages `local` of `num_stages`. O(parameters).
+  multimodal_model(const config& c, std::uint64_t seed, int num_stages, std::span<const int> local)
+      : llm(c, seed, num_stages, local), vision(c, seed), audio(c, seed) {}
+
+  /// (global id, value, gradient) of every tensor this rank holds, in id order: backbone, vision, audio.
+  [[nodiscard]] std::vector<tensor_ref<T>> tensors() {
+    auto out = llm.tensors();
+    for (auto& t : vision.tensors()) out.push_back(t);
+    for (auto& t : audio.tensors()) out.push_back(t);
+    return out;
+  }
+};
+
+}  // namespace mllm
