@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/pipeline/trace.hpp>
 #include <hetmesh/train/report_json.hpp>
 #include <hetmesh/train/train.hpp>
 
@@ -118,6 +119,13 @@ TEST_CASE("train: a step's report gathers every rank's measured times and execut
     CHECK(js.at("tokens").get<std::int64_t>() == model::summarize_step(batch).tokens);
     const auto trace = train::step_trace(r);
     CHECK(trace.at("traceEvents").size() > r.timeline.size());  // the actions plus rank names
+    const auto svg = pipeline::svg_timeline(r.timeline, "step <0> & more");
+    CHECK(svg.find("step &lt;0&gt; &amp; more") != std::string::npos);
+    std::size_t boxes = 0, computes = 0;
+    for (auto at = svg.find("<title>"); at != std::string::npos; at = svg.find("<title>", at + 1)) ++boxes;
+    for (const auto& t : r.timeline) computes += pipeline::is_compute(t.what.type) ? 1 : 0;
+    CHECK(boxes == computes);
+    CHECK(svg.find("rank 3") != std::string::npos);
   });
 }
 

@@ -39,6 +39,7 @@
 #include "../run/pipeline_executor.hpp"
 #include "../run/ring_attention.hpp"
 #include "context.hpp"
+#include "optimizer.hpp"
 #include "pipeline_plan.hpp"
 #include "plan.hpp"
 
@@ -700,24 +701,6 @@ class system {
   std::optional<Comm> pool_;  // pp > 1: the ranks of this pipeline rank (ring attention, stage gradients)
   std::optional<Comm> pipe_;  // this pipeline's ranks in pipeline order (the schedule's transfers)
   std::optional<Comm> group_;  // Ulysses: this rank's group of the pool, in stream order
-};
-
-/// A plain SGD optimizer hook: p -= lr * g for every parameter. Deterministic; O(parameters).
-template <class T>
-struct sgd {
-  T lr = T(0.01);  ///< learning rate
-
-  /// Updates every parameter span in place from its gradient span (same order and sizes).
-  template <class Params, class Grads>
-  void operator()(Params&& params, Grads&& grads) const {
-    auto g = std::ranges::begin(grads);
-    for (auto p : params) {
-      std::span<T> ps(p);
-      std::span<T> gs(*g);
-      for (std::size_t i = 0; i < ps.size(); ++i) ps[i] -= lr * gs[i];
-      ++g;
-    }
-  }
 };
 
 }  // namespace hetmesh::train
