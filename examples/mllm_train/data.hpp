@@ -61,8 +61,8 @@ inline constexpr std::int64_t placeholder_token = 1;  ///< where an encoder's ou
 inline constexpr std::int64_t first_class_token = 2;  ///< class c is token 2 + c
 
 /// Encoder indices of the model (the order the encoders are passed to train::system::run).
-inline constexpr int vision_encoder = 0;
-inline constexpr int audio_encoder = 1;
+inline constexpr int vision_index = 0;
+inline constexpr int audio_index = 1;
 
 /// Everything that shapes the example's data. Every field but samples_dir is part of the sources' hash.
 struct data_config {
@@ -106,10 +106,10 @@ struct data_config {
   }
 };
 
-/// Floats per encoder token of `encoder` (vision_encoder: image_dim, audio_encoder: audio_dim).
+/// Floats per encoder token of `encoder` (vision_index: image_dim, audio_index: audio_dim).
 [[nodiscard]] inline int feature_width(const data_config& cfg, int encoder) {
-  if (encoder == vision_encoder) return cfg.image_dim;
-  if (encoder == audio_encoder) return cfg.audio_dim;
+  if (encoder == vision_index) return cfg.image_dim;
+  if (encoder == audio_index) return cfg.audio_dim;
   throw std::invalid_argument(fmt::format("mllm: encoder {}; expected 0 (vision) or 1 (audio)", encoder));
 }
 
@@ -250,9 +250,9 @@ inline void add_multimodal(hetmesh::data::wds_writer& w, const data_config& cfg,
     caption.push_back(static_cast<std::int32_t>(text_gen::class_tail_token(cfg, c, k)));
   text_gen::continue_chain(cfg, text_gen::successors(cfg), g, caption.back(),
                            n_caption - static_cast<std::int64_t>(caption.size()), caption);
-  const auto& counts = encoder == vision_encoder ? s.images : s.audio;
-  const std::int64_t scale = encoder == vision_encoder ? cfg.image_scale : cfg.audio_scale;
-  const char* prefix = encoder == vision_encoder ? "img" : "aud";
+  const auto& counts = encoder == vision_index ? s.images : s.audio;
+  const std::int64_t scale = encoder == vision_index ? cfg.image_scale : cfg.audio_scale;
+  const char* prefix = encoder == vision_index ? "img" : "aud";
   const int width = feature_width(cfg, encoder);
   nlohmann::json items = nlohmann::json::array();
   std::vector<std::pair<std::string, std::vector<std::byte>>> members;
@@ -280,7 +280,7 @@ inline void add_multimodal(hetmesh::data::wds_writer& w, const data_config& cfg,
                             {"line", line},
                             {"copy", copy}};
   members.front().second = as_bytes(meta.dump());
-  w.add(fmt::format("{}_{:04}_{}", encoder == vision_encoder ? "image" : "audio", line, copy), members);
+  w.add(fmt::format("{}_{:04}_{}", encoder == vision_index ? "image" : "audio", line, copy), members);
 }
 
 }  // namespace source_writing
@@ -345,22 +345,22 @@ inline bool make_sources(const std::filesystem::path& dir, const data_config& cf
   // Image-text and audio-text: WebDataset shards; samples of a line's copies go round the shards.
   double mean[2] = {0, 0};
   std::int64_t count[2] = {0, 0};
-  for (int e : {vision_encoder, audio_encoder}) {
-    const int shards = e == vision_encoder ? cfg.image_shards : 1;
+  for (int e : {vision_index, audio_index}) {
+    const int shards = e == vision_index ? cfg.image_shards : 1;
     std::vector<std::unique_ptr<data::wds_writer>> ws;
     for (int s = 0; s < shards; ++s)
       ws.push_back(std::make_unique<data::wds_writer>(
-          (dir / fmt::format("{}-{:03}.tar", e == vision_encoder ? "image" : "audio", s)).string()));
+          (dir / fmt::format("{}-{:03}.tar", e == vision_index ? "image" : "audio", s)).string()));
     std::int64_t n = 0;
     for (std::size_t line = 0; line < lengths.samples.size(); ++line) {
       const auto& s = lengths.samples[line];
-      const auto& counts = e == vision_encoder ? s.images : s.audio;
+      const auto& counts = e == vision_index ? s.images : s.audio;
       if (counts.empty()) continue;
       for (int copy = 0; copy < cfg.copies; ++copy, ++n) {
         source_writing::add_multimodal(*ws[static_cast<std::size_t>(n % shards)], cfg, s, line, copy, e);
         double tokens = static_cast<double>(source_writing::clamp_scaled(
             s.text, cfg.caption_scale, 1 + cfg.class_tail, cfg.max_caption_tokens));
-        const auto scale = e == vision_encoder ? cfg.image_scale : cfg.audio_scale;
+        const auto scale = e == vision_index ? cfg.image_scale : cfg.audio_scale;
         for (auto v : counts)
           tokens += static_cast<double>(
               source_writing::clamp_scaled(v, scale, cfg.min_item_tokens, cfg.max_item_tokens));
@@ -585,8 +585,8 @@ class step_source {
 
  private:
   static int encoder_of(const std::string& kind) {
-    if (kind.starts_with("img")) return vision_encoder;
-    if (kind.starts_with("aud")) return audio_encoder;
+    if (kind.starts_with("img")) return vision_index;
+    if (kind.starts_with("aud")) return audio_index;
     throw std::runtime_error(fmt::format("mllm::step_source: item kind '{}'; expected img* or aud*", kind));
   }
 

@@ -115,7 +115,7 @@ TEST_CASE("step_source: valid batches of about tokens_per_step tokens, placehold
       tokens += d.length();
       std::vector<char> in_item(static_cast<std::size_t>(d.length()), 0);
       for (const auto& it : d.items) {
-        REQUIRE((it.encoder == mllm::vision_encoder || it.encoder == mllm::audio_encoder));
+        REQUIRE((it.encoder == mllm::vision_index || it.encoder == mllm::audio_index));
         CHECK(it.id == next_id[it.encoder]++);  // ids 0.. per encoder, in document order
         CHECK(it.tokens >= cfg.min_item_tokens);
         CHECK(it.tokens <= cfg.max_item_tokens);

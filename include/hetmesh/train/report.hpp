@@ -25,6 +25,7 @@ struct step_report {
   std::vector<double> forward_seconds;    ///< per world rank: time in forward actions
   std::vector<double> backward_seconds;   ///< per world rank: time in backward actions
   std::vector<double> step_seconds;       ///< per world rank: the pipeline's wall time
+  std::vector<double> cpu_busy_seconds;   ///< per world rank: thread CPU time in the stages and encoders
   std::vector<pipeline::timed_action> timeline;  ///< every rank's executed actions, by rank then time
 
   /// The largest busy time: the measured step's critical rank.
@@ -32,28 +33,42 @@ struct step_report {
     return busy_seconds.empty() ? 0.0 : *std::max_element(busy_seconds.begin(), busy_seconds.end());
   }
   /// max / mean busy time (1 = perfectly balanced; 0 without ranks or work).
-  [[nodiscard]] double imbalance() const noexcept {
-    double sum = 0;
-    for (double b : busy_seconds) sum += b;
-    return sum > 0 ? max_busy() * static_cast<double>(busy_seconds.size()) / sum : 0.0;
+  [[nodiscard]] double imbalance() const noexcept { return imbalance_of(busy_seconds); }
+  /// The largest thread CPU busy time.
+  [[nodiscard]] double max_cpu_busy() const noexcept {
+    return cpu_busy_seconds.empty() ? 0.0 : *std::max_element(cpu_busy_seconds.begin(), cpu_busy_seconds.end());
+  }
+  /// max / mean thread CPU busy time.
+  [[nodiscard]] double cpu_imbalance() const noexcept { return imbalance_of(cpu_busy_seconds); }
+
+ private:
+  static double imbalance_of(const std::vector<double>& v) noexcept {
+    double sum = 0, most = 0;
+    for (double b : v) {
+      sum += b;
+      most = std::max(most, b);
+    }
+    return sum > 0 ? most * static_cast<double>(v.size()) / sum : 0.0;
   }
 };
 
 /// Gathers `s` (this rank's stats of the step) from every rank of `world`. Collective over the world;
-/// every rank gets the whole report. Cost: one all-gather of 4 doubles per rank and one of the timelines.
+/// every rank gets the whole report. Cost: one all-gather of 5 doubles per rank and one of the timelines.
 template <comm::communicator C>
 [[nodiscard]] step_report gather_report(C& world, const step_stats& s) {
   step_report r;
   r.stats = s;
   const auto n = static_cast<std::size_t>(world.size());
-  const double mine[4] = {s.busy_seconds, s.forward_seconds, s.backward_seconds, s.step_seconds};
-  std::vector<double> all(4 * n);
+  const double mine[5] = {s.busy_seconds, s.forward_seconds, s.backward_seconds, s.step_seconds,
+                          s.cpu_busy_seconds};
+  std::vector<double> all(5 * n);
   comm::all_gather(world, std::span<const double>(mine), std::span<double>(all));
   for (std::size_t i = 0; i < n; ++i) {
-    r.busy_seconds.push_back(all[4 * i]);
-    r.forward_seconds.push_back(all[4 * i + 1]);
-    r.backward_seconds.push_back(all[4 * i + 2]);
-    r.step_seconds.push_back(all[4 * i + 3]);
+    r.busy_seconds.push_back(all[5 * i]);
+    r.forward_seconds.push_back(all[5 * i + 1]);
+    r.backward_seconds.push_back(all[5 * i + 2]);
+    r.step_seconds.push_back(all[5 * i + 3]);
+    r.cpu_busy_seconds.push_back(all[5 * i + 4]);
   }
   std::vector<double> flat;  // rank, stage, type, micro-batch, start, end per action
   flat.reserve(6 * s.timeline.size());

@@ -14,7 +14,7 @@
 namespace hetmesh::train {
 
 /// The report as JSON: the step's loss, targets, tokens, micro-batches, encoder items, plan hash (hex
-/// string), per-rank busy / forward / backward / step seconds, and the busy imbalance. The timeline is
+/// string), per-rank busy / forward / backward / step / thread-CPU busy seconds, and both imbalances. The timeline is
 /// left to step_trace. Pure.
 [[nodiscard]] inline nlohmann::json to_json(const step_report& r) {
   return {{"loss", r.stats.loss},
@@ -27,7 +27,9 @@ namespace hetmesh::train {
           {"forward_s", r.forward_seconds},
           {"backward_s", r.backward_seconds},
           {"step_s", r.step_seconds},
-          {"imbalance", r.imbalance()}};
+          {"cpu_busy_s", r.cpu_busy_seconds},
+          {"imbalance", r.imbalance()},
+          {"cpu_imbalance", r.cpu_imbalance()}};
 }
 
 /// The measured timeline of every rank as a Chrome trace (pipeline::chrome_trace). Pure.

@@ -27,6 +27,7 @@
 
 #include "../comm/collectives.hpp"
 #include "../comm/group_cache.hpp"
+#include "../core/cpu_time.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../model/activation.hpp"
@@ -105,6 +106,8 @@ struct step_stats {
   double forward_seconds = 0.0;    ///< this rank: time in forward actions (encoders included)
   double backward_seconds = 0.0;   ///< this rank: time in backward actions (I and W included)
   double busy_seconds = 0.0;       ///< this rank: time in compute actions (forward + backward)
+  double cpu_busy_seconds = 0.0;   ///< this rank: thread CPU time in the stages and encoders (its own work,
+                                   ///< whatever else shares the cores)
   double step_seconds = 0.0;       ///< this rank: the pipeline's wall time, communication included
   double reduce_seconds = 0.0;     ///< this rank: gradient reduction time
   std::int64_t activation_peak_bytes = 0;  ///< this rank: peak resident bytes of the stages' saved activations
@@ -131,6 +134,10 @@ using stage_value_t =
 struct system_options {
   run::ring_attention_options attention{};  ///< tags and overlap of ring attention calls
   balance::step_model cost{};  ///< what a balance:: balancer prices HDP work with (unused otherwise)
+  /// Reduce gradients and stats in rank order (an all-gather, then rank 0 + rank 1 + ...): bitwise the
+  /// same result on every backend (loopback's all-reduce already adds in rank order, MPI's and NCCL's
+  /// need not), at the cost of moving every rank's buffer to every rank. Off: the backend's all-reduce.
+  bool reproducible = false;
 };
 
 /// The pipeline of train::system: its depth (a run-time value: the cluster's), the schedule family and
@@ -433,10 +440,17 @@ class system {
       return ctx;
     };
 
+    double cpu = 0.0;  // thread CPU seconds in the user's stages and encoders
+    struct cpu_scope {
+      double& total;
+      double start = thread_cpu_seconds();
+      ~cpu_scope() { total += thread_cpu_seconds() - start; }
+    };
     run::stage_functions<T> fn;
     fn.forward = [&](int stg, int mb, std::span<const T> in, std::span<T> out) {
       const auto v = view_of(mb);
       if (v.size() == 0) return;
+      cpu_scope timed{cpu};
       auto ctx = context(stg, mb);
       if (stg + 1 < S) {
         stage.forward(ctx, v, in, out);
@@ -452,6 +466,7 @@ class system {
     fn.backward = [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
       const auto v = view_of(mb);
       if (v.size() == 0) return;
+      cpu_scope timed{cpu};
       auto ctx = context(stg, mb);
       stage.backward(ctx, v, gout, gin);
     };
@@ -459,12 +474,14 @@ class system {
       fn.backward_input = [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
         const auto v = view_of(mb);
         if (v.size() == 0) return;
+        cpu_scope timed{cpu};
         auto ctx = context(stg, mb);
         stage.backward_input(ctx, v, gout, gin);
       };
       fn.backward_weight = [&](int stg, int mb) {
         const auto v = view_of(mb);
         if (v.size() == 0) return;
+        cpu_scope timed{cpu};
         auto ctx = context(stg, mb);
         stage.backward_weight(ctx, v);
       };
@@ -472,11 +489,13 @@ class system {
     fn.encoder_forward = [&](int e, int mb, std::span<T> out) {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
       if (w.landings.empty()) return;
+      cpu_scope timed{cpu};
       encode<T>(w, out, e, mb, enc_stores, counts[2], encoders...);
     };
     fn.encoder_backward = [&](int e, int mb, std::span<const T> g) {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
       if (w.landings.empty()) return;
+      cpu_scope timed{cpu};
       encode_backward<T>(w, g, e, mb, enc_stores, encoders...);
     };
     run::activation_sizes sizes;
@@ -500,6 +519,7 @@ class system {
         st.backward_seconds += d;
     }
     st.busy_seconds = st.forward_seconds + st.backward_seconds;
+    st.cpu_busy_seconds = cpu;
     st.activation_peak_bytes = store.peak_bytes();
     st.offloaded_bytes = store.offloaded_bytes();
     (void)pipe_rank;
@@ -510,12 +530,12 @@ class system {
           left);
 
     const auto t2 = clock::now();
-    for (auto g : stage.gradients()) comm::all_reduce(pool, std::span<T>(g), comm::reduce_op::sum);
+    for (auto g : stage.gradients()) reduce_sum(pool, std::span<T>(g));
     [[maybe_unused]] auto reduce_world = [&](auto&& spans) {
-      for (auto g : spans) comm::all_reduce(world, std::span<T>(g), comm::reduce_op::sum);
+      for (auto g : spans) reduce_sum(world, std::span<T>(g));
     };
     (reduce_world(encoders.stage->gradients()), ...);
-    comm::all_reduce(world, std::span<double>(sums), comm::reduce_op::sum);
+    reduce_sum(world, std::span<double>(sums));
     comm::all_reduce(world, std::span<std::int64_t>(counts), comm::reduce_op::sum);
     st.reduce_seconds = std::chrono::duration<double>(clock::now() - t2).count();
     st.loss = sums[0];
@@ -552,6 +572,23 @@ class system {
   [[nodiscard]] int pipeline_rank() const noexcept { return world_->rank() / pool_size_; }
 
  private:
+  /// x = the sum of x over c's ranks: the backend's all-reduce, or in rank order (options_.reproducible).
+  template <class U>
+  void reduce_sum(Comm& c, std::span<U> x) const {
+    if (!options_.reproducible) {
+      comm::all_reduce(c, x, comm::reduce_op::sum);
+      return;
+    }
+    const std::size_t m = x.size(), n = static_cast<std::size_t>(c.size());
+    std::vector<U> all(m * n);
+    comm::all_gather(c, std::span<const U>(x), std::span<U>(all));
+    for (std::size_t i = 0; i < m; ++i) {
+      U acc = all[i];
+      for (std::size_t r = 1; r < n; ++r) acc += all[r * m + i];
+      x[i] = acc;
+    }
+  }
+
   step_plan plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch) const {
     auto p = plan_step(partition_, docs, pool_size_, balancer_, options_.cost);
     attach_pipeline(p, pipeline_.schedule, pipeline_.encoders, pipeline_.pp, batch);
