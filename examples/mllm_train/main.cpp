@@ -13,6 +13,7 @@
 // Exit status: 0 done; 1 --check-parity failed; 2 bad flags or combinations (one line on stderr).
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -47,7 +48,7 @@ struct usage_error : std::runtime_error {
 };
 
 struct options {
-  int steps = 24, ranks = 8, pp = 2, kill_after = -1;
+  int steps = 60, ranks = 8, pp = 2, kill_after = -1;
   std::string backend = "loopback", partition = "hdp", schedule = "1f1b", encoder = "joint", balancer;
   std::string checkpoint_dir, report, out, data_dir;
   bool resume = false, check_parity = false;
@@ -151,7 +152,10 @@ void with_policies(const options& o, const mllm::config& mc, F&& body) {
     if constexpr (Full) return by_schedule(partition, balancer, pipeline::encoder_on_first_stage{});
     throw usage_error("--encoder first-stage is not compiled for this backend");
   };
-  const seq::hdp<seq::selective_offload> hdp{.capacity = 96};
+  // HDP over the pool: C tokens of activations per rank; a longer sequence gets a ring and offloads part
+  // of its activations (ByteScale's solver, over the layers one pipeline rank holds).
+  seq::hdp<seq::selective_offload> hdp{.capacity = 192};
+  hdp.model.activation.layers = std::max(2, mc.blocks / o.pp);
   if constexpr (Full) {
     const train::family_placement family{};
     if (o.partition == "static-cp") return by_encoder(seq::cp_zigzag{.cp = 2, .pad = true}, family);
@@ -212,9 +216,14 @@ int main(int argc, char** argv) {
   mllm::config mc;
   mllm::data_config dc;
   dc.samples_dir = HETMESH_EXAMPLE_DATA_DIR;
+  dc.tokens_per_step = 4096;  // long-tailed documents up to 768 tokens: HDP gives the long ones rings
+  dc.text_scale = 16;
+  dc.max_doc_tokens = 768;
+  dc.curriculum_steps = 40;
   mc.patch = dc.image_dim;
   mc.frame = dc.audio_dim;
   mc.vocab = dc.vocab;
+  mc.blocks = 8;
   if (o.data_dir.empty()) o.data_dir = (std::filesystem::temp_directory_path() / "hetmesh-mllm-data").string();
   try {
     if (o.backend == "mpi") {

@@ -2,8 +2,7 @@
 // example_mllm_train's reporting: the line per step (loss, tokens, the plan, measured busy time and its
 // imbalance, the modelled step time), the modelled step (the pipeline simulator over each pipeline's
 // token loads, with per-(action type, stage) costs T(tokens) = a t^2 + b t + c fitted to the first step's
-// measured actions by cost::fit_quadratic; an action's time is its wall time scaled by its rank's thread-CPU
-// over wall busy time, since ranks share cores), the files of --out (a Chrome trace and SVG timelines of one
+// stage calls' thread CPU times by cost::fit_quadratic, since ranks share cores), the files of --out (a Chrome trace and SVG timelines of one
 // measured step and its modelled twin, an SVG plot of loss and busy time over steps), the --report JSON,
 // and the --check-parity comparison with a single-rank run.
 #pragma once
@@ -61,13 +60,9 @@ class cost_fit {
                  const hetmesh::train::step_report& rep) {
     const auto t = tokens_of(plan, batch);
     std::map<std::pair<int, int>, std::vector<hetmesh::cost::sample_point>> pts;
-    for (const auto& a : rep.timeline)  // wall durations scaled by the rank's CPU / wall busy time
-      if (hetmesh::pipeline::is_compute(a.what.type)) {
-        const auto r = static_cast<std::size_t>(a.rank);
-        const double f = rep.busy_seconds[r] > 0 ? rep.cpu_busy_seconds[r] / rep.busy_seconds[r] : 1.0;
-        pts[{static_cast<int>(a.what.type), a.what.stage}].push_back(
-            {x(plan, t, a.rank % plan.world, a.what), (a.end - a.start) * f});
-      }
+    for (const auto& a : rep.cpu_actions)  // thread CPU times of the stage calls (ranks share cores)
+      pts[{static_cast<int>(a.what.type), a.what.stage}].push_back(
+          {x(plan, t, a.rank % plan.world, a.what), a.end - a.start});
     for (auto& [key, p] : pts) {
       try {
         fits_[key] = hetmesh::cost::fit_quadratic(p).model;
@@ -127,7 +122,11 @@ inline std::string plan_summary(const hetmesh::train::step_plan& p) {
     lo = std::min(lo, l.size());
     hi = std::max(hi, l.size());
   }
-  return fmt::format("rings {} (count x degree: {}), mb/rank {}-{}, {} slots", p.rings.size(), d, lo, hi, p.slots);
+  int offloaded = 0;
+  for (const auto& l : p.hdp.per_rank)
+    for (const auto& mb : l) offloaded += mb.offload_ratio > 0 ? 1 : 0;
+  return fmt::format("rings {} (count x degree: {}), mb/rank {}-{}, {} slots{}", p.rings.size(), d, lo, hi, p.slots,
+                     offloaded > 0 ? fmt::format(", {} mb offloading", offloaded) : std::string());
 }
 
 /// Compares this step's gradients (model.tensors()) with a single-rank run of the same batch from the
@@ -238,10 +237,14 @@ class run_log {
     if (!out_.empty() && loss_.size() == 2) {  // the second step: the first one ran in calibration's shadow
       write_file(out_ / "trace.json", hetmesh::train::step_trace(rep).dump());
       write_file(out_ / "timeline_measured.svg",
-                 hetmesh::pipeline::svg_timeline(rep.timeline, fmt::format("step {} as measured (busy max {:.3f} s)",
-                                                                           r.step, rep.max_busy())));
+                 hetmesh::pipeline::svg_timeline(
+                     rep.timeline, fmt::format("step {} as measured: wall clock, {} ranks sharing this machine's cores "
+                                               "(busy max {:.3f} s wall, {:.3f} s CPU)",
+                                               r.step, rep.busy_seconds.size(), rep.max_busy(), rep.max_cpu_busy())));
       write_file(out_ / "timeline_modelled.svg",
-                 hetmesh::pipeline::svg_timeline(sim, fmt::format("step {} as modelled ({:.3f} s)", r.step, modelled)));
+                 hetmesh::pipeline::svg_timeline(
+                     sim, fmt::format("step {} as modelled: costs fitted to step 0's CPU times ({:.3f} s)", r.step,
+                                      modelled)));
     }
   }
 

@@ -27,6 +27,7 @@ struct step_report {
   std::vector<double> step_seconds;       ///< per world rank: the pipeline's wall time
   std::vector<double> cpu_busy_seconds;   ///< per world rank: thread CPU time in the stages and encoders
   std::vector<pipeline::timed_action> timeline;  ///< every rank's executed actions, by rank then time
+  std::vector<pipeline::timed_action> cpu_actions;  ///< every rank's stage calls with thread CPU times
 
   /// The largest busy time: the measured step's critical rank.
   [[nodiscard]] double max_busy() const noexcept {
@@ -52,8 +53,30 @@ struct step_report {
   }
 };
 
+namespace detail {
+/// Every rank's `mine`, in rank order, on every rank. Collective.
+template <comm::communicator C>
+std::vector<pipeline::timed_action> gather_actions(C& world, const std::vector<pipeline::timed_action>& mine) {
+  std::vector<double> flat;  // rank, stage, type, micro-batch, start, end per action
+  flat.reserve(6 * mine.size());
+  for (const auto& t : mine)
+    flat.insert(flat.end(), {static_cast<double>(t.rank), static_cast<double>(t.what.stage),
+                             static_cast<double>(static_cast<int>(t.what.type)),
+                             static_cast<double>(t.what.microbatch), t.start, t.end});
+  std::vector<pipeline::timed_action> out;
+  for (const auto& part : comm::all_gather_vectors(world, std::span<const double>(flat)))
+    for (std::size_t i = 0; i + 5 < part.size(); i += 6)
+      out.push_back({static_cast<int>(part[i]),
+                     pipeline::action{static_cast<int>(part[i + 1]),
+                                      static_cast<pipeline::action_type>(static_cast<int>(part[i + 2])),
+                                      static_cast<int>(part[i + 3])},
+                     part[i + 4], part[i + 5]});
+  return out;
+}
+}  // namespace detail
+
 /// Gathers `s` (this rank's stats of the step) from every rank of `world`. Collective over the world;
-/// every rank gets the whole report. Cost: one all-gather of 5 doubles per rank and one of the timelines.
+/// every rank gets the whole report. Cost: one all-gather of 5 doubles per rank and two of action lists.
 template <comm::communicator C>
 [[nodiscard]] step_report gather_report(C& world, const step_stats& s) {
   step_report r;
@@ -70,20 +93,8 @@ template <comm::communicator C>
     r.step_seconds.push_back(all[5 * i + 3]);
     r.cpu_busy_seconds.push_back(all[5 * i + 4]);
   }
-  std::vector<double> flat;  // rank, stage, type, micro-batch, start, end per action
-  flat.reserve(6 * s.timeline.size());
-  for (const auto& t : s.timeline)
-    flat.insert(flat.end(), {static_cast<double>(t.rank), static_cast<double>(t.what.stage),
-                             static_cast<double>(static_cast<int>(t.what.type)),
-                             static_cast<double>(t.what.microbatch), t.start, t.end});
-  for (const auto& part : comm::all_gather_vectors(world, std::span<const double>(flat)))
-    for (std::size_t i = 0; i + 5 < part.size(); i += 6)
-      r.timeline.push_back(
-          {static_cast<int>(part[i]),
-           pipeline::action{static_cast<int>(part[i + 1]),
-                            static_cast<pipeline::action_type>(static_cast<int>(part[i + 2])),
-                            static_cast<int>(part[i + 3])},
-           part[i + 4], part[i + 5]});
+  r.timeline = detail::gather_actions(world, s.timeline);
+  r.cpu_actions = detail::gather_actions(world, s.cpu_actions);
   return r;
 }
 

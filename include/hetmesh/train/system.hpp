@@ -115,6 +115,9 @@ struct step_stats {
   /// This rank's executed actions with their wall times (seconds since the step began), the simulator's
   /// trace format (pipeline::timed_action; its rank is this rank's world rank).
   std::vector<pipeline::timed_action> timeline;
+  /// This rank's calls into the stages and encoders with their thread CPU times (start and end: CPU
+  /// seconds since the step began), for cost calibration where ranks share cores.
+  std::vector<pipeline::timed_action> cpu_actions;
 };
 
 /// An optimizer hook for a stage of type S: called once per step, after the gradient reduction, as
@@ -441,16 +444,24 @@ class system {
     };
 
     double cpu = 0.0;  // thread CPU seconds in the user's stages and encoders
-    struct cpu_scope {
+    const double cpu0 = thread_cpu_seconds();
+    struct cpu_scope {  // adds one call's CPU time to the total and records it as an action
       double& total;
+      std::vector<pipeline::timed_action>& log;
+      pipeline::action what;
+      double origin;
       double start = thread_cpu_seconds();
-      ~cpu_scope() { total += thread_cpu_seconds() - start; }
+      ~cpu_scope() {
+        const double end = thread_cpu_seconds();
+        total += end - start;
+        log.push_back({0, what, start - origin, end - origin});
+      }
     };
     run::stage_functions<T> fn;
     fn.forward = [&](int stg, int mb, std::span<const T> in, std::span<T> out) {
       const auto v = view_of(mb);
       if (v.size() == 0) return;
-      cpu_scope timed{cpu};
+      cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::forward, mb}, cpu0};
       auto ctx = context(stg, mb);
       if (stg + 1 < S) {
         stage.forward(ctx, v, in, out);
@@ -466,7 +477,7 @@ class system {
     fn.backward = [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
       const auto v = view_of(mb);
       if (v.size() == 0) return;
-      cpu_scope timed{cpu};
+      cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward, mb}, cpu0};
       auto ctx = context(stg, mb);
       stage.backward(ctx, v, gout, gin);
     };
@@ -474,14 +485,14 @@ class system {
       fn.backward_input = [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
         const auto v = view_of(mb);
         if (v.size() == 0) return;
-        cpu_scope timed{cpu};
+        cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward_input, mb}, cpu0};
         auto ctx = context(stg, mb);
         stage.backward_input(ctx, v, gout, gin);
       };
       fn.backward_weight = [&](int stg, int mb) {
         const auto v = view_of(mb);
         if (v.size() == 0) return;
-        cpu_scope timed{cpu};
+        cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward_weight, mb}, cpu0};
         auto ctx = context(stg, mb);
         stage.backward_weight(ctx, v);
       };
@@ -489,13 +500,13 @@ class system {
     fn.encoder_forward = [&](int e, int mb, std::span<T> out) {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
       if (w.landings.empty()) return;
-      cpu_scope timed{cpu};
+      cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_forward, mb}, cpu0};
       encode<T>(w, out, e, mb, enc_stores, counts[2], encoders...);
     };
     fn.encoder_backward = [&](int e, int mb, std::span<const T> g) {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
       if (w.landings.empty()) return;
-      cpu_scope timed{cpu};
+      cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_backward, mb}, cpu0};
       encode_backward<T>(w, g, e, mb, enc_stores, encoders...);
     };
     run::activation_sizes sizes;
@@ -509,6 +520,7 @@ class system {
     run::execute_pipeline(*pipe_, sched, fn, sizes, &st.timeline);
     const auto t1 = clock::now();
     st.step_seconds = std::chrono::duration<double>(t1 - t0).count();
+    for (auto& ta : st.cpu_actions) ta.rank = world.rank();
     for (auto& ta : st.timeline) {
       ta.rank = world.rank();
       const double d = ta.end - ta.start;
