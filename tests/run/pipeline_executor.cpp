@@ -285,6 +285,34 @@ TEST_CASE("pipeline executor: refuses an unlowered multi-rank schedule") {
                        doctest::Contains("expected a lowered schedule"), hetmesh::invalid_argument);
 }
 
+TEST_CASE("pipeline executor: stage callables as their own types run a schedule; a missing one is refused") {
+  // One rank, two stages: forward adds 1 per stage, backward passes gradients through.
+  const schedule s = hetmesh::pipeline::add_send_recv(one_f_one_b{}.generate(1, 3));
+  std::vector<int> forwards, backwards;
+  auto fwd = [&](int stage, int mb, std::span<const double>, std::span<double> out) {
+    forwards.push_back(stage * 10 + mb);
+    for (auto& x : out) x = 1.0;
+  };
+  auto bwd = [&](int stage, int mb, std::span<const double>, std::span<double>) { backwards.push_back(stage * 10 + mb); };
+  auto sizes = [](int, int) -> std::int64_t { return 2; };
+  hetmesh::comm::loopback::run(1, [&](hetmesh::comm::loopback::communicator& c) {
+    hetmesh::run::stage_calls<double, decltype(fwd), decltype(bwd)> calls{fwd, bwd};
+    execute_pipeline(c, s, calls, hetmesh::run::sizes_of<decltype(sizes)>{sizes});
+  });
+  CHECK(forwards == std::vector<int>{0, 1, 2});
+  CHECK(backwards == std::vector<int>{0, 1, 2});
+  // Zero-bubble runs I and W actions: callables without them are refused, naming the missing one.
+  const schedule zb = hetmesh::pipeline::add_send_recv(hetmesh::pipeline::zero_bubble{}.generate(1, 2));
+  CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(1,
+                                                    [&](hetmesh::comm::loopback::communicator& c) {
+                                                      hetmesh::run::stage_calls<double, decltype(fwd), decltype(bwd)>
+                                                          calls{fwd, bwd};
+                                                      execute_pipeline(c, zb, calls,
+                                                                       hetmesh::run::sizes_of<decltype(sizes)>{sizes});
+                                                    }),
+                       doctest::Contains("backward_input is empty"), hetmesh::invalid_argument);
+}
+
 TEST_CASE("pipeline executor: message tags never alias; past the tag space it refuses before sending") {
   using hetmesh::run::detail::pipeline_tag;
   schedule s;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,7 @@ namespace hetmesh::run {
 /// `backward_weight`) are required for the actions a schedule contains; the others are optional.
 template <class T>
 struct stage_functions {
+  using value_type = T;  ///< the activations' element type
   /// forward(stage, mb, input, output)
   std::function<void(int, int, std::span<const T>, std::span<T>)> forward{};
   /// backward(stage, mb, grad_output, grad_input): full backward; accumulates weight gradients.
@@ -52,6 +54,34 @@ struct stage_functions {
   std::function<void(int, int, std::span<const T>)> encoder_backward{};
 };
 
+/// A callable a stage_calls leaves out: the executor refuses a schedule whose actions need it.
+struct no_call {};
+
+/// The stage callables as types (no std::function): each member is any callable with stage_functions'
+/// signature for its role, or no_call. E.g. `stage_calls<float, F, B>{f, b}` for a schedule of F and B
+/// actions.
+template <class T, class Forward, class Backward = no_call, class BackwardInput = no_call,
+          class BackwardWeight = no_call, class EncoderForward = no_call, class EncoderBackward = no_call,
+          class ReduceGrad = no_call>
+struct stage_calls {
+  using value_type = T;                ///< the activations' element type
+  Forward forward;                     ///< forward(stage, mb, input, output)
+  Backward backward{};                 ///< backward(stage, mb, grad_output, grad_input)
+  BackwardInput backward_input{};      ///< backward_input(stage, mb, grad_output, grad_input)
+  BackwardWeight backward_weight{};    ///< backward_weight(stage, mb)
+  EncoderForward encoder_forward{};    ///< encoder_forward(shard, mb, output)
+  EncoderBackward encoder_backward{};  ///< encoder_backward(shard, mb, grad_output)
+  ReduceGrad reduce_grad{};            ///< reduce_grad(stage)
+};
+
+/// Element counts from the plan, as the callables' own types: output(stage, mb) and, with encoders,
+/// encoder_output(shard, mb) (see activation_sizes).
+template <class Output, class EncoderOutput = no_call>
+struct sizes_of {
+  Output output;                   ///< output(stage, mb)
+  EncoderOutput encoder_output{};  ///< encoder_output(shard, mb)
+};
+
 /// Element counts from the plan. `output(stage, mb)`: stage's forward output for mb (= stage+1's input);
 /// `encoder_output(shard, mb)`: one shard's encoder output for mb.
 struct activation_sizes {
@@ -60,6 +90,17 @@ struct activation_sizes {
 };
 
 namespace detail {
+
+/// Whether a callable is there: false for no_call and for an empty std::function, true otherwise.
+template <class F>
+[[nodiscard]] bool is_set(const F& f) {
+  if constexpr (std::is_same_v<F, no_call>)
+    return false;
+  else if constexpr (requires { static_cast<bool>(f); })
+    return static_cast<bool>(f);
+  else
+    return true;
+}
 
 /// The tag of a transfer: kind (0 activation, 1 gradient, 2 encoder output, 3 embedding gradient) in the
 /// lowest 2 bits, then the micro-batch, then the stage (kinds 0, 1) or encoder shard (kinds 2, 3). For
@@ -88,12 +129,14 @@ inline int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb,
 /// `s` lowered (SEND/RECV present wherever data crosses ranks) and verified; the callables its actions
 /// need are set; sizes >= 0. Throws invalid_argument naming the missing piece; rethrows callable and
 /// communicator errors with the action as context. With `timeline`, appends each action with its wall
-/// time (seconds since the call) for trace export. Cost: the callables plus one send or receive per
-/// cross-rank transfer.
-template <comm::communicator C, class T>
-void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T>& fn,
-                      const activation_sizes& sizes,
+/// time (seconds since the call) for trace export. Calls: stage_functions<T> (std::function members) or
+/// stage_calls<T, ...> (the callables' own types, no type erasure); Sizes: activation_sizes, sizes_of<...>
+/// or any type with `output(stage, mb)` and `encoder_output(shard, mb)` members. Cost: the callables plus
+/// one send or receive per cross-rank transfer.
+template <comm::communicator C, class Calls, class Sizes = activation_sizes>
+void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes& sizes,
                       std::vector<pipeline::timed_action>* timeline = nullptr) {
+  using T = typename std::remove_cvref_t<Calls>::value_type;
   static_assert(comm::host_communicator<C>,
                 "run::execute_pipeline keeps activations in host vectors: it needs a comm::host_communicator "
                 "(loopback, mpi), not a device communicator");
@@ -105,7 +148,7 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
         "pipeline execute({}): communicator of {} ranks; expected the schedule's {} ranks", s.name, c.size(),
         s.total_ranks());
   assert_plan_agreement(c, s, "pipeline schedule");  // collective level: every rank runs the same schedule
-  if (!sizes.output && s.num_stages > 1)
+  if (!detail::is_set(sizes.output) && s.num_stages > 1)
     throw_error<invalid_argument>(
         "pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
   {  // a schedule whose data crosses ranks must carry its SEND/RECV actions
@@ -139,12 +182,15 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
     return static_cast<std::size_t>(n);
   };
   auto enc_size = [&](int e, int mb) -> std::size_t {
-    if (!sizes.encoder_output)
+    if (!detail::is_set(sizes.encoder_output))
       throw_error<invalid_argument>(
           "pipeline execute({}): the schedule has encoder shards but "
           "activation_sizes.encoder_output is empty",
           s.name);
-    return static_cast<std::size_t>(sizes.encoder_output(e, mb));
+    if constexpr (requires { sizes.encoder_output(e, mb); })
+      return static_cast<std::size_t>(sizes.encoder_output(e, mb));
+    else
+      return std::size_t{0};  // unreachable: is_set(no_call) is false
   };
   auto take = [&](std::map<key, std::vector<T>>& m, key k, const pipeline::action& a, const char* what) {
     auto it = m.find(k);
@@ -158,9 +204,15 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
     return v;
   };
   auto need = [&](const auto& f, const pipeline::action& a, const char* name) {
-    if (!f)
-      throw_error<invalid_argument>("pipeline execute({}): rank {} runs `{}` but stage_functions.{} is empty",
-                                    s.name, rank, pipeline::to_text(a), name);
+    if (!detail::is_set(f))
+      throw_error<invalid_argument>(
+          "pipeline execute({}): rank {} runs `{}` but the stage callables' {} is empty", s.name, rank,
+          pipeline::to_text(a), name);
+  };
+  // Calls a callable `need` has accepted (a no_call member is never reached at run time).
+  auto call = [](auto& f, auto&&... args) {
+    if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(f)>, no_call>)
+      f(std::forward<decltype(args)>(args)...);
   };
   for (const pipeline::action& a : s.ranks.at(static_cast<std::size_t>(rank))) {
     const int mb = a.microbatch;
@@ -179,7 +231,7 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
             }
           }
           std::vector<T> out(a.stage + 1 < S ? out_size(a.stage, mb) : 0);
-          fn.forward(a.stage, mb, std::span<const T>(in), std::span<T>(out));
+          call(fn.forward, a.stage, mb, std::span<const T>(in), std::span<T>(out));
           if (a.stage + 1 < S) {
             if (s.rank_of_stage(a.stage + 1) == rank)
               act_in[{a.stage + 1, mb}] = std::move(out);
@@ -203,7 +255,10 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
           else
             for (int e = 0; e < E; ++e) gin_size += enc_size(e, mb);
           std::vector<T> gin(gin_size);
-          (full ? fn.backward : fn.backward_input)(a.stage, mb, std::span<const T>(gout), std::span<T>(gin));
+          if (full)
+            call(fn.backward, a.stage, mb, std::span<const T>(gout), std::span<T>(gin));
+          else
+            call(fn.backward_input, a.stage, mb, std::span<const T>(gout), std::span<T>(gin));
           if (a.stage > 0) {
             if (s.rank_of_stage(a.stage - 1) == rank)
               grad_in[{a.stage - 1, mb}] = std::move(gin);
@@ -226,15 +281,15 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
         }
         case pipeline::action_type::backward_weight:
           need(fn.backward_weight, a, "backward_weight");
-          fn.backward_weight(a.stage, mb);
+          call(fn.backward_weight, a.stage, mb);
           break;
         case pipeline::action_type::reduce_grad:
-          if (fn.reduce_grad) fn.reduce_grad(a.stage);
+          if (detail::is_set(fn.reduce_grad)) call(fn.reduce_grad, a.stage);
           break;
         case pipeline::action_type::encoder_forward: {
           need(fn.encoder_forward, a, "encoder_forward");
           std::vector<T> out(enc_size(a.stage, mb));
-          fn.encoder_forward(a.stage, mb, std::span<T>(out));
+          call(fn.encoder_forward, a.stage, mb, std::span<T>(out));
           if (s.rank_of_stage(0) == rank)
             enc_in[{a.stage, mb}] = std::move(out);
           else
@@ -244,7 +299,7 @@ void execute_pipeline(C& c, const pipeline::schedule& s, const stage_functions<T
         case pipeline::action_type::encoder_backward: {
           need(fn.encoder_backward, a, "encoder_backward");
           auto g = take(enc_grad, {a.stage, mb}, a, "embedding gradient");
-          fn.encoder_backward(a.stage, mb, std::span<const T>(g));
+          call(fn.encoder_backward, a.stage, mb, std::span<const T>(g));
           break;
         }
         case pipeline::action_type::send_f: {

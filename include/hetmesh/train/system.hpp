@@ -14,8 +14,8 @@
 #include <array>
 #include <chrono>
 #include <concepts>
-#include <optional>
 #include <cstdint>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <string_view>
@@ -110,8 +110,9 @@ struct step_stats {
                                    ///< whatever else shares the cores)
   double step_seconds = 0.0;       ///< this rank: the pipeline's wall time, communication included
   double reduce_seconds = 0.0;     ///< this rank: gradient reduction time
-  std::int64_t activation_peak_bytes = 0;  ///< this rank: peak resident bytes of the stages' saved activations
-  std::int64_t offloaded_bytes = 0;        ///< this rank: activation bytes offloaded (selective offload)
+  std::int64_t activation_peak_bytes =
+      0;                             ///< this rank: peak resident bytes of the stages' saved activations
+  std::int64_t offloaded_bytes = 0;  ///< this rank: activation bytes offloaded (selective offload)
   /// This rank's executed actions with their wall times (seconds since the step began), the simulator's
   /// trace format (pipeline::timed_action; its rank is this rank's world rank).
   std::vector<pipeline::timed_action> timeline;
@@ -148,9 +149,9 @@ struct system_options {
 template <pipeline::schedule_family Schedule = pipeline::one_f_one_b,
           class Placement = pipeline::encoder_on_first_stage>
 struct pipeline_config {
-  int pp = 1;               ///< pipeline depth: the world is pp x pool ranks
-  Schedule schedule{};      ///< the schedule family (e.g. pipeline::zero_bubble)
-  Placement encoders{};     ///< where the encoders run (pipeline::colocated_encoder: the joint pipeline)
+  int pp = 1;            ///< pipeline depth: the world is pp x pool ranks
+  Schedule schedule{};   ///< the schedule family (e.g. pipeline::zero_bubble)
+  Placement encoders{};  ///< where the encoders run (pipeline::colocated_encoder: the joint pipeline)
 };
 
 /// An encoder of the model, as train::system::run takes it: the user's model::encoder_stage and a callable
@@ -182,13 +183,13 @@ struct encoder_call {
   model::encoder_batch batch;  ///< items whole (degree 1), in first-landing order
 };
 struct landing_rows {
-  int encoder = 0;              ///< which encoder
-  std::int64_t item_offset = 0; ///< the item's first token in that encoder's output buffer
-  seq::token_range rows;        ///< the item's rows that land
+  int encoder = 0;               ///< which encoder
+  std::int64_t item_offset = 0;  ///< the item's first token in that encoder's output buffer
+  seq::token_range rows;         ///< the item's rows that land
 };
 struct shard_work {
-  std::vector<encoder_call> calls;    ///< per encoder (empty batch: none)
-  std::vector<landing_rows> landings; ///< the shard's landings, in the micro-batch's landing order
+  std::vector<encoder_call> calls;     ///< per encoder (empty batch: none)
+  std::vector<landing_rows> landings;  ///< the shard's landings, in the micro-batch's landing order
 };
 
 }  // namespace detail
@@ -206,8 +207,8 @@ struct shard_work {
 /// `system<seq::hdp<seq::selective_offload>, K, C, balance::bytescale, pipeline::zero_bubble,
 /// pipeline::colocated_encoder>`. One object per rank; constructing it is collective over the world (it
 /// splits the pipeline's communicators); the communicator and kernel outlive it.
-template <seq::llm_partition Partition, class Kernel, comm::communicator Comm, class Balancer = family_placement,
-          pipeline::schedule_family Schedule = pipeline::one_f_one_b,
+template <seq::llm_partition Partition, class Kernel, comm::communicator Comm,
+          class Balancer = family_placement, pipeline::schedule_family Schedule = pipeline::one_f_one_b,
           class Placement = pipeline::encoder_on_first_stage>
 class system {
   static_assert(check_trainable<Partition, Balancer>());
@@ -231,7 +232,8 @@ class system {
       : system(std::move(partition), Balancer{}, pipeline_type{}, world, std::move(kernel), options) {}
   /// A system over `world` (pipeline depth 1) with the partition family's and the balancer's parameters.
   system(Partition partition, Balancer balancer, Comm& world, Kernel kernel = {}, system_options options = {})
-      : system(std::move(partition), std::move(balancer), pipeline_type{}, world, std::move(kernel), options) {}
+      : system(std::move(partition), std::move(balancer), pipeline_type{}, world, std::move(kernel),
+               options) {}
   /// A system over `world` with every policy's parameters. Collective over the world (it splits the
   /// pipeline's communicators). Errors: pp < 1 or not dividing the world size (invalid_argument).
   system(Partition partition, Balancer balancer, pipeline_type pipeline, Comm& world, Kernel kernel = {},
@@ -249,17 +251,20 @@ class system {
           "world (pool = world / pp ranks per pipeline rank)",
           pp, world.size());
     pool_size_ = world.size() / pp;
-    static_assert(requires { comm::split(world, 0, 0); },
-                  "train::system: Comm must split (comm::split: a backend split or subgroup) for the pipeline's "
-                  "communicators");
+    static_assert(
+        requires { comm::split(world, 0, 0); },
+        "train::system: Comm must split (comm::split: a backend split or subgroup) for the pipeline's "
+        "communicators");
     // The pipeline's communicator (one rank at pp = 1) and, at pp > 1, the pool at this pipeline rank.
     pipe_.emplace(comm::split(world, world.rank() % pool_size_, world.rank() / pool_size_));
     if (pp > 1) pool_.emplace(comm::split(world, world.rank() / pool_size_, world.rank() % pool_size_));
-    if constexpr (std::same_as<Partition, seq::ulysses>) {  // the Ulysses groups: `degree` consecutive pool ranks
+    if constexpr (std::same_as<Partition,
+                               seq::ulysses>) {  // the Ulysses groups: `degree` consecutive pool ranks
       const int d = partition_.degree;
       if (d < 1 || pool_size_ % d != 0)
         throw_error<invalid_argument>(
-            "train::system: Ulysses degree {} over a pool of {} ranks; expected a degree >= 1 dividing the pool",
+            "train::system: Ulysses degree {} over a pool of {} ranks; expected a degree >= 1 dividing the "
+            "pool",
             d, pool_size_);
       Comm& pool = pool_ ? *pool_ : world;
       group_.emplace(comm::split(pool, pool.rank() / d, pool.rank() % d));
@@ -303,13 +308,14 @@ class system {
         "type T: `forward(const attention_block<T>&, attention_forward_out<T>)` and "
         "`backward(const attention_block<T>&, attention_backward_io<T>)`");
     static_assert(model::check_backbone_stage<Stage, T, context_type<T>>());
-    static_assert(pipeline::check_schedule_accepts<
-                  Schedule, model::split_backward_stage<Stage, T, context_type<T>>>());
+    static_assert(
+        pipeline::check_schedule_accepts<Schedule, model::split_backward_stage<Stage, T, context_type<T>>>());
     static_assert(optimizer_hook<Optimizer, Stage>,
                   "train::system::run: the optimizer hook must be callable as "
                   "`optimizer(stage.parameters(), stage.gradients())`");
     static_assert((model::check_encoder_stage<std::remove_pointer_t<decltype(encoders.stage)>, T,
-                                              encoder_context_type<T>>() && ...));
+                                              encoder_context_type<T>>() &&
+                   ...));
     using clock = std::chrono::steady_clock;
     auto& world = *world_;
     run::assert_plan_agreement(world, plan, "train step plan");
@@ -328,9 +334,11 @@ class system {
 
     const auto s = model::summarize_step(batch);
     const auto built = build_micro_batches(plan, batch, s, pool_rank);
-    std::vector<const model::micro_batch*> by_slot(static_cast<std::size_t>(std::max(plan.slots, 1)), nullptr);
+    std::vector<const model::micro_batch*> by_slot(static_cast<std::size_t>(std::max(plan.slots, 1)),
+                                                   nullptr);
     const auto& mine = plan.per_rank[static_cast<std::size_t>(pool_rank)];
-    for (std::size_t i = 0; i < built.size(); ++i) by_slot[static_cast<std::size_t>(mine[i].slot)] = &built[i];
+    for (std::size_t i = 0; i < built.size(); ++i)
+      by_slot[static_cast<std::size_t>(mine[i].slot)] = &built[i];
     std::vector<const planned_micro_batch*> planned(by_slot.size(), nullptr);
     for (const auto& pm : mine) planned[static_cast<std::size_t>(pm.slot)] = &pm;
     for (std::size_t i = 0; i < built.size(); ++i)
@@ -357,8 +365,8 @@ class system {
 
     // The encoder shards' work, per (shard, slot), for this pipeline: shard e encodes block e of the
     // micro-batch's landings (contiguous, so the shards' outputs concatenate in landing order).
-    std::vector<std::vector<detail::shard_work>> work(
-        static_cast<std::size_t>(E), std::vector<detail::shard_work>(by_slot.size()));
+    std::vector<std::vector<detail::shard_work>> work(static_cast<std::size_t>(E),
+                                                      std::vector<detail::shard_work>(by_slot.size()));
     std::vector<std::vector<std::int64_t>> enc_sizes(static_cast<std::size_t>(E),
                                                      std::vector<std::int64_t>(by_slot.size(), 0));
     for (std::size_t m = 0; m < by_slot.size(); ++m) {
@@ -394,27 +402,32 @@ class system {
         }
         std::int64_t n = 0;
         for (const auto& l : w.landings)
-          n += l.rows.size() * row_width(l.encoder, w.calls[static_cast<std::size_t>(l.encoder)].batch, encoders...);
+          n += l.rows.size() *
+               row_width(l.encoder, w.calls[static_cast<std::size_t>(l.encoder)].batch, encoders...);
         enc_sizes[static_cast<std::size_t>(e)][m] = n;
       }
     }
 
     step_stats st;
     st.plan_hash = plan.hash();
-    double sums[2] = {0.0, 0.0};    // loss, weights
+    double sums[2] = {0.0, 0.0};         // loss, weights
     std::int64_t counts[3] = {0, 0, 0};  // tokens, micro-batches, encoder items
     offload_store<T> store;  // the plan's offload ratios (HDP with selective offload), 0 elsewhere
     if (plan.kind == partition_kind::hdp)
       for (const auto& pm : mine) {
         const double r =
-            plan.hdp.per_rank[static_cast<std::size_t>(pool_rank)][static_cast<std::size_t>(pm.source)].offload_ratio;
+            plan.hdp.per_rank[static_cast<std::size_t>(pool_rank)][static_cast<std::size_t>(pm.source)]
+                .offload_ratio;
         if (r > 0)
           for (int stg = 0; stg < S; ++stg) store.set_ratio(stg, pm.slot, r);
       }
     std::array<model::host_activation_store<T>, sizeof...(Encoders) + 1> enc_stores;
     const model::micro_batch empty_mb{};
 
-    auto view_of = [&](int mb) { return (by_slot[static_cast<std::size_t>(mb)] ? *by_slot[static_cast<std::size_t>(mb)] : empty_mb).view(); };
+    auto view_of = [&](int mb) {
+      return (by_slot[static_cast<std::size_t>(mb)] ? *by_slot[static_cast<std::size_t>(mb)] : empty_mb)
+          .view();
+    };
     auto out_size = [&](int stg, const model::micro_batch_view& v) -> std::int64_t {
       if (v.size() == 0) return 0;
       if constexpr (detail::sizes_stage_output<Stage, T>)
@@ -457,8 +470,7 @@ class system {
         log.push_back({0, what, start - origin, end - origin});
       }
     };
-    run::stage_functions<T> fn;
-    fn.forward = [&](int stg, int mb, std::span<const T> in, std::span<T> out) {
+    auto forward = [&](int stg, int mb, std::span<const T> in, std::span<T> out) {
       const auto v = view_of(mb);
       if (v.size() == 0) return;
       cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::forward, mb}, cpu0};
@@ -474,46 +486,60 @@ class system {
       for (auto si : v.stream_index) counts[0] += si >= 0 ? 1 : 0;
       ++counts[1];
     };
-    fn.backward = [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
+    auto backward = [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
       const auto v = view_of(mb);
       if (v.size() == 0) return;
       cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward, mb}, cpu0};
       auto ctx = context(stg, mb);
       stage.backward(ctx, v, gout, gin);
     };
-    if constexpr (model::split_backward_stage<Stage, T, context_type<T>>) {
-      fn.backward_input = [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
-        const auto v = view_of(mb);
-        if (v.size() == 0) return;
-        cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward_input, mb}, cpu0};
-        auto ctx = context(stg, mb);
-        stage.backward_input(ctx, v, gout, gin);
-      };
-      fn.backward_weight = [&](int stg, int mb) {
-        const auto v = view_of(mb);
-        if (v.size() == 0) return;
-        cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward_weight, mb}, cpu0};
-        auto ctx = context(stg, mb);
-        stage.backward_weight(ctx, v);
-      };
-    }
-    fn.encoder_forward = [&](int e, int mb, std::span<T> out) {
+    constexpr bool split = model::split_backward_stage<Stage, T, context_type<T>>;
+    auto backward_input = [&] {
+      if constexpr (split) {
+        return [&](int stg, int mb, std::span<const T> gout, std::span<T> gin) {
+          const auto v = view_of(mb);
+          if (v.size() == 0) return;
+          cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward_input, mb}, cpu0};
+          auto ctx = context(stg, mb);
+          stage.backward_input(ctx, v, gout, gin);
+        };
+      } else {
+        return run::no_call{};
+      }
+    }();
+    auto backward_weight = [&] {
+      if constexpr (split) {
+        return [&](int stg, int mb) {
+          const auto v = view_of(mb);
+          if (v.size() == 0) return;
+          cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward_weight, mb}, cpu0};
+          auto ctx = context(stg, mb);
+          stage.backward_weight(ctx, v);
+        };
+      } else {
+        return run::no_call{};
+      }
+    }();
+    auto encoder_forward = [&](int e, int mb, std::span<T> out) {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
       if (w.landings.empty()) return;
       cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_forward, mb}, cpu0};
       encode<T>(w, out, e, mb, enc_stores, counts[2], encoders...);
     };
-    fn.encoder_backward = [&](int e, int mb, std::span<const T> g) {
+    auto encoder_backward = [&](int e, int mb, std::span<const T> g) {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
       if (w.landings.empty()) return;
       cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_backward, mb}, cpu0};
       encode_backward<T>(w, g, e, mb, enc_stores, encoders...);
     };
-    run::activation_sizes sizes;
-    sizes.output = [&](int stg, int mb) { return out_size(stg, view_of(mb)); };
-    sizes.encoder_output = [&](int e, int mb) {
+    auto output_sizes = [&](int stg, int mb) { return out_size(stg, view_of(mb)); };
+    auto encoder_sizes = [&](int e, int mb) {
       return enc_sizes[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
     };
+    run::stage_calls<T, decltype(forward), decltype(backward), decltype(backward_input),
+                     decltype(backward_weight), decltype(encoder_forward), decltype(encoder_backward)>
+        fn{forward, backward, backward_input, backward_weight, encoder_forward, encoder_backward};
+    const run::sizes_of<decltype(output_sizes), decltype(encoder_sizes)> sizes{output_sizes, encoder_sizes};
 
     comm::barrier(world);  // the ranks' timelines share an origin, up to the barrier's skew
     const auto t0 = clock::now();
@@ -627,7 +653,8 @@ class system {
       const auto n = static_cast<std::int64_t>(binding.stage->output_size(v));
       if (v.tokens <= 0 || n % v.tokens != 0)
         throw_error<invalid_argument>(
-            "train::system::run: encoder {} ({}) has {} output elements for {} tokens; expected a whole number "
+            "train::system::run: encoder {} ({}) has {} output elements for {} tokens; expected a whole "
+            "number "
             "of elements per output token",
             k, std::remove_pointer_t<decltype(binding.stage)>::modality, n, v.tokens);
       w = n / v.tokens;
@@ -670,10 +697,12 @@ class system {
       const auto n = static_cast<std::size_t>(l.rows.size() * wd);
       if (at + n > out.size())
         throw_error<invalid_argument>(
-            "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; expected "
+            "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; "
+            "expected "
             "output_size to be the same for a batch of one item as per token of a larger batch",
             e, mb, out.size());
-      std::copy_n(o.begin() + static_cast<std::ptrdiff_t>(first), n, out.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy_n(o.begin() + static_cast<std::ptrdiff_t>(first), n,
+                  out.begin() + static_cast<std::ptrdiff_t>(at));
       at += n;
     }
   }
@@ -747,8 +776,8 @@ class system {
   Kernel kernel_;
   system_options options_;
   int pool_size_ = 1;
-  std::optional<Comm> pool_;  // pp > 1: the ranks of this pipeline rank (ring attention, stage gradients)
-  std::optional<Comm> pipe_;  // this pipeline's ranks in pipeline order (the schedule's transfers)
+  std::optional<Comm> pool_;   // pp > 1: the ranks of this pipeline rank (ring attention, stage gradients)
+  std::optional<Comm> pipe_;   // this pipeline's ranks in pipeline order (the schedule's transfers)
   std::optional<Comm> group_;  // Ulysses: this rank's group of the pool, in stream order
 };
 
