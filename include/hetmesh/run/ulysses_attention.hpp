@@ -27,7 +27,9 @@ template <class T>
 struct ulysses_attention_input {
   model::attention_shape shape{};            ///< heads and head size (the plan's)
   T scale = T(1);                            ///< softmax scale
-  std::span<const T> q, k, v;                ///< this rank's tokens: [n][heads or kv_heads][head_dim]
+  std::span<const T> q;                      ///< this rank's queries: [n][heads][head_dim]
+  std::span<const T> k;                      ///< this rank's keys: [n][kv_heads][head_dim]
+  std::span<const T> v;                      ///< this rank's values: [n][kv_heads][head_dim]
   std::span<const std::int64_t> stream_doc;  ///< [total_tokens] document of each token of the group
   std::span<const std::int64_t> stream_pos;  ///< [total_tokens] its position in the document
 };

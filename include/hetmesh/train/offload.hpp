@@ -30,8 +30,8 @@ class offload_store {
                 "train::offload_store: both sides must model model::activation_store<S, T>");
 
  public:
-  using is_activation_store = void;
-  using value_type = T;
+  using is_activation_store = void;  ///< opt-in for model::activation_store
+  using value_type = T;              ///< element type of the tensors
 
   /// The share of every tensor that (stage, micro_batch) saves from now on that goes to the offload
   /// store: 0 <= ratio <= 1 (invalid_argument otherwise). Unset pairs offload nothing.
@@ -94,6 +94,7 @@ class offload_store {
       return 0;
   }
 
+  /// Whether the tensor is held.
   [[nodiscard]] bool contains(model::activation_key k) const { return resident_.contains(k); }
   /// Resident bytes now (the activation footprint the plan budgets).
   [[nodiscard]] std::int64_t bytes() const { return resident_.bytes(); }
