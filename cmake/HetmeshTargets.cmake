@@ -10,6 +10,16 @@ function(hetmesh_strict_warnings target)
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${HETMESH_WERROR}>>:-Werror>)
 endfunction()
 
+# Unity build (HETMESH_UNITY_BUILD) for our own targets: a test binary's sources instantiate largely the
+# same library templates (planners, collectives, fmt, doctest's expression templates), and at -O3 their
+# code generation, not the parse, is most of a translation unit's cost; one translation unit per binary
+# generates each instantiation once. Sources that must stay separate take SKIP_UNITY_BUILD_INCLUSION.
+function(hetmesh_unity_build target)
+  if(HETMESH_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE BATCH UNITY_BUILD_BATCH_SIZE 0)
+  endif()
+endfunction()
+
 # hetmesh_tools_common: the tools' own headers (tools/common/hetmesh_tools: names -> policies, i.e.
 # schedule and balancer names). The library chooses policies by type; tools, and the tests and
 # benchmarks that loop over policies by name, link this to map names to them. Not installed.
@@ -47,6 +57,7 @@ function(hetmesh_executable name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE hetmesh::hetmesh ${ARG_LIBS})
   hetmesh_strict_warnings(${name})
+  hetmesh_unity_build(${name})
 endfunction()
 
 # hetmesh_use_workloads(TARGET): TARGET reads the vendored workload data (tests/data/workloads). It gets
