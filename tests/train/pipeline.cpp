@@ -41,6 +41,28 @@ TEST_CASE("train::system: pipelined multimodal steps' gradients equal a single-r
   pipeline_cases([](auto body) { return on_loopback8(body); });
 }
 
+TEST_CASE("train::system: long encoder items split over the encoder shards (long-short SP) keep the gradients") {
+  train::system_options split, whole_items;
+  split.encoder_sp.max_tokens_per_rank = 3;          // every item above 3 tokens runs over a group of shards
+  whole_items.encoder_sp.balance_factor = 1e9;       // no item is too costly to run whole
+  for (std::uint64_t seed : {21u, 22u}) {
+    const auto pc = train::pipeline_config<pipeline::gpipe, pipeline::colocated_encoder>{4, {}, {}};
+    const auto whole = on_loopback8([&](auto& w) {
+      return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pc, seed, 8,
+                                    30, whole_items);
+    });
+    const auto v = on_loopback8([&](auto& w) {
+      return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pc, seed, 8,
+                                    30, split);
+    });
+    MESSAGE("split items: ", v.describe(), "; whole items: ", whole.encoder_items, " encoder calls' items");
+    CHECK(v.rel <= 1e-10);
+    CHECK(v.loss_rel <= 1e-10);
+    CHECK(whole.rel <= 1e-10);
+    CHECK(v.encoder_items > whole.encoder_items);  // items ran as pieces on several shards
+  }
+}
+
 TEST_CASE("train: slots align every ring's members and give each rank at most one micro-batch per slot") {
   for (std::uint64_t seed = 200; seed < 230; ++seed) {
     const auto b = random_batch(seed, 1 + static_cast<int>(seed % 13), 1 + static_cast<std::int64_t>(seed % 4) * 20);

@@ -79,9 +79,9 @@ struct mm_optimizer {
 template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
 mm_result<T> run_mm_step(C& world, const Partition& partition, const Balancer& balancer,
                          const train::pipeline_config<Schedule, Placement>& pc, const model::step_batch& batch,
-                         std::uint64_t seed) {
+                         std::uint64_t seed, const train::system_options& options = {}) {
   using sys_t = train::system<Partition, model::reference_attention, C, Balancer, Schedule, Placement>;
-  sys_t sys(partition, balancer, pc, world);
+  sys_t sys(partition, balancer, pc, world, {}, options);
   const auto plan = sys.plan(batch);
   const auto local = sys.local_stages(plan);
   tiny_stack<T> lm(kShape, seed, kBlocks, plan.pipeline.num_stages, local);
@@ -120,14 +120,14 @@ struct mm_verdict {
 template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
 mm_verdict mm_parity_body(C& world, const Partition& partition, const Balancer& balancer,
                           const train::pipeline_config<Schedule, Placement>& pc, std::uint64_t seed, int docs,
-                          std::int64_t max_len) {
+                          std::int64_t max_len, const train::system_options& options = {}) {
   const auto batch = random_mm_batch(seed, docs, max_len);
   mm_result<T> ref;
   comm::loopback::run(1, [&](comm::loopback::communicator& c) {
     ref = run_mm_step<T>(c, seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
                          train::pipeline_config<>{}, batch, seed + 1);
   });
-  const auto got = run_mm_step<T>(world, partition, balancer, pc, batch, seed + 1);
+  const auto got = run_mm_step<T>(world, partition, balancer, pc, batch, seed + 1, options);
   double num = 0, den = 0;
   int tensors = 0;
   for (const auto& [id, g] : got.grads) {

@@ -38,6 +38,7 @@
 #include "../pipeline/schedule_family.hpp"
 #include "../run/agreement.hpp"
 #include "../run/pipeline_executor.hpp"
+#include "../seq/long_short.hpp"
 #include "../run/ring_attention.hpp"
 #include "context.hpp"
 #include "optimizer.hpp"
@@ -142,6 +143,10 @@ struct system_options {
   /// same result on every backend (loopback's all-reduce already adds in rank order, MPI's and NCCL's
   /// need not), at the cost of moving every rank's buffer to every rank. Off: the backend's all-reduce.
   bool reproducible = false;
+  /// Long-short sequence parallelism for encoder items (MegaScale-Omni), per encoder and micro-batch over
+  /// the schedule's encoder shards: an item above max_tokens_per_rank is split over a group of shards,
+  /// shorter ones run whole, balanced by the policy's cost.
+  seq::long_short_policy encoder_sp{};
 };
 
 /// The pipeline of train::system: its depth (a run-time value: the cluster's), the schedule family and
@@ -177,19 +182,18 @@ concept sizes_stage_output = requires(const S& s, const model::micro_batch_view&
   { s.output_size(v, stage) } -> std::convertible_to<std::int64_t>;
 };
 
-/// One encoder's share of an encoder shard's work for one micro-batch: the distinct items it encodes
-/// (a batch view in buffer order) and, per landing of the shard's block, where its rows sit.
-struct encoder_call {
-  model::encoder_batch batch;  ///< items whole (degree 1), in first-landing order
-};
-struct landing_rows {
-  int encoder = 0;               ///< which encoder
-  std::int64_t item_offset = 0;  ///< the item's first token in that encoder's output buffer
-  seq::token_range rows;         ///< the item's rows that land
-};
+/// An encoder shard's work for one micro-batch: per encoder, the batch of items or pieces the long-short
+/// plan gives the shard (its output buffer is that batch's rows, encoder after encoder).
 struct shard_work {
-  std::vector<encoder_call> calls;     ///< per encoder (empty batch: none)
-  std::vector<landing_rows> landings;  ///< the shard's landings, in the micro-batch's landing order
+  std::vector<model::encoder_batch> calls;  ///< per encoder (no pieces: nothing to encode)
+  std::vector<std::int64_t> width;          ///< per encoder: output elements per token
+};
+/// A run of elements copied between the shards' concatenated outputs (stage 0's input as the executor
+/// delivers it) and the landing order the backbone stage reads (the reshard).
+struct copy_run {
+  std::int64_t src = 0;  ///< first element in the shards' concatenation
+  std::int64_t dst = 0;  ///< first element in landing order
+  std::int64_t n = 0;    ///< elements
 };
 
 }  // namespace detail
@@ -363,50 +367,88 @@ class system {
     zero(stage.gradients());
     (zero(encoders.stage->gradients()), ...);
 
-    // The encoder shards' work, per (shard, slot), for this pipeline: shard e encodes block e of the
-    // micro-batch's landings (contiguous, so the shards' outputs concatenate in landing order).
+    // The encoder shards' work, per (shard, slot), for this pipeline: per encoder, the distinct items
+    // landing in the micro-batch go through the long-short plan over the E shards (short items whole on
+    // one shard, long ones split over a group: options_.encoder_sp), and `reshard` maps the shards'
+    // concatenated outputs to the landings' rows in landing order (stage 0's input).
     std::vector<std::vector<detail::shard_work>> work(static_cast<std::size_t>(E),
                                                       std::vector<detail::shard_work>(by_slot.size()));
     std::vector<std::vector<std::int64_t>> enc_sizes(static_cast<std::size_t>(E),
                                                      std::vector<std::int64_t>(by_slot.size(), 0));
-    for (std::size_t m = 0; m < by_slot.size(); ++m) {
+    std::vector<std::vector<detail::copy_run>> reshard(by_slot.size());
+    std::vector<std::int64_t> landing_size(by_slot.size(), 0);
+    for (std::size_t m = 0; m < by_slot.size() && E > 0; ++m) {
       if (by_slot[m] == nullptr) continue;
       const auto& outs = by_slot[m]->encoder_outputs;
-      const auto L = static_cast<std::int64_t>(outs.size());
+      std::vector<std::vector<seq::seq_desc>> items(static_cast<std::size_t>(num_encoders));
+      for (const auto& land : outs) {
+        if (land.encoder < 0 || land.encoder >= num_encoders)
+          throw_error<invalid_argument>(
+              "train::system::run: encoder item {} names encoder {}, but {} encoders were passed to run; "
+              "expected an encoder (bind_encoder) for every encoder index of the batch",
+              land.item, land.encoder, num_encoders);
+        auto& list = items[static_cast<std::size_t>(land.encoder)];
+        if (std::none_of(list.begin(), list.end(), [&](const seq::seq_desc& d) { return d.id == land.item; }))
+          list.push_back({land.item, item_tokens(batch, land)});
+      }
+      std::vector<std::int64_t> base(static_cast<std::size_t>(E) + 1, 0);  // each shard's first element
       for (int e = 0; e < E; ++e) {
         auto& w = work[static_cast<std::size_t>(e)][m];
-        w.calls.resize(static_cast<std::size_t>(num_encoders));
         for (int k = 0; k < num_encoders; ++k) {
-          w.calls[static_cast<std::size_t>(k)].batch.encoder = k;
-          w.calls[static_cast<std::size_t>(k)].batch.rank = e;
-          w.calls[static_cast<std::size_t>(k)].batch.index = static_cast<int>(m);
+          const auto& list = items[static_cast<std::size_t>(k)];
+          w.calls.push_back(list.empty() ? model::encoder_batch{k, e, static_cast<int>(m), {}, 0}
+                                         : model::make_encoder_batch(options_.encoder_sp.plan(list, E), k, e,
+                                                                     static_cast<int>(m)));
+          w.width.push_back(w.calls.back().tokens == 0 ? 0 : row_width(k, w.calls.back(), encoders...));
+          enc_sizes[static_cast<std::size_t>(e)][m] += w.calls.back().tokens * w.width.back();
         }
-        for (std::int64_t i = L * e / E; i < L * (e + 1) / E; ++i) {
-          const auto& land = outs[static_cast<std::size_t>(i)];
-          if (land.encoder < 0 || land.encoder >= num_encoders)
-            throw_error<invalid_argument>(
-                "train::system::run: encoder item {} names encoder {}, but {} encoders were passed to run; "
-                "expected an encoder (bind_encoder) for every encoder index of the batch",
-                land.item, land.encoder, num_encoders);
-          auto& b = w.calls[static_cast<std::size_t>(land.encoder)].batch;
-          std::int64_t offset = -1;
-          for (const auto& p : b.pieces)
-            if (p.item == land.item) offset = p.offset;
-          if (offset < 0) {
-            const auto len = item_tokens(batch, land);
-            offset = b.tokens;
-            b.pieces.push_back({land.item, len, seq::token_range{0, len}, offset, 1, 0});
-            b.tokens += len;
-          }
-          w.landings.push_back({land.encoder, offset, land.item_tokens});
-        }
-        std::int64_t n = 0;
-        for (const auto& l : w.landings)
-          n += l.rows.size() *
-               row_width(l.encoder, w.calls[static_cast<std::size_t>(l.encoder)].batch, encoders...);
-        enc_sizes[static_cast<std::size_t>(e)][m] = n;
+        base[static_cast<std::size_t>(e) + 1] = base[static_cast<std::size_t>(e)] + enc_sizes[static_cast<std::size_t>(e)][m];
       }
+      std::int64_t dst = 0;  // the reshard: each landing's rows, from whichever shards hold them
+      for (const auto& land : outs) {
+        const auto a = land.item_tokens.begin, b = land.item_tokens.end;
+        for (std::int64_t row = a; row < b;) {
+          bool found = false;
+          for (int e = 0; e < E && !found; ++e) {
+            const auto& w = work[static_cast<std::size_t>(e)][m];
+            std::int64_t at = base[static_cast<std::size_t>(e)];
+            for (int k = 0; k < num_encoders && !found; ++k) {
+              const auto& cb = w.calls[static_cast<std::size_t>(k)];
+              const auto wd = w.width[static_cast<std::size_t>(k)];
+              if (k == land.encoder)
+                for (const auto& p : cb.pieces)
+                  if (p.item == land.item && row >= p.tokens.begin && row < p.tokens.end) {
+                    const auto n = std::min(b, p.tokens.end) - row;
+                    reshard[m].push_back({at + (p.offset + row - p.tokens.begin) * wd, dst, n * wd});
+                    dst += n * wd;
+                    row += n;
+                    found = true;
+                    break;
+                  }
+              at += cb.tokens * wd;
+            }
+          }
+          if (!found)
+            throw_error<invalid_argument>(
+                "train::system::run: rows {}.. of encoder {} item {} are on no encoder shard; expected the "
+                "long-short plan to cover every item",
+                row, land.encoder, land.item);
+        }
+      }
+      landing_size[m] = dst;
     }
+    // Stage 0's input in landing order from the shards' concatenation, and the way back for gradients.
+    auto gather_landings = [&](int mb, std::span<const T> in) {
+      std::vector<T> out(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
+      for (const auto& r : reshard[static_cast<std::size_t>(mb)])
+        std::copy_n(in.begin() + r.src, r.n, out.begin() + r.dst);
+      return out;
+    };
+    auto scatter_landings = [&](int mb, std::span<const T> g, std::span<T> gin) {
+      std::fill(gin.begin(), gin.end(), T(0));
+      for (const auto& r : reshard[static_cast<std::size_t>(mb)])
+        for (std::int64_t i = 0; i < r.n; ++i) gin[static_cast<std::size_t>(r.src + i)] += g[static_cast<std::size_t>(r.dst + i)];
+    };
 
     step_stats st;
     st.plan_hash = plan.hash();
@@ -475,6 +517,11 @@ class system {
       if (v.size() == 0) return;
       cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::forward, mb}, cpu0};
       auto ctx = context(stg, mb);
+      std::vector<T> landed;  // stage 0 with encoders: the shards' outputs resharded to landing order
+      if (stg == 0 && E > 0) {
+        landed = gather_landings(mb, in);
+        in = std::span<const T>(landed);
+      }
       if (stg + 1 < S) {
         stage.forward(ctx, v, in, out);
         return;
@@ -491,6 +538,12 @@ class system {
       if (v.size() == 0) return;
       cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward, mb}, cpu0};
       auto ctx = context(stg, mb);
+      if (stg == 0 && E > 0) {  // the landing rows' gradients, back to the shards' layout
+        std::vector<T> g(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
+        stage.backward(ctx, v, gout, std::span<T>(g));
+        scatter_landings(mb, g, gin);
+        return;
+      }
       stage.backward(ctx, v, gout, gin);
     };
     constexpr bool split = model::split_backward_stage<Stage, T, context_type<T>>;
@@ -501,6 +554,12 @@ class system {
           if (v.size() == 0) return;
           cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward_input, mb}, cpu0};
           auto ctx = context(stg, mb);
+          if (stg == 0 && E > 0) {
+            std::vector<T> g(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
+            stage.backward_input(ctx, v, gout, std::span<T>(g));
+            scatter_landings(mb, g, gin);
+            return;
+          }
           stage.backward_input(ctx, v, gout, gin);
         };
       } else {
@@ -522,13 +581,13 @@ class system {
     }();
     auto encoder_forward = [&](int e, int mb, std::span<T> out) {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
-      if (w.landings.empty()) return;
+      if (out.empty()) return;
       cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_forward, mb}, cpu0};
       encode<T>(w, out, e, mb, enc_stores, counts[2], encoders...);
     };
     auto encoder_backward = [&](int e, int mb, std::span<const T> g) {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
-      if (w.landings.empty()) return;
+      if (g.empty()) return;
       cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_backward, mb}, cpu0};
       encode_backward<T>(w, g, e, mb, enc_stores, encoders...);
     };
@@ -663,89 +722,57 @@ class system {
     return w;
   }
 
-  /// Runs every encoder's forward for shard work `w` and writes the landing rows into `out`, in landing
-  /// order. Each encoder's context: its own activation store, stage = shard e, micro_batch = slot.
+  /// Runs every encoder's forward for shard work `w`, writing their outputs into `out` one after the
+  /// other (encoder 0's batch rows, then encoder 1's, ...). Each encoder's context: its own activation
+  /// store, stage = shard e, micro_batch = slot.
   template <class T, class Stores, class... Es>
   static void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, Stores& stores,
                      std::int64_t& items, Es&... es) {
-    std::vector<std::vector<T>> outputs(sizeof...(Es));
-    std::vector<std::int64_t> width(sizeof...(Es), 0);
+    std::size_t at = 0;
     int k = 0;
     [[maybe_unused]] auto one = [&](auto& binding) {
       const int index = k++;
-      const auto& b = w.calls[static_cast<std::size_t>(index)].batch;
-      if (b.pieces.empty()) return;
+      const auto& b = w.calls[static_cast<std::size_t>(index)];
+      if (b.tokens == 0) return;
       const auto v = b.view();
       std::vector<T> in(static_cast<std::size_t>(binding.stage->input_size(v)));
       binding.input(v, std::span<T>(in));
-      auto& o = outputs[static_cast<std::size_t>(index)];
-      o.resize(static_cast<std::size_t>(binding.stage->output_size(v)));
+      const auto n = static_cast<std::size_t>(binding.stage->output_size(v));
+      if (at + n > out.size())
+        throw_error<invalid_argument>(
+            "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; expected "
+            "output_size proportional to the tokens of a batch",
+            e, mb, out.size());
       encoder_context_type<T> ctx;
       ctx.activations = &stores[static_cast<std::size_t>(index)];
       ctx.stage = e;
       ctx.micro_batch = mb;
-      binding.stage->forward(ctx, v, std::span<const T>(in), std::span<T>(o));
-      width[static_cast<std::size_t>(index)] = static_cast<std::int64_t>(o.size()) / v.tokens;
+      binding.stage->forward(ctx, v, std::span<const T>(in), out.subspan(at, n));
+      at += n;
       items += static_cast<std::int64_t>(b.pieces.size());
     };
     (one(es), ...);
-    std::size_t at = 0;
-    for (const auto& l : w.landings) {
-      const auto wd = width[static_cast<std::size_t>(l.encoder)];
-      const auto& o = outputs[static_cast<std::size_t>(l.encoder)];
-      const auto first = static_cast<std::size_t>((l.item_offset + l.rows.begin) * wd);
-      const auto n = static_cast<std::size_t>(l.rows.size() * wd);
-      if (at + n > out.size())
-        throw_error<invalid_argument>(
-            "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; "
-            "expected "
-            "output_size to be the same for a batch of one item as per token of a larger batch",
-            e, mb, out.size());
-      std::copy_n(o.begin() + static_cast<std::ptrdiff_t>(first), n,
-                  out.begin() + static_cast<std::ptrdiff_t>(at));
-      at += n;
-    }
   }
 
-  /// The gradient pass of encode: scatters the landing rows' gradients `g` into each encoder's output
-  /// gradient (zero elsewhere) and runs its backward.
+  /// The gradient pass of encode: `g` in encode's layout; each encoder's backward gets its slice.
   template <class T, class Stores, class... Es>
-  static void encode_backward(const detail::shard_work& w, std::span<const T> g, int e, int mb,
-                              Stores& stores, Es&... es) {
-    std::vector<std::vector<T>> grads(sizeof...(Es));
-    std::vector<std::int64_t> width(sizeof...(Es), 0);
-    int k = 0;
-    [[maybe_unused]] auto size_one = [&](auto& binding) {
-      const int index = k++;
-      const auto& b = w.calls[static_cast<std::size_t>(index)].batch;
-      if (b.pieces.empty()) return;
-      const auto n = static_cast<std::int64_t>(binding.stage->output_size(b.view()));
-      grads[static_cast<std::size_t>(index)].assign(static_cast<std::size_t>(n), T(0));
-      width[static_cast<std::size_t>(index)] = n / b.tokens;
-    };
-    (size_one(es), ...);
+  static void encode_backward(const detail::shard_work& w, std::span<const T> g, int e, int mb, Stores& stores,
+                              Es&... es) {
     std::size_t at = 0;
-    for (const auto& l : w.landings) {
-      const auto wd = width[static_cast<std::size_t>(l.encoder)];
-      auto& gr = grads[static_cast<std::size_t>(l.encoder)];
-      const auto first = static_cast<std::size_t>((l.item_offset + l.rows.begin) * wd);
-      const auto n = static_cast<std::size_t>(l.rows.size() * wd);
-      for (std::size_t i = 0; i < n; ++i) gr[first + i] += g[at + i];
-      at += n;
-    }
-    k = 0;
-    [[maybe_unused]] auto back_one = [&](auto& binding) {
+    int k = 0;
+    [[maybe_unused]] auto one = [&](auto& binding) {
       const int index = k++;
-      const auto& b = w.calls[static_cast<std::size_t>(index)].batch;
-      if (b.pieces.empty()) return;
+      const auto& b = w.calls[static_cast<std::size_t>(index)];
+      if (b.tokens == 0) return;
+      const auto n = static_cast<std::size_t>(binding.stage->output_size(b.view()));
       encoder_context_type<T> ctx;
       ctx.activations = &stores[static_cast<std::size_t>(index)];
       ctx.stage = e;
       ctx.micro_batch = mb;
-      binding.stage->backward(ctx, b.view(), std::span<const T>(grads[static_cast<std::size_t>(index)]),
-                              std::span<T>{});
+      binding.stage->backward(ctx, b.view(), g.subspan(at, n), std::span<T>{});
+      at += n;
     };
-    (back_one(es), ...);
+    (one(es), ...);
   }
 
   template <class Stores>
