@@ -105,7 +105,8 @@ TEST_CASE("step_model: ring_step_overhead adds layers x D per ring micro-batch, 
   CHECK(o.ring_time(1000, 1, false) == m.ring_time(1000, 1, false));
   CHECK(o.pack_time(std::vector<std::int64_t>{10, 20}) == m.pack_time(std::vector<std::int64_t>{10, 20}));
   for (int d : {2, 4})
-    CHECK(o.ring_time(1000, d, false).units() == doctest::Approx(m.ring_time(1000, d, false).units() + 4 * d * 0.25));
+    CHECK(o.ring_time(1000, d, false).units() ==
+          doctest::Approx(m.ring_time(1000, d, false).units() + 4 * d * 0.25));
   CHECK(o != m);
   CHECK(plan_hash(o) != plan_hash(m));
 }
