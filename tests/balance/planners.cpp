@@ -97,6 +97,20 @@ TEST_CASE("simulate: a ring waits for its slowest member; pipelines add a bubble
   CHECK_THROWS_AS((void)balance::simulate(1, tasks), invalid_argument);
 }
 
+TEST_CASE("step_model: ring_step_overhead adds layers x D per ring micro-batch, nothing without a ring") {
+  balance::step_model m;
+  m.llm = cost::llm_compute{cost::quadratic_time{1e-4, 1e-2, 0.5}, 4, 3.0};
+  balance::step_model o = m;
+  o.ring_step_overhead = 0.25;
+  CHECK(o.ring_time(1000, 1, false) == m.ring_time(1000, 1, false));
+  CHECK(o.pack_time(std::vector<std::int64_t>{10, 20}) == m.pack_time(std::vector<std::int64_t>{10, 20}));
+  for (int d : {2, 4})
+    CHECK(o.ring_time(1000, d, false).units() ==
+          doctest::Approx(m.ring_time(1000, d, false).units() + 4 * d * 0.25));
+  CHECK(o != m);
+  CHECK(plan_hash(o) != plan_hash(m));
+}
+
 TEST_CASE("bytescale_placement: exactly once, rings, deadlock freedom, permutation invariance") {
   balance::step_model m;
   m.net.devices_per_node = 8;

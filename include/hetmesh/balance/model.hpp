@@ -33,6 +33,12 @@ struct step_model {
   cost::network net{};                 ///< the cluster: devices per node, links
   double kv_bytes_per_token = 4096.0;  ///< K and V bytes a ring passes per token and layer
   int pp_stages = 1;                   ///< pipeline stages the model is cut into
+  /// Per-rank training time (forward and backward, model units) a ring of D > 1 ranks adds per layer
+  /// and per ring step on top of its compute and its KV hops: the fixed work of one step of the ring
+  /// (a block kernel call, posting and matching its exchange) that `net` does not price. A ring micro-
+  /// batch pays layers x D x this. 0 by default (the GPU models); calibrated where it shows, e.g. CPU
+  /// ranks on loopback (bench/train).
+  double ring_step_overhead = 0.0;
 
   /// One rank running one packed row of `docs`. O(docs).
   [[nodiscard]] cost::fixed pack_time(std::span<const std::int64_t> docs) const {
@@ -58,7 +64,8 @@ struct step_model {
     const double per_layer =
         cost::ring_step_time(spans_nodes ? net.inter() : net.intra(), degree, llm.shard_layer(docs, degree),
                              kv_bytes_per_token * tokens / d);
-    return cost::fixed::from_units(llm.scale() * per_layer);
+    return cost::fixed::from_units(llm.scale() * per_layer +
+                                   static_cast<double>(llm.layers) * d * ring_step_overhead);
   }
   /// Whether a ring of `degree` ranks must span nodes (more ranks than a node has).
   [[nodiscard]] bool spans_nodes(int degree) const noexcept { return degree > net.devices_per_node; }
@@ -66,7 +73,10 @@ struct step_model {
   [[nodiscard]] bool spans_nodes(std::span<const int> ring) const noexcept { return net.crosses_nodes(ring); }
 
   friend bool operator==(const step_model&, const step_model&) = default;
-  void hash_append(hasher& h) const { append_all(h, llm, net, kv_bytes_per_token, pp_stages); }
+  void hash_append(hasher& h) const {
+    append_all(h, llm, net, kv_bytes_per_token, pp_stages);
+    if (ring_step_overhead != 0.0) append(h, ring_step_overhead);  // hashes of models without it unchanged
+  }
 };
 
 /// One task of a step: its ranks (one, or a ring), its global order key and its modelled duration.
