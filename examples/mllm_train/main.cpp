@@ -79,30 +79,46 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw usage_error(fmt::format("{} needs a value", f));
       return argv[++i];
     };
-    if (f == "--steps") o.steps = to_int(f, value(), 1);
-    else if (f == "--ranks") o.ranks = to_int(f, value(), 1);
-    else if (f == "--pp") o.pp = to_int(f, value(), 1);
-    else if (f == "--kill-after") o.kill_after = to_int(f, value(), 0);
-    else if (f == "--backend") o.backend = one_of(f, value(), {"loopback", "mpi"});
-    else if (f == "--partition") o.partition = one_of(f, value(), {"static-cp", "ulysses", "hdp", "dp"});
+    if (f == "--steps")
+      o.steps = to_int(f, value(), 1);
+    else if (f == "--ranks")
+      o.ranks = to_int(f, value(), 1);
+    else if (f == "--pp")
+      o.pp = to_int(f, value(), 1);
+    else if (f == "--kill-after")
+      o.kill_after = to_int(f, value(), 0);
+    else if (f == "--backend")
+      o.backend = one_of(f, value(), {"loopback", "mpi"});
+    else if (f == "--partition")
+      o.partition = one_of(f, value(), {"static-cp", "ulysses", "hdp", "dp"});
     else if (f == "--schedule")
       o.schedule = one_of(f, value(), {"1f1b", "gpipe", "interleaved-1f1b", "zero-bubble", "zbv"});
-    else if (f == "--encoder") o.encoder = one_of(f, value(), {"joint", "first-stage", "separate"});
-    else if (f == "--balancer") o.balancer = one_of(f, value(), {"bytescale", "gap-filling", "family"});
-    else if (f == "--checkpoint-dir") o.checkpoint_dir = value();
-    else if (f == "--report") o.report = value();
-    else if (f == "--out") o.out = value();
-    else if (f == "--data-dir") o.data_dir = value();
-    else if (f == "--resume") o.resume = true;
-    else if (f == "--check-parity") o.check_parity = true;
-    else throw usage_error(fmt::format("unknown flag {} (see the usage at the top of main.cpp)", f));
+    else if (f == "--encoder")
+      o.encoder = one_of(f, value(), {"joint", "first-stage", "separate"});
+    else if (f == "--balancer")
+      o.balancer = one_of(f, value(), {"bytescale", "gap-filling", "family"});
+    else if (f == "--checkpoint-dir")
+      o.checkpoint_dir = value();
+    else if (f == "--report")
+      o.report = value();
+    else if (f == "--out")
+      o.out = value();
+    else if (f == "--data-dir")
+      o.data_dir = value();
+    else if (f == "--resume")
+      o.resume = true;
+    else if (f == "--check-parity")
+      o.check_parity = true;
+    else
+      throw usage_error(fmt::format("unknown flag {} (see the usage at the top of main.cpp)", f));
   }
   if (o.balancer.empty()) o.balancer = o.partition == "hdp" ? "bytescale" : "family";
   if (o.partition != "hdp" && o.balancer != "family")
     throw usage_error(fmt::format("--balancer {} places HDP rings: it needs --partition hdp", o.balancer));
   if (o.encoder == "separate")
-    throw usage_error("--encoder separate: a separate encoder pool is not run by train::system yet; use joint "
-                      "or first-stage");
+    throw usage_error(
+        "--encoder separate: a separate encoder pool is not run by train::system yet; use joint "
+        "or first-stage");
   if (o.resume && o.checkpoint_dir.empty()) throw usage_error("--resume needs --checkpoint-dir");
   if (o.ranks % o.pp != 0)
     throw usage_error(fmt::format("--pp {} does not divide --ranks {}", o.pp, o.ranks));
@@ -114,14 +130,17 @@ options parse(int argc, char** argv) {
   // What is compiled (with_policies): refuse the rest here, before any rank starts.
   const bool hdp_bytescale_joint = o.partition == "hdp" && o.balancer == "bytescale" && o.encoder == "joint";
   if (o.encoder == "first-stage" && o.schedule != "1f1b")
-    throw usage_error(fmt::format("--encoder first-stage is compiled with --schedule 1f1b only, not {}", o.schedule));
+    throw usage_error(
+        fmt::format("--encoder first-stage is compiled with --schedule 1f1b only, not {}", o.schedule));
   if ((o.schedule == "gpipe" || o.schedule == "zbv") && !hdp_bytescale_joint)
-    throw usage_error(fmt::format("--schedule {} is compiled with --partition hdp --balancer bytescale --encoder joint "
-                                  "only",
-                                  o.schedule));
+    throw usage_error(
+        fmt::format("--schedule {} is compiled with --partition hdp --balancer bytescale --encoder joint "
+                    "only",
+                    o.schedule));
   if (o.backend == "mpi" && !(hdp_bytescale_joint && (o.schedule == "1f1b" || o.schedule == "zero-bubble")))
-    throw usage_error("--backend mpi is compiled for --partition hdp --balancer bytescale --encoder joint with "
-                      "--schedule 1f1b or zero-bubble");
+    throw usage_error(
+        "--backend mpi is compiled for --partition hdp --balancer bytescale --encoder joint with "
+        "--schedule 1f1b or zero-bubble");
   return o;
 }
 
@@ -161,15 +180,17 @@ void with_policies(const options& o, const mllm::config& mc, F&& body) {
     if (o.partition == "static-cp") return by_encoder(seq::cp_zigzag{.cp = 2, .pad = true}, family);
     if (o.partition == "dp") return by_encoder(seq::cp_thd{.cp = 1, .pad = true}, family);
     if (o.partition == "ulysses")
-      return by_encoder(seq::ulysses{.degree = 2, .heads = mc.attn.q_heads, .kv_heads = mc.attn.kv_heads,
+      return by_encoder(seq::ulysses{.degree = 2,
+                                     .heads = mc.attn.q_heads,
+                                     .kv_heads = mc.attn.kv_heads,
                                      .head_dim = mc.attn.head_dim},
                         family);
     if (o.balancer == "gap-filling") return by_encoder(hdp, balance::gap_filling_hdp{});
     if (o.balancer == "family") return by_encoder(hdp, family);
   }
   if (o.partition == "hdp" && o.balancer == "bytescale") return by_encoder(hdp, balance::bytescale{});
-  throw usage_error(fmt::format("--partition {} --balancer {} is not compiled for this backend", o.partition,
-                                o.balancer));
+  throw usage_error(
+      fmt::format("--partition {} --balancer {} is not compiled for this backend", o.partition, o.balancer));
 }
 
 /// One rank's whole run: the trainer with the chosen policies, the parity check at step 0, the per-step
@@ -177,29 +198,35 @@ void with_policies(const options& o, const mllm::config& mc, F&& body) {
 template <class Comm>
 int run_rank(Comm& world, const options& o, const mllm::config& mc, const mllm::data_config& dc) {
   int status = 0;
-  with_policies<std::is_same_v<Comm, comm::loopback::communicator>>(o, mc, [&](auto partition, auto balancer,
-                                                                             auto schedule, auto placement) {
-    using system_t = train::system<decltype(partition), model::reference_attention, Comm, decltype(balancer),
-                                   decltype(schedule), decltype(placement)>;
-    system_t sys(partition, balancer, {o.pp, schedule, placement}, world, {}, {.reproducible = true});
-    mllm::trainer_options to{.steps = o.steps, .data_dir = o.data_dir, .ckpt_dir = o.checkpoint_dir,
-                             .resume = o.resume};
-    mllm::run_log log(o.out, world.rank() == 0);
-    bool first = true;
-    mllm::train(sys, mc, dc, to, [&](const mllm::step_result& r) {
-      if (o.check_parity && first) status = mllm::check_parity(world, r, mc, to.seed);
-      first = false;
-      log.step(r);
-      if (o.kill_after >= 0 && r.step == o.kill_after) ::raise(SIGKILL);  // a crash right after a checkpoint
-    });
-    if (world.rank() == 0) {
-      log.finish();
-      if (!o.report.empty()) log.write_report(o.report, nlohmann::json{{"steps", o.steps}, {"ranks", o.ranks},
-                                                                      {"backend", o.backend}, {"partition", o.partition},
-                                                                      {"schedule", o.schedule}, {"encoder", o.encoder},
-                                                                      {"balancer", o.balancer}, {"pp", o.pp}});
-    }
-  });
+  with_policies<std::is_same_v<Comm, comm::loopback::communicator>>(
+      o, mc, [&](auto partition, auto balancer, auto schedule, auto placement) {
+        using system_t = train::system<decltype(partition), model::reference_attention, Comm,
+                                       decltype(balancer), decltype(schedule), decltype(placement)>;
+        system_t sys(partition, balancer, {o.pp, schedule, placement}, world, {}, {.reproducible = true});
+        mllm::trainer_options to{
+            .steps = o.steps, .data_dir = o.data_dir, .ckpt_dir = o.checkpoint_dir, .resume = o.resume};
+        mllm::run_log log(o.out, world.rank() == 0);
+        bool first = true;
+        mllm::train(sys, mc, dc, to, [&](const mllm::step_result& r) {
+          if (o.check_parity && first) status = mllm::check_parity(world, r, mc, to.seed);
+          first = false;
+          log.step(r);
+          if (o.kill_after >= 0 && r.step == o.kill_after)
+            ::raise(SIGKILL);  // a crash right after a checkpoint
+        });
+        if (world.rank() == 0) {
+          log.finish();
+          if (!o.report.empty())
+            log.write_report(o.report, nlohmann::json{{"steps", o.steps},
+                                                      {"ranks", o.ranks},
+                                                      {"backend", o.backend},
+                                                      {"partition", o.partition},
+                                                      {"schedule", o.schedule},
+                                                      {"encoder", o.encoder},
+                                                      {"balancer", o.balancer},
+                                                      {"pp", o.pp}});
+        }
+      });
   return status;
 }
 
@@ -224,7 +251,8 @@ int main(int argc, char** argv) {
   mc.frame = dc.audio_dim;
   mc.vocab = dc.vocab;
   mc.blocks = 8;
-  if (o.data_dir.empty()) o.data_dir = (std::filesystem::temp_directory_path() / "hetmesh-mllm-data").string();
+  if (o.data_dir.empty())
+    o.data_dir = (std::filesystem::temp_directory_path() / "hetmesh-mllm-data").string();
   try {
     if (o.backend == "mpi") {
 #ifdef HETMESH_EXAMPLE_MPI

@@ -2,9 +2,9 @@
 // example_mllm_train's reporting: the line per step (loss, tokens, the plan, measured busy time and its
 // imbalance, the modelled step time), the modelled step (the pipeline simulator over each pipeline's
 // token loads, with per-(action type, stage) costs T(tokens) = a t^2 + b t + c fitted to the first step's
-// stage calls' thread CPU times by cost::fit_quadratic, since ranks share cores), the files of --out (a Chrome trace and SVG timelines of one
-// measured step and its modelled twin, an SVG plot of loss and busy time over steps), the --report JSON,
-// and the --check-parity comparison with a single-rank run.
+// stage calls' thread CPU times by cost::fit_quadratic, since ranks share cores), the files of --out (a
+// Chrome trace and SVG timelines of one measured step and its modelled twin, an SVG plot of loss and busy
+// time over steps), the --report JSON, and the --check-parity comparison with a single-rank run.
 #pragma once
 
 #include <algorithm>
@@ -100,7 +100,8 @@ class cost_fit {
   }
 
  private:
-  static double x(const hetmesh::train::step_plan& plan, const slot_tokens& t, int q, const hetmesh::pipeline::action& a) {
+  static double x(const hetmesh::train::step_plan& plan, const slot_tokens& t, int q,
+                  const hetmesh::pipeline::action& a) {
     const auto m = static_cast<std::size_t>(std::max(a.microbatch, 0));
     const bool enc = a.type == hetmesh::pipeline::action_type::encoder_forward ||
                      a.type == hetmesh::pipeline::action_type::encoder_backward;
@@ -125,8 +126,8 @@ inline std::string plan_summary(const hetmesh::train::step_plan& p) {
   int offloaded = 0;
   for (const auto& l : p.hdp.per_rank)
     for (const auto& mb : l) offloaded += mb.offload_ratio > 0 ? 1 : 0;
-  return fmt::format("rings {} (count x degree: {}), mb/rank {}-{}, {} slots{}", p.rings.size(), d, lo, hi, p.slots,
-                     offloaded > 0 ? fmt::format(", {} mb offloading", offloaded) : std::string());
+  return fmt::format("rings {} (count x degree: {}), mb/rank {}-{}, {} slots{}", p.rings.size(), d, lo, hi,
+                     p.slots, offloaded > 0 ? fmt::format(", {} mb offloading", offloaded) : std::string());
 }
 
 /// Compares this step's gradients (model.tensors()) with a single-rank run of the same batch from the
@@ -174,8 +175,9 @@ int check_parity(Comm& world, const step_result& r, const config& mc, std::uint6
   hetmesh::comm::all_reduce(world, std::span<double>(e), hetmesh::comm::reduce_op::max);
   const double rel = e[1] > 0 ? e[0] / e[1] : e[0];
   if (world.rank() == 0)
-    std::printf("parity at step %lld: largest gradient error %.3g of the largest gradient (tolerance %.0e): %s\n",
-                static_cast<long long>(r.step), rel, tol, rel <= tol ? "ok" : "FAILED");
+    std::printf(
+        "parity at step %lld: largest gradient error %.3g of the largest gradient (tolerance %.0e): %s\n",
+        static_cast<long long>(r.step), rel, tol, rel <= tol ? "ok" : "FAILED");
   return rel <= tol ? 0 : 1;
 }
 
@@ -201,11 +203,13 @@ inline std::string svg_plot(const std::vector<std::pair<std::string, std::vector
     const double lo = *std::min_element(v.begin(), v.end()), hi = *std::max_element(v.begin(), v.end());
     std::string pts;
     for (std::size_t i = 0; i < v.size(); ++i)
-      pts += fmt::format("{:.1f},{:.1f} ", l + (w - l - 20) * (v.size() > 1 ? double(i) / double(v.size() - 1) : 0.0),
+      pts += fmt::format("{:.1f},{:.1f} ",
+                         l + (w - l - 20) * (v.size() > 1 ? double(i) / double(v.size() - 1) : 0.0),
                          t + (h - t) * (hi > lo ? (hi - v[i]) / (hi - lo) : 0.5));
-    out += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n", colours[k % 4], pts);
-    out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{} ({:.3g} .. {:.3g})</text>\n", l + 190 * k, h + 25,
-                       colours[k % 4], series[k].first, lo, hi);
+    out += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n",
+                       colours[k % 4], pts);
+    out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{} ({:.3g} .. {:.3g})</text>\n", l + 190 * k,
+                       h + 25, colours[k % 4], series[k].first, lo, hi);
   }
   out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#555\">step</text>\n</svg>\n", w / 2, h + 5);
   return out;
@@ -228,30 +232,33 @@ class run_log {
     modelled_.push_back(modelled);
     plan_ms_.push_back(r.plan_ms);
     hash_.push_back(fmt::format("{:#018x}", rep.stats.plan_hash));
-    std::printf("step %3lld  loss %.4f  tokens %5lld  items %3lld  %s  busy max %.3f s (CPU)  imbalance %.2f  "
-                "modelled %.3f s  plan %.2f ms\n",
-                static_cast<long long>(r.step), rep.stats.loss, static_cast<long long>(rep.stats.tokens),
-                static_cast<long long>(rep.stats.encoder_items), plan_summary(*r.plan).c_str(), rep.max_cpu_busy(),
-                rep.cpu_imbalance(), modelled, r.plan_ms);
+    std::printf(
+        "step %3lld  loss %.4f  tokens %5lld  items %3lld  %s  busy max %.3f s (CPU)  imbalance %.2f  "
+        "modelled %.3f s  plan %.2f ms\n",
+        static_cast<long long>(r.step), rep.stats.loss, static_cast<long long>(rep.stats.tokens),
+        static_cast<long long>(rep.stats.encoder_items), plan_summary(*r.plan).c_str(), rep.max_cpu_busy(),
+        rep.cpu_imbalance(), modelled, r.plan_ms);
     std::fflush(stdout);
     if (!out_.empty() && loss_.size() == 2) {  // the second step: the first one ran in calibration's shadow
       write_file(out_ / "trace.json", hetmesh::train::step_trace(rep).dump());
       write_file(out_ / "timeline_measured.svg",
                  hetmesh::pipeline::svg_timeline(
-                     rep.timeline, fmt::format("step {} as measured: wall clock, {} ranks sharing this machine's cores "
-                                               "(busy max {:.3f} s wall, {:.3f} s CPU)",
-                                               r.step, rep.busy_seconds.size(), rep.max_busy(), rep.max_cpu_busy())));
+                     rep.timeline,
+                     fmt::format("step {} as measured: wall clock, {} ranks sharing this machine's cores "
+                                 "(busy max {:.3f} s wall, {:.3f} s CPU)",
+                                 r.step, rep.busy_seconds.size(), rep.max_busy(), rep.max_cpu_busy())));
       write_file(out_ / "timeline_modelled.svg",
                  hetmesh::pipeline::svg_timeline(
-                     sim, fmt::format("step {} as modelled: costs fitted to step 0's CPU times ({:.3f} s)", r.step,
-                                      modelled)));
+                     sim, fmt::format("step {} as modelled: costs fitted to step 0's CPU times ({:.3f} s)",
+                                      r.step, modelled)));
     }
   }
 
   void finish() const {
     if (!root_ || out_.empty()) return;
-    write_file(out_ / "loss.svg", svg_plot({{"loss", loss_}, {"busy max (s)", max_busy_}, {"modelled (s)", modelled_}},
-                                           "example_mllm_train: loss and step time per step"));
+    write_file(out_ / "loss.svg",
+               svg_plot({{"loss", loss_}, {"busy max (s)", max_busy_}, {"modelled (s)", modelled_}},
+                        "example_mllm_train: loss and step time per step"));
   }
 
   void write_report(const std::filesystem::path& path, const nlohmann::json& config) const {

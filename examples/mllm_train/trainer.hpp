@@ -24,12 +24,12 @@
 namespace mllm {
 
 struct trainer_options {
-  int steps = 30;                   ///< train until this step
-  std::filesystem::path data_dir;   ///< where make_sources wrote the sources
-  std::filesystem::path ckpt_dir;   ///< checkpoint after every step when not empty
-  bool resume = false;              ///< continue from ckpt_dir
-  float lr = 3e-3F;                 ///< Adam's learning rate
-  std::uint64_t seed = 7;           ///< the model's initialisation
+  int steps = 30;                  ///< train until this step
+  std::filesystem::path data_dir;  ///< where make_sources wrote the sources
+  std::filesystem::path ckpt_dir;  ///< checkpoint after every step when not empty
+  bool resume = false;             ///< continue from ckpt_dir
+  float lr = 3e-3F;                ///< Adam's learning rate
+  std::uint64_t seed = 7;          ///< the model's initialisation
 };
 
 /// What the trainer hands the caller after each step (on every rank).
@@ -40,7 +40,7 @@ struct step_result {
   double plan_ms = 0;
   multimodal_model<float>* model = nullptr;  ///< this rank's model (gradients of this step still in place)
   const hetmesh::model::step_batch* batch = nullptr;  ///< the step's batch
-  const step_source* data = nullptr;                  ///< the data source (its encoder inputs are this step's)
+  const step_source* data = nullptr;  ///< the data source (its encoder inputs are this step's)
 };
 
 namespace ckpt_io {
@@ -109,7 +109,8 @@ void train(System& sys, const config& mc, const data_config& dc, const trainer_o
     const auto batch = data.next();
     const auto t0 = std::chrono::steady_clock::now();
     const auto plan = sys.plan(batch);
-    const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double plan_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!model) {  // the split is the schedule's, known once a plan exists
       model.emplace(mc, o.seed, plan.pipeline.num_stages, sys.local_stages(plan));
       if (o.resume && load_rank(rank_file, *model, opt) + 1 != step)

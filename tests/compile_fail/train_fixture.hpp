@@ -47,8 +47,9 @@ void run_pipelined_step() {
     b.documents.push_back({1, {1, 2, 3}, {}, {}});
     Stage stage(4);
     auto input = [](const hetmesh::model::encoder_batch_view&, std::span<double>) {};
-    [&](auto... enc) { sys.run(sys.plan(b), b, stage, no_update{}, hetmesh::train::bind_encoder(enc, input)...); }(
-        Encoders(4)...);
+    [&](auto... enc) {
+      sys.run(sys.plan(b), b, stage, no_update{}, hetmesh::train::bind_encoder(enc, input)...);
+    }(Encoders(4)...);
   });
 }
 

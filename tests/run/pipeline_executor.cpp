@@ -293,7 +293,9 @@ TEST_CASE("pipeline executor: stage callables as their own types run a schedule;
     forwards.push_back(stage * 10 + mb);
     for (auto& x : out) x = 1.0;
   };
-  auto bwd = [&](int stage, int mb, std::span<const double>, std::span<double>) { backwards.push_back(stage * 10 + mb); };
+  auto bwd = [&](int stage, int mb, std::span<const double>, std::span<double>) {
+    backwards.push_back(stage * 10 + mb);
+  };
   auto sizes = [](int, int) -> std::int64_t { return 2; };
   hetmesh::comm::loopback::run(1, [&](hetmesh::comm::loopback::communicator& c) {
     hetmesh::run::stage_calls<double, decltype(fwd), decltype(bwd)> calls{fwd, bwd};
@@ -303,13 +305,12 @@ TEST_CASE("pipeline executor: stage callables as their own types run a schedule;
   CHECK(backwards == std::vector<int>{0, 1, 2});
   // Zero-bubble runs I and W actions: callables without them are refused, naming the missing one.
   const schedule zb = hetmesh::pipeline::add_send_recv(hetmesh::pipeline::zero_bubble{}.generate(1, 2));
-  CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(1,
-                                                    [&](hetmesh::comm::loopback::communicator& c) {
-                                                      hetmesh::run::stage_calls<double, decltype(fwd), decltype(bwd)>
-                                                          calls{fwd, bwd};
-                                                      execute_pipeline(c, zb, calls,
-                                                                       hetmesh::run::sizes_of<decltype(sizes)>{sizes});
-                                                    }),
+  CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(
+                           1,
+                           [&](hetmesh::comm::loopback::communicator& c) {
+                             hetmesh::run::stage_calls<double, decltype(fwd), decltype(bwd)> calls{fwd, bwd};
+                             execute_pipeline(c, zb, calls, hetmesh::run::sizes_of<decltype(sizes)>{sizes});
+                           }),
                        doctest::Contains("backward_input is empty"), hetmesh::invalid_argument);
 }
 

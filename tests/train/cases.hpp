@@ -40,7 +40,8 @@ void parity_cases(On8 on8) {
     const auto uly = seq::ulysses{.degree = 2, .heads = 2, .kv_heads = 1, .head_dim = 4};
     check_verdict(on8([&](auto& w) { return parity_body<double>(w, uly, seed, 10, 40); }), 1e-10,
                   "ulysses double");
-    check_verdict(on8([&](auto& w) { return parity_body<float>(w, uly, seed, 10, 40); }), 1e-5, "ulysses float");
+    check_verdict(on8([&](auto& w) { return parity_body<float>(w, uly, seed, 10, 40); }), 1e-5,
+                  "ulysses float");
     for (auto placement : {seq::hdp_placement_kind::waves, seq::hdp_placement_kind::least_loaded}) {
       const auto hdp = test_hdp(placement);
       const auto vd = on8([&](auto& w) { return parity_body<double>(w, hdp, seed, 12, 60); });

@@ -37,23 +37,25 @@ static_assert(model::check_split_backward_stage<tiny_stack<double>, double, lctx
 
 }  // namespace
 
-TEST_CASE("train::system: pipelined multimodal steps' gradients equal a single-rank run's (loopback, 8 ranks)") {
+TEST_CASE(
+    "train::system: pipelined multimodal steps' gradients equal a single-rank run's (loopback, 8 ranks)") {
   pipeline_cases([](auto body) { return on_loopback8(body); });
 }
 
-TEST_CASE("train::system: long encoder items split over the encoder shards (long-short SP) keep the gradients") {
+TEST_CASE(
+    "train::system: long encoder items split over the encoder shards (long-short SP) keep the gradients") {
   train::system_options split, whole_items;
-  split.encoder_sp.max_tokens_per_rank = 3;          // every item above 3 tokens runs over a group of shards
-  whole_items.encoder_sp.balance_factor = 1e9;       // no item is too costly to run whole
+  split.encoder_sp.max_tokens_per_rank = 3;     // every item above 3 tokens runs over a group of shards
+  whole_items.encoder_sp.balance_factor = 1e9;  // no item is too costly to run whole
   for (std::uint64_t seed : {21u, 22u}) {
     const auto pc = train::pipeline_config<pipeline::gpipe, pipeline::colocated_encoder>{4, {}, {}};
     const auto whole = on_loopback8([&](auto& w) {
-      return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pc, seed, 8,
-                                    30, whole_items);
+      return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pc,
+                                    seed, 8, 30, whole_items);
     });
     const auto v = on_loopback8([&](auto& w) {
-      return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pc, seed, 8,
-                                    30, split);
+      return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pc,
+                                    seed, 8, 30, split);
     });
     MESSAGE("split items: ", v.describe(), "; whole items: ", whole.encoder_items, " encoder calls' items");
     CHECK(v.rel <= 1e-10);
@@ -65,7 +67,8 @@ TEST_CASE("train::system: long encoder items split over the encoder shards (long
 
 TEST_CASE("train: slots align every ring's members and give each rank at most one micro-batch per slot") {
   for (std::uint64_t seed = 200; seed < 230; ++seed) {
-    const auto b = random_batch(seed, 1 + static_cast<int>(seed % 13), 1 + static_cast<std::int64_t>(seed % 4) * 20);
+    const auto b =
+        random_batch(seed, 1 + static_cast<int>(seed % 13), 1 + static_cast<std::int64_t>(seed % 4) * 20);
     const auto docs = model::document_descs(b);
     for (const auto& plan : {train::plan_step(seq::cp_zigzag{.cp = 2, .pad = true}, docs, 4),
                              train::plan_step(test_hdp(), docs, 8),
@@ -95,7 +98,8 @@ TEST_CASE("train::system: bad pipeline configurations and missing encoders fail 
     CHECK_THROWS_WITH_AS(sys_t(seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
                                train::pipeline_config<>{3, {}, {}}, c),
                          doctest::Contains("pp = 3 over a world of 4 ranks"), invalid_argument);
-    sys_t sys(seq::cp_thd{.cp = 2, .pad = true}, train::family_placement{}, train::pipeline_config<>{2, {}, {}}, c);
+    sys_t sys(seq::cp_thd{.cp = 2, .pad = true}, train::family_placement{},
+              train::pipeline_config<>{2, {}, {}}, c);
     CHECK(sys.pool_size() == 2);
     CHECK(sys.pipeline_rank() == c.rank() / 2);
     const auto batch = random_mm_batch(5, 6, 30);
@@ -173,7 +177,8 @@ TEST_CASE("train::system: selective offload moves the plan's share of activation
       });
       const auto got = run_mm_step<double>(
           w, offload, train::family_placement{},
-          train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{pp, {}, {}}, batch, seed + 1);
+          train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{pp, {}, {}}, batch,
+          seed + 1);
       double err = 0;
       for (const auto& [id, g] : got.grads)
         for (std::size_t i = 0; i < g.size(); ++i)

@@ -51,9 +51,10 @@ struct item_features {
       for (std::int64_t t = p.tokens.begin; t < p.tokens.end; ++t)
         for (std::int64_t f = 0; f < width; ++f)
           in[static_cast<std::size_t>((p.offset + t - p.tokens.begin) * width + f)] = static_cast<T>(
-              static_cast<double>(key_hash({static_cast<std::uint64_t>(encoder), static_cast<std::uint64_t>(p.item),
-                                            static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(f)}) >>
-                                  11) *
+              static_cast<double>(
+                  key_hash({static_cast<std::uint64_t>(encoder), static_cast<std::uint64_t>(p.item),
+                            static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(f)}) >>
+                  11) *
                   0x1.0p-53 -
               0.5);
   }
@@ -78,8 +79,9 @@ struct mm_optimizer {
 /// One step of the multimodal model on `world` under the given policies.
 template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
 mm_result<T> run_mm_step(C& world, const Partition& partition, const Balancer& balancer,
-                         const train::pipeline_config<Schedule, Placement>& pc, const model::step_batch& batch,
-                         std::uint64_t seed, const train::system_options& options = {}) {
+                         const train::pipeline_config<Schedule, Placement>& pc,
+                         const model::step_batch& batch, std::uint64_t seed,
+                         const train::system_options& options = {}) {
   using sys_t = train::system<Partition, model::reference_attention, C, Balancer, Schedule, Placement>;
   sys_t sys(partition, balancer, pc, world, {}, options);
   const auto plan = sys.plan(batch);
@@ -93,7 +95,8 @@ mm_result<T> run_mm_step(C& world, const Partition& partition, const Balancer& b
                     train::bind_encoder(vision, item_features<T>{kShape.width, 0}),
                     train::bind_encoder(audio, item_features<T>{kShape.width, 1}));
   if (calls != 3)
-    throw_error<invalid_argument>("mm step: optimizer called {} times; expected 3 (stage + 2 encoders)", calls);
+    throw_error<invalid_argument>("mm step: optimizer called {} times; expected 3 (stage + 2 encoders)",
+                                  calls);
   r.grads = lm.grad;
   r.grads[-1] = std::vector<T>(vision.gradients()[0].begin(), vision.gradients()[0].end());
   r.grads[-2] = std::vector<T>(audio.gradients()[0].begin(), audio.gradients()[0].end());
@@ -139,7 +142,8 @@ mm_verdict mm_parity_body(C& world, const Partition& partition, const Balancer& 
       den = std::max(den, std::abs(static_cast<double>(r[i])));
     }
   }
-  double e[2] = {den > 0 ? num / den : num, std::abs(got.stats.loss - ref.stats.loss) / std::abs(ref.stats.loss)};
+  double e[2] = {den > 0 ? num / den : num,
+                 std::abs(got.stats.loss - ref.stats.loss) / std::abs(ref.stats.loss)};
   comm::all_reduce(world, std::span<double>(e), comm::reduce_op::max);
   int t = tensors;
   comm::all_reduce(world, std::span<int>(&t, 1), comm::reduce_op::sum);

@@ -29,27 +29,28 @@ void pipeline_cases(On8 on8) {
   const auto joint = pipeline::colocated_encoder{};
   for (std::uint64_t seed : {11u, 12u}) {
     // static CP zigzag, pp = 2 (pool 4, cp 2), 1F1B, encoders on the first stage
-    check_mm(on8([&](auto& w) {
-               return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, fam,
-                                             train::pipeline_config<pipeline::one_f_one_b,
-                                                                    pipeline::encoder_on_first_stage>{2, {}, first},
-                                             seed, 10, 30);
-             }),
-             1e-10, "zigzag cp2 pp2 1f1b first-stage");
+    check_mm(
+        on8([&](auto& w) {
+          return mm_parity_body<double>(
+              w, seq::cp_zigzag{.cp = 2, .pad = true}, fam,
+              train::pipeline_config<pipeline::one_f_one_b, pipeline::encoder_on_first_stage>{2, {}, first},
+              seed, 10, 30);
+        }),
+        1e-10, "zigzag cp2 pp2 1f1b first-stage");
     // HDP rings placed by ByteScale's balancer, pp = 2, 1F1B, the joint encoder-LLM pipeline
     check_mm(on8([&](auto& w) {
                return mm_parity_body<double>(
                    w, test_hdp(), balance::bytescale{},
-                   train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, joint}, seed,
-                   12, 50);
+                   train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, joint},
+                   seed, 12, 50);
              }),
              1e-10, "hdp bytescale pp2 1f1b joint");
     // static CP zigzag over 4, pp = 2, zero-bubble (split backward), joint pipeline
     check_mm(on8([&](auto& w) {
                return mm_parity_body<double>(
                    w, seq::cp_zigzag{.cp = 4, .pad = true}, fam,
-                   train::pipeline_config<pipeline::zero_bubble, pipeline::colocated_encoder>{2, {}, joint}, seed,
-                   10, 30);
+                   train::pipeline_config<pipeline::zero_bubble, pipeline::colocated_encoder>{2, {}, joint},
+                   seed, 10, 30);
              }),
              1e-10, "zigzag cp4 pp2 zero-bubble joint");
     // HDP (the family's own placement), pp = 2, interleaved 1F1B with 2 virtual stages, first stage
@@ -65,31 +66,33 @@ void pipeline_cases(On8 on8) {
     check_mm(on8([&](auto& w) {
                return mm_parity_body<double>(
                    w, seq::cp_zigzag{.cp = 2, .pad = true}, fam,
-                   train::pipeline_config<pipeline::gpipe, pipeline::colocated_encoder>{4, {}, joint}, seed, 8, 30);
+                   train::pipeline_config<pipeline::gpipe, pipeline::colocated_encoder>{4, {}, joint}, seed,
+                   8, 30);
              }),
              1e-10, "zigzag cp2 pp4 gpipe joint");
     // HDP placed by the gap-filling balancer, pp = 2, ZBV (V layout, split backward), first stage
     check_mm(on8([&](auto& w) {
                return mm_parity_body<double>(
                    w, test_hdp(), balance::gap_filling_hdp{},
-                   train::pipeline_config<pipeline::zbv, pipeline::encoder_on_first_stage>{2, {}, first}, seed, 12,
-                   50);
+                   train::pipeline_config<pipeline::zbv, pipeline::encoder_on_first_stage>{2, {}, first},
+                   seed, 12, 50);
              }),
              1e-10, "hdp gap-filling pp2 zbv first-stage");
     // Ulysses over 2 (heads swapped by all-to-all), pp = 2, interleaved 1F1B, joint pipeline
-    check_mm(on8([&](auto& w) {
-               return mm_parity_body<double>(
-                   w, seq::ulysses{.degree = 2, .heads = 2, .kv_heads = 1, .head_dim = 4}, fam,
-                   train::pipeline_config<pipeline::interleaved_1f1b, pipeline::colocated_encoder>{2, {}, joint},
-                   seed, 10, 30);
-             }),
-             1e-10, "ulysses 2 pp2 interleaved-1f1b joint");
+    check_mm(
+        on8([&](auto& w) {
+          return mm_parity_body<double>(
+              w, seq::ulysses{.degree = 2, .heads = 2, .kv_heads = 1, .head_dim = 4}, fam,
+              train::pipeline_config<pipeline::interleaved_1f1b, pipeline::colocated_encoder>{2, {}, joint},
+              seed, 10, 30);
+        }),
+        1e-10, "ulysses 2 pp2 interleaved-1f1b joint");
     // float: THD over 2, pp = 2, 1F1B, joint pipeline
     check_mm(on8([&](auto& w) {
                return mm_parity_body<float>(
                    w, seq::cp_thd{.cp = 2, .pad = true}, fam,
-                   train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, joint}, seed,
-                   10, 30);
+                   train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, joint},
+                   seed, 10, 30);
              }),
              1e-5, "thd cp2 pp2 1f1b joint float");
   }

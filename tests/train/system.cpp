@@ -74,7 +74,8 @@ TEST_CASE("train::system: every token of a step counts in the loss exactly once 
     for (int cp : {1, 2, 4, 8}) {
       check_exactly_once(seq::cp_zigzag{.cp = cp, .pad = true}, b, 8);
       check_exactly_once(seq::cp_thd{.cp = cp, .pad = true}, b, 8);
-      if (cp <= 2) check_exactly_once(seq::ulysses{.degree = cp, .heads = 2, .kv_heads = 1, .head_dim = 4}, b, 8);
+      if (cp <= 2)
+        check_exactly_once(seq::ulysses{.degree = cp, .heads = 2, .kv_heads = 1, .head_dim = 4}, b, 8);
     }
     check_exactly_once(test_hdp(), b, 8);
     check_exactly_once(test_hdp(seq::hdp_placement_kind::least_loaded), b, 8);

@@ -24,8 +24,8 @@ struct tiny_stack {
   using is_backbone_stage = void;
 
   lm_shape shape;
-  int blocks = 4;  ///< attention blocks of the whole model
-  int stages = 1;  ///< pipeline stages of the whole model
+  int blocks = 4;                             ///< attention blocks of the whole model
+  int stages = 1;                             ///< pipeline stages of the whole model
   std::map<int, std::vector<T>> param, grad;  ///< by global tensor id, only this rank's stages'
 
   /// Tensor ids: 0 embedding, 1 head, 10 + 4 * block + {0 q, 1 k, 2 v, 3 o}.
@@ -38,9 +38,8 @@ struct tiny_stack {
       auto& p = param[id];
       p.resize(n);
       for (std::size_t i = 0; i < n; ++i)
-        p[i] = static_cast<T>(static_cast<double>(key_hash({seed, static_cast<std::uint64_t>(id), i}) >> 11) *
-                                  0x1.0p-53 -
-                              0.5);
+        p[i] = static_cast<T>(
+            static_cast<double>(key_hash({seed, static_cast<std::uint64_t>(id), i}) >> 11) * 0x1.0p-53 - 0.5);
       grad[id].assign(n, T(0));
     };
     for (int st : local) {
@@ -112,7 +111,8 @@ struct tiny_stack {
   }
 
   template <train::attention_context<T> Ctx>
-  void backward(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> gout, std::span<T> gin) {
+  void backward(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> gout,
+                std::span<T> gin) {
     backward_input(ctx, mb, gout, gin);
     backward_weight(ctx, mb);
   }
@@ -254,7 +254,8 @@ struct tiny_stack {
     return static_cast<std::size_t>(id);
   }
   void softmax(std::span<const T> hrow, std::vector<T>& p) const {
-    matmul<T>(hrow, param.at(1), p, 1, static_cast<std::size_t>(shape.width), static_cast<std::size_t>(shape.vocab));
+    matmul<T>(hrow, param.at(1), p, 1, static_cast<std::size_t>(shape.width),
+              static_cast<std::size_t>(shape.vocab));
     T m = p[0];
     for (auto z : p) m = z > m ? z : m;
     T s = 0;

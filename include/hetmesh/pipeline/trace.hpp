@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::pipeline: timelines for people. `chrome_trace` (trace_json.hpp) writes the Chrome trace event JSON that
-// Perfetto (ui.perfetto.dev) and chrome://tracing open: one track per rank, one complete ("X") event per
+// hetmesh::pipeline: timelines for people. `chrome_trace` (trace_json.hpp) writes the Chrome trace event JSON
+// that Perfetto (ui.perfetto.dev) and chrome://tracing open: one track per rank, one complete ("X") event per
 // action. `ascii_timeline` draws the same step in a terminal: one row per rank, one character per time
 // slot (F forward, B backward, I input-backward, W weight-backward, e/b encoder forward/backward, '.' idle).
 // `svg_timeline` draws it as an SVG picture: one lane per rank, one box per compute action (coloured by
@@ -116,14 +116,22 @@ inline char timeline_glyph(action_type t) {
 namespace detail {
 inline const char* timeline_colour(action_type t) {
   switch (t) {
-    case action_type::forward: return "#4e79a7";
-    case action_type::backward: return "#59a14f";
-    case action_type::backward_input: return "#8cd17d";
-    case action_type::backward_weight: return "#499894";
-    case action_type::encoder_forward: return "#f28e2b";
-    case action_type::encoder_backward: return "#b6992d";
-    case action_type::reduce_grad: return "#e15759";
-    default: return "#bab0ac";
+    case action_type::forward:
+      return "#4e79a7";
+    case action_type::backward:
+      return "#59a14f";
+    case action_type::backward_input:
+      return "#8cd17d";
+    case action_type::backward_weight:
+      return "#499894";
+    case action_type::encoder_forward:
+      return "#f28e2b";
+    case action_type::encoder_backward:
+      return "#b6992d";
+    case action_type::reduce_grad:
+      return "#e15759";
+    default:
+      return "#bab0ac";
   }
 }
 }  // namespace detail
@@ -132,8 +140,8 @@ inline const char* timeline_colour(action_type t) {
 /// `width` pixels wide (at least 200), titled `title` (XML-escaped): a time axis, one 22-pixel lane per
 /// rank, compute actions as boxes coloured by type with their micro-batch number where the box is wide
 /// enough, communication as thin grey bars, and a legend. Pure; O(actions + ranks).
-[[nodiscard]] inline std::string svg_timeline(const std::vector<timed_action>& timeline, std::string_view title,
-                                              int width = 900) {
+[[nodiscard]] inline std::string svg_timeline(const std::vector<timed_action>& timeline,
+                                              std::string_view title, int width = 900) {
   width = std::max(width, 200);
   double t0 = 0, end = 0;
   int ranks = 0;
@@ -149,10 +157,14 @@ inline const char* timeline_colour(action_type t) {
   const double scale = static_cast<double>(width - left - 10) / span;
   std::string esc;
   for (char c : title) {
-    if (c == '<') esc += "&lt;";
-    else if (c == '>') esc += "&gt;";
-    else if (c == '&') esc += "&amp;";
-    else esc += c;
+    if (c == '<')
+      esc += "&lt;";
+    else if (c == '>')
+      esc += "&gt;";
+    else if (c == '&')
+      esc += "&amp;";
+    else
+      esc += c;
   }
   const int height = top + ranks * lane + legend + 10;
   std::string out = hetmesh::format(
@@ -173,15 +185,15 @@ inline const char* timeline_colour(action_type t) {
     const double x = left + (t.start - t0) * scale, w = std::max((t.end - t.start) * scale, 0.5);
     const int y = top + t.rank * lane;
     if (is_comm(t.what.type)) {
-      out += hetmesh::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"3\" fill=\"#bab0ac\"/>\n", x,
-                             y + lane - 5, w);
+      out += hetmesh::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"3\" fill=\"#bab0ac\"/>\n",
+                             x, y + lane - 5, w);
       continue;
     }
     out += hetmesh::format(
         "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\" stroke=\"white\" "
         "stroke-width=\"0.5\"><title>{} rank {} {:.3f}-{:.3f} ms</title></rect>\n",
-        x, y + 2, w, lane - 8, detail::timeline_colour(t.what.type), to_text(t.what), t.rank, (t.start - t0) * 1e3,
-        (t.end - t0) * 1e3);
+        x, y + 2, w, lane - 8, detail::timeline_colour(t.what.type), to_text(t.what), t.rank,
+        (t.start - t0) * 1e3, (t.end - t0) * 1e3);
     if (w >= 14 && t.what.microbatch >= 0)
       out += hetmesh::format("<text x=\"{:.2f}\" y=\"{}\" text-anchor=\"middle\" fill=\"white\">{}</text>\n",
                              x + w / 2, y + lane - 9, t.what.microbatch);
@@ -195,9 +207,10 @@ inline const char* timeline_colour(action_type t) {
                             {action_type::encoder_forward, "encoder forward"},
                             {action_type::encoder_backward, "encoder backward"},
                             {action_type::send_f, "communication"}}) {
-    out += hetmesh::format("<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" "
-                           "y=\"{}\">{}</text>\n",
-                           lx, ly, detail::timeline_colour(type), lx + 14, ly + 9, name);
+    out += hetmesh::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" "
+        "y=\"{}\">{}</text>\n",
+        lx, ly, detail::timeline_colour(type), lx + 14, ly + 9, name);
     lx += 14 + 7 * static_cast<int>(std::string_view(name).size()) + 12;
   }
   out += "</svg>\n";

@@ -52,8 +52,8 @@ void check_ulysses_attention(const seq::ulysses_plan& plan, const ulysses_attent
   const auto& p = plan.policy;
   if (in.shape.q_heads != p.heads || in.shape.kv_heads != p.kv_heads || in.shape.head_dim != p.head_dim)
     throw_error<invalid_argument>(
-        "{}: attention shape q_heads={}, kv_heads={}, head_dim={}; expected the Ulysses plan's {}, {}, {}", who,
-        in.shape.q_heads, in.shape.kv_heads, in.shape.head_dim, p.heads, p.kv_heads, p.head_dim);
+        "{}: attention shape q_heads={}, kv_heads={}, head_dim={}; expected the Ulysses plan's {}, {}, {}",
+        who, in.shape.q_heads, in.shape.kv_heads, in.shape.head_dim, p.heads, p.kv_heads, p.head_dim);
   const auto total = static_cast<std::size_t>(plan.total_tokens);
   if (in.stream_doc.size() != total || in.stream_pos.size() != total)
     throw_error<invalid_argument>(
@@ -106,15 +106,16 @@ void ulysses_attention_forward(C& group, const seq::ulysses_plan& plan, Kernel& 
 template <comm::communicator C, class Kernel, class T>
 void ulysses_attention_backward(C& group, const seq::ulysses_plan& plan, Kernel& kernel,
                                 const ulysses_attention_input<T>& in, std::span<const T> out,
-                                std::span<const T> lse, std::span<const T> dout, std::span<T> dq, std::span<T> dk,
-                                std::span<T> dv) {
+                                std::span<const T> lse, std::span<const T> dout, std::span<T> dq,
+                                std::span<T> dk, std::span<T> dv) {
   constexpr const char* who = "run::ulysses_attention_backward";
   detail::check_ulysses_attention(plan, in, group.rank(), who);
   if (out.size() != in.q.size() || dout.size() != in.q.size() || dq.size() != in.q.size() ||
       dk.size() != in.k.size() || dv.size() != in.k.size() ||
       lse.size() * static_cast<std::size_t>(plan.policy.head_dim) != in.q.size())
     throw_error<invalid_argument>(
-        "{}: out {}, lse {}, dout {}, dq {}, dk {}, dv {} elements; expected q's {} (lse: per head) and k's {}",
+        "{}: out {}, lse {}, dout {}, dq {}, dk {}, dv {} elements; expected q's {} (lse: per head) and k's "
+        "{}",
         who, out.size(), lse.size(), dout.size(), dq.size(), dk.size(), dv.size(), in.q.size(), in.k.size());
   const auto h = ulysses_qkv_to_heads(group, plan, in.q, in.k, in.v);
   const auto b = detail::head_block(plan, in, h);

@@ -58,9 +58,9 @@ struct step_context : model::stage_context<Comm, offload_store<T>> {
                          std::span<const T> v, std::span<T> out, std::span<T> lse) const {
     if (ulysses != nullptr) {
       check_ulysses("attention_forward");
-      run::ulysses_attention_forward(*group, *ulysses, *kernel,
-                                     run::ulysses_attention_input<T>{shape, scale, q, k, v, stream_doc, stream_pos},
-                                     out, lse);
+      run::ulysses_attention_forward(
+          *group, *ulysses, *kernel,
+          run::ulysses_attention_input<T>{shape, scale, q, k, v, stream_doc, stream_pos}, out, lse);
       return;
     }
     check_bound("attention_forward");
@@ -78,8 +78,9 @@ struct step_context : model::stage_context<Comm, offload_store<T>> {
     if (ulysses != nullptr) {
       check_ulysses("attention_backward");
       run::ulysses_attention_backward(
-          *group, *ulysses, *kernel, run::ulysses_attention_input<T>{shape, scale, q, k, v, stream_doc, stream_pos},
-          out, lse, dout, dq, dk, dv);
+          *group, *ulysses, *kernel,
+          run::ulysses_attention_input<T>{shape, scale, q, k, v, stream_doc, stream_pos}, out, lse, dout, dq,
+          dk, dv);
       return;
     }
     check_bound("attention_backward");
@@ -92,7 +93,8 @@ struct step_context : model::stage_context<Comm, offload_store<T>> {
   void check_ulysses(const char* who) const {
     if (group == nullptr || kernel == nullptr)
       throw_error<invalid_argument>(
-          "train::step_context::{}: stage {} micro-batch {} has a Ulysses plan but no group or kernel; expected a "
+          "train::step_context::{}: stage {} micro-batch {} has a Ulysses plan but no group or kernel; "
+          "expected a "
           "context made by train::system::run",
           who, this->stage, this->micro_batch);
   }

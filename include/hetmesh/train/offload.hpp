@@ -24,7 +24,8 @@ namespace hetmesh::train {
 
 /// An activation store that offloads a per-micro-batch share of each saved tensor. Resident and Offload
 /// are model::activation_store types of element T. Not thread-safe (one per rank, like the stages).
-template <class T, class Resident = model::host_activation_store<T>, class Offload = model::host_activation_store<T>>
+template <class T, class Resident = model::host_activation_store<T>,
+          class Offload = model::host_activation_store<T>>
 class offload_store {
   static_assert(model::activation_store<Resident, T> && model::activation_store<Offload, T>,
                 "train::offload_store: both sides must model model::activation_store<S, T>");
@@ -87,7 +88,8 @@ class offload_store {
     for (const auto& [k, v] : fetched_)
       if (k.stage == stage && k.micro_batch == micro_batch) keys.push_back(k);
     for (const auto& k : keys) fetched_.erase(k);
-    if constexpr (requires { offload_.release_all(stage, micro_batch); }) offload_.release_all(stage, micro_batch);
+    if constexpr (requires { offload_.release_all(stage, micro_batch); })
+      offload_.release_all(stage, micro_batch);
     if constexpr (requires { resident_.release_all(stage, micro_batch); })
       return resident_.release_all(stage, micro_batch);
     else

@@ -37,9 +37,9 @@ struct sgd {
 /// Adam's state of one parameter tensor: its first and second moments and its update count.
 template <class T>
 struct adam_moments {
-  std::vector<T> m;     ///< first moment
-  std::vector<T> v;     ///< second moment
-  std::int64_t t = 0;   ///< updates so far
+  std::vector<T> m;    ///< first moment
+  std::vector<T> v;    ///< second moment
+  std::int64_t t = 0;  ///< updates so far
 };
 
 /// Adam (Kingma and Ba), with optional decoupled weight decay (AdamW). Moments are kept per parameter
@@ -47,11 +47,11 @@ struct adam_moments {
 /// O(parameters) per call.
 template <class T>
 struct adam {
-  T lr = T(1e-3);             ///< learning rate
-  T beta1 = T(0.9);           ///< first-moment decay
-  T beta2 = T(0.999);         ///< second-moment decay
-  T eps = T(1e-8);            ///< denominator guard
-  T weight_decay = T(0);      ///< decoupled weight decay (AdamW); 0 = Adam
+  T lr = T(1e-3);                               ///< learning rate
+  T beta1 = T(0.9);                             ///< first-moment decay
+  T beta2 = T(0.999);                           ///< second-moment decay
+  T eps = T(1e-8);                              ///< denominator guard
+  T weight_decay = T(0);                        ///< decoupled weight decay (AdamW); 0 = Adam
   std::map<const T*, adam_moments<T>> state{};  ///< per parameter span (by data pointer)
 
   /// Updates every parameter span in place from its gradient span (same order and sizes). Errors: a
@@ -64,8 +64,8 @@ struct adam {
       std::span<T> gs(*g);
       ++g;
       if (gs.size() != ps.size())
-        throw_error<invalid_argument>("train::adam: a gradient of {} elements for {} parameters; expected equal",
-                                      gs.size(), ps.size());
+        throw_error<invalid_argument>(
+            "train::adam: a gradient of {} elements for {} parameters; expected equal", gs.size(), ps.size());
       auto& s = moments(ps);
       ++s.t;
       const T c1 = T(1) - static_cast<T>(std::pow(static_cast<double>(beta1), static_cast<double>(s.t)));

@@ -45,7 +45,8 @@ struct slot_load {
   for (const auto& list : plan.per_rank)
     for (const auto& pm : list) {
       std::int64_t t = 0;
-      for (const auto& c : plan.rings[static_cast<std::size_t>(pm.ring)].chunks[static_cast<std::size_t>(pm.position)])
+      for (const auto& c :
+           plan.rings[static_cast<std::size_t>(pm.ring)].chunks[static_cast<std::size_t>(pm.position)])
         t += c.positions.size();
       auto& m = l.tokens[static_cast<std::size_t>(pm.slot)];
       m = std::max(m, t);
@@ -54,7 +55,8 @@ struct slot_load {
   if (batch != nullptr)
     for (const auto& d : batch->documents)
       for (const auto& it : d.items) enc += it.tokens;
-  for (auto& x : l.encoder_tokens) x = (enc + static_cast<std::int64_t>(n) - 1) / static_cast<std::int64_t>(n);
+  for (auto& x : l.encoder_tokens)
+    x = (enc + static_cast<std::int64_t>(n) - 1) / static_cast<std::int64_t>(n);
   return l;
 }
 
@@ -66,9 +68,9 @@ struct slot_load {
 }
 
 /// Sets plan.pp and plan.pipeline: `family`'s schedule for (pp, slots), where slots is the smallest count
-/// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders placed by
-/// `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation come
-/// from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). Pure. Errors: pp < 1
+/// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders
+/// placed by `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation
+/// come from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). Pure. Errors: pp < 1
 /// (invalid_argument); the family's (e.g. interleaved schedules' micro-batch rules) and the verifier's.
 template <pipeline::schedule_family Schedule, class Placement>
 void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& placement, int pp,
@@ -90,16 +92,17 @@ void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& p
     }
   }
   if (batch != nullptr && has_encoder_items(*batch)) {
-    static_assert(pipeline::encoder_placement<Placement>,
-                  "train: the encoder placement must be a pipeline::encoder_placement "
-                  "(pipeline::encoder_on_first_stage, or pipeline::colocated_encoder for the joint pipeline)");
+    static_assert(
+        pipeline::encoder_placement<Placement>,
+        "train: the encoder placement must be a pipeline::encoder_placement "
+        "(pipeline::encoder_on_first_stage, or pipeline::colocated_encoder for the joint pipeline)");
     static_assert(!std::is_same_v<Placement, pipeline::encoder_pool>,
                   "train: a separate encoder pool is not run by train::system yet; expected "
                   "pipeline::encoder_on_first_stage or pipeline::colocated_encoder");
     const auto load = slot_loads(plan, batch);
     auto at = [](const std::vector<std::int64_t>& v, int mb) {
       return mb >= 0 && mb < static_cast<int>(v.size()) ? static_cast<double>(v[static_cast<std::size_t>(mb)])
-                                                         : 0.0;
+                                                        : 0.0;
     };
     pipeline::cost_model costs;
     costs.compute = [load, at, stages = s.num_stages](const pipeline::action& a) {
@@ -107,9 +110,12 @@ void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& p
       switch (a.type) {
         case pipeline::action_type::forward:
         case pipeline::action_type::backward_input:
-        case pipeline::action_type::backward_weight: return f;
-        case pipeline::action_type::backward: return 2.0 * f;
-        default: return 0.0;
+        case pipeline::action_type::backward_weight:
+          return f;
+        case pipeline::action_type::backward:
+          return 2.0 * f;
+        default:
+          return 0.0;
       }
     };
     pipeline::encoder_work work;

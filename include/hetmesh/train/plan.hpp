@@ -90,8 +90,9 @@ struct step_plan {
   /// the same slot, a rank runs at most one micro-batch per slot (a slot it has none in runs empty), so
   /// every pipeline runs the same schedule and ring calls meet in the same order on every member.
   int slots = 0;
-  int pp = 1;                  ///< pipeline depth: the world is pp x world ranks (pipeline rank slowest)
-  pipeline::schedule pipeline; ///< the lowered, verified schedule every pipeline runs (train::attach_pipeline)
+  int pp = 1;  ///< pipeline depth: the world is pp x world ranks (pipeline rank slowest)
+  pipeline::schedule
+      pipeline;  ///< the lowered, verified schedule every pipeline runs (train::attach_pipeline)
 
   /// Micro-batches over every rank. O(world).
   [[nodiscard]] std::int64_t micro_batches() const noexcept {
@@ -184,8 +185,9 @@ inline void align_slots(step_plan& p) {
     }
   }
   for (auto& list : p.per_rank)
-    std::stable_sort(list.begin(), list.end(),
-                     [](const planned_micro_batch& a, const planned_micro_batch& b) { return a.slot < b.slot; });
+    std::stable_sort(
+        list.begin(), list.end(),
+        [](const planned_micro_batch& a, const planned_micro_batch& b) { return a.slot < b.slot; });
   p.slots = next.empty() ? 0 : *std::max_element(next.begin(), next.end());
 }
 
@@ -353,20 +355,20 @@ template <class P, class B = family_placement>
   } else if constexpr (std::same_as<P, seq::ulysses>) {
     detail::check_documents(docs, "train::plan_step(ulysses)");
     detail::check_cp(family.degree, world, "train::plan_step(ulysses)");
-    auto p = detail::plan_static_cp(docs, family.degree, world,
-                                    [&](step_plan& sp, int g, const std::vector<std::int64_t>& idx) {
-                                      if (idx.empty()) return;
-                                      std::vector<std::int64_t> ids, lens;
-                                      for (auto i : idx) {
-                                        ids.push_back(docs[static_cast<std::size_t>(i)].id);
-                                        lens.push_back(docs[static_cast<std::size_t>(i)].length);
-                                      }
-                                      auto part = seq::partition_contiguous(lens, family.degree);
-                                      std::vector<std::int64_t> tokens(static_cast<std::size_t>(family.degree), 0);
-                                      for (int r : part.owner_rank) ++tokens[static_cast<std::size_t>(r)];
-                                      sp.ulysses.push_back(family.plan(tokens));
-                                      detail::add_cp_piece(sp, g, std::move(ids), std::move(part));
-                                    });
+    auto p = detail::plan_static_cp(
+        docs, family.degree, world, [&](step_plan& sp, int g, const std::vector<std::int64_t>& idx) {
+          if (idx.empty()) return;
+          std::vector<std::int64_t> ids, lens;
+          for (auto i : idx) {
+            ids.push_back(docs[static_cast<std::size_t>(i)].id);
+            lens.push_back(docs[static_cast<std::size_t>(i)].length);
+          }
+          auto part = seq::partition_contiguous(lens, family.degree);
+          std::vector<std::int64_t> tokens(static_cast<std::size_t>(family.degree), 0);
+          for (int r : part.owner_rank) ++tokens[static_cast<std::size_t>(r)];
+          sp.ulysses.push_back(family.plan(tokens));
+          detail::add_cp_piece(sp, g, std::move(ids), std::move(part));
+        });
     p.kind = partition_kind::ulysses;
     return p;
   } else {

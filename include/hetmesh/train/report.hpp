@@ -20,13 +20,13 @@ namespace hetmesh::train {
 
 /// A step's stats gathered from every rank of the world.
 struct step_report {
-  step_stats stats;                       ///< the step's reduced stats (loss, tokens, ...), this rank's times
-  std::vector<double> busy_seconds;       ///< per world rank: time in compute actions
-  std::vector<double> forward_seconds;    ///< per world rank: time in forward actions
-  std::vector<double> backward_seconds;   ///< per world rank: time in backward actions
-  std::vector<double> step_seconds;       ///< per world rank: the pipeline's wall time
-  std::vector<double> cpu_busy_seconds;   ///< per world rank: thread CPU time in the stages and encoders
-  std::vector<pipeline::timed_action> timeline;  ///< every rank's executed actions, by rank then time
+  step_stats stats;                      ///< the step's reduced stats (loss, tokens, ...), this rank's times
+  std::vector<double> busy_seconds;      ///< per world rank: time in compute actions
+  std::vector<double> forward_seconds;   ///< per world rank: time in forward actions
+  std::vector<double> backward_seconds;  ///< per world rank: time in backward actions
+  std::vector<double> step_seconds;      ///< per world rank: the pipeline's wall time
+  std::vector<double> cpu_busy_seconds;  ///< per world rank: thread CPU time in the stages and encoders
+  std::vector<pipeline::timed_action> timeline;     ///< every rank's executed actions, by rank then time
   std::vector<pipeline::timed_action> cpu_actions;  ///< every rank's stage calls with thread CPU times
 
   /// The largest busy time: the measured step's critical rank.
@@ -37,7 +37,8 @@ struct step_report {
   [[nodiscard]] double imbalance() const noexcept { return imbalance_of(busy_seconds); }
   /// The largest thread CPU busy time.
   [[nodiscard]] double max_cpu_busy() const noexcept {
-    return cpu_busy_seconds.empty() ? 0.0 : *std::max_element(cpu_busy_seconds.begin(), cpu_busy_seconds.end());
+    return cpu_busy_seconds.empty() ? 0.0
+                                    : *std::max_element(cpu_busy_seconds.begin(), cpu_busy_seconds.end());
   }
   /// max / mean thread CPU busy time.
   [[nodiscard]] double cpu_imbalance() const noexcept { return imbalance_of(cpu_busy_seconds); }
@@ -56,7 +57,8 @@ struct step_report {
 namespace detail {
 /// Every rank's `mine`, in rank order, on every rank. Collective.
 template <comm::communicator C>
-std::vector<pipeline::timed_action> gather_actions(C& world, const std::vector<pipeline::timed_action>& mine) {
+std::vector<pipeline::timed_action> gather_actions(C& world,
+                                                   const std::vector<pipeline::timed_action>& mine) {
   std::vector<double> flat;  // rank, stage, type, micro-batch, start, end per action
   flat.reserve(6 * mine.size());
   for (const auto& t : mine)

@@ -14,8 +14,8 @@
 namespace hetmesh::train {
 
 /// The report as JSON: the step's loss, targets, tokens, micro-batches, encoder items, plan hash (hex
-/// string), per-rank busy / forward / backward / step / thread-CPU busy seconds, and both imbalances. The timeline is
-/// left to step_trace. Pure.
+/// string), per-rank busy / forward / backward / step / thread-CPU busy seconds, and both imbalances. The
+/// timeline is left to step_trace. Pure.
 [[nodiscard]] inline nlohmann::json to_json(const step_report& r) {
   return {{"loss", r.stats.loss},
           {"targets", r.stats.targets},
@@ -33,8 +33,8 @@ namespace hetmesh::train {
 }
 
 /// The measured timeline of every rank as a Chrome trace (pipeline::chrome_trace). Pure.
-[[nodiscard]] inline nlohmann::json step_trace(const step_report& r,
-                                               const std::string& process_name = "hetmesh train step (measured)") {
+[[nodiscard]] inline nlohmann::json step_trace(
+    const step_report& r, const std::string& process_name = "hetmesh train step (measured)") {
   return pipeline::chrome_trace(r.timeline, process_name);
 }
 

@@ -38,8 +38,8 @@
 #include "../pipeline/schedule_family.hpp"
 #include "../run/agreement.hpp"
 #include "../run/pipeline_executor.hpp"
-#include "../seq/long_short.hpp"
 #include "../run/ring_attention.hpp"
+#include "../seq/long_short.hpp"
 #include "context.hpp"
 #include "optimizer.hpp"
 #include "pipeline_plan.hpp"
@@ -402,7 +402,8 @@ class system {
           w.width.push_back(w.calls.back().tokens == 0 ? 0 : row_width(k, w.calls.back(), encoders...));
           enc_sizes[static_cast<std::size_t>(e)][m] += w.calls.back().tokens * w.width.back();
         }
-        base[static_cast<std::size_t>(e) + 1] = base[static_cast<std::size_t>(e)] + enc_sizes[static_cast<std::size_t>(e)][m];
+        base[static_cast<std::size_t>(e) + 1] =
+            base[static_cast<std::size_t>(e)] + enc_sizes[static_cast<std::size_t>(e)][m];
       }
       std::int64_t dst = 0;  // the reshard: each landing's rows, from whichever shards hold them
       for (const auto& land : outs) {
@@ -447,7 +448,8 @@ class system {
     auto scatter_landings = [&](int mb, std::span<const T> g, std::span<T> gin) {
       std::fill(gin.begin(), gin.end(), T(0));
       for (const auto& r : reshard[static_cast<std::size_t>(mb)])
-        for (std::int64_t i = 0; i < r.n; ++i) gin[static_cast<std::size_t>(r.src + i)] += g[static_cast<std::size_t>(r.dst + i)];
+        for (std::int64_t i = 0; i < r.n; ++i)
+          gin[static_cast<std::size_t>(r.src + i)] += g[static_cast<std::size_t>(r.dst + i)];
     };
 
     step_stats st;
@@ -740,7 +742,8 @@ class system {
       const auto n = static_cast<std::size_t>(binding.stage->output_size(v));
       if (at + n > out.size())
         throw_error<invalid_argument>(
-            "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; expected "
+            "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; "
+            "expected "
             "output_size proportional to the tokens of a batch",
             e, mb, out.size());
       encoder_context_type<T> ctx;
@@ -756,8 +759,8 @@ class system {
 
   /// The gradient pass of encode: `g` in encode's layout; each encoder's backward gets its slice.
   template <class T, class Stores, class... Es>
-  static void encode_backward(const detail::shard_work& w, std::span<const T> g, int e, int mb, Stores& stores,
-                              Es&... es) {
+  static void encode_backward(const detail::shard_work& w, std::span<const T> g, int e, int mb,
+                              Stores& stores, Es&... es) {
     std::size_t at = 0;
     int k = 0;
     [[maybe_unused]] auto one = [&](auto& binding) {
