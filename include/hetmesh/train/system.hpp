@@ -41,6 +41,7 @@
 #include "../run/ring_attention.hpp"
 #include "../seq/long_short.hpp"
 #include "context.hpp"
+#include "encoders.hpp"
 #include "optimizer.hpp"
 #include "pipeline_plan.hpp"
 #include "plan.hpp"
@@ -182,20 +183,6 @@ concept sizes_stage_output = requires(const S& s, const model::micro_batch_view&
   { s.output_size(v, stage) } -> std::convertible_to<std::int64_t>;
 };
 
-/// An encoder shard's work for one micro-batch: per encoder, the batch of items or pieces the long-short
-/// plan gives the shard (its output buffer is that batch's rows, encoder after encoder).
-struct shard_work {
-  std::vector<model::encoder_batch> calls;  ///< per encoder (no pieces: nothing to encode)
-  std::vector<std::int64_t> width;          ///< per encoder: output elements per token
-};
-/// A run of elements copied between the shards' concatenated outputs (stage 0's input as the executor
-/// delivers it) and the landing order the backbone stage reads (the reshard).
-struct copy_run {
-  std::int64_t src = 0;  ///< first element in the shards' concatenation
-  std::int64_t dst = 0;  ///< first element in landing order
-  std::int64_t n = 0;    ///< elements
-};
-
 }  // namespace detail
 
 /// The training system. Partition: an LLM partition family, a seq:: policy type (seq::llm_partition) that
@@ -334,7 +321,6 @@ class system {
     const auto& sched = plan.pipeline;
     const int S = sched.num_stages;
     const int E = sched.num_encoder_shards();
-    constexpr int num_encoders = static_cast<int>(sizeof...(Encoders));
 
     const auto s = model::summarize_step(batch);
     const auto built = build_micro_batches(plan, batch, s, pool_rank);
@@ -367,77 +353,13 @@ class system {
     zero(stage.gradients());
     (zero(encoders.stage->gradients()), ...);
 
-    // The encoder shards' work, per (shard, slot), for this pipeline: per encoder, the distinct items
-    // landing in the micro-batch go through the long-short plan over the E shards (short items whole on
-    // one shard, long ones split over a group: options_.encoder_sp), and `reshard` maps the shards'
-    // concatenated outputs to the landings' rows in landing order (stage 0's input).
-    std::vector<std::vector<detail::shard_work>> work(static_cast<std::size_t>(E),
-                                                      std::vector<detail::shard_work>(by_slot.size()));
-    std::vector<std::vector<std::int64_t>> enc_sizes(static_cast<std::size_t>(E),
-                                                     std::vector<std::int64_t>(by_slot.size(), 0));
-    std::vector<std::vector<detail::copy_run>> reshard(by_slot.size());
-    std::vector<std::int64_t> landing_size(by_slot.size(), 0);
-    for (std::size_t m = 0; m < by_slot.size() && E > 0; ++m) {
-      if (by_slot[m] == nullptr) continue;
-      const auto& outs = by_slot[m]->encoder_outputs;
-      std::vector<std::vector<seq::seq_desc>> items(static_cast<std::size_t>(num_encoders));
-      for (const auto& land : outs) {
-        if (land.encoder < 0 || land.encoder >= num_encoders)
-          throw_error<invalid_argument>(
-              "train::system::run: encoder item {} names encoder {}, but {} encoders were passed to run; "
-              "expected an encoder (bind_encoder) for every encoder index of the batch",
-              land.item, land.encoder, num_encoders);
-        auto& list = items[static_cast<std::size_t>(land.encoder)];
-        if (std::none_of(list.begin(), list.end(), [&](const seq::seq_desc& d) { return d.id == land.item; }))
-          list.push_back({land.item, item_tokens(batch, land)});
-      }
-      std::vector<std::int64_t> base(static_cast<std::size_t>(E) + 1, 0);  // each shard's first element
-      for (int e = 0; e < E; ++e) {
-        auto& w = work[static_cast<std::size_t>(e)][m];
-        for (int k = 0; k < num_encoders; ++k) {
-          const auto& list = items[static_cast<std::size_t>(k)];
-          w.calls.push_back(list.empty() ? model::encoder_batch{k, e, static_cast<int>(m), {}, 0}
-                                         : model::make_encoder_batch(options_.encoder_sp.plan(list, E), k, e,
-                                                                     static_cast<int>(m)));
-          w.width.push_back(w.calls.back().tokens == 0 ? 0 : row_width(k, w.calls.back(), encoders...));
-          enc_sizes[static_cast<std::size_t>(e)][m] += w.calls.back().tokens * w.width.back();
-        }
-        base[static_cast<std::size_t>(e) + 1] =
-            base[static_cast<std::size_t>(e)] + enc_sizes[static_cast<std::size_t>(e)][m];
-      }
-      std::int64_t dst = 0;  // the reshard: each landing's rows, from whichever shards hold them
-      for (const auto& land : outs) {
-        const auto a = land.item_tokens.begin, b = land.item_tokens.end;
-        for (std::int64_t row = a; row < b;) {
-          bool found = false;
-          for (int e = 0; e < E && !found; ++e) {
-            const auto& w = work[static_cast<std::size_t>(e)][m];
-            std::int64_t at = base[static_cast<std::size_t>(e)];
-            for (int k = 0; k < num_encoders && !found; ++k) {
-              const auto& cb = w.calls[static_cast<std::size_t>(k)];
-              const auto wd = w.width[static_cast<std::size_t>(k)];
-              if (k == land.encoder)
-                for (const auto& p : cb.pieces)
-                  if (p.item == land.item && row >= p.tokens.begin && row < p.tokens.end) {
-                    const auto n = std::min(b, p.tokens.end) - row;
-                    reshard[m].push_back({at + (p.offset + row - p.tokens.begin) * wd, dst, n * wd});
-                    dst += n * wd;
-                    row += n;
-                    found = true;
-                    break;
-                  }
-              at += cb.tokens * wd;
-            }
-          }
-          if (!found)
-            throw_error<invalid_argument>(
-                "train::system::run: rows {}.. of encoder {} item {} are on no encoder shard; expected the "
-                "long-short plan to cover every item",
-                row, land.encoder, land.item);
-        }
-      }
-      landing_size[m] = dst;
-    }
+    // The encoder shards' work of this pipeline (long-short plans, the reshard to stage 0's order).
+    const auto enc = detail::plan_encoder_work(std::span<const model::micro_batch* const>(by_slot), batch, E,
+                                               options_.encoder_sp, encoders...);
+    const auto& work = enc.work;
+    const auto& enc_sizes = enc.sizes;
+    const auto& reshard = enc.reshard;
+    const auto& landing_size = enc.landing_size;
     // Stage 0's input in landing order from the shards' concatenation, and the way back for gradients.
     auto gather_landings = [&](int mb, std::span<const T> in) {
       std::vector<T> out(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
@@ -585,13 +507,13 @@ class system {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
       if (out.empty()) return;
       cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_forward, mb}, cpu0};
-      encode<T>(w, out, e, mb, enc_stores, counts[2], encoders...);
+      detail::encode<encoder_context_type<T>, T>(w, out, e, mb, enc_stores, counts[2], encoders...);
     };
     auto encoder_backward = [&](int e, int mb, std::span<const T> g) {
       const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
       if (g.empty()) return;
       cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_backward, mb}, cpu0};
-      encode_backward<T>(w, g, e, mb, enc_stores, encoders...);
+      detail::encode_backward<encoder_context_type<T>, T>(w, g, e, mb, enc_stores, encoders...);
     };
     auto output_sizes = [&](int stg, int mb) { return out_size(stg, view_of(mb)); };
     auto encoder_sizes = [&](int e, int mb) {
@@ -622,7 +544,7 @@ class system {
     st.activation_peak_bytes = store.peak_bytes();
     st.offloaded_bytes = store.offloaded_bytes();
     (void)pipe_rank;
-    if (const auto left = store.slots() + (enc_stores_left(enc_stores)); left != 0)
+    if (const auto left = store.slots() + detail::slots_left(enc_stores); left != 0)
       throw_error<invalid_argument>(
           "train::system::run: the stages left {} activation slots after the step; expected every backward "
           "to release what its forward saved",
@@ -692,97 +614,6 @@ class system {
     auto p = plan_step(partition_, docs, pool_size_, balancer_, options_.cost);
     attach_pipeline(p, pipeline_.schedule, pipeline_.encoders, pipeline_.pp, batch);
     return p;
-  }
-
-  /// The item's output tokens (its placeholder count in its document).
-  static std::int64_t item_tokens(const model::step_batch& batch, const model::encoder_landing& land) {
-    for (const auto& d : batch.documents)
-      for (const auto& it : d.items)
-        if (it.encoder == land.encoder && it.id == land.item) return it.tokens;
-    throw_error<invalid_argument>("train::system::run: encoder {} item {} is not in the batch", land.encoder,
-                                  land.item);
-  }
-
-  /// Elements per output token of encoder `k` (output_size over tokens of a batch), for any pack.
-  template <class... Es>
-  static std::int64_t row_width(int k, const model::encoder_batch& b, const Es&... es) {
-    std::int64_t w = 0;
-    int i = 0;
-    const auto v = b.view();
-    [[maybe_unused]] auto one = [&](const auto& binding) {
-      if (i++ != k) return;
-      const auto n = static_cast<std::int64_t>(binding.stage->output_size(v));
-      if (v.tokens <= 0 || n % v.tokens != 0)
-        throw_error<invalid_argument>(
-            "train::system::run: encoder {} ({}) has {} output elements for {} tokens; expected a whole "
-            "number "
-            "of elements per output token",
-            k, std::remove_pointer_t<decltype(binding.stage)>::modality, n, v.tokens);
-      w = n / v.tokens;
-    };
-    (one(es), ...);
-    return w;
-  }
-
-  /// Runs every encoder's forward for shard work `w`, writing their outputs into `out` one after the
-  /// other (encoder 0's batch rows, then encoder 1's, ...). Each encoder's context: its own activation
-  /// store, stage = shard e, micro_batch = slot.
-  template <class T, class Stores, class... Es>
-  static void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, Stores& stores,
-                     std::int64_t& items, Es&... es) {
-    std::size_t at = 0;
-    int k = 0;
-    [[maybe_unused]] auto one = [&](auto& binding) {
-      const int index = k++;
-      const auto& b = w.calls[static_cast<std::size_t>(index)];
-      if (b.tokens == 0) return;
-      const auto v = b.view();
-      std::vector<T> in(static_cast<std::size_t>(binding.stage->input_size(v)));
-      binding.input(v, std::span<T>(in));
-      const auto n = static_cast<std::size_t>(binding.stage->output_size(v));
-      if (at + n > out.size())
-        throw_error<invalid_argument>(
-            "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; "
-            "expected "
-            "output_size proportional to the tokens of a batch",
-            e, mb, out.size());
-      encoder_context_type<T> ctx;
-      ctx.activations = &stores[static_cast<std::size_t>(index)];
-      ctx.stage = e;
-      ctx.micro_batch = mb;
-      binding.stage->forward(ctx, v, std::span<const T>(in), out.subspan(at, n));
-      at += n;
-      items += static_cast<std::int64_t>(b.pieces.size());
-    };
-    (one(es), ...);
-  }
-
-  /// The gradient pass of encode: `g` in encode's layout; each encoder's backward gets its slice.
-  template <class T, class Stores, class... Es>
-  static void encode_backward(const detail::shard_work& w, std::span<const T> g, int e, int mb,
-                              Stores& stores, Es&... es) {
-    std::size_t at = 0;
-    int k = 0;
-    [[maybe_unused]] auto one = [&](auto& binding) {
-      const int index = k++;
-      const auto& b = w.calls[static_cast<std::size_t>(index)];
-      if (b.tokens == 0) return;
-      const auto n = static_cast<std::size_t>(binding.stage->output_size(b.view()));
-      encoder_context_type<T> ctx;
-      ctx.activations = &stores[static_cast<std::size_t>(index)];
-      ctx.stage = e;
-      ctx.micro_batch = mb;
-      binding.stage->backward(ctx, b.view(), g.subspan(at, n), std::span<T>{});
-      at += n;
-    };
-    (one(es), ...);
-  }
-
-  template <class Stores>
-  static std::size_t enc_stores_left(const Stores& stores) {
-    std::size_t n = 0;
-    for (const auto& st : stores) n += st.slots();
-    return n;
   }
 
   /// The micro-batch's tokens must be the ring position's tokens in the schedule's local order: the
