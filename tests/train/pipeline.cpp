@@ -140,6 +140,12 @@ TEST_CASE("train: a step's report gathers every rank's measured times and execut
         }
       CHECK(ran == plan.pipeline.ranks[static_cast<std::size_t>(rank / 2)]);
     }
+    const auto line = fmt::format("{}", r);
+    CHECK(line.find("ranks=4") != std::string::npos);
+    CHECK(line.find(fmt::format("actions={}", r.timeline.size())) != std::string::npos);
+    CHECK(fmt::format("{}", sys.pipeline()) == fmt::format("pipeline{{pp=2, schedule={}, encoders={}}}",
+                                                           pipeline::zero_bubble{},
+                                                           pipeline::colocated_encoder{}));
     const auto js = train::to_json(r);
     CHECK(js.at("busy_s").size() == 4);
     CHECK(js.at("tokens").get<std::int64_t>() == model::summarize_step(batch).tokens);

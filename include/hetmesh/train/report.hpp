@@ -12,7 +12,10 @@
 #include <span>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "../comm/collectives.hpp"
+#include "../core/format.hpp"
 #include "../pipeline/simulate.hpp"
 #include "system.hpp"
 
@@ -101,3 +104,16 @@ template <comm::communicator C>
 }
 
 }  // namespace hetmesh::train
+
+template <>
+struct fmt::formatter<hetmesh::train::step_report> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::train::step_report& r, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(
+        ctx.out(),
+        "report{{loss={:.6g}, tokens={}, ranks={}, busy max={:.3g}s (imbalance {:.3f}), "
+        "CPU busy max={:.3g}s (imbalance {:.3f}), actions={}}}",
+        r.stats.loss, r.stats.tokens, r.busy_seconds.size(), r.max_busy(), r.imbalance(), r.max_cpu_busy(),
+        r.cpu_imbalance(), r.timeline.size());
+  }
+};

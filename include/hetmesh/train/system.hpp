@@ -657,3 +657,12 @@ struct fmt::formatter<hetmesh::train::step_stats> : hetmesh::empty_spec_formatte
                               s.reduce_seconds);
   }
 };
+template <class Schedule, class Placement>
+struct fmt::formatter<hetmesh::train::pipeline_config<Schedule, Placement>> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::train::pipeline_config<Schedule, Placement>& c, FormatContext& ctx) const
+      -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "pipeline{{pp={}, schedule={}, encoders={}}}", c.pp, c.schedule,
+                              c.encoders);
+  }
+};
