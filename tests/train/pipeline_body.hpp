@@ -131,25 +131,18 @@ mm_verdict mm_parity_body(C& world, const Partition& partition, const Balancer& 
                          train::pipeline_config<>{}, batch, seed + 1);
   });
   const auto got = run_mm_step<T>(world, partition, balancer, pc, batch, seed + 1, options);
-  double num = 0, den = 0;
+  grad_error err;
   int tensors = 0;
   for (const auto& [id, g] : got.grads) {
-    const auto& r = ref.grads.at(id);
+    err.add(g, ref.grads.at(id));
     ++tensors;
-    if (r.size() != g.size()) num = 1e300;
-    for (std::size_t i = 0; i < std::min(r.size(), g.size()); ++i) {
-      num = std::max(num, std::abs(static_cast<double>(g[i]) - static_cast<double>(r[i])));
-      den = std::max(den, std::abs(static_cast<double>(r[i])));
-    }
   }
-  double e[2] = {den > 0 ? num / den : num,
-                 std::abs(got.stats.loss - ref.stats.loss) / std::abs(ref.stats.loss)};
-  comm::all_reduce(world, std::span<double>(e), comm::reduce_op::max);
+  const auto [rel, loss_rel] = err.over(world, got.stats.loss, ref.stats.loss);
   int t = tensors;
   comm::all_reduce(world, std::span<int>(&t, 1), comm::reduce_op::sum);
   mm_verdict v;
-  v.rel = e[0];
-  v.loss_rel = e[1];
+  v.rel = rel;
+  v.loss_rel = loss_rel;
   v.targets = got.stats.targets;
   v.tokens = got.stats.tokens;
   const auto s = model::summarize_step(batch);

@@ -63,6 +63,20 @@ struct lm_shape {
   model::attention_shape attn{2, 1, 4};  // GQA: two query heads share one KV head
 };
 
+/// Buffer sizes of a micro-batch of `mb.size()` tokens under `s`: tokens, width, vocabulary, query and
+/// key/value row widths, query heads.
+struct lm_dims {
+  std::size_t n, w, v, hq, hk, heads;
+};
+[[nodiscard]] inline lm_dims dims_of(const lm_shape& s, const model::micro_batch_view& mb) noexcept {
+  return {static_cast<std::size_t>(mb.size()),
+          static_cast<std::size_t>(s.width),
+          static_cast<std::size_t>(s.vocab),
+          static_cast<std::size_t>(s.attn.q_heads * s.attn.head_dim),
+          static_cast<std::size_t>(s.attn.kv_heads * s.attn.head_dim),
+          static_cast<std::size_t>(s.attn.q_heads)};
+}
+
 template <class T>
 struct tiny_lm {
   using is_backbone_stage = void;
@@ -168,17 +182,7 @@ struct tiny_lm {
   [[nodiscard]] std::vector<std::span<T>> gradients() { return {gemb, gwq, gwk, gwv, gwo, gwout}; }
 
  private:
-  struct dims_t {
-    std::size_t n, w, v, hq, hk, heads;
-  };
-  [[nodiscard]] dims_t dims(const model::micro_batch_view& mb) const noexcept {
-    return {static_cast<std::size_t>(mb.size()),
-            static_cast<std::size_t>(shape.width),
-            static_cast<std::size_t>(shape.vocab),
-            static_cast<std::size_t>(shape.attn.q_heads * shape.attn.head_dim),
-            static_cast<std::size_t>(shape.attn.kv_heads * shape.attn.head_dim),
-            static_cast<std::size_t>(shape.attn.q_heads)};
-  }
+  [[nodiscard]] lm_dims dims(const model::micro_batch_view& mb) const noexcept { return dims_of(shape, mb); }
   [[nodiscard]] T scale() const {
     return static_cast<T>(1.0 / std::sqrt(static_cast<double>(shape.attn.head_dim)));
   }

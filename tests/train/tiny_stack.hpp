@@ -206,17 +206,7 @@ struct tiny_stack {
   [[nodiscard]] std::vector<std::span<T>> gradients() { return spans(grad); }
 
  private:
-  struct dims_t {
-    std::size_t n, w, v, hq, hk, heads;
-  };
-  [[nodiscard]] dims_t dims(const model::micro_batch_view& mb) const noexcept {
-    return {static_cast<std::size_t>(mb.size()),
-            static_cast<std::size_t>(shape.width),
-            static_cast<std::size_t>(shape.vocab),
-            static_cast<std::size_t>(shape.attn.q_heads * shape.attn.head_dim),
-            static_cast<std::size_t>(shape.attn.kv_heads * shape.attn.head_dim),
-            static_cast<std::size_t>(shape.attn.q_heads)};
-  }
+  [[nodiscard]] lm_dims dims(const model::micro_batch_view& mb) const noexcept { return dims_of(shape, mb); }
   static std::vector<std::span<T>> spans(std::map<int, std::vector<T>>& m) {
     std::vector<std::span<T>> out;
     for (auto& [id, v] : m) out.emplace_back(v);

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <hetmesh/comm/collectives.hpp>
@@ -109,6 +111,27 @@ struct verdict {
   }
 };
 
+/// Largest |got - ref| and largest |ref| over gradient elements compared so far (a size mismatch counts
+/// as an infinite error).
+struct grad_error {
+  double num = 0, den = 0;
+  template <class T>
+  void add(const std::vector<T>& got, const std::vector<T>& ref) {
+    if (got.size() != ref.size()) num = 1e300;
+    for (std::size_t i = 0; i < std::min(got.size(), ref.size()); ++i) {
+      num = std::max(num, std::abs(static_cast<double>(got[i]) - static_cast<double>(ref[i])));
+      den = std::max(den, std::abs(static_cast<double>(ref[i])));
+    }
+  }
+  /// {gradient relative error, loss relative error}, the largest over the world's ranks. Collective.
+  template <class C>
+  std::pair<double, double> over(C& world, double loss, double ref_loss) const {
+    double e[2] = {den > 0 ? num / den : num, std::abs(loss - ref_loss) / std::abs(ref_loss)};
+    comm::all_reduce(world, std::span<double>(e), comm::reduce_op::max);
+    return {e[0], e[1]};
+  }
+};
+
 template <class T, class Partition, class C, class Balancer = train::family_placement>
 verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, int docs, std::int64_t max_len,
                     const Balancer& balancer = {}) {
@@ -116,17 +139,9 @@ verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, in
   const auto ref = single_rank<T>(batch, seed + 1);
   const auto got = run_step<T>(world, partition, batch, seed + 1, balancer);
   verdict v;
-  double num = 0, den = 0;
-  if (got.grads.size() != ref.grads.size()) num = 1e300;
-  for (std::size_t i = 0; i < std::min(got.grads.size(), ref.grads.size()); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(got.grads[i]) - static_cast<double>(ref.grads[i])));
-    den = std::max(den, std::abs(static_cast<double>(ref.grads[i])));
-  }
-  double e[2] = {den > 0 ? num / den : num,
-                 std::abs(got.stats.loss - ref.stats.loss) / std::abs(ref.stats.loss)};
-  comm::all_reduce(world, std::span<double>(e), comm::reduce_op::max);
-  v.rel = e[0];
-  v.loss_rel = e[1];
+  grad_error err;
+  err.add(got.grads, ref.grads);
+  std::tie(v.rel, v.loss_rel) = err.over(world, got.stats.loss, ref.stats.loss);
   v.targets = got.stats.targets;
   v.tokens = got.stats.tokens;
   const auto s = model::summarize_step(batch);
