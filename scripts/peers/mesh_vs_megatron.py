@@ -20,7 +20,7 @@ the C++ tests read (tests/mesh/data/megatron_moe_groups.json).
 """
 
 import argparse
-import functools
+import itertools
 import json
 import os
 import random
@@ -61,15 +61,32 @@ def divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def shapes(max_world):
-    """Every shape with tp*cp*pp | world and etp*ep | world, both orders (a superset of those Megatron accepts)."""
+def orders_for(world, all_orders_max_world):
+    """Megatron's two orders; for small worlds also every other order of the five dims and the legacy
+    orders that leave dims out (Megatron appends them with size 1)."""
+    if world > all_orders_max_world:
+        return ORDERS
+    rest = ["-".join(p) for p in itertools.permutations(("tp", "cp", "ep", "dp", "pp")) if "-".join(p) not in ORDERS]
+    return ORDERS + tuple(rest) + ("tp-dp-pp", "tp-pp-dp")
+
+
+def shapes(max_world, refusals_max_world, all_orders_max_world):
+    """Both orders of: every shape with tp*cp*pp | world and etp*ep*pp | world (a superset of those
+    Megatron accepts); up to refusals_max_world ranks also those with etp*ep | world but not etp*ep*pp,
+    and those with tp, cp, pp dividing the world but not their product (refused by divisibility)."""
     for world in range(1, max_world + 1):
+        small = world <= refusals_max_world
         for tp in divisors(world):
-            for cp in divisors(world // tp):
-                for pp in divisors(world // (tp * cp)):
-                    for etp in divisors(world):
-                        for ep in divisors(world // etp):
-                            for order in ORDERS:
+            for cp in divisors(world):
+                for pp in divisors(world):
+                    decoder_fits = world % (tp * cp * pp) == 0
+                    if not decoder_fits and not small:
+                        continue
+                    for etp in divisors(world) if decoder_fits else [1]:
+                        for ep in divisors(world // etp) if decoder_fits else [1]:
+                            if world % (etp * ep * pp) != 0 and not small:
+                                continue
+                            for order in orders_for(world, all_orders_max_world):
                                 yield dict(world=world, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, order=order)
 
 
@@ -89,6 +106,17 @@ class Megatron:
         self.world = None
         self.record = None
         ps.create_group = self._create_group
+        # RankGenerator.get_ranks is a pure function of the generator's sizes, order and token: memoised,
+        # the same Megatron code runs once per distinct generator instead of once per shape.
+        original, cache = ps.RankGenerator.get_ranks, {}
+
+        def get_ranks(gen, token):
+            key = (tuple(gen.ordered_size), gen.order, gen.rank_offset, token)
+            if key not in cache:
+                cache[key] = original(gen, token)
+            return [list(g) for g in cache[key]]
+
+        ps.RankGenerator.get_ranks = get_ranks
 
     def _create_group(self, ranks=None, *args, group_desc=None, **kwargs):
         if self.record is None:
@@ -128,7 +156,6 @@ class Megatron:
         return "accepted", groups
 
 
-@functools.lru_cache(maxsize=None)
 def generator_ranks(kind, world, tp, cp, pp, ep, etp, order, token):
     """RankGenerator.get_ranks(token), with the sizes initialize_model_parallel gives each generator."""
     from megatron.core.parallel_state import RankGenerator
@@ -212,6 +239,8 @@ def main():
     ap.add_argument("--plan", default=os.path.join(root, "build/default/tools/hetmesh-plan/hetmesh-plan"))
     ap.add_argument("--max-world", type=int, default=128)
     ap.add_argument("--full-max-world", type=int, default=16, help="every group of every accepted shape up to here")
+    ap.add_argument("--all-orders-max-world", type=int, default=6, help="every order of the five dims up to here")
+    ap.add_argument("--refusals-max-world", type=int, default=32, help="also shapes refused by divisibility up to here")
     ap.add_argument("--full-sample", type=int, default=300, help="and of this many larger accepted shapes")
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--write-golden", metavar="PATH")
@@ -247,7 +276,7 @@ def main():
             print("MISMATCH:", msg)
 
     batch = []
-    all_shapes = list(shapes(args.max_world))
+    all_shapes = list(shapes(args.max_world, args.refusals_max_world, args.all_orders_max_world))
     large_accepted_slots = set(rng.sample(range(len(all_shapes)), min(len(all_shapes), args.full_sample * 4)))
     full_left = args.full_sample
 
@@ -292,16 +321,16 @@ def main():
 
     world = 0
     for slot, s in enumerate(all_shapes):
-        if s["world"] != world:
+        if s["world"] != world or len(batch) >= 2000:
             flush()
+            counts["worlds"] += s["world"] != world
             world = s["world"]
-            counts["worlds"] += 1
         batch.append((s, slot))
     flush()
 
     secs = time.time() - t0
     print(f"mesh_vs_megatron: megatron-core {megatron.core.__version__}, worlds 1..{args.max_world}, orders "
-          f"{', '.join(ORDERS)}: {counts['shapes']} shapes, {counts['accepted']} accepted by Megatron "
+          f"{', '.join(ORDERS)} (every order up to {args.all_orders_max_world} ranks): {counts['shapes']} shapes, {counts['accepted']} accepted by Megatron "
           f"({counts['families']} group families compared with RankGenerator.get_ranks; {counts['full']} shapes "
           f"compared group by group with initialize_model_parallel), {counts['refused']} refused "
           f"({', '.join(f'{k}: {v}' for k, v in sorted(refused_by.items()))}); {len(errors)} mismatches; "

@@ -107,8 +107,8 @@ TEST_CASE("megatron_moe_mesh: ep folds into dp x cp, unlike a plain five-dim mes
         m.decoder_groups("cp-dp"));           // get_ranks orders by the mesh, not the token
   CHECK(m.expert_groups("cp").size() == 16);  // cp has extent 1 in the expert mesh
   CHECK(to_string(m) ==
-        "megatron_moe_mesh{decoder (tp=2,cp=2,ep=1,dp=2,pp=2):(1,2,4,4,8), expert "
-        "(etp=2,ep=2,edp=2,pp=2):(1,2,4,8)}");
+        "megatron_moe_mesh{decoder (tp=2,cp=2,ep=1,dp=2,pp=2):(_1,2,4,4,8), expert "
+        "(etp=2,ep=2,edp=2,pp=2):(_1,2,4,8)}");
   // Under tp-cp-ep-pp-dp, pp sits inside dp: the same pp groups in both meshes since dp == edp.
   const megatron_moe_mesh q({.world = 16, .tp = 2, .cp = 2, .pp = 2, .ep = 2, .order = "tp-cp-ep-pp-dp"});
   CHECK(q.decoder_groups("pp").front() == std::vector<int>{0, 4});
@@ -127,7 +127,8 @@ TEST_CASE("megatron_moe_mesh: Megatron's refusals and bad input") {
         std::string::npos);
   CHECK(refusal({.world = 8, .ep = 2, .order = "tp-cp-dp-pp"}).find("the size of (ep) is (2)") !=
         std::string::npos);
-  // pp right after tp: stride tp = 2 in the decoder, etp = 1 in the expert mesh; dp == edp, yet the pp groups differ.
+  // pp right after tp: stride tp = 2 in the decoder, etp = 1 in the expert mesh; dp == edp, yet the pp groups
+  // differ.
   CHECK(refusal({.world = 8, .tp = 2, .pp = 2, .ep = 2, .etp = 1, .order = "tp-pp-cp-ep-dp"})
             .find("pipeline parallel groups are expected to be the same") != std::string::npos);
   // Where Megatron fails without a reason, hetmesh gives one.

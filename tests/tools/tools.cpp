@@ -237,6 +237,61 @@ TEST_CASE("hetmesh-plan mesh: groups partition the world along every dim") {
   check_bad_input({"mesh", "--world", "16", "--tp", "8", "--traffic", "xx=5"}, "unknown dim 'xx'");
   check_bad_input({"mesh", "--world", "16", "--tp", "8", "--traffic", "tp"}, "DIM=BYTES");
   check_bad_input({"mesh", "--world", "12", "--tp", "4", "--devices-per-node", "8"}, "whole number of nodes");
+  check_bad_input({"mesh", "--world", "16", "--etp", "2"}, "--moe");
+}
+
+TEST_CASE("hetmesh-plan mesh --moe: Megatron-LM's decoder and expert groups, its refusals, many shapes") {
+  // 16 ranks, tp = cp = pp = 2, ep = 4, etp = 1 (values recorded from megatron-core 0.16.1; the full
+  // comparison is scripts/peers/mesh_vs_megatron.py).
+  const result r = run(
+      {"mesh", "--moe", "--world", "16", "--tp", "2", "--cp", "2", "--pp", "2", "--ep", "4", "--etp", "1"});
+  REQUIRE(r.code == 0);
+  const auto j = r.json();
+  CHECK(j["sizes"]["dp"] == 2);
+  CHECK(j["sizes"]["edp"] == 2);
+  std::map<std::string, std::vector<std::vector<int>>> fam;
+  for (const auto& f : j["families"])
+    fam[f["name"].get<std::string>()] = f["groups"].get<std::vector<std::vector<int>>>();
+  CHECK(fam.size() == 17);
+  CHECK(fam["DATA_PARALLEL_GROUP_WITH_CP"].front() == std::vector<int>{0, 2, 4, 6});
+  CHECK(fam["EXPERT_MODEL_PARALLEL_GROUP"].front() == std::vector<int>{0, 1, 2, 3});
+  CHECK(fam["EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"].front() ==
+        std::vector<int>{0, 1, 2, 3, 8, 9, 10, 11});
+  CHECK(fam["EXPERT_DATA_PARALLEL_GROUP"].front() == std::vector<int>{0, 4});
+  CHECK(fam["MODEL_PARALLEL_GROUP"].front() == std::vector<int>{0, 1, 8, 9});
+
+  const result t = run({"mesh", "--moe", "--world", "16", "--tp", "2", "--ep", "4", "--format", "table"});
+  REQUIRE(t.code == 0);
+  CHECK(t.out.find("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP") != std::string::npos);
+  CHECK(t.out.find("etp=2 ep=4 edp=2") != std::string::npos);  // etp defaults to tp, as in Megatron
+
+  check_bad_input({"mesh", "--moe", "--world", "16", "--tp", "4", "--pp", "2", "--ep", "2", "--etp", "1",
+                   "--order", "tp-cp-ep-pp-dp"},
+                  "when not using pp-last rank ordering");
+  check_bad_input({"mesh", "--moe", "--world", "12", "--tp", "2", "--pp", "2", "--ep", "2"},
+                  "expert_tensor_model_pipeline_parallel");
+  check_bad_input({"mesh", "--moe", "--world", "10", "--tp", "4"}, "is not divisible by tp*pp*cp");
+  check_bad_input({"mesh", "--moe", "--world", "16", "--tp", "2", "--dp", "4"},
+                  "dp = world / (tp*cp*pp) = 8");
+
+  // --shapes: one JSON object per line in and out; a refused shape says why and the rest still print.
+  scratch_dir dir;
+  const std::string path =
+      dir.write("shapes.jsonl",
+                "{\"world\": 8, \"tp\": 2, \"ep\": 2, \"etp\": 1}\n"
+                "{\"world\": 10, \"tp\": 4}\n"
+                "{\"world\": 16, \"tp\": 2, \"cp\": 2, \"pp\": 2, \"ep\": 4, \"etp\": 1, "
+                "\"order\": \"tp-cp-ep-pp-dp\"}\n");
+  const result s = run({"mesh", "--moe", "--shapes", path});
+  REQUIRE(s.code == 0);
+  std::istringstream lines(s.out);
+  std::vector<nlohmann::json> docs;
+  for (std::string line; std::getline(lines, line);) docs.push_back(nlohmann::json::parse(line));
+  REQUIRE(docs.size() == 3);
+  CHECK(docs[0]["sizes"]["edp"] == 4);
+  CHECK(docs[1]["refused"].get<std::string>().find("world_size (10)") != std::string::npos);
+  CHECK(docs[2]["order"] == "tp-cp-ep-pp-dp");
+  check_bad_input({"mesh", "--moe", "--shapes", (dir.path / "missing.jsonl").string()}, "cannot open");
 }
 
 namespace {
