@@ -135,6 +135,11 @@ TEST_CASE("megatron_moe_mesh: Megatron's refusals and bad input") {
   CHECK(refusal({.world = 8, .order = "tp-xx-dp"}).find("unknown dim 'xx'") != std::string::npos);
   CHECK(refusal({.world = 8, .order = "tp-tp-dp"}).find("lists 'tp' twice") != std::string::npos);
   CHECK(refusal({.world = 8, .tp = 0}).find("tp = 0") != std::string::npos);
+  // Sizes whose product overflows int64 are refused as not dividing the world, without overflow.
+  CHECK(refusal({.world = 8, .tp = std::int64_t{1} << 40, .cp = std::int64_t{1} << 40})
+            .find("tp*pp*cp = 1099511627776*1*1099511627776") != std::string::npos);
+  CHECK(refusal({.world = 8, .ep = std::int64_t{1} << 62, .etp = 4})
+            .find("etp*ep*pp = 4*4611686018427387904*1") != std::string::npos);
   CHECK(refusal({.world = 8, .etp = -1}).find("etp = -1") != std::string::npos);
   const megatron_moe_mesh m({.world = 8, .ep = 2});
   CHECK_THROWS_AS((void)m.decoder_groups("tp-xx"), invalid_argument);

@@ -91,22 +91,20 @@ class megatron_moe_mesh {
   explicit megatron_moe_mesh(const megatron_moe_sizes& sizes)
       : sizes_(checked(sizes)), decoder_(make_decoder(sizes_)), expert_(make_expert(sizes_)) {
     if (sizes_.pp > 1 && !sizes_.order.ends_with("pp") && dp() != edp()) {
-      refuse_sizes(sizes_, hetmesh::format("with pp = {} and an order not ending in pp, dp ({}) and edp ({}) "
-                                           "differ: when not using pp-last "
-                                           "rank ordering, the data parallel size of the attention and moe "
-                                           "layers must be the same; expected "
-                                           "tp*cp == etp*ep, pp = 1 or an order ending in pp",
-                                           sizes_.pp, dp(), edp()));
+      refuse_sizes(sizes_,
+                   hetmesh::format("with pp = {} and an order not ending in pp, dp ({}) and edp ({}) differ: "
+                                   "when not using pp-last rank ordering, the data parallel size of the "
+                                   "attention and moe layers must be the same; expected tp*cp == etp*ep, "
+                                   "pp = 1 or an order ending in pp",
+                                   sizes_.pp, dp(), edp()));
     }
     if (decoder_groups("pp") != expert_groups("pp")) {
-      refuse_sizes(
-          sizes_,
-          hetmesh::format(
-              "pipeline parallel groups are expected to be the same for the non-expert and expert parts, but "
-              "the decoder's pp group of rank 0 is {} and the expert's {}; expected an order where pp has "
-              "the "
-              "same stride in both meshes",
-              decoder_.group_of(0, pp), expert_.group_of(0, pp)));
+      refuse_sizes(sizes_,
+                   hetmesh::format("pipeline parallel groups are expected to be the same for the non-expert "
+                                   "and expert parts, but the decoder's pp group of rank 0 is {} and the "
+                                   "expert's {}; expected an order where pp has the same stride in both "
+                                   "meshes",
+                                   decoder_.group_of(0, pp), expert_.group_of(0, pp)));
     }
   }
 
@@ -195,6 +193,15 @@ class megatron_moe_mesh {
         s.tp, s.cp, s.pp, s.ep, s.etp, s.order, why);
   }
 
+  // a*b*c when it is at most `world`, else 0 (so that no size overflows the product).
+  static std::int64_t product_upto(std::int64_t world, std::int64_t a, std::int64_t b, std::int64_t c) {
+    if (a > world || b > world || c > world || a * b > world || a * b * c > world) return 0;
+    return a * b * c;
+  }
+  static std::string product_text(std::int64_t product, std::int64_t a, std::int64_t b, std::int64_t c) {
+    return product != 0 ? hetmesh::format("{}", product) : hetmesh::format("{}*{}*{}", a, b, c);
+  }
+
   // Megatron's checks 1-3 (see the constructor), before any mesh exists.
   static megatron_moe_sizes checked(megatron_moe_sizes s) {
     const std::pair<const char*, std::int64_t> given[] = {{"world", s.world}, {"tp", s.tp}, {"cp", s.cp},
@@ -225,23 +232,23 @@ class megatron_moe_mesh {
                                         d, size));
       }
     };
-    const std::int64_t model = s.tp * s.pp * s.cp;
-    if (s.world % model != 0) {
+    const std::int64_t model = product_upto(s.world, s.tp, s.pp, s.cp);
+    if (model == 0 || s.world % model != 0) {
       refuse_sizes(s,
                    hetmesh::format("world_size ({}) is not divisible by tp*pp*cp = {}; expected a world that "
                                    "is a multiple of it",
-                                   s.world, model));
+                                   s.world, product_text(model, s.tp, s.pp, s.cp)));
     }
     unlisted(tp, s.tp);
     unlisted(cp, s.cp);
     unlisted(mesh::dp, s.world / model);
     unlisted(pp, s.pp);
-    const std::int64_t expert_model = s.etp * s.ep * s.pp;
-    if (s.world % expert_model != 0) {
+    const std::int64_t expert_model = product_upto(s.world, s.etp, s.ep, s.pp);
+    if (expert_model == 0 || s.world % expert_model != 0) {
       refuse_sizes(
           s, hetmesh::format("world_size ({}) is not divisible by expert_tensor_model_pipeline_parallel "
                              "size etp*ep*pp = {}; expected a world that is a multiple of it",
-                             s.world, expert_model));
+                             s.world, product_text(expert_model, s.etp, s.ep, s.pp)));
     }
     unlisted(tp, s.etp);
     unlisted(ep, s.ep);
