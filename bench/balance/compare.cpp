@@ -89,7 +89,7 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
   cfg.model.net.intra_bw_gbps = 150.0;
   cfg.model.net.inter_bw_gbps = 25.0;
   std::map<std::string, std::vector<double>> step, imb, ratio;
-  std::vector<double> plan_bs, plan_hm, nseq;
+  std::vector<double> plan_bs, plan_hm, nseq, lb_new, lb_old;
   std::vector<std::string> order{
       std::string(balance::random_placement::name), std::string(balance::token_count::name),
       std::string(balance::static_dp_cp::name), std::string(balance::bytescale::name),
@@ -101,6 +101,9 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
     const auto seqs = w.lengths.empty() ? bench::byted_like_batch(batch_tokens, seed)
                                         : balance::sample_batch(w.lengths, batch_tokens, seed);
     nseq.push_back(static_cast<double>(seqs.size()));
+    const auto terms = balance::step_lower_bound_terms(seqs, cfg);
+    lb_new.push_back(balance::step_lower_bound(seqs, cfg).units());
+    lb_old.push_back(terms.work_only.units());
     auto res = balance::compare_strategies(seqs, cfg, balance::random_placement{.seed = seed},
                                            balance::token_count{}, balance::static_dp_cp{},
                                            balance::bytescale{}, balance::gap_filling_hdp{});
@@ -124,6 +127,8 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
            {"batch_tokens_target", batch_tokens},
            {"seeds", seeds},
            {"sequences_median", median(nseq)},
+           {"lower_bound_ms_median", median(lb_new)},
+           {"work_only_bound_ms_median", median(lb_old)},
            {"model", to_string(cfg.model)}};
   fmt::print(
       "\n{} -- {} ranks, C = {}, ~{}M tokens per batch, {} seeds, ~{:.0f} sequences (step times MODELLED, "
@@ -420,7 +425,17 @@ int main(int argc, char** argv) {
            {"note",
             "step times are MODELLED by hetmesh::cost (ByteScale Fig. 6(a) layer fit, 32 layers, x3 for "
             "training, alpha-beta ring communication); planning times are MEASURED"},
-           {"workloads_dir", bench::project_relative(dir)}};
+           {"workloads_dir", bench::project_relative(dir)},
+           {"lower_bound",
+            "balance::step_lower_bound (modelled): the largest of (1) area: short sequences' work (without "
+            "the per-row constant) plus, per sequence longer than C, the least D x ring_time(s, D) over the "
+            "ring sizes it may use (D from its minimum under the capacity rule, seq::solve_offload, to the "
+            "pool), over the ranks; (2) the longest task: the largest short sequence's pack time and every "
+            "long sequence's ring time at its best allowed D; (3) the chain: sequences whose minimum ring is "
+            "over half the pool run one after another; divided by pp_stages. Binds every plan that packs "
+            "short sequences whole and gives each long one a ring of its own (the HDP strategies); static "
+            "dp x cp shares rings and is only compared against it. ratio_to_lower_bound divides by it; "
+            "work_only_bound_ms_median is the bound before (total work / ranks, longest task at any D)"}};
     const std::int64_t batch = quick ? (8LL << 20) : (32LL << 20);
     const std::vector<text_workload> text{{"prolong", prolong, 256, 16384, 64},
                                           {"azure_conv", conv, 256, 16384, 64},
