@@ -25,7 +25,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <hetmesh/balance/strategies.hpp>
