@@ -160,6 +160,24 @@ struct pipeline_config {
   Placement encoders{};  ///< where the encoders run (pipeline::colocated_encoder: the joint pipeline)
 };
 
+/// The step plan train::system<Partition, Kernel, Comm, Balancer, Schedule, Placement>::plan makes, as a
+/// function of its parameters alone: plan_step(partition, docs, pool, balancer, cost), then
+/// attach_pipeline(plan, pipeline.schedule, pipeline.encoders, pipeline.pp, batch) (`batch`: the batch
+/// the documents came from, for its encoder items; null for none). Needs no communicator, so tools and
+/// benchmarks plan at any scale; the system calls it with its pool (world / pp ranks). Pure: a function
+/// of (policies, pool, documents, batch), equal on every rank; not collective. Errors: plan_step's and
+/// attach_pipeline's. Cost: the partition's planner plus the schedule's generation and verification.
+template <class Partition, class Balancer, pipeline::schedule_family Schedule, class Placement>
+[[nodiscard]] step_plan plan_system_step(const Partition& partition, const Balancer& balancer,
+                                         const pipeline_config<Schedule, Placement>& pipeline,
+                                         const balance::step_model& cost, int pool,
+                                         std::span<const seq::seq_desc> docs,
+                                         const model::step_batch* batch = nullptr) {
+  auto p = plan_step(partition, docs, pool, balancer, cost);
+  attach_pipeline(p, pipeline.schedule, pipeline.encoders, pipeline.pp, batch);
+  return p;
+}
+
 /// An encoder of the model, as train::system::run takes it: the user's model::encoder_stage and a callable
 /// `input(const model::encoder_batch_view&, std::span<T>)` that writes the encoder's input for the items
 /// of the view (e.g. their image patches), input_size(view) elements. Item k of a document (encoder
@@ -632,9 +650,7 @@ class system {
   }
 
   step_plan plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch) const {
-    auto p = plan_step(partition_, docs, pool_size_, balancer_, options_.cost);
-    attach_pipeline(p, pipeline_.schedule, pipeline_.encoders, pipeline_.pp, batch);
-    return p;
+    return plan_system_step(partition_, balancer_, pipeline_, options_.cost, pool_size_, docs, batch);
   }
 
   /// The micro-batch's tokens must be the ring position's tokens in the schedule's local order: the
