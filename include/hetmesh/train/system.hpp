@@ -164,9 +164,9 @@ struct pipeline_config {
 /// function of its parameters alone: plan_step(partition, docs, pool, balancer, cost), then
 /// attach_pipeline(plan, pipeline.schedule, pipeline.encoders, pipeline.pp, batch) (`batch`: the batch
 /// the documents came from, for its encoder items; null for none). Needs no communicator, so tools and
-/// benchmarks plan at any scale; the system calls it with its pool (world / pp ranks). Pure: a function
-/// of (policies, pool, documents, batch), equal on every rank; not collective. Errors: plan_step's and
-/// attach_pipeline's. Cost: the partition's planner plus the schedule's generation and verification.
+/// benchmarks plan at any scale; the system calls it with its pool (world / (pp + encoder-pool ranks)). Pure:
+/// a function of (policies, pool, documents, batch), equal on every rank; not collective. Errors: plan_step's
+/// and attach_pipeline's. Cost: the partition's planner plus the schedule's generation and verification.
 template <class Partition, class Balancer, pipeline::schedule_family Schedule, class Placement>
 [[nodiscard]] step_plan plan_system_step(const Partition& partition, const Balancer& balancer,
                                          const pipeline_config<Schedule, Placement>& pipeline,
