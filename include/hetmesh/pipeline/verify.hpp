@@ -308,17 +308,18 @@ inline action partner(const action& a) {
         default:
           break;
       }
+      // After each half: an overlap's forward activation and the one its backward frees coexist.
+      auto& pm = rep.peak_memory[static_cast<std::size_t>(r)];
+      auto& pf = rep.peak_in_flight[static_cast<std::size_t>(r)];
+      pm = std::max(pm, m);
+      pf = std::max(pf, f);
+      if (opt.max_in_flight > 0 && f > opt.max_in_flight)
+        throw_error<invalid_argument>(
+            "{}: rank {} holds {} activations after `{}` (#{}), above the bound max_in_flight={}; expected "
+            "at most {}",
+            where, r, f, to_text(whole), pc[static_cast<std::size_t>(r)] - 1, opt.max_in_flight,
+            opt.max_in_flight);
     }
-    auto& pm = rep.peak_memory[static_cast<std::size_t>(r)];
-    auto& pf = rep.peak_in_flight[static_cast<std::size_t>(r)];
-    pm = std::max(pm, m);
-    pf = std::max(pf, f);
-    if (opt.max_in_flight > 0 && f > opt.max_in_flight)
-      throw_error<invalid_argument>(
-          "{}: rank {} holds {} activations after `{}` (#{}), above the bound max_in_flight={}; expected at "
-          "most {}",
-          where, r, f, to_text(whole), pc[static_cast<std::size_t>(r)] - 1, opt.max_in_flight,
-          opt.max_in_flight);
   };
   const bool fast = !explicit_comm && E == 0 && !opt.activation_bytes;
   // Tries to run rank r's next action; true when something ran.
