@@ -65,12 +65,14 @@ def torch_csv(orders):
 
 
 def plan(exe, pp, m, fmt):
-    return subprocess.run(
+    r = subprocess.run(
         [exe, "pipeline", "--schedule", "dualpipev", "--pp", str(pp), "--microbatches", str(m), "--format", fmt],
         capture_output=True,
-        text=True,
         check=False,
     )
+    # bytes, decoded without newline translation: the CSV's "\r\n" line ends are compared as written
+    r.stdout, r.stderr = r.stdout.decode(), r.stderr.decode()
+    return r
 
 
 def main():
