@@ -89,6 +89,14 @@ void pipeline_cases(On8 on8) {
               seed, 10, 30);
         }),
         1e-10, "ulysses 2 pp2 interleaved-1f1b joint");
+    // float: THD over 2, pp = 2, 1F1B, joint pipeline
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<float>(
+                   w, seq::cp_thd{.cp = 2, .pad = true}, fam,
+                   train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, joint},
+                   seed, 10, 30);
+             }),
+             1e-5, "thd cp2 pp2 1f1b joint float");
     // static CP zigzag over 2, pp = 2, DualPipeV (V layout, overlapped F+B, split backward), joint
     check_mm(on8([&](auto& w) {
                return mm_parity_body<double>(
@@ -106,14 +114,6 @@ void pipeline_cases(On8 on8) {
               seed, 12, 50);
         }),
         1e-5, "hdp pp2 dualpipev first-stage float");
-    // float: THD over 2, pp = 2, 1F1B, joint pipeline
-    check_mm(on8([&](auto& w) {
-               return mm_parity_body<float>(
-                   w, seq::cp_thd{.cp = 2, .pad = true}, fam,
-                   train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, joint},
-                   seed, 10, 30);
-             }),
-             1e-5, "thd cp2 pp2 1f1b joint float");
   }
 }
 
