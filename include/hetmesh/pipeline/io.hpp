@@ -81,8 +81,9 @@ namespace hetmesh::pipeline {
       }
   // Every stage, encoder shard and micro-batch up to the largest named must run at least one action, so
   // none can exceed the number of actions: refuse "0F959319657" before sizing tables by it.
-  std::int64_t actions = 0;
-  for (const auto& row : s.ranks) actions += static_cast<std::int64_t>(row.size());
+  std::int64_t actions = 0;  // an overlapped F+B counts as its two halves
+  for (const auto& row : s.ranks)
+    for (const auto& a : row) actions += parts(a).count;
   for (const auto& [what, top] : {std::pair{"stage", max_stage}, std::pair{"encoder shard", max_shard},
                                   std::pair{"micro-batch", max_mb}})
     if (top >= actions)
