@@ -43,6 +43,7 @@ TEST_CASE("pipeline: action text round-trips in PyTorch's notation") {
   CHECK(to_text(action{0, action_type::reduce_grad, -1}) == "0REDUCE_GRAD");
   CHECK(to_text(action{3, action_type::encoder_backward, 12}) == "3EB12");
   for (int t = 0; t < action_type_count; ++t) {
+    if (static_cast<action_type>(t) == action_type::overlap_f_b) continue;  // two halves: dualpipe.cpp
     const action a{7, static_cast<action_type>(t),
                    static_cast<action_type>(t) == action_type::reduce_grad ? -1 : 11};
     CHECK(parse_action(to_text(a)) == a);

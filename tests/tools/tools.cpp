@@ -665,3 +665,41 @@ TEST_CASE("hetmesh-data-convert: progress on stderr for long conversions, nothin
   CHECK(failed.err.find("done") == std::string::npos);
   CHECK_MESSAGE(failed.err.find("line 2") != std::string::npos, failed.err);
 }
+
+TEST_CASE("hetmesh-plan pipeline dualpipev: PyTorch's order with its overlapped actions; refusals exit 2") {
+  const result r = run({"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "4"});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto j = r.json();
+  CHECK(j["schedule"] == "dualpipev");
+  CHECK(j["stages"] == 4);
+  CHECK(j["stage_to_rank"].get<std::vector<int>>() == std::vector<int>{0, 1, 1, 0});
+  // torch 2.15.0 ScheduleDualPipeV(pp=2, n_microbatches=4).pipeline_order[0]
+  CHECK(j["ranks"][0].get<std::vector<std::string>>() ==
+        std::vector<std::string>{"0F0", "0F1", "0F2", "3F0", "3I0", "3W0", "3F1", "(0F3;3B1)OVERLAP_F_B",
+                                 "(3F2;0B0)OVERLAP_F_B", "3B2", "(3F3;0B1)OVERLAP_F_B", "3B3", "0I2", "0W2",
+                                 "0I3", "0W3"});
+  const result csv =
+      run({"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "4", "--format", "csv"});
+  REQUIRE(csv.code == 0);
+  CHECK(csv.out.find("3F1,(0F3;3B1)OVERLAP_F_B,(3F2;0B0)OVERLAP_F_B,3B2") != std::string::npos);
+  // PyTorch refuses fewer micro-batches than stages; so does the tool, naming the rule
+  check_bad_input({"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "3"},
+                  "microbatches >= 2 * pp = 4");
+  check_bad_input({"pipeline", "--schedule", "dualpipev", "--pp", "4", "--microbatches", "7"}, "dualpipev");
+  check_bad_input(
+      {"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "4", "--virtual", "3"},
+      "--virtual 3");
+  check_bad_input(
+      {"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "4", "--group-size", "2"},
+      "--group-size");
+  // simulate: an overlapped action is one event of its halves' summed cost; too few micro-batches refused
+  const scratch_dir dir;
+  const auto file = dir.write("w.txt", lines_of(test_lengths()));
+  const result sim = run({"simulate", "--schedule", "dualpipev", "--pp", "2", "--workload", file,
+                          "--microbatches", "6", "--format", "table"});
+  REQUIRE_MESSAGE(sim.code == 0, sim.err);
+  CHECK(sim.out.find("dualpipev pp=2 stages=4: 6 micro-batches") != std::string::npos);
+  check_bad_input(
+      {"simulate", "--schedule", "dualpipev", "--pp", "4", "--workload", file, "--microbatches", "7"},
+      "2 * pp = 8");
+}

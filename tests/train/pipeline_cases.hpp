@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include <hetmesh/pipeline/dualpipe.hpp>
+
 #include "train/pipeline_body.hpp"
 
 namespace traintest {
@@ -105,6 +107,23 @@ void pipeline_cases(On8 on8) {
                    seed, 10, 30);
              }),
              1e-5, "thd cp2 pp2 1f1b joint float");
+    // static CP zigzag over 2, pp = 2, DualPipeV (V layout, overlapped F+B, split backward), joint
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<double>(
+                   w, seq::cp_zigzag{.cp = 2, .pad = true}, fam,
+                   train::pipeline_config<pipeline::dualpipev, pipeline::colocated_encoder>{2, {}, joint},
+                   seed, 10, 30);
+             }),
+             1e-10, "zigzag cp2 pp2 dualpipev joint");
+    // float: HDP, pp = 2, DualPipeV, encoders on the first stage
+    check_mm(
+        on8([&](auto& w) {
+          return mm_parity_body<float>(
+              w, test_hdp(), fam,
+              train::pipeline_config<pipeline::dualpipev, pipeline::encoder_on_first_stage>{2, {}, first},
+              seed, 12, 50);
+        }),
+        1e-5, "hdp pp2 dualpipev first-stage float");
   }
 }
 

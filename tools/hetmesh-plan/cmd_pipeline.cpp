@@ -195,7 +195,7 @@ void run_simulate(const parsed& args, std::ostream& out) {
 }
 
 const char* const schedule_help =
-    "gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble or zbv";
+    "gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv or dualpipev";
 
 }  // namespace
 
@@ -212,7 +212,8 @@ std::vector<subcommand> pipeline_commands() {
       .option("width", "N", "ascii: columns of the timeline", "100")
       .epilog(
           "Actions are <stage><F|B|I|W><microbatch> with global stage numbers as PyTorch numbers them:\n"
-          "F forward, B full backward, I backward for inputs, W backward for weights.\n\n"
+          "F forward, B full backward, I backward for inputs, W backward for weights.\n"
+          "dualpipev overlaps a forward and a full backward in one action, (0F3;3B1)OVERLAP_F_B.\n\n"
           "output (json):\n"
           "  {\"schedule\": \"1f1b\", \"pp\": 2, \"microbatches\": 3, \"stages\": 2, \"virtual\": 1,\n"
           "   \"stage_to_rank\": [0, 1],\n"

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::pipeline: text import and export of schedules. The CSV form is PyTorch's (`_dump_csv` /
 // `_load_csv`): one row per rank, the rank's actions comma-separated in order, empty fields for idle
-// steps. The table form is PyTorch's `_format_pipeline_order` grid (steps down, ranks across).
+// steps. The table form is PyTorch's `_format_pipeline_order` grid (steps down, ranks across). An
+// overlapped forward-backward is one field, `(0F3;3B1)OVERLAP_F_B`, in both directions.
 #pragma once
 
 #include <algorithm>
@@ -67,20 +68,22 @@ namespace hetmesh::pipeline {
   }
   int max_stage = -1, max_mb = -1, max_shard = -1;
   for (const auto& row : s.ranks)
-    for (const auto& a : row) {
-      if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward ||
-          a.type == action_type::send_ef || a.type == action_type::recv_eb ||
-          a.type == action_type::recv_ef || a.type == action_type::send_eb) {
-        max_shard = std::max(max_shard, a.stage);
-      } else {
-        max_stage = std::max(max_stage, a.stage);
+    for (const auto& whole : row)
+      for (const action& a : parts(whole)) {  // an OVERLAP_F_B names two stages and micro-batches
+        if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward ||
+            a.type == action_type::send_ef || a.type == action_type::recv_eb ||
+            a.type == action_type::recv_ef || a.type == action_type::send_eb) {
+          max_shard = std::max(max_shard, a.stage);
+        } else {
+          max_stage = std::max(max_stage, a.stage);
+        }
+        max_mb = std::max(max_mb, a.microbatch);
       }
-      max_mb = std::max(max_mb, a.microbatch);
-    }
   // Every stage, encoder shard and micro-batch up to the largest named must run at least one action, so
   // none can exceed the number of actions: refuse "0F959319657" before sizing tables by it.
-  std::int64_t actions = 0;
-  for (const auto& row : s.ranks) actions += static_cast<std::int64_t>(row.size());
+  std::int64_t actions = 0;  // an overlapped F+B counts as its two halves
+  for (const auto& row : s.ranks)
+    for (const auto& a : row) actions += parts(a).count;
   for (const auto& [what, top] : {std::pair{"stage", max_stage}, std::pair{"encoder shard", max_shard},
                                   std::pair{"micro-batch", max_mb}})
     if (top >= actions)
@@ -94,25 +97,27 @@ namespace hetmesh::pipeline {
   s.encoder_shard_to_rank.assign(static_cast<std::size_t>(max_shard + 1), -1);
   int llm_ranks = 0;
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
-    for (const auto& a : s.ranks[r]) {
-      std::vector<int>* map = nullptr;
-      const char* what = "stage";
-      if (a.type == action_type::forward || a.type == action_type::backward ||
-          a.type == action_type::backward_input || a.type == action_type::backward_weight) {
-        map = &s.stage_to_rank;
-        llm_ranks = std::max(llm_ranks, static_cast<int>(r) + 1);
-      } else if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward) {
-        map = &s.encoder_shard_to_rank;
-        what = "encoder shard";
+    for (const auto& whole : s.ranks[r]) {
+      for (const action& a : parts(whole)) {
+        std::vector<int>* map = nullptr;
+        const char* what = "stage";
+        if (a.type == action_type::forward || a.type == action_type::backward ||
+            a.type == action_type::backward_input || a.type == action_type::backward_weight) {
+          map = &s.stage_to_rank;
+          llm_ranks = std::max(llm_ranks, static_cast<int>(r) + 1);
+        } else if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward) {
+          map = &s.encoder_shard_to_rank;
+          what = "encoder shard";
+        }
+        if (map == nullptr) continue;
+        int& owner = (*map)[static_cast<std::size_t>(a.stage)];
+        if (owner == -1) owner = static_cast<int>(r);
+        if (owner != static_cast<int>(r))
+          throw_error<invalid_argument>(
+              "pipeline CSV: {} {} appears on rank {} (action {}) and on rank {}; expected every {} on one "
+              "rank",
+              what, a.stage, r, to_text(whole), owner, what);
       }
-      if (map == nullptr) continue;
-      int& owner = (*map)[static_cast<std::size_t>(a.stage)];
-      if (owner == -1) owner = static_cast<int>(r);
-      if (owner != static_cast<int>(r))
-        throw_error<invalid_argument>(
-            "pipeline CSV: {} {} appears on rank {} (action {}) and on rank {}; expected every {} on one "
-            "rank",
-            what, a.stage, r, to_text(a), owner, what);
     }
   }
   for (int st = 0; st < s.num_stages; ++st)
