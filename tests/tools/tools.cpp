@@ -367,15 +367,15 @@ TEST_CASE("hetmesh-plan pipeline: every schedule runs each micro-batch through e
   check_bad_input({"pipeline", "--schedule", "interleaved-zero-bubble", "--pp", "2", "--microbatches", "5",
                    "--virtual", "1"},
                   "multiple of the number of rounds");
-  check_bad_input({"pipeline", "--schedule", "looped-bfs", "--pp", "2", "--microbatches", "4", "--group-size",
-                   "2"},
-                  "--group-size");
+  check_bad_input(
+      {"pipeline", "--schedule", "looped-bfs", "--pp", "2", "--microbatches", "4", "--group-size", "2"},
+      "--group-size");
   check_bad_input({"pipeline", "--schedule", "1f1b", "--pp", "0", "--microbatches", "4"}, "--pp");
 }
 
 TEST_CASE("hetmesh-plan pipeline --lowered: SEND/RECV in the JSON; PyTorch's compute_comms CSV with waits") {
-  const std::vector<std::string> base{"pipeline", "--schedule", "interleaved-1f1b", "--pp", "2",
-                                      "--microbatches", "4", "--lowered"};
+  const std::vector<std::string> base{"pipeline",       "--schedule", "interleaved-1f1b", "--pp", "2",
+                                      "--microbatches", "4",          "--lowered"};
   const result j = run(base);
   REQUIRE_MESSAGE(j.code == 0, j.err);
   const auto ranks = j.json()["ranks"];
