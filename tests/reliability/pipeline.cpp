@@ -16,3 +16,15 @@ TEST_CASE("pipeline CSV: a stage number far beyond the actions is refused, not a
   CHECK_THROWS_AS((void)pipeline::from_csv("0F99999999999999999999"), invalid_argument);
   CHECK(pipeline::from_csv("0F0,0F1,0B0,0B1\n").num_microbatches == 2);
 }
+
+TEST_CASE(
+    "pipeline CSV: PyTorch's runtime markers are skipped whatever their numbers; near-misses are refused") {
+  // The waits of a compute_comms CSV carry no dependency hetmesh reads: huge numbers size nothing.
+  const auto s = pipeline::from_csv("0F0,0WAIT_SEND_F99999999999999999999,0B0,959319657WAIT_REDUCE_GRAD\n");
+  CHECK(s.num_microbatches == 1);
+  CHECK(s.ranks.at(0).size() == 2);
+  // Anything else that only looks like a marker is parsed, and refused with the usual message.
+  for (const char* bad :
+       {"0F0,0WAIT_SEND_X0", "0F0,0WAIT_SEND_F", "0F0,0RESHARD1", "0F0,WAIT_SEND_F0", "0F0,0WAIT_SEND_F0x"})
+    CHECK_THROWS_AS((void)pipeline::from_csv(bad), invalid_argument);
+}
