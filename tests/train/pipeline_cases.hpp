@@ -87,6 +87,16 @@ void pipeline_cases(On8 on8) {
               seed, 10, 30);
         }),
         1e-10, "ulysses 2 pp2 interleaved-1f1b joint");
+    // HDP placed by ByteScale's balancer over a pool of 2, pp = 2, 1F1B, a separate encoder pool of 2
+    // ranks per pipeline (world = (2 + 2) x 2)
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<double>(
+                   w, test_hdp(), balance::bytescale{},
+                   train::pipeline_config<pipeline::one_f_one_b, pipeline::encoder_pool>{
+                       2, {}, pipeline::encoder_pool{.ranks = 2}},
+                   seed, 10, 30);
+             }),
+             1e-10, "hdp bytescale pp2 1f1b encoder-pool(2)");
     // HDP, pp = 2, PyTorch's looped BFS (2 stages per rank, backwards in reverse order), joint pipeline
     check_mm(on8([&](auto& w) {
                return mm_parity_body<double>(
