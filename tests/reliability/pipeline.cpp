@@ -29,3 +29,15 @@ TEST_CASE("pipeline CSV: an overlapped action's halves are held to the same boun
   CHECK_THROWS_AS((void)pipeline::from_csv("(0F0;1B0)OVERLAP_F_B,(((("), invalid_argument);
   CHECK(pipeline::from_csv("0F0,1F0,(0F1;1B0)OVERLAP_F_B,1F1,1B1,0B0,0B1").num_microbatches == 2);
 }
+
+TEST_CASE(
+    "pipeline CSV: PyTorch's runtime markers are skipped whatever their numbers; near-misses are refused") {
+  // The waits of a compute_comms CSV carry no dependency hetmesh reads: huge numbers size nothing.
+  const auto s = pipeline::from_csv("0F0,0WAIT_SEND_F99999999999999999999,0B0,959319657WAIT_REDUCE_GRAD\n");
+  CHECK(s.num_microbatches == 1);
+  CHECK(s.ranks.at(0).size() == 2);
+  // Anything else that only looks like a marker is parsed, and refused with the usual message.
+  for (const char* bad :
+       {"0F0,0WAIT_SEND_X0", "0F0,0WAIT_SEND_F", "0F0,0RESHARD1", "0F0,WAIT_SEND_F0", "0F0,0WAIT_SEND_F0x"})
+    CHECK_THROWS_AS((void)pipeline::from_csv(bad), invalid_argument);
+}

@@ -99,6 +99,14 @@ void pipeline_cases(On8 on8) {
                    seed, 10, 30);
              }),
              1e-10, "hdp bytescale pp2 1f1b encoder-pool(2)");
+    // HDP, pp = 2, PyTorch's looped BFS (2 stages per rank, backwards in reverse order), joint pipeline
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<double>(
+                   w, test_hdp(), fam,
+                   train::pipeline_config<pipeline::looped_bfs, pipeline::colocated_encoder>{2, {}, joint},
+                   seed, 12, 50);
+             }),
+             1e-10, "hdp pp2 looped-bfs joint");
     // float: THD over 2, pp = 2, 1F1B, joint pipeline
     check_mm(on8([&](auto& w) {
                return mm_parity_body<float>(

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::pipeline: text import and export of schedules. The CSV form is PyTorch's (`_dump_csv` /
 // `_load_csv`): one row per rank, the rank's actions comma-separated in order, empty fields for idle
-// steps. The table form is PyTorch's `_format_pipeline_order` grid (steps down, ranks across). An
-// overlapped forward-backward is one field, `(0F3;3B1)OVERLAP_F_B`, in both directions.
+// steps; a lowered schedule also in the "compute_comms" form PyTorch's runtime loads (with its send and
+// reduction waits). The table form is PyTorch's `_format_pipeline_order` grid (steps down, ranks across).
+// An overlapped forward-backward is one field, `(0F3;3B1)OVERLAP_F_B`, in both directions.
 #pragma once
 
 #include <algorithm>
@@ -33,7 +34,83 @@ namespace hetmesh::pipeline {
   return out;
 }
 
-/// Parses PyTorch CSV text into a schedule. Row r is rank r; empty fields (PyTorch's None) are skipped.
+namespace detail {
+
+/// True when `field` is one of the actions of PyTorch's runtime that carry no data dependency of their
+/// own: WAIT_SEND_F / WAIT_SEND_B (retire a send), WAIT_REDUCE_GRAD (retire a REDUCE_GRAD), UNSHARD /
+/// RESHARD (FSDP). hetmesh's IR derives the first three from the schedule and has no FSDP, so from_csv
+/// skips them; to_compute_comms_csv writes the waits. The text must have the action form
+/// `<stage><TYPE>[<microbatch>]`.
+[[nodiscard]] inline bool is_pytorch_runtime_marker(std::string_view field) noexcept {
+  while (!field.empty() && (field.front() == ' ' || field.front() == '\t')) field.remove_prefix(1);
+  while (!field.empty() && (field.back() == ' ' || field.back() == '\t' || field.back() == '\r'))
+    field.remove_suffix(1);
+  std::size_t i = 0;
+  while (i < field.size() && field[i] >= '0' && field[i] <= '9') ++i;
+  if (i == 0) return false;
+  std::size_t j = i;
+  while (j < field.size() && ((field[j] >= 'A' && field[j] <= 'Z') || field[j] == '_')) ++j;
+  for (std::size_t k = j; k < field.size(); ++k)
+    if (field[k] < '0' || field[k] > '9') return false;
+  const std::string_view type = field.substr(i, j - i);
+  const bool needs_mb = type == "WAIT_SEND_F" || type == "WAIT_SEND_B";
+  const bool no_mb = type == "WAIT_REDUCE_GRAD" || type == "UNSHARD" || type == "RESHARD";
+  return (needs_mb && j < field.size()) || (no_mb && j == field.size());
+}
+
+}  // namespace detail
+
+/// A lowered schedule (compute, SEND/RECV, REDUCE_GRAD: add_send_recv's result, optionally after
+/// add_reduce_grad) as CSV in the "compute_comms" form PyTorch's `_PipelineScheduleRuntime._load_csv`
+/// reads and runs. PyTorch's runtime retires every send with a matching wait, so the waits are written
+/// where PyTorch's own `_add_wait_send` puts them: `WAIT_SEND_F` of stage s, micro-batch m right after
+/// the rank's backward (B or I) of (s, m), the other sends' waits at the end of the row in send order;
+/// and `WAIT_REDUCE_GRAD` right after each `REDUCE_GRAD`. No UNSHARD/RESHARD (those are for FSDP
+/// stages, which this CSV does not prepare). Throws invalid_argument when the schedule holds encoder
+/// actions (PyTorch has none). Pure; O(actions * sends in flight).
+[[nodiscard]] inline std::string to_compute_comms_csv(const schedule& s) {
+  std::string out;
+  std::vector<action> pending;
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    pending.clear();
+    bool first = true;
+    auto put = [&](std::string_view text) {
+      if (!first) out += ',';
+      out += text;
+      first = false;
+    };
+    for (const auto& a : s.ranks[r]) {
+      if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward ||
+          a.type == action_type::send_ef || a.type == action_type::recv_ef ||
+          a.type == action_type::send_eb || a.type == action_type::recv_eb)
+        throw_error<invalid_argument>(
+            "pipeline to_compute_comms_csv({}): rank {} runs the encoder action {}, which PyTorch's runtime "
+            "does not have; expected a schedule of F, B, I, W, SEND/RECV and REDUCE_GRAD actions",
+            s.name, r, to_text(a));
+      put(to_text(a));
+      if (a.type == action_type::send_f || a.type == action_type::send_b) pending.push_back(a);
+      if (a.type == action_type::reduce_grad) put(hetmesh::format("{}WAIT_REDUCE_GRAD", a.stage));
+      if (a.type == action_type::backward || a.type == action_type::backward_input) {
+        const auto it =
+            std::find(pending.begin(), pending.end(), action{a.stage, action_type::send_f, a.microbatch});
+        if (it != pending.end()) {
+          put(hetmesh::format("{}WAIT_SEND_F{}", a.stage, a.microbatch));
+          pending.erase(it);
+        }
+      }
+    }
+    for (const auto& p : pending)
+      put(hetmesh::format("{}WAIT_SEND_{}{}", p.stage, p.type == action_type::send_f ? 'F' : 'B',
+                          p.microbatch));
+    out += "\r\n";
+  }
+  return out;
+}
+
+/// Parses PyTorch CSV text into a schedule. Row r is rank r; empty fields (PyTorch's None) are skipped,
+/// and so are PyTorch's runtime markers WAIT_SEND_F, WAIT_SEND_B, WAIT_REDUCE_GRAD, UNSHARD and RESHARD
+/// (see detail::is_pytorch_runtime_marker), so the compute_comms CSV of to_compute_comms_csv or of
+/// PyTorch's `_dump_csv` reads back as its compute, send/receive and REDUCE_GRAD actions.
 /// The stage-to-rank map, stage count and micro-batch count are inferred from the compute actions, as
 /// PyTorch's `_validate_schedule` infers them; a stage seen on two ranks is an error naming both.
 /// `name` labels the result. Throws invalid_argument on malformed text. Pure; O(length).
@@ -53,7 +130,8 @@ namespace hetmesh::pipeline {
       std::size_t comma = line.find(',', f);
       if (comma == std::string_view::npos) comma = line.size();
       std::string_view field = line.substr(f, comma - f);
-      if (field.find_first_not_of(" \t") != std::string_view::npos) {
+      if (field.find_first_not_of(" \t") != std::string_view::npos &&
+          !detail::is_pytorch_runtime_marker(field)) {
         try {
           row.push_back(parse_action(field));
         } catch (error& e) {
