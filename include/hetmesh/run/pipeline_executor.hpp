@@ -8,7 +8,8 @@
 // outputs of all shards in shard order, or nothing without encoders) and writes its output (nothing on
 // the last stage, which computes its loss itself); the backward reads the gradient of its output
 // (nothing on the last stage) and writes the gradient of its input, which stage 0 splits back into the
-// encoder shards' slices.
+// encoder shards' slices. An overlapped forward-backward (OVERLAP_F_B, DualPipeV) runs its forward half,
+// then its backward half, one after the other on the calling thread, as PyTorch's runtime does on CPU.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -214,7 +216,13 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
     if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(f)>, no_call>)
       f(std::forward<decltype(args)>(args)...);
   };
-  for (const pipeline::action& a : s.ranks.at(static_cast<std::size_t>(rank))) {
+  // An overlapped forward-backward (OVERLAP_F_B) runs as PyTorch's runtime runs it: its forward half,
+  // then its backward half, each with its own timeline entry. `steps` pairs each part with its action.
+  std::vector<std::pair<pipeline::action, pipeline::action>> steps;
+  for (const pipeline::action& whole : s.ranks.at(static_cast<std::size_t>(rank)))
+    for (const pipeline::action& part : pipeline::parts(whole)) steps.emplace_back(part, whole);
+  for (const auto& step : steps) {
+    const pipeline::action& a = step.first;
     const int mb = a.microbatch;
     const double start = timeline != nullptr ? seconds() : 0.0;
     try {
@@ -352,10 +360,13 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
           enc_grad[{a.stage, mb}] = std::move(buf);
           break;
         }
+        case pipeline::action_type::overlap_f_b:
+          break;  // never reached: parts() split it into its F and B halves
       }
     } catch (error& e) {
       e.add_context(
-          hetmesh::format("pipeline execute({}) rank {} action `{}`", s.name, rank, pipeline::to_text(a)));
+          hetmesh::format("pipeline execute({}) rank {} action `{}`{}", s.name, rank, pipeline::to_text(a),
+                          step.second == a ? std::string() : " of `" + pipeline::to_text(step.second) + "`"));
       throw;
     }
     if (timeline != nullptr) timeline->push_back(pipeline::timed_action{rank, a, start, seconds()});

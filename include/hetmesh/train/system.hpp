@@ -155,10 +155,28 @@ struct system_options {
 template <pipeline::schedule_family Schedule = pipeline::one_f_one_b,
           class Placement = pipeline::encoder_on_first_stage>
 struct pipeline_config {
-  int pp = 1;            ///< pipeline depth: the world is pp x pool ranks
+  int pp = 1;            ///< pipeline depth: the world is (pp + encoder-pool ranks) x pool ranks
   Schedule schedule{};   ///< the schedule family (e.g. pipeline::zero_bubble)
   Placement encoders{};  ///< where the encoders run (pipeline::colocated_encoder: the joint pipeline)
 };
+
+/// The step plan train::system<Partition, Kernel, Comm, Balancer, Schedule, Placement>::plan makes, as a
+/// function of its parameters alone: plan_step(partition, docs, pool, balancer, cost), then
+/// attach_pipeline(plan, pipeline.schedule, pipeline.encoders, pipeline.pp, batch) (`batch`: the batch
+/// the documents came from, for its encoder items; null for none). Needs no communicator, so tools and
+/// benchmarks plan at any scale; the system calls it with its pool (world / (pp + encoder-pool ranks)). Pure:
+/// a function of (policies, pool, documents, batch), equal on every rank; not collective. Errors: plan_step's
+/// and attach_pipeline's. Cost: the partition's planner plus the schedule's generation and verification.
+template <class Partition, class Balancer, pipeline::schedule_family Schedule, class Placement>
+[[nodiscard]] step_plan plan_system_step(const Partition& partition, const Balancer& balancer,
+                                         const pipeline_config<Schedule, Placement>& pipeline,
+                                         const balance::step_model& cost, int pool,
+                                         std::span<const seq::seq_desc> docs,
+                                         const model::step_batch* batch = nullptr) {
+  auto p = plan_step(partition, docs, pool, balancer, cost);
+  attach_pipeline(p, pipeline.schedule, pipeline.encoders, pipeline.pp, batch);
+  return p;
+}
 
 /// An encoder of the model, as train::system::run takes it: the user's model::encoder_stage and a callable
 /// `input(const model::encoder_batch_view&, std::span<T>)` that writes the encoder's input for the items
@@ -194,10 +212,11 @@ concept sizes_stage_output = requires(const S& s, const model::micro_batch_view&
 /// Schedule: a pipeline::schedule_family (gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, ...; a family
 /// with split backward requires model::split_backward_stage, checked at compile time); Placement: where
 /// encoders run (pipeline::encoder_on_first_stage, or pipeline::colocated_encoder: the joint pipeline, a
-/// shard on every pipeline rank filling the LLM's bubbles). E.g. `system<seq::cp_zigzag, K, C>`,
-/// `system<seq::hdp<seq::selective_offload>, K, C, balance::bytescale, pipeline::zero_bubble,
-/// pipeline::colocated_encoder>`. One object per rank; constructing it is collective over the world (it
-/// splits the pipeline's communicators); the communicator and kernel outlive it.
+/// shard on every pipeline rank filling the LLM's bubbles; or pipeline::encoder_pool: `ranks` encoder-only
+/// ranks per pipeline after its pp LLM ranks, so the world is (pp + ranks) x pool). E.g.
+/// `system<seq::cp_zigzag, K, C>`, `system<seq::hdp<seq::selective_offload>, K, C, balance::bytescale,
+/// pipeline::zero_bubble, pipeline::colocated_encoder>`. One object per rank; constructing it is collective
+/// over the world (it splits the pipeline's communicators); the communicator and kernel outlive it.
 template <seq::llm_partition Partition, class Kernel, comm::communicator Comm,
           class Balancer = family_placement, pipeline::schedule_family Schedule = pipeline::one_f_one_b,
           class Placement = pipeline::encoder_on_first_stage>
@@ -236,19 +255,27 @@ class system {
         kernel_(std::move(kernel)),
         options_(options) {
     const int pp = pipeline_.pp;
-    if (pp < 1 || world.size() % pp != 0)
+    const int enc = encoder_ranks();
+    if (enc < 0)
       throw_error<invalid_argument>(
-          "train::system: pipeline depth pp = {} over a world of {} ranks; expected pp >= 1 dividing the "
-          "world (pool = world / pp ranks per pipeline rank)",
-          pp, world.size());
-    pool_size_ = world.size() / pp;
+          "train::system: a separate encoder pool (pipeline::encoder_pool) of fewer than one rank per "
+          "pipeline; expected ranks >= 1");
+    if (pp < 1 || world.size() % (pp + enc) != 0)
+      throw_error<invalid_argument>(
+          "train::system: pipeline depth pp = {}{} over a world of {} ranks; expected pp >= 1 and pp + "
+          "encoder-pool ranks dividing the world (pool = world / (pp + encoder ranks) ranks per pipeline "
+          "rank)",
+          pp, enc > 0 ? hetmesh::format(" with {} encoder-pool ranks per pipeline", enc) : std::string(),
+          world.size());
+    pool_size_ = world.size() / (pp + enc);
     static_assert(
         requires { comm::split(world, 0, 0); },
         "train::system: Comm must split (comm::split: a backend split or subgroup) for the pipeline's "
         "communicators");
-    // The pipeline's communicator (one rank at pp = 1) and, at pp > 1, the pool at this pipeline rank.
+    // The pipeline's communicator (its pp LLM ranks, then its encoder-pool ranks) and, when the world has
+    // more than one pipeline rank, the pool at this pipeline rank.
     pipe_.emplace(comm::split(world, world.rank() % pool_size_, world.rank() / pool_size_));
-    if (pp > 1) pool_.emplace(comm::split(world, world.rank() / pool_size_, world.rank() % pool_size_));
+    if (pp + enc > 1) pool_.emplace(comm::split(world, world.rank() / pool_size_, world.rank() % pool_size_));
     if constexpr (std::same_as<Partition,
                                seq::ulysses>) {  // the Ulysses groups: `degree` consecutive pool ranks
       const int d = partition_.degree;
@@ -569,6 +596,18 @@ class system {
     return st;
   }
 
+  /// Ranks of a separate encoder pool per pipeline (pipeline::encoder_pool: its `ranks`; 0 for the other
+  /// placements). They follow the pipeline's pp LLM ranks: world rank r is pipeline rank r / pool_size(),
+  /// and pipeline ranks pp .. pp + encoder_ranks() - 1 run only encoder work.
+  [[nodiscard]] int encoder_ranks() const noexcept {
+    if constexpr (std::same_as<Placement, pipeline::encoder_pool>)
+      return pipeline_.encoders.ranks >= 1 ? pipeline_.encoders.ranks : -1;
+    else
+      return 0;
+  }
+  /// True when this rank belongs to the separate encoder pool (it runs no LLM stage).
+  [[nodiscard]] bool is_encoder_rank() const noexcept { return pipeline_rank() >= pipeline_.pp; }
+
   /// The global pipeline stages this rank runs under `plan`, ascending (its pipeline rank's stages).
   [[nodiscard]] std::vector<int> local_stages(const step_plan& plan) const {
     std::vector<int> out;
@@ -611,9 +650,7 @@ class system {
   }
 
   step_plan plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch) const {
-    auto p = plan_step(partition_, docs, pool_size_, balancer_, options_.cost);
-    attach_pipeline(p, pipeline_.schedule, pipeline_.encoders, pipeline_.pp, batch);
-    return p;
+    return plan_system_step(partition_, balancer_, pipeline_, options_.cost, pool_size_, docs, batch);
   }
 
   /// The micro-batch's tokens must be the ring position's tokens in the schedule's local order: the
