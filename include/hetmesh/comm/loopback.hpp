@@ -21,6 +21,7 @@
 #include "../config.hpp"
 #include "../core/error.hpp"
 #include "communicator.hpp"
+#include "detail/loopback_reduce.hpp"
 #include "detail/loopback_state.hpp"
 #include "reduce_op.hpp"
 
@@ -98,21 +99,27 @@ class communicator {
     const auto n = static_cast<std::size_t>(size()), m = inout.size(), me = static_cast<std::size_t>(rank_);
     detail::post p = make_post("all_reduce", dtype_of_v<T>, static_cast<std::int64_t>(m), 0, op, inout.data(),
                                inout.data());
-    // Rank i reduces chunk i of every rank's buffer into the shared scratch; after the release every
-    // rank copies the whole result out. Two passes per byte per rank, and all ranks bitwise equal.
+    // Reduce-scatter, then all-gather: rank i reduces slice i of every rank's buffer into the shared
+    // scratch (block by block, in rank order: detail::reduce_slice); after the release every rank copies
+    // the whole result out. Per rank: one read of m elements spread over the ranks, m / n written, one
+    // copy of m; every rank gets the same bits, and the same as reducing rank 0, 1, ... in turn.
     const std::size_t lo = m * me / n, hi = m * (me + 1) / n;
     exchange(
         p, m * sizeof(T), [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
         [&](std::span<const detail::post> ps, std::byte* scratch) {
-          T* acc = reinterpret_cast<T*>(scratch) + lo;
           if (hi == lo) return;
-          std::memcpy(acc, static_cast<const T*>(ps[0].send) + lo, (hi - lo) * sizeof(T));
-          for (std::size_t k = 1; k < n; ++k)
-            comm::detail::reduce_into(acc, static_cast<const T*>(ps[k].send) + lo, hi - lo, op);
-          comm::detail::finish_reduce(acc, hi - lo, op, size());
+          std::vector<const T*> srcs(ps.size());
+          for (std::size_t k = 0; k < ps.size(); ++k) srcs[k] = static_cast<const T*>(ps[k].send) + lo;
+          detail::reduce_slice(reinterpret_cast<T*>(scratch) + lo, std::span<const T* const>(srcs), hi - lo,
+                               op, size());
         },
         [&](std::byte* scratch) {
-          if (m != 0) std::memcpy(inout.data(), scratch, m * sizeof(T));
+          // Own slice first (still in this core's cache), then the others' in turn.
+          const T* all = reinterpret_cast<const T*>(scratch);
+          for (std::size_t k = 0; k < n; ++k) {
+            const std::size_t j = (me + k) % n, a = m * j / n, b = m * (j + 1) / n;
+            if (b != a) std::memcpy(inout.data() + a, all + a, (b - a) * sizeof(T));
+          }
         });
   }
 
@@ -179,19 +186,16 @@ class communicator {
     const auto m = recv.size(), me = static_cast<std::size_t>(rank_);
     detail::post p = make_post("reduce_scatter", dtype_of_v<T>, static_cast<std::int64_t>(m), 0, op,
                                send.data(), recv.data());
-    // Reduce this rank's block into its slice of the scratch (recv may alias this rank's block of
-    // send, which is read by nobody else), then copy it out.
+    // Reduce block `me` of every rank's send straight into recv (block by block, in rank order:
+    // detail::reduce_slice). recv may alias this rank's block of send, which nobody else reads, and
+    // reduce_slice reads each block of it before writing it; any other overlap is refused before.
     exchange(
-        p, size() * m * sizeof(T),
-        [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
-        [&](std::span<const detail::post> ps, std::byte* scratch) {
+        p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
+        [&](std::span<const detail::post> ps, std::byte*) {
           if (m == 0) return;
-          T* acc = reinterpret_cast<T*>(scratch) + me * m;
-          std::memcpy(acc, static_cast<const T*>(ps[0].send) + me * m, m * sizeof(T));
-          for (std::size_t k = 1; k < ps.size(); ++k)
-            comm::detail::reduce_into(acc, static_cast<const T*>(ps[k].send) + me * m, m, op);
-          comm::detail::finish_reduce(acc, m, op, size());
-          std::memcpy(recv.data(), acc, m * sizeof(T));
+          std::vector<const T*> srcs(ps.size());
+          for (std::size_t k = 0; k < ps.size(); ++k) srcs[k] = static_cast<const T*>(ps[k].send) + me * m;
+          detail::reduce_slice(recv.data(), std::span<const T* const>(srcs), m, op, size());
         },
         [](std::byte*) {});
   }
