@@ -99,28 +99,27 @@ class communicator {
     const auto n = static_cast<std::size_t>(size()), m = inout.size(), me = static_cast<std::size_t>(rank_);
     detail::post p = make_post("all_reduce", dtype_of_v<T>, static_cast<std::int64_t>(m), 0, op, inout.data(),
                                inout.data());
-    // Reduce-scatter, then all-gather: rank i reduces slice i of every rank's buffer into the shared
-    // scratch (block by block, in rank order: detail::reduce_slice); after the release every rank copies
-    // the whole result out. Per rank: one read of m elements spread over the ranks, m / n written, one
-    // copy of m; every rank gets the same bits, and the same as reducing rank 0, 1, ... in turn.
+    // Reduce-scatter and all-gather in one pass: rank i alone reads slice i of every rank's buffer, so
+    // once it has combined a block of it (in rank order: detail::reduce_slice) it writes the result
+    // straight into that block of every rank's buffer; no other rank reads or writes there. Per rank: m
+    // elements read (m / n from each rank) and m written (m / n to each rank), the traffic of one memcpy
+    // of the buffer; no scratch. Every rank gets the same bits, the same as reducing rank 0, 1, ... in
+    // turn. The release phase keeps each rank's buffer alive until every rank has written its slice.
     const std::size_t lo = m * me / n, hi = m * (me + 1) / n;
     exchange(
-        p, m * sizeof(T), [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
-        [&](std::span<const detail::post> ps, std::byte* scratch) {
+        p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
+        [&](std::span<const detail::post> ps, std::byte*) {
           if (hi == lo) return;
           std::vector<const T*> srcs(ps.size());
-          for (std::size_t k = 0; k < ps.size(); ++k) srcs[k] = static_cast<const T*>(ps[k].send) + lo;
-          detail::reduce_slice(reinterpret_cast<T*>(scratch) + lo, std::span<const T* const>(srcs), hi - lo,
-                               op, size());
-        },
-        [&](std::byte* scratch) {
-          // Own slice first (still in this core's cache), then the others' in turn.
-          const T* all = reinterpret_cast<const T*>(scratch);
-          for (std::size_t k = 0; k < n; ++k) {
-            const std::size_t j = (me + k) % n, a = m * j / n, b = m * (j + 1) / n;
-            if (b != a) std::memcpy(inout.data() + a, all + a, (b - a) * sizeof(T));
+          std::vector<T*> dsts(ps.size());
+          for (std::size_t k = 0; k < ps.size(); ++k) {
+            srcs[k] = static_cast<const T*>(ps[k].send) + lo;
+            dsts[k] = static_cast<T*>(ps[k].recv) + lo;
           }
-        });
+          detail::reduce_slice(std::span<T* const>(dsts), std::span<const T* const>(srcs), hi - lo, op,
+                               size());
+        },
+        [](std::byte*) {});
   }
 
   /// Backend of comm::broadcast (collectives.hpp), which checks the arguments first and holds the contract.
@@ -159,6 +158,7 @@ class communicator {
     detail::post p = make_post("all_gather_v", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0,
                                reduce_op::sum, send.data(), recv.data());
     p.recv_counts = recv_counts;
+    const auto me = static_cast<std::size_t>(rank_);
     exchange(
         p, 0,
         [&](std::span<const detail::post> ps) -> std::string {
@@ -173,8 +173,11 @@ class communicator {
           return {};
         },
         [&](std::span<const detail::post> ps, std::byte*) {
-          for (std::size_t j = 0; j < ps.size(); ++j)
+          // Straight from each sender's buffer, once; from the next rank on, so ranks spread their reads.
+          for (std::size_t k = 0; k < ps.size(); ++k) {
+            const std::size_t j = (me + k) % ps.size();
             copy_block(recv.data() + recv_displs[j], ps[j].send, static_cast<std::size_t>(recv_counts[j]));
+          }
         },
         [](std::byte*) {});
   }
@@ -195,7 +198,8 @@ class communicator {
           if (m == 0) return;
           std::vector<const T*> srcs(ps.size());
           for (std::size_t k = 0; k < ps.size(); ++k) srcs[k] = static_cast<const T*>(ps[k].send) + me * m;
-          detail::reduce_slice(recv.data(), std::span<const T* const>(srcs), m, op, size());
+          T* const dst = recv.data();
+          detail::reduce_slice(std::span<T* const>(&dst, 1), std::span<const T* const>(srcs), m, op, size());
         },
         [](std::byte*) {});
   }
@@ -225,10 +229,13 @@ class communicator {
           return {};
         },
         [&](std::span<const detail::post> ps, std::byte*) {
-          for (std::size_t j = 0; j < ps.size(); ++j)
+          // Straight from each sender's buffer, once; from the next rank on, so ranks spread their reads.
+          for (std::size_t k = 0; k < ps.size(); ++k) {
+            const std::size_t j = (me + k) % ps.size();
             copy_block(recv.data() + recv_displs[j],
                        static_cast<const T*>(ps[j].send) + ps[j].send_displs[me],
                        static_cast<std::size_t>(recv_counts[j]));
+          }
         },
         [](std::byte*) {});
   }
