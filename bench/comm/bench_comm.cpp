@@ -61,7 +61,10 @@ args parse(int argc, char** argv) {
 /// The fastest batch: on a shared machine, the estimate least disturbed by other processes.
 [[maybe_unused]] double best(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
-const char* machine = "2-core x86_64 CPU (shared with other builds), no GPU; OpenMPI 4.1 shared memory";
+const char* machine =
+    "2-core x86_64 VM (AMD EPYC, 1 MiB L2 per core, 16 MiB L3), shared with other builds, no GPU; OpenMPI "
+    "4.1 "
+    "shared memory";
 
 /// The 1-minute load average when measured: this machine is shared, so say how busy it was.
 double load_average() {
