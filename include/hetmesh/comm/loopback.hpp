@@ -106,12 +106,12 @@ class communicator {
     // of the buffer; no scratch. Every rank gets the same bits, the same as reducing rank 0, 1, ... in
     // turn. The release phase keeps each rank's buffer alive until every rank has written its slice.
     const std::size_t lo = m * me / n, hi = m * (me + 1) / n;
+    std::vector<const T*> srcs(n);  // allocated before the exchange: the compute phase never throws
+    std::vector<T*> dsts(n);
     exchange(
         p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
         [&](std::span<const detail::post> ps, std::byte*) {
           if (hi == lo) return;
-          std::vector<const T*> srcs(ps.size());
-          std::vector<T*> dsts(ps.size());
           for (std::size_t k = 0; k < ps.size(); ++k) {
             srcs[k] = static_cast<const T*>(ps[k].send) + lo;
             dsts[k] = static_cast<T*>(ps[k].recv) + lo;
@@ -192,11 +192,12 @@ class communicator {
     // Reduce block `me` of every rank's send straight into recv (block by block, in rank order:
     // detail::reduce_slice). recv may alias this rank's block of send, which nobody else reads, and
     // reduce_slice reads each block of it before writing it; any other overlap is refused before.
+    std::vector<const T*> srcs(
+        static_cast<std::size_t>(size()));  // before the exchange: compute never throws
     exchange(
         p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
         [&](std::span<const detail::post> ps, std::byte*) {
           if (m == 0) return;
-          std::vector<const T*> srcs(ps.size());
           for (std::size_t k = 0; k < ps.size(); ++k) srcs[k] = static_cast<const T*>(ps[k].send) + me * m;
           T* const dst = recv.data();
           detail::reduce_slice(std::span<T* const>(&dst, 1), std::span<const T* const>(srcs), m, op, size());
