@@ -267,10 +267,11 @@ class run_log {
 
   void finish() const {
     if (root_ && !library_.empty())
-      std::printf("library overhead: %.2f%% of the steps' thread CPU time over all ranks (planning, dispatch "
-                  "and bookkeeping; the stage and encoder calls, the bytes on the wire and the optimizer "
-                  "excluded)\n",
-                  100 * library_share());
+      std::printf(
+          "library overhead: %.2f%% of the steps' thread CPU time over all ranks (planning, dispatch "
+          "and bookkeeping; the stage and encoder calls, the bytes on the wire and the optimizer "
+          "excluded)\n",
+          100 * library_share());
     if (!root_ || out_.empty()) return;
     write_file(out_ / "loss.svg",
                svg_plot({{"loss", loss_}, {"busy max (s)", max_busy_}, {"modelled (s)", modelled_}},

@@ -9,8 +9,8 @@
 //     own output, its slice of a shared scratch buffer, or (all_reduce) its slice of every rank's
 //     output, which no other rank reads or writes; nothing in this phase waits or throws.
 //   B (release): each rank waits until all have finished reading and writing, so no rank returns
-//     (and frees its buffers) while another still reads or writes them. B ignores aborts for that reason; it always
-//     completes, because every rank past A is in the compute phase, which never blocks.
+//     (and frees its buffers) while another still reads or writes them. B ignores aborts for that reason; it
+//     always completes, because every rank past A is in the compute phase, which never blocks.
 // Point-to-point messages are eager: a send copies into the receiver's mailbox and returns.
 //
 // Every wait has a deadline. A rank that times out withdraws its post, aborts the group (so the
