@@ -151,6 +151,18 @@ TEST_CASE("train: a step's report gathers every rank's measured times and execut
     REQUIRE(r.busy_seconds.size() == 4);
     CHECK(r.busy_seconds[static_cast<std::size_t>(c.rank())] == doctest::Approx(st.busy_seconds));
     CHECK(r.imbalance() >= 1.0);
+    // The CPU accounting: run()'s time covers its parts; with pp = 2 every rank sends and receives.
+    CHECK(st.cpu_step_seconds > 0.0);
+    CHECK(st.cpu_comm_seconds > 0.0);
+    CHECK(st.cpu_optimizer_seconds >= 0.0);
+    CHECK(st.cpu_busy_seconds + st.cpu_comm_seconds + st.cpu_optimizer_seconds <=
+          doctest::Approx(st.cpu_step_seconds).epsilon(1e-6));
+    CHECK(st.library_cpu_seconds() == doctest::Approx(st.cpu_step_seconds - st.cpu_busy_seconds -
+                                                      st.cpu_comm_seconds - st.cpu_optimizer_seconds));
+    REQUIRE(r.library_cpu_seconds.size() == 4);
+    CHECK(r.library_cpu_seconds[static_cast<std::size_t>(c.rank())] == st.library_cpu_seconds());
+    CHECK(r.library_share() > 0.0);
+    CHECK(r.library_share() < 1.0);
     for (int rank = 0; rank < 4; ++rank) {  // every action of the rank's pipeline list ran once, in order
       std::vector<pipeline::action> ran;
       for (const auto& t : r.timeline)

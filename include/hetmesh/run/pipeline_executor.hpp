@@ -27,6 +27,7 @@
 
 #include "../comm/collectives.hpp"
 #include "../comm/communicator.hpp"
+#include "../core/cpu_time.hpp"
 #include "../core/error.hpp"
 #include "../pipeline/action.hpp"
 #include "../pipeline/lower.hpp"
@@ -133,11 +134,14 @@ inline int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb,
 /// communicator errors with the action as context. With `timeline`, appends each action with its wall
 /// time (seconds since the call) for trace export. Calls: stage_functions<T> (std::function members) or
 /// stage_calls<T, ...> (the callables' own types, no type erasure); Sizes: activation_sizes, sizes_of<...>
-/// or any type with `output(stage, mb)` and `encoder_output(shard, mb)` members. Cost: the callables plus
-/// one send or receive per cross-rank transfer.
+/// or any type with `output(stage, mb)` and `encoder_output(shard, mb)` members. With
+/// `transfer_cpu_seconds`, adds to it the calling thread's CPU time in the SEND/RECV actions (the bytes on
+/// the wire, apart from the executor's own bookkeeping). Cost: the callables plus one send or receive per
+/// cross-rank transfer.
 template <comm::communicator C, class Calls, class Sizes = activation_sizes>
 void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes& sizes,
-                      std::vector<pipeline::timed_action>* timeline = nullptr) {
+                      std::vector<pipeline::timed_action>* timeline = nullptr,
+                      double* transfer_cpu_seconds = nullptr) {
   using T = typename std::remove_cvref_t<Calls>::value_type;
   static_assert(comm::host_communicator<C>,
                 "run::execute_pipeline keeps activations in host vectors: it needs a comm::host_communicator "
@@ -225,6 +229,8 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
     const pipeline::action& a = step.first;
     const int mb = a.microbatch;
     const double start = timeline != nullptr ? seconds() : 0.0;
+    const bool timed_transfer = transfer_cpu_seconds != nullptr && pipeline::is_comm(a.type);
+    const double cpu_start = timed_transfer ? thread_cpu_seconds() : 0.0;
     try {
       switch (a.type) {
         case pipeline::action_type::forward: {
@@ -369,6 +375,7 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
                           step.second == a ? std::string() : " of `" + pipeline::to_text(step.second) + "`"));
       throw;
     }
+    if (timed_transfer) *transfer_cpu_seconds += thread_cpu_seconds() - cpu_start;
     if (timeline != nullptr) timeline->push_back(pipeline::timed_action{rank, a, start, seconds()});
   }
 }

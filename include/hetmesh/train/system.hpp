@@ -112,6 +112,10 @@ struct step_stats {
                                    ///< whatever else shares the cores)
   double step_seconds = 0.0;       ///< this rank: the pipeline's wall time, communication included
   double reduce_seconds = 0.0;     ///< this rank: gradient reduction time
+  double cpu_step_seconds = 0.0;   ///< this rank: thread CPU time of the whole run() call
+  double cpu_comm_seconds = 0.0;   ///< this rank: thread CPU time moving bytes: the pipeline's SEND/RECV
+                                   ///< actions, the step's barrier, the gradient and stats reductions
+  double cpu_optimizer_seconds = 0.0;  ///< this rank: thread CPU time in the optimizer hook
   std::int64_t activation_peak_bytes =
       0;                             ///< this rank: peak resident bytes of the stages' saved activations
   std::int64_t offloaded_bytes = 0;  ///< this rank: activation bytes offloaded (selective offload)
@@ -121,6 +125,14 @@ struct step_stats {
   /// This rank's calls into the stages and encoders with their thread CPU times (start and end: CPU
   /// seconds since the step began), for cost calibration where ranks share cores.
   std::vector<pipeline::timed_action> cpu_actions;
+
+  /// This rank's thread CPU time in the library during run(): the whole call less the user's stage and
+  /// encoder calls (cpu_busy_seconds), the bytes on the wire (cpu_comm_seconds) and the optimizer hook;
+  /// what remains is plan agreement, micro-batch building, dispatch and bookkeeping. Never negative.
+  [[nodiscard]] double library_cpu_seconds() const noexcept {
+    const double d = cpu_step_seconds - cpu_busy_seconds - cpu_comm_seconds - cpu_optimizer_seconds;
+    return d > 0.0 ? d : 0.0;
+  }
 };
 
 /// An optimizer hook for a stage of type S: called once per step, after the gradient reduction, as
@@ -335,6 +347,7 @@ class system {
                                               encoder_context_type<T>>() &&
                    ...));
     using clock = std::chrono::steady_clock;
+    const double run_cpu0 = thread_cpu_seconds();
     auto& world = *world_;
     run::assert_plan_agreement(world, plan, "train step plan");
     if (plan.world != pool_size_ || plan.pp != pipeline_.pp)
@@ -551,9 +564,11 @@ class system {
         fn{forward, backward, backward_input, backward_weight, encoder_forward, encoder_backward};
     const run::sizes_of<decltype(output_sizes), decltype(encoder_sizes)> sizes{output_sizes, encoder_sizes};
 
+    const double barrier_cpu0 = thread_cpu_seconds();
     comm::barrier(world);  // the ranks' timelines share an origin, up to the barrier's skew
+    st.cpu_comm_seconds += thread_cpu_seconds() - barrier_cpu0;
     const auto t0 = clock::now();
-    run::execute_pipeline(*pipe_, sched, fn, sizes, &st.timeline);
+    run::execute_pipeline(*pipe_, sched, fn, sizes, &st.timeline, &st.cpu_comm_seconds);
     const auto t1 = clock::now();
     st.step_seconds = std::chrono::duration<double>(t1 - t0).count();
     for (auto& ta : st.cpu_actions) ta.rank = world.rank();
@@ -578,6 +593,7 @@ class system {
           left);
 
     const auto t2 = clock::now();
+    const double reduce_cpu0 = thread_cpu_seconds();
     for (auto g : stage.gradients()) reduce_sum(pool, std::span<T>(g));
     [[maybe_unused]] auto reduce_world = [&](auto&& spans) {
       for (auto g : spans) reduce_sum(world, std::span<T>(g));
@@ -586,13 +602,18 @@ class system {
     reduce_sum(world, std::span<double>(sums));
     comm::all_reduce(world, std::span<std::int64_t>(counts), comm::reduce_op::sum);
     st.reduce_seconds = std::chrono::duration<double>(clock::now() - t2).count();
+    st.cpu_comm_seconds += thread_cpu_seconds() - reduce_cpu0;
     st.loss = sums[0];
     st.targets = static_cast<std::int64_t>(sums[1] + 0.5);
     st.tokens = counts[0];
     st.micro_batches = counts[1];
     st.encoder_items = counts[2];
+    const double optimizer_cpu0 = thread_cpu_seconds();
     optimizer(stage.parameters(), stage.gradients());
     (optimizer(encoders.stage->parameters(), encoders.stage->gradients()), ...);
+    const double run_cpu1 = thread_cpu_seconds();
+    st.cpu_optimizer_seconds = run_cpu1 - optimizer_cpu0;
+    st.cpu_step_seconds = run_cpu1 - run_cpu0;
     return st;
   }
 
