@@ -8,7 +8,8 @@
 // pool at this pipeline rank), reduces the stages' gradients over the pool and the encoders' over the
 // world with a sum (each rank's loss is already normalised by the step's global target count, so the sum is
 // the gradient of the global loss: a single-rank run of the same batch gives the same gradient), and calls
-// the optimizer hook. Delivery by plan, long-short SP for encoders and offload come later.
+// the optimizer hook. `run` takes the whole step's batch, or this rank's share of it under delivery by plan
+// (train/delivery.hpp, train/build.hpp).
 #pragma once
 
 #include <array>
@@ -40,61 +41,15 @@
 #include "../run/pipeline_executor.hpp"
 #include "../run/ring_attention.hpp"
 #include "../seq/long_short.hpp"
+#include "build.hpp"
 #include "context.hpp"
+#include "delivery.hpp"
 #include "encoders.hpp"
 #include "optimizer.hpp"
 #include "pipeline_plan.hpp"
 #include "plan.hpp"
 
 namespace hetmesh::train {
-
-/// The micro-batches `rank` runs under `plan`, in execution order, for the step `batch` (every rank
-/// holds the whole batch in this slice; delivery by plan is later work). Static CP: the rank's CP share
-/// of its group's piece (make_cp_micro_batch over the piece's documents, stream indices of the whole
-/// step); HDP: make_hdp_micro_batch of the rank's HDP micro-batch. Every micro-batch carries the step's
-/// token and target counts. Pre: `s` is summarize_step(batch), the plan was made from
-/// document_descs(batch) (invalid_argument otherwise), 0 <= rank < plan.world. Post: over every rank,
-/// each stream token and each counting target appears exactly once. Pure; O(local tokens + documents).
-[[nodiscard]] inline std::vector<model::micro_batch> build_micro_batches(const step_plan& plan,
-                                                                         const model::step_batch& batch,
-                                                                         const model::step_summary& s,
-                                                                         int rank) {
-  if (model::document_descs(batch) != plan.documents)
-    throw_error<invalid_argument>(
-        "train::build_micro_batches: the step's documents do not match the plan's {} documents; expected "
-        "the batch the plan was made from",
-        plan.documents.size());
-  if (rank < 0 || rank >= plan.world)
-    throw_error<invalid_argument>("train::build_micro_batches: rank {}; expected 0 <= rank < {}", rank,
-                                  plan.world);
-  std::vector<model::micro_batch> out;
-  const auto& mine = plan.per_rank[static_cast<std::size_t>(rank)];
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    const auto& pm = mine[i];
-    const int index = pm.slot;
-    if (plan.kind == partition_kind::hdp) {
-      const auto& hmb =
-          plan.hdp.per_rank[static_cast<std::size_t>(rank)][static_cast<std::size_t>(pm.source)];
-      out.push_back(model::make_hdp_micro_batch(batch, s, hmb, rank, index));
-      continue;
-    }
-    const auto& piece = plan.cp_pieces[static_cast<std::size_t>(pm.source)];
-    model::step_batch sub;
-    sub.pad_token = batch.pad_token;
-    for (auto id : piece.doc_ids)
-      sub.documents.push_back(batch.documents[static_cast<std::size_t>(s.find(id))]);
-    auto mb =
-        model::make_cp_micro_batch(sub, model::summarize_step(sub), piece.partition, pm.position, index);
-    mb.rank = rank;
-    mb.step_tokens = s.tokens;
-    mb.step_targets = s.targets;
-    for (std::size_t t = 0; t < mb.stream_index.size(); ++t)  // stream indices of the whole step
-      if (mb.stream_index[t] >= 0)
-        mb.stream_index[t] = s.offsets[static_cast<std::size_t>(s.find(mb.doc_ids[t]))] + mb.positions[t];
-    out.push_back(std::move(mb));
-  }
-  return out;
-}
 
 /// What one step did, the same on every rank (reduced over the world), plus this rank's own times.
 struct step_stats {
@@ -329,9 +284,37 @@ class system {
   /// micro-batch whose tokens are not in its ring's order, an item of an encoder not passed, a stage that
   /// leaves activation slots behind (invalid_argument); ring attention's, the executor's and the stages'
   /// errors, with the action as context. Deterministic for deterministic stages and kernel.
-  template <class Stage, class Optimizer, class... Encoders, class T = stage_value_t<Stage>>
+  template <class Stage, class Optimizer, class... Encoders>
   step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage, Optimizer&& optimizer,
                  Encoders... encoders) {
+    if (model::document_descs(batch) != plan.documents)
+      throw_error<invalid_argument>(
+          "train::system::run: the step's documents do not match the plan's {} documents; expected the batch "
+          "the plan was made from",
+          plan.documents.size());
+    return run_step(plan, batch, model::summarize_step(batch), stage, std::forward<Optimizer>(optimizer),
+                    std::move(encoders)...);
+  }
+
+  /// Runs one step of `plan` over this rank's share of it (delivery by plan: train::plan_delivery routes
+  /// each sample's bytes to the ranks that read them, run::receive_routed brings them, train::share_of
+  /// makes the share): the same as run over the whole batch, reading only the share's documents. An encoder's
+  /// input callable reads the items this rank encodes (plan_delivery routes them here). Errors: run's, and
+  /// invalid_argument when the share lacks a document this rank's micro-batches read.
+  template <class Stage, class Optimizer, class... Encoders>
+  step_stats run(const step_plan& plan, const rank_share& share, Stage& stage, Optimizer&& optimizer,
+                 Encoders... encoders) {
+    if (plan.world != pool_size_)  // before indexing the plan by this rank
+      throw_error<invalid_argument>("train::system::run: a plan for a pool of {} ranks; expected {}", plan.world,
+                                    pool_size_);
+    auto [batch, s] = detail::sparse_step(plan, share, world_->rank() % pool_size_);
+    return run_step(plan, batch, s, stage, std::forward<Optimizer>(optimizer), std::move(encoders)...);
+  }
+
+ private:
+  template <class Stage, class Optimizer, class... Encoders, class T = stage_value_t<Stage>>
+  step_stats run_step(const step_plan& plan, const model::step_batch& batch, const model::step_summary& s,
+                      Stage& stage, Optimizer&& optimizer, Encoders... encoders) {
     static_assert(
         model::attention_kernel<Kernel, T>,
         "train::system: Kernel must model model::attention_kernel<Kernel, T> for the stage's element "
@@ -362,8 +345,7 @@ class system {
     const int S = sched.num_stages;
     const int E = sched.num_encoder_shards();
 
-    const auto s = model::summarize_step(batch);
-    const auto built = build_micro_batches(plan, batch, s, pool_rank);
+    const auto built = detail::build_rank_micro_batches(plan, batch, s, pool_rank);
     std::vector<const model::micro_batch*> by_slot(static_cast<std::size_t>(std::max(plan.slots, 1)),
                                                    nullptr);
     const auto& mine = plan.per_rank[static_cast<std::size_t>(pool_rank)];
@@ -379,7 +361,7 @@ class system {
     if (plan.kind == partition_kind::ulysses) {
       const int d = plan.cp, first = pool_rank / d * d;
       for (int member = first; member < first + d; ++member)
-        for (const auto& mb : build_micro_batches(plan, batch, s, member)) {
+        for (const auto& mb : detail::build_rank_micro_batches(plan, batch, s, member)) {
           const auto m = static_cast<std::size_t>(mb.index);
           stream_doc[m].insert(stream_doc[m].end(), mb.doc_ids.begin(), mb.doc_ids.end());
           stream_pos[m].insert(stream_pos[m].end(), mb.positions.begin(), mb.positions.end());
@@ -617,6 +599,7 @@ class system {
     return st;
   }
 
+ public:
   /// Ranks of a separate encoder pool per pipeline (pipeline::encoder_pool: its `ranks`; 0 for the other
   /// placements). They follow the pipeline's pp LLM ranks: world rank r is pipeline rank r / pool_size(),
   /// and pipeline ranks pp .. pp + encoder_ranks() - 1 run only encoder work.

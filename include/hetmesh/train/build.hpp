@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: a rank's micro-batches of a step plan, from the whole step's batch or from the share of
+// it that delivery by plan brought the rank (train/delivery.hpp): the documents its micro-batches read,
+// in stream order, and the step's target count from the step's metadata.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../data/routes.hpp"
+#include "../model/micro_batch.hpp"
+#include "plan.hpp"
+
+namespace hetmesh::train {
+
+namespace detail {
+/// build_micro_batches without the check that `batch` is the plan's (a sparse step passes: documents the
+/// rank does not read may be empty, `s` is the whole step's).
+[[nodiscard]] inline std::vector<model::micro_batch> build_rank_micro_batches(const step_plan& plan,
+                                                                              const model::step_batch& batch,
+                                                                              const model::step_summary& s,
+                                                                              int rank) {
+  if (rank < 0 || rank >= plan.world)
+    throw_error<invalid_argument>("train::build_micro_batches: rank {}; expected 0 <= rank < {}", rank,
+                                  plan.world);
+  std::vector<model::micro_batch> out;
+  const auto& mine = plan.per_rank[static_cast<std::size_t>(rank)];
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const auto& pm = mine[i];
+    const int index = pm.slot;
+    if (plan.kind == partition_kind::hdp) {
+      const auto& hmb =
+          plan.hdp.per_rank[static_cast<std::size_t>(rank)][static_cast<std::size_t>(pm.source)];
+      out.push_back(model::make_hdp_micro_batch(batch, s, hmb, rank, index));
+      continue;
+    }
+    const auto& piece = plan.cp_pieces[static_cast<std::size_t>(pm.source)];
+    model::step_batch sub;
+    sub.pad_token = batch.pad_token;
+    for (auto id : piece.doc_ids)
+      sub.documents.push_back(batch.documents[static_cast<std::size_t>(s.find(id))]);
+    auto mb =
+        model::make_cp_micro_batch(sub, model::summarize_step(sub), piece.partition, pm.position, index);
+    mb.rank = rank;
+    mb.step_tokens = s.tokens;
+    mb.step_targets = s.targets;
+    for (std::size_t t = 0; t < mb.stream_index.size(); ++t)  // stream indices of the whole step
+      if (mb.stream_index[t] >= 0)
+        mb.stream_index[t] = s.offsets[static_cast<std::size_t>(s.find(mb.doc_ids[t]))] + mb.positions[t];
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+}  // namespace detail
+
+/// The micro-batches `rank` runs under `plan`, in execution order, for the step `batch`. Static CP: the rank's CP share of its
+/// group's piece (make_cp_micro_batch over the piece's documents, stream indices of the whole
+/// step); HDP: make_hdp_micro_batch of the rank's HDP micro-batch. Every micro-batch carries the step's
+/// token and target counts. Pre: `s` is summarize_step(batch), the plan was made from
+/// document_descs(batch) (invalid_argument otherwise), 0 <= rank < plan.world. Post: over every rank,
+/// each stream token and each counting target appears exactly once. Pure; O(local tokens + documents).
+[[nodiscard]] inline std::vector<model::micro_batch> build_micro_batches(const step_plan& plan,
+                                                                         const model::step_batch& batch,
+                                                                         const model::step_summary& s,
+                                                                         int rank) {
+  if (model::document_descs(batch) != plan.documents)
+    throw_error<invalid_argument>(
+        "train::build_micro_batches: the step's documents do not match the plan's {} documents; expected "
+        "the batch the plan was made from",
+        plan.documents.size());
+  return detail::build_rank_micro_batches(plan, batch, s, rank);
+}
+
+/// The ids of the documents pool rank `r` builds micro-batches over under `plan` (HDP: its packs' and
+/// rings' documents; static CP and Ulysses: its pieces' documents), in first-use order, each once.
+/// Pre: 0 <= r < plan.world. O(r's micro-batches x segments).
+[[nodiscard]] inline std::vector<std::int64_t> documents_of(const step_plan& plan, int r) {
+  std::vector<std::int64_t> out;
+  auto add = [&](std::int64_t id) {
+    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  };
+  for (const auto& pm : plan.per_rank[static_cast<std::size_t>(r)]) {
+    if (plan.kind == partition_kind::hdp) {
+      for (const auto& seg :
+           plan.hdp.per_rank[static_cast<std::size_t>(r)][static_cast<std::size_t>(pm.source)].segments)
+        add(seg.seq_id);
+    } else {
+      for (auto id : plan.cp_pieces[static_cast<std::size_t>(pm.source)].doc_ids) add(id);
+    }
+  }
+  return out;
+}
+
+/// The targets that count in a document of `length` tokens with encoder items `items` and no loss mask
+/// (model::target_counts' rule: a next token exists and is not a placeholder). Pure; O(items).
+[[nodiscard]] inline std::int64_t document_targets(std::int64_t length,
+                                                   std::span<const model::encoder_item> items) noexcept {
+  std::int64_t n = std::max<std::int64_t>(length - 1, 0);
+  for (const auto& it : items)  // placeholders at positions 1 .. length - 1 are next tokens that do not count
+    n -= std::max<std::int64_t>(0, std::min(it.position + it.tokens, length) - std::max<std::int64_t>(it.position, 1));
+  return n;
+}
+
+/// What one rank holds of a step under delivery by plan: the documents its micro-batches read (at least
+/// documents_of(plan, pool rank); others are ignored), any order, and the whole step's target count (the
+/// planners know it from the step's metadata: the sum of document_targets, or the loaders' counts where
+/// samples carry loss masks).
+struct rank_share {
+  model::step_batch batch;        ///< the rank's documents (tokens, items, loss masks) and the pad token
+  std::int64_t step_targets = 0;  ///< targets that count in the whole step
+
+  friend bool operator==(const rank_share&, const rank_share&) = default;
+};
+
+/// The bytes of a document's text as delivery moves them: its token ids as std::int64_t in host byte
+/// order. O(1).
+[[nodiscard]] inline std::span<const std::uint8_t> text_bytes(const model::document& d) noexcept {
+  return {reinterpret_cast<const std::uint8_t*>(d.tokens.data()), d.tokens.size() * sizeof(std::int64_t)};
+}
+
+/// The rank share of a delivered share: per text part received, the document (id and tokens from its bytes,
+/// text_bytes' encoding; items from `items`, the items of plan.documents[i]; no loss mask), in stream
+/// order; step_targets the sum of document_targets over the plan's documents. Errors (invalid_argument):
+/// items for another number of documents, a text part of a sample not in the plan or whose byte count is
+/// not 8 x its length. O(received bytes + documents x items).
+[[nodiscard]] inline rank_share share_of(const step_plan& plan,
+                                         std::span<const std::vector<model::encoder_item>> items,
+                                         const data::delivered_share& got, std::int64_t pad_token = 0) {
+  if (items.size() != plan.documents.size())
+    throw_error<invalid_argument>("train::share_of: items for {} documents; expected the plan's {}",
+                                  items.size(), plan.documents.size());
+  rank_share out;
+  out.batch.pad_token = pad_token;
+  for (std::size_t i = 0; i < plan.documents.size(); ++i) {
+    const auto& d = plan.documents[i];
+    out.step_targets += document_targets(d.length, items[i]);
+    if (!got.has(d.id)) continue;
+    const auto b = got.find(d.id);
+    if (b.size() != static_cast<std::size_t>(d.length) * sizeof(std::int64_t))
+      throw_error<invalid_argument>(
+          "train::share_of: sample {} arrived with {} text bytes; expected {} tokens x 8 bytes", d.id, b.size(),
+          d.length);
+    model::document doc{d.id, std::vector<std::int64_t>(static_cast<std::size_t>(d.length)), items[i], {}};
+    std::memcpy(doc.tokens.data(), b.data(), b.size());
+    out.batch.documents.push_back(std::move(doc));
+  }
+  for (const auto& p : got.parts)
+    if (p.item == data::text_part &&
+        std::none_of(plan.documents.begin(), plan.documents.end(),
+                     [&](const seq::seq_desc& d) { return d.id == p.sample; }))
+      throw_error<invalid_argument>("train::share_of: sample {} arrived but is not in the plan", p.sample);
+  return out;
+}
+
+namespace detail {
+/// The step as rank `rank` sees it under delivery: every plan document in stream order (the share's
+/// documents whole, the others empty), and the whole step's summary from the plan's lengths and the
+/// share's target count. Errors (invalid_argument): a document the rank reads missing from the share, or
+/// of another length. O(share tokens + documents log documents).
+inline std::pair<model::step_batch, model::step_summary> sparse_step(const step_plan& plan, const rank_share& share,
+                                                                     int rank) {
+  model::step_batch b;
+  b.pad_token = share.batch.pad_token;
+  model::step_summary s;
+  s.offsets.push_back(0);
+  for (std::size_t i = 0; i < plan.documents.size(); ++i) {
+    const auto& d = plan.documents[i];
+    s.offsets.push_back(s.offsets.back() + d.length);
+    s.ids.emplace_back(d.id, static_cast<std::int64_t>(i));
+    b.documents.push_back(model::document{d.id, {}, {}, {}});
+  }
+  s.tokens = s.offsets.back();
+  s.targets = share.step_targets;
+  std::sort(s.ids.begin(), s.ids.end());
+  for (const auto& d : share.batch.documents) {
+    const auto i = s.find(d.id);
+    if (i >= 0) b.documents[static_cast<std::size_t>(i)] = d;
+  }
+  for (auto id : documents_of(plan, rank)) {
+    const auto i = static_cast<std::size_t>(s.find(id));
+    if (b.documents[i].length() != plan.documents[i].length)
+      throw_error<invalid_argument>(
+          "train::system::run: pool rank {} reads document {} of {} tokens but its share holds {}; expected "
+          "the share delivery by plan brings it",
+          rank, id, plan.documents[i].length, b.documents[i].length());
+  }
+  return {std::move(b), std::move(s)};
+}
+}  // namespace detail
+
+}  // namespace hetmesh::train

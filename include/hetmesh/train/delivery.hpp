@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: delivery follows the step plan. From a step plan (train::system::plan) and the step's
+// encoder items, the exact trainer ranks each part of each sample needs (data::route_plan):
+//  - text: every rank that builds a micro-batch over the document: the members of its ring (HDP: the
+//    ranks holding its whole pack or its ring's chunks; static CP and Ulysses: the ranks of the dp group
+//    whose piece holds it), at every pipeline rank of their pipelines (each stage's micro-batch view
+//    carries the tokens and targets), and their tensor-parallel peers;
+//  - each encoder item: the pipeline ranks whose encoder shards encode a piece of it under the long-short
+//    plan train::system::run makes (pipeline::encoder_on_first_stage: stage 0's rank; the joint pipeline,
+//    pipeline::colocated_encoder: any pipeline rank), for every pool rank whose micro-batch it lands in,
+//    and their tensor-parallel peers.
+// No part goes twice to one rank. Pure; equal on every rank for equal inputs.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../data/routes.hpp"
+#include "../mesh/dim.hpp"
+#include "../mesh/view.hpp"
+#include "../model/encoder_batch.hpp"
+#include "../model/micro_batch.hpp"
+#include "../seq/long_short.hpp"
+#include "build.hpp"
+#include "plan.hpp"
+
+namespace hetmesh::train {
+
+/// Where train::system's ranks sit among the trainers: per (pipeline rank p, pool rank r), at index
+/// p * pool + r, the world ranks that stand for it (one, or its tensor-parallel peers), ascending.
+struct rank_map {
+  int pool = 1;                         ///< ranks of the data-parallel pool (dp x cp)
+  int pp = 1;                           ///< pipeline depth
+  std::vector<std::vector<int>> ranks;  ///< [p * pool + r]: its world ranks
+
+  /// The world ranks of pool rank `r` at pipeline rank `p`. Pre: in range.
+  [[nodiscard]] const std::vector<int>& at(int p, int r) const {
+    return ranks[static_cast<std::size_t>(p * pool + r)];
+  }
+  /// Trainer ranks in all.
+  [[nodiscard]] int trainers() const noexcept {
+    std::size_t n = 0;
+    for (const auto& v : ranks) n += v.size();
+    return static_cast<int>(n);
+  }
+  friend bool operator==(const rank_map&, const rank_map&) = default;
+};
+
+/// train::system's own numbering: world rank p * pool + r, no tensor parallelism. Throws
+/// invalid_argument unless pool, pp >= 1.
+[[nodiscard]] inline rank_map system_ranks(int pool, int pp) {
+  if (pool < 1 || pp < 1)
+    throw_error<invalid_argument>("train::system_ranks: pool {} x pp {}; expected both >= 1", pool, pp);
+  rank_map m{pool, pp, {}};
+  for (int w = 0; w < pool * pp; ++w) m.ranks.push_back({w});
+  return m;
+}
+
+/// The rank map of a trainers' mesh of any order (a mesh::layout's view, a searched order from
+/// data::mesh_of_order): the pool is cp, ep and dp flattened (cp fastest, so static CP's groups are cp
+/// consecutive pool ranks), the pipeline rank is the pp coordinate, and every other dim (tp, user dims)
+/// names peers that share their data. Throws invalid_argument for a view not over ranks 0..size-1.
+/// O(world x dims).
+[[nodiscard]] inline rank_map mesh_ranks(const mesh::view& m) {
+  if (m.offset() != 0)
+    throw_error<invalid_argument>("train::mesh_ranks: mesh {} starts at rank {}; expected ranks 0..{}", m.str(),
+                                  m.offset(), m.size() - 1);
+  const auto ext = [&](const mesh::dim& d) { return m.has(d) ? static_cast<int>(m.extent(d)) : 1; };
+  const auto coord = [&](const std::vector<std::int64_t>& c, const mesh::dim& d) {
+    return m.has(d) ? static_cast<int>(c[m.index_of(d)]) : 0;
+  };
+  const int cp = ext(mesh::cp), ep = ext(mesh::ep), dp = ext(mesh::dp), pp = ext(mesh::pp);
+  rank_map out{cp * ep * dp, pp, {}};
+  out.ranks.resize(static_cast<std::size_t>(out.pool * pp));
+  for (int w = 0; w < static_cast<int>(m.size()); ++w) {
+    const auto c = m.coord_of(w);
+    const int r = coord(c, mesh::cp) + cp * (coord(c, mesh::ep) + ep * coord(c, mesh::dp));
+    out.ranks[static_cast<std::size_t>(coord(c, mesh::pp) * out.pool + r)].push_back(w);
+  }
+  return out;
+}
+
+/// mesh_ranks of a mesh::layout (any order). O(world x dims).
+template <class M>
+requires requires(const M& m) {
+  { m.to_view() } -> std::same_as<mesh::view>;
+}
+[[nodiscard]] rank_map mesh_ranks(const M& m) { return mesh_ranks(m.to_view()); }
+
+/// The delivery plan of `plan`: per document (sample) of the step, in stream order, the trainer ranks
+/// that need its text and each of its encoder items (see the file comment). `items[i]` are the encoder
+/// items of plan.documents[i] (model::encoder_item: encoder, id, position, tokens); `encoder_sp` is the
+/// long-short policy train::system::run splits items with (system_options::encoder_sp); `where` maps
+/// the system's ranks to trainer ranks (system_ranks, or mesh_ranks of the trainers' mesh). Document ids
+/// are the samples' stable ids (seq::make_sample_id), so a data-plane host knows its parts.
+/// Errors (invalid_argument): items.size() != documents; a map for another pool or depth; items in a plan
+/// without encoder shards (a plan made without the batch). Pure; O(step tokens + parts x ranks).
+[[nodiscard]] inline data::route_plan plan_delivery(const step_plan& plan,
+                                                       std::span<const std::vector<model::encoder_item>> items,
+                                                       const rank_map& where,
+                                                       const seq::long_short_policy& encoder_sp = {}) {
+  if (items.size() != plan.documents.size())
+    throw_error<invalid_argument>("train::plan_delivery: items for {} documents; expected the plan's {}",
+                                  items.size(), plan.documents.size());
+  if (where.pool != plan.world || where.pp != plan.pp ||
+      where.ranks.size() != static_cast<std::size_t>(plan.world * plan.pp))
+    throw_error<invalid_argument>(
+        "train::plan_delivery: a rank map for pool {} x pp {}; expected the plan's pool {} x pp {}", where.pool,
+        where.pp, plan.world, plan.pp);
+  // Parts: per document its text, then its items; (document index, item) -> part.
+  std::vector<std::size_t> first(plan.documents.size() + 1, 0);
+  std::map<std::int64_t, std::size_t> doc_index;
+  std::map<std::pair<int, std::int64_t>, std::size_t> item_part;
+  data::route_plan out{where.trainers(), {}};
+  for (std::size_t i = 0; i < plan.documents.size(); ++i) {
+    first[i] = out.parts.size();
+    doc_index[plan.documents[i].id] = i;
+    out.parts.push_back({plan.documents[i].id, data::text_part, {}});
+    for (std::size_t k = 0; k < items[i].size(); ++k) {
+      item_part[{items[i][k].encoder, items[i][k].id}] = out.parts.size();
+      out.parts.push_back({plan.documents[i].id, static_cast<int>(k), {}});
+    }
+  }
+  auto send = [&](std::size_t part, int p, int r) {
+    const auto& w = where.at(p, r);
+    out.parts[part].ranks.insert(out.parts[part].ranks.end(), w.begin(), w.end());
+  };
+  for (int r = 0; r < plan.world; ++r)
+    for (auto id : documents_of(plan, r))
+      for (int p = 0; p < plan.pp; ++p) send(first[doc_index.at(id)], p, r);
+
+  const int E = plan.pipeline.num_encoder_shards();
+  if (!item_part.empty()) {
+    if (E == 0)
+      throw_error<invalid_argument>(
+          "train::plan_delivery: the step has encoder items but the plan has no encoder shards; expected a "
+          "plan made from the batch (train::system::plan(batch))");
+    // The step's shape: tokens need not be real to find where items land.
+    model::step_batch shape;
+    for (std::size_t i = 0; i < plan.documents.size(); ++i)
+      shape.documents.push_back(model::document{plan.documents[i].id,
+                                                std::vector<std::int64_t>(
+                                                    static_cast<std::size_t>(plan.documents[i].length), 0),
+                                                items[i],
+                                                {}});
+    const auto s = model::summarize_step(shape);
+    for (int r = 0; r < plan.world; ++r)
+      for (const auto& mb : detail::build_rank_micro_batches(plan, shape, s, r)) {
+        std::map<int, std::vector<seq::seq_desc>> per_encoder;  // distinct items, in landing order
+        for (const auto& land : mb.encoder_outputs) {
+          auto& list = per_encoder[land.encoder];
+          if (std::none_of(list.begin(), list.end(), [&](const seq::seq_desc& d) { return d.id == land.item; })) {
+            const auto part = item_part.at({land.encoder, land.item});
+            const auto& it = items[doc_index.at(out.parts[part].sample)]
+                                  [static_cast<std::size_t>(out.parts[part].item)];
+            list.push_back({land.item, it.tokens});
+          }
+        }
+        for (const auto& [k, list] : per_encoder) {
+          const auto ls = encoder_sp.plan(list, E);
+          for (int e = 0; e < E; ++e)
+            for (const auto& piece : model::make_encoder_batch(ls, k, e).pieces)
+              send(item_part.at({k, piece.item}), plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(e)],
+                   r);
+        }
+      }
+  }
+  for (auto& p : out.parts) {
+    std::sort(p.ranks.begin(), p.ranks.end());
+    p.ranks.erase(std::unique(p.ranks.begin(), p.ranks.end()), p.ranks.end());
+  }
+  return out;
+}
+
+/// plan_delivery with the items of `batch`, the batch the plan was made from (its bytes are not read).
+[[nodiscard]] inline data::route_plan plan_delivery(const step_plan& plan, const model::step_batch& batch,
+                                                       const rank_map& where,
+                                                       const seq::long_short_policy& encoder_sp = {}) {
+  std::vector<std::vector<model::encoder_item>> items;
+  for (const auto& d : batch.documents) items.push_back(d.items);
+  return plan_delivery(plan, items, where, encoder_sp);
+}
+
+}  // namespace hetmesh::train
