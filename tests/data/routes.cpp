@@ -14,7 +14,8 @@
 using namespace hetmesh;
 
 namespace {
-std::vector<std::string> routes_run(hetmesh::test::routed_case c, int trainers, int hosts, std::uint64_t seed) {
+std::vector<std::string> routes_run(hetmesh::test::routed_case c, int trainers, int hosts,
+                                    std::uint64_t seed) {
   std::vector<std::string> failures(static_cast<std::size_t>(trainers + hosts));
   comm::loopback::run(trainers + hosts, [&](comm::loopback::communicator& world) {
     failures[static_cast<std::size_t>(world.rank())] = hetmesh::test::routed_body(world, c, trainers, seed);
@@ -24,7 +25,8 @@ std::vector<std::string> routes_run(hetmesh::test::routed_case c, int trainers, 
 }  // namespace
 
 TEST_CASE("routes: every part reaches exactly the ranks that read it, with the source's bytes") {
-  for (auto c : {hetmesh::test::routed_case::hdp, hetmesh::test::routed_case::joint_pp4, hetmesh::test::routed_case::searched})
+  for (auto c : {hetmesh::test::routed_case::hdp, hetmesh::test::routed_case::joint_pp4,
+                 hetmesh::test::routed_case::searched})
     for (std::uint64_t seed : {1u, 2u, 3u}) {
       const int kind = static_cast<int>(c);
       CAPTURE(kind);
@@ -38,12 +40,13 @@ TEST_CASE("routes: rank maps, hosts of sources, plan queries") {
   CHECK(sys.trainers() == 6);
   CHECK(sys.at(2, 1) == std::vector<int>{5});
   // tp fastest then dp, cp, pp: pool rank = cp + 2 dp, tp peers together.
-  const auto m = train::mesh_ranks(mesh::make_mesh("tp-dp-cp-pp", mesh::tp(2), mesh::dp(2), mesh::cp(2), mesh::pp(2)));
+  const auto m =
+      train::mesh_ranks(mesh::make_mesh("tp-dp-cp-pp", mesh::tp(2), mesh::dp(2), mesh::cp(2), mesh::pp(2)));
   CHECK(m.pool == 4);
   CHECK(m.pp == 2);
   CHECK(m.at(0, 0) == std::vector<int>{0, 1});
-  CHECK(m.at(0, 1) == std::vector<int>{4, 5});   // cp = 1
-  CHECK(m.at(0, 2) == std::vector<int>{2, 3});   // dp = 1
+  CHECK(m.at(0, 1) == std::vector<int>{4, 5});  // cp = 1
+  CHECK(m.at(0, 2) == std::vector<int>{2, 3});  // dp = 1
   CHECK(m.at(1, 3) == std::vector<int>{14, 15});
   CHECK_THROWS_AS((void)train::system_ranks(0, 1), invalid_argument);
 
@@ -59,7 +62,8 @@ TEST_CASE("routes: rank maps, hosts of sources, plan queries") {
   CHECK(p.parts_of(2) == std::vector<std::size_t>{0, 2});
   CHECK(p.ranks_of(7) == std::vector<int>{0, 1, 2});
   CHECK(fmt::format("{}", p) == "route_plan{trainers=3, parts=3, copies=4}");
-  CHECK(train::document_targets(10, std::vector<model::encoder_item>{{0, 1, 0, 3}, {0, 2, 6, 4}}) == 9 - 2 - 4);
+  CHECK(train::document_targets(10, std::vector<model::encoder_item>{{0, 1, 0, 3}, {0, 2, 6, 4}}) ==
+        9 - 2 - 4);
 }
 
 TEST_CASE("routes: a share that lacks a document its rank reads is an error") {

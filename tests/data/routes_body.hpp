@@ -52,11 +52,13 @@ inline train::rank_map routed_ranks(routed_case c, int trainers) {
 
 namespace detail {
 inline std::uint8_t item_byte(std::int64_t id, int item, std::int64_t k) {
-  return static_cast<std::uint8_t>(
-      key_hash({static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(item), static_cast<std::uint64_t>(k)}) >> 56);
+  return static_cast<std::uint8_t>(key_hash({static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(item),
+                                             static_cast<std::uint64_t>(k)}) >>
+                                   56);
 }
 inline std::int64_t token_of(std::int64_t id, std::int64_t pos) {
-  return static_cast<std::int64_t>(key_hash({static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(pos)}) % 50000);
+  return static_cast<std::int64_t>(
+      key_hash({static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(pos)}) % 50000);
 }
 /// Host `rank`'s samples of step `step`: per source it runs, 1-3 samples; lengths 8-160, up to two items.
 inline std::vector<model::document> host_samples(const data::source_hosts& sh, int rank, std::uint64_t seed,
@@ -73,8 +75,9 @@ inline std::vector<model::document> host_samples(const data::source_hosts& sh, i
       if (items)
         for (std::int64_t at = 1; at + 6 < len && d.items.size() < 2; at += 30)
           if (g.uniform(0, 1) == 1)
-            d.items.push_back({static_cast<int>(d.items.size()), d.id * 2 + static_cast<std::int64_t>(d.items.size()),
-                               at, static_cast<std::int64_t>(g.uniform(2, 6))});
+            d.items.push_back({static_cast<int>(d.items.size()),
+                               d.id * 2 + static_cast<std::int64_t>(d.items.size()), at,
+                               static_cast<std::int64_t>(g.uniform(2, 6))});
       out.push_back(std::move(d));
     }
   }
@@ -97,58 +100,12 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
   const bool with_items = c != routed_case::searched;
   // Items of 2-6 tokens: the joint pipeline's 4 shards split the longer ones (long-short SP).
   const seq::long_short_policy sp{.max_tokens_per_rank = c == routed_case::joint_pp4 ? 4 : 64};
-  for (std::int64_t step = 0; step < 3; ++step) {
-    // Metadata exchange: each host contributes its own sources' samples (id, length, items).
-    std::vector<model::document> mine;
-    if (sh.is_host(world.rank())) mine = detail::host_samples(sh, world.rank(), seed, step, with_items);
-    std::vector<std::int64_t> flat;
-    for (const auto& d : mine) {
-      flat.insert(flat.end(), {d.id, d.length(), static_cast<std::int64_t>(d.items.size())});
-      for (const auto& it : d.items) flat.insert(flat.end(), {it.encoder, it.id, it.position, it.tokens});
-    }
-    const auto all = comm::all_gather_vectors(world, std::span<const std::int64_t>(flat));
-    std::vector<seq::seq_desc> docs;
-    std::vector<std::vector<model::encoder_item>> items;
-    for (const auto& v : all)
-      for (std::size_t i = 0; i < v.size();) {
-        docs.push_back({v[i], v[i + 1]});
-        items.emplace_back();
-        const auto n = v[i + 2];
-        i += 3;
-        for (std::int64_t k = 0; k < n; ++k, i += 4)
-          items.back().push_back({static_cast<int>(v[i]), v[i + 1], v[i + 2], v[i + 3]});
-      }
-    // The plan, on every rank.
-    model::step_batch shape;  // metadata only: tokens are zeros, for the pipeline's encoder placement
-    for (std::size_t i = 0; i < docs.size(); ++i)
-      shape.documents.push_back({docs[i].id, std::vector<std::int64_t>(static_cast<std::size_t>(docs[i].length), 0),
-                                 items[i], {}});
-    train::step_plan plan;
-    if (c == routed_case::searched)
-      plan = train::plan_step(seq::cp_zigzag{.cp = 2, .pad = true}, docs, where.pool);
-    else
-      plan = train::plan_step(seq::hdp<seq::selective_offload>{.capacity = 48}, docs, where.pool);
-    if (c == routed_case::joint_pp4)
-      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, where.pp, &shape);
-    else
-      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, where.pp, &shape);
-    const auto routes = train::plan_delivery(plan, items, where, sp);
-    if (sh.is_host(world.rank())) {
-      std::vector<std::vector<std::uint8_t>> keep(routes.parts.size());
-      run::send_routed(world, step, routes, sh, [&](std::size_t i) -> std::span<const std::uint8_t> {
-        const auto& p = routes.parts[i];
-        const auto d = std::find_if(mine.begin(), mine.end(), [&](const model::document& x) { return x.id == p.sample; });
-        if (d == mine.end()) throw std::logic_error("host asked for a sample it does not hold");
-        if (p.item == data::text_part) return train::text_bytes(*d);
-        auto& b = keep[i];
-        if (b.empty())
-          for (std::int64_t k = 0; k < d->items[static_cast<std::size_t>(p.item)].tokens * 3; ++k)
-            b.push_back(detail::item_byte(p.sample, p.item, k));
-        return b;
-      });
-      continue;
-    }
-    const auto got = run::receive_routed(world, step, routes, sh);
+  std::string failure;
+  std::vector<seq::seq_desc> docs;
+  std::vector<std::vector<model::encoder_item>> items;
+  train::step_plan plan;
+  auto check_routed = [&](std::int64_t step, const data::route_plan& routes,
+                          const data::delivered_share& got) -> std::string {
     // Independently: who reads what when the step runs (whole batch at hand).
     model::step_batch whole;
     for (std::size_t i = 0; i < docs.size(); ++i) {
@@ -161,7 +118,8 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
     const detail::fake_encoder fe;
     for (int r = 0; r < plan.world; ++r) {
       const auto mbs = train::build_micro_batches(plan, whole, s, r);
-      std::vector<const model::micro_batch*> by_slot(static_cast<std::size_t>(std::max(plan.slots, 1)), nullptr);
+      std::vector<const model::micro_batch*> by_slot(static_cast<std::size_t>(std::max(plan.slots, 1)),
+                                                     nullptr);
       for (const auto& mb : mbs) by_slot[static_cast<std::size_t>(mb.index)] = &mb;
       for (int p = 0; p < plan.pp; ++p)
         for (const auto& mb : mbs)
@@ -169,8 +127,9 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
             for (int w : where.at(p, r)) reads[{id, data::text_part}].insert(w);
       const int E = plan.pipeline.num_encoder_shards();
       if (E == 0) continue;
-      const auto work = train::detail::plan_encoder_work(std::span<const model::micro_batch* const>(by_slot), whole, E,
-                                                         sp, detail::fake_binding{&fe}, detail::fake_binding{&fe});
+      const auto work =
+          train::detail::plan_encoder_work(std::span<const model::micro_batch* const>(by_slot), whole, E, sp,
+                                           detail::fake_binding{&fe}, detail::fake_binding{&fe});
       for (int e = 0; e < E; ++e)
         for (const auto& slot : work.work[static_cast<std::size_t>(e)])
           for (const auto& call : slot.calls)
@@ -184,8 +143,8 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
     for (const auto& part : routes.parts) {
       const auto& want = reads[{part.sample, part.item}];
       if (std::vector<int>(want.begin(), want.end()) != part.ranks)
-        return fmt::format("step {}: sample {} part {} routed to {}; the step reads it on {}", step, part.sample,
-                           part.item, part.ranks, std::vector<int>(want.begin(), want.end()));
+        return fmt::format("step {}: sample {} part {} routed to {}; the step reads it on {}", step,
+                           part.sample, part.item, part.ranks, std::vector<int>(want.begin(), want.end()));
       if (part.item == data::text_part && part.ranks.empty())
         return fmt::format("step {}: sample {} reaches no rank", step, part.sample);
     }
@@ -197,8 +156,8 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
       const auto& p = routes.parts[expect[k]];
       const auto& g = got.parts[k];
       if (g.sample != p.sample || g.item != p.item)
-        return fmt::format("step {}: rank {} part {} is ({}, {}); expected ({}, {})", step, me, k, g.sample, g.item,
-                           p.sample, p.item);
+        return fmt::format("step {}: rank {} part {} is ({}, {}); expected ({}, {})", step, me, k, g.sample,
+                           g.item, p.sample, p.item);
       const auto b = got.find(g.sample, g.item);
       const auto& d = whole.documents[static_cast<std::size_t>(s.find(g.sample))];
       std::vector<std::uint8_t> src;
@@ -210,15 +169,73 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
           src.push_back(detail::item_byte(g.sample, g.item, j));
       }
       if (!std::equal(b.begin(), b.end(), src.begin(), src.end()))
-        return fmt::format("step {}: rank {} sample {} part {}: {} bytes differ from the source's {}", step, me,
-                           g.sample, g.item, b.size(), src.size());
+        return fmt::format("step {}: rank {} sample {} part {}: {} bytes differ from the source's {}", step,
+                           me, g.sample, g.item, b.size(), src.size());
     }
     // The share the system runs on holds exactly the documents this rank reads.
     const auto share = train::share_of(plan, items, got);
     if (share.step_targets != s.targets)
-      return fmt::format("step {}: share_of counts {} targets; the step has {}", step, share.step_targets, s.targets);
+      return fmt::format("step {}: share_of counts {} targets; the step has {}", step, share.step_targets,
+                         s.targets);
+    return "";
+  };
+  for (std::int64_t step = 0; step < 3; ++step) {
+    // Metadata exchange: each host contributes its own sources' samples (id, length, items).
+    std::vector<model::document> mine;
+    if (sh.is_host(world.rank())) mine = detail::host_samples(sh, world.rank(), seed, step, with_items);
+    std::vector<std::int64_t> flat;
+    for (const auto& d : mine) {
+      flat.insert(flat.end(), {d.id, d.length(), static_cast<std::int64_t>(d.items.size())});
+      for (const auto& it : d.items) flat.insert(flat.end(), {it.encoder, it.id, it.position, it.tokens});
+    }
+    const auto all = comm::all_gather_vectors(world, std::span<const std::int64_t>(flat));
+    docs.clear();
+    items.clear();
+    for (const auto& v : all)
+      for (std::size_t i = 0; i < v.size();) {
+        docs.push_back({v[i], v[i + 1]});
+        items.emplace_back();
+        const auto n = v[i + 2];
+        i += 3;
+        for (std::int64_t k = 0; k < n; ++k, i += 4)
+          items.back().push_back({static_cast<int>(v[i]), v[i + 1], v[i + 2], v[i + 3]});
+      }
+    // The plan, on every rank.
+    model::step_batch shape;  // metadata only: tokens are zeros, for the pipeline's encoder placement
+    for (std::size_t i = 0; i < docs.size(); ++i)
+      shape.documents.push_back(
+          {docs[i].id, std::vector<std::int64_t>(static_cast<std::size_t>(docs[i].length), 0), items[i], {}});
+    if (c == routed_case::searched)
+      plan = train::plan_step(seq::cp_zigzag{.cp = 2, .pad = true}, docs, where.pool);
+    else
+      plan = train::plan_step(seq::hdp<seq::selective_offload>{.capacity = 48}, docs, where.pool);
+    if (c == routed_case::joint_pp4)
+      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, where.pp, &shape);
+    else
+      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, where.pp,
+                             &shape);
+    const auto routes = train::plan_delivery(plan, items, where, sp);
+    if (sh.is_host(world.rank())) {
+      std::vector<std::vector<std::uint8_t>> keep(routes.parts.size());
+      run::send_routed(world, step, routes, sh, [&](std::size_t i) -> std::span<const std::uint8_t> {
+        const auto& p = routes.parts[i];
+        const auto d = std::find_if(mine.begin(), mine.end(),
+                                    [&](const model::document& x) { return x.id == p.sample; });
+        if (d == mine.end()) throw std::logic_error("host asked for a sample it does not hold");
+        if (p.item == data::text_part) return train::text_bytes(*d);
+        auto& b = keep[i];
+        if (b.empty())
+          for (std::int64_t k = 0; k < d->items[static_cast<std::size_t>(p.item)].tokens * 3; ++k)
+            b.push_back(detail::item_byte(p.sample, p.item, k));
+        return b;
+      });
+      continue;
+    }
+    const auto got = run::receive_routed(world, step, routes, sh);
+    // A failure does not end the loop: the hosts go on to the next step's collectives.
+    if (auto f = check_routed(step, routes, got); failure.empty()) failure = std::move(f);
   }
-  return "";
+  return failure;
 }
 
 }  // namespace hetmesh::test

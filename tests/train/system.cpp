@@ -151,3 +151,44 @@ TEST_CASE("train::system: overlapping ring communication with compute gives bitw
   CHECK(!plain.empty());
   CHECK(plain == overlapped);
 }
+
+TEST_CASE("train::system: a step over each rank's delivered share equals the step over the whole batch") {
+  // Delivery by plan (train/delivery.hpp): each rank holds only the documents its micro-batches read; the
+  // step's gradients, loss and counts are bitwise those of the whole-batch run.
+  const auto batch = random_batch(71, 12, 40);
+  auto one = [&](const auto& partition) {
+    std::vector<std::string> failures(8);
+    comm::loopback::run(8, [&](comm::loopback::communicator& c) {
+      using P = std::decay_t<decltype(partition)>;
+      train::system<P, model::reference_attention, comm::loopback::communicator> sys(partition, c);
+      const auto plan = sys.plan(batch);
+      step_result<double> whole, shared;
+      tiny_lm<double> a(kShape, 5), b(kShape, 5);
+      whole.stats = sys.run(plan, batch, a, recording_optimizer<double>{&whole});
+      train::rank_share share;
+      share.step_targets = model::summarize_step(batch).targets;
+      const auto mine = train::documents_of(plan, c.rank());
+      for (const auto& d : batch.documents)
+        if (std::find(mine.begin(), mine.end(), d.id) != mine.end()) share.batch.documents.push_back(d);
+      shared.stats = sys.run(plan, share, b, recording_optimizer<double>{&shared});
+      std::string& f = failures[static_cast<std::size_t>(c.rank())];
+      if (share.batch.documents.size() >= batch.documents.size()) f += "the share is the whole batch; ";
+      if (shared.grads != whole.grads) f += "gradients differ; ";
+      if (shared.stats.loss != whole.stats.loss || shared.stats.targets != whole.stats.targets ||
+          shared.stats.tokens != whole.stats.tokens)
+        f += fmt::format("stats {} vs {}; ", shared.stats, whole.stats);
+      train::rank_share none;  // a share without the rank's documents is refused
+      none.step_targets = share.step_targets;
+      if (!mine.empty()) {
+        try {
+          (void)sys.run(plan, none, b, recording_optimizer<double>{&shared});
+          f += "an empty share ran; ";
+        } catch (const invalid_argument&) {
+        }
+      }
+    });
+    for (const auto& f : failures) CHECK(f == "");
+  };
+  one(test_hdp());
+  one(seq::cp_zigzag{.cp = 2, .pad = true});
+}

@@ -17,6 +17,7 @@
 #include "memory.hpp"
 #include "mixture.hpp"
 #include "planner.hpp"
+#include "routes.hpp"
 #include "sample.hpp"
 #include "service_layout.hpp"
 #include "source.hpp"

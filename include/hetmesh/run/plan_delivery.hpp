@@ -33,8 +33,8 @@ inline std::vector<std::vector<std::size_t>> parts_from(const data::route_plan& 
     for (int r : p.ranks) {
       if (r < 0 || r >= plan.trainers)
         throw_error<invalid_argument>(
-            "run::delivery: sample {} part {} routed to rank {}; expected a trainer rank in [0, {})", p.sample,
-            p.item, r, plan.trainers);
+            "run::delivery: sample {} part {} routed to rank {}; expected a trainer rank in [0, {})",
+            p.sample, p.item, r, plan.trainers);
       out[static_cast<std::size_t>(r)].push_back(i);
     }
   }
@@ -65,8 +65,9 @@ void send_routed(C& world, std::int64_t step, const data::route_plan& plan, cons
                 "run::send_routed sends host vectors: it needs a comm::host_communicator (loopback, mpi)");
   detail::check_world(world.size(), hosts, plan, "run::send_routed");
   if (!hosts.is_host(world.rank()))
-    throw_error<invalid_argument>("run::send_routed: rank {} is a trainer (trainers are [0, {})); expected a host",
-                                  world.rank(), hosts.trainers);
+    throw_error<invalid_argument>(
+        "run::send_routed: rank {} is a trainer (trainers are [0, {})); expected a host", world.rank(),
+        hosts.trainers);
   const auto to = detail::parts_from(plan, hosts, world.rank());
   std::vector<std::vector<std::int64_t>> headers(to.size());
   std::vector<std::vector<std::uint8_t>> payload(to.size());
@@ -80,9 +81,10 @@ void send_routed(C& world, std::int64_t step, const data::route_plan& plan, cons
       h.push_back(static_cast<std::int64_t>(b.size()));
       payload[t].insert(payload[t].end(), b.begin(), b.end());
     }
-    ops.push_back(comm::send_op(std::span<const std::int64_t>(h), static_cast<int>(t), detail::routes_header_tag));
     ops.push_back(
-        comm::send_op(std::span<const std::uint8_t>(payload[t]), static_cast<int>(t), detail::routes_bytes_tag));
+        comm::send_op(std::span<const std::int64_t>(h), static_cast<int>(t), detail::routes_header_tag));
+    ops.push_back(comm::send_op(std::span<const std::uint8_t>(payload[t]), static_cast<int>(t),
+                                detail::routes_bytes_tag));
   }
   comm::group_p2p(world, std::span<const comm::p2p_op>(ops));
 }
@@ -95,12 +97,14 @@ void send_routed(C& world, std::int64_t step, const data::route_plan& plan, cons
 template <comm::communicator C>
 [[nodiscard]] data::delivered_share receive_routed(C& world, std::int64_t step, const data::route_plan& plan,
                                                    const data::source_hosts& hosts) {
-  static_assert(comm::host_communicator<C>,
-                "run::receive_routed receives host vectors: it needs a comm::host_communicator (loopback, mpi)");
+  static_assert(
+      comm::host_communicator<C>,
+      "run::receive_routed receives host vectors: it needs a comm::host_communicator (loopback, mpi)");
   detail::check_world(world.size(), hosts, plan, "run::receive_routed");
   const int me = world.rank();
   if (hosts.is_host(me))
-    throw_error<invalid_argument>("run::receive_routed: rank {} is a data-plane host; expected a trainer rank", me);
+    throw_error<invalid_argument>(
+        "run::receive_routed: rank {} is a data-plane host; expected a trainer rank", me);
   const auto mine = plan.parts_of(me);
   // Per host, the parts it sends (in plan order), then headers first, bytes second.
   std::vector<std::vector<std::size_t>> from(static_cast<std::size_t>(hosts.hosts));
@@ -121,18 +125,20 @@ template <comm::communicator C>
     const auto& hd = headers[h];
     const int host = hosts.trainers + static_cast<int>(h);
     if (hd[0] != detail::routes_magic)
-      throw_error<data_error>("run::receive_routed: rank {} got a message from host {} that is not a routed "
-                              "delivery header (magic {:#x}); expected {:#x}",
-                              me, host, hd[0], detail::routes_magic);
+      throw_error<data_error>(
+          "run::receive_routed: rank {} got a message from host {} that is not a routed "
+          "delivery header (magic {:#x}); expected {:#x}",
+          me, host, hd[0], detail::routes_magic);
     if (hd[1] != step || hd[2] != static_cast<std::int64_t>(from[h].size()))
       throw_error<mismatch_error>(
-          "run::receive_routed: rank {} expected step {} with {} parts from host {}, got step {} with {}; the "
+          "run::receive_routed: rank {} expected step {} with {} parts from host {}, got step {} with {}; "
+          "the "
           "host and the trainers are out of step",
           me, step, from[h].size(), host, hd[1], hd[2]);
     for (std::size_t k = 0; k < from[h].size(); ++k) {
       if (hd[3 + k] < 0)
-        throw_error<data_error>("run::receive_routed: host {} announced a part of {} bytes; expected >= 0", host,
-                                hd[3 + k]);
+        throw_error<data_error>("run::receive_routed: host {} announced a part of {} bytes; expected >= 0",
+                                host, hd[3 + k]);
       total[h] += hd[3 + k];
     }
   }
@@ -153,7 +159,8 @@ template <comm::communicator C>
     const auto h = static_cast<std::size_t>(hosts.host_of_sample(plan.parts[i].sample) - hosts.trainers);
     const auto size = headers[h][3 + next[h]++];
     const auto begin = payload[h].begin() + at[h];
-    out.parts.push_back({plan.parts[i].sample, plan.parts[i].item, static_cast<std::int64_t>(out.bytes.size()), size});
+    out.parts.push_back(
+        {plan.parts[i].sample, plan.parts[i].item, static_cast<std::int64_t>(out.bytes.size()), size});
     out.bytes.insert(out.bytes.end(), begin, begin + size);
     at[h] += size;
   }

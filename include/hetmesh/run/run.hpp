@@ -11,6 +11,7 @@
 #include "dispatch.hpp"
 #include "grouped_reorder.hpp"
 #include "pipeline_executor.hpp"
+#include "plan_delivery.hpp"
 #include "reshard.hpp"
 #include "ring_attention.hpp"
 #include "ulysses.hpp"

@@ -58,10 +58,10 @@ namespace detail {
 }
 }  // namespace detail
 
-/// The micro-batches `rank` runs under `plan`, in execution order, for the step `batch`. Static CP: the rank's CP share of its
-/// group's piece (make_cp_micro_batch over the piece's documents, stream indices of the whole
-/// step); HDP: make_hdp_micro_batch of the rank's HDP micro-batch. Every micro-batch carries the step's
-/// token and target counts. Pre: `s` is summarize_step(batch), the plan was made from
+/// The micro-batches `rank` runs under `plan`, in execution order, for the step `batch`. Static CP: the
+/// rank's CP share of its group's piece (make_cp_micro_batch over the piece's documents, stream indices of
+/// the whole step); HDP: make_hdp_micro_batch of the rank's HDP micro-batch. Every micro-batch carries the
+/// step's token and target counts. Pre: `s` is summarize_step(batch), the plan was made from
 /// document_descs(batch) (invalid_argument otherwise), 0 <= rank < plan.world. Post: over every rank,
 /// each stream token and each counting target appears exactly once. Pure; O(local tokens + documents).
 [[nodiscard]] inline std::vector<model::micro_batch> build_micro_batches(const step_plan& plan,
@@ -102,7 +102,8 @@ namespace detail {
                                                    std::span<const model::encoder_item> items) noexcept {
   std::int64_t n = std::max<std::int64_t>(length - 1, 0);
   for (const auto& it : items)  // placeholders at positions 1 .. length - 1 are next tokens that do not count
-    n -= std::max<std::int64_t>(0, std::min(it.position + it.tokens, length) - std::max<std::int64_t>(it.position, 1));
+    n -= std::max<std::int64_t>(
+        0, std::min(it.position + it.tokens, length) - std::max<std::int64_t>(it.position, 1));
   return n;
 }
 
@@ -143,16 +144,15 @@ struct rank_share {
     const auto b = got.find(d.id);
     if (b.size() != static_cast<std::size_t>(d.length) * sizeof(std::int64_t))
       throw_error<invalid_argument>(
-          "train::share_of: sample {} arrived with {} text bytes; expected {} tokens x 8 bytes", d.id, b.size(),
-          d.length);
+          "train::share_of: sample {} arrived with {} text bytes; expected {} tokens x 8 bytes", d.id,
+          b.size(), d.length);
     model::document doc{d.id, std::vector<std::int64_t>(static_cast<std::size_t>(d.length)), items[i], {}};
     std::memcpy(doc.tokens.data(), b.data(), b.size());
     out.batch.documents.push_back(std::move(doc));
   }
   for (const auto& p : got.parts)
-    if (p.item == data::text_part &&
-        std::none_of(plan.documents.begin(), plan.documents.end(),
-                     [&](const seq::seq_desc& d) { return d.id == p.sample; }))
+    if (p.item == data::text_part && std::none_of(plan.documents.begin(), plan.documents.end(),
+                                                  [&](const seq::seq_desc& d) { return d.id == p.sample; }))
       throw_error<invalid_argument>("train::share_of: sample {} arrived but is not in the plan", p.sample);
   return out;
 }
@@ -162,8 +162,8 @@ namespace detail {
 /// documents whole, the others empty), and the whole step's summary from the plan's lengths and the
 /// share's target count. Errors (invalid_argument): a document the rank reads missing from the share, or
 /// of another length. O(share tokens + documents log documents).
-inline std::pair<model::step_batch, model::step_summary> sparse_step(const step_plan& plan, const rank_share& share,
-                                                                     int rank) {
+inline std::pair<model::step_batch, model::step_summary> sparse_step(const step_plan& plan,
+                                                                     const rank_share& share, int rank) {
   model::step_batch b;
   b.pad_token = share.batch.pad_token;
   model::step_summary s;

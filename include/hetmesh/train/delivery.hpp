@@ -69,8 +69,8 @@ struct rank_map {
 /// O(world x dims).
 [[nodiscard]] inline rank_map mesh_ranks(const mesh::view& m) {
   if (m.offset() != 0)
-    throw_error<invalid_argument>("train::mesh_ranks: mesh {} starts at rank {}; expected ranks 0..{}", m.str(),
-                                  m.offset(), m.size() - 1);
+    throw_error<invalid_argument>("train::mesh_ranks: mesh {} starts at rank {}; expected ranks 0..{}",
+                                  m.str(), m.offset(), m.size() - 1);
   const auto ext = [&](const mesh::dim& d) { return m.has(d) ? static_cast<int>(m.extent(d)) : 1; };
   const auto coord = [&](const std::vector<std::int64_t>& c, const mesh::dim& d) {
     return m.has(d) ? static_cast<int>(c[m.index_of(d)]) : 0;
@@ -102,17 +102,17 @@ requires requires(const M& m) {
 /// Errors (invalid_argument): items.size() != documents; a map for another pool or depth; items in a plan
 /// without encoder shards (a plan made without the batch). Pure; O(step tokens + parts x ranks).
 [[nodiscard]] inline data::route_plan plan_delivery(const step_plan& plan,
-                                                       std::span<const std::vector<model::encoder_item>> items,
-                                                       const rank_map& where,
-                                                       const seq::long_short_policy& encoder_sp = {}) {
+                                                    std::span<const std::vector<model::encoder_item>> items,
+                                                    const rank_map& where,
+                                                    const seq::long_short_policy& encoder_sp = {}) {
   if (items.size() != plan.documents.size())
     throw_error<invalid_argument>("train::plan_delivery: items for {} documents; expected the plan's {}",
                                   items.size(), plan.documents.size());
   if (where.pool != plan.world || where.pp != plan.pp ||
       where.ranks.size() != static_cast<std::size_t>(plan.world * plan.pp))
     throw_error<invalid_argument>(
-        "train::plan_delivery: a rank map for pool {} x pp {}; expected the plan's pool {} x pp {}", where.pool,
-        where.pp, plan.world, plan.pp);
+        "train::plan_delivery: a rank map for pool {} x pp {}; expected the plan's pool {} x pp {}",
+        where.pool, where.pp, plan.world, plan.pp);
   // Parts: per document its text, then its items; (document index, item) -> part.
   std::vector<std::size_t> first(plan.documents.size() + 1, 0);
   std::map<std::int64_t, std::size_t> doc_index;
@@ -144,21 +144,22 @@ requires requires(const M& m) {
     // The step's shape: tokens need not be real to find where items land.
     model::step_batch shape;
     for (std::size_t i = 0; i < plan.documents.size(); ++i)
-      shape.documents.push_back(model::document{plan.documents[i].id,
-                                                std::vector<std::int64_t>(
-                                                    static_cast<std::size_t>(plan.documents[i].length), 0),
-                                                items[i],
-                                                {}});
+      shape.documents.push_back(
+          model::document{plan.documents[i].id,
+                          std::vector<std::int64_t>(static_cast<std::size_t>(plan.documents[i].length), 0),
+                          items[i],
+                          {}});
     const auto s = model::summarize_step(shape);
     for (int r = 0; r < plan.world; ++r)
       for (const auto& mb : detail::build_rank_micro_batches(plan, shape, s, r)) {
         std::map<int, std::vector<seq::seq_desc>> per_encoder;  // distinct items, in landing order
         for (const auto& land : mb.encoder_outputs) {
           auto& list = per_encoder[land.encoder];
-          if (std::none_of(list.begin(), list.end(), [&](const seq::seq_desc& d) { return d.id == land.item; })) {
+          if (std::none_of(list.begin(), list.end(),
+                           [&](const seq::seq_desc& d) { return d.id == land.item; })) {
             const auto part = item_part.at({land.encoder, land.item});
-            const auto& it = items[doc_index.at(out.parts[part].sample)]
-                                  [static_cast<std::size_t>(out.parts[part].item)];
+            const auto& it =
+                items[doc_index.at(out.parts[part].sample)][static_cast<std::size_t>(out.parts[part].item)];
             list.push_back({land.item, it.tokens});
           }
         }
@@ -166,8 +167,8 @@ requires requires(const M& m) {
           const auto ls = encoder_sp.plan(list, E);
           for (int e = 0; e < E; ++e)
             for (const auto& piece : model::make_encoder_batch(ls, k, e).pieces)
-              send(item_part.at({k, piece.item}), plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(e)],
-                   r);
+              send(item_part.at({k, piece.item}),
+                   plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(e)], r);
         }
       }
   }
@@ -180,8 +181,8 @@ requires requires(const M& m) {
 
 /// plan_delivery with the items of `batch`, the batch the plan was made from (its bytes are not read).
 [[nodiscard]] inline data::route_plan plan_delivery(const step_plan& plan, const model::step_batch& batch,
-                                                       const rank_map& where,
-                                                       const seq::long_short_policy& encoder_sp = {}) {
+                                                    const rank_map& where,
+                                                    const seq::long_short_policy& encoder_sp = {}) {
   std::vector<std::vector<model::encoder_item>> items;
   for (const auto& d : batch.documents) items.push_back(d.items);
   return plan_delivery(plan, items, where, encoder_sp);

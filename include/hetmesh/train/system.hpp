@@ -305,8 +305,8 @@ class system {
   step_stats run(const step_plan& plan, const rank_share& share, Stage& stage, Optimizer&& optimizer,
                  Encoders... encoders) {
     if (plan.world != pool_size_)  // before indexing the plan by this rank
-      throw_error<invalid_argument>("train::system::run: a plan for a pool of {} ranks; expected {}", plan.world,
-                                    pool_size_);
+      throw_error<invalid_argument>("train::system::run: a plan for a pool of {} ranks; expected {}",
+                                    plan.world, pool_size_);
     auto [batch, s] = detail::sparse_step(plan, share, world_->rank() % pool_size_);
     return run_step(plan, batch, s, stage, std::forward<Optimizer>(optimizer), std::move(encoders)...);
   }

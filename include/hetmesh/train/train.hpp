@@ -4,7 +4,9 @@
 // attention entry bound to ring attention; system.hpp: train::system (plan, run).
 #pragma once
 
+#include "build.hpp"
 #include "context.hpp"
+#include "delivery.hpp"
 #include "pipeline_plan.hpp"
 #include "plan.hpp"
 #include "report.hpp"
