@@ -14,19 +14,18 @@
 using namespace hetmesh;
 
 namespace {
-std::vector<std::string> routes_run(hetmesh::test::routed_case c, int trainers, int hosts,
-                                    std::uint64_t seed) {
+std::vector<std::string> routes_run(routestest::routed_case c, int trainers, int hosts, std::uint64_t seed) {
   std::vector<std::string> failures(static_cast<std::size_t>(trainers + hosts));
   comm::loopback::run(trainers + hosts, [&](comm::loopback::communicator& world) {
-    failures[static_cast<std::size_t>(world.rank())] = hetmesh::test::routed_body(world, c, trainers, seed);
+    failures[static_cast<std::size_t>(world.rank())] = routestest::routed_body(world, c, trainers, seed);
   });
   return failures;
 }
 }  // namespace
 
 TEST_CASE("routes: every part reaches exactly the ranks that read it, with the source's bytes") {
-  for (auto c : {hetmesh::test::routed_case::hdp, hetmesh::test::routed_case::joint_pp4,
-                 hetmesh::test::routed_case::searched})
+  for (auto c :
+       {routestest::routed_case::hdp, routestest::routed_case::joint_pp4, routestest::routed_case::searched})
     for (std::uint64_t seed : {1u, 2u, 3u}) {
       const int kind = static_cast<int>(c);
       CAPTURE(kind);

@@ -29,7 +29,8 @@
 #include <hetmesh/train/encoders.hpp>
 #include <hetmesh/train/pipeline_plan.hpp>
 
-namespace hetmesh::test {
+namespace routestest {
+using namespace hetmesh;
 
 /// Which plan a case makes.
 enum class routed_case { hdp, joint_pp4, searched };
@@ -238,4 +239,4 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
   return failure;
 }
 
-}  // namespace hetmesh::test
+}  // namespace routestest

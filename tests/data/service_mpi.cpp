@@ -51,11 +51,11 @@ TEST_CASE("delivery by plan under MPI: 4 trainers and 2 hosts of 5 sources") {
   auto world = comm::mpi::communicator::world({.timeout = std::chrono::seconds(60), .verify = true});
   REQUIRE_MESSAGE(world.size() == 6, "needs exactly 6 ranks (mpirun -np 6)");
   for (auto c :
-       {test::routed_case::hdp, hetmesh::test::routed_case::joint_pp4, hetmesh::test::routed_case::searched})
+       {routestest::routed_case::hdp, routestest::routed_case::joint_pp4, routestest::routed_case::searched})
     for (std::uint64_t seed : {11u, 12u}) {
       const int kind = static_cast<int>(c);
       CAPTURE(kind);
       CAPTURE(seed);
-      CHECK(hetmesh::test::routed_body(world, c, 4, seed) == "");
+      CHECK(routestest::routed_body(world, c, 4, seed) == "");
     }
 }

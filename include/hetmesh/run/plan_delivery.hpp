@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../comm/collectives.hpp"
@@ -63,6 +64,10 @@ void send_routed(C& world, std::int64_t step, const data::route_plan& plan, cons
                  Bytes&& bytes) {
   static_assert(comm::host_communicator<C>,
                 "run::send_routed sends host vectors: it needs a comm::host_communicator (loopback, mpi)");
+  static_assert(
+      std::is_same_v<std::invoke_result_t<Bytes&, std::size_t>, std::span<const std::uint8_t>>,
+      "run::send_routed: bytes(i) must return std::span<const std::uint8_t> over storage that outlives "
+      "the call (a returned vector would dangle)");
   detail::check_world(world.size(), hosts, plan, "run::send_routed");
   if (!hosts.is_host(world.rank()))
     throw_error<invalid_argument>(
