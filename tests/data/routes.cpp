@@ -24,8 +24,8 @@ std::vector<std::string> routes_run(routestest::routed_case c, int trainers, int
 }  // namespace
 
 TEST_CASE("routes: every part reaches exactly the ranks that read it, with the source's bytes") {
-  for (auto c :
-       {routestest::routed_case::hdp, routestest::routed_case::joint_pp4, routestest::routed_case::searched})
+  for (auto c : {routestest::routed_case::hdp, routestest::routed_case::joint_pp4,
+                 routestest::routed_case::searched, routestest::routed_case::encoder_pool})
     for (std::uint64_t seed : {1u, 2u, 3u}) {
       const int kind = static_cast<int>(c);
       CAPTURE(kind);

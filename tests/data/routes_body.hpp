@@ -33,12 +33,14 @@ namespace routestest {
 using namespace hetmesh;
 
 /// Which plan a case makes.
-enum class routed_case { hdp, joint_pp4, searched };
+enum class routed_case { hdp, joint_pp4, searched, encoder_pool };
 
 /// The trainers' rank map of a case over `trainers` ranks (4 or 8).
 inline train::rank_map routed_ranks(routed_case c, int trainers) {
   if (c == routed_case::hdp) return train::system_ranks(trainers, 1);
   if (c == routed_case::joint_pp4) return train::system_ranks(trainers / 4, 4);
+  if (c == routed_case::encoder_pool)
+    return train::system_ranks(trainers / 2, 2);  // pp = 1, one encoder rank
   // tp x cp (x dp) in the order the layout search picks for 2-device nodes.
   const auto choice = trainers == 8
                           ? mesh::search_layout(mesh::make_mesh(mesh::tp(2), mesh::cp(2), mesh::dp(2)),
@@ -122,7 +124,7 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
       std::vector<const model::micro_batch*> by_slot(static_cast<std::size_t>(std::max(plan.slots, 1)),
                                                      nullptr);
       for (const auto& mb : mbs) by_slot[static_cast<std::size_t>(mb.index)] = &mb;
-      for (int p = 0; p < plan.pp; ++p)
+      for (int p = 0; p < where.pp; ++p)  // encoder-pool ranks build them too (to size their work)
         for (const auto& mb : mbs)
           for (auto id : mb.doc_ids)
             for (int w : where.at(p, r)) reads[{id, data::text_part}].insert(w);
@@ -212,6 +214,8 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
       plan = train::plan_step(seq::hdp<seq::selective_offload>{.capacity = 48}, docs, where.pool);
     if (c == routed_case::joint_pp4)
       train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, where.pp, &shape);
+    else if (c == routed_case::encoder_pool)
+      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_pool{.ranks = 1}, 1, &shape);
     else
       train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, where.pp,
                              &shape);

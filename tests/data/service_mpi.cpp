@@ -50,8 +50,8 @@ TEST_CASE("delivery under MPI: loading ranks broadcast to their tensor group") {
 TEST_CASE("delivery by plan under MPI: 4 trainers and 2 hosts of 5 sources") {
   auto world = comm::mpi::communicator::world({.timeout = std::chrono::seconds(60), .verify = true});
   REQUIRE_MESSAGE(world.size() == 6, "needs exactly 6 ranks (mpirun -np 6)");
-  for (auto c :
-       {routestest::routed_case::hdp, routestest::routed_case::joint_pp4, routestest::routed_case::searched})
+  for (auto c : {routestest::routed_case::hdp, routestest::routed_case::joint_pp4,
+                 routestest::routed_case::searched, routestest::routed_case::encoder_pool})
     for (std::uint64_t seed : {11u, 12u}) {
       const int kind = static_cast<int>(c);
       CAPTURE(kind);

@@ -4,11 +4,12 @@
 //  - text: every rank that builds a micro-batch over the document: the members of its ring (HDP: the
 //    ranks holding its whole pack or its ring's chunks; static CP and Ulysses: the ranks of the dp group
 //    whose piece holds it), at every pipeline rank of their pipelines (each stage's micro-batch view
-//    carries the tokens and targets), and their tensor-parallel peers;
+//    carries the tokens and targets; a separate encoder pool's ranks build them to size their work), and
+//    their tensor-parallel peers;
 //  - each encoder item: the pipeline ranks whose encoder shards encode a piece of it under the long-short
 //    plan train::system::run makes (pipeline::encoder_on_first_stage: stage 0's rank; the joint pipeline,
-//    pipeline::colocated_encoder: any pipeline rank), for every pool rank whose micro-batch it lands in,
-//    and their tensor-parallel peers.
+//    pipeline::colocated_encoder: any pipeline rank; pipeline::encoder_pool: the pool's ranks), for every
+//    pool rank whose micro-batch it lands in, and their tensor-parallel peers.
 // No part goes twice to one rank. Pure; equal on every rank for equal inputs.
 #pragma once
 
@@ -35,8 +36,9 @@ namespace hetmesh::train {
 /// Where train::system's ranks sit among the trainers: per (pipeline rank p, pool rank r), at index
 /// p * pool + r, the world ranks that stand for it (one, or its tensor-parallel peers), ascending.
 struct rank_map {
-  int pool = 1;                         ///< ranks of the data-parallel pool (dp x cp)
-  int pp = 1;                           ///< pipeline depth
+  int pool = 1;  ///< ranks of the data-parallel pool (dp x cp)
+  /// Pipeline ranks per pipeline: its depth, then its encoder-pool ranks (pipeline::encoder_pool).
+  int pp = 1;
   std::vector<std::vector<int>> ranks;  ///< [p * pool + r]: its world ranks
 
   /// The world ranks of pool rank `r` at pipeline rank `p`. Pre: in range.
@@ -108,11 +110,15 @@ requires requires(const M& m) {
   if (items.size() != plan.documents.size())
     throw_error<invalid_argument>("train::plan_delivery: items for {} documents; expected the plan's {}",
                                   items.size(), plan.documents.size());
-  if (where.pool != plan.world || where.pp != plan.pp ||
-      where.ranks.size() != static_cast<std::size_t>(plan.world * plan.pp))
+  // Pipeline ranks per pipeline: the LLM's pp, then a separate encoder pool's ranks (which build the
+  // micro-batches of their pool rank to size its encoder work, so they read its documents too).
+  const int depth = std::max(plan.pp, plan.pipeline.total_ranks());
+  if (where.pool != plan.world || where.pp != depth ||
+      where.ranks.size() != static_cast<std::size_t>(plan.world * depth))
     throw_error<invalid_argument>(
-        "train::plan_delivery: a rank map for pool {} x pp {}; expected the plan's pool {} x pp {}",
-        where.pool, where.pp, plan.world, plan.pp);
+        "train::plan_delivery: a rank map for pool {} x {} pipeline ranks; expected the plan's pool {} x {} "
+        "(pp plus encoder-pool ranks)",
+        where.pool, where.pp, plan.world, depth);
   // Parts: per document its text, then its items; (document index, item) -> part.
   std::vector<std::size_t> first(plan.documents.size() + 1, 0);
   std::map<std::int64_t, std::size_t> doc_index;
@@ -133,7 +139,7 @@ requires requires(const M& m) {
   };
   for (int r = 0; r < plan.world; ++r)
     for (auto id : documents_of(plan, r))
-      for (int p = 0; p < plan.pp; ++p) send(first[doc_index.at(id)], p, r);
+      for (int p = 0; p < depth; ++p) send(first[doc_index.at(id)], p, r);
 
   const int E = plan.pipeline.num_encoder_shards();
   if (!item_part.empty()) {
