@@ -54,8 +54,9 @@ struct rank_map {
   friend bool operator==(const rank_map&, const rank_map&) = default;
 };
 
-/// train::system's own numbering: world rank p * pool + r, no tensor parallelism. Throws
-/// invalid_argument unless pool, pp >= 1.
+/// train::system's own numbering: world rank p * pool + r, no tensor parallelism; `pp` counts every
+/// pipeline rank (the depth plus a separate encoder pool's ranks). Throws invalid_argument unless pool,
+/// pp >= 1.
 [[nodiscard]] inline rank_map system_ranks(int pool, int pp) {
   if (pool < 1 || pp < 1)
     throw_error<invalid_argument>("train::system_ranks: pool {} x pp {}; expected both >= 1", pool, pp);
