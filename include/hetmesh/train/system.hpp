@@ -287,13 +287,14 @@ class system {
   template <class Stage, class Optimizer, class... Encoders>
   step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage, Optimizer&& optimizer,
                  Encoders... encoders) {
+    const double cpu0 = thread_cpu_seconds();  // the whole call, its checks and summary included
     if (model::document_descs(batch) != plan.documents)
       throw_error<invalid_argument>(
           "train::system::run: the step's documents do not match the plan's {} documents; expected the batch "
           "the plan was made from",
           plan.documents.size());
-    return run_step(plan, batch, model::summarize_step(batch), stage, std::forward<Optimizer>(optimizer),
-                    std::move(encoders)...);
+    return run_step(cpu0, plan, batch, model::summarize_step(batch), stage,
+                    std::forward<Optimizer>(optimizer), std::move(encoders)...);
   }
 
   /// Runs one step of `plan` over this rank's share of it (delivery by plan: train::plan_delivery routes
@@ -307,14 +308,16 @@ class system {
     if (plan.world != pool_size_)  // before indexing the plan by this rank
       throw_error<invalid_argument>("train::system::run: a plan for a pool of {} ranks; expected {}",
                                     plan.world, pool_size_);
+    const double cpu0 = thread_cpu_seconds();
     auto [batch, s] = detail::sparse_step(plan, share, world_->rank() % pool_size_);
-    return run_step(plan, batch, s, stage, std::forward<Optimizer>(optimizer), std::move(encoders)...);
+    return run_step(cpu0, plan, batch, s, stage, std::forward<Optimizer>(optimizer), std::move(encoders)...);
   }
 
  private:
   template <class Stage, class Optimizer, class... Encoders, class T = stage_value_t<Stage>>
-  step_stats run_step(const step_plan& plan, const model::step_batch& batch, const model::step_summary& s,
-                      Stage& stage, Optimizer&& optimizer, Encoders... encoders) {
+  step_stats run_step(double run_cpu0, const step_plan& plan, const model::step_batch& batch,
+                      const model::step_summary& s, Stage& stage, Optimizer&& optimizer,
+                      Encoders... encoders) {
     static_assert(
         model::attention_kernel<Kernel, T>,
         "train::system: Kernel must model model::attention_kernel<Kernel, T> for the stage's element "
@@ -330,7 +333,6 @@ class system {
                                               encoder_context_type<T>>() &&
                    ...));
     using clock = std::chrono::steady_clock;
-    const double run_cpu0 = thread_cpu_seconds();
     auto& world = *world_;
     run::assert_plan_agreement(world, plan, "train step plan");
     if (plan.world != pool_size_ || plan.pp != pipeline_.pp)
