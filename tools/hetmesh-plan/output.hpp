@@ -45,7 +45,7 @@ enum class output_format { json, table, csv, ascii };
     if (name_of(f) == v) return f;
   std::vector<std::string_view> names;
   for (const auto f : allowed) names.push_back(name_of(f));
-  usage_fail("--format = '{}'; this subcommand prints one of: {}", v, fmt::join(names, ", "));
+  usage_fail("option --format '{}': this subcommand prints one of {}", v, fmt::join(names, ", "));
 }
 
 namespace detail {
