@@ -81,8 +81,9 @@ TEST_CASE("tools::parse_real: the whole text, finite") {
   CHECK(tools::parse_real("2e-3", "x") == doctest::Approx(2e-3));
   for (const char* bad : {"1.5x", "inf", "nan", "", " 1", "1e999", "0x10"}) {
     CAPTURE(bad);
-    CHECK_THROWS_WITH_AS((void)tools::parse_real(bad, "option --tflops"),
-                         Contains(("option --tflops '" + std::string(bad) + "': expected a finite number").c_str()),
-                         tools::usage_error);
+    CHECK_THROWS_WITH_AS(
+        (void)tools::parse_real(bad, "option --tflops"),
+        Contains(("option --tflops '" + std::string(bad) + "': expected a finite number").c_str()),
+        tools::usage_error);
   }
 }

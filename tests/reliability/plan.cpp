@@ -64,10 +64,12 @@ TEST_CASE("hetmesh-plan: the one argument parser refuses what it cannot read, na
       {{"mesh", "--world", "16", "--inter-gbps", "nan"}, "option --inter-gbps 'nan'"},
       {{"mesh", "--world", "16", "--inter-gbps", "inf"}, "option --inter-gbps 'inf'"},
       {{"mesh", "--world", "16", "--inter-gbps", "1e-300"}, "'1e-300': out of range; expected a number in"},
-      {{"mesh", "--world", "16", "--tp", "8", "--traffic", "tp=-1"}, "option --traffic tp=-1: expected bytes"},
+      {{"mesh", "--world", "16", "--tp", "8", "--traffic", "tp=-1"},
+       "option --traffic tp=-1: expected bytes"},
       {{"mesh", "--world", "16", "--devices-per-node", "0"}, "option --devices-per-node '0': out of range"},
       {{"pipeline", "--schedule", "1f1b", "--pp", "2", "--microbatches", "0"}, "option --microbatches '0'"},
-      {{"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,4,8x"}, "option --cu-seqlens (entry 2) '8x'"},
+      {{"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,4,8x"},
+       "option --cu-seqlens (entry 2) '8x'"},
       {{"pipeline", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--format", "yaml"},
        "option --format 'yaml': this subcommand prints one of json, csv, ascii, table"},
   });
@@ -96,10 +98,10 @@ TEST_CASE("hetmesh-plan: options it would ignore are refused, naming what they n
        "option --context '6000' applies only to strategy static_dp_cp"},
       {with({"--strategy", "random", "--group-size", "2"}, bal),
        "option --group-size '2' applies only to strategy gap_filling_hdp"},
-      {with({"--strategies", "bytescale_hdp", "--seed", "3"}), "option --seed '3' applies only to strategy random"},
+      {with({"--strategies", "bytescale_hdp", "--seed", "3"}),
+       "option --seed '3' applies only to strategy random"},
       {with({"--layers", "2"}, sim), "option --layers 2: fewer layers than the schedule's 4 stages"},
-      {with({"--schedule", "zbv", "--pp", "2", "--layers", "3"},
-            {"simulate", "--workload", w}),
+      {with({"--schedule", "zbv", "--pp", "2", "--layers", "3"}, {"simulate", "--workload", w}),
        "fewer layers than the schedule's 4 stages"},
       {with({"--width", "50"}, sim), "option --width '50' applies only to --format ascii"},
       {{"pipeline", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--width", "60"},
@@ -124,15 +126,18 @@ TEST_CASE("hetmesh-plan: enormous inputs are refused up front with what they wou
   check_all({
       {{"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "1099511627776"},
        "option --seqlen: 1099511627776 tokens; the partition lists every token index, about"},
-      {{"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,4,68719476736"}, "expected at most 16777216 tokens"},
+      {{"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,4,68719476736"},
+       "expected at most 16777216 tokens"},
       {{"cp", "--scheme", "thd", "--cp", "1048576", "--cu-seqlens", "0,1,2,3,4,5,6,7,8,9", "--pad"},
        "expected at most 16777216 tokens"},
-      {{"mesh", "--world", "1073741824"}, "option --world 1073741824: the mesh lists every rank of every group"},
+      {{"mesh", "--world", "1073741824"},
+       "option --world 1073741824: the mesh lists every rank of every group"},
       {{"mesh", "--world", "1048576", "--tp", "1048576", "--cp", "1048576"},
        "option --cp 1048576: tp*cp*ep*pp = 1099511627776 so far exceeds --world 1048576"},
       {{"pipeline", "--schedule", "1f1b", "--pp", "65536", "--microbatches", "1048576"},
        "needs about 206158430208 actions"},
-      {{"pipeline", "--schedule", "interleaved-1f1b", "--pp", "1024", "--virtual", "1024", "--microbatches", "8"},
+      {{"pipeline", "--schedule", "interleaved-1f1b", "--pp", "1024", "--virtual", "1024", "--microbatches",
+        "8"},
        "expected at most 4194304 actions"},
       {cmp("/dev/zero"), "/dev/zero:1: line longer than 1048576 bytes"},
       {cmp(huge), ":2: length 9223372036854775807; expected at most 1099511627776 tokens"},
@@ -143,13 +148,15 @@ TEST_CASE("hetmesh-plan: enormous inputs are refused up front with what they wou
        "activation bytes on a stage; expected fewer than 2^62"},
       {{"simulate", "--schedule", "1f1b", "--pp", "4", "--workload", w, "--tflops", "1e-300"},
        "option --tflops '1e-300': out of range; expected a number in [0.001, 1e+06]"},
-      {{"compare", "--workload", w, "--ranks", "8", "--capacity", "8192", "--hidden", "4096", "--tflops", "0"},
+      {{"compare", "--workload", w, "--ranks", "8", "--capacity", "8192", "--hidden", "4096", "--tflops",
+        "0"},
        "option --tflops '0': out of range"},
       {{"mesh", "--world", "64", "--tp", "8", "--traffic", "tp=1e300"}, "expected bytes in [0, 1e+14]"},
   });
   // At the edges of the accepted ranges the modelled figures stay finite and positive.
-  const tools_test::result edge = tools_test::run({"mesh", "--world", "64", "--tp", "8", "--cp", "2", "--traffic",
-                                       "tp=1e14,cp=1e14,dp=1e14", "--intra-gbps", "1e-3", "--inter-gbps", "1e-3"});
+  const tools_test::result edge =
+      tools_test::run({"mesh", "--world", "64", "--tp", "8", "--cp", "2", "--traffic",
+                       "tp=1e14,cp=1e14,dp=1e14", "--intra-gbps", "1e-3", "--inter-gbps", "1e-3"});
   REQUIRE_MESSAGE(edge.code == 0, edge.err);
   CHECK(edge.json()["search"]["speedup"].get<double>() >= 1.0);
   CHECK(edge.json()["search"]["best"]["time_model_ms"].get<double>() > 0);

@@ -69,7 +69,8 @@ TEST_CASE("hetmesh-plan: help, unknown commands and options") {
   check_bad_input({"frobnicate"}, "unknown command 'frobnicate'");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "--bogus", "1"}, "--bogus");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen"}, "needs a value");
-  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "two", "--seqlen", "8"}, "option --cp 'two': expected an integer");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "two", "--seqlen", "8"},
+                  "option --cp 'two': expected an integer");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--cp", "4", "--seqlen", "8"}, "given twice");
   check_bad_input({"cp", "--cp", "2", "--seqlen", "8"}, "--scheme");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "--format", "csv"}, "--format");

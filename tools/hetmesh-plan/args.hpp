@@ -41,8 +41,8 @@ template <class... Args>
 /// the error.
 template <class T>
 [[nodiscard]] T parse_integer(std::string_view text, std::string_view what) {
-  return static_cast<T>(hetmesh::tools::parse_int(text, what, std::numeric_limits<T>::min(),
-                                                  std::numeric_limits<T>::max()));
+  return static_cast<T>(
+      hetmesh::tools::parse_int(text, what, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
 }
 
 /// Parses a whole string as a finite floating-point number ("inf", "nan", "1.5x" refused).
@@ -121,7 +121,8 @@ class parsed {
   [[nodiscard]] double real(const std::string& name, double lo = 1e-9, double hi = 1e15) const {
     const double v = parse_real(str(name), "option --" + name);
     if (v < lo || v > hi)
-      usage_fail("option --{} '{}': out of range; expected a number in [{:g}, {:g}]", name, str(name), lo, hi);
+      usage_fail("option --{} '{}': out of range; expected a number in [{:g}, {:g}]", name, str(name), lo,
+                 hi);
     return v;
   }
   /// A comma-separated list of integers, e.g. `--cu-seqlens 0,5,12`.

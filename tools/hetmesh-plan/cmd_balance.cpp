@@ -153,9 +153,10 @@ void check_strategy_options(const parsed& args, std::span<const std::string_view
   } owned[] = {{"context", "static_dp_cp"}, {"group-size", "gap_filling_hdp"}, {"seed", "random"}};
   for (const auto& o : owned) {
     if (!args.given(o.option) || std::find(names.begin(), names.end(), o.strategy) != names.end()) continue;
-    usage_fail("option --{} '{}' applies only to strategy {}, which this command does not run; expected {} "
-               "among the strategies, or no --{}",
-               o.option, args.str(o.option), o.strategy, o.strategy, o.option);
+    usage_fail(
+        "option --{} '{}' applies only to strategy {}, which this command does not run; expected {} "
+        "among the strategies, or no --{}",
+        o.option, args.str(o.option), o.strategy, o.strategy, o.option);
   }
 }
 

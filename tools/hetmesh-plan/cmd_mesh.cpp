@@ -44,8 +44,9 @@ hm::traffic traffic_of(const std::string& text) {
   for (const auto field : split_commas(text)) {
     const auto eq = field.find('=');
     if (eq == std::string_view::npos) {
-      usage_fail("option --traffic '{}': '{}' is not DIM=BYTES; expected e.g. tp=8e9,cp=2e9,ep=4e9,dp=1e9,pp=2.5e8",
-                 text, field);
+      usage_fail(
+          "option --traffic '{}': '{}' is not DIM=BYTES; expected e.g. tp=8e9,cp=2e9,ep=4e9,dp=1e9,pp=2.5e8",
+          text, field);
     }
     const auto name = field.substr(0, eq);
     if (std::find(seen.begin(), seen.end(), name) != seen.end())
@@ -106,8 +107,9 @@ void run_mesh(const parsed& args, std::ostream& out) {
     ext[i] = args.integer(name, 1, max_world);
     if (name != "dp") others *= ext[i];  // <= 2^20 x 2^20: others stays <= world below
     if (others > world)
-      usage_fail("option --{} {}: tp*cp*ep*pp = {} so far exceeds --world {}; expected a product that divides it",
-                 name, ext[i], others, world);
+      usage_fail(
+          "option --{} {}: tp*cp*ep*pp = {} so far exceeds --world {}; expected a product that divides it",
+          name, ext[i], others, world);
   }
   if (!args.has("dp")) {
     // dp absorbs the rest of the world, as Megatron-LM derives it.

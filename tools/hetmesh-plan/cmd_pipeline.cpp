@@ -48,8 +48,8 @@ pl::schedule schedule_of(const parsed& args, int m) {
   const int g = args.opt_int32("group-size", 1, 1 << 20).value_or(0);
   // Stated up front: stages x micro-batches x (F, I, W); every factor is at most 2^20 here.
   const std::int64_t per_rank = name.find("interleaved") != std::string::npos ? (v == 0 ? 2 : v)
-                                : name == "zbv"                                ? 2
-                                                                               : 1;
+                                : name == "zbv"                               ? 2
+                                                                              : 1;
   const std::int64_t actions = std::int64_t{pp} * per_rank * m * 3;
   if (actions > max_actions)
     usage_fail(

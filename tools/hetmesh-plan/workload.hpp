@@ -89,7 +89,8 @@ namespace detail {
              fmt::format("\"{}\" is {}; expected a non-negative integer token count", key, v.dump()));
   }
   if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(max_sample_tokens))
-    bad_line(path, line, fmt::format("\"{}\" is {}; expected at most {} tokens", key, v.dump(), max_sample_tokens));
+    bad_line(path, line,
+             fmt::format("\"{}\" is {}; expected at most {} tokens", key, v.dump(), max_sample_tokens));
   const auto n = v.get<std::int64_t>();
   if (n < 0) bad_line(path, line, fmt::format("\"{}\" is {}; expected a non-negative token count", key, n));
   if (n > max_sample_tokens)
@@ -193,16 +194,18 @@ namespace detail {
       // The same line rule (and messages) as every other reader of length lists.
       const auto n = hetmesh::balance::parse_length_line(text, path, line);
       if (*n > max_sample_tokens)
-        detail::bad_line(path, line, fmt::format("length {}; expected at most {} tokens", *n, max_sample_tokens));
+        detail::bad_line(path, line,
+                         fmt::format("length {}; expected at most {} tokens", *n, max_sample_tokens));
       w.samples.push_back({std::to_string(w.samples.size()), *n, {}, {}});
     }
     total += w.samples.back().llm_tokens();  // <= 2^50 + 2^40: no overflow
     if (total > max_total_tokens)
       detail::bad_line(path, line,
-                       fmt::format("the workload passes {} tokens in all; expected at most {}", max_total_tokens,
-                                   max_total_tokens));
+                       fmt::format("the workload passes {} tokens in all; expected at most {}",
+                                   max_total_tokens, max_total_tokens));
     if (w.samples.size() > max_samples)
-      detail::bad_line(path, line, fmt::format("more than {} samples; expected at most {}", max_samples, max_samples));
+      detail::bad_line(path, line,
+                       fmt::format("more than {} samples; expected at most {}", max_samples, max_samples));
   }
   if (in.bad()) hetmesh::throw_error<hetmesh::data_error>("{}: read error after line {}", path, line);
   if (w.samples.empty()) {

@@ -39,9 +39,10 @@ inline constexpr std::size_t short_line_bytes = std::size_t{1} << 20;
     any = true;
     if (c == '\n') return true;
     if (line.size() >= max_bytes)
-      throw_error<data_error>("{}:{}: line longer than {} bytes; expected lines of at most {} bytes (is this the "
-                              "right file?)",
-                              file, line_no, max_bytes, max_bytes);
+      throw_error<data_error>(
+          "{}:{}: line longer than {} bytes; expected lines of at most {} bytes (is this the "
+          "right file?)",
+          file, line_no, max_bytes, max_bytes);
     line.push_back(static_cast<char>(c));
   }
 }

@@ -101,11 +101,13 @@ struct micro_batch_costs {
           stage_shards, hidden);
     micro_batch_costs c;
     for (const auto& d : docs) {
-      const std::int64_t tokens = checked_sum(d, "pipeline::micro_batch_costs::priced: a micro-batch's tokens");
+      const std::int64_t tokens =
+          checked_sum(d, "pipeline::micro_batch_costs::priced: a micro-batch's tokens");
       // Activation bytes are int64 in the simulator; 2^62 leaves room for the live ones' sum to be checked.
       if (!(act.bytes(tokens) < 0x1p62))
         throw_error<overflow_error>(
-            "pipeline::micro_batch_costs::priced: a micro-batch of {} tokens keeps {:.3g} activation bytes on a "
+            "pipeline::micro_batch_costs::priced: a micro-batch of {} tokens keeps {:.3g} activation bytes "
+            "on a "
             "stage; expected fewer than 2^62",
             tokens, act.bytes(tokens));
       // Model units are ms; the simulator's are seconds.
@@ -299,8 +301,9 @@ class engine {
     is_running_[static_cast<std::size_t>(r)] = 1;
     if (a->type == action_type::forward || a->type == action_type::encoder_forward) {
       auto& m = mem_[static_cast<std::size_t>(r)];
-      m = checked_add(m, c_.memory ? c_.memory(*a) : 1,
-                      hetmesh::format("pipeline simulate({}): live activation memory of rank {}", s_.name, r));
+      m = checked_add(
+          m, c_.memory ? c_.memory(*a) : 1,
+          hetmesh::format("pipeline simulate({}): live activation memory of rank {}", s_.name, r));
       out_.peak_memory[static_cast<std::size_t>(r)] =
           std::max(out_.peak_memory[static_cast<std::size_t>(r)], m);
     }
