@@ -33,6 +33,9 @@ std::int64_t nodes_spanned(const std::vector<int>& group, std::int64_t devices_p
 // The largest world `mesh` plans: its output lists every rank of every group (about 5 x world numbers of
 // JSON, ~100 bytes of memory each), so a 2^30-rank world would need ~500 GiB; 2^20 ranks stay under 1 GiB.
 constexpr std::int64_t max_world = std::int64_t{1} << 20;
+// The layout search evaluates every order of the dims of extent > 1 over every rank: n! x n x world
+// placements, ~100 ns each here; 2^25 of them take a few seconds (5 dims over 2^20 ranks would be ~60 s).
+constexpr std::int64_t max_search_work = std::int64_t{1} << 25;
 // Bytes per rank per step along one dim: 1e14 (100 TB) at the slowest bandwidth accepted keeps every
 // modelled time finite and positive.
 constexpr double max_traffic_bytes = 1e14;
@@ -156,6 +159,17 @@ void run_mesh(const parsed& args, std::ostream& out) {
   if (world > dpn && world % dpn != 0) {
     usage_fail("--world {} is not a whole number of nodes of --devices-per-node {}; expected a multiple",
                world, dpn);
+  }
+  {
+    std::int64_t n = 0, orders = 1;
+    for (std::size_t i = 0; i < mesh.dims_count(); ++i)
+      if (mesh.extent(i) > 1) orders *= ++n;  // n! after the loop (n <= 5)
+    const std::int64_t work = orders * std::max<std::int64_t>(n, 1) * world;
+    if (work > max_search_work)
+      usage_fail(
+          "mesh: the layout search would evaluate {} placements ({} orders x {} dims x {} ranks); expected at "
+          "most {} (a smaller --world or fewer dims of extent > 1)",
+          work, orders, n, world, max_search_work);
   }
   hm::topology topo{.nodes = static_cast<int>(world > dpn ? world / dpn : 1),
                     .devices_per_node = static_cast<int>(world > dpn ? dpn : world),
