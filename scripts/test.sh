@@ -11,6 +11,11 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
 jobs=$(nproc)
+# ccache keys on paths relative to the checkout, so a fresh clone in another folder (CI) reuses what a
+# build of the same sources elsewhere on this machine compiled; the Debug (ASan) flags' -g would
+# otherwise hash the build directory too.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 
 echo "== default build (Release) =="

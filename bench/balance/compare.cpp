@@ -30,6 +30,7 @@
 
 #include "../support/workloads.hpp"
 #include "byted_like.hpp"
+#include "exact.hpp"
 
 using namespace hetmesh;
 using json = nlohmann::json;
@@ -88,7 +89,7 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
   cfg.model.net.intra_bw_gbps = 150.0;
   cfg.model.net.inter_bw_gbps = 25.0;
   std::map<std::string, std::vector<double>> step, imb, ratio;
-  std::vector<double> plan_bs, plan_hm, nseq;
+  std::vector<double> plan_bs, plan_hm, nseq, lb_new, lb_old;
   std::vector<std::string> order{
       std::string(balance::random_placement::name), std::string(balance::token_count::name),
       std::string(balance::static_dp_cp::name), std::string(balance::bytescale::name),
@@ -100,6 +101,9 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
     const auto seqs = w.lengths.empty() ? bench::byted_like_batch(batch_tokens, seed)
                                         : balance::sample_batch(w.lengths, batch_tokens, seed);
     nseq.push_back(static_cast<double>(seqs.size()));
+    const auto terms = balance::step_lower_bound_terms(seqs, cfg);
+    lb_new.push_back(balance::step_lower_bound(seqs, cfg).units());
+    lb_old.push_back(terms.work_only.units());
     auto res = balance::compare_strategies(seqs, cfg, balance::random_placement{.seed = seed},
                                            balance::token_count{}, balance::static_dp_cp{},
                                            balance::bytescale{}, balance::gap_filling_hdp{});
@@ -123,6 +127,8 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
            {"batch_tokens_target", batch_tokens},
            {"seeds", seeds},
            {"sequences_median", median(nseq)},
+           {"lower_bound_ms_median", median(lb_new)},
+           {"work_only_bound_ms_median", median(lb_old)},
            {"model", to_string(cfg.model)}};
   fmt::print(
       "\n{} -- {} ranks, C = {}, ~{}M tokens per batch, {} seeds, ~{:.0f} sequences (step times MODELLED, "
@@ -248,6 +254,89 @@ json run_multimodal(const std::vector<std::int64_t>& text, int seeds) {
   return out;
 }
 
+// How much of the Byted-like ratio is the bound: the lower bound before (work / ranks), the bound now
+// (step_lower_bound), the exact optimum (exact.hpp) and both balancers, on the Byted-like batch scaled
+// down k = 512 / ranks times so that the search can finish: lengths / k (so a sequence's minimum ring,
+// length / C, is the same share of the pool), the quadratic coefficient x k and the KV bytes per token
+// x k (a ring's per-rank compute and KV traffic stay those of the full-size ring; per-hop latency x k),
+// one device per node (every ring crosses nodes, as the full-size rings of >= 64 ranks do). Short
+// sequences keep their share of the work per rank (k times as many, each 1/k of the work).
+balance::strategy_config scaled_config(int k) {
+  balance::strategy_config cfg;
+  cfg.ranks = 512 / k;
+  cfg.hdp.capacity = 8192;
+  cfg.model.net.intra_bw_gbps = 150.0;
+  cfg.model.net.inter_bw_gbps = 25.0;
+  cfg.model.net.devices_per_node = 1;
+  cfg.model.net.nodes = cfg.ranks;
+  cfg.model.net.inter_latency_us *= k;
+  cfg.model.llm.layer.a *= k;
+  cfg.model.kv_bytes_per_token *= k;
+  return cfg;
+}
+
+json run_exact(int seeds, bool quick) {
+  const std::vector<int> ks = quick ? std::vector<int>{64} : std::vector<int>{64, 32};
+  fmt::print(
+      "\nexact optimum, Byted-like scaled down (step / bound, MODELLED; exact: branch and bound, short "
+      "sequences as a fluid (LB) and placed whole (UB))\n");
+  fmt::print("  {:>5} {:>4} {:>5} {:>6} | {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} | {:>6}\n", "ranks", "seed",
+             "long", "proved", "old LB", "new LB", "exact LB", "exact UB", "bytescale", "gap_fill", "search");
+  json out = json::array();
+  for (int k : ks) {
+    const auto cfg = scaled_config(k);
+    for (int s = 0; s < seeds; ++s) {
+      auto seqs = bench::byted_like_batch(32LL << 20, static_cast<std::uint64_t>(1000 + s));
+      for (auto& q : seqs) q.length = std::max<std::int64_t>(1, q.length / k);
+      const auto terms = balance::step_lower_bound_terms(seqs, cfg);
+      const auto lb = balance::step_lower_bound(seqs, cfg);
+      const auto bs = balance::run_strategy(balance::bytescale{}, seqs, cfg);
+      const auto gf = balance::run_strategy(balance::gap_filling_hdp{}, seqs, cfg);
+      const auto a = std::chrono::steady_clock::now();
+      const auto ex = bench::exact_optimum(seqs, cfg, quick ? 200'000 : 3'000'000);
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+      // Everything over the exact optimum's lower end (the relaxed optimum).
+      const double opt = static_cast<double>(ex.relaxed_optimum);
+      // The best feasible step known: the search's own, or a balancer's (both are plans of the model).
+      const auto known = std::min({ex.feasible, bs.step.ticks, gf.step.ticks});
+      auto r = [&](double ticks) { return ticks / opt; };
+      fmt::print(
+          "  {:>5} {:>4} {:>5} {:>6} | {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} | {:>9.3f} {:>9.3f} | {:>5.1f}s\n",
+          cfg.ranks, s, ex.long_tasks, ex.proved ? "yes" : "no",
+          r(static_cast<double>(terms.work_only.ticks)), r(static_cast<double>(lb.ticks)), 1.0,
+          r(static_cast<double>(ex.feasible)), r(static_cast<double>(bs.step.ticks)),
+          r(static_cast<double>(gf.step.ticks)), sec);
+      out.push_back({{"ranks", cfg.ranks},
+                     {"scale_down", k},
+                     {"seed", 1000 + s},
+                     {"sequences", seqs.size()},
+                     {"long_sequences", ex.long_tasks},
+                     {"search_finished", ex.proved},
+                     {"search_nodes", ex.nodes},
+                     {"search_seconds", sec},
+                     {"optimum_within", {1.0, r(static_cast<double>(known))}},
+                     {"model_ticks",
+                      {{"old_bound_work_over_ranks", terms.work_only.ticks},
+                       {"new_bound", lb.ticks},
+                       {"new_bound_area", terms.area.ticks},
+                       {"new_bound_longest", terms.longest.ticks},
+                       {"new_bound_chain", terms.chain.ticks},
+                       {"exact_relaxed_optimum_lower", ex.relaxed_optimum},
+                       {"exact_feasible_upper", ex.feasible},
+                       {"best_known_feasible", known},
+                       {"bytescale_hdp", bs.step.ticks},
+                       {"gap_filling_hdp", gf.step.ticks}}},
+                     {"over_exact_relaxed_optimum",
+                      {{"old_bound", r(static_cast<double>(terms.work_only.ticks))},
+                       {"new_bound", r(static_cast<double>(lb.ticks))},
+                       {"exact_feasible_upper", r(static_cast<double>(ex.feasible))},
+                       {"bytescale_hdp", r(static_cast<double>(bs.step.ticks))},
+                       {"gap_filling_hdp", r(static_cast<double>(gf.step.ticks))}}}});
+    }
+  }
+  return out;
+}
+
 json run_planning(const std::vector<std::int64_t>& text, bool quick) {
   json out;
   fmt::print("\nplanning time (MEASURED on {}):\n", machine);
@@ -336,13 +425,24 @@ int main(int argc, char** argv) {
            {"note",
             "step times are MODELLED by hetmesh::cost (ByteScale Fig. 6(a) layer fit, 32 layers, x3 for "
             "training, alpha-beta ring communication); planning times are MEASURED"},
-           {"workloads_dir", bench::project_relative(dir)}};
+           {"workloads_dir", bench::project_relative(dir)},
+           {"lower_bound",
+            "balance::step_lower_bound (modelled): the largest of (1) area: short sequences' work (without "
+            "the per-row constant) plus, per sequence longer than C, the least D x ring_time(s, D) over the "
+            "ring sizes it may use (D from its minimum under the capacity rule, seq::solve_offload, to the "
+            "pool), over the ranks; (2) the longest task: the largest short sequence's pack time and every "
+            "long sequence's ring time at its best allowed D; (3) the chain: sequences whose minimum ring is "
+            "over half the pool run one after another; divided by pp_stages. Binds every plan that packs "
+            "short sequences whole and gives each long one a ring of its own (the HDP strategies); static "
+            "dp x cp shares rings and is only compared against it. ratio_to_lower_bound divides by it; "
+            "work_only_bound_ms_median is the bound before (total work / ranks, longest task at any D)"}};
     const std::int64_t batch = quick ? (8LL << 20) : (32LL << 20);
     const std::vector<text_workload> text{{"prolong", prolong, 256, 16384, 64},
                                           {"azure_conv", conv, 256, 16384, 64},
                                           {"azure_code", code, 256, 16384, 64},
                                           {"byted_like (synthetic)", {}, 512, 8192, 256}};
     for (const auto& w : text) j["text"].push_back(run_text(w, seeds, batch));
+    j["exact_small_instances"] = run_exact(quick ? 1 : 3, quick);
     j["multimodal"] = run_multimodal(prolong, quick ? 1 : 3);
     j["planning"] = run_planning(prolong, quick);
     const std::filesystem::path op(out_file);

@@ -5,8 +5,9 @@
 //    mode), for all_reduce, broadcast, all_gather, reduce_scatter, all_to_all; sizes 1 KiB .. --max-bytes.
 //    With one rank (mpirun -np 1) the calls never wait for a peer, which isolates the wrapper's own
 //    per-call cost from scheduling noise.
-//  - Otherwise: loopback all_reduce on 2 and 4 threads against one memcpy of the same bytes (the bound).
-// Times: each call is timed; a batch reports the slowest rank's median call; the table reports the
+//  - Otherwise: loopback all_reduce, all_to_all_v and all_gather_v on 2, 4 and 8 threads against a
+//    memcpy of the bytes each rank receives, in thread CPU time (loopback_vs_memcpy.hpp says how).
+// MPI times: each call is timed; a batch reports the slowest rank's median call; the table reports the
 // median (and the best) of --reps batches.
 // Bus bandwidth uses nccl-tests' factors: all_reduce 2(n-1)/n; all_gather, reduce_scatter and
 // all_to_all (n-1)/n; broadcast 1. Prints a table and writes JSON to --out.
@@ -32,6 +33,7 @@
 
 #include "../support/args.hpp"
 #include "../support/json_file.hpp"
+#include "loopback_vs_memcpy.hpp"
 
 namespace comm = hetmesh::comm;
 using clk = std::chrono::steady_clock;
@@ -52,14 +54,17 @@ args parse(int argc, char** argv) {
   return a;
 }
 
-double median(std::vector<double> v) {
+[[maybe_unused]] double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 /// The fastest batch: on a shared machine, the estimate least disturbed by other processes.
-double best(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+[[maybe_unused]] double best(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
-const char* machine = "2-core x86_64 CPU (shared with other builds), no GPU; OpenMPI 4.1 shared memory";
+const char* machine =
+    "2-core x86_64 VM (AMD EPYC, 1 MiB L2 per core, 16 MiB L3), shared with other builds, no GPU; OpenMPI "
+    "4.1 "
+    "shared memory";
 
 /// The 1-minute load average when measured: this machine is shared, so say how busy it was.
 double load_average() {
@@ -70,66 +75,6 @@ double load_average() {
 }
 
 using hetmesh::bench::write_json;
-
-// --- loopback vs memcpy ---------------------------------------------------------------------------
-
-nlohmann::json bench_loopback(const args& a) {
-  nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-10s %6s %12s %12s %12s %8s %12s %12s %8s\n", "collective", "ranks", "bytes", "memcpy_us",
-              "loopback_us", "ratio", "memcpy_min", "loopback_min", "ratio");
-  for (const int n : {2, 4}) {
-    for (std::int64_t bytes = 1024; bytes <= a.max_bytes; bytes *= 4) {
-      const auto count = static_cast<std::size_t>(bytes / 8);
-      std::vector<double> src(count, 1.0), dst(count);
-      // Calls per batch: about 16 MiB of traffic, at least 5 and at most 400.
-      const int iters = static_cast<int>(std::clamp<std::int64_t>((16 << 20) / bytes, 5, 400));
-      std::memcpy(dst.data(), src.data(), count * 8);  // warm
-      std::vector<double> mc, lb;
-      for (int rep = 0; rep < a.reps; ++rep) {
-        std::vector<double> calls(static_cast<std::size_t>(iters));
-        for (auto& t : calls) {
-          const auto t0 = clk::now();
-          std::memcpy(dst.data(), src.data(), count * 8);
-          asm volatile("" ::"r"(dst.data()) : "memory");
-          t = std::chrono::duration<double>(clk::now() - t0).count();
-        }
-        mc.push_back(median(calls));
-        double slowest = 0;
-        comm::loopback::run(n, [&](comm::loopback::communicator& c) {
-          std::vector<double> x(count, 1.0);
-          for (int i = 0; i < 2; ++i)
-            comm::all_reduce(c, std::span<double>(x), comm::reduce_op::sum);  // warm
-          std::vector<double> mine(static_cast<std::size_t>(iters));
-          for (auto& t : mine) {
-            const auto s = clk::now();
-            comm::all_reduce(c, std::span<double>(x), comm::reduce_op::sum);
-            t = std::chrono::duration<double>(clk::now() - s).count();
-          }
-          const double med = median(mine);
-          std::vector<double> all(static_cast<std::size_t>(n));
-          comm::all_gather(c, std::span<const double>(&med, 1), std::span<double>(all));
-          if (c.rank() == 0) slowest = *std::max_element(all.begin(), all.end());
-        });
-        lb.push_back(slowest);
-      }
-      const double m = median(mc) * 1e6, l = median(lb) * 1e6, mb = best(mc) * 1e6, lbb = best(lb) * 1e6;
-      std::printf("%-10s %6d %12lld %12.2f %12.2f %8.2f %12.2f %12.2f %8.2f\n", "all_reduce", n,
-                  static_cast<long long>(bytes), m, l, l / m, mb, lbb, lbb / mb);
-      rows.push_back({{"collective", "all_reduce"},
-                      {"ranks", n},
-                      {"bytes", bytes},
-                      {"memcpy_us", m},
-                      {"loopback_us", l},
-                      {"ratio_to_memcpy", l / m},
-                      {"memcpy_best_us", mb},
-                      {"loopback_best_us", lbb},
-                      {"ratio_to_memcpy_best", lbb / mb},
-                      {"loopback_algbw_GBps", static_cast<double>(bytes) / (l * 1e3)},
-                      {"memcpy_GBps", static_cast<double>(bytes) / (m * 1e3)}});
-    }
-  }
-  return rows;
-}
 
 #if HETMESH_HAS_MPI
 // --- mpi backend vs raw MPI ----------------------------------------------------------------------
@@ -300,7 +245,16 @@ int main(int argc, char** argv) {
 #endif
     }
     j["mode"] = "loopback";
-    j["results"] = bench_loopback(a);
+    j["time"] =
+        "thread CPU time per call (CLOCK_THREAD_CPUTIME_ID), each rank's median over a batch, mean over "
+        "ranks, "
+        "median over reps; wall time beside it (ranks outnumber cores, so wall time is for reference)";
+    j["ratio"] =
+        "cpu_ratio = mean rank CPU time per call / CPU time of a memcpy of the bytes one rank receives, done "
+        "by as many threads at once as there are ranks; cpu_ratio_alone: the memcpy by one thread alone";
+    j["results"] = hetmesh::bench::comm_loopback::run(a.max_bytes, a.reps);
+    j["targets"] = hetmesh::bench::comm_loopback::targets(j["results"]);
+    j["load_average_1min_after"] = load_average();
     write_json(j, a.out.empty() ? "bench/results/comm_loopback.json" : a.out);
     return 0;
   } catch (const std::exception& e) {

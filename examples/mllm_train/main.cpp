@@ -10,6 +10,8 @@
 //   [--schedule 1f1b|gpipe|interleaved-1f1b|zero-bubble|zbv] [--encoder joint|first-stage|separate]
 //   [--balancer bytescale|gap-filling|family] [--pp P] [--checkpoint-dir D] [--resume] [--report FILE.json]
 //   [--check-parity] [--out DIR] [--data-dir D] [--kill-after K]
+// --encoder separate gives each pipeline a pool of pp encoder-only ranks after its pp LLM ranks
+// (pipeline::encoder_pool), so --ranks must be a multiple of 2 * pp.
 // Exit status: 0 done; 1 --check-parity failed; 2 bad flags or combinations (one line on stderr).
 #include <signal.h>
 
@@ -115,23 +117,26 @@ options parse(int argc, char** argv) {
   if (o.balancer.empty()) o.balancer = o.partition == "hdp" ? "bytescale" : "family";
   if (o.partition != "hdp" && o.balancer != "family")
     throw usage_error(fmt::format("--balancer {} places HDP rings: it needs --partition hdp", o.balancer));
-  if (o.encoder == "separate")
-    throw usage_error(
-        "--encoder separate: a separate encoder pool is not run by train::system yet; use joint "
-        "or first-stage");
   if (o.resume && o.checkpoint_dir.empty()) throw usage_error("--resume needs --checkpoint-dir");
-  if (o.ranks % o.pp != 0)
-    throw usage_error(fmt::format("--pp {} does not divide --ranks {}", o.pp, o.ranks));
-  const int pool = o.ranks / o.pp;
+  // --encoder separate: each pipeline gets as many encoder-only ranks as it has LLM ranks.
+  const int width = o.encoder == "separate" ? 2 * o.pp : o.pp;
+  if (o.ranks % width != 0)
+    throw usage_error(
+        o.encoder == "separate"
+            ? fmt::format("--encoder separate runs pp = {} LLM and {} encoder ranks per pipeline: "
+                          "{} does not divide --ranks {}",
+                          o.pp, o.pp, width, o.ranks)
+            : fmt::format("--pp {} does not divide --ranks {}", o.pp, o.ranks));
+  const int pool = o.ranks / width;
   if ((o.partition == "static-cp" || o.partition == "ulysses") && pool % 2 != 0)
     throw usage_error(fmt::format("--partition {} runs groups of 2 ranks: --ranks / --pp = {} must be even",
                                   o.partition, pool));
   if (o.schedule == "zbv" && o.pp < 2) throw usage_error("--schedule zbv needs --pp >= 2");
   // What is compiled (with_policies): refuse the rest here, before any rank starts.
   const bool hdp_bytescale_joint = o.partition == "hdp" && o.balancer == "bytescale" && o.encoder == "joint";
-  if (o.encoder == "first-stage" && o.schedule != "1f1b")
+  if (o.encoder != "joint" && o.schedule != "1f1b")
     throw usage_error(
-        fmt::format("--encoder first-stage is compiled with --schedule 1f1b only, not {}", o.schedule));
+        fmt::format("--encoder {} is compiled with --schedule 1f1b only, not {}", o.encoder, o.schedule));
   if ((o.schedule == "gpipe" || o.schedule == "zbv") && !hdp_bytescale_joint)
     throw usage_error(
         fmt::format("--schedule {} is compiled with --partition hdp --balancer bytescale --encoder joint "
@@ -145,9 +150,10 @@ options parse(int argc, char** argv) {
 }
 
 /// Runs `body(policies...)` with the compiled instantiation the options name. Compiled (each is a
-/// train::system type; parse() refuses the others): every partition and balancer with 1F1B (joint or
-/// first-stage encoders), zero-bubble and interleaved 1F1B (joint); GPipe and ZB-V with HDP, ByteScale and
-/// the joint pipeline. Under MPI (`Full` false): HDP, ByteScale, joint, with 1F1B or zero-bubble.
+/// train::system type; parse() refuses the others): every partition and balancer with 1F1B (joint,
+/// first-stage or separate-pool encoders), zero-bubble and interleaved 1F1B (joint); GPipe and ZB-V with HDP,
+/// ByteScale and the joint pipeline. Under MPI (`Full` false): HDP, ByteScale, joint, with 1F1B or
+/// zero-bubble.
 template <bool Full, class F>
 void with_policies(const options& o, const mllm::config& mc, F&& body) {
   auto by_schedule = [&](auto partition, auto balancer, auto placement) {
@@ -168,8 +174,12 @@ void with_policies(const options& o, const mllm::config& mc, F&& body) {
   };
   auto by_encoder = [&](auto partition, auto balancer) {
     if (o.encoder == "joint") return by_schedule(partition, balancer, pipeline::colocated_encoder{});
-    if constexpr (Full) return by_schedule(partition, balancer, pipeline::encoder_on_first_stage{});
-    throw usage_error("--encoder first-stage is not compiled for this backend");
+    if constexpr (Full) {
+      if (o.encoder == "separate")
+        return by_schedule(partition, balancer, pipeline::encoder_pool{.ranks = o.pp});
+      return by_schedule(partition, balancer, pipeline::encoder_on_first_stage{});
+    }
+    throw usage_error(fmt::format("--encoder {} is not compiled for this backend", o.encoder));
   };
   // HDP over the pool: C tokens of activations per rank; a longer sequence gets a ring and offloads part
   // of its activations (ByteScale's solver, over the layers one pipeline rank holds).

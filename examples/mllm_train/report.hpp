@@ -231,13 +231,21 @@ class run_log {
     max_busy_.push_back(rep.max_cpu_busy());
     modelled_.push_back(modelled);
     plan_ms_.push_back(r.plan_ms);
+    // The library's share of the step's thread CPU time over all ranks: planning plus run() less the stage
+    // and encoder calls, the bytes on the wire and the optimizer (step_stats::library_cpu_seconds).
+    double lib = r.plan_cpu_s, all = r.plan_cpu_s;
+    for (std::size_t i = 0; i < rep.cpu_step_seconds.size(); ++i)
+      lib += rep.library_cpu_seconds[i], all += rep.cpu_step_seconds[i];
+    library_.push_back(all > 0 ? lib / all : 0.0);
+    lib_s_ += lib;
+    all_s_ += all;
     hash_.push_back(fmt::format("{:#018x}", rep.stats.plan_hash));
     std::printf(
         "step %3lld  loss %.4f  tokens %5lld  items %3lld  %s  busy max %.3f s (CPU)  imbalance %.2f  "
-        "modelled %.3f s  plan %.2f ms\n",
+        "modelled %.3f s  plan %.2f ms  library %.2f%%\n",
         static_cast<long long>(r.step), rep.stats.loss, static_cast<long long>(rep.stats.tokens),
         static_cast<long long>(rep.stats.encoder_items), plan_summary(*r.plan).c_str(), rep.max_cpu_busy(),
-        rep.cpu_imbalance(), modelled, r.plan_ms);
+        rep.cpu_imbalance(), modelled, r.plan_ms, 100 * library_.back());
     std::fflush(stdout);
     if (!out_.empty() && loss_.size() == 2) {  // the second step: the first one ran in calibration's shadow
       write_file(out_ / "trace.json", hetmesh::train::step_trace(rep).dump());
@@ -254,7 +262,16 @@ class run_log {
     }
   }
 
+  /// The library's share of all steps' thread CPU time (planning + run(), every rank).
+  [[nodiscard]] double library_share() const noexcept { return all_s_ > 0 ? lib_s_ / all_s_ : 0.0; }
+
   void finish() const {
+    if (root_ && !library_.empty())
+      std::printf(
+          "library overhead: %.2f%% of the steps' thread CPU time over all ranks (planning, dispatch "
+          "and bookkeeping; the stage and encoder calls, the bytes on the wire and the optimizer "
+          "excluded)\n",
+          100 * library_share());
     if (!root_ || out_.empty()) return;
     write_file(out_ / "loss.svg",
                svg_plot({{"loss", loss_}, {"busy max (s)", max_busy_}, {"modelled (s)", modelled_}},
@@ -268,6 +285,8 @@ class run_log {
                                     {"busy_s", busy_},
                                     {"modelled_step_s", modelled_},
                                     {"plan_ms", plan_ms_},
+                                    {"library_share", library_},
+                                    {"library_overhead_share", library_share()},
                                     {"plan_hash", hash_}}
                          .dump(1));
   }
@@ -276,7 +295,8 @@ class run_log {
   std::filesystem::path out_;
   bool root_;
   cost_fit fit_;
-  std::vector<double> loss_, max_busy_, modelled_, plan_ms_;
+  std::vector<double> loss_, max_busy_, modelled_, plan_ms_, library_;
+  double lib_s_ = 0, all_s_ = 0;
   std::vector<std::int64_t> tokens_;
   std::vector<std::vector<double>> busy_;
   std::vector<std::string> hash_;

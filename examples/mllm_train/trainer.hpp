@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <hetmesh/core/cpu_time.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/train/train.hpp>
 
@@ -38,6 +39,7 @@ struct step_result {
   const hetmesh::train::step_plan* plan = nullptr;
   const hetmesh::train::step_report* report = nullptr;
   double plan_ms = 0;
+  double plan_cpu_s = 0;  ///< thread CPU seconds of sys.plan(), summed over the world's ranks
   multimodal_model<float>* model = nullptr;  ///< this rank's model (gradients of this step still in place)
   const hetmesh::model::step_batch* batch = nullptr;  ///< the step's batch
   const step_source* data = nullptr;  ///< the data source (its encoder inputs are this step's)
@@ -108,9 +110,13 @@ void train(System& sys, const config& mc, const data_config& dc, const trainer_o
   for (std::int64_t step = data.step(); step < o.steps; ++step) {
     const auto batch = data.next();
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = hetmesh::thread_cpu_seconds();
     const auto plan = sys.plan(batch);
+    double plan_cpu_s = hetmesh::thread_cpu_seconds() - c0;
     const double plan_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    // Every rank plans (the plan is decentralised); the library's overhead counts each rank's planning.
+    hetmesh::comm::all_reduce(world, std::span<double>(&plan_cpu_s, 1), hetmesh::comm::reduce_op::sum);
     if (!model) {  // the split is the schedule's, known once a plan exists
       model.emplace(mc, o.seed, plan.pipeline.num_stages, sys.local_stages(plan));
       if (o.resume && load_rank(rank_file, *model, opt) + 1 != step)
@@ -127,7 +133,7 @@ void train(System& sys, const config& mc, const data_config& dc, const trainer_o
       if (world.rank() == 0) data.save(o.ckpt_dir / "data.ckpt");
       hetmesh::comm::barrier(world);
     }
-    on_step({step, &plan, &report, plan_ms, &*model, &batch, &data});
+    on_step({step, &plan, &report, plan_ms, plan_cpu_s, &*model, &batch, &data});
   }
 }
 

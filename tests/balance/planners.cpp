@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -280,5 +281,56 @@ TEST_CASE("compare_strategies: heavy-tailed synthetic batch, gap_filling_hdp wit
     CHECK(by("gap_filling_hdp").step >= by("gap_filling_hdp").lower_bound);
     CHECK(by("gap_filling_hdp").ratio_to_lower_bound < 1.02);
     CHECK(by("gap_filling_hdp").step < by("bytescale_hdp").step);
+  }
+}
+
+TEST_CASE("step_lower_bound: ring rank-time and the capacity rule; below every HDP plan; order-free") {
+  // One communication-bound sequence of 64 C tokens on a pool of 128: its ring needs >= 64 ranks, and a
+  // ring of D ranks keeps D ranks busy for its ring time, more than its work / D.
+  balance::strategy_config cfg;
+  cfg.ranks = 128;
+  cfg.hdp.capacity = 8192;
+  cfg.model.net.inter_bw_gbps = 25.0;
+  const std::int64_t s = 64 * 8192;
+  const std::vector<seq::seq_desc> one{{7, s}};
+  const auto t = balance::step_lower_bound_terms(one, cfg);
+  std::int64_t area = std::numeric_limits<std::int64_t>::max(), best = area;
+  for (int d = 64; d <= 128; ++d) {
+    const auto rt = cfg.model.ring_time(s, d, cfg.model.spans_nodes(d)).ticks;
+    area = std::min(area, d * rt);
+    best = std::min(best, rt);
+  }
+  CHECK(t.area.ticks == (area + 127) / 128);
+  CHECK(t.longest.ticks == best);
+  CHECK(t.chain.ticks == 0);  // 64 ranks: two such rings fit side by side
+  CHECK(balance::step_lower_bound(one, cfg) == std::max(t.area, t.longest));
+  // Three of them at 65 C tokens need > half the pool each: they run one after another.
+  const std::vector<seq::seq_desc> three{{1, 65 * 8192}, {2, 65 * 8192}, {3, 65 * 8192}};
+  const auto t3 = balance::step_lower_bound_terms(three, cfg);
+  CHECK(t3.chain.ticks == 3 * t3.longest.ticks);
+  CHECK(balance::step_lower_bound(three, cfg) >= t3.chain);
+
+  // Seeded heavy-tailed batches: the bound is at least the work-only bound, below every HDP strategy's
+  // modelled step (with and without offloading, pp 1 and 4), and independent of the batch's order.
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    balance::strategy_config c;
+    c.ranks = 32;
+    c.hdp.capacity = 8192;
+    c.hdp.offload.enabled = seed % 2 == 0;
+    c.model.pp_stages = seed <= 2 ? 1 : 4;
+    c.model.net.inter_bw_gbps = 25.0;
+    const auto seqs = test::heavy_tailed_batch(seed, 32LL * 4 * 8192);
+    const auto lb = balance::step_lower_bound(seqs, c);
+    CAPTURE(seed);
+    CHECK(lb >= balance::step_lower_bound_terms(seqs, c).work_only);
+    CHECK(balance::step_lower_bound(permuted(seqs, seed + 11), c) == lb);
+    const auto res =
+        balance::compare_strategies(seqs, c, balance::random_placement{.seed = seed}, balance::token_count{},
+                                    balance::bytescale{}, balance::gap_filling_hdp{});
+    for (const auto& r : res) {
+      CAPTURE(r.name);
+      CHECK(r.lower_bound == lb);
+      CHECK(r.step >= lb);
+    }
   }
 }

@@ -80,6 +80,46 @@ TEST_CASE("loopback: in-place all_gather and reduce_scatter") {
   });
 }
 
+TEST_CASE("loopback: all_reduce and reduce_scatter combine in rank order, bitwise, across reduction blocks") {
+  // Floats whose sum depends on the order of the additions; counts that cross the 8 KiB blocks of
+  // detail::reduce_slice and leave a remainder, and do not divide evenly over the ranks.
+  constexpr std::size_t m = 2 * 2048 + 123;
+  auto value = [](std::size_t rank, std::size_t i) {
+    return static_cast<float>((rank * 7919 + i * 104729) % 1000003) * (rank % 2 ? 1e-3F : 1e3F) + 0.1F;
+  };
+  for (const int n : {3, 5}) {
+    CAPTURE(n);
+    for (const auto op : {comm::reduce_op::sum, comm::reduce_op::avg, comm::reduce_op::prod,
+                          comm::reduce_op::min, comm::reduce_op::max}) {
+      CAPTURE(op);
+      auto expected = [&](std::size_t i) {  // r0 op r1 op ... in rank order, then avg's one division
+        float acc = value(0, i);
+        for (std::size_t r = 1; r < static_cast<std::size_t>(n); ++r) {
+          const float v = value(r, i);
+          comm::detail::reduce_into(&acc, &v, 1, op);
+        }
+        comm::detail::finish_reduce(&acc, 1, op, n);
+        return acc;
+      };
+      const auto bad = run_collect(n, [&](lb::communicator& c) {
+        const auto me = static_cast<std::size_t>(c.rank());
+        std::int64_t wrong = 0;
+        std::vector<float> x(m);
+        for (std::size_t i = 0; i < m; ++i) x[i] = value(me, i);
+        comm::all_reduce(c, std::span<float>(x), op);
+        for (std::size_t i = 0; i < m; ++i) wrong += x[i] != expected(i) ? 1 : 0;  // bitwise
+        std::vector<float> rs(static_cast<std::size_t>(n) * m);
+        for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
+          for (std::size_t i = 0; i < m; ++i) rs[j * m + i] = value(me, j * m + i);
+        comm::reduce_scatter(c, std::span<const float>(rs), std::span<float>(rs.data() + me * m, m), op);
+        for (std::size_t i = 0; i < m; ++i) wrong += rs[me * m + i] != expected(me * m + i) ? 1 : 0;
+        return wrong;
+      });
+      for (const auto w : bad) CHECK(w == 0);
+    }
+  }
+}
+
 TEST_CASE("loopback: a missing rank makes the others raise timeout_error quickly, naming the missing rank") {
   std::vector<std::string> messages(4);
   const auto start = std::chrono::steady_clock::now();

@@ -444,6 +444,69 @@ TEST_CASE("HDP: exactly once, capacity, rings of D distinct ranks, no deadlock, 
   }
 }
 
+namespace {
+/// The least-loaded greedy as first written (std heap of (load, rank) pairs, pop and push per
+/// ring member): the reference the faster placement must equal, plan for plan.
+std::vector<hdp_placement> reference_least_loaded(const hdp_sharding& sh) {
+  std::vector<std::int64_t> cost(sh.items.size());
+  std::vector<std::size_t> order(sh.items.size());
+  for (std::size_t i = 0; i < sh.items.size(); ++i) {
+    cost[i] = hdp_item_cost(sh.items[i], sh.policy.model);
+    order[i] = i;
+  }
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; });
+  using slot = std::pair<std::int64_t, int>;
+  std::vector<slot> heap;
+  for (int r = 0; r < sh.pool; ++r) heap.push_back({0, r});
+  std::vector<hdp_placement> out(sh.items.size());
+  for (std::size_t turn = 0; turn < order.size(); ++turn) {
+    const std::size_t i = order[turn];
+    std::vector<slot> taken;
+    for (int k = 0; k < sh.items[i].degree; ++k) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+      taken.push_back(heap.back());
+      heap.pop_back();
+    }
+    out[i].order = static_cast<std::int64_t>(turn);
+    for (auto& t : taken) {
+      out[i].ring.push_back(t.second);
+      heap.push_back({t.first + cost[i], t.second});
+      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+    }
+    std::sort(out[i].ring.begin(), out[i].ring.end());
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("HDP: the fast paths equal their references (least-loaded heap, counting-sort best fit)") {
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    auto seqs = random_seqs(seed, 400, 200000, 16);
+    // Ascending ids take best fit's counting sort; random ids its comparison sort.
+    auto ascending = seqs;
+    for (std::size_t i = 0; i < ascending.size(); ++i) ascending[i].id = static_cast<std::int64_t>(i);
+    for (const auto* batch : {&seqs, &ascending})
+      for (int pool : {61, 1024}) {
+        hdp_policy pol{.capacity = 4096};
+        if (seed % 2 == 0) pol.model.layer = {.a = 1e-4, .b = 1.0, .c = 0};  // loads past 2^43 ns: pair keys
+        const auto sh = hdp_shard(*batch, pol, pool);
+        CHECK(hdp_least_loaded_placement(sh) == reference_least_loaded(sh));
+        std::vector<seq_desc> shorts;
+        for (const auto& s : *batch)
+          if (s.length <= pol.capacity) shorts.push_back(s);
+        const auto plan = pack(shorts, {.capacity = pol.capacity});
+        const auto ref = slow_bfd(shorts, pol.capacity);
+        REQUIRE(plan.micro_batches.size() == ref.size());
+        for (std::size_t b = 0; b < ref.size(); ++b) {
+          std::vector<std::int64_t> ids;
+          for (const auto& d : plan.micro_batches[b].docs) ids.push_back(d.id);
+          CHECK(ids == ref[b]);
+        }
+      }
+  }
+}
+
 TEST_CASE("HDP: any ring size, uneven zigzag chunks, assemble checks placements") {
   std::vector<seq_desc> seqs{{10, 3 * 8192 - 5}, {11, 1000}, {12, 2000}, {13, 8192}};
   const auto plan = plan_hdp(seqs, {.capacity = 8192}, 5);

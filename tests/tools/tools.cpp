@@ -238,6 +238,61 @@ TEST_CASE("hetmesh-plan mesh: groups partition the world along every dim") {
   check_bad_input({"mesh", "--world", "16", "--tp", "8", "--traffic", "xx=5"}, "unknown dim 'xx'");
   check_bad_input({"mesh", "--world", "16", "--tp", "8", "--traffic", "tp"}, "DIM=BYTES");
   check_bad_input({"mesh", "--world", "12", "--tp", "4", "--devices-per-node", "8"}, "whole number of nodes");
+  check_bad_input({"mesh", "--world", "16", "--etp", "2"}, "--moe");
+}
+
+TEST_CASE("hetmesh-plan mesh --moe: Megatron-LM's decoder and expert groups, its refusals, many shapes") {
+  // 16 ranks, tp = cp = pp = 2, ep = 4, etp = 1 (values recorded from megatron-core 0.16.1; the full
+  // comparison is scripts/peers/mesh_vs_megatron.py).
+  const result r = run(
+      {"mesh", "--moe", "--world", "16", "--tp", "2", "--cp", "2", "--pp", "2", "--ep", "4", "--etp", "1"});
+  REQUIRE(r.code == 0);
+  const auto j = r.json();
+  CHECK(j["sizes"]["dp"] == 2);
+  CHECK(j["sizes"]["edp"] == 2);
+  std::map<std::string, std::vector<std::vector<int>>> fam;
+  for (const auto& f : j["families"])
+    fam[f["name"].get<std::string>()] = f["groups"].get<std::vector<std::vector<int>>>();
+  CHECK(fam.size() == 17);
+  CHECK(fam["DATA_PARALLEL_GROUP_WITH_CP"].front() == std::vector<int>{0, 2, 4, 6});
+  CHECK(fam["EXPERT_MODEL_PARALLEL_GROUP"].front() == std::vector<int>{0, 1, 2, 3});
+  CHECK(fam["EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"].front() ==
+        std::vector<int>{0, 1, 2, 3, 8, 9, 10, 11});
+  CHECK(fam["EXPERT_DATA_PARALLEL_GROUP"].front() == std::vector<int>{0, 4});
+  CHECK(fam["MODEL_PARALLEL_GROUP"].front() == std::vector<int>{0, 1, 8, 9});
+
+  const result t = run({"mesh", "--moe", "--world", "16", "--tp", "2", "--ep", "4", "--format", "table"});
+  REQUIRE(t.code == 0);
+  CHECK(t.out.find("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP") != std::string::npos);
+  CHECK(t.out.find("etp=2 ep=4 edp=2") != std::string::npos);  // etp defaults to tp, as in Megatron
+
+  check_bad_input({"mesh", "--moe", "--world", "16", "--tp", "4", "--pp", "2", "--ep", "2", "--etp", "1",
+                   "--order", "tp-cp-ep-pp-dp"},
+                  "when not using pp-last rank ordering");
+  check_bad_input({"mesh", "--moe", "--world", "12", "--tp", "2", "--pp", "2", "--ep", "2"},
+                  "expert_tensor_model_pipeline_parallel");
+  check_bad_input({"mesh", "--moe", "--world", "10", "--tp", "4"}, "is not divisible by tp*pp*cp");
+  check_bad_input({"mesh", "--moe", "--world", "16", "--tp", "2", "--dp", "4"},
+                  "dp = world / (tp*cp*pp) = 8");
+
+  // --shapes: one JSON object per line in and out; a refused shape says why and the rest still print.
+  scratch_dir dir;
+  const std::string path =
+      dir.write("shapes.jsonl",
+                "{\"world\": 8, \"tp\": 2, \"ep\": 2, \"etp\": 1}\n"
+                "{\"world\": 10, \"tp\": 4}\n"
+                "{\"world\": 16, \"tp\": 2, \"cp\": 2, \"pp\": 2, \"ep\": 4, \"etp\": 1, "
+                "\"order\": \"tp-cp-ep-pp-dp\"}\n");
+  const result s = run({"mesh", "--moe", "--shapes", path});
+  REQUIRE(s.code == 0);
+  std::istringstream lines(s.out);
+  std::vector<nlohmann::json> docs;
+  for (std::string line; std::getline(lines, line);) docs.push_back(nlohmann::json::parse(line));
+  REQUIRE(docs.size() == 3);
+  CHECK(docs[0]["sizes"]["edp"] == 4);
+  CHECK(docs[1]["refused"].get<std::string>().find("world_size (10)") != std::string::npos);
+  CHECK(docs[2]["order"] == "tp-cp-ep-pp-dp");
+  check_bad_input({"mesh", "--moe", "--shapes", (dir.path / "missing.jsonl").string()}, "cannot open");
 }
 
 namespace {
@@ -261,7 +316,7 @@ std::optional<parsed_action> parse_action(const std::string& t) {
 
 TEST_CASE("hetmesh-plan pipeline: every schedule runs each micro-batch through each stage once") {
   for (const std::string name :
-       {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv"}) {
+       {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv", "looped-bfs"}) {
     for (const int pp : {2, 4}) {
       const int m = 8;
       CAPTURE(name);
@@ -353,9 +408,69 @@ TEST_CASE("hetmesh-plan pipeline: every schedule runs each micro-batch through e
   check_bad_input({"pipeline", "--schedule", "2f2b", "--pp", "2", "--microbatches", "4"}, "expected one of");
   check_bad_input({"pipeline", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--virtual", "2"},
                   "virtual");
-  check_bad_input({"pipeline", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"},
-                  "group size");
+  // interleaved-1f1b: PyTorch's rule by default (M < pp and M = 6 over pp = 4 accepted, M = 9 refused);
+  // --group-size picks Megatron-LM's rule, which refuses 6 over pp = 4.
+  for (const char* m : {"2", "6"})
+    CHECK(run({"pipeline", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", m}).code == 0);
+  check_bad_input({"pipeline", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "9"},
+                  "multiple of the number of rounds");
+  check_bad_input(
+      {"pipeline", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6", "--group-size", "4"},
+      "group size");
+  // zero-bubble = interleaved-zero-bubble --virtual 1: both refuse pp = 2, M = 5 (PyTorch's rounds).
+  check_bad_input({"pipeline", "--schedule", "zero-bubble", "--pp", "2", "--microbatches", "5"},
+                  "multiple of the number of rounds");
+  check_bad_input({"pipeline", "--schedule", "interleaved-zero-bubble", "--pp", "2", "--microbatches", "5",
+                   "--virtual", "1"},
+                  "multiple of the number of rounds");
+  check_bad_input(
+      {"pipeline", "--schedule", "looped-bfs", "--pp", "2", "--microbatches", "4", "--group-size", "2"},
+      "--group-size");
   check_bad_input({"pipeline", "--schedule", "1f1b", "--pp", "0", "--microbatches", "4"}, "--pp");
+}
+
+TEST_CASE("hetmesh-plan pipeline --lowered: SEND/RECV in the JSON; PyTorch's compute_comms CSV with waits") {
+  const std::vector<std::string> base{"pipeline",       "--schedule", "interleaved-1f1b", "--pp", "2",
+                                      "--microbatches", "4",          "--lowered"};
+  const result j = run(base);
+  REQUIRE_MESSAGE(j.code == 0, j.err);
+  const auto ranks = j.json()["ranks"];
+  REQUIRE(ranks.size() == 2);
+  const auto row0 = ranks[0].get<std::vector<std::string>>();
+  CHECK(std::count(row0.begin(), row0.end(), "0SEND_F0") == 1);
+  CHECK(std::count(row0.begin(), row0.end(), "0REDUCE_GRAD") == 1);
+  auto csv_args = base;
+  csv_args.insert(csv_args.end(), {"--format", "csv"});
+  const result c = run(csv_args);
+  REQUIRE_MESSAGE(c.code == 0, c.err);
+  std::istringstream in(c.out);
+  int rows = 0;
+  for (std::string line; std::getline(in, line); ++rows) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::vector<std::string> fields;
+    std::istringstream row(line);
+    for (std::string f; std::getline(row, f, ',');) fields.push_back(f);
+    // JSON's actions in order, each send retired by one later wait, each reduction by its wait.
+    std::vector<std::string> kept;
+    std::map<std::string, int> open;
+    for (const auto& f : fields) {
+      const auto send = f.find("SEND_"), wait = f.find("WAIT_");
+      if (wait != std::string::npos) {
+        if (f.find("REDUCE_GRAD") != std::string::npos) {
+          CHECK(f.substr(0, f.find('W')) + "REDUCE_GRAD" == kept.back());
+        } else {
+          const std::string key = f.substr(0, wait) + f.substr(wait + 5);  // "0WAIT_SEND_F1" -> "0SEND_F1"
+          CHECK_MESSAGE(open[key]-- == 1, f);
+        }
+        continue;
+      }
+      if (send != std::string::npos) ++open[f];
+      kept.push_back(f);
+    }
+    for (const auto& [k, n] : open) CHECK_MESSAGE(n == 0, k);
+    CHECK(kept == ranks[static_cast<std::size_t>(rows)].get<std::vector<std::string>>());
+  }
+  CHECK(rows == 2);
 }
 
 namespace {
@@ -665,4 +780,42 @@ TEST_CASE("hetmesh-data-convert: progress on stderr for long conversions, nothin
   CHECK(failed.code == 2);  // bad input: exit 2, one error line (tools/common/args.hpp)
   CHECK(failed.err.find("done") == std::string::npos);
   CHECK_MESSAGE(failed.err.find("line 2") != std::string::npos, failed.err);
+}
+
+TEST_CASE("hetmesh-plan pipeline dualpipev: PyTorch's order with its overlapped actions; refusals exit 2") {
+  const result r = run({"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "4"});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto j = r.json();
+  CHECK(j["schedule"] == "dualpipev");
+  CHECK(j["stages"] == 4);
+  CHECK(j["stage_to_rank"].get<std::vector<int>>() == std::vector<int>{0, 1, 1, 0});
+  // torch 2.15.0 ScheduleDualPipeV(pp=2, n_microbatches=4).pipeline_order[0]
+  CHECK(j["ranks"][0].get<std::vector<std::string>>() ==
+        std::vector<std::string>{"0F0", "0F1", "0F2", "3F0", "3I0", "3W0", "3F1", "(0F3;3B1)OVERLAP_F_B",
+                                 "(3F2;0B0)OVERLAP_F_B", "3B2", "(3F3;0B1)OVERLAP_F_B", "3B3", "0I2", "0W2",
+                                 "0I3", "0W3"});
+  const result csv =
+      run({"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "4", "--format", "csv"});
+  REQUIRE(csv.code == 0);
+  CHECK(csv.out.find("3F1,(0F3;3B1)OVERLAP_F_B,(3F2;0B0)OVERLAP_F_B,3B2") != std::string::npos);
+  // PyTorch refuses fewer micro-batches than stages; so does the tool, naming the rule
+  check_bad_input({"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "3"},
+                  "microbatches >= 2 * pp = 4");
+  check_bad_input({"pipeline", "--schedule", "dualpipev", "--pp", "4", "--microbatches", "7"}, "dualpipev");
+  check_bad_input(
+      {"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "4", "--virtual", "3"},
+      "--virtual 3");
+  check_bad_input(
+      {"pipeline", "--schedule", "dualpipev", "--pp", "2", "--microbatches", "4", "--group-size", "2"},
+      "--group-size");
+  // simulate: an overlapped action is one event of its halves' summed cost; too few micro-batches refused
+  const scratch_dir dir;
+  const auto file = dir.write("w.txt", lines_of(test_lengths()));
+  const result sim = run({"simulate", "--schedule", "dualpipev", "--pp", "2", "--workload", file,
+                          "--microbatches", "6", "--format", "table"});
+  REQUIRE_MESSAGE(sim.code == 0, sim.err);
+  CHECK(sim.out.find("dualpipev pp=2 stages=4: 6 micro-batches") != std::string::npos);
+  check_bad_input(
+      {"simulate", "--schedule", "dualpipev", "--pp", "4", "--workload", file, "--microbatches", "7"},
+      "2 * pp = 8");
 }

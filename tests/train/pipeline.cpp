@@ -111,6 +111,26 @@ TEST_CASE("train::system: bad pipeline configurations and missing encoders fail 
     // The batch has encoder items but run gets no encoder: every rank fails, none hangs.
     CHECK_THROWS_WITH_AS((void)sys.run(plan, batch, lm, train::sgd<double>{}),
                          doctest::Contains("encoders were passed to run"), invalid_argument);
+    // A separate encoder pool: its ranks count in the world's shape, and a pool of no ranks is refused.
+    using pool_sys = train::system<seq::cp_thd, model::reference_attention, comm::loopback::communicator,
+                                   train::family_placement, pipeline::one_f_one_b, pipeline::encoder_pool>;
+    using pool_cfg = train::pipeline_config<pipeline::one_f_one_b, pipeline::encoder_pool>;
+    CHECK_THROWS_WITH_AS(pool_sys(seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
+                                  pool_cfg{2, {}, {.ranks = 1}}, c),
+                         doctest::Contains("pp = 2 with 1 encoder-pool ranks per pipeline over a world of 4"),
+                         invalid_argument);
+    CHECK_THROWS_WITH_AS(pool_sys(seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
+                                  pool_cfg{2, {}, {.ranks = 0}}, c),
+                         doctest::Contains("expected ranks >= 1"), invalid_argument);
+    pool_sys ps(seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{}, pool_cfg{1, {}, {.ranks = 1}},
+                c);
+    CHECK(ps.pool_size() == 2);
+    CHECK(ps.encoder_ranks() == 1);
+    CHECK(ps.is_encoder_rank() == (c.rank() >= 2));
+    const auto pplan = ps.plan(model::document_descs(batch));  // no batch: the pool still takes part
+    CHECK(pplan.pipeline.total_ranks() == 2);
+    CHECK(pplan.pipeline.num_encoder_shards() == 1);
+    CHECK(ps.local_stages(pplan) == (c.rank() >= 2 ? std::vector<int>{} : std::vector<int>{0}));
   });
 }
 
@@ -131,6 +151,18 @@ TEST_CASE("train: a step's report gathers every rank's measured times and execut
     REQUIRE(r.busy_seconds.size() == 4);
     CHECK(r.busy_seconds[static_cast<std::size_t>(c.rank())] == doctest::Approx(st.busy_seconds));
     CHECK(r.imbalance() >= 1.0);
+    // The CPU accounting: run()'s time covers its parts; with pp = 2 every rank sends and receives.
+    CHECK(st.cpu_step_seconds > 0.0);
+    CHECK(st.cpu_comm_seconds > 0.0);
+    CHECK(st.cpu_optimizer_seconds >= 0.0);
+    CHECK(st.cpu_busy_seconds + st.cpu_comm_seconds + st.cpu_optimizer_seconds <=
+          doctest::Approx(st.cpu_step_seconds).epsilon(1e-6));
+    CHECK(st.library_cpu_seconds() == doctest::Approx(st.cpu_step_seconds - st.cpu_busy_seconds -
+                                                      st.cpu_comm_seconds - st.cpu_optimizer_seconds));
+    REQUIRE(r.library_cpu_seconds.size() == 4);
+    CHECK(r.library_cpu_seconds[static_cast<std::size_t>(c.rank())] == st.library_cpu_seconds());
+    CHECK(r.library_share() > 0.0);
+    CHECK(r.library_share() < 1.0);
     for (int rank = 0; rank < 4; ++rank) {  // every action of the rank's pipeline list ran once, in order
       std::vector<pipeline::action> ran;
       for (const auto& t : r.timeline)

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include <hetmesh/pipeline/dualpipe.hpp>
+
 #include "train/pipeline_body.hpp"
 
 namespace traintest {
@@ -87,6 +89,24 @@ void pipeline_cases(On8 on8) {
               seed, 10, 30);
         }),
         1e-10, "ulysses 2 pp2 interleaved-1f1b joint");
+    // HDP placed by ByteScale's balancer over a pool of 2, pp = 2, 1F1B, a separate encoder pool of 2
+    // ranks per pipeline (world = (2 + 2) x 2)
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<double>(
+                   w, test_hdp(), balance::bytescale{},
+                   train::pipeline_config<pipeline::one_f_one_b, pipeline::encoder_pool>{
+                       2, {}, pipeline::encoder_pool{.ranks = 2}},
+                   seed, 10, 30);
+             }),
+             1e-10, "hdp bytescale pp2 1f1b encoder-pool(2)");
+    // HDP, pp = 2, PyTorch's looped BFS (2 stages per rank, backwards in reverse order), joint pipeline
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<double>(
+                   w, test_hdp(), fam,
+                   train::pipeline_config<pipeline::looped_bfs, pipeline::colocated_encoder>{2, {}, joint},
+                   seed, 12, 50);
+             }),
+             1e-10, "hdp pp2 looped-bfs joint");
     // float: THD over 2, pp = 2, 1F1B, joint pipeline
     check_mm(on8([&](auto& w) {
                return mm_parity_body<float>(
@@ -95,6 +115,23 @@ void pipeline_cases(On8 on8) {
                    seed, 10, 30);
              }),
              1e-5, "thd cp2 pp2 1f1b joint float");
+    // static CP zigzag over 2, pp = 2, DualPipeV (V layout, overlapped F+B, split backward), joint
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<double>(
+                   w, seq::cp_zigzag{.cp = 2, .pad = true}, fam,
+                   train::pipeline_config<pipeline::dualpipev, pipeline::colocated_encoder>{2, {}, joint},
+                   seed, 10, 30);
+             }),
+             1e-10, "zigzag cp2 pp2 dualpipev joint");
+    // float: HDP, pp = 2, DualPipeV, encoders on the first stage
+    check_mm(
+        on8([&](auto& w) {
+          return mm_parity_body<float>(
+              w, test_hdp(), fam,
+              train::pipeline_config<pipeline::dualpipev, pipeline::encoder_on_first_stage>{2, {}, first},
+              seed, 12, 50);
+        }),
+        1e-5, "hdp pp2 dualpipev first-stage float");
   }
 }
 

@@ -112,11 +112,16 @@ TEST_CASE("train::system: sgd updates the parameters from the reduced gradients"
 TEST_CASE("train::system: ranks holding different plans fail together (collective assertion level)") {
   static_assert(assertion_enabled(assertion_level::collective), "test_train builds at the collective level");
   const auto b = random_batch(11, 9, 30);
-  std::atomic<int> mismatches{0};
+  std::atomic<int> mismatches{0}, free_differs{0};
   comm::loopback::run(8, [&](comm::loopback::communicator& c) {
     train::system<seq::cp_thd, model::reference_attention, comm::loopback::communicator> sys(
         {.cp = 2, .pad = true}, c);
     auto plan = sys.plan(b);
+    // The system's plan is the free function of its policies, callable without a communicator.
+    const auto docs = model::document_descs(b);
+    if (!(plan == train::plan_system_step(seq::cp_thd{.cp = 2, .pad = true}, train::family_placement{},
+                                          train::pipeline_config<>{}, balance::step_model{}, 8, docs, &b)))
+      ++free_differs;
     if (c.rank() == 3)
       plan = train::plan_step(seq::cp_thd{.cp = 4, .pad = true}, model::document_descs(b), 8);
     tiny_lm<double> lm(kShape, 1);
@@ -127,6 +132,7 @@ TEST_CASE("train::system: ranks holding different plans fail together (collectiv
     }
   });
   CHECK(mismatches == 8);
+  CHECK(free_differs == 0);
 }
 
 TEST_CASE("train::system: overlapping ring communication with compute gives bitwise the same gradients") {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh-plan mesh: the LLM mesh of a job (tp, cp, ep, dp, pp over the world in an explicit order),
-// the groups along each dim and whether they stay inside a node.
+// the groups along each dim and whether they stay inside a node. With --moe, Megatron-LM's MoE layout
+// (decoder and expert meshes over the same ranks): cmd_mesh_moe.cpp.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -93,6 +94,12 @@ json candidate_json(const hm::candidate& c) {
 }
 
 void run_mesh(const parsed& args, std::ostream& out) {
+  if (args.flag("moe")) {
+    run_mesh_moe(args, out);
+    return;
+  }
+  if (args.has("etp") || args.has("shapes"))
+    usage_fail("--etp and --shapes describe a MoE mesh; expected --moe");
   const auto format = format_of(args, mesh_formats);
   const std::int64_t world = args.integer("world", 1, std::int64_t{1} << 40);
   if (world > max_world) {
@@ -167,7 +174,8 @@ void run_mesh(const parsed& args, std::ostream& out) {
     const std::int64_t work = orders * std::max<std::int64_t>(n, 1) * world;
     if (work > max_search_work)
       usage_fail(
-          "mesh: the layout search would evaluate {} placements ({} orders x {} dims x {} ranks); expected at "
+          "mesh: the layout search would evaluate {} placements ({} orders x {} dims x {} ranks); expected "
+          "at "
           "most {} (a smaller --world or fewer dims of extent > 1)",
           work, orders, n, world, max_search_work);
   }
@@ -224,12 +232,12 @@ void run_mesh(const parsed& args, std::ostream& out) {
 std::vector<subcommand> mesh_commands() {
   command_spec spec("mesh",
                     "The LLM mesh: layout, groups along each dim, and which groups stay inside a node.");
-  spec.required("world", "N", "number of ranks")
+  spec.option("world", "N", "number of ranks (required, except with --moe --shapes)")
       .option("order", "ORDER", "dims joined by '-', fastest-varying first (Megatron-LM notation)",
               "tp-cp-ep-dp-pp")
       .option("tp", "N", "tensor-parallel degree", "1")
       .option("cp", "N", "context-parallel degree", "1")
-      .option("ep", "N", "expert-parallel degree", "1")
+      .option("ep", "N", "expert-parallel degree (with --moe: of the expert mesh)", "1")
       .option("dp", "N", "data-parallel degree (default: world / (tp*cp*ep*pp))")
       .option("pp", "N", "pipeline-parallel degree", "1")
       .option("devices-per-node", "N", "devices per node; rank r is on node r / N",
@@ -243,6 +251,16 @@ std::vector<subcommand> mesh_commands() {
               fmt::format("{}", hm::topology{}.inter_bw_gbps))
       .option("combine", "HOW", "layout search: sum or max of the per-dim times", "sum")
       .option("format", "FMT", "json or table", "json")
+      .flag("moe",
+            "Megatron-LM's MoE layout: a decoder mesh (tp, cp, dp, pp) and an expert mesh (etp, ep, edp, pp) "
+            "over "
+            "the same ranks, and every group family Megatron builds from them; no layout search")
+      .option("etp", "N", "with --moe: expert tensor-parallel degree (default: --tp, as in Megatron-LM)")
+      .option(
+          "shapes", "FILE",
+          "with --moe: one shape per line ({\"world\": 16, \"tp\": 2, \"pp\": 2, \"ep\": 4, \"etp\": 1, "
+          "\"order\": \"tp-cp-ep-pp-dp\"}); prints one JSON object per line, {\"shape\": ..., \"refused\": "
+          "reason} for a shape Megatron refuses")
       .epilog(
           "The layout search ranks every order of the dims (extent > 1) by modelled communication time on\n"
           "nodes of --devices-per-node devices and compares the best with the given --order.\n\n"
@@ -256,8 +274,23 @@ std::vector<subcommand> mesh_commands() {
           "\"time_model_ms\": ..,\n"
           "              \"dims\": [...]}, \"baseline\": {...}, \"baseline_rank\": 1, \"speedup\": 1.0,\n"
           "              \"reasons\": [\"best order tp-cp ...\", ...], \"top\": [...]}}\n\n"
+          "--moe builds Megatron-LM's decoder and expert meshes (world = tp*cp*dp*pp = etp*ep*edp*pp) for "
+          "its\n"
+          "orders tp-cp-ep-dp-pp and tp-cp-ep-pp-dp, and exits 2 with Megatron's reason for a shape it "
+          "refuses.\n"
+          "output (--moe, json):\n"
+          "  {\"world\": 16, \"order\": \"tp-cp-ep-dp-pp\", \"sizes\": {\"tp\": 2, \"cp\": 2, \"dp\": 2, "
+          "\"pp\": 2, "
+          "\"etp\": 1,\n"
+          "   \"ep\": 4, \"edp\": 2}, \"decoder\": \"(tp=2,cp=2,ep=1,dp=2,pp=2):(1,2,4,4,8)\", \"expert\": "
+          "\"...\",\n"
+          "   \"families\": [{\"name\": \"DATA_PARALLEL_GROUP_WITH_CP\", \"generator\": \"decoder\", "
+          "\"token\": "
+          "\"dp-cp\",\n"
+          "                 \"dims\": \"cp-dp\", \"groups\": [[0, 2, 4, 6], ...]}, ...]}\n\n"
           "example:\n"
-          "  hetmesh-plan mesh --world 64 --tp 8 --cp 2 --pp 2 --format table\n");
+          "  hetmesh-plan mesh --world 64 --tp 8 --cp 2 --pp 2 --format table\n"
+          "  hetmesh-plan mesh --moe --world 16 --tp 2 --cp 2 --pp 2 --ep 4 --etp 1 --format table\n");
   return {{std::move(spec), run_mesh}};
 }
 

@@ -17,6 +17,7 @@
 #include <hetmesh/mesh/topology.hpp>
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/io.hpp>
+#include <hetmesh/pipeline/lower.hpp>
 #include <hetmesh/pipeline/simulate.hpp>
 #include <hetmesh/pipeline/trace.hpp>
 #include <hetmesh/pipeline/trace_json.hpp>
@@ -60,7 +61,7 @@ pl::schedule schedule_of(const parsed& args, int m) {
   return hetmesh::tools::make_schedule(name, pp, m, v, g);
 }
 
-json schedule_json(const pl::schedule& s) {
+json schedule_json(const pl::schedule& s, bool lowered) {
   json doc;
   doc["schedule"] = s.name;
   doc["pp"] = s.num_ranks;
@@ -72,7 +73,7 @@ json schedule_json(const pl::schedule& s) {
   for (const auto& row : s.ranks) {
     json actions = json::array();
     for (const auto& a : row)
-      if (pl::is_compute(a.type)) actions.push_back(pl::to_text(a));
+      if (lowered || pl::is_compute(a.type)) actions.push_back(pl::to_text(a));
     ranks.push_back(std::move(actions));
   }
   doc["ranks"] = std::move(ranks);
@@ -85,13 +86,16 @@ void run_pipeline(const parsed& args, std::ostream& out) {
     usage_fail("option --width '{}' applies only to --format ascii; expected --format ascii, or no --width",
                args.str("width"));
   const int width = args.int32("width", 10, 10000);
-  const auto s = schedule_of(args, args.int32("microbatches", 1, 1 << 20));
+  const bool lowered = args.flag("lowered");
+  auto s = schedule_of(args, args.int32("microbatches", 1, 1 << 20));
+  // PyTorch's runtime lowering: gradient reduction after each stage's last backward, then SEND/RECV.
+  if (lowered) s = pl::add_send_recv(pl::add_reduce_grad(s));
   switch (format) {
     case output_format::json:
-      print_json(out, schedule_json(s));
+      print_json(out, schedule_json(s, lowered));
       break;
     case output_format::csv:
-      out << pl::to_csv(s);
+      out << (lowered ? pl::to_compute_comms_csv(s) : pl::to_csv(s));
       break;
     case output_format::table:
       out << pl::format_pipeline_order(s);
@@ -229,7 +233,7 @@ void run_simulate(const parsed& args, std::ostream& out) {
 }
 
 const char* const schedule_help =
-    "gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble or zbv";
+    "gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble, interleaved-zero-bubble, zbv or dualpipev";
 
 }  // namespace
 
@@ -239,14 +243,23 @@ std::vector<subcommand> pipeline_commands() {
   pipeline.required("schedule", "NAME", schedule_help)
       .required("pp", "P", "pipeline-parallel degree (ranks)")
       .required("microbatches", "M", "micro-batches per step")
-      .option("virtual", "V", "stages per rank for the interleaved schedules (default 2)")
-      .option("group-size", "G", "micro-batch group size of the interleaved schedules (default: the rule's)")
+      .option("virtual", "V", "stages per rank for the interleaved schedules and looped-bfs (default 2)")
+      .option("group-size", "G",
+              "micro-batch group size of the interleaved schedules (default: PyTorch's rule; for "
+              "interleaved-1f1b a size picks Megatron-LM's rule)")
+      .flag("lowered",
+            "with REDUCE_GRAD and SEND/RECV actions (PyTorch's lowering); csv is then the compute_comms "
+            "CSV PyTorch's runtime loads, with its WAIT_SEND_F/B and WAIT_REDUCE_GRAD")
       .option("format", "FMT", "json, csv (PyTorch's CSV), ascii (timeline) or table (PyTorch's step grid)",
               "json")
       .option("width", "N", "ascii: columns of the timeline", "100")
       .epilog(
           "Actions are <stage><F|B|I|W><microbatch> with global stage numbers as PyTorch numbers them:\n"
-          "F forward, B full backward, I backward for inputs, W backward for weights.\n\n"
+          "F forward, B full backward, I backward for inputs, W backward for weights.\n"
+          "interleaved-1f1b follows PyTorch's ScheduleInterleaved1F1B (micro-batches in rounds of\n"
+          "M / max(1, M / pp)); --group-size G gives Megatron-LM's interleaved schedule for that group "
+          "size.\n"
+          "dualpipev overlaps a forward and a full backward in one action, (0F3;3B1)OVERLAP_F_B.\n\n"
           "output (json):\n"
           "  {\"schedule\": \"1f1b\", \"pp\": 2, \"microbatches\": 3, \"stages\": 2, \"virtual\": 1,\n"
           "   \"stage_to_rank\": [0, 1],\n"
@@ -265,8 +278,9 @@ std::vector<subcommand> pipeline_commands() {
               "tokens per micro-batch; samples are packed best-fit decreasing (default: the longest sample, "
               "at least 8192)")
       .option("microbatches", "M", "simulate only the first M micro-batches (default: all)")
-      .option("virtual", "V", "stages per rank for the interleaved schedules (default 2)")
-      .option("group-size", "G", "micro-batch group size of the interleaved schedules")
+      .option("virtual", "V", "stages per rank for the interleaved schedules and looped-bfs (default 2)")
+      .option("group-size", "G",
+              "micro-batch group size of the interleaved schedules (interleaved-1f1b: Megatron-LM's rule)")
       .option("layers", "L", "transformer layers of the whole model, split evenly over the stages", "32")
       .option("hidden", "H", "hidden size: activation and transfer sizes", "4096")
       .option("tp", "N", "tensor-parallel degree of each stage (divides compute and activations)", "1")

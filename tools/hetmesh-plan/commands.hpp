@@ -17,9 +17,10 @@ struct subcommand {
   void (*run)(const parsed& args, std::ostream& out);
 };
 
-std::vector<subcommand> mesh_commands();      // cmd_mesh.cpp: mesh
-std::vector<subcommand> cp_commands();        // cmd_cp.cpp: cp
-std::vector<subcommand> pipeline_commands();  // cmd_pipeline.cpp: pipeline, simulate
-std::vector<subcommand> balance_commands();   // cmd_balance.cpp: compare, balance
+std::vector<subcommand> mesh_commands();                   // cmd_mesh.cpp: mesh
+void run_mesh_moe(const parsed& args, std::ostream& out);  // cmd_mesh_moe.cpp: mesh --moe
+std::vector<subcommand> cp_commands();                     // cmd_cp.cpp: cp
+std::vector<subcommand> pipeline_commands();               // cmd_pipeline.cpp: pipeline, simulate
+std::vector<subcommand> balance_commands();                // cmd_balance.cpp: compare, balance
 
 }  // namespace hetmesh_plan

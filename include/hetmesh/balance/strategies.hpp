@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,6 +26,7 @@
 
 #include "../core/error.hpp"
 #include "../core/format.hpp"
+#include "../seq/offload.hpp"
 #include "../seq/types.hpp"
 #include "balancers.hpp"
 #include "model.hpp"
@@ -37,43 +39,93 @@ struct strategy_result {
   std::string name;                     ///< the strategy's name, as the benchmarks print it
   cost::fixed step{};                   ///< modelled step time
   double imbalance = 0.0;               ///< max / mean of per-rank busy time
-  cost::fixed lower_bound{};            ///< max(total / N, largest short sequence), per pipeline stage
+  cost::fixed lower_bound{};            ///< step_lower_bound: area with ring costs, longest task, chain
   double ratio_to_lower_bound = 0.0;    ///< step / lower_bound (1.0 is perfect)
   std::int64_t tasks = 0;               ///< micro-batches (a ring counts once)
   std::int64_t max_tasks_per_rank = 0;  ///< the most micro-batches any rank runs
   double comm_bytes = 0.0;              ///< modelled ring-attention traffic of the step (ring_comm_bytes)
 };
 
-/// max(sum of whole-sequence times (without the per-row constant) / ranks, the largest sequence of <= C
-/// tokens (which no HDP strategy splits), every longer sequence's ring time at its best degree),
-/// divided by pp_stages. Under the step model, no strategy that keeps short sequences whole can beat
-/// it. O(n + long sequences x ranks).
-[[nodiscard]] inline cost::fixed step_lower_bound(std::span<const seq::seq_desc> seqs,
-                                                  const strategy_config& cfg) {
-  // The per-row constant c is left out of the total: packing shares it, so counting it per sequence
+/// The parts of step_lower_bound, each a bound on the modelled step time (already divided by
+/// pp_stages), in model ticks.
+struct lower_bound_terms {
+  /// Rank-time area over the pool: the short sequences' work (without the per-row constant c) plus, per
+  /// sequence longer than C, the least rank-time D x ring_time(s, D) of a ring it may run on (D from
+  /// its minimum ring size, the capacity rule, to the pool), divided by the ranks.
+  cost::fixed area{};
+  /// The longest single task: the largest short sequence's pack time, and every long sequence's ring
+  /// time at its best allowed degree.
+  cost::fixed longest{};
+  /// Sequences whose minimum ring holds more than half the pool pairwise share a rank, so they run one
+  /// after another: the sum of their best ring times.
+  cost::fixed chain{};
+  /// What the bound was before the capacity rule and ring costs entered it (for comparison): max(total
+  /// work / ranks, the longest task at any degree).
+  cost::fixed work_only{};
+};
+
+/// The terms of step_lower_bound (see there). O(n + long sequences x ranks).
+[[nodiscard]] inline lower_bound_terms step_lower_bound_terms(std::span<const seq::seq_desc> seqs,
+                                                              const strategy_config& cfg) {
+  const auto& m = cfg.model;
+  const std::int64_t n = cfg.ranks;
+  // The per-row constant c is left out of the short work: packing shares it, so counting it per sequence
   // would overstate what a rank must do.
-  double total_units = 0.0;
-  std::int64_t largest = 0;
+  double total_units = 0.0, short_units = 0.0;
+  std::int64_t largest = 0, largest_any = 0, long_area = 0, chain = 0;
   for (const auto& s : seqs) {
-    total_units += cfg.model.llm.work(s.length);
-    if (s.length <= cfg.hdp.capacity)
-      largest = std::max(largest, cfg.model.pack_time(std::span<const std::int64_t>(&s.length, 1)).ticks);
+    total_units += m.llm.work(s.length);
+    if (s.length > cfg.hdp.capacity) continue;
+    short_units += m.llm.work(s.length);
+    largest = std::max(largest, m.pack_time(std::span<const std::int64_t>(&s.length, 1)).ticks);
   }
-  const std::int64_t total = cost::fixed::from_units(total_units).ticks;
-  // A long sequence runs on some ring; whatever its degree, the step cannot be shorter than its
-  // per-rank ring time at the best degree (exact scan: the bound must never overstate).
+  largest_any = largest;
   for (const auto& s : seqs) {
     if (s.length <= cfg.hdp.capacity) continue;
-    const auto dmax = std::max<std::int64_t>(1, std::min<std::int64_t>(cfg.ranks, s.length / 2));
-    std::int64_t best = cfg.model.ring_time(s.length, 1, false).ticks;
-    for (std::int64_t d = 2; d <= dmax; ++d)
-      best = std::min(
-          best, cfg.model.ring_time(s.length, static_cast<int>(d), cfg.model.spans_nodes(static_cast<int>(d)))
-                    .ticks);
+    // Its ring: at least the ranks the capacity rule (with the policy's offloading) gives it, at most
+    // the pool and s / 2 (two zigzag chunks per rank). Exact scans: the bound must never overstate.
+    const auto dmax = std::max<std::int64_t>(1, std::min<std::int64_t>(n, s.length / 2));
+    const std::int64_t dmin = std::clamp<std::int64_t>(
+        seq::solve_offload(s.length, cfg.hdp.capacity, cfg.hdp.model, cfg.hdp.offload, cfg.ranks).ranks, 1,
+        dmax);
+    std::int64_t best_any = m.ring_time(s.length, 1, false).ticks;
+    std::int64_t best = std::numeric_limits<std::int64_t>::max(), area = best;
+    for (std::int64_t d = 1; d <= dmax; ++d) {
+      const auto t = m.ring_time(s.length, static_cast<int>(d), m.spans_nodes(static_cast<int>(d))).ticks;
+      best_any = std::min(best_any, t);
+      if (d < dmin) continue;
+      best = std::min(best, t);
+      area = std::min(area, d * t);
+    }
+    largest_any = std::max(largest_any, best_any);
     largest = std::max(largest, best);
+    long_area += area;
+    if (2 * dmin > n) chain += best;
   }
-  const std::int64_t lb = std::max((total + cfg.ranks - 1) / cfg.ranks, largest);
-  return cost::fixed::from_ticks(lb / cfg.model.pp_stages);
+  const std::int64_t pp = m.pp_stages;
+  const std::int64_t area_ticks = cost::fixed::from_units(short_units).ticks + long_area;
+  const std::int64_t total = cost::fixed::from_units(total_units).ticks;
+  lower_bound_terms t;
+  t.area = cost::fixed::from_ticks((area_ticks + n - 1) / n / pp);
+  t.longest = cost::fixed::from_ticks(largest / pp);
+  t.chain = cost::fixed::from_ticks(chain / pp);
+  t.work_only = cost::fixed::from_ticks(std::max((total + n - 1) / n, largest_any) / pp);
+  return t;
+}
+
+/// A lower bound on the modelled step of any plan that packs sequences of <= C tokens whole on one rank
+/// and runs each longer sequence on a ring of its own, of at least the ranks the capacity rule gives it
+/// (seq::solve_offload with cfg.hdp's offloading; every HDP strategy does): the largest of
+/// lower_bound_terms' area, longest and chain, divided by pp_stages. Area: every rank is busy for at
+/// most the step, and a ring of D ranks keeps each of them busy for its ring time, which on
+/// communication-bound rings exceeds the sequence's work / D (ByteScale's Byted-like 2M-token
+/// sequences at C = 8K: D x ring time ~ 2.1 x work); the bound before it (work / ranks) left that out.
+/// Static dp x cp shares a ring between several sequences, so the bound does not bind it.
+/// O(n + long sequences x ranks).
+[[nodiscard]] inline cost::fixed step_lower_bound(std::span<const seq::seq_desc> seqs,
+                                                  const strategy_config& cfg) {
+  const auto t = step_lower_bound_terms(seqs, cfg);
+  return std::max({t.area, t.longest, t.chain});
 }
 
 /// The plan balancer `b` makes for `seqs` on cfg.ranks ranks: its work items and their tasks, priced by

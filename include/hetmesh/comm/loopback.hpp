@@ -21,6 +21,7 @@
 #include "../config.hpp"
 #include "../core/error.hpp"
 #include "communicator.hpp"
+#include "detail/loopback_reduce.hpp"
 #include "detail/loopback_state.hpp"
 #include "reduce_op.hpp"
 
@@ -98,22 +99,27 @@ class communicator {
     const auto n = static_cast<std::size_t>(size()), m = inout.size(), me = static_cast<std::size_t>(rank_);
     detail::post p = make_post("all_reduce", dtype_of_v<T>, static_cast<std::int64_t>(m), 0, op, inout.data(),
                                inout.data());
-    // Rank i reduces chunk i of every rank's buffer into the shared scratch; after the release every
-    // rank copies the whole result out. Two passes per byte per rank, and all ranks bitwise equal.
+    // Reduce-scatter and all-gather in one pass: rank i alone reads slice i of every rank's buffer, so
+    // once it has combined a block of it (in rank order: detail::reduce_slice) it writes the result
+    // straight into that block of every rank's buffer; no other rank reads or writes there. Per rank: m
+    // elements read (m / n from each rank) and m written (m / n to each rank), the traffic of one memcpy
+    // of the buffer; no scratch. Every rank gets the same bits, the same as reducing rank 0, 1, ... in
+    // turn. The release phase keeps each rank's buffer alive until every rank has written its slice.
     const std::size_t lo = m * me / n, hi = m * (me + 1) / n;
+    std::vector<const T*> srcs(n);  // allocated before the exchange: the compute phase never throws
+    std::vector<T*> dsts(n);
     exchange(
-        p, m * sizeof(T), [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
-        [&](std::span<const detail::post> ps, std::byte* scratch) {
-          T* acc = reinterpret_cast<T*>(scratch) + lo;
+        p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
+        [&](std::span<const detail::post> ps, std::byte*) {
           if (hi == lo) return;
-          std::memcpy(acc, static_cast<const T*>(ps[0].send) + lo, (hi - lo) * sizeof(T));
-          for (std::size_t k = 1; k < n; ++k)
-            comm::detail::reduce_into(acc, static_cast<const T*>(ps[k].send) + lo, hi - lo, op);
-          comm::detail::finish_reduce(acc, hi - lo, op, size());
+          for (std::size_t k = 0; k < ps.size(); ++k) {
+            srcs[k] = static_cast<const T*>(ps[k].send) + lo;
+            dsts[k] = static_cast<T*>(ps[k].recv) + lo;
+          }
+          detail::reduce_slice(std::span<T* const>(dsts), std::span<const T* const>(srcs), hi - lo, op,
+                               size());
         },
-        [&](std::byte* scratch) {
-          if (m != 0) std::memcpy(inout.data(), scratch, m * sizeof(T));
-        });
+        [](std::byte*) {});
   }
 
   /// Backend of comm::broadcast (collectives.hpp), which checks the arguments first and holds the contract.
@@ -152,6 +158,7 @@ class communicator {
     detail::post p = make_post("all_gather_v", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0,
                                reduce_op::sum, send.data(), recv.data());
     p.recv_counts = recv_counts;
+    const auto me = static_cast<std::size_t>(rank_);
     exchange(
         p, 0,
         [&](std::span<const detail::post> ps) -> std::string {
@@ -166,8 +173,11 @@ class communicator {
           return {};
         },
         [&](std::span<const detail::post> ps, std::byte*) {
-          for (std::size_t j = 0; j < ps.size(); ++j)
+          // Straight from each sender's buffer, once; from the next rank on, so ranks spread their reads.
+          for (std::size_t k = 0; k < ps.size(); ++k) {
+            const std::size_t j = (me + k) % ps.size();
             copy_block(recv.data() + recv_displs[j], ps[j].send, static_cast<std::size_t>(recv_counts[j]));
+          }
         },
         [](std::byte*) {});
   }
@@ -179,19 +189,18 @@ class communicator {
     const auto m = recv.size(), me = static_cast<std::size_t>(rank_);
     detail::post p = make_post("reduce_scatter", dtype_of_v<T>, static_cast<std::int64_t>(m), 0, op,
                                send.data(), recv.data());
-    // Reduce this rank's block into its slice of the scratch (recv may alias this rank's block of
-    // send, which is read by nobody else), then copy it out.
+    // Reduce block `me` of every rank's send straight into recv (block by block, in rank order:
+    // detail::reduce_slice). recv may alias this rank's block of send, which nobody else reads, and
+    // reduce_slice reads each block of it before writing it; any other overlap is refused before.
+    std::vector<const T*> srcs(
+        static_cast<std::size_t>(size()));  // before the exchange: compute never throws
     exchange(
-        p, size() * m * sizeof(T),
-        [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
-        [&](std::span<const detail::post> ps, std::byte* scratch) {
+        p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
+        [&](std::span<const detail::post> ps, std::byte*) {
           if (m == 0) return;
-          T* acc = reinterpret_cast<T*>(scratch) + me * m;
-          std::memcpy(acc, static_cast<const T*>(ps[0].send) + me * m, m * sizeof(T));
-          for (std::size_t k = 1; k < ps.size(); ++k)
-            comm::detail::reduce_into(acc, static_cast<const T*>(ps[k].send) + me * m, m, op);
-          comm::detail::finish_reduce(acc, m, op, size());
-          std::memcpy(recv.data(), acc, m * sizeof(T));
+          for (std::size_t k = 0; k < ps.size(); ++k) srcs[k] = static_cast<const T*>(ps[k].send) + me * m;
+          T* const dst = recv.data();
+          detail::reduce_slice(std::span<T* const>(&dst, 1), std::span<const T* const>(srcs), m, op, size());
         },
         [](std::byte*) {});
   }
@@ -221,10 +230,13 @@ class communicator {
           return {};
         },
         [&](std::span<const detail::post> ps, std::byte*) {
-          for (std::size_t j = 0; j < ps.size(); ++j)
+          // Straight from each sender's buffer, once; from the next rank on, so ranks spread their reads.
+          for (std::size_t k = 0; k < ps.size(); ++k) {
+            const std::size_t j = (me + k) % ps.size();
             copy_block(recv.data() + recv_displs[j],
                        static_cast<const T*>(ps[j].send) + ps[j].send_displs[me],
                        static_cast<std::size_t>(recv_counts[j]));
+          }
         },
         [](std::byte*) {});
   }

@@ -4,7 +4,8 @@
 // `1SEND_F3`, `0B7`), with global stage indices as PyTorch numbers them, so schedules round-trip
 // through PyTorch's CSV files. Encoder actions (`EF`, `EB`, `SEND_EF`, ...) and `REDUCE_GRAD` extend
 // the notation for the joint encoder-LLM pipeline; for them the leading number is the encoder shard
-// (EF/EB and their transfers) or the stage (REDUCE_GRAD).
+// (EF/EB and their transfers) or the stage (REDUCE_GRAD). An overlapped forward-backward (DualPipeV's
+// `OVERLAP_F_B`) writes as PyTorch writes it: its two halves in parentheses, `(0F3;3B1)OVERLAP_F_B`.
 #pragma once
 
 #include <charconv>
@@ -38,10 +39,12 @@ enum class action_type : std::uint8_t {
   recv_ef,           ///< RECV_EF: stage 0's rank receives encoder shard `stage`'s output.
   send_eb,           ///< SEND_EB: stage 0's rank sends shard `stage` its embedding gradient.
   recv_eb,           ///< RECV_EB: encoder shard `stage` receives its embedding gradient.
+  overlap_f_b,       ///< OVERLAP_F_B: F(stage, microbatch) and B(backward_stage, backward_microbatch) as
+                     ///< one compute action (DualPipeV), both halves on one rank; F runs, then B.
 };
 
 /// Number of action types, for tables indexed by action_type.
-inline constexpr int action_type_count = 15;
+inline constexpr int action_type_count = 16;
 
 namespace detail {
 constexpr std::string_view type_name(action_type t) noexcept {
@@ -76,6 +79,8 @@ constexpr std::string_view type_name(action_type t) noexcept {
       return "SEND_EB";
     case action_type::recv_eb:
       return "RECV_EB";
+    case action_type::overlap_f_b:
+      return "OVERLAP_F_B";
   }
   return "?";
 }
@@ -84,11 +89,12 @@ constexpr std::string_view type_name(action_type t) noexcept {
 /// The PyTorch/hetmesh name of a type: "F", "SEND_B", "EF", ...
 [[nodiscard]] constexpr std::string_view name_of(action_type t) noexcept { return detail::type_name(t); }
 
-/// True for the types that run a kernel on the rank's compute stream (F, B, I, W, EF, EB).
+/// True for the types that run a kernel on the rank's compute stream (F, B, I, W, EF, EB, and
+/// OVERLAP_F_B, as PyTorch's `is_compute_op` counts it).
 [[nodiscard]] constexpr bool is_compute(action_type t) noexcept {
   return t == action_type::forward || t == action_type::backward || t == action_type::backward_input ||
          t == action_type::backward_weight || t == action_type::encoder_forward ||
-         t == action_type::encoder_backward;
+         t == action_type::encoder_backward || t == action_type::overlap_f_b;
 }
 /// True for the point-to-point types.
 [[nodiscard]] constexpr bool is_send(action_type t) noexcept {
@@ -103,14 +109,21 @@ constexpr std::string_view type_name(action_type t) noexcept {
 /// Whether `t` sends or receives.
 [[nodiscard]] constexpr bool is_comm(action_type t) noexcept { return is_send(t) || is_recv(t); }
 
-/// One action. `microbatch` is -1 for actions without one (REDUCE_GRAD).
+/// One action. `microbatch` is -1 for actions without one (REDUCE_GRAD). An OVERLAP_F_B action is its
+/// forward half F(stage, microbatch) and its backward half B(backward_stage, backward_microbatch); the
+/// two backward fields are -1 on every other action.
 struct action {
   int stage = 0;                            ///< pipeline stage (virtual stage for interleaved schedules)
   action_type type = action_type::forward;  ///< what the action does
   int microbatch = -1;                      ///< micro-batch; -1 for actions without one
+  int backward_stage = -1;                  ///< OVERLAP_F_B only: the stage of its backward half
+  int backward_microbatch = -1;             ///< OVERLAP_F_B only: the micro-batch of its backward half
 
   friend constexpr bool operator==(const action&, const action&) = default;
-  void hash_append(hasher& h) const { append_all(h, stage, type, microbatch); }
+  void hash_append(hasher& h) const {
+    append_all(h, stage, type, microbatch);
+    if (type == action_type::overlap_f_b) append_all(h, backward_stage, backward_microbatch);
+  }
 };
 
 /// Shorthands for tests and hand-written schedules: `F(2, 0)` is `2F0`.
@@ -126,13 +139,71 @@ struct action {
   return {stage, action_type::backward_weight, mb};
 }
 
-/// The text of an action, as PyTorch's `_Action.__repr__` writes it: "2F0", "1SEND_B3", "0REDUCE_GRAD".
+/// `OVERLAP(F(0, 3), B(3, 1))` is `(0F3;3B1)OVERLAP_F_B`: forward `f` and full backward `b` overlapped
+/// (DualPipeV). Precondition: f is an F and b a B (only the stages and micro-batches are taken).
+[[nodiscard]] constexpr action OVERLAP(const action& f, const action& b) noexcept {
+  return {f.stage, action_type::overlap_f_b, f.microbatch, b.stage, b.microbatch};
+}
+
+/// The parts of an action: its two halves (F, then B) for OVERLAP_F_B, the action itself otherwise.
+/// Iterable: `for (const action& p : parts(a))`.
+struct action_parts {
+  action part[2];  ///< the parts; only the first `count` are meaningful
+  int count = 1;   ///< 2 for OVERLAP_F_B, else 1
+  /// First part.
+  [[nodiscard]] constexpr const action* begin() const noexcept { return part; }
+  /// One past the last part.
+  [[nodiscard]] constexpr const action* end() const noexcept { return part + count; }
+};
+
+/// The parts of `a` (see action_parts). Pure; O(1).
+[[nodiscard]] constexpr action_parts parts(const action& a) noexcept {
+  if (a.type == action_type::overlap_f_b)
+    return {{F(a.stage, a.microbatch), B(a.backward_stage, a.backward_microbatch)}, 2};
+  return {{a, action{}}, 1};
+}
+
+/// The text of an action, as PyTorch's `_Action.__repr__` writes it: "2F0", "1SEND_B3", "0REDUCE_GRAD",
+/// "(0F3;3B1)OVERLAP_F_B".
 [[nodiscard]] inline std::string to_text(const action& a) {
+  if (a.type == action_type::overlap_f_b)
+    return hetmesh::format("({}F{};{}B{})OVERLAP_F_B", a.stage, a.microbatch, a.backward_stage,
+                           a.backward_microbatch);
   if (a.microbatch < 0) return hetmesh::format("{}{}", a.stage, name_of(a.type));
   return hetmesh::format("{}{}{}", a.stage, name_of(a.type), a.microbatch);
 }
 
-/// Parses one action ("2F0", " 1SEND_F3 "). Leading/trailing spaces are ignored.
+[[nodiscard]] inline action parse_action(std::string_view text);
+
+namespace detail {
+/// The overlapped form "(<F action>;<B action>)OVERLAP_F_B" of parse_action; `s` is `text` trimmed.
+[[nodiscard]] inline action parse_overlap(std::string_view text, std::string_view s) {
+  auto bad = [&](std::string_view why) {
+    throw_error<invalid_argument>(
+        "pipeline: cannot parse overlapped action \"{}\": {}; expected (<stage>F<microbatch>;<stage>B"
+        "<microbatch>)OVERLAP_F_B such as (0F3;3B1)OVERLAP_F_B: a forward and a full backward on one rank",
+        text, why);
+  };
+  const std::size_t close = s.find(')');
+  if (close == std::string_view::npos) bad("no closing parenthesis");
+  if (s.substr(close + 1) != "OVERLAP_F_B")
+    bad(hetmesh::format("the type after the parentheses is \"{}\"", s.substr(close + 1)));
+  const std::string_view inner = s.substr(1, close - 1);
+  const std::size_t semi = inner.find(';');
+  if (semi == std::string_view::npos || inner.find(';', semi + 1) != std::string_view::npos)
+    bad("expected exactly two sub-actions separated by ';'");
+  const std::string_view ftext = inner.substr(0, semi), btext = inner.substr(semi + 1);
+  if (ftext.find('(') != std::string_view::npos || btext.find('(') != std::string_view::npos)
+    bad("sub-actions cannot nest");
+  const action f = parse_action(ftext), b = parse_action(btext);
+  if (f.type != action_type::forward) bad(hetmesh::format("the first sub-action {} is not an F", to_text(f)));
+  if (b.type != action_type::backward)
+    bad(hetmesh::format("the second sub-action {} is not a full backward B", to_text(b)));
+  return OVERLAP(f, b);
+}
+}  // namespace detail
+
+/// Parses one action ("2F0", " 1SEND_F3 ", "(0F3;3B1)OVERLAP_F_B"). Leading/trailing spaces are ignored.
 /// Throws invalid_argument naming the text and the expected form. Pure; O(length).
 [[nodiscard]] inline action parse_action(std::string_view text) {
   auto trim = [](std::string_view s) {
@@ -141,6 +212,7 @@ struct action {
     return s;
   };
   const std::string_view s = trim(text);
+  if (!s.empty() && s.front() == '(') return detail::parse_overlap(text, s);
   auto bad = [&](std::string_view why) {
     throw_error<invalid_argument>(
         "pipeline: cannot parse action \"{}\": {}; expected [stage][type][microbatch] such as 2F0, 1SEND_F3 "
@@ -160,6 +232,7 @@ struct action {
   action a;
   if (std::from_chars(s.data(), s.data() + i, a.stage).ec != std::errc{}) bad("stage number out of range");
   bool found = false;
+  if (type_text == name_of(action_type::overlap_f_b)) bad("OVERLAP_F_B is written (F;B)OVERLAP_F_B");
   for (int t = 0; t < action_type_count; ++t) {
     if (name_of(static_cast<action_type>(t)) == type_text) {
       a.type = static_cast<action_type>(t);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "action.hpp"
+#include "dualpipe.hpp"
 #include "generators.hpp"
 #include "io.hpp"
 #include "joint.hpp"

@@ -5,10 +5,13 @@
 // are in schedule_family.hpp; names (strings) to policies are the tools' business (tools/common).
 // Orders match the peers whose names they share:
 //   gpipe, one_f_one_b           PyTorch ScheduleGPipe / Schedule1F1B (= Megatron-LM without interleaving)
-//   interleaved_1f1b             Megatron-LM forward_backward_pipelining_with_interleaving for a micro-batch
-//                                group size (default pp), = PyTorch ScheduleInterleaved1F1B when its
-//                                group size (n_microbatches / max(1, n_microbatches // pp)) agrees
-//   zero_bubble                  ZB-H1: PyTorch's zero-bubble order with one stage per rank
+//   interleaved_1f1b             PyTorch ScheduleInterleaved1F1B by default (group_rule::pytorch: group size
+//                                M / max(1, M / pp), any M that is a multiple of max(1, M / pp), M < pp
+//                                included); with group_rule::megatron, Megatron-LM's
+//                                forward_backward_pipelining_with_interleaving for a micro-batch group size
+//   looped_bfs                   PyTorch ScheduleLoopedBFS (breadth first, v stages per rank)
+//   zero_bubble                  ZB-H1: PyTorch ScheduleInterleavedZeroBubble with one stage per rank, in
+//                                order and in the micro-batch counts it accepts
 //   interleaved_zero_bubble      PyTorch ScheduleInterleavedZeroBubble (ZB1P)
 //   zbv                          PyTorch ScheduleZBVZeroBubble (V layout, two stages per rank)
 // The algorithms were re-derived from those projects' published descriptions and code structure;
@@ -62,7 +65,10 @@ enum class group_rule : std::uint8_t {
   pytorch,   ///< group_size = M / max(1, M / pp); M must be a multiple of max(1, M / pp).
 };
 
-/// Interleaved 1F1B with `virtual_stages` model chunks per rank (stage s on rank s % pp).
+/// Interleaved 1F1B with `virtual_stages` model chunks per rank (stage s on rank s % pp). By default
+/// PyTorch's ScheduleInterleaved1F1B (`rule = group_rule::pytorch`: micro-batches go in rounds of
+/// M / max(1, M / pp), fewer micro-batches than ranks accepted); `rule = group_rule::megatron` with a
+/// `group_size` is Megatron-LM's interleaved schedule for that microbatch_group_size_per_vp_stage.
 struct interleaved_1f1b {
   /// The family's name in schedule files, traces and the tools.
   static constexpr std::string_view name = "interleaved-1f1b";
@@ -72,12 +78,30 @@ struct interleaved_1f1b {
   [[nodiscard]] schedule generate(int pp, int microbatches) const;
   int virtual_stages = 2;  ///< model chunks per rank
   int group_size = 0;      ///< Megatron's microbatch_group_size_per_vp_stage; 0 = the rule's default.
-  group_rule rule = group_rule::megatron;  ///< how micro-batches group (Megatron's or PyTorch's)
+  group_rule rule = group_rule::pytorch;  ///< how micro-batches group (PyTorch's, or Megatron's)
   friend constexpr bool operator==(const interleaved_1f1b&, const interleaved_1f1b&) = default;
   void hash_append(hasher& h) const { append_all(h, name, virtual_stages, group_size, rule); }
 };
 
-/// ZB-H1: one stage per rank, backward split into I and W, W deferred by `rank` steps.
+/// PyTorch's ScheduleLoopedBFS (breadth-first pipeline parallelism, arXiv 2211.05953) with
+/// `virtual_stages` stages per rank (stage s on rank s % pp): each rank runs every micro-batch's forward
+/// through its first stage, then its second, ...; then the backwards, last local stage first, micro-batches
+/// in reverse order.
+struct looped_bfs {
+  /// The family's name in schedule files, traces and the tools.
+  static constexpr std::string_view name = "looped-bfs";
+  /// Backward runs whole (B): any backbone stage will do.
+  static constexpr bool requires_split_backward = false;
+  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
+  [[nodiscard]] schedule generate(int pp, int microbatches) const;
+  int virtual_stages = 2;  ///< stages per rank
+  friend constexpr bool operator==(const looped_bfs&, const looped_bfs&) = default;
+  void hash_append(hasher& h) const { append_all(h, name, virtual_stages); }
+};
+
+/// ZB-H1: one stage per rank, backward split into I and W, W deferred by `rank` steps. Identical to
+/// interleaved_zero_bubble{.virtual_stages = 1} (PyTorch's ScheduleInterleavedZeroBubble with one stage
+/// per rank), including the micro-batch counts it refuses.
 struct zero_bubble {
   /// The family's name in schedule files, traces and the tools.
   static constexpr std::string_view name = "zero-bubble";
@@ -263,8 +287,8 @@ requires requires { Policy::requires_split_backward; }
     if (p.group_size != 0 && p.group_size != g)
       throw_error<invalid_argument>(
           "pipeline interleaved-1f1b: PyTorch's rule fixes the group size to {} for pp={}, microbatches={}, "
-          "but "
-          "group_size={} was given; expected 0 or {}",
+          "but group_size={} was given; expected 0 or {}, or rule = group_rule::megatron for a group size "
+          "of your choice",
           g, pp, microbatches, p.group_size, g);
     return g;
   }
@@ -291,10 +315,34 @@ requires requires { Policy::requires_split_backward; }
   return s;
 }
 
+/// PyTorch's ScheduleLoopedBFS: rank r runs F of stages r, r+pp, ... (each over micro-batches 0..M-1),
+/// then B of the same stages in reverse (each over micro-batches M-1..0). Preconditions: pp >= 1,
+/// microbatches >= 1, virtual_stages >= 1 (invalid_argument naming the broken one); any M, as PyTorch.
+/// Pure; O(pp * v * M).
+[[nodiscard]] inline schedule generate(const looped_bfs& p, int pp, int microbatches) {
+  detail::check_basic("looped-bfs", pp, microbatches);
+  detail::check_virtual("looped-bfs", p.virtual_stages);
+  const int v = p.virtual_stages;
+  auto s = detail::make_empty("looped-bfs", pp, pp * v, microbatches, stage_layout::loop);
+  for (int r = 0; r < pp; ++r) {
+    auto& ops = s.ranks[static_cast<std::size_t>(r)];
+    ops.reserve(2 * static_cast<std::size_t>(v) * static_cast<std::size_t>(microbatches));
+    for (int c = 0; c < v; ++c)
+      for (int mb = 0; mb < microbatches; ++mb) ops.push_back(F(c * pp + r, mb));
+    for (int c = v - 1; c >= 0; --c)
+      for (int mb = microbatches - 1; mb >= 0; --mb) ops.push_back(B(c * pp + r, mb));
+  }
+  assert_deadlock_free(s, "pipeline::generate(looped-bfs)");
+  return s;
+}
+
 /// ZB-H1: PyTorch's zero-bubble order with one stage per rank: pp-1-r warm-up forwards, then F and I
-/// pairs; W of the k-th backward follows the (k + r)-th I. Preconditions as gpipe. Pure; O(pp * M).
+/// pairs; W of the k-th backward follows the (k + r)-th I. Preconditions as gpipe, and PyTorch's rule
+/// for ScheduleInterleavedZeroBubble: M a multiple of max(1, M / pp) (invalid_argument naming it).
+/// Pure; O(pp * M).
 [[nodiscard]] inline schedule generate(const zero_bubble&, int pp, int microbatches) {
   detail::check_basic("zero-bubble", pp, microbatches);
+  (void)detail::pytorch_group_size("zero-bubble", pp, microbatches);
   auto s = detail::make_empty("zero-bubble", pp, pp, microbatches, stage_layout::loop);
   const auto table = detail::schedule_table(microbatches, 1, microbatches);
   for (int r = 0; r < pp; ++r)
@@ -391,6 +439,9 @@ inline schedule one_f_one_b::generate(int pp, int microbatches) const {
 inline schedule interleaved_1f1b::generate(int pp, int microbatches) const {
   return pipeline::generate(*this, pp, microbatches);
 }
+inline schedule looped_bfs::generate(int pp, int microbatches) const {
+  return pipeline::generate(*this, pp, microbatches);
+}
 inline schedule zero_bubble::generate(int pp, int microbatches) const {
   return pipeline::generate(*this, pp, microbatches);
 }
@@ -450,6 +501,14 @@ struct fmt::formatter<hetmesh::pipeline::interleaved_1f1b> : hetmesh::empty_spec
   auto format(const hetmesh::pipeline::interleaved_1f1b& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "interleaved-1f1b(virtual_stages={}, group_size={}, rule={})",
                               p.virtual_stages, p.group_size, p.rule);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::pipeline::looped_bfs> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::pipeline::looped_bfs& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "looped-bfs(virtual_stages={})", p.virtual_stages);
   }
 };
 

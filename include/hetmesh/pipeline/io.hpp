@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::pipeline: text import and export of schedules. The CSV form is PyTorch's (`_dump_csv` /
 // `_load_csv`): one row per rank, the rank's actions comma-separated in order, empty fields for idle
-// steps. The table form is PyTorch's `_format_pipeline_order` grid (steps down, ranks across).
+// steps; a lowered schedule also in the "compute_comms" form PyTorch's runtime loads (with its send and
+// reduction waits). The table form is PyTorch's `_format_pipeline_order` grid (steps down, ranks across).
+// An overlapped forward-backward is one field, `(0F3;3B1)OVERLAP_F_B`, in both directions.
 #pragma once
 
 #include <algorithm>
@@ -32,7 +34,83 @@ namespace hetmesh::pipeline {
   return out;
 }
 
-/// Parses PyTorch CSV text into a schedule. Row r is rank r; empty fields (PyTorch's None) are skipped.
+namespace detail {
+
+/// True when `field` is one of the actions of PyTorch's runtime that carry no data dependency of their
+/// own: WAIT_SEND_F / WAIT_SEND_B (retire a send), WAIT_REDUCE_GRAD (retire a REDUCE_GRAD), UNSHARD /
+/// RESHARD (FSDP). hetmesh's IR derives the first three from the schedule and has no FSDP, so from_csv
+/// skips them; to_compute_comms_csv writes the waits. The text must have the action form
+/// `<stage><TYPE>[<microbatch>]`.
+[[nodiscard]] inline bool is_pytorch_runtime_marker(std::string_view field) noexcept {
+  while (!field.empty() && (field.front() == ' ' || field.front() == '\t')) field.remove_prefix(1);
+  while (!field.empty() && (field.back() == ' ' || field.back() == '\t' || field.back() == '\r'))
+    field.remove_suffix(1);
+  std::size_t i = 0;
+  while (i < field.size() && field[i] >= '0' && field[i] <= '9') ++i;
+  if (i == 0) return false;
+  std::size_t j = i;
+  while (j < field.size() && ((field[j] >= 'A' && field[j] <= 'Z') || field[j] == '_')) ++j;
+  for (std::size_t k = j; k < field.size(); ++k)
+    if (field[k] < '0' || field[k] > '9') return false;
+  const std::string_view type = field.substr(i, j - i);
+  const bool needs_mb = type == "WAIT_SEND_F" || type == "WAIT_SEND_B";
+  const bool no_mb = type == "WAIT_REDUCE_GRAD" || type == "UNSHARD" || type == "RESHARD";
+  return (needs_mb && j < field.size()) || (no_mb && j == field.size());
+}
+
+}  // namespace detail
+
+/// A lowered schedule (compute, SEND/RECV, REDUCE_GRAD: add_send_recv's result, optionally after
+/// add_reduce_grad) as CSV in the "compute_comms" form PyTorch's `_PipelineScheduleRuntime._load_csv`
+/// reads and runs. PyTorch's runtime retires every send with a matching wait, so the waits are written
+/// where PyTorch's own `_add_wait_send` puts them: `WAIT_SEND_F` of stage s, micro-batch m right after
+/// the rank's backward (B or I) of (s, m), the other sends' waits at the end of the row in send order;
+/// and `WAIT_REDUCE_GRAD` right after each `REDUCE_GRAD`. No UNSHARD/RESHARD (those are for FSDP
+/// stages, which this CSV does not prepare). Throws invalid_argument when the schedule holds encoder
+/// actions (PyTorch has none). Pure; O(actions * sends in flight).
+[[nodiscard]] inline std::string to_compute_comms_csv(const schedule& s) {
+  std::string out;
+  std::vector<action> pending;
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    pending.clear();
+    bool first = true;
+    auto put = [&](std::string_view text) {
+      if (!first) out += ',';
+      out += text;
+      first = false;
+    };
+    for (const auto& a : s.ranks[r]) {
+      if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward ||
+          a.type == action_type::send_ef || a.type == action_type::recv_ef ||
+          a.type == action_type::send_eb || a.type == action_type::recv_eb)
+        throw_error<invalid_argument>(
+            "pipeline to_compute_comms_csv({}): rank {} runs the encoder action {}, which PyTorch's runtime "
+            "does not have; expected a schedule of F, B, I, W, SEND/RECV and REDUCE_GRAD actions",
+            s.name, r, to_text(a));
+      put(to_text(a));
+      if (a.type == action_type::send_f || a.type == action_type::send_b) pending.push_back(a);
+      if (a.type == action_type::reduce_grad) put(hetmesh::format("{}WAIT_REDUCE_GRAD", a.stage));
+      if (a.type == action_type::backward || a.type == action_type::backward_input) {
+        const auto it =
+            std::find(pending.begin(), pending.end(), action{a.stage, action_type::send_f, a.microbatch});
+        if (it != pending.end()) {
+          put(hetmesh::format("{}WAIT_SEND_F{}", a.stage, a.microbatch));
+          pending.erase(it);
+        }
+      }
+    }
+    for (const auto& p : pending)
+      put(hetmesh::format("{}WAIT_SEND_{}{}", p.stage, p.type == action_type::send_f ? 'F' : 'B',
+                          p.microbatch));
+    out += "\r\n";
+  }
+  return out;
+}
+
+/// Parses PyTorch CSV text into a schedule. Row r is rank r; empty fields (PyTorch's None) are skipped,
+/// and so are PyTorch's runtime markers WAIT_SEND_F, WAIT_SEND_B, WAIT_REDUCE_GRAD, UNSHARD and RESHARD
+/// (see detail::is_pytorch_runtime_marker), so the compute_comms CSV of to_compute_comms_csv or of
+/// PyTorch's `_dump_csv` reads back as its compute, send/receive and REDUCE_GRAD actions.
 /// The stage-to-rank map, stage count and micro-batch count are inferred from the compute actions, as
 /// PyTorch's `_validate_schedule` infers them; a stage seen on two ranks is an error naming both.
 /// `name` labels the result. Throws invalid_argument on malformed text. Pure; O(length).
@@ -52,7 +130,8 @@ namespace hetmesh::pipeline {
       std::size_t comma = line.find(',', f);
       if (comma == std::string_view::npos) comma = line.size();
       std::string_view field = line.substr(f, comma - f);
-      if (field.find_first_not_of(" \t") != std::string_view::npos) {
+      if (field.find_first_not_of(" \t") != std::string_view::npos &&
+          !detail::is_pytorch_runtime_marker(field)) {
         try {
           row.push_back(parse_action(field));
         } catch (error& e) {
@@ -67,20 +146,22 @@ namespace hetmesh::pipeline {
   }
   int max_stage = -1, max_mb = -1, max_shard = -1;
   for (const auto& row : s.ranks)
-    for (const auto& a : row) {
-      if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward ||
-          a.type == action_type::send_ef || a.type == action_type::recv_eb ||
-          a.type == action_type::recv_ef || a.type == action_type::send_eb) {
-        max_shard = std::max(max_shard, a.stage);
-      } else {
-        max_stage = std::max(max_stage, a.stage);
+    for (const auto& whole : row)
+      for (const action& a : parts(whole)) {  // an OVERLAP_F_B names two stages and micro-batches
+        if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward ||
+            a.type == action_type::send_ef || a.type == action_type::recv_eb ||
+            a.type == action_type::recv_ef || a.type == action_type::send_eb) {
+          max_shard = std::max(max_shard, a.stage);
+        } else {
+          max_stage = std::max(max_stage, a.stage);
+        }
+        max_mb = std::max(max_mb, a.microbatch);
       }
-      max_mb = std::max(max_mb, a.microbatch);
-    }
   // Every stage, encoder shard and micro-batch up to the largest named must run at least one action, so
   // none can exceed the number of actions: refuse "0F959319657" before sizing tables by it.
-  std::int64_t actions = 0;
-  for (const auto& row : s.ranks) actions += static_cast<std::int64_t>(row.size());
+  std::int64_t actions = 0;  // an overlapped F+B counts as its two halves
+  for (const auto& row : s.ranks)
+    for (const auto& a : row) actions += parts(a).count;
   for (const auto& [what, top] : {std::pair{"stage", max_stage}, std::pair{"encoder shard", max_shard},
                                   std::pair{"micro-batch", max_mb}})
     if (top >= actions)
@@ -94,25 +175,27 @@ namespace hetmesh::pipeline {
   s.encoder_shard_to_rank.assign(static_cast<std::size_t>(max_shard + 1), -1);
   int llm_ranks = 0;
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
-    for (const auto& a : s.ranks[r]) {
-      std::vector<int>* map = nullptr;
-      const char* what = "stage";
-      if (a.type == action_type::forward || a.type == action_type::backward ||
-          a.type == action_type::backward_input || a.type == action_type::backward_weight) {
-        map = &s.stage_to_rank;
-        llm_ranks = std::max(llm_ranks, static_cast<int>(r) + 1);
-      } else if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward) {
-        map = &s.encoder_shard_to_rank;
-        what = "encoder shard";
+    for (const auto& whole : s.ranks[r]) {
+      for (const action& a : parts(whole)) {
+        std::vector<int>* map = nullptr;
+        const char* what = "stage";
+        if (a.type == action_type::forward || a.type == action_type::backward ||
+            a.type == action_type::backward_input || a.type == action_type::backward_weight) {
+          map = &s.stage_to_rank;
+          llm_ranks = std::max(llm_ranks, static_cast<int>(r) + 1);
+        } else if (a.type == action_type::encoder_forward || a.type == action_type::encoder_backward) {
+          map = &s.encoder_shard_to_rank;
+          what = "encoder shard";
+        }
+        if (map == nullptr) continue;
+        int& owner = (*map)[static_cast<std::size_t>(a.stage)];
+        if (owner == -1) owner = static_cast<int>(r);
+        if (owner != static_cast<int>(r))
+          throw_error<invalid_argument>(
+              "pipeline CSV: {} {} appears on rank {} (action {}) and on rank {}; expected every {} on one "
+              "rank",
+              what, a.stage, r, to_text(whole), owner, what);
       }
-      if (map == nullptr) continue;
-      int& owner = (*map)[static_cast<std::size_t>(a.stage)];
-      if (owner == -1) owner = static_cast<int>(r);
-      if (owner != static_cast<int>(r))
-        throw_error<invalid_argument>(
-            "pipeline CSV: {} {} appears on rank {} (action {}) and on rank {}; expected every {} on one "
-            "rank",
-            what, a.stage, r, to_text(a), owner, what);
     }
   }
   for (int st = 0; st < s.num_stages; ++st)

@@ -147,7 +147,8 @@ struct encoder_source {
     for (int e = 0; e < nshards; ++e)
       shard_of_rank[static_cast<std::size_t>(s.encoder_shard_to_rank[static_cast<std::size_t>(e)])] = e;
     for (const auto& a : s.ranks[static_cast<std::size_t>(s.rank_of_stage(0))])
-      if (a.type == action_type::forward && a.stage == 0) f0_order.push_back(a.microbatch);
+      for (const action& p : parts(a))
+        if (p.type == action_type::forward && p.stage == 0) f0_order.push_back(p.microbatch);
   }
   [[nodiscard]] int need_mb() const {
     return f0_next < f0_order.size() ? f0_order[f0_next] : llm.num_microbatches;
@@ -180,7 +181,8 @@ struct encoder_source {
       ++next_eb[static_cast<std::size_t>(a.stage)];
     } else {
       ++pc[static_cast<std::size_t>(r)];
-      if (a.type == action_type::forward && a.stage == 0) {
+      const action f = parts(a).part[0];  // an OVERLAP_F_B's forward half
+      if (f.type == action_type::forward && f.stage == 0) {
         ++f0_next;
         eng.wake_all();  // stage 0 moved on: shards may now encode further ahead
       }
@@ -228,11 +230,14 @@ template <class Placement>
     s.encoder_shard_to_rank = {r0};
     std::vector<action> row;
     for (const auto& a : s.ranks[static_cast<std::size_t>(r0)]) {
-      if (a.stage == 0 && a.type == action_type::forward)
-        row.push_back({0, action_type::encoder_forward, a.microbatch});
+      const auto ps = parts(a);  // an OVERLAP_F_B: EF before it, EB after it, as for its halves
+      for (const action& p : ps)
+        if (p.stage == 0 && p.type == action_type::forward)
+          row.push_back({0, action_type::encoder_forward, p.microbatch});
       row.push_back(a);
-      if (a.stage == 0 && (a.type == action_type::backward || a.type == action_type::backward_input))
-        row.push_back({0, action_type::encoder_backward, a.microbatch});
+      for (const action& p : ps)
+        if (p.stage == 0 && (p.type == action_type::backward || p.type == action_type::backward_input))
+          row.push_back({0, action_type::encoder_backward, p.microbatch});
     }
     s.ranks[static_cast<std::size_t>(r0)] = std::move(row);
     assert_deadlock_free(s, "pipeline::add_encoder");

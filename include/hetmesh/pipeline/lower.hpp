@@ -11,6 +11,7 @@
 // both block (rendezvous); the verifier checks this independently.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -73,15 +74,9 @@ class action_flags {
   std::vector<std::uint64_t> bits_;  // one bit per possible action: small enough to stay in cache
 };
 
-}  // namespace detail
-
-/// The (send, recv) pairs compute action `a` produces under schedule `s`, written to `out` (cleared
-/// first): one pair per consumer of a's output (or gradient) on another rank; empty when the consumer is
-/// on the same rank or there is none. Pre: `a` is an action of `s`. Pure; deterministic (pairs in
-/// stage, then encoder-shard order); O(encoder shards). Used by add_send_recv and by the executor
-/// (run/pipeline_executor.hpp) to tell whether a schedule's data crosses ranks.
-inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair<action, action>>& out) {
-  out.clear();
+/// comm_pairs of one action that is not OVERLAP_F_B, appended to `out`.
+inline void append_comm_pairs(const schedule& s, const action& a,
+                              std::vector<std::pair<action, action>>& out) {
   const int mb = a.microbatch;
   switch (a.type) {
     case action_type::forward:
@@ -105,6 +100,18 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
       break;
   }
 }
+}  // namespace detail
+
+/// The (send, recv) pairs compute action `a` produces under schedule `s`, written to `out` (cleared
+/// first): one pair per consumer of a's output (or gradient) on another rank; empty when the consumer is
+/// on the same rank or there is none. Pre: `a` is an action of `s`. Pure; deterministic (pairs in
+/// stage, then encoder-shard order); O(encoder shards). An OVERLAP_F_B action's pairs are its forward
+/// half's, then its backward half's. Used by add_send_recv and by the executor
+/// (run/pipeline_executor.hpp) to tell whether a schedule's data crosses ranks.
+inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair<action, action>>& out) {
+  out.clear();
+  for (const action& p : parts(a)) detail::append_comm_pairs(s, p, out);
+}
 
 /// The schedule without its communication actions (compute and REDUCE_GRAD kept, order kept). Pure.
 [[nodiscard]] inline schedule strip_comm(const schedule& s) {
@@ -118,7 +125,9 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
 /// Existing communication actions are dropped first. Postcondition: every cross-rank data dependency
 /// has one SEND on the producer's rank and one RECV on the consumer's rank; same-rank ones have none.
 /// Throws invalid_argument naming each rank's stuck action when the compute order cannot run (a
-/// dependency cycle). Pure; deterministic; O(rounds * ranks) with rounds ~ the longest rank list.
+/// dependency cycle). An OVERLAP_F_B action is taken when both its halves are ready; the SENDs of both
+/// halves follow it, as in PyTorch. Pure; deterministic; O(rounds * ranks) with rounds ~ the longest
+/// rank list.
 [[nodiscard]] inline schedule add_send_recv(const schedule& in) {
   const schedule s = strip_comm(in);
   const int nranks = s.total_ranks();
@@ -169,11 +178,15 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
       const auto& row = s.ranks[static_cast<std::size_t>(r)];
       if (h == row.size()) continue;
       const action a = row[h];
-      if (!ready(a, r)) continue;
+      // An overlapped F+B runs when both halves can (PyTorch checks every sub-action first).
+      const auto ps = parts(a);
+      if (!std::all_of(ps.begin(), ps.end(), [&](const action& p) { return ready(p, r); })) continue;
       out.ranks[static_cast<std::size_t>(r)].push_back(a);
-      done.set(a);
-      if (a.type == action_type::backward || a.type == action_type::backward_weight)
-        ++backward_count[static_cast<std::size_t>(a.stage)];
+      for (const action& p : ps) {
+        done.set(p);
+        if (p.type == action_type::backward || p.type == action_type::backward_weight)
+          ++backward_count[static_cast<std::size_t>(p.stage)];
+      }
       comm_pairs(s, a, pairs);
       for (const auto& [snd, rcv] : pairs) {
         out.ranks[static_cast<std::size_t>(r)].push_back(snd);
@@ -202,7 +215,8 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
   return out;
 }
 
-/// Appends `<stage>REDUCE_GRAD` on each stage's rank right after that stage's last backward (B or W),
+/// Appends `<stage>REDUCE_GRAD` on each stage's rank right after that stage's last backward (B or W, or
+/// the OVERLAP_F_B whose backward half it is),
 /// so data-parallel gradient reduction overlaps the rest of the rank's cool-down. Existing
 /// REDUCE_GRAD actions are dropped first. Pure; O(actions).
 [[nodiscard]] inline schedule add_reduce_grad(const schedule& in) {
@@ -212,8 +226,9 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
   for (auto& row : out.ranks) {
     std::vector<int> last(static_cast<std::size_t>(out.num_stages), -1);
     for (std::size_t i = 0; i < row.size(); ++i)
-      if (row[i].type == action_type::backward || row[i].type == action_type::backward_weight)
-        last[static_cast<std::size_t>(row[i].stage)] = static_cast<int>(i);
+      for (const action& p : parts(row[i]))
+        if (p.type == action_type::backward || p.type == action_type::backward_weight)
+          last[static_cast<std::size_t>(p.stage)] = static_cast<int>(i);
     std::vector<action> next;
     next.reserve(row.size() + last.size());
     for (std::size_t i = 0; i < row.size(); ++i) {

@@ -43,6 +43,7 @@ static_assert(schedule_family<interleaved_1f1b>);
 static_assert(schedule_family<zero_bubble>);
 static_assert(schedule_family<interleaved_zero_bubble>);
 static_assert(schedule_family<zbv>);
+static_assert(schedule_family<looped_bfs>);
 
 /// True when a stage with (`StageHasSplitBackward`) or without split backward can run schedule family
 /// `S`: a family that requires split backward accepts only stages that provide backward_input and
@@ -65,7 +66,7 @@ consteval bool check_schedule_accepts() {
       !S::requires_split_backward || StageHasSplitBackward,
       "this schedule needs split backward (its backward runs as I and W actions): the backbone stage "
       "must provide backward_input and backward_weight (model::split_backward_stage), or pick a "
-      "schedule without split backward (gpipe, one_f_one_b, interleaved_1f1b)");
+      "schedule without split backward (gpipe, one_f_one_b, interleaved_1f1b, looped_bfs)");
   return true;
 }
 

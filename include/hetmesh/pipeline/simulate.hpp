@@ -4,7 +4,9 @@
 // transfers first-come first-served. Costs are per action (so per micro-batch: variable lengths just
 // give different numbers), supplied as callables; the cost room's models plug in there. Send/receive
 // actions in the list are not simulated one by one: every cross-rank input travels over its link when
-// the producer finishes, which is what the lowered SEND/RECV pairs do on real hardware.
+// the producer finishes, which is what the lowered SEND/RECV pairs do on real hardware. An overlapped
+// forward-backward (OVERLAP_F_B) starts when both halves' inputs are there, lasts cost_model::overlap of
+// its halves' costs (their sum by default), and hands both halves' outputs on when it ends.
 #pragma once
 
 #include <algorithm>
@@ -38,6 +40,11 @@ struct cost_model {
   std::function<double(const action&)> transfer{};
   /// Bytes an F or EF keeps alive until its B / W / EB.
   std::function<std::int64_t(const action&)> memory{};
+  /// Seconds an overlapped forward-backward (OVERLAP_F_B) occupies its rank's stream, from its halves'
+  /// `compute` seconds (forward, backward). Empty: their sum, because both halves run on the one
+  /// compute stream (what DualPipe overlaps is a half's communication, which no action here models);
+  /// e.g. `[](double f, double b) { return std::max(f, b); }` for perfect overlap.
+  std::function<double(double, double)> overlap{};
 };
 
 /// Equal costs for every micro-batch: F = forward, B = backward, I = backward - weight, W = weight,
@@ -214,6 +221,10 @@ class engine {
 
   /// Whether action a's inputs are on its rank now.
   [[nodiscard]] bool ready(const action& a) const noexcept {
+    if (a.type == action_type::overlap_f_b) {  // both halves' inputs, as PyTorch's runtime needs
+      const auto p = parts(a);
+      return ready(p.part[0]) && ready(p.part[1]);
+    }
     const std::size_t k = sm(a.stage, a.microbatch);
     switch (a.type) {
       case action_type::forward:
@@ -292,17 +303,26 @@ class engine {
     if (!idle(r)) return;
     auto a = src_.pick(*this, r);
     if (!a) return;
-    const double d = c_.compute(*a);
+    double d = 0;
+    if (a->type == action_type::overlap_f_b) {
+      const auto p = parts(*a);
+      const double f = c_.compute(p.part[0]), b = c_.compute(p.part[1]);
+      d = c_.overlap ? c_.overlap(f, b) : f + b;
+    } else {
+      d = c_.compute(*a);
+    }
     if (!(d >= 0) || !std::isfinite(d))
       throw_error<invalid_argument>(
           "pipeline simulate({}): cost of {} is {}; expected a finite, non-negative number of seconds",
           s_.name, to_text(*a), d);
     running_[static_cast<std::size_t>(r)] = *a;
     is_running_[static_cast<std::size_t>(r)] = 1;
-    if (a->type == action_type::forward || a->type == action_type::encoder_forward) {
+    if (a->type == action_type::forward || a->type == action_type::encoder_forward ||
+        a->type == action_type::overlap_f_b) {
       auto& m = mem_[static_cast<std::size_t>(r)];
+      const action f = parts(*a).part[0];
       m = checked_add(
-          m, c_.memory ? c_.memory(*a) : 1,
+          m, c_.memory ? c_.memory(f) : 1,
           hetmesh::format("pipeline simulate({}): live activation memory of rank {}", s_.name, r));
       out_.peak_memory[static_cast<std::size_t>(r)] =
           std::max(out_.peak_memory[static_cast<std::size_t>(r)], m);
@@ -342,9 +362,14 @@ class engine {
   }
 
   void finish(int r) {
-    const action a = running_[static_cast<std::size_t>(r)];
+    const action whole = running_[static_cast<std::size_t>(r)];
     is_running_[static_cast<std::size_t>(r)] = 0;
     out_.step_time = std::max(out_.step_time, now_);
+    for (const action& a : parts(whole)) finish_part(r, a);  // an OVERLAP_F_B delivers both at its end
+    try_start(r);
+  }
+
+  void finish_part(int r, const action& a) {
     const int mb = a.microbatch;
     auto free_mem = [&](const action& producer) {
       mem_[static_cast<std::size_t>(r)] -= c_.memory ? c_.memory(producer) : 1;
@@ -392,7 +417,6 @@ class engine {
       default:
         break;
     }
-    try_start(r);
   }
 
   const schedule& s_;

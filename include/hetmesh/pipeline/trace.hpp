@@ -2,9 +2,10 @@
 // hetmesh::pipeline: timelines for people. `chrome_trace` (trace_json.hpp) writes the Chrome trace event JSON
 // that Perfetto (ui.perfetto.dev) and chrome://tracing open: one track per rank, one complete ("X") event per
 // action. `ascii_timeline` draws the same step in a terminal: one row per rank, one character per time
-// slot (F forward, B backward, I input-backward, W weight-backward, e/b encoder forward/backward, '.' idle).
-// `svg_timeline` draws it as an SVG picture: one lane per rank, one box per compute action (coloured by
-// type, labelled with its micro-batch where it fits), communication as thin grey bars.
+// slot (F forward, B backward, I input-backward, W weight-backward, X overlapped forward-backward, e/b
+// encoder forward/backward, '.' idle). `svg_timeline` draws it as an SVG picture: one lane per rank, one box
+// per compute action (coloured by type, labelled with its micro-batch where it fits), communication as thin
+// grey bars.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +42,8 @@ inline char timeline_glyph(action_type t) {
       return 'b';
     case action_type::reduce_grad:
       return 'R';
+    case action_type::overlap_f_b:
+      return 'X';
     default:
       return '~';
   }
@@ -130,6 +133,8 @@ inline const char* timeline_colour(action_type t) {
       return "#b6992d";
     case action_type::reduce_grad:
       return "#e15759";
+    case action_type::overlap_f_b:
+      return "#b07aa1";
     default:
       return "#bab0ac";
   }
@@ -194,7 +199,11 @@ inline const char* timeline_colour(action_type t) {
         "stroke-width=\"0.5\"><title>{} rank {} {:.3f}-{:.3f} ms</title></rect>\n",
         x, y + 2, w, lane - 8, detail::timeline_colour(t.what.type), to_text(t.what), t.rank,
         (t.start - t0) * 1e3, (t.end - t0) * 1e3);
-    if (w >= 14 && t.what.microbatch >= 0)
+    if (t.what.type == action_type::overlap_f_b && w >= 28)  // both halves' micro-batches: "F/B"
+      out +=
+          hetmesh::format("<text x=\"{:.2f}\" y=\"{}\" text-anchor=\"middle\" fill=\"white\">{}/{}</text>\n",
+                          x + w / 2, y + lane - 9, t.what.microbatch, t.what.backward_microbatch);
+    else if (w >= 14 && t.what.microbatch >= 0)
       out += hetmesh::format("<text x=\"{:.2f}\" y=\"{}\" text-anchor=\"middle\" fill=\"white\">{}</text>\n",
                              x + w / 2, y + lane - 9, t.what.microbatch);
   }
@@ -206,6 +215,7 @@ inline const char* timeline_colour(action_type t) {
                             {action_type::backward_weight, "backward (weight)"},
                             {action_type::encoder_forward, "encoder forward"},
                             {action_type::encoder_backward, "encoder backward"},
+                            {action_type::overlap_f_b, "overlapped F+B"},
                             {action_type::send_f, "communication"}}) {
     out += hetmesh::format(
         "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" "

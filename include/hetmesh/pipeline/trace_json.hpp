@@ -43,6 +43,10 @@ namespace hetmesh::pipeline {
             : "computation";
     nlohmann::json args = {{"stage", t.what.stage}, {"type", std::string(name_of(t.what.type))}};
     if (t.what.microbatch >= 0) args["microbatch"] = t.what.microbatch;
+    if (t.what.type == action_type::overlap_f_b) {  // the backward half of an overlapped F+B
+      args["backward_stage"] = t.what.backward_stage;
+      args["backward_microbatch"] = t.what.backward_microbatch;
+    }
     events.push_back({{"name", to_text(t.what)},
                       {"cat", cat},
                       {"ph", "X"},

@@ -4,6 +4,8 @@
 // RECV on the peer, every cross-rank input arrives through one), and then runs the schedule as a
 // token game under blocking send/receive to prove it finishes: dependencies satisfied in order, no
 // deadlock. Along the way it records per-rank peak activation memory and in-flight micro-batches.
+// An overlapped F+B (OVERLAP_F_B) is one step of the game: it runs once what both halves need is there,
+// and then counts as both halves (each half exactly once, both on the rank of the list it sits in).
 // Errors are invalid_argument naming the rank, the position and the offending action.
 #pragma once
 
@@ -129,16 +131,21 @@ inline action partner(const action& a) {
           fail("appears twice; expected once per stage");
         continue;
       }
-      if (!present.in_range(a))
-        fail(hetmesh::format(
-            "{} or micro-batch out of range; expected {} in [0, {}) and micro-batch in [0, {})",
-            detail::action_flags::uses_shard(a.type) ? "encoder shard" : "stage",
-            detail::action_flags::uses_shard(a.type) ? "shard" : "stage",
-            detail::action_flags::uses_shard(a.type) ? E : S, M));
-      if (s.rank_of(a) != r)
-        fail(hetmesh::format("belongs on rank {} (by the stage/shard map)", s.rank_of(a)));
-      if (present.get(a)) fail("appears a second time; expected each action exactly once");
-      present.set(a);
+      for (const action& p : parts(a)) {  // an overlapped F+B: each half, both on this rank
+        const std::string half =
+            a.type == action_type::overlap_f_b ? hetmesh::format("`{}`: ", to_text(p)) : "";
+        if (!present.in_range(p))
+          fail(hetmesh::format(
+              "{}{} or micro-batch out of range; expected {} in [0, {}) and micro-batch in [0, {})", half,
+              detail::action_flags::uses_shard(p.type) ? "encoder shard" : "stage",
+              detail::action_flags::uses_shard(p.type) ? "shard" : "stage",
+              detail::action_flags::uses_shard(p.type) ? E : S, M));
+        if (s.rank_of(p) != r)
+          fail(hetmesh::format("{}belongs on rank {} (by the stage/shard map)", half, s.rank_of(p)));
+        if (present.get(p))
+          fail(hetmesh::format("{}appears a second time; expected each action exactly once", half));
+        present.set(p);
+      }
     }
   }
   // --- completeness ---------------------------------------------------------------------------------
@@ -209,7 +216,7 @@ inline action partner(const action& a) {
     action what{};
     bool same_rank = false;
   };
-  auto requirement = [&](const action& a, int r) -> need {
+  auto requirement_of = [&](const action& a, int r) -> need {
     auto input = [&](const action& producer_b, const action& producer_i, action via_recv) -> need {
       const int pr = s.rank_of(producer_b);
       const bool ok = done.get(producer_b) || (producer_i.type != producer_b.type && done.get(producer_i));
@@ -258,6 +265,14 @@ inline action partner(const action& a) {
         return {};
     }
   };
+  // An overlapped F+B needs what both halves need before either runs (PyTorch checks every sub-action).
+  auto requirement = [&](const action& a, int r) -> need {
+    for (const action& p : parts(a)) {
+      need n = requirement_of(p, r);
+      if (n.found) return n;
+    }
+    return {};
+  };
   auto order_error = [&](int r, std::size_t i, const action& a, const action& dep) {
     throw_error<invalid_argument>(
         "{}: rank {} action #{} `{}` needs `{}` first, which rank {} runs later or never; expected `{}` "
@@ -266,41 +281,45 @@ inline action partner(const action& a) {
         where, r, i, to_text(a), to_text(dep), r, to_text(dep), r);
   };
   std::size_t executed = 0;
-  auto execute = [&](int r, const action& a) {
+  auto execute = [&](int r, const action& whole) {
     ++executed;
-    done.set(a);
     ++pc[static_cast<std::size_t>(r)];
     auto& m = mem[static_cast<std::size_t>(r)];
     auto& f = inflight[static_cast<std::size_t>(r)];
-    switch (a.type) {
-      case action_type::forward:
-        m += bytes(a);
-        ++f;
-        break;
-      case action_type::encoder_forward:
-        m += bytes(a);
-        break;
-      case action_type::backward:
-      case action_type::backward_weight:
-        m -= bytes(F(a.stage, a.microbatch));
-        --f;
-        ++backward_done[static_cast<std::size_t>(a.stage)];
-        break;
-      case action_type::encoder_backward:
-        m -= bytes({a.stage, action_type::encoder_forward, a.microbatch});
-        break;
-      default:
-        break;
+    for (const action& a : parts(whole)) {
+      done.set(a);
+      switch (a.type) {
+        case action_type::forward:
+          m += bytes(a);
+          ++f;
+          break;
+        case action_type::encoder_forward:
+          m += bytes(a);
+          break;
+        case action_type::backward:
+        case action_type::backward_weight:
+          m -= bytes(F(a.stage, a.microbatch));
+          --f;
+          ++backward_done[static_cast<std::size_t>(a.stage)];
+          break;
+        case action_type::encoder_backward:
+          m -= bytes({a.stage, action_type::encoder_forward, a.microbatch});
+          break;
+        default:
+          break;
+      }
+      // After each half: an overlap's forward activation and the one its backward frees coexist.
+      auto& pm = rep.peak_memory[static_cast<std::size_t>(r)];
+      auto& pf = rep.peak_in_flight[static_cast<std::size_t>(r)];
+      pm = std::max(pm, m);
+      pf = std::max(pf, f);
+      if (opt.max_in_flight > 0 && f > opt.max_in_flight)
+        throw_error<invalid_argument>(
+            "{}: rank {} holds {} activations after `{}` (#{}), above the bound max_in_flight={}; expected "
+            "at most {}",
+            where, r, f, to_text(whole), pc[static_cast<std::size_t>(r)] - 1, opt.max_in_flight,
+            opt.max_in_flight);
     }
-    auto& pm = rep.peak_memory[static_cast<std::size_t>(r)];
-    auto& pf = rep.peak_in_flight[static_cast<std::size_t>(r)];
-    pm = std::max(pm, m);
-    pf = std::max(pf, f);
-    if (opt.max_in_flight > 0 && f > opt.max_in_flight)
-      throw_error<invalid_argument>(
-          "{}: rank {} holds {} activations after `{}` (#{}), above the bound max_in_flight={}; expected at "
-          "most {}",
-          where, r, f, to_text(a), pc[static_cast<std::size_t>(r)] - 1, opt.max_in_flight, opt.max_in_flight);
   };
   const bool fast = !explicit_comm && E == 0 && !opt.activation_bytes;
   // Tries to run rank r's next action; true when something ran.
@@ -404,11 +423,15 @@ inline action partner(const action& a) {
   auto at = [&](int q, const action& want) {
     const auto& row = s.ranks[static_cast<std::size_t>(q)];
     const std::size_t i = pc[static_cast<std::size_t>(q)];
-    return i < row.size() && row[i].stage == want.stage && row[i].microbatch == want.microbatch &&
-           (row[i].type == want.type ||
-            (want.type == action_type::backward && row[i].type == action_type::backward_input));
+    if (i >= row.size()) return false;
+    for (const action& p : parts(row[i]))
+      if (p.stage == want.stage && p.microbatch == want.microbatch &&
+          (p.type == want.type ||
+           (want.type == action_type::backward && p.type == action_type::backward_input)))
+        return true;
+    return false;
   };
-  auto wake_consumers = [&](const action& a) {
+  auto wake_consumers_of = [&](const action& a) {
     if (fast) {  // wake a consumer only when it sits at the action that waits for `a`
       if (a.type == action_type::forward && a.stage + 1 < S) {
         const int q = s.rank_of_stage(a.stage + 1);
@@ -436,6 +459,9 @@ inline action partner(const action& a) {
         if (is_comm(a.type)) wake(s.rank_of(detail::partner(a)));
         break;
     }
+  };
+  auto wake_consumers = [&](const action& a) {
+    for (const action& p : parts(a)) wake_consumers_of(p);
   };
   {
     while (!queue.empty()) {

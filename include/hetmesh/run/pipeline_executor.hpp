@@ -8,7 +8,8 @@
 // outputs of all shards in shard order, or nothing without encoders) and writes its output (nothing on
 // the last stage, which computes its loss itself); the backward reads the gradient of its output
 // (nothing on the last stage) and writes the gradient of its input, which stage 0 splits back into the
-// encoder shards' slices.
+// encoder shards' slices. An overlapped forward-backward (OVERLAP_F_B, DualPipeV) runs its forward half,
+// then its backward half, one after the other on the calling thread, as PyTorch's runtime does on CPU.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -25,6 +27,7 @@
 
 #include "../comm/collectives.hpp"
 #include "../comm/communicator.hpp"
+#include "../core/cpu_time.hpp"
 #include "../core/error.hpp"
 #include "../pipeline/action.hpp"
 #include "../pipeline/lower.hpp"
@@ -131,11 +134,14 @@ inline int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb,
 /// communicator errors with the action as context. With `timeline`, appends each action with its wall
 /// time (seconds since the call) for trace export. Calls: stage_functions<T> (std::function members) or
 /// stage_calls<T, ...> (the callables' own types, no type erasure); Sizes: activation_sizes, sizes_of<...>
-/// or any type with `output(stage, mb)` and `encoder_output(shard, mb)` members. Cost: the callables plus
-/// one send or receive per cross-rank transfer.
+/// or any type with `output(stage, mb)` and `encoder_output(shard, mb)` members. With
+/// `transfer_cpu_seconds`, adds to it the calling thread's CPU time in the SEND/RECV actions (the bytes on
+/// the wire, apart from the executor's own bookkeeping). Cost: the callables plus one send or receive per
+/// cross-rank transfer.
 template <comm::communicator C, class Calls, class Sizes = activation_sizes>
 void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes& sizes,
-                      std::vector<pipeline::timed_action>* timeline = nullptr) {
+                      std::vector<pipeline::timed_action>* timeline = nullptr,
+                      double* transfer_cpu_seconds = nullptr) {
   using T = typename std::remove_cvref_t<Calls>::value_type;
   static_assert(comm::host_communicator<C>,
                 "run::execute_pipeline keeps activations in host vectors: it needs a comm::host_communicator "
@@ -214,9 +220,17 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
     if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(f)>, no_call>)
       f(std::forward<decltype(args)>(args)...);
   };
-  for (const pipeline::action& a : s.ranks.at(static_cast<std::size_t>(rank))) {
+  // An overlapped forward-backward (OVERLAP_F_B) runs as PyTorch's runtime runs it: its forward half,
+  // then its backward half, each with its own timeline entry. `steps` pairs each part with its action.
+  std::vector<std::pair<pipeline::action, pipeline::action>> steps;
+  for (const pipeline::action& whole : s.ranks.at(static_cast<std::size_t>(rank)))
+    for (const pipeline::action& part : pipeline::parts(whole)) steps.emplace_back(part, whole);
+  for (const auto& step : steps) {
+    const pipeline::action& a = step.first;
     const int mb = a.microbatch;
     const double start = timeline != nullptr ? seconds() : 0.0;
+    const bool timed_transfer = transfer_cpu_seconds != nullptr && pipeline::is_comm(a.type);
+    const double cpu_start = timed_transfer ? thread_cpu_seconds() : 0.0;
     try {
       switch (a.type) {
         case pipeline::action_type::forward: {
@@ -352,12 +366,16 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
           enc_grad[{a.stage, mb}] = std::move(buf);
           break;
         }
+        case pipeline::action_type::overlap_f_b:
+          break;  // never reached: parts() split it into its F and B halves
       }
     } catch (error& e) {
       e.add_context(
-          hetmesh::format("pipeline execute({}) rank {} action `{}`", s.name, rank, pipeline::to_text(a)));
+          hetmesh::format("pipeline execute({}) rank {} action `{}`{}", s.name, rank, pipeline::to_text(a),
+                          step.second == a ? std::string() : " of `" + pipeline::to_text(step.second) + "`"));
       throw;
     }
+    if (timed_transfer) *transfer_cpu_seconds += thread_cpu_seconds() - cpu_start;
     if (timeline != nullptr) timeline->push_back(pipeline::timed_action{rank, a, start, seconds()});
   }
 }

@@ -2,10 +2,12 @@
 // hetmesh::seq: context-parallel partitions of one packed stream of documents over cp ranks.
 //   contiguous  the stream cut into cp near-equal pieces (causal work grows with the rank);
 //   zigzag      one sequence in 2cp chunks, rank r takes chunks r and 2cp-1-r, in that order:
-//               identical to Megatron-LM's get_batch_on_this_cp_rank (per-sequence balancing);
+//               identical to Megatron-LM's get_batch_on_this_cp_rank (per-sequence balancing; with
+//               cp = 1 any length passes through unchanged, as there);
 //   thd         the same per document of a packed (THD) stream, identical to TransformerEngine's
 //               thd_get_partitioned_indices: each document must be a multiple of 2cp, or is padded
-//               at its own end to one (TE's pad_thd_sequences_for_cp), when padding is asked for.
+//               at its own end to one (TE's pad_thd_sequences_for_cp), when padding is asked for;
+//               position ids (pads included) are TE's generate_positional_ids_for_cp.
 // Every partition lists, per rank, the stream indices of its tokens, their position ids, local
 // cu_seqlens and the chunks it holds; and, per stream token, its owner (the inverse map).
 #pragma once
@@ -149,29 +151,36 @@ inline void close_shards(cp_partition& p) {
   return p;
 }
 
-/// Per-document zigzag of a packed stream (TransformerEngine THD). Each document of length L is
-/// cut into 2cp chunks of L/2cp; rank r holds, per document in stream order, chunks r then
-/// 2cp-1-r. With pad = true, a document is first padded at its end to the next multiple of 2cp
-/// (pad tokens: source_index -1, positions continuing the document); with pad = false, a length not
-/// divisible by 2cp is an error (TE asserts the same). Preconditions: cp >= 1, lengths >= 0.
-/// Postconditions: every padded-stream token is on exactly one rank; all ranks hold equal token
-/// counts and equal causal work per document. Pure; O(T).
-[[nodiscard]] inline cp_partition partition_thd(std::span<const std::int64_t> lengths, int cp,
-                                                bool pad = false) {
-  detail::check_cp_args(lengths, cp, "partition_thd");
+namespace detail {
+
+/// The split behind partition_thd and partition_zigzag; `who` names the caller in errors.
+inline cp_partition partition_2cp(std::span<const std::int64_t> lengths, int cp, bool pad, cp_scheme scheme,
+                                  const char* who) {
+  check_cp_args(lengths, cp, who);
   const std::int64_t n = 2 * static_cast<std::int64_t>(cp);
+  // cp = 1 without padding: nothing is split, so any length passes through unchanged (Megatron's
+  // get_batch_on_this_cp_rank and TE's return the batch as it is when the cp group has one rank).
+  const bool whole = cp == 1 && !pad;
   std::vector<std::int64_t> padded(lengths.begin(), lengths.end());
   for (std::size_t i = 0; i < padded.size(); ++i) {
-    if (padded[i] % n == 0) continue;
-    if (!pad)
+    if (whole || padded[i] % n == 0) continue;
+    if (!pad) {
+      if (scheme == cp_scheme::zigzag) {
+        throw_error<invalid_argument>(
+            "{}: the sequence has {} tokens, not a multiple of 2*cp = {}; pad it (pad = true pads it at its "
+            "end "
+            "to a multiple of 2*cp) or pick cp with 2*cp dividing its length",
+            who, padded[i], n);
+      }
       throw_error<invalid_argument>(
-          "partition_thd: document {} has {} tokens, not a multiple of 2*cp = {}; pad it (pad = true pads "
-          "each document at its end to a multiple of 2*cp) or pick cp with 2*cp dividing every length",
-          i, padded[i], n);
+          "{}: document {} has {} tokens, not a multiple of 2*cp = {}; pad it (pad = true pads each document "
+          "at its end to a multiple of 2*cp) or pick cp with 2*cp dividing every length",
+          who, i, padded[i], n);
+    }
     padded[i] = detail::ceil_div(padded[i], n) * n;
   }
   cp_partition p;
-  p.policy = {cp_scheme::thd, cp, pad};
+  p.policy = {scheme, cp, pad};
   p.cu_seqlens = prefix_sums(lengths);
   p.cu_seqlens_padded = prefix_sums(padded);
   const std::int64_t total = p.cu_seqlens_padded.back();
@@ -180,10 +189,12 @@ inline void close_shards(cp_partition& p) {
   p.owner_local.assign(static_cast<std::size_t>(total), -1);
   for (int r = 0; r < cp; ++r) {
     for (std::size_t d = 0; d < padded.size(); ++d) {
-      const std::int64_t c = padded[d] / n;
       const int first = r, second = static_cast<int>(n) - 1 - r;
-      detail::add_run(p, r, static_cast<std::int64_t>(d), first, {first * c, (first + 1) * c}, lengths[d]);
-      detail::add_run(p, r, static_cast<std::int64_t>(d), second, {second * c, (second + 1) * c}, lengths[d]);
+      // Chunk k is [k*L/2cp, (k+1)*L/2cp): exact when 2cp divides L, and for cp = 1 with an odd L
+      // the halves [0, L/2) and [L/2, L).
+      const auto cut = [&](std::int64_t k) { return k * padded[d] / n; };
+      add_run(p, r, static_cast<std::int64_t>(d), first, {cut(first), cut(first + 1)}, lengths[d]);
+      add_run(p, r, static_cast<std::int64_t>(d), second, {cut(second), cut(second + 1)}, lengths[d]);
     }
   }
   // TE's local cu_seqlens: cu_seqlens_padded / cp, every document included (also empty ones).
@@ -198,13 +209,57 @@ inline void close_shards(cp_partition& p) {
   return p;
 }
 
-/// Zigzag of one sequence (Megatron-LM get_batch_on_this_cp_rank): partition_thd of a single
-/// document, tagged cp_scheme::zigzag. Same errors and padding rule.
+}  // namespace detail
+
+/// Per-document zigzag of a packed stream (TransformerEngine THD). Each document of length L is
+/// cut into 2cp chunks of L/2cp; rank r holds, per document in stream order, chunks r then
+/// 2cp-1-r. With pad = true, a document is first padded at its end to the next multiple of 2cp
+/// (pad tokens: source_index -1, positions continuing the document, as TE's
+/// generate_positional_ids_for_cp numbers them: see padded_position_ids); with pad = false, a length
+/// not divisible by 2cp is an error (TE asserts the same), except with cp = 1, where every length
+/// passes through unchanged (TE's get_batch_on_this_cp_rank returns the batch as it is).
+/// Preconditions: cp >= 1, lengths >= 0. Postconditions: every padded-stream token is on exactly one
+/// rank; all ranks hold equal token counts and equal causal work per document. Pure; O(T).
+[[nodiscard]] inline cp_partition partition_thd(std::span<const std::int64_t> lengths, int cp,
+                                                bool pad = false) {
+  return detail::partition_2cp(lengths, cp, pad, cp_scheme::thd, "partition_thd");
+}
+
+/// Zigzag of one sequence (Megatron-LM get_batch_on_this_cp_rank): the THD split of a single
+/// document, tagged cp_scheme::zigzag; errors name partition_zigzag. With cp = 1 and pad = false any
+/// length passes through unchanged, as Megatron's does; otherwise the length must be a multiple of
+/// 2cp, or pad = true pads it at its end to one.
 [[nodiscard]] inline cp_partition partition_zigzag(std::int64_t length, int cp, bool pad = false) {
   const std::int64_t one[1] = {length};
-  auto p = partition_thd(one, cp, pad);
-  p.policy.scheme = cp_scheme::zigzag;
-  return p;
+  return detail::partition_2cp(one, cp, pad, cp_scheme::zigzag, "partition_zigzag");
+}
+
+/// Position ids of a packed stream whose documents are padded at their ends to multiples of
+/// `divisibility` (2cp for THD context parallelism): each document counts 0, 1, ... through its pad
+/// tokens. Identical to TransformerEngine's generate_positional_ids_for_cp(cu_seqlens, divisibility);
+/// partition_thd(lengths, cp, true) gives every rank these ids at its token_index. Pre: cu_seqlens
+/// starts at 0 and does not decrease, divisibility >= 1 (else invalid_argument). Pure; O(padded tokens).
+[[nodiscard]] inline std::vector<std::int64_t> padded_position_ids(std::span<const std::int64_t> cu_seqlens,
+                                                                   std::int64_t divisibility) {
+  if (divisibility < 1)
+    throw_error<invalid_argument>("padded_position_ids: divisibility = {}; expected >= 1 (2*cp)",
+                                  divisibility);
+  if (cu_seqlens.empty() || cu_seqlens.front() != 0)
+    throw_error<invalid_argument>(
+        "padded_position_ids: cu_seqlens must start at 0; expected [0, l0, l0+l1, ...]");
+  std::vector<std::int64_t> out;
+  for (std::size_t d = 1; d < cu_seqlens.size(); ++d) {
+    const std::int64_t len = cu_seqlens[d] - cu_seqlens[d - 1];
+    if (len < 0) {
+      throw_error<invalid_argument>(
+          "padded_position_ids: cu_seqlens decreases at {} ({} after {}); expected a "
+          "non-decreasing prefix sum",
+          d, cu_seqlens[d], cu_seqlens[d - 1]);
+    }
+    const std::int64_t padded = detail::ceil_div(len, divisibility) * divisibility;
+    for (std::int64_t t = 0; t < padded; ++t) out.push_back(t);
+  }
+  return out;
 }
 
 /// Causal attention work of one shard: the number of (query, key) pairs its queries compute under a

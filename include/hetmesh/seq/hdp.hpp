@@ -238,13 +238,22 @@ struct hdp_plan {
       mb.offload_ratio = it.offload.ratio();
       if (it.packed) {
         mb.segments.reserve(it.seqs.size());
-        for (const auto& s : it.seqs) mb.segments.push_back({s.id, {0, s.length}});
-      } else {
+        for (const auto& s : it.seqs) {
+          mb.segments.push_back({s.id, {0, s.length}});
+          mb.tokens += s.length;
+        }
+      } else {  // hdp_ranges, without its temporary vector
         const auto& s = it.seqs.front();
-        for (const auto& rg : hdp_ranges(s.length, it.degree, static_cast<int>(p)))
-          mb.segments.push_back({s.id, rg});
+        const int pos = static_cast<int>(p);
+        if (it.degree == 1) {
+          mb.segments.push_back({s.id, {0, s.length}});
+        } else {
+          mb.segments.reserve(2);
+          mb.segments.push_back({s.id, hdp_chunk(s.length, it.degree, pos)});
+          mb.segments.push_back({s.id, hdp_chunk(s.length, it.degree, 2 * it.degree - 1 - pos)});
+        }
+        for (const auto& sg : mb.segments) mb.tokens += sg.tokens.size();
       }
-      for (const auto& sg : mb.segments) mb.tokens += sg.tokens.size();
       plan.per_rank[static_cast<std::size_t>(r)].push_back(std::move(mb));
     }
   }
@@ -272,7 +281,8 @@ struct hdp_plan {
     while (w < used.size() && used[w] + d > sh.pool) ++w;
     if (w == used.size()) used.push_back(0);
     out[i].order = static_cast<std::int64_t>(w);
-    for (int k = 0; k < d; ++k) out[i].ring.push_back(used[w] + k);
+    out[i].ring.resize(static_cast<std::size_t>(d));
+    for (int k = 0; k < d; ++k) out[i].ring[static_cast<std::size_t>(k)] = used[w] + k;
     used[w] += d;
     while (first_open < used.size() && used[first_open] == sh.pool) ++first_open;
   }
@@ -291,42 +301,122 @@ struct hdp_plan {
   return static_cast<std::int64_t>(std::llround(c / it.degree));
 }
 
+namespace detail {
+
+/// Binary min-heap steps over keys compared with `<` (the hole technique: one move per level).
+template <class Key>
+void heap_sift_down(std::vector<Key>& h, std::size_t i) {
+  const std::size_t n = h.size();
+  const Key v = h[i];
+  for (;;) {
+    std::size_t c = 2 * i + 1;
+    if (c >= n) break;
+    if (c + 1 < n && h[c + 1] < h[c]) ++c;
+    if (!(h[c] < v)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = v;
+}
+template <class Key>
+void heap_sift_up(std::vector<Key>& h, std::size_t i) {
+  const Key v = h[i];
+  while (i > 0) {
+    const std::size_t parent = (i - 1) / 2;
+    if (!(v < h[parent])) break;
+    h[i] = h[parent];
+    i = parent;
+  }
+  h[i] = v;
+}
+
+/// The greedy of hdp_least_loaded_placement over a min-heap of (load, rank) keys. `Slot` encodes a
+/// key: Slot::make(load, rank), Slot::rank(key), Slot::add(key, cost). Keys are unique (one per rank)
+/// and compare as (load, rank), so each step takes the same ranks whatever the heap's shape.
+template <class Slot>
+void least_loaded_greedy(const hdp_sharding& sh,
+                         std::span<const std::pair<std::int64_t, std::size_t>> by_cost,
+                         std::vector<hdp_placement>& out) {
+  using key = typename Slot::key;
+  std::vector<key> heap(static_cast<std::size_t>(sh.pool));
+  for (int r = 0; r < sh.pool; ++r) heap[static_cast<std::size_t>(r)] = Slot::make(0, r);  // a min-heap
+  std::vector<key> taken;
+  for (std::size_t turn = 0; turn < by_cost.size(); ++turn) {
+    const auto [c, i] = by_cost[turn];
+    const int d = sh.items[i].degree;
+    auto& pl = out[i];
+    pl.order = static_cast<std::int64_t>(turn);
+    if (d == 1) {  // pop and push of the same rank: one sift
+      pl.ring.assign(1, Slot::rank(heap.front()));
+      heap.front() = Slot::add(heap.front(), c);
+      heap_sift_down(heap, 0);
+      continue;
+    }
+    taken.clear();
+    for (int k = 0; k < d; ++k) {
+      taken.push_back(heap.front());
+      heap.front() = heap.back();
+      heap.pop_back();
+      if (!heap.empty()) heap_sift_down(heap, 0);
+    }
+    pl.ring.resize(static_cast<std::size_t>(d));
+    for (std::size_t k = 0; k < taken.size(); ++k) {
+      pl.ring[k] = Slot::rank(taken[k]);
+      heap.push_back(Slot::add(taken[k], c));
+      heap_sift_up(heap, heap.size() - 1);
+    }
+    std::sort(pl.ring.begin(), pl.ring.end());
+  }
+}
+
+/// (load, rank) packed into one word, load in the high bits: for loads below 2^(64 - rank_bits).
+template <int RankBits>
+struct packed_slot {
+  using key = std::uint64_t;
+  static key make(std::int64_t load, int rank) {
+    return (static_cast<key>(load) << RankBits) | static_cast<key>(rank);
+  }
+  static int rank(key k) { return static_cast<int>(k & ((key{1} << RankBits) - 1)); }
+  static key add(key k, std::int64_t cost) { return k + (static_cast<key>(cost) << RankBits); }
+};
+/// (load, rank) as a pair: any loads.
+struct pair_slot {
+  using key = std::pair<std::int64_t, int>;
+  static key make(std::int64_t load, int rank) { return {load, rank}; }
+  static int rank(const key& k) { return k.second; }
+  static key add(const key& k, std::int64_t cost) { return {k.first + cost, k.second}; }
+};
+
+}  // namespace detail
+
 /// Greedy placement by modelled cost (LPT generalised to items needing D ranks): items by
 /// (-cost per rank, index), each on the D ranks with the least accumulated cost (ties: lowest
 /// rank), ring = those ranks ascending, order = the item's turn in this greedy order (a global
 /// order, so no deadlock). Pure; O(sum of D * log pool).
 [[nodiscard]] inline std::vector<hdp_placement> hdp_least_loaded_placement(const hdp_sharding& sh) {
-  std::vector<std::int64_t> cost(sh.items.size());
-  std::vector<std::size_t> order(sh.items.size());
+  std::vector<std::pair<std::int64_t, std::size_t>> by_cost(sh.items.size());  // (cost, item)
+  bool non_negative = true;
+  std::uint64_t total = 0;  // bounds every rank's load (an item adds its cost to a rank at most once)
   for (std::size_t i = 0; i < sh.items.size(); ++i) {
-    cost[i] = hdp_item_cost(sh.items[i], sh.policy.model);
-    order[i] = i;
+    const std::int64_t c = hdp_item_cost(sh.items[i], sh.policy.model);
+    by_cost[i] = {c, i};
+    non_negative = non_negative && c >= 0;
+    if (c > 0)
+      total = static_cast<std::uint64_t>(c) > ~std::uint64_t{0} - total
+                  ? ~std::uint64_t{0}
+                  : total + static_cast<std::uint64_t>(c);
   }
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; });
-  using slot = std::pair<std::int64_t, int>;  // (load, rank): the smallest pair is the next rank to use
-  std::vector<slot> heap;
-  heap.reserve(static_cast<std::size_t>(sh.pool));
-  for (int r = 0; r < sh.pool; ++r) heap.push_back({0, r});  // already a min-heap in this order
+  std::sort(by_cost.begin(), by_cost.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
   std::vector<hdp_placement> out(sh.items.size());
-  std::vector<slot> taken;
-  for (std::size_t turn = 0; turn < order.size(); ++turn) {
-    const std::size_t i = order[turn];
-    taken.clear();
-    for (int k = 0; k < sh.items[i].degree; ++k) {
-      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
-      taken.push_back(heap.back());
-      heap.pop_back();
-    }
-    auto& pl = out[i];
-    pl.order = static_cast<std::int64_t>(turn);
-    for (auto& t : taken) {
-      pl.ring.push_back(t.second);
-      heap.push_back({t.first + cost[i], t.second});
-      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
-    }
-    std::sort(pl.ring.begin(), pl.ring.end());
-  }
+  // One-word keys when every load fits beside a 20-bit rank (pools up to 2^20 ranks): same
+  // comparisons as the (load, rank) pairs, at half the memory traffic.
+  constexpr int rank_bits = 20;
+  if (non_negative && sh.pool <= (1 << rank_bits) && total < (std::uint64_t{1} << (63 - rank_bits)))
+    detail::least_loaded_greedy<detail::packed_slot<rank_bits>>(sh, by_cost, out);
+  else
+    detail::least_loaded_greedy<detail::pair_slot>(sh, by_cost, out);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <compare>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -76,6 +77,7 @@ inline void check_seq_descs(std::span<const seq_desc> seqs, const char* who) {
                                     s.length);
     ids.push_back(s.id);
   }
+  if (std::adjacent_find(ids.begin(), ids.end(), std::greater_equal<>{}) == ids.end()) return;  // ascending
   std::sort(ids.begin(), ids.end());
   for (std::size_t i = 1; i < ids.size(); ++i)
     if (ids[i] == ids[i - 1])

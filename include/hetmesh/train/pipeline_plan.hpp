@@ -6,8 +6,9 @@
 // schedule for all keeps ring attention deadlock-free at any depth: the ranks of one pipeline rank run
 // the same action sequence, so the members of a ring meet in its slot in the same order. The schedule
 // is a schedule family's (a pipeline:: policy type) for (pp, slots), with the step's encoders inserted
-// by an encoder placement (pipeline::encoder_on_first_stage, or pipeline::colocated_encoder: the joint
-// encoder-LLM pipeline) when the step has encoder items, then lowered (SEND/RECV) and verified.
+// by an encoder placement (pipeline::encoder_on_first_stage, pipeline::colocated_encoder: the joint
+// encoder-LLM pipeline, or pipeline::encoder_pool: encoder-only ranks after each pipeline's LLM ranks,
+// always present) when the step has encoder items, then lowered (SEND/RECV) and verified.
 #pragma once
 
 #include <algorithm>
@@ -91,14 +92,14 @@ void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& p
       if (m >= want + 4 * pp) throw;  // no count near the plan's works: the family's own error
     }
   }
-  if (batch != nullptr && has_encoder_items(*batch)) {
-    static_assert(
-        pipeline::encoder_placement<Placement>,
-        "train: the encoder placement must be a pipeline::encoder_placement "
-        "(pipeline::encoder_on_first_stage, or pipeline::colocated_encoder for the joint pipeline)");
-    static_assert(!std::is_same_v<Placement, pipeline::encoder_pool>,
-                  "train: a separate encoder pool is not run by train::system yet; expected "
-                  "pipeline::encoder_on_first_stage or pipeline::colocated_encoder");
+  // A separate encoder pool is part of the world whether or not the step has encoder items: its ranks
+  // take part in every schedule (with empty encoder work when there is none).
+  constexpr bool pool = std::is_same_v<Placement, pipeline::encoder_pool>;
+  if (pool || (batch != nullptr && has_encoder_items(*batch))) {
+    static_assert(pipeline::encoder_placement<Placement>,
+                  "train: the encoder placement must be a pipeline::encoder_placement "
+                  "(pipeline::encoder_on_first_stage, pipeline::colocated_encoder for the joint pipeline, or "
+                  "pipeline::encoder_pool)");
     const auto load = slot_loads(plan, batch);
     auto at = [](const std::vector<std::int64_t>& v, int mb) {
       return mb >= 0 && mb < static_cast<int>(v.size()) ? static_cast<double>(v[static_cast<std::size_t>(mb)])

@@ -29,6 +29,9 @@ struct step_report {
   std::vector<double> backward_seconds;  ///< per world rank: time in backward actions
   std::vector<double> step_seconds;      ///< per world rank: the pipeline's wall time
   std::vector<double> cpu_busy_seconds;  ///< per world rank: thread CPU time in the stages and encoders
+  std::vector<double> cpu_step_seconds;  ///< per world rank: thread CPU time of the whole run() call
+  std::vector<double> cpu_comm_seconds;  ///< per world rank: thread CPU time moving bytes (step_stats)
+  std::vector<double> library_cpu_seconds;          ///< per world rank: step_stats::library_cpu_seconds()
   std::vector<pipeline::timed_action> timeline;     ///< every rank's executed actions, by rank then time
   std::vector<pipeline::timed_action> cpu_actions;  ///< every rank's stage calls with thread CPU times
 
@@ -45,6 +48,16 @@ struct step_report {
   }
   /// max / mean thread CPU busy time.
   [[nodiscard]] double cpu_imbalance() const noexcept { return imbalance_of(cpu_busy_seconds); }
+  /// The library's share of run()'s thread CPU time over all ranks: sum of library_cpu_seconds / sum of
+  /// cpu_step_seconds (0 without work). Planning happens outside run(); callers that time it add it to both.
+  [[nodiscard]] double library_share() const noexcept {
+    double lib = 0, all = 0;
+    for (std::size_t i = 0; i < cpu_step_seconds.size(); ++i) {
+      lib += library_cpu_seconds[i];
+      all += cpu_step_seconds[i];
+    }
+    return all > 0 ? lib / all : 0.0;
+  }
 
  private:
   static double imbalance_of(const std::vector<double>& v) noexcept {
@@ -81,22 +94,27 @@ std::vector<pipeline::timed_action> gather_actions(C& world,
 }  // namespace detail
 
 /// Gathers `s` (this rank's stats of the step) from every rank of `world`. Collective over the world;
-/// every rank gets the whole report. Cost: one all-gather of 5 doubles per rank and two of action lists.
+/// every rank gets the whole report. Cost: one all-gather of 8 doubles per rank and two of action lists.
 template <comm::communicator C>
 [[nodiscard]] step_report gather_report(C& world, const step_stats& s) {
   step_report r;
   r.stats = s;
   const auto n = static_cast<std::size_t>(world.size());
-  const double mine[5] = {s.busy_seconds, s.forward_seconds, s.backward_seconds, s.step_seconds,
-                          s.cpu_busy_seconds};
-  std::vector<double> all(5 * n);
+  constexpr std::size_t k = 8;
+  const double mine[k] = {s.busy_seconds,     s.forward_seconds,      s.backward_seconds,
+                          s.step_seconds,     s.cpu_busy_seconds,     s.cpu_step_seconds,
+                          s.cpu_comm_seconds, s.library_cpu_seconds()};
+  std::vector<double> all(k * n);
   comm::all_gather(world, std::span<const double>(mine), std::span<double>(all));
   for (std::size_t i = 0; i < n; ++i) {
-    r.busy_seconds.push_back(all[5 * i]);
-    r.forward_seconds.push_back(all[5 * i + 1]);
-    r.backward_seconds.push_back(all[5 * i + 2]);
-    r.step_seconds.push_back(all[5 * i + 3]);
-    r.cpu_busy_seconds.push_back(all[5 * i + 4]);
+    r.busy_seconds.push_back(all[k * i]);
+    r.forward_seconds.push_back(all[k * i + 1]);
+    r.backward_seconds.push_back(all[k * i + 2]);
+    r.step_seconds.push_back(all[k * i + 3]);
+    r.cpu_busy_seconds.push_back(all[k * i + 4]);
+    r.cpu_step_seconds.push_back(all[k * i + 5]);
+    r.cpu_comm_seconds.push_back(all[k * i + 6]);
+    r.library_cpu_seconds.push_back(all[k * i + 7]);
   }
   r.timeline = detail::gather_actions(world, s.timeline);
   r.cpu_actions = detail::gather_actions(world, s.cpu_actions);

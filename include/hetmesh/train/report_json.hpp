@@ -14,8 +14,9 @@
 namespace hetmesh::train {
 
 /// The report as JSON: the step's loss, targets, tokens, micro-batches, encoder items, plan hash (hex
-/// string), per-rank busy / forward / backward / step / thread-CPU busy seconds, and both imbalances. The
-/// timeline is left to step_trace. Pure.
+/// string), per-rank busy / forward / backward / step / thread-CPU busy seconds, thread-CPU seconds of
+/// run(), of moving bytes and in the library, the library's share, and both imbalances. The timeline is
+/// left to step_trace. Pure.
 [[nodiscard]] inline nlohmann::json to_json(const step_report& r) {
   return {{"loss", r.stats.loss},
           {"targets", r.stats.targets},
@@ -28,6 +29,10 @@ namespace hetmesh::train {
           {"backward_s", r.backward_seconds},
           {"step_s", r.step_seconds},
           {"cpu_busy_s", r.cpu_busy_seconds},
+          {"cpu_step_s", r.cpu_step_seconds},
+          {"cpu_comm_s", r.cpu_comm_seconds},
+          {"library_cpu_s", r.library_cpu_seconds},
+          {"library_share", r.library_share()},
           {"imbalance", r.imbalance()},
           {"cpu_imbalance", r.cpu_imbalance()}};
 }

@@ -112,6 +112,10 @@ struct step_stats {
                                    ///< whatever else shares the cores)
   double step_seconds = 0.0;       ///< this rank: the pipeline's wall time, communication included
   double reduce_seconds = 0.0;     ///< this rank: gradient reduction time
+  double cpu_step_seconds = 0.0;   ///< this rank: thread CPU time of the whole run() call
+  double cpu_comm_seconds = 0.0;   ///< this rank: thread CPU time moving bytes: the pipeline's SEND/RECV
+                                   ///< actions, the step's barrier, the gradient and stats reductions
+  double cpu_optimizer_seconds = 0.0;  ///< this rank: thread CPU time in the optimizer hook
   std::int64_t activation_peak_bytes =
       0;                             ///< this rank: peak resident bytes of the stages' saved activations
   std::int64_t offloaded_bytes = 0;  ///< this rank: activation bytes offloaded (selective offload)
@@ -121,6 +125,14 @@ struct step_stats {
   /// This rank's calls into the stages and encoders with their thread CPU times (start and end: CPU
   /// seconds since the step began), for cost calibration where ranks share cores.
   std::vector<pipeline::timed_action> cpu_actions;
+
+  /// This rank's thread CPU time in the library during run(): the whole call less the user's stage and
+  /// encoder calls (cpu_busy_seconds), the bytes on the wire (cpu_comm_seconds) and the optimizer hook;
+  /// what remains is plan agreement, micro-batch building, dispatch and bookkeeping. Never negative.
+  [[nodiscard]] double library_cpu_seconds() const noexcept {
+    const double d = cpu_step_seconds - cpu_busy_seconds - cpu_comm_seconds - cpu_optimizer_seconds;
+    return d > 0.0 ? d : 0.0;
+  }
 };
 
 /// An optimizer hook for a stage of type S: called once per step, after the gradient reduction, as
@@ -155,10 +167,28 @@ struct system_options {
 template <pipeline::schedule_family Schedule = pipeline::one_f_one_b,
           class Placement = pipeline::encoder_on_first_stage>
 struct pipeline_config {
-  int pp = 1;            ///< pipeline depth: the world is pp x pool ranks
+  int pp = 1;            ///< pipeline depth: the world is (pp + encoder-pool ranks) x pool ranks
   Schedule schedule{};   ///< the schedule family (e.g. pipeline::zero_bubble)
   Placement encoders{};  ///< where the encoders run (pipeline::colocated_encoder: the joint pipeline)
 };
+
+/// The step plan train::system<Partition, Kernel, Comm, Balancer, Schedule, Placement>::plan makes, as a
+/// function of its parameters alone: plan_step(partition, docs, pool, balancer, cost), then
+/// attach_pipeline(plan, pipeline.schedule, pipeline.encoders, pipeline.pp, batch) (`batch`: the batch
+/// the documents came from, for its encoder items; null for none). Needs no communicator, so tools and
+/// benchmarks plan at any scale; the system calls it with its pool (world / (pp + encoder-pool ranks)). Pure:
+/// a function of (policies, pool, documents, batch), equal on every rank; not collective. Errors: plan_step's
+/// and attach_pipeline's. Cost: the partition's planner plus the schedule's generation and verification.
+template <class Partition, class Balancer, pipeline::schedule_family Schedule, class Placement>
+[[nodiscard]] step_plan plan_system_step(const Partition& partition, const Balancer& balancer,
+                                         const pipeline_config<Schedule, Placement>& pipeline,
+                                         const balance::step_model& cost, int pool,
+                                         std::span<const seq::seq_desc> docs,
+                                         const model::step_batch* batch = nullptr) {
+  auto p = plan_step(partition, docs, pool, balancer, cost);
+  attach_pipeline(p, pipeline.schedule, pipeline.encoders, pipeline.pp, batch);
+  return p;
+}
 
 /// An encoder of the model, as train::system::run takes it: the user's model::encoder_stage and a callable
 /// `input(const model::encoder_batch_view&, std::span<T>)` that writes the encoder's input for the items
@@ -194,10 +224,11 @@ concept sizes_stage_output = requires(const S& s, const model::micro_batch_view&
 /// Schedule: a pipeline::schedule_family (gpipe, one_f_one_b, interleaved_1f1b, zero_bubble, ...; a family
 /// with split backward requires model::split_backward_stage, checked at compile time); Placement: where
 /// encoders run (pipeline::encoder_on_first_stage, or pipeline::colocated_encoder: the joint pipeline, a
-/// shard on every pipeline rank filling the LLM's bubbles). E.g. `system<seq::cp_zigzag, K, C>`,
-/// `system<seq::hdp<seq::selective_offload>, K, C, balance::bytescale, pipeline::zero_bubble,
-/// pipeline::colocated_encoder>`. One object per rank; constructing it is collective over the world (it
-/// splits the pipeline's communicators); the communicator and kernel outlive it.
+/// shard on every pipeline rank filling the LLM's bubbles; or pipeline::encoder_pool: `ranks` encoder-only
+/// ranks per pipeline after its pp LLM ranks, so the world is (pp + ranks) x pool). E.g.
+/// `system<seq::cp_zigzag, K, C>`, `system<seq::hdp<seq::selective_offload>, K, C, balance::bytescale,
+/// pipeline::zero_bubble, pipeline::colocated_encoder>`. One object per rank; constructing it is collective
+/// over the world (it splits the pipeline's communicators); the communicator and kernel outlive it.
 template <seq::llm_partition Partition, class Kernel, comm::communicator Comm,
           class Balancer = family_placement, pipeline::schedule_family Schedule = pipeline::one_f_one_b,
           class Placement = pipeline::encoder_on_first_stage>
@@ -236,19 +267,27 @@ class system {
         kernel_(std::move(kernel)),
         options_(options) {
     const int pp = pipeline_.pp;
-    if (pp < 1 || world.size() % pp != 0)
+    const int enc = encoder_ranks();
+    if (enc < 0)
       throw_error<invalid_argument>(
-          "train::system: pipeline depth pp = {} over a world of {} ranks; expected pp >= 1 dividing the "
-          "world (pool = world / pp ranks per pipeline rank)",
-          pp, world.size());
-    pool_size_ = world.size() / pp;
+          "train::system: a separate encoder pool (pipeline::encoder_pool) of fewer than one rank per "
+          "pipeline; expected ranks >= 1");
+    if (pp < 1 || world.size() % (pp + enc) != 0)
+      throw_error<invalid_argument>(
+          "train::system: pipeline depth pp = {}{} over a world of {} ranks; expected pp >= 1 and pp + "
+          "encoder-pool ranks dividing the world (pool = world / (pp + encoder ranks) ranks per pipeline "
+          "rank)",
+          pp, enc > 0 ? hetmesh::format(" with {} encoder-pool ranks per pipeline", enc) : std::string(),
+          world.size());
+    pool_size_ = world.size() / (pp + enc);
     static_assert(
         requires { comm::split(world, 0, 0); },
         "train::system: Comm must split (comm::split: a backend split or subgroup) for the pipeline's "
         "communicators");
-    // The pipeline's communicator (one rank at pp = 1) and, at pp > 1, the pool at this pipeline rank.
+    // The pipeline's communicator (its pp LLM ranks, then its encoder-pool ranks) and, when the world has
+    // more than one pipeline rank, the pool at this pipeline rank.
     pipe_.emplace(comm::split(world, world.rank() % pool_size_, world.rank() / pool_size_));
-    if (pp > 1) pool_.emplace(comm::split(world, world.rank() / pool_size_, world.rank() % pool_size_));
+    if (pp + enc > 1) pool_.emplace(comm::split(world, world.rank() / pool_size_, world.rank() % pool_size_));
     if constexpr (std::same_as<Partition,
                                seq::ulysses>) {  // the Ulysses groups: `degree` consecutive pool ranks
       const int d = partition_.degree;
@@ -308,6 +347,7 @@ class system {
                                               encoder_context_type<T>>() &&
                    ...));
     using clock = std::chrono::steady_clock;
+    const double run_cpu0 = thread_cpu_seconds();
     auto& world = *world_;
     run::assert_plan_agreement(world, plan, "train step plan");
     if (plan.world != pool_size_ || plan.pp != pipeline_.pp)
@@ -524,9 +564,11 @@ class system {
         fn{forward, backward, backward_input, backward_weight, encoder_forward, encoder_backward};
     const run::sizes_of<decltype(output_sizes), decltype(encoder_sizes)> sizes{output_sizes, encoder_sizes};
 
+    const double barrier_cpu0 = thread_cpu_seconds();
     comm::barrier(world);  // the ranks' timelines share an origin, up to the barrier's skew
+    st.cpu_comm_seconds += thread_cpu_seconds() - barrier_cpu0;
     const auto t0 = clock::now();
-    run::execute_pipeline(*pipe_, sched, fn, sizes, &st.timeline);
+    run::execute_pipeline(*pipe_, sched, fn, sizes, &st.timeline, &st.cpu_comm_seconds);
     const auto t1 = clock::now();
     st.step_seconds = std::chrono::duration<double>(t1 - t0).count();
     for (auto& ta : st.cpu_actions) ta.rank = world.rank();
@@ -551,6 +593,7 @@ class system {
           left);
 
     const auto t2 = clock::now();
+    const double reduce_cpu0 = thread_cpu_seconds();
     for (auto g : stage.gradients()) reduce_sum(pool, std::span<T>(g));
     [[maybe_unused]] auto reduce_world = [&](auto&& spans) {
       for (auto g : spans) reduce_sum(world, std::span<T>(g));
@@ -559,15 +602,32 @@ class system {
     reduce_sum(world, std::span<double>(sums));
     comm::all_reduce(world, std::span<std::int64_t>(counts), comm::reduce_op::sum);
     st.reduce_seconds = std::chrono::duration<double>(clock::now() - t2).count();
+    st.cpu_comm_seconds += thread_cpu_seconds() - reduce_cpu0;
     st.loss = sums[0];
     st.targets = static_cast<std::int64_t>(sums[1] + 0.5);
     st.tokens = counts[0];
     st.micro_batches = counts[1];
     st.encoder_items = counts[2];
+    const double optimizer_cpu0 = thread_cpu_seconds();
     optimizer(stage.parameters(), stage.gradients());
     (optimizer(encoders.stage->parameters(), encoders.stage->gradients()), ...);
+    const double run_cpu1 = thread_cpu_seconds();
+    st.cpu_optimizer_seconds = run_cpu1 - optimizer_cpu0;
+    st.cpu_step_seconds = run_cpu1 - run_cpu0;
     return st;
   }
+
+  /// Ranks of a separate encoder pool per pipeline (pipeline::encoder_pool: its `ranks`; 0 for the other
+  /// placements). They follow the pipeline's pp LLM ranks: world rank r is pipeline rank r / pool_size(),
+  /// and pipeline ranks pp .. pp + encoder_ranks() - 1 run only encoder work.
+  [[nodiscard]] int encoder_ranks() const noexcept {
+    if constexpr (std::same_as<Placement, pipeline::encoder_pool>)
+      return pipeline_.encoders.ranks >= 1 ? pipeline_.encoders.ranks : -1;
+    else
+      return 0;
+  }
+  /// True when this rank belongs to the separate encoder pool (it runs no LLM stage).
+  [[nodiscard]] bool is_encoder_rank() const noexcept { return pipeline_rank() >= pipeline_.pp; }
 
   /// The global pipeline stages this rank runs under `plan`, ascending (its pipeline rank's stages).
   [[nodiscard]] std::vector<int> local_stages(const step_plan& plan) const {
@@ -611,9 +671,7 @@ class system {
   }
 
   step_plan plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch) const {
-    auto p = plan_step(partition_, docs, pool_size_, balancer_, options_.cost);
-    attach_pipeline(p, pipeline_.schedule, pipeline_.encoders, pipeline_.pp, batch);
-    return p;
+    return plan_system_step(partition_, balancer_, pipeline_, options_.cost, pool_size_, docs, batch);
   }
 
   /// The micro-batch's tokens must be the ring position's tokens in the schedule's local order: the

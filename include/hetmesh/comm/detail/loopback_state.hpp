@@ -6,10 +6,11 @@
 //     posted. The last to arrive checks that the posts agree and records a verdict; every rank
 //     reads the same verdict, so either all raise mismatch_error or all proceed.
 //   compute: each rank reads the others' posted buffers directly (no staging copy) and writes its
-//     own output, or its slice of a shared scratch buffer; nothing in this phase waits or throws.
-//   B (release): each rank waits until all have finished reading, so no rank returns (and frees
-//     its buffers) while another still reads them. B ignores aborts for that reason; it always
-//     completes, because every rank past A is in the compute phase, which never blocks.
+//     own output, its slice of a shared scratch buffer, or (all_reduce) its slice of every rank's
+//     output, which no other rank reads or writes; nothing in this phase waits or throws.
+//   B (release): each rank waits until all have finished reading and writing, so no rank returns
+//     (and frees its buffers) while another still reads or writes them. B ignores aborts for that reason; it
+//     always completes, because every rank past A is in the compute phase, which never blocks.
 // Point-to-point messages are eager: a send copies into the receiver's mailbox and returns.
 //
 // Every wait has a deadline. A rank that times out withdraws its post, aborts the group (so the

@@ -81,16 +81,37 @@ class room_index {
 /// insertion order. Deterministic; O(n log n).
 [[nodiscard]] inline std::vector<std::vector<std::size_t>> best_fit_decreasing(std::span<const seq_desc> seqs,
                                                                                std::int64_t capacity) {
-  std::vector<std::size_t> order(seqs.size());
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    order[i] = i;
+  // Sorted by value (length, id, index) rather than through indices: the same order as
+  // longer_first (ids are unique), without a cache miss per comparison.
+  struct key {
+    std::int64_t length, id;
+    std::size_t index;
+  };
+  std::vector<key> keys(seqs.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
     if (seqs[i].length > capacity || seqs[i].length < 0)
       throw_error<invalid_argument>(
           "best_fit_decreasing: sequence {} has length {}; expected 0 <= length <= {}", seqs[i].id,
           seqs[i].length, capacity);
+    keys[i] = {seqs[i].length, seqs[i].id, i};
   }
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return longer_first(seqs[a], seqs[b]); });
+  std::vector<std::size_t> order(keys.size());
+  const bool ids_ascending = std::adjacent_find(keys.begin(), keys.end(), [](const key& a, const key& b) {
+                               return a.id >= b.id;
+                             }) == keys.end();
+  if (ids_ascending && capacity <= 4 * static_cast<std::int64_t>(keys.size()) + 1024) {
+    // Counting sort by length, longest first; stable, so equal lengths keep ascending ids: the
+    // same order as the comparison sort below, in O(n + C).
+    std::vector<std::size_t> start(static_cast<std::size_t>(capacity) + 2, 0);
+    for (const auto& k : keys) ++start[static_cast<std::size_t>(capacity - k.length) + 1];
+    for (std::size_t b = 1; b < start.size(); ++b) start[b] += start[b - 1];
+    for (const auto& k : keys) order[start[static_cast<std::size_t>(capacity - k.length)]++] = k.index;
+  } else {
+    std::sort(keys.begin(), keys.end(), [](const key& a, const key& b) {
+      return a.length != b.length ? a.length > b.length : a.id != b.id ? a.id < b.id : a.index < b.index;
+    });
+    for (std::size_t i = 0; i < keys.size(); ++i) order[i] = keys[i].index;
+  }
   std::vector<std::vector<std::size_t>> bins;
   auto place = [&](auto& open) {
     for (std::size_t i : order) {
