@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-20}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(checkpoint mixture_json wds_tar indexed_idx pipeline_csv args)
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint mixture_json wds_tar indexed_idx pipeline_csv args plan_args)
 build="${BUILD_DIR:-build/fuzz}"
 cxx="${CXX_FUZZ:-$(command -v clang++-14 || command -v clang++)}"
 work="${FUZZ_WORK:-$build/work}"

@@ -2,7 +2,8 @@
 # Builds hetmesh and runs its tests: the default build (Release, -Werror; unit, multi-rank on loopback
 # and under mpirun, examples, package consumers: build tree, install tree, an install of a tree that was
 # only configured consumed with no components and with all, add_subdirectory; heavy sweeps; GPU tests
-# skip without a device), the API reference (doxygen, warnings as errors), then the ASan+UBSan build.
+# skip without a device), the API reference (doxygen, warnings as errors), the fuzz targets, then the
+# ThreadSanitizer tests (label tsan) and the ASan+UBSan build.
 # Compiles through ccache where it is installed.
 # Usage: bash scripts/test.sh [--no-sanitize]
 set -euo pipefail
@@ -33,6 +34,13 @@ if [ "$fuzz_seconds" != 0 ] && { command -v clang++-14 || command -v clang++; } 
 fi
 
 if [ "${1:-}" != "--no-sanitize" ]; then
+  # ThreadSanitizer on the threaded tests only (label tsan: loopback comm, data loaders and service,
+  # training system): just their three binaries are built, at -O1.
+  echo "== ThreadSanitizer (tests labelled tsan) =="
+  cmake --preset tsan
+  cmake --build --preset tsan -j "$jobs" --target test_comm test_data test_train
+  ctest --preset tsan -j "$jobs"
+
   echo "== ASan + UBSan build =="
   cmake --preset asan
   cmake --build --preset asan -j "$jobs"

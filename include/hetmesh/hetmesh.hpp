@@ -12,6 +12,7 @@
 #include "core/format.hpp"
 #include "core/hash.hpp"
 #include "core/integral.hpp"
+#include "core/lines.hpp"
 #include "core/numeric.hpp"
 #include "core/random.hpp"
 

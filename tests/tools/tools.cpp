@@ -69,7 +69,8 @@ TEST_CASE("hetmesh-plan: help, unknown commands and options") {
   check_bad_input({"frobnicate"}, "unknown command 'frobnicate'");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "--bogus", "1"}, "--bogus");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen"}, "needs a value");
-  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "two", "--seqlen", "8"}, "not an integer");
+  check_bad_input({"cp", "--scheme", "zigzag", "--cp", "two", "--seqlen", "8"},
+                  "option --cp 'two': expected an integer");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--cp", "4", "--seqlen", "8"}, "given twice");
   check_bad_input({"cp", "--cp", "2", "--seqlen", "8"}, "--scheme");
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "2", "--seqlen", "8", "--format", "csv"}, "--format");
@@ -157,7 +158,7 @@ TEST_CASE("hetmesh-plan cp: inputs a scheme cannot split exit 2") {
   check_bad_input({"cp", "--scheme", "zigzag", "--cp", "0", "--seqlen", "8"}, "--cp");
   check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "1,5"}, "start at 0");
   check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,8,4"}, "decreases");
-  check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,x"}, "not an integer");
+  check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--cu-seqlens", "0,x"}, "expected an integer");
   check_bad_input({"cp", "--scheme", "thd", "--cp", "2", "--seqlen", "8"}, "--cu-seqlens");
   check_bad_input({"cp", "--scheme", "ring", "--cp", "2", "--seqlen", "8"}, "expected one of");
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -52,6 +53,17 @@ struct option_spec {
     throw_error<usage_error>("{} '{}': expected an integer in [{}, {}]", what, text, lo, hi);
   if (ec == std::errc::result_out_of_range || v < lo || v > hi)
     throw_error<usage_error>("{} '{}': out of range; expected an integer in [{}, {}]", what, text, lo, hi);
+  return v;
+}
+
+/// `text` as a finite real number: the whole text must be the number ("1.5", "2e-3"; no "1.5x", no "inf",
+/// no "nan"); usage_error naming `what`, the text and the expected form otherwise. Pure.
+[[nodiscard]] inline double parse_real(std::string_view text, std::string_view what) {
+  double v = 0;
+  const auto* end = text.data() + text.size();
+  const auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc{} || p != end || !std::isfinite(v))
+    throw_error<usage_error>("{} '{}': expected a finite number such as 1.5 or 2e-3", what, text);
   return v;
 }
 

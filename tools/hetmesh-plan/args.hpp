@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh-plan: a small command-line parser. Each subcommand declares its options (name, value name,
-// help, default, required or flag); `parse` turns argv into a `parsed` map and every problem into a
-// `usage_error` whose message names the option and what was expected, so main prints one line and
-// exits 2. No dependency beyond the standard library and fmt: the tool must build wherever hetmesh does.
+// hetmesh-plan: each subcommand's options and help text over the tools' one strict parser
+// (tools/common/args.hpp, which hetmesh-data-convert uses too). Each subcommand declares its options
+// (name, value name, help, default, required or flag); `parse` turns argv into a `parsed` map and every
+// problem (an unknown option, a missing value, an option twice, a stray positional argument, "12abc" for
+// a number) into a usage_error whose message names the option, the value and what was expected, so main
+// prints one line and exits 2. `parsed` tells an option given on the command line from a default, so a
+// command can refuse an option it would otherwise ignore.
 #pragma once
 
 #include <algorithm>
@@ -21,51 +24,30 @@
 
 #include <hetmesh/core/error.hpp>
 
+#include "../common/args.hpp"
+
 namespace hetmesh_plan {
 
-/// A command line the tool cannot accept (unknown option, missing value, malformed number, ...).
-/// Derives from hetmesh::invalid_argument so one handler in main reports it like any planner error.
-class usage_error : public hetmesh::invalid_argument {
- public:
-  using hetmesh::invalid_argument::invalid_argument;
-};
+/// A command line the tool cannot accept (unknown option, missing value, malformed number, ...): the
+/// tools' one usage_error, a hetmesh::invalid_argument, so one handler in main reports it.
+using usage_error = hetmesh::tools::usage_error;
 
 template <class... Args>
 [[noreturn]] void usage_fail(fmt::format_string<Args...> format, Args&&... args) {
   throw usage_error(fmt::format(format, std::forward<Args>(args)...));
 }
 
-/// Parses a whole string as a base-10 integer of type T; `what` names it in the error.
+/// Parses a whole string as a base-10 integer of type T ("12abc", "1.5", "" refused); `what` names it in
+/// the error.
 template <class T>
 [[nodiscard]] T parse_integer(std::string_view text, std::string_view what) {
-  T value{};
-  const char* first = text.data();
-  const char* last = text.data() + text.size();
-  if (!text.empty() && *first == '+') ++first;  // "+8" is as good as "8"
-  const auto [ptr, ec] = std::from_chars(first, last, value);
-  if (text.empty() || ec == std::errc::invalid_argument || ptr != last) {
-    usage_fail("{}: '{}' is not an integer; expected a whole number such as 8", what, text);
-  }
-  if (ec == std::errc::result_out_of_range) {
-    usage_fail("{}: {} is out of range; expected a value in [{}, {}]", what, text,
-               std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
-  }
-  return value;
+  return static_cast<T>(
+      hetmesh::tools::parse_int(text, what, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
 }
 
-/// Parses a whole string as a finite floating-point number.
+/// Parses a whole string as a finite floating-point number ("inf", "nan", "1.5x" refused).
 [[nodiscard]] inline double parse_real(std::string_view text, std::string_view what) {
-  // std::from_chars for double is in libstdc++ 11+, and clang 14 on Debian uses libstdc++ 12.
-  double value = 0;
-  const char* first = text.data();
-  const char* last = text.data() + text.size();
-  if (!text.empty() && *first == '+') ++first;
-  const auto [ptr, ec] = std::from_chars(first, last, value);
-  if (text.empty() || ec != std::errc{} || ptr != last || !(value == value) ||
-      value == std::numeric_limits<double>::infinity() || value == -std::numeric_limits<double>::infinity()) {
-    usage_fail("{}: '{}' is not a finite number; expected e.g. 1.5 or 2e-3", what, text);
-  }
-  return value;
+  return hetmesh::tools::parse_real(text, what);
 }
 
 /// Splits "a,b,c" into its comma-separated fields (no trimming: the shell already split on spaces).
@@ -94,51 +76,53 @@ struct option_spec {
 class command_spec;
 
 /// The options given on one command line, after defaults are applied. Accessors convert and check
-/// the value, naming the option in every error.
+/// the value, naming the option, the value and the expected range in every error.
 class parsed {
  public:
+  /// Whether the option has a value (given, or defaulted).
   [[nodiscard]] bool has(const std::string& name) const { return values_.count(name) != 0; }
+  /// Whether the switch `name` was given.
   [[nodiscard]] bool flag(const std::string& name) const { return has(name); }
+  /// Whether `name` was given on the command line (not merely defaulted).
+  [[nodiscard]] bool given(const std::string& name) const { return given_.count(name) != 0; }
 
+  /// The option's text; usage_error when it has none.
   [[nodiscard]] const std::string& str(const std::string& name) const {
     const auto it = values_.find(name);
     if (it == values_.end()) usage_fail("option --{} is required", name);
     return it->second;
   }
+  /// The option's text, or nullopt.
   [[nodiscard]] std::optional<std::string> opt_str(const std::string& name) const {
     const auto it = values_.find(name);
     if (it == values_.end()) return std::nullopt;
     return it->second;
   }
 
-  /// An integer option within [lo, hi].
+  /// An integer option within [lo, hi] (the whole text must be the number).
   [[nodiscard]] std::int64_t integer(const std::string& name,
                                      std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
                                      std::int64_t hi = std::numeric_limits<std::int64_t>::max()) const {
-    const auto v = parse_integer<std::int64_t>(str(name), "--" + name);
-    if (v < lo || v > hi) {
-      if (hi == std::numeric_limits<std::int64_t>::max())
-        usage_fail("--{} = {}; expected at least {}", name, v, lo);
-      usage_fail("--{} = {}; expected a value in [{}, {}]", name, v, lo, hi);
-    }
-    return v;
+    return hetmesh::tools::parse_int(str(name), "option --" + name, lo, hi);
   }
   /// An int option (ranks, stages, degrees) within [lo, hi].
   [[nodiscard]] int int32(const std::string& name, int lo = 1,
                           int hi = std::numeric_limits<int>::max()) const {
     return static_cast<int>(integer(name, lo, hi));
   }
+  /// An int option within [lo, hi], or nullopt when absent.
   [[nodiscard]] std::optional<int> opt_int32(const std::string& name, int lo = 1,
                                              int hi = std::numeric_limits<int>::max()) const {
     if (!has(name)) return std::nullopt;
     return int32(name, lo, hi);
   }
-  /// A real option, > 0 unless `allow_zero`.
-  [[nodiscard]] double real(const std::string& name, bool allow_zero = false) const {
-    const double v = parse_real(str(name), "--" + name);
-    if (v < 0 || (!allow_zero && v == 0)) {
-      usage_fail("--{} = {}; expected a number {} 0", name, str(name), allow_zero ? ">=" : ">");
-    }
+  /// A finite real option in [lo, hi] (> 0 and below 1e15 unless told otherwise): the bounds keep the
+  /// modelled times the tool prints finite and positive.
+  [[nodiscard]] double real(const std::string& name, double lo = 1e-9, double hi = 1e15) const {
+    const double v = parse_real(str(name), "option --" + name);
+    if (v < lo || v > hi)
+      usage_fail("option --{} '{}': out of range; expected a number in [{:g}, {:g}]", name, str(name), lo,
+                 hi);
     return v;
   }
   /// A comma-separated list of integers, e.g. `--cu-seqlens 0,5,12`.
@@ -146,7 +130,7 @@ class parsed {
     std::vector<std::int64_t> out;
     std::size_t i = 0;
     for (const auto field : split_commas(str(name))) {
-      out.push_back(parse_integer<std::int64_t>(field, fmt::format("--{} (entry {})", name, i)));
+      out.push_back(parse_integer<std::int64_t>(field, fmt::format("option --{} (entry {})", name, i)));
       ++i;
     }
     return out;
@@ -156,9 +140,16 @@ class parsed {
                                           std::span<const std::string_view> choices) const {
     const auto& v = str(name);
     if (std::find(choices.begin(), choices.end(), std::string_view(v)) == choices.end()) {
-      usage_fail("--{} = '{}'; expected one of: {}", name, v, fmt::join(choices, ", "));
+      usage_fail("option --{} '{}': expected one of {}", name, v, fmt::join(choices, ", "));
     }
     return v;
+  }
+  /// usage_error when `name` was given but `needed` was not: an option that would otherwise be
+  /// silently ignored ("--kv-ratio applies only with --hidden").
+  void needs(const std::string& name, const std::string& needed, std::string_view why) const {
+    if (given(name) && !given(needed))
+      usage_fail("option --{} '{}' applies only with --{} ({}); expected --{} too, or no --{}", name,
+                 str(name), needed, why, needed, name);
   }
 
   /// Every option given or defaulted, by name (flags map to "").
@@ -167,6 +158,7 @@ class parsed {
  private:
   friend class command_spec;
   std::map<std::string, std::string> values_;
+  std::map<std::string, bool> given_;
 };
 
 /// The options of one subcommand, and its help text.
@@ -200,51 +192,36 @@ class command_spec {
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] const std::string& summary() const noexcept { return summary_; }
 
-  /// Parses `args` (everything after the subcommand name). `--help` is reported through
-  /// `parsed::flag("help")` and skips the required-option check, so `cmd --help` always works.
+  /// Parses `args` (everything after the subcommand name) with hetmesh::tools::parse_args: unknown
+  /// options, missing values, an option twice and positional arguments are usage_errors. `--help` (or
+  /// `-h`) is reported through `parsed::flag("help")` and skips the required-option check, so
+  /// `cmd --help` always works.
   [[nodiscard]] parsed parse(std::span<const std::string> args) const {
-    parsed out;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      const std::string& arg = args[i];
-      if (arg == "--help" || arg == "-h") {
-        out.values_["help"] = "";
-        continue;
-      }
-      if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
-        usage_fail(
-            "{}: unexpected argument '{}'; expected options of the form --name VALUE (see '{} --help')",
-            name_, arg, name_);
-      }
-      std::string key = arg.substr(2);
-      std::optional<std::string> inline_value;
-      if (const auto eq = key.find('='); eq != std::string::npos) {
-        inline_value = key.substr(eq + 1);
-        key.resize(eq);
-      }
-      const option_spec* spec = find(key);
-      if (spec == nullptr) {
-        usage_fail("{}: unknown option --{}; expected one of: {} (see '{} --help')", name_, key,
-                   option_names(), name_);
-      }
-      if (out.values_.count(key) != 0)
-        usage_fail("{}: option --{} given twice; expected it at most once", name_, key);
-      if (spec->value_name.empty()) {
-        if (inline_value) usage_fail("{}: option --{} takes no value, got '{}'", name_, key, *inline_value);
-        out.values_[key] = "";
-        continue;
-      }
-      if (inline_value) {
-        out.values_[key] = *inline_value;
-      } else {
-        if (i + 1 >= args.size())
-          usage_fail("{}: option --{} needs a value {}", name_, key, spec->value_name);
-        out.values_[key] = args[++i];
-      }
+    std::vector<std::string> names;  // "--name": parse_args' option_spec holds views of these
+    names.reserve(specs_.size());
+    for (const auto& s : specs_) names.push_back("--" + s.name);
+    std::vector<hetmesh::tools::option_spec> specs;
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      specs.push_back({names[i], specs_[i].value_name, specs_[i].help});
+    specs.push_back({"--help", "", "print the help and exit"});
+    specs.push_back({"-h", "", "print the help and exit"});
+    hetmesh::tools::parsed_args a;
+    try {
+      a = hetmesh::tools::parse_args(args, specs, {}, 0);
+    } catch (const usage_error& e) {
+      usage_fail("{}: {} (see '{} --help')", name_, e.what(), name_);
     }
-    if (out.flag("help")) return out;
-    for (const auto& spec : specs_) {
-      if (out.values_.count(spec.name) != 0) continue;
-      if (spec.default_value) {
+    parsed out;
+    if (a.has("--help") || a.has("-h")) {
+      out.values_["help"] = "";
+      return out;
+    }
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      const auto& spec = specs_[i];
+      if (a.has(names[i])) {
+        out.values_[spec.name] = a.get(names[i]).value_or("");
+        out.given_[spec.name] = true;
+      } else if (spec.default_value) {
         out.values_[spec.name] = *spec.default_value;
       } else if (spec.required) {
         usage_fail("{}: missing required option --{} {}", name_, spec.name, spec.value_name);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,25 +73,39 @@ setup setup_of(const parsed& args) {
   cfg.hdp.capacity = args.integer("capacity", 1, std::int64_t{1} << 40);
   cfg.hdp.offload.enabled = args.flag("offload");
   const auto layers = args.integer("layers", 1, 1 << 16);
+  args.needs("kv-ratio", "hidden", "the KV size is a fraction of the hidden size");
+  args.needs("tflops", "hidden", "FLOPs are counted from the hidden size");
   if (args.has("hidden")) {
     const auto hidden = args.integer("hidden", 1, 1 << 20);
-    const double kv_ratio = args.real("kv-ratio");
-    if (kv_ratio > 1.0) usage_fail("--kv-ratio = {}; expected 0 < ratio <= 1 (KV heads / heads)", kv_ratio);
+    const double kv_ratio = args.real("kv-ratio", 1e-6, 1.0);
     // Model units are milliseconds: T TFLOP/s = T * 1e9 FLOPs per ms.
     cfg.model.llm =
-        hetmesh::cost::llm_compute::from_dims(hidden, layers, args.real("tflops") * 1e9, kv_ratio);
+        hetmesh::cost::llm_compute::from_dims(hidden, layers, args.real("tflops", 1e-3, 1e6) * 1e9, kv_ratio);
     // K and V, bf16, kv_ratio of the hidden size each.
     cfg.model.kv_bytes_per_token = 2.0 * 2.0 * static_cast<double>(hidden) * kv_ratio;
   } else {
     cfg.model.llm.layers = layers;
   }
   cfg.model.pp_stages = args.int32("pp", 1, 1 << 12);
+  if (layers < cfg.model.pp_stages)
+    usage_fail("option --layers {}: fewer layers than --pp {} stages; expected at least one layer per stage",
+               layers, cfg.model.pp_stages);
   cfg.model.net.devices_per_node = args.int32("devices-per-node", 1, 1 << 20);
-  cfg.model.net.intra_bw_gbps = args.real("intra-gbps");
-  cfg.model.net.inter_bw_gbps = args.real("inter-gbps");
+  cfg.model.net.intra_bw_gbps = args.real("intra-gbps", 1e-3, 1e6);
+  cfg.model.net.inter_bw_gbps = args.real("inter-gbps", 1e-3, 1e6);
   cfg.model.net.nodes = (cfg.ranks + cfg.model.net.devices_per_node - 1) / cfg.model.net.devices_per_node;
   cfg.model.net.validate();
-  if (args.has("context")) s.options.context = args.integer("context", 1, std::int64_t{1} << 40);
+  if (args.has("context")) {
+    s.options.context = args.integer("context", 1, std::int64_t{1} << 40);
+    // static_dp_cp sizes cp for max(context, longest): a shorter --context would be ignored.
+    const auto longest = std::max_element(lengths.begin(), lengths.end());
+    if (s.options.context < *longest)
+      usage_fail(
+          "option --context {}: shorter than the longest sample ({} tokens, sample {} of '{}'); expected "
+          "--context >= {}",
+          s.options.context, *longest, s.wl.samples[static_cast<std::size_t>(longest - lengths.begin())].id,
+          s.wl.path, *longest);
+  }
   if (args.has("group-size")) s.options.group_size = args.int32("group-size", 1, cfg.ranks);
   s.options.seed = static_cast<std::uint64_t>(args.integer("seed", 0));
   return s;
@@ -130,12 +145,28 @@ std::vector<std::string_view> strategies_of(const parsed& args) {
   return out;
 }
 
+// An option of one strategy, given while that strategy is not run, would be ignored: refuse it.
+void check_strategy_options(const parsed& args, std::span<const std::string_view> names) {
+  const struct {
+    const char* option;
+    std::string_view strategy;
+  } owned[] = {{"context", "static_dp_cp"}, {"group-size", "gap_filling_hdp"}, {"seed", "random"}};
+  for (const auto& o : owned) {
+    if (!args.given(o.option) || std::find(names.begin(), names.end(), o.strategy) != names.end()) continue;
+    usage_fail(
+        "option --{} '{}' applies only to strategy {}, which this command does not run; expected {} "
+        "among the strategies, or no --{}",
+        o.option, args.str(o.option), o.strategy, o.strategy, o.option);
+  }
+}
+
 // ---- compare ---------------------------------------------------------------------------------------
 
 void run_compare(const parsed& args, std::ostream& out) {
   const auto format = format_of(args, compare_formats);
   const auto names = strategies_of(args);
   const int repeat = args.int32("repeat", 1, 1000);
+  check_strategy_options(args, names);
   const setup s = setup_of(args);
   json doc;
   doc["workload"] = s.wl.path;
@@ -173,6 +204,7 @@ void run_compare(const parsed& args, std::ostream& out) {
   }
   doc["lower_bound_model_s"] = lower_bound_s;
   doc["strategies"] = std::move(rows);
+  require_finite(doc);
   if (format == output_format::json) {
     print_json(out, doc);
   } else if (format == output_format::csv) {
@@ -207,6 +239,8 @@ void run_balance(const parsed& args, std::ostream& out) {
     usage_fail("--strategy = '{}'; expected one of: {}", name,
                fmt::join(hetmesh::tools::strategy_names, ", "));
   }
+  const std::string_view run[] = {name};
+  check_strategy_options(args, run);
   const setup s = setup_of(args);
   const bal::strategy_plan v = hetmesh::tools::plan_strategy(name, s.seqs, s.cfg, s.options);
   const auto tl = bal::simulate(s.cfg.ranks, v.tasks, s.cfg.model.pp_stages);
@@ -282,6 +316,7 @@ void run_balance(const parsed& args, std::ostream& out) {
   doc["comm_bytes"] = bal::ring_comm_bytes(v, s.cfg.model);
   doc["items"] = std::move(items);
   doc["per_rank"] = std::move(ranks);
+  require_finite(doc);
   if (format == output_format::json) {
     print_json(out, doc);
   } else {

@@ -2,6 +2,7 @@
 // hetmesh-plan mesh: the LLM mesh of a job (tp, cp, ep, dp, pp over the world in an explicit order),
 // the groups along each dim and whether they stay inside a node. With --moe, Megatron-LM's MoE layout
 // (decoder and expert meshes over the same ranks): cmd_mesh_moe.cpp.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -30,18 +31,35 @@ std::int64_t nodes_spanned(const std::vector<int>& group, std::int64_t devices_p
   return std::unique(nodes.begin(), nodes.end()) - nodes.begin();
 }
 
-// --traffic tp=8e9,cp=2e9,...: bytes per rank per step along each dim's groups.
+// The largest world `mesh` plans: its output lists every rank of every group (about 5 x world numbers of
+// JSON, ~100 bytes of memory each), so a 2^30-rank world would need ~500 GiB; 2^20 ranks stay under 1 GiB.
+constexpr std::int64_t max_world = std::int64_t{1} << 20;
+// The layout search evaluates every order of the dims of extent > 1 over every rank: n! x n x world
+// placements, ~100 ns each here; 2^25 of them take a few seconds (5 dims over 2^20 ranks would be ~60 s).
+constexpr std::int64_t max_search_work = std::int64_t{1} << 25;
+// Bytes per rank per step along one dim: 1e14 (100 TB) at the slowest bandwidth accepted keeps every
+// modelled time finite and positive.
+constexpr double max_traffic_bytes = 1e14;
+
+// --traffic tp=8e9,cp=2e9,...: bytes per rank per step along each dim's groups; each dim at most once.
 hm::traffic traffic_of(const std::string& text) {
   hm::traffic t;
+  std::vector<std::string_view> seen;
   for (const auto field : split_commas(text)) {
     const auto eq = field.find('=');
     if (eq == std::string_view::npos) {
-      usage_fail("--traffic: '{}' is not DIM=BYTES; expected e.g. tp=8e9,cp=2e9,ep=4e9,dp=1e9,pp=2.5e8",
-                 field);
+      usage_fail(
+          "option --traffic '{}': '{}' is not DIM=BYTES; expected e.g. tp=8e9,cp=2e9,ep=4e9,dp=1e9,pp=2.5e8",
+          text, field);
     }
     const auto name = field.substr(0, eq);
-    const double bytes = parse_real(field.substr(eq + 1), fmt::format("--traffic {}", name));
-    if (bytes < 0) usage_fail("--traffic {}={}: expected bytes >= 0", name, bytes);
+    if (std::find(seen.begin(), seen.end(), name) != seen.end())
+      usage_fail("option --traffic '{}': dim {} given twice; expected each dim at most once", text, name);
+    seen.push_back(name);
+    const double bytes = parse_real(field.substr(eq + 1), fmt::format("option --traffic {}", name));
+    if (bytes < 0 || bytes > max_traffic_bytes)
+      usage_fail("option --traffic {}={}: expected bytes in [0, {:g}]", name, field.substr(eq + 1),
+                 max_traffic_bytes);
     if (name == "tp") {
       t.tp = bytes;
     } else if (name == "cp") {
@@ -53,7 +71,7 @@ hm::traffic traffic_of(const std::string& text) {
     } else if (name == "pp") {
       t.pp = bytes;
     } else {
-      usage_fail("--traffic: unknown dim '{}'; expected tp, cp, ep, dp or pp", name);
+      usage_fail("option --traffic: unknown dim '{}'; expected tp, cp, ep, dp or pp", name);
     }
   }
   return t;
@@ -83,15 +101,25 @@ void run_mesh(const parsed& args, std::ostream& out) {
   if (args.has("etp") || args.has("shapes"))
     usage_fail("--etp and --shapes describe a MoE mesh; expected --moe");
   const auto format = format_of(args, mesh_formats);
-  const std::int64_t world = args.integer("world", 1, std::int64_t{1} << 30);
+  const std::int64_t world = args.integer("world", 1, std::int64_t{1} << 40);
+  if (world > max_world) {
+    usage_fail(
+        "option --world {}: the mesh lists every rank of every group, about {:.0f} GiB for this world; "
+        "expected at most {} ranks",
+        world, static_cast<double>(world) * 5 * 100 / (1 << 30), max_world);
+  }
   const std::int64_t dpn = args.integer("devices-per-node", 1, std::int64_t{1} << 20);
   std::int64_t ext[5] = {1, 1, 1, 1, 1};
   std::int64_t others = 1;
   for (std::size_t i = 0; i < 5; ++i) {
     const std::string name(dim_names[i]);
     if (name == "dp" && !args.has("dp")) continue;
-    ext[i] = args.integer(name, 1, std::int64_t{1} << 30);
-    if (name != "dp") others *= ext[i];
+    ext[i] = args.integer(name, 1, max_world);
+    if (name != "dp") others *= ext[i];  // <= 2^20 x 2^20: others stays <= world below
+    if (others > world)
+      usage_fail(
+          "option --{} {}: tp*cp*ep*pp = {} so far exceeds --world {}; expected a product that divides it",
+          name, ext[i], others, world);
   }
   if (!args.has("dp")) {
     // dp absorbs the rest of the world, as Megatron-LM derives it.
@@ -139,10 +167,22 @@ void run_mesh(const parsed& args, std::ostream& out) {
     usage_fail("--world {} is not a whole number of nodes of --devices-per-node {}; expected a multiple",
                world, dpn);
   }
+  {
+    std::int64_t n = 0, orders = 1;
+    for (std::size_t i = 0; i < mesh.dims_count(); ++i)
+      if (mesh.extent(i) > 1) orders *= ++n;  // n! after the loop (n <= 5)
+    const std::int64_t work = orders * std::max<std::int64_t>(n, 1) * world;
+    if (work > max_search_work)
+      usage_fail(
+          "mesh: the layout search would evaluate {} placements ({} orders x {} dims x {} ranks); expected "
+          "at "
+          "most {} (a smaller --world or fewer dims of extent > 1)",
+          work, orders, n, world, max_search_work);
+  }
   hm::topology topo{.nodes = static_cast<int>(world > dpn ? world / dpn : 1),
                     .devices_per_node = static_cast<int>(world > dpn ? dpn : world),
-                    .intra_bw_gbps = args.real("intra-gbps"),
-                    .inter_bw_gbps = args.real("inter-gbps")};
+                    .intra_bw_gbps = args.real("intra-gbps", 1e-3, 1e6),
+                    .inter_bw_gbps = args.real("inter-gbps", 1e-3, 1e6)};
   const auto load = traffic_of(args.str("traffic"));
   const std::string_view combines[] = {"sum", "max"};
   const hm::search_options opts{
@@ -174,6 +214,7 @@ void run_mesh(const parsed& args, std::ostream& out) {
       {"speedup", choice.speedup()},
       {"reasons", reasons},
       {"top", std::move(ranking)}};
+  require_finite(doc);
   if (format == output_format::json) {
     print_json(out, doc);
   } else {

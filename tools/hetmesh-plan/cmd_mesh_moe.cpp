@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/lines.hpp>
 #include <hetmesh/mesh/megatron_moe.hpp>
 
 #include "commands.hpp"
@@ -64,7 +65,8 @@ void run_shapes(const std::string& path, std::ostream& out) {
   if (!in) usage_fail("--shapes {}: cannot open the file; expected one JSON object per line", path);
   std::string line;
   std::int64_t n = 0;
-  while (std::getline(in, line)) {
+  while (hetmesh::read_line_bounded(in, line, hetmesh::short_line_bytes, path,
+                                    static_cast<std::size_t>(n) + 1)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     json shape;
@@ -93,7 +95,7 @@ void run_mesh_moe(const parsed& args, std::ostream& out) {
     return;
   }
   hm::megatron_moe_sizes s;
-  s.world = args.integer("world", 1, std::int64_t{1} << 30);
+  s.world = args.integer("world", 1, std::int64_t{1} << 20);  // the output lists every rank's groups
   s.tp = args.integer("tp", 1, std::int64_t{1} << 30);
   s.cp = args.integer("cp", 1, std::int64_t{1} << 30);
   s.pp = args.integer("pp", 1, std::int64_t{1} << 30);

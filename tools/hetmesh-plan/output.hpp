@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <span>
@@ -44,7 +45,7 @@ enum class output_format { json, table, csv, ascii };
     if (name_of(f) == v) return f;
   std::vector<std::string_view> names;
   for (const auto f : allowed) names.push_back(name_of(f));
-  usage_fail("--format = '{}'; this subcommand prints one of: {}", v, fmt::join(names, ", "));
+  usage_fail("option --format '{}': this subcommand prints one of {}", v, fmt::join(names, ", "));
 }
 
 namespace detail {
@@ -85,6 +86,22 @@ inline void write_json(std::ostream& os, const json& j, int indent) {
 }
 
 }  // namespace detail
+
+/// Throws invalid_argument naming the first number of `doc` that is not finite (its JSON path and
+/// value): a modelled figure that came out inf or nan means the inputs lie outside the model's range,
+/// and the tool refuses them rather than print a wrong number with exit 0.
+inline void require_finite(const json& doc, const std::string& path = "") {
+  if (doc.is_number_float() && !std::isfinite(doc.get<double>())) {
+    hetmesh::throw_error<hetmesh::invalid_argument>(
+        "the modelled result {} is {}; expected a finite number: the inputs lie outside the model's range",
+        path.empty() ? "(document)" : path, doc.get<double>());
+  }
+  if (doc.is_object()) {
+    for (auto it = doc.begin(); it != doc.end(); ++it) require_finite(*it, path + "." + it.key());
+  } else if (doc.is_array()) {
+    for (std::size_t i = 0; i < doc.size(); ++i) require_finite(doc[i], path + "[" + std::to_string(i) + "]");
+  }
+}
 
 /// Prints `j` as valid JSON, indented, with scalar arrays inline; ends with a newline.
 inline void print_json(std::ostream& os, const json& j) {

@@ -7,6 +7,7 @@
 //   [750]}
 //
 // Blank lines and lines starting with '#' are skipped; plain lines follow balance::parse_length_line.
+// Lines, samples and token counts are bounded (max_sample_tokens and below).
 // Every problem is a hetmesh::data_error that names the file, the line number and what was expected.
 #pragma once
 
@@ -22,6 +23,7 @@
 
 #include <hetmesh/balance/workload.hpp>
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/lines.hpp>
 
 namespace hetmesh_plan {
 
@@ -34,6 +36,7 @@ struct sample {
   std::vector<std::int64_t> audio;
 
   [[nodiscard]] std::int64_t llm_tokens() const {
+    // Each count is at most max_sample_tokens and the sum is checked on parsing: no overflow here.
     return text + std::accumulate(images.begin(), images.end(), std::int64_t{0}) +
            std::accumulate(audio.begin(), audio.end(), std::int64_t{0});
   }
@@ -52,11 +55,19 @@ struct workload {
     return out;
   }
   [[nodiscard]] std::int64_t total_tokens() const {
-    std::int64_t t = 0;
+    std::int64_t t = 0;  // bounded by max_total_tokens on parsing
     for (const auto& s : samples) t += s.llm_tokens();
     return t;
   }
 };
+
+/// Limits of a workload, stated up front: one sample of at most 2^40 tokens (a trillion), at most 2^24
+/// samples, at most 2^50 tokens in all, lines of at most 1 MiB. Past them the planners' sums and the
+/// modelled times stop meaning anything (or stop fitting int64), and a file without newlines
+/// (/dev/zero) would be read whole.
+inline constexpr std::int64_t max_sample_tokens = std::int64_t{1} << 40;
+inline constexpr std::size_t max_samples = std::size_t{1} << 24;
+inline constexpr std::int64_t max_total_tokens = std::int64_t{1} << 50;
 
 namespace detail {
 
@@ -77,8 +88,13 @@ namespace detail {
     bad_line(path, line,
              fmt::format("\"{}\" is {}; expected a non-negative integer token count", key, v.dump()));
   }
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(max_sample_tokens))
+    bad_line(path, line,
+             fmt::format("\"{}\" is {}; expected at most {} tokens", key, v.dump(), max_sample_tokens));
   const auto n = v.get<std::int64_t>();
   if (n < 0) bad_line(path, line, fmt::format("\"{}\" is {}; expected a non-negative token count", key, n));
+  if (n > max_sample_tokens)
+    bad_line(path, line, fmt::format("\"{}\" is {}; expected at most {} tokens", key, n, max_sample_tokens));
   return n;
 }
 
@@ -136,6 +152,15 @@ namespace detail {
     }
   }
   if (!has_text) bad_line(path, line, "missing \"text\"; expected the sample's text token count");
+  std::int64_t tokens = s.text;
+  for (const auto* v : {&s.images, &s.audio})
+    for (const auto n : *v) {
+      tokens += n;  // each <= 2^40 and at most 2^20 items a line: no overflow before the check
+      if (tokens > max_sample_tokens)
+        bad_line(path, line,
+                 fmt::format("the sample has more than {} LLM tokens (text + items); expected at most {}",
+                             max_sample_tokens, max_sample_tokens));
+    }
   if (s.llm_tokens() == 0) bad_line(path, line, "the sample has no tokens; expected text + items >= 1");
   return s;
 }
@@ -149,7 +174,8 @@ namespace detail {
   std::string raw;
   std::size_t line = 0;
   int kind = 0;  // 0 unknown, 1 plain, 2 JSONL
-  while (std::getline(in, raw)) {
+  std::int64_t total = 0;
+  while (hetmesh::read_line_bounded(in, raw, hetmesh::short_line_bytes, path, line + 1)) {
     ++line;
     const auto text = detail::trim(raw);
     if (text.empty() || text.front() == '#') continue;
@@ -167,8 +193,19 @@ namespace detail {
     } else {
       // The same line rule (and messages) as every other reader of length lists.
       const auto n = hetmesh::balance::parse_length_line(text, path, line);
+      if (*n > max_sample_tokens)
+        detail::bad_line(path, line,
+                         fmt::format("length {}; expected at most {} tokens", *n, max_sample_tokens));
       w.samples.push_back({std::to_string(w.samples.size()), *n, {}, {}});
     }
+    total += w.samples.back().llm_tokens();  // <= 2^50 + 2^40: no overflow
+    if (total > max_total_tokens)
+      detail::bad_line(path, line,
+                       fmt::format("the workload passes {} tokens in all; expected at most {}",
+                                   max_total_tokens, max_total_tokens));
+    if (w.samples.size() > max_samples)
+      detail::bad_line(path, line,
+                       fmt::format("more than {} samples; expected at most {}", max_samples, max_samples));
   }
   if (in.bad()) hetmesh::throw_error<hetmesh::data_error>("{}: read error after line {}", path, line);
   if (w.samples.empty()) {

@@ -20,6 +20,7 @@
 
 #include "../core/checked.hpp"
 #include "../core/error.hpp"
+#include "../core/lines.hpp"
 #include "../core/random.hpp"
 #include "../seq/types.hpp"
 
@@ -50,7 +51,8 @@ namespace hetmesh::balance {
 }
 
 /// Every length of the list read from `in`, in file order; `file` names it in errors.
-/// Throws data_error as parse_length_line does, on a read error, and when the list holds no length;
+/// Throws data_error as parse_length_line does, on a line longer than 1 MiB (short_line_bytes), on a read
+/// error, and when the list holds no length;
 /// overflow_error naming the file and line when the lengths' total leaves int64 (planners sum them).
 /// Pure apart from reading `in`; O(bytes). Not collective.
 [[nodiscard]] inline std::vector<std::int64_t> read_lengths(std::istream& in, std::string_view file) {
@@ -58,7 +60,7 @@ namespace hetmesh::balance {
   std::string raw;
   std::size_t line = 0;
   std::int64_t total = 0;
-  while (std::getline(in, raw))
+  while (read_line_bounded(in, raw, short_line_bytes, file, line + 1))
     if (const auto n = parse_length_line(raw, file, ++line)) {
       total = checked_add(total, *n, hetmesh::format("{}:{}: the total of the lengths", file, line));
       out.push_back(*n);

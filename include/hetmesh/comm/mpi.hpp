@@ -13,6 +13,10 @@
 // `options::verify` is set (default: at HETMESH_ASSERTION_LEVEL >= collective); the check is one
 // small all-gather before the operation. Without it a mismatch is undefined behaviour in MPI (often
 // a truncation error or a timeout).
+// Creating communicators (dup, split, subgroup) waits within the same timeout (split and subgroup first
+// check that every rank arrived, then make the blocking MPI call).
+// A rank that dies (under `mpirun --enable-recovery`; by default mpirun ends the whole job) is a missing
+// rank: the others raise timeout_error naming the operation, the group and their rank.
 // Errors: the communicator's error handler is set to MPI_ERRORS_RETURN (also on a borrowed
 // communicator) so that MPI failures become backend_error carrying MPI_Error_string's text.
 #pragma once
@@ -25,6 +29,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -101,20 +106,36 @@ class communicator : public comm::detail::group_members {
   /// True after a timeout: every later operation raises.
   [[nodiscard]] bool broken() const noexcept { return broken_; }
 
-  /// An owning duplicate (MPI_Comm_dup). Collective over the group; blocking (MPI offers no timeout here).
+  /// An owning duplicate. Collective over the group. Polling mode: MPI_Comm_idup completed within the
+  /// timeout, else timeout_error naming "dup", the group and this rank (this handle is then broken, as
+  /// after a timed-out collective); blocking mode: MPI_Comm_dup.
   [[nodiscard]] communicator dup() const {
+    usable("dup");
     MPI_Comm c = MPI_COMM_NULL;
-    check(MPI_Comm_dup(comm_, &c), "MPI_Comm_dup", "dup");
+    if (opt_.blocking) {
+      check(MPI_Comm_dup(comm_, &c), "MPI_Comm_dup", "dup");
+    } else {
+      MPI_Request q = MPI_REQUEST_NULL;
+      check(MPI_Comm_idup(comm_, &c, &q), "MPI_Comm_idup", "dup");
+      wait(std::span<MPI_Request>(&q, 1), {}, "dup", "every rank of the group to call dup");
+    }
     return adopt(c, opt_);
   }
-  /// MPI_Comm_split: groups of equal color ordered by (key, rank). Collective over the group; blocking.
+  /// MPI_Comm_split: groups of equal color ordered by (key, rank). Collective over the group. Polling
+  /// mode: a barrier within the timeout first (timeout_error naming "split" when a rank is missing), so
+  /// the blocking MPI_Comm_split starts only once every rank has arrived (MPI has no nonblocking split;
+  /// a rank that dies between the two still blocks the others).
   [[nodiscard]] communicator split(int color, int key) const {
+    arrive("split");
     MPI_Comm c = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &c), "MPI_Comm_split", "split");
     return adopt(c, opt_);
   }
   /// A communicator over `members` (ranks of this communicator, in order) by MPI_Comm_create_group:
-  /// collective over the members only; blocking. Pre: members distinct, in range, containing this rank.
+  /// collective over the members only. Polling mode: the members first exchange a message with each
+  /// other within the timeout (tag subgroup_tag; timeout_error naming "subgroup" when one is missing),
+  /// so the blocking MPI_Comm_create_group starts once all have arrived. Pre: members distinct, in range,
+  /// containing this rank.
   [[nodiscard]] communicator subgroup(std::span<const int> members) const {
     if (members.empty() || std::find(members.begin(), members.end(), rank_) == members.end())
       throw_error<invalid_argument>(
@@ -125,6 +146,28 @@ class communicator : public comm::detail::group_members {
       if (r < 0 || r >= size())
         throw_error<invalid_argument>("mpi subgroup on {}: member {} out of range [0, {})",
                                       comm::describe(*this), r, size());
+    usable("subgroup");
+    if (!opt_.blocking) {
+      // Every member sends one byte to every other and receives one from each: all arrived.
+      const std::size_t m = members.size();
+      auto bytes = std::make_unique<unsigned char[]>(2 * m);  // [0, m): received; [m, 2m): sent
+      std::vector<MPI_Request> reqs;
+      for (std::size_t i = 0; i < m; ++i) {
+        if (members[i] == rank_) continue;
+        reqs.emplace_back(MPI_REQUEST_NULL);
+        check(MPI_Irecv(&bytes[i], 1, MPI_UNSIGNED_CHAR, members[i], subgroup_tag, comm_, &reqs.back()),
+              "MPI_Irecv", "subgroup");
+        reqs.emplace_back(MPI_REQUEST_NULL);
+        check(MPI_Isend(&bytes[m + i], 1, MPI_UNSIGNED_CHAR, members[i], subgroup_tag, comm_, &reqs.back()),
+              "MPI_Isend", "subgroup");
+      }
+      try {
+        wait(std::span<MPI_Request>(reqs), {}, "subgroup", "every member of the subgroup to call subgroup");
+      } catch (const timeout_error&) {
+        (void)bytes.release();  // the abandoned requests still point into it: leaked on purpose
+        throw;
+      }
+    }
     MPI_Group parent = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
     check(MPI_Comm_group(comm_, &parent), "MPI_Comm_group", "subgroup");
     const int rc = MPI_Group_incl(parent, static_cast<int>(members.size()), members.data(), &sub);
@@ -136,6 +179,8 @@ class communicator : public comm::detail::group_members {
     check(rc2, "MPI_Comm_create_group", "subgroup");
     return adopt(c, opt_);
   }
+  /// The tag of subgroup()'s arrival messages on the parent communicator (not for the user's messages).
+  static constexpr int subgroup_tag = 0x4855;
 
   /// Backend of comm::all_reduce (collectives.hpp), which checks the arguments first and holds the contract.
   template <host_element T>
@@ -354,7 +399,7 @@ class communicator : public comm::detail::group_members {
               where(op)),
           MPI_ERR_OTHER);
   }
-  void abandon(std::span<MPI_Request> reqs) {
+  void abandon(std::span<MPI_Request> reqs) const {
     for (MPI_Request r : reqs)
       if (r != MPI_REQUEST_NULL) abandoned_.push_back(r);
   }
@@ -362,7 +407,7 @@ class communicator : public comm::detail::group_members {
   /// Completes `reqs` within the timeout (see detail::waiter); on timeout marks the communicator
   /// broken and keeps the requests.
   int wait(std::span<MPI_Request> reqs, std::span<MPI_Status> statuses, const char* op,
-           const char* expected) {
+           const char* expected) const {
     try {
       return detail::waiter{opt_.timeout, opt_.blocking}.wait(
           reqs, statuses, [&] { return where(op); }, expected);
@@ -371,6 +416,16 @@ class communicator : public comm::detail::group_members {
       abandon(reqs);
       throw;
     }
+  }
+
+  /// Polling mode: an MPI_Ibarrier completed within the timeout, so that a blocking creation call
+  /// (split) starts only when every rank has arrived; timeout_error naming `op` otherwise.
+  void arrive(const char* op) const {
+    usable(op);
+    if (opt_.blocking) return;
+    MPI_Request q = MPI_REQUEST_NULL;
+    check(MPI_Ibarrier(comm_, &q), "MPI_Ibarrier", op);
+    wait(std::span<MPI_Request>(&q, 1), {}, op, "every rank of the group to call it");
   }
 
   /// One collective: nonblocking + bounded wait, or the blocking call.
@@ -433,8 +488,10 @@ class communicator : public comm::detail::group_members {
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
   options opt_;
-  bool broken_ = false;
-  std::vector<MPI_Request> abandoned_;
+  // Mutable: a timeout in a const call (dup, split, subgroup) still breaks the handle and keeps the
+  // requests MPI cannot cancel.
+  mutable bool broken_ = false;
+  mutable std::vector<MPI_Request> abandoned_;
 };
 
 static_assert(comm::host_communicator<communicator> && !comm::device_communicator<communicator>);

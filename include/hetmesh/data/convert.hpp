@@ -25,6 +25,7 @@
 
 #include "../core/checked.hpp"
 #include "../core/error.hpp"
+#include "../core/lines.hpp"
 #include "indexed_dataset.hpp"
 #include "webdataset.hpp"
 
@@ -49,8 +50,13 @@ struct convert_stats {
   std::vector<std::string> outputs{};  ///< the files written
 };
 
+/// The longest JSONL line the converters read (256 MiB: a sample of ~30 million tokens); a longer line
+/// is refused with its number instead of being read whole.
+inline constexpr std::size_t max_jsonl_line_bytes = std::size_t{256} << 20;
+
 namespace detail {
-/// Calls f(json object, line number) for each non-blank line of the JSONL file `path`; data_error naming
+/// Calls f(json object, line number) for each non-blank line of the JSONL file `path` (lines up to
+/// max_jsonl_line_bytes); data_error naming
 /// the file and line for a line that is not a JSON object, and that context added to whatever f throws.
 template <class F>
 void for_each_jsonl(const std::string& path, F&& f) {
@@ -63,7 +69,7 @@ void for_each_jsonl(const std::string& path, F&& f) {
   if (!in) throw_error<data_error>("cannot open JSONL '{}'", path);
   std::string line{};
   std::int64_t no = 0;
-  while (std::getline(in, line)) {
+  while (read_line_bounded(in, line, max_jsonl_line_bytes, path, static_cast<std::size_t>(no) + 1)) {
     ++no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     auto j = nlohmann::json::parse(line, nullptr, false);

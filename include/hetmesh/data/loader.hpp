@@ -195,7 +195,8 @@ class data_loader {
   }
 
   /// What this data plane holds, per component: every source loader's access state, the prefetched
-  /// samples, the planner state.
+  /// samples (those whose read has finished: samples being filled belong to the workers), the planner
+  /// state.
   [[nodiscard]] memory_report memory() const {
     memory_report r;
     std::lock_guard lock(mutex_);
@@ -203,9 +204,10 @@ class data_loader {
       for (std::size_t j = 0; j < loaders_[s].size(); ++j)
         r.add("source_loader", hetmesh::format("{}#{}", cfg_.sources[s].name, j),
               loaders_[s][j]->state_bytes(), loaders_[s][j]->reader().mapped_data_bytes());
+    // Samples of a step still being read belong to the workers (they fill them without the lock): only
+    // the bytes of finished tasks, which each worker adds under the lock, are counted.
     std::int64_t pre = 0;
-    for (const auto& sl : inflight_)
-      for (const auto& smp : sl->samples) pre += smp.heap_bytes();
+    for (const auto& sl : inflight_) pre += sl->read_bytes;
     for (const auto& smp : spare_) pre += smp.heap_bytes();
     r.add("prefetch", "steps", pre);
     r.add("planner", "state",
@@ -220,6 +222,7 @@ class data_loader {
     planner_state next_state;
     std::vector<sample> samples;
     std::int64_t remaining = 0;
+    std::int64_t read_bytes = 0;  // heap bytes of the samples of finished tasks (under the lock)
     std::exception_ptr plan_error, read_error;
   };
   // A run of samples of one step read through one loader.
@@ -332,7 +335,10 @@ class data_loader {
         std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - begin).count() /
         static_cast<double>(t.items.size());
     const auto s = static_cast<std::size_t>(t.sl->plan.samples[t.items.front()].ref.source);
+    std::int64_t bytes = 0;  // this task's samples are still this worker's alone
+    for (const std::size_t i : t.items) bytes += t.sl->samples[i].heap_bytes();
     std::lock_guard lock(mutex_);
+    t.sl->read_bytes += bytes;
     cost_ns_[s] =
         cost_ns_[s] == 0 ? ns : 0.8 * cost_ns_[s] + 0.2 * ns;  // moving average of read + decode per sample
     t.sl->remaining -= static_cast<std::int64_t>(t.items.size());

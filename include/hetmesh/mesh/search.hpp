@@ -164,7 +164,15 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
     if (dc.bytes > 0) {
       // The topology's alpha-beta link (ms): the dim's bytes once, one latency per hop of its groups.
       const link l = dc.in_node() ? t.intra() : t.inter();
-      dc.time_ns = std::llround(l.transfer(dc.bytes, static_cast<double>(e - 1)) * 1e6);
+      const double ns = l.transfer(dc.bytes, static_cast<double>(e - 1)) * 1e6;
+      // Fixed point must hold the time (and the sum of five of them): past 10^18 ns (30 years) the
+      // inputs are not a cluster, and llround of a larger value is a negative time.
+      if (!(ns <= 1e18))
+        throw_error<invalid_argument>(
+            "layout search: dim '{}' moves {} bytes at {} GB/s: {} ns exceeds the model's bound of 1e18 ns; "
+            "expected less traffic or more bandwidth",
+            name.name(), dc.bytes, 1e-6 / l.beta, ns);
+      dc.time_ns = std::llround(ns);
     }
     c.time_ns = total == combine::sum ? c.time_ns + dc.time_ns : std::max(c.time_ns, dc.time_ns);
     // Appended in place: `"-" + std::string(...)` trips a g++ 12 -O3 -Wrestrict false positive.

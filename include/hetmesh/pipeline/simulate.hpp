@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -20,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "../core/checked.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../cost/comm.hpp"
@@ -106,8 +108,15 @@ struct micro_batch_costs {
           stage_shards, hidden);
     micro_batch_costs c;
     for (const auto& d : docs) {
-      std::int64_t tokens = 0;
-      for (auto l : d) tokens += l;
+      const std::int64_t tokens =
+          checked_sum(d, "pipeline::micro_batch_costs::priced: a micro-batch's tokens");
+      // Activation bytes are int64 in the simulator; 2^62 leaves room for the live ones' sum to be checked.
+      if (!(act.bytes(tokens) < 0x1p62))
+        throw_error<overflow_error>(
+            "pipeline::micro_batch_costs::priced: a micro-batch of {} tokens keeps {:.3g} activation bytes "
+            "on a "
+            "stage; expected fewer than 2^62",
+            tokens, act.bytes(tokens));
       // Model units are ms; the simulator's are seconds.
       c.forward_s.push_back(llm.packed_row(d) / (llm.train_factor * stage_shards) / 1000.0);
       c.transfer_s.push_back(
@@ -302,17 +311,19 @@ class engine {
     } else {
       d = c_.compute(*a);
     }
-    if (!(d >= 0))
+    if (!(d >= 0) || !std::isfinite(d))
       throw_error<invalid_argument>(
-          "pipeline simulate({}): cost of {} is {}; expected a non-negative number of seconds", s_.name,
-          to_text(*a), d);
+          "pipeline simulate({}): cost of {} is {}; expected a finite, non-negative number of seconds",
+          s_.name, to_text(*a), d);
     running_[static_cast<std::size_t>(r)] = *a;
     is_running_[static_cast<std::size_t>(r)] = 1;
     if (a->type == action_type::forward || a->type == action_type::encoder_forward ||
         a->type == action_type::overlap_f_b) {
       auto& m = mem_[static_cast<std::size_t>(r)];
       const action f = parts(*a).part[0];
-      m += c_.memory ? c_.memory(f) : 1;
+      m = checked_add(
+          m, c_.memory ? c_.memory(f) : 1,
+          hetmesh::format("pipeline simulate({}): live activation memory of rank {}", s_.name, r));
       out_.peak_memory[static_cast<std::size_t>(r)] =
           std::max(out_.peak_memory[static_cast<std::size_t>(r)], m);
     }
