@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../tools/common/args.hpp"
+#include "common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace hetmesh::tools;
@@ -16,13 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                          {"--verbose", "", "a switch"},
                                          {"--traffic", "DIM=BYTES", "repeatable", true}};
   static constexpr std::string_view names[] = {"IN", "OUT"};
-  std::vector<std::string> args(1);
-  for (std::size_t i = 0; i < size; ++i) {
-    if (data[i] == 0)
-      args.emplace_back();
-    else
-      args.back().push_back(static_cast<char>(data[i]));
-  }
+  const std::vector<std::string> args = hetmesh::fuzz::nul_separated(data, size);
   try {
     const auto a = parse_args(args, opts, names, 1);
     if (a.positionals().empty() || a.positionals().size() > 2) __builtin_trap();

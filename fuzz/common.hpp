@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <hetmesh/data/detail/file.hpp>
 
@@ -27,6 +28,19 @@ inline std::string scratch(const std::string& name) {
 inline void put(const std::string& path, const std::uint8_t* data, std::size_t size) {
   const data::detail::unique_fd fd = data::detail::open_file(path, O_WRONLY | O_CREAT | O_TRUNC);
   data::detail::write_all(fd.get(), {reinterpret_cast<const std::byte*>(data), size}, path);
+}
+
+/// The input as a command line: arguments separated by NUL bytes; the first is argv[0] or the subcommand
+/// (an input without NUL bytes is one argument; an empty input is one empty argument).
+inline std::vector<std::string> nul_separated(const std::uint8_t* data, std::size_t size) {
+  std::vector<std::string> args(1);
+  for (std::size_t i = 0; i < size; ++i) {
+    if (data[i] == 0)
+      args.emplace_back();
+    else
+      args.back().push_back(static_cast<char>(data[i]));
+  }
+  return args;
 }
 
 }  // namespace hetmesh::fuzz

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../tools/hetmesh-plan/commands.hpp"
+#include "common.hpp"
 
 namespace {
 
@@ -38,13 +39,7 @@ void refused_or(F&& f) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  std::vector<std::string> args(1);
-  for (std::size_t i = 0; i < size; ++i) {
-    if (data[i] == 0)
-      args.emplace_back();
-    else
-      args.back().push_back(static_cast<char>(data[i]));
-  }
+  const std::vector<std::string> args = hetmesh::fuzz::nul_separated(data, size);
   for (const auto& c : commands()) {
     if (c.spec.name() != args[0]) continue;
     hetmesh_plan::parsed p;
