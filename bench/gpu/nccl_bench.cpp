@@ -14,7 +14,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +41,13 @@ using hetmesh::cuda::check;
 using hetmesh::cuda::device_buffer;
 
 namespace {
+
+/// Throws naming the raw NCCL call that failed (ncclInProgress is not a failure here: blocking calls
+/// on a non-blocking communicator may report it).
+void ok(ncclResult_t r, const char* call) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw std::runtime_error(std::string(call) + " failed: " + ncclGetErrorString(r));
+}
 
 struct args {
   std::string out = "bench/results/comm_nccl.json";
@@ -96,21 +105,26 @@ int main(int argc, char** argv) {
       return 77;
     }
     const int g = a.gpus > 0 ? std::min(a.gpus, visible) : visible;
-    const ncclUniqueId id = nccl::unique_id();
     std::barrier sync(g);
-    nlohmann::json rows = nlohmann::json::array();
+    nlohmann::json rows = nlohmann::json::array(), errors = nlohmann::json::array();
+    std::mutex rows_mutex;
     std::atomic<int> failures{0};
     const std::vector<std::pair<std::string, double>> colls{
         {"all_reduce", 2.0 * (g - 1) / g}, {"broadcast", 1.0},
         {"all_gather", double(g - 1) / g}, {"reduce_scatter", double(g - 1) / g},
         {"all_to_all", double(g - 1) / g}, {"all_to_all_v", double(g - 1) / g}};
+    std::vector<ncclUniqueId> ids;
+    for (std::size_t i = 0; i < colls.size(); ++i) ids.push_back(nccl::unique_id());
     auto worker = [&](int rank) {
-      try {
-        auto c = nccl::communicator::init(id, g, rank, rank);
-        const ncclComm_t raw = c.native();
-        const cudaStream_t s = c.stream();
-        const auto n = static_cast<std::size_t>(g);
-        for (const auto& [name, factor] : colls) {
+      const auto n = static_cast<std::size_t>(g);
+      for (std::size_t ci = 0; ci < colls.size(); ++ci) {
+        const auto& [name, factor] = colls[ci];
+        // One communicator per collective: a failure (an asynchronous NCCL error aborts the
+        // communicator) costs that collective's rows only, and is recorded in the JSON.
+        try {
+          auto c = nccl::communicator::init(ids[ci], g, rank, rank);
+          const ncclComm_t raw = c.native();
+          const cudaStream_t s = c.stream();
           for (std::int64_t bytes = 1024; bytes <= a.max_bytes; bytes *= 4) {
             const auto total = static_cast<std::size_t>(bytes / 4);  // floats
             const std::size_t per = std::max<std::size_t>(total / n, 1);
@@ -121,30 +135,39 @@ int main(int argc, char** argv) {
             std::function<void()> raw_call, our_call;
             const std::span<float> xs = x.span(), ys = y.span();
             if (name == "all_reduce") {
-              raw_call = [&] { ncclAllReduce(x.data(), x.data(), total, ncclFloat32, ncclSum, raw, s); };
+              raw_call = [&] {
+                ok(ncclAllReduce(x.data(), x.data(), total, ncclFloat32, ncclSum, raw, s), "ncclAllReduce");
+              };
               our_call = [&] { comm::all_reduce(c, xs.first(total), comm::reduce_op::sum); };
             } else if (name == "broadcast") {
-              raw_call = [&] { ncclBroadcast(x.data(), x.data(), total, ncclFloat32, 0, raw, s); };
+              raw_call = [&] {
+                ok(ncclBroadcast(x.data(), x.data(), total, ncclFloat32, 0, raw, s), "ncclBroadcast");
+              };
               our_call = [&] { comm::broadcast(c, xs.first(total), 0); };
             } else if (name == "all_gather") {
-              raw_call = [&] { ncclAllGather(x.data(), y.data(), per, ncclFloat32, raw, s); };
+              raw_call = [&] {
+                ok(ncclAllGather(x.data(), y.data(), per, ncclFloat32, raw, s), "ncclAllGather");
+              };
               our_call = [&] {
                 comm::all_gather(c, std::span<const float>(xs.first(per)), ys.first(per * n));
               };
             } else if (name == "reduce_scatter") {
-              raw_call = [&] { ncclReduceScatter(x.data(), y.data(), per, ncclFloat32, ncclSum, raw, s); };
+              raw_call = [&] {
+                ok(ncclReduceScatter(x.data(), y.data(), per, ncclFloat32, ncclSum, raw, s),
+                   "ncclReduceScatter");
+              };
               our_call = [&] {
                 comm::reduce_scatter(c, std::span<const float>(xs.first(per * n)), ys.first(per),
                                      comm::reduce_op::sum);
               };
             } else {  // all_to_all and all_to_all_v: raw is the grouped send/recv loop
               raw_call = [&] {
-                ncclGroupStart();
+                ok(ncclGroupStart(), "ncclGroupStart");
                 for (std::size_t j = 0; j < n; ++j) {
-                  ncclSend(x.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s);
-                  ncclRecv(y.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s);
+                  ok(ncclSend(x.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s), "ncclSend");
+                  ok(ncclRecv(y.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s), "ncclRecv");
                 }
-                ncclGroupEnd();
+                ok(ncclGroupEnd(), "ncclGroupEnd");
               };
               if (name == "all_to_all")
                 our_call = [&] {
@@ -179,10 +202,18 @@ int main(int argc, char** argv) {
                               {"busbw_GBps", algbw * factor}});
             }
           }
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "bench_gpu_nccl rank %d, %s: %s\n", rank, name.c_str(), e.what());
+          ++failures;
+          if (rank == 0) {
+            const std::lock_guard lock(rows_mutex);
+            errors.push_back({{"collective", name}, {"error", e.what()}});
+          }
+          if (g > 1) {  // the other ranks' barriers and collectives would wait for this one: leave
+            sync.arrive_and_drop();
+            return;
+          }
         }
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "bench_gpu_nccl rank %d: %s\n", rank, e.what());
-        ++failures;
       }
     };
     std::printf("%-14s %12s %10s %10s %8s %10s %10s %9s\n", "collective", "bytes", "raw_us", "ours_us",
@@ -190,13 +221,17 @@ int main(int argc, char** argv) {
     std::vector<std::thread> threads;
     for (int r = 0; r < g; ++r) threads.emplace_back(worker, r);
     for (auto& t : threads) t.join();
-    if (failures.load() > 0) return 1;
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);
-    const nlohmann::json j{{"benchmark", "bench_gpu_nccl"}, {"measured", true}, {"gpus", g},
-                           {"device", prop.name},           {"iters", a.iters}, {"results", rows}};
+    const nlohmann::json j{{"benchmark", "bench_gpu_nccl"},
+                           {"measured", true},
+                           {"gpus", g},
+                           {"device", prop.name},
+                           {"iters", a.iters},
+                           {"results", rows},
+                           {"errors", errors}};
     hetmesh::bench::write_json(j, a.out);
-    return 0;
+    return failures.load() > 0 ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu_nccl: %s\n", e.what());
     return 1;

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // NCCL backend conformance (CTest label gpu). Exits 77 (skipped) where cudaGetDeviceCount reports no
 // device. With one GPU: a one-rank communicator and a communicator split from it run the conformance
-// suite through device buffers, plus bf16/fp16 reductions and the watchdog's abort.
+// suite through device buffers, plus bf16/fp16 reductions and the abort paths: a peer that never joins,
+// a receive never matched (the watchdog), a user's abort.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include <hetmesh/comm/collectives.hpp>
@@ -162,14 +164,41 @@ TEST_CASE("nccl: a receive that is never matched ends in an error, not a hang") 
   try {
     comm::recv(c, d.span(), 0, 0);  // rank 0 receives from itself; nobody sends
     c.synchronize();
-  } catch (const hetmesh::error&) {
+  } catch (const hetmesh::error& e) {
     raised = true;  // timeout_error from the watchdog, or NCCL's own backend_error
+    MESSAGE("unmatched receive: " << std::string(e.what()));
   }
   CHECK(raised);
   CHECK(std::chrono::steady_clock::now() - start < 30s);
 }
 
 static_assert(comm::device_communicator<nccl::communicator> && !comm::host_communicator<nccl::communicator>);
+
+// The abort paths (issue 17, item 8): what a trainer sees when a peer never comes, when the device
+// stalls past the timeout, and when its own code aborts the communicator.
+TEST_CASE("nccl: a user's abort makes every later call raise aborted_error with the reason") {
+  auto c = nccl::communicator::single(0, quick());
+  device_buffer<int> d(8);
+  comm::all_reduce(c, d.span(), comm::reduce_op::sum);
+  c.synchronize();
+  c.abort("trainer shutting down after a failed step");
+  std::string what;
+  try {
+    comm::all_reduce(c, d.span(), comm::reduce_op::sum);
+  } catch (const comm::aborted_error& e) {
+    what = e.what();
+  }
+  CHECK(what.find("trainer shutting down after a failed step") != std::string::npos);
+  CHECK(what.find("all_reduce") != std::string::npos);
+  CHECK_THROWS_AS(c.synchronize(), comm::aborted_error);
+  CHECK_THROWS_AS(c.barrier(), comm::aborted_error);
+  c.abort("again");  // idempotent: the first reason stays
+  try {
+    c.synchronize();
+  } catch (const comm::aborted_error& e) {
+    CHECK(std::string(e.what()).find("failed step") != std::string::npos);
+  }
+}
 
 TEST_CASE("nccl: set_stream, stream_scope and wait order operations after the user's work") {
   auto c = nccl::communicator::single(0, quick());
@@ -208,6 +237,25 @@ TEST_CASE("nccl: set_stream, stream_scope and wait order operations after the us
   }
   b.copy_to(std::span<int>(back));
   CHECK(back == host);
+}
+
+// Last: should NCCL's abort of an unfinished init misbehave on some version, the cases above have run.
+TEST_CASE("nccl: a peer that never joins ends init in timeout_error within the timeout") {
+  nccl::options o;
+  o.timeout = 2s;
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    auto c = nccl::communicator::init(nccl::unique_id(), 2, 0, 0, o);  // rank 1 never calls init
+  } catch (const hetmesh::timeout_error& e) {
+    what = e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  INFO("error: " << what);
+  CHECK(what.find("ncclCommInitRankConfig") != std::string::npos);
+  CHECK(what.find("a rank is missing") != std::string::npos);
+  CHECK(took >= 2s);
+  CHECK(took < 20s);
 }
 
 int main(int argc, char** argv) {

@@ -35,7 +35,7 @@ std::vector<std::int64_t> zigzag(std::int64_t seqlen, std::int64_t cp, std::int6
 }  // namespace
 
 TEST_CASE("gather_rows applies a zigzag partition and scatter_rows inverts it") {
-  for (std::int64_t width : {1, 3, 128}) {
+  for (std::int64_t width : {1, 2, 3, 4, 5, 64, 128, 130, 1024}) {  // scalar, 8- and 16-byte, wide rows
     const std::int64_t seqlen = 4096, cp = 4;
     std::vector<float> host(static_cast<std::size_t>(seqlen * width));
     for (std::int64_t t = 0; t < seqlen; ++t)

@@ -155,13 +155,17 @@ class communicator : public comm::detail::group_members {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     const ncclResult_t r = ncclCommSplit(s_->comm, color, key, &s->comm, &cfg);
-    settle(r, "ncclCommSplit", "split");
+    // Non-blocking mode: the child is usable once *its* asynchronous state leaves ncclInProgress, so
+    // the child settles (polling the parent would query a communicator that is already done).
+    communicator c(std::move(s), 0, {}, opt_);
+    c.settle(r, "ncclCommSplit", "split");
     int child_rank = 0, child_size = 0;
-    if (const ncclResult_t e = ncclCommUserRank(s->comm, &child_rank); e != ncclSuccess)
-      detail::raise(e, "ncclCommUserRank", where("split"), s->comm);
-    if (const ncclResult_t e = ncclCommCount(s->comm, &child_size); e != ncclSuccess)
-      detail::raise(e, "ncclCommCount", where("split"), s->comm);
-    communicator c(std::move(s), child_rank, std::vector<int>(static_cast<std::size_t>(child_size)), opt_);
+    if (const ncclResult_t e = ncclCommUserRank(c.s_->comm, &child_rank); e != ncclSuccess)
+      detail::raise(e, "ncclCommUserRank", where("split"), c.s_->comm);
+    if (const ncclResult_t e = ncclCommCount(c.s_->comm, &child_size); e != ncclSuccess)
+      detail::raise(e, "ncclCommCount", where("split"), c.s_->comm);
+    c.rank_ = child_rank;
+    c.ranks_.assign(static_cast<std::size_t>(child_size), 0);
     detail::device_array<int> mine(1), all(static_cast<std::size_t>(child_size));
     const int me = ranks_[static_cast<std::size_t>(rank_)];
     mine.copy_from(std::span<const int>(&me, 1));

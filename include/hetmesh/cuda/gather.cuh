@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -18,11 +19,12 @@ namespace detail {
 /// gather: dst row i = src row indices[i]; scatter: dst row indices[i] = src row i.
 enum class row_direction { gather, scatter };
 
-// One kernel for both directions: element k of the indexed side (row k / width of the index list) pairs
-// with element (k % width) of row indices[row] on the table side; only which side is written differs.
-template <class T, row_direction Dir>
-__global__ void move_rows_kernel(const T* __restrict__ src, const std::int64_t* __restrict__ indices,
-                                 T* __restrict__ dst, std::int64_t rows, std::int64_t width) {
+// Narrow rows: one thread per element (V: the widest unit that divides a row and the buffers' alignment)
+// over the flattened index list. Element k of the indexed side (row k / width) pairs with element
+// (k % width) of row indices[row] on the table side; only which side is written differs.
+template <class V, row_direction Dir>
+__global__ void move_rows_kernel(const V* __restrict__ src, const std::int64_t* __restrict__ indices,
+                                 V* __restrict__ dst, std::int64_t rows, std::int64_t width) {
   const std::int64_t total = rows * width;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
@@ -35,6 +37,22 @@ __global__ void move_rows_kernel(const T* __restrict__ src, const std::int64_t* 
       dst[table] = src[k];
   }
 }
+// Wide rows (>= wide_row_bytes): a block per row, its threads over the row's units of V: one index
+// load per row, no division, 16-byte accesses where the row allows them.
+template <class V, row_direction Dir>
+__global__ void move_wide_rows_kernel(const V* __restrict__ src, const std::int64_t* __restrict__ indices,
+                                      V* __restrict__ dst, std::int64_t rows, std::int64_t width) {
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const std::int64_t table = indices[row] * width, mine = row * width;
+    for (std::int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+      if constexpr (Dir == row_direction::gather)
+        dst[mine + c] = src[table + c];
+      else
+        dst[table + c] = src[mine + c];
+    }
+  }
+}
+inline constexpr std::size_t wide_row_bytes = 256;
 inline unsigned grid_for(std::int64_t total, unsigned block) {
   const std::int64_t blocks = (total + block - 1) / block;
   return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);
@@ -70,9 +88,34 @@ void move_rows(std::span<const T> src, std::span<const std::int64_t> indices, st
   check_rows(src.size(), indices.size(), dst.size(), width, op, Dir);
   const auto total = static_cast<std::int64_t>(Dir == row_direction::gather ? dst.size() : src.size());
   if (total == 0) return;
-  constexpr unsigned block = 256;
-  move_rows_kernel<T, Dir><<<grid_for(total, block), block, 0, stream>>>(
-      src.data(), indices.data(), dst.data(), static_cast<std::int64_t>(indices.size()), width);
+  const std::size_t row_bytes = static_cast<std::size_t>(width) * sizeof(T);
+  const auto aligned = [&](std::size_t unit) {
+    return row_bytes % unit == 0 && reinterpret_cast<std::uintptr_t>(src.data()) % unit == 0 &&
+           reinterpret_cast<std::uintptr_t>(dst.data()) % unit == 0;
+  };
+  const auto rows = static_cast<std::int64_t>(indices.size());
+  const auto launch = [&]<class V>(V*) {
+    const auto units = static_cast<std::int64_t>(row_bytes / sizeof(V));
+    const auto* s = reinterpret_cast<const V*>(src.data());
+    auto* d = reinterpret_cast<V*>(dst.data());
+    if (row_bytes >= wide_row_bytes) {
+      const unsigned block = units >= 256 ? 256 : (units >= 128 ? 128 : 64);
+      const auto grid = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
+      move_wide_rows_kernel<V, Dir><<<grid, block, 0, stream>>>(s, indices.data(), d, rows, units);
+    } else {
+      constexpr unsigned block = 256;
+      move_rows_kernel<V, Dir>
+          <<<grid_for(rows * units, block), block, 0, stream>>>(s, indices.data(), d, rows, units);
+    }
+  };
+  if (sizeof(T) < 16 && aligned(16))
+    launch(static_cast<uint4*>(nullptr));
+  else if (sizeof(T) < 8 && aligned(8))
+    launch(static_cast<uint2*>(nullptr));
+  else if (sizeof(T) < 4 && aligned(4))
+    launch(static_cast<unsigned*>(nullptr));
+  else
+    launch(static_cast<T*>(nullptr));
   check_launch(op);
 }
 }  // namespace detail
@@ -81,7 +124,7 @@ void move_rows(std::span<const T> src, std::span<const std::int64_t> indices, st
 /// Preconditions: dst.size() == indices.size() * width; src.size() a multiple of width; every index in
 /// [0, src.size() / width) (not checked on the device: indices come from a verified plan).
 /// Postconditions: enqueued on `stream`; nothing synchronises. Not collective. Deterministic.
-/// Cost: one read and one write of dst.size() elements.
+/// Cost: one read and one write of dst.size() elements, in 16-byte units where rows and buffers allow.
 template <class T>
 void gather_rows(std::span<const T> src, std::span<const std::int64_t> indices, std::span<T> dst,
                  std::int64_t width, cudaStream_t stream = nullptr) {
