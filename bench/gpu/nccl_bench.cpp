@@ -42,11 +42,13 @@ using hetmesh::cuda::device_buffer;
 
 namespace {
 
-/// Throws naming the raw NCCL call that failed (ncclInProgress is not a failure here: blocking calls
-/// on a non-blocking communicator may report it).
-void ok(ncclResult_t r, const char* call) {
-  if (r != ncclSuccess && r != ncclInProgress)
-    throw std::runtime_error(std::string(call) + " failed: " + ncclGetErrorString(r));
+/// Completes a raw NCCL call on the (non-blocking) communicator as NCCL requires: a call that reports
+/// ncclInProgress is polled with ncclCommGetAsyncError until it leaves that state, before the next call
+/// on the communicator (the wrapper does the same, with a deadline). Throws naming a failed call.
+void ok(ncclResult_t r, const char* call, ncclComm_t comm) {
+  while (r == ncclInProgress)
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+  if (r != ncclSuccess) throw std::runtime_error(std::string(call) + " failed: " + ncclGetErrorString(r));
 }
 
 struct args {
@@ -136,17 +138,18 @@ int main(int argc, char** argv) {
             const std::span<float> xs = x.span(), ys = y.span();
             if (name == "all_reduce") {
               raw_call = [&] {
-                ok(ncclAllReduce(x.data(), x.data(), total, ncclFloat32, ncclSum, raw, s), "ncclAllReduce");
+                ok(ncclAllReduce(x.data(), x.data(), total, ncclFloat32, ncclSum, raw, s), "ncclAllReduce",
+                   raw);
               };
               our_call = [&] { comm::all_reduce(c, xs.first(total), comm::reduce_op::sum); };
             } else if (name == "broadcast") {
               raw_call = [&] {
-                ok(ncclBroadcast(x.data(), x.data(), total, ncclFloat32, 0, raw, s), "ncclBroadcast");
+                ok(ncclBroadcast(x.data(), x.data(), total, ncclFloat32, 0, raw, s), "ncclBroadcast", raw);
               };
               our_call = [&] { comm::broadcast(c, xs.first(total), 0); };
             } else if (name == "all_gather") {
               raw_call = [&] {
-                ok(ncclAllGather(x.data(), y.data(), per, ncclFloat32, raw, s), "ncclAllGather");
+                ok(ncclAllGather(x.data(), y.data(), per, ncclFloat32, raw, s), "ncclAllGather", raw);
               };
               our_call = [&] {
                 comm::all_gather(c, std::span<const float>(xs.first(per)), ys.first(per * n));
@@ -154,7 +157,7 @@ int main(int argc, char** argv) {
             } else if (name == "reduce_scatter") {
               raw_call = [&] {
                 ok(ncclReduceScatter(x.data(), y.data(), per, ncclFloat32, ncclSum, raw, s),
-                   "ncclReduceScatter");
+                   "ncclReduceScatter", raw);
               };
               our_call = [&] {
                 comm::reduce_scatter(c, std::span<const float>(xs.first(per * n)), ys.first(per),
@@ -162,12 +165,14 @@ int main(int argc, char** argv) {
               };
             } else {  // all_to_all and all_to_all_v: raw is the grouped send/recv loop
               raw_call = [&] {
-                ok(ncclGroupStart(), "ncclGroupStart");
+                ok(ncclGroupStart(), "ncclGroupStart", raw);
                 for (std::size_t j = 0; j < n; ++j) {
-                  ok(ncclSend(x.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s), "ncclSend");
-                  ok(ncclRecv(y.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s), "ncclRecv");
+                  ok(ncclSend(x.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s), "ncclSend",
+                     raw);
+                  ok(ncclRecv(y.data() + j * per, per, ncclFloat32, static_cast<int>(j), raw, s), "ncclRecv",
+                     raw);
                 }
-                ok(ncclGroupEnd(), "ncclGroupEnd");
+                ok(ncclGroupEnd(), "ncclGroupEnd", raw);
               };
               if (name == "all_to_all")
                 our_call = [&] {

@@ -44,8 +44,8 @@ void for_each(const exec& x, std::int64_t n, F f) {
   if (x.cuda) {
     constexpr int block = 128;
     const std::int64_t blocks = (n + block - 1) / block;
-    for_each_kernel<<<static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), block, 0, x.stream>>>(n,
-                                                                                                          f);
+    for_each_kernel<<<static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), block, 0, x.stream>>>(
+        n, f);
     cuda_check(cudaGetLastError(), "kernel launch");
   } else {
     for (std::int64_t i = 0; i < n; ++i) f(i);
@@ -121,30 +121,30 @@ class buffer {
   std::int64_t n_ = 0;
 };
 
-inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                                const float* alpha, const float* a, int lda, const float* b, int ldb,
+inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                int k, const float* alpha, const float* a, int lda, const float* b, int ldb,
                                 const float* beta, float* c, int ldc) {
   return cublasSgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
-inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                                const double* alpha, const double* a, int lda, const double* b, int ldb,
-                                const double* beta, double* c, int ldc) {
+inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                int k, const double* alpha, const double* a, int lda, const double* b,
+                                int ldb, const double* beta, double* c, int ldc) {
   return cublasDgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /// Row-major C[m][n] = op(A) op(B) + beta C, op(A) m x k (A is k x m when ta), op(B) k x n (B is n x k
 /// when tb). cuBLAS (column-major) computes C^T = op(B)^T op(A)^T with the operands swapped.
 template <class T>
-void gemm(const exec& x, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b,
-          T beta, T* c) {
+void gemm(const exec& x, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+          const T* b, T beta, T* c) {
   if (m == 0 || n == 0) return;
   if (x.cuda) {
     const T one = 1;
-    blas_check(gemm_call(x.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, b,
-                         static_cast<int>(tb ? k : n), a, static_cast<int>(ta ? m : k), &beta, c,
-                         static_cast<int>(n)),
-               "cublas gemm");
+    blas_check(
+        gemm_call(x.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                  static_cast<int>(m), static_cast<int>(k), &one, b, static_cast<int>(tb ? k : n), a,
+                  static_cast<int>(ta ? m : k), &beta, c, static_cast<int>(n)),
+        "cublas gemm");
     return;
   }
   for (std::int64_t i = 0; i < m; ++i) {

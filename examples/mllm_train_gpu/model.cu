@@ -25,9 +25,11 @@ int cuda_devices() {
 
 void check_micro_batch(const sizes& s, const micro_batch& mb) {
   const auto n = static_cast<std::size_t>(mb.size());
-  const auto fail = [](const std::string& what) { throw std::invalid_argument("mllm_gpu::micro_batch: " + what); };
-  if (mb.targets.size() != n || mb.weights.size() != n || mb.doc_start.size() != n || mb.position.size() != n ||
-      mb.enc_row.size() != n)
+  const auto fail = [](const std::string& what) {
+    throw std::invalid_argument("mllm_gpu::micro_batch: " + what);
+  };
+  if (mb.targets.size() != n || mb.weights.size() != n || mb.doc_start.size() != n ||
+      mb.position.size() != n || mb.enc_row.size() != n)
     fail("per-token arrays of different sizes; expected " + std::to_string(n) + " entries each");
   const std::size_t rows = mb.vision.size() / static_cast<std::size_t>(s.patch) +
                            mb.audio.size() / static_cast<std::size_t>(s.frame);
@@ -183,7 +185,6 @@ struct ops {
   void add_into(T* y, const T* a, i64 n) const {
     for_each(x, n, [=] __host__ __device__(i64 i) { y[i] += a[i]; });
   }
-
 };
 
 template <class T>
@@ -234,7 +235,8 @@ struct model<T>::impl : ops<T> {
     a.x = buffer<T>(x, r * w.in);
     const std::vector<T> host(feats.begin(), feats.end());
     a.x.upload(host.data());
-    a.u1 = buffer<T>(x, r * E), a.a1 = buffer<T>(x, r * E), a.u2 = buffer<T>(x, r * E), a.a2 = buffer<T>(x, r * E);
+    a.u1 = buffer<T>(x, r * E), a.a1 = buffer<T>(x, r * E), a.u2 = buffer<T>(x, r * E),
+    a.a2 = buffer<T>(x, r * E);
     gemm(x, false, false, r, E, w.in, a.x.data(), P(w.w1), T(0), a.u1.data());
     silu(a.u1.data(), a.a1.data(), r * E);
     gemm(x, false, false, r, E, E, a.a1.data(), P(w.w2), T(0), a.u2.data());
@@ -304,8 +306,7 @@ model<T>::model(const sizes& s, std::uint64_t seed, backend b, int device) : p_(
       z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
       z ^= z >> 31;
       const double u = static_cast<double>(z >> 11) * 0x1.0p-53;
-      host[static_cast<std::size_t>(t.offset + i)] =
-          gain ? T(1) : static_cast<T>((2 * u - 1) * scale);
+      host[static_cast<std::size_t>(t.offset + i)] = gain ? T(1) : static_cast<T>((2 * u - 1) * scale);
     }
   }
   m.p = buffer<T>(m.x, total), m.g = buffer<T>(m.x, total), m.m1 = buffer<T>(m.x, total);
@@ -379,9 +380,12 @@ std::pair<double, double> model<T>::forward_backward(const micro_batch& mb) {
     const auto& bw = m.blk[l];
     auto& a = acts[l];
     a.xin = std::move(*cur);
-    a.rstd1 = buffer<T>(x, n), a.h = buffer<T>(x, n * D), a.q = buffer<T>(x, n * D), a.k = buffer<T>(x, n * D);
-    a.v = buffer<T>(x, n * D), a.o = buffer<T>(x, n * D), a.lse = buffer<T>(x, n * H), a.x1 = buffer<T>(x, n * D);
-    a.rstd2 = buffer<T>(x, n), a.h2 = buffer<T>(x, n * D), a.u = buffer<T>(x, n * F), a.a = buffer<T>(x, n * F);
+    a.rstd1 = buffer<T>(x, n), a.h = buffer<T>(x, n * D), a.q = buffer<T>(x, n * D),
+    a.k = buffer<T>(x, n * D);
+    a.v = buffer<T>(x, n * D), a.o = buffer<T>(x, n * D), a.lse = buffer<T>(x, n * H),
+    a.x1 = buffer<T>(x, n * D);
+    a.rstd2 = buffer<T>(x, n), a.h2 = buffer<T>(x, n * D), a.u = buffer<T>(x, n * F),
+    a.a = buffer<T>(x, n * F);
     m.rmsnorm(a.xin.data(), m.P(bw.g1), a.h.data(), a.rstd1.data(), n, D);
     gemm(x, false, false, n, D, D, a.h.data(), m.P(bw.wq), T(0), a.q.data());
     gemm(x, false, false, n, D, D, a.h.data(), m.P(bw.wk), T(0), a.k.data());
@@ -528,8 +532,9 @@ template <class T>
 std::vector<T> model<T>::download(std::span<const T> b) const {
   std::vector<T> out(b.size());
   if (p_->x.cuda) {
-    detail::cuda_check(cudaMemcpyAsync(out.data(), b.data(), b.size_bytes(), cudaMemcpyDeviceToHost, p_->x.stream),
-                       "cudaMemcpyAsync");
+    detail::cuda_check(
+        cudaMemcpyAsync(out.data(), b.data(), b.size_bytes(), cudaMemcpyDeviceToHost, p_->x.stream),
+        "cudaMemcpyAsync");
     detail::cuda_check(cudaStreamSynchronize(p_->x.stream), "cudaStreamSynchronize");
   } else {
     std::copy(b.begin(), b.end(), out.begin());
@@ -539,8 +544,9 @@ std::vector<T> model<T>::download(std::span<const T> b) const {
 template <class T>
 void model<T>::set_parameter(std::int64_t index, T value) {
   if (p_->x.cuda)
-    detail::cuda_check(cudaMemcpyAsync(p_->p.data() + index, &value, sizeof(T), cudaMemcpyHostToDevice, p_->x.stream),
-                       "cudaMemcpyAsync");
+    detail::cuda_check(
+        cudaMemcpyAsync(p_->p.data() + index, &value, sizeof(T), cudaMemcpyHostToDevice, p_->x.stream),
+        "cudaMemcpyAsync");
   else
     p_->p.data()[index] = value;
   synchronize();

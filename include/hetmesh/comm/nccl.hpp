@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <span>
@@ -155,15 +156,41 @@ class communicator : public comm::detail::group_members {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     const ncclResult_t r = ncclCommSplit(s_->comm, color, key, &s->comm, &cfg);
-    // Non-blocking mode: the child is usable once *its* asynchronous state leaves ncclInProgress, so
-    // the child settles (polling the parent would query a communicator that is already done).
+    if (r != ncclSuccess && r != ncclInProgress) detail::raise(r, "ncclCommSplit", where("split"), s_->comm);
+    // Non-blocking mode: NCCL writes the child's handle only once the split has completed (it stays null
+    // until then), and the child is usable once its own state leaves ncclInProgress. Poll the parent (an
+    // error of the split lands there), then the handle, then the child, all within the timeout.
+    ncclResult_t state = ncclInProgress;
+    ncclComm_t child = nullptr;
+    const bool completed = comm::detail::poll_until(opt_.timeout, {.yield_from = 0}, [&] {
+      ncclResult_t parent = ncclSuccess;
+      ncclCommGetAsyncError(s_->comm, &parent);
+      if (parent != ncclSuccess && parent != ncclInProgress) {
+        state = parent;
+        return true;
+      }
+      child = std::atomic_ref<ncclComm_t>(s->comm).load(std::memory_order_acquire);
+      if (child == nullptr) return false;
+      if (ncclCommGetAsyncError(child, &state) != ncclSuccess) return true;
+      return state != ncclInProgress;
+    });
+    if (!completed) {
+      // NCCL's split job may still write the handle into s->comm: keep that small state alive (leaked
+      // on purpose) rather than let a late write land in freed memory.
+      static_cast<void>(new std::shared_ptr<detail::state>(std::move(s)));
+      s_->abort(detail::abort_kind::timeout,
+                hetmesh::format("ncclCommSplit did not complete within {} ms (a rank is missing)",
+                                opt_.timeout.count()));
+      usable("split");
+    }
+    if (state != ncclSuccess) detail::raise(state, "ncclCommSplit", where("split"), child ? child : s_->comm);
     communicator c(std::move(s), 0, {}, opt_);
-    c.settle(r, "ncclCommSplit", "split");
+    c.settle(ncclSuccess, "ncclCommSplit", "split");  // starts the child's watchdog
     int child_rank = 0, child_size = 0;
-    if (const ncclResult_t e = ncclCommUserRank(c.s_->comm, &child_rank); e != ncclSuccess)
-      detail::raise(e, "ncclCommUserRank", where("split"), c.s_->comm);
-    if (const ncclResult_t e = ncclCommCount(c.s_->comm, &child_size); e != ncclSuccess)
-      detail::raise(e, "ncclCommCount", where("split"), c.s_->comm);
+    if (const ncclResult_t e = ncclCommUserRank(child, &child_rank); e != ncclSuccess)
+      detail::raise(e, "ncclCommUserRank", where("split"), child);
+    if (const ncclResult_t e = ncclCommCount(child, &child_size); e != ncclSuccess)
+      detail::raise(e, "ncclCommCount", where("split"), child);
     c.rank_ = child_rank;
     c.ranks_.assign(static_cast<std::size_t>(child_size), 0);
     detail::device_array<int> mine(1), all(static_cast<std::size_t>(child_size));
