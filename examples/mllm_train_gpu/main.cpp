@@ -13,7 +13,7 @@
 //                               [--check-host] [--check-grad] [--data-dir D]
 //   --check-host  (cuda) step 0's loss and gradients on the device against the host run of the same
 //                 micro-batch and parameters; exit 1 beyond 2e-3 relative
-//   --check-grad  (host) analytic gradients against central finite differences in double; exit 1 beyond 1e-5
+//   --check-grad  (host) analytic gradients against central finite differences in double; exit 1 beyond 1e-4
 // Exit 0: trained (and the checks passed); 1: a check failed or an error; 2: bad flags (one line).
 #include <algorithm>
 #include <chrono>
@@ -327,23 +327,23 @@ int check_grad(const options& o, const mllm::data_config& dc) {
   for (const auto& t : m.tensors()) {
     for (int k = 0; k < 2; ++k) {
       const std::int64_t i = t.offset + g.uniform(0, t.size - 1);
-      const double h = 1e-5, p = params[static_cast<std::size_t>(i)];
+      const double h = 1e-4, p = params[static_cast<std::size_t>(i)];
       m.set_parameter(i, p + h);
       const double up = m.forward_backward(mb).first;
       m.set_parameter(i, p - h);
       const double down = m.forward_backward(mb).first;
       m.set_parameter(i, p);
       const double fd = (up - down) / (2 * h), an = grad[static_cast<std::size_t>(i)];
-      const double err = std::abs(fd - an) / std::max(1e-4, std::abs(fd) + std::abs(an));
+      const double err = std::abs(fd - an) / std::max(1e-3, std::abs(fd) + std::abs(an));
       ++checked;
       if (err > worst) worst = err, worst_at = t.name + "[" + std::to_string(i - t.offset) + "]";
     }
   }
   std::printf(
       "check-grad: %d parameters over %zu tensors, %lld tokens: worst relative error %.2e at %s (tolerance "
-      "1e-5)\n",
+      "1e-4)\n",
       checked, m.tensors().size(), static_cast<long long>(mb.size()), worst, worst_at.c_str());
-  return worst <= 1e-5 ? 0 : 1;
+  return worst <= 1e-4 ? 0 : 1;
 }
 
 void write_report(const options& o, const std::vector<step_record>& recs, const std::string& device_name) {
