@@ -2,13 +2,14 @@
 // NCCL backend conformance (CTest label gpu). Exits 77 (skipped) where cudaGetDeviceCount reports no
 // device. With one GPU: a one-rank communicator and a communicator split from it run the conformance
 // suite through device buffers, plus bf16/fp16 reductions and the abort paths: a peer that never joins,
-// a receive never matched (the watchdog), a user's abort.
+// a receive never matched, a user's abort, work stuck past the timeout (the watchdog).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <hetmesh/comm/collectives.hpp>
@@ -256,6 +257,42 @@ TEST_CASE("nccl: a peer that never joins ends init in timeout_error within the t
   CHECK(what.find("a rank is missing") != std::string::npos);
   CHECK(took >= 2s);
   CHECK(took < 20s);
+}
+
+namespace {
+/// A host function on a stream: the stream makes no progress until it returns.
+void CUDART_CB stall_stream(void* ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<const int*>(ms)));
+}
+}  // namespace
+
+// The watchdog itself: work that stays incomplete past the timeout (here: queued behind a stalled stream,
+// as behind a peer that never arrives) is aborted by the watchdog thread, and the next call says so.
+TEST_CASE("nccl: the watchdog aborts work stuck past the timeout; the next call raises timeout_error") {
+  nccl::options o;
+  o.timeout = 300ms;
+  o.watchdog_interval = 10ms;
+  auto c = nccl::communicator::single(0, o);
+  hetmesh::cuda::stream user;
+  static const int stall_ms = 1500;
+  hetmesh::cuda::check(cudaLaunchHostFunc(user.get(), stall_stream, const_cast<int*>(&stall_ms)),
+                       "cudaLaunchHostFunc");
+  device_buffer<float> d(1024);
+  c.set_stream(user.get());
+  comm::all_reduce(c, d.span(), comm::reduce_op::sum);  // queued behind the stall
+  std::this_thread::sleep_for(1s);                      // the watchdog sees it pending for > 300 ms
+  std::string what;
+  try {
+    comm::all_reduce(c, d.span(), comm::reduce_op::sum);
+  } catch (const hetmesh::timeout_error& e) {
+    what = e.what();
+  }
+  INFO("error: " << what);
+  CHECK(what.find("all_reduce did not complete within 300 ms") != std::string::npos);
+  CHECK(what.find("watchdog aborted") != std::string::npos);
+  CHECK_THROWS_AS(c.synchronize(), hetmesh::timeout_error);
+  c.reset_stream();
+  user.synchronize();  // the stall ends and the stream drains
 }
 
 int main(int argc, char** argv) {
