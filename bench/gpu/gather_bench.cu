@@ -1,5 +1,6 @@
-// Device gather by a plan's indices (hetmesh::cuda::gather_rows) against its bound, a device-to-device
-// cudaMemcpy of the same bytes, side by side in one run, for several row widths and sizes. Indices are
+// Device gather and scatter by a plan's indices (hetmesh::cuda::gather_rows, scatter_rows) against their
+// bound, a device-to-device cudaMemcpy of the same bytes, side by side in one run, for several row widths
+// and sizes (4-byte rows also read 8 bytes of index per element, which the GB/s do not count). Indices are
 // a zigzag context-parallel partition of one long sequence (the shape a CP rank gathers).
 // Usage: bench_gpu_gather [--out FILE]   (default bench/results/gpu_gather.json). Exits 77 without a GPU.
 #include <hetmesh/cuda/gather.cuh>
@@ -61,8 +62,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::string json = std::string("{\"device\":\"") + prop.name + "\",\"kind\":\"measured\",\"rows\":[";
-  std::printf("%-10s %-8s %-12s %-14s %-14s %-8s\n", "tokens", "width", "bytes", "gather GB/s", "memcpy GB/s",
-              "ratio");
+  std::printf("%-10s %-8s %-12s %-12s %-12s %-12s %-8s %-8s\n", "tokens", "width", "bytes", "gather GB/s",
+              "scatter GB/s", "memcpy GB/s", "gather", "scatter");
   bool first = true;
   for (std::int64_t width : {1, 1024, 4096}) {
     for (std::int64_t tokens : {std::int64_t{1} << 16, std::int64_t{1} << 20}) {
@@ -86,15 +87,21 @@ int main(int argc, char** argv) {
       hetmesh::cuda::gather_rows(s, ix, d, width);  // warm-up
       BENCH_CHECK(cudaDeviceSynchronize());
       const float g = median_ms([&] { hetmesh::cuda::gather_rows(s, ix, d, width); }, 21);
+      // The inverse: the gathered rows back to their places (what a CP rank's gradients do).
+      const std::span<const float> back_src(dst, n);
+      const std::span<float> back_dst(src, n);
+      const float sc = median_ms([&] { hetmesh::cuda::scatter_rows(back_src, ix, back_dst, width); }, 21);
       const float m =
           median_ms([&] { cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice); }, 21);
       const double bytes = 2.0 * static_cast<double>(n * sizeof(float));  // read + write
-      const double gbs = bytes / (g * 1e6), mbs = bytes / (m * 1e6);
-      std::printf("%-10lld %-8lld %-12zu %-14.1f %-14.1f %-8.3f\n", static_cast<long long>(tokens),
-                  static_cast<long long>(width), n * sizeof(float), gbs, mbs, gbs / mbs);
+      const double gbs = bytes / (g * 1e6), sbs = bytes / (sc * 1e6), mbs = bytes / (m * 1e6);
+      std::printf("%-10lld %-8lld %-12zu %-12.1f %-12.1f %-12.1f %-8.3f %-8.3f\n",
+                  static_cast<long long>(tokens), static_cast<long long>(width), n * sizeof(float), gbs, sbs,
+                  mbs, gbs / mbs, sbs / mbs);
       json += (first ? "" : ",") + std::string("{\"tokens\":") + std::to_string(tokens) +
               ",\"width\":" + std::to_string(width) + ",\"bytes\":" + std::to_string(n * sizeof(float)) +
-              ",\"gather_ms\":" + std::to_string(g) + ",\"memcpy_ms\":" + std::to_string(m) +
+              ",\"gather_ms\":" + std::to_string(g) + ",\"scatter_ms\":" + std::to_string(sc) +
+              ",\"memcpy_ms\":" + std::to_string(m) + ",\"scatter_gbs\":" + std::to_string(sbs) +
               ",\"gather_gbs\":" + std::to_string(gbs) + ",\"memcpy_gbs\":" + std::to_string(mbs) + "}";
       first = false;
       cudaFree(src);
