@@ -3,10 +3,15 @@
 // what a step's plan and run promise at any depth.
 #include <doctest/doctest.h>
 
+#include <cstring>
+#include <map>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/data/routes.hpp>
 #include <hetmesh/pipeline/trace.hpp>
 #include <hetmesh/train/report_json.hpp>
 #include <hetmesh/train/train.hpp>
@@ -34,6 +39,100 @@ auto on_loopback8(Body body) {
 
 using lctx = train::step_context<comm::loopback::communicator, model::reference_attention, double>;
 static_assert(model::check_split_backward_stage<tiny_stack<double>, double, lctx>());
+
+/// The bytes of encoder item `it` as delivery moves them here: item_features' values for every row of the
+/// item, as T in host byte order.
+template <class T>
+std::vector<std::uint8_t> item_bytes(const model::encoder_item& it) {
+  const std::vector<model::encoder_piece> one{{it.id, it.tokens, {0, it.tokens}, 0, 1, 0}};
+  std::vector<T> x(static_cast<std::size_t>(it.tokens * kShape.width));
+  item_features<T>{kShape.width, it.encoder}(
+      model::encoder_batch_view{it.encoder, 0, 0, std::span<const model::encoder_piece>(one), it.tokens},
+      std::span<T>(x));
+  std::vector<std::uint8_t> out(x.size() * sizeof(T));
+  std::memcpy(out.data(), x.data(), out.size());
+  return out;
+}
+
+/// An encoder input that reads the items' rows from this rank's delivered share only (what plan_delivery
+/// routed here); an item the share lacks throws, so a rank encoding an item delivery did not bring it fails.
+template <class T>
+struct share_features {
+  const data::delivered_share* got;
+  const model::step_batch* shape;  // the step's metadata: which document holds an item, at which index
+  int encoder = 0;
+  void operator()(const model::encoder_batch_view& v, std::span<T> in) const {
+    for (const auto& p : v.pieces) {
+      std::span<const std::uint8_t> b;
+      for (const auto& d : shape->documents)
+        for (std::size_t k = 0; k < d.items.size(); ++k)
+          if (d.items[k].encoder == encoder && d.items[k].id == p.item)
+            b = got->find(d.id, static_cast<int>(k));
+      if (b.size() != static_cast<std::size_t>(p.item_tokens * kShape.width) * sizeof(T))
+        throw std::runtime_error(fmt::format("encoder {} item {}: {} bytes delivered here; expected {} rows",
+                                             encoder, p.item, b.size(), p.item_tokens));
+      const auto row = static_cast<std::size_t>(kShape.width) * sizeof(T);
+      std::memcpy(in.data() + p.offset * kShape.width,
+                  b.data() + static_cast<std::size_t>(p.tokens.begin) * row,
+                  static_cast<std::size_t>(p.tokens.size()) * row);
+    }
+  }
+};
+
+/// One step of the multimodal model over `world` under the given policies twice, on the whole batch and
+/// on this rank's delivered share (sys.delivery: train::plan_delivery over the system's ranks; the share
+/// taken locally, data::local_share, text and encoder items; train::share_of), with the same initial
+/// model. Returns "" or what differs on this rank; `partial` is set when the share lacks a document.
+template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
+std::string share_parity_body(C& world, const Partition& partition, const Balancer& balancer,
+                              const train::pipeline_config<Schedule, Placement>& pc,
+                              const model::step_batch& batch, std::uint64_t seed,
+                              const train::system_options& options, bool& partial) {
+  using sys_t = train::system<Partition, model::reference_attention, C, Balancer, Schedule, Placement>;
+  sys_t sys(partition, balancer, pc, world, {}, options);
+  const auto plan = sys.plan(batch);
+  const auto routes = sys.delivery(plan, batch);
+  std::map<std::size_t, std::vector<std::uint8_t>> keep;
+  const auto got =
+      data::local_share(routes, world.rank(), [&](std::size_t i) -> std::span<const std::uint8_t> {
+        const auto& part = routes.parts[i];
+        const auto& d = *std::find_if(batch.documents.begin(), batch.documents.end(),
+                                      [&](const model::document& x) { return x.id == part.sample; });
+        if (part.item == data::text_part) return train::text_bytes(d);
+        return keep[i] = item_bytes<T>(d.items[static_cast<std::size_t>(part.item)]);
+      });
+  std::vector<std::vector<model::encoder_item>> items;
+  for (const auto& d : batch.documents) items.push_back(d.items);
+  const auto share = train::share_of(plan, items, got, batch.pad_token);
+  partial = share.batch.documents.size() < batch.documents.size();
+
+  mm_result<T> whole, shared;
+  for (auto* r : {&whole, &shared}) {
+    tiny_stack<T> lm(kShape, seed, kBlocks, plan.pipeline.num_stages, sys.local_stages(plan));
+    model::scale_encoder<T, model::vision_modality> vision(kShape.width, T(0.9));
+    model::scale_encoder<T, model::audio_modality> audio(kShape.width, T(1.1));
+    int calls = 0;
+    if (r == &whole)
+      r->stats = sys.run(plan, batch, lm, mm_optimizer<T>{&calls},
+                         train::bind_encoder(vision, item_features<T>{kShape.width, 0}),
+                         train::bind_encoder(audio, item_features<T>{kShape.width, 1}));
+    else
+      r->stats = sys.run(plan, share, lm, mm_optimizer<T>{&calls},
+                         train::bind_encoder(vision, share_features<T>{&got, &batch, 0}),
+                         train::bind_encoder(audio, share_features<T>{&got, &batch, 1}));
+    r->grads = lm.grad;
+    r->grads[-1] = std::vector<T>(vision.gradients()[0].begin(), vision.gradients()[0].end());
+    r->grads[-2] = std::vector<T>(audio.gradients()[0].begin(), audio.gradients()[0].end());
+  }
+  std::string f;
+  if (shared.grads != whole.grads) f += "gradients differ; ";
+  const auto &a = shared.stats, &b = whole.stats;
+  if (a.loss != b.loss || a.targets != b.targets || a.tokens != b.tokens ||
+      a.micro_batches != b.micro_batches || a.encoder_items != b.encoder_items || a.plan_hash != b.plan_hash)
+    f += fmt::format("stats {} vs {}; ", a, b);
+  if (b.targets != model::summarize_step(batch).targets) f += "the whole-batch run lost targets; ";
+  return f;
+}
 
 }  // namespace
 
@@ -251,4 +350,70 @@ TEST_CASE("train::offload_store keeps (1 - r) of each tensor resident and reads 
   CHECK(s.peak_bytes() == static_cast<std::int64_t>(14 * sizeof(double)));
   CHECK_THROWS_AS(s.set_ratio(0, 3, 1.5), invalid_argument);
   CHECK_THROWS_AS((void)s.read({0, 1, 0}), model::activation_error);
+}
+
+TEST_CASE("train::system: a step over each rank's delivered share equals the whole-batch step at pp = 2, 4") {
+  // Delivery by plan at depth > 1: middle and last pipeline ranks and the encoder shards (joint pipeline,
+  // a separate encoder pool) read only what plan_delivery routes them; gradients, loss and counts are
+  // bitwise the whole-batch run's (every rank compares its own stages' and the encoders' gradients).
+  train::system_options split;
+  split.encoder_sp.max_tokens_per_rank = 5;  // items above 5 tokens run over groups of shards (long-short SP)
+  auto check = [](const std::string& what, auto body) {
+    std::vector<std::string> failures(8);
+    std::vector<int> partial(8, 0);
+    comm::loopback::run(8, [&](comm::loopback::communicator& w) {
+      bool p = false;
+      try {
+        failures[static_cast<std::size_t>(w.rank())] = body(w, p);
+      } catch (const std::exception& e) {
+        failures[static_cast<std::size_t>(w.rank())] = e.what();
+      }
+      partial[static_cast<std::size_t>(w.rank())] = p ? 1 : 0;
+    });
+    CAPTURE(what);
+    for (const auto& f : failures) CHECK(f == "");
+    CHECK(std::count(partial.begin(), partial.end(), 1) > 0);  // some rank ran without the whole batch
+  };
+  for (std::uint64_t seed : {41u, 42u}) {
+    // HDP rings of up to 2 x 16 tokens fit at pp = 4; items of up to 10 tokens fit 2 shards of 5. No loss
+    // masks: train::share_of counts the targets of documents without one (the step's metadata).
+    auto batch = random_mm_batch(seed, 12, 30);
+    for (auto& d : batch.documents) d.loss_mask.clear();
+    CAPTURE(seed);
+    for (int pp : {2, 4}) {
+      CAPTURE(pp);
+      check("hdp, joint pipeline", [&](auto& w, bool& p) {
+        return share_parity_body<double>(
+            w, test_hdp(), train::family_placement{},
+            train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{pp, {}, {}}, batch,
+            seed + 1, split, p);
+      });
+      check("hdp bytescale, zero-bubble joint pipeline", [&](auto& w, bool& p) {
+        return share_parity_body<double>(
+            w, test_hdp(), balance::bytescale{},
+            train::pipeline_config<pipeline::zero_bubble, pipeline::colocated_encoder>{pp, {}, {}}, batch,
+            seed + 1, {}, p);
+      });
+    }
+    // Static CP: pool 4 = dp 2 x cp 2 at pp = 2; encoders on the first stage and in the joint pipeline.
+    check("static cp, joint pipeline", [&](auto& w, bool& p) {
+      return share_parity_body<double>(
+          w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{},
+          train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, {}}, batch,
+          seed + 1, split, p);
+    });
+    check("static cp, first-stage encoders", [&](auto& w, bool& p) {
+      return share_parity_body<double>(
+          w, seq::cp_thd{.cp = 2, .pad = true}, train::family_placement{},
+          train::pipeline_config<pipeline::one_f_one_b, pipeline::encoder_on_first_stage>{2, {}, {}}, batch,
+          seed + 1, {}, p);
+    });
+    // A separate encoder pool: pp = 2 LLM ranks and 2 encoder-only ranks per pipeline, a pool of 2.
+    check("hdp, separate encoder pool", [&](auto& w, bool& p) {
+      return share_parity_body<double>(
+          w, test_hdp(), train::family_placement{},
+          train::pipeline_config<pipeline::one_f_one_b, pipeline::encoder_pool>{2, {}, {.ranks = 2}}, batch,
+          seed + 1, split, p);
+    });
+  }
 }

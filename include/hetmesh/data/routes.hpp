@@ -137,6 +137,23 @@ struct delivered_share {
   friend bool operator==(const delivered_share&, const delivered_share&) = default;
 };
 
+/// The share trainer `rank` takes of `plan` when it holds every sample's bytes itself (each rank reads the
+/// whole step, or a file system every rank sees): its parts (route_plan::parts_of(rank)) in the plan's
+/// order, with `bytes(i)`, a std::span<const std::uint8_t> of the bytes of plan.parts[i], called once per
+/// such part (the span need only stay valid until it is copied). Equal to what run::receive_routed returns
+/// for the same plan and bytes, without communication. Pure; O(parts x ranks + the share's bytes).
+template <class Bytes>
+[[nodiscard]] delivered_share local_share(const route_plan& plan, int rank, Bytes&& bytes) {
+  delivered_share out;
+  for (auto i : plan.parts_of(rank)) {
+    const std::span<const std::uint8_t> b = bytes(i);
+    out.parts.push_back({plan.parts[i].sample, plan.parts[i].item,
+                         static_cast<std::int64_t>(out.bytes.size()), static_cast<std::int64_t>(b.size())});
+    out.bytes.insert(out.bytes.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
 }  // namespace hetmesh::data
 
 template <>

@@ -75,12 +75,12 @@ std::int64_t row_width(int k, const model::encoder_batch& b, const Es&... es) {
   return w;
 }
 
-/// Runs every encoder's forward for shard work `w`, writing their outputs into `out` one after the
-/// other (encoder 0's batch rows, then encoder 1's, ...). Each encoder's context: its own activation
-/// store, stage = shard e, micro_batch = slot.
-template <class Ctx, class T, class Stores, class... Es>
-void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, Stores& stores, std::int64_t& items,
-            Es&... es) {
+/// The calls of shard work `w`, one per encoder with tokens, in encoder order: `f(binding, view, ctx, at,
+/// n)` with the encoder's binding, its batch view, its context (its own activation store, stage = shard
+/// e, micro_batch = slot `mb`) and its slice [at, at + n) of the shard's output (n = output_size(view); the
+/// encoders' outputs follow one another). encode and encode_backward walk the work with it.
+template <class Ctx, class Stores, class F, class... Es>
+void for_each_encoder_call(const detail::shard_work& w, int e, int mb, Stores& stores, F&& f, Es&... es) {
   std::size_t at = 0;
   int k = 0;
   [[maybe_unused]] auto one = [&](auto& binding) {
@@ -88,45 +88,49 @@ void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, Stores
     const auto& b = w.calls[static_cast<std::size_t>(index)];
     if (b.tokens == 0) return;
     const auto v = b.view();
-    std::vector<T> in(static_cast<std::size_t>(binding.stage->input_size(v)));
-    binding.input(v, std::span<T>(in));
     const auto n = static_cast<std::size_t>(binding.stage->output_size(v));
-    if (at + n > out.size())
-      throw_error<invalid_argument>(
-          "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; "
-          "expected "
-          "output_size proportional to the tokens of a batch",
-          e, mb, out.size());
     Ctx ctx;
     ctx.activations = &stores[static_cast<std::size_t>(index)];
     ctx.stage = e;
     ctx.micro_batch = mb;
-    binding.stage->forward(ctx, v, std::span<const T>(in), out.subspan(at, n));
+    f(binding, v, ctx, at, n);
     at += n;
-    items += static_cast<std::int64_t>(b.pieces.size());
   };
   (one(es), ...);
+}
+
+/// Runs every encoder's forward for shard work `w`, writing their outputs into `out` one after the
+/// other (encoder 0's batch rows, then encoder 1's, ...), and adds the pieces encoded to `items`. Each
+/// encoder's context: its own activation store, stage = shard e, micro_batch = slot.
+template <class Ctx, class T, class Stores, class... Es>
+void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, Stores& stores, std::int64_t& items,
+            Es&... es) {
+  for_each_encoder_call<Ctx>(
+      w, e, mb, stores,
+      [&](auto& binding, const model::encoder_batch_view& v, Ctx& ctx, std::size_t at, std::size_t n) {
+        std::vector<T> in(static_cast<std::size_t>(binding.stage->input_size(v)));
+        binding.input(v, std::span<T>(in));
+        if (at + n > out.size())
+          throw_error<invalid_argument>(
+              "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; "
+              "expected output_size proportional to the tokens of a batch",
+              e, mb, out.size());
+        binding.stage->forward(ctx, v, std::span<const T>(in), out.subspan(at, n));
+        items += static_cast<std::int64_t>(v.pieces.size());
+      },
+      es...);
 }
 
 /// The gradient pass of encode: `g` in encode's layout; each encoder's backward gets its slice.
 template <class Ctx, class T, class Stores, class... Es>
 void encode_backward(const detail::shard_work& w, std::span<const T> g, int e, int mb, Stores& stores,
                      Es&... es) {
-  std::size_t at = 0;
-  int k = 0;
-  [[maybe_unused]] auto one = [&](auto& binding) {
-    const int index = k++;
-    const auto& b = w.calls[static_cast<std::size_t>(index)];
-    if (b.tokens == 0) return;
-    const auto n = static_cast<std::size_t>(binding.stage->output_size(b.view()));
-    Ctx ctx;
-    ctx.activations = &stores[static_cast<std::size_t>(index)];
-    ctx.stage = e;
-    ctx.micro_batch = mb;
-    binding.stage->backward(ctx, b.view(), g.subspan(at, n), std::span<T>{});
-    at += n;
-  };
-  (one(es), ...);
+  for_each_encoder_call<Ctx>(
+      w, e, mb, stores,
+      [&](auto& binding, const model::encoder_batch_view& v, Ctx& ctx, std::size_t at, std::size_t n) {
+        binding.stage->backward(ctx, v, g.subspan(at, n), std::span<T>{});
+      },
+      es...);
 }
 
 template <class Stores>

@@ -636,6 +636,17 @@ class system {
   [[nodiscard]] int pool_rank() const noexcept { return world_->rank() % pool_size_; }
   /// This rank's pipeline rank.
   [[nodiscard]] int pipeline_rank() const noexcept { return world_->rank() / pool_size_; }
+  /// The run-time options.
+  [[nodiscard]] const system_options& options() const noexcept { return options_; }
+  /// Where the system's ranks sit in its world, for train::plan_delivery: system_ranks(pool_size(), pp +
+  /// encoder_ranks()) (world rank = pipeline rank x pool + pool rank).
+  [[nodiscard]] rank_map ranks() const { return system_ranks(pool_size_, pipeline_.pp + encoder_ranks()); }
+  /// The delivery plan of `plan` over this system's world: train::plan_delivery(plan, batch, ranks(),
+  /// options().encoder_sp), `batch` the step the plan was made from (only its metadata is read). Pure; not
+  /// collective. Errors: plan_delivery's.
+  [[nodiscard]] data::route_plan delivery(const step_plan& plan, const model::step_batch& batch) const {
+    return plan_delivery(plan, batch, ranks(), options_.encoder_sp);
+  }
 
  private:
   /// x = the sum of x over c's ranks: the backend's all-reduce, or in rank order (options_.reproducible).
