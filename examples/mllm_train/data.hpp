@@ -30,6 +30,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -49,9 +50,11 @@
 #include <hetmesh/data/indexed_dataset.hpp>
 #include <hetmesh/data/loader.hpp>
 #include <hetmesh/data/mixture_json.hpp>
+#include <hetmesh/data/routes.hpp>
 #include <hetmesh/data/webdataset.hpp>
 #include <hetmesh/model/encoder_batch.hpp>
 #include <hetmesh/model/micro_batch.hpp>
+#include <hetmesh/train/build.hpp>
 
 namespace mllm {
 
@@ -564,6 +567,16 @@ class step_source {
     };
   }
 
+  /// The bytes of part `item` of `d`, a document of the current step, as delivery by plan moves them
+  /// (train::plan_delivery's parts): its text (train::text_bytes) for data::text_part, else its item's
+  /// encoder input (item_features, floats in host byte order). Valid until next().
+  [[nodiscard]] std::span<const std::uint8_t> part_bytes(const hetmesh::model::document& d, int item) const {
+    if (item == hetmesh::data::text_part) return hetmesh::train::text_bytes(d);
+    const auto& it = d.items.at(static_cast<std::size_t>(item));
+    const auto f = item_features(it.encoder, it.id);
+    return {reinterpret_cast<const std::uint8_t*>(f.data()), f.size() * sizeof(float)};
+  }
+
   /// The data room's state before the step next() returns next: the checkpoint (a few integers per source).
   [[nodiscard]] hetmesh::data::planner_state state() const { return loader_->state(); }
   /// Continues from `st`: the next next() returns the batch the uninterrupted run returned after st.
@@ -596,6 +609,54 @@ class step_source {
   std::array<std::vector<float>, 2> features_{};  // per encoder: the current step's rows, item after item
   std::array<std::vector<std::int64_t>, 2> offsets_{
       {{0}, {0}}};  // per encoder: first float of each item, then the end
+};
+
+/// The input callable train::bind_encoder takes for `encoder` on a rank that runs on its delivered share:
+/// the rows of the items `got` holds (their parts as step_source::part_bytes writes them), found by the
+/// items of `step` (the step's metadata: which document and part holds an item id). Reads nothing else,
+/// so a rank that encodes an item delivery did not bring it fails (out_of_range). Refers to `got`, which
+/// must outlive it. T is the model's element type.
+template <class T = float>
+class delivered_input {
+ public:
+  delivered_input(const hetmesh::data::delivered_share& got, const hetmesh::model::step_batch& step,
+                  int encoder, int width)
+      : encoder_(encoder), width_(width) {
+    for (const auto& d : step.documents)
+      for (std::size_t k = 0; k < d.items.size(); ++k) {
+        const auto& it = d.items[k];
+        if (it.encoder != encoder || !got.has(d.id, static_cast<int>(k))) continue;
+        if (it.id >= static_cast<std::int64_t>(rows_.size()))
+          rows_.resize(static_cast<std::size_t>(it.id) + 1);
+        rows_[static_cast<std::size_t>(it.id)] = got.find(d.id, static_cast<int>(k));
+      }
+  }
+  /// Writes the view's pieces, as step_source::input does, from the delivered bytes.
+  void operator()(const hetmesh::model::encoder_batch_view& v, std::span<T> out) const {
+    const auto w = static_cast<std::int64_t>(width_);
+    for (const auto& p : v.pieces) {
+      const auto b = p.item >= 0 && p.item < static_cast<std::int64_t>(rows_.size())
+                         ? rows_[static_cast<std::size_t>(p.item)]
+                         : std::span<const std::uint8_t>{};
+      if (b.size() < static_cast<std::size_t>(p.tokens.end * w) * sizeof(float) || p.tokens.begin < 0 ||
+          (p.offset + p.tokens.size()) * w > static_cast<std::int64_t>(out.size()))
+        throw std::out_of_range(
+            fmt::format("mllm::delivered_input: encoder {} item {} rows [{}, {}): {} bytes delivered to this "
+                        "rank; expected "
+                        "the item's rows (train::plan_delivery routes an item to the ranks that encode it)",
+                        encoder_, p.item, p.tokens.begin, p.tokens.end, b.size()));
+      for (std::int64_t k = 0; k < p.tokens.size() * w; ++k) {
+        float x = 0;
+        std::memcpy(&x, b.data() + static_cast<std::size_t>(p.tokens.begin * w + k) * sizeof(float),
+                    sizeof x);
+        out[static_cast<std::size_t>(p.offset * w + k)] = static_cast<T>(x);
+      }
+    }
+  }
+
+ private:
+  int encoder_ = 0, width_ = 1;
+  std::vector<std::span<const std::uint8_t>> rows_;  // by item id: its bytes (empty: not delivered here)
 };
 
 }  // namespace mllm

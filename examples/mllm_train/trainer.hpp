@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The mllm_train example's trainer: everything a user writes on top of train::system to train the
 // multimodal model (model.hpp) on the example's data (data.hpp). Per step: the next batch from the data
-// plane, a pure plan, one run (encoders in the LLM pipeline, ring attention, gradient reduction, Adam),
-// the gathered report; a checkpoint (each rank its tensors and Adam moments by tensor id, rank 0 the data
-// position) after every step when asked, and a resume from it.
+// plane, a pure plan, this rank's share of the step under delivery by plan (the documents and encoder
+// items its micro-batches and encoder shards read), one run on it (encoders in the LLM pipeline, ring
+// attention, gradient reduction, Adam), the gathered report; a checkpoint (each rank its tensors and Adam
+// moments by tensor id, rank 0 the data position) after every step when asked, and a resume from it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -39,7 +41,8 @@ struct step_result {
   const hetmesh::train::step_plan* plan = nullptr;
   const hetmesh::train::step_report* report = nullptr;
   double plan_ms = 0;
-  double plan_cpu_s = 0;  ///< thread CPU seconds of sys.plan(), summed over the world's ranks
+  double plan_cpu_s = 0;  ///< thread CPU seconds of sys.plan() and the rank's share (delivery by plan),
+                          ///< summed over the world's ranks
   multimodal_model<float>* model = nullptr;  ///< this rank's model (gradients of this step still in place)
   const hetmesh::model::step_batch* batch = nullptr;  ///< the step's batch
   const step_source* data = nullptr;  ///< the data source (its encoder inputs are this step's)
@@ -112,9 +115,20 @@ void train(System& sys, const config& mc, const data_config& dc, const trainer_o
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = hetmesh::thread_cpu_seconds();
     const auto plan = sys.plan(batch);
-    double plan_cpu_s = hetmesh::thread_cpu_seconds() - c0;
     const double plan_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    // Delivery by plan: this rank runs on the documents and encoder items the plan routes to it. Every
+    // rank reads the whole (small) step here, so it takes its share itself; data-plane hosts would send
+    // the same parts (run::send_routed / run::receive_routed).
+    const auto routes = sys.delivery(plan, batch);
+    const auto got = hetmesh::data::local_share(routes, world.rank(), [&](std::size_t i) {
+      const auto& part = routes.parts[i];
+      return data.part_bytes(*std::find_if(batch.documents.begin(), batch.documents.end(),
+                                           [&](const auto& d) { return d.id == part.sample; }),
+                             part.item);
+    });
+    const auto share = hetmesh::train::share_of(plan, batch, got);
+    double plan_cpu_s = hetmesh::thread_cpu_seconds() - c0;
     // Every rank plans (the plan is decentralised); the library's overhead counts each rank's planning.
     hetmesh::comm::all_reduce(world, std::span<double>(&plan_cpu_s, 1), hetmesh::comm::reduce_op::sum);
     if (!model) {  // the split is the schedule's, known once a plan exists
@@ -122,9 +136,12 @@ void train(System& sys, const config& mc, const data_config& dc, const trainer_o
       if (o.resume && load_rank(rank_file, *model, opt) + 1 != step)
         throw std::runtime_error("resume: the model checkpoint and the data position disagree");
     }
-    const auto stats = sys.run(plan, batch, model->llm, opt,
-                               hetmesh::train::bind_encoder(model->vision, data.input<float>(vision_index)),
-                               hetmesh::train::bind_encoder(model->audio, data.input<float>(audio_index)));
+    const auto stats = sys.run(
+        plan, share, model->llm, opt,
+        hetmesh::train::bind_encoder(
+            model->vision, delivered_input<float>(got, batch, vision_index, data.width(vision_index))),
+        hetmesh::train::bind_encoder(
+            model->audio, delivered_input<float>(got, batch, audio_index, data.width(audio_index))));
     const auto report = hetmesh::train::gather_report(world, stats);
     if (!o.ckpt_dir.empty()) {
       std::filesystem::create_directories(o.ckpt_dir);

@@ -175,6 +175,18 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
         return fmt::format("step {}: rank {} sample {} part {}: {} bytes differ from the source's {}", step,
                            me, g.sample, g.item, b.size(), src.size());
     }
+    // A rank holding every sample itself takes the same share without communication.
+    std::vector<std::vector<std::uint8_t>> item_src(routes.parts.size());
+    const auto local = data::local_share(routes, me, [&](std::size_t i) -> std::span<const std::uint8_t> {
+      const auto& p = routes.parts[i];
+      const auto& d = whole.documents[static_cast<std::size_t>(s.find(p.sample))];
+      if (p.item == data::text_part) return train::text_bytes(d);
+      for (std::int64_t j = 0; j < d.items[static_cast<std::size_t>(p.item)].tokens * 3; ++j)
+        item_src[i].push_back(detail::item_byte(p.sample, p.item, j));
+      return item_src[i];
+    });
+    if (!(local == got))
+      return fmt::format("step {}: rank {}: data::local_share differs from the routed share", step, me);
     // The share the system runs on holds exactly the documents this rank reads.
     const auto share = train::share_of(plan, items, got);
     if (share.step_targets != s.targets)

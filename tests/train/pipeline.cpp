@@ -101,9 +101,7 @@ std::string share_parity_body(C& world, const Partition& partition, const Balanc
         if (part.item == data::text_part) return train::text_bytes(d);
         return keep[i] = item_bytes<T>(d.items[static_cast<std::size_t>(part.item)]);
       });
-  std::vector<std::vector<model::encoder_item>> items;
-  for (const auto& d : batch.documents) items.push_back(d.items);
-  const auto share = train::share_of(plan, items, got, batch.pad_token);
+  const auto share = train::share_of(plan, batch, got);
   partial = share.batch.documents.size() < batch.documents.size();
 
   mm_result<T> whole, shared;

@@ -94,6 +94,13 @@ TEST_CASE("train: plans reject bad input with a clear error") {
   CHECK_THROWS_AS((void)train::build_micro_batches(plan, other, model::summarize_step(other), 0),
                   invalid_argument);
   CHECK(fmt::format("{}", plan).find("static_cp") != std::string::npos);
+  // share_of over the step's metadata: the plan's batch, not another.
+  CHECK_THROWS_AS((void)train::share_of(plan, other, data::delivered_share{}), invalid_argument);
+  const auto none = train::share_of(plan, b, data::delivered_share{});
+  CHECK(none.batch.documents.empty());
+  std::int64_t targets = 0;  // the metadata's count: no loss masks travel with the text
+  for (const auto& d : b.documents) targets += train::document_targets(d.length(), d.items);
+  CHECK(none.step_targets == targets);
 }
 
 TEST_CASE("train::system: sgd updates the parameters from the reduced gradients") {

@@ -157,6 +157,21 @@ struct rank_share {
   return out;
 }
 
+/// share_of with the items and pad token of `step`, the batch (or its metadata) the plan was made from; its
+/// bytes are not read. Errors: share_of's, and invalid_argument for a step of other documents than the
+/// plan's. O(received bytes + documents x items).
+[[nodiscard]] inline rank_share share_of(const step_plan& plan, const model::step_batch& step,
+                                         const data::delivered_share& got) {
+  if (model::document_descs(step) != plan.documents)
+    throw_error<invalid_argument>(
+        "train::share_of: the step's documents do not match the plan's {} documents; expected the batch the "
+        "plan was made from",
+        plan.documents.size());
+  std::vector<std::vector<model::encoder_item>> items;
+  for (const auto& d : step.documents) items.push_back(d.items);
+  return share_of(plan, items, got, step.pad_token);
+}
+
 namespace detail {
 /// The step as rank `rank` sees it under delivery: every plan document in stream order (the share's
 /// documents whole, the others empty), and the whole step's summary from the plan's lengths and the
