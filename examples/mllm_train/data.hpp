@@ -443,8 +443,9 @@ struct step_summary {
 /// over the same dir give identical batches and features, step for step. A trainer may therefore open one
 /// per rank and call next() on every rank in lockstep (what example_mllm_train does: no sharing, no
 /// synchronisation; each rank reads the whole global batch, which is small here, and keeps only its
-/// delivered share of it: part_bytes, delivered_input), or open one and share the batch. Not thread-safe for next()/restore(); features()/input() are const and may be called from
-/// many threads at once between two next() calls.
+/// delivered share of it: part_bytes, delivered_input), or open one and share the batch. Not thread-safe for
+/// next()/restore(); features()/input() are const and may be called from many threads at once between two
+/// next() calls.
 class step_source {
  public:
   /// Opens the sources make_sources wrote under `dir` for `cfg` (throws runtime_error when dir does not
