@@ -620,6 +620,8 @@ class step_source {
 template <class T = float>
 class delivered_input {
  public:
+  /// The input of `encoder` (rows of `width` floats) from the item parts `got` holds, by the items of
+  /// `step`.
   delivered_input(const hetmesh::data::delivered_share& got, const hetmesh::model::step_batch& step,
                   int encoder, int width)
       : encoder_(encoder), width_(width) {
