@@ -245,6 +245,15 @@ class data_loader {
       const auto idx = l.index_at(e, p);
       return {idx, l.meta(idx)};
     }
+    // The batch lookup: a run's indices under one lock of one loader (the k_s loaders of a source hold
+    // the same permutations), then its metadata in one call to the reader.
+    void lookup_run(int s, std::int64_t e, std::int64_t p, std::span<std::int64_t> index,
+                    std::span<seq::sample_meta> meta) const {
+      const auto& ls = loaders[static_cast<std::size_t>(s)];
+      source_loader& l = *ls[static_cast<std::size_t>(p) % ls.size()];
+      l.index_run(e, p, index);
+      l.meta_run(index, meta);
+    }
   };
 
   std::shared_ptr<source_loader> open_loader(std::size_t s) {
