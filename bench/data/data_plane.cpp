@@ -3,7 +3,9 @@
 //  1. memory: loader state for 64 ranks x {1, 10, 100, 300} sources, ours (one source loader per source,
 //     trainer ranks hold only their constructed micro-batches) vs the replicated design (every rank opens
 //     every source). Counted from the components' own accounting (heap capacities + resident index bytes),
-//     cross-checked by the process RSS growth of opening the sources once.
+//     cross-checked by the process RSS growth of opening the sources once. Beside it, MegaScale-Data's
+//     host-per-source-group layout (data::source_hosts: sources partitioned over data-plane hosts, a
+//     central planner working from exchanged metadata): bytes per host and in total, same accounting.
 //  2. throughput: samples/s and bytes/s of the loader from the page cache vs a raw sequential read() of the
 //     same .bin files into one reused buffer (measured), with a prefetching pool (a worker per core besides
 //     the caller, which reads too while it waits) and synchronous (workers = 0); beside
@@ -22,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +34,7 @@
 #include <hetmesh/data/constructor.hpp>
 #include <hetmesh/data/loader.hpp>
 #include <hetmesh/data/planner.hpp>
+#include <hetmesh/data/routes.hpp>
 
 #include "data/fixtures.hpp"
 
@@ -70,6 +74,8 @@ nlohmann::json bench_memory(const test::temp_dir& dir, bool quick) {
   for (int s = 0; s < max_sources; ++s)
     test::make_indexed(dir / fmt::format("mem{}", s), 17, s, per_source, 32, 256, dtype::uint16);
   nlohmann::json rows = nlohmann::json::array();
+  const int host_count = 8;  // data-plane hosts of the host-per-source-group layout (one per 8 trainers)
+  std::vector<std::string> hosted_rows;
   fmt::print("\n[1] loader memory, {} ranks (dp), {} samples per source, global batch {} (bytes)\n", ranks,
              per_source, 4 * ranks);
   fmt::print("{:>8} {:>14} {:>14} {:>16} {:>16} {:>14} {:>9}\n", "sources", "ours total", "ours/trainer",
@@ -86,8 +92,10 @@ nlohmann::json bench_memory(const test::temp_dir& dir, bool quick) {
     // Ours: one data plane (k_s = 1) serving all 64 ranks; per trainer rank, its constructed micro-batches.
     data_loader dl(cfg, {.workers = 2, .prefetch_steps = 2});
     std::int64_t trainer_max = 0;
+    std::map<int, std::int64_t> delivered_by_source;  // heap bytes of the delivered samples, per source
     for (int step = 0; step < 3; ++step) {
       const auto b = dl.next();
+      for (const auto& smp : b.samples) delivered_by_source[smp.ref.source] += smp.heap_bytes();
       for (int r = 0; r < ranks; ++r) {
         std::int64_t bytes = 0;
         for (const auto& mb : construct(b.plan, b.samples, r, 1)) bytes += mb.heap_bytes();
@@ -117,6 +125,48 @@ nlohmann::json bench_memory(const test::temp_dir& dir, bool quick) {
     const double ratio = static_cast<double>(repl_total) / static_cast<double>(ours_total);
     fmt::print("{:>8} {:>14} {:>14} {:>16} {:>16} {:>14} {:>8.1f}x\n", n, ours_total, trainer_max,
                ours_rank_hosting, repl_total, repl_rank, ratio);
+    // MegaScale-Data's host-per-source-group layout (data::source_hosts): `hosts` data-plane hosts beside
+    // the 64 trainers, source s on host trainers + s mod hosts, which alone holds its loader. Per host: the
+    // state of its sources' loaders (the loaders opened above, one per source, permutation drawn), plus
+    // its share of the prefetched samples (the data plane's measured prefetch bytes apportioned by the
+    // host's share of the delivered sample bytes), plus what every rank of this layout holds: the step's
+    // gathered metadata (global_batch records, exchanged so that a central planner works without any
+    // source's state) and the planner state. Trainers: their micro-batches plus that metadata.
+    const int hosts = std::min(n, host_count);
+    const source_hosts layout{.trainers = ranks, .hosts = hosts, .sources = n};
+    layout.validate();
+    std::vector<std::int64_t> host_bytes(static_cast<std::size_t>(hosts), 0);
+    for (int s = 0; s < n; ++s)
+      host_bytes[static_cast<std::size_t>(layout.host_of_source(s) - ranks)] +=
+          rank_loaders[static_cast<std::size_t>(s)]->state_bytes();
+    std::int64_t sample_bytes_total = 0;
+    std::vector<std::int64_t> host_sample_bytes(static_cast<std::size_t>(hosts), 0);
+    for (const auto& [src, bytes] : delivered_by_source) {
+      host_sample_bytes[static_cast<std::size_t>(layout.host_of_source(src) - ranks)] += bytes;
+      sample_bytes_total += bytes;
+    }
+    const std::int64_t metadata_rank = static_cast<std::int64_t>(
+        static_cast<std::size_t>(cfg.global_batch) * sizeof(seq::sample_meta) + sizeof(planner_state) +
+        static_cast<std::size_t>(n) * sizeof(source_cursor));
+    nlohmann::json per_host = nlohmann::json::array();
+    std::int64_t host_total = 0, host_max = 0, host_sources_max = 0;
+    for (int h = 0; h < hosts; ++h) {
+      auto& b = host_bytes[static_cast<std::size_t>(h)];
+      b += static_cast<std::int64_t>(static_cast<double>(mem.total_of("prefetch")) *
+                                     static_cast<double>(host_sample_bytes[static_cast<std::size_t>(h)]) /
+                                     static_cast<double>(std::max<std::int64_t>(1, sample_bytes_total)));
+      b += metadata_rank;
+      host_total += b;
+      host_max = std::max(host_max, b);
+      host_sources_max =
+          std::max(host_sources_max, static_cast<std::int64_t>(layout.sources_of(ranks + h).size()));
+      per_host.push_back(b);
+    }
+    const std::int64_t hosted_total = host_total + ranks * (trainer_max + metadata_rank);
+    const double hosted_ratio = static_cast<double>(repl_total) / static_cast<double>(hosted_total);
+    hosted_rows.push_back(fmt::format("{:>8} {:>6} {:>12} {:>14} {:>14} {:>16} {:>16} {:>8.1f}x", n, hosts,
+                                      host_sources_max, host_max, trainer_max + metadata_rank, hosted_total,
+                                      repl_total, hosted_ratio));
     rows.push_back({{"sources", n},
                     {"ranks", ranks},
                     {"ours_total_bytes", ours_total},
@@ -127,8 +177,24 @@ nlohmann::json bench_memory(const test::temp_dir& dir, bool quick) {
                     {"replicated_total_bytes", repl_total},
                     {"replicated_per_rank_bytes", repl_rank},
                     {"replicated_one_rank_rss_growth_bytes", rss_one_rank},
-                    {"ratio_total", ratio}});
+                    {"ratio_total", ratio},
+                    {"host_layout",
+                     {{"hosts", hosts},
+                      {"most_sources_on_one_host", host_sources_max},
+                      {"per_host_bytes", per_host},
+                      {"per_host_max_bytes", host_max},
+                      {"per_trainer_rank_bytes", trainer_max + metadata_rank},
+                      {"metadata_per_rank_bytes", metadata_rank},
+                      {"total_bytes", hosted_total},
+                      {"ratio_total", hosted_ratio}}}});
   }
+  fmt::print(
+      "\n[1b] MegaScale-Data's host-per-source-group layout (data::source_hosts): 64 trainers + up to {} "
+      "data-plane hosts, source s on host s mod hosts (bytes)\n",
+      host_count);
+  fmt::print("{:>8} {:>6} {:>12} {:>14} {:>14} {:>16} {:>16} {:>9}\n", "sources", "hosts", "srcs/host",
+             "per host (max)", "per trainer", "layout total", "replicated total", "ratio");
+  for (const auto& line : hosted_rows) fmt::print("{}\n", line);
   return rows;
 }
 
@@ -380,7 +446,17 @@ int main(int argc, char** argv) {
         "samples, micro-batches) plus the "
         "resident index bytes each open source maps; payload (.bin) mappings are shared page cache and not "
         "counted. Replicated = 64 x one "
-        "rank that opens every source (measured on one rank; all ranks alike).";
+        "rank that opens every source (measured on one rank; all ranks alike). host_layout = "
+        "MegaScale-Data's "
+        "host-per-source-group layout (data::source_hosts, min(8, sources) data-plane hosts, source s on "
+        "host "
+        "s mod hosts): per host the measured state of its own sources' loaders (the same loader objects as "
+        "the "
+        "replicated row) plus the data plane's measured prefetch bytes apportioned by the host's share of "
+        "the "
+        "delivered sample bytes; every rank (hosts and trainers) also holds the step's gathered metadata "
+        "(global_batch x sizeof(seq::sample_meta)) and the planner state; trainers hold their micro-batches. "
+        "The replicated baseline is not charged that metadata (conservative for the ratio).";
     fmt::print(
         "\n[2] throughput from the page cache, 4 sources, int32 tokens; pool = hardware threads - 1 workers "
         "+ the caller (measured)\n");

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <numeric>
 #include <queue>
@@ -121,14 +122,19 @@ inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs)
     return slot;
   };
   if (bins <= 16) {  // a scan of a few loads beats a heap; same choice: smallest load, then lowest bin
+    // The loads in a local array (the scan then reads no vector the writes to bin_of could alias).
+    std::array<std::int64_t, 16> load{};
+    const auto nb = static_cast<std::size_t>(bins);
     for (int i : order) {
       auto& slot = take(i);
       std::size_t b = 0;
-      for (std::size_t k = 1; k < out.load.size(); ++k)
-        if (out.load[k] < out.load[b]) b = k;
+      std::int64_t least = load[0];
+      for (std::size_t k = 1; k < nb; ++k)
+        if (load[k] < least) least = load[k], b = k;
       slot = static_cast<int>(b);
-      out.load[b] += costs[static_cast<std::size_t>(i)];
+      load[b] = least + costs[static_cast<std::size_t>(i)];
     }
+    std::copy_n(load.begin(), nb, out.load.begin());
     return out;
   }
   // Min-heap of (load, bin): lexicographic pairs give the lowest bin among equal loads.

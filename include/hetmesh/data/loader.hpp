@@ -303,7 +303,9 @@ class data_loader {
       if (served_[static_cast<std::size_t>(sl->plan.samples[i].dp_rank)] == 0) continue;
       const auto& ref = sl->plan.samples[i].ref;
       const auto s = static_cast<std::size_t>(ref.source);
-      const std::size_t j = static_cast<std::size_t>(ref.position) % loaders_[s].size();
+      const std::size_t k = loaders_[s].size();  // k_s: a mask when a power of two (no division per sample)
+      const auto pos = static_cast<std::size_t>(ref.position);
+      const std::size_t j = (k & (k - 1)) == 0 ? pos & (k - 1) : pos % k;
       auto& at = open[first[s] + j];
       if (at == none || out[at].items.size() >= chunk) {
         out.push_back({sl, loaders_[s][j], {}, {}});
