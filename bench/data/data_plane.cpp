@@ -60,6 +60,14 @@ double cpu_seconds() {
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+// The 1, 5 and 15 minute load averages (/proc/loadavg): how busy the shared machine was.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -303,11 +311,12 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
   (void)bound_pass();
   const double first_sync = ours_pass(0);
   (void)ours_pass(pool_workers);
-  std::vector<double> raw, sync, pool, bound, raw_cpu, sync_cpu, pool_cpu;
+  std::vector<double> raw, sync, pool, bound, raw_cpu, sync_cpu, pool_cpu, bound_cpu;
   for (int r = 0; r < (quick ? 3 : 7); ++r) {
     raw.push_back(raw_pass());
     raw_cpu.push_back(cpu);
     bound.push_back(bound_pass());
+    bound_cpu.push_back(cpu);
     sync.push_back(ours_pass(0));
     sync_cpu.push_back(cpu);
     pool.push_back(ours_pass(pool_workers));
@@ -322,6 +331,7 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
   const double sync_cpu_bps = static_cast<double>(delivered) / std::max(1e-9, median(sync_cpu));
   const double pool_cpu_bps = static_cast<double>(delivered) / std::max(1e-9, median(pool_cpu));
   const double bound_bps = static_cast<double>(bound_bytes) / median(bound);
+  const double bound_cpu_bps = static_cast<double>(bound_bytes) / std::max(1e-9, median(bound_cpu));
   fmt::print(
       "{:>8} {:>8} {:>12.0f} {:>10.2f} {:>12.0f} {:>10.2f} {:>12.0f} {:>10.2f} {:>10.2f} {:>9.0f}% {:>9.0f}% "
       "{:>9.0f}%\n",
@@ -350,6 +360,8 @@ nlohmann::json bench_throughput(const test::temp_dir& dir, bool quick, const std
           {"ours_sync_bytes_per_cpu_s", sync_cpu_bps},
           {"ours_pool_bytes_per_cpu_s", pool_cpu_bps},
           {"ours_sync_over_raw_per_cpu_s", sync_cpu_bps / raw_cpu_bps},
+          {"shuffled_copy_bound_bytes_per_cpu_s", bound_cpu_bps},
+          {"ours_sync_over_shuffled_copy_bound_per_cpu_s", sync_cpu_bps / bound_cpu_bps},
           {"ours_pool_over_raw_per_cpu_s", pool_cpu_bps / raw_cpu_bps},
           {"ours_sync_first_epoch_bytes_per_s", static_cast<double>(delivered) / first_sync},
           {"ours_sync_first_epoch_over_raw", static_cast<double>(delivered) / first_sync / raw_bps},
@@ -440,6 +452,7 @@ int main(int argc, char** argv) {
     test::temp_dir dir;
     nlohmann::json j;
     j["machine"] = "2-core x86_64 CPU (shared), no GPU; files in the page cache of a local disk";
+    j["load_average_at_start"] = load_average();
     j["memory"] = bench_memory(dir, quick);
     j["memory_counting"] =
         "bytes each component holds: heap from container capacities (permutations, filters, prefetched "
@@ -467,6 +480,7 @@ int main(int argc, char** argv) {
     j["throughput"].push_back(bench_throughput(dir, quick, "long", 2048, 14336, quick ? 200 : 1500));
     j["throughput"].push_back(bench_throughput(dir, quick, "short", 128, 896, quick ? 2000 : 16000));
     j["balance"] = bench_balance(quick);
+    j["load_average_at_end"] = load_average();
     std::filesystem::create_directories(std::filesystem::path(out_path).parent_path());
     std::ofstream(out_path) << j.dump(1) << '\n';
     fmt::print("\nwrote {}\n", out_path);
