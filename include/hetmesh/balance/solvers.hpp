@@ -74,10 +74,31 @@ inline void check_bins(int bins, const char* who) {
   if (bins <= 0) throw_error<invalid_argument>("{}: bins = {}; expected at least one bin", who, bins);
 }
 
-/// Indices sorted by (-cost, index): the canonical order of every greedy here. Sorts (-cost, index)
-/// pairs by value (no indirection into `costs` per comparison), which is what the data planner's per-step
-/// balancing spends most of its time on. Pre: costs >= 0.
+/// Indices sorted by (-cost, index): the canonical order of every greedy here. From 128 items on, a stable
+/// least-significant-digit radix sort over the bytes of (largest cost - cost), as many passes as the
+/// costs' range needs (3 for prices below 2^24): stable, so equal costs keep index order, which is the
+/// same order as sorting the pairs, in fewer instructions than comparisons (what the data planner's
+/// per-step balancing spent most of its time on). Below 128 items it sorts (-cost, index) pairs by value.
+/// Pre: costs >= 0.
 inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs) {
+  const std::size_t n = costs.size();
+  if (n >= 128) {
+    const auto [lo, hi] = std::minmax_element(costs.begin(), costs.end());
+    const std::int64_t top = *hi;
+    const auto range = static_cast<std::uint64_t>(top - *lo);  // costs >= 0: no overflow
+    std::vector<std::uint64_t> key(n);
+    for (std::size_t i = 0; i < n; ++i) key[i] = static_cast<std::uint64_t>(top - costs[i]);
+    std::vector<int> order(n), other(n);
+    std::iota(order.begin(), order.end(), 0);
+    for (int shift = 0; shift < 64 && (range >> shift) != 0; shift += 8) {
+      std::array<std::size_t, 257> at{};  // at[d + 1] counts digit d, then the first slot of digit d
+      for (int i : order) ++at[((key[static_cast<std::size_t>(i)] >> shift) & 0xffU) + 1];
+      for (std::size_t d = 1; d < at.size(); ++d) at[d] += at[d - 1];
+      for (int i : order) other[at[(key[static_cast<std::size_t>(i)] >> shift) & 0xffU]++] = i;
+      order.swap(other);
+    }
+    return order;
+  }
   std::vector<std::pair<std::int64_t, int>> keyed(costs.size());
   for (std::size_t i = 0; i < costs.size(); ++i) keyed[i] = {-costs[i], static_cast<int>(i)};
   std::sort(keyed.begin(), keyed.end());
