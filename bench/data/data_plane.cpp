@@ -509,7 +509,9 @@ int main(int argc, char** argv) {
     j["throughput"].push_back(bench_throughput(dir, quick, "short", 128, 896, quick ? 2000 : 16000));
     j["balance"] = bench_balance(quick);
     j["load_average_at_end"] = load_average();
-    std::filesystem::create_directories(std::filesystem::path(out_path).parent_path());
+    // A bare file name (no folder) goes to the working directory.
+    if (const auto dir = std::filesystem::path(out_path).parent_path(); !dir.empty())
+      std::filesystem::create_directories(dir);
     std::ofstream(out_path) << j.dump(1) << '\n';
     fmt::print("\nwrote {}\n", out_path);
   } catch (const std::exception& e) {
