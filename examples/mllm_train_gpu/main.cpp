@@ -269,7 +269,10 @@ void train_rank(Comm& c, const options& o, const mllm::data_config& dc, backend 
       for (double x : rec.busy_s) bmean += x;
       bmean /= static_cast<double>(R);
       std::string mbs;
-      for (auto n : rec.micro_batches) mbs += (mbs.empty() ? "" : ",") + std::to_string(n);
+      for (auto n : rec.micro_batches) {  // (not `"," + to_string`: GCC 12 warns falsely, -Wrestrict)
+        if (!mbs.empty()) mbs += ',';
+        mbs += std::to_string(n);
+      }
       std::printf(
           "step %3d  loss %.4f  tokens %5lld  micro-batches per rank [%s]  busy max %.2f ms (imbalance %.3f, "
           "modelled %.3f)  plan %.2f ms\n",

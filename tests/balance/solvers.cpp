@@ -182,6 +182,28 @@ TEST_CASE("bad input is rejected with the offending value named") {
         "assignment(items=2, bins=2, makespan=2, load=[2, 1])");
 }
 
+TEST_CASE("decreasing_order: (-cost, index) order, by comparison below 128 items and by radix from 128") {
+  for (std::uint64_t seed = 0; seed < 40; ++seed) {
+    const int n = static_cast<int>(seed * 53 % 700);
+    // Many ties, small prices, prices of every byte width up to 2^62.
+    const std::int64_t hi = seed % 4 == 0   ? 3
+                            : seed % 4 == 1 ? 1000000
+                            : seed % 4 == 2 ? std::int64_t{1} << 40
+                                            : std::int64_t{1} << 62;
+    auto c = random_costs(seed, n, 0, hi);
+    if (seed % 5 == 0 && n > 0) c[0] = 0;
+    std::vector<int> expected(static_cast<std::size_t>(n));
+    std::iota(expected.begin(), expected.end(), 0);
+    std::sort(expected.begin(), expected.end(), [&](int a, int b) {
+      const auto ca = c[static_cast<std::size_t>(a)], cb = c[static_cast<std::size_t>(b)];
+      return ca != cb ? ca > cb : a < b;
+    });
+    REQUIRE(balance::decreasing_order(c) == expected);
+  }
+  CHECK(balance::decreasing_order(std::vector<std::int64_t>(300, 7)).back() ==
+        299);  // all equal: index order
+}
+
 TEST_CASE(
     "list_schedule: LPT in the decreasing order, the heap and the scan agree; members() is items_of()") {
   for (std::uint64_t seed = 0; seed < 20; ++seed) {

@@ -308,3 +308,32 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("source_loader: index_run and meta_run equal index_at and meta position by position") {
+  corpus c;
+  test::make_indexed(c.dir / "web1", 2, 0, 33, 1, 80);
+  auto two_parts = c.cfg.sources[0];
+  two_parts.paths.push_back(c.dir / "web1");
+  auto filtered = c.cfg.sources[1];
+  filtered.min_tokens = 60;
+  filtered.max_tokens = 150;
+  for (const auto& spec : {c.cfg.sources[0], two_parts, filtered, c.cfg.sources[2]}) {
+    source_loader l(spec, 0, 7);
+    const std::int64_t n = l.size();
+    REQUIRE(n > 3);
+    for (std::int64_t e : {0, 1, 4}) {
+      std::vector<std::int64_t> index(static_cast<std::size_t>(n - 2));
+      std::vector<seq::sample_meta> meta(index.size(), seq::sample_meta{.id = 9, .tokens = 1, .owner = 3});
+      l.index_run(e, 1, index);
+      l.meta_run(index, meta);
+      for (std::size_t k = 0; k < index.size(); ++k) {
+        REQUIRE(index[k] == l.index_at(e, 1 + static_cast<std::int64_t>(k)));
+        REQUIRE(meta[k] == l.meta(index[k]));
+      }
+    }
+    std::vector<std::int64_t> past(3);
+    CHECK_THROWS_AS(l.index_run(0, n - 2, past), data_error);  // runs past the epoch's end
+    CHECK_THROWS_AS(l.index_run(-1, 0, past), data_error);
+    CHECK_THROWS_AS(l.index_run(0, -1, past), data_error);
+  }
+}

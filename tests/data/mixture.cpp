@@ -5,6 +5,7 @@
 
 #include <map>
 #include <set>
+#include <span>
 
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/data/checkpoint.hpp>
@@ -34,6 +35,23 @@ struct table_meta {
   }
 };
 static_assert(metadata_source<table_meta>);
+static_assert(!batch_metadata_source<table_meta>);
+
+// The same table answering runs of positions at once (the planner's batch lookup); counts its calls.
+struct table_meta_runs : table_meta {
+  std::int64_t runs = 0;
+  void lookup_run(int s, std::int64_t e, std::int64_t p, std::span<std::int64_t> index,
+                  std::span<seq::sample_meta> meta) {
+    ++runs;
+    REQUIRE(index.size() == meta.size());
+    for (std::size_t k = 0; k < index.size(); ++k) {
+      auto [i, m] = lookup(s, e, p + static_cast<std::int64_t>(k));
+      index[k] = i;
+      meta[k] = std::move(m);
+    }
+  }
+};
+static_assert(batch_metadata_source<table_meta_runs>);
 
 mixture_config three_sources() {
   return mixture_config{
@@ -182,6 +200,18 @@ TEST_CASE(
       const auto planned = plan_step(cfg, st, meta);
       const auto& p = planned.plan;
       REQUIRE(static_cast<std::int64_t>(p.samples.size()) == cfg.global_batch);
+      // The batch lookup gives the same plan and state, in at most quota / size + 1 calls per source
+      // (a run ends only where an epoch does).
+      table_meta_runs batch{meta, 0};
+      const auto by_runs = plan_step(cfg, st, batch);
+      REQUIRE(by_runs.plan == p);
+      REQUIRE(plan_hash(by_runs.plan) == plan_hash(p));
+      REQUIRE(by_runs.next == planned.next);
+      std::int64_t most_runs = 0;
+      for (int s = 0; s < n; ++s)
+        if (const auto q = p.quotas[static_cast<std::size_t>(s)]; q > 0)
+          most_runs += q / meta.sizes[static_cast<std::size_t>(s)] + 2;
+      REQUIRE(batch.runs <= most_runs);
       const auto w = real_weights_at(cfg, step);
       for (int s = 0; s < n; ++s) {
         ideal[static_cast<std::size_t>(s)] +=
@@ -246,6 +276,12 @@ TEST_CASE(
     const auto x = plan_step(cfg, st, meta);
     const auto y = plan_step(rr, st, meta);
     CHECK(x.next == y.next);  // the same samples, only placed differently
+    for (auto method : {balance_method::round_robin, balance_method::lpt, balance_method::karmarkar_karp}) {
+      auto c = cfg;
+      c.balance = method;
+      table_meta_runs batch{meta, 0};
+      CHECK(plan_step(c, st, batch).plan == plan_step(c, st, meta).plan);  // batch lookup: the same plan
+    }
     worst_lpt += *std::max_element(x.plan.rank_cost.begin(), x.plan.rank_cost.end());
     worst_rr += *std::max_element(y.plan.rank_cost.begin(), y.plan.rank_cost.end());
     st = x.next;
@@ -260,6 +296,14 @@ TEST_CASE(
   st = initial_state(dry);
   try {
     for (int step = 0; step < 10; ++step) st = plan_step(dry, st, small).next;
+    FAIL("the source did not run dry");
+  } catch (const data_error& e) {
+    CHECK(std::string(e.what()).find("'math' ran dry") != std::string::npos);
+  }
+  table_meta_runs small_runs{small, 0};  // the batch lookup runs dry at the same step, with the same error
+  st = initial_state(dry);
+  try {
+    for (int step = 0; step < 10; ++step) st = plan_step(dry, st, small_runs).next;
     FAIL("the source did not run dry");
   } catch (const data_error& e) {
     CHECK(std::string(e.what()).find("'math' ran dry") != std::string::npos);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <numeric>
 #include <queue>
@@ -73,10 +74,31 @@ inline void check_bins(int bins, const char* who) {
   if (bins <= 0) throw_error<invalid_argument>("{}: bins = {}; expected at least one bin", who, bins);
 }
 
-/// Indices sorted by (-cost, index): the canonical order of every greedy here. Sorts (-cost, index)
-/// pairs by value (no indirection into `costs` per comparison), which is what the data planner's per-step
-/// balancing spends most of its time on. Pre: costs >= 0.
+/// Indices sorted by (-cost, index): the canonical order of every greedy here. From 128 items on, a stable
+/// least-significant-digit radix sort over the bytes of (largest cost - cost), as many passes as the
+/// costs' range needs (3 for prices below 2^24): stable, so equal costs keep index order, which is the
+/// same order as sorting the pairs, in fewer instructions than comparisons (what the data planner's
+/// per-step balancing spent most of its time on). Below 128 items it sorts (-cost, index) pairs by value.
+/// Pre: costs >= 0.
 inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs) {
+  const std::size_t n = costs.size();
+  if (n >= 128) {
+    const auto [lo, hi] = std::minmax_element(costs.begin(), costs.end());
+    const std::int64_t top = *hi;
+    const auto range = static_cast<std::uint64_t>(top - *lo);  // costs >= 0: no overflow
+    std::vector<std::uint64_t> key(n);
+    for (std::size_t i = 0; i < n; ++i) key[i] = static_cast<std::uint64_t>(top - costs[i]);
+    std::vector<int> order(n), other(n);
+    std::iota(order.begin(), order.end(), 0);
+    for (int shift = 0; shift < 64 && (range >> shift) != 0; shift += 8) {
+      std::array<std::size_t, 257> at{};  // at[d + 1] counts digit d, then the first slot of digit d
+      for (int i : order) ++at[((key[static_cast<std::size_t>(i)] >> shift) & 0xffU) + 1];
+      for (std::size_t d = 1; d < at.size(); ++d) at[d] += at[d - 1];
+      for (int i : order) other[at[(key[static_cast<std::size_t>(i)] >> shift) & 0xffU]++] = i;
+      order.swap(other);
+    }
+    return order;
+  }
   std::vector<std::pair<std::int64_t, int>> keyed(costs.size());
   for (std::size_t i = 0; i < costs.size(); ++i) keyed[i] = {-costs[i], static_cast<int>(i)};
   std::sort(keyed.begin(), keyed.end());
@@ -121,14 +143,19 @@ inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs)
     return slot;
   };
   if (bins <= 16) {  // a scan of a few loads beats a heap; same choice: smallest load, then lowest bin
+    // The loads in a local array (the scan then reads no vector the writes to bin_of could alias).
+    std::array<std::int64_t, 16> load{};
+    const auto nb = static_cast<std::size_t>(bins);
     for (int i : order) {
       auto& slot = take(i);
       std::size_t b = 0;
-      for (std::size_t k = 1; k < out.load.size(); ++k)
-        if (out.load[k] < out.load[b]) b = k;
+      std::int64_t least = load[0];
+      for (std::size_t k = 1; k < nb; ++k)
+        if (load[k] < least) least = load[k], b = k;
       slot = static_cast<int>(b);
-      out.load[b] += costs[static_cast<std::size_t>(i)];
+      load[b] = least + costs[static_cast<std::size_t>(i)];
     }
+    std::copy_n(load.begin(), nb, out.load.begin());
     return out;
   }
   // Min-heap of (load, bin): lexicographic pairs give the lowest bin among equal loads.

@@ -141,7 +141,7 @@ class communicator : public comm::detail::group_members {
   /// not blocked. Pre: `e` was recorded (cudaEventRecord) on a stream of device(). Local; O(1).
   void wait(cudaEvent_t e) {
     usable("wait");
-    detail::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice", where("wait"));
+    on_device("wait");
     detail::check_cuda(cudaStreamWaitEvent(stream(), e, 0), "cudaStreamWaitEvent", where("wait"));
   }
   /// The CUDA device the communicator was created on.
@@ -367,11 +367,19 @@ class communicator : public comm::detail::group_members {
       s_->start_watchdog(opt_.watchdog_interval);
   }
 
+  /// Makes the communicator's device current, without a cudaSetDevice when it already is (the common
+  /// case: the call costs more than the query, on every enqueue).
+  void on_device(const char* op) const {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != s_->device)
+      detail::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice", where(op));
+  }
+
   /// Issues one NCCL call on the stream and registers its completion event with the watchdog.
   template <class Call>
   void enqueue(const char* op, const char* call, Call&& f) {
     usable(op);
-    detail::check_cuda(cudaSetDevice(s_->device), "cudaSetDevice", where(op));
+    on_device(op);
     settle(f(), call, op);
     std::lock_guard lock(s_->m);
     detail::event_handle e{nullptr};

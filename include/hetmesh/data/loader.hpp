@@ -245,6 +245,15 @@ class data_loader {
       const auto idx = l.index_at(e, p);
       return {idx, l.meta(idx)};
     }
+    // The batch lookup: a run's indices under one lock of one loader (the k_s loaders of a source hold
+    // the same permutations), then its metadata in one call to the reader.
+    void lookup_run(int s, std::int64_t e, std::int64_t p, std::span<std::int64_t> index,
+                    std::span<seq::sample_meta> meta) const {
+      const auto& ls = loaders[static_cast<std::size_t>(s)];
+      source_loader& l = *ls[static_cast<std::size_t>(p) % ls.size()];
+      l.index_run(e, p, index);
+      l.meta_run(index, meta);
+    }
   };
 
   std::shared_ptr<source_loader> open_loader(std::size_t s) {
@@ -294,7 +303,9 @@ class data_loader {
       if (served_[static_cast<std::size_t>(sl->plan.samples[i].dp_rank)] == 0) continue;
       const auto& ref = sl->plan.samples[i].ref;
       const auto s = static_cast<std::size_t>(ref.source);
-      const std::size_t j = static_cast<std::size_t>(ref.position) % loaders_[s].size();
+      const std::size_t k = loaders_[s].size();  // k_s: a mask when a power of two (no division per sample)
+      const auto pos = static_cast<std::size_t>(ref.position);
+      const std::size_t j = (k & (k - 1)) == 0 ? pos & (k - 1) : pos % k;
       auto& at = open[first[s] + j];
       if (at == none || out[at].items.size() >= chunk) {
         out.push_back({sl, loaders_[s][j], {}, {}});

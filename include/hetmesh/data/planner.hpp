@@ -107,6 +107,19 @@ concept metadata_source = requires(M& m, int s, std::int64_t e, std::int64_t p) 
   { m.lookup(s, e, p) } -> std::convertible_to<std::pair<std::int64_t, seq::sample_meta>>;
 };
 
+/// A metadata source that also answers for a run of positions at once -- the planner's batch lookup: one
+/// call per run of a source (a step draws each source's samples as at most a few runs of consecutive
+/// positions), not one per sample. Requirement: m.lookup_run(s, epoch, position, index, meta) sets
+/// index[k] and meta[k] (overwritten in place, item_tokens' capacity reused) to what lookup(s, epoch,
+/// position + k) returns, for k in [0, index.size()); index.size() == meta.size(). plan_step uses it when
+/// it is there and gives the same plan either way.
+template <class M>
+concept batch_metadata_source = metadata_source<M> &&
+    requires(M& m, int s, std::int64_t e, std::int64_t p, std::span<std::int64_t> index,
+             std::span<seq::sample_meta> meta) {
+  {m.lookup_run(s, e, p, index, meta)};
+};
+
 /// One sample of a step plan: where it comes from, its lengths and cost, and where it goes.
 struct planned_sample {
   sample_ref ref{};         ///< which sample
@@ -165,9 +178,11 @@ struct step_plan {
 }
 
 namespace detail {
-/// Advances one cursor by `count` positions, calling f(epoch, position) for each; wraps epochs.
+/// Advances one cursor by `count` positions, calling f(epoch, first position, n) once per run of n
+/// consecutive positions of one epoch (at most count / size + 2 runs); wraps epochs.
 template <class F>
-void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count, source_cursor& c, F&& f) {
+void draw_runs(const source_spec& spec, int s, std::int64_t size, std::int64_t count, source_cursor& c,
+               F&& f) {
   if (c.position < 0 || c.position > size || c.epoch < 0)
     throw_error<data_error>(
         "source {} '{}': cursor at epoch {}, position {}; expected epoch >= 0 and position "
@@ -176,7 +191,7 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
   if (count > 0 && size == 0)
     throw_error<data_error>(
         "source {} '{}' has no samples (after its token filter) but weight > 0 at this step", s, spec.name);
-  for (std::int64_t k = 0; k < count; ++k) {
+  while (count > 0) {
     if (c.position >= size) {
       if (spec.max_epochs > 0 && c.epoch + 1 >= spec.max_epochs)
         throw_error<data_error>(
@@ -187,9 +202,18 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
       ++c.epoch;
       c.position = 0;
     }
-    f(c.epoch, c.position);
-    ++c.position;
+    const std::int64_t n = std::min(count, size - c.position);
+    f(c.epoch, c.position, n);
+    c.position += n;
+    count -= n;
   }
+}
+/// Advances one cursor by `count` positions, calling f(epoch, position) for each; wraps epochs.
+template <class F>
+void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count, source_cursor& c, F&& f) {
+  draw_runs(spec, s, size, count, c, [&](std::int64_t e, std::int64_t p, std::int64_t n) {
+    for (std::int64_t k = 0; k < n; ++k) f(e, p + k);
+  });
 }
 /// The price of `m` under `cost` (a s^2 + b s + c per text and per item) in checked arithmetic: an
 /// overflow_error naming the sample instead of a wrapped (negative) price.
@@ -236,8 +260,8 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
   for (; st.step < step; ++st.step) {
     const auto counts = step_quotas(cfg, weights_at(cfg, st.step), st.cursors);
     for (std::size_t s = 0; s < counts.size(); ++s)
-      detail::draw(cfg.sources[s], static_cast<int>(s), sizes[s], counts[s], st.cursors[s],
-                   [](std::int64_t, std::int64_t) {});
+      detail::draw_runs(cfg.sources[s], static_cast<int>(s), sizes[s], counts[s], st.cursors[s],
+                        [](std::int64_t, std::int64_t, std::int64_t) {});
   }
   return st;
 }
@@ -252,8 +276,9 @@ struct planned_step {
 /// samples; each (source, epoch, position) drawn once in the whole run; every sample in exactly one
 /// (dp_rank, micro_batch). Not collective: every rank (or one coordinator) computes the same plan from the
 /// same inputs; deterministic (plan_hash equal everywhere). Cost O(B log B + sources log sources) plus B
-/// metadata lookups. Throws data_error when a source runs dry, capacity_error when a micro-batch exceeds
-/// max_tokens_per_micro_batch.
+/// metadata lookups: one lookup_run per run of consecutive positions when M is a batch_metadata_source,
+/// otherwise one lookup per sample (the same plan either way). Throws data_error when a source runs dry,
+/// capacity_error when a micro-batch exceeds max_tokens_per_micro_batch.
 template <metadata_source M>
 [[nodiscard]] planned_step plan_step(const mixture_config& cfg, const planner_state& st, M& metadata) {
   if (st.cursors.size() != cfg.sources.size())
@@ -265,16 +290,40 @@ template <metadata_source M>
   out.plan.quotas = step_quotas(cfg, weights_at(cfg, st.step), out.next.cursors);
   auto& samples = out.plan.samples;
   samples.reserve(static_cast<std::size_t>(cfg.global_batch));
+  [[maybe_unused]] std::vector<std::int64_t> run_index;     // the batch lookup's buffers, reused by every run
+  [[maybe_unused]] std::vector<seq::sample_meta> run_meta;  // (no allocation per sample for text)
   for (std::size_t s = 0; s < cfg.sources.size(); ++s) {
     const int si = static_cast<int>(s);
     if (out.plan.quotas[s] == 0) continue;
-    detail::draw(cfg.sources[s], si, metadata.source_size(si), out.plan.quotas[s], out.next.cursors[s],
-                 [&](std::int64_t e, std::int64_t p) {
-                   auto [index, meta] = metadata.lookup(si, e, p);
-                   meta.id = seq::make_sample_id(si, e, p);
-                   const auto cost = detail::checked_price(cfg.cost, meta, si, p);
-                   samples.push_back({{si, e, p, index}, std::move(meta), cost, 0, 0});
-                 });
+    if constexpr (batch_metadata_source<M>) {
+      detail::draw_runs(cfg.sources[s], si, metadata.source_size(si), out.plan.quotas[s], out.next.cursors[s],
+                        [&](std::int64_t e, std::int64_t p, std::int64_t n) {
+                          const auto un = static_cast<std::size_t>(n);
+                          run_index.resize(un);
+                          run_meta.resize(un);
+                          metadata.lookup_run(si, e, p, std::span<std::int64_t>(run_index),
+                                              std::span<seq::sample_meta>(run_meta));
+                          // Ids of consecutive positions of one epoch are consecutive: checking the run's
+                          // first and last id checks them all.
+                          const std::int64_t id0 = seq::make_sample_id(si, e, p);
+                          (void)seq::make_sample_id(si, e, p + n - 1);
+                          for (std::size_t k = 0; k < un; ++k) {
+                            const std::int64_t pk = p + static_cast<std::int64_t>(k);
+                            auto& meta = run_meta[k];
+                            meta.id = id0 + static_cast<std::int64_t>(k);
+                            const auto cost = detail::checked_price(cfg.cost, meta, si, pk);
+                            samples.push_back({{si, e, pk, run_index[k]}, std::move(meta), cost, 0, 0});
+                          }
+                        });
+    } else {
+      detail::draw(cfg.sources[s], si, metadata.source_size(si), out.plan.quotas[s], out.next.cursors[s],
+                   [&](std::int64_t e, std::int64_t p) {
+                     auto [index, meta] = metadata.lookup(si, e, p);
+                     meta.id = seq::make_sample_id(si, e, p);
+                     const auto cost = detail::checked_price(cfg.cost, meta, si, p);
+                     samples.push_back({{si, e, p, index}, std::move(meta), cost, 0, 0});
+                   });
+    }
   }
   // Data-parallel shares, then micro-batches inside each share; both balanced on the integer costs.
   const int dp = cfg.layout.dp_size();
@@ -286,37 +335,51 @@ template <metadata_source M>
   balance::assignment ranks;
   // LPT: one sort of the whole batch serves the ranks and, restricted to each rank, its micro-batches
   // (a sub-list of a (-cost, index)-sorted list is sorted the same way: identical to sorting each share).
+  const bool lpt = cfg.balance == balance_method::lpt;
   std::vector<int> order;
-  if (cfg.balance == balance_method::lpt) {
+  if (lpt) {
     order = balance::decreasing_order(costs);
     ranks = balance::list_schedule(costs, order, dp);
   } else {
     ranks = detail::split_items(cfg.balance, costs, dp);
   }
   out.plan.rank_cost = ranks.load;
-  const auto members = ranks.members();
-  std::vector<int> local(n);  // position of each sample inside its rank's member list
-  for (const auto& mine : members)
-    for (std::size_t k = 0; k < mine.size(); ++k)
-      local[static_cast<std::size_t>(mine[k])] = static_cast<int>(k);
-  std::vector<std::vector<int>> rank_order(static_cast<std::size_t>(dp));
-  if (cfg.balance == balance_method::lpt)
-    for (int i : order)
-      rank_order[static_cast<std::size_t>(ranks.bin_of[static_cast<std::size_t>(i)])].push_back(
-          local[static_cast<std::size_t>(i)]);
-  std::vector<std::int64_t> c;
+  // Every rank's members in one flat array, rank by rank, increasing sample index inside a rank (a
+  // counting sort: what assignment::members() gives, without a vector per rank): rank r's are
+  // members[begin[r], begin[r + 1]); local[i] is sample i's position among its rank's members.
+  const auto udp = static_cast<std::size_t>(dp);
+  std::vector<int> begin(udp + 1, 0), members(n), local(n);
+  for (std::size_t i = 0; i < n; ++i) ++begin[static_cast<std::size_t>(ranks.bin_of[i]) + 1];
+  for (std::size_t r = 0; r < udp; ++r) begin[r + 1] += begin[r];
+  std::vector<int> fill(begin.begin(), begin.end() - 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto r = static_cast<std::size_t>(ranks.bin_of[i]);
+    local[i] = fill[r] - begin[r];
+    members[static_cast<std::size_t>(fill[r]++)] = static_cast<int>(i);
+  }
+  // Under LPT, each rank's members in the batch's decreasing order (as local positions), same layout.
+  std::vector<int> rank_order;
+  if (lpt) {
+    rank_order.resize(n);
+    std::copy(begin.begin(), begin.end() - 1, fill.begin());
+    for (int i : order) {
+      const auto r = static_cast<std::size_t>(ranks.bin_of[static_cast<std::size_t>(i)]);
+      rank_order[static_cast<std::size_t>(fill[r]++)] = local[static_cast<std::size_t>(i)];
+    }
+  }
+  std::vector<std::int64_t> c(n);  // costs in the members' layout
+  for (std::size_t j = 0; j < n; ++j) c[j] = costs[static_cast<std::size_t>(members[j])];
   std::vector<std::int64_t> mb_tokens(static_cast<std::size_t>(cfg.micro_batches));
   for (int r = 0; r < dp; ++r) {
-    const auto& mine = members[static_cast<std::size_t>(r)];
-    c.resize(mine.size());
-    for (std::size_t k = 0; k < mine.size(); ++k) c[k] = costs[static_cast<std::size_t>(mine[k])];
+    const auto b = static_cast<std::size_t>(begin[static_cast<std::size_t>(r)]);
+    const auto cnt = static_cast<std::size_t>(begin[static_cast<std::size_t>(r) + 1]) - b;
+    const std::span<const std::int64_t> cr(c.data() + b, cnt);
     const auto mbs =
-        cfg.balance == balance_method::lpt
-            ? balance::list_schedule(c, rank_order[static_cast<std::size_t>(r)], cfg.micro_batches)
-            : detail::split_items(cfg.balance, c, cfg.micro_batches);
+        lpt ? balance::list_schedule(cr, std::span<const int>(rank_order.data() + b, cnt), cfg.micro_batches)
+            : detail::split_items(cfg.balance, cr, cfg.micro_batches);
     std::fill(mb_tokens.begin(), mb_tokens.end(), 0);
-    for (std::size_t k = 0; k < mine.size(); ++k) {
-      auto& smp = samples[static_cast<std::size_t>(mine[k])];
+    for (std::size_t k = 0; k < cnt; ++k) {
+      auto& smp = samples[static_cast<std::size_t>(members[b + k])];
       smp.dp_rank = r;
       smp.micro_batch = mbs.bin_of[k];
       auto& mt = mb_tokens[static_cast<std::size_t>(smp.micro_batch)];
@@ -336,8 +399,7 @@ template <metadata_source M>
     // member list of exactly one rank and in one (dp_rank, micro_batch) in range.
     std::vector<id_range> expected, assigned;
     for (std::size_t i = 0; i < n; ++i) expected.push_back({static_cast<std::int64_t>(i), 0, 1});
-    for (const auto& mine : members)
-      for (int i : mine) assigned.push_back({i, 0, 1});
+    for (int i : members) assigned.push_back({i, 0, 1});
     std::string v = exactly_once_violation(std::move(expected), std::move(assigned));
     if (v.empty() && static_cast<std::int64_t>(n) != cfg.global_batch)
       v = hetmesh::format("{} samples; expected global_batch = {}", n, cfg.global_batch);

@@ -22,12 +22,13 @@ struct poll_pacing {
 /// Pre: pace.clock_every >= 1. Blocks the calling thread for at most about `timeout`. Not collective.
 template <class Done>
 [[nodiscard]] bool poll_until(std::chrono::milliseconds timeout, poll_pacing pace, Done&& done) {
+  if (done()) return true;  // most calls end here: no clock read at all
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (unsigned spin = 0;; ++spin) {
-    if (done()) return true;
     if (spin % pace.clock_every == pace.clock_every - 1 && std::chrono::steady_clock::now() > deadline)
       return false;
     if (spin >= pace.yield_from) std::this_thread::yield();
+    if (done()) return true;
   }
 }
 
