@@ -435,28 +435,27 @@ nlohmann::json bench_balance(bool quick) {
   fmt::print("\n[3] load-time balancing, MODELLED step time = max rank cost (dp=16, batch 128, 4 sources)\n");
   fmt::print("{:>16} {:>16} {:>14}\n", "method", "step/lower bnd", "vs round robin");
   double rr_sum = 0;
-  for (auto m : {balance_method::round_robin, balance_method::lpt, balance_method::karmarkar_karp}) {
-    auto c = cfg;
-    c.balance = m;
-    auto st = initial_state(c);
+  const auto run_split = [&]<class P>(P split) {
+    auto st = initial_state(cfg);
     double sum_max = 0, sum_bound = 0;
     for (int i = 0; i < steps; ++i) {
-      auto p = plan_step(c, st, meta);
+      auto p = plan_step(cfg, st, meta, split);
       const auto& rc = p.plan.rank_cost;
       std::vector<std::int64_t> costs;
       for (const auto& smp : p.plan.samples) costs.push_back(smp.cost);
       sum_max += static_cast<double>(*std::max_element(rc.begin(), rc.end()));
-      sum_bound += static_cast<double>(balance::makespan_lower_bound(costs, c.layout.dp_size()));
+      sum_bound += static_cast<double>(balance::makespan_lower_bound(costs, cfg.layout.dp_size()));
       st = p.next;
     }
-    if (m == balance_method::round_robin) rr_sum = sum_max;
-    const char* name = m == balance_method::round_robin ? "round_robin"
-                       : m == balance_method::lpt       ? "lpt"
-                                                        : "karmarkar_karp";
+    if (std::same_as<P, balance::round_robin_partition>) rr_sum = sum_max;
+    const std::string name(P::name);
     fmt::print("{:>16} {:>16.3f} {:>13.2f}x\n", name, sum_max / sum_bound, rr_sum / sum_max);
     out[name] = {{"modelled_step_over_lower_bound", sum_max / sum_bound},
                  {"modelled_speedup_over_round_robin", rr_sum / sum_max}};
-  }
+  };
+  run_split(balance::round_robin_partition{});
+  run_split(balance::lpt_partition{});
+  run_split(balance::karmarkar_karp_partition{});
   out["note"] =
       "MODELLED: step time = max over data-parallel ranks of sum(4096 L + L^2 + 16384 item tokens); no "
       "training was run";

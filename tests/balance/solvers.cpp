@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include <hetmesh/balance/partition.hpp>
 #include <hetmesh/balance/solvers.hpp>
 #include <hetmesh/core/random.hpp>
 
@@ -234,4 +235,26 @@ TEST_CASE(
   CHECK_THROWS_WITH_AS((void)balance::list_schedule(c, std::vector<int>{0, 1, 3}, 2),
                        doctest::Contains("item 3"), invalid_argument);
   CHECK_THROWS_AS((void)balance::decreasing_order(std::vector<std::int64_t>{1, -2}), invalid_argument);
+}
+
+TEST_CASE("partitioner policies: the solvers as types; round robin deals out in order; bad input named") {
+  for (std::uint64_t seed = 1; seed <= 30; ++seed) {
+    const int n = static_cast<int>(seed * 11 % 89);
+    const int m = 1 + static_cast<int>(seed % 7);
+    const auto c = random_costs(seed, n, 0, 5000);
+    CAPTURE(seed);
+    CHECK(balance::lpt_partition{}.split(c, m) == balance::lpt(c, m));
+    CHECK(balance::karmarkar_karp_partition{}.split(c, m) == balance::karmarkar_karp(c, m));
+    const auto rr = balance::round_robin_partition{}.split(c, m);
+    check_consistent(rr, c, m);
+    for (std::size_t i = 0; i < c.size(); ++i)
+      CHECK(rr.bin_of[i] == static_cast<int>(i % static_cast<std::size_t>(m)));
+  }
+  const std::vector<std::int64_t> bad{3, -1};
+  CHECK_THROWS_WITH_AS((void)balance::round_robin_partition{}.split(bad, 2), doctest::Contains("-1"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)balance::round_robin_partition{}.split(std::vector<std::int64_t>{1}, 0),
+                       doctest::Contains("bins"), invalid_argument);
+  CHECK(plan_hash(balance::lpt_partition{}) != plan_hash(balance::karmarkar_karp_partition{}));
+  CHECK(fmt::format("{}", balance::round_robin_partition{}) == "round_robin_partition");
 }

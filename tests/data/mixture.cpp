@@ -268,20 +268,30 @@ TEST_CASE(
   const auto b = plan_step(cfg, initial_state(cfg), meta);
   CHECK(plan_hash(a.plan) == plan_hash(b.plan));
   CHECK(a.plan == b.plan);
-  auto rr = cfg;
-  rr.balance = balance_method::round_robin;
   std::int64_t worst_lpt = 0, worst_rr = 0;
   auto st = initial_state(cfg);
   for (int step = 0; step < 20; ++step) {
-    const auto x = plan_step(cfg, st, meta);
-    const auto y = plan_step(rr, st, meta);
+    const auto x = plan_step(cfg, st, meta);  // the default partitioner: LPT
+    CHECK(x.plan == plan_step(cfg, st, meta, balance::lpt_partition{}).plan);
+    const auto y = plan_step(cfg, st, meta, balance::round_robin_partition{});
     CHECK(x.next == y.next);  // the same samples, only placed differently
-    for (auto method : {balance_method::round_robin, balance_method::lpt, balance_method::karmarkar_karp}) {
-      auto c = cfg;
-      c.balance = method;
+    const auto check_split = [&]<class P>(P split) {
+      CAPTURE(P::name);
       table_meta_runs batch{meta, 0};
-      CHECK(plan_step(c, st, batch).plan == plan_step(c, st, meta).plan);  // batch lookup: the same plan
-    }
+      const auto p = plan_step(cfg, st, meta, split);
+      CHECK(plan_step(cfg, st, batch, split).plan == p.plan);  // batch lookup: the same plan
+      // The planner's fast LPT path (one sort for ranks and micro-batches) and a partitioner's own
+      // split give the same shares: recompute each rank's share with split.split on the batch's prices.
+      std::vector<std::int64_t> prices;
+      for (const auto& smp : p.plan.samples) prices.push_back(smp.cost);
+      const auto ranks = split.split(prices, cfg.layout.dp_size());
+      CHECK(ranks.load == p.plan.rank_cost);
+      for (std::size_t i = 0; i < p.plan.samples.size(); ++i)
+        CHECK(p.plan.samples[i].dp_rank == ranks.bin_of[i]);
+    };
+    check_split(balance::lpt_partition{});
+    check_split(balance::karmarkar_karp_partition{});
+    check_split(balance::round_robin_partition{});
     worst_lpt += *std::max_element(x.plan.rank_cost.begin(), x.plan.rank_cost.end());
     worst_rr += *std::max_element(y.plan.rank_cost.begin(), y.plan.rank_cost.end());
     st = x.next;

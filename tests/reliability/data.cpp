@@ -303,7 +303,7 @@ TEST_CASE("mixture JSON: type errors name the path and field, never json.excepti
       {"/cost/quadratic", "big", "mixture.cost.quadratic = \"big\""},
       {"/layout/dp", 4294967296LL, "mixture.layout.dp = 4294967296; expected an integer in range"},
       {"/micro_batches", true, "mixture.micro_batches = true"},
-      {"/balance", 1, "mixture.balance = 1; expected a string"},
+      {"/balance", "lpt", "mixture.balance: the load-time balancer is no longer a mixture field"},
       {"/sources/0/weight", "half", "mixture.sources[0].weight: a weight is a number or a list"},
       {"/sources/0/weight", nlohmann::json::parse("[[0.5, 1]]"), "is not a [step, weight] pair"},
       {"/sources", nlohmann::json::object(), "mixture.sources = {}; expected a list of sources"},

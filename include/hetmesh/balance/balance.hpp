@@ -8,6 +8,7 @@
 #include "dp.hpp"
 #include "hdp_common.hpp"
 #include "model.hpp"
+#include "partition.hpp"
 #include "planner.hpp"
 #include "reorder.hpp"
 #include "reshard.hpp"

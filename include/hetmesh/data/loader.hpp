@@ -50,15 +50,20 @@ struct step_batch {
   std::vector<sample> samples{};  ///< samples[i] is plan.samples[i]
 };
 
-/// The data plane of one process: plans every step (data::plan_step), reads its share of the samples through
-/// source loaders on a pool of threads, ahead of time, and hands out one step_batch per next().
-/// Deterministic: the samples of a step depend only on the configuration, seed and step.
-class data_loader {
+/// The data plane of one process: plans every step (data::plan_step, balanced by the partitioner
+/// `Split`, a balance::partitioner), reads its share of the samples through source loaders on a pool of
+/// threads, ahead of time, and hands out one step_batch per next(). Deterministic: the samples of a step
+/// depend only on the configuration, seed, partitioner and step. `data_loader` is the LPT one.
+template <class Split>
+class basic_data_loader {
+  static_assert(balance::partitioner<Split>, "data::basic_data_loader: Split is not a balance::partitioner");
+
  public:
   /// Opens k_s = loaders_per_source loaders per source and starts the workers. Throws invalid_argument for
   /// a bad configuration and data_error for unreadable sources. Cost: opening every source k_s times.
-  explicit data_loader(mixture_config cfg, loader_options opts = {}, wds_decoder decode = {})
-      : cfg_(std::move(cfg)), opts_(opts), decode_(std::move(decode)) {
+  explicit basic_data_loader(mixture_config cfg, loader_options opts = {}, wds_decoder decode = {},
+                             Split split = {})
+      : cfg_(std::move(cfg)), opts_(opts), decode_(std::move(decode)), split_(std::move(split)) {
     validate(cfg_);
     if (opts_.workers < 0 || opts_.prefetch_steps < 0 || opts_.loaders_per_source < 1)
       throw_error<invalid_argument>(
@@ -82,9 +87,9 @@ class data_loader {
     plan_state_ = consumed_ = initial_state(cfg_);
     for (int w = 0; w < opts_.workers; ++w) threads_.emplace_back([this] { work(); });
   }
-  data_loader(const data_loader&) = delete;
-  data_loader& operator=(const data_loader&) = delete;
-  ~data_loader() {
+  basic_data_loader(const basic_data_loader&) = delete;
+  basic_data_loader& operator=(const basic_data_loader&) = delete;
+  ~basic_data_loader() {
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
@@ -273,7 +278,7 @@ class data_loader {
           std::lock_guard lock(mutex_);
           view.loaders = loaders_;
         }
-        auto planned = plan_step(cfg_, plan_state_, view);
+        auto planned = plan_step(cfg_, plan_state_, view, split_);
         sl->plan = std::move(planned.plan);
         sl->next_state = planned.next;
       } catch (...) {
@@ -388,6 +393,7 @@ class data_loader {
   mixture_config cfg_;
   loader_options opts_;
   wds_decoder decode_;
+  Split split_{};
   mutable std::mutex mutex_;
   std::condition_variable cv_, done_cv_;
   std::vector<std::vector<std::shared_ptr<source_loader>>> loaders_{};
@@ -402,5 +408,8 @@ class data_loader {
   bool stop_ = false;
   std::vector<std::thread> threads_{};
 };
+
+/// The data loader that balances with LPT (balance::lpt_partition), the default.
+using data_loader = basic_data_loader<balance::lpt_partition>;
 
 }  // namespace hetmesh::data

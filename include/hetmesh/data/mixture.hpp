@@ -50,8 +50,6 @@ using weight_schedule = std::vector<weight_point>;
 
 /// How a source is stored: Megatron indexed dataset (.bin/.idx) or WebDataset tar shards.
 enum class source_format { indexed, webdataset };
-/// How samples are spread over data-parallel ranks by cost: LPT, Karmarkar-Karp or round robin (no balance).
-enum class balance_method { lpt, karmarkar_karp, round_robin };
 
 /// One data source.
 struct source_spec {
@@ -111,7 +109,6 @@ struct mixture_config {
   std::vector<group_weight> buckets{};     ///< optional long/short mix (weights sum to one)
   /// Prices samples for balancing.
   sample_cost cost{};
-  balance_method balance = balance_method::lpt;  ///< how samples go to dp ranks
   /// The trainers' mesh: any mesh::layout (every order, with ep), a mesh::view, the LLM side of a
   /// mesh::decoupled, or data::mesh_of_order(order, shape) for a layout search's choice.
   trainer_mesh layout{};
@@ -119,7 +116,7 @@ struct mixture_config {
   std::int64_t max_tokens_per_micro_batch = 0;  ///< 0: unlimited; else a capacity_error when exceeded
 
   void hash_append(hasher& h) const {
-    append_all(h, seed, global_batch, sources, modalities, buckets, cost, balance, layout, micro_batches,
+    append_all(h, seed, global_batch, sources, modalities, buckets, cost, layout, micro_batches,
                max_tokens_per_micro_batch);
   }
   friend bool operator==(const mixture_config&, const mixture_config&) = default;

@@ -6,9 +6,11 @@
 //    "sources": [{"name": "web", "format": "indexed", "paths": ["/d/web"], "weight": [[0, 0.8], [1000,
 //    0.5]]},
 //                {"name": "code", "paths": ["/d/code"], "weight": [[0, 0.2], [1000, 0.5]]}],
-//    "cost": {"linear": 1, "quadratic": 1}, "balance": "lpt",
+//    "cost": {"linear": 1, "quadratic": 1},
 //    "layout": {"order": "tp-cp-ep-dp-pp", "tp": 2, "dp": 4}, "micro_batches": 2}
-// (layout: an order string, default Megatron-LM's, and the extents of tp cp ep dp pp, default 1)
+// (layout: an order string, default Megatron-LM's, and the extents of tp cp ep dp pp, default 1). The
+// balancer is not data: it is a balance::partitioner type given to data::plan_step / data_loader, and a
+// "balance" key is refused with a message saying so.
 #pragma once
 
 #include <cstdint>
@@ -186,16 +188,11 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
                    .b = detail::field<std::int64_t>(k, "item_linear", w, 1),
                    .c = 0};
   }
-  const std::string bal = detail::field<std::string>(j, "balance", "mixture", "lpt");
-  if (bal == "lpt")
-    c.balance = balance_method::lpt;
-  else if (bal == "karmarkar_karp")
-    c.balance = balance_method::karmarkar_karp;
-  else if (bal == "round_robin")
-    c.balance = balance_method::round_robin;
-  else
+  if (j.contains("balance"))
     throw_error<invalid_argument>(
-        "mixture.balance: \"{}\"; expected \"lpt\", \"karmarkar_karp\" or \"round_robin\"", bal);
+        "mixture.balance: the load-time balancer is no longer a mixture field; expected it as a "
+        "balance::partitioner type passed to data::plan_step (balance::lpt_partition, "
+        "karmarkar_karp_partition, round_robin_partition; data_loader's Split parameter); remove the key");
   if (j.contains("layout")) {
     const auto& l = j["layout"];
     detail::check_keys(l, {"order", "tp", "cp", "ep", "dp", "pp"}, "mixture.layout");
@@ -241,9 +238,6 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
                {"quadratic", c.cost.text.a},
                {"item_linear", c.cost.item.b},
                {"item_quadratic", c.cost.item.a}};
-  j["balance"] = c.balance == balance_method::lpt              ? "lpt"
-                 : c.balance == balance_method::karmarkar_karp ? "karmarkar_karp"
-                                                               : "round_robin";
   const auto order = c.layout.mesh().order_string();  // dims of extent > 1; in JSON among tp cp ep dp pp
   j["layout"] = {{"order", order.empty() ? std::string(mesh::megatron_order) : order}};
   for (std::size_t i = 0; i < c.layout.mesh().dims_count(); ++i)

@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "../balance/partition.hpp"
 #include "../balance/solvers.hpp"
 #include "../core/assert.hpp"
 #include "../core/checked.hpp"
@@ -237,20 +238,6 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
   }
 }
 
-/// Splits items into `bins` by the configured method (round_robin deals them out in stream order: the
-/// baseline).
-[[nodiscard]] inline balance::assignment split_items(balance_method method, std::span<const std::int64_t> c,
-                                                     int bins) {
-  if (method == balance_method::karmarkar_karp) return balance::karmarkar_karp(c, bins);
-  if (method == balance_method::lpt) return balance::lpt(c, bins);
-  balance::assignment a;
-  a.load.assign(static_cast<std::size_t>(bins), 0);
-  for (std::size_t i = 0; i < c.size(); ++i) {
-    a.bin_of.push_back(static_cast<int>(i % static_cast<std::size_t>(bins)));
-    a.load[i % static_cast<std::size_t>(bins)] += c[i];
-  }
-  return a;
-}
 }  // namespace detail
 
 /// Replays quotas and cursors to the state before `step` without touching metadata. Pure; O(step x sources).
@@ -272,15 +259,24 @@ struct planned_step {
   planner_state next{};  ///< the state after it
 };
 
-/// Plans step `st.step`. Pre: validate(cfg); st.cursors.size() == sources. Post: exactly global_batch
-/// samples; each (source, epoch, position) drawn once in the whole run; every sample in exactly one
-/// (dp_rank, micro_batch). Not collective: every rank (or one coordinator) computes the same plan from the
-/// same inputs; deterministic (plan_hash equal everywhere). Cost O(B log B + sources log sources) plus B
-/// metadata lookups: one lookup_run per run of consecutive positions when M is a batch_metadata_source,
-/// otherwise one lookup per sample (the same plan either way). Throws data_error when a source runs dry,
-/// capacity_error when a micro-batch exceeds max_tokens_per_micro_batch.
-template <metadata_source M>
-[[nodiscard]] planned_step plan_step(const mixture_config& cfg, const planner_state& st, M& metadata) {
+/// Plans step `st.step`: draws the global batch, then balances it on the samples' prices (cfg.cost) with
+/// the balance room's partitioner `split` (balance::lpt_partition by default; karmarkar_karp_partition,
+/// or round_robin_partition as the unbalanced baseline), first over the data-parallel ranks, then over
+/// the micro-batches of each rank. Pre: validate(cfg); st.cursors.size() == sources. Post: exactly
+/// global_batch samples; each (source, epoch, position) drawn once in the whole run; every sample in
+/// exactly one (dp_rank, micro_batch). Not collective: every rank (or one coordinator) computes the same
+/// plan from the same inputs and the same partitioner; deterministic (plan_hash equal everywhere). Cost
+/// O(B log B + sources log sources) plus B metadata lookups: one lookup_run per run of consecutive
+/// positions when M is a batch_metadata_source, otherwise one lookup per sample (the same plan either
+/// way). Throws data_error when a source runs dry, capacity_error when a micro-batch exceeds
+/// max_tokens_per_micro_batch.
+template <class Split = balance::lpt_partition, metadata_source M>
+[[nodiscard]] planned_step plan_step(const mixture_config& cfg, const planner_state& st, M& metadata,
+                                     [[maybe_unused]] const Split& split = {}) {
+  static_assert(balance::partitioner<Split>,
+                "data::plan_step: Split is not a balance::partitioner (needs name, split(costs, bins) -> "
+                "balance::assignment, hash_append, a formatter): use balance::lpt_partition, "
+                "karmarkar_karp_partition or round_robin_partition");
   if (st.cursors.size() != cfg.sources.size())
     throw_error<invalid_argument>("plan_step: state has {} cursors for {} sources; expected one per source",
                                   st.cursors.size(), cfg.sources.size());
@@ -335,13 +331,13 @@ template <metadata_source M>
   balance::assignment ranks;
   // LPT: one sort of the whole batch serves the ranks and, restricted to each rank, its micro-batches
   // (a sub-list of a (-cost, index)-sorted list is sorted the same way: identical to sorting each share).
-  const bool lpt = cfg.balance == balance_method::lpt;
+  constexpr bool lpt = std::same_as<Split, balance::lpt_partition>;
   std::vector<int> order;
-  if (lpt) {
+  if constexpr (lpt) {
     order = balance::decreasing_order(costs);
     ranks = balance::list_schedule(costs, order, dp);
   } else {
-    ranks = detail::split_items(cfg.balance, costs, dp);
+    ranks = split.split(costs, dp);
   }
   out.plan.rank_cost = ranks.load;
   // Every rank's members in one flat array, rank by rank, increasing sample index inside a rank (a
@@ -359,7 +355,7 @@ template <metadata_source M>
   }
   // Under LPT, each rank's members in the batch's decreasing order (as local positions), same layout.
   std::vector<int> rank_order;
-  if (lpt) {
+  if constexpr (lpt) {
     rank_order.resize(n);
     std::copy(begin.begin(), begin.end() - 1, fill.begin());
     for (int i : order) {
@@ -374,9 +370,11 @@ template <metadata_source M>
     const auto b = static_cast<std::size_t>(begin[static_cast<std::size_t>(r)]);
     const auto cnt = static_cast<std::size_t>(begin[static_cast<std::size_t>(r) + 1]) - b;
     const std::span<const std::int64_t> cr(c.data() + b, cnt);
-    const auto mbs =
-        lpt ? balance::list_schedule(cr, std::span<const int>(rank_order.data() + b, cnt), cfg.micro_batches)
-            : detail::split_items(cfg.balance, cr, cfg.micro_batches);
+    balance::assignment mbs;
+    if constexpr (lpt)
+      mbs = balance::list_schedule(cr, std::span<const int>(rank_order.data() + b, cnt), cfg.micro_batches);
+    else
+      mbs = split.split(cr, cfg.micro_batches);
     std::fill(mb_tokens.begin(), mb_tokens.end(), 0);
     for (std::size_t k = 0; k < cnt; ++k) {
       auto& smp = samples[static_cast<std::size_t>(members[b + k])];

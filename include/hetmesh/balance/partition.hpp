@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::balance: number-partitioning policies as types (the type is the choice), and the
+// `partitioner` concept they model. A partitioner splits integer-priced items into a number of bins;
+// the data plane's load-time planner (data::plan_step) uses one for the data-parallel shares of a step
+// and for the micro-batches inside each share:
+//   lpt_partition             greedy longest-processing-time (solvers.hpp lpt): the default
+//   karmarkar_karp_partition  multi-way largest differencing (solvers.hpp karmarkar_karp)
+//   round_robin_partition     baseline: items dealt out in stream order, blind to their prices
+// The HDP balancers (balancers.hpp: bytescale, gap_filling_hdp, token_count) place a step's sequences
+// on a pool of ranks instead; train::system applies them to the step the data plane loaded.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "../core/format.hpp"
+#include "../core/hash.hpp"
+#include "solvers.hpp"
+
+namespace hetmesh::balance {
+
+/// A number-partitioning policy. Requirements on `P` (a value `p`, prices `costs`, a bin count `bins`):
+///   1. `P` is regular: default-constructible, copyable, `p == p` (`std::regular`);
+///   2. `P::name` is a constant convertible to `std::string_view`: the name results and tools use;
+///   3. `p.split(costs, bins)` returns an `assignment` with every item in exactly one bin of [0, bins)
+///      and `load[b]` the summed prices of bin b; it is pure and deterministic (bitwise equal on every
+///      rank that computes it), throws invalid_argument for bins < 1 or a negative price;
+///   4. `p.hash_append(h)` feeds every parameter to a `hasher`;
+///   5. `P` prints through fmt.
+template <class P>
+concept partitioner = std::regular<P> && std::convertible_to<decltype(P::name), std::string_view> &&
+    requires(const P& p, std::span<const std::int64_t> costs, int bins, hasher& h) {
+  { p.split(costs, bins) } -> std::same_as<assignment>;
+  p.hash_append(h);
+} && fmt::is_formattable<P>::value;
+
+/// Greedy LPT (balance::lpt): items by decreasing price, each to the least loaded bin. Makespan within
+/// 4/3 of the optimum; O(n log n).
+struct lpt_partition {
+  /// The name results and the tools use.
+  static constexpr std::string_view name = "lpt";
+  /// balance::lpt(costs, bins). Local; deterministic.
+  [[nodiscard]] assignment split(std::span<const std::int64_t> costs, int bins) const {
+    return lpt(costs, bins);
+  }
+  friend constexpr bool operator==(const lpt_partition&, const lpt_partition&) = default;
+  /// Hashes the family.
+  void hash_append(hasher& h) const { append(h, name); }
+};
+
+/// Multi-way Karmarkar-Karp (balance::karmarkar_karp): usually closer to the optimum than LPT, at more
+/// cost per item.
+struct karmarkar_karp_partition {
+  /// The name results and the tools use.
+  static constexpr std::string_view name = "karmarkar_karp";
+  /// balance::karmarkar_karp(costs, bins). Local; deterministic.
+  [[nodiscard]] assignment split(std::span<const std::int64_t> costs, int bins) const {
+    return karmarkar_karp(costs, bins);
+  }
+  friend constexpr bool operator==(const karmarkar_karp_partition&,
+                                   const karmarkar_karp_partition&) = default;
+  /// Hashes the family.
+  void hash_append(hasher& h) const { append(h, name); }
+};
+
+/// Baseline: item i to bin i mod bins, whatever its price (what a loader without balancing does).
+struct round_robin_partition {
+  /// The name results and the tools use.
+  static constexpr std::string_view name = "round_robin";
+  /// Deals the items out in order. Pre: bins >= 1, prices >= 0 (else invalid_argument). O(n).
+  [[nodiscard]] assignment split(std::span<const std::int64_t> costs, int bins) const {
+    detail::check_bins(bins, "balance::round_robin_partition");
+    detail::check_costs(costs, "balance::round_robin_partition");
+    assignment a;
+    a.load.assign(static_cast<std::size_t>(bins), 0);
+    a.bin_of.resize(costs.size());
+    for (std::size_t i = 0; i < costs.size(); ++i) {
+      const auto b = i % static_cast<std::size_t>(bins);
+      a.bin_of[i] = static_cast<int>(b);
+      a.load[b] += costs[i];
+    }
+    return a;
+  }
+  friend constexpr bool operator==(const round_robin_partition&, const round_robin_partition&) = default;
+  /// Hashes the family.
+  void hash_append(hasher& h) const { append(h, name); }
+};
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::lpt_partition> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::lpt_partition&, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "lpt_partition");
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::balance::karmarkar_karp_partition> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::karmarkar_karp_partition&, FormatContext& ctx) const
+      -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "karmarkar_karp_partition");
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::balance::round_robin_partition> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::round_robin_partition&, FormatContext& ctx) const
+      -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "round_robin_partition");
+  }
+};
+
+static_assert(hetmesh::balance::partitioner<hetmesh::balance::lpt_partition>);
+static_assert(hetmesh::balance::partitioner<hetmesh::balance::karmarkar_karp_partition>);
+static_assert(hetmesh::balance::partitioner<hetmesh::balance::round_robin_partition>);
