@@ -4,8 +4,11 @@
 // and the model's conformance to the stage concepts.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
+#include <string>
 
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/train/train.hpp>
@@ -98,9 +101,35 @@ TEST_CASE("train: plans reject bad input with a clear error") {
   CHECK_THROWS_AS((void)train::share_of(plan, other, data::delivered_share{}), invalid_argument);
   const auto none = train::share_of(plan, b, data::delivered_share{});
   CHECK(none.batch.documents.empty());
-  std::int64_t targets = 0;  // the metadata's count: no loss masks travel with the text
-  for (const auto& d : b.documents) targets += train::document_targets(d.length(), d.items);
-  CHECK(none.step_targets == targets);
+  CHECK(none.step_targets == model::summarize_step(b).targets);  // the step's count, its loss masks included
+}
+
+TEST_CASE("train: share_of carries loss masks (9 bytes per token) and counts them in the step's targets") {
+  auto b = random_batch(21, 6, 30);
+  rng g(5);
+  for (std::size_t i = 0; i < b.documents.size(); i += 2) {  // every other document masked at random
+    auto& d = b.documents[i];
+    d.loss_mask.resize(d.tokens.size());
+    for (auto& m : d.loss_mask) m = static_cast<std::uint8_t>(g.uniform(0, 1));
+  }
+  const auto plan = train::plan_step(seq::cp_thd{.cp = 2, .pad = true}, model::document_descs(b), 4);
+  data::delivered_share got;
+  for (const auto& d : b.documents) {  // every document arrives, masked or not
+    const auto bytes = train::text_part_bytes(d);
+    CHECK(bytes.size() == d.tokens.size() * (d.loss_mask.empty() ? 8 : 9));
+    got.parts.push_back({d.id, data::text_part, static_cast<std::int64_t>(got.bytes.size()),
+                         static_cast<std::int64_t>(bytes.size())});
+    got.bytes.insert(got.bytes.end(), bytes.begin(), bytes.end());
+  }
+  const auto share = train::share_of(plan, b, got);
+  CHECK(share.batch.documents == b.documents);  // tokens, items and loss masks
+  CHECK(share.step_targets == model::summarize_step(b).targets);
+  std::int64_t unmasked = 0;
+  for (const auto& d : b.documents) unmasked += train::document_targets(d.length(), d.items);
+  CHECK(share.step_targets < unmasked);  // the masks removed targets, and the count saw it
+  got.parts[0].size -= 1;                // neither 8 nor 9 bytes per token
+  CHECK_THROWS_WITH_AS((void)train::share_of(plan, b, got), doctest::Contains("or x 9 with a loss mask"),
+                       invalid_argument);
 }
 
 TEST_CASE("train::system: sgd updates the parameters from the reduced gradients") {
@@ -184,15 +213,24 @@ TEST_CASE("train::system: a step over each rank's delivered share equals the ste
       if (shared.stats.loss != whole.stats.loss || shared.stats.targets != whole.stats.targets ||
           shared.stats.tokens != whole.stats.tokens)
         f += fmt::format("stats {} vs {}; ", shared.stats, whole.stats);
-      train::rank_share none;  // a share without the rank's documents is refused
+      // A share without the documents of rank `bad` (the last rank that reads any) is refused there, and
+      // the others fail with it at once (collectively, not after a timeout), naming it.
+      int bad = -1;
+      for (int r = 0; r < c.size(); ++r)
+        if (!train::documents_of(plan, r).empty()) bad = r;
+      const std::string named = fmt::format("rank {} (global {})", bad, bad);
+      train::rank_share none;
       none.step_targets = share.step_targets;
-      if (!mine.empty()) {
-        try {
-          (void)sys.run(plan, none, b, recording_optimizer<double>{&shared});
-          f += "an empty share ran; ";
-        } catch (const invalid_argument&) {
-        }
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        (void)sys.run(plan, c.rank() == bad ? none : share, b, recording_optimizer<double>{&shared});
+        f += "a share without a rank's documents ran; ";
+      } catch (const invalid_argument& e) {
+        const std::string w = e.what();
+        if (c.rank() != bad && w.find(named) == std::string::npos) f += "not named: " + w + "; ";
+        if (c.rank() == bad && w.find("failed before it") != std::string::npos) f += "its own error lost; ";
       }
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(20)) f += "waited for a timeout; ";
     });
     for (const auto& f : failures) CHECK(f == "");
   };

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <span>
 #include <string>
@@ -70,6 +71,31 @@ void check_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan"
       "{} hashes disagree across the group of {} ranks: {}; expected every rank to hold "
       "{:#018x} (the same plan from the same metadata)",
       what, all.size(), fmt::join(who, ", "), majority);
+}
+
+/// Collective over `c`: every rank says whether its local preparation failed (`failure`, null when it
+/// did not), so that a rank that cannot take part in what follows fails the others at once instead of
+/// leaving them to wait out a collective's timeout. When no rank failed, returns. Otherwise a failed rank
+/// rethrows its own exception, and every other rank throws invalid_argument naming `what` and the failed
+/// ranks (group-local and global). Deterministic; cost: one all-gather of one byte per rank.
+template <comm::communicator C>
+void agree_on_failure(C& c, const std::exception_ptr& failure, std::string_view what) {
+  static_assert(comm::host_communicator<C>,
+                "run::agree_on_failure gathers flags into a host vector: it needs a comm::host_communicator "
+                "(loopback, mpi), not a device communicator");
+  const std::uint8_t mine = failure ? 1 : 0;
+  std::vector<std::uint8_t> all(static_cast<std::size_t>(c.size()));
+  comm::all_gather(c, std::span<const std::uint8_t>(&mine, 1), std::span<std::uint8_t>(all));
+  if (failure) std::rethrow_exception(failure);
+  std::vector<std::string> who;
+  const auto members = c.ranks();
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (all[r] != 0) who.push_back(hetmesh::format("rank {} (global {})", r, members[r]));
+  if (who.empty()) return;
+  throw_error<invalid_argument>(
+      "{}: {} of the group of {} ranks failed before it ({}; see their errors); expected every rank to "
+      "be ready, so this rank stops too instead of waiting for them",
+      what, who.size(), all.size(), fmt::join(who, ", "));
 }
 
 /// check_plan_agreement at the `collective` assertion level: compiled to nothing below it, so

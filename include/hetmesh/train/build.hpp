@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -124,11 +125,34 @@ struct rank_share {
   return {reinterpret_cast<const std::uint8_t*>(d.tokens.data()), d.tokens.size() * sizeof(std::int64_t)};
 }
 
+/// The bytes of a document's text part with its loss mask: text_bytes(d), then, when `d` has a loss mask,
+/// one byte per token (0: that token's target does not count). share_of reads both forms (8 or 9 bytes
+/// per token). O(length).
+[[nodiscard]] inline std::vector<std::uint8_t> text_part_bytes(const model::document& d) {
+  const auto t = text_bytes(d);
+  std::vector<std::uint8_t> out(t.size() + d.loss_mask.size());
+  std::copy(t.begin(), t.end(), out.begin());
+  std::copy(d.loss_mask.begin(), d.loss_mask.end(), out.begin() + static_cast<std::ptrdiff_t>(t.size()));
+  return out;
+}
+
+/// The targets of document `d` that count in the loss (model::target_counts' rule, its loss mask
+/// included). O(length x items) with a mask, O(items) without.
+[[nodiscard]] inline std::int64_t document_targets(const model::document& d) noexcept {
+  if (d.loss_mask.empty()) return document_targets(d.length(), d.items);
+  std::int64_t n = 0;
+  for (std::int64_t p = 0; p < d.length(); ++p) n += model::target_counts(d, p) ? 1 : 0;
+  return n;
+}
+
 /// The rank share of a delivered share: per text part received, the document (id and tokens from its bytes,
-/// text_bytes' encoding; items from `items`, the items of plan.documents[i]; no loss mask), in stream
-/// order; step_targets the sum of document_targets over the plan's documents. Errors (invalid_argument):
-/// items for another number of documents, a text part of a sample not in the plan or whose byte count is
-/// not 8 x its length. O(received bytes + documents x items).
+/// text_bytes' or text_part_bytes' encoding: with 9 bytes per token, the last length bytes are its loss
+/// mask; items from `items`, the items of plan.documents[i]), in stream order; step_targets the sum of
+/// document_targets over the plan's documents, which cannot see the loss masks of documents this rank did
+/// not receive: with loss masks, use the overload that takes the step (or set step_targets from the
+/// loaders' counts). Errors (invalid_argument): items for another number of documents, a text part of a
+/// sample not in the plan or whose byte count is neither 8 nor 9 x its length. O(received bytes + documents
+/// x items).
 [[nodiscard]] inline rank_share share_of(const step_plan& plan,
                                          std::span<const std::vector<model::encoder_item>> items,
                                          const data::delivered_share& got, std::int64_t pad_token = 0) {
@@ -142,12 +166,16 @@ struct rank_share {
     out.step_targets += document_targets(d.length, items[i]);
     if (!got.has(d.id)) continue;
     const auto b = got.find(d.id);
-    if (b.size() != static_cast<std::size_t>(d.length) * sizeof(std::int64_t))
+    const auto n = static_cast<std::size_t>(d.length);
+    const std::size_t text = n * sizeof(std::int64_t);
+    if (b.size() != text && b.size() != text + n)
       throw_error<invalid_argument>(
-          "train::share_of: sample {} arrived with {} text bytes; expected {} tokens x 8 bytes", d.id,
-          b.size(), d.length);
-    model::document doc{d.id, std::vector<std::int64_t>(static_cast<std::size_t>(d.length)), items[i], {}};
-    std::memcpy(doc.tokens.data(), b.data(), b.size());
+          "train::share_of: sample {} arrived with {} text bytes; expected {} tokens x 8 bytes ({}), or x 9 "
+          "with a loss mask ({})",
+          d.id, b.size(), d.length, text, text + n);
+    model::document doc{d.id, std::vector<std::int64_t>(n), items[i], {}};
+    std::memcpy(doc.tokens.data(), b.data(), text);
+    if (b.size() > text) doc.loss_mask.assign(b.begin() + static_cast<std::ptrdiff_t>(text), b.end());
     out.batch.documents.push_back(std::move(doc));
   }
   for (const auto& p : got.parts)
@@ -157,9 +185,10 @@ struct rank_share {
   return out;
 }
 
-/// share_of with the items and pad token of `step`, the batch (or its metadata) the plan was made from; its
-/// bytes are not read. Errors: share_of's, and invalid_argument for a step of other documents than the
-/// plan's. O(received bytes + documents x items).
+/// share_of with the items and pad token of `step`, the batch (or its metadata) the plan was made from, and
+/// its target count (document_targets of each of its documents: loss masks included); its token values are
+/// not read. Errors: share_of's, and invalid_argument for a step of other documents than the plan's.
+/// O(received bytes + step tokens x items).
 [[nodiscard]] inline rank_share share_of(const step_plan& plan, const model::step_batch& step,
                                          const data::delivered_share& got) {
   if (model::document_descs(step) != plan.documents)
@@ -169,7 +198,10 @@ struct rank_share {
         plan.documents.size());
   std::vector<std::vector<model::encoder_item>> items;
   for (const auto& d : step.documents) items.push_back(d.items);
-  return share_of(plan, items, got, step.pad_token);
+  auto out = share_of(plan, items, got, step.pad_token);
+  out.step_targets = 0;
+  for (const auto& d : step.documents) out.step_targets += document_targets(d);
+  return out;
 }
 
 namespace detail {

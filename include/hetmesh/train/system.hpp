@@ -16,6 +16,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <ranges>
 #include <span>
@@ -300,17 +301,28 @@ class system {
   /// Runs one step of `plan` over this rank's share of it (delivery by plan: train::plan_delivery routes
   /// each sample's bytes to the ranks that read them, run::receive_routed brings them, train::share_of
   /// makes the share): the same as run over the whole batch, reading only the share's documents. An encoder's
-  /// input callable reads the items this rank encodes (plan_delivery routes them here). Errors: run's, and
-  /// invalid_argument when the share lacks a document this rank's micro-batches read.
+  /// input callable reads the items this rank encodes (plan_delivery routes them here). Collective from
+  /// the start: the ranks first agree that each could build its micro-batches from its share
+  /// (run::agree_on_failure), so a rank whose share is wrong fails the others at once. Errors: run's;
+  /// invalid_argument when the share lacks a document this rank's micro-batches read (on that rank; the
+  /// others throw invalid_argument naming it).
   template <class Stage, class Optimizer, class... Encoders>
   step_stats run(const step_plan& plan, const rank_share& share, Stage& stage, Optimizer&& optimizer,
                  Encoders... encoders) {
-    if (plan.world != pool_size_)  // before indexing the plan by this rank
-      throw_error<invalid_argument>("train::system::run: a plan for a pool of {} ranks; expected {}",
-                                    plan.world, pool_size_);
     const double cpu0 = thread_cpu_seconds();
-    auto [batch, s] = detail::sparse_step(plan, share, world_->rank() % pool_size_);
-    return run_step(cpu0, plan, batch, s, stage, std::forward<Optimizer>(optimizer), std::move(encoders)...);
+    std::pair<model::step_batch, model::step_summary> local;
+    std::exception_ptr failure;
+    try {
+      if (plan.world != pool_size_)  // before indexing the plan by this rank
+        throw_error<invalid_argument>("train::system::run: a plan for a pool of {} ranks; expected {}",
+                                      plan.world, pool_size_);
+      local = detail::sparse_step(plan, share, world_->rank() % pool_size_);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    run::agree_on_failure(*world_, failure, "train::system::run (its share)");
+    return run_step(cpu0, plan, local.first, local.second, stage, std::forward<Optimizer>(optimizer),
+                    std::move(encoders)...);
   }
 
  private:
