@@ -92,27 +92,20 @@ struct round_robin_partition {
 
 }  // namespace hetmesh::balance
 
-template <>
-struct fmt::formatter<hetmesh::balance::lpt_partition> : hetmesh::empty_spec_formatter {
+namespace hetmesh::balance::detail {
+/// The partitioners without parameters: each prints as its name followed by "_partition".
+template <class P>
+inline constexpr bool plain_partition =
+    std::same_as<P, lpt_partition> || std::same_as<P, karmarkar_karp_partition> ||
+    std::same_as<P, round_robin_partition>;
+}  // namespace hetmesh::balance::detail
+
+template <class P>
+requires hetmesh::balance::detail::plain_partition<P>
+struct fmt::formatter<P> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::balance::lpt_partition&, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "lpt_partition");
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::balance::karmarkar_karp_partition> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::karmarkar_karp_partition&, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "karmarkar_karp_partition");
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::balance::round_robin_partition> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::round_robin_partition&, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "round_robin_partition");
+  auto format(const P&, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "{}_partition", P::name);
   }
 };
 
