@@ -6,7 +6,6 @@
 // differences. The same bodies run under mpirun -np 8 (ring_attention_mpi.cpp).
 #include <doctest/doctest.h>
 
-#include <mutex>
 #include <set>
 
 #include <fmt/ranges.h>
@@ -15,34 +14,12 @@
 #include <hetmesh/seq/hdp.hpp>
 
 #include "run/ring_attention_body.hpp"
+#include "support/rank0.hpp"
 
 using namespace hetmesh;
 using namespace ringtest;
 
 namespace {
-
-/// Runs body(world) on 8 loopback ranks; returns rank 0's verdict (every rank's is the same).
-template <class Body>
-verdict on_loopback(Body body) {
-  verdict out;
-  std::mutex m;
-  comm::loopback::run(8, [&](comm::loopback::communicator& c) {
-    const auto v = body(c);
-    if (c.rank() == 0) {
-      std::lock_guard lock(m);
-      out = v;
-    }
-  });
-  return out;
-}
-
-void check(const verdict& v, double tol, std::int64_t rows, const char* what) {
-  const std::string msg = std::string(what) + ": " + v.describe();
-  MESSAGE(msg);
-  CHECK(v.worst() <= tol);
-  CHECK(v.rows == rows);
-  CHECK(v.bad_calls == 0);
-}
 
 std::int64_t total(std::span<const std::int64_t> lens) {
   std::int64_t n = 0;
@@ -149,14 +126,18 @@ TEST_CASE("reference attention: float and double agree; bad sizes and mask none 
 
 TEST_CASE("ring attention over a zigzag CP ring of 8 equals full causal attention, forward and backward") {
   const std::int64_t len[1] = {96};
-  check(on_loopback([](auto& c) { return zigzag_body<double>(c); }), 1e-10, total(len), "zigzag cp=8 double");
-  check(on_loopback([](auto& c) { return zigzag_body<float>(c); }), 1e-5, total(len), "zigzag cp=8 float");
+  check_verdict(testsupport::rank0_of(8, [](auto& c) { return zigzag_body<double>(c); }), 1e-10, total(len),
+                "zigzag cp=8 double");
+  check_verdict(testsupport::rank0_of(8, [](auto& c) { return zigzag_body<float>(c); }), 1e-5, total(len),
+                "zigzag cp=8 float");
 }
 
 TEST_CASE("ring attention over THD-packed documents (padded per document) equals full causal attention") {
   const std::int64_t lens[6] = {7, 11, 5, 20, 1, 30};
-  check(on_loopback([](auto& c) { return thd_body<double>(c); }), 1e-10, total(lens), "thd cp=4 double");
-  check(on_loopback([](auto& c) { return thd_body<float>(c); }), 1e-5, total(lens), "thd cp=4 float");
+  check_verdict(testsupport::rank0_of(8, [](auto& c) { return thd_body<double>(c); }), 1e-10, total(lens),
+                "thd cp=4 double");
+  check_verdict(testsupport::rank0_of(8, [](auto& c) { return thd_body<float>(c); }), 1e-5, total(lens),
+                "thd cp=4 float");
 }
 
 TEST_CASE(
@@ -188,25 +169,27 @@ TEST_CASE(
       CHECK(most_rings >= 2);
       std::int64_t tokens = 0;
       for (const auto& s : h.seqs) tokens += s.length;
-      const auto d = on_loopback([&](auto& c) { return hdp_body<double>(c, seed, placement); });
-      check(d, 1e-10, tokens, "hdp double");
+      const auto d = testsupport::rank0_of(8, [&](auto& c) { return hdp_body<double>(c, seed, placement); });
+      check_verdict(d, 1e-10, tokens, "hdp double");
       CHECK(d.rings > 0);
-      check(on_loopback([&](auto& c) { return hdp_body<float>(c, seed, placement); }), 1e-5, tokens,
-            "hdp float");
+      check_verdict(testsupport::rank0_of(8, [&](auto& c) { return hdp_body<float>(c, seed, placement); }),
+                    1e-5, tokens, "hdp float");
     }
 }
 
 TEST_CASE("ring attention with communication overlapped with compute gives bitwise the same results") {
-  const auto a = on_loopback([](auto& c) { return zigzag_body<double>(c, false); });
-  const auto b = on_loopback([](auto& c) { return zigzag_body<double>(c, true); });
-  check(b, 1e-10, 96, "zigzag cp=8 double, overlapped");
+  const auto a = testsupport::rank0_of(8, [](auto& c) { return zigzag_body<double>(c, false); });
+  const auto b = testsupport::rank0_of(8, [](auto& c) { return zigzag_body<double>(c, true); });
+  check_verdict(b, 1e-10, 96, "zigzag cp=8 double, overlapped");
   CHECK(a.same_as(b));
-  const auto tf = on_loopback([](auto& c) { return thd_body<float>(c, false); });
-  const auto tt = on_loopback([](auto& c) { return thd_body<float>(c, true); });
+  const auto tf = testsupport::rank0_of(8, [](auto& c) { return thd_body<float>(c, false); });
+  const auto tt = testsupport::rank0_of(8, [](auto& c) { return thd_body<float>(c, true); });
   CHECK(tf.same_as(tt));
-  const auto hf = on_loopback([](auto& c) { return hdp_body<double>(c, 5, planner::bytescale, false); });
-  const auto ht = on_loopback([](auto& c) { return hdp_body<double>(c, 5, planner::bytescale, true); });
-  check(ht, 1e-10, hf.rows, "hdp double, overlapped");
+  const auto hf =
+      testsupport::rank0_of(8, [](auto& c) { return hdp_body<double>(c, 5, planner::bytescale, false); });
+  const auto ht =
+      testsupport::rank0_of(8, [](auto& c) { return hdp_body<double>(c, 5, planner::bytescale, true); });
+  check_verdict(ht, 1e-10, hf.rows, "hdp double, overlapped");
   CHECK(hf.same_as(ht));
 }
 

@@ -8,6 +8,8 @@
 // every real token is checked exactly once.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -153,6 +155,16 @@ struct verdict {
         rel(1), rel(2), rel(3), rel(4), rows, bad_calls);
   }
 };
+
+/// Checks a verdict: worst relative error within `tol`, `rows` rows checked, no kernel call off the
+/// schedule; prints it with `what`.
+inline void check_verdict(const verdict& v, double tol, std::int64_t rows, const char* what) {
+  const std::string msg = std::string(what) + ": " + v.describe();
+  MESSAGE(msg);
+  CHECK(v.worst() <= tol);
+  CHECK(v.rows == rows);
+  CHECK(v.bad_calls == 0);
+}
 
 /// One ring position's buffers.
 template <class T>

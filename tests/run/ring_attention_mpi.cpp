@@ -17,28 +17,20 @@ comm::mpi::communicator world() {
   return comm::mpi::communicator::world({.timeout = std::chrono::seconds(60), .verify = true});
 }
 
-void check(const verdict& v, double tol, std::int64_t rows, const char* what) {
-  const std::string msg = std::string(what) + ": " + v.describe();
-  MESSAGE(msg);
-  CHECK(v.worst() <= tol);
-  CHECK(v.rows == rows);
-  CHECK(v.bad_calls == 0);
-}
-
 }  // namespace
 
 TEST_CASE("MPI: ring attention over a zigzag CP ring of 8 equals full causal attention") {
   auto w = world();
   REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
-  check(zigzag_body<double>(w), 1e-10, 96, "zigzag cp=8 double");
-  check(zigzag_body<float>(w), 1e-5, 96, "zigzag cp=8 float");
+  check_verdict(zigzag_body<double>(w), 1e-10, 96, "zigzag cp=8 double");
+  check_verdict(zigzag_body<float>(w), 1e-5, 96, "zigzag cp=8 float");
 }
 
 TEST_CASE("MPI: ring attention over THD-packed documents equals full causal attention") {
   auto w = world();
   REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
-  check(thd_body<double>(w), 1e-10, 74, "thd cp=4 double");
-  check(thd_body<float>(w), 1e-5, 74, "thd cp=4 float");
+  check_verdict(thd_body<double>(w), 1e-10, 74, "thd cp=4 double");
+  check_verdict(thd_body<float>(w), 1e-5, 74, "thd cp=4 float");
 }
 
 TEST_CASE("MPI: ring attention over HDP rings on one parent communicator equals full causal attention") {
@@ -49,8 +41,8 @@ TEST_CASE("MPI: ring attention over HDP rings on one parent communicator equals 
       const auto h = make_hdp_case(seed, placement);
       std::int64_t tokens = 0;
       for (const auto& s : h.seqs) tokens += s.length;
-      check(hdp_body<double>(w, seed, placement), 1e-10, tokens, "hdp double");
-      check(hdp_body<float>(w, seed, placement), 1e-5, tokens, "hdp float");
+      check_verdict(hdp_body<double>(w, seed, placement), 1e-10, tokens, "hdp double");
+      check_verdict(hdp_body<float>(w, seed, placement), 1e-5, tokens, "hdp float");
     }
 }
 

@@ -5,7 +5,6 @@
 
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -16,26 +15,13 @@
 #include <hetmesh/train/report_json.hpp>
 #include <hetmesh/train/train.hpp>
 
+#include "support/rank0.hpp"
 #include "train/pipeline_cases.hpp"
 
 using namespace hetmesh;
 using namespace traintest;
 
 namespace {
-
-template <class Body>
-auto on_loopback8(Body body) {
-  decltype(body(std::declval<comm::loopback::communicator&>())) out{};
-  std::mutex m;
-  comm::loopback::run(8, [&](comm::loopback::communicator& c) {
-    const auto v = body(c);
-    if (c.rank() == 0) {
-      std::lock_guard lock(m);
-      out = v;
-    }
-  });
-  return out;
-}
 
 using lctx = train::step_context<comm::loopback::communicator, model::reference_attention, double>;
 static_assert(model::check_split_backward_stage<tiny_stack<double>, double, lctx>());
@@ -137,7 +123,7 @@ std::string share_parity_body(C& world, const Partition& partition, const Balanc
 
 TEST_CASE(
     "train::system: pipelined multimodal steps' gradients equal a single-rank run's (loopback, 8 ranks)") {
-  pipeline_cases([](auto body) { return on_loopback8(body); });
+  pipeline_cases([](auto body) { return testsupport::rank0_of(8, body); });
 }
 
 TEST_CASE(
@@ -147,11 +133,11 @@ TEST_CASE(
   whole_items.encoder_sp.balance_factor = 1e9;  // no item is too costly to run whole
   for (std::uint64_t seed : {21u, 22u}) {
     const auto pc = train::pipeline_config<pipeline::gpipe, pipeline::colocated_encoder>{4, {}, {}};
-    const auto whole = on_loopback8([&](auto& w) {
+    const auto whole = testsupport::rank0_of(8, [&](auto& w) {
       return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pc,
                                     seed, 8, 30, whole_items);
     });
-    const auto v = on_loopback8([&](auto& w) {
+    const auto v = testsupport::rank0_of(8, [&](auto& w) {
       return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pc,
                                     seed, 8, 30, split);
     });
@@ -304,7 +290,7 @@ TEST_CASE("train::system: selective offload moves the plan's share of activation
   }
   REQUIRE(seed < 340);
   for (int pp : {1, 2}) {
-    const auto v = on_loopback8([&](auto& w) {
+    const auto v = testsupport::rank0_of(8, [&](auto& w) {
       const auto batch = random_mm_batch(seed, 12, 60);
       mm_result<double> ref;
       comm::loopback::run(1, [&](comm::loopback::communicator& c) {

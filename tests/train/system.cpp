@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <string>
 
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/train/train.hpp>
 
+#include "support/rank0.hpp"
 #include "train/cases.hpp"
 
 using namespace hetmesh;
@@ -28,20 +28,6 @@ static_assert(model::backbone_stage<
 static_assert(train::attention_context<lctx, double>);
 // The test model needs attention: against a context without the entry it is no backbone stage.
 static_assert(!model::backbone_stage<tiny_lm<double>, double>);
-
-template <class Body>
-verdict on_loopback(Body body) {
-  verdict out;
-  std::mutex m;
-  comm::loopback::run(8, [&](comm::loopback::communicator& c) {
-    const auto v = body(c);
-    if (c.rank() == 0) {
-      std::lock_guard lock(m);
-      out = v;
-    }
-  });
-  return out;
-}
 
 /// Every rank's micro-batches of the step plan of `p` placed by `bal` together hold each stream token and
 /// counting target once.
@@ -67,7 +53,7 @@ void check_exactly_once(const Partition& p, const model::step_batch& b, int worl
 }  // namespace
 
 TEST_CASE("train::system: one step's gradients equal a single-rank run's (loopback, 8 ranks)") {
-  parity_cases([](auto body) { return on_loopback(body); });
+  parity_cases([](auto body) { return testsupport::rank0_of(8, body); });
 }
 
 TEST_CASE("train::system: every token of a step counts in the loss exactly once (random batches)") {
