@@ -15,6 +15,7 @@
 #include "core/lines.hpp"
 #include "core/numeric.hpp"
 #include "core/random.hpp"
+#include "core/sort.hpp"
 
 #include "mesh/mesh.hpp"
 

@@ -25,6 +25,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/sort.hpp"
 #include "../seq/hdp.hpp"
 #include "hdp_common.hpp"
 #include "model.hpp"
@@ -57,7 +58,7 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
     for (const auto& s : sh.items[i].seqs) m = std::max(m, s.length);
     return m;
   };
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+  hetmesh::detail::erased_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     const auto la = longest(a), lb = longest(b);
     return la != lb ? la > lb : a < b;
   });

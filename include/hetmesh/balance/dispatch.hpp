@@ -18,6 +18,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/sort.hpp"
 #include "../seq/cp.hpp"
 #include "../seq/hdp.hpp"
 #include "../seq/types.hpp"
@@ -114,7 +115,7 @@ struct dispatch_plan {
           "length >= 0",
           op, s.seq_id, s.rank, s.offset, s.length, ranks);
   auto overlap_check = [&](auto& v, auto rank_of, auto begin_of, auto end_of, const char* what) {
-    std::sort(v.begin(), v.end(), [&](const auto& a, const auto& b) {
+    hetmesh::detail::erased_sort(v.begin(), v.end(), [&](const auto& a, const auto& b) {
       return std::tuple(rank_of(a), begin_of(a)) < std::tuple(rank_of(b), begin_of(b));
     });
     std::size_t reach = v.size();  // the block of this rank, so far, that ends last
@@ -136,8 +137,9 @@ struct dispatch_plan {
     auto& rows = plan.source_rows[static_cast<std::size_t>(s.rank)];
     rows = std::max(rows, s.offset + s.length);
   }
-  std::sort(src.begin(), src.end(),
-            [](const token_source& a, const token_source& b) { return a.seq_id < b.seq_id; });
+  hetmesh::detail::erased_sort(src.begin(), src.end(), [](const token_source& a, const token_source& b) {
+    return a.seq_id < b.seq_id;
+  });
   for (std::size_t k = 1; k < src.size(); ++k)
     if (src[k].seq_id == src[k - 1].seq_id)
       throw_error<invalid_argument>("{}: sequence {} has two sources (ranks {} and {}); expected one owner",
@@ -157,7 +159,7 @@ struct dispatch_plan {
     auto& rows = plan.target_rows[static_cast<std::size_t>(t.rank)];
     rows = std::max(rows, t.offset + t.tokens.size());
   }
-  std::sort(tgt.begin(), tgt.end(), [](const llm_block& a, const llm_block& b) {
+  hetmesh::detail::erased_sort(tgt.begin(), tgt.end(), [](const llm_block& a, const llm_block& b) {
     return std::tie(a.sample_id, a.tokens.begin, a.rank) < std::tie(b.sample_id, b.tokens.begin, b.rank);
   });
   std::vector<reshard_run> runs;
@@ -192,7 +194,7 @@ struct dispatch_plan {
     plan.tokens += s.length;
   }
   if (k != tgt.size()) unknown();
-  std::sort(runs.begin(), runs.end(), [](const reshard_run& a, const reshard_run& b) {
+  hetmesh::detail::erased_sort(runs.begin(), runs.end(), [](const reshard_run& a, const reshard_run& b) {
     return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
   });
   plan.moves.ranks = ranks;

@@ -16,6 +16,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/sort.hpp"
 #include "../cost/comm.hpp"
 #include "../cost/compute.hpp"
 #include "../cost/fixed.hpp"
@@ -120,8 +121,8 @@ struct timeline {
     throw_error<invalid_argument>("balance::simulate: pp_stages = {}; expected >= 1", pp_stages);
   std::vector<std::size_t> idx(tasks.size());
   for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-  std::stable_sort(idx.begin(), idx.end(),
-                   [&](std::size_t a, std::size_t b) { return tasks[a].order < tasks[b].order; });
+  hetmesh::detail::erased_stable_sort(
+      idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return tasks[a].order < tasks[b].order; });
   timeline t;
   const auto n = static_cast<std::size_t>(ranks);
   t.busy.assign(n, cost::fixed{});

@@ -37,12 +37,35 @@ namespace detail {
       hetmesh::format("assertion `{}` failed at {}:{}: {}", expr, file, line, fmt::vformat(format, args)));
 }
 
+#if HETMESH_CHECK_FORMAT_STRINGS
 /// A failed HETMESH_ASSERT: formats the explanation out of line (see throw_error).
 template <class... Args>
 [[noreturn]] void assertion_failed(std::string_view expr, std::string_view file, int line,
                                    format_string_t<Args...> format, Args&&... args) {
   assertion_failed_v(expr, file, line, format, fmt::make_format_args(args...));
 }
+#else
+/// A failed HETMESH_ASSERT: formats the explanation out of line (see throw_error). Not a template: the
+/// arguments convert to type-erased format_args, as throw_error's do.
+[[noreturn]] [[gnu::cold]] inline void assertion_failed(
+    std::string_view expr, std::string_view file, int line, fmt::string_view format, format_arg a0 = {},
+    format_arg a1 = {}, format_arg a2 = {}, format_arg a3 = {}, format_arg a4 = {}, format_arg a5 = {},
+    format_arg a6 = {}, format_arg a7 = {}, format_arg a8 = {}, format_arg a9 = {}, format_arg a10 = {},
+    format_arg a11 = {}, format_arg a12 = {}, format_arg a13 = {}, format_arg a14 = {}, format_arg a15 = {}) {
+  const format_arg args[] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15};
+  fmt::format_context::format_arg data[max_erased_args];
+  assertion_failed_v(expr, file, line, format, format_arg::pack(args, data));
+}
+
+/// assertion_failed with more than max_erased_args arguments.
+template <class... Args>
+requires(sizeof...(Args) > max_erased_args)
+    [[noreturn]] void assertion_failed(std::string_view expr, std::string_view file, int line,
+                                       fmt::string_view format, Args&&... args) {
+  assertion_failed_v(expr, file, line, format,
+                     erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+}
+#endif
 }  // namespace detail
 
 }  // namespace hetmesh

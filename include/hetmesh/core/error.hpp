@@ -3,6 +3,7 @@
 // hetmesh::error and carries context: what was being done, and what was expected.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -147,45 +148,146 @@ struct erased_args {
     return {data, static_cast<int>(sizeof...(Args))};
   }
 };
+
+/// How many arguments throw_error, hetmesh::format and hetmesh::format_to take as plain (non-template)
+/// parameters; calls with more go through a variadic overload.
+inline constexpr int max_erased_args = 16;
+
+/// One argument of throw_error / hetmesh::format / hetmesh::format_to, type-erased where it is passed:
+/// the implicit conversion from `const T&` is instantiated once per argument type, so these functions
+/// are not instantiated per argument pack (there were about 300 distinct packs in `hetmesh.hpp`, each an
+/// instantiation of the function, of an argument array type and of its constructor). Refers to the
+/// argument, which lives until the end of the caller's full-expression. A default-constructed one is
+/// "no argument" and ends the list.
+class format_arg {
+ public:
+  /// No argument: the end of the list.
+  format_arg() = default;
+  /// Refers to `v`, which must be formattable by fmt.
+  template <class T>
+  format_arg(const T& v)  // NOLINT(google-explicit-constructor): converts at the call site by design
+      : arg_(erased_arg<fmt::format_context>(v)) {}
+
+  /// Packs the leading given arguments of `args` (up to the first "no argument") for fmt::vformat;
+  /// `data` receives them and must outlive the result.
+  template <std::size_t N>
+  [[nodiscard]] static fmt::format_args pack(const format_arg (&args)[N],
+                                             fmt::format_context::format_arg (&data)[N]) noexcept {
+    int n = 0;
+    while (n < static_cast<int>(N) && args[n].arg_) {
+      data[n] = args[n].arg_;
+      ++n;
+    }
+    return {data, n};
+  }
+
+ private:
+  fmt::format_context::format_arg arg_;
+};
+
+/// Formats `format` with the given leading arguments of `args` (see format_arg::pack).
+[[nodiscard]] inline std::string vformat_erased(fmt::string_view format,
+                                                const format_arg (&args)[max_erased_args]) {
+  fmt::format_context::format_arg data[max_erased_args];
+  return fmt::vformat(format, format_arg::pack(args, data));
+}
+
+/// Throws E with `format` formatted with the given leading arguments of `args`.
+template <class E>
+[[noreturn]] [[gnu::cold]] [[gnu::noinline]] void throw_erased(fmt::string_view format,
+                                                               const format_arg (&args)[max_erased_args]) {
+  throw E(vformat_erased(format, args));
+}
 }  // namespace detail
 
-/// fmt::format, with the format string checked when formatting rather than at compile time (unless
-/// HETMESH_CHECK_FORMAT_STRINGS): each call site costs an array of type-erased arguments instead of
-/// fmt's consteval checker and format_arg_store. The library's headers format through this and
-/// format_to.
-template <class... Args>
-[[nodiscard]] std::string format(detail::format_string_t<Args...> text, Args&&... args) {
 #if HETMESH_CHECK_FORMAT_STRINGS
+/// fmt::format, with the format string checked at compile time (HETMESH_CHECK_FORMAT_STRINGS).
+template <class... Args>
+[[nodiscard]] std::string format(fmt::format_string<Args...> text, Args&&... args) {
   return fmt::vformat(text, fmt::make_format_args(args...));
-#else
-  return fmt::vformat(text,
-                      detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
-#endif
 }
 
 /// fmt::format_to, checked like hetmesh::format.
 template <class Out, class... Args>
-Out format_to(Out out, detail::format_string_t<Args...> text, Args&&... args) {
-#if HETMESH_CHECK_FORMAT_STRINGS
+Out format_to(Out out, fmt::format_string<Args...> text, Args&&... args) {
   return fmt::vformat_to(out, text, fmt::make_format_args(args...));
-#else
-  return fmt::vformat_to(
-      out, text, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
-#endif
 }
 
 /// Throws E with a message formatted by fmt. `throw_error<invalid_argument>("cp={} ...", cp)`.
-/// A call site costs an array of type-erased arguments; the formatting itself is out of line
-/// (fmt::vformat).
 template <class E, class... Args>
-[[noreturn]] void throw_error(detail::format_string_t<Args...> format, Args&&... args) {
-#if HETMESH_CHECK_FORMAT_STRINGS
+[[noreturn]] void throw_error(fmt::format_string<Args...> format, Args&&... args) {
   detail::throw_formatted<E>(format, fmt::make_format_args(args...));
+}
 #else
+/// fmt::format, with the format string checked when formatting rather than at compile time (unless
+/// HETMESH_CHECK_FORMAT_STRINGS; a malformed string throws fmt::format_error). Not a template: each
+/// argument converts to a type-erased detail::format_arg (instantiated once per argument type), so a call
+/// site instantiates nothing per argument pack. The library's headers format through this and format_to.
+[[nodiscard]] inline std::string format(fmt::string_view text, detail::format_arg a0 = {},
+                                        detail::format_arg a1 = {}, detail::format_arg a2 = {},
+                                        detail::format_arg a3 = {}, detail::format_arg a4 = {},
+                                        detail::format_arg a5 = {}, detail::format_arg a6 = {},
+                                        detail::format_arg a7 = {}, detail::format_arg a8 = {},
+                                        detail::format_arg a9 = {}, detail::format_arg a10 = {},
+                                        detail::format_arg a11 = {}, detail::format_arg a12 = {},
+                                        detail::format_arg a13 = {}, detail::format_arg a14 = {},
+                                        detail::format_arg a15 = {}) {
+  return detail::vformat_erased(text, {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15});
+}
+
+/// hetmesh::format with more than detail::max_erased_args arguments.
+template <class... Args>
+requires(sizeof...(Args) > detail::max_erased_args) [[nodiscard]] std::string
+    format(fmt::string_view text, Args&&... args) {
+  return fmt::vformat(text,
+                      detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+}
+
+/// fmt::format_to, checked like hetmesh::format; one instantiation per output iterator type.
+template <class Out>
+Out format_to(Out out, fmt::string_view text, detail::format_arg a0 = {}, detail::format_arg a1 = {},
+              detail::format_arg a2 = {}, detail::format_arg a3 = {}, detail::format_arg a4 = {},
+              detail::format_arg a5 = {}, detail::format_arg a6 = {}, detail::format_arg a7 = {},
+              detail::format_arg a8 = {}, detail::format_arg a9 = {}, detail::format_arg a10 = {},
+              detail::format_arg a11 = {}, detail::format_arg a12 = {}, detail::format_arg a13 = {},
+              detail::format_arg a14 = {}, detail::format_arg a15 = {}) {
+  const detail::format_arg args[] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15};
+  fmt::format_context::format_arg data[detail::max_erased_args];
+  return fmt::vformat_to(out, text, detail::format_arg::pack(args, data));
+}
+
+/// hetmesh::format_to with more than detail::max_erased_args arguments.
+template <class Out, class... Args>
+requires(sizeof...(Args) > detail::max_erased_args) Out
+    format_to(Out out, fmt::string_view text, Args&&... args) {
+  return fmt::vformat_to(
+      out, text, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+}
+
+/// Throws E with a message formatted by fmt. `throw_error<invalid_argument>("cp={} ...", cp)`.
+/// A call site converts each argument to a type-erased detail::format_arg (instantiated once per
+/// argument type); throw_error is instantiated once per exception type, and the formatting is out of
+/// line (fmt::vformat).
+template <class E>
+[[noreturn]] void throw_error(fmt::string_view format, detail::format_arg a0 = {}, detail::format_arg a1 = {},
+                              detail::format_arg a2 = {}, detail::format_arg a3 = {},
+                              detail::format_arg a4 = {}, detail::format_arg a5 = {},
+                              detail::format_arg a6 = {}, detail::format_arg a7 = {},
+                              detail::format_arg a8 = {}, detail::format_arg a9 = {},
+                              detail::format_arg a10 = {}, detail::format_arg a11 = {},
+                              detail::format_arg a12 = {}, detail::format_arg a13 = {},
+                              detail::format_arg a14 = {}, detail::format_arg a15 = {}) {
+  detail::throw_erased<E>(format, {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15});
+}
+
+/// throw_error with more than detail::max_erased_args arguments.
+template <class E, class... Args>
+requires(sizeof...(Args) > detail::max_erased_args)
+    [[noreturn]] void throw_error(fmt::string_view format, Args&&... args) {
   detail::throw_formatted<E>(
       format, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
-#endif
 }
+#endif
 #endif
 
 }  // namespace hetmesh

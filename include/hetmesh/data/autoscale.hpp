@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/sort.hpp"
 
 namespace hetmesh::data {
 
@@ -67,8 +68,9 @@ struct autoscale_options {
   }
   std::vector<std::size_t> order(n);
   for (std::size_t s = 0; s < n; ++s) order[s] = s;
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return want[a] != want[b] ? want[a] > want[b] : a < b; });
+  hetmesh::detail::erased_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return want[a] != want[b] ? want[a] > want[b] : a < b;
+  });
   for (std::size_t s : order) {
     if (spare == 0 || want[s] <= 0) break;
     if (k[s] < max_per_source) {

@@ -18,6 +18,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/sort.hpp"
 #include "../cost/compute.hpp"
 #include "../seq/sample.hpp"
 #include "sample.hpp"
@@ -228,7 +229,7 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
     rem[i] = {scaled - static_cast<double>(out[i]), i};
     sum += out[i];
   }
-  std::sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) {
+  hetmesh::detail::erased_sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
   for (std::size_t k = 0; sum < weight_one; ++k, ++sum) ++out[rem[k % rem.size()].second];

@@ -29,6 +29,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/sort.hpp"
 #include "dim.hpp"
 #include "topology.hpp"
 #include "view.hpp"
@@ -241,7 +242,8 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
   for (const auto& s : shape) {
     if (std::find(base.begin(), base.end(), s) == base.end()) rest.push_back(s);
   }
-  std::sort(rest.begin(), rest.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  hetmesh::detail::erased_sort(rest.begin(), rest.end(),
+                               [](const auto& a, const auto& b) { return a.first < b.first; });
   base.insert(base.end(), rest.begin(), rest.end());
 
   layout_choice out{base, topo, load, options.total, {}, 0, 0};
@@ -260,7 +262,7 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
       all.back().first.admissible = ok;
     }
   } while (std::next_permutation(perm.begin(), perm.end()));
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+  hetmesh::detail::erased_sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
     if (a.first.time_ns != b.first.time_ns) return a.first.time_ns < b.first.time_ns;
     return a.second < b.second;
   });

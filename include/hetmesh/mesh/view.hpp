@@ -22,6 +22,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/sort.hpp"
 #include "dim.hpp"
 
 namespace hetmesh::mesh {
@@ -126,8 +127,9 @@ class view {
       }
     }
     // Largest stride first, for the greedy inverse in coord_of.
-    std::sort(sorted_.begin(), sorted_.end(),
-              [&](const slot& a, const slot& b) { return atom_at(a).stride > atom_at(b).stride; });
+    hetmesh::detail::erased_sort(sorted_.begin(), sorted_.end(), [&](const slot& a, const slot& b) {
+      return atom_at(a).stride > atom_at(b).stride;
+    });
   }
 
   /// Number of ranks. O(1).

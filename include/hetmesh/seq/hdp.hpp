@@ -28,6 +28,7 @@
 #include "../core/exactly_once.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../core/sort.hpp"
 #include "detail/best_fit.hpp"
 #include "offload.hpp"
 #include "types.hpp"
@@ -166,7 +167,7 @@ struct hdp_plan {
     if (s.length == 0) continue;
     (s.length <= policy.capacity ? shorts : longs).push_back(s);
   }
-  std::sort(longs.begin(), longs.end(), longer_first);
+  hetmesh::detail::erased_sort(longs.begin(), longs.end(), longer_first);
   const auto bins = detail::best_fit_decreasing(shorts, policy.capacity);
   out.items.reserve(longs.size() + bins.size());
   for (const auto& s : longs) {
@@ -261,7 +262,8 @@ struct hdp_plan {
     return a.order != b.order ? a.order < b.order : a.item < b.item;
   };
   for (auto& mbs : plan.per_rank)
-    if (!std::is_sorted(mbs.begin(), mbs.end(), before)) std::sort(mbs.begin(), mbs.end(), before);
+    if (!std::is_sorted(mbs.begin(), mbs.end(), before))
+      hetmesh::detail::erased_sort(mbs.begin(), mbs.end(), before);
   plan.sharding = std::move(sharding);
   plan.placement = std::move(placement);
   return plan;
@@ -406,7 +408,7 @@ struct pair_slot {
                   ? ~std::uint64_t{0}
                   : total + static_cast<std::uint64_t>(c);
   }
-  std::sort(by_cost.begin(), by_cost.end(), [](const auto& a, const auto& b) {
+  hetmesh::detail::erased_sort(by_cost.begin(), by_cost.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
   std::vector<hdp_placement> out(sh.items.size());

@@ -15,6 +15,7 @@
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "../core/numeric.hpp"
+#include "../core/sort.hpp"
 #include "detail/best_fit.hpp"
 #include "types.hpp"
 
@@ -76,7 +77,7 @@ struct pack_plan {
   std::vector<seq_desc> fits;
   fits.reserve(docs.size());
   for (const auto& d : docs) (d.length > policy.capacity ? out.rejected : fits).push_back(d);
-  std::sort(out.rejected.begin(), out.rejected.end(), longer_first);
+  hetmesh::detail::erased_sort(out.rejected.begin(), out.rejected.end(), longer_first);
   if (!out.rejected.empty() && policy.overlong == overlong_action::error) {
     std::vector<seq_desc> shown(
         out.rejected.begin(),
