@@ -4,7 +4,9 @@
 # EXPECT (the message a concept or static_assert gives the user). The control build of the source (with
 # -DHETMESH_COMPILE_FAIL_CONTROL, which must succeed, so that the failure is the one the test is about and not
 # a typo in the test) is compiled with the other sources of its group by compile_fail_control.cmake.
-# Inputs: CXX, SOURCE, EXPECT, INCLUDES and DEFINES ('|'-separated).
+# With PCH (a header the group's control test precompiled), it force-includes that header (-include) when
+# its .gch exists: the failure must still be the source's own, with its message.
+# Inputs: CXX, SOURCE, EXPECT, INCLUDES and DEFINES ('|'-separated), PCH (optional).
 string(REPLACE "|" ";" includes "${INCLUDES}")
 string(REPLACE "|" ";" defines "${DEFINES}")
 set(args -std=c++20 -fsyntax-only)
@@ -19,6 +21,9 @@ foreach(def IN LISTS defines)
   endif()
 endforeach()
 
+if(PCH AND EXISTS "${PCH}.gch")
+  list(APPEND args -include "${PCH}")
+endif()
 execute_process(COMMAND "${CXX}" ${args} "${SOURCE}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(rc EQUAL 0)
   message(FATAL_ERROR "compile-fail: ${SOURCE} compiled, but it must fail with a message matching '${EXPECT}'")
