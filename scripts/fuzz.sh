@@ -3,7 +3,8 @@
 # Builds hetmesh's libFuzzer targets (fuzz/, clang 14 with address and undefined-behaviour sanitizers)
 # and runs each for a bounded time over its committed seed corpus. CI calls it; a finding fails it.
 #   scripts/fuzz.sh [seconds per target, default 20] [target ...]
-# Environment: BUILD_DIR (default build/fuzz), CXX_FUZZ (default clang++-14 or clang++), JOBS (default 1),
+# Environment: BUILD_DIR (default build/fuzz), CXX_FUZZ (default clang++-14 or clang++), JOBS (build jobs, and
+# how many targets run at once; default 1),
 # TMPDIR (scratch files of the file-reading targets; default /dev/shm where writable),
 # FUZZ_WORK (where new corpus entries and crash reproducers go; default $BUILD_DIR/work).
 set -euo pipefail
@@ -25,14 +26,38 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=
   || { cat "$build.configure.log"; exit 1; }
 ninja -C "$build" -j "${JOBS:-1}" "${targets[@]/#/fuzz_}"
 
-status=0
-for t in "${targets[@]}"; do
+# The targets run JOBS at a time (each on one core, for the same number of seconds as alone); the report
+# below lists them in order once all have finished.
+fuzz_one() {
+  local t="$1"
   mkdir -p "$work/$t/corpus" "$work/$t/artifacts"
-  echo "== fuzz_$t: ${seconds}s"
   # New inputs go to the work folder; the committed seeds (fuzz/corpus/$t) are read, never written.
-  if ! "$build/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+  if "$build/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
        -print_final_stats=1 -artifact_prefix="$work/$t/artifacts/" "$work/$t/corpus" "fuzz/corpus/$t" \
        2> "$work/$t/log"; then
+    echo 0 > "$work/$t/status"
+  else
+    echo 1 > "$work/$t/status"
+  fi
+}
+parallel="${JOBS:-1}"
+running=0
+for t in "${targets[@]}"; do
+  rm -f "$work/$t/status"
+  echo "== fuzz_$t: ${seconds}s"
+  fuzz_one "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$parallel" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+
+status=0
+for t in "${targets[@]}"; do
+  echo "== fuzz_$t"
+  if [ "$(cat "$work/$t/status" 2> /dev/null)" != 0 ]; then
     status=1
     echo "fuzz_$t: FOUND A FAILURE (reproducers in $work/$t/artifacts)"
     tail -n 40 "$work/$t/log"

@@ -4,27 +4,46 @@
 // calls the concept's check_* function, which must fail with the message naming the missing requirement.
 // A test names the one family it needs (HETMESH_TEST_FIXTURE_STAGES, _KERNEL or _STORE), so that it parses
 // only that family's header.
-#pragma once
+// Each family is guarded on its own (no #pragma once), so that the shared control build of the compile-fail
+// tests (tests/support/compile_fail_control.cmake), which defines the macros of several sources in one
+// translation unit, gets every family it names.
 
 #include <array>
 #include <cstdint>
 #include <span>
 #include <string_view>
 
-#if defined(HETMESH_TEST_FIXTURE_STAGES)
-#include <hetmesh/model/stage.hpp>
-#elif defined(HETMESH_TEST_FIXTURE_KERNEL)
-#include <hetmesh/model/attention_check.hpp>
-#elif defined(HETMESH_TEST_FIXTURE_STORE)
-#include <hetmesh/model/activation.hpp>
-#else
+#if !defined(HETMESH_TEST_FIXTURE_STAGES) && !defined(HETMESH_TEST_FIXTURE_KERNEL) && \
+    !defined(HETMESH_TEST_FIXTURE_STORE)
 #error "define HETMESH_TEST_FIXTURE_STAGES, _KERNEL or _STORE before including model_fixture.hpp"
 #endif
+
+// A control build omits nothing. The shared control build reads the leading lines of many sources before
+// their bodies, and a family is defined at its first inclusion, so a source that defined an omission
+// under HETMESH_COMPILE_FAIL_CONTROL would go unnoticed there: every inclusion checks it (list every
+// HETMESH_TEST_OMIT_* macro of this file here).
+#if defined(HETMESH_COMPILE_FAIL_CONTROL) &&                                                              \
+    (defined(HETMESH_TEST_OMIT_ATTENTION_BACKWARD) || defined(HETMESH_TEST_OMIT_ATTENTION_FORWARD) ||     \
+     defined(HETMESH_TEST_OMIT_BACKBONE_BACKWARD) || defined(HETMESH_TEST_OMIT_BACKBONE_FORWARD) ||       \
+     defined(HETMESH_TEST_OMIT_BACKBONE_OUTPUT_SIZE) || defined(HETMESH_TEST_OMIT_BACKBONE_PARAMETERS) || \
+     defined(HETMESH_TEST_OMIT_BACKBONE_TAG) || defined(HETMESH_TEST_OMIT_BACKWARD_INPUT) ||              \
+     defined(HETMESH_TEST_OMIT_BACKWARD_WEIGHT) || defined(HETMESH_TEST_OMIT_ENCODER_BACKWARD) ||         \
+     defined(HETMESH_TEST_OMIT_ENCODER_FORWARD) || defined(HETMESH_TEST_OMIT_ENCODER_INPUT_SIZE) ||       \
+     defined(HETMESH_TEST_OMIT_ENCODER_MODALITY) || defined(HETMESH_TEST_OMIT_ENCODER_OUTPUT_SIZE) ||     \
+     defined(HETMESH_TEST_OMIT_ENCODER_PARAMETERS) || defined(HETMESH_TEST_OMIT_ENCODER_TAG) ||           \
+     defined(HETMESH_TEST_OMIT_STORE_BYTES) || defined(HETMESH_TEST_OMIT_STORE_CONTAINS) ||               \
+     defined(HETMESH_TEST_OMIT_STORE_READ) || defined(HETMESH_TEST_OMIT_STORE_RELEASE) ||                 \
+     defined(HETMESH_TEST_OMIT_STORE_TAG) || defined(HETMESH_TEST_OMIT_STORE_WRITE))
+#error "a control build (HETMESH_COMPILE_FAIL_CONTROL) must not define a HETMESH_TEST_OMIT_* macro"
+#endif
+
+#if defined(HETMESH_TEST_FIXTURE_STAGES) && !defined(HETMESH_TEST_FIXTURE_STAGES_DONE)
+#define HETMESH_TEST_FIXTURE_STAGES_DONE
+#include <hetmesh/model/stage.hpp>
 
 namespace fixture {
 using namespace hetmesh::model;
 
-#if defined(HETMESH_TEST_FIXTURE_STAGES)
 struct encoder {
 #ifndef HETMESH_TEST_OMIT_ENCODER_TAG
   using is_encoder_stage = void;
@@ -81,9 +100,16 @@ struct backbone {
 #endif
 };
 
+}  // namespace fixture
 #endif
 
-#if defined(HETMESH_TEST_FIXTURE_KERNEL)
+#if defined(HETMESH_TEST_FIXTURE_KERNEL) && !defined(HETMESH_TEST_FIXTURE_KERNEL_DONE)
+#define HETMESH_TEST_FIXTURE_KERNEL_DONE
+#include <hetmesh/model/attention_check.hpp>
+
+namespace fixture {
+using namespace hetmesh::model;
+
 struct kernel {
 #ifndef HETMESH_TEST_OMIT_ATTENTION_FORWARD
   void forward(const attention_block<float>&, attention_forward_out<float>) {}
@@ -93,9 +119,16 @@ struct kernel {
 #endif
 };
 
+}  // namespace fixture
 #endif
 
-#if defined(HETMESH_TEST_FIXTURE_STORE)
+#if defined(HETMESH_TEST_FIXTURE_STORE) && !defined(HETMESH_TEST_FIXTURE_STORE_DONE)
+#define HETMESH_TEST_FIXTURE_STORE_DONE
+#include <hetmesh/model/activation.hpp>
+
+namespace fixture {
+using namespace hetmesh::model;
+
 struct store {
 #ifndef HETMESH_TEST_OMIT_STORE_TAG
   using is_activation_store = void;
@@ -117,6 +150,5 @@ struct store {
 #endif
 };
 
-#endif
-
 }  // namespace fixture
+#endif
