@@ -30,7 +30,7 @@ std::vector<item> random_items(std::size_t n, int keys, std::uint64_t seed) {
 }
 }  // namespace
 
-TEST_CASE("erased_sort ends in std::sort's order, ties included") {
+TEST_CASE("indirect_sort ends in std::sort's order, ties included") {
   const auto by_key = [](const item& a, const item& b) { return a.key < b.key; };
   for (std::size_t n : {0U, 1U, 2U, 5U, 16U, 17U, 100U, 1000U, 5000U})
     for (int keys : {1, 3, 50, 100000})
@@ -38,12 +38,12 @@ TEST_CASE("erased_sort ends in std::sort's order, ties included") {
         auto a = random_items(n, keys, seed);
         auto b = a;
         std::sort(a.begin(), a.end(), by_key);
-        hetmesh::detail::erased_sort(b.begin(), b.end(), by_key);
+        hetmesh::indirect_sort(b.begin(), b.end(), by_key);
         CHECK(a == b);
       }
 }
 
-TEST_CASE("erased_stable_sort ends in std::stable_sort's order") {
+TEST_CASE("indirect_stable_sort ends in std::stable_sort's order") {
   const auto by_key = [](const item& a, const item& b) { return a.key < b.key; };
   for (std::size_t n : {0U, 1U, 7U, 33U, 1000U})
     for (int keys : {1, 4, 1000})
@@ -51,15 +51,15 @@ TEST_CASE("erased_stable_sort ends in std::stable_sort's order") {
         auto a = random_items(n, keys, seed);
         auto b = a;
         std::stable_sort(a.begin(), a.end(), by_key);
-        hetmesh::detail::erased_stable_sort(b.begin(), b.end(), by_key);
+        hetmesh::indirect_stable_sort(b.begin(), b.end(), by_key);
         CHECK(a == b);
       }
 }
 
-TEST_CASE("erased_sort without a comparator sorts by <") {
+TEST_CASE("indirect_sort without a comparator sorts by <") {
   std::vector<std::pair<std::int64_t, int>> a{{3, 1}, {-1, 2}, {3, 0}, {7, 7}, {-1, 1}};
   auto b = a;
   std::sort(a.begin(), a.end());
-  hetmesh::detail::erased_sort(b.begin(), b.end());
+  hetmesh::indirect_sort(b.begin(), b.end());
   CHECK(a == b);
 }

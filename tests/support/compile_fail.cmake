@@ -7,19 +7,8 @@
 # With PCH (a header the group's control test precompiled), it force-includes that header (-include) when
 # its .gch exists: the failure must still be the source's own, with its message.
 # Inputs: CXX, SOURCE, EXPECT, INCLUDES and DEFINES ('|'-separated), PCH (optional).
-string(REPLACE "|" ";" includes "${INCLUDES}")
-string(REPLACE "|" ";" defines "${DEFINES}")
-set(args -std=c++20 -fsyntax-only)
-foreach(dir IN LISTS includes)
-  if(dir)
-    list(APPEND args "-I${dir}")
-  endif()
-endforeach()
-foreach(def IN LISTS defines)
-  if(def)
-    list(APPEND args "-D${def}")
-  endif()
-endforeach()
+include("${CMAKE_CURRENT_LIST_DIR}/compile_flags.cmake")
+list(APPEND args -fsyntax-only)
 
 if(PCH AND EXISTS "${PCH}.gch")
   list(APPEND args -include "${PCH}")

@@ -18,19 +18,7 @@
 # (compile_fail.cmake) force-include it.
 # Inputs: CXX, SOURCES, INCLUDES and DEFINES ('|'-separated), OUTPUT (the file to write), PCH (optional).
 string(REPLACE "|" ";" sources "${SOURCES}")
-string(REPLACE "|" ";" includes "${INCLUDES}")
-string(REPLACE "|" ";" defines "${DEFINES}")
-set(args -std=c++20)
-foreach(dir IN LISTS includes)
-  if(dir)
-    list(APPEND args "-I${dir}")
-  endif()
-endforeach()
-foreach(def IN LISTS defines)
-  if(def)
-    list(APPEND args "-D${def}")
-  endif()
-endforeach()
+include("${CMAKE_CURRENT_LIST_DIR}/compile_flags.cmake")
 
 set(force_include "")
 if(PCH)

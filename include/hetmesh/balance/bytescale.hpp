@@ -58,7 +58,7 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
     for (const auto& s : sh.items[i].seqs) m = std::max(m, s.length);
     return m;
   };
-  hetmesh::detail::erased_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+  hetmesh::indirect_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     const auto la = longest(a), lb = longest(b);
     return la != lb ? la > lb : a < b;
   });

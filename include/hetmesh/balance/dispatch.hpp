@@ -115,7 +115,7 @@ struct dispatch_plan {
           "length >= 0",
           op, s.seq_id, s.rank, s.offset, s.length, ranks);
   auto overlap_check = [&](auto& v, auto rank_of, auto begin_of, auto end_of, const char* what) {
-    hetmesh::detail::erased_sort(v.begin(), v.end(), [&](const auto& a, const auto& b) {
+    hetmesh::indirect_sort(v.begin(), v.end(), [&](const auto& a, const auto& b) {
       return std::tuple(rank_of(a), begin_of(a)) < std::tuple(rank_of(b), begin_of(b));
     });
     std::size_t reach = v.size();  // the block of this rank, so far, that ends last
@@ -137,9 +137,8 @@ struct dispatch_plan {
     auto& rows = plan.source_rows[static_cast<std::size_t>(s.rank)];
     rows = std::max(rows, s.offset + s.length);
   }
-  hetmesh::detail::erased_sort(src.begin(), src.end(), [](const token_source& a, const token_source& b) {
-    return a.seq_id < b.seq_id;
-  });
+  hetmesh::indirect_sort(src.begin(), src.end(),
+                         [](const token_source& a, const token_source& b) { return a.seq_id < b.seq_id; });
   for (std::size_t k = 1; k < src.size(); ++k)
     if (src[k].seq_id == src[k - 1].seq_id)
       throw_error<invalid_argument>("{}: sequence {} has two sources (ranks {} and {}); expected one owner",
@@ -159,7 +158,7 @@ struct dispatch_plan {
     auto& rows = plan.target_rows[static_cast<std::size_t>(t.rank)];
     rows = std::max(rows, t.offset + t.tokens.size());
   }
-  hetmesh::detail::erased_sort(tgt.begin(), tgt.end(), [](const llm_block& a, const llm_block& b) {
+  hetmesh::indirect_sort(tgt.begin(), tgt.end(), [](const llm_block& a, const llm_block& b) {
     return std::tie(a.sample_id, a.tokens.begin, a.rank) < std::tie(b.sample_id, b.tokens.begin, b.rank);
   });
   std::vector<reshard_run> runs;
@@ -194,7 +193,7 @@ struct dispatch_plan {
     plan.tokens += s.length;
   }
   if (k != tgt.size()) unknown();
-  hetmesh::detail::erased_sort(runs.begin(), runs.end(), [](const reshard_run& a, const reshard_run& b) {
+  hetmesh::indirect_sort(runs.begin(), runs.end(), [](const reshard_run& a, const reshard_run& b) {
     return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
   });
   plan.moves.ranks = ranks;

@@ -69,13 +69,13 @@ namespace detail {
 inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, const cost::llm_compute& m) {
   total = cost::fixed{};
   for (auto& mb : mbs) {
-    hetmesh::detail::erased_sort(mb.seqs.begin(), mb.seqs.end(), seq::longer_first);
+    hetmesh::indirect_sort(mb.seqs.begin(), mb.seqs.end(), seq::longer_first);
     std::vector<std::int64_t> lens;
     for (const auto& s : mb.seqs) lens.push_back(s.length);
     mb.time = m.packed_row_fixed(lens);
     total += mb.time;
   }
-  hetmesh::detail::erased_sort(mbs.begin(), mbs.end(), [](const dp_micro_batch& a, const dp_micro_batch& b) {
+  hetmesh::indirect_sort(mbs.begin(), mbs.end(), [](const dp_micro_batch& a, const dp_micro_batch& b) {
     if (a.time != b.time) return a.time > b.time;
     if (a.seqs.empty() || b.seqs.empty()) return !a.seqs.empty() && b.seqs.empty();
     return a.seqs.front().id < b.seqs.front().id;
@@ -104,7 +104,7 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
   seq::check_seq_descs(seqs, "balance::plan_dp");
   // Canonical order first: everything below depends only on the multiset of sequences.
   std::vector<seq::seq_desc> sorted(seqs.begin(), seqs.end());
-  hetmesh::detail::erased_sort(sorted.begin(), sorted.end(), seq::longer_first);
+  hetmesh::indirect_sort(sorted.begin(), sorted.end(), seq::longer_first);
   for (const auto& s : sorted)
     if (s.length > policy.capacity)
       throw_error<capacity_error>(

@@ -121,7 +121,7 @@ struct timeline {
     throw_error<invalid_argument>("balance::simulate: pp_stages = {}; expected >= 1", pp_stages);
   std::vector<std::size_t> idx(tasks.size());
   for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-  hetmesh::detail::erased_stable_sort(
+  hetmesh::indirect_stable_sort(
       idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return tasks[a].order < tasks[b].order; });
   timeline t;
   const auto n = static_cast<std::size_t>(ranks);

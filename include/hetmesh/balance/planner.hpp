@@ -100,7 +100,7 @@ inline void emit_rows(std::span<const std::size_t> idx, std::span<const seq::seq
                       std::vector<seq::hdp_placement>& placement, std::int64_t& counter) {
   if (idx.empty()) return;
   std::vector<std::size_t> sorted(idx.begin(), idx.end());
-  hetmesh::detail::erased_sort(sorted.begin(), sorted.end(), [&](std::size_t a, std::size_t b) {
+  hetmesh::indirect_sort(sorted.begin(), sorted.end(), [&](std::size_t a, std::size_t b) {
     return seq::longer_first(shorts[a], shorts[b]);
   });
   std::vector<std::int64_t> lens;
@@ -174,7 +174,7 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
     cost[i] = m.llm.placement_fixed(shorts[i].length, hdp.capacity).ticks;
   std::vector<std::size_t> order(shorts.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  hetmesh::detail::erased_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+  hetmesh::indirect_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return cost[a] != cost[b] ? cost[a] > cost[b] : shorts[a].id < shorts[b].id;
   });
   // Open gaps by (room left after reserving the constants of the rows they may need, gap index).
@@ -276,7 +276,7 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
   std::int64_t counter = 0;
   for (int k = 0; k < groups; ++k) {
     auto& mine = per_group[static_cast<std::size_t>(k)];
-    hetmesh::detail::erased_sort(mine.begin(), mine.end(), seq::longer_first);
+    hetmesh::indirect_sort(mine.begin(), mine.end(), seq::longer_first);
     try {
       detail::plan_group(mine, hdp, g, k * g, m, sh.items, placement, counter);
     } catch (error& e) {

@@ -76,10 +76,9 @@ struct reshard_plan {
     t.ranks = ranks;
     t.runs.reserve(runs.size());
     for (const auto& r : runs) t.runs.push_back({r.dst, r.src, r.dst_offset, r.src_offset, r.rows});
-    hetmesh::detail::erased_sort(
-        t.runs.begin(), t.runs.end(), [](const reshard_run& a, const reshard_run& b) {
-          return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
-        });
+    hetmesh::indirect_sort(t.runs.begin(), t.runs.end(), [](const reshard_run& a, const reshard_run& b) {
+      return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
+    });
     const auto n = static_cast<std::size_t>(ranks);
     t.counts.assign(n * n, 0);
     for (std::size_t i = 0; i < n; ++i)
@@ -105,7 +104,7 @@ struct reshard_plan {
   if (ranks < 1) throw_error<invalid_argument>("balance::plan_reshard: ranks = {}; expected >= 1", ranks);
   auto key = [](std::int64_t s, int i) { return std::pair<std::int64_t, int>(s, i); };
   std::vector<item_span> its(items.begin(), items.end());
-  hetmesh::detail::erased_sort(its.begin(), its.end(), [&](const item_span& a, const item_span& b) {
+  hetmesh::indirect_sort(its.begin(), its.end(), [&](const item_span& a, const item_span& b) {
     return key(a.sample_id, a.item) < key(b.sample_id, b.item);
   });
   for (std::size_t k = 1; k < its.size(); ++k)
@@ -113,7 +112,7 @@ struct reshard_plan {
       throw_error<invalid_argument>("balance::plan_reshard: item ({}, {}) listed twice", its[k].sample_id,
                                     its[k].item);
   std::vector<llm_block> llm(consumed.begin(), consumed.end());
-  hetmesh::detail::erased_sort(llm.begin(), llm.end(), [](const llm_block& a, const llm_block& b) {
+  hetmesh::indirect_sort(llm.begin(), llm.end(), [](const llm_block& a, const llm_block& b) {
     return std::tie(a.sample_id, a.tokens.begin) < std::tie(b.sample_id, b.tokens.begin);
   });
   for (std::size_t k = 0; k < llm.size(); ++k) {
@@ -129,7 +128,7 @@ struct reshard_plan {
           llm[k - 1].tokens, llm[k].tokens, llm[k].sample_id);
   }
   std::vector<encoder_block> enc(produced.begin(), produced.end());
-  hetmesh::detail::erased_sort(enc.begin(), enc.end(), [](const encoder_block& a, const encoder_block& b) {
+  hetmesh::indirect_sort(enc.begin(), enc.end(), [](const encoder_block& a, const encoder_block& b) {
     return std::tie(a.sample_id, a.item, a.row_begin) < std::tie(b.sample_id, b.item, b.row_begin);
   });
   std::vector<reshard_run> runs;
@@ -183,7 +182,7 @@ struct reshard_plan {
     throw_error<invalid_argument>(
         "balance::plan_reshard: encoder block of sample {} item {} names no listed item", enc[e].sample_id,
         enc[e].item);
-  hetmesh::detail::erased_sort(runs.begin(), runs.end(), [](const reshard_run& a, const reshard_run& b) {
+  hetmesh::indirect_sort(runs.begin(), runs.end(), [](const reshard_run& a, const reshard_run& b) {
     return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
   });
   reshard_plan plan;

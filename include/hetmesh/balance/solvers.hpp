@@ -102,7 +102,7 @@ inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs)
   }
   std::vector<std::pair<std::int64_t, int>> keyed(costs.size());
   for (std::size_t i = 0; i < costs.size(); ++i) keyed[i] = {-costs[i], static_cast<int>(i)};
-  hetmesh::detail::erased_sort(keyed.begin(), keyed.end());
+  hetmesh::indirect_sort(keyed.begin(), keyed.end());
   std::vector<int> order(costs.size());
   for (std::size_t k = 0; k < keyed.size(); ++k) order[k] = keyed[k].second;
   return order;
@@ -274,7 +274,7 @@ class kk_state {
     }
     for (int j = 0; j < kb; ++j)
       if (m_ - 1 - j >= ka) out.push_back(b[static_cast<std::size_t>(j)]);
-    hetmesh::detail::erased_sort(out.begin(), out.end(), [&](int x, int y) {
+    hetmesh::indirect_sort(out.begin(), out.end(), [&](int x, int y) {
       const auto& px = parts_[static_cast<std::size_t>(x)];
       const auto& py = parts_[static_cast<std::size_t>(y)];
       return px.sum != py.sum ? px.sum > py.sum : px.first < py.first;

@@ -49,7 +49,7 @@ template <communicator C>
     std::vector<int> members;
     for (int r = 0; r < c.size(); ++r)
       if (all[2 * static_cast<std::size_t>(r)] == color) members.push_back(r);
-    hetmesh::detail::erased_stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    hetmesh::indirect_stable_sort(members.begin(), members.end(), [&](int a, int b) {
       return all[2 * static_cast<std::size_t>(a) + 1] < all[2 * static_cast<std::size_t>(b) + 1];
     });
     return c.subgroup(std::span<const int>(members));

@@ -36,9 +36,9 @@ struct id_range {
                                                         std::vector<id_range> assigned) {
   const auto key = [](const id_range& r) { return std::tuple(r.id, r.begin, r.end); };
   const auto by_key = [&](const id_range& a, const id_range& b) { return key(a) < key(b); };
-  detail::erased_sort(expected.begin(), expected.end(), by_key);
+  indirect_sort(expected.begin(), expected.end(), by_key);
   std::erase_if(assigned, [](const id_range& r) { return r.begin == r.end; });
-  detail::erased_sort(assigned.begin(), assigned.end(), by_key);
+  indirect_sort(assigned.begin(), assigned.end(), by_key);
   for (std::size_t i = 1; i < expected.size(); ++i)
     if (expected[i].id == expected[i - 1].id)
       return fmt::format("id {} appears twice in the input", expected[i].id);

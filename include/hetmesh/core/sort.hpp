@@ -7,7 +7,7 @@
 #pragma once
 
 /// \file
-/// detail::erased_sort and detail::erased_stable_sort: std::sort and std::stable_sort with the same
+/// indirect_sort and indirect_stable_sort: std::sort and std::stable_sort with the same
 /// results, compiled once.
 
 #include <algorithm>
@@ -18,7 +18,8 @@
 #include <utility>
 #include <vector>
 
-namespace hetmesh::detail {
+namespace hetmesh {
+namespace detail {
 
 /// A comparator of indices through a function pointer and a context.
 struct index_less {
@@ -53,34 +54,10 @@ void apply_order(It first, std::vector<std::size_t>& order) {
   }
 }
 
-/// std::sort(first, last, less), with the same result: introsort only compares and moves, so sorting
-/// indices by `less` of the elements they name performs the same comparisons and ends in the same
-/// permutation, ties included. The sort itself is compiled once for all element types and comparators
-/// (sort_indices); per call site only this small function is instantiated. Costs n indices of memory and
-/// an indirect call per comparison. Precondition: random-access iterators; `less` a strict weak order.
-template <class It, class Less = std::less<>>
-void erased_sort(It first, It last, const Less& less = {}) {
-  const auto n = static_cast<std::size_t>(last - first);
-  if (n < 2) return;
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  struct context {
-    It first;
-    const Less* less;
-  } c{first, &less};
-  sort_indices(order.data(), order.data() + n,
-               index_less{&c, [](const void* p, std::size_t a, std::size_t b) {
-                            const auto& ctx = *static_cast<const context*>(p);
-                            return static_cast<bool>((*ctx.less)(ctx.first[static_cast<std::ptrdiff_t>(a)],
-                                                                 ctx.first[static_cast<std::ptrdiff_t>(b)]));
-                          }});
-  apply_order(first, order);
-}
-
-/// std::stable_sort(first, last, less), with the same result (a stable order is unique): the indices are
-/// sorted by (`less` of their elements, index), through the same single std::sort as erased_sort.
-template <class It, class Less = std::less<>>
-void erased_stable_sort(It first, It last, const Less& less = {}) {
+/// Sorts [first, last) through an index array ordered by `less` of the elements (Stable: ties by index),
+/// then moves the elements into that order: the body of indirect_sort and indirect_stable_sort.
+template <bool Stable, class It, class Less>
+void sort_through_indices(It first, It last, const Less& less) {
   const auto n = static_cast<std::size_t>(last - first);
   if (n < 2) return;
   std::vector<std::size_t> order(n);
@@ -94,11 +71,34 @@ void erased_stable_sort(It first, It last, const Less& less = {}) {
                             const auto& ctx = *static_cast<const context*>(p);
                             const auto& x = ctx.first[static_cast<std::ptrdiff_t>(a)];
                             const auto& y = ctx.first[static_cast<std::ptrdiff_t>(b)];
-                            if ((*ctx.less)(x, y)) return true;
-                            if ((*ctx.less)(y, x)) return false;
-                            return a < b;
+                            if constexpr (Stable) {
+                              if ((*ctx.less)(x, y)) return true;
+                              if ((*ctx.less)(y, x)) return false;
+                              return a < b;
+                            } else {
+                              return static_cast<bool>((*ctx.less)(x, y));
+                            }
                           }});
   apply_order(first, order);
 }
 
-}  // namespace hetmesh::detail
+}  // namespace detail
+
+/// std::sort(first, last, less), with the same result: introsort only compares and moves, so sorting
+/// indices by `less` of the elements they name performs the same comparisons and ends in the same
+/// permutation, ties included. The sort itself is compiled once for all element types and comparators
+/// (sort_indices); per call site only this small function is instantiated. Costs n indices of memory and
+/// an indirect call per comparison. Precondition: random-access iterators; `less` a strict weak order.
+template <class It, class Less = std::less<>>
+void indirect_sort(It first, It last, const Less& less = {}) {
+  detail::sort_through_indices<false>(first, last, less);
+}
+
+/// std::stable_sort(first, last, less), with the same result (a stable order is unique): the indices are
+/// sorted by (`less` of their elements, index), through the same single std::sort as indirect_sort.
+template <class It, class Less = std::less<>>
+void indirect_stable_sort(It first, It last, const Less& less = {}) {
+  detail::sort_through_indices<true>(first, last, less);
+}
+
+}  // namespace hetmesh

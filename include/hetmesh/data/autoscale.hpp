@@ -68,7 +68,7 @@ struct autoscale_options {
   }
   std::vector<std::size_t> order(n);
   for (std::size_t s = 0; s < n; ++s) order[s] = s;
-  hetmesh::detail::erased_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+  hetmesh::indirect_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return want[a] != want[b] ? want[a] > want[b] : a < b;
   });
   for (std::size_t s : order) {

@@ -229,7 +229,7 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
     rem[i] = {scaled - static_cast<double>(out[i]), i};
     sum += out[i];
   }
-  hetmesh::detail::erased_sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) {
+  hetmesh::indirect_sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
   for (std::size_t k = 0; sum < weight_one; ++k, ++sum) ++out[rem[k % rem.size()].second];

@@ -168,7 +168,7 @@ struct step_plan {
   std::vector<std::size_t> order{};
   for (std::size_t s = 0; s < n; ++s)
     if (q[s] - count[s] * weight_one > 0) order.push_back(s);
-  hetmesh::detail::erased_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+  hetmesh::indirect_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     const auto ra = q[a] - count[a] * weight_one, rb = q[b] - count[b] * weight_one;
     return ra != rb ? ra > rb : a < b;
   });
@@ -412,7 +412,7 @@ template <class Split = balance::lpt_partition, metadata_source M>
             smp.ref.source, smp.ref.epoch, smp.ref.position, smp.dp_rank, smp.micro_batch, dp,
             cfg.micro_batches);
     }
-    hetmesh::detail::erased_sort(keys.begin(), keys.end());
+    hetmesh::indirect_sort(keys.begin(), keys.end());
     if (const auto d = std::adjacent_find(keys.begin(), keys.end()); v.empty() && d != keys.end())
       v = hetmesh::format("sample (source {}, epoch {}, position {}) drawn twice", std::get<0>(*d),
                           std::get<1>(*d), std::get<2>(*d));

@@ -242,8 +242,8 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
   for (const auto& s : shape) {
     if (std::find(base.begin(), base.end(), s) == base.end()) rest.push_back(s);
   }
-  hetmesh::detail::erased_sort(rest.begin(), rest.end(),
-                               [](const auto& a, const auto& b) { return a.first < b.first; });
+  hetmesh::indirect_sort(rest.begin(), rest.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
   base.insert(base.end(), rest.begin(), rest.end());
 
   layout_choice out{base, topo, load, options.total, {}, 0, 0};
@@ -262,7 +262,7 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
       all.back().first.admissible = ok;
     }
   } while (std::next_permutation(perm.begin(), perm.end()));
-  hetmesh::detail::erased_sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+  hetmesh::indirect_sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
     if (a.first.time_ns != b.first.time_ns) return a.first.time_ns < b.first.time_ns;
     return a.second < b.second;
   });

@@ -127,7 +127,7 @@ class view {
       }
     }
     // Largest stride first, for the greedy inverse in coord_of.
-    hetmesh::detail::erased_sort(sorted_.begin(), sorted_.end(), [&](const slot& a, const slot& b) {
+    hetmesh::indirect_sort(sorted_.begin(), sorted_.end(), [&](const slot& a, const slot& b) {
       return atom_at(a).stride > atom_at(b).stride;
     });
   }

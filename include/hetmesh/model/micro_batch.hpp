@@ -122,11 +122,11 @@ inline void check_step_batch(const step_batch& b) {
       items.emplace_back(it.encoder, it.id);
     }
   }
-  hetmesh::detail::erased_sort(ids.begin(), ids.end());
+  hetmesh::indirect_sort(ids.begin(), ids.end());
   for (std::size_t i = 1; i < ids.size(); ++i)
     if (ids[i] == ids[i - 1])
       throw_error<invalid_argument>("step_batch: document id {} appears twice; expected unique ids", ids[i]);
-  hetmesh::detail::erased_sort(items.begin(), items.end());
+  hetmesh::indirect_sort(items.begin(), items.end());
   for (std::size_t i = 1; i < items.size(); ++i)
     if (items[i] == items[i - 1])
       throw_error<invalid_argument>("step_batch: encoder {} item id {} appears twice; expected unique ids",

@@ -167,7 +167,7 @@ struct hdp_plan {
     if (s.length == 0) continue;
     (s.length <= policy.capacity ? shorts : longs).push_back(s);
   }
-  hetmesh::detail::erased_sort(longs.begin(), longs.end(), longer_first);
+  hetmesh::indirect_sort(longs.begin(), longs.end(), longer_first);
   const auto bins = detail::best_fit_decreasing(shorts, policy.capacity);
   out.items.reserve(longs.size() + bins.size());
   for (const auto& s : longs) {
@@ -263,7 +263,7 @@ struct hdp_plan {
   };
   for (auto& mbs : plan.per_rank)
     if (!std::is_sorted(mbs.begin(), mbs.end(), before))
-      hetmesh::detail::erased_sort(mbs.begin(), mbs.end(), before);
+      hetmesh::indirect_sort(mbs.begin(), mbs.end(), before);
   plan.sharding = std::move(sharding);
   plan.placement = std::move(placement);
   return plan;
@@ -408,7 +408,7 @@ struct pair_slot {
                   ? ~std::uint64_t{0}
                   : total + static_cast<std::uint64_t>(c);
   }
-  hetmesh::detail::erased_sort(by_cost.begin(), by_cost.end(), [](const auto& a, const auto& b) {
+  hetmesh::indirect_sort(by_cost.begin(), by_cost.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
   std::vector<hdp_placement> out(sh.items.size());

@@ -116,7 +116,7 @@ struct long_short_plan {
   plan.load.assign(static_cast<std::size_t>(ranks), cost::fixed::zero());
   plan.tokens.assign(static_cast<std::size_t>(ranks), 0);
   std::vector<seq_desc> sorted(items.begin(), items.end());
-  hetmesh::detail::erased_sort(sorted.begin(), sorted.end(), longer_first);
+  hetmesh::indirect_sort(sorted.begin(), sorted.end(), longer_first);
   std::vector<cost::fixed> price;  // sorted[i]'s cost, rounded once
   price.reserve(sorted.size());
   cost::fixed total{};
@@ -211,7 +211,7 @@ struct long_short_plan {
     plan.load[static_cast<std::size_t>(best)] += c;
     plan.tokens[static_cast<std::size_t>(best)] += s.length;
   }
-  hetmesh::detail::erased_sort(plan.groups.begin(), plan.groups.end());
+  hetmesh::indirect_sort(plan.groups.begin(), plan.groups.end());
   plan.groups.erase(std::unique(plan.groups.begin(), plan.groups.end()), plan.groups.end());
   if constexpr (assertion_enabled(assertion_level::heavy)) {  // every token of every item exactly once
     std::vector<id_range> expected, assigned;

@@ -77,7 +77,7 @@ struct pack_plan {
   std::vector<seq_desc> fits;
   fits.reserve(docs.size());
   for (const auto& d : docs) (d.length > policy.capacity ? out.rejected : fits).push_back(d);
-  hetmesh::detail::erased_sort(out.rejected.begin(), out.rejected.end(), longer_first);
+  hetmesh::indirect_sort(out.rejected.begin(), out.rejected.end(), longer_first);
   if (!out.rejected.empty() && policy.overlong == overlong_action::error) {
     std::vector<seq_desc> shown(
         out.rejected.begin(),

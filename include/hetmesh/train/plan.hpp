@@ -142,7 +142,7 @@ inline std::vector<std::vector<std::int64_t>> split_over_groups(std::span<const 
     const auto l = docs[static_cast<std::size_t>(i)].length;
     return l * l + l;
   };
-  hetmesh::detail::erased_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+  hetmesh::indirect_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
     return cost(a) != cost(b) ? cost(a) > cost(b) : a < b;
   });
   std::vector<std::int64_t> load(static_cast<std::size_t>(groups), 0);
@@ -187,7 +187,7 @@ inline void align_slots(step_plan& p) {
     }
   }
   for (auto& list : p.per_rank)
-    hetmesh::detail::erased_stable_sort(
+    hetmesh::indirect_stable_sort(
         list.begin(), list.end(),
         [](const planned_micro_batch& a, const planned_micro_batch& b) { return a.slot < b.slot; });
   p.slots = next.empty() ? 0 : *std::max_element(next.begin(), next.end());
@@ -221,7 +221,7 @@ inline step_plan plan_from_hdp(std::span<const seq::seq_desc> docs, int world, s
   // sorted by the same key, so it is a subsequence of this order.
   std::vector<std::int64_t> items(hdp.placement.size());
   for (std::size_t i = 0; i < items.size(); ++i) items[i] = static_cast<std::int64_t>(i);
-  hetmesh::detail::erased_sort(items.begin(), items.end(), [&](std::int64_t a, std::int64_t b) {
+  hetmesh::indirect_sort(items.begin(), items.end(), [&](std::int64_t a, std::int64_t b) {
     const auto oa = hdp.placement[static_cast<std::size_t>(a)].order,
                ob = hdp.placement[static_cast<std::size_t>(b)].order;
     return oa != ob ? oa < ob : a < b;

@@ -108,7 +108,7 @@ class room_index {
     for (std::size_t b = 1; b < start.size(); ++b) start[b] += start[b - 1];
     for (const auto& k : keys) order[start[static_cast<std::size_t>(capacity - k.length)]++] = k.index;
   } else {
-    hetmesh::detail::erased_sort(keys.begin(), keys.end(), [](const key& a, const key& b) {
+    hetmesh::indirect_sort(keys.begin(), keys.end(), [](const key& a, const key& b) {
       return a.length != b.length ? a.length > b.length : a.id != b.id ? a.id < b.id : a.index < b.index;
     });
     for (std::size_t i = 0; i < keys.size(); ++i) order[i] = keys[i].index;
