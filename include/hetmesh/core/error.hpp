@@ -3,6 +3,7 @@
 // hetmesh::error and carries context: what was being done, and what was expected.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -243,7 +244,10 @@ requires(sizeof...(Args) > detail::max_erased_args) [[nodiscard]] std::string
                       detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
 }
 
-/// fmt::format_to, checked like hetmesh::format; one instantiation per output iterator type.
+/// fmt::format_to, checked like hetmesh::format; one instantiation per output iterator type. Formats
+/// through fmt::vformat (compiled into libfmt) and copies the result to `out`: calling fmt::vformat_to
+/// with an iterator would compile fmt's whole formatting engine (about 70 KB of code at -O2) into every
+/// translation unit that includes fmt/format.h. One string allocation per call.
 template <class Out>
 Out format_to(Out out, fmt::string_view text, detail::format_arg a0 = {}, detail::format_arg a1 = {},
               detail::format_arg a2 = {}, detail::format_arg a3 = {}, detail::format_arg a4 = {},
@@ -251,17 +255,18 @@ Out format_to(Out out, fmt::string_view text, detail::format_arg a0 = {}, detail
               detail::format_arg a8 = {}, detail::format_arg a9 = {}, detail::format_arg a10 = {},
               detail::format_arg a11 = {}, detail::format_arg a12 = {}, detail::format_arg a13 = {},
               detail::format_arg a14 = {}, detail::format_arg a15 = {}) {
-  const detail::format_arg args[] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15};
-  fmt::format_context::format_arg data[detail::max_erased_args];
-  return fmt::vformat_to(out, text, detail::format_arg::pack(args, data));
+  const std::string s =
+      detail::vformat_erased(text, {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15});
+  return std::copy(s.begin(), s.end(), out);
 }
 
 /// hetmesh::format_to with more than detail::max_erased_args arguments.
 template <class Out, class... Args>
 requires(sizeof...(Args) > detail::max_erased_args) Out
     format_to(Out out, fmt::string_view text, Args&&... args) {
-  return fmt::vformat_to(
-      out, text, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+  const std::string s = fmt::vformat(
+      text, detail::erased_args<fmt::format_context, std::remove_cvref_t<Args>...>(args...).get());
+  return std::copy(s.begin(), s.end(), out);
 }
 
 /// Throws E with a message formatted by fmt. `throw_error<invalid_argument>("cp={} ...", cp)`.
