@@ -51,6 +51,9 @@ TUS = [
      ['-DHETMESH_EXAMPLE_DATA_DIR="examples/data"'], TARGET_TU_S),
     ("examples/data_plane/main.cpp", "data-plane example", [], [], None),
     ("examples/pipeline/main.cpp", "pipeline example", [], [], None),
+    # One train::system, plan + run + report only (no data plane, JSON or reports): the library's share of
+    # a trainer TU, which a compiled mode for its non-template functions would cut (docs/compile-time.md).
+    ("bench/compile/one_system.cpp", "one-system trainer step", ["examples"], [], None),
 ]
 
 
