@@ -109,8 +109,8 @@ class communicator {
     std::vector<const T*> srcs(n);  // allocated before the exchange: the compute phase never throws
     std::vector<T*> dsts(n);
     exchange(
-        p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
-        [&](std::span<const detail::post> ps, std::byte*) {
+        p, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
+        [&](std::span<const detail::post> ps) {
           if (hi == lo) return;
           for (std::size_t k = 0; k < ps.size(); ++k) {
             srcs[k] = static_cast<const T*>(ps[k].send) + lo;
@@ -118,8 +118,7 @@ class communicator {
           }
           detail::reduce_slice(std::span<T* const>(dsts), std::span<const T* const>(srcs), hi - lo, op,
                                size());
-        },
-        [](std::byte*) {});
+        });
   }
 
   /// Backend of comm::broadcast (collectives.hpp), which checks the arguments first and holds the contract.
@@ -128,12 +127,11 @@ class communicator {
     detail::post p = make_post("broadcast", dtype_of_v<T>, static_cast<std::int64_t>(buf.size()), root,
                                reduce_op::sum, buf.data(), buf.data());
     exchange(
-        p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, false, true); },
-        [&](std::span<const detail::post> ps, std::byte*) {
+        p, [&](std::span<const detail::post> ps) { return verify_uniform(ps, false, true); },
+        [&](std::span<const detail::post> ps) {
           if (rank_ != root && !buf.empty())
             std::memcpy(buf.data(), ps[static_cast<std::size_t>(root)].send, buf.size_bytes());
-        },
-        [](std::byte*) {});
+        });
   }
 
   /// Backend of comm::all_gather (collectives.hpp), which checks the arguments first and holds the contract.
@@ -142,12 +140,11 @@ class communicator {
     detail::post p = make_post("all_gather", dtype_of_v<T>, static_cast<std::int64_t>(send.size()), 0,
                                reduce_op::sum, send.data(), recv.data());
     exchange(
-        p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, false, false); },
-        [&](std::span<const detail::post> ps, std::byte*) {
+        p, [&](std::span<const detail::post> ps) { return verify_uniform(ps, false, false); },
+        [&](std::span<const detail::post> ps) {
           for (std::size_t j = 0; j < ps.size(); ++j)
             copy_block(recv.data() + j * send.size(), ps[j].send, send.size());
-        },
-        [](std::byte*) {});
+        });
   }
 
   /// Backend of comm::all_gather_v (collectives.hpp), which checks the arguments first and holds the
@@ -160,7 +157,7 @@ class communicator {
     p.recv_counts = recv_counts;
     const auto me = static_cast<std::size_t>(rank_);
     exchange(
-        p, 0,
+        p,
         [&](std::span<const detail::post> ps) -> std::string {
           if (auto v = verify_signature(ps); !v.empty()) return v;
           for (std::size_t i = 0; i < ps.size(); ++i)
@@ -172,14 +169,13 @@ class communicator {
                     i, ps[i].recv_counts[j], j, ps[j].count);
           return {};
         },
-        [&](std::span<const detail::post> ps, std::byte*) {
+        [&](std::span<const detail::post> ps) {
           // Straight from each sender's buffer, once; from the next rank on, so ranks spread their reads.
           for (std::size_t k = 0; k < ps.size(); ++k) {
             const std::size_t j = (me + k) % ps.size();
             copy_block(recv.data() + recv_displs[j], ps[j].send, static_cast<std::size_t>(recv_counts[j]));
           }
-        },
-        [](std::byte*) {});
+        });
   }
 
   /// Backend of comm::reduce_scatter (collectives.hpp), which checks the arguments first and holds the
@@ -195,14 +191,13 @@ class communicator {
     std::vector<const T*> srcs(
         static_cast<std::size_t>(size()));  // before the exchange: compute never throws
     exchange(
-        p, 0, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
-        [&](std::span<const detail::post> ps, std::byte*) {
+        p, [&](std::span<const detail::post> ps) { return verify_uniform(ps, true, false); },
+        [&](std::span<const detail::post> ps) {
           if (m == 0) return;
           for (std::size_t k = 0; k < ps.size(); ++k) srcs[k] = static_cast<const T*>(ps[k].send) + me * m;
           T* const dst = recv.data();
           detail::reduce_slice(std::span<T* const>(&dst, 1), std::span<const T* const>(srcs), m, op, size());
-        },
-        [](std::byte*) {});
+        });
   }
 
   /// Backend of comm::all_to_all_v (collectives.hpp), which checks the arguments first and holds the
@@ -217,7 +212,7 @@ class communicator {
     p.recv_displs = recv_displs;
     const auto me = static_cast<std::size_t>(rank_);
     exchange(
-        p, 0,
+        p,
         [&](std::span<const detail::post> ps) -> std::string {
           if (auto v = verify_signature(ps); !v.empty()) return v;
           for (std::size_t i = 0; i < ps.size(); ++i)
@@ -229,7 +224,7 @@ class communicator {
                     i, ps[i].send_counts[j], j, ps[j].recv_counts[i]);
           return {};
         },
-        [&](std::span<const detail::post> ps, std::byte*) {
+        [&](std::span<const detail::post> ps) {
           // Straight from each sender's buffer, once; from the next rank on, so ranks spread their reads.
           for (std::size_t k = 0; k < ps.size(); ++k) {
             const std::size_t j = (me + k) % ps.size();
@@ -237,14 +232,13 @@ class communicator {
                        static_cast<const T*>(ps[j].send) + ps[j].send_displs[me],
                        static_cast<std::size_t>(recv_counts[j]));
           }
-        },
-        [](std::byte*) {});
+        });
   }
 
   /// Backend of comm::barrier (collectives.hpp): returns once every rank of the group has entered it.
   void barrier() {
     detail::post p = make_post("barrier", dtype::uint8, 0, 0, reduce_op::sum, nullptr, nullptr);
-    group_->arrive(rank_, p, 0, timeout_, {"barrier", rank_},
+    group_->arrive(rank_, p, timeout_, {"barrier", rank_},
                    [&](std::span<const detail::post> ps) { return verify_signature(ps); });
   }
 
@@ -283,16 +277,14 @@ class communicator {
     if (n != 0 && dst != src) std::memcpy(dst, src, n * sizeof(T));
   }
 
-  /// Arrive (post, wait, verify), compute (read the others' posts), release (wait until nobody reads
-  /// ours), then finish (copy out of the scratch).
-  template <class Verify, class Compute, class Finish>
-  void exchange(const detail::post& p, std::size_t scratch_bytes, Verify&& verify, Compute&& compute,
-                Finish&& finish) {
+  /// Arrive (post, wait, verify), compute (read the others' posts, write our own output), then release
+  /// (wait until nobody reads ours).
+  template <class Verify, class Compute>
+  void exchange(const detail::post& p, Verify&& verify, Compute&& compute) {
     const detail::site where{p.op, rank_};
-    const auto posts = group_->arrive(rank_, p, scratch_bytes, timeout_, where, verify);
-    compute(posts, group_->scratch());
+    const auto posts = group_->arrive(rank_, p, timeout_, where, verify);
+    compute(posts);
     group_->release(timeout_, where);
-    finish(group_->scratch());
   }
 
   /// Every rank called the same collective with the same dtype.

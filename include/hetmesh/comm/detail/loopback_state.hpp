@@ -6,8 +6,8 @@
 //     posted. The last to arrive checks that the posts agree and records a verdict; every rank
 //     reads the same verdict, so either all raise mismatch_error or all proceed.
 //   compute: each rank reads the others' posted buffers directly (no staging copy) and writes its
-//     own output, its slice of a shared scratch buffer, or (all_reduce) its slice of every rank's
-//     output, which no other rank reads or writes; nothing in this phase waits or throws.
+//     own output or (all_reduce) its slice of every rank's output, which no other rank reads or
+//     writes; nothing in this phase waits or throws.
 //   B (release): each rank waits until all have finished reading and writing, so no rank returns
 //     (and frees its buffers) while another still reads or writes them. B ignores aborts for that reason; it
 //     always completes, because every rank past A is in the compute phase, which never blocks.
@@ -93,12 +93,12 @@ class group_state {
     cv_.notify_all();
   }
 
-  /// Phase A. Posts `p` for `rank`, waits for every rank, returns every rank's post and the shared
-  /// scratch buffer (resized by the last arriver to `scratch_bytes`). `verify` runs once, under the
-  /// lock, on the completed posts; a non-empty result is raised as mismatch_error on every rank.
+  /// Phase A. Posts `p` for `rank`, waits for every rank, returns every rank's post. `verify` runs once,
+  /// under the lock, on the completed posts; a non-empty result is raised as mismatch_error on every
+  /// rank.
   template <class Verify>
-  std::span<const post> arrive(int rank, const post& p, std::size_t scratch_bytes, clock::duration timeout,
-                               const site& where, Verify&& verify) {
+  std::span<const post> arrive(int rank, const post& p, clock::duration timeout, const site& where,
+                               Verify&& verify) {
     const auto deadline = clock::now() + timeout;
     std::unique_lock lock(m_);
     raise_if_aborted(where);
@@ -111,7 +111,6 @@ class group_state {
       verdict_.clear();
       try {
         verdict_ = verify(std::span<const post>(posts_));
-        if (verdict_.empty() && scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
       } catch (const std::exception& e) {
         verdict_ = hetmesh::format("could not prepare the collective: {}", e.what());
       }
@@ -142,9 +141,6 @@ class group_state {
     if (!verdict_.empty()) throw mismatch_error(hetmesh::format("{}: {}", describe(where), verdict_));
     return std::span<const post>(posts_);
   }
-
-  /// The scratch buffer of the current collective (valid between arrive and the next arrive).
-  [[nodiscard]] std::byte* scratch() noexcept { return scratch_.data(); }
 
   /// Phase B: returns once every rank has called release for this collective. Ignores aborts (see
   /// the file comment); the deadline only guards against a rank that died inside the compute phase.
@@ -233,7 +229,6 @@ class group_state {
   int arrived_ = 0;
   int done_ = 0;
   std::string verdict_;
-  std::vector<std::byte> scratch_;
   std::map<std::tuple<int, int, int>, std::deque<message>> mail_;
   abort_kind abort_ = abort_kind::none;
   std::string abort_reason_;
