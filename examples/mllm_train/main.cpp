@@ -4,7 +4,8 @@
 // threads or MPI processes. Each step prints the loss, the tokens, a summary of the plan, the measured
 // per-rank busy time and its imbalance, and the modelled step time of the same batch (the pipeline
 // simulator, with costs calibrated on the first step's measured actions). The trainer itself is
-// trainer.hpp; this file parses the command line, picks the compiled policies and writes the reports.
+// trainer.hpp; this file parses the command line and picks the compiled policies (runs.hpp: each group of
+// train::system types is a translation unit of its own, run_*.cpp); report.cpp writes the reports.
 //
 // example_mllm_train [--steps N] [--ranks R] [--backend loopback|mpi] [--partition static-cp|ulysses|hdp|dp]
 //   [--schedule 1f1b|gpipe|interleaved-1f1b|zero-bubble|zbv] [--encoder joint|first-stage|separate]
@@ -13,48 +14,31 @@
 // --encoder separate gives each pipeline a pool of pp encoder-only ranks after its pp LLM ranks
 // (pipeline::encoder_pool), so --ranks must be a multiple of 2 * pp.
 // Exit status: 0 done; 1 --check-parity failed; 2 bad flags or combinations (one line on stderr).
-#include <signal.h>
-
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include <hetmesh/comm/collectives.hpp>
 #include <hetmesh/comm/loopback.hpp>
-#include <hetmesh/cost/calibrate.hpp>
-#include <hetmesh/pipeline/trace.hpp>
-#include <hetmesh/train/report_json.hpp>
 #ifdef HETMESH_EXAMPLE_MPI
 #include <hetmesh/comm/mpi.hpp>
 #endif
 
-#include "mllm_train/report.hpp"
-#include "mllm_train/trainer.hpp"
+#include "mllm_train/data.hpp"
+#include "mllm_train/layers.hpp"
+#include "mllm_train/options.hpp"
+#include "mllm_train/runs.hpp"
 
 namespace {
 
 using namespace hetmesh;
-
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-struct options {
-  int steps = 60, ranks = 8, pp = 2, kill_after = -1;
-  std::string backend = "loopback", partition = "hdp", schedule = "1f1b", encoder = "joint", balancer;
-  std::string checkpoint_dir, report, out, data_dir;
-  bool resume = false, check_parity = false;
-};
+using mllm::options;
+using mllm::usage_error;
 
 int to_int(const std::string& flag, const std::string& v, int lo) {
   try {
@@ -149,95 +133,21 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-/// Runs `body(policies...)` with the compiled instantiation the options name. Compiled (each is a
-/// train::system type; parse() refuses the others): every partition and balancer with 1F1B (joint,
-/// first-stage or separate-pool encoders), zero-bubble and interleaved 1F1B (joint); GPipe and ZB-V with HDP,
-/// ByteScale and the joint pipeline. Under MPI (`Full` false): HDP, ByteScale, joint, with 1F1B or
-/// zero-bubble.
-template <bool Full, class F>
-void with_policies(const options& o, const mllm::config& mc, F&& body) {
-  auto by_schedule = [&](auto partition, auto balancer, auto placement) {
-    using P = decltype(placement);
-    if (o.schedule == "1f1b") return body(partition, balancer, pipeline::one_f_one_b{}, placement);
-    if constexpr (std::is_same_v<P, pipeline::colocated_encoder>) {
-      if (o.schedule == "zero-bubble") return body(partition, balancer, pipeline::zero_bubble{}, placement);
-      if constexpr (Full) {
-        if (o.schedule == "interleaved-1f1b")
-          return body(partition, balancer, pipeline::interleaved_1f1b{}, placement);
-        if constexpr (std::is_same_v<decltype(balancer), balance::bytescale>) {
-          if (o.schedule == "gpipe") return body(partition, balancer, pipeline::gpipe{}, placement);
-          if (o.schedule == "zbv") return body(partition, balancer, pipeline::zbv{}, placement);
-        }
-      }
-    }
-    throw usage_error(fmt::format("--schedule {} is not compiled with these flags", o.schedule));
-  };
-  auto by_encoder = [&](auto partition, auto balancer) {
-    if (o.encoder == "joint") return by_schedule(partition, balancer, pipeline::colocated_encoder{});
-    if constexpr (Full) {
-      if (o.encoder == "separate")
-        return by_schedule(partition, balancer, pipeline::encoder_pool{.ranks = o.pp});
-      return by_schedule(partition, balancer, pipeline::encoder_on_first_stage{});
-    }
-    throw usage_error(fmt::format("--encoder {} is not compiled for this backend", o.encoder));
-  };
-  // HDP over the pool: C tokens of activations per rank; a longer sequence gets a ring and offloads part
-  // of its activations (ByteScale's solver, over the layers one pipeline rank holds).
-  seq::hdp<seq::selective_offload> hdp{.capacity = 192};
-  hdp.model.activation.layers = std::max(2, mc.blocks / o.pp);
-  if constexpr (Full) {
-    const train::family_placement family{};
-    if (o.partition == "static-cp") return by_encoder(seq::cp_zigzag{.cp = 2, .pad = true}, family);
-    if (o.partition == "dp") return by_encoder(seq::cp_thd{.cp = 1, .pad = true}, family);
-    if (o.partition == "ulysses")
-      return by_encoder(seq::ulysses{.degree = 2,
-                                     .heads = mc.attn.q_heads,
-                                     .kv_heads = mc.attn.kv_heads,
-                                     .head_dim = mc.attn.head_dim},
-                        family);
-    if (o.balancer == "gap-filling") return by_encoder(hdp, balance::gap_filling_hdp{});
-    if (o.balancer == "family") return by_encoder(hdp, family);
-  }
-  if (o.partition == "hdp" && o.balancer == "bytescale") return by_encoder(hdp, balance::bytescale{});
-  throw usage_error(
-      fmt::format("--partition {} --balancer {} is not compiled for this backend", o.partition, o.balancer));
-}
-
-/// One rank's whole run: the trainer with the chosen policies, the parity check at step 0, the per-step
-/// line and the reports (rank 0). Returns the exit status.
+/// One rank's whole run under the policies the flags name (runs.hpp: each group of train::system types
+/// is compiled in a translation unit of its own). Returns the exit status.
 template <class Comm>
 int run_rank(Comm& world, const options& o, const mllm::config& mc, const mllm::data_config& dc) {
-  int status = 0;
-  with_policies<std::is_same_v<Comm, comm::loopback::communicator>>(
-      o, mc, [&](auto partition, auto balancer, auto schedule, auto placement) {
-        using system_t = train::system<decltype(partition), model::reference_attention, Comm,
-                                       decltype(balancer), decltype(schedule), decltype(placement)>;
-        system_t sys(partition, balancer, {o.pp, schedule, placement}, world, {}, {.reproducible = true});
-        mllm::trainer_options to{
-            .steps = o.steps, .data_dir = o.data_dir, .ckpt_dir = o.checkpoint_dir, .resume = o.resume};
-        mllm::run_log log(o.out, world.rank() == 0);
-        bool first = true;
-        mllm::train(sys, mc, dc, to, [&](const mllm::step_result& r) {
-          if (o.check_parity && first) status = mllm::check_parity(world, r, mc, to.seed);
-          first = false;
-          log.step(r);
-          if (o.kill_after >= 0 && r.step == o.kill_after)
-            ::raise(SIGKILL);  // a crash right after a checkpoint
-        });
-        if (world.rank() == 0) {
-          log.finish();
-          if (!o.report.empty())
-            log.write_report(o.report, nlohmann::json{{"steps", o.steps},
-                                                      {"ranks", o.ranks},
-                                                      {"backend", o.backend},
-                                                      {"partition", o.partition},
-                                                      {"schedule", o.schedule},
-                                                      {"encoder", o.encoder},
-                                                      {"balancer", o.balancer},
-                                                      {"pp", o.pp}});
-        }
-      });
-  return status;
+  if constexpr (std::is_same_v<Comm, comm::loopback::communicator>) {
+    if (o.partition == "static-cp") return mllm::run_static_cp(world, o, mc, dc);
+    if (o.partition == "ulysses") return mllm::run_ulysses(world, o, mc, dc);
+    if (o.partition == "dp") return mllm::run_dp(world, o, mc, dc);
+    if (o.balancer == "gap-filling") return mllm::run_hdp_gap_filling(world, o, mc, dc);
+    if (o.balancer == "family") return mllm::run_hdp_family(world, o, mc, dc);
+    if (o.schedule == "gpipe" || o.schedule == "zbv") return mllm::run_hdp_gpipe_zbv(world, o, mc, dc);
+  }
+  if (o.partition == "hdp" && o.balancer == "bytescale") return mllm::run_hdp_bytescale(world, o, mc, dc);
+  throw usage_error(
+      fmt::format("--partition {} --balancer {} is not compiled for this backend", o.partition, o.balancer));
 }
 
 }  // namespace

@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: Apache-2.0
+// example_mllm_train's command line (main.cpp parses it; the run_*.cpp files and the reports read it).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace mllm {
+
+/// A bad flag or combination of flags (exit status 2, one line on stderr).
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// The flags of example_mllm_train (main.cpp's usage).
+struct options {
+  int steps = 60, ranks = 8, pp = 2, kill_after = -1;
+  std::string backend = "loopback", partition = "hdp", schedule = "1f1b", encoder = "joint", balancer;
+  std::string checkpoint_dir, report, out, data_dir;
+  bool resume = false, check_parity = false;
+};
+
+}  // namespace mllm

@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// example_mllm_train's runs under compiled policies (runs.hpp's entry points are built from these): one
+// rank's run under one train::system type, and the choice of schedule and encoder placement by the flags
+// for a given partition and balancer.
+#pragma once
+
+#include <signal.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include <hetmesh/model/reference_attention.hpp>
+#include <hetmesh/train/train.hpp>
+
+#include "mllm_train/options.hpp"
+#include "mllm_train/report.hpp"
+#include "mllm_train/trainer.hpp"
+
+namespace mllm {
+
+/// One rank's whole run under train::system<Partition, reference attention, Comm, Balancer, Schedule,
+/// Placement>: the trainer, the parity check at step 0 (--check-parity), the per-step line and the
+/// reports (rank 0). Returns the exit status (1: parity failed).
+template <class Comm, class Partition, class Balancer, class Schedule, class Placement>
+int run_policies(Comm& world, const options& o, const config& mc, const data_config& dc, Partition partition,
+                 Balancer balancer, Schedule schedule, Placement placement) {
+  using system_t = hetmesh::train::system<Partition, hetmesh::model::reference_attention, Comm, Balancer,
+                                          Schedule, Placement>;
+  system_t sys(partition, balancer, {o.pp, schedule, placement}, world, {}, {.reproducible = true});
+  const trainer_options to{
+      .steps = o.steps, .data_dir = o.data_dir, .ckpt_dir = o.checkpoint_dir, .resume = o.resume};
+  run_log log(o.out, world.rank() == 0);
+  int status = 0;
+  bool first = true;
+  train(sys, mc, dc, to, [&](const step_result& r) {
+    if (o.check_parity && first) status = check_parity(world, r, mc, to.seed);
+    first = false;
+    log.step(r);
+    if (o.kill_after >= 0 && r.step == o.kill_after) ::raise(SIGKILL);  // a crash right after a checkpoint
+  });
+  if (world.rank() == 0) {
+    log.finish();
+    if (!o.report.empty()) log.write_report(o.report, o);
+  }
+  return status;
+}
+
+/// The run of `partition` and `balancer` under the schedule and encoder placement the flags name: 1F1B
+/// with the joint encoders, and when `Full` with the first-stage or separate-pool ones too; zero-bubble
+/// with the joint pipeline, and when `Full` interleaved 1F1B too (five systems when `Full`, two else).
+/// Throws usage_error for the rest.
+template <bool Full, class Comm, class Partition, class Balancer>
+int run_schedules(Comm& world, const options& o, const config& mc, const data_config& dc, Partition partition,
+                  Balancer balancer) {
+  namespace pipeline = hetmesh::pipeline;
+  auto by_schedule = [&](auto placement) -> int {
+    using P = decltype(placement);
+    if (o.schedule == "1f1b")
+      return run_policies(world, o, mc, dc, partition, balancer, pipeline::one_f_one_b{}, placement);
+    if constexpr (std::is_same_v<P, pipeline::colocated_encoder>) {
+      if (o.schedule == "zero-bubble")
+        return run_policies(world, o, mc, dc, partition, balancer, pipeline::zero_bubble{}, placement);
+      if constexpr (Full) {
+        if (o.schedule == "interleaved-1f1b")
+          return run_policies(world, o, mc, dc, partition, balancer, pipeline::interleaved_1f1b{}, placement);
+      }
+    }
+    throw usage_error(fmt::format("--schedule {} is not compiled with these flags", o.schedule));
+  };
+  if (o.encoder == "joint") return by_schedule(pipeline::colocated_encoder{});
+  if constexpr (Full) {
+    if (o.encoder == "separate") return by_schedule(pipeline::encoder_pool{.ranks = o.pp});
+    if (o.encoder == "first-stage") return by_schedule(pipeline::encoder_on_first_stage{});
+  }
+  throw usage_error(fmt::format("--encoder {} is not compiled for this backend", o.encoder));
+}
+
+/// HDP over the pool: C tokens of activations per rank; a longer sequence gets a ring and offloads part
+/// of its activations (ByteScale's solver, over the layers one pipeline rank holds).
+inline hetmesh::seq::hdp<hetmesh::seq::selective_offload> hdp_partition(const options& o, const config& mc) {
+  hetmesh::seq::hdp<hetmesh::seq::selective_offload> hdp{.capacity = 192};
+  hdp.model.activation.layers = std::max(2, mc.blocks / o.pp);
+  return hdp;
+}
+
+}  // namespace mllm
