@@ -8,7 +8,8 @@ every header, resolves it to a room and reports each include that breaks the tab
 line, the include and the rule. It also reports a room that reaches into another room's `detail::`
 namespace (`seq::detail::x` used from balance/): internals stay internal; a helper other rooms need
 becomes a public name of its room. `config.hpp` at the top level may be included by anyone; the umbrella
-`hetmesh.hpp` may include everything.
+`hetmesh.hpp` and `src.hpp` may include everything. Every header that declares a HETMESH_COMPILED function
+must be included by `src.hpp` (else a HETMESH_SEPARATE_COMPILATION build would not define it).
 
 Usage: check_rooms.py [--root REPO]   exit 0 when clean, 1 naming every offence
        check_rooms.py --self-test     checks the checker on a fake tree with known offences
@@ -37,7 +38,9 @@ ROOMS = {
     "cuda": ["core"],
 }
 ANYONE_MAY_INCLUDE = {"config.hpp"}  # top-level headers every room may include
-UMBRELLAS = {"hetmesh.hpp"}  # top-level headers that may include every room
+UMBRELLAS = {"hetmesh.hpp", "src.hpp"}  # top-level headers that may include every room
+COMPILED_SOURCE = "src.hpp"  # includes every header with a HETMESH_COMPILED function (separate compilation)
+COMPILED_RE = re.compile(r"\bHETMESH_COMPILED\b")
 HEADER_SUFFIXES = (".hpp", ".h", ".cuh", ".inl")
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<(hetmesh/[^>]+)>)')
@@ -65,6 +68,7 @@ def check(root):
     """Returns the offences under root/include/hetmesh as printable lines."""
     base = os.path.join(root, "include", "hetmesh")
     offences = []
+    compiled = set()  # headers with HETMESH_COMPILED functions
     if not os.path.isdir(base):
         return ["{}: no include/hetmesh folder to check".format(root)]
     for dirpath, dirs, files in os.walk(base):
@@ -82,8 +86,12 @@ def check(root):
                 continue
             if room is None and rel not in ANYONE_MAY_INCLUDE | UMBRELLAS:
                 offences.append("{}: a top-level header outside every room; expected it in a room folder "
-                                "(only config.hpp and the umbrella hetmesh.hpp live at the top)".format(shown))
+                                "(only config.hpp, the umbrella hetmesh.hpp and src.hpp live at the top)".format(shown))
                 continue
+            if room is not None:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    if COMPILED_RE.search(f.read()):
+                        compiled.add(rel)
             in_block_comment = False
             with open(path, encoding="utf-8", errors="replace") as f:
                 for lineno, line in enumerate(f, 1):
@@ -114,6 +122,18 @@ def check(root):
                         offences.append(
                             "{}: uses hetmesh::detail::, an internal of core/; expected only public names of "
                             "other rooms".format(where))
+    src = os.path.join(base, COMPILED_SOURCE)
+    listed = set()
+    if os.path.exists(src):
+        with open(src, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = INCLUDE_RE.match(line)
+                if m and m.group(1):
+                    listed.add(os.path.normpath(m.group(1)).replace(os.sep, "/"))
+    for rel in sorted(compiled - listed):
+        offences.append("include/hetmesh/{}: declares HETMESH_COMPILED functions but include/hetmesh/{} does not "
+                        "include it; expected #include \"{}\" there (separate compilation would not define "
+                        "them)".format(rel, COMPILED_SOURCE, rel))
     return offences
 
 
@@ -157,7 +177,10 @@ def self_test():
         "core/e.hpp": '#include "../config.hpp"\n#include <vector>\n',
         "comm/c.hpp": '#include "../core/e.hpp"\nnamespace hetmesh::comm::detail { int x; }\n',
         "cuda/h.hpp": '#include "../comm/c.hpp"\n',  # offence 1: cuda/ includes comm/
-        "seq/s.hpp": '#include "../core/e.hpp"\nnamespace hetmesh::seq::detail { int y; }\n',
+        "seq/s.hpp": ('#include "../core/e.hpp"\nnamespace hetmesh::seq::detail { int y; }\n'
+                      "HETMESH_COMPILED int listed();\n"),  # in src.hpp: fine
+        "src.hpp": '#include "seq/s.hpp"\n',
+        "mesh/m.hpp": "HETMESH_COMPILED int unlisted();\n",  # offence 7: not in src.hpp
         "data/d.hpp": ('#include "../comm/c.hpp"\n'  # offence 2: data/ includes comm/
                        '#include "../balance/b.hpp"\n'
                        "// seq::detail::y in a comment is fine\n"
@@ -176,6 +199,7 @@ def self_test():
         ("balance/b.hpp:3", "seq::detail::"),
         ("pipeline/p.hpp:1", "umbrella"),
         ("run/r.hpp:3", "comm::detail::"),
+        ("mesh/m.hpp", "does not include it"),
     ]
     with tempfile.TemporaryDirectory() as root:
         for rel, text in files.items():

@@ -49,6 +49,32 @@
 #define HETMESH_HAS_NCCL 0
 #endif
 
+/// Separate compilation (off by default: the library is header-only). Defined to 1 in every translation
+/// unit of a program, it makes the library's largest non-template functions (the planners, the plan
+/// builders, the pipeline lowering; marked HETMESH_COMPILED) plain declarations, compiled once in the one
+/// source file that includes <hetmesh/src.hpp> instead of in every translation unit that calls them. A
+/// trainer's translation unit then generates about a quarter less code (docs/compile-time.md). All
+/// translation units of a program must agree on it, and on HETMESH_ASSERTION_LEVEL.
+#ifndef HETMESH_SEPARATE_COMPILATION
+#define HETMESH_SEPARATE_COMPILATION 0
+#endif
+
+///@{
+/// How a HETMESH_COMPILED function is emitted: header-only, `inline` with its body (HETMESH_BODIES 1);
+/// under HETMESH_SEPARATE_COMPILATION, a declaration (HETMESH_BODIES 0), except in the translation unit
+/// of <hetmesh/src.hpp> (HETMESH_SOURCE), which defines each once.
+#if HETMESH_SEPARATE_COMPILATION && !defined(HETMESH_SOURCE)
+#define HETMESH_COMPILED
+#define HETMESH_BODIES 0
+#elif HETMESH_SEPARATE_COMPILATION
+#define HETMESH_COMPILED
+#define HETMESH_BODIES 1
+#else
+#define HETMESH_COMPILED inline
+#define HETMESH_BODIES 1
+#endif
+///@}
+
 /// Function annotation for code callable on host and device.
 #ifndef HETMESH_HOST_DEVICE
 #if defined(__CUDACC__)

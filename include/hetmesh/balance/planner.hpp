@@ -95,9 +95,11 @@ inline void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, 
 /// Packs `idx` (indices into `shorts`) by best-fit decreasing on tokens into rows on rank `rank`,
 /// appending items and placements in order. Sorted by (-length, id) first, so the rows do not depend on
 /// the input order.
-inline void emit_rows(std::span<const std::size_t> idx, std::span<const seq::seq_desc> shorts, int rank,
-                      const seq::hdp_policy& hdp, std::vector<seq::hdp_item>& items,
-                      std::vector<seq::hdp_placement>& placement, std::int64_t& counter) {
+HETMESH_COMPILED void emit_rows(std::span<const std::size_t> idx, std::span<const seq::seq_desc> shorts,
+                                int rank, const seq::hdp_policy& hdp, std::vector<seq::hdp_item>& items,
+                                std::vector<seq::hdp_placement>& placement, std::int64_t& counter)
+#if HETMESH_BODIES
+{
   if (idx.empty()) return;
   std::vector<std::size_t> sorted(idx.begin(), idx.end());
   hetmesh::indirect_sort(sorted.begin(), sorted.end(), [&](std::size_t a, std::size_t b) {
@@ -122,11 +124,16 @@ inline void emit_rows(std::span<const std::size_t> idx, std::span<const seq::seq
     items.push_back(std::move(p));
   }
 }
+#else
+    ;
+#endif
 
 /// Plans one group of `pool` ranks; appends items and placements (ranks offset by `base`).
-inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp, int pool, int base,
-                       const step_model& m, std::vector<seq::hdp_item>& items,
-                       std::vector<seq::hdp_placement>& placement, std::int64_t& counter) {
+HETMESH_COMPILED void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp, int pool,
+                                 int base, const step_model& m, std::vector<seq::hdp_item>& items,
+                                 std::vector<seq::hdp_placement>& placement, std::int64_t& counter)
+#if HETMESH_BODIES
+{
   std::vector<seq::seq_desc> longs, shorts;
   for (const auto& s : seqs) {
     if (s.length == 0) continue;
@@ -223,6 +230,9 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
   for (int r = 0; r < pool; ++r)
     emit_rows(on[static_cast<std::size_t>(r)], shorts, base + r, hdp, items, placement, counter);
 }
+#else
+    ;
+#endif
 
 }  // namespace detail
 
@@ -234,11 +244,13 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
 /// so the plan is deadlock-free. Pure; deterministic; independent of the order of `seqs` (with `owner`
 /// permuted alike). O(n log n + n log pool). Not collective: every rank of a group computes it from the
 /// same gathered metadata.
-[[nodiscard]] inline seq::hdp_plan plan_gap_filling_hdp(std::span<const seq::seq_desc> seqs,
-                                                        const seq::hdp_policy& hdp, int pool,
-                                                        const step_model& m,
-                                                        const gap_filling_policy& policy = {},
-                                                        std::span<const int> owner = {}) {
+[[nodiscard]] HETMESH_COMPILED seq::hdp_plan plan_gap_filling_hdp(std::span<const seq::seq_desc> seqs,
+                                                                  const seq::hdp_policy& hdp, int pool,
+                                                                  const step_model& m,
+                                                                  const gap_filling_policy& policy = {},
+                                                                  std::span<const int> owner = {})
+#if HETMESH_BODIES
+{
   if (pool < 1)
     throw_error<invalid_argument>("balance::plan_gap_filling_hdp: pool = {}; expected >= 1", pool);
   if (hdp.capacity < 1)
@@ -291,6 +303,9 @@ inline void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_polic
                     "balance::plan_gap_filling_hdp: {}", seq::hdp_exactly_once_violation(seqs, plan));
   return plan;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::balance
 

@@ -81,7 +81,9 @@ inline void check_bins(int bins, const char* who) {
 /// same order as sorting the pairs, in fewer instructions than comparisons (what the data planner's
 /// per-step balancing spent most of its time on). Below 128 items it sorts (-cost, index) pairs by value.
 /// Pre: costs >= 0.
-inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs) {
+HETMESH_COMPILED std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs)
+#if HETMESH_BODIES
+{
   const std::size_t n = costs.size();
   if (n >= 128) {
     const auto [lo, hi] = std::minmax_element(costs.begin(), costs.end());
@@ -107,6 +109,9 @@ inline std::vector<int> order_by_decreasing(std::span<const std::int64_t> costs)
   for (std::size_t k = 0; k < keyed.size(); ++k) order[k] = keyed[k].second;
   return order;
 }
+#else
+    ;
+#endif
 
 }  // namespace detail
 
@@ -319,8 +324,10 @@ class kk_state {
 /// Pre: 0 <= size <= capacity for every item, capacity >= 1 (an oversized item raises capacity_error
 /// naming it). Post: every bin's load <= capacity; bins <= 11/9 OPT + 6/9; bins are numbered in order of
 /// opening. Local; deterministic. Cost O(n log n).
-[[nodiscard]] inline assignment best_fit_decreasing(std::span<const std::int64_t> sizes,
-                                                    std::int64_t capacity) {
+[[nodiscard]] HETMESH_COMPILED assignment best_fit_decreasing(std::span<const std::int64_t> sizes,
+                                                              std::int64_t capacity)
+#if HETMESH_BODIES
+{
   if (capacity < 1)
     throw_error<invalid_argument>("balance::best_fit_decreasing: capacity = {}; expected >= 1", capacity);
   detail::check_costs(sizes, "balance::best_fit_decreasing");
@@ -356,6 +363,9 @@ class kk_state {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// max(ceil(total / bins), largest item): no assignment of `costs` to `bins` bins has a smaller makespan.
 [[nodiscard]] inline std::int64_t makespan_lower_bound(std::span<const std::int64_t> costs, int bins) {

@@ -61,8 +61,10 @@ struct encoder_batch {
 /// Encoder micro-batch of `rank` under a long-short plan: its items in plan order (long items first),
 /// whole or its Ulysses piece. Pre: 0 <= rank < plan.ranks (checked). Over all ranks every item token
 /// appears exactly once (long_short_plan's guarantee). Pure; O(items).
-[[nodiscard]] inline encoder_batch make_encoder_batch(const seq::long_short_plan& plan, int encoder, int rank,
-                                                      int index = 0) {
+[[nodiscard]] HETMESH_COMPILED encoder_batch make_encoder_batch(const seq::long_short_plan& plan, int encoder,
+                                                                int rank, int index = 0)
+#if HETMESH_BODIES
+{
   if (rank < 0 || rank >= plan.ranks)
     throw_error<invalid_argument>("make_encoder_batch: rank {}; expected a rank in [0, {})", rank,
                                   plan.ranks);
@@ -80,6 +82,9 @@ struct encoder_batch {
   }
   return eb;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::model
 

@@ -254,7 +254,9 @@ void for_each_target(const document& d, std::int64_t begin, std::int64_t end, F&
 
 /// The step's summary, once per step, for the builders (which otherwise compute it per call). Pure;
 /// O(tokens + documents log documents).
-[[nodiscard]] inline step_summary summarize_step(const step_batch& b) {
+[[nodiscard]] HETMESH_COMPILED step_summary summarize_step(const step_batch& b)
+#if HETMESH_BODIES
+{
   step_summary s;
   s.offsets.reserve(b.documents.size() + 1);
   s.offsets.push_back(0);
@@ -270,12 +272,17 @@ void for_each_target(const document& d, std::int64_t begin, std::int64_t end, F&
   std::sort(s.ids.begin(), s.ids.end());
   return s;
 }
+#else
+    ;
+#endif
 
 namespace detail {
 /// Appends the run `positions` of document `doc` to `mb`: per token fields, the segment, and the
 /// landings of the document's items that intersect the run.
-inline void append_run(micro_batch& mb, const step_batch& b, const step_summary& s, std::int64_t doc,
-                       seq::token_range positions) {
+HETMESH_COMPILED void append_run(micro_batch& mb, const step_batch& b, const step_summary& s,
+                                 std::int64_t doc, seq::token_range positions)
+#if HETMESH_BODIES
+{
   if (positions.size() <= 0) return;
   const auto& d = b.documents[static_cast<std::size_t>(doc)];
   const std::int64_t local = static_cast<std::int64_t>(mb.tokens.size());
@@ -305,6 +312,9 @@ inline void append_run(micro_batch& mb, const step_batch& b, const step_summary&
     }
   }
 }
+#else
+    ;
+#endif
 
 /// cu_seqlens over the segments: one interval per maximal group of consecutive segments of one document.
 inline void close_by_segments(micro_batch& mb) {
@@ -331,8 +341,11 @@ inline void close_by_segments(micro_batch& mb) {
 /// invalid_argument otherwise); 0 <= rank < p.policy.cp (checked). Postconditions: over all ranks, every
 /// stream token appears exactly once and every counting target exactly once. Pure; O(local tokens + local
 /// chunks x items per document + documents).
-[[nodiscard]] inline micro_batch make_cp_micro_batch(const step_batch& b, const step_summary& s,
-                                                     const seq::cp_partition& p, int rank, int index = 0) {
+[[nodiscard]] HETMESH_COMPILED micro_batch make_cp_micro_batch(const step_batch& b, const step_summary& s,
+                                                               const seq::cp_partition& p, int rank,
+                                                               int index = 0)
+#if HETMESH_BODIES
+{
   if (p.cu_seqlens != s.offsets)
     throw_error<invalid_argument>(
         "make_cp_micro_batch: the partition's cu_seqlens {} do not match the batch's document lengths {}; "
@@ -356,12 +369,21 @@ inline void close_by_segments(micro_batch& mb) {
   for (auto d : sh.local_docs) mb.seqlen_docs.push_back(b.documents[static_cast<std::size_t>(d)].id);
   return mb;
 }
+#else
+    ;
+#endif
 
 /// make_cp_micro_batch with the step's summary computed here: O(step tokens) more.
-[[nodiscard]] inline micro_batch make_cp_micro_batch(const step_batch& b, const seq::cp_partition& p,
-                                                     int rank, int index = 0) {
+[[nodiscard]] HETMESH_COMPILED micro_batch make_cp_micro_batch(const step_batch& b,
+                                                               const seq::cp_partition& p, int rank,
+                                                               int index = 0)
+#if HETMESH_BODIES
+{
   return make_cp_micro_batch(b, summarize_step(b), p, rank, index);
 }
+#else
+    ;
+#endif
 
 /// Micro-batch made of the given segments of documents, in that order: whole sequences on one rank
 /// ({id, [0, length)}), a pack, or any pieces a plan hands one rank. cu_seqlens has one interval per
@@ -369,9 +391,11 @@ inline void close_by_segments(micro_batch& mb) {
 /// Preconditions: `s` is summarize_step(b); every seq_id names a document of `b`, every range lies inside
 /// it (both checked: invalid_argument). Pure; O(local tokens + segments x (items per document + log
 /// documents)).
-[[nodiscard]] inline micro_batch make_segment_micro_batch(const step_batch& b, const step_summary& s,
-                                                          std::span<const seq::seq_segment> segments,
-                                                          int rank = 0, int index = 0) {
+[[nodiscard]] HETMESH_COMPILED micro_batch
+make_segment_micro_batch(const step_batch& b, const step_summary& s,
+                         std::span<const seq::seq_segment> segments, int rank = 0, int index = 0)
+#if HETMESH_BODIES
+{
   micro_batch mb;
   mb.rank = rank;
   mb.index = index;
@@ -393,13 +417,20 @@ inline void close_by_segments(micro_batch& mb) {
   detail::close_by_segments(mb);
   return mb;
 }
+#else
+    ;
+#endif
 
 /// make_segment_micro_batch with the step's summary computed here: O(step tokens) more.
-[[nodiscard]] inline micro_batch make_segment_micro_batch(const step_batch& b,
-                                                          std::span<const seq::seq_segment> segments,
-                                                          int rank = 0, int index = 0) {
+[[nodiscard]] HETMESH_COMPILED micro_batch make_segment_micro_batch(
+    const step_batch& b, std::span<const seq::seq_segment> segments, int rank = 0, int index = 0)
+#if HETMESH_BODIES
+{
   return make_segment_micro_batch(b, summarize_step(b), segments, rank, index);
 }
+#else
+    ;
+#endif
 
 /// Micro-batch of one HDP micro-batch (a pack of whole sequences, or this rank's two zigzag chunks of a
 /// ring's sequence) of a seq::hdp_plan made from document_descs(b). `rank` is the pool rank holding it.

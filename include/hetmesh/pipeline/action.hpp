@@ -165,13 +165,18 @@ struct action_parts {
 
 /// The text of an action, as PyTorch's `_Action.__repr__` writes it: "2F0", "1SEND_B3", "0REDUCE_GRAD",
 /// "(0F3;3B1)OVERLAP_F_B".
-[[nodiscard]] inline std::string to_text(const action& a) {
+[[nodiscard]] HETMESH_COMPILED std::string to_text(const action& a)
+#if HETMESH_BODIES
+{
   if (a.type == action_type::overlap_f_b)
     return hetmesh::format("({}F{};{}B{})OVERLAP_F_B", a.stage, a.microbatch, a.backward_stage,
                            a.backward_microbatch);
   if (a.microbatch < 0) return hetmesh::format("{}{}", a.stage, name_of(a.type));
   return hetmesh::format("{}{}{}", a.stage, name_of(a.type), a.microbatch);
 }
+#else
+    ;
+#endif
 
 [[nodiscard]] inline action parse_action(std::string_view text);
 

@@ -141,12 +141,17 @@ struct zbv {
 
 namespace detail {
 
-inline void check_basic(std::string_view name, int pp, int m) {
+HETMESH_COMPILED void check_basic(std::string_view name, int pp, int m)
+#if HETMESH_BODIES
+{
   if (pp < 1)
     throw_error<invalid_argument>("pipeline {}: pp={} is not a pipeline size; expected pp >= 1", name, pp);
   if (m < 1)
     throw_error<invalid_argument>("pipeline {}: microbatches={}; expected at least one micro-batch", name, m);
 }
+#else
+    ;
+#endif
 
 inline void check_virtual(std::string_view name, int v) {
   if (v < 1)
@@ -166,7 +171,9 @@ inline int pytorch_group_size(std::string_view name, int pp, int m) {
 }
 
 /// Megatron-LM's checks for microbatch_group_size_per_vp_stage.
-inline int megatron_group_size(std::string_view name, int pp, int m, int g) {
+HETMESH_COMPILED int megatron_group_size(std::string_view name, int pp, int m, int g)
+#if HETMESH_BODIES
+{
   if (g == 0) g = pp;
   if (g < pp || g > m)
     throw_error<invalid_argument>(
@@ -188,6 +195,9 @@ inline int megatron_group_size(std::string_view name, int pp, int m, int g) {
             : std::string());
   return g;
 }
+#else
+    ;
+#endif
 
 /// Megatron-LM's schedule table: virtual micro-batch k -> (micro-batch, chunk). Micro-batches go in
 /// groups of g; within a group all of chunk 0, then all of chunk 1, ...; the last group takes the rest.

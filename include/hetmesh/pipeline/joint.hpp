@@ -93,7 +93,10 @@ struct encoder_work {
 
 /// The cost model of a schedule with `shards` encoder shards: LLM actions priced by `llm`, each shard's
 /// EF/EB of mb priced at 1/shards of the micro-batch's work (its transfer and memory likewise).
-[[nodiscard]] inline cost_model with_encoder(const cost_model& llm, const encoder_work& w, int shards) {
+[[nodiscard]] HETMESH_COMPILED cost_model with_encoder(const cost_model& llm, const encoder_work& w,
+                                                       int shards)
+#if HETMESH_BODIES
+{
   const double share = shards > 0 ? 1.0 / shards : 1.0;
   cost_model c;
   c.compute = [llm, w, share](const action& a) {
@@ -118,6 +121,9 @@ struct encoder_work {
   };
   return c;
 }
+#else
+    ;
+#endif
 
 namespace detail {
 

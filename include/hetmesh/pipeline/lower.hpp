@@ -128,7 +128,9 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
 /// dependency cycle). An OVERLAP_F_B action is taken when both its halves are ready; the SENDs of both
 /// halves follow it, as in PyTorch. Pure; deterministic; O(rounds * ranks) with rounds ~ the longest
 /// rank list.
-[[nodiscard]] inline schedule add_send_recv(const schedule& in) {
+[[nodiscard]] HETMESH_COMPILED schedule add_send_recv(const schedule& in)
+#if HETMESH_BODIES
+{
   const schedule s = strip_comm(in);
   const int nranks = s.total_ranks();
   const int shards = s.num_encoder_shards();
@@ -214,6 +216,9 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// Appends `<stage>REDUCE_GRAD` on each stage's rank right after that stage's last backward (B or W, or
 /// the OVERLAP_F_B whose backward half it is),

@@ -101,7 +101,9 @@ struct ring_token_meta {
 
 /// The document and position of every token position p of `s` holds, from its chunks. Pre: 0 <= p <
 /// s.chunks.size() and chunks that tile the local buffer (invalid_argument otherwise). Pure; O(tokens).
-[[nodiscard]] inline ring_token_meta ring_meta(const seq::ring_schedule& s, int p) {
+[[nodiscard]] HETMESH_COMPILED ring_token_meta ring_meta(const seq::ring_schedule& s, int p)
+#if HETMESH_BODIES
+{
   ring_token_meta m;
   const auto n = static_cast<std::size_t>(ring_tokens(s, p));
   m.doc.assign(n, 0);
@@ -119,5 +121,8 @@ struct ring_token_meta {
     }
   return m;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::run

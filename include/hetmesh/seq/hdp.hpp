@@ -152,8 +152,10 @@ struct hdp_plan {
 /// dropped). Postconditions: every sequence appears in exactly one item; packs hold <= C tokens;
 /// a ring of D ranks has length >= 2D. Throws capacity_error for a sequence the pool cannot hold
 /// even with full offloading. Pure and independent of input order; O(n log n). Not collective.
-[[nodiscard]] inline hdp_sharding hdp_shard(std::span<const seq_desc> seqs, const hdp_policy& policy,
-                                            int pool) {
+[[nodiscard]] HETMESH_COMPILED hdp_sharding hdp_shard(std::span<const seq_desc> seqs,
+                                                      const hdp_policy& policy, int pool)
+#if HETMESH_BODIES
+{
   if (pool < 1) throw_error<invalid_argument>("hdp_shard: pool has {} ranks; expected >= 1", pool);
   if (policy.capacity < 1)
     throw_error<invalid_argument>("hdp_shard: capacity C = {}; expected >= 1 token", policy.capacity);
@@ -198,11 +200,17 @@ struct hdp_plan {
   for (std::size_t i = 0; i < out.items.size(); ++i) out.items[i].index = static_cast<std::int64_t>(i);
   return out;
 }
+#else
+    ;
+#endif
 
 /// Builds the per-rank plan from a placement (one hdp_placement per item). Checks that each ring has
 /// `degree` distinct ranks in [0, pool). Per rank, micro-batches run by (order, item). Pure; O(total
 /// ring size * log). Throws invalid_argument on a malformed placement.
-[[nodiscard]] inline hdp_plan hdp_assemble(hdp_sharding sharding, std::vector<hdp_placement> placement) {
+[[nodiscard]] HETMESH_COMPILED hdp_plan hdp_assemble(hdp_sharding sharding,
+                                                     std::vector<hdp_placement> placement)
+#if HETMESH_BODIES
+{
   if (placement.size() != sharding.items.size())
     throw_error<invalid_argument>("hdp_assemble: {} placements for {} items; expected one per item",
                                   placement.size(), sharding.items.size());
@@ -268,6 +276,9 @@ struct hdp_plan {
   plan.placement = std::move(placement);
   return plan;
 }
+#else
+    ;
+#endif
 
 /// The naive placement of ByteScale Alg. 1 (balance/ offers better ones): items in canonical order
 /// are laid first-fit into "waves" of `pool` rank slots, each item on a contiguous range of ranks

@@ -102,8 +102,10 @@ struct long_short_plan {
 /// no rank/block has room; invalid_argument on bad parameters (or a cost that is not finite). Pure;
 /// independent of input order; decisions on fixed-point costs (one rounding per item); O(n log n + n *
 /// ranks).
-[[nodiscard]] inline long_short_plan plan_long_short(std::span<const seq_desc> items, int ranks,
-                                                     const long_short_policy& policy) {
+[[nodiscard]] HETMESH_COMPILED long_short_plan plan_long_short(std::span<const seq_desc> items, int ranks,
+                                                               const long_short_policy& policy)
+#if HETMESH_BODIES
+{
   const int node = policy.cluster.devices_per_node;
   if (ranks < 1 || node < 1 || policy.heads < 1 || policy.max_tokens_per_rank < 1)
     throw_error<invalid_argument>(
@@ -223,6 +225,9 @@ struct long_short_plan {
   }
   return plan;
 }
+#else
+    ;
+#endif
 
 inline long_short_plan long_short_policy::plan(std::span<const seq_desc> items, int ranks) const {
   return plan_long_short(items, ranks, *this);

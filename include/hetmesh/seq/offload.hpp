@@ -50,8 +50,10 @@ struct offload_choice {
 
 /// D(s) of Eq. 3 for a ratio r = k/steps: ceil((2 + (1-r)(l-2)) * Act(s) / (l * Act(C))), at least 1.
 /// Preconditions: capacity > 0, model.layers >= 2, 0 <= k <= steps. Pure; O(1).
-[[nodiscard]] inline int offload_ranks(std::int64_t s, std::int64_t capacity, const offload_model& m, int k,
-                                       int steps) {
+[[nodiscard]] HETMESH_COMPILED int offload_ranks(std::int64_t s, std::int64_t capacity,
+                                                 const offload_model& m, int k, int steps)
+#if HETMESH_BODIES
+{
   if (capacity <= 0) throw_error<invalid_argument>("offload_ranks: capacity {} must be > 0", capacity);
   if (m.layers() < 2)
     throw_error<invalid_argument>("offload_ranks: layers per rank {} must be >= 2 (Eq. 3 keeps two layers)",
@@ -68,14 +70,19 @@ struct offload_choice {
   const double d = std::ceil(need / budget * (1.0 - 1e-12));
   return d < 1 ? 1 : static_cast<int>(d);
 }
+#else
+    ;
+#endif
 
 /// Picks (D, r) for a sequence of length s: the least D reachable with r <= r_max (the overlap
 /// bound), and the smallest grid ratio reaching it (offloading costs PCIe traffic, so no more than
 /// helps). Ties impossible: the key is (D, k). Throws capacity_error when even full offloading
 /// (r = 1, ignoring the overlap bound) needs more than `max_ranks` ranks. Pure; O(log steps).
-[[nodiscard]] inline offload_choice solve_offload(std::int64_t s, std::int64_t capacity,
-                                                  const offload_model& m, const offload_policy& p,
-                                                  int max_ranks) {
+[[nodiscard]] HETMESH_COMPILED offload_choice solve_offload(std::int64_t s, std::int64_t capacity,
+                                                            const offload_model& m, const offload_policy& p,
+                                                            int max_ranks)
+#if HETMESH_BODIES
+{
   offload_choice c;
   c.length = s;
   c.ratio_steps = p.ratio_steps;
@@ -117,6 +124,9 @@ struct offload_choice {
         s, best, c.ratio(), max_ranks);
   return c;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::seq
 

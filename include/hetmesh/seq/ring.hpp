@@ -93,8 +93,10 @@ struct ring_schedule {
 /// list per position. Postconditions: over its D steps, every position meets every KV chunk of the
 /// ring exactly once, and the union of its pairs covers exactly the causal pairs of its queries.
 /// Pure; O(D^2 * chunks^2) (chunks are few per position: 2 per document).
-[[nodiscard]] inline ring_schedule make_ring_schedule(std::vector<int> ring,
-                                                      std::vector<std::vector<cp_chunk>> chunks) {
+[[nodiscard]] HETMESH_COMPILED ring_schedule make_ring_schedule(std::vector<int> ring,
+                                                                std::vector<std::vector<cp_chunk>> chunks)
+#if HETMESH_BODIES
+{
   if (ring.empty()) throw_error<invalid_argument>("make_ring_schedule: empty ring; expected >= 1 rank");
   if (chunks.size() != ring.size())
     throw_error<invalid_argument>(
@@ -139,9 +141,14 @@ struct ring_schedule {
   }
   return s;
 }
+#else
+    ;
+#endif
 
 /// The ring of a CP partition over `ranks` (position r = partition rank r). Pure.
-[[nodiscard]] inline ring_schedule ring_for(const cp_partition& part, std::vector<int> ranks) {
+[[nodiscard]] HETMESH_COMPILED ring_schedule ring_for(const cp_partition& part, std::vector<int> ranks)
+#if HETMESH_BODIES
+{
   if (ranks.size() != part.ranks.size())
     throw_error<invalid_argument>("ring_for: {} ranks for a partition of cp = {}; expected one per CP rank",
                                   ranks.size(), part.ranks.size());
@@ -149,10 +156,15 @@ struct ring_schedule {
   for (const auto& sh : part.ranks) chunks.push_back(sh.chunks);
   return make_ring_schedule(std::move(ranks), std::move(chunks));
 }
+#else
+    ;
+#endif
 
 /// The ring of one HDP item (its placement's ranks; chunk doc = the sequence id; chunk ordinal =
 /// zigzag index). For a pack (D = 1) the single position holds every member whole. Pure.
-[[nodiscard]] inline ring_schedule ring_for(const hdp_plan& plan, std::int64_t item) {
+[[nodiscard]] HETMESH_COMPILED ring_schedule ring_for(const hdp_plan& plan, std::int64_t item)
+#if HETMESH_BODIES
+{
   const auto& it = plan.sharding.items.at(static_cast<std::size_t>(item));
   const auto& ring = plan.placement.at(static_cast<std::size_t>(item)).ring;
   std::vector<std::vector<cp_chunk>> chunks(ring.size());
@@ -176,6 +188,9 @@ struct ring_schedule {
   }
   return make_ring_schedule(ring, std::move(chunks));
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::seq
 

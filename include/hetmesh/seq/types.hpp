@@ -68,7 +68,9 @@ struct seq_segment {
 /// naming the first sequence with a negative length or the first id that appears twice. Planners rely
 /// on unique ids for their total order, so every planner over seq_descs (here and in balance/) calls
 /// this first. Post: returns normally iff all lengths >= 0 and ids are unique. Pure; O(n log n).
-inline void check_seq_descs(std::span<const seq_desc> seqs, const char* who) {
+HETMESH_COMPILED void check_seq_descs(std::span<const seq_desc> seqs, const char* who)
+#if HETMESH_BODIES
+{
   std::vector<std::int64_t> ids;
   ids.reserve(seqs.size());
   for (const auto& s : seqs) {
@@ -83,6 +85,9 @@ inline void check_seq_descs(std::span<const seq_desc> seqs, const char* who) {
     if (ids[i] == ids[i - 1])
       throw_error<invalid_argument>("{}: sequence id {} appears twice; expected unique ids", who, ids[i]);
 }
+#else
+    ;
+#endif
 
 /// The total order every planner over seq_descs sorts by: longest first, then smallest id. A strict
 /// weak ordering, total over unique ids, so sorts with it are deterministic across ranks and builds.

@@ -22,10 +22,10 @@ namespace hetmesh::train {
 namespace detail {
 /// build_micro_batches without the check that `batch` is the plan's (a sparse step passes: documents the
 /// rank does not read may be empty, `s` is the whole step's).
-[[nodiscard]] inline std::vector<model::micro_batch> build_rank_micro_batches(const step_plan& plan,
-                                                                              const model::step_batch& batch,
-                                                                              const model::step_summary& s,
-                                                                              int rank) {
+[[nodiscard]] HETMESH_COMPILED std::vector<model::micro_batch> build_rank_micro_batches(
+    const step_plan& plan, const model::step_batch& batch, const model::step_summary& s, int rank)
+#if HETMESH_BODIES
+{
   if (rank < 0 || rank >= plan.world)
     throw_error<invalid_argument>("train::build_micro_batches: rank {}; expected 0 <= rank < {}", rank,
                                   plan.world);
@@ -57,6 +57,9 @@ namespace detail {
   }
   return out;
 }
+#else
+    ;
+#endif
 }  // namespace detail
 
 /// The micro-batches `rank` runs under `plan`, in execution order, for the step `batch`. Static CP: the
@@ -153,9 +156,12 @@ struct rank_share {
 /// loaders' counts). Errors (invalid_argument): items for another number of documents, a text part of a
 /// sample not in the plan or whose byte count is neither 8 nor 9 x its length. O(received bytes + documents
 /// x items).
-[[nodiscard]] inline rank_share share_of(const step_plan& plan,
-                                         std::span<const std::vector<model::encoder_item>> items,
-                                         const data::delivered_share& got, std::int64_t pad_token = 0) {
+[[nodiscard]] HETMESH_COMPILED rank_share share_of(const step_plan& plan,
+                                                   std::span<const std::vector<model::encoder_item>> items,
+                                                   const data::delivered_share& got,
+                                                   std::int64_t pad_token = 0)
+#if HETMESH_BODIES
+{
   if (items.size() != plan.documents.size())
     throw_error<invalid_argument>("train::share_of: items for {} documents; expected the plan's {}",
                                   items.size(), plan.documents.size());
@@ -184,13 +190,18 @@ struct rank_share {
       throw_error<invalid_argument>("train::share_of: sample {} arrived but is not in the plan", p.sample);
   return out;
 }
+#else
+    ;
+#endif
 
 /// share_of with the items and pad token of `step`, the batch (or its metadata) the plan was made from, and
 /// its target count (document_targets of each of its documents: loss masks included); its token values are
 /// not read. Errors: share_of's, and invalid_argument for a step of other documents than the plan's.
 /// O(received bytes + step tokens x items).
-[[nodiscard]] inline rank_share share_of(const step_plan& plan, const model::step_batch& step,
-                                         const data::delivered_share& got) {
+[[nodiscard]] HETMESH_COMPILED rank_share share_of(const step_plan& plan, const model::step_batch& step,
+                                                   const data::delivered_share& got)
+#if HETMESH_BODIES
+{
   if (model::document_descs(step) != plan.documents)
     throw_error<invalid_argument>(
         "train::share_of: the step's documents do not match the plan's {} documents; expected the batch the "
@@ -203,14 +214,20 @@ struct rank_share {
   for (const auto& d : step.documents) out.step_targets += document_targets(d);
   return out;
 }
+#else
+    ;
+#endif
 
 namespace detail {
 /// The step as rank `rank` sees it under delivery: every plan document in stream order (the share's
 /// documents whole, the others empty), and the whole step's summary from the plan's lengths and the
 /// share's target count. Errors (invalid_argument): a document the rank reads missing from the share, or
 /// of another length. O(share tokens + documents log documents).
-inline std::pair<model::step_batch, model::step_summary> sparse_step(const step_plan& plan,
-                                                                     const rank_share& share, int rank) {
+HETMESH_COMPILED std::pair<model::step_batch, model::step_summary> sparse_step(const step_plan& plan,
+                                                                               const rank_share& share,
+                                                                               int rank)
+#if HETMESH_BODIES
+{
   model::step_batch b;
   b.pad_token = share.batch.pad_token;
   model::step_summary s;
@@ -238,6 +255,9 @@ inline std::pair<model::step_batch, model::step_summary> sparse_step(const step_
   }
   return {std::move(b), std::move(s)};
 }
+#else
+    ;
+#endif
 }  // namespace detail
 
 }  // namespace hetmesh::train

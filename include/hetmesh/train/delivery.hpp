@@ -104,10 +104,11 @@ requires requires(const M& m) {
 /// are the samples' stable ids (seq::make_sample_id), so a data-plane host knows its parts.
 /// Errors (invalid_argument): items.size() != documents; a map for another pool or depth; items in a plan
 /// without encoder shards (a plan made without the batch). Pure; O(step tokens + parts x ranks).
-[[nodiscard]] inline data::route_plan plan_delivery(const step_plan& plan,
-                                                    std::span<const std::vector<model::encoder_item>> items,
-                                                    const rank_map& where,
-                                                    const seq::long_short_policy& encoder_sp = {}) {
+[[nodiscard]] HETMESH_COMPILED data::route_plan plan_delivery(
+    const step_plan& plan, std::span<const std::vector<model::encoder_item>> items, const rank_map& where,
+    const seq::long_short_policy& encoder_sp = {})
+#if HETMESH_BODIES
+{
   if (items.size() != plan.documents.size())
     throw_error<invalid_argument>("train::plan_delivery: items for {} documents; expected the plan's {}",
                                   items.size(), plan.documents.size());
@@ -185,14 +186,23 @@ requires requires(const M& m) {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// plan_delivery with the items of `batch`, the batch the plan was made from (its bytes are not read).
-[[nodiscard]] inline data::route_plan plan_delivery(const step_plan& plan, const model::step_batch& batch,
-                                                    const rank_map& where,
-                                                    const seq::long_short_policy& encoder_sp = {}) {
+[[nodiscard]] HETMESH_COMPILED data::route_plan plan_delivery(const step_plan& plan,
+                                                              const model::step_batch& batch,
+                                                              const rank_map& where,
+                                                              const seq::long_short_policy& encoder_sp = {})
+#if HETMESH_BODIES
+{
   std::vector<std::vector<model::encoder_item>> items;
   for (const auto& d : batch.documents) items.push_back(d.items);
   return plan_delivery(plan, items, where, encoder_sp);
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::train

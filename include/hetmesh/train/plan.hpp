@@ -112,7 +112,9 @@ struct step_plan {
 
 namespace detail {
 
-inline void check_documents(std::span<const seq::seq_desc> docs, const char* who) {
+HETMESH_COMPILED void check_documents(std::span<const seq::seq_desc> docs, const char* who)
+#if HETMESH_BODIES
+{
   if (docs.empty()) throw_error<invalid_argument>("{}: empty step; expected at least one document", who);
   std::vector<std::int64_t> ids;
   for (const auto& d : docs) {
@@ -124,6 +126,9 @@ inline void check_documents(std::span<const seq::seq_desc> docs, const char* who
   if (const auto it = std::adjacent_find(ids.begin(), ids.end()); it != ids.end())
     throw_error<invalid_argument>("{}: document id {} appears twice; expected unique ids", who, *it);
 }
+#else
+    ;
+#endif
 
 inline void check_cp(int cp, int world, const char* who) {
   if (cp < 1 || world < 1 || world % cp != 0)
@@ -172,7 +177,9 @@ inline void add_cp_piece(step_plan& p, int group, std::vector<std::int64_t> ids,
 /// Gives every planned micro-batch its slot: rings in global order, each taking the first slot after
 /// the last one any of its members used, so a ring's members share its slot, a rank's slots increase
 /// along its list, and every member of two rings sees them in the same order. Sets p.slots.
-inline void align_slots(step_plan& p) {
+HETMESH_COMPILED void align_slots(step_plan& p)
+#if HETMESH_BODIES
+{
   std::vector<std::vector<std::pair<std::size_t, std::size_t>>> members(p.rings.size());
   for (std::size_t r = 0; r < p.per_rank.size(); ++r)
     for (std::size_t i = 0; i < p.per_rank[r].size(); ++i)
@@ -192,6 +199,9 @@ inline void align_slots(step_plan& p) {
         [](const planned_micro_batch& a, const planned_micro_batch& b) { return a.slot < b.slot; });
   p.slots = next.empty() ? 0 : *std::max_element(next.begin(), next.end());
 }
+#else
+    ;
+#endif
 
 template <class Split>
 step_plan plan_static_cp(std::span<const seq::seq_desc> docs, int cp, int world, Split&& split) {
@@ -210,7 +220,9 @@ step_plan plan_static_cp(std::span<const seq::seq_desc> docs, int cp, int world,
 }  // namespace detail
 
 namespace detail {
-inline step_plan plan_from_hdp(std::span<const seq::seq_desc> docs, int world, seq::hdp_plan hdp) {
+HETMESH_COMPILED step_plan plan_from_hdp(std::span<const seq::seq_desc> docs, int world, seq::hdp_plan hdp)
+#if HETMESH_BODIES
+{
   step_plan p;
   p.kind = partition_kind::hdp;
   p.world = world;
@@ -241,6 +253,9 @@ inline step_plan plan_from_hdp(std::span<const seq::seq_desc> docs, int world, s
   align_slots(p);
   return p;
 }
+#else
+    ;
+#endif
 }  // namespace detail
 
 /// The default Balancer of train::system: placement is left to the partition family itself. Static CP

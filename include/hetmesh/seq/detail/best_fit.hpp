@@ -80,8 +80,10 @@ class room_index {
 /// open bin with the least remaining room that still fits (ties: the lowest bin index), else a new
 /// bin. Returns bins as lists of indices into `seqs`, bin order = creation order, members in
 /// insertion order. Deterministic; O(n log n).
-[[nodiscard]] inline std::vector<std::vector<std::size_t>> best_fit_decreasing(std::span<const seq_desc> seqs,
-                                                                               std::int64_t capacity) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::vector<std::size_t>> best_fit_decreasing(
+    std::span<const seq_desc> seqs, std::int64_t capacity)
+#if HETMESH_BODIES
+{
   // Sorted by value (length, id, index) rather than through indices: the same order as
   // longer_first (ids are unique), without a cache miss per comparison.
   struct key {
@@ -146,5 +148,8 @@ class room_index {
   }
   return bins;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::seq::detail

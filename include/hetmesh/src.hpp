@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh: the compiled part of the library under separate compilation (HETMESH_SEPARATE_COMPILATION).
+#pragma once
+
+/// \file
+/// The definitions of every HETMESH_COMPILED function, for a program built with
+/// HETMESH_SEPARATE_COMPILATION=1: include this in exactly one source file of the program (a file of its
+/// own that includes nothing else before it, built with the same HETMESH_ macros as the rest), and the
+/// other translation units compile only declarations of those functions (as Asio's and spdlog's compiled
+/// modes). Without HETMESH_SEPARATE_COMPILATION the library is header-only and this file is not needed.
+
+#ifdef HETMESH_BODIES
+#error "<hetmesh/src.hpp> must come before every other hetmesh header in its source file"
+#endif
+#if !defined(HETMESH_SEPARATE_COMPILATION) || !HETMESH_SEPARATE_COMPILATION
+#error "<hetmesh/src.hpp> is for HETMESH_SEPARATE_COMPILATION=1 builds (header-only builds do not need it)"
+#endif
+/// Marks the translation unit that defines the HETMESH_COMPILED functions (config.hpp).
+#define HETMESH_SOURCE 1
+
+// Every header that declares a HETMESH_COMPILED function (scripts/check_rooms.py checks the list).
+#include "balance/planner.hpp"
+#include "balance/solvers.hpp"
+#include "model/encoder_batch.hpp"
+#include "model/micro_batch.hpp"
+#include "pipeline/action.hpp"
+#include "pipeline/generators.hpp"
+#include "pipeline/joint.hpp"
+#include "pipeline/lower.hpp"
+#include "run/ring_io.hpp"
+#include "seq/detail/best_fit.hpp"
+#include "seq/hdp.hpp"
+#include "seq/long_short.hpp"
+#include "seq/offload.hpp"
+#include "seq/ring.hpp"
+#include "seq/types.hpp"
+#include "train/build.hpp"
+#include "train/delivery.hpp"
+#include "train/plan.hpp"
