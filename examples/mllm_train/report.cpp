@@ -167,7 +167,6 @@ nlohmann::json config_json(const options& o) {
 }  // namespace
 
 struct run_log::impl {
- public:
   impl(std::filesystem::path out, bool root) : out_(std::move(out)), root_(root) {}
 
   void step(const step_result& r) {
