@@ -86,13 +86,6 @@ inline std::vector<model::document> host_samples(const data::source_hosts& sh, i
   }
   return out;
 }
-struct fake_encoder {
-  static constexpr const char* modality = "test";
-  [[nodiscard]] std::int64_t output_size(const model::encoder_batch_view& v) const { return v.tokens; }
-};
-struct fake_binding {
-  const fake_encoder* stage;
-};
 }  // namespace detail
 
 /// One step of case `c` over `world` (trainers then hosts): returns "" or what failed on this rank.
@@ -101,8 +94,8 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
   const data::source_hosts sh{.trainers = trainers, .hosts = world.size() - trainers, .sources = 5};
   const auto where = routed_ranks(c, trainers);
   const bool with_items = c != routed_case::searched;
-  // Items of 2-6 tokens: the joint pipeline's 4 shards split the longer ones (long-short SP).
-  const seq::long_short_policy sp{.max_tokens_per_rank = c == routed_case::joint_pp4 ? 4 : 64};
+  // Items of 2-6 tokens: with a pool of 2, the longer ones are split over a shard's pool row (long-short SP).
+  const seq::long_short_policy sp{.max_tokens_per_rank = c == routed_case::joint_pp4 && trainers >= 8 ? 4 : 64};
   std::string failure;
   std::vector<seq::seq_desc> docs;
   std::vector<std::vector<model::encoder_item>> items;
@@ -118,30 +111,37 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
     }
     const auto s = model::summarize_step(whole);
     std::map<std::pair<std::int64_t, int>, std::set<int>> reads;  // (sample, part) -> trainer ranks
-    const detail::fake_encoder fe;
+    // Per slot and encoder, the distinct items landing in any pool rank's micro-batch (from the whole batch,
+    // not from the plan's landings), encoded over the domain of E shards x pool ranks.
+    const int E = plan.pipeline.num_encoder_shards();
+    std::vector<std::map<int, std::vector<seq::seq_desc>>> slot_items(
+        static_cast<std::size_t>(std::max(plan.slots, 1)));
     for (int r = 0; r < plan.world; ++r) {
       const auto mbs = train::build_micro_batches(plan, whole, s, r);
-      std::vector<const model::micro_batch*> by_slot(static_cast<std::size_t>(std::max(plan.slots, 1)),
-                                                     nullptr);
-      for (const auto& mb : mbs) by_slot[static_cast<std::size_t>(mb.index)] = &mb;
       for (int p = 0; p < where.pp; ++p)  // encoder-pool ranks build them too (to size their work)
         for (const auto& mb : mbs)
           for (auto id : mb.doc_ids)
             for (int w : where.at(p, r)) reads[{id, data::text_part}].insert(w);
-      const int E = plan.pipeline.num_encoder_shards();
-      if (E == 0) continue;
-      const auto work =
-          train::detail::plan_encoder_work(std::span<const model::micro_batch* const>(by_slot), whole, E, sp,
-                                           detail::fake_binding{&fe}, detail::fake_binding{&fe});
-      for (int e = 0; e < E; ++e)
-        for (const auto& slot : work.work[static_cast<std::size_t>(e)])
-          for (const auto& call : slot.calls)
-            for (const auto& piece : call.pieces) {
-              const std::int64_t doc = piece.item / 2;  // item ids are doc id * 2 + index
-              for (int w : where.at(plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(e)], r))
-                reads[{doc, static_cast<int>(piece.item % 2)}].insert(w);
-            }
+      for (const auto& mb : mbs)
+        for (const auto& land : mb.encoder_outputs) {
+          auto& list = slot_items[static_cast<std::size_t>(mb.index)][land.encoder];
+          if (std::none_of(list.begin(), list.end(), [&](const seq::seq_desc& d) { return d.id == land.item; }))
+            list.push_back({land.item, whole.documents[static_cast<std::size_t>(s.find(land.item / 2))]
+                                           .items[static_cast<std::size_t>(land.item % 2)]
+                                           .tokens});
+        }
     }
+    for (const auto& per_encoder : slot_items)
+      for (const auto& [k, list] : per_encoder) {
+        const auto ls = train::domain_policy(sp, plan.world).plan(list, E * plan.world);
+        for (int d = 0; d < E * plan.world; ++d)
+          for (const auto& piece : model::make_encoder_batch(ls, k, d).pieces) {
+            const std::int64_t doc = piece.item / 2;  // item ids are doc id * 2 + index
+            for (int w : where.at(plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(d / plan.world)],
+                                  d % plan.world))
+              reads[{doc, static_cast<int>(piece.item % 2)}].insert(w);
+          }
+      }
     const int me = world.rank();
     for (const auto& part : routes.parts) {
       const auto& want = reads[{part.sample, part.item}];

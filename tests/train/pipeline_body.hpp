@@ -20,6 +20,7 @@
 #include <hetmesh/model/stage.hpp>
 #include <hetmesh/train/train.hpp>
 
+#include "train/attention_encoder.hpp"
 #include "train/tiny_stack.hpp"
 #include "train/train_body.hpp"
 
@@ -76,8 +77,18 @@ struct mm_optimizer {
   }
 };
 
-/// One step of the multimodal model on `world` under the given policies.
-template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
+/// Every gradient span of `e`, one after the other.
+template <class T, class E>
+std::vector<T> all_gradients(E& e) {
+  std::vector<T> out;
+  for (auto g : e.gradients()) out.insert(out.end(), g.begin(), g.end());
+  return out;
+}
+
+/// One step of the multimodal model on `world` under the given policies, with encoders of type
+/// Encoder<T, modality> (model::scale_encoder, or attention_encoder: attention inside items).
+template <class T, template <class, class> class Encoder = model::scale_encoder, class Partition,
+          class Balancer, class Schedule, class Placement, class C>
 mm_result<T> run_mm_step(C& world, const Partition& partition, const Balancer& balancer,
                          const train::pipeline_config<Schedule, Placement>& pc,
                          const model::step_batch& batch, std::uint64_t seed,
@@ -87,8 +98,8 @@ mm_result<T> run_mm_step(C& world, const Partition& partition, const Balancer& b
   const auto plan = sys.plan(batch);
   const auto local = sys.local_stages(plan);
   tiny_stack<T> lm(kShape, seed, kBlocks, plan.pipeline.num_stages, local);
-  model::scale_encoder<T, model::vision_modality> vision(kShape.width, T(0.9));
-  model::scale_encoder<T, model::audio_modality> audio(kShape.width, T(1.1));
+  Encoder<T, model::vision_modality> vision(kShape.width, T(0.9));
+  Encoder<T, model::audio_modality> audio(kShape.width, T(1.1));
   int calls = 0;
   mm_result<T> r;
   r.stats = sys.run(plan, batch, lm, mm_optimizer<T>{&calls},
@@ -98,8 +109,8 @@ mm_result<T> run_mm_step(C& world, const Partition& partition, const Balancer& b
     throw_error<invalid_argument>("mm step: optimizer called {} times; expected 3 (stage + 2 encoders)",
                                   calls);
   r.grads = lm.grad;
-  r.grads[-1] = std::vector<T>(vision.gradients()[0].begin(), vision.gradients()[0].end());
-  r.grads[-2] = std::vector<T>(audio.gradients()[0].begin(), audio.gradients()[0].end());
+  r.grads[-1] = all_gradients<T>(vision);
+  r.grads[-2] = all_gradients<T>(audio);
   r.slots = plan.slots;
   r.stages = plan.pipeline.num_stages;
   r.encoder_shards = plan.pipeline.num_encoder_shards();
@@ -120,17 +131,18 @@ struct mm_verdict {
   }
 };
 
-template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
+template <class T, template <class, class> class Encoder = model::scale_encoder, class Partition,
+          class Balancer, class Schedule, class Placement, class C>
 mm_verdict mm_parity_body(C& world, const Partition& partition, const Balancer& balancer,
                           const train::pipeline_config<Schedule, Placement>& pc, std::uint64_t seed, int docs,
                           std::int64_t max_len, const train::system_options& options = {}) {
   const auto batch = random_mm_batch(seed, docs, max_len);
   mm_result<T> ref;
   comm::loopback::run(1, [&](comm::loopback::communicator& c) {
-    ref = run_mm_step<T>(c, seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
-                         train::pipeline_config<>{}, batch, seed + 1);
+    ref = run_mm_step<T, Encoder>(c, seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
+                                  train::pipeline_config<>{}, batch, seed + 1);
   });
-  const auto got = run_mm_step<T>(world, partition, balancer, pc, batch, seed + 1, options);
+  const auto got = run_mm_step<T, Encoder>(world, partition, balancer, pc, batch, seed + 1, options);
   grad_error err;
   int tensors = 0;
   for (const auto& [id, g] : got.grads) {

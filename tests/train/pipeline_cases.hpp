@@ -135,4 +135,46 @@ void pipeline_cases(On8 on8) {
   }
 }
 
+/// Long-short SP with an encoder that attends inside items (attention_encoder): items above
+/// `max_tokens` tokens run as pieces over a Ulysses group of one shard's pool row, and the gradients still
+/// equal the single-rank run's, in which every item is whole. Joint pipeline (shards on both pipeline ranks),
+/// encoders on the first stage, a separate encoder pool; double and float.
+template <class On8>
+void long_short_cases(On8 on8) {
+  using namespace hetmesh;
+  const auto fam = train::family_placement{};
+  auto split = [](std::int64_t max_tokens) {
+    train::system_options o;
+    o.encoder_sp.max_tokens_per_rank = max_tokens;
+    o.encoder_sp.heads = attention_encoder<double, model::vision_modality>::kHeads;
+    return o;
+  };
+  for (std::uint64_t seed : {31u, 32u}) {
+    // zigzag cp 2, pp = 2 (pool 4): items of up to 10 tokens over groups of up to 4 of 3 tokens each
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<double, attention_encoder>(
+                   w, seq::cp_zigzag{.cp = 2, .pad = true}, fam,
+                   train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, {}}, seed,
+                   10, 30, split(3));
+             }),
+             1e-10, "long-short attention encoders, zigzag cp2 pp2 1f1b joint");
+    // HDP, pp = 2, zero-bubble, encoders on stage 0's ranks (one shard: the domain is stage 0's pool of 4)
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<double, attention_encoder>(
+                   w, test_hdp(), fam,
+                   train::pipeline_config<pipeline::zero_bubble, pipeline::encoder_on_first_stage>{2, {}, {}},
+                   seed, 12, 30, split(6));
+             }),
+             1e-10, "long-short attention encoders, hdp pp2 zero-bubble first-stage");
+    // HDP, pp = 2 plus a pool of 2 encoder ranks per pipeline (pool 2: groups of 2 of 5 tokens), float
+    check_mm(on8([&](auto& w) {
+               return mm_parity_body<float, attention_encoder>(
+                   w, test_hdp(), fam,
+                   train::pipeline_config<pipeline::gpipe, pipeline::encoder_pool>{2, {}, {.ranks = 2}}, seed,
+                   8, 30, split(5));
+             }),
+             1e-5, "long-short attention encoders, hdp pp2 gpipe encoder-pool(2) float");
+  }
+}
+
 }  // namespace traintest

@@ -23,3 +23,9 @@ TEST_CASE("MPI: train::system pipelined multimodal steps' gradients equal a sing
   REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
   pipeline_cases([&](auto body) { return body(w); });
 }
+
+TEST_CASE("MPI: long-short SP with encoders that attend inside items keeps the gradients") {
+  auto w = comm::mpi::communicator::world({.timeout = std::chrono::seconds(60), .verify = true});
+  REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
+  long_short_cases([&](auto body) { return body(w); });
+}

@@ -2,8 +2,8 @@
 // hetmesh::run: attention under Ulysses (DeepSpeed-Ulysses), forward and backward, with the user's
 // attention kernel. Each rank of the group holds a contiguous slice of a packed stream of documents
 // (rank r the r-th slice); q, k, v go to head sharding (run/ulysses.hpp: every token of the group, this
-// rank's heads), the kernel runs one block over the whole stream under the per-document causal mask, and
-// the output (and lse) come back to sequence sharding. The backward swaps q, k, v, out, dout and lse the
+// rank's heads), the kernel runs one block over the whole stream under the per-document mask (causal;
+// full for encoder items), and the output (and lse) come back to sequence sharding. The backward swaps q, k, v, out, dout and lse the
 // same way, runs the kernel's backward, and returns dq and dk, dv (summed over replicated KV heads).
 #pragma once
 
@@ -32,6 +32,7 @@ struct ulysses_attention_input {
   std::span<const T> v;                      ///< this rank's values: [n][kv_heads][head_dim]
   std::span<const std::int64_t> stream_doc;  ///< [total_tokens] document of each token of the group
   std::span<const std::int64_t> stream_pos;  ///< [total_tokens] its position in the document
+  seq::block_mask mask = seq::block_mask::causal;  ///< causal (an LLM) or full (an encoder's items)
 };
 
 namespace detail {
@@ -76,7 +77,7 @@ model::attention_block<T> head_block(const seq::ulysses_plan& plan, const ulysse
   b.v = h.v;
   b.q_doc = b.k_doc = in.stream_doc;
   b.q_pos = b.k_pos = in.stream_pos;
-  b.mask = seq::block_mask::causal;
+  b.mask = in.mask;
   b.scale = in.scale;
   return b;
 }

@@ -144,15 +144,17 @@ struct long_short_plan {
       continue;
     }
     // Smallest allowed degree meeting memory and balance; else the smallest meeting memory.
+    // A group never has more ranks than the item has tokens: every piece holds at least one token, so each
+    // member of the group runs (and meets the others in) the item's collectives.
     int deg = 0;
     for (int g : sizes)
-      if (detail::ceil_div(s.length, g) <= cap && detail::ceil_div(c.ticks, g) <= limit.ticks) {
+      if (g <= s.length && detail::ceil_div(s.length, g) <= cap && detail::ceil_div(c.ticks, g) <= limit.ticks) {
         deg = g;
         break;
       }
     if (deg == 0)
       for (int g : sizes)
-        if (detail::ceil_div(s.length, g) <= cap) {
+        if (g <= s.length && detail::ceil_div(s.length, g) <= cap) {
           deg = g;
           break;
         }

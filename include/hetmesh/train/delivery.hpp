@@ -6,10 +6,11 @@
 //    whose piece holds it), at every pipeline rank of their pipelines (each stage's micro-batch view
 //    carries the tokens and targets; a separate encoder pool's ranks build them to size their work), and
 //    their tensor-parallel peers;
-//  - each encoder item: the pipeline ranks whose encoder shards encode a piece of it under the long-short
-//    plan train::system::run makes (pipeline::encoder_on_first_stage: stage 0's rank; the joint pipeline,
-//    pipeline::colocated_encoder: any pipeline rank; pipeline::encoder_pool: the pool's ranks), for every
-//    pool rank whose micro-batch it lands in, and their tensor-parallel peers.
+//  - each encoder item: the ranks whose encoder shards encode a piece of it in the step's encoder domain
+//    (train/encoder_domain.hpp: long-short SP over shard e of every pool rank; the shards sit on stage 0's
+//    rank under pipeline::encoder_on_first_stage, on every pipeline rank in the joint pipeline,
+//    pipeline::colocated_encoder, on the encoder-pool ranks under pipeline::encoder_pool), and their
+//    tensor-parallel peers.
 // No part goes twice to one rank. Pure; equal on every rank for equal inputs.
 #pragma once
 
@@ -29,6 +30,7 @@
 #include "../model/micro_batch.hpp"
 #include "../seq/long_short.hpp"
 #include "build.hpp"
+#include "encoder_domain.hpp"
 #include "plan.hpp"
 
 namespace hetmesh::train {
@@ -149,36 +151,22 @@ requires requires(const M& m) {
       throw_error<invalid_argument>(
           "train::plan_delivery: the step has encoder items but the plan has no encoder shards; expected a "
           "plan made from the batch (train::system::plan(batch))");
-    // The step's shape: tokens need not be real to find where items land.
-    model::step_batch shape;
-    for (std::size_t i = 0; i < plan.documents.size(); ++i)
-      shape.documents.push_back(
-          model::document{plan.documents[i].id,
-                          std::vector<std::int64_t>(static_cast<std::size_t>(plan.documents[i].length), 0),
-                          items[i],
-                          {}});
-    const auto s = model::summarize_step(shape);
-    for (int r = 0; r < plan.world; ++r)
-      for (const auto& mb : detail::build_rank_micro_batches(plan, shape, s, r)) {
-        std::map<int, std::vector<seq::seq_desc>> per_encoder;  // distinct items, in landing order
-        for (const auto& land : mb.encoder_outputs) {
-          auto& list = per_encoder[land.encoder];
-          if (std::none_of(list.begin(), list.end(),
-                           [&](const seq::seq_desc& d) { return d.id == land.item; })) {
-            const auto part = item_part.at({land.encoder, land.item});
-            const auto& it =
-                items[doc_index.at(out.parts[part].sample)][static_cast<std::size_t>(out.parts[part].item)];
-            list.push_back({land.item, it.tokens});
-          }
-        }
-        for (const auto& [k, list] : per_encoder) {
-          const auto ls = encoder_sp.plan(list, E);
-          for (int e = 0; e < E; ++e)
-            for (const auto& piece : model::make_encoder_batch(ls, k, e).pieces)
-              send(item_part.at({k, piece.item}),
-                   plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(e)], r);
-        }
-      }
+    if (plan.encoder_landings.empty())
+      throw_error<invalid_argument>(
+          "train::plan_delivery: the step has encoder items but the plan has no encoder landings; expected a "
+          "plan made from the batch (train::system::plan(batch))");
+    // The encoder domain: the piece at domain rank e * pool + r is read by pool rank r's shard e.
+    int encoders = 0;
+    for (const auto& slot : plan.encoder_landings)
+      for (const auto& l : slot) encoders = std::max(encoders, l.encoder + 1);
+    const auto domain = plan_encoder_domain(plan, E, encoders, encoder_sp);
+    for (const auto& slot : domain)
+      for (std::size_t k = 0; k < slot.size(); ++k)
+        for (const auto& a : slot[k].items)
+          for_each_piece(a, [&](int d, seq::token_range) {
+            send(item_part.at({static_cast<int>(k), a.item.id}),
+                 plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(d / plan.world)], d % plan.world);
+          });
   }
   for (auto& p : out.parts) {
     std::sort(p.ranks.begin(), p.ranks.end());

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::train: the encoders' part of a step, inside one pipeline. Per micro-batch and encoder, the
-// distinct items landing in it go through the encoder's long-short plan over the schedule's encoder shards
-// (MegaScale-Omni's long-short SP: short items whole on one shard, balanced; long ones split over a group);
-// a shard's output is its batches' rows, encoder after encoder, and the executor concatenates the shards'
-// outputs in shard order; the reshard maps that concatenation to the landings' rows in landing order,
-// which is stage 0's input (and maps stage 0's input gradient back). train::system::run uses these.
+// hetmesh::train: the encoders' part of a step, inside one pipeline. Per slot, the encoder domain's plan
+// (train/encoder_domain.hpp: long-short SP over every pipeline's encoder shards) gives each encoder shard of
+// this pool rank its items or pieces; a shard's local output is its batches' rows, encoder after encoder.
+// In the slot's encoder action the shards of one pipeline rank exchange rows over their pool row (an
+// all-to-all-v): each sends the rows a pipeline's stage 0 reads to that pipeline's shard, and what a shard
+// receives, by source, is its output to its own stage 0. The executor concatenates the shards' outputs in
+// shard order; the reshard maps that concatenation to the landings' rows in landing order, which is stage
+// 0's input (and maps stage 0's input gradient back). train::system::run uses these.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -18,6 +21,8 @@
 #include "../model/micro_batch.hpp"
 #include "../seq/long_short.hpp"
 #include "../seq/types.hpp"
+#include "encoder_domain.hpp"
+#include "plan.hpp"
 
 namespace hetmesh::train::detail {
 
@@ -36,23 +41,27 @@ struct copy_run {
   std::int64_t n = 0;    ///< elements
 };
 
-/// The encoder work of one pipeline's step: per (shard, slot) the work and its output size, per slot the
-/// reshard and the landing rows' size.
-struct encoder_work {
-  std::vector<std::vector<shard_work>> work;     ///< [shard][slot]
-  std::vector<std::vector<std::int64_t>> sizes;  ///< [shard][slot]: output elements
-  std::vector<std::vector<copy_run>> reshard;    ///< [slot]
-  std::vector<std::int64_t> landing_size;        ///< [slot]: elements of stage 0's encoder input
+/// One encoder shard's exchange in one slot at one pool rank (see the file comment): the rows its
+/// encoders wrote (local_size elements) go out by destination pool rank (send runs into the send
+/// buffer, grouped by destination in pool rank order); the shard's output arrives by source.
+struct shard_exchange {
+  std::int64_t local_size = 0;            ///< elements this rank's encoders write at the shard
+  std::vector<copy_run> send;             ///< src: element of the local output; dst: of the send buffer
+  std::vector<std::int64_t> send_counts;  ///< per pool rank: elements sent to it
+  std::vector<std::int64_t> recv_counts;  ///< per pool rank: elements received from it (the output)
 };
 
-/// The item's output tokens (its placeholder count in its document).
-inline std::int64_t item_tokens(const model::step_batch& batch, const model::encoder_landing& land) {
-  for (const auto& d : batch.documents)
-    for (const auto& it : d.items)
-      if (it.encoder == land.encoder && it.id == land.item) return it.tokens;
-  throw_error<invalid_argument>("train::system::run: encoder {} item {} is not in the batch", land.encoder,
-                                land.item);
-}
+/// The encoder work of one pool rank's step: per (shard, slot) the calls of the shards it runs, their
+/// exchange and the output size; per slot the reshard and the landing rows' size, and whether the slot
+/// has encoder items (then every shard's ranks exchange, with or without rows of their own).
+struct encoder_work {
+  std::vector<std::vector<shard_work>> work;        ///< [shard][slot] (shards this rank runs)
+  std::vector<std::vector<shard_exchange>> exchange;  ///< [shard][slot] (shards this rank runs)
+  std::vector<std::vector<std::int64_t>> sizes;     ///< [shard][slot]: output elements to this pipeline
+  std::vector<std::vector<copy_run>> reshard;       ///< [slot]
+  std::vector<std::int64_t> landing_size;           ///< [slot]: elements of stage 0's encoder input
+  std::vector<char> active;                         ///< [slot]: the slot has encoder items
+};
 
 /// Elements per output token of encoder `k` (output_size over tokens of a batch), for any pack.
 template <class... Es>
@@ -76,11 +85,12 @@ std::int64_t row_width(int k, const model::encoder_batch& b, const Es&... es) {
 }
 
 /// The calls of shard work `w`, one per encoder with tokens, in encoder order: `f(binding, view, ctx, at,
-/// n)` with the encoder's binding, its batch view, its context (its own activation store, stage = shard
-/// e, micro_batch = slot `mb`) and its slice [at, at + n) of the shard's output (n = output_size(view); the
-/// encoders' outputs follow one another). encode and encode_backward walk the work with it.
-template <class Ctx, class Stores, class F, class... Es>
-void for_each_encoder_call(const detail::shard_work& w, int e, int mb, Stores& stores, F&& f, Es&... es) {
+/// n)` with the encoder's binding, its batch view, its context (`make_ctx(k)` for encoder k: its own
+/// activation store, stage = shard, micro_batch = slot) and its slice [at, at + n) of the shard's local
+/// output (n = output_size(view); the encoders' outputs follow one another). encode and encode_backward
+/// walk the work with it.
+template <class MakeCtx, class F, class... Es>
+void for_each_encoder_call(const detail::shard_work& w, MakeCtx&& make_ctx, F&& f, Es&... es) {
   std::size_t at = 0;
   int k = 0;
   [[maybe_unused]] auto one = [&](auto& binding) {
@@ -89,25 +99,22 @@ void for_each_encoder_call(const detail::shard_work& w, int e, int mb, Stores& s
     if (b.tokens == 0) return;
     const auto v = b.view();
     const auto n = static_cast<std::size_t>(binding.stage->output_size(v));
-    Ctx ctx;
-    ctx.activations = &stores[static_cast<std::size_t>(index)];
-    ctx.stage = e;
-    ctx.micro_batch = mb;
+    auto ctx = make_ctx(index);
     f(binding, v, ctx, at, n);
     at += n;
   };
   (one(es), ...);
 }
 
-/// Runs every encoder's forward for shard work `w`, writing their outputs into `out` one after the
-/// other (encoder 0's batch rows, then encoder 1's, ...), and adds the pieces encoded to `items`. Each
-/// encoder's context: its own activation store, stage = shard e, micro_batch = slot.
-template <class Ctx, class T, class Stores, class... Es>
-void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, Stores& stores, std::int64_t& items,
-            Es&... es) {
-  for_each_encoder_call<Ctx>(
-      w, e, mb, stores,
-      [&](auto& binding, const model::encoder_batch_view& v, Ctx& ctx, std::size_t at, std::size_t n) {
+/// Runs every encoder's forward for shard work `w` (shard e, slot mb), writing their outputs into `out`
+/// one after the other (encoder 0's batch rows, then encoder 1's, ...), and adds the pieces encoded to
+/// `items`. Each encoder's context: make_ctx(k).
+template <class T, class MakeCtx, class... Es>
+void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, MakeCtx&& make_ctx,
+            std::int64_t& items, Es&... es) {
+  for_each_encoder_call(
+      w, make_ctx,
+      [&](auto& binding, const model::encoder_batch_view& v, auto& ctx, std::size_t at, std::size_t n) {
         std::vector<T> in(static_cast<std::size_t>(binding.stage->input_size(v)));
         binding.input(v, std::span<T>(in));
         if (at + n > out.size())
@@ -122,12 +129,11 @@ void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, Stores
 }
 
 /// The gradient pass of encode: `g` in encode's layout; each encoder's backward gets its slice.
-template <class Ctx, class T, class Stores, class... Es>
-void encode_backward(const detail::shard_work& w, std::span<const T> g, int e, int mb, Stores& stores,
-                     Es&... es) {
-  for_each_encoder_call<Ctx>(
-      w, e, mb, stores,
-      [&](auto& binding, const model::encoder_batch_view& v, Ctx& ctx, std::size_t at, std::size_t n) {
+template <class T, class MakeCtx, class... Es>
+void encode_backward(const detail::shard_work& w, std::span<const T> g, MakeCtx&& make_ctx, Es&... es) {
+  for_each_encoder_call(
+      w, make_ctx,
+      [&](auto& binding, const model::encoder_batch_view& v, auto& ctx, std::size_t at, std::size_t n) {
         binding.stage->backward(ctx, v, g.subspan(at, n), std::span<T>{});
       },
       es...);
@@ -140,84 +146,117 @@ std::size_t slots_left(const Stores& stores) {
   return n;
 }
 
-/// The encoder work of the micro-batches `by_slot` (null: an empty slot) over E shards, with `policy`
-/// (long-short SP) and the bound encoders `encoders` (their output sizes). Errors: an item of an encoder
-/// index not passed, or not in the batch, a non-integral output width (invalid_argument); the long-short
-/// planner's (capacity_error). Pure.
-template <class... Es>
-encoder_work plan_encoder_work(std::span<const model::micro_batch* const> by_slot,
-                               const model::step_batch& batch, int E, const seq::long_short_policy& policy,
-                               const Es&... encoders) {
+/// Checks that the encoder landings of this pool rank's micro-batches (`by_slot`, null: none in the slot)
+/// are the plan's (step_plan::encoder_landings of pool rank `j`): the encoder domain is planned from the
+/// plan's, so a batch with items the plan does not know (a plan made without the batch) would encode
+/// nothing. Errors: invalid_argument naming the slot. O(landings).
+inline void check_landings(const step_plan& plan, std::span<const model::micro_batch* const> by_slot, int j) {
+  for (std::size_t m = 0; m < by_slot.size(); ++m) {
+    std::vector<slot_landing> want, got;
+    if (m < plan.encoder_landings.size())
+      for (const auto& l : plan.encoder_landings[m])
+        if (l.pool_rank == j) want.push_back(l);
+    if (by_slot[m] != nullptr)
+      for (const auto& l : by_slot[m]->encoder_outputs)
+        got.push_back({j, l.encoder, l.item, 0, l.item_tokens});
+    bool same = want.size() == got.size();
+    for (std::size_t i = 0; same && i < want.size(); ++i)
+      same = want[i].encoder == got[i].encoder && want[i].item == got[i].item && want[i].rows == got[i].rows;
+    if (!same)
+      throw_error<invalid_argument>(
+          "train::system::run: pool rank {} slot {} has {} encoder landings in its micro-batch and {} in the "
+          "plan; expected a plan made from the batch (train::system::plan(batch))",
+          j, m, got.size(), want.size());
+  }
+}
+
+/// The encoder work of pool rank `j` in `plan` (see the file comment): `domain` is
+/// plan_encoder_domain(plan, E, encoders, policy), `width` the encoders' output elements per token,
+/// `runs[e]` whether this rank runs shard e (its calls and send side are made only for those). Pure;
+/// O(slots x (E x P x this rank's landings + landings) x group degree).
+[[nodiscard]] inline encoder_work plan_encoder_work(const step_plan& plan,
+                                                    const std::vector<std::vector<seq::long_short_plan>>& domain,
+                                                    int E, int j, std::span<const std::int64_t> width,
+                                                    std::span<const char> runs) {
+  const int P = plan.world;
+  const auto slots = static_cast<std::size_t>(std::max(plan.slots, 1));
+  const auto K = width.size();
   encoder_work out;
-  constexpr int num_encoders = static_cast<int>(sizeof...(Es));
-  out.work.assign(static_cast<std::size_t>(E), std::vector<shard_work>(by_slot.size()));
-  out.sizes.assign(static_cast<std::size_t>(E), std::vector<std::int64_t>(by_slot.size(), 0));
-  out.reshard.resize(by_slot.size());
-  out.landing_size.assign(by_slot.size(), 0);
-  auto& work = out.work;
-  auto& enc_sizes = out.sizes;
-  auto& reshard = out.reshard;
-  auto& landing_size = out.landing_size;
-  for (std::size_t m = 0; m < by_slot.size() && E > 0; ++m) {
-    if (by_slot[m] == nullptr) continue;
-    const auto& outs = by_slot[m]->encoder_outputs;
-    std::vector<std::vector<seq::seq_desc>> items(static_cast<std::size_t>(num_encoders));
-    for (const auto& land : outs) {
-      if (land.encoder < 0 || land.encoder >= num_encoders)
-        throw_error<invalid_argument>(
-            "train::system::run: encoder item {} names encoder {}, but {} encoders were passed to run; "
-            "expected an encoder (bind_encoder) for every encoder index of the batch",
-            land.item, land.encoder, num_encoders);
-      auto& list = items[static_cast<std::size_t>(land.encoder)];
-      if (std::none_of(list.begin(), list.end(), [&](const seq::seq_desc& d) { return d.id == land.item; }))
-        list.push_back({land.item, item_tokens(batch, land)});
-    }
-    std::vector<std::int64_t> base(static_cast<std::size_t>(E) + 1, 0);  // each shard's first element
+  out.work.assign(static_cast<std::size_t>(E), std::vector<shard_work>(slots));
+  out.exchange.assign(static_cast<std::size_t>(E), std::vector<shard_exchange>(slots));
+  out.sizes.assign(static_cast<std::size_t>(E), std::vector<std::int64_t>(slots, 0));
+  out.reshard.resize(slots);
+  out.landing_size.assign(slots, 0);
+  out.active.assign(slots, 0);
+  for (std::size_t m = 0; m < plan.encoder_landings.size() && m < slots && E > 0; ++m) {
+    const auto& lands = plan.encoder_landings[m];
+    if (lands.empty()) continue;
+    out.active[m] = 1;
+    const auto index = assignment_index(domain[m]);
+    auto assigned = [&](const slot_landing& l) -> const seq::long_short_assignment& {
+      return *index[static_cast<std::size_t>(l.encoder)].at(l.item);
+    };
+    auto wd = [&](const slot_landing& l) { return width[static_cast<std::size_t>(l.encoder)]; };
+    // Where each of this pipeline's landings starts in stage 0's input (landing order).
+    std::vector<std::int64_t> dst_of(lands.size(), -1);
+    std::int64_t dst = 0;
+    for (std::size_t i = 0; i < lands.size(); ++i)
+      if (lands[i].pool_rank == j) {
+        dst_of[i] = dst;
+        dst += lands[i].rows.size() * wd(lands[i]);
+      }
+    out.landing_size[m] = dst;
+    // Receive side: every shard's output to this pipeline, by source pool rank, each source's rows in
+    // this pipeline's landing order (the order the sources send them in).
+    std::int64_t base = 0;
     for (int e = 0; e < E; ++e) {
-      auto& w = work[static_cast<std::size_t>(e)][m];
-      for (int k = 0; k < num_encoders; ++k) {
-        const auto& list = items[static_cast<std::size_t>(k)];
-        w.calls.push_back(list.empty()
-                              ? model::encoder_batch{k, e, static_cast<int>(m), {}, 0}
-                              : model::make_encoder_batch(policy.plan(list, E), k, e, static_cast<int>(m)));
-        w.width.push_back(w.calls.back().tokens == 0 ? 0 : row_width(k, w.calls.back(), encoders...));
-        enc_sizes[static_cast<std::size_t>(e)][m] += w.calls.back().tokens * w.width.back();
-      }
-      base[static_cast<std::size_t>(e) + 1] =
-          base[static_cast<std::size_t>(e)] + enc_sizes[static_cast<std::size_t>(e)][m];
-    }
-    std::int64_t dst = 0;  // the reshard: each landing's rows, from whichever shards hold them
-    for (const auto& land : outs) {
-      const auto a = land.item_tokens.begin, b = land.item_tokens.end;
-      for (std::int64_t row = a; row < b;) {
-        bool found = false;
-        for (int e = 0; e < E && !found; ++e) {
-          const auto& w = work[static_cast<std::size_t>(e)][m];
-          std::int64_t at = base[static_cast<std::size_t>(e)];
-          for (int k = 0; k < num_encoders && !found; ++k) {
-            const auto& cb = w.calls[static_cast<std::size_t>(k)];
-            const auto wd = w.width[static_cast<std::size_t>(k)];
-            if (k == land.encoder)
-              for (const auto& p : cb.pieces)
-                if (p.item == land.item && row >= p.tokens.begin && row < p.tokens.end) {
-                  const auto n = std::min(b, p.tokens.end) - row;
-                  reshard[m].push_back({at + (p.offset + row - p.tokens.begin) * wd, dst, n * wd});
-                  dst += n * wd;
-                  row += n;
-                  found = true;
-                  break;
-                }
-            at += cb.tokens * wd;
-          }
+      auto& ex = out.exchange[static_cast<std::size_t>(e)][m];
+      ex.recv_counts.assign(static_cast<std::size_t>(P), 0);
+      ex.send_counts.assign(static_cast<std::size_t>(P), 0);
+      std::int64_t at = 0;
+      for (int src = 0; src < P; ++src)
+        for (std::size_t i = 0; i < lands.size(); ++i) {
+          const auto& l = lands[i];
+          if (l.pool_rank != j) continue;
+          for_each_piece(assigned(l), [&](int d, seq::token_range r) {
+            const auto lo = std::max(r.begin, l.rows.begin), hi = std::min(r.end, l.rows.end);
+            if (d != e * P + src || lo >= hi) return;
+            const auto n = (hi - lo) * wd(l);
+            out.reshard[m].push_back({base + at, dst_of[i] + (lo - l.rows.begin) * wd(l), n});
+            ex.recv_counts[static_cast<std::size_t>(src)] += n;
+            at += n;
+          });
         }
-        if (!found)
-          throw_error<invalid_argument>(
-              "train::system::run: rows {}.. of encoder {} item {} are on no encoder shard; expected the "
-              "long-short plan to cover every item",
-              row, land.encoder, land.item);
-      }
+      out.sizes[static_cast<std::size_t>(e)][m] = at;
+      base += at;
     }
-    landing_size[m] = dst;
+    // Send side of the shards this rank runs: its pieces' rows, by destination pool rank.
+    for (int e = 0; e < E; ++e) {
+      if (!runs[static_cast<std::size_t>(e)]) continue;
+      const int d = e * P + j;
+      auto& w = out.work[static_cast<std::size_t>(e)][m];
+      auto& ex = out.exchange[static_cast<std::size_t>(e)][m];
+      std::vector<std::map<std::int64_t, std::int64_t>> first_row(K);  // item -> local element of its row 0
+      for (std::size_t k = 0; k < K; ++k) {
+        const auto& ls = domain[m][k];
+        w.calls.push_back(ls.ranks == 0 ? model::encoder_batch{static_cast<int>(k), d, static_cast<int>(m), {}, 0}
+                                        : model::make_encoder_batch(ls, static_cast<int>(k), d, static_cast<int>(m)));
+        w.width.push_back(w.calls.back().tokens == 0 ? 0 : width[k]);
+        for (const auto& p : w.calls.back().pieces)
+          first_row[k][p.item] = ex.local_size + (p.offset - p.tokens.begin) * width[k];
+        ex.local_size += w.calls.back().tokens * width[k];
+      }
+      std::int64_t sent = 0;
+      for (const auto& l : lands)  // pool rank order: the send buffer is grouped by destination
+        for_each_piece(assigned(l), [&](int dr, seq::token_range r) {
+          const auto lo = std::max(r.begin, l.rows.begin), hi = std::min(r.end, l.rows.end);
+          if (dr != d || lo >= hi) return;
+          const auto n = (hi - lo) * wd(l);
+          ex.send.push_back({first_row[static_cast<std::size_t>(l.encoder)].at(l.item) + lo * wd(l), sent, n});
+          ex.send_counts[static_cast<std::size_t>(l.pool_rank)] += n;
+          sent += n;
+        });
+    }
   }
   return out;
 }

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "../pipeline/lower.hpp"
 #include "../pipeline/schedule_family.hpp"
 #include "../pipeline/verify.hpp"
+#include "build.hpp"
 #include "plan.hpp"
 
 namespace hetmesh::train {
@@ -68,10 +70,40 @@ struct slot_load {
   return false;
 }
 
+/// Per slot, the encoder landings of every pool rank's micro-batch in it (step_plan::encoder_landings),
+/// for `plan` and the items of `batch`, the step it was made from (only documents' ids and items are read:
+/// a batch of metadata serves). Pure; O(step tokens + landings).
+[[nodiscard]] inline std::vector<std::vector<slot_landing>> plan_landings(const step_plan& plan,
+                                                                         const model::step_batch& batch) {
+  std::map<std::int64_t, const model::document*> by_id;
+  for (const auto& d : batch.documents) by_id[d.id] = &d;
+  model::step_batch shape;  // the plan's documents at their lengths with the batch's items
+  std::map<std::pair<int, std::int64_t>, std::int64_t> length;
+  for (const auto& d : plan.documents) {
+    const auto it = by_id.find(d.id);
+    shape.documents.push_back(
+        model::document{d.id, std::vector<std::int64_t>(static_cast<std::size_t>(d.length), 0),
+                        it == by_id.end() ? std::vector<model::encoder_item>{} : it->second->items, {}});
+    for (const auto& item : shape.documents.back().items) length[{item.encoder, item.id}] = item.tokens;
+  }
+  const auto s = model::summarize_step(shape);
+  std::vector<std::vector<slot_landing>> out(static_cast<std::size_t>(std::max(plan.slots, 1)));
+  for (int r = 0; r < plan.world; ++r) {
+    const auto built = detail::build_rank_micro_batches(plan, shape, s, r);
+    const auto& mine = plan.per_rank[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < built.size(); ++i)
+      for (const auto& l : built[i].encoder_outputs)
+        out[static_cast<std::size_t>(mine[i].slot)].push_back(
+            {r, l.encoder, l.item, length.at({l.encoder, l.item}), l.item_tokens});
+  }
+  return out;
+}
+
 /// Sets plan.pp and plan.pipeline: `family`'s schedule for (pp, slots), where slots is the smallest count
 /// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders
 /// placed by `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation
-/// come from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). Pure. Errors: pp < 1
+/// come from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). With encoder items,
+/// sets plan.encoder_landings (plan_landings). Pure. Errors: pp < 1
 /// (invalid_argument); the family's (e.g. interleaved schedules' micro-batch rules) and the verifier's.
 template <pipeline::schedule_family Schedule, class Placement>
 void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& placement, int pp,
@@ -79,6 +111,7 @@ void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& p
   if (pp < 1)
     throw_error<invalid_argument>("train::attach_pipeline: pp = {}; expected a pipeline depth >= 1", pp);
   plan.pp = pp;
+  plan.encoder_landings.clear();
   // The smallest slot count >= the plan's that the family accepts (interleaved families need micro-batch
   // counts that group evenly): the extra slots run empty on every rank.
   const int want = std::max(plan.slots, 1);
@@ -123,6 +156,7 @@ void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& p
     work.forward = [load, at](int mb) { return at(load.encoder_tokens, mb); };
     work.backward = [load, at](int mb) { return 2.0 * at(load.encoder_tokens, mb); };
     s = pipeline::add_encoder(s, placement, costs, work);
+    if (batch != nullptr) plan.encoder_landings = plan_landings(plan, *batch);
   }
   plan.pipeline = pipeline::add_send_recv(s);
   pipeline::assert_deadlock_free(plan.pipeline, "train::attach_pipeline");

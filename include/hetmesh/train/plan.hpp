@@ -73,6 +73,22 @@ struct planned_micro_batch {
   void hash_append(hasher& h) const { append_all(h, ring, position, source, slot); }
 };
 
+/// Where an encoder item's output rows land in one slot: the rows `rows` of item `item` (encoder index
+/// `encoder`, `item_tokens` output tokens in all) are stage 0's input of pool rank `pool_rank`'s
+/// micro-batch in the slot. step_plan::encoder_landings lists them per slot, pool rank ascending, each
+/// rank's in its micro-batch's landing order (model::micro_batch::encoder_outputs).
+struct slot_landing {
+  int pool_rank = 0;             ///< the pipeline (pool rank) whose stage 0 reads the rows
+  int encoder = 0;               ///< index of the encoder
+  std::int64_t item = 0;         ///< item id
+  std::int64_t item_tokens = 0;  ///< the item's output tokens (all of them, wherever they land)
+  seq::token_range rows;         ///< the item's rows that land here
+
+  friend constexpr bool operator==(const slot_landing&, const slot_landing&) = default;
+  /// Feeds the landing to a plan hash.
+  void hash_append(hasher& h) const { append_all(h, pool_rank, encoder, item, item_tokens, rows); }
+};
+
 /// The plan of one step (pipeline depth 1): plain data, equal on every rank that computed it from the same
 /// metadata, hashable with plan_hash. Rings are in one global order; each rank runs its micro-batches in
 /// per_rank order, which follows that order, so ring attention over rings that share ranks never waits on
@@ -94,6 +110,10 @@ struct step_plan {
   int pp = 1;  ///< pipeline depth: the world is pp x world ranks (pipeline rank slowest)
   pipeline::schedule
       pipeline;  ///< the lowered, verified schedule every pipeline runs (train::attach_pipeline)
+  /// Per slot, the encoder items' landings of every pool rank's micro-batch in it (train::attach_pipeline
+  /// with the step's batch; empty without encoder items): what the slot's encoder shards encode, over
+  /// every pipeline, and where the rows go (train::plan_encoder_domain).
+  std::vector<std::vector<slot_landing>> encoder_landings;
 
   /// Micro-batches over every rank. O(world).
   [[nodiscard]] std::int64_t micro_batches() const noexcept {
@@ -106,7 +126,8 @@ struct step_plan {
   friend bool operator==(const step_plan&, const step_plan&) = default;
   /// Feeds the plan to a plan hash.
   void hash_append(hasher& h) const {
-    append_all(h, kind, world, cp, documents, cp_pieces, hdp, ulysses, rings, per_rank, slots, pp, pipeline);
+    append_all(h, kind, world, cp, documents, cp_pieces, hdp, ulysses, rings, per_rank, slots, pp, pipeline,
+               encoder_landings);
   }
 };
 

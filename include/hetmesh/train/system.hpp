@@ -45,6 +45,8 @@
 #include "build.hpp"
 #include "context.hpp"
 #include "delivery.hpp"
+#include "encoder_context.hpp"
+#include "encoder_domain.hpp"
 #include "encoders.hpp"
 #include "optimizer.hpp"
 #include "pipeline_plan.hpp"
@@ -198,9 +200,9 @@ class system {
   /// The context the backbone stage receives for element type T.
   template <class T>
   using context_type = step_context<Comm, Kernel, T>;
-  /// The context an encoder receives for element type T.
+  /// The context an encoder receives for element type T (its items' groups, attention inside items).
   template <class T>
-  using encoder_context_type = model::stage_context<Comm, model::host_activation_store<T>>;
+  using encoder_context_type = encoder_context<Comm, Kernel, T>;
   /// The pipeline configuration type.
   using pipeline_type = pipeline_config<Schedule, Placement>;
 
@@ -369,6 +371,7 @@ class system {
     for (const auto& pm : mine) planned[static_cast<std::size_t>(pm.slot)] = &pm;
     for (std::size_t i = 0; i < built.size(); ++i)
       check_ring_order(plan.rings[static_cast<std::size_t>(mine[i].ring)], mine[i].position, built[i].view());
+    detail::check_landings(plan, by_slot, pool_rank);
 
     // Ulysses: per slot, the document and position of every token of the group's stream, in rank order.
     std::vector<std::vector<std::int64_t>> stream_doc(by_slot.size()), stream_pos(by_slot.size());
@@ -389,13 +392,26 @@ class system {
     zero(stage.gradients());
     (zero(encoders.stage->gradients()), ...);
 
-    // The encoder shards' work of this pipeline (long-short plans, the reshard to stage 0's order).
-    const auto enc = detail::plan_encoder_work(std::span<const model::micro_batch* const>(by_slot), batch, E,
-                                               options_.encoder_sp, encoders...);
-    const auto& work = enc.work;
+    // The encoder domain's plan (long-short SP over every pipeline's shards), this rank's part of it and the
+    // reshard to stage 0's order.
+    constexpr int num_encoders = static_cast<int>(sizeof...(Encoders));
+    const auto domain = plan_encoder_domain(plan, E, num_encoders, options_.encoder_sp);
+    std::vector<std::int64_t> widths(static_cast<std::size_t>(num_encoders), 0);
+    for (const auto& slot : plan.encoder_landings)  // each encoder's output elements per token
+      for (const auto& l : slot)
+        if (auto& w = widths[static_cast<std::size_t>(l.encoder)]; w == 0) {
+          const model::encoder_batch probe{
+              l.encoder, 0, 0, {{l.item, l.item_tokens, {0, l.item_tokens}, 0, 1, 0}}, l.item_tokens};
+          w = detail::row_width(l.encoder, probe, encoders...);
+        }
+    std::vector<char> runs_shard(static_cast<std::size_t>(E), 0);
+    for (int e = 0; e < E; ++e)
+      runs_shard[static_cast<std::size_t>(e)] = sched.encoder_shard_to_rank[static_cast<std::size_t>(e)] == pipe_rank;
+    const auto enc = detail::plan_encoder_work(plan, domain, E, pool_rank, widths, runs_shard);
     const auto& enc_sizes = enc.sizes;
     const auto& reshard = enc.reshard;
     const auto& landing_size = enc.landing_size;
+    if (!item_groups_) item_groups_.emplace(pool);
     // Stage 0's input in landing order from the shards' concatenation, and the way back for gradients.
     auto gather_landings = [&](int mb, std::span<const T> in) {
       std::vector<T> out(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
@@ -539,17 +555,60 @@ class system {
         return run::no_call{};
       }
     }();
+    auto encoder_ctx = [&](int e, int mb) {  // encoder k's context at shard e, slot mb
+      return [&, e, mb](int k) {
+        encoder_context_type<T> ctx;
+        ctx.activations = &enc_stores[static_cast<std::size_t>(k)];
+        ctx.stage = e;
+        ctx.micro_batch = mb;
+        ctx.groups = &*item_groups_;
+        ctx.row_first = e * pool_size_;
+        ctx.kernel = &kernel_;
+        return ctx;
+      };
+    };
+    // The slot's exchange over the shard's pool row: `send` by destination, `recv` by source.
+    auto exchange = [&](std::span<const T> send, std::span<const std::int64_t> send_counts, std::span<T> recv,
+                        std::span<const std::int64_t> recv_counts) {
+      const double c0 = thread_cpu_seconds();
+      const auto sd = comm::detail::prefix_displs(send_counts), rd = comm::detail::prefix_displs(recv_counts);
+      comm::all_to_all_v(pool, send, send_counts, std::span<const std::int64_t>(sd), recv, recv_counts,
+                         std::span<const std::int64_t>(rd));
+      st.cpu_comm_seconds += thread_cpu_seconds() - c0;
+    };
     auto encoder_forward = [&](int e, int mb, std::span<T> out) {
-      const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
-      if (out.empty()) return;
-      cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_forward, mb}, cpu0};
-      detail::encode<encoder_context_type<T>, T>(w, out, e, mb, enc_stores, counts[2], encoders...);
+      const auto m = static_cast<std::size_t>(mb);
+      if (!enc.active[m]) return;
+      const auto& ex = enc.exchange[static_cast<std::size_t>(e)][m];
+      std::vector<T> local(static_cast<std::size_t>(ex.local_size));
+      if (!local.empty()) {
+        cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_forward, mb}, cpu0};
+        detail::encode<T>(enc.work[static_cast<std::size_t>(e)][m], std::span<T>(local), e, mb,
+                          encoder_ctx(e, mb), counts[2], encoders...);
+      }
+      std::vector<T> send;
+      for (const auto& r : ex.send) {
+        send.resize(static_cast<std::size_t>(r.dst + r.n));
+        std::copy_n(local.begin() + r.src, r.n, send.begin() + r.dst);
+      }
+      exchange(std::span<const T>(send), ex.send_counts, out, ex.recv_counts);
     };
     auto encoder_backward = [&](int e, int mb, std::span<const T> g) {
-      const auto& w = work[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
-      if (g.empty()) return;
+      const auto m = static_cast<std::size_t>(mb);
+      if (!enc.active[m]) return;
+      const auto& ex = enc.exchange[static_cast<std::size_t>(e)][m];
+      std::int64_t back_size = 0;  // the rows' gradients come back in the send buffer's layout
+      for (auto n : ex.send_counts) back_size += n;
+      std::vector<T> back(static_cast<std::size_t>(back_size));
+      exchange(g, ex.recv_counts, std::span<T>(back), ex.send_counts);
+      if (ex.local_size == 0) return;
+      std::vector<T> local(static_cast<std::size_t>(ex.local_size), T(0));
+      for (const auto& r : ex.send)
+        for (std::int64_t i = 0; i < r.n; ++i)
+          local[static_cast<std::size_t>(r.src + i)] += back[static_cast<std::size_t>(r.dst + i)];
       cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_backward, mb}, cpu0};
-      detail::encode_backward<encoder_context_type<T>, T>(w, g, e, mb, enc_stores, encoders...);
+      detail::encode_backward<T>(enc.work[static_cast<std::size_t>(e)][m], std::span<const T>(local),
+                                 encoder_ctx(e, mb), encoders...);
     };
     auto output_sizes = [&](int stg, int mb) { return out_size(stg, view_of(mb)); };
     auto encoder_sizes = [&](int e, int mb) {
@@ -706,6 +765,7 @@ class system {
   std::optional<Comm> pool_;   // pp > 1: the ranks of this pipeline rank (ring attention, stage gradients)
   std::optional<Comm> pipe_;   // this pipeline's ranks in pipeline order (the schedule's transfers)
   std::optional<Comm> group_;  // Ulysses: this rank's group of the pool, in stream order
+  std::optional<comm::group_cache<Comm>> item_groups_;  // encoder items' Ulysses groups in the pool row
 };
 
 }  // namespace hetmesh::train

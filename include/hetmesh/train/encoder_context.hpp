@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: what train::system hands an encoder for one (shard, slot) call. Under long-short SP
+// (train/encoder_domain.hpp) a long item is split over a Ulysses group of the shard's pool row; the
+// encoder reaches its item's group through the context: `ctx.item_group(piece)` is the group's
+// communicator (ranks in group order, so a user's layer can run its own collectives over the item), and
+// `ctx.attention_forward(view, ...)` / `ctx.attention_backward(view, ...)` run attention inside every item
+// of the call's batch (run/long_short_attention.hpp: whole items locally, pieces by Ulysses over their
+// groups) with the system's attention kernel. Groups are created on first use (collective over their
+// members) and cached for later steps.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "../comm/group_cache.hpp"
+#include "../core/error.hpp"
+#include "../model/activation.hpp"
+#include "../model/context.hpp"
+#include "../model/encoder_batch.hpp"
+#include "../run/long_short_attention.hpp"
+
+namespace hetmesh::train {
+
+/// The context train::system hands an encoder for element type T: a model::stage_context (stage = the
+/// encoder shard, micro_batch = the slot, the encoder's own activation slots) with its items' groups and
+/// an attention entry. Holds pointers the runtime keeps alive across the call.
+template <class Comm, class Kernel, class T>
+struct encoder_context : model::stage_context<Comm, model::host_activation_store<T>> {
+  /// Element type of activations and parameters.
+  using value_type = T;
+  /// The attention kernel type.
+  using kernel_type = Kernel;
+
+  comm::group_cache<Comm>* groups = nullptr;  ///< groups of the shard's pool row (its pool communicator)
+  int row_first = 0;                          ///< domain rank of pool rank 0 at this shard (shard x pool)
+  Kernel* kernel = nullptr;                   ///< the system's kernel
+
+  /// The communicator of the Ulysses group that split piece `p` of the call's batch (`view.pieces`) runs
+  /// over: its item's group, ranks in group order (p.group_rank is this rank's). The first call for a
+  /// group is collective over its members; later ones are look-ups. Errors: a whole item (degree 1) or no
+  /// groups bound (invalid_argument).
+  [[nodiscard]] Comm& item_group(const model::encoder_piece& p, const model::encoder_batch_view& view) const {
+    if (groups == nullptr || p.degree < 2)
+      throw_error<invalid_argument>(
+          "train::encoder_context::item_group: item {} ({} ranks) at shard {} slot {}; expected a split piece "
+          "of a call made by train::system::run",
+          p.item, p.degree, this->stage, this->micro_batch);
+    std::vector<int> members;
+    const int first = view.rank - p.group_rank - row_first;  // the group's first pool rank
+    for (int t = 0; t < p.degree; ++t) members.push_back(first + t);
+    return groups->get(std::span<const int>(members));
+  }
+
+  /// Attention inside every item of `view` (full mask: each token sees every token of its item): out
+  /// [tokens][q_heads][head_dim] and lse [tokens][q_heads] for q [tokens][q_heads][head_dim] and k, v
+  /// [tokens][kv_heads][head_dim] of the call's tokens in buffer order. Collective over the groups of the
+  /// batch's split pieces, in their order (every member calls it the same number of times). The encoder
+  /// saves q, k, v, out and lse (its activation slots) for attention_backward. Cost: as
+  /// run::long_short_attention_forward.
+  void attention_forward(const model::encoder_batch_view& view, model::attention_shape shape, T scale,
+                         std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> out,
+                         std::span<T> lse) const {
+    check_bound("attention_forward");
+    run::long_short_attention_forward([&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); },
+                                      view, *kernel, run::long_short_attention_input<T>{shape, scale, q, k, v},
+                                      out, lse);
+  }
+
+  /// Backward of attention_forward: writes (overwrites) dq, dk, dv of the call's tokens. Collective as
+  /// the forward, in the same order.
+  void attention_backward(const model::encoder_batch_view& view, model::attention_shape shape, T scale,
+                          std::span<const T> q, std::span<const T> k, std::span<const T> v,
+                          std::span<const T> out, std::span<const T> lse, std::span<const T> dout,
+                          std::span<T> dq, std::span<T> dk, std::span<T> dv) const {
+    check_bound("attention_backward");
+    run::long_short_attention_backward(
+        [&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); }, view, *kernel,
+        run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk, dv);
+  }
+
+ private:
+  void check_bound(const char* who) const {
+    if (kernel == nullptr)
+      throw_error<invalid_argument>(
+          "train::encoder_context::{}: shard {} slot {} has no attention kernel; expected a context made by "
+          "train::system::run",
+          who, this->stage, this->micro_batch);
+  }
+};
+
+}  // namespace hetmesh::train

@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: the encoders' domain of a step (MegaScale-Omni's long-short SP, decoupled from the LLM's
+// pipelines). In each slot, the encoder items landing in any pipeline's micro-batch are encoded once, over a
+// domain of E x P ranks: encoder shard e (on the pipeline rank the placement gives it) of pool rank j is
+// domain rank e * P + j. Per encoder, seq::plan_long_short places the slot's distinct items over the
+// domain: short items whole on one rank, balanced; long ones split over a Ulysses group of consecutive
+// domain ranks that never leaves one shard's pool row (group sizes divide gcd(P, devices per node); when a
+// pool row's ranks are consecutive world ranks, as in train::system, a group also stays inside a node).
+//
+// Why a group never spans shards: every pipeline runs the same schedule (step_plan::slots), so the ranks
+// of one pipeline rank reach a slot's encoder action at the same position of their action lists, and a
+// collective among them (the Ulysses all-to-alls inside the encoder, the exchange of rows after it) meets in
+// the same order on every member, as ring attention does among the ranks of one stage. Shards on different
+// pipeline ranks run the action at different points (the joint pipeline fills each stage's bubbles on its
+// own), so a group across them could wait on a member blocked in the LLM's transfers, behind the group.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../seq/long_short.hpp"
+#include "../seq/types.hpp"
+#include "plan.hpp"
+
+namespace hetmesh::train {
+
+/// `policy` over an encoder domain whose shard rows have `pool` ranks: its node size becomes
+/// gcd(pool, devices per node), so a Ulysses group (aligned, dividing the node size) stays in one row.
+/// Errors: pool < 1 (invalid_argument). O(1).
+[[nodiscard]] inline seq::long_short_policy domain_policy(seq::long_short_policy policy, int pool) {
+  if (pool < 1)
+    throw_error<invalid_argument>("train::domain_policy: a pool of {} ranks; expected >= 1", pool);
+  policy.cluster.devices_per_node = std::gcd(pool, std::max(policy.cluster.devices_per_node, 1));
+  return policy;
+}
+
+/// The distinct items of encoder `encoder` among `landings` (one slot's), in first-landing order.
+/// O(landings log landings).
+[[nodiscard]] inline std::vector<seq::seq_desc> slot_items(const std::vector<slot_landing>& landings,
+                                                           int encoder) {
+  std::vector<seq::seq_desc> out;
+  std::map<std::int64_t, std::int64_t> seen;
+  for (const auto& l : landings) {
+    if (l.encoder != encoder) continue;
+    const auto [it, fresh] = seen.emplace(l.item, l.item_tokens);
+    if (fresh)
+      out.push_back({l.item, l.item_tokens});
+    else if (it->second != l.item_tokens)
+      throw_error<invalid_argument>(
+          "train::plan_encoder_domain: encoder {} item {} lands with {} and {} tokens; expected one length",
+          encoder, l.item, it->second, l.item_tokens);
+  }
+  return out;
+}
+
+/// The encoder domain's plan of `plan` with `shards` encoder shards per pipeline (the schedule's) and
+/// encoders 0 .. encoders - 1: per slot and encoder, the long-short plan of the slot's distinct items over
+/// shards x plan.world domain ranks (domain_policy). A slot or encoder without items gets an empty plan
+/// (ranks = 0). Errors: a landing of an encoder index outside [0, encoders) (invalid_argument); the
+/// planner's (capacity_error: an item needs a group larger than a shard's pool row allows). Pure: equal
+/// on every rank; O(slots x encoders x (items log items + items x domain)).
+[[nodiscard]] inline std::vector<std::vector<seq::long_short_plan>> plan_encoder_domain(
+    const step_plan& plan, int shards, int encoders, const seq::long_short_policy& policy) {
+  std::vector<std::vector<seq::long_short_plan>> out(plan.encoder_landings.size());
+  const auto dp = domain_policy(policy, plan.world);
+  for (std::size_t m = 0; m < plan.encoder_landings.size(); ++m) {
+    const auto& landings = plan.encoder_landings[m];
+    for (const auto& l : landings)
+      if (l.encoder < 0 || l.encoder >= encoders)
+        throw_error<invalid_argument>(
+            "train::system::run: encoder item {} names encoder {}, but {} encoders were passed to run; expected an "
+            "encoder (bind_encoder) for every encoder index of the batch",
+            l.item, l.encoder, encoders);
+    out[m].resize(static_cast<std::size_t>(std::max(encoders, 0)));
+    if (landings.empty() || shards < 1) continue;
+    for (int k = 0; k < encoders; ++k) {
+      const auto items = slot_items(landings, k);
+      if (!items.empty()) out[m][static_cast<std::size_t>(k)] = dp.plan(items, shards * plan.world);
+    }
+  }
+  return out;
+}
+
+/// Calls `f(domain_rank, tokens)` for each piece of `a` (a long-short assignment): its group's ranks in
+/// group order with their token ranges (one call, the whole item, for a short item). O(degree).
+template <class F>
+void for_each_piece(const seq::long_short_assignment& a, F&& f) {
+  if (a.degree <= 1) {
+    f(a.first_rank, seq::token_range{0, a.item.length});
+    return;
+  }
+  for (int t = 0; t < a.degree; ++t) f(a.first_rank + t, a.splits[static_cast<std::size_t>(t)]);
+}
+
+/// Per encoder, item id -> its assignment in `plans` (one slot's plans). O(items log items).
+[[nodiscard]] inline std::vector<std::map<std::int64_t, const seq::long_short_assignment*>> assignment_index(
+    const std::vector<seq::long_short_plan>& plans) {
+  std::vector<std::map<std::int64_t, const seq::long_short_assignment*>> out(plans.size());
+  for (std::size_t k = 0; k < plans.size(); ++k)
+    for (const auto& a : plans[k].items) out[k][a.item.id] = &a;
+  return out;
+}
+
+}  // namespace hetmesh::train
