@@ -95,7 +95,8 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
   const auto where = routed_ranks(c, trainers);
   const bool with_items = c != routed_case::searched;
   // Items of 2-6 tokens: with a pool of 2, the longer ones are split over a shard's pool row (long-short SP).
-  const seq::long_short_policy sp{.max_tokens_per_rank = c == routed_case::joint_pp4 && trainers >= 8 ? 4 : 64};
+  const seq::long_short_policy sp{.max_tokens_per_rank =
+                                      c == routed_case::joint_pp4 && trainers >= 8 ? 4 : 64};
   std::string failure;
   std::vector<seq::seq_desc> docs;
   std::vector<std::vector<model::encoder_item>> items;
@@ -125,7 +126,8 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
       for (const auto& mb : mbs)
         for (const auto& land : mb.encoder_outputs) {
           auto& list = slot_items[static_cast<std::size_t>(mb.index)][land.encoder];
-          if (std::none_of(list.begin(), list.end(), [&](const seq::seq_desc& d) { return d.id == land.item; }))
+          if (std::none_of(list.begin(), list.end(),
+                           [&](const seq::seq_desc& d) { return d.id == land.item; }))
             list.push_back({land.item, whole.documents[static_cast<std::size_t>(s.find(land.item / 2))]
                                            .items[static_cast<std::size_t>(land.item % 2)]
                                            .tokens});
@@ -137,8 +139,9 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
         for (int d = 0; d < E * plan.world; ++d)
           for (const auto& piece : model::make_encoder_batch(ls, k, d).pieces) {
             const std::int64_t doc = piece.item / 2;  // item ids are doc id * 2 + index
-            for (int w : where.at(plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(d / plan.world)],
-                                  d % plan.world))
+            for (int w :
+                 where.at(plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(d / plan.world)],
+                          d % plan.world))
               reads[{doc, static_cast<int>(piece.item % 2)}].insert(w);
           }
       }

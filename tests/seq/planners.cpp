@@ -567,6 +567,7 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
       std::int64_t at = 0;
       for (int k = 0; k < a.degree; ++k) {
         CHECK(a.splits[static_cast<std::size_t>(k)].begin == at);
+        CHECK(a.splits[static_cast<std::size_t>(k)].size() >= 1);  // no empty piece
         at = a.splits[static_cast<std::size_t>(k)].end;
         load[static_cast<std::size_t>(a.first_rank + k)] +=
             hetmesh::cost::fixed::from_ticks(a.cost.ticks / a.degree + (k < a.cost.ticks % a.degree ? 1 : 0));
@@ -595,6 +596,24 @@ TEST_CASE("long-short SP: short whole, long on aligned intra-node groups dividin
       capacity_error);  // needs 10 ranks; groups are at most gcd(16, 8) = 8
   CHECK_NOTHROW((void)plan_long_short(
       huge, 16, {.max_tokens_per_rank = 12500, .heads = 16, .cluster = {.devices_per_node = 8}}));
+}
+
+TEST_CASE("long-short SP: a group never has more ranks than its item has tokens (no empty piece)") {
+  // Every item is long by balance (beta tiny); short items of 1-5 tokens may only split as far as their
+  // tokens go, so every member of a group holds a piece and meets the others in the item's collectives.
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const auto items = random_seqs(seed, 12, 5, 1);
+    const long_short_policy pol{
+        .max_tokens_per_rank = 64, .heads = 8, .cluster = {.devices_per_node = 8}, .balance_factor = 0.01};
+    const auto plan = plan_long_short(items, 8, pol);
+    int split = 0;
+    for (const auto& a : plan.items) {
+      CHECK(a.degree <= a.item.length);
+      split += a.degree > 1 ? 1 : 0;
+      for (const auto& r : a.splits) CHECK(r.size() >= 1);
+    }
+    CHECK(split > 0);  // the balance rule did split items
+  }
 }
 
 TEST_CASE(

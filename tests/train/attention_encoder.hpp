@@ -30,12 +30,12 @@ struct attention_encoder {
       w_[m].resize(n);
       g_[m].assign(n, T(0));
       for (std::size_t i = 0; i < n; ++i)  // small deterministic weights, a different matrix per m
-        w_[m][i] = init * static_cast<T>((static_cast<double>(hetmesh::key_hash({static_cast<std::uint64_t>(m),
-                                                                                   i, 77u}) >>
-                                                                11) *
-                                               0x1.0p-53 -
-                                           0.5) *
-                                          0.6);
+        w_[m][i] =
+            init * static_cast<T>((static_cast<double>(
+                                       hetmesh::key_hash({static_cast<std::uint64_t>(m), i, 77u}) >> 11) *
+                                       0x1.0p-53 -
+                                   0.5) *
+                                  0.6);
     }
   }
   [[nodiscard]] std::int64_t input_size(const hetmesh::model::encoder_batch_view& v) const noexcept {
@@ -46,7 +46,8 @@ struct attention_encoder {
   }
 
   template <class Ctx>
-  void forward(Ctx& ctx, const hetmesh::model::encoder_batch_view& v, std::span<const T> in, std::span<T> out) {
+  void forward(Ctx& ctx, const hetmesh::model::encoder_batch_view& v, std::span<const T> in,
+               std::span<T> out) {
     const auto n = static_cast<std::size_t>(v.size() * width_);
     if (in.size() != n || out.size() != n)
       hetmesh::throw_error<hetmesh::invalid_argument>("attention_encoder: buffers of {} and {}; expected {}",
@@ -58,7 +59,8 @@ struct attention_encoder {
     for (std::size_t i = 0; i < n; ++i) out[i] = in[i] + o[i];
     const auto slot = ctx.slots();
     slot.save(0, in), slot.save(1, std::span<const T>(q)), slot.save(2, std::span<const T>(k));
-    slot.save(3, std::span<const T>(vv)), slot.save(4, std::span<const T>(o)), slot.save(5, std::span<const T>(lse));
+    slot.save(3, std::span<const T>(vv)), slot.save(4, std::span<const T>(o)),
+        slot.save(5, std::span<const T>(lse));
   }
 
   template <class Ctx>
@@ -86,7 +88,9 @@ struct attention_encoder {
   [[nodiscard]] hetmesh::model::attention_shape shape() const {
     return {kHeads, kHeads, static_cast<int>(width_ / kHeads)};
   }
-  [[nodiscard]] T scale() const { return T(1) / static_cast<T>(std::sqrt(static_cast<double>(width_ / kHeads))); }
+  [[nodiscard]] T scale() const {
+    return T(1) / static_cast<T>(std::sqrt(static_cast<double>(width_ / kHeads)));
+  }
   // y[t][j] = sum_i x[t][i] w[i][j]
   void matmul(std::span<const T> x, const std::vector<T>& w, std::vector<T>& y) const {
     const auto W = static_cast<std::size_t>(width_), rows = x.size() / W;

@@ -154,8 +154,8 @@ void long_short_cases(On8 on8) {
     check_mm(on8([&](auto& w) {
                return mm_parity_body<double, attention_encoder>(
                    w, seq::cp_zigzag{.cp = 2, .pad = true}, fam,
-                   train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, {}}, seed,
-                   10, 30, split(3));
+                   train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, {}},
+                   seed, 10, 30, split(3));
              }),
              1e-10, "long-short attention encoders, zigzag cp2 pp2 1f1b joint");
     // HDP, pp = 2, zero-bubble, encoders on stage 0's ranks (one shard: the domain is stage 0's pool of 4)

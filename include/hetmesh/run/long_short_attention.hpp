@@ -55,7 +55,8 @@ inline piece_stream make_piece_stream(const model::encoder_piece& p, const model
       p.tokens.begin != p.group_rank * p.item_tokens / p.degree ||
       p.tokens.size() != piece_tokens(p.item_tokens, p.degree, p.group_rank))
     throw_error<invalid_argument>(
-        "{}: item {} piece {} of {} tokens at group rank {} of {}; expected seq::plan_long_short's contiguous "
+        "{}: item {} piece {} of {} tokens at group rank {} of {}; expected seq::plan_long_short's "
+        "contiguous "
         "split",
         who, p.item, p.tokens, p.item_tokens, p.group_rank, p.degree);
   std::vector<std::int64_t> sizes;
@@ -84,7 +85,8 @@ void check_long_short(const model::encoder_batch_view& v, const long_short_atten
 
 /// Calls f(piece, q, k, v slices, token offset, tokens) for each piece of the view, in order.
 template <class T, class F>
-void for_each_piece_slice(const model::encoder_batch_view& v, const long_short_attention_input<T>& in, F&& f) {
+void for_each_piece_slice(const model::encoder_batch_view& v, const long_short_attention_input<T>& in,
+                          F&& f) {
   const auto qw = static_cast<std::size_t>(in.shape.q_heads * in.shape.head_dim);
   const auto kw = static_cast<std::size_t>(in.shape.kv_heads * in.shape.head_dim);
   for (const auto& p : v.pieces) {
@@ -97,7 +99,8 @@ void for_each_piece_slice(const model::encoder_batch_view& v, const long_short_a
 template <class T>
 model::attention_block<T> item_block(const long_short_attention_input<T>& in, std::span<const T> q,
                                      std::span<const T> k, std::span<const T> v,
-                                     const std::vector<std::int64_t>& doc, const std::vector<std::int64_t>& pos) {
+                                     const std::vector<std::int64_t>& doc,
+                                     const std::vector<std::int64_t>& pos) {
   model::attention_block<T> b;
   b.shape = in.shape;
   b.q = q, b.k = k, b.v = v;
@@ -118,28 +121,29 @@ model::attention_block<T> item_block(const long_short_attention_input<T>& in, st
 /// whole item one block of its tokens squared; per piece Ulysses' five all-to-alls and one block.
 template <class GroupOf, class Kernel, class T>
 void long_short_attention_forward(GroupOf&& group_of, const model::encoder_batch_view& v, Kernel& kernel,
-                                  const long_short_attention_input<T>& in, std::span<T> out, std::span<T> lse) {
+                                  const long_short_attention_input<T>& in, std::span<T> out,
+                                  std::span<T> lse) {
   constexpr const char* who = "run::long_short_attention_forward";
   detail::check_long_short(v, in, out.size(), lse.size(), who);
   const auto qw = static_cast<std::size_t>(in.shape.q_heads * in.shape.head_dim);
   const auto hw = static_cast<std::size_t>(in.shape.q_heads);
-  detail::for_each_piece_slice(v, in, [&](const model::encoder_piece& p, auto q, auto k, auto vv, std::size_t at,
-                                          std::size_t n) {
-    auto o = out.subspan(at * qw, n * qw);
-    auto l = lse.subspan(at * hw, n * hw);
-    if (p.degree == 1) {
-      const std::vector<std::int64_t> doc(n, p.item);
-      std::vector<std::int64_t> pos(n);
-      for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int64_t>(i);
-      kernel.forward(detail::item_block(in, q, k, vv, doc, pos), model::attention_forward_out<T>{o, l});
-      return;
-    }
-    const auto s = detail::make_piece_stream(p, in.shape, who);
-    ulysses_attention_forward(group_of(p), s.plan, kernel,
-                              ulysses_attention_input<T>{in.shape, in.scale, q, k, vv, s.doc, s.pos,
-                                                         seq::block_mask::full},
-                              o, l);
-  });
+  detail::for_each_piece_slice(
+      v, in, [&](const model::encoder_piece& p, auto q, auto k, auto vv, std::size_t at, std::size_t n) {
+        auto o = out.subspan(at * qw, n * qw);
+        auto l = lse.subspan(at * hw, n * hw);
+        if (p.degree == 1) {
+          const std::vector<std::int64_t> doc(n, p.item);
+          std::vector<std::int64_t> pos(n);
+          for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int64_t>(i);
+          kernel.forward(detail::item_block(in, q, k, vv, doc, pos), model::attention_forward_out<T>{o, l});
+          return;
+        }
+        const auto s = detail::make_piece_stream(p, in.shape, who);
+        ulysses_attention_forward(
+            group_of(p), s.plan, kernel,
+            ulysses_attention_input<T>{in.shape, in.scale, q, k, vv, s.doc, s.pos, seq::block_mask::full}, o,
+            l);
+      });
 }
 
 /// Backward of long_short_attention_forward: from its inputs, out, lse and dout, writes (overwrites) dq,
@@ -154,39 +158,39 @@ void long_short_attention_backward(GroupOf&& group_of, const model::encoder_batc
   detail::check_long_short(v, in, out.size(), lse.size(), who);
   if (dout.size() != out.size() || dq.size() != in.q.size() || dk.size() != in.k.size() ||
       dv.size() != in.v.size())
-    throw_error<invalid_argument>("{}: dout {}, dq {}, dk {}, dv {} elements; expected out's {}, q's {}, k's {}",
-                                  who, dout.size(), dq.size(), dk.size(), dv.size(), out.size(), in.q.size(),
-                                  in.k.size());
+    throw_error<invalid_argument>(
+        "{}: dout {}, dq {}, dk {}, dv {} elements; expected out's {}, q's {}, k's {}", who, dout.size(),
+        dq.size(), dk.size(), dv.size(), out.size(), in.q.size(), in.k.size());
   const auto qw = static_cast<std::size_t>(in.shape.q_heads * in.shape.head_dim);
   const auto kw = static_cast<std::size_t>(in.shape.kv_heads * in.shape.head_dim);
   const auto hw = static_cast<std::size_t>(in.shape.q_heads);
-  detail::for_each_piece_slice(v, in, [&](const model::encoder_piece& p, auto q, auto k, auto vv, std::size_t at,
-                                          std::size_t n) {
-    const auto o = out.subspan(at * qw, n * qw);
-    const auto l = lse.subspan(at * hw, n * hw);
-    const auto d = dout.subspan(at * qw, n * qw);
-    auto gq = dq.subspan(at * qw, n * qw);
-    auto gk = dk.subspan(at * kw, n * kw);
-    auto gv = dv.subspan(at * kw, n * kw);
-    if (p.degree == 1) {
-      const std::vector<std::int64_t> doc(n, p.item);
-      std::vector<std::int64_t> pos(n);
-      for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int64_t>(i);
-      std::vector<T> delta(n * hw);
-      seq::attention_delta(o, d, std::span<T>(delta), static_cast<std::size_t>(in.shape.head_dim));
-      std::fill(gq.begin(), gq.end(), T(0));
-      std::fill(gk.begin(), gk.end(), T(0));
-      std::fill(gv.begin(), gv.end(), T(0));
-      kernel.backward(detail::item_block(in, q, k, vv, doc, pos),
-                      model::attention_backward_io<T>{d, l, std::span<const T>(delta), gq, gk, gv});
-      return;
-    }
-    const auto s = detail::make_piece_stream(p, in.shape, who);
-    ulysses_attention_backward(group_of(p), s.plan, kernel,
-                               ulysses_attention_input<T>{in.shape, in.scale, q, k, vv, s.doc, s.pos,
-                                                          seq::block_mask::full},
-                               o, l, d, gq, gk, gv);
-  });
+  detail::for_each_piece_slice(
+      v, in, [&](const model::encoder_piece& p, auto q, auto k, auto vv, std::size_t at, std::size_t n) {
+        const auto o = out.subspan(at * qw, n * qw);
+        const auto l = lse.subspan(at * hw, n * hw);
+        const auto d = dout.subspan(at * qw, n * qw);
+        auto gq = dq.subspan(at * qw, n * qw);
+        auto gk = dk.subspan(at * kw, n * kw);
+        auto gv = dv.subspan(at * kw, n * kw);
+        if (p.degree == 1) {
+          const std::vector<std::int64_t> doc(n, p.item);
+          std::vector<std::int64_t> pos(n);
+          for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int64_t>(i);
+          std::vector<T> delta(n * hw);
+          seq::attention_delta(o, d, std::span<T>(delta), static_cast<std::size_t>(in.shape.head_dim));
+          std::fill(gq.begin(), gq.end(), T(0));
+          std::fill(gk.begin(), gk.end(), T(0));
+          std::fill(gv.begin(), gv.end(), T(0));
+          kernel.backward(detail::item_block(in, q, k, vv, doc, pos),
+                          model::attention_backward_io<T>{d, l, std::span<const T>(delta), gq, gk, gv});
+          return;
+        }
+        const auto s = detail::make_piece_stream(p, in.shape, who);
+        ulysses_attention_backward(
+            group_of(p), s.plan, kernel,
+            ulysses_attention_input<T>{in.shape, in.scale, q, k, vv, s.doc, s.pos, seq::block_mask::full}, o,
+            l, d, gq, gk, gv);
+      });
 }
 
 }  // namespace hetmesh::run

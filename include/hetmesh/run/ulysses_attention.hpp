@@ -3,8 +3,9 @@
 // attention kernel. Each rank of the group holds a contiguous slice of a packed stream of documents
 // (rank r the r-th slice); q, k, v go to head sharding (run/ulysses.hpp: every token of the group, this
 // rank's heads), the kernel runs one block over the whole stream under the per-document mask (causal;
-// full for encoder items), and the output (and lse) come back to sequence sharding. The backward swaps q, k, v, out, dout and lse the
-// same way, runs the kernel's backward, and returns dq and dk, dv (summed over replicated KV heads).
+// full for encoder items), and the output (and lse) come back to sequence sharding. The backward swaps q, k,
+// v, out, dout and lse the same way, runs the kernel's backward, and returns dq and dk, dv (summed over
+// replicated KV heads).
 #pragma once
 
 #include <algorithm>
@@ -25,13 +26,13 @@ namespace hetmesh::run {
 /// document id and position of every token of the group's stream, in rank order.
 template <class T>
 struct ulysses_attention_input {
-  model::attention_shape shape{};            ///< heads and head size (the plan's)
-  T scale = T(1);                            ///< softmax scale
-  std::span<const T> q;                      ///< this rank's queries: [n][heads][head_dim]
-  std::span<const T> k;                      ///< this rank's keys: [n][kv_heads][head_dim]
-  std::span<const T> v;                      ///< this rank's values: [n][kv_heads][head_dim]
-  std::span<const std::int64_t> stream_doc;  ///< [total_tokens] document of each token of the group
-  std::span<const std::int64_t> stream_pos;  ///< [total_tokens] its position in the document
+  model::attention_shape shape{};                  ///< heads and head size (the plan's)
+  T scale = T(1);                                  ///< softmax scale
+  std::span<const T> q;                            ///< this rank's queries: [n][heads][head_dim]
+  std::span<const T> k;                            ///< this rank's keys: [n][kv_heads][head_dim]
+  std::span<const T> v;                            ///< this rank's values: [n][kv_heads][head_dim]
+  std::span<const std::int64_t> stream_doc;        ///< [total_tokens] document of each token of the group
+  std::span<const std::int64_t> stream_pos;        ///< [total_tokens] its position in the document
   seq::block_mask mask = seq::block_mask::causal;  ///< causal (an LLM) or full (an encoder's items)
 };
 

@@ -148,7 +148,8 @@ struct long_short_plan {
     // member of the group runs (and meets the others in) the item's collectives.
     int deg = 0;
     for (int g : sizes)
-      if (g <= s.length && detail::ceil_div(s.length, g) <= cap && detail::ceil_div(c.ticks, g) <= limit.ticks) {
+      if (g <= s.length && detail::ceil_div(s.length, g) <= cap &&
+          detail::ceil_div(c.ticks, g) <= limit.ticks) {
         deg = g;
         break;
       }

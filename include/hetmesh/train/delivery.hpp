@@ -165,7 +165,8 @@ requires requires(const M& m) {
         for (const auto& a : slot[k].items)
           for_each_piece(a, [&](int d, seq::token_range) {
             send(item_part.at({static_cast<int>(k), a.item.id}),
-                 plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(d / plan.world)], d % plan.world);
+                 plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(d / plan.world)],
+                 d % plan.world);
           });
   }
   for (auto& p : out.parts) {

@@ -42,7 +42,8 @@ struct encoder_context : model::stage_context<Comm, model::host_activation_store
   [[nodiscard]] Comm& item_group(const model::encoder_piece& p, const model::encoder_batch_view& view) const {
     if (groups == nullptr || p.degree < 2)
       throw_error<invalid_argument>(
-          "train::encoder_context::item_group: item {} ({} ranks) at shard {} slot {}; expected a split piece "
+          "train::encoder_context::item_group: item {} ({} ranks) at shard {} slot {}; expected a split "
+          "piece "
           "of a call made by train::system::run",
           p.item, p.degree, this->stage, this->micro_batch);
     std::vector<int> members;
@@ -61,9 +62,9 @@ struct encoder_context : model::stage_context<Comm, model::host_activation_store
                          std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> out,
                          std::span<T> lse) const {
     check_bound("attention_forward");
-    run::long_short_attention_forward([&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); },
-                                      view, *kernel, run::long_short_attention_input<T>{shape, scale, q, k, v},
-                                      out, lse);
+    run::long_short_attention_forward(
+        [&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); }, view, *kernel,
+        run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse);
   }
 
   /// Backward of attention_forward: writes (overwrites) dq, dk, dv of the call's tokens. Collective as

@@ -73,7 +73,8 @@ namespace hetmesh::train {
     for (const auto& l : landings)
       if (l.encoder < 0 || l.encoder >= encoders)
         throw_error<invalid_argument>(
-            "train::system::run: encoder item {} names encoder {}, but {} encoders were passed to run; expected an "
+            "train::system::run: encoder item {} names encoder {}, but {} encoders were passed to run; "
+            "expected an "
             "encoder (bind_encoder) for every encoder index of the batch",
             l.item, l.encoder, encoders);
     out[m].resize(static_cast<std::size_t>(std::max(encoders, 0)));

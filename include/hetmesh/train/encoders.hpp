@@ -55,12 +55,12 @@ struct shard_exchange {
 /// exchange and the output size; per slot the reshard and the landing rows' size, and whether the slot
 /// has encoder items (then every shard's ranks exchange, with or without rows of their own).
 struct encoder_work {
-  std::vector<std::vector<shard_work>> work;        ///< [shard][slot] (shards this rank runs)
+  std::vector<std::vector<shard_work>> work;          ///< [shard][slot] (shards this rank runs)
   std::vector<std::vector<shard_exchange>> exchange;  ///< [shard][slot] (shards this rank runs)
-  std::vector<std::vector<std::int64_t>> sizes;     ///< [shard][slot]: output elements to this pipeline
-  std::vector<std::vector<copy_run>> reshard;       ///< [slot]
-  std::vector<std::int64_t> landing_size;           ///< [slot]: elements of stage 0's encoder input
-  std::vector<char> active;                         ///< [slot]: the slot has encoder items
+  std::vector<std::vector<std::int64_t>> sizes;       ///< [shard][slot]: output elements to this pipeline
+  std::vector<std::vector<copy_run>> reshard;         ///< [slot]
+  std::vector<std::int64_t> landing_size;             ///< [slot]: elements of stage 0's encoder input
+  std::vector<char> active;                           ///< [slot]: the slot has encoder items
 };
 
 /// Elements per output token of encoder `k` (output_size over tokens of a batch), for any pack.
@@ -174,10 +174,9 @@ inline void check_landings(const step_plan& plan, std::span<const model::micro_b
 /// plan_encoder_domain(plan, E, encoders, policy), `width` the encoders' output elements per token,
 /// `runs[e]` whether this rank runs shard e (its calls and send side are made only for those). Pure;
 /// O(slots x (E x P x this rank's landings + landings) x group degree).
-[[nodiscard]] inline encoder_work plan_encoder_work(const step_plan& plan,
-                                                    const std::vector<std::vector<seq::long_short_plan>>& domain,
-                                                    int E, int j, std::span<const std::int64_t> width,
-                                                    std::span<const char> runs) {
+[[nodiscard]] inline encoder_work plan_encoder_work(
+    const step_plan& plan, const std::vector<std::vector<seq::long_short_plan>>& domain, int E, int j,
+    std::span<const std::int64_t> width, std::span<const char> runs) {
   const int P = plan.world;
   const auto slots = static_cast<std::size_t>(std::max(plan.slots, 1));
   const auto K = width.size();
@@ -239,8 +238,9 @@ inline void check_landings(const step_plan& plan, std::span<const model::micro_b
       std::vector<std::map<std::int64_t, std::int64_t>> first_row(K);  // item -> local element of its row 0
       for (std::size_t k = 0; k < K; ++k) {
         const auto& ls = domain[m][k];
-        w.calls.push_back(ls.ranks == 0 ? model::encoder_batch{static_cast<int>(k), d, static_cast<int>(m), {}, 0}
-                                        : model::make_encoder_batch(ls, static_cast<int>(k), d, static_cast<int>(m)));
+        w.calls.push_back(ls.ranks == 0
+                              ? model::encoder_batch{static_cast<int>(k), d, static_cast<int>(m), {}, 0}
+                              : model::make_encoder_batch(ls, static_cast<int>(k), d, static_cast<int>(m)));
         w.width.push_back(w.calls.back().tokens == 0 ? 0 : width[k]);
         for (const auto& p : w.calls.back().pieces)
           first_row[k][p.item] = ex.local_size + (p.offset - p.tokens.begin) * width[k];
@@ -252,7 +252,8 @@ inline void check_landings(const step_plan& plan, std::span<const model::micro_b
           const auto lo = std::max(r.begin, l.rows.begin), hi = std::min(r.end, l.rows.end);
           if (dr != d || lo >= hi) return;
           const auto n = (hi - lo) * wd(l);
-          ex.send.push_back({first_row[static_cast<std::size_t>(l.encoder)].at(l.item) + lo * wd(l), sent, n});
+          ex.send.push_back(
+              {first_row[static_cast<std::size_t>(l.encoder)].at(l.item) + lo * wd(l), sent, n});
           ex.send_counts[static_cast<std::size_t>(l.pool_rank)] += n;
           sent += n;
         });

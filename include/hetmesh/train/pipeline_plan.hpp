@@ -74,7 +74,7 @@ struct slot_load {
 /// for `plan` and the items of `batch`, the step it was made from (only documents' ids and items are read:
 /// a batch of metadata serves). Pure; O(step tokens + landings).
 [[nodiscard]] inline std::vector<std::vector<slot_landing>> plan_landings(const step_plan& plan,
-                                                                         const model::step_batch& batch) {
+                                                                          const model::step_batch& batch) {
   std::map<std::int64_t, const model::document*> by_id;
   for (const auto& d : batch.documents) by_id[d.id] = &d;
   model::step_batch shape;  // the plan's documents at their lengths with the batch's items
@@ -82,8 +82,10 @@ struct slot_load {
   for (const auto& d : plan.documents) {
     const auto it = by_id.find(d.id);
     shape.documents.push_back(
-        model::document{d.id, std::vector<std::int64_t>(static_cast<std::size_t>(d.length), 0),
-                        it == by_id.end() ? std::vector<model::encoder_item>{} : it->second->items, {}});
+        model::document{d.id,
+                        std::vector<std::int64_t>(static_cast<std::size_t>(d.length), 0),
+                        it == by_id.end() ? std::vector<model::encoder_item>{} : it->second->items,
+                        {}});
     for (const auto& item : shape.documents.back().items) length[{item.encoder, item.id}] = item.tokens;
   }
   const auto s = model::summarize_step(shape);

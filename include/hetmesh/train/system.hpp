@@ -114,9 +114,10 @@ struct system_options {
   /// same result on every backend (loopback's all-reduce already adds in rank order, MPI's and NCCL's
   /// need not), at the cost of moving every rank's buffer to every rank. Off: the backend's all-reduce.
   bool reproducible = false;
-  /// Long-short sequence parallelism for encoder items (MegaScale-Omni), per encoder and micro-batch over
-  /// the schedule's encoder shards: an item above max_tokens_per_rank is split over a group of shards,
-  /// shorter ones run whole, balanced by the policy's cost.
+  /// Long-short sequence parallelism for encoder items (MegaScale-Omni), per encoder and slot over the
+  /// encoder domain (train/encoder_domain.hpp: every pipeline's encoder shards): an item above
+  /// max_tokens_per_rank (or too costly to balance) is split over a Ulysses group inside one shard's pool
+  /// row (`heads`: the encoder's attention heads), shorter ones run whole, balanced by the policy's cost.
   seq::long_short_policy encoder_sp{};
 };
 
@@ -275,17 +276,18 @@ class system {
   /// serves items of encoder index e); collective over the world. In order: checks (collective assertion
   /// level) that every rank holds the same plan; zeroes gradients; builds the pipeline's micro-batches (one
   /// per slot; a slot this pool rank has none in runs empty, without calling the stage); runs the plan's
-  /// schedule: encoder forward (shard e of micro-batch m encodes the items of its block of m's landings,
-  /// whole, and sends the landing rows to stage 0), stage forward (stage 0's input: the landings' rows in
-  /// view.encoder_outputs order; the last stage's output: its per-token loss terms, which it scales by the
-  /// loss weights over step_targets), backward (or I then W under split-backward schedules), encoder
-  /// backward; all-reduces (sum) the stage's gradients over its pool and the encoders' over the world, and
-  /// the stats; calls `optimizer(stage.parameters(), stage.gradients())`, then the same for each encoder.
-  /// Output sizes come from `stage.output_size(view, stage_index)` when the stage has it, else
-  /// `stage.output_size(view)`. Post: the gradients equal those of a single-rank run of the same batch
-  /// (up to rounding). Errors: plan disagreement (mismatch_error), a plan for another world or batch, a
-  /// micro-batch whose tokens are not in its ring's order, an item of an encoder not passed, a stage that
-  /// leaves activation slots behind (invalid_argument); ring attention's, the executor's and the stages'
+  /// schedule: encoder forward (shard e in slot m encodes its part of the slot's encoder domain, exchanges
+  /// rows over its pool row and sends its pipeline's landing rows to stage 0), stage forward (stage 0's
+  /// input: the landings' rows in view.encoder_outputs order; the last stage's output: its per-token loss
+  /// terms, which it scales by the loss weights over step_targets), backward (or I then W under
+  /// split-backward schedules), encoder backward; all-reduces (sum) the stage's gradients over its pool and
+  /// the encoders' over the world, and the stats; calls `optimizer(stage.parameters(), stage.gradients())`,
+  /// then the same for each encoder. Output sizes come from `stage.output_size(view, stage_index)` when the
+  /// stage has it, else `stage.output_size(view)`. Post: the gradients equal those of a single-rank run of
+  /// the same batch (up to rounding). Errors: plan disagreement (mismatch_error), a plan for another world or
+  /// batch, a micro-batch whose tokens are not in its ring's order, an item of an encoder not passed, a stage
+  /// that leaves activation slots behind, encoder items the plan does not know (invalid_argument); an item no
+  /// group of a pool row can hold (capacity_error); ring attention's, the executor's and the stages'
   /// errors, with the action as context. Deterministic for deterministic stages and kernel.
   template <class Stage, class Optimizer, class... Encoders>
   step_stats run(const step_plan& plan, const model::step_batch& batch, Stage& stage, Optimizer&& optimizer,
@@ -406,7 +408,8 @@ class system {
         }
     std::vector<char> runs_shard(static_cast<std::size_t>(E), 0);
     for (int e = 0; e < E; ++e)
-      runs_shard[static_cast<std::size_t>(e)] = sched.encoder_shard_to_rank[static_cast<std::size_t>(e)] == pipe_rank;
+      runs_shard[static_cast<std::size_t>(e)] =
+          sched.encoder_shard_to_rank[static_cast<std::size_t>(e)] == pipe_rank;
     const auto enc = detail::plan_encoder_work(plan, domain, E, pool_rank, widths, runs_shard);
     const auto& enc_sizes = enc.sizes;
     const auto& reshard = enc.reshard;
@@ -571,7 +574,12 @@ class system {
     auto exchange = [&](std::span<const T> send, std::span<const std::int64_t> send_counts, std::span<T> recv,
                         std::span<const std::int64_t> recv_counts) {
       const double c0 = thread_cpu_seconds();
-      const auto sd = comm::detail::prefix_displs(send_counts), rd = comm::detail::prefix_displs(recv_counts);
+      auto displs = [](std::span<const std::int64_t> counts) {
+        std::vector<std::int64_t> d(counts.size(), 0);
+        for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+        return d;
+      };
+      const auto sd = displs(send_counts), rd = displs(recv_counts);
       comm::all_to_all_v(pool, send, send_counts, std::span<const std::int64_t>(sd), recv, recv_counts,
                          std::span<const std::int64_t>(rd));
       st.cpu_comm_seconds += thread_cpu_seconds() - c0;
