@@ -10,9 +10,11 @@
 // example_mllm_train [--steps N] [--ranks R] [--backend loopback|mpi] [--partition static-cp|ulysses|hdp|dp]
 //   [--schedule 1f1b|gpipe|interleaved-1f1b|zero-bubble|zbv] [--encoder joint|first-stage|separate]
 //   [--balancer bytescale|gap-filling|family] [--pp P] [--checkpoint-dir D] [--resume] [--report FILE.json]
-//   [--check-parity] [--out DIR] [--data-dir D] [--kill-after K]
+//   [--check-parity] [--out DIR] [--data-dir D] [--kill-after K] [--hosts H]
 // --encoder separate gives each pipeline a pool of pp encoder-only ranks after its pp LLM ranks
-// (pipeline::encoder_pool), so --ranks must be a multiple of 2 * pp.
+// (pipeline::encoder_pool), so --ranks must be a multiple of 2 * pp. --hosts H adds H data-plane hosts
+// after the --ranks trainers (hosts.hpp: they load the steps and send each trainer its routed share; the
+// losses are those of the run without hosts); under MPI the world is then --ranks + H processes.
 // Exit status: 0 done; 1 --check-parity failed; 2 bad flags or combinations (one line on stderr).
 #include <cstdio>
 #include <exception>
@@ -71,6 +73,8 @@ options parse(int argc, char** argv) {
       o.ranks = to_int(f, value(), 1);
     else if (f == "--pp")
       o.pp = to_int(f, value(), 1);
+    else if (f == "--hosts")
+      o.hosts = to_int(f, value(), 0);
     else if (f == "--kill-after")
       o.kill_after = to_int(f, value(), 0);
     else if (f == "--backend")
@@ -102,6 +106,14 @@ options parse(int argc, char** argv) {
   if (o.partition != "hdp" && o.balancer != "family")
     throw usage_error(fmt::format("--balancer {} places HDP rings: it needs --partition hdp", o.balancer));
   if (o.resume && o.checkpoint_dir.empty()) throw usage_error("--resume needs --checkpoint-dir");
+  if (o.hosts > 0 && o.check_parity)
+    throw usage_error(
+        "--check-parity reruns the whole step on one rank; with --hosts the trainers hold only its metadata "
+        "and their share (compare the losses with a run without --hosts instead)");
+  if (o.hosts > 0 && !o.checkpoint_dir.empty())
+    throw usage_error(
+        "--checkpoint-dir saves the data position on trainer 0; with --hosts it is the hosts' "
+        "(not written): run without --hosts to checkpoint");
   // --encoder separate: each pipeline gets as many encoder-only ranks as it has LLM ranks.
   const int width = o.encoder == "separate" ? 2 * o.pp : o.pp;
   if (o.ranks % width != 0)
@@ -187,8 +199,8 @@ int main(int argc, char** argv) {
 #endif
     }
     mllm::make_sources(o.data_dir, dc);
-    std::vector<int> status(static_cast<std::size_t>(o.ranks), 0);
-    comm::loopback::run(o.ranks, [&](comm::loopback::communicator& c) {
+    std::vector<int> status(static_cast<std::size_t>(o.ranks + o.hosts), 0);
+    comm::loopback::run(o.ranks + o.hosts, [&](comm::loopback::communicator& c) {
       status[static_cast<std::size_t>(c.rank())] = run_rank(c, o, mc, dc);
     });
     return status[0];

@@ -15,6 +15,7 @@ struct usage_error : std::runtime_error {
 /// The flags of example_mllm_train (main.cpp's usage).
 struct options {
   int steps = 60, ranks = 8, pp = 2, kill_after = -1;
+  int hosts = 0;  ///< data-plane hosts after the trainers (--hosts): they load and send, the others train
   std::string backend = "loopback", partition = "hdp", schedule = "1f1b", encoder = "joint", balancer;
   std::string checkpoint_dir, report, out, data_dir;
   bool resume = false, check_parity = false;

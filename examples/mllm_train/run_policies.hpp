@@ -14,6 +14,7 @@
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/train/train.hpp>
 
+#include "mllm_train/hosts.hpp"
 #include "mllm_train/options.hpp"
 #include "mllm_train/report.hpp"
 #include "mllm_train/trainer.hpp"
@@ -22,25 +23,36 @@ namespace mllm {
 
 /// One rank's whole run under train::system<Partition, reference attention, Comm, Balancer, Schedule,
 /// Placement>: the trainer, the parity check at step 0 (--check-parity), the per-step line and the
-/// reports (rank 0). Returns the exit status (1: parity failed).
+/// reports (rank 0); or, on the last --hosts ranks, a data-plane host's run. Returns the exit status (1:
+/// parity failed).
 template <class Comm, class Partition, class Balancer, class Schedule, class Placement>
 int run_policies(Comm& world, const options& o, const config& mc, const data_config& dc, Partition partition,
                  Balancer balancer, Schedule schedule, Placement placement) {
   using system_t = hetmesh::train::system<Partition, hetmesh::model::reference_attention, Comm, Balancer,
                                           Schedule, Placement>;
-  system_t sys(partition, balancer, {o.pp, schedule, placement}, world, {}, {.reproducible = true});
+  const hetmesh::train::pipeline_config<Schedule, Placement> pc{o.pp, schedule, placement};
+  const hetmesh::train::system_options so{.reproducible = true};
+  // With data-plane hosts (--hosts H), the last H ranks serve the data and the others train.
+  const bool host = world.rank() >= world.size() - o.hosts;
+  Comm trainers = hetmesh::comm::split(world, host ? 1 : 0, world.rank());
+  if (host) {
+    serve_hosts(world, o.hosts, o.steps, o.data_dir, dc, partition, balancer, pc, so);
+    return 0;
+  }
+  system_t sys(partition, balancer, pc, trainers, {}, so);
+  step_feed<Comm> data(world, o.hosts, o.data_dir, dc);
   const trainer_options to{
       .steps = o.steps, .data_dir = o.data_dir, .ckpt_dir = o.checkpoint_dir, .resume = o.resume};
-  run_log log(o.out, world.rank() == 0);
+  run_log log(o.out, trainers.rank() == 0);
   int status = 0;
   bool first = true;
-  train(sys, mc, dc, to, [&](const step_result& r) {
-    if (o.check_parity && first) status = check_parity(world, r, mc, to.seed);
+  train(sys, data, mc, to, [&](const step_result& r) {
+    if (o.check_parity && first) status = check_parity(trainers, r, mc, to.seed);
     first = false;
     log.step(r);
     if (o.kill_after >= 0 && r.step == o.kill_after) ::raise(SIGKILL);  // a crash right after a checkpoint
   });
-  if (world.rank() == 0) {
+  if (trainers.rank() == 0) {
     log.finish();
     if (!o.report.empty()) log.write_report(o.report, o);
   }

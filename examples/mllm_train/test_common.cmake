@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# Helpers of the example's CTest scripts (mpi_test.cmake, resume_test.cmake), run with cmake -P.
+# Helpers of the example's CTest scripts (mpi_test.cmake, resume_test.cmake, hosts_test.cmake), run with cmake -P.
 
 # run_or_fail(<what> <command> [args...]): runs the command; a non-zero exit fails the test, naming <what>.
 function(run_or_fail what)

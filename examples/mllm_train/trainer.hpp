@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The mllm_train example's trainer: everything a user writes on top of train::system to train the
 // multimodal model (model.hpp) on the example's data (data.hpp). Per step: the next batch from the data
-// plane, a pure plan, this rank's share of the step under delivery by plan (the documents and encoder
-// items its micro-batches and encoder shards read), one run on it (encoders in the LLM pipeline, ring
+// plane (hosts.hpp: read locally, or the metadata from data-plane hosts), a pure plan, this rank's share
+// of the step under delivery by plan (the documents and encoder items its micro-batches and encoder shards
+// read, taken locally or received from the hosts), one run on it (encoders in the LLM pipeline, ring
 // attention, gradient reduction, Adam), the gathered report; a checkpoint (each rank its tensors and Adam
 // moments by tensor id, rank 0 the data position) after every step when asked, and a resume from it.
 #pragma once
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -22,6 +22,7 @@
 #include <hetmesh/train/train.hpp>
 
 #include "mllm_train/data.hpp"
+#include "mllm_train/hosts.hpp"
 #include "mllm_train/model.hpp"
 
 namespace mllm {
@@ -45,7 +46,7 @@ struct step_result {
                           ///< summed over the world's ranks
   multimodal_model<float>* model = nullptr;  ///< this rank's model (gradients of this step still in place)
   const hetmesh::model::step_batch* batch = nullptr;  ///< the step's batch
-  const step_source* data = nullptr;  ///< the data source (its encoder inputs are this step's)
+  const step_source* data = nullptr;  ///< the step source (this step's encoder inputs); null with hosts
 };
 
 namespace ckpt_io {
@@ -99,17 +100,16 @@ inline std::int64_t load_rank(const std::filesystem::path& file, multimodal_mode
   return step;
 }
 
-/// Trains the model of `mc` on the data of `dc` over `world` under the policies of `sys`, calling
-/// `on_step` after every step. Collective over the world.
-template <class System>
-void train(System& sys, const config& mc, const data_config& dc, const trainer_options& o,
+/// Trains the model of `mc` on the steps of `data` over the trainers of `sys` under its policies, calling
+/// `on_step` after every step. Collective over the trainers (and the hosts `data` receives from).
+template <class System, class Feed>
+void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
            const std::function<void(const step_result&)>& on_step) {
   auto& world = sys.world();
-  step_source data(o.data_dir, dc);
   std::optional<multimodal_model<float>> model;
   hetmesh::train::adam<float> opt{.lr = o.lr};
   const auto rank_file = o.ckpt_dir / ("rank-" + std::to_string(world.rank()) + ".bin");
-  if (o.resume) data.load(o.ckpt_dir / "data.ckpt");
+  if (o.resume) data.source()->load(o.ckpt_dir / "data.ckpt");
   for (std::int64_t step = data.step(); step < o.steps; ++step) {
     const auto batch = data.next();
     const auto t0 = std::chrono::steady_clock::now();
@@ -117,16 +117,9 @@ void train(System& sys, const config& mc, const data_config& dc, const trainer_o
     const auto plan = sys.plan(batch);
     const double plan_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    // Delivery by plan: this rank runs on the documents and encoder items the plan routes to it. Every
-    // rank reads the whole (small) step here, so it takes its share itself; data-plane hosts would send
-    // the same parts (run::send_routed / run::receive_routed).
+    // Delivery by plan: this rank runs on the documents and encoder items the plan routes to it.
     const auto routes = sys.delivery(plan, batch);
-    const auto got = hetmesh::data::local_share(routes, world.rank(), [&](std::size_t i) {
-      const auto& part = routes.parts[i];
-      return data.part_bytes(*std::find_if(batch.documents.begin(), batch.documents.end(),
-                                           [&](const auto& d) { return d.id == part.sample; }),
-                             part.item);
-    });
+    const auto got = data.share(step, routes, batch);
     const auto share = hetmesh::train::share_of(plan, batch, got);
     double plan_cpu_s = hetmesh::thread_cpu_seconds() - c0;
     // Every rank plans (the plan is decentralised); the library's overhead counts each rank's planning.
@@ -147,10 +140,10 @@ void train(System& sys, const config& mc, const data_config& dc, const trainer_o
       std::filesystem::create_directories(o.ckpt_dir);
       save_rank(rank_file, step, *model, opt);
       hetmesh::comm::barrier(world);  // every rank's tensors are on disk before the data position moves on
-      if (world.rank() == 0) data.save(o.ckpt_dir / "data.ckpt");
+      if (world.rank() == 0) data.source()->save(o.ckpt_dir / "data.ckpt");
       hetmesh::comm::barrier(world);
     }
-    on_step({step, &plan, &report, plan_ms, plan_cpu_s, &*model, &batch, &data});
+    on_step({step, &plan, &report, plan_ms, plan_cpu_s, &*model, &batch, data.source()});
   }
 }
 
