@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The example's encoders (hetmesh::model::encoder_stage models): a per-token encoder of a modality's
+// The example's encoders (hetmesh::model::encoder_stage models): a transformer encoder of a modality's
 // features. Vision reads one patch of `patch` features per output token, audio one frame of `frame`
-// features; both embed it to d_enc, run `enc_layers` residual layers (RMSNorm, then an MLP with SiLU) and
-// project to the LLM width. Tokens do not mix, so a long item split into pieces (long-short sequence
-// parallelism) encodes exactly as it would whole.
+// features; both embed it to d_enc, run `enc_layers` residual layers (RMSNorm, attention inside the item
+// over `enc_heads` heads; RMSNorm, an MLP with SiLU) and project to the LLM width. Attention goes through the
+// context (train::encoder_context): whole items on this rank, a long item split into pieces by long-short
+// sequence parallelism by Ulysses over its group, so the item encodes exactly as it would whole.
 #pragma once
 
 #include <algorithm>
@@ -23,8 +24,9 @@ namespace mllm {
 /// An encoder for modality `Modality` (a tag with a `name`: hetmesh::model::vision_modality,
 /// audio_modality). Tensor ids (global, beside the backbone's): tensor_base + {0 input embedding
 /// [in][d_enc], 1 its bias [d_enc], 10 + 3l + {0 norm gain [d_enc], 1 MLP up [d_enc][hidden], 2 MLP down
-/// [hidden][d_enc]} for layer l, 99 projection [d_enc][D]}; tensor_base is 10000 for vision, 20000 for
-/// audio, 30000 for any other modality (one more encoder).
+/// [hidden][d_enc]} and 100 + 5l + {0 attention norm gain [d_enc], 1 q, 2 k, 3 v, 4 output [d_enc][d_enc]}
+/// for layer l, 99 projection [d_enc][D]}; tensor_base is 10000 for vision, 20000 for audio, 30000 for any
+/// other modality (one more encoder).
 template <class T, class Modality>
 struct encoder {
   /// Opt-in for encoder_stage.
@@ -50,6 +52,9 @@ struct encoder {
     store.add(tensor_base + 0, i * e, seed, 1.0 / std::sqrt(static_cast<double>(i)));
     store.add(tensor_base + 1, e, seed, 0.1);
     for (int l = 0; l < c.enc_layers; ++l) {
+      store.add(tensor_base + 100 + 5 * l, e, seed, 0.1, 1.0);
+      for (int m = 1; m <= 4; ++m)
+        store.add(tensor_base + 100 + 5 * l + m, e * e, seed, 1.0 / std::sqrt(static_cast<double>(e)));
       store.add(tensor_base + 10 + 3 * l, e, seed, 0.1, 1.0);
       store.add(tensor_base + 11 + 3 * l, e * h, seed, 1.0 / std::sqrt(static_cast<double>(e)));
       store.add(tensor_base + 12 + 3 * l, h * e, seed, 1.0 / std::sqrt(static_cast<double>(h)));
@@ -66,9 +71,11 @@ struct encoder {
     return ev.size() * cfg.width;
   }
 
-  /// out = encode(in) token by token. Saves (slots 0, 10 + 4l + {0, 1, 2}, 99) the input, each layer's
-  /// input, RMS scale and MLP pre-activation, and the last hidden rows. Throws invalid_argument on
-  /// mis-sized buffers. O(tokens * (in + layers * hidden + D) * d_enc).
+  /// out = encode(in), attention inside items through ctx.attention_forward (collective over a split
+  /// item's group). Saves (slots 0, 200 + 8l + {0..6}, 10 + 4l + {0, 1, 2}, 99) the input, each layer's
+  /// attention input, RMS scale, q, k, v, output and lse, its MLP input, RMS scale and pre-activation, and
+  /// the last hidden rows. Throws invalid_argument on mis-sized buffers. O(tokens * (in + layers * (hidden
+  /// + d_enc) + D) * d_enc + layers * item tokens^2 * d_enc).
   template <class Ctx>
   void forward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev, std::span<const T> in,
                std::span<T> out) {
@@ -82,8 +89,20 @@ struct encoder {
     const auto b = store.p(tensor_base + 1);
     for (std::size_t t = 0; t < s.n; ++t)
       for (std::size_t j = 0; j < s.e; ++j) x[t * s.e + j] += b[j];
+    std::vector<T> q(s.n * s.e), k(s.n * s.e), v(s.n * s.e), o(s.n * s.e), lse(s.n * heads());
     for (int l = 0; l < cfg.enc_layers; ++l) {
-      const int id = tensor_base + 10 + 3 * l;
+      const int at = tensor_base + 100 + 5 * l;  // attention inside items
+      rmsnorm_forward<T>(x, store.p(at), xn, rstd, s.n, s.e, cfg.norm_eps);
+      matmul<T>(xn, store.p(at + 1), q, s.n, s.e, s.e);
+      matmul<T>(xn, store.p(at + 2), k, s.n, s.e, s.e);
+      matmul<T>(xn, store.p(at + 3), v, s.n, s.e, s.e);
+      ctx.attention_forward(ev, shape(), scale(), std::span<const T>(q), std::span<const T>(k),
+                            std::span<const T>(v), std::span<T>(o), std::span<T>(lse));
+      matmul<T>(o, store.p(at + 4), y, s.n, s.e, s.e);
+      int t = 200 + 8 * l;
+      for (const auto* saved : {&x, &rstd, &q, &k, &v, &o, &lse}) slot.save(t++, std::span<const T>(*saved));
+      for (std::size_t j = 0; j < x.size(); ++j) x[j] += y[j];
+      const int id = tensor_base + 10 + 3 * l;  // the MLP
       rmsnorm_forward<T>(x, store.p(id), xn, rstd, s.n, s.e, cfg.norm_eps);
       matmul<T>(xn, store.p(id + 1), u, s.n, s.e, s.h);
       silu_forward<T>(u, a);
@@ -125,6 +144,7 @@ struct encoder {
       rmsnorm_gain_grad<T>(x, rstd, dxn, store.g(id), s.n, s.e);
       rmsnorm_input_grad<T>(x, store.p(id), rstd, dxn, dx, s.n, s.e);  // adds onto the residual's
       for (int k = 0; k < 3; ++k) slot.release(10 + 4 * l + k);
+      attention_backward(ctx, ev, l, dx);
     }
     const auto in = slot.load(0);
     add_xt_dy<T>(in, dx, store.g(tensor_base + 0), s.n, s.i, s.e);
@@ -147,6 +167,39 @@ struct encoder {
   [[nodiscard]] std::vector<tensor_ref<T>> tensors() { return tensor_refs(store); }
 
  private:
+  [[nodiscard]] int heads() const noexcept { return cfg.enc_heads; }
+  [[nodiscard]] hetmesh::model::attention_shape shape() const noexcept {
+    return {cfg.enc_heads, cfg.enc_heads, static_cast<int>(cfg.enc_width / cfg.enc_heads)};
+  }
+  [[nodiscard]] T scale() const noexcept {
+    return T(1) / static_cast<T>(std::sqrt(static_cast<double>(cfg.enc_width / cfg.enc_heads)));
+  }
+  /// The attention sublayer of layer l backward: dx holds the gradient of its output (and residual) and
+  /// gets the gradient of its input added; its weights' gradients are added; its slots are released.
+  template <class Ctx>
+  void attention_backward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev, int l,
+                          std::vector<T>& dx) {
+    const auto s = dims(ev);
+    const int at = tensor_base + 100 + 5 * l, t = 200 + 8 * l;
+    const auto slot = ctx.slots();
+    const auto x = slot.load(t), rstd = slot.load(t + 1), q = slot.load(t + 2), k = slot.load(t + 3),
+               v = slot.load(t + 4), o = slot.load(t + 5), lse = slot.load(t + 6);
+    std::vector<T> xn(s.n * s.e), scratch(s.n), d_o(s.n * s.e, T(0)), dq(s.n * s.e), dk(s.n * s.e),
+        dv(s.n * s.e), dxn(s.n * s.e, T(0));
+    rmsnorm_forward<T>(x, store.p(at), xn, scratch, s.n, s.e, cfg.norm_eps);  // xn again
+    add_xt_dy<T>(o, dx, store.g(at + 4), s.n, s.e, s.e);
+    add_dy_wt<T>(dx, store.p(at + 4), d_o, s.n, s.e, s.e);
+    ctx.attention_backward(ev, shape(), scale(), q, k, v, o, lse, std::span<const T>(d_o), std::span<T>(dq),
+                           std::span<T>(dk), std::span<T>(dv));
+    const std::vector<T>* grads[3] = {&dq, &dk, &dv};
+    for (int m = 0; m < 3; ++m) {
+      add_xt_dy<T>(xn, *grads[m], store.g(at + 1 + m), s.n, s.e, s.e);
+      add_dy_wt<T>(*grads[m], store.p(at + 1 + m), dxn, s.n, s.e, s.e);
+    }
+    rmsnorm_gain_grad<T>(x, rstd, dxn, store.g(at), s.n, s.e);
+    rmsnorm_input_grad<T>(x, store.p(at), rstd, dxn, dx, s.n, s.e);  // adds onto the residual's
+    for (int j = 0; j < 7; ++j) slot.release(t + j);
+  }
   struct dims_t {
     std::size_t n, i, e, h, d;
   };

@@ -30,6 +30,7 @@ struct config {
   std::int64_t enc_width = 24;                    ///< encoders' width d_enc
   std::int64_t enc_hidden = 48;                   ///< encoders' MLP hidden width
   int enc_layers = 2;                             ///< layers per encoder
+  int enc_heads = 4;                              ///< encoders' attention heads (inside each item)
   double rope_base = 10000.0;                     ///< RoPE frequency base
   double norm_eps = 1e-6;                         ///< RMSNorm epsilon
 
@@ -40,12 +41,15 @@ struct config {
 inline void check_config(const config& c) {
   hetmesh::model::check_attention_shape(c.attn, "mllm::config");
   if (c.vocab < 1 || c.width < 1 || c.mlp_hidden < 1 || c.blocks < 1 || c.patch < 1 || c.frame < 1 ||
-      c.enc_width < 1 || c.enc_hidden < 1 || c.enc_layers < 0 || c.attn.head_dim % 2 != 0)
+      c.enc_width < 1 || c.enc_hidden < 1 || c.enc_layers < 0 || c.attn.head_dim % 2 != 0 ||
+      c.enc_heads < 1 || c.enc_width % c.enc_heads != 0)
     hetmesh::throw_error<hetmesh::invalid_argument>(
         "mllm::config: vocab {}, width {}, mlp_hidden {}, blocks {}, patch {}, frame {}, enc_width {}, "
-        "enc_hidden {}, enc_layers {}, head_dim {}; expected positive sizes and an even head_dim",
+        "enc_hidden {}, enc_layers {}, enc_heads {}, head_dim {}; expected positive sizes, enc_heads "
+        "dividing "
+        "enc_width and an even head_dim",
         c.vocab, c.width, c.mlp_hidden, c.blocks, c.patch, c.frame, c.enc_width, c.enc_hidden, c.enc_layers,
-        c.attn.head_dim);
+        c.enc_heads, c.attn.head_dim);
 }
 
 /// y[n][m] = x[n][k] w[k][m]. O(nkm).

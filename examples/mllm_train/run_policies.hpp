@@ -31,7 +31,8 @@ int run_policies(Comm& world, const options& o, const config& mc, const data_con
   using system_t = hetmesh::train::system<Partition, hetmesh::model::reference_attention, Comm, Balancer,
                                           Schedule, Placement>;
   const hetmesh::train::pipeline_config<Schedule, Placement> pc{o.pp, schedule, placement};
-  const hetmesh::train::system_options so{.reproducible = true};
+  hetmesh::train::system_options so{.reproducible = true};
+  so.encoder_sp.heads = mc.enc_heads;  // long items' Ulysses groups split the encoders' heads
   // With data-plane hosts (--hosts H), the last H ranks serve the data and the others train.
   const bool host = world.rank() >= world.size() - o.hosts;
   Comm trainers = hetmesh::comm::split(world, host ? 1 : 0, world.rank());

@@ -181,7 +181,7 @@ TEST_CASE("mllm model: finite differences of every tensor through one train::sys
     mllm::multimodal_model<double> m(test_config(), 7, 1, std::vector<int>{0});
     const auto base = run_model<double>(sys, plan, batch, m);
     auto tensors = m.tensors();
-    REQUIRE(tensors.size() == 3 + 8 * 4 + 2 * 9);
+    REQUIRE(tensors.size() == 3 + 8 * 4 + 2 * (9 + 5 * 2));  // encoders: 5 attention tensors per layer
     constexpr double h = 1e-4;
     double worst = 0;
     int checked = 0, nonzero_tensors = 0;
