@@ -21,31 +21,22 @@
 
 namespace mllm {
 
-/// An encoder for modality `Modality` (a tag with a `name`: hetmesh::model::vision_modality,
-/// audio_modality). Tensor ids (global, beside the backbone's): tensor_base + {0 input embedding
+/// The layers of an encoder (encoder<T, Modality> below), one type for every modality so that their
+/// code compiles once. Tensor ids (global, beside the backbone's): tensor_base + {0 input embedding
 /// [in][d_enc], 1 its bias [d_enc], 10 + 3l + {0 norm gain [d_enc], 1 MLP up [d_enc][hidden], 2 MLP down
 /// [hidden][d_enc]} and 100 + 5l + {0 attention norm gain [d_enc], 1 q, 2 k, 3 v, 4 output [d_enc][d_enc]}
-/// for layer l, 99 projection [d_enc][D]}; tensor_base is 10000 for vision, 20000 for audio, 30000 for any
-/// other modality (one more encoder).
-template <class T, class Modality>
-struct encoder {
-  /// Opt-in for encoder_stage.
-  using is_encoder_stage = void;
-  /// The modality's name ("vision", "audio").
-  static constexpr std::string_view modality = Modality::name;
-  /// The first tensor id of this encoder.
-  static constexpr int tensor_base = modality == std::string_view("vision")  ? 10000
-                                     : modality == std::string_view("audio") ? 20000
-                                                                             : 30000;
-
+/// for layer l, 99 projection [d_enc][D]}.
+template <class T>
+struct encoder_layers {
   config cfg;
   std::int64_t in_width = 1;  ///< features per input token: cfg.patch (vision) or cfg.frame (others)
+  int tensor_base = 0;        ///< the first tensor id of this encoder
   tensor_store<T> store;
 
-  /// The encoder of `c` with parameters from `seed` (equal on every rank). Throws invalid_argument on a
-  /// bad config. O(parameters).
-  encoder(const config& c, std::uint64_t seed)
-      : cfg(c), in_width(modality == std::string_view("vision") ? c.patch : c.frame) {
+  /// The layers of `c` for `in_width` features per token, tensor ids from `tensor_base`, parameters from
+  /// `seed` (equal on every rank). Throws invalid_argument on a bad config. O(parameters).
+  encoder_layers(const config& c, std::uint64_t seed, int tensor_base_, std::int64_t in_width_)
+      : cfg(c), in_width(in_width_), tensor_base(tensor_base_) {
     check_config(c);
     const auto i = static_cast<std::size_t>(in_width), e = static_cast<std::size_t>(c.enc_width),
                h = static_cast<std::size_t>(c.enc_hidden), d = static_cast<std::size_t>(c.width);
@@ -208,6 +199,24 @@ struct encoder {
             static_cast<std::size_t>(cfg.enc_width), static_cast<std::size_t>(cfg.enc_hidden),
             static_cast<std::size_t>(cfg.width)};
   }
+};
+
+/// An encoder for modality `Modality` (a tag with a `name`: hetmesh::model::vision_modality,
+/// audio_modality): encoder_layers with tensor ids from 10000 for vision, 20000 for audio, 30000 for any
+/// other modality (one more encoder), reading cfg.patch features per token for vision, cfg.frame for others.
+template <class T, class Modality>
+struct encoder : encoder_layers<T> {
+  /// Opt-in for encoder_stage.
+  using is_encoder_stage = void;
+  /// The modality's name ("vision", "audio").
+  static constexpr std::string_view modality = Modality::name;
+  /// The encoder of `c` with parameters from `seed` (equal on every rank).
+  encoder(const config& c, std::uint64_t seed)
+      : encoder_layers<T>(c, seed,
+                          modality == std::string_view("vision")  ? 10000
+                          : modality == std::string_view("audio") ? 20000
+                                                                  : 30000,
+                          modality == std::string_view("vision") ? c.patch : c.frame) {}
 };
 
 /// The example's vision encoder: patches of cfg.patch features.

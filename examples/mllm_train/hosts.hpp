@@ -53,7 +53,7 @@ std::vector<std::int64_t> metadata(const hetmesh::model::step_batch& b, Mine&& m
 /// The step's metadata batch from every rank's contribution: documents in stream order with their items,
 /// tokens all pad (their count is the length), what the planners read. Collective over `world`.
 template <class Comm>
-hetmesh::model::step_batch exchange(Comm& world, const std::vector<std::int64_t>& mine) {
+hetmesh::model::step_batch exchange_metadata(Comm& world, const std::vector<std::int64_t>& mine) {
   std::map<std::int64_t, hetmesh::model::document> by_index;
   for (const auto& v : hetmesh::comm::all_gather_vectors(world, std::span<const std::int64_t>(mine)))
     for (std::size_t i = 0; i < v.size();) {
@@ -109,7 +109,7 @@ class step_feed {
   [[nodiscard]] hetmesh::model::step_batch next() {
     if (local_) return local_->next();
     ++step_;
-    return host_detail::exchange(*world_, {});
+    return host_detail::exchange_metadata(*world_, {});
   }
   /// This rank's parts of step `step` under `routes`: taken from the local step, or received from the hosts.
   [[nodiscard]] hetmesh::data::delivered_share share(std::int64_t step,
@@ -136,6 +136,33 @@ class step_feed {
   std::int64_t step_ = 0;
 };
 
+namespace host_detail {
+
+/// A host's share of step `step`'s metadata exchange (its own samples of `batch`); returns the step's
+/// metadata. Collective over `world`. (A template on the communicator only: one instantiation per
+/// translation unit, whatever the policies.)
+template <class Comm>
+hetmesh::model::step_batch host_metadata(Comm& world, const hetmesh::data::source_hosts& sh,
+                                         const hetmesh::model::step_batch& batch) {
+  return exchange_metadata(
+      world, metadata(batch, [&](std::int64_t id) { return sh.host_of_sample(id) == world.rank(); }));
+}
+
+/// Sends every trainer the parts of `routes` this host holds (the bytes of `batch`, step `step` of `data`).
+template <class Comm>
+void host_send(Comm& world, std::int64_t step, const hetmesh::data::route_plan& routes,
+               const hetmesh::data::source_hosts& sh, const hetmesh::model::step_batch& batch,
+               const step_source& data) {
+  hetmesh::run::send_routed(world, step, routes, sh, [&](std::size_t i) {
+    const auto& part = routes.parts[i];
+    return data.part_bytes(*std::find_if(batch.documents.begin(), batch.documents.end(),
+                                         [&](const auto& d) { return d.id == part.sample; }),
+                           part.item);
+  });
+}
+
+}  // namespace host_detail
+
 /// A host's whole run: `steps` steps of the mixture under `dir`, planned as train::system<Partition, ...,
 /// Balancer, Schedule, Placement> over the trainers plans them (`pc`, `so`), each trainer sent its parts.
 /// Collective over `world` with the trainers' step_feed.
@@ -150,19 +177,13 @@ void serve_hosts(Comm& world, int hosts, int steps, const std::filesystem::path&
   const int pool = sh.trainers / depth;
   for (std::int64_t step = data.step(); step < steps; ++step) {
     const auto batch = data.next();
-    const auto meta = host_detail::exchange(world, host_detail::metadata(batch, [&](std::int64_t id) {
-                                              return sh.host_of_sample(id) == world.rank();
-                                            }));
+    const auto meta = host_detail::host_metadata(world, sh, batch);
     const auto docs = hetmesh::model::document_descs(meta);
     const auto plan = hetmesh::train::plan_system_step(partition, balancer, pc, so.cost, pool, docs, &meta);
-    const auto routes =
-        hetmesh::train::plan_delivery(plan, meta, hetmesh::train::system_ranks(pool, depth), so.encoder_sp);
-    hetmesh::run::send_routed(world, step, routes, sh, [&](std::size_t i) {
-      const auto& part = routes.parts[i];
-      return data.part_bytes(*std::find_if(batch.documents.begin(), batch.documents.end(),
-                                           [&](const auto& d) { return d.id == part.sample; }),
-                             part.item);
-    });
+    host_detail::host_send(
+        world, step,
+        hetmesh::train::plan_delivery(plan, meta, hetmesh::train::system_ranks(pool, depth), so.encoder_sp),
+        sh, batch, data);
   }
 }
 

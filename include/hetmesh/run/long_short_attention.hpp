@@ -49,8 +49,10 @@ struct piece_stream {
   std::vector<std::int64_t> doc, pos;
 };
 
-inline piece_stream make_piece_stream(const model::encoder_piece& p, const model::attention_shape& s,
-                                      const char* who) {
+HETMESH_COMPILED piece_stream make_piece_stream(const model::encoder_piece& p,
+                                                const model::attention_shape& s, const char* who)
+#if HETMESH_BODIES
+{
   if (p.degree < 1 || p.group_rank < 0 || p.group_rank >= p.degree ||
       p.tokens.begin != p.group_rank * p.item_tokens / p.degree ||
       p.tokens.size() != piece_tokens(p.item_tokens, p.degree, p.group_rank))
@@ -67,6 +69,9 @@ inline piece_stream make_piece_stream(const model::encoder_piece& p, const model
   for (std::size_t i = 0; i < out.pos.size(); ++i) out.pos[i] = static_cast<std::int64_t>(i);
   return out;
 }
+#else
+    ;
+#endif
 
 template <class T>
 void check_long_short(const model::encoder_batch_view& v, const long_short_attention_input<T>& in,

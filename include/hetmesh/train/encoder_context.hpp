@@ -89,4 +89,32 @@ struct encoder_context : model::stage_context<Comm, model::host_activation_store
   }
 };
 
+namespace detail {
+
+/// Encoder k's context for one (shard, slot) call of train::system::run: `stores[k]` its activations, the
+/// shard's pool-row groups and the kernel. One type per (Comm, Kernel, T, Stores), whatever the system's
+/// other policies, so the encoder calls (detail::encode) compile once per translation unit.
+template <class Comm, class Kernel, class T, class Stores>
+struct encoder_context_maker {
+  Stores* stores = nullptr;                   ///< per encoder, its activation store
+  comm::group_cache<Comm>* groups = nullptr;  ///< the shard's pool row
+  Kernel* kernel = nullptr;                   ///< the system's kernel
+  int shard = 0;                              ///< the encoder shard
+  int slot = 0;                               ///< the slot (micro-batch index)
+  int row_first = 0;                          ///< domain rank of pool rank 0 at the shard
+
+  encoder_context<Comm, Kernel, T> operator()(int k) const {
+    encoder_context<Comm, Kernel, T> ctx;
+    ctx.activations = &(*stores)[static_cast<std::size_t>(k)];
+    ctx.stage = shard;
+    ctx.micro_batch = slot;
+    ctx.groups = groups;
+    ctx.row_first = row_first;
+    ctx.kernel = kernel;
+    return ctx;
+  }
+};
+
+}  // namespace detail
+
 }  // namespace hetmesh::train

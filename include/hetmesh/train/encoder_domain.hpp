@@ -41,8 +41,10 @@ namespace hetmesh::train {
 
 /// The distinct items of encoder `encoder` among `landings` (one slot's), in first-landing order.
 /// O(landings log landings).
-[[nodiscard]] inline std::vector<seq::seq_desc> slot_items(const std::vector<slot_landing>& landings,
-                                                           int encoder) {
+[[nodiscard]] HETMESH_COMPILED std::vector<seq::seq_desc> slot_items(
+    const std::vector<slot_landing>& landings, int encoder)
+#if HETMESH_BODIES
+{
   std::vector<seq::seq_desc> out;
   std::map<std::int64_t, std::int64_t> seen;
   for (const auto& l : landings) {
@@ -57,6 +59,9 @@ namespace hetmesh::train {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// The encoder domain's plan of `plan` with `shards` encoder shards per pipeline (the schedule's) and
 /// encoders 0 .. encoders - 1: per slot and encoder, the long-short plan of the slot's distinct items over
@@ -64,8 +69,10 @@ namespace hetmesh::train {
 /// (ranks = 0). Errors: a landing of an encoder index outside [0, encoders) (invalid_argument); the
 /// planner's (capacity_error: an item needs a group larger than a shard's pool row allows). Pure: equal
 /// on every rank; O(slots x encoders x (items log items + items x domain)).
-[[nodiscard]] inline std::vector<std::vector<seq::long_short_plan>> plan_encoder_domain(
-    const step_plan& plan, int shards, int encoders, const seq::long_short_policy& policy) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::vector<seq::long_short_plan>> plan_encoder_domain(
+    const step_plan& plan, int shards, int encoders, const seq::long_short_policy& policy)
+#if HETMESH_BODIES
+{
   std::vector<std::vector<seq::long_short_plan>> out(plan.encoder_landings.size());
   const auto dp = domain_policy(policy, plan.world);
   for (std::size_t m = 0; m < plan.encoder_landings.size(); ++m) {
@@ -86,6 +93,9 @@ namespace hetmesh::train {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// Calls `f(domain_rank, tokens)` for each piece of `a` (a long-short assignment): its group's ranks in
 /// group order with their token ranges (one call, the whole item, for a short item). O(degree).

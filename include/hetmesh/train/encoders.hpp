@@ -150,7 +150,10 @@ std::size_t slots_left(const Stores& stores) {
 /// are the plan's (step_plan::encoder_landings of pool rank `j`): the encoder domain is planned from the
 /// plan's, so a batch with items the plan does not know (a plan made without the batch) would encode
 /// nothing. Errors: invalid_argument naming the slot. O(landings).
-inline void check_landings(const step_plan& plan, std::span<const model::micro_batch* const> by_slot, int j) {
+HETMESH_COMPILED void check_landings(const step_plan& plan,
+                                     std::span<const model::micro_batch* const> by_slot, int j)
+#if HETMESH_BODIES
+{
   for (std::size_t m = 0; m < by_slot.size(); ++m) {
     std::vector<slot_landing> want, got;
     if (m < plan.encoder_landings.size())
@@ -169,14 +172,19 @@ inline void check_landings(const step_plan& plan, std::span<const model::micro_b
           j, m, got.size(), want.size());
   }
 }
+#else
+    ;
+#endif
 
 /// The encoder work of pool rank `j` in `plan` (see the file comment): `domain` is
 /// plan_encoder_domain(plan, E, encoders, policy), `width` the encoders' output elements per token,
 /// `runs[e]` whether this rank runs shard e (its calls and send side are made only for those). Pure;
 /// O(slots x (E x P x this rank's landings + landings) x group degree).
-[[nodiscard]] inline encoder_work plan_encoder_work(
-    const step_plan& plan, const std::vector<std::vector<seq::long_short_plan>>& domain, int E, int j,
-    std::span<const std::int64_t> width, std::span<const char> runs) {
+[[nodiscard]] HETMESH_COMPILED encoder_work
+plan_encoder_work(const step_plan& plan, const std::vector<std::vector<seq::long_short_plan>>& domain, int E,
+                  int j, std::span<const std::int64_t> width, std::span<const char> runs)
+#if HETMESH_BODIES
+{
   const int P = plan.world;
   const auto slots = static_cast<std::size_t>(std::max(plan.slots, 1));
   const auto K = width.size();
@@ -261,5 +269,8 @@ inline void check_landings(const step_plan& plan, std::span<const model::micro_b
   }
   return out;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::train::detail

@@ -73,8 +73,10 @@ struct slot_load {
 /// Per slot, the encoder landings of every pool rank's micro-batch in it (step_plan::encoder_landings),
 /// for `plan` and the items of `batch`, the step it was made from (only documents' ids and items are read:
 /// a batch of metadata serves). Pure; O(step tokens + landings).
-[[nodiscard]] inline std::vector<std::vector<slot_landing>> plan_landings(const step_plan& plan,
-                                                                          const model::step_batch& batch) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::vector<slot_landing>> plan_landings(
+    const step_plan& plan, const model::step_batch& batch)
+#if HETMESH_BODIES
+{
   std::map<std::int64_t, const model::document*> by_id;
   for (const auto& d : batch.documents) by_id[d.id] = &d;
   model::step_batch shape;  // the plan's documents at their lengths with the batch's items
@@ -100,6 +102,9 @@ struct slot_load {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// Sets plan.pp and plan.pipeline: `family`'s schedule for (pp, slots), where slots is the smallest count
 /// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders

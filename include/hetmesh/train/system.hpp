@@ -558,17 +558,9 @@ class system {
         return run::no_call{};
       }
     }();
-    auto encoder_ctx = [&](int e, int mb) {  // encoder k's context at shard e, slot mb
-      return [&, e, mb](int k) {
-        encoder_context_type<T> ctx;
-        ctx.activations = &enc_stores[static_cast<std::size_t>(k)];
-        ctx.stage = e;
-        ctx.micro_batch = mb;
-        ctx.groups = &*item_groups_;
-        ctx.row_first = e * pool_size_;
-        ctx.kernel = &kernel_;
-        return ctx;
-      };
+    auto encoder_ctx = [&](int e, int mb) {  // the encoders' contexts at shard e, slot mb
+      return detail::encoder_context_maker<Comm, Kernel, T, decltype(enc_stores)>{
+          &enc_stores, &*item_groups_, &kernel_, e, mb, e * pool_size_};
     };
     // The slot's exchange over the shard's pool row: `send` by destination, `recv` by source.
     auto exchange = [&](std::span<const T> send, std::span<const std::int64_t> send_counts, std::span<T> recv,
