@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "../core/error.hpp"
@@ -42,6 +43,16 @@ inline std::int64_t piece_tokens(std::int64_t length, int degree, int t) {
   return (t + 1) * length / degree - t * length / degree;
 }
 
+/// The documents and positions of a whole item's n tokens (one document: the item).
+struct item_stream {
+  std::vector<std::int64_t> doc, pos;
+};
+inline item_stream whole_item(std::int64_t item, std::size_t n) {
+  item_stream s{std::vector<std::int64_t>(n, item), std::vector<std::int64_t>(n)};
+  for (std::size_t i = 0; i < n; ++i) s.pos[i] = static_cast<std::int64_t>(i);
+  return s;
+}
+
 /// The piece's Ulysses plan (its group's pieces in group order) and its tokens' documents and positions
 /// (the whole item: one document). Errors: a piece that is not the plan's split (invalid_argument).
 struct piece_stream {
@@ -57,16 +68,15 @@ HETMESH_COMPILED piece_stream make_piece_stream(const model::encoder_piece& p,
       p.tokens.begin != p.group_rank * p.item_tokens / p.degree ||
       p.tokens.size() != piece_tokens(p.item_tokens, p.degree, p.group_rank))
     throw_error<invalid_argument>(
-        "{}: item {} piece {} of {} tokens at group rank {} of {}; expected seq::plan_long_short's "
-        "contiguous "
-        "split",
+        "{}: item {} piece {} of {} tokens at group rank {} of {}; expected the contiguous split of "
+        "seq::plan_long_short",
         who, p.item, p.tokens, p.item_tokens, p.group_rank, p.degree);
   std::vector<std::int64_t> sizes;
   for (int t = 0; t < p.degree; ++t) sizes.push_back(piece_tokens(p.item_tokens, p.degree, t));
   piece_stream out{seq::plan_ulysses(sizes, {p.degree, s.q_heads, s.kv_heads, s.head_dim}), {}, {}};
-  out.doc.assign(static_cast<std::size_t>(p.item_tokens), p.item);
-  out.pos.resize(out.doc.size());
-  for (std::size_t i = 0; i < out.pos.size(); ++i) out.pos[i] = static_cast<std::int64_t>(i);
+  auto whole = whole_item(p.item, static_cast<std::size_t>(p.item_tokens));
+  out.doc = std::move(whole.doc);
+  out.pos = std::move(whole.pos);
   return out;
 }
 #else
@@ -137,10 +147,9 @@ void long_short_attention_forward(GroupOf&& group_of, const model::encoder_batch
         auto o = out.subspan(at * qw, n * qw);
         auto l = lse.subspan(at * hw, n * hw);
         if (p.degree == 1) {
-          const std::vector<std::int64_t> doc(n, p.item);
-          std::vector<std::int64_t> pos(n);
-          for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int64_t>(i);
-          kernel.forward(detail::item_block(in, q, k, vv, doc, pos), model::attention_forward_out<T>{o, l});
+          const auto s = detail::whole_item(p.item, n);
+          kernel.forward(detail::item_block(in, q, k, vv, s.doc, s.pos),
+                         model::attention_forward_out<T>{o, l});
           return;
         }
         const auto s = detail::make_piece_stream(p, in.shape, who);
@@ -178,15 +187,13 @@ void long_short_attention_backward(GroupOf&& group_of, const model::encoder_batc
         auto gk = dk.subspan(at * kw, n * kw);
         auto gv = dv.subspan(at * kw, n * kw);
         if (p.degree == 1) {
-          const std::vector<std::int64_t> doc(n, p.item);
-          std::vector<std::int64_t> pos(n);
-          for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int64_t>(i);
+          const auto s = detail::whole_item(p.item, n);
           std::vector<T> delta(n * hw);
           seq::attention_delta(o, d, std::span<T>(delta), static_cast<std::size_t>(in.shape.head_dim));
           std::fill(gq.begin(), gq.end(), T(0));
           std::fill(gk.begin(), gk.end(), T(0));
           std::fill(gv.begin(), gv.end(), T(0));
-          kernel.backward(detail::item_block(in, q, k, vv, doc, pos),
+          kernel.backward(detail::item_block(in, q, k, vv, s.doc, s.pos),
                           model::attention_backward_io<T>{d, l, std::span<const T>(delta), gq, gk, gv});
           return;
         }

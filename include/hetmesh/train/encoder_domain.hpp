@@ -81,8 +81,7 @@ namespace hetmesh::train {
       if (l.encoder < 0 || l.encoder >= encoders)
         throw_error<invalid_argument>(
             "train::system::run: encoder item {} names encoder {}, but {} encoders were passed to run; "
-            "expected an "
-            "encoder (bind_encoder) for every encoder index of the batch",
+            "expected an encoder (bind_encoder) for every encoder index of the batch",
             l.item, l.encoder, encoders);
     out[m].resize(static_cast<std::size_t>(std::max(encoders, 0)));
     if (landings.empty() || shards < 1) continue;
