@@ -162,6 +162,9 @@ TEST_CASE("encoder domain: exactly-once landing rows, agreed counts, capacity, g
       }
     }
   }
+  // A landing prints what it is (where it lands, which item, which rows of how many).
+  CHECK(fmt::format("{}", train::slot_landing{3, 1, 42, 9, {2, 5}}) ==
+        "landing{rank=3, encoder=1, item=42, rows=[2,5)/9}");
   MESSAGE(plans, " plans checked, ", refused, " refused by the planner, ", split, " items split over groups");
   CHECK(plans >= 55);
   CHECK(split > 0);

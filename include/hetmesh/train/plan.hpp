@@ -452,6 +452,14 @@ struct fmt::formatter<hetmesh::train::partition_kind> : hetmesh::empty_spec_form
   }
 };
 template <>
+struct fmt::formatter<hetmesh::train::slot_landing> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::train::slot_landing& l, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "landing{{rank={}, encoder={}, item={}, rows={}/{}}}", l.pool_rank,
+                              l.encoder, l.item, l.rows, l.item_tokens);
+  }
+};
+template <>
 struct fmt::formatter<hetmesh::train::step_plan> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::train::step_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
