@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include <hetmesh/data/constructor.hpp>
 #include <hetmesh/data/convert.hpp>
 #include <hetmesh/data/indexed_dataset.hpp>
 #include <hetmesh/data/source.hpp>
@@ -298,4 +299,91 @@ TEST_CASE("convert: JSONL to an indexed dataset and to WebDataset shards") {
   REQUIRE(s.items.size() == 1);
   CHECK(std::string(reinterpret_cast<const char*>(s.items[0].payload.data()), s.items[0].payload.size()) ==
         "JPEGDATA");
+}
+
+TEST_CASE("loss masks: JSONL to WebDataset to the loaded sample to the packed micro-batch, checked at each") {
+  test::temp_dir dir;
+  rng g(77);
+  std::vector<std::vector<int>> tokens, masks;  // masks[i] empty: sample i has none
+  {
+    std::ofstream out(dir / "sft.jsonl");
+    for (int i = 0; i < 7; ++i) {
+      tokens.emplace_back(static_cast<std::size_t>(1 + g.below(9)));
+      for (auto& t : tokens.back()) t = static_cast<int>(g.below(1000));
+      masks.emplace_back();
+      if (i % 3 != 1)
+        for (std::size_t k = 0; k < tokens.back().size(); ++k)
+          masks.back().push_back(static_cast<int>(g.below(2)));
+      nlohmann::json j{{"text_tokens", tokens.back()}};
+      if (!masks.back().empty()) j["loss_mask"] = masks.back();
+      out << j.dump() << "\n";
+    }
+  }
+  const auto ws = convert_jsonl_to_webdataset(dir / "sft.jsonl", dir / "sft", 3);
+  const source_spec spec{.name = "sft", .format = source_format::webdataset, .paths = ws.outputs};
+  source_loader loader(spec, 0, 5);
+  step_plan plan;
+  std::vector<sample> loaded;
+  for (std::int64_t i = 0; i < 7; ++i) {
+    const sample_ref ref{0, 0, i, i};
+    loaded.push_back(loader.load(ref));
+    const auto& s = loaded.back();
+    CHECK(std::vector<int>(s.tokens.begin(), s.tokens.end()) == tokens[static_cast<std::size_t>(i)]);
+    CHECK(std::vector<int>(s.loss_mask.begin(), s.loss_mask.end()) == masks[static_cast<std::size_t>(i)]);
+    plan.samples.push_back({.ref = ref, .meta = {}, .cost = 0, .dp_rank = 0, .micro_batch = i < 2 ? 0 : 1});
+  }
+  // Micro-batch 0 holds a masked and an unmasked sample, 1 the rest: each mask lands at its document's
+  // tokens, 1 for a document without one; none at all when no document of a micro-batch has one.
+  const auto mbs = construct(plan, loaded, 0, 2);
+  for (int m = 0; m < 2; ++m) {
+    const auto& mb = mbs[static_cast<std::size_t>(m)];
+    REQUIRE(mb.loss_mask.size() == mb.tokens.size());
+    std::vector<std::uint8_t> want;
+    for (std::size_t i = 0; i < 7; ++i) {
+      if ((i < 2 ? 0 : 1) != m) continue;
+      const auto& s = loaded[i];
+      if (s.loss_mask.empty())
+        want.insert(want.end(), s.tokens.size(), 1);
+      else
+        want.insert(want.end(), s.loss_mask.begin(), s.loss_mask.end());
+    }
+    CHECK(mb.loss_mask == want);
+    CHECK(deserialize(serialize(mb)) == mb);
+  }
+  auto unmasked = plan;
+  unmasked.samples.resize(1);
+  unmasked.samples[0].ref = {0, 0, 1, 1};
+  CHECK(construct(unmasked, std::span<const sample>(&loaded[1], 1), 0, 1)[0].loss_mask.empty());
+
+  // Bad masks: named with the sample and what was expected, at conversion, at load and on the wire.
+  auto convert_line = [&](const std::string& line) {
+    std::ofstream(dir / "bad.jsonl") << line << "\n";
+    return convert_jsonl_to_webdataset(dir / "bad.jsonl", dir / "bad", 1);
+  };
+  CHECK_THROWS_WITH_AS(convert_line(R"({"text_tokens": [1, 2], "loss_mask": [1, 2]})"),
+                       doctest::Contains("has 2 at token 1; expected 0 or 1"), data_error);
+  CHECK_THROWS_WITH_AS(
+      convert_line(R"({"text_tokens": [1, 2], "loss_mask": [1]})"),
+      doctest::Contains("\"loss_mask\" has 1 entries; expected one per entry of \"text_tokens\" (2)"),
+      data_error);
+  CHECK_THROWS_WITH_AS(convert_line(R"({"tokens": 2, "loss_mask": [1, 0]})"), doctest::Contains("(absent)"),
+                       data_error);
+  std::ofstream(dir / "ids.jsonl") << R"({"tokens": [1, 2], "loss_mask": [1, 0]})"
+                                   << "\n";
+  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(dir / "ids.jsonl", dir / "ids"),
+                       doctest::Contains("an indexed dataset holds token ids only"), data_error);
+  source_loader short_masks(spec, 0, 5, [](const wds_record& r, sample& out) {
+    default_wds_decode(r, out);
+    out.loss_mask.assign(out.tokens.size() + 1, 1);  // a user's decoder that gets the length wrong
+  });
+  CHECK_THROWS_WITH_AS((void)short_masks.load(sample_ref{0, 0, 3, 3}),
+                       doctest::Contains("s0/e0/p3=#3 has a loss mask of"), data_error);
+  auto wire = mbs[0];
+  wire.loss_mask.pop_back();
+  CHECK_THROWS_WITH_AS((void)deserialize(serialize(wire)), doctest::Contains("expected one per token"),
+                       data_error);
+  wire = mbs[0];
+  wire.loss_mask[0] = 7;
+  CHECK_THROWS_WITH_AS((void)deserialize(serialize(wire)), doctest::Contains("loss mask entry 7 at token 0"),
+                       data_error);
 }

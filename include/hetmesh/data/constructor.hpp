@@ -2,8 +2,9 @@
 // hetmesh::data: data constructors. From a step plan and its loaded samples, build one data-parallel
 // rank's packed micro-batches in the layout varlen attention kernels take: the documents' tokens back to
 // back, cu_seqlens (prefix sums of document lengths, starting at 0), positions restarting at 0 in every
-// document, and the encoder items with the document that owns each. A micro-batch also flattens to bytes
-// (and back) so the loading rank can broadcast it to the rest of its group.
+// document, the loss mask when a document has one, and the encoder items with the document that owns each. A
+// micro-batch also flattens to bytes (and back) so the loading rank can broadcast it to the rest of its
+// group.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +33,9 @@ struct packed_micro_batch {
   std::vector<sample_ref> refs{};           ///< one per document, in order
   std::vector<encoder_item> items{};        ///< encoder items of all documents, in order
   std::vector<std::int32_t> item_owner{};   ///< document (index into refs) of each item
+  /// Empty when no document of it has a loss mask (every target counts), else one per token: the documents'
+  /// masks back to back (1 for every token of a document without one).
+  std::vector<std::uint8_t> loss_mask{};
 
   /// Number of documents.
   [[nodiscard]] std::int64_t documents() const noexcept { return static_cast<std::int64_t>(refs.size()); }
@@ -39,7 +43,8 @@ struct packed_micro_batch {
   [[nodiscard]] std::int64_t heap_bytes() const noexcept {
     auto b = static_cast<std::int64_t>(
         4 * (tokens.capacity() + cu_seqlens.capacity() + positions.capacity() + item_owner.capacity()) +
-        refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(encoder_item));
+        refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(encoder_item) +
+        loss_mask.capacity());
     for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
     return b;
   }
@@ -65,6 +70,14 @@ struct packed_micro_batch {
                               p.ref);
     auto& mb = out[static_cast<std::size_t>(p.micro_batch)];
     const auto& toks = samples[i].tokens;
+    const auto& mask = samples[i].loss_mask;
+    check_loss_mask(samples[i], "construct");
+    if (!mask.empty()) {
+      mb.loss_mask.resize(mb.tokens.size(), 1);  // earlier documents without a mask: every target counts
+      mb.loss_mask.insert(mb.loss_mask.end(), mask.begin(), mask.end());
+    } else if (!mb.loss_mask.empty()) {
+      mb.loss_mask.insert(mb.loss_mask.end(), toks.size(), 1);
+    }
     mb.tokens.insert(mb.tokens.end(), toks.begin(), toks.end());
     for (std::size_t k = 0; k < toks.size(); ++k) mb.positions.push_back(static_cast<std::int32_t>(k));
     lengths[static_cast<std::size_t>(p.micro_batch)].push_back(static_cast<std::int32_t>(toks.size()));
@@ -132,6 +145,7 @@ struct byte_reader {
   w.array<std::int32_t>(mb.positions);
   w.array<sample_ref>(mb.refs);
   w.array<std::int32_t>(mb.item_owner);
+  w.array<std::uint8_t>(mb.loss_mask);
   w.pod(static_cast<std::int64_t>(mb.items.size()));
   for (const auto& it : mb.items) {
     w.array<char>(it.kind);
@@ -150,6 +164,7 @@ struct byte_reader {
   mb.positions = r.array<std::int32_t>();
   mb.refs = r.array<sample_ref>();
   mb.item_owner = r.array<std::int32_t>();
+  mb.loss_mask = r.array<std::uint8_t>();
   const auto n = r.pod<std::int64_t>();
   if (n < 0 || n != static_cast<std::int64_t>(mb.item_owner.size()))
     throw_error<data_error>("packed micro-batch bytes: {} items but {} owners", n, mb.item_owner.size());
@@ -167,6 +182,14 @@ struct byte_reader {
     throw_error<data_error>(
         "packed micro-batch bytes: inconsistent sizes (tokens {}, positions {}, cu_seqlens {}, documents {})",
         mb.tokens.size(), mb.positions.size(), mb.cu_seqlens.size(), mb.refs.size());
+  if (!mb.loss_mask.empty() && mb.loss_mask.size() != mb.tokens.size())
+    throw_error<data_error>(
+        "packed micro-batch bytes: a loss mask of {} entries for {} tokens; expected one per token",
+        mb.loss_mask.size(), mb.tokens.size());
+  for (std::size_t k = 0; k < mb.loss_mask.size(); ++k)
+    if (mb.loss_mask[k] > 1)
+      throw_error<data_error>("packed micro-batch bytes: loss mask entry {} at token {}; expected 0 or 1",
+                              mb.loss_mask[k], k);
   return mb;
 }
 

@@ -4,7 +4,8 @@
 //    (ids) or its "text" string through a tokenizer hook (default: the UTF-8 bytes, ids 0..255);
 //  - to WebDataset shards: each line becomes one sample: its `.json` is the line itself (which must say
 //    "tokens", or carry "text_tokens" from which the count is taken), plus one member per entry of
-//    "files": {"jpg": "/path/x.jpg", ...} read from disk.
+//    "files": {"jpg": "/path/x.jpg", ...} read from disk; a "loss_mask" array (0 or 1 per entry of
+//    "text_tokens") is checked and kept, and the loader hands it on (data::sample::loss_mask).
 // Blank lines are skipped; a malformed line is a data_error naming the file and line number.
 #pragma once
 
@@ -142,6 +143,10 @@ inline convert_stats convert_jsonl_to_indexed(const std::string& jsonl, const st
       ids = tok(j["text"].get<std::string>());
     else
       throw_error<data_error>("no \"tokens\" array and no \"text\" string; expected one of them");
+    if (j.contains("loss_mask"))  // refused rather than dropped: the mask would be lost
+      throw_error<data_error>(
+          "a \"loss_mask\", but an indexed dataset holds token ids only; expected no mask here (convert to "
+          "WebDataset, convert_jsonl_to_webdataset, to keep it)");
     w.add_sequence(std::span<const std::int64_t>(ids));
     w.end_document();
     ++st.lines;
@@ -182,6 +187,15 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
         throw_error<data_error>("no \"tokens\" count and no \"text_tokens\" list; expected one of them");
       tokens = static_cast<std::int64_t>(j["text_tokens"].size());
       j["tokens"] = tokens;
+    }
+    if (j.contains("loss_mask")) {  // checked here, so the loader never meets a bad one
+      const auto mask = detail::loss_mask_of(j["loss_mask"], "this line");
+      if (!j.contains("text_tokens") || !j["text_tokens"].is_array() ||
+          j["text_tokens"].size() != mask.size())
+        throw_error<data_error>(
+            "\"loss_mask\" has {} entries; expected one per entry of \"text_tokens\" ({})", mask.size(),
+            j.contains("text_tokens") && j["text_tokens"].is_array() ? std::to_string(j["text_tokens"].size())
+                                                                     : std::string("absent"));
     }
     std::vector<std::pair<std::string, std::vector<std::byte>>> members;
     if (j.contains("files")) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -41,16 +42,18 @@ struct encoder_item {
   friend bool operator==(const encoder_item&, const encoder_item&) = default;
 };
 
-/// A loaded sample: text token ids and encoder items.
+/// A loaded sample: text token ids, their loss mask and encoder items.
 struct sample {
-  sample_ref ref{};                    ///< which sample
-  std::vector<std::int32_t> tokens{};  ///< text token ids
-  std::vector<encoder_item> items{};   ///< encoder items
+  sample_ref ref{};                       ///< which sample
+  std::vector<std::int32_t> tokens{};     ///< text token ids
+  std::vector<encoder_item> items{};      ///< encoder items
+  std::vector<std::uint8_t> loss_mask{};  ///< empty (every target counts), or one per token: 0 = the target
+                                          ///< of that token (the next token) does not count, 1 = it does
 
   /// Heap bytes this sample holds (for memory accounting).
   [[nodiscard]] std::int64_t heap_bytes() const noexcept {
     auto b = static_cast<std::int64_t>(tokens.capacity() * sizeof(std::int32_t) +
-                                       items.capacity() * sizeof(encoder_item));
+                                       items.capacity() * sizeof(encoder_item) + loss_mask.capacity());
     for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
     return b;
   }
@@ -74,3 +77,22 @@ struct fmt::formatter<hetmesh::data::sample> : hetmesh::empty_spec_formatter {
                               s.items.size());
   }
 };
+
+namespace hetmesh::data {
+
+/// Checks a loaded sample's loss mask: empty, or one entry per text token, each 0 or 1. Throws data_error
+/// naming the sample and `where` (the reader or decoder that produced it) otherwise. O(tokens) with a mask.
+inline void check_loss_mask(const sample& s, std::string_view where) {
+  if (s.loss_mask.empty()) return;
+  if (s.loss_mask.size() != s.tokens.size())
+    throw_error<data_error>(
+        "{}: sample {} has a loss mask of {} entries for {} text tokens; expected one per token "
+        "(or none)",
+        where, s.ref, s.loss_mask.size(), s.tokens.size());
+  for (std::size_t k = 0; k < s.loss_mask.size(); ++k)
+    if (s.loss_mask[k] > 1)
+      throw_error<data_error>("{}: sample {} has loss mask entry {} at token {}; expected 0 or 1", where,
+                              s.ref, s.loss_mask[k], k);
+}
+
+}  // namespace hetmesh::data

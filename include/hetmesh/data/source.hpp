@@ -136,6 +136,7 @@ class indexed_source final : public source_reader {
     const auto [part, local] = locate(underlying(i));
     out.tokens.clear();
     out.items.clear();
+    out.loss_mask.clear();  // an indexed dataset holds no loss masks
     parts_[part].read_tokens(local, out.tokens);
     count_read();
   }
@@ -265,6 +266,7 @@ class source_loader {
     std::lock_guard lock(read_mutex_);
     out.ref = ref;
     reader_->load(ref.index, out);
+    check_loss_mask(out, "data::source_loader");
   }
   /// Loads a run of samples under one acquisition of the read lock: refs[k] into out(k) (a sample&),
   /// prefetching each next sample while the current one is copied. on_error(k) is called inside the
@@ -279,6 +281,7 @@ class source_loader {
         sample& dst = out(k);
         dst.ref = refs[k];
         reader_->load(refs[k].index, dst);
+        check_loss_mask(dst, "data::source_loader");
       } catch (...) {
         on_error(k);
       }

@@ -77,6 +77,23 @@ inline seq::sample_meta meta_from_json(const nlohmann::json& j, const std::strin
   }
   return m;
 }
+
+/// A sample json's "loss_mask" array as bytes (0 = that text token's target does not count, 1 = it does);
+/// data_error starting with `where` (the sample) when it is not an array of 0 and 1. O(entries).
+inline std::vector<std::uint8_t> loss_mask_of(const nlohmann::json& m, std::string_view where) {
+  if (!m.is_array())
+    throw_error<data_error>("{}: \"loss_mask\" is {}; expected an array of 0 and 1, one per text token",
+                            where, m.type_name());
+  std::vector<std::uint8_t> out;
+  out.reserve(m.size());
+  for (const auto& v : m) {
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > 1)
+      throw_error<data_error>("{}: \"loss_mask\" has {} at token {}; expected 0 or 1", where, v.dump(),
+                              out.size());
+    out.push_back(static_cast<std::uint8_t>(v.get<std::int64_t>()));
+  }
+  return out;
+}
 }  // namespace detail
 
 /// Builds the index of `shard` by one pass over its headers, parsing each sample's `.json`. Throws
@@ -203,10 +220,15 @@ struct wds_record {
 
 // wds_decoder, the user's payload-decoding hook, is declared in source.hpp.
 
-/// The default decoder: text token ids from the json's "text_tokens" array, and one encoder item per
-/// entry of "items" whose payload is the raw bytes of the member with that "ext".
+/// The default decoder: text token ids from the json's "text_tokens" array, their loss mask from its
+/// "loss_mask" array when present (0 or 1 per text token: 0 = that token's target does not count; the
+/// loader checks it: data::check_loss_mask), and one encoder item per entry of "items" whose payload is the
+/// raw bytes of the member with that "ext".
 inline void default_wds_decode(const wds_record& r, sample& out) {
   if (r.json.contains("text_tokens")) out.tokens = r.json["text_tokens"].get<std::vector<std::int32_t>>();
+  if (r.json.contains("loss_mask"))
+    out.loss_mask =
+        detail::loss_mask_of(r.json["loss_mask"], hetmesh::format("webdataset sample '{}'", r.key));
   if (!r.json.contains("items")) return;
   for (const auto& it : r.json["items"]) {
     encoder_item item{.kind = it.value("ext", ""), .tokens = it["tokens"].get<std::int64_t>(), .payload = {}};
@@ -353,6 +375,7 @@ class webdataset_source final : public source_reader {
     const auto rec = shards_[part].record(local);
     out.tokens.clear();
     out.items.clear();
+    out.loss_mask.clear();
     decode_(rec, out);
     count_read();
   }
