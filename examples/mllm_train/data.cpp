@@ -123,12 +123,17 @@ void add_multimodal(hetmesh::data::wds_writer& w, const data_config& cfg, const 
       }
     members.emplace_back(ext, std::move(payload));
   }
-  const nlohmann::json meta{{"tokens", caption.size()},
-                            {"text_tokens", caption},
-                            {"items", items},
-                            {"class", c},
-                            {"line", line},
-                            {"copy", copy}};
+  nlohmann::json meta{{"tokens", caption.size()},
+                      {"text_tokens", caption},
+                      {"items", items},
+                      {"class", c},
+                      {"line", line},
+                      {"copy", copy}};
+  if (cfg.answer_only_loss) {  // caption[k] predicts caption[k + 1]: the class decides the first class_tail
+    std::vector<int> mask(caption.size(), 0);
+    for (std::size_t k = 0; k < mask.size() && k < static_cast<std::size_t>(cfg.class_tail); ++k) mask[k] = 1;
+    meta["loss_mask"] = mask;
+  }
   members.front().second = as_bytes(meta.dump());
   w.add(fmt::format("{}_{:04}_{}", encoder == vision_index ? "image" : "audio", line, copy), members);
 }
@@ -304,6 +309,7 @@ hetmesh::model::step_batch step_source::next() {
   hetmesh::model::step_batch out;
   out.pad_token = pad_token;
   summary_ = {};
+  masked_text_.clear();
   summary_.step = b.plan.step;
   summary_.quotas = b.plan.quotas;
   for (auto& f : features_) f.clear();
@@ -332,7 +338,12 @@ hetmesh::model::step_batch step_source::next() {
       }
       summary_.encoder_tokens[e] += it.tokens;
     }
+    if (!s.loss_mask.empty()) {  // placeholders' targets: model::target_counts decides
+      d.loss_mask.assign(static_cast<std::size_t>(d.length()), 1);
+      d.loss_mask.insert(d.loss_mask.end(), s.loss_mask.begin(), s.loss_mask.end());
+    }
     d.tokens.insert(d.tokens.end(), s.tokens.begin(), s.tokens.end());
+    if (!d.loss_mask.empty()) masked_text_[d.id] = hetmesh::train::text_part_bytes(d);
     summary_.tokens += d.length();
     out.documents.push_back(std::move(d));
   }
@@ -362,7 +373,14 @@ std::span<const float> step_source::item_features(int encoder, std::int64_t item
 }
 
 std::span<const std::uint8_t> step_source::part_bytes(const hetmesh::model::document& d, int item) const {
-  if (item == hetmesh::data::text_part) return hetmesh::train::text_bytes(d);
+  if (item == hetmesh::data::text_part) {
+    if (d.loss_mask.empty()) return hetmesh::train::text_bytes(d);
+    const auto t = masked_text_.find(d.id);
+    if (t == masked_text_.end())
+      throw std::out_of_range(fmt::format(
+          "mllm::step_source: document {} is not a masked document of step {}", d.id, summary_.step));
+    return t->second;
+  }
   const auto& it = d.items.at(static_cast<std::size_t>(item));
   const auto f = item_features(it.encoder, it.id);
   return {reinterpret_cast<const std::uint8_t*>(f.data()), f.size() * sizeof(float)};

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -89,6 +90,11 @@ struct data_config {
   std::int64_t curriculum_steps = 20;   ///< weights move linearly from the start to the end mix
   double text_start = 0.8, image_start = 0.15, audio_start = 0.05;  ///< weights at step 0
   double text_end = 0.2, image_end = 0.55, audio_end = 0.25;        ///< weights from curriculum_steps on
+  // Loss.
+  /// Image and audio samples carry a loss mask over their caption (the json's "loss_mask"): only the
+  /// targets the class decides count (the class token after the last placeholder and the class_tail tokens
+  /// after it), as a fine-tuning mask counts only the answer. Off: no masks, every target counts.
+  bool answer_only_loss = false;
 
   /// Hash of the fields that shape the sources' bytes (not samples_dir: the data files' contents are
   /// hashed instead, so a moved checkout finds its sources).
@@ -98,6 +104,7 @@ struct data_config {
                         min_item_tokens, max_item_tokens, copies, image_shards, image_dim, audio_dim,
                         feature_noise, tokens_per_step, curriculum_steps);
     hetmesh::append_all(h, text_start, image_start, audio_start, text_end, image_end, audio_end);
+    if (answer_only_loss) hetmesh::append_all(h, answer_only_loss);  // hashes without it stay as they were
   }
 };
 
@@ -219,7 +226,8 @@ class step_source {
   /// The next step's global batch: one document per sample of the data room's step plan, in plan order
   /// (source, epoch, position). Document ids are the samples' stream ids. Items are numbered per encoder
   /// from 0 in document order; each item's placeholders are consecutive, at the start of its document,
-  /// and the class token follows the last item. loss_mask is empty: every target counts except those
+  /// and the class token follows the last item. loss_mask is the sample's (data::sample::loss_mask) after
+  /// one 1 per placeholder, or empty without one (answer_only_loss off): every target counts except those
   /// whose next token is a placeholder (model::target_counts). pad_token = 0.
   [[nodiscard]] hetmesh::model::step_batch next();
 
@@ -266,8 +274,9 @@ class step_source {
   }
 
   /// The bytes of part `item` of `d`, a document of the current step, as delivery by plan moves them
-  /// (train::plan_delivery's parts): its text (train::text_bytes) for data::text_part, else its item's
-  /// encoder input (item_features, floats in host byte order). Valid until next().
+  /// (train::plan_delivery's parts): its text for data::text_part (train::text_bytes, or
+  /// train::text_part_bytes when it has a loss mask), else its item's encoder input (item_features, floats
+  /// in host byte order). Valid until next().
   [[nodiscard]] std::span<const std::uint8_t> part_bytes(const hetmesh::model::document& d, int item) const;
 
   /// The data room's state before the step next() returns next: the checkpoint (a few integers per source).
@@ -292,6 +301,7 @@ class step_source {
   std::unique_ptr<loader> loader_;
   step_summary summary_{};
   std::array<std::vector<float>, 2> features_{};  // per encoder: the current step's rows, item after item
+  std::map<std::int64_t, std::vector<std::uint8_t>> masked_text_;  // text parts of documents with a mask
   std::array<std::vector<std::int64_t>, 2> offsets_{
       {{0}, {0}}};  // per encoder: first float of each item, then the end
 };

@@ -36,22 +36,28 @@ namespace mllm {
 namespace host_detail {
 
 /// The metadata of the documents of `b` that `mine(id)` selects: per document its stream index, id,
-/// length, item count, then per item encoder, id, position and tokens.
+/// length, item count, whether it has a loss mask, then per item encoder, id, position and tokens, then
+/// the mask's bits (64 per word) when it has one: the trainers count the step's targets from them.
 template <class Mine>
 std::vector<std::int64_t> metadata(const hetmesh::model::step_batch& b, Mine&& mine) {
   std::vector<std::int64_t> out;
   for (std::size_t i = 0; i < b.documents.size(); ++i) {
     const auto& d = b.documents[i];
     if (!mine(d.id)) continue;
-    out.insert(out.end(),
-               {static_cast<std::int64_t>(i), d.id, d.length(), static_cast<std::int64_t>(d.items.size())});
+    out.insert(out.end(), {static_cast<std::int64_t>(i), d.id, d.length(),
+                           static_cast<std::int64_t>(d.items.size()), d.loss_mask.empty() ? 0 : 1});
     for (const auto& it : d.items) out.insert(out.end(), {it.encoder, it.id, it.position, it.tokens});
+    for (std::size_t k = 0; k < d.loss_mask.size(); ++k) {
+      if (k % 64 == 0) out.push_back(0);
+      if (d.loss_mask[k] != 0) out.back() |= std::int64_t{1} << (k % 64);
+    }
   }
   return out;
 }
 
-/// The step's metadata batch from every rank's contribution: documents in stream order with their items,
-/// tokens all pad (their count is the length), what the planners read. Collective over `world`.
+/// The step's metadata batch from every rank's contribution: documents in stream order with their items
+/// and loss masks, tokens all pad (their count is the length), what the planners read. Collective over
+/// `world`.
 template <class Comm>
 hetmesh::model::step_batch exchange_metadata(Comm& world, const std::vector<std::int64_t>& mine) {
   std::map<std::int64_t, hetmesh::model::document> by_index;
@@ -61,9 +67,15 @@ hetmesh::model::step_batch exchange_metadata(Comm& world, const std::vector<std:
       d.id = v[i + 1];
       d.tokens.assign(static_cast<std::size_t>(v[i + 2]), pad_token);
       const auto n = v[i + 3];
-      i += 4;
+      const bool masked = v[i + 4] != 0;
+      i += 5;
       for (std::int64_t k = 0; k < n; ++k, i += 4)
         d.items.push_back({static_cast<int>(v[i]), v[i + 1], v[i + 2], v[i + 3]});
+      if (!masked) continue;
+      d.loss_mask.resize(d.tokens.size());
+      for (std::size_t k = 0; k < d.loss_mask.size(); ++k)
+        d.loss_mask[k] = static_cast<std::uint8_t>((v[i + k / 64] >> (k % 64)) & 1);
+      i += (d.loss_mask.size() + 63) / 64;
     }
   hetmesh::model::step_batch b;
   b.pad_token = pad_token;

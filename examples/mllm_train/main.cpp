@@ -10,11 +10,14 @@
 // example_mllm_train [--steps N] [--ranks R] [--backend loopback|mpi] [--partition static-cp|ulysses|hdp|dp]
 //   [--schedule 1f1b|gpipe|interleaved-1f1b|zero-bubble|zbv] [--encoder joint|first-stage|separate]
 //   [--balancer bytescale|gap-filling|family] [--pp P] [--checkpoint-dir D] [--resume] [--report FILE.json]
-//   [--check-parity] [--out DIR] [--data-dir D] [--kill-after K] [--hosts H]
+//   [--check-parity] [--out DIR] [--data-dir D] [--kill-after K] [--hosts H] [--answer-only-loss]
 // --encoder separate gives each pipeline a pool of pp encoder-only ranks after its pp LLM ranks
 // (pipeline::encoder_pool), so --ranks must be a multiple of 2 * pp. --hosts H adds H data-plane hosts
 // after the --ranks trainers (hosts.hpp: they load the steps and send each trainer its routed share; the
 // losses are those of the run without hosts); under MPI the world is then --ranks + H processes.
+// --answer-only-loss writes image and audio captions with a loss mask (data_config::answer_only_loss: only
+// the class and its tail count, as a fine-tuning mask counts only the answer) that the data plane carries
+// to the loss.
 // Exit status: 0 done; 1 --check-parity failed; 2 bad flags or combinations (one line on stderr).
 #include <cstdio>
 #include <exception>
@@ -99,6 +102,8 @@ options parse(int argc, char** argv) {
       o.resume = true;
     else if (f == "--check-parity")
       o.check_parity = true;
+    else if (f == "--answer-only-loss")
+      o.answer_only_loss = true;
     else
       throw usage_error(fmt::format("unknown flag {} (see the usage at the top of main.cpp)", f));
   }
@@ -179,6 +184,7 @@ int main(int argc, char** argv) {
   dc.text_scale = 16;
   dc.max_doc_tokens = 768;
   dc.curriculum_steps = 40;
+  dc.answer_only_loss = o.answer_only_loss;
   mc.patch = dc.image_dim;
   mc.frame = dc.audio_dim;
   mc.vocab = dc.vocab;

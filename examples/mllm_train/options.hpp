@@ -19,6 +19,7 @@ struct options {
   std::string backend = "loopback", partition = "hdp", schedule = "1f1b", encoder = "joint", balancer;
   std::string checkpoint_dir, report, out, data_dir;
   bool resume = false, check_parity = false;
+  bool answer_only_loss = false;  ///< captions carry a loss mask (--answer-only-loss: data_config's field)
 };
 
 }  // namespace mllm

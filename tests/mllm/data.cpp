@@ -16,6 +16,7 @@
 
 #include <doctest/doctest.h>
 
+#include <hetmesh/train/build.hpp>
 #include <mllm_train/data.hpp>
 
 namespace {
@@ -343,4 +344,42 @@ TEST_CASE("examples/mllm_train uses only the data room's public API (no detail::
     }
   }
   CHECK(files >= 1);
+}
+
+TEST_CASE("step_source: answer_only_loss masks the captions (only the targets the class decides count)") {
+  auto cfg = test_config();
+  cfg.answer_only_loss = true;
+  temp_dir dir;
+  REQUIRE(mllm::make_sources(dir.path, cfg));
+  mllm::step_source masked(dir.path, cfg), plain(shared_sources(), test_config());
+  std::int64_t multimodal = 0;
+  for (int s = 0; s < 12; ++s) {
+    INFO("step " << s);
+    const auto b = masked.next();
+    const auto u = plain.next();
+    CHECK_NOTHROW(hetmesh::model::check_step_batch(b));
+    REQUIRE(b.documents.size() == u.documents.size());
+    for (std::size_t i = 0; i < b.documents.size(); ++i) {
+      const auto& d = b.documents[i];
+      CHECK(d.tokens == u.documents[i].tokens);  // the mask changes what counts, not the data
+      CHECK(d.items == u.documents[i].items);
+      const auto text = masked.part_bytes(d, hetmesh::data::text_part);
+      if (d.items.empty()) {  // text documents: no mask, every target counts
+        CHECK(d.loss_mask.empty());
+        CHECK(text.size() == 8 * d.tokens.size());
+        continue;
+      }
+      ++multimodal;
+      REQUIRE(d.loss_mask.size() == d.tokens.size());
+      const auto caption = d.items.back().position + d.items.back().tokens;  // the class token's position
+      for (std::int64_t p = 0; p < d.length(); ++p)
+        CHECK(d.loss_mask[static_cast<std::size_t>(p)] == (p < caption + cfg.class_tail ? 1 : 0));
+      // The last placeholder predicts the class, then class_tail tokens follow from it: nothing else counts.
+      CHECK(hetmesh::train::document_targets(d) == 1 + cfg.class_tail);
+      CHECK(hetmesh::train::document_targets(u.documents[i]) > 1 + cfg.class_tail);
+      const auto want = hetmesh::train::text_part_bytes(d);  // delivery by plan moves the mask with the text
+      CHECK(std::vector<std::uint8_t>(text.begin(), text.end()) == want);
+    }
+  }
+  CHECK(multimodal > 10);
 }
