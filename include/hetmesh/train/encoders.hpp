@@ -49,6 +49,28 @@ struct shard_exchange {
   std::vector<copy_run> send;             ///< src: element of the local output; dst: of the send buffer
   std::vector<std::int64_t> send_counts;  ///< per pool rank: elements sent to it
   std::vector<std::int64_t> recv_counts;  ///< per pool rank: elements received from it (the output)
+
+  /// Elements of the send buffer (the sum of send_counts). O(pool).
+  [[nodiscard]] std::int64_t send_size() const noexcept {
+    std::int64_t n = 0;
+    for (auto c : send_counts) n += c;
+    return n;
+  }
+  /// The send buffer of `local` (local_size elements): each run's rows at its place. O(send_size()).
+  template <class T>
+  [[nodiscard]] std::vector<T> pack(std::span<const T> local) const {
+    std::vector<T> out(static_cast<std::size_t>(send_size()));
+    for (const auto& r : send) std::copy_n(local.begin() + r.src, r.n, out.begin() + r.dst);
+    return out;
+  }
+  /// The way back: adds the gradients `back` (in the send buffer's layout) into `local` at the rows they
+  /// came from (a row sent to several pool ranks sums their gradients). O(send_size()).
+  template <class T>
+  void unpack_add(std::span<const T> back, std::span<T> local) const {
+    for (const auto& r : send)
+      for (std::int64_t i = 0; i < r.n; ++i)
+        local[static_cast<std::size_t>(r.src + i)] += back[static_cast<std::size_t>(r.dst + i)];
+  }
 };
 
 /// The encoder work of one pool rank's step: per (shard, slot) the calls of the shards it runs, their

@@ -586,26 +586,18 @@ class system {
         detail::encode<T>(enc.work[static_cast<std::size_t>(e)][m], std::span<T>(local), e, mb,
                           encoder_ctx(e, mb), counts[2], encoders...);
       }
-      std::vector<T> send;
-      for (const auto& r : ex.send) {
-        send.resize(static_cast<std::size_t>(r.dst + r.n));
-        std::copy_n(local.begin() + r.src, r.n, send.begin() + r.dst);
-      }
+      const auto send = ex.pack(std::span<const T>(local));
       exchange(std::span<const T>(send), ex.send_counts, out, ex.recv_counts);
     };
     auto encoder_backward = [&](int e, int mb, std::span<const T> g) {
       const auto m = static_cast<std::size_t>(mb);
       if (!enc.active[m]) return;
       const auto& ex = enc.exchange[static_cast<std::size_t>(e)][m];
-      std::int64_t back_size = 0;  // the rows' gradients come back in the send buffer's layout
-      for (auto n : ex.send_counts) back_size += n;
-      std::vector<T> back(static_cast<std::size_t>(back_size));
+      std::vector<T> back(static_cast<std::size_t>(ex.send_size()));  // in the send buffer's layout
       exchange(g, ex.recv_counts, std::span<T>(back), ex.send_counts);
       if (ex.local_size == 0) return;
       std::vector<T> local(static_cast<std::size_t>(ex.local_size), T(0));
-      for (const auto& r : ex.send)
-        for (std::int64_t i = 0; i < r.n; ++i)
-          local[static_cast<std::size_t>(r.src + i)] += back[static_cast<std::size_t>(r.dst + i)];
+      ex.unpack_add(std::span<const T>(back), std::span<T>(local));
       cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_backward, mb}, cpu0};
       detail::encode_backward<T>(enc.work[static_cast<std::size_t>(e)][m], std::span<const T>(local),
                                  encoder_ctx(e, mb), encoders...);
@@ -640,7 +632,6 @@ class system {
     st.cpu_busy_seconds = cpu;
     st.activation_peak_bytes = store.peak_bytes();
     st.offloaded_bytes = store.offloaded_bytes();
-    (void)pipe_rank;
     if (const auto left = store.slots() + detail::slots_left(enc_stores); left != 0)
       throw_error<invalid_argument>(
           "train::system::run: the stages left {} activation slots after the step; expected every backward "
