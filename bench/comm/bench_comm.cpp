@@ -33,6 +33,7 @@
 
 #include "../support/args.hpp"
 #include "../support/json_file.hpp"
+#include "../support/machine.hpp"
 #include "loopback_vs_memcpy.hpp"
 
 namespace comm = hetmesh::comm;
@@ -61,10 +62,10 @@ args parse(int argc, char** argv) {
 /// The fastest batch: on a shared machine, the estimate least disturbed by other processes.
 [[maybe_unused]] double best(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
-const char* machine =
-    "2-core x86_64 VM (AMD EPYC, 1 MiB L2 per core, 16 MiB L3), shared with other builds, no GPU; OpenMPI "
-    "4.1 "
-    "shared memory";
+std::string machine() {
+  return hetmesh::bench::machine_description() +
+         ", a VM shared with other builds, no GPU; OpenMPI shared memory";
+}
 
 /// The 1-minute load average when measured: this machine is shared, so say how busy it was.
 double load_average() {
@@ -225,7 +226,7 @@ int main(int argc, char** argv) {
         std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
     nlohmann::json j{
         {"benchmark", "bench_comm"},
-        {"machine", machine},
+        {"machine", machine()},
         {"measured", true},
         {"time", "per-call median within a batch (slowest rank), then median (and best) over reps"},
         {"load_average_1min", load_average()}};
@@ -251,7 +252,11 @@ int main(int argc, char** argv) {
         "median over reps; wall time beside it (ranks outnumber cores, so wall time is for reference)";
     j["ratio"] =
         "cpu_ratio = mean rank CPU time per call / CPU time of a memcpy of the bytes one rank receives, done "
-        "by as many threads at once as there are ranks; cpu_ratio_alone: the memcpy by one thread alone";
+        "by as many threads at once as there are ranks; cpu_ratio_from_memory: the same memcpy, each from "
+        "the "
+        "next of several sources out of the cache; cpu_ratio_same_bytes: the collective's own copies (the "
+        "same bytes, from the same buffers to the same places) by memcpy, every rank in the same round (a "
+        "barrier before each), no arithmetic; cpu_ratio_alone: the memcpy by one thread alone";
     j["results"] = hetmesh::bench::comm_loopback::run(a.max_bytes, a.reps);
     j["targets"] = hetmesh::bench::comm_loopback::targets(j["results"]);
     j["load_average_1min_after"] = load_average();
