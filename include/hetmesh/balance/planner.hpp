@@ -109,12 +109,11 @@ inline void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, 
   set_ring_degree(it, best, it.offload.ratio_k, hdp);
 }
 
-/// Packs `idx` (indices into `shorts`) by best-fit decreasing on tokens into rows on rank `rank`
-/// (pack_rows), appending items and placements in order.
-inline void emit_rows(std::span<const std::size_t> idx, std::span<const seq::seq_desc> shorts, int rank,
-                      const seq::hdp_policy& hdp, std::vector<seq::hdp_item>& items,
+/// Appends the packed rows `rows` (indices into `shorts`, from pack_rows) on rank `rank`, in order.
+inline void emit_rows(const std::vector<std::vector<std::size_t>>& rows, std::span<const seq::seq_desc> shorts,
+                      int rank, const seq::hdp_policy& hdp, std::vector<seq::hdp_item>& items,
                       std::vector<seq::hdp_placement>& placement, std::int64_t& counter) {
-  for (const auto& row : pack_rows(idx, shorts, hdp.capacity)) {
+  for (const auto& row : rows) {
     seq::hdp_item p;
     for (std::size_t i : row) {
       p.seqs.push_back(shorts[i]);
@@ -172,20 +171,22 @@ HETMESH_COMPILED void plan_group(std::span<const seq::seq_desc> seqs, const seq:
       lay.ranks.push_back(std::move(ring));
     }
   }
-  // 2. The improvement pass (ring_search.hpp): other ranks or another order for the rings on the rank
-  //    that finishes last, kept only when the modelled step strictly drops.
+  // 2. Short sequences around the rings (evaluate_layout): into the gaps first, else LPT (place_shorts),
+  //    packed into rows. The improvement pass (improve_layout) tries other ranks, sizes and orders for
+  //    the rings, re-evaluating each try, and keeps a change only when the modelled step strictly
+  //    drops. The plan is emitted from the last evaluation kept.
   const short_set ss = price_shorts(shorts, hdp.capacity, m);
-  if (search) improve_layout(lay, ss, pool, hdp.capacity, m, time_of);
-  // 3. Short sequences around the rings: gaps first, else LPT (place_shorts).
-  const short_fill fill = place_shorts(lay, ss, pool, hdp.capacity);
-  // 4. Emit in execution order, so order keys are increasing along every rank: before each ring, the
+  layout_eval ev = evaluate_layout(lay, ss, pool, hdp.capacity, m);
+  if (search) improve_layout(lay, ev, ss, pool, hdp.capacity, m, time_of);
+  const short_fill& fill = ev.fill;
+  // 3. Emit in execution order, so order keys are increasing along every rank: before each ring, the
   //    rows of its gaps (best-fit decreasing per gap); then the ring; after every ring, each rank's
   //    remaining short sequences packed by best-fit decreasing into rows of C tokens.
   std::vector<std::vector<std::size_t>> gaps_of(rings.size());
   for (std::size_t k = 0; k < fill.gaps.size(); ++k) gaps_of[fill.gaps[k].ring].push_back(k);
   for (std::size_t j : lay.order) {
     for (std::size_t k : gaps_of[j])
-      emit_rows(fill.in_gap[k], shorts, base + fill.gaps[k].rank, hdp, items, placement, counter);
+      emit_rows(ev.gap_rows[k], shorts, base + fill.gaps[k].rank, hdp, items, placement, counter);
     std::vector<int> global(lay.ranks[j]);
     for (int& r : global) r += base;
     if (static_cast<int>(global.size()) != rings[j].degree)
@@ -194,7 +195,7 @@ HETMESH_COMPILED void plan_group(std::span<const seq::seq_desc> seqs, const seq:
     items.push_back(std::move(rings[j]));
   }
   for (int r = 0; r < pool; ++r)
-    emit_rows(fill.on[static_cast<std::size_t>(r)], shorts, base + r, hdp, items, placement, counter);
+    emit_rows(ev.rank_rows[static_cast<std::size_t>(r)], shorts, base + r, hdp, items, placement, counter);
 }
 #else
     ;

@@ -2,8 +2,8 @@
 // hetmesh::balance: the second half of the gap-filling HDP planner (planner.hpp) and its improvement
 // pass. Given where the rings of a group run (a ring_layout: each ring's ranks and the order the rings
 // run in), place_shorts puts the short sequences around them (into the gaps the rings leave, else LPT
-// after every ring), layout_step prices the result exactly as balance::simulate prices the emitted
-// plan, and improve_layout searches ring layouts near the constructive one: moves that change which
+// after every ring), evaluate_layout packs their rows and prices the result exactly as
+// balance::simulate prices the emitted plan, and improve_layout searches ring layouts near the constructive one: moves that change which
 // ranks a ring occupies or when it runs, each kept only when the modelled step strictly drops.
 #pragma once
 
@@ -183,23 +183,36 @@ HETMESH_COMPILED std::vector<std::vector<std::size_t>> pack_rows(std::span<const
     ;
 #endif
 
-/// The modelled step of the group's plan emitted from (`lay`, `fill`): what balance::simulate gives for
-/// its tasks (gap rows before their ring, the rings in order, every rank's remaining rows last; pipeline
-/// shares and bubbles as there). Writes each rank's finish to `finish`. O(n log n + sum of ring sizes).
-HETMESH_COMPILED cost::fixed layout_step(const ring_layout& lay, const short_fill& fill, const short_set& ss,
-                                         int pool, std::int64_t capacity, const step_model& m,
-                                         std::vector<std::int64_t>& finish)
+/// A ring layout evaluated: where the short sequences go, their rows (per gap and per rank, as
+/// pack_rows makes them; the plan is emitted from these), each rank's modelled finish and the step.
+struct layout_eval {
+  short_fill fill;
+  std::vector<std::vector<std::vector<std::size_t>>> gap_rows;   ///< per gap: its rows
+  std::vector<std::vector<std::vector<std::size_t>>> rank_rows;  ///< per rank: rows after every ring
+  std::vector<std::int64_t> finish;                              ///< per rank, ticks
+  cost::fixed step{};                                            ///< the last finish
+};
+
+/// Places the short sequences around `lay` (place_shorts), packs them into rows and prices the group's
+/// plan as balance::simulate prices the emitted plan: gap rows before their ring, the rings in order,
+/// every rank's remaining rows last; pipeline shares and bubbles as there. O(n log n + sum of ring
+/// sizes + pool).
+HETMESH_COMPILED layout_eval evaluate_layout(const ring_layout& lay, const short_set& ss, int pool,
+                                             std::int64_t capacity, const step_model& m)
 #if HETMESH_BODIES
 {
+  layout_eval ev;
+  ev.fill = place_shorts(lay, ss, pool, capacity);
   const int pp = m.pp_stages;
   const auto n = static_cast<std::size_t>(pool);
+  auto& finish = ev.finish;
   finish.assign(n, 0);
   std::vector<std::int64_t> longest(n, 0);
   std::vector<char> any(n, 0);
   std::vector<std::int64_t> docs;
-  const auto rows_on = [&](int r, std::span<const std::size_t> idx) {
+  const auto run_rows = [&](int r, const std::vector<std::vector<std::size_t>>& rows) {
     const auto u = static_cast<std::size_t>(r);
-    for (const auto& row : pack_rows(idx, ss.seqs, capacity)) {
+    for (const auto& row : rows) {
       docs.clear();
       for (std::size_t i : row) docs.push_back(ss.seqs[i].length);
       const std::int64_t t = m.pack_time(docs).ticks;
@@ -208,10 +221,15 @@ HETMESH_COMPILED cost::fixed layout_step(const ring_layout& lay, const short_fil
       any[u] = 1;
     }
   };
+  const auto& gaps = ev.fill.gaps;
+  ev.gap_rows.resize(gaps.size());
   std::vector<std::vector<std::size_t>> gaps_of(lay.ranks.size());
-  for (std::size_t k = 0; k < fill.gaps.size(); ++k) gaps_of[fill.gaps[k].ring].push_back(k);
+  for (std::size_t k = 0; k < gaps.size(); ++k) gaps_of[gaps[k].ring].push_back(k);
   for (std::size_t j : lay.order) {
-    for (std::size_t k : gaps_of[j]) rows_on(fill.gaps[k].rank, fill.in_gap[k]);
+    for (std::size_t k : gaps_of[j]) {
+      ev.gap_rows[k] = pack_rows(ev.fill.in_gap[k], ss.seqs, capacity);
+      run_rows(gaps[k].rank, ev.gap_rows[k]);
+    }
     std::int64_t start = 0;
     for (int r : lay.ranks[j]) start = std::max(start, finish[static_cast<std::size_t>(r)]);
     for (int r : lay.ranks[j]) {
@@ -221,23 +239,27 @@ HETMESH_COMPILED cost::fixed layout_step(const ring_layout& lay, const short_fil
       any[u] = 1;
     }
   }
+  ev.rank_rows.resize(n);
   std::int64_t step = 0;
   for (std::size_t r = 0; r < n; ++r) {
-    rows_on(static_cast<int>(r), fill.on[r]);
+    ev.rank_rows[r] = pack_rows(ev.fill.on[r], ss.seqs, capacity);
+    run_rows(static_cast<int>(r), ev.rank_rows[r]);
     if (pp > 1 && any[r]) finish[r] += longest[r] * (pp - 1) / pp;
     step = std::max(step, finish[r]);
   }
-  return cost::fixed::from_ticks(step);
+  ev.step = cost::fixed::from_ticks(step);
+  return ev;
 }
 #else
     ;
 #endif
 
-/// How much searching improve_layout may do: full evaluations (place_shorts + layout_step, each
-/// O(n log n)) and the work of the cheap ring-only screens, in ranks touched.
+/// How much searching improve_layout may do: full evaluations (evaluate_layout, each O(n log n)) and the work of the cheap ring-only screens, in ranks touched.
 struct search_budget {
-  int evaluations = 24;                ///< full evaluations after the first
-  std::int64_t screen_work = 1 << 20;  ///< ring members replayed by screens, all together
+  /// Full evaluations, each charged (short sequences + ranks) of the group: about 9 on 3,500 sequences,
+  /// 2 on 11,000, none above 32,768 (there the constructive placement stands).
+  std::int64_t evaluation_work = 1 << 15;
+  std::int64_t screen_work = 1 << 18;  ///< ranks replayed by screens, all together
   int candidates_per_ring = 16;        ///< ranks tried per ring (the least-loaded non-members)
   int tiers = 4;                       ///< finish levels tried per ring when re-placing it (move e)
 };
@@ -247,13 +269,15 @@ struct search_budget {
 /// (the latest first): (a) moving the ring off that rank onto a non-member (the least loaded by rings
 /// first); (b) exchanging that rank with a member of another ring; (c) widening the ring by the least
 /// loaded non-member or narrowing it by that rank, within its degree bounds; (d) running the ring one
-/// place earlier or later. A move is screened by the ring-only finish (a lower bound of the step: rows only
-/// add time), then evaluated in full; the first move whose modelled step (layout_step) is strictly
+/// place earlier or later; (e) re-placing a ring on the ranks free latest by a later finish level and
+/// every later ring greedily; (f) running one of its rings a few places earlier, re-placing it and every
+/// later ring greedily. A move is screened by the ring-only finish (a lower bound of the step: rows only
+/// add time), then evaluated in full; the first move whose modelled step (evaluate_layout) is strictly
 /// lower is kept and the search restarts from it. Stops when no move improves, or the budget is spent.
-/// `time_of(j, ranks)` prices ring j on group ranks. Post: layout_step(lay) never above the starting
-/// layout's. Deterministic (moves in a fixed order; ties by rank). Cost: bounded by `budget`.
-HETMESH_COMPILED void improve_layout(ring_layout& lay, const short_set& ss, int pool, std::int64_t capacity,
-                                     const step_model& m,
+/// `ev` is the evaluation of `lay` (evaluate_layout) and follows it. `time_of(j, ranks)` prices ring j
+/// on group ranks. Post: ev.step never above the starting layout's. Deterministic (moves in a fixed order; ties by rank). Cost: bounded by `budget`.
+HETMESH_COMPILED void improve_layout(ring_layout& lay, layout_eval& ev, const short_set& ss, int pool,
+                                     std::int64_t capacity, const step_model& m,
                                      const std::function<cost::fixed(std::size_t, std::span<const int>)>& time_of,
                                      const search_budget& budget = {})
 #if HETMESH_BODIES
@@ -261,30 +285,33 @@ HETMESH_COMPILED void improve_layout(ring_layout& lay, const short_set& ss, int 
   const std::size_t rings = lay.ranks.size();
   if (rings == 0 || pool < 2) return;
   const int pp = m.pp_stages;
-  std::vector<std::int64_t> finish;
-  cost::fixed best = layout_step(lay, place_shorts(lay, ss, pool, capacity), ss, pool, capacity, m, finish);
+  const std::vector<std::int64_t>& finish = ev.finish;
+  const std::int64_t eval_work = static_cast<std::int64_t>(ss.seqs.size()) + pool;
   std::int64_t ring_slots = 0;
-  for (const auto& r : lay.ranks) ring_slots += static_cast<std::int64_t>(r.size());
+  std::int64_t longest_ring = 0;
+  for (std::size_t j = 0; j < rings; ++j) {
+    ring_slots += static_cast<std::int64_t>(lay.ranks[j].size());
+    longest_ring = std::max(longest_ring, lay.time[j].ticks / pp);
+  }
+  // A step no longer than the longest ring is that ring alone from the start: only its size could
+  // shorten it, and the pass leaves sizes for the whole step to widen_ring.
+  if (ev.step.ticks <= longest_ring) return;
   std::int64_t screen_left = budget.screen_work;
-  int evals_left = budget.evaluations;
+  std::int64_t eval_left = budget.evaluation_work;
   ring_layout cand;
-  std::vector<std::int64_t> cand_finish;
   // Screens `cand`, evaluates it when it passes; true (and `cand` taken) when it is strictly better.
   const auto try_candidate = [&]() -> bool {
     screen_left -= ring_slots + pool;
     const auto fin = replay_rings(cand, pool, pp);
-    if (*std::max_element(fin.begin(), fin.end()) >= best.ticks) return false;
-    --evals_left;
-    const cost::fixed s =
-        layout_step(cand, place_shorts(cand, ss, pool, capacity), ss, pool, capacity, m, cand_finish);
-
-    if (s >= best) return false;
-    best = s;
+    if (*std::max_element(fin.begin(), fin.end()) >= ev.step.ticks) return false;
+    eval_left -= eval_work;
+    layout_eval e = evaluate_layout(cand, ss, pool, capacity, m);
+    if (e.step >= ev.step) return false;
+    ev = std::move(e);
     lay = cand;
-    finish.swap(cand_finish);
     return true;
   };
-  const auto within = [&] { return evals_left > 0 && screen_left > 0; };
+  const auto within = [&] { return eval_left >= eval_work && screen_left > 0; };
   const auto set_ring = [&](std::size_t j, std::vector<int> ranks) {
     std::sort(ranks.begin(), ranks.end());
     cand.time[j] = time_of(j, ranks);
@@ -315,13 +342,16 @@ HETMESH_COMPILED void improve_layout(ring_layout& lay, const short_set& ss, int 
     std::stable_sort(by_load.begin(), by_load.end(), [&](int a, int b) {
       return ring_fin[static_cast<std::size_t>(a)] < ring_fin[static_cast<std::size_t>(b)];
     });
+    // Moves (a) to (d) may spend half of what is left of the screens, (e) the rest.
+    const std::int64_t reserve = screen_left / 2;
+    const auto within_local = [&] { return within() && screen_left > reserve; };
     for (std::size_t j : mine) {
       const auto& rk = lay.ranks[j];
       const auto member = [&](int r) { return std::binary_search(rk.begin(), rk.end(), r); };
       // (a) off c onto a non-member.
       int tried = 0;
       for (int r : by_load) {
-        if (improved || !within() || tried >= budget.candidates_per_ring) break;
+        if (improved || !within_local() || tried >= budget.candidates_per_ring) break;
         if (member(r)) continue;
         ++tried;
         cand = lay;
@@ -331,13 +361,13 @@ HETMESH_COMPILED void improve_layout(ring_layout& lay, const short_set& ss, int 
         improved = try_candidate();
       }
       // (b) c exchanged with a member r of another ring k that c is not in: k moves onto c.
-      for (std::size_t p = 0; p < rings && !improved && within(); ++p) {
+      for (std::size_t p = 0; p < rings && !improved && within_local(); ++p) {
         const std::size_t k = lay.order[p];
         const auto& rk2 = lay.ranks[k];
         if (k == j || std::binary_search(rk2.begin(), rk2.end(), c)) continue;
         tried = 0;
         for (int r : rk2) {
-          if (improved || !within() || tried >= budget.candidates_per_ring) break;
+          if (improved || !within_local() || tried >= budget.candidates_per_ring) break;
           if (member(r)) continue;
           ++tried;
           cand = lay;
@@ -350,7 +380,7 @@ HETMESH_COMPILED void improve_layout(ring_layout& lay, const short_set& ss, int 
         }
       }
       // (c) one rank more (the least loaded non-member) or one less (c), within its degree bounds.
-      if (!improved && within() && static_cast<int>(rk.size()) < lay.max_degree[j]) {
+      if (!improved && within_local() && static_cast<int>(rk.size()) < lay.max_degree[j]) {
         const auto r = std::find_if(by_load.begin(), by_load.end(), [&](int x) { return !member(x); });
         cand = lay;
         std::vector<int> nr(rk);
@@ -358,7 +388,7 @@ HETMESH_COMPILED void improve_layout(ring_layout& lay, const short_set& ss, int 
         set_ring(j, std::move(nr));
         improved = try_candidate();
       }
-      if (!improved && within() && static_cast<int>(rk.size()) > lay.min_degree[j]) {
+      if (!improved && within_local() && static_cast<int>(rk.size()) > lay.min_degree[j]) {
         cand = lay;
         std::vector<int> nr(rk);
         nr.erase(std::find(nr.begin(), nr.end(), c));
@@ -367,64 +397,86 @@ HETMESH_COMPILED void improve_layout(ring_layout& lay, const short_set& ss, int 
       }
       // (d) one place earlier or later.
       for (int dir : {1, -1}) {
-        if (improved || !within()) break;
+        if (improved || !within_local()) break;
         const std::size_t p = pos[j];
         if ((dir < 0 && p == 0) || (dir > 0 && p + 1 >= rings)) continue;
         cand = lay;
         std::swap(cand.order[p], cand.order[dir > 0 ? p + 1 : p - 1]);
         improved = try_candidate();
       }
-      if (improved || !within()) break;
+      if (improved || !within_local()) break;
     }
-    // (e) Re-placing a ring and every ring after it, at each position p: the ring on the D ranks free
-    //     latest by a later finish level (best fit: the rings of its predecessors leave fewer holes),
-    //     every later ring again on the D least-loaded ranks, as the constructive pass places them.
-    for (std::size_t p = 0; p < rings && !improved && within(); ++p) {
+    // (e) Re-placing a ring and every ring after it, at each position p (those of the critical rank's
+    //     rings first, then from the last): the ring on the
+    //     D ranks free latest by a later finish level (best fit: the rings of its predecessors leave
+    //     fewer holes), every later ring again on the D least-loaded ranks, as the constructive pass
+    //     places them.
+    std::vector<std::size_t> positions;  // the critical rank's rings first (the latest first), then the rest
+    for (std::size_t j : mine) positions.push_back(pos[j]);
+    for (std::size_t p = rings; p-- > 0;)
+      if (std::find(mine.begin(), mine.end(), lay.order[p]) == mine.end()) positions.push_back(p);
+    for (std::size_t p : positions) {
+      if (improved || !within()) break;
       const std::size_t j = lay.order[p];
       const auto d = lay.ranks[j].size();
-      const auto before = replay_rings(lay, pool, 1, nullptr, p);
+      const auto before = replay_rings(lay, pool, pp, nullptr, p);
       std::vector<int> idx(static_cast<std::size_t>(pool));
       for (int r = 0; r < pool; ++r) idx[static_cast<std::size_t>(r)] = r;
       std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
         return before[static_cast<std::size_t>(a)] < before[static_cast<std::size_t>(b)];
       });
+      screen_left -= pool;
+      const auto at = [&](std::size_t q) { return before[static_cast<std::size_t>(idx[q])]; };
       int tier = 0;
       for (std::size_t e = d; e <= idx.size() && tier < budget.tiers && !improved && within(); ++e) {
         // Level: the finish of idx[e - 1]; only the last rank of each level opens a tier.
-        if (e < idx.size() && before[static_cast<std::size_t>(idx[e])] == before[static_cast<std::size_t>(idx[e - 1])])
-          continue;
+        if (e < idx.size() && at(e) == at(e - 1)) continue;
         ++tier;
-        // The d ranks free latest at or before this level: idx[e - d, e), the lowest ranks on ties.
-        const std::int64_t level = before[static_cast<std::size_t>(idx[e - 1])];
+        // The d ranks free latest at or before this level, the lowest ranks of the level first.
         std::vector<int> pick;
         std::size_t lo = e;
-        while (lo > 0 && before[static_cast<std::size_t>(idx[lo - 1])] == level) --lo;
+        while (lo > 0 && at(lo - 1) == at(e - 1)) --lo;
         for (std::size_t q = lo; q < e && pick.size() < d; ++q) pick.push_back(idx[q]);
         for (std::size_t q = lo; q-- > 0 && pick.size() < d;) pick.push_back(idx[q]);
         cand = lay;
         set_ring(j, std::move(pick));
         if (cand.ranks[j] == lay.ranks[j]) continue;
-        auto fin = before;
-        const auto run = [&](std::size_t i) {
-          std::int64_t start = 0;
-          for (int r : cand.ranks[i]) start = std::max(start, fin[static_cast<std::size_t>(r)]);
-          for (int r : cand.ranks[i]) fin[static_cast<std::size_t>(r)] = start + cand.time[i].ticks;
-        };
-        run(j);
-        std::vector<int> by(idx.size());
-        for (std::size_t q = p + 1; q < rings; ++q) {
+        load_set loads(before);
+        bool hopeless = false;  // a ring already ends at or after the step: the screen would fail
+        for (std::size_t q = p; q < rings && !hopeless; ++q) {
           const std::size_t i = lay.order[q];
-          const auto di = cand.ranks[i].size();
-          for (int r = 0; r < pool; ++r) by[static_cast<std::size_t>(r)] = r;
-          std::partial_sort(by.begin(), by.begin() + static_cast<std::ptrdiff_t>(di), by.end(), [&](int a, int b) {
-            const auto fa = fin[static_cast<std::size_t>(a)], fb = fin[static_cast<std::size_t>(b)];
-            return fa != fb ? fa < fb : a < b;
-          });
-          set_ring(i, std::vector<int>(by.begin(), by.begin() + static_cast<std::ptrdiff_t>(di)));
-          run(i);
+          if (q > p) {
+            std::vector<int> least = loads.least(static_cast<int>(cand.ranks[i].size()));
+            set_ring(i, std::move(least));
+          }
+          const cost::fixed share = cost::fixed::from_ticks(cand.time[i].ticks / pp);
+          hopeless = (loads.run(cand.ranks[i], share) + share).ticks >= ev.step.ticks;
+          screen_left -= static_cast<std::int64_t>(cand.ranks[i].size());
         }
-        screen_left -= static_cast<std::int64_t>(rings - p) * pool;
-        improved = try_candidate();
+        if (!hopeless) improved = try_candidate();
+      }
+    }
+    // (f) A ring of the critical rank run earlier: moved up to `tiers` places ahead in the order, it and
+    //     every ring from its new place on again on the D least-loaded ranks (the constructive pass
+    //     with that ring placed before some longer ones).
+    for (std::size_t j : mine) {
+      for (std::size_t back = 1; back <= static_cast<std::size_t>(budget.tiers) && back <= pos[j]; ++back) {
+        if (improved || !within()) break;
+        const std::size_t q0 = pos[j] - back;
+        cand = lay;
+        cand.order.erase(cand.order.begin() + static_cast<std::ptrdiff_t>(pos[j]));
+        cand.order.insert(cand.order.begin() + static_cast<std::ptrdiff_t>(q0), j);
+        load_set loads(replay_rings(cand, pool, pp, nullptr, q0));
+        screen_left -= pool;
+        bool hopeless = false;
+        for (std::size_t q = q0; q < rings && !hopeless; ++q) {
+          const std::size_t i = cand.order[q];
+          set_ring(i, loads.least(static_cast<int>(cand.ranks[i].size())));
+          const cost::fixed share = cost::fixed::from_ticks(cand.time[i].ticks / pp);
+          hopeless = (loads.run(cand.ranks[i], share) + share).ticks >= ev.step.ticks;
+          screen_left -= static_cast<std::int64_t>(cand.ranks[i].size());
+        }
+        if (!hopeless) improved = try_candidate();
       }
     }
   }
