@@ -354,8 +354,9 @@ balance::strategy_config scaled_down_8() {
 }
 }  // namespace
 
-TEST_CASE("plan_gap_filling_hdp: the improvement pass beats the constructive placement where one rank holds "
-          "four rings") {
+TEST_CASE(
+    "plan_gap_filling_hdp: the improvement pass beats the constructive placement where one rank holds "
+    "four rings") {
   // The rings of the Byted-like batch of seed 1001 scaled down 64 times (docs/balance.md, exact optima),
   // with seeded short sequences of about the same tokens. Placed longest first on the least-loaded
   // ranks, the 24,385-token ring takes the three ranks free first, the two 3-rank rings after it then
@@ -408,9 +409,11 @@ TEST_CASE("plan_gap_filling_hdp: the improvement pass keeps every property and n
     // Lengths log-skewed up to half a group's capacity: rings of 2 to half the group.
     const auto seqs = test::random_batch(seed, 500, 64, (group > 0 ? group : cfg.ranks) * 8192LL / 2);
     std::vector<int> owner(seqs.size());
-    for (std::size_t i = 0; i < owner.size(); ++i) owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
+    for (std::size_t i = 0; i < owner.size(); ++i)
+      owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
     CAPTURE(seed);
-    const auto plan = balance::plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model, {group, true}, owner);
+    const auto plan =
+        balance::plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model, {group, true}, owner);
     test::check_exactly_once(plan, seqs);
     balance::verify_deadlock_free(plan);
     for (std::size_t i = 0; i < plan.sharding.items.size(); ++i) {
@@ -430,8 +433,8 @@ TEST_CASE("plan_gap_filling_hdp: the improvement pass keeps every property and n
       shuffled[i] = seqs[static_cast<std::size_t>(p[i])];
       shuffled_owner[i] = owner[static_cast<std::size_t>(p[i])];
     }
-    CHECK(balance::plan_gap_filling_hdp(shuffled, cfg.hdp, cfg.ranks, cfg.model, {group, true}, shuffled_owner) ==
-          plan);
+    CHECK(balance::plan_gap_filling_hdp(shuffled, cfg.hdp, cfg.ranks, cfg.model, {group, true},
+                                        shuffled_owner) == plan);
     const auto off =
         balance::plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model, {group, false}, owner);
     const auto step = [&](const seq::hdp_plan& q) {

@@ -71,8 +71,8 @@ struct bytescale {
 struct gap_filling_hdp {
   /// The name results and the tools use.
   static constexpr std::string_view name = "gap_filling_hdp";
-  int group_size = 0;         ///< ranks per locality group; 0: the whole pool
-  bool local_search = true;   ///< the improvement pass over ring layouts (gap_filling_policy)
+  int group_size = 0;        ///< ranks per locality group; 0: the whole pool
+  bool local_search = true;  ///< the improvement pass over ring layouts (gap_filling_policy)
 
   /// plan_gap_filling_hdp on cfg's pool, as work items priced by cfg.model. Same contract and errors
   /// as plan_gap_filling_hdp (group_size must divide cfg.ranks). Pure; deterministic. Not collective.
@@ -81,10 +81,9 @@ struct gap_filling_hdp {
     std::vector<int> owner(seqs.size());
     for (std::size_t i = 0; i < owner.size(); ++i)
       owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
-    return detail::hdp_plan_items(
-        plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model, gap_filling_policy{group_size, local_search},
-                             owner),
-        cfg.model);
+    return detail::hdp_plan_items(plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model,
+                                                       gap_filling_policy{group_size, local_search}, owner),
+                                  cfg.model);
   }
   friend constexpr bool operator==(const gap_filling_hdp&, const gap_filling_hdp&) = default;
   /// Hashes the family and its parameters (local_search only when off: default hashes unchanged).

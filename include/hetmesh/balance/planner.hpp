@@ -44,8 +44,8 @@ namespace hetmesh::balance {
 
 /// Policy value of the gap-filling HDP planner. group_size 0 = the whole pool is one group.
 struct gap_filling_policy {
-  int group_size = 0;         ///< ranks per group; 0: the whole pool
-  bool local_search = true;   ///< run the improvement pass over ring layouts (ring_search.hpp)
+  int group_size = 0;        ///< ranks per group; 0: the whole pool
+  bool local_search = true;  ///< run the improvement pass over ring layouts (ring_search.hpp)
   friend constexpr bool operator==(const gap_filling_policy&, const gap_filling_policy&) = default;
   void hash_append(hasher& h) const {
     append(h, group_size);
@@ -110,9 +110,10 @@ inline void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, 
 }
 
 /// Appends the packed rows `rows` (indices into `shorts`, from pack_rows) on rank `rank`, in order.
-inline void emit_rows(const std::vector<std::vector<std::size_t>>& rows, std::span<const seq::seq_desc> shorts,
-                      int rank, const seq::hdp_policy& hdp, std::vector<seq::hdp_item>& items,
-                      std::vector<seq::hdp_placement>& placement, std::int64_t& counter) {
+inline void emit_rows(const std::vector<std::vector<std::size_t>>& rows,
+                      std::span<const seq::seq_desc> shorts, int rank, const seq::hdp_policy& hdp,
+                      std::vector<seq::hdp_item>& items, std::vector<seq::hdp_placement>& placement,
+                      std::int64_t& counter) {
   for (const auto& row : rows) {
     seq::hdp_item p;
     for (std::size_t i : row) {
@@ -131,8 +132,8 @@ inline void emit_rows(const std::vector<std::vector<std::size_t>>& rows, std::sp
 /// Plans one group of `pool` ranks; appends items and placements (ranks offset by `base`).
 HETMESH_COMPILED void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp, int pool,
                                  int base, const step_model& m, bool search,
-                                 std::vector<seq::hdp_item>& items, std::vector<seq::hdp_placement>& placement,
-                                 std::int64_t& counter)
+                                 std::vector<seq::hdp_item>& items,
+                                 std::vector<seq::hdp_placement>& placement, std::int64_t& counter)
 #if HETMESH_BODIES
 {
   std::vector<seq::seq_desc> longs, shorts;

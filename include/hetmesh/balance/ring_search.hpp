@@ -3,8 +3,9 @@
 // pass. Given where the rings of a group run (a ring_layout: each ring's ranks and the order the rings
 // run in), place_shorts puts the short sequences around them (into the gaps the rings leave, else LPT
 // after every ring), evaluate_layout packs their rows and prices the result exactly as
-// balance::simulate prices the emitted plan, and improve_layout searches ring layouts near the constructive one: moves that change which
-// ranks a ring occupies or when it runs, each kept only when the modelled step strictly drops.
+// balance::simulate prices the emitted plan, and improve_layout searches ring layouts near the constructive
+// one: moves that change which ranks a ring occupies or when it runs, each kept only when the modelled step
+// strictly drops.
 #pragma once
 
 #include <algorithm>
@@ -254,7 +255,8 @@ HETMESH_COMPILED layout_eval evaluate_layout(const ring_layout& lay, const short
     ;
 #endif
 
-/// How much searching improve_layout may do: full evaluations (evaluate_layout, each O(n log n)) and the work of the cheap ring-only screens, in ranks touched.
+/// How much searching improve_layout may do: full evaluations (evaluate_layout, each O(n log n)) and the work
+/// of the cheap ring-only screens, in ranks touched.
 struct search_budget {
   /// Full evaluations, each charged (short sequences + ranks) of the group: about 9 on 3,500 sequences,
   /// 2 on 11,000, none above 32,768 (there the constructive placement stands).
@@ -275,11 +277,12 @@ struct search_budget {
 /// add time), then evaluated in full; the first move whose modelled step (evaluate_layout) is strictly
 /// lower is kept and the search restarts from it. Stops when no move improves, or the budget is spent.
 /// `ev` is the evaluation of `lay` (evaluate_layout) and follows it. `time_of(j, ranks)` prices ring j
-/// on group ranks. Post: ev.step never above the starting layout's. Deterministic (moves in a fixed order; ties by rank). Cost: bounded by `budget`.
-HETMESH_COMPILED void improve_layout(ring_layout& lay, layout_eval& ev, const short_set& ss, int pool,
-                                     std::int64_t capacity, const step_model& m,
-                                     const std::function<cost::fixed(std::size_t, std::span<const int>)>& time_of,
-                                     const search_budget& budget = {})
+/// on group ranks. Post: ev.step never above the starting layout's. Deterministic (moves in a fixed order;
+/// ties by rank). Cost: bounded by `budget`.
+HETMESH_COMPILED void improve_layout(
+    ring_layout& lay, layout_eval& ev, const short_set& ss, int pool, std::int64_t capacity,
+    const step_model& m, const std::function<cost::fixed(std::size_t, std::span<const int>)>& time_of,
+    const search_budget& budget = {})
 #if HETMESH_BODIES
 {
   const std::size_t rings = lay.ranks.size();
