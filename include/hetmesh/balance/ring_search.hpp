@@ -349,7 +349,7 @@ HETMESH_COMPILED void improve_layout(
     const std::int64_t reserve = screen_left / 2;
     const auto within_local = [&] { return within() && screen_left > reserve; };
     for (std::size_t j : mine) {
-      const auto& rk = lay.ranks[j];
+      const std::vector<int> rk = lay.ranks[j];  // copies: a kept move replaces lay
       const auto member = [&](int r) { return std::binary_search(rk.begin(), rk.end(), r); };
       // (a) off c onto a non-member.
       int tried = 0;
@@ -366,7 +366,7 @@ HETMESH_COMPILED void improve_layout(
       // (b) c exchanged with a member r of another ring k that c is not in: k moves onto c.
       for (std::size_t p = 0; p < rings && !improved && within_local(); ++p) {
         const std::size_t k = lay.order[p];
-        const auto& rk2 = lay.ranks[k];
+        const std::vector<int> rk2 = lay.ranks[k];
         if (k == j || std::binary_search(rk2.begin(), rk2.end(), c)) continue;
         tried = 0;
         for (int r : rk2) {
@@ -410,11 +410,10 @@ HETMESH_COMPILED void improve_layout(
       if (improved || !within_local()) break;
     }
     // (e) Re-placing a ring and every ring after it, at each position p (those of the critical rank's
-    //     rings first, then from the last): the ring on the
-    //     D ranks free latest by a later finish level (best fit: the rings of its predecessors leave
-    //     fewer holes), every later ring again on the D least-loaded ranks, as the constructive pass
-    //     places them.
-    std::vector<std::size_t> positions;  // the critical rank's rings first (the latest first), then the rest
+    //     rings first, the latest first, then the others from the last): the ring on the D ranks free
+    //     latest by a later finish level (best fit: the rings of its predecessors leave fewer holes),
+    //     every later ring again on the D least-loaded ranks, as the constructive pass places them.
+    std::vector<std::size_t> positions;
     for (std::size_t j : mine) positions.push_back(pos[j]);
     for (std::size_t p = rings; p-- > 0;)
       if (std::find(mine.begin(), mine.end(), lay.order[p]) == mine.end()) positions.push_back(p);
