@@ -258,9 +258,11 @@ HETMESH_COMPILED layout_eval evaluate_layout(const ring_layout& lay, const short
 /// How much searching improve_layout may do: full evaluations (evaluate_layout, each O(n log n)) and the work
 /// of the cheap ring-only screens, in ranks touched.
 struct search_budget {
-  /// Full evaluations, each charged (short sequences + ranks) of the group: about 9 on 3,500 sequences,
-  /// 2 on 11,000, none above 32,768 (there the constructive placement stands).
+  /// Full evaluations, each charged (short sequences + ranks) of the group: about 9 on 3,500 sequences
+  /// and 8 ranks, 6 on 4,300 and 512.
   std::int64_t evaluation_work = 1 << 15;
+  int evaluations = 12;     ///< and at most this many of them
+  int min_evaluations = 4;  ///< no search where fewer fit (measured: 1-3 found nothing, at 1-2x the plan)
   std::int64_t screen_work = 1 << 18;  ///< ranks replayed by screens, all together
   int candidates_per_ring = 16;        ///< ranks tried per ring (the least-loaded non-members)
   int tiers = 4;                       ///< finish levels tried per ring when re-placing it (move e)
@@ -286,10 +288,10 @@ HETMESH_COMPILED void improve_layout(
 #if HETMESH_BODIES
 {
   const std::size_t rings = lay.ranks.size();
-  if (rings == 0 || pool < 2) return;
+  const std::int64_t eval_work = static_cast<std::int64_t>(ss.seqs.size()) + pool;
+  if (rings == 0 || pool < 2 || budget.evaluation_work < budget.min_evaluations * eval_work) return;
   const int pp = m.pp_stages;
   const std::vector<std::int64_t>& finish = ev.finish;
-  const std::int64_t eval_work = static_cast<std::int64_t>(ss.seqs.size()) + pool;
   std::int64_t ring_slots = 0;
   std::int64_t longest_ring = 0;
   for (std::size_t j = 0; j < rings; ++j) {
@@ -301,6 +303,7 @@ HETMESH_COMPILED void improve_layout(
   if (ev.step.ticks <= longest_ring) return;
   std::int64_t screen_left = budget.screen_work;
   std::int64_t eval_left = budget.evaluation_work;
+  int evals = budget.evaluations;
   ring_layout cand;
   // Screens `cand`, evaluates it when it passes; true (and `cand` taken) when it is strictly better.
   const auto try_candidate = [&]() -> bool {
@@ -308,13 +311,14 @@ HETMESH_COMPILED void improve_layout(
     const auto fin = replay_rings(cand, pool, pp);
     if (*std::max_element(fin.begin(), fin.end()) >= ev.step.ticks) return false;
     eval_left -= eval_work;
+    --evals;
     layout_eval e = evaluate_layout(cand, ss, pool, capacity, m);
     if (e.step >= ev.step) return false;
     ev = std::move(e);
     lay = cand;
     return true;
   };
-  const auto within = [&] { return eval_left >= eval_work && screen_left > 0; };
+  const auto within = [&] { return evals > 0 && eval_left >= eval_work && screen_left > 0; };
   const auto set_ring = [&](std::size_t j, std::vector<int> ranks) {
     std::sort(ranks.begin(), ranks.end());
     cand.time[j] = time_of(j, ranks);
