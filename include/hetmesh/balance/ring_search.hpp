@@ -292,15 +292,21 @@ HETMESH_COMPILED void improve_layout(
   if (rings == 0 || pool < 2 || budget.evaluation_work < budget.min_evaluations * eval_work) return;
   const int pp = m.pp_stages;
   const std::vector<std::int64_t>& finish = ev.finish;
+  // What a rank running one task of t ticks finishes at least at: its share and, with pipelines, the
+  // bubble (as balance::simulate prices them).
+  const auto alone = [&](std::int64_t t) { return t / pp + (pp > 1 ? t * (pp - 1) / pp : 0); };
   std::int64_t ring_slots = 0;
-  std::int64_t longest_ring = 0;
+  std::int64_t longest = 0;
   for (std::size_t j = 0; j < rings; ++j) {
     ring_slots += static_cast<std::int64_t>(lay.ranks[j].size());
-    longest_ring = std::max(longest_ring, lay.time[j].ticks / pp);
+    longest = std::max(longest, alone(lay.time[j].ticks));
   }
-  // A step no longer than the longest ring is that ring alone from the start: only its size could
-  // shorten it, and the pass leaves sizes for the whole step to widen_ring.
-  if (ev.step.ticks <= longest_ring) return;
+  if (!ss.order.empty())
+    longest = std::max(longest, alone(m.pack_time(std::span(&ss.seqs[ss.order.front()].length, 1)).ticks));
+  // A step no longer than one task alone (the longest ring, or the row of the longest short sequence)
+  // cannot drop by moving rings: only resizing that ring could, and the pass leaves sizes for the whole
+  // step to widen_ring. (With deep pipelines the bubble of the longest task often is the step.)
+  if (ev.step.ticks <= longest) return;
   std::int64_t screen_left = budget.screen_work;
   std::int64_t eval_left = budget.evaluation_work;
   int evals = budget.evaluations;
