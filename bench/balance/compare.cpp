@@ -7,6 +7,8 @@
 //      joint, by group size;
 //   3. measured planning times on this machine (one core): 16,384 ranks x 4,000 sequences, grouped
 //      reordering of 8,192 samples in a 256-rank group, and 1K..100K sequences.
+// gap_filling_hdp runs with its improvement pass (ring_search.hpp); gap_filling_hdp_constructive, the
+// same planner with the pass off, is priced and timed beside it (rows, columns and JSON keys of that name).
 // Step times are MODELLED (cost/ models, ByteScale Fig. 6(a) layer fit); planning times are MEASURED.
 // Usage: bench_balance_compare [--workloads DIR] [--out FILE] [--seeds N] [--quick]
 #include <algorithm>
@@ -89,13 +91,16 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
   cfg.model.net.intra_bw_gbps = 150.0;
   cfg.model.net.inter_bw_gbps = 25.0;
   std::map<std::string, std::vector<double>> step, imb, ratio;
-  std::vector<double> plan_bs, plan_hm, nseq, lb_new, lb_old;
+  std::vector<double> plan_bs, plan_hm, plan_hc, nseq, lb_new, lb_old;
   std::vector<std::string> order{
       std::string(balance::random_placement::name), std::string(balance::token_count::name),
       std::string(balance::static_dp_cp::name), std::string(balance::bytescale::name),
       std::string(balance::gap_filling_hdp::name)};
   const std::string grouped = fmt::format("gap_filling_hdp_g{}", w.group_size);
   order.push_back(grouped);
+  // The constructive placement alone (the improvement pass off): the planner before the pass.
+  const std::string constructive = "gap_filling_hdp_constructive";
+  order.push_back(constructive);
   for (int s = 0; s < seeds; ++s) {
     const auto seed = static_cast<std::uint64_t>(1000 + s);
     const auto seqs = w.lengths.empty() ? bench::byted_like_batch(batch_tokens, seed)
@@ -110,6 +115,9 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
     auto g = balance::run_strategy(balance::gap_filling_hdp{.group_size = w.group_size}, seqs, cfg);
     g.name = grouped;
     res.push_back(g);
+    auto c = balance::run_strategy(balance::gap_filling_hdp{.local_search = false}, seqs, cfg);
+    c.name = constructive;
+    res.push_back(c);
     for (const auto& r : res) {
       step[r.name].push_back(r.step.units());
       imb[r.name].push_back(r.imbalance);
@@ -120,6 +128,9 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
         time_ms(3, [&] { (void)balance::plan_bytescale(seqs, cfg.hdp, cfg.ranks, cfg.model, bp); }));
     plan_hm.push_back(
         time_ms(3, [&] { (void)balance::plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model); }));
+    plan_hc.push_back(time_ms(3, [&] {
+      (void)balance::plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model, {.local_search = false});
+    }));
   }
   json out{{"workload", w.name},
            {"ranks", w.ranks},
@@ -144,10 +155,13 @@ json run_text(const text_workload& w, int seeds, const std::int64_t batch_tokens
                                  {"ratio_to_lower_bound_median", median(ratio[n])},
                                  {"ratio_to_lower_bound_all", ratio[n]}});
   }
-  fmt::print("  planning (measured CPU time): bytescale {:.2f} ms, gap_filling_hdp {:.2f} ms (median)\n",
-             median(plan_bs), median(plan_hm));
+  fmt::print(
+      "  planning (measured CPU time): bytescale {:.2f} ms, gap_filling_hdp {:.2f} ms (constructive alone "
+      "{:.2f} ms) (median)\n",
+      median(plan_bs), median(plan_hm), median(plan_hc));
   out["planning_cpu_ms_measured"] = {{"bytescale_hdp", median(plan_bs)},
-                                     {"gap_filling_hdp", median(plan_hm)}};
+                                     {"gap_filling_hdp", median(plan_hm)},
+                                     {"gap_filling_hdp_constructive", median(plan_hc)}};
   return out;
 }
 
@@ -280,8 +294,9 @@ json run_exact(int seeds, bool quick) {
   fmt::print(
       "\nexact optimum, Byted-like scaled down (step / bound, MODELLED; exact: branch and bound, short "
       "sequences as a fluid (LB) and placed whole (UB))\n");
-  fmt::print("  {:>5} {:>4} {:>5} {:>6} | {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} | {:>6}\n", "ranks", "seed",
-             "long", "proved", "old LB", "new LB", "exact LB", "exact UB", "bytescale", "gap_fill", "search");
+  fmt::print("  {:>5} {:>4} {:>5} {:>6} | {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>6}\n", "ranks",
+             "seed", "long", "proved", "old LB", "new LB", "exact LB", "exact UB", "bytescale", "gf constr",
+             "gap_fill", "search");
   json out = json::array();
   for (int k : ks) {
     const auto cfg = scaled_config(k);
@@ -292,6 +307,7 @@ json run_exact(int seeds, bool quick) {
       const auto lb = balance::step_lower_bound(seqs, cfg);
       const auto bs = balance::run_strategy(balance::bytescale{}, seqs, cfg);
       const auto gf = balance::run_strategy(balance::gap_filling_hdp{}, seqs, cfg);
+      const auto gc = balance::run_strategy(balance::gap_filling_hdp{.local_search = false}, seqs, cfg);
       const auto a = std::chrono::steady_clock::now();
       const auto ex = bench::exact_optimum(seqs, cfg, quick ? 200'000 : 3'000'000);
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
@@ -301,11 +317,12 @@ json run_exact(int seeds, bool quick) {
       const auto known = std::min({ex.feasible, bs.step.ticks, gf.step.ticks});
       auto r = [&](double ticks) { return ticks / opt; };
       fmt::print(
-          "  {:>5} {:>4} {:>5} {:>6} | {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} | {:>9.3f} {:>9.3f} | {:>5.1f}s\n",
+          "  {:>5} {:>4} {:>5} {:>6} | {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} | {:>9.3f} {:>9.3f} {:>9.3f} | "
+          "{:>5.1f}s\n",
           cfg.ranks, s, ex.long_tasks, ex.proved ? "yes" : "no",
           r(static_cast<double>(terms.work_only.ticks)), r(static_cast<double>(lb.ticks)), 1.0,
           r(static_cast<double>(ex.feasible)), r(static_cast<double>(bs.step.ticks)),
-          r(static_cast<double>(gf.step.ticks)), sec);
+          r(static_cast<double>(gc.step.ticks)), r(static_cast<double>(gf.step.ticks)), sec);
       out.push_back({{"ranks", cfg.ranks},
                      {"scale_down", k},
                      {"seed", 1000 + s},
@@ -325,13 +342,15 @@ json run_exact(int seeds, bool quick) {
                        {"exact_feasible_upper", ex.feasible},
                        {"best_known_feasible", known},
                        {"bytescale_hdp", bs.step.ticks},
-                       {"gap_filling_hdp", gf.step.ticks}}},
+                       {"gap_filling_hdp", gf.step.ticks},
+                       {"gap_filling_hdp_constructive", gc.step.ticks}}},
                      {"over_exact_relaxed_optimum",
                       {{"old_bound", r(static_cast<double>(terms.work_only.ticks))},
                        {"new_bound", r(static_cast<double>(lb.ticks))},
                        {"exact_feasible_upper", r(static_cast<double>(ex.feasible))},
                        {"bytescale_hdp", r(static_cast<double>(bs.step.ticks))},
-                       {"gap_filling_hdp", r(static_cast<double>(gf.step.ticks))}}}});
+                       {"gap_filling_hdp", r(static_cast<double>(gf.step.ticks))},
+                       {"gap_filling_hdp_constructive", r(static_cast<double>(gc.step.ticks))}}}});
     }
   }
   return out;
@@ -349,18 +368,17 @@ json run_planning(const std::vector<std::int64_t>& text, bool quick) {
   const double hm = time_ms(reps, [&] { (void)balance::plan_gap_filling_hdp(seqs, hdp, 16384, m); });
   const double hm_wall = last_wall_ms;
   const double hm_min = last_min_ms;
+  const double hc = time_ms(
+      reps, [&] { (void)balance::plan_gap_filling_hdp(seqs, hdp, 16384, m, {.local_search = false}); });
   const double bs = time_ms(reps, [&] { (void)balance::plan_bytescale(seqs, hdp, 16384, m); });
   fmt::print(
-      "  16384 ranks x 4000 sequences: gap_filling_hdp {:.2f} ms, bytescale {:.2f} ms CPU (target < 20 ms; "
-      "gap_filling_hdp "
-      "wall "
-      "{:.2f} ms)\n",
-      hm, bs, hm_wall);
-  out["ranks16384_seqs4000_ms"] = {{"gap_filling_hdp_cpu_median", hm},
-                                   {"gap_filling_hdp_cpu_min", hm_min},
-                                   {"gap_filling_hdp_wall_median", hm_wall},
-                                   {"bytescale_hdp_cpu_median", bs},
-                                   {"target_ms", 20}};
+      "  16384 ranks x 4000 sequences: gap_filling_hdp {:.2f} ms (constructive alone {:.2f}), bytescale "
+      "{:.2f} ms CPU (target < 20 ms; gap_filling_hdp wall {:.2f} ms)\n",
+      hm, hc, bs, hm_wall);
+  out["ranks16384_seqs4000_ms"] = {
+      {"gap_filling_hdp_cpu_median", hm},       {"gap_filling_hdp_cpu_min", hm_min},
+      {"gap_filling_hdp_wall_median", hm_wall}, {"gap_filling_hdp_constructive_cpu_median", hc},
+      {"bytescale_hdp_cpu_median", bs},         {"target_ms", 20}};
   // Grouped reordering: 8,192 samples in a 256-rank group.
   const auto batch = multimodal_batch(text, 8192, 256, 5);
   const double gr = time_ms(quick ? 5 : 41, [&] { (void)balance::plan_grouped_reorder(batch, 256); });
@@ -372,19 +390,22 @@ json run_planning(const std::vector<std::int64_t>& text, bool quick) {
   out["grouped_reorder_8192_in_256_ms"] = {
       {"cpu_median", gr}, {"cpu_min", last_min_ms}, {"wall_median", last_wall_ms}, {"target_ms", 5}};
   // Scaling 1K .. 100K sequences (2,048 ranks, Byted-like).
-  fmt::print("  {:>8} {:>16} {:>12} {:>24}   (CPU ms)\n", "seqs", "gap_filling_hdp", "bytescale",
-             "gap_filling ns/(n lg n)");
+  fmt::print("  {:>8} {:>16} {:>13} {:>12} {:>24}   (CPU ms)\n", "seqs", "gap_filling_hdp", "constructive",
+             "bytescale", "gap_filling ns/(n lg n)");
   for (int n : {1000, 3000, 10000, 30000, 100000}) {
     if (quick && n > 10000) break;
     auto b = bench::byted_like_batch(static_cast<std::int64_t>(n) * 12000, 7 + static_cast<std::uint64_t>(n));
     b.resize(static_cast<std::size_t>(std::min<std::size_t>(b.size(), static_cast<std::size_t>(n))));
     const int r = n >= 30000 ? 3 : 7;
     const double th = time_ms(r, [&] { (void)balance::plan_gap_filling_hdp(b, hdp, 2048, m); });
+    const double tc =
+        time_ms(r, [&] { (void)balance::plan_gap_filling_hdp(b, hdp, 2048, m, {.local_search = false}); });
     const double tb = time_ms(r, [&] { (void)balance::plan_bytescale(b, hdp, 2048, m); });
     const double per = th * 1e6 / (static_cast<double>(n) * std::log2(static_cast<double>(n)));
-    fmt::print("  {:>8} {:>16.2f} {:>12.2f} {:>24.1f}\n", n, th, tb, per);
+    fmt::print("  {:>8} {:>16.2f} {:>13.2f} {:>12.2f} {:>24.1f}\n", n, th, tc, tb, per);
     out["scaling_2048_ranks"].push_back({{"sequences", n},
                                          {"gap_filling_hdp_ms", th},
+                                         {"gap_filling_hdp_constructive_ms", tc},
                                          {"bytescale_hdp_ms", tb},
                                          {"gap_filling_hdp_ns_per_n_log2_n", per}});
   }

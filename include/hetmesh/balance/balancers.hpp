@@ -71,7 +71,8 @@ struct bytescale {
 struct gap_filling_hdp {
   /// The name results and the tools use.
   static constexpr std::string_view name = "gap_filling_hdp";
-  int group_size = 0;  ///< ranks per locality group; 0: the whole pool
+  int group_size = 0;        ///< ranks per locality group; 0: the whole pool
+  bool local_search = true;  ///< the improvement pass over ring layouts (gap_filling_policy)
 
   /// plan_gap_filling_hdp on cfg's pool, as work items priced by cfg.model. Same contract and errors
   /// as plan_gap_filling_hdp (group_size must divide cfg.ranks). Pure; deterministic. Not collective.
@@ -80,13 +81,16 @@ struct gap_filling_hdp {
     std::vector<int> owner(seqs.size());
     for (std::size_t i = 0; i < owner.size(); ++i)
       owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
-    return detail::hdp_plan_items(
-        plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model, gap_filling_policy{group_size}, owner),
-        cfg.model);
+    return detail::hdp_plan_items(plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model,
+                                                       gap_filling_policy{group_size, local_search}, owner),
+                                  cfg.model);
   }
   friend constexpr bool operator==(const gap_filling_hdp&, const gap_filling_hdp&) = default;
-  /// Hashes the family and its parameters.
-  void hash_append(hasher& h) const { append_all(h, name, group_size); }
+  /// Hashes the family and its parameters (local_search only when off: default hashes unchanged).
+  void hash_append(hasher& h) const {
+    append_all(h, name, group_size);
+    if (!local_search) append(h, local_search);
+  }
 };
 
 /// HDP work items (seq::hdp_shard) placed by token count: each item on the ranks with the fewest tokens
@@ -152,7 +156,8 @@ template <>
 struct fmt::formatter<hetmesh::balance::gap_filling_hdp> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::balance::gap_filling_hdp& b, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "gap_filling_hdp(group_size={})", b.group_size);
+    return hetmesh::format_to(ctx.out(), "gap_filling_hdp(group_size={}{})", b.group_size,
+                              b.local_search ? "" : ", local_search=false");
   }
 };
 template <>

@@ -115,6 +115,13 @@ class load_set {
   explicit load_set(int ranks) : finish_(static_cast<std::size_t>(ranks)) {
     for (int r = 0; r < ranks; ++r) set_.emplace(cost::fixed{}, r);
   }
+  /// Ranks already busy until `finish` (ticks), rank r until finish[r].
+  explicit load_set(std::span<const std::int64_t> finish) : finish_(finish.size()) {
+    for (std::size_t r = 0; r < finish.size(); ++r) {
+      finish_[r] = cost::fixed::from_ticks(finish[r]);
+      set_.emplace(finish_[r], static_cast<int>(r));
+    }
+  }
   [[nodiscard]] cost::fixed finish(int r) const { return finish_[static_cast<std::size_t>(r)]; }
   [[nodiscard]] cost::fixed max() const { return set_.rbegin()->first; }
   /// The k least-loaded ranks (ties: lowest rank), skipping those `skip` marks.

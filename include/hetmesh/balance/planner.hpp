@@ -11,6 +11,9 @@
 //      rows run before the ring), else onto the least-loaded rank (LPT on modelled time, not tokens);
 //   3. each gap, and each rank's remaining short sequences, packed by best-fit decreasing into
 //      micro-batches of C tokens.
+// Between 1 and 2, an improvement pass (ring_search.hpp, on unless gap_filling_policy::local_search is
+// false) tries other ranks, sizes and orders for the rings and re-places the short sequences for each
+// try, keeping a change only when the modelled step of the whole group strictly drops.
 // Packing after balancing is what brings the step within a few percent of the lower bound: packing
 // first (ByteScale) freezes items of equal tokens but very unequal cost. With `group_size` G, ranks
 // form locality groups of G consecutive ranks and each sample stays in the group of its loader (the
@@ -34,15 +37,20 @@
 #include "../seq/hdp.hpp"
 #include "hdp_common.hpp"
 #include "model.hpp"
+#include "ring_search.hpp"
 #include "solvers.hpp"
 
 namespace hetmesh::balance {
 
 /// Policy value of the gap-filling HDP planner. group_size 0 = the whole pool is one group.
 struct gap_filling_policy {
-  int group_size = 0;  ///< ranks per group; 0: the whole pool
+  int group_size = 0;        ///< ranks per group; 0: the whole pool
+  bool local_search = true;  ///< run the improvement pass over ring layouts (ring_search.hpp)
   friend constexpr bool operator==(const gap_filling_policy&, const gap_filling_policy&) = default;
-  void hash_append(hasher& h) const { append(h, group_size); }
+  void hash_append(hasher& h) const {
+    append(h, group_size);
+    if (!local_search) append(h, local_search);  // hashes of the default policy unchanged
+  }
 };
 
 namespace detail {
@@ -60,6 +68,18 @@ inline cost::fixed group_lower_bound(std::span<const seq::seq_desc> seqs, std::i
   }
   const auto spread = cost::fixed::from_units(total / static_cast<double>(pool));
   return std::max(spread, m.pack_time(std::span<const std::int64_t>(&longest_short, 1)));
+}
+
+/// Gives ring item `it` a ring of `d` ranks (d at least the D(s) it was sharded with): degree and
+/// offload ranks d; the ratio `sharded_ratio_k` it was sharded with, or none once d reaches the ranks
+/// the sequence needs without offloading.
+inline void set_ring_degree(seq::hdp_item& it, int d, int sharded_ratio_k, const seq::hdp_policy& hdp) {
+  it.degree = d;
+  it.offload.ranks = d;
+  it.offload.ratio_k =
+      d >= seq::offload_ranks(it.seqs.front().length, hdp.capacity, hdp.model, 0, hdp.offload.ratio_steps)
+          ? 0
+          : sharded_ratio_k;
 }
 
 /// Widens a ring beyond the D(s) that memory needs when its per-rank time would exceed `target` (the
@@ -86,36 +106,20 @@ inline void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, 
     if (t <= target) break;
   }
   if (best == d0) return;
-  it.degree = best;
-  it.offload.ranks = best;
-  if (best >= seq::offload_ranks(s, hdp.capacity, hdp.model, 0, hdp.offload.ratio_steps))
-    it.offload.ratio_k = 0;
+  set_ring_degree(it, best, it.offload.ratio_k, hdp);
 }
 
-/// Packs `idx` (indices into `shorts`) by best-fit decreasing on tokens into rows on rank `rank`,
-/// appending items and placements in order. Sorted by (-length, id) first, so the rows do not depend on
-/// the input order.
-HETMESH_COMPILED void emit_rows(std::span<const std::size_t> idx, std::span<const seq::seq_desc> shorts,
-                                int rank, const seq::hdp_policy& hdp, std::vector<seq::hdp_item>& items,
-                                std::vector<seq::hdp_placement>& placement, std::int64_t& counter)
-#if HETMESH_BODIES
-{
-  if (idx.empty()) return;
-  std::vector<std::size_t> sorted(idx.begin(), idx.end());
-  hetmesh::indirect_sort(sorted.begin(), sorted.end(), [&](std::size_t a, std::size_t b) {
-    return seq::longer_first(shorts[a], shorts[b]);
-  });
-  std::vector<std::int64_t> lens;
-  lens.reserve(sorted.size());
-  for (std::size_t i : sorted) lens.push_back(shorts[i].length);
-  const assignment bins = best_fit_decreasing(lens, hdp.capacity);
-  std::vector<seq::hdp_item> packs(static_cast<std::size_t>(bins.bins()));
-  for (std::size_t k = 0; k < sorted.size(); ++k) {
-    auto& p = packs[static_cast<std::size_t>(bins.bin_of[k])];
-    p.seqs.push_back(shorts[sorted[k]]);
-    p.tokens += shorts[sorted[k]].length;
-  }
-  for (auto& p : packs) {
+/// Appends the packed rows `rows` (indices into `shorts`, from pack_rows) on rank `rank`, in order.
+inline void emit_rows(const std::vector<std::vector<std::size_t>>& rows,
+                      std::span<const seq::seq_desc> shorts, int rank, const seq::hdp_policy& hdp,
+                      std::vector<seq::hdp_item>& items, std::vector<seq::hdp_placement>& placement,
+                      std::int64_t& counter) {
+  for (const auto& row : rows) {
+    seq::hdp_item p;
+    for (std::size_t i : row) {
+      p.seqs.push_back(shorts[i]);
+      p.tokens += shorts[i].length;
+    }
     p.packed = true;
     p.degree = 1;
     p.offload.ratio_steps = hdp.offload.ratio_steps;
@@ -124,13 +128,11 @@ HETMESH_COMPILED void emit_rows(std::span<const std::size_t> idx, std::span<cons
     items.push_back(std::move(p));
   }
 }
-#else
-    ;
-#endif
 
 /// Plans one group of `pool` ranks; appends items and placements (ranks offset by `base`).
 HETMESH_COMPILED void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp, int pool,
-                                 int base, const step_model& m, std::vector<seq::hdp_item>& items,
+                                 int base, const step_model& m, bool search,
+                                 std::vector<seq::hdp_item>& items,
                                  std::vector<seq::hdp_placement>& placement, std::int64_t& counter)
 #if HETMESH_BODIES
 {
@@ -139,96 +141,62 @@ HETMESH_COMPILED void plan_group(std::span<const seq::seq_desc> seqs, const seq:
     if (s.length == 0) continue;
     (s.length <= hdp.capacity ? shorts : longs).push_back(s);
   }
-  load_set loads(pool);
   // 1. Rings: hdp_shard gives D and the offload ratio of each long sequence, longest first; a ring
-  //    whose time would exceed the group's lower bound is widened (see widen_ring). A member that is
-  //    free before the ring starts leaves a gap (it waits for the last member): recorded, to be filled.
-  struct gap {
-    int rank;             // in the group
-    std::size_t ring;     // index into `rings`
-    std::int64_t room;    // ticks left before the ring starts
-    std::int64_t tokens;  // tokens of the short sequences put into it so far
-  };
+  //    whose time would exceed the group's lower bound is widened (see widen_ring); each goes on the D
+  //    ranks that its predecessors leave least loaded.
   std::vector<seq::hdp_item> rings;
-  std::vector<std::vector<int>> ring_ranks;
-  std::vector<gap> gaps;
+  std::vector<int> sharded_ratio;  // per ring: the offload ratio it was sharded with
+  ring_layout lay;
+  // A ring's per-rank time on `ranks` (as many as it has members): hdp_item_time at that degree.
+  const auto time_of = [&](std::size_t j, std::span<const int> ranks) {
+    std::vector<int> global(ranks.begin(), ranks.end());
+    for (int& r : global) r += base;
+    return m.ring_time(rings[j].seqs.front().length, static_cast<int>(ranks.size()), m.spans_nodes(global));
+  };
   if (!longs.empty()) {
+    load_set loads(pool);
     auto sh = seq::hdp_shard(longs, hdp, pool);
     const cost::fixed target = group_lower_bound(seqs, hdp.capacity, pool, m);
     for (auto& it : sh.items) {
+      sharded_ratio.push_back(it.offload.ratio_k);
+      lay.min_degree.push_back(it.degree);
+      lay.max_degree.push_back(
+          std::max(it.degree, static_cast<int>(std::min<std::int64_t>(pool, it.seqs.front().length / 2))));
       widen_ring(it, hdp, pool, m, target);
       std::vector<int> ring = loads.least(it.degree);
       std::sort(ring.begin(), ring.end());
-      std::vector<int> global(ring);
-      for (int& r : global) r += base;
-      std::vector<cost::fixed> free_at;
-      for (int r : ring) free_at.push_back(loads.finish(r));
-      const cost::fixed start = loads.run(ring, hdp_item_time(it, m, global));
-      for (std::size_t k = 0; k < ring.size(); ++k)
-        if (free_at[k] < start) gaps.push_back({ring[k], rings.size(), (start - free_at[k]).ticks, 0});
-      ring_ranks.push_back(std::move(global));
       rings.push_back(std::move(it));
+      lay.time.push_back(time_of(rings.size() - 1, ring));
+      loads.run(ring, lay.time.back());
+      lay.order.push_back(lay.ranks.size());
+      lay.ranks.push_back(std::move(ring));
     }
   }
-  // 2. Short sequences by (-cost, id): into the tightest gap before a ring that still holds them (their
-  //    rows run there, so the ring starts no later), else onto the least-loaded rank (LPT on modelled
-  //    time, after every ring). A sequence is charged its share l / C of the per-row constant, not all
-  //    of it: rows are nearly full after best-fit, so c is shared by their members; a gap keeps one
-  //    whole constant in reserve for each row it may need.
-  std::vector<std::int64_t> cost(shorts.size());
-  const std::int64_t row_constant = cost::fixed::from_units(m.llm.scale() * m.llm.layer.c).ticks;
-  for (std::size_t i = 0; i < shorts.size(); ++i)
-    cost[i] = m.llm.placement_fixed(shorts[i].length, hdp.capacity).ticks;
-  std::vector<std::size_t> order(shorts.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  hetmesh::indirect_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return cost[a] != cost[b] ? cost[a] > cost[b] : shorts[a].id < shorts[b].id;
-  });
-  // Open gaps by (room left after reserving the constants of the rows they may need, gap index).
-  const auto usable = [&](const gap& g) {
-    const std::int64_t rows = g.tokens / hdp.capacity + 1;
-    return g.room - rows * row_constant;
-  };
-  std::set<std::pair<std::int64_t, std::size_t>> open;
-  for (std::size_t k = 0; k < gaps.size(); ++k)
-    if (usable(gaps[k]) > 0) open.emplace(usable(gaps[k]), k);
-  std::vector<std::vector<std::size_t>> in_gap(gaps.size());
-  std::vector<std::vector<std::size_t>> on(static_cast<std::size_t>(pool));
-  for (std::size_t i : order) {
-    auto it = open.lower_bound({cost[i], 0});
-    // The sequence may open one more row in the gap: that row's constant must fit too.
-    while (it != open.end() &&
-           gaps[it->second].room - cost[i] -
-                   ((gaps[it->second].tokens + shorts[i].length) / hdp.capacity + 1) * row_constant <
-               0)
-      ++it;
-    if (it != open.end()) {
-      const std::size_t k = it->second;
-      open.erase(it);
-      gaps[k].room -= cost[i];
-      gaps[k].tokens += shorts[i].length;
-      in_gap[k].push_back(i);
-      if (usable(gaps[k]) > 0) open.emplace(usable(gaps[k]), k);
-      continue;
-    }
-    const int r = loads.least(1).front();
-    const int ring[1] = {r};
-    loads.run(ring, cost::fixed::from_ticks(cost[i]));
-    on[static_cast<std::size_t>(r)].push_back(i);
-  }
+  // 2. Short sequences around the rings (evaluate_layout): into the gaps first, else LPT (place_shorts),
+  //    packed into rows. The improvement pass (improve_layout) tries other ranks, sizes and orders for
+  //    the rings, re-evaluating each try, and keeps a change only when the modelled step strictly
+  //    drops. The plan is emitted from the last evaluation kept.
+  const short_set ss = price_shorts(shorts, hdp.capacity, m);
+  layout_eval ev = evaluate_layout(lay, ss, pool, hdp.capacity, m);
+  if (search) improve_layout(lay, ev, ss, pool, hdp.capacity, m, time_of);
+  const short_fill& fill = ev.fill;
   // 3. Emit in execution order, so order keys are increasing along every rank: before each ring, the
   //    rows of its gaps (best-fit decreasing per gap); then the ring; after every ring, each rank's
   //    remaining short sequences packed by best-fit decreasing into rows of C tokens.
   std::vector<std::vector<std::size_t>> gaps_of(rings.size());
-  for (std::size_t k = 0; k < gaps.size(); ++k) gaps_of[gaps[k].ring].push_back(k);
-  for (std::size_t j = 0; j < rings.size(); ++j) {
+  for (std::size_t k = 0; k < fill.gaps.size(); ++k) gaps_of[fill.gaps[k].ring].push_back(k);
+  for (std::size_t j : lay.order) {
     for (std::size_t k : gaps_of[j])
-      emit_rows(in_gap[k], shorts, base + gaps[k].rank, hdp, items, placement, counter);
-    placement.push_back(seq::hdp_placement{std::move(ring_ranks[j]), counter++});
+      emit_rows(ev.gap_rows[k], shorts, base + fill.gaps[k].rank, hdp, items, placement, counter);
+    std::vector<int> global(lay.ranks[j]);
+    for (int& r : global) r += base;
+    if (static_cast<int>(global.size()) != rings[j].degree)
+      set_ring_degree(rings[j], static_cast<int>(global.size()), sharded_ratio[j], hdp);
+    placement.push_back(seq::hdp_placement{std::move(global), counter++});
     items.push_back(std::move(rings[j]));
   }
   for (int r = 0; r < pool; ++r)
-    emit_rows(on[static_cast<std::size_t>(r)], shorts, base + r, hdp, items, placement, counter);
+    emit_rows(ev.rank_rows[static_cast<std::size_t>(r)], shorts, base + r, hdp, items, placement, counter);
 }
 #else
     ;
@@ -290,7 +258,7 @@ HETMESH_COMPILED void plan_group(std::span<const seq::seq_desc> seqs, const seq:
     auto& mine = per_group[static_cast<std::size_t>(k)];
     hetmesh::indirect_sort(mine.begin(), mine.end(), seq::longer_first);
     try {
-      detail::plan_group(mine, hdp, g, k * g, m, sh.items, placement, counter);
+      detail::plan_group(mine, hdp, g, k * g, m, policy.local_search, sh.items, placement, counter);
     } catch (error& e) {
       e.add_context(
           hetmesh::format("balance::plan_gap_filling_hdp: group {} (ranks [{}, {}))", k, k * g, (k + 1) * g));
@@ -314,6 +282,7 @@ struct fmt::formatter<hetmesh::balance::gap_filling_policy> : hetmesh::empty_spe
   template <class FormatContext>
   auto format(const hetmesh::balance::gap_filling_policy& p, FormatContext& ctx) const
       -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "gap_filling_policy(group_size={})", p.group_size);
+    return hetmesh::format_to(ctx.out(), "gap_filling_policy(group_size={}, local_search={})", p.group_size,
+                              p.local_search);
   }
 };

@@ -424,8 +424,9 @@ template <class P, class B = family_placement>
         owner[i] = static_cast<int>(i % static_cast<std::size_t>(std::max(world, 1)));
       return detail::plan_from_hdp(
           docs, world,
-          balance::plan_gap_filling_hdp(docs, family.policy(), world, cost,
-                                        balance::gap_filling_policy{balancer.group_size}, owner));
+          balance::plan_gap_filling_hdp(
+              docs, family.policy(), world, cost,
+              balance::gap_filling_policy{balancer.group_size, balancer.local_search}, owner));
     } else {
       return detail::plan_from_hdp(docs, world, family.plan(docs, world));
     }

@@ -1,0 +1,500 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::balance: the second half of the gap-filling HDP planner (planner.hpp) and its improvement
+// pass. Given where the rings of a group run (a ring_layout: each ring's ranks and the order the rings
+// run in), place_shorts puts the short sequences around them (into the gaps the rings leave, else LPT
+// after every ring), evaluate_layout packs their rows and prices the result exactly as
+// balance::simulate prices the emitted plan, and improve_layout searches ring layouts near the constructive
+// one: moves that change which ranks a ring occupies or when it runs, each kept only when the modelled step
+// strictly drops.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <set>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "../config.hpp"
+#include "../core/sort.hpp"
+#include "../seq/hdp.hpp"
+#include "hdp_common.hpp"
+#include "model.hpp"
+#include "solvers.hpp"
+
+namespace hetmesh::balance::detail {
+
+/// Where a group's rings run: per ring (an index into the planner's rings) its ranks in the group,
+/// sorted, and its modelled per-rank time on them; `order`: the ring indices in the order they run on
+/// every rank (the same order on all ranks, which keeps the plan deadlock-free).
+struct ring_layout {
+  std::vector<std::vector<int>> ranks;  ///< per ring: ranks in the group, sorted
+  std::vector<cost::fixed> time;        ///< per ring: hdp_item_time on those ranks
+  std::vector<std::size_t> order;       ///< ring indices in execution order
+  std::vector<int> min_degree;          ///< per ring: the fewest ranks it may use (memory: D(s))
+  std::vector<int> max_degree;          ///< per ring: the most (the group, s / 2)
+};
+
+/// A group's short sequences, priced once: `cost` is the LPT price (placement_fixed: the work plus the
+/// share l / C of the per-row constant), `order` is by (-cost, id), `row_constant` the constant c.
+struct short_set {
+  std::span<const seq::seq_desc> seqs;
+  std::vector<std::int64_t> cost;
+  std::vector<std::size_t> order;
+  std::int64_t row_constant = 0;
+};
+
+/// A gap: ring member `rank` is free `room` ticks before ring `ring` starts; `tokens` of short sequences
+/// fill it so far.
+struct ring_gap {
+  int rank;
+  std::size_t ring;
+  std::int64_t room;
+  std::int64_t tokens;
+};
+
+/// Where the short sequences go around a ring layout: per gap the shorts run before its ring, per rank
+/// the shorts run after every ring (indices into short_set::seqs).
+struct short_fill {
+  std::vector<ring_gap> gaps;
+  std::vector<std::vector<std::size_t>> in_gap;
+  std::vector<std::vector<std::size_t>> on;
+};
+
+/// Prices the short sequences of a group. O(n log n).
+HETMESH_COMPILED short_set price_shorts(std::span<const seq::seq_desc> shorts, std::int64_t capacity,
+                                        const step_model& m)
+#if HETMESH_BODIES
+{
+  short_set ss;
+  ss.seqs = shorts;
+  ss.cost.resize(shorts.size());
+  ss.row_constant = cost::fixed::from_units(m.llm.scale() * m.llm.layer.c).ticks;
+  for (std::size_t i = 0; i < shorts.size(); ++i)
+    ss.cost[i] = m.llm.placement_fixed(shorts[i].length, capacity).ticks;
+  ss.order.resize(shorts.size());
+  for (std::size_t i = 0; i < ss.order.size(); ++i) ss.order[i] = i;
+  hetmesh::indirect_sort(ss.order.begin(), ss.order.end(), [&](std::size_t a, std::size_t b) {
+    return ss.cost[a] != ss.cost[b] ? ss.cost[a] > ss.cost[b] : shorts[a].id < shorts[b].id;
+  });
+  return ss;
+}
+#else
+    ;
+#endif
+
+/// Per-rank finish of the rings alone (the first `first` in order), each a task of time / `pp` starting
+/// when its last member is free; with `gaps`, records every member free before its ring starts.
+/// O(sum of ring sizes + pool).
+inline std::vector<std::int64_t> replay_rings(const ring_layout& lay, int pool, int pp,
+                                              std::vector<ring_gap>* gaps = nullptr,
+                                              std::size_t first = static_cast<std::size_t>(-1)) {
+  std::vector<std::int64_t> fin(static_cast<std::size_t>(pool), 0);
+  for (std::size_t p = 0; p < std::min(first, lay.order.size()); ++p) {
+    const std::size_t j = lay.order[p];
+    std::int64_t start = 0;
+    for (int r : lay.ranks[j]) start = std::max(start, fin[static_cast<std::size_t>(r)]);
+    for (int r : lay.ranks[j]) {
+      auto& f = fin[static_cast<std::size_t>(r)];
+      if (gaps != nullptr && f < start) gaps->push_back({r, j, start - f, 0});
+      f = start + lay.time[j].ticks / pp;
+    }
+  }
+  return fin;
+}
+
+/// Short sequences by (-cost, id) around `lay`: into the tightest gap before a ring that still holds them
+/// (their rows run there, so the ring starts no later), else onto the rank that finishes first (LPT on
+/// modelled time, after every ring). A sequence is charged its share l / C of the per-row constant, not
+/// all of it: rows are nearly full after best-fit, so c is shared by their members; a gap keeps one
+/// whole constant in reserve for each row it may need. O(n log n + pool).
+HETMESH_COMPILED short_fill place_shorts(const ring_layout& lay, const short_set& ss, int pool,
+                                         std::int64_t capacity)
+#if HETMESH_BODIES
+{
+  short_fill out;
+  const std::vector<std::int64_t> fin = replay_rings(lay, pool, 1, &out.gaps);
+  auto& gaps = out.gaps;
+  // Open gaps by (room left after reserving the constants of the rows they may need, gap index).
+  const auto usable = [&](const ring_gap& g) { return g.room - (g.tokens / capacity + 1) * ss.row_constant; };
+  std::set<std::pair<std::int64_t, std::size_t>> open;
+  for (std::size_t k = 0; k < gaps.size(); ++k)
+    if (usable(gaps[k]) > 0) open.emplace(usable(gaps[k]), k);
+  out.in_gap.resize(gaps.size());
+  out.on.resize(static_cast<std::size_t>(pool));
+  // Least-loaded rank: a min-heap of (finish, rank), the same choice as load_set::least(1).
+  using entry = std::pair<std::int64_t, int>;
+  std::vector<entry> heap;
+  heap.reserve(fin.size());
+  for (int r = 0; r < pool; ++r) heap.emplace_back(fin[static_cast<std::size_t>(r)], r);
+  std::priority_queue<entry, std::vector<entry>, std::greater<>> least(std::greater<>{}, std::move(heap));
+  for (std::size_t i : ss.order) {
+    const std::int64_t c = ss.cost[i];
+    const std::int64_t len = ss.seqs[i].length;
+    auto it = open.lower_bound({c, 0});
+    // The sequence may open one more row in the gap: that row's constant must fit too.
+    while (it != open.end() &&
+           gaps[it->second].room - c - ((gaps[it->second].tokens + len) / capacity + 1) * ss.row_constant < 0)
+      ++it;
+    if (it != open.end()) {
+      const std::size_t k = it->second;
+      open.erase(it);
+      gaps[k].room -= c;
+      gaps[k].tokens += len;
+      out.in_gap[k].push_back(i);
+      if (usable(gaps[k]) > 0) open.emplace(usable(gaps[k]), k);
+      continue;
+    }
+    auto [f, r] = least.top();
+    least.pop();
+    least.emplace(f + c, r);
+    out.on[static_cast<std::size_t>(r)].push_back(i);
+  }
+  return out;
+}
+#else
+    ;
+#endif
+
+/// The rows of `idx` (indices into `shorts`): sorted by (-length, id), packed by best-fit decreasing on
+/// tokens into rows of `capacity`; each row's members in that order. O(k log k).
+HETMESH_COMPILED std::vector<std::vector<std::size_t>> pack_rows(std::span<const std::size_t> idx,
+                                                                 std::span<const seq::seq_desc> shorts,
+                                                                 std::int64_t capacity)
+#if HETMESH_BODIES
+{
+  if (idx.empty()) return {};
+  if (idx.size() == 1) return {{idx[0]}};
+  std::vector<std::size_t> sorted(idx.begin(), idx.end());
+  hetmesh::indirect_sort(sorted.begin(), sorted.end(), [&](std::size_t a, std::size_t b) {
+    return seq::longer_first(shorts[a], shorts[b]);
+  });
+  std::vector<std::int64_t> lens;
+  lens.reserve(sorted.size());
+  for (std::size_t i : sorted) lens.push_back(shorts[i].length);
+  const assignment bins = best_fit_decreasing(lens, capacity);
+  std::vector<std::vector<std::size_t>> rows(static_cast<std::size_t>(bins.bins()));
+  for (std::size_t k = 0; k < sorted.size(); ++k)
+    rows[static_cast<std::size_t>(bins.bin_of[k])].push_back(sorted[k]);
+  return rows;
+}
+#else
+    ;
+#endif
+
+/// A ring layout evaluated: where the short sequences go, their rows (per gap and per rank, as
+/// pack_rows makes them; the plan is emitted from these), each rank's modelled finish and the step.
+struct layout_eval {
+  short_fill fill;
+  std::vector<std::vector<std::vector<std::size_t>>> gap_rows;   ///< per gap: its rows
+  std::vector<std::vector<std::vector<std::size_t>>> rank_rows;  ///< per rank: rows after every ring
+  std::vector<std::int64_t> finish;                              ///< per rank, ticks
+  cost::fixed step{};                                            ///< the last finish
+};
+
+/// Places the short sequences around `lay` (place_shorts), packs them into rows and prices the group's
+/// plan as balance::simulate prices the emitted plan: gap rows before their ring, the rings in order,
+/// every rank's remaining rows last; pipeline shares and bubbles as there. O(n log n + sum of ring
+/// sizes + pool).
+HETMESH_COMPILED layout_eval evaluate_layout(const ring_layout& lay, const short_set& ss, int pool,
+                                             std::int64_t capacity, const step_model& m)
+#if HETMESH_BODIES
+{
+  layout_eval ev;
+  ev.fill = place_shorts(lay, ss, pool, capacity);
+  const int pp = m.pp_stages;
+  const auto n = static_cast<std::size_t>(pool);
+  auto& finish = ev.finish;
+  finish.assign(n, 0);
+  std::vector<std::int64_t> longest(n, 0);
+  std::vector<char> any(n, 0);
+  std::vector<std::int64_t> docs;
+  const auto run_rows = [&](int r, const std::vector<std::vector<std::size_t>>& rows) {
+    const auto u = static_cast<std::size_t>(r);
+    for (const auto& row : rows) {
+      docs.clear();
+      for (std::size_t i : row) docs.push_back(ss.seqs[i].length);
+      const std::int64_t t = m.pack_time(docs).ticks;
+      finish[u] += t / pp;
+      longest[u] = std::max(longest[u], t);
+      any[u] = 1;
+    }
+  };
+  const auto& gaps = ev.fill.gaps;
+  ev.gap_rows.resize(gaps.size());
+  std::vector<std::vector<std::size_t>> gaps_of(lay.ranks.size());
+  for (std::size_t k = 0; k < gaps.size(); ++k) gaps_of[gaps[k].ring].push_back(k);
+  for (std::size_t j : lay.order) {
+    for (std::size_t k : gaps_of[j]) {
+      ev.gap_rows[k] = pack_rows(ev.fill.in_gap[k], ss.seqs, capacity);
+      run_rows(gaps[k].rank, ev.gap_rows[k]);
+    }
+    std::int64_t start = 0;
+    for (int r : lay.ranks[j]) start = std::max(start, finish[static_cast<std::size_t>(r)]);
+    for (int r : lay.ranks[j]) {
+      const auto u = static_cast<std::size_t>(r);
+      finish[u] = start + lay.time[j].ticks / pp;
+      longest[u] = std::max(longest[u], lay.time[j].ticks);
+      any[u] = 1;
+    }
+  }
+  ev.rank_rows.resize(n);
+  std::int64_t step = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    ev.rank_rows[r] = pack_rows(ev.fill.on[r], ss.seqs, capacity);
+    run_rows(static_cast<int>(r), ev.rank_rows[r]);
+    if (pp > 1 && any[r]) finish[r] += longest[r] * (pp - 1) / pp;
+    step = std::max(step, finish[r]);
+  }
+  ev.step = cost::fixed::from_ticks(step);
+  return ev;
+}
+#else
+    ;
+#endif
+
+/// How much searching improve_layout may do: full evaluations (evaluate_layout, each O(n log n)) and the work
+/// of the cheap ring-only screens, in ranks touched.
+struct search_budget {
+  /// Full evaluations, each charged (short sequences + ranks) of the group: about 9 on 3,500 sequences
+  /// and 8 ranks, 6 on 4,300 and 512.
+  std::int64_t evaluation_work = 1 << 15;
+  int evaluations = 12;     ///< and at most this many of them
+  int min_evaluations = 4;  ///< no search where fewer fit (measured: 1-3 found nothing, at 1-2x the plan)
+  std::int64_t screen_work = 1 << 18;  ///< ranks replayed by screens, all together
+  int candidates_per_ring = 16;        ///< ranks tried per ring (the least-loaded non-members)
+  int tiers = 4;                       ///< finish levels tried per ring when re-placing it (move e)
+};
+
+/// The local search over ring layouts. Starting from `lay` (the constructive placement), repeatedly
+/// takes the first rank that finishes last and holds a ring, and tries, ring by ring over its rings
+/// (the latest first): (a) moving the ring off that rank onto a non-member (the least loaded by rings
+/// first); (b) exchanging that rank with a member of another ring; (c) widening the ring by the least
+/// loaded non-member or narrowing it by that rank, within its degree bounds; (d) running the ring one
+/// place earlier or later; (e) re-placing a ring on the ranks free latest by a later finish level and
+/// every later ring greedily; (f) running one of its rings a few places earlier, re-placing it and every
+/// later ring greedily. A move is screened by the ring-only finish (a lower bound of the step: rows only
+/// add time), then evaluated in full; the first move whose modelled step (evaluate_layout) is strictly
+/// lower is kept and the search restarts from it. Stops when no move improves, or the budget is spent.
+/// `ev` is the evaluation of `lay` (evaluate_layout) and follows it. `time_of(j, ranks)` prices ring j
+/// on group ranks. Post: ev.step never above the starting layout's. Deterministic (moves in a fixed order;
+/// ties by rank). Cost: bounded by `budget`.
+HETMESH_COMPILED void improve_layout(
+    ring_layout& lay, layout_eval& ev, const short_set& ss, int pool, std::int64_t capacity,
+    const step_model& m, const std::function<cost::fixed(std::size_t, std::span<const int>)>& time_of,
+    const search_budget& budget = {})
+#if HETMESH_BODIES
+{
+  const std::size_t rings = lay.ranks.size();
+  const std::int64_t eval_work = static_cast<std::int64_t>(ss.seqs.size()) + pool;
+  if (rings == 0 || pool < 2 || budget.evaluation_work < budget.min_evaluations * eval_work) return;
+  const int pp = m.pp_stages;
+  const std::vector<std::int64_t>& finish = ev.finish;
+  // What a rank running one task of t ticks finishes at least at: its share and, with pipelines, the
+  // bubble (as balance::simulate prices them).
+  const auto alone = [&](std::int64_t t) { return t / pp + (pp > 1 ? t * (pp - 1) / pp : 0); };
+  std::int64_t ring_slots = 0;
+  std::int64_t longest = 0;
+  for (std::size_t j = 0; j < rings; ++j) {
+    ring_slots += static_cast<std::int64_t>(lay.ranks[j].size());
+    longest = std::max(longest, alone(lay.time[j].ticks));
+  }
+  if (!ss.order.empty())
+    longest = std::max(longest, alone(m.pack_time(std::span(&ss.seqs[ss.order.front()].length, 1)).ticks));
+  // A step no longer than one task alone (the longest ring, or the row of the longest short sequence)
+  // cannot drop by moving rings: only resizing that ring could, and the pass leaves sizes for the whole
+  // step to widen_ring. (With deep pipelines the bubble of the longest task often is the step.)
+  if (ev.step.ticks <= longest) return;
+  std::int64_t screen_left = budget.screen_work;
+  std::int64_t eval_left = budget.evaluation_work;
+  int evals = budget.evaluations;
+  ring_layout cand;
+  // Screens `cand`, evaluates it when it passes; true (and `cand` taken) when it is strictly better.
+  const auto try_candidate = [&]() -> bool {
+    screen_left -= ring_slots + pool;
+    const auto fin = replay_rings(cand, pool, pp);
+    if (*std::max_element(fin.begin(), fin.end()) >= ev.step.ticks) return false;
+    eval_left -= eval_work;
+    --evals;
+    layout_eval e = evaluate_layout(cand, ss, pool, capacity, m);
+    if (e.step >= ev.step) return false;
+    ev = std::move(e);
+    lay = cand;
+    return true;
+  };
+  const auto within = [&] { return evals > 0 && eval_left >= eval_work && screen_left > 0; };
+  const auto set_ring = [&](std::size_t j, std::vector<int> ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    cand.time[j] = time_of(j, ranks);
+    cand.ranks[j] = std::move(ranks);
+  };
+  bool improved = true;
+  while (improved && within()) {
+    improved = false;
+    // The critical rank: the first that finishes last and holds a ring.
+    const std::int64_t top = *std::max_element(finish.begin(), finish.end());
+    std::vector<char> holds(static_cast<std::size_t>(pool), 0);
+    for (const auto& rk : lay.ranks)
+      for (int r : rk) holds[static_cast<std::size_t>(r)] = 1;
+    int c = -1;
+    for (int r = 0; r < pool && c < 0; ++r)
+      if (finish[static_cast<std::size_t>(r)] == top && holds[static_cast<std::size_t>(r)]) c = r;
+    // Its rings, the latest first; ranks by ring-only finish (ties: lower rank) as move targets.
+    std::vector<std::size_t> pos(rings);
+    for (std::size_t p = 0; p < rings; ++p) pos[lay.order[p]] = p;
+    std::vector<std::size_t> mine;  // none when c < 0
+    for (std::size_t p = rings; c >= 0 && p-- > 0;) {
+      const auto& rk = lay.ranks[lay.order[p]];
+      if (std::binary_search(rk.begin(), rk.end(), c)) mine.push_back(lay.order[p]);
+    }
+    const auto ring_fin = replay_rings(lay, pool, pp);
+    std::vector<int> by_load(static_cast<std::size_t>(pool));
+    for (int r = 0; r < pool; ++r) by_load[static_cast<std::size_t>(r)] = r;
+    std::stable_sort(by_load.begin(), by_load.end(), [&](int a, int b) {
+      return ring_fin[static_cast<std::size_t>(a)] < ring_fin[static_cast<std::size_t>(b)];
+    });
+    // Moves (a) to (d) may spend half of what is left of the screens, (e) the rest.
+    const std::int64_t reserve = screen_left / 2;
+    const auto within_local = [&] { return within() && screen_left > reserve; };
+    for (std::size_t j : mine) {
+      const std::vector<int> rk = lay.ranks[j];  // copies: a kept move replaces lay
+      const auto member = [&](int r) { return std::binary_search(rk.begin(), rk.end(), r); };
+      // (a) off c onto a non-member.
+      int tried = 0;
+      for (int r : by_load) {
+        if (improved || !within_local() || tried >= budget.candidates_per_ring) break;
+        if (member(r)) continue;
+        ++tried;
+        cand = lay;
+        std::vector<int> nr(rk);
+        *std::find(nr.begin(), nr.end(), c) = r;
+        set_ring(j, std::move(nr));
+        improved = try_candidate();
+      }
+      // (b) c exchanged with a member r of another ring k that c is not in: k moves onto c.
+      for (std::size_t p = 0; p < rings && !improved && within_local(); ++p) {
+        const std::size_t k = lay.order[p];
+        const std::vector<int> rk2 = lay.ranks[k];
+        if (k == j || std::binary_search(rk2.begin(), rk2.end(), c)) continue;
+        tried = 0;
+        for (int r : rk2) {
+          if (improved || !within_local() || tried >= budget.candidates_per_ring) break;
+          if (member(r)) continue;
+          ++tried;
+          cand = lay;
+          std::vector<int> a(rk), b(rk2);
+          *std::find(a.begin(), a.end(), c) = r;
+          *std::find(b.begin(), b.end(), r) = c;
+          set_ring(j, std::move(a));
+          set_ring(k, std::move(b));
+          improved = try_candidate();
+        }
+      }
+      // (c) one rank more (the least loaded non-member) or one less (c), within its degree bounds.
+      if (!improved && within_local() && static_cast<int>(rk.size()) < lay.max_degree[j]) {
+        const auto r = std::find_if(by_load.begin(), by_load.end(), [&](int x) { return !member(x); });
+        cand = lay;
+        std::vector<int> nr(rk);
+        nr.push_back(*r);
+        set_ring(j, std::move(nr));
+        improved = try_candidate();
+      }
+      if (!improved && within_local() && static_cast<int>(rk.size()) > lay.min_degree[j]) {
+        cand = lay;
+        std::vector<int> nr(rk);
+        nr.erase(std::find(nr.begin(), nr.end(), c));
+        set_ring(j, std::move(nr));
+        improved = try_candidate();
+      }
+      // (d) one place earlier or later.
+      for (int dir : {1, -1}) {
+        if (improved || !within_local()) break;
+        const std::size_t p = pos[j];
+        if ((dir < 0 && p == 0) || (dir > 0 && p + 1 >= rings)) continue;
+        cand = lay;
+        std::swap(cand.order[p], cand.order[dir > 0 ? p + 1 : p - 1]);
+        improved = try_candidate();
+      }
+      if (improved || !within_local()) break;
+    }
+    // (e) Re-placing a ring and every ring after it, at each position p (those of the critical rank's
+    //     rings first, the latest first, then the others from the last): the ring on the D ranks free
+    //     latest by a later finish level (best fit: the rings of its predecessors leave fewer holes),
+    //     every later ring again on the D least-loaded ranks, as the constructive pass places them.
+    std::vector<std::size_t> positions;
+    for (std::size_t j : mine) positions.push_back(pos[j]);
+    for (std::size_t p = rings; p-- > 0;)
+      if (std::find(mine.begin(), mine.end(), lay.order[p]) == mine.end()) positions.push_back(p);
+    for (std::size_t p : positions) {
+      if (improved || !within()) break;
+      const std::size_t j = lay.order[p];
+      const auto d = lay.ranks[j].size();
+      const auto before = replay_rings(lay, pool, pp, nullptr, p);
+      std::vector<int> idx(static_cast<std::size_t>(pool));
+      for (int r = 0; r < pool; ++r) idx[static_cast<std::size_t>(r)] = r;
+      std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
+        return before[static_cast<std::size_t>(a)] < before[static_cast<std::size_t>(b)];
+      });
+      screen_left -= pool;
+      const auto at = [&](std::size_t q) { return before[static_cast<std::size_t>(idx[q])]; };
+      int tier = 0;
+      for (std::size_t e = d; e <= idx.size() && tier < budget.tiers && !improved && within(); ++e) {
+        // Level: the finish of idx[e - 1]; only the last rank of each level opens a tier.
+        if (e < idx.size() && at(e) == at(e - 1)) continue;
+        ++tier;
+        // The d ranks free latest at or before this level, the lowest ranks of the level first.
+        std::vector<int> pick;
+        std::size_t lo = e;
+        while (lo > 0 && at(lo - 1) == at(e - 1)) --lo;
+        for (std::size_t q = lo; q < e && pick.size() < d; ++q) pick.push_back(idx[q]);
+        for (std::size_t q = lo; q-- > 0 && pick.size() < d;) pick.push_back(idx[q]);
+        cand = lay;
+        set_ring(j, std::move(pick));
+        if (cand.ranks[j] == lay.ranks[j]) continue;
+        load_set loads(before);
+        bool hopeless = false;  // a ring already ends at or after the step: the screen would fail
+        for (std::size_t q = p; q < rings && !hopeless; ++q) {
+          const std::size_t i = lay.order[q];
+          if (q > p) {
+            std::vector<int> least = loads.least(static_cast<int>(cand.ranks[i].size()));
+            set_ring(i, std::move(least));
+          }
+          const cost::fixed share = cost::fixed::from_ticks(cand.time[i].ticks / pp);
+          hopeless = (loads.run(cand.ranks[i], share) + share).ticks >= ev.step.ticks;
+          screen_left -= static_cast<std::int64_t>(cand.ranks[i].size());
+        }
+        if (!hopeless) improved = try_candidate();
+      }
+    }
+    // (f) A ring of the critical rank run earlier: moved up to `tiers` places ahead in the order, it and
+    //     every ring from its new place on again on the D least-loaded ranks (the constructive pass
+    //     with that ring placed before some longer ones).
+    for (std::size_t j : mine) {
+      for (std::size_t back = 1; back <= static_cast<std::size_t>(budget.tiers) && back <= pos[j]; ++back) {
+        if (improved || !within()) break;
+        const std::size_t q0 = pos[j] - back;
+        cand = lay;
+        cand.order.erase(cand.order.begin() + static_cast<std::ptrdiff_t>(pos[j]));
+        cand.order.insert(cand.order.begin() + static_cast<std::ptrdiff_t>(q0), j);
+        load_set loads(replay_rings(cand, pool, pp, nullptr, q0));
+        screen_left -= pool;
+        bool hopeless = false;
+        for (std::size_t q = q0; q < rings && !hopeless; ++q) {
+          const std::size_t i = cand.order[q];
+          set_ring(i, loads.least(static_cast<int>(cand.ranks[i].size())));
+          const cost::fixed share = cost::fixed::from_ticks(cand.time[i].ticks / pp);
+          hopeless = (loads.run(cand.ranks[i], share) + share).ticks >= ev.step.ticks;
+          screen_left -= static_cast<std::int64_t>(cand.ranks[i].size());
+        }
+        if (!hopeless) improved = try_candidate();
+      }
+    }
+  }
+}
+#else
+    ;
+#endif
+
+}  // namespace hetmesh::balance::detail
