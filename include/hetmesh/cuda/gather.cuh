@@ -37,6 +37,32 @@ __global__ void move_rows_kernel(const V* __restrict__ src, const std::int64_t* 
       dst[table] = src[k];
   }
 }
+// One-unit rows (a row is one V: 4-, 8- or 16-byte rows, the narrowest): no division, and four rows in
+// flight per thread (their indices and values loaded before any store), so a warp keeps more loads
+// outstanding than one element per thread does.
+template <class V, row_direction Dir>
+__global__ void move_unit_rows_kernel(const V* __restrict__ src, const std::int64_t* __restrict__ indices,
+                                      V* __restrict__ dst, std::int64_t rows) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; k + 3 * stride < rows; k += 4 * stride) {
+    const std::int64_t i0 = indices[k], i1 = indices[k + stride], i2 = indices[k + 2 * stride],
+                       i3 = indices[k + 3 * stride];
+    if constexpr (Dir == row_direction::gather) {
+      const V v0 = src[i0], v1 = src[i1], v2 = src[i2], v3 = src[i3];
+      dst[k] = v0, dst[k + stride] = v1, dst[k + 2 * stride] = v2, dst[k + 3 * stride] = v3;
+    } else {
+      const V v0 = src[k], v1 = src[k + stride], v2 = src[k + 2 * stride], v3 = src[k + 3 * stride];
+      dst[i0] = v0, dst[i1] = v1, dst[i2] = v2, dst[i3] = v3;
+    }
+  }
+  for (; k < rows; k += stride) {
+    if constexpr (Dir == row_direction::gather)
+      dst[k] = src[indices[k]];
+    else
+      dst[indices[k]] = src[k];
+  }
+}
 // Wide rows (>= wide_row_bytes): a block per row, its threads over the row's units of V: one index
 // load per row, no division, 16-byte accesses where the row allows them.
 template <class V, row_direction Dir>
@@ -98,7 +124,11 @@ void move_rows(std::span<const T> src, std::span<const std::int64_t> indices, st
     const auto units = static_cast<std::int64_t>(row_bytes / sizeof(V));
     const auto* s = reinterpret_cast<const V*>(src.data());
     auto* d = reinterpret_cast<V*>(dst.data());
-    if (row_bytes >= wide_row_bytes) {
+    if (units == 1) {
+      constexpr unsigned block = 256;
+      move_unit_rows_kernel<V, Dir>
+          <<<grid_for((rows + 3) / 4, block), block, 0, stream>>>(s, indices.data(), d, rows);
+    } else if (row_bytes >= wide_row_bytes) {
       const unsigned block = units >= 256 ? 256 : (units >= 128 ? 128 : 64);
       const auto grid = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
       move_wide_rows_kernel<V, Dir><<<grid, block, 0, stream>>>(s, indices.data(), d, rows, units);
