@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <queue>
 #include <set>
 #include <span>
@@ -299,8 +300,10 @@ HETMESH_COMPILED ring_layout repack_rings(
       if (p.start <= t && t < p.end) b += p.ranks;
     return b;
   };
+  std::vector<std::int64_t> cand;
+  cand.reserve(k + 1);
   const auto earliest = [&](int d, std::int64_t len) {
-    std::vector<std::int64_t> cand{0};
+    cand.assign(1, 0);
     for (const auto& p : ps) cand.push_back(p.end);
     std::sort(cand.begin(), cand.end());
     for (std::int64_t t : cand) {
@@ -352,25 +355,21 @@ HETMESH_COMPILED ring_layout repack_rings(
   std::vector<std::int64_t> start(rings, 0);
   ring_layout out = lay;
   std::size_t placed = 0;
+  std::optional<load_set> after;  // past `backfill` rings: each rank's last end
   for (std::size_t j : list) {
     const std::int64_t len = dur(j);
     const int d = width(j);
     if (placed++ >= backfill) {
       // The rest after everything on their ranks: the d ranks whose last ring ends first.
-      std::vector<std::pair<std::int64_t, int>> last(static_cast<std::size_t>(pool));
-      for (int r = 0; r < pool; ++r) {
-        const auto& b = busy[static_cast<std::size_t>(r)];
-        last[static_cast<std::size_t>(r)] = {b.empty() ? 0 : b.back().second, r};
+      if (!after) {
+        std::vector<std::int64_t> last(static_cast<std::size_t>(pool), 0);
+        for (std::size_t r = 0; r < last.size(); ++r)
+          if (!busy[r].empty()) last[r] = busy[r].back().second;
+        after.emplace(last);
       }
-      std::nth_element(last.begin(), last.begin() + (d - 1), last.end());
-      std::vector<int> ranks;
-      std::int64_t t = 0;
-      for (int q = 0; q < d; ++q) {
-        ranks.push_back(last[static_cast<std::size_t>(q)].second);
-        t = std::max(t, last[static_cast<std::size_t>(q)].first);
-      }
+      std::vector<int> ranks = after->least(d);
       std::sort(ranks.begin(), ranks.end());
-      for (int r : ranks) busy[static_cast<std::size_t>(r)].push_back({t, t + len});
+      const std::int64_t t = after->run(ranks, cost::fixed::from_ticks(len)).ticks;
       start[j] = t;
       out.time[j] = time_of(j, ranks);
       out.ranks[j] = std::move(ranks);
