@@ -4,9 +4,9 @@
 // run in), place_shorts puts the short sequences around them (into the gaps the rings leave, else LPT
 // after every ring), evaluate_layout packs their rows and prices the result exactly as
 // balance::simulate prices the emitted plan, and improve_layout searches ring layouts near the constructive
-// one: a re-packing of every ring (the largest in the order a small branch and bound finds, the others
-// backfilled into the ranks they leave idle), then moves that change which ranks a ring occupies or when
-// it runs, each kept only when the modelled step strictly drops.
+// one: moves that change which ranks a ring occupies or when it runs, and a re-packing of every ring (the
+// largest in the order a small branch and bound finds, the others backfilled into the ranks they leave
+// idle), each kept only when the modelled step strictly drops.
 #pragma once
 
 #include <algorithm>
@@ -444,22 +444,23 @@ struct search_budget {
   std::int64_t repack_work = 1 << 22;  ///< move (g) only where rings x (pool + ring members) is within this
 };
 
-/// The search over ring layouts. First (g): every ring re-packed (repack_rings: the largest in the order a
-/// small branch and bound finds, the others backfilled), kept when its modelled step is strictly lower;
-/// skipped where rings x (pool + ring members) exceeds budget.repack_work. Then the local search: from
-/// the layout kept, repeatedly
-/// takes the first rank that finishes last and holds a ring, and tries, ring by ring over its rings
-/// (the latest first): (a) moving the ring off that rank onto a non-member (the least loaded by rings
-/// first); (b) exchanging that rank with a member of another ring; (c) widening the ring by the least
-/// loaded non-member or narrowing it by that rank, within its degree bounds; (d) running the ring one
-/// place earlier or later; (e) re-placing a ring on the ranks free latest by a later finish level and
-/// every later ring greedily; (f) running one of its rings a few places earlier, re-placing it and every
-/// later ring greedily. A move is screened by the ring-only finish (a lower bound of the step: rows only
-/// add time), then evaluated in full; the first move whose modelled step (evaluate_layout) is strictly
-/// lower is kept and the search restarts from it. Stops when no move improves, or the budget is spent.
-/// `ev` is the evaluation of `lay` (evaluate_layout) and follows it. `time_of(j, ranks)` prices ring j
-/// on group ranks. Post: ev.step never above the starting layout's. Deterministic (moves in a fixed order;
-/// ties by rank). Cost: bounded by `budget`.
+/// The search over ring layouts. Starting from `lay` (the constructive placement), repeatedly takes the
+/// first rank that finishes last and holds a ring, and tries, ring by ring over its rings (the latest
+/// first): (a) moving the ring off that rank onto a non-member (the least loaded by rings first); (b)
+/// exchanging that rank with a member of another ring; (c) widening the ring by the least loaded
+/// non-member or narrowing it by that rank, within its degree bounds; (d) running the ring one place
+/// earlier or later; (e) re-placing a ring on the ranks free latest by a later finish level and every
+/// later ring greedily; (f) running one of its rings a few places earlier, re-placing it and every later
+/// ring greedily. A move is screened by the ring-only finish (a lower bound of the step: rows only add
+/// time), then evaluated in full; the first move whose modelled step (evaluate_layout) is strictly lower
+/// is kept and the search restarts from it. Once, when no move (a)-(f) improves (or the budget of the
+/// screens is spent while full evaluations are left): (g) every ring re-packed (repack_rings: the
+/// largest in the order a small branch and bound finds, the others backfilled), kept on the same terms,
+/// and the local moves go on from it; skipped where rings x (pool + ring members) exceeds
+/// budget.repack_work. Stops when nothing improves, or the budget is spent. `ev` is the evaluation of
+/// `lay` (evaluate_layout) and follows it. `time_of(j, ranks)` prices ring j on group ranks. Post:
+/// ev.step never above the starting layout's. Deterministic (moves in a fixed order; ties by rank).
+/// Cost: bounded by `budget`.
 HETMESH_COMPILED void improve_layout(
     ring_layout& lay, layout_eval& ev, const short_set& ss, int pool, std::int64_t capacity,
     const step_model& m, const std::function<cost::fixed(std::size_t, std::span<const int>)>& time_of,
@@ -504,17 +505,21 @@ HETMESH_COMPILED void improve_layout(
     return true;
   };
   const auto within = [&] { return evals > 0 && eval_left >= eval_work && screen_left > 0; };
-  // (g) First, every ring re-packed (repack_rings): the largest in the order a small branch and bound
-  //     finds, the others backfilled into the idle ranks the largest leave. The greedy placement puts
-  //     the largest rings side by side first and can leave the next ones waiting for each other with
-  //     no local move to undo it; this places them as a packing of rectangles instead.
-  if (rings > 1 && static_cast<std::int64_t>(rings) * (pool + ring_slots) <= budget.repack_work) {
+  // (g) Every ring re-packed (repack_rings), tried once, when no local move improves any more: the
+  //     largest in the order a small branch and bound finds, the others backfilled into the idle ranks
+  //     the largest leave. The greedy placement puts the largest rings side by side first and can leave
+  //     the next ones waiting for each other with no local move to undo it; this places them as a
+  //     packing of rectangles instead. When kept, the local moves go on from it.
+  bool repacked = rings < 2 || static_cast<std::int64_t>(rings) * (pool + ring_slots) > budget.repack_work;
+  const auto repack = [&]() -> bool {
+    repacked = true;
+    if (evals <= 0 || eval_left < eval_work) return false;
     std::int64_t fluid = 0;
     for (std::int64_t c : ss.cost) fluid += c / pp;
     cand = repack_rings(lay, pool, pp, budget.repack_rings, budget.repack_backfill, fluid,
                         budget.repack_nodes, time_of);
-    (void)try_candidate();
-  }
+    return try_candidate();
+  };
   const auto set_ring = [&](std::size_t j, std::vector<int> ranks) {
     std::sort(ranks.begin(), ranks.end());
     cand.time[j] = time_of(j, ranks);
@@ -681,7 +686,9 @@ HETMESH_COMPILED void improve_layout(
         if (!hopeless) improved = try_candidate();
       }
     }
+    if (!improved && !repacked) improved = repack();
   }
+  if (!repacked) (void)repack();
 }
 #else
     ;
