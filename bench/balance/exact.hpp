@@ -36,12 +36,14 @@ namespace hetmesh::bench {
 
 /// The exact search's result, in model ticks (cost::fixed).
 struct exact_result {
-  std::int64_t relaxed_optimum = 0;  ///< optimum with short sequences as a divisible fluid: a lower bound
-  std::int64_t feasible = 0;         ///< a feasible step (shorts placed whole): an upper bound
-  std::int64_t long_tasks = 0;       ///< sequences longer than C
-  std::int64_t nodes = 0;            ///< search nodes visited
-  bool proved = false;               ///< the search finished (else relaxed_optimum is the best lower bound
-                                     ///< found so far, still valid, and feasible the best schedule)
+  std::int64_t relaxed_optimum = 0;   ///< optimum with short sequences as a divisible fluid: a lower bound
+  std::int64_t feasible = 0;          ///< a feasible step (shorts placed whole): an upper bound
+  std::int64_t long_tasks = 0;        ///< sequences longer than C
+  std::int64_t nodes = 0;             ///< search nodes visited
+  bool proved = false;                ///< the search finished (else relaxed_optimum is the best lower bound
+                                      ///< found so far, still valid, and feasible the best schedule)
+  std::int64_t fluid_long_tasks = 0;  ///< long sequences relaxed into the fluid (exact_optimum's `rigid`);
+                                      ///< when > 0, `feasible` is 0 (no plan: those rings were not placed)
 };
 
 namespace detail {
@@ -122,8 +124,13 @@ inline std::int64_t place_shorts(std::vector<placed> ps, int n, std::span<const 
 }  // namespace detail
 
 /// The exact search for `seqs` under `cfg` (pp_stages = 1). Pure; exponential in the long sequences.
+/// `rigid`: how many long sequences (the largest by least ring time) the search places as rings; the
+/// others join the fluid at their least rank-time (D x ring_time over their allowed D), a further
+/// relaxation: relaxed_optimum stays a lower bound, feasible is not computed (0). This is how the
+/// full-scale batch (hundreds of rings) gets a bound that sees how its largest rings fit together.
 inline exact_result exact_optimum(std::span<const seq::seq_desc> seqs, const balance::strategy_config& cfg,
-                                  std::int64_t max_nodes = 20'000'000) {
+                                  std::int64_t max_nodes = 20'000'000,
+                                  std::size_t rigid = std::numeric_limits<std::size_t>::max()) {
   const auto& m = cfg.model;
   const int n = cfg.ranks;
   std::vector<std::vector<detail::mode>> tasks;
@@ -148,12 +155,22 @@ inline exact_result exact_optimum(std::span<const seq::seq_desc> seqs, const bal
     tasks.push_back(std::move(modes));
   }
   std::sort(shorts.rbegin(), shorts.rend());
-  const std::int64_t fluid = cost::fixed::from_units(fluid_units).ticks;
+  std::int64_t fluid = cost::fixed::from_units(fluid_units).ticks;
   // Tasks in decreasing order of their least time (the search meets big tasks first); identical ones
   // adjacent.
   std::sort(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) {
     return a.back().time != b.back().time ? a.back().time > b.back().time : a.front().ranks > b.front().ranks;
   });
+  // Beyond `rigid`: into the fluid at their least rank-time; the longest of them still bounds the step.
+  std::int64_t fluid_ticks = 0, longest_fluid = 0;
+  const std::size_t all_tasks = tasks.size();
+  while (tasks.size() > rigid) {
+    std::int64_t area = std::numeric_limits<std::int64_t>::max();
+    for (const auto& md : tasks.back()) area = std::min(area, md.ranks * md.time);
+    fluid_ticks += area;
+    longest_fluid = std::max(longest_fluid, tasks.back().back().time);
+    tasks.pop_back();
+  }
   const std::size_t k = tasks.size();
   std::vector<std::int64_t> min_area(k), min_time(k);
   for (std::size_t i = 0; i < k; ++i) {
@@ -169,8 +186,11 @@ inline exact_result exact_optimum(std::span<const seq::seq_desc> seqs, const bal
     same_as_prev[i] = same;
   }
   auto ceil_div = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
+  fluid += fluid_ticks;
+  largest_short = std::max(largest_short, longest_fluid);
   exact_result res;
-  res.long_tasks = static_cast<std::int64_t>(k);
+  res.long_tasks = static_cast<std::int64_t>(all_tasks);
+  res.fluid_long_tasks = static_cast<std::int64_t>(all_tasks - k);
   std::int64_t best = std::numeric_limits<std::int64_t>::max();
   std::int64_t best_feasible = std::numeric_limits<std::int64_t>::max();
   std::vector<detail::placed> ps;
@@ -189,7 +209,8 @@ inline exact_result exact_optimum(std::span<const seq::seq_desc> seqs, const bal
     if (lb >= best) return;
     if (left == 0) {
       best = lb;  // the fluid fills the idle rank-time: max(cmax, area / N) is reached
-      best_feasible = std::min(best_feasible, std::max(cmax, detail::place_shorts(ps, n, shorts)));
+      if (k == all_tasks)
+        best_feasible = std::min(best_feasible, std::max(cmax, detail::place_shorts(ps, n, shorts)));
       return;
     }
     if (res.nodes >= max_nodes) {
@@ -216,7 +237,8 @@ inline exact_result exact_optimum(std::span<const seq::seq_desc> seqs, const bal
   res.proved = !stopped;
   res.relaxed_optimum = stopped ? std::min(best, frontier_lb) : best;
   // With no long task the search placed nothing: the fluid bound and the shorts alone.
-  res.feasible = best_feasible == std::numeric_limits<std::int64_t>::max()
+  res.feasible = k < all_tasks ? 0
+                 : best_feasible == std::numeric_limits<std::int64_t>::max()
                      ? detail::place_shorts({}, n, shorts)
                      : best_feasible;
   return res;

@@ -447,3 +447,64 @@ TEST_CASE("plan_gap_filling_hdp: the improvement pass keeps every property and n
   MESSAGE("the pass improved " << better << " of 12 batches");
   CHECK(better > 0);  // 4 of 12 when written
 }
+
+TEST_CASE("improve_layout: re-packing the largest rings finds a packing that no local move finds") {
+  // Six rings on 9 ranks (members x time; no short sequences). Placed longest first on the least-loaded
+  // ranks (as plan_gap_filling_hdp's constructive pass places them), the two longest run side by side
+  // and the next four then wait for each other's ranks. A packing with no idle rank exists; the local
+  // moves (a)-(f) alone do not reach it, the re-packing move (g) (repack_rings) does: the step drops to
+  // the area bound, sum of members x time over the ranks.
+  using namespace balance::detail;
+  const int pool = 9;
+  const std::vector<int> width{5, 4, 3, 6, 4, 5};
+  const std::vector<double> units{29, 28, 22, 22, 18, 17};
+  const balance::step_model m;
+  balance::detail::ring_layout lay;
+  balance::detail::load_set loads(pool);
+  std::int64_t area = 0;
+  for (std::size_t j = 0; j < width.size(); ++j) {
+    std::vector<int> ring = loads.least(width[j]);
+    std::sort(ring.begin(), ring.end());
+    lay.time.push_back(cost::fixed::from_units(units[j]));
+    loads.run(ring, lay.time.back());
+    lay.order.push_back(j);
+    lay.ranks.push_back(std::move(ring));
+    lay.min_degree.push_back(width[j]);
+    lay.max_degree.push_back(width[j]);
+    area += width[j] * lay.time.back().ticks;
+  }
+  const std::int64_t area_bound = (area + pool - 1) / pool;
+  const short_set none;
+  const auto time_of = [&](std::size_t j, std::span<const int>) { return cost::fixed::from_units(units[j]); };
+  const layout_eval start = evaluate_layout(lay, none, pool, 8192, m);
+  CHECK(start.step.ticks > area_bound);
+  // The local moves alone (move (g) off: no work allowed for it).
+  ring_layout local = lay;
+  layout_eval local_ev = start;
+  improve_layout(local, local_ev, none, pool, 8192, m, time_of, search_budget{.repack_work = 0});
+  CHECK(local_ev.step.ticks > area_bound);
+  // With move (g).
+  ring_layout packed = lay;
+  layout_eval packed_ev = start;
+  improve_layout(packed, packed_ev, none, pool, 8192, m, time_of);
+  CHECK(packed_ev.step.ticks == area_bound);
+  CHECK(packed_ev.step < local_ev.step);
+  // Still a layout of the same rings: each on its own number of distinct ranks of the pool, every ring
+  // once in the order, and the evaluation is that of the layout.
+  std::vector<std::size_t> order = packed.order;
+  std::sort(order.begin(), order.end());
+  for (std::size_t j = 0; j < width.size(); ++j) {
+    CHECK(order[j] == j);
+    CHECK(static_cast<int>(packed.ranks[j].size()) == width[j]);
+    CHECK(std::set<int>(packed.ranks[j].begin(), packed.ranks[j].end()).size() == packed.ranks[j].size());
+    CHECK(packed.ranks[j].front() >= 0);
+    CHECK(packed.ranks[j].back() < pool);
+  }
+  CHECK(evaluate_layout(packed, none, pool, 8192, m).step == packed_ev.step);
+  // Deterministic.
+  ring_layout again = lay;
+  layout_eval again_ev = start;
+  improve_layout(again, again_ev, none, pool, 8192, m, time_of);
+  CHECK(again.ranks == packed.ranks);
+  CHECK(again.order == packed.order);
+}

@@ -12,8 +12,9 @@
 //   3. each gap, and each rank's remaining short sequences, packed by best-fit decreasing into
 //      micro-batches of C tokens.
 // Between 1 and 2, an improvement pass (ring_search.hpp, on unless gap_filling_policy::local_search is
-// false) tries other ranks, sizes and orders for the rings and re-places the short sequences for each
-// try, keeping a change only when the modelled step of the whole group strictly drops.
+// false) tries other ranks, sizes and orders for the rings, and a re-packing of all of them (the largest
+// as a packing of rectangles, the others backfilled), re-placing the short sequences for each try and
+// keeping a change only when the modelled step of the whole group strictly drops.
 // Packing after balancing is what brings the step within a few percent of the lower bound: packing
 // first (ByteScale) freezes items of equal tokens but very unequal cost. With `group_size` G, ranks
 // form locality groups of G consecutive ranks and each sample stays in the group of its loader (the

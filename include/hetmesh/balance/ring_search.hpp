@@ -4,13 +4,16 @@
 // run in), place_shorts puts the short sequences around them (into the gaps the rings leave, else LPT
 // after every ring), evaluate_layout packs their rows and prices the result exactly as
 // balance::simulate prices the emitted plan, and improve_layout searches ring layouts near the constructive
-// one: moves that change which ranks a ring occupies or when it runs, each kept only when the modelled step
-// strictly drops.
+// one: moves that change which ranks a ring occupies or when it runs, and a re-packing of every ring (the
+// largest in the order a small branch and bound finds, the others backfilled into the ranks they leave
+// idle), each kept only when the modelled step strictly drops.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <queue>
 #include <set>
 #include <span>
@@ -255,6 +258,175 @@ HETMESH_COMPILED layout_eval evaluate_layout(const ring_layout& lay, const short
     ;
 #endif
 
+/// Re-packs every ring of `lay` from scratch (move (g) of improve_layout): the `k` largest rings (the
+/// first k ring indices: the planner numbers them longest first) in the order a bounded branch and
+/// bound finds, then every other ring longest first, each at the earliest time that as many ranks as it
+/// has members are all idle for its whole time (backfilling: a later ring may run before an earlier one
+/// on ranks it leaves idle), on the ranks that fit that slot tightest (free latest before it, then busy
+/// soonest after it, then the lowest rank). The branch and bound places the k rings as rectangles of
+/// ranks x time on a pool of `pool` interchangeable ranks, each at the earliest time enough ranks are
+/// free for its whole time after those placed before it (the serial schedule-generation scheme, which
+/// reaches an optimal schedule of the rectangles), and minimizes max(the last end, all work of the
+/// group / pool) where the other rings and the short sequences (`fluid`, rank-ticks) count as work that
+/// fills idle ranks; it visits at most `nodes` nodes and keeps the first best order found. Times are
+/// lay.time / pp as replay_rings runs them. Returns the new layout: ranks re-priced by `time_of`, order by
+/// start (ties: ring index), so every rank runs its rings in the order of their slots. Deterministic.
+/// O(nodes x k^2 + rings x W log W), W the idle windows (at most pool + the rings' members).
+HETMESH_COMPILED ring_layout repack_rings(
+    const ring_layout& lay, int pool, int pp, std::size_t k, std::size_t backfill, std::int64_t fluid,
+    std::int64_t nodes, const std::function<cost::fixed(std::size_t, std::span<const int>)>& time_of)
+#if HETMESH_BODIES
+{
+  const std::size_t rings = lay.ranks.size();
+  k = std::min(k, rings);
+  const auto width = [&](std::size_t j) { return static_cast<int>(lay.ranks[j].size()); };
+  const auto dur = [&](std::size_t j) { return lay.time[j].ticks / pp; };
+  // 1. Branch and bound over the order of rings 0..k-1 (counts of ranks, not which ranks).
+  struct rect {
+    std::int64_t start, end;
+    int ranks;
+  };
+  std::vector<rect> ps;
+  std::vector<std::size_t> seq, best_seq;
+  std::vector<char> done(k, 0);
+  std::int64_t area_all = fluid;
+  for (std::size_t j = 0; j < rings; ++j) area_all += static_cast<std::int64_t>(width(j)) * dur(j);
+  const std::int64_t area_bound = (area_all + pool - 1) / pool;
+  std::int64_t best = std::numeric_limits<std::int64_t>::max();
+  std::int64_t visited = 0;
+  const auto busy_at = [&](std::int64_t t) {
+    int b = 0;
+    for (const auto& p : ps)
+      if (p.start <= t && t < p.end) b += p.ranks;
+    return b;
+  };
+  std::vector<std::int64_t> cand;
+  cand.reserve(k + 1);
+  const auto earliest = [&](int d, std::int64_t len) {
+    cand.assign(1, 0);
+    for (const auto& p : ps) cand.push_back(p.end);
+    std::sort(cand.begin(), cand.end());
+    for (std::int64_t t : cand) {
+      bool ok = busy_at(t) + d <= pool;
+      for (const auto& p : ps)
+        if (ok && p.start > t && p.start < t + len) ok = busy_at(p.start) + d <= pool;
+      if (ok) return t;
+    }
+    return cand.back();
+  };
+  const auto rec = [&](const auto& self, std::int64_t cmax) -> void {
+    ++visited;
+    std::int64_t longest_left = 0;
+    for (std::size_t j = 0; j < k; ++j)
+      if (!done[j]) longest_left = std::max(longest_left, dur(j));
+    const std::int64_t lb = std::max({cmax, area_bound, longest_left});
+    if (lb >= best) return;
+    if (seq.size() == k) {
+      best = lb;
+      best_seq = seq;
+      return;
+    }
+    if (visited >= nodes) return;
+    for (std::size_t j = 0; j < k && best > area_bound; ++j) {
+      // Identical rings in index order only: the others' orders give the same schedules.
+      if (done[j] || (j > 0 && !done[j - 1] && width(j) == width(j - 1) && dur(j) == dur(j - 1))) continue;
+      const std::int64_t st = earliest(width(j), dur(j));
+      done[j] = 1;
+      seq.push_back(j);
+      ps.push_back({st, st + dur(j), width(j)});
+      self(self, std::max(cmax, st + dur(j)));
+      ps.pop_back();
+      seq.pop_back();
+      done[j] = 0;
+    }
+  };
+  if (k > 0) rec(rec, 0);
+  // 2. Every ring by backfilling: the k in that order, then the others longest first (index order).
+  std::vector<std::size_t> list(best_seq);
+  for (std::size_t j = 0; j < rings; ++j)
+    if (std::find(best_seq.begin(), best_seq.end(), j) == best_seq.end()) list.push_back(j);
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> busy(static_cast<std::size_t>(pool));
+  struct window {
+    std::int64_t from, to;
+    int rank;
+  };
+  std::vector<window> wins;
+  std::vector<std::size_t> heap;  // indices into wins, a min-heap on `to`
+  std::vector<std::int64_t> start(rings, 0);
+  ring_layout out = lay;
+  std::size_t placed = 0;
+  std::optional<load_set> after;  // past `backfill` rings: each rank's last end
+  for (std::size_t j : list) {
+    const std::int64_t len = dur(j);
+    const int d = width(j);
+    if (placed++ >= backfill) {
+      // The rest after everything on their ranks: the d ranks whose last ring ends first.
+      if (!after) {
+        std::vector<std::int64_t> last(static_cast<std::size_t>(pool), 0);
+        for (std::size_t r = 0; r < last.size(); ++r)
+          if (!busy[r].empty()) last[r] = busy[r].back().second;
+        after.emplace(last);
+      }
+      std::vector<int> ranks = after->least(d);
+      std::sort(ranks.begin(), ranks.end());
+      const std::int64_t t = after->run(ranks, cost::fixed::from_ticks(len)).ticks;
+      start[j] = t;
+      out.time[j] = time_of(j, ranks);
+      out.ranks[j] = std::move(ranks);
+      continue;
+    }
+    wins.clear();
+    for (int r = 0; r < pool; ++r) {
+      std::int64_t from = 0;
+      for (const auto& [a, b] : busy[static_cast<std::size_t>(r)]) {
+        if (a - from >= len) wins.push_back({from, a, r});
+        from = b;
+      }
+      wins.push_back({from, std::numeric_limits<std::int64_t>::max(), r});
+    }
+    std::sort(wins.begin(), wins.end(), [](const window& x, const window& y) {
+      return x.from != y.from ? x.from < y.from : x.rank < y.rank;
+    });
+    // Sweep the window starts; the heap holds the windows open at t0 that still hold [t0, t0 + len).
+    heap.clear();
+    const auto later_end = [&](std::size_t x, std::size_t y) { return wins[x].to > wins[y].to; };
+    std::int64_t t0 = 0;
+    for (std::size_t q = 0; q < wins.size(); ++q) {
+      t0 = wins[q].from;
+      heap.push_back(q);
+      std::push_heap(heap.begin(), heap.end(), later_end);
+      while (!heap.empty() && wins[heap.front()].to - t0 < len) {
+        std::pop_heap(heap.begin(), heap.end(), later_end);
+        heap.pop_back();
+      }
+      // All windows starting at t0 first, so the tightest choice sees them.
+      if (static_cast<int>(heap.size()) >= d && (q + 1 == wins.size() || wins[q + 1].from != t0)) break;
+    }
+    std::sort(heap.begin(), heap.end(), [&](std::size_t x, std::size_t y) {
+      if (wins[x].from != wins[y].from) return wins[x].from > wins[y].from;
+      if (wins[x].to != wins[y].to) return wins[x].to < wins[y].to;
+      return wins[x].rank < wins[y].rank;
+    });
+    std::vector<int> ranks;
+    for (std::size_t q = 0; q < static_cast<std::size_t>(d); ++q) ranks.push_back(wins[heap[q]].rank);
+    std::sort(ranks.begin(), ranks.end());
+    for (int r : ranks) {
+      auto& b = busy[static_cast<std::size_t>(r)];
+      b.insert(std::upper_bound(b.begin(), b.end(), std::pair{t0, t0 + len}), {t0, t0 + len});
+    }
+    start[j] = t0;
+    out.time[j] = time_of(j, ranks);
+    out.ranks[j] = std::move(ranks);
+  }
+  for (std::size_t j = 0; j < rings; ++j) out.order[j] = j;
+  std::stable_sort(out.order.begin(), out.order.end(),
+                   [&](std::size_t x, std::size_t y) { return start[x] < start[y]; });
+  return out;
+}
+#else
+    ;
+#endif
+
 /// How much searching improve_layout may do: full evaluations (evaluate_layout, each O(n log n)) and the work
 /// of the cheap ring-only screens, in ranks touched.
 struct search_budget {
@@ -266,21 +438,29 @@ struct search_budget {
   std::int64_t screen_work = 1 << 18;  ///< ranks replayed by screens, all together
   int candidates_per_ring = 16;        ///< ranks tried per ring (the least-loaded non-members)
   int tiers = 4;                       ///< finish levels tried per ring when re-placing it (move e)
+  std::size_t repack_rings = 9;        ///< move (g): the largest rings whose order is searched
+  std::int64_t repack_nodes = 20'000;  ///< move (g): branch-and-bound nodes
+  std::size_t repack_backfill = 64;    ///< move (g): rings backfilled (the rest go after, least loaded)
+  std::int64_t repack_work = 1 << 22;  ///< move (g) only where rings x (pool + ring members) is within this
 };
 
-/// The local search over ring layouts. Starting from `lay` (the constructive placement), repeatedly
-/// takes the first rank that finishes last and holds a ring, and tries, ring by ring over its rings
-/// (the latest first): (a) moving the ring off that rank onto a non-member (the least loaded by rings
-/// first); (b) exchanging that rank with a member of another ring; (c) widening the ring by the least
-/// loaded non-member or narrowing it by that rank, within its degree bounds; (d) running the ring one
-/// place earlier or later; (e) re-placing a ring on the ranks free latest by a later finish level and
-/// every later ring greedily; (f) running one of its rings a few places earlier, re-placing it and every
-/// later ring greedily. A move is screened by the ring-only finish (a lower bound of the step: rows only
-/// add time), then evaluated in full; the first move whose modelled step (evaluate_layout) is strictly
-/// lower is kept and the search restarts from it. Stops when no move improves, or the budget is spent.
-/// `ev` is the evaluation of `lay` (evaluate_layout) and follows it. `time_of(j, ranks)` prices ring j
-/// on group ranks. Post: ev.step never above the starting layout's. Deterministic (moves in a fixed order;
-/// ties by rank). Cost: bounded by `budget`.
+/// The search over ring layouts. Starting from `lay` (the constructive placement), repeatedly takes the
+/// first rank that finishes last and holds a ring, and tries, ring by ring over its rings (the latest
+/// first): (a) moving the ring off that rank onto a non-member (the least loaded by rings first); (b)
+/// exchanging that rank with a member of another ring; (c) widening the ring by the least loaded
+/// non-member or narrowing it by that rank, within its degree bounds; (d) running the ring one place
+/// earlier or later; (e) re-placing a ring on the ranks free latest by a later finish level and every
+/// later ring greedily; (f) running one of its rings a few places earlier, re-placing it and every later
+/// ring greedily. A move is screened by the ring-only finish (a lower bound of the step: rows only add
+/// time), then evaluated in full; the first move whose modelled step (evaluate_layout) is strictly lower
+/// is kept and the search restarts from it. Once, when no move (a)-(f) improves (or the budget of the
+/// screens is spent while full evaluations are left): (g) every ring re-packed (repack_rings: the
+/// largest in the order a small branch and bound finds, the others backfilled), kept on the same terms,
+/// and the local moves go on from it; skipped where rings x (pool + ring members) exceeds
+/// budget.repack_work. Stops when nothing improves, or the budget is spent. `ev` is the evaluation of
+/// `lay` (evaluate_layout) and follows it. `time_of(j, ranks)` prices ring j on group ranks. Post:
+/// ev.step never above the starting layout's. Deterministic (moves in a fixed order; ties by rank).
+/// Cost: bounded by `budget`.
 HETMESH_COMPILED void improve_layout(
     ring_layout& lay, layout_eval& ev, const short_set& ss, int pool, std::int64_t capacity,
     const step_model& m, const std::function<cost::fixed(std::size_t, std::span<const int>)>& time_of,
@@ -325,6 +505,21 @@ HETMESH_COMPILED void improve_layout(
     return true;
   };
   const auto within = [&] { return evals > 0 && eval_left >= eval_work && screen_left > 0; };
+  // (g) Every ring re-packed (repack_rings), tried once, when no local move improves any more: the
+  //     largest in the order a small branch and bound finds, the others backfilled into the idle ranks
+  //     the largest leave. The greedy placement puts the largest rings side by side first and can leave
+  //     the next ones waiting for each other with no local move to undo it; this places them as a
+  //     packing of rectangles instead. When kept, the local moves go on from it.
+  bool repacked = rings < 2 || static_cast<std::int64_t>(rings) * (pool + ring_slots) > budget.repack_work;
+  const auto repack = [&]() -> bool {
+    repacked = true;
+    if (evals <= 0 || eval_left < eval_work) return false;
+    std::int64_t fluid = 0;
+    for (std::int64_t c : ss.cost) fluid += c / pp;
+    cand = repack_rings(lay, pool, pp, budget.repack_rings, budget.repack_backfill, fluid,
+                        budget.repack_nodes, time_of);
+    return try_candidate();
+  };
   const auto set_ring = [&](std::size_t j, std::vector<int> ranks) {
     std::sort(ranks.begin(), ranks.end());
     cand.time[j] = time_of(j, ranks);
@@ -491,7 +686,9 @@ HETMESH_COMPILED void improve_layout(
         if (!hopeless) improved = try_candidate();
       }
     }
+    if (!improved && !repacked) improved = repack();
   }
+  if (!repacked) (void)repack();
 }
 #else
     ;
