@@ -756,8 +756,11 @@ TEST_CASE("hetmesh-data-convert: progress on stderr for long conversions, nothin
     jsonl += fmt::format("{{\"text\": \"sample {} of the progress test\"}}\n", i);
   const auto in = dir.write("in.jsonl", jsonl);
   const auto out = (dir.path / "out").string();
-  // A short conversion prints its JSON on stdout and nothing on stderr.
-  const result quiet = tools_test::run_exe(HETMESH_DATA_CONVERT_EXE, {"indexed", in, out});
+  // A short conversion (shorter than the quiet period) prints its JSON on stdout and nothing on stderr.
+  // The period is set long here: with the default 1.5 s of wall time, a loaded CI machine that stalls the
+  // process that long would make the output depend on the scheduler.
+  const result quiet =
+      tools_test::run_exe(HETMESH_DATA_CONVERT_EXE, {"indexed", in, out}, "HETMESH_PROGRESS_AFTER_MS=600000");
   CHECK(quiet.code == 0);
   CHECK(quiet.err.empty());
   CHECK(quiet.json()["samples"] == 2000);
