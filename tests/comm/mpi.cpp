@@ -121,10 +121,11 @@ TEST_CASE("mpi fault: a rank killed mid-collective; the others raise naming the 
   std::vector<double> x(1 << 16, 1.0);
   const int victim = world.size() - 1;
   if (world.rank() == victim) {
-    // Mid-collective: this rank has entered the all-reduce when it dies.
-    MPI_Request q = MPI_REQUEST_NULL;
-    MPI_Iallreduce(MPI_IN_PLACE, x.data(), static_cast<int>(x.size()), MPI_DOUBLE, MPI_SUM, world.native(),
-                   &q);
+    // The others are inside the all-reduce when this rank dies (it waits until they are). It does not
+    // enter the collective itself: a nonblocking all-reduce started before SIGKILL can deliver its part
+    // (the transport may finish a 512 KiB collective of 3 ranks inside the initiating call), and then the
+    // survivors' all-reduce completes and the test would race (it did, once, on a loaded CI machine).
+    std::this_thread::sleep_for(200ms);
     std::raise(SIGKILL);
   }
   const auto start = std::chrono::steady_clock::now();
