@@ -16,13 +16,15 @@
 
 #include "../core/error.hpp"
 #include "../core/format.hpp"
+#include "../core/memory_space.hpp"
 #include "dtype.hpp"
 
 namespace hetmesh::comm {
 
-/// Where a communicator's buffers live. Host backends (loopback, mpi) read and write the spans they
-/// are given; device backends (nccl) pass the pointers to the device and never dereference them.
-enum class memory_space : std::uint8_t { host, device };
+/// Where a communicator's buffers live (hetmesh::memory_space, core/memory_space.hpp). Host backends
+/// (loopback, mpi) read and write the spans they are given; device backends (nccl) pass the pointers to
+/// the device and never dereference them.
+using memory_space = hetmesh::memory_space;
 
 /// Raised on a rank whose communicator was aborted because another rank failed (its body threw, or
 /// it gave up on a collective). The original failure is reported on the rank where it happened;
@@ -153,10 +155,10 @@ template <communicator C>
 }  // namespace hetmesh::comm
 
 template <>
-struct fmt::formatter<hetmesh::comm::memory_space> : hetmesh::empty_spec_formatter {
+struct fmt::formatter<hetmesh::memory_space> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(hetmesh::comm::memory_space m, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "{}", m == hetmesh::comm::memory_space::host ? "host" : "device");
+  auto format(hetmesh::memory_space m, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "{}", m == hetmesh::memory_space::host ? "host" : "device");
   }
 };
 
