@@ -74,8 +74,8 @@ class emulated_device {
   void all_to_all_v(std::span<const T> send, std::span<const std::int64_t> send_counts,
                     std::span<const std::int64_t> send_displs, std::span<T> recv,
                     std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs) {
-    comm::all_to_all_v(host_, host(send, "all_to_all_v"), send_counts, send_displs, host(recv, "all_to_all_v"),
-                       recv_counts, recv_displs);
+    comm::all_to_all_v(host_, host(send, "all_to_all_v"), send_counts, send_displs,
+                       host(recv, "all_to_all_v"), recv_counts, recv_displs);
   }
   void barrier() { comm::barrier(host_); }
 
@@ -84,9 +84,8 @@ class emulated_device {
     return emulated_device(comm::split(host_, color, key));
   }
   /// The wrapped communicator's subgroup, wrapped (host backends that have one).
-  [[nodiscard]] emulated_device subgroup(std::span<const int> members) const
-    requires subgroup_communicator<Host>
-  {
+  [[nodiscard]] emulated_device subgroup(std::span<const int> members) const requires
+      subgroup_communicator<Host> {
     return emulated_device(host_.subgroup(members));
   }
 

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <span>
+#include <string>
 #include <type_traits>
 
 #include "error.hpp"
@@ -25,6 +27,15 @@ namespace emulated {
 /// one faults on the first access.
 inline constexpr std::uintptr_t device_bit = std::uintptr_t{1} << 62;
 
+namespace detail {
+// Plain std::string messages (no fmt): this header is also read by nvcc (cuda/memory.cuh).
+inline std::string address(const void* p) {
+  char buf[2 + 2 * sizeof(void*) + 1];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+}  // namespace detail
+
 /// Whether `p` is an emulated device pointer (carries device_bit). O(1).
 [[nodiscard]] inline bool is_device_pointer(const void* p) noexcept {
   return (reinterpret_cast<std::uintptr_t>(p) & device_bit) != 0;
@@ -36,9 +47,8 @@ template <class T>
 [[nodiscard]] T* to_device(T* p) {
   if (p == nullptr) return p;
   if (is_device_pointer(p))
-    throw_error<invalid_argument>("emulated::to_device: {} is already an emulated device pointer; expected host "
-                                  "memory",
-                                  static_cast<const void*>(p));
+    throw invalid_argument("emulated::to_device: " + detail::address(p) +
+                           " is already an emulated device pointer; expected host memory");
   return reinterpret_cast<T*>(reinterpret_cast<std::uintptr_t>(p) | device_bit);
 }
 
@@ -48,9 +58,9 @@ template <class T>
 [[nodiscard]] T* to_host(T* p, const char* who = "emulated::to_host") {
   if (p == nullptr) return p;
   if (!is_device_pointer(p))
-    throw_error<invalid_argument>("{}: {} is a host pointer; expected an emulated device pointer (device "
-                                  "memory from an emulated device memory policy or emulated::to_device)",
-                                  who, static_cast<const void*>(p));
+    throw invalid_argument(std::string(who) + ": " + detail::address(p) +
+                           " is a host pointer; expected an emulated device pointer (device memory from an "
+                           "emulated device memory policy or emulated::to_device)");
   return reinterpret_cast<T*>(reinterpret_cast<std::uintptr_t>(p) & ~device_bit);
 }
 

@@ -18,63 +18,16 @@
 #include "../core/error.hpp"
 #include "../core/memory_space.hpp"
 #include "../seq/attention_merge.hpp"
+#include "memory_policy.hpp"
 
 namespace hetmesh::model {
-
-/// A memory policy M. Requirements (for T = float and double, the activations' element types):
-///  1. `M::space` is the memory_space of its buffers (equal to the communicator's `memory`);
-///  2. `typename M::template buffer<T>`: an owning buffer, default-constructible and movable, with
-///     `b.resize(n)` (n elements; earlier contents are unspecified after a resize that grows),
-///     `b.size()` and `b.span()` -> std::span<T> (pointers of M::space; valid until the next resize);
-///  3. `m.copy(dst, src)`: dst = src (spans of M::space, equal sizes);
-///  4. `m.fill(dst, value)`: every element of dst = value;
-///  5. `m.add(dst, src)`: dst += src element by element (equal sizes);
-///  6. `m.upload(dst, host_src)` and `m.download(host_dst, src)`: copies between host memory and M::space,
-///     complete when they return (the host span may be reused at once);
-///  7. `m.merge_attention(out, lse, out_b, lse_b, dim)`: seq::merge_partial on spans of M::space;
-///  8. `m.attention_delta(out, dout, delta, dim)`: seq::attention_delta on spans of M::space;
-///  9. `m.copy_2d(dst, dst_pitch, src, src_pitch, width, height)`: for r < height and c < width,
-///     dst[r * dst_pitch + c] = src[r * src_pitch + c] (a strided copy, as cudaMemcpy2D; pitches and width
-///     in elements; packing heads for the Ulysses exchange);
-/// 10. `m.synchronize()`: returns when every operation issued through `m` so far has completed.
-/// Operations 3-5 and 7-9 may be asynchronous (ordered on the policy's stream), so a device policy and
-/// a device communicator must share one stream (or the caller orders them). Sizes that differ are a
-/// precondition violation (invalid_argument from the models here).
-template <class M>
-concept memory_policy =
-    std::same_as<std::remove_cvref_t<decltype(M::space)>, memory_space> &&
-    std::default_initializable<typename M::template buffer<float>> &&
-    std::movable<typename M::template buffer<double>> &&
-    requires(M& m, typename M::template buffer<float>& bf, typename M::template buffer<double>& bd,
-             std::span<float> f, std::span<const float> cf, std::span<double> d, std::span<const double> cd,
-             std::size_t n) {
-      bf.resize(n);
-      { bf.size() } -> std::convertible_to<std::size_t>;
-      { bf.span() } -> std::same_as<std::span<float>>;
-      { bd.span() } -> std::same_as<std::span<double>>;
-      m.copy(f, cf);
-      m.copy(d, cd);
-      m.fill(f, 0.0f);
-      m.fill(d, 0.0);
-      m.add(f, cf);
-      m.add(d, cd);
-      m.upload(f, cf);
-      m.download(d, cd);
-      m.merge_attention(f, f, cf, cf, n);
-      m.merge_attention(d, d, cd, cd, n);
-      m.attention_delta(cf, cf, f, n);
-      m.attention_delta(cd, cd, d, n);
-      m.copy_2d(f, n, cf, n, n, n);
-      m.copy_2d(d, n, cd, n, n, n);
-      m.synchronize();
-    };
 
 namespace detail {
 
 inline void check_same_size(std::size_t a, std::size_t b, const char* what) {
   if (a != b)
-    throw_error<invalid_argument>("{}: destination holds {} elements, source {}; expected equal sizes", what, a,
-                                  b);
+    throw_error<invalid_argument>("{}: destination holds {} elements, source {}; expected equal sizes", what,
+                                  a, b);
 }
 
 /// The CPU bodies of the memory operations, shared by host_memory and emulated_device_memory.
@@ -101,9 +54,10 @@ struct cpu_ops {
   static void check_extent(std::size_t size, std::size_t pitch, std::size_t width, std::size_t height,
                            const char* what, const char* who) {
     if (pitch < width || (height - 1) * pitch + width > size)
-      throw_error<invalid_argument>("{}: {} of {} elements, pitch {}, rows {} of {}; expected pitch >= width and "
-                                    "(rows - 1) * pitch + width <= size",
-                                    who, what, size, pitch, height, width);
+      throw_error<invalid_argument>(
+          "{}: {} of {} elements, pitch {}, rows {} of {}; expected pitch >= width and "
+          "(rows - 1) * pitch + width <= size",
+          who, what, size, pitch, height, width);
   }
 };
 
@@ -217,22 +171,22 @@ struct emulated_device_memory {
   void merge_attention(std::span<T> out, std::span<T> lse, std::span<const T> out_b, std::span<const T> lse_b,
                        std::size_t dim) const {
     constexpr const char* who = "emulated_device_memory::merge_attention";
-    seq::merge_partial(emulated::to_host(out, who), emulated::to_host(lse, who), emulated::to_host(out_b, who),
-                       emulated::to_host(lse_b, who), dim);
+    seq::merge_partial(emulated::to_host(out, who), emulated::to_host(lse, who),
+                       emulated::to_host(out_b, who), emulated::to_host(lse_b, who), dim);
   }
   template <class T>
   void attention_delta(std::span<const T> out, std::span<const T> dout, std::span<T> delta,
                        std::size_t dim) const {
     constexpr const char* who = "emulated_device_memory::attention_delta";
-    seq::attention_delta(emulated::to_host(out, who), emulated::to_host(dout, who), emulated::to_host(delta, who),
-                         dim);
+    seq::attention_delta(emulated::to_host(out, who), emulated::to_host(dout, who),
+                         emulated::to_host(delta, who), dim);
   }
   template <class T>
   void copy_2d(std::span<T> dst, std::size_t dst_pitch, std::span<const T> src, std::size_t src_pitch,
                std::size_t width, std::size_t height) const {
     constexpr const char* who = "emulated_device_memory::copy_2d";
-    detail::cpu_ops::copy_2d(emulated::to_host(dst, who), dst_pitch, emulated::to_host(src, who), src_pitch, width,
-                             height, who);
+    detail::cpu_ops::copy_2d(emulated::to_host(dst, who), dst_pitch, emulated::to_host(src, who), src_pitch,
+                             width, height, who);
   }
   void synchronize() const noexcept {}
 };

@@ -1,0 +1,49 @@
+// cuda::device_memory against model::host_memory (CTest label gpu; the main in gather.cpp exits 77 without a
+// device): the same operation sequence on random rows, dims that are narrower and wider than a warp.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <hetmesh/core/random.hpp>
+#include <hetmesh/model/memory.hpp>
+
+#include "memory_kernels.hpp"
+#include "support/memory_sequence.hpp"
+
+namespace {
+template <class T>
+void compare(std::size_t rows, std::size_t dim, double tol) {
+  hetmesh::rng gen(rows * 131 + dim);
+  std::vector<T> x(rows * dim), y(rows * dim), la(rows), lb(rows);
+  for (auto* v : {&x, &y})
+    for (auto& e : *v) e = static_cast<T>(gen.unit() * 2 - 1);
+  for (std::size_t r = 0; r < rows; ++r) {
+    la[r] = r % 7 == 0 ? -std::numeric_limits<T>::infinity() : static_cast<T>(gen.unit() * 4 - 2);
+    lb[r] = r % 5 == 0 ? -std::numeric_limits<T>::infinity() : static_cast<T>(gen.unit() * 4 - 2);
+  }
+  hetmesh::model::host_memory h;
+  const auto want = test_support::run_memory_sequence(h, std::span<const T>(x), std::span<const T>(y),
+                                                      std::span<const T>(la), std::span<const T>(lb), dim);
+  const auto got = test_cuda::device_memory_sequence(x, y, la, lb, dim);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      REQUIRE(got[i] == want[i]);
+      continue;
+    }
+    INFO("rows " << rows << " dim " << dim << " element " << i);
+    REQUIRE(std::abs(static_cast<double>(got[i]) - want[i]) <=
+            tol * (1 + std::abs(static_cast<double>(want[i]))));
+  }
+}
+}  // namespace
+
+TEST_CASE("cuda::device_memory computes what host_memory computes") {
+  for (std::size_t dim : {1, 8, 32, 33, 128, 200})
+    for (std::size_t rows : {1, 7, 1000}) {
+      compare<double>(rows, dim, 1e-12);
+      compare<float>(rows, dim, 2e-5);
+    }
+}
