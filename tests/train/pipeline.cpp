@@ -350,6 +350,34 @@ TEST_CASE("train::offload_store keeps (1 - r) of each tensor resident and reads 
   CHECK_THROWS_AS((void)s.read({0, 1, 0}), model::activation_error);
 }
 
+TEST_CASE("train::offload_store over a device resident store moves the tail to the host and reads it back") {
+  // Emulated device memory: the resident side hands out device pointers, the offloaded tail reaches the host
+  // store through the policy's download and comes back by upload, into a device buffer.
+  using device_store = model::memory_activation_store<double, model::emulated_device_memory>;
+  train::offload_store<double, device_store> s;
+  static_assert(std::is_same_v<decltype(s)::memory_type, model::emulated_device_memory>);
+  s.set_ratio(0, 1, 0.25);
+  const std::vector<double> x{1, 2, 3, 4, 5, 6, 7, 8};
+  model::emulated_device_memory mem;
+  model::emulated_device_memory::buffer<double> dx;
+  dx.resize(x.size());
+  mem.upload(dx.span(), std::span<const double>(x));
+  s.write({0, 1, 0}, std::span<const double>(dx.span()));
+  CHECK(s.offloaded_bytes() == static_cast<std::int64_t>(2 * sizeof(double)));
+  CHECK(s.bytes() == static_cast<std::int64_t>(6 * sizeof(double)));
+  const auto back = s.read({0, 1, 0});
+  CHECK(emulated::is_device_pointer(back.data()));
+  std::vector<double> host(back.size());
+  mem.download(std::span<double>(host), back);
+  CHECK(host == x);
+  // A host span where the device store expects device memory is refused, naming the copy.
+  CHECK_THROWS_WITH_AS(s.write({0, 2, 0}, std::span<const double>(x)),
+                       doctest::Contains("emulated_device_memory::copy"), invalid_argument);
+  CHECK_FALSE(s.contains({0, 2, 0}));  // the failed write left nothing behind
+  s.release({0, 1, 0});
+  CHECK(s.bytes() == 0);
+}
+
 TEST_CASE("train::system: a step over each rank's delivered share equals the whole-batch step at pp = 2, 4") {
   // Delivery by plan at depth > 1: middle and last pipeline ranks and the encoder shards (joint pipeline,
   // a separate encoder pool) read only what plan_delivery routes them; gradients, loss and counts are

@@ -21,6 +21,7 @@
 
 #include "../core/error.hpp"
 #include "../core/format.hpp"
+#include "memory.hpp"
 
 namespace hetmesh::model {
 
@@ -116,17 +117,25 @@ consteval bool check_activation_store() {
   return true;
 }
 
-/// The activation store in host memory: one vector per slot. Not thread-safe (one per rank).
-template <class T>
-class host_activation_store {
+/// An activation store whose slots are buffers of memory policy M (model/memory.hpp): one buffer per slot,
+/// written by M's copy, so saved tensors stay where the stage's activations live (host memory for
+/// host_memory, device memory for a device policy; the store never reads them on the CPU). Not thread-safe
+/// (one per rank).
+template <class T, memory_policy M = host_memory>
+class memory_activation_store {
  public:
   /// Opt-in for activation_store.
   using is_activation_store = void;
   /// Element type of the saved tensors.
   using value_type = T;
+  /// The memory policy of the slots.
+  using memory_type = M;
 
-  /// Copies `data` into the slot `k`. Pre: the slot is empty (else activation_error naming it).
-  /// O(data.size() + log slots).
+  /// A store whose copies run through `mem` (its stream, for a device policy).
+  explicit memory_activation_store(M mem = {}) : mem_(std::move(mem)) {}
+
+  /// Copies `data` (memory of M) into the slot `k`. Pre: the slot is empty (else activation_error naming
+  /// it). O(data.size() + log slots).
   void write(activation_key k, std::span<const T> data) {
     const auto [it, fresh] = slots_.try_emplace(k);
     if (!fresh)
@@ -134,11 +143,18 @@ class host_activation_store {
           "activation slot (stage {}, micro-batch {}, tensor {}) written twice; expected one write per "
           "forward and a release after its backward",
           k.stage, k.micro_batch, k.tensor);
-    it->second.assign(data.begin(), data.end());
+    try {
+      it->second.resize(data.size());
+      mem_.copy(it->second.span(), data);
+    } catch (...) {  // a failed write leaves the slot empty, as it was
+      slots_.erase(it);
+      throw;
+    }
     bytes_ += static_cast<std::int64_t>(data.size() * sizeof(T));
   }
 
-  /// The data of slot `k`. Pre: written and not released (else activation_error naming it). O(log slots).
+  /// The data of slot `k` (memory of M). Pre: written and not released (else activation_error naming it).
+  /// O(log slots).
   [[nodiscard]] std::span<const T> read(activation_key k) const {
     const auto it = slots_.find(k);
     if (it == slots_.end())
@@ -146,7 +162,7 @@ class host_activation_store {
           "activation slot (stage {}, micro-batch {}, tensor {}) read before it was written (or after it was "
           "released); expected the stage's forward of that micro-batch to run first",
           k.stage, k.micro_batch, k.tensor);
-    return it->second;
+    return it->second.span();
   }
 
   /// Frees slot `k`. Pre: written and not released (else activation_error naming it). O(log slots).
@@ -178,11 +194,18 @@ class host_activation_store {
   [[nodiscard]] std::int64_t bytes() const noexcept { return bytes_; }
   /// Slots held. O(1).
   [[nodiscard]] std::size_t slots() const noexcept { return slots_.size(); }
+  /// The memory policy its copies run through.
+  [[nodiscard]] const M& memory() const noexcept { return mem_; }
 
  private:
-  std::map<activation_key, std::vector<T>> slots_;
+  M mem_;
+  std::map<activation_key, typename M::template buffer<T>> slots_;
   std::int64_t bytes_ = 0;
 };
+
+/// The activation store in host memory: one vector per slot.
+template <class T>
+using host_activation_store = memory_activation_store<T, host_memory>;
 
 static_assert(activation_store<host_activation_store<float>, float>);
 static_assert(activation_store<host_activation_store<double>, double>);

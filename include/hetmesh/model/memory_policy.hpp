@@ -28,14 +28,15 @@ namespace hetmesh::model {
 ///     dst[r * dst_pitch + c] = src[r * src_pitch + c] (a strided copy, as cudaMemcpy2D; pitches and width
 ///     in elements; packing heads for the Ulysses exchange);
 /// 10. `m.synchronize()`: returns when every operation issued through `m` so far has completed.
-/// Operations 3-5 and 7-9 may be asynchronous (ordered on the policy's stream), so a device policy and
+/// Operations 3-10 are const (a policy is a handle: a stream, or nothing). Operations 3-5 and 7-9 may be
+/// asynchronous (ordered on the policy's stream), so a device policy and
 /// a device communicator must share one stream (or the caller orders them). Sizes that differ are a
 /// precondition violation (invalid_argument from the models here).
 template <class M>
 concept memory_policy = std::same_as<std::remove_cvref_t<decltype(M::space)>, memory_space> &&
     std::default_initializable<typename M::template buffer<float>> &&
     std::movable<typename M::template buffer<double>> &&
-    requires(M& m, typename M::template buffer<float>& bf, typename M::template buffer<double>& bd,
+    requires(const M& m, typename M::template buffer<float>& bf, typename M::template buffer<double>& bd,
              std::span<float> f, std::span<const float> cf, std::span<double> d, std::span<const double> cd,
              std::size_t n) {
   bf.resize(n);

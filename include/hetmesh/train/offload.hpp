@@ -6,8 +6,10 @@
 // (host memory; pinned host memory on a GPU), and brings it back when the backward reads the tensor. The
 // two stores are template parameters, so a user can put their own behind either side (any
 // model::activation_store); on CPU both are host stores and the offload is a copy, which the stats
-// count. Resident bytes are what the plan's memory model budgets: their peak is the step's activation
-// footprint.
+// count. The resident side may live in device memory (a model::memory_activation_store<T, M> of a device
+// memory policy M): the offloaded part is then downloaded to the (host) offload store and uploaded back
+// into a device buffer when read, through M. Resident bytes are what the plan's memory model budgets: their
+// peak is the step's activation footprint.
 #pragma once
 
 #include <algorithm>
@@ -15,15 +17,31 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/memory_space.hpp"
 #include "../model/activation.hpp"
+#include "../model/memory.hpp"
 
 namespace hetmesh::train {
 
+namespace detail {
+template <class S>
+struct store_memory {
+  using type = model::host_memory;
+};
+template <class S>
+requires requires { typename S::memory_type; }
+struct store_memory<S> {
+  using type = typename S::memory_type;
+};
+}  // namespace detail
+
 /// An activation store that offloads a per-micro-batch share of each saved tensor. Resident and Offload
-/// are model::activation_store types of element T. Not thread-safe (one per rank, like the stages).
+/// are model::activation_store types of element T; Offload holds host memory, Resident the memory of its
+/// `memory_type` (host memory when it names none). Not thread-safe (one per rank, like the stages).
 template <class T, class Resident = model::host_activation_store<T>,
           class Offload = model::host_activation_store<T>>
 class offload_store {
@@ -31,6 +49,14 @@ class offload_store {
                 "train::offload_store: both sides must model model::activation_store<S, T>");
 
  public:
+  /// Where resident tensors (and what read() hands out) live.
+  using memory_type = typename detail::store_memory<Resident>::type;
+
+  /// A store over default-constructed sides.
+  offload_store() = default;
+  /// A store whose resident side is `resident` (e.g. a device store on the stream of the step).
+  explicit offload_store(Resident resident) : resident_(std::move(resident)) {}
+
   using is_activation_store = void;  ///< opt-in for model::activation_store
   using value_type = T;              ///< element type of the tensors
 
@@ -53,7 +79,13 @@ class offload_store {
     const auto moved = static_cast<std::size_t>(std::floor(r * static_cast<double>(n)));
     resident_.write(k, data.first(n - moved));
     if (moved > 0) {
-      offload_.write(k, data.last(moved));
+      if constexpr (memory_type::space == memory_space::host) {
+        offload_.write(k, data.last(moved));
+      } else {  // the tail leaves device memory
+        staging_.resize(moved);
+        memory().download(std::span<T>(staging_), data.last(moved));
+        offload_.write(k, std::span<const T>(staging_));
+      }
       offloaded_bytes_ += static_cast<std::int64_t>(moved * sizeof(T));
     }
     peak_ = std::max(peak_, resident_.bytes());
@@ -65,14 +97,15 @@ class offload_store {
     const std::span<const T> head = resident_.read(k);
     if (!offload_.contains(k)) return head;
     auto& buf = fetched_[k];
-    if (buf.empty()) {
+    if (buf.size() == 0) {
       const std::span<const T> tail = offload_.read(k);
-      buf.reserve(head.size() + tail.size());
-      buf.assign(head.begin(), head.end());
-      buf.insert(buf.end(), tail.begin(), tail.end());
+      buf.resize(head.size() + tail.size());
+      const auto& mem = memory();
+      mem.copy(buf.span().first(head.size()), head);
+      mem.upload(buf.span().last(tail.size()), tail);
       fetched_bytes_ += static_cast<std::int64_t>(tail.size() * sizeof(T));
     }
-    return buf;
+    return std::as_const(buf).span();
   }
 
   /// Frees the tensor on both sides. Errors: an unknown key (activation_error).
@@ -115,10 +148,20 @@ class offload_store {
   }
 
  private:
+  /// The resident side's memory policy (its own when it has one).
+  const memory_type& memory() const {
+    if constexpr (requires { resident_.memory(); })
+      return resident_.memory();
+    else
+      return mem_;
+  }
+
   Resident resident_{};
   Offload offload_{};
+  memory_type mem_{};
   std::map<std::pair<int, int>, double> ratios_;
-  mutable std::map<model::activation_key, std::vector<T>> fetched_;
+  mutable std::map<model::activation_key, typename memory_type::template buffer<T>> fetched_;
+  std::vector<T> staging_;  // the offloaded tail on its way to the host store
   std::int64_t peak_ = 0, offloaded_bytes_ = 0;
   mutable std::int64_t fetched_bytes_ = 0;
 };
