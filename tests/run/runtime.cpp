@@ -14,6 +14,7 @@
 
 #include <hetmesh/balance/dp.hpp>
 #include <hetmesh/balance/planner.hpp>
+#include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/run/agreement.hpp>
 #include <hetmesh/run/grouped_reorder.hpp>
@@ -61,6 +62,42 @@ TEST_CASE("check_plan_agreement passes on equal plans and reports a mismatch nam
     CHECK(e.find("rank 2 (global 2)") != std::string::npos);
     CHECK(e.find("rank 1 ") == std::string::npos);
   }
+}
+
+TEST_CASE("plan agreement and failure agreement over a device communicator, through device buffers") {
+  // comm::emulated_device refuses host buffers: the hashes and flags must travel in the policy's memory.
+  const cost::llm_compute llm{cost::bytescale_fig6a_layer(), 8, 3.0};
+  std::mutex mu;
+  std::vector<std::string> errors(4), failures(4);
+  comm::loopback::run(4, [&](comm::loopback::communicator& host) {
+    comm::emulated_device c(host.subgroup(std::vector<int>{0, 1, 2, 3}));
+    const model::emulated_device_memory mem;
+    const auto plan =
+        balance::plan_dp(test::random_batch(11, 50, 16, 4096), llm, {.ranks = 4, .capacity = 4096});
+    run::check_plan_agreement(c, mem, plan, "dp plan");
+    run::assert_plan_agreement(c, mem, plan, "dp plan");
+    const auto other = balance::plan_dp(test::random_batch(c.rank() == 1 ? 12 : 11, 50, 16, 4096), llm,
+                                        {.ranks = 4, .capacity = 4096});
+    try {
+      run::check_plan_agreement(c, mem, other, "dp plan");
+    } catch (const mismatch_error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+    run::agree_on_failure(c, mem, nullptr, "nothing failed");
+    std::exception_ptr f;
+    if (c.rank() == 3) f = std::make_exception_ptr(invalid_argument("rank 3 could not prepare"));
+    try {
+      run::agree_on_failure(c, mem, f, "device step");
+    } catch (const error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK(e.find("rank 1 (global 1)") != std::string::npos);
+  for (int r = 0; r < 3; ++r)
+    CHECK(failures[static_cast<std::size_t>(r)].find("device step: 1 of the group") != std::string::npos);
+  CHECK(failures[3] == "rank 3 could not prepare");
 }
 
 TEST_CASE("grouped_reorder on loopback: every parcel lands where the plan says, intact, exactly once") {

@@ -21,8 +21,35 @@
 #include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
+#include "../model/memory.hpp"
 
 namespace hetmesh::run {
+
+namespace detail {
+
+/// Every rank's `mine`, gathered into host memory: directly over a host communicator, through two small
+/// buffers of memory policy M over a device communicator (upload, all-gather, download; M and the
+/// communicator share a stream). Collective over c.
+template <comm::communicator C, model::memory_policy M, class U>
+[[nodiscard]] std::vector<U> gather_to_host(C& c, const M& mem, U mine) {
+  static_assert(M::space == std::remove_cvref_t<C>::memory,
+                "run: the memory policy's space must be the communicator's (model::host_memory for a host "
+                "communicator; a device memory policy for a device communicator)");
+  std::vector<U> all(static_cast<std::size_t>(c.size()));
+  if constexpr (M::space == memory_space::host) {
+    comm::all_gather(c, std::span<const U>(&mine, 1), std::span<U>(all));
+  } else {
+    typename M::template buffer<U> one, every;
+    one.resize(1);
+    every.resize(all.size());
+    mem.upload(one.span(), std::span<const U>(&mine, 1));
+    comm::all_gather(c, std::span<const U>(one.span()), every.span());
+    mem.download(std::span<U>(all), std::span<const U>(every.span()));
+  }
+  return all;
+}
+
+}  // namespace detail
 
 /// The ranks (group-local) whose hash differs from the most common one (ties: the smallest hash wins,
 /// so every rank names the same culprits). Empty when all agree. Pure; O(p log p).
@@ -46,14 +73,11 @@ namespace hetmesh::run {
 /// hetmesh::mismatch_error on every rank when they differ, naming the group, the disagreeing ranks
 /// (group-local and global) with their hashes, and the majority hash expected. Deterministic; cost: one
 /// all-gather of 8 bytes per rank plus hashing the plan.
-template <comm::communicator C, class Plan>
-void check_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan") {
-  static_assert(comm::host_communicator<C>,
-                "run::check_plan_agreement gathers hashes into a host vector: it needs a "
-                "comm::host_communicator (loopback, mpi), not a device communicator");
-  const std::uint64_t mine = plan_hash(plan);
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(c.size()));
-  comm::all_gather(c, std::span<const std::uint64_t>(&mine, 1), std::span<std::uint64_t>(all));
+/// With a device communicator, pass its memory policy `mem` (the overload below): the hashes travel through
+/// two small device buffers.
+template <comm::communicator C, model::memory_policy M, class Plan>
+void check_plan_agreement(C& c, const M& mem, const Plan& plan, std::string_view what = "plan") {
+  const auto all = detail::gather_to_host(c, mem, plan_hash(plan));
   const auto bad = disagreeing_ranks(all);
   if (bad.empty()) return;
   const auto members = c.ranks();
@@ -72,20 +96,24 @@ void check_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan"
       "{:#018x} (the same plan from the same metadata)",
       what, all.size(), fmt::join(who, ", "), majority);
 }
+/// check_plan_agreement over a host communicator (host memory).
+template <comm::communicator C, class Plan>
+void check_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan") {
+  static_assert(comm::host_communicator<C>,
+                "run::check_plan_agreement over a device communicator needs its memory policy: "
+                "check_plan_agreement(c, mem, plan, what)");
+  if constexpr (comm::host_communicator<C>) check_plan_agreement(c, model::host_memory{}, plan, what);
+}
 
 /// Collective over `c`: every rank says whether its local preparation failed (`failure`, null when it
 /// did not), so that a rank that cannot take part in what follows fails the others at once instead of
 /// leaving them to wait out a collective's timeout. When no rank failed, returns. Otherwise a failed rank
 /// rethrows its own exception, and every other rank throws invalid_argument naming `what` and the failed
 /// ranks (group-local and global). Deterministic; cost: one all-gather of one byte per rank.
-template <comm::communicator C>
-void agree_on_failure(C& c, const std::exception_ptr& failure, std::string_view what) {
-  static_assert(comm::host_communicator<C>,
-                "run::agree_on_failure gathers flags into a host vector: it needs a comm::host_communicator "
-                "(loopback, mpi), not a device communicator");
-  const std::uint8_t mine = failure ? 1 : 0;
-  std::vector<std::uint8_t> all(static_cast<std::size_t>(c.size()));
-  comm::all_gather(c, std::span<const std::uint8_t>(&mine, 1), std::span<std::uint8_t>(all));
+/// Over a device communicator, pass its memory policy `mem`: the flags travel through device buffers.
+template <comm::communicator C, model::memory_policy M>
+void agree_on_failure(C& c, const M& mem, const std::exception_ptr& failure, std::string_view what) {
+  const auto all = detail::gather_to_host(c, mem, std::uint8_t{failure ? std::uint8_t{1} : std::uint8_t{0}});
   if (failure) std::rethrow_exception(failure);
   std::vector<std::string> who;
   const auto members = c.ranks();
@@ -97,15 +125,29 @@ void agree_on_failure(C& c, const std::exception_ptr& failure, std::string_view 
       "be ready, so this rank stops too instead of waiting for them",
       what, who.size(), all.size(), fmt::join(who, ", "));
 }
+/// agree_on_failure over a host communicator (host memory).
+template <comm::communicator C>
+void agree_on_failure(C& c, const std::exception_ptr& failure, std::string_view what) {
+  static_assert(comm::host_communicator<C>,
+                "run::agree_on_failure over a device communicator needs its memory policy: "
+                "agree_on_failure(c, mem, failure, what)");
+  if constexpr (comm::host_communicator<C>) agree_on_failure(c, model::host_memory{}, failure, what);
+}
 
 /// check_plan_agreement at the `collective` assertion level: compiled to nothing below it, so
 /// production builds pay no all-gather per plan. Same contract when enabled.
 template <comm::communicator C, class Plan>
 void assert_plan_agreement(C& c, const Plan& plan, std::string_view what = "plan") {
   static_assert(comm::host_communicator<C>,
-                "run::assert_plan_agreement gathers hashes into a host vector: it needs a "
-                "comm::host_communicator (loopback, mpi), not a device communicator");
-  if constexpr (assertion_enabled(assertion_level::collective)) check_plan_agreement(c, plan, what);
+                "run::assert_plan_agreement over a device communicator needs its memory policy: "
+                "assert_plan_agreement(c, mem, plan, what)");
+  if constexpr (assertion_enabled(assertion_level::collective) && comm::host_communicator<C>)
+    check_plan_agreement(c, plan, what);
+}
+/// assert_plan_agreement with the communicator's memory policy (any communicator).
+template <comm::communicator C, model::memory_policy M, class Plan>
+void assert_plan_agreement(C& c, const M& mem, const Plan& plan, std::string_view what = "plan") {
+  if constexpr (assertion_enabled(assertion_level::collective)) check_plan_agreement(c, mem, plan, what);
 }
 
 }  // namespace hetmesh::run
