@@ -18,6 +18,7 @@
 
 #include "../core/error.hpp"
 #include "../model/encoder_batch.hpp"
+#include "../model/memory.hpp"
 #include "../model/micro_batch.hpp"
 #include "../seq/long_short.hpp"
 #include "../seq/types.hpp"
@@ -56,20 +57,34 @@ struct shard_exchange {
     for (auto c : send_counts) n += c;
     return n;
   }
-  /// The send buffer of `local` (local_size elements): each run's rows at its place. O(send_size()).
+  /// Writes the send buffer `out` (send_size() elements) of `local` (local_size elements): each run's rows
+  /// at its place, by `mem`'s copies (spans of its memory). O(send_size()), one copy per run.
+  template <class M, class T>
+  void pack_into(const M& mem, std::span<const T> local, std::span<T> out) const {
+    for (const auto& r : send)
+      mem.copy(out.subspan(static_cast<std::size_t>(r.dst), static_cast<std::size_t>(r.n)),
+               local.subspan(static_cast<std::size_t>(r.src), static_cast<std::size_t>(r.n)));
+  }
+  /// The send buffer of `local` in host memory.
   template <class T>
   [[nodiscard]] std::vector<T> pack(std::span<const T> local) const {
     std::vector<T> out(static_cast<std::size_t>(send_size()));
-    for (const auto& r : send) std::copy_n(local.begin() + r.src, r.n, out.begin() + r.dst);
+    pack_into(model::host_memory{}, local, std::span<T>(out));
     return out;
   }
   /// The way back: adds the gradients `back` (in the send buffer's layout) into `local` at the rows they
-  /// came from (a row sent to several pool ranks sums their gradients). O(send_size()).
+  /// came from (a row sent to several pool ranks sums their gradients), by `mem`'s adds (spans of its
+  /// memory; runs in order, so sums are the same on every memory). O(send_size()), one add per run.
+  template <class M, class T>
+  void unpack_add(const M& mem, std::span<const T> back, std::span<T> local) const {
+    for (const auto& r : send)
+      mem.add(local.subspan(static_cast<std::size_t>(r.src), static_cast<std::size_t>(r.n)),
+              back.subspan(static_cast<std::size_t>(r.dst), static_cast<std::size_t>(r.n)));
+  }
+  /// unpack_add in host memory.
   template <class T>
   void unpack_add(std::span<const T> back, std::span<T> local) const {
-    for (const auto& r : send)
-      for (std::int64_t i = 0; i < r.n; ++i)
-        local[static_cast<std::size_t>(r.src + i)] += back[static_cast<std::size_t>(r.dst + i)];
+    unpack_add(model::host_memory{}, back, local);
   }
 };
 
@@ -131,20 +146,23 @@ void for_each_encoder_call(const detail::shard_work& w, MakeCtx&& make_ctx, F&& 
 /// Runs every encoder's forward for shard work `w` (shard e, slot mb), writing their outputs into `out`
 /// one after the other (encoder 0's batch rows, then encoder 1's, ...), and adds the pieces encoded to
 /// `items`. Each encoder's context: make_ctx(k).
-template <class T, class MakeCtx, class... Es>
+/// The encoders' inputs are buffers of memory policy M (what binding.input writes: host memory for
+/// model::host_memory, device memory for a device policy).
+template <class T, class M = model::host_memory, class MakeCtx, class... Es>
 void encode(const detail::shard_work& w, std::span<T> out, int e, int mb, MakeCtx&& make_ctx,
             std::int64_t& items, Es&... es) {
+  typename M::template buffer<T> in;
   for_each_encoder_call(
       w, make_ctx,
       [&](auto& binding, const model::encoder_batch_view& v, auto& ctx, std::size_t at, std::size_t n) {
-        std::vector<T> in(static_cast<std::size_t>(binding.stage->input_size(v)));
-        binding.input(v, std::span<T>(in));
+        in.resize(static_cast<std::size_t>(binding.stage->input_size(v)));
+        binding.input(v, in.span());
         if (at + n > out.size())
           throw_error<invalid_argument>(
               "train::system::run: encoder shard {} micro-batch {} writes past its {} output elements; "
               "expected output_size proportional to the tokens of a batch",
               e, mb, out.size());
-        binding.stage->forward(ctx, v, std::span<const T>(in), out.subspan(at, n));
+        binding.stage->forward(ctx, v, std::span<const T>(in.span()), out.subspan(at, n));
         items += static_cast<std::int64_t>(v.pieces.size());
       },
       es...);
