@@ -9,8 +9,10 @@
 #include <vector>
 
 #include <hetmesh/balance/reorder.hpp>
+#include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/exactly_once.hpp>
+#include <hetmesh/model/memory.hpp>
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/lower.hpp>
 #include <hetmesh/pipeline/verify.hpp>
@@ -97,5 +99,21 @@ TEST_CASE("collective: ranks running different schedules fail plan agreement bef
                                                           c, c.rank() == 1 ? other : s,
                                                           hetmesh::run::stage_functions<double>{}, {});
                                                     }),
+                       doctest::Contains("pipeline schedule hashes disagree"), hetmesh::mismatch_error);
+}
+
+TEST_CASE("collective: on the device path too (emulated device memory), different schedules fail agreement") {
+  using namespace hetmesh::pipeline;
+  const schedule s = add_send_recv(one_f_one_b{}.generate(2, 2));
+  schedule other = s;
+  other.name = "1f1b (stale)";
+  CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(
+                           2,
+                           [&](hetmesh::comm::loopback::communicator& c) {
+                             hetmesh::comm::emulated_device<hetmesh::comm::loopback::communicator> dev(c);
+                             hetmesh::model::emulated_device_memory mem;
+                             hetmesh::run::execute_pipeline(dev, c.rank() == 1 ? other : s,
+                                                            hetmesh::run::stage_functions<double>{}, {}, mem);
+                           }),
                        doctest::Contains("pipeline schedule hashes disagree"), hetmesh::mismatch_error);
 }

@@ -2,7 +2,9 @@
 // The executor trains a small pipelined MLP stack on loopback ranks and must reproduce, per stage, the
 // weight gradients of the same model run on one rank. Micro-batches have different row counts, so the
 // plan's sizes (not a shape exchange) drive every receive. A joint encoder-LLM schedule runs the same
-// way with a linear encoder sharded over the pipeline ranks.
+// way with a linear encoder sharded over the pipeline ranks. The device path (comm::emulated_device with
+// model::emulated_device_memory: device pointers the CPU cannot dereference) must reproduce the host run
+// bit for bit.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,10 +12,14 @@
 #include <mutex>
 #include <set>
 #include <span>
+#include <string>
 #include <vector>
 
+#include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/core/memory_space.hpp>
 #include <hetmesh/core/random.hpp>
+#include <hetmesh/model/memory.hpp>
 #include <hetmesh/pipeline/dualpipe.hpp>
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/joint.hpp>
@@ -246,6 +252,108 @@ void check_against_reference(const schedule& lowered, int microbatches) {
   CHECK(chrome_trace(all).at("traceEvents").size() > all.size());
 }
 
+/// Non-empty spans a rank's stage callables received, by where their pointer lives.
+struct span_counts {
+  int device = 0;
+  int host = 0;
+};
+
+/// The model's stage callables for the device path: each counts its non-empty spans by memory space, maps
+/// them with emulated::to_host (which refuses a host pointer) and runs the model's own callable.
+stage_functions<double> device_functions(mlp& m, span_counts& k) {
+  auto host = [&k](auto sp) {
+    if (!sp.empty()) ++(hetmesh::emulated::is_device_pointer(sp.data()) ? k.device : k.host);
+    return hetmesh::emulated::to_host(sp, "test stage callable");
+  };
+  const stage_functions<double> f = m.functions();
+  stage_functions<double> d;
+  d.forward = [f, host](int s, int mb, std::span<const double> in, std::span<double> out) {
+    f.forward(s, mb, host(in), host(out));
+  };
+  d.backward = [f, host](int s, int mb, std::span<const double> g, std::span<double> gi) {
+    f.backward(s, mb, host(g), host(gi));
+  };
+  d.backward_input = [f, host](int s, int mb, std::span<const double> g, std::span<double> gi) {
+    f.backward_input(s, mb, host(g), host(gi));
+  };
+  d.backward_weight = f.backward_weight;
+  d.encoder_forward = [f, host](int e, int mb, std::span<double> out) {
+    f.encoder_forward(e, mb, host(out));
+  };
+  d.encoder_backward = [f, host](int e, int mb, std::span<const double> g) {
+    f.encoder_backward(e, mb, host(g));
+  };
+  return d;
+}
+
+activation_sizes sizes_for(int shards) {
+  const int width = shards > 0 ? shards : 1;
+  activation_sizes sizes;
+  sizes.output = [width](int, int mb) -> std::int64_t {
+    return static_cast<std::int64_t>(width * rows_of(mb) * D);
+  };
+  sizes.encoder_output = [](int, int mb) -> std::int64_t {
+    return static_cast<std::int64_t>(rows_of(mb) * D);
+  };
+  return sizes;
+}
+
+/// Runs `s` on its loopback ranks: on host memory, or (with `counts`, one per rank) over
+/// comm::emulated_device with model::emulated_device_memory and device_functions. Returns each rank's model
+/// (its stashed inputs, outputs, deltas and gradients).
+std::vector<mlp> run_pipeline(const schedule& s, std::vector<span_counts>* counts) {
+  std::vector<mlp> per_rank(static_cast<std::size_t>(s.total_ranks()),
+                            mlp(s.num_stages, s.num_encoder_shards()));
+  const activation_sizes sizes = sizes_for(s.num_encoder_shards());
+  hetmesh::comm::loopback::run(s.total_ranks(), [&](hetmesh::comm::loopback::communicator& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    if (counts == nullptr) {
+      execute_pipeline(c, s, per_rank[r].functions(), sizes);
+      return;
+    }
+    hetmesh::comm::emulated_device<hetmesh::comm::loopback::communicator> dev(c);
+    hetmesh::model::emulated_device_memory mem;
+    std::vector<timed_action> timeline;
+    execute_pipeline(dev, s, device_functions(per_rank[r], (*counts)[r]), sizes, mem, &timeline);
+    CHECK(timeline.size() >= s.ranks[r].size());
+  });
+  return per_rank;
+}
+
+/// The last stage's loss of micro-batch mb, 0.5 * sum(y^2), on the rank that holds it.
+double loss_of(const schedule& s, const std::vector<mlp>& per_rank, int mb) {
+  const int last = s.num_stages - 1;
+  double l = 0;
+  for (double v : per_rank[static_cast<std::size_t>(s.rank_of_stage(last))].y.at({last, mb}))
+    l += 0.5 * v * v;
+  return l;
+}
+
+/// The device run of `s` equals its host run bit for bit (every stashed activation, delta, gradient and
+/// loss), and its stage callables saw device pointers only.
+void check_device_equals_host(const schedule& s) {
+  const auto host = run_pipeline(s, nullptr);
+  std::vector<span_counts> counts(static_cast<std::size_t>(s.total_ranks()));
+  const auto device = run_pipeline(s, &counts);
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(counts[r].host == 0);
+    CHECK(counts[r].device > 0);
+    CHECK(device[r].x == host[r].x);  // stage inputs: received activations, joined encoder outputs
+    CHECK(device[r].y == host[r].y);  // stage outputs
+    CHECK(device[r].delta == host[r].delta);
+    CHECK(device[r].dw == host[r].dw);
+    CHECK(device[r].db == host[r].db);
+    CHECK(device[r].du == host[r].du);  // encoder gradients: stage 0's input gradient, split
+    CHECK(!host[r].x.empty());
+  }
+  for (int mb = 0; mb < s.num_microbatches; ++mb) {
+    const double l = loss_of(s, host, mb);
+    CHECK(l > 0);
+    CHECK(loss_of(s, device, mb) == l);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("pipeline executor: pipelined MLP on loopback ranks matches single-rank gradients") {
@@ -355,4 +463,62 @@ TEST_CASE("pipeline executor: message tags never alias; past the tag space it re
       doctest::Contains(
           "stage/shard 3 micro-batch 65536 (kind 3) is 1048591, past the limit max_user_tag = 1048575"),
       hetmesh::capacity_error);
+}
+
+TEST_CASE("pipeline executor: the device path (emulated device memory) equals the host run bit for bit") {
+  for (const char* name : {"1f1b", "gpipe", "zero-bubble", "interleaved-1f1b", "dualpipev"}) {
+    INFO(name);
+    const schedule s = add_send_recv(hetmesh::tools::make_schedule(name, 4, 8));
+    (void)verify(s);
+    check_device_equals_host(s);
+  }
+  const schedule llm = one_f_one_b{}.generate(4, 5);
+  encoder_work w{.forward = [](int mb) { return 0.3 * rows_of(mb); },
+                 .backward = [](int mb) { return 0.6 * rows_of(mb); }};
+  const auto check_placement = [&](const auto& placement) {
+    INFO(fmt::format("{}", placement));
+    const schedule j = add_send_recv(add_encoder(llm, placement, uniform_costs{}.model(), w));
+    (void)verify(j);
+    CHECK(j.num_encoder_shards() > 0);
+    check_device_equals_host(j);
+  };
+  check_placement(encoder_on_first_stage{});
+  check_placement(colocated_encoder{});  // one shard per rank: stage 0 joins and splits 4 slices
+}
+
+TEST_CASE("pipeline executor: a host buffer where the device path expects device memory is caught") {
+  // The device stage callables on host memory: the first non-empty span is refused, naming the callable.
+  const schedule s = add_send_recv(one_f_one_b{}.generate(4, 4));
+  std::vector<mlp> per_rank(4, mlp(4, 0));
+  std::vector<span_counts> counts(4);
+  CHECK_THROWS_WITH_AS(hetmesh::comm::loopback::run(
+                           4,
+                           [&](hetmesh::comm::loopback::communicator& c) {
+                             const auto r = static_cast<std::size_t>(c.rank());
+                             execute_pipeline(c, s, device_functions(per_rank[r], counts[r]), sizes_for(0));
+                           }),
+                       doctest::Contains("test stage callable: "), hetmesh::invalid_argument);
+  int host_spans = 0;
+  for (const auto& k : counts) host_spans += k.host;
+  CHECK(host_spans > 0);
+}
+
+TEST_CASE("pipeline executor: the schedule agreement check gathers through the memory policy on a device") {
+  using hetmesh::run::detail::check_schedule_agreement;
+  const schedule s = add_send_recv(one_f_one_b{}.generate(3, 3));
+  schedule other = s;
+  other.name = "1f1b (stale)";
+  const auto agree = [&](bool stale_rank_2) {
+    hetmesh::comm::loopback::run(3, [&](hetmesh::comm::loopback::communicator& c) {
+      hetmesh::comm::emulated_device<hetmesh::comm::loopback::communicator> dev(c);
+      hetmesh::model::emulated_device_memory mem;
+      check_schedule_agreement(dev, mem, stale_rank_2 && c.rank() == 2 ? other : s, "pipeline schedule");
+    });
+  };
+  CHECK_NOTHROW(agree(false));
+  const std::string expected = fmt::format(
+      "pipeline schedule hashes disagree across the group of 3 ranks: rank 2 (global 2) has {:#018x}; "
+      "expected every rank to hold {:#018x}",
+      hetmesh::plan_hash(other), hetmesh::plan_hash(s));
+  CHECK_THROWS_WITH_AS(agree(true), doctest::Contains(expected.c_str()), hetmesh::mismatch_error);
 }

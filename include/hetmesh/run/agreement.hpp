@@ -44,6 +44,7 @@ template <comm::communicator C, model::memory_policy M, class U>
     every.resize(all.size());
     mem.upload(one.span(), std::span<const U>(&mine, 1));
     comm::all_gather(c, std::span<const U>(one.span()), every.span());
+    if constexpr (requires { c.synchronize(); }) c.synchronize();  // the gather is stream-ordered
     mem.download(std::span<U>(all), std::span<const U>(every.span()));
   }
   return all;

@@ -4,6 +4,13 @@
 // communicator's send/recv. Buffer sizes come from the plan (`activation_sizes`), so micro-batches of
 // different lengths need no shape exchange: each RECV knows its element count.
 //
+// Where buffers live: activations and gradients are buffers of a memory policy (model::memory_policy)
+// whose space is the communicator's: host vectors (model::host_memory, the default) over a host
+// communicator, device memory over a device communicator. The executor does its own buffer work (zeroing,
+// joining and splitting stage 0's encoder slices) through the policy and never touches a buffer on the
+// CPU, so the same body runs on device memory; on a CPU-only machine, comm::emulated_device with
+// model::emulated_device_memory runs (and tests) that device path.
+//
 // Data flow per micro-batch mb: stage s's forward reads its input (stage 0: the concatenated encoder
 // outputs of all shards in shard order, or nothing without encoders) and writes its output (nothing on
 // the last stage, which computes its loss itself); the backward reads the gradient of its output
@@ -13,12 +20,14 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -27,8 +36,11 @@
 
 #include "../comm/collectives.hpp"
 #include "../comm/communicator.hpp"
+#include "../core/assert.hpp"
 #include "../core/cpu_time.hpp"
 #include "../core/error.hpp"
+#include "../core/hash.hpp"
+#include "../model/memory.hpp"
 #include "../pipeline/action.hpp"
 #include "../pipeline/lower.hpp"
 #include "../pipeline/simulate.hpp"
@@ -125,27 +137,56 @@ inline int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb,
   return static_cast<int>(raw);
 }
 
+/// Collective over `c`: the plan-agreement check of `s` (run::check_plan_agreement) on any communicator.
+/// A host communicator gathers the hashes in host memory; a device communicator gathers them through
+/// memory policy `mem` (run::check_plan_agreement's overload with a memory policy). Throws mismatch_error on
+/// every rank when the ranks' schedules differ, naming the disagreeing ranks and the majority hash. Cost:
+/// one all-gather of 8 bytes per rank plus hashing the schedule.
+template <comm::communicator C, model::memory_policy M>
+void check_schedule_agreement(C& c, M& mem, const pipeline::schedule& s, std::string_view what) {
+  check_plan_agreement(c, std::as_const(mem), s, what);
+}
+
 }  // namespace detail
 
-/// Runs rank `c.rank()`'s list of the lowered schedule `s`. Collective over the communicator's group,
-/// which must be the pipeline's ranks in schedule order (c.size() == s.total_ranks()). Preconditions:
-/// `s` lowered (SEND/RECV present wherever data crosses ranks) and verified; the callables its actions
-/// need are set; sizes >= 0. Throws invalid_argument naming the missing piece; rethrows callable and
-/// communicator errors with the action as context. With `timeline`, appends each action with its wall
-/// time (seconds since the call) for trace export. Calls: stage_functions<T> (std::function members) or
-/// stage_calls<T, ...> (the callables' own types, no type erasure); Sizes: activation_sizes, sizes_of<...>
-/// or any type with `output(stage, mb)` and `encoder_output(shard, mb)` members. With
-/// `transfer_cpu_seconds`, adds to it the calling thread's CPU time in the SEND/RECV actions (the bytes on
-/// the wire, apart from the executor's own bookkeeping). Cost: the callables plus one send or receive per
-/// cross-rank transfer.
-template <comm::communicator C, class Calls, class Sizes = activation_sizes>
-void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes& sizes,
+/// Runs rank `c.rank()`'s list of the lowered schedule `s`, its activations and gradients in buffers of
+/// memory policy `mem`. Collective over the communicator's group, which must be the pipeline's ranks in
+/// schedule order (c.size() == s.total_ranks()).
+///
+/// Memory: M models model::memory_policy with M::space == C::memory (a host communicator with
+/// model::host_memory; a device communicator with a device policy: model::emulated_device_memory over
+/// comm::emulated_device, cuda::device_memory over NCCL), else a static_assert. Every activation and
+/// gradient buffer is an M::buffer<T>; the executor never reads or writes one on the CPU: it zero-fills
+/// with mem.fill, joins the encoder shards' outputs into stage 0's input and splits stage 0's input
+/// gradient back into the shards' slices with mem.copy, and hands the buffers' spans (M::space pointers)
+/// to the stage callables and to the communicator's send/recv. `output` and `grad_input` spans arrive
+/// zero-filled. On a device path, M's operations, the communicator and the callables must be ordered on
+/// one stream (as model::memory_policy requires); the executor returns once everything is enqueued
+/// (timeline and transfer times are then enqueue times), and a buffer is released once its last use is
+/// enqueued (its policy's release must be safe with work in flight).
+///
+/// Preconditions: `s` lowered (SEND/RECV present wherever data crosses ranks) and verified; the callables
+/// its actions need are set; sizes >= 0. Throws invalid_argument naming the missing piece; rethrows
+/// callable and communicator errors with the action as context. At the collective assertion level,
+/// checks first that every rank runs the same schedule (mismatch_error otherwise). With `timeline`,
+/// appends each action with its wall time (seconds since the call) for trace export. Calls:
+/// stage_functions<T> (std::function members) or stage_calls<T, ...> (the callables' own types, no type
+/// erasure); Sizes: activation_sizes, sizes_of<...> or any type with `output(stage, mb)` and
+/// `encoder_output(shard, mb)` members. With `transfer_cpu_seconds`, adds to it the calling thread's CPU
+/// time in the SEND/RECV actions (the bytes on the wire, apart from the executor's own bookkeeping).
+/// Cost: the callables plus one send or receive per cross-rank transfer, one fill per produced buffer and,
+/// on stage 0 with several encoder shards, one copy of its input and of its input gradient.
+template <comm::communicator C, class Calls, class Sizes = activation_sizes, model::memory_policy M>
+void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes& sizes, M& mem,
                       std::vector<pipeline::timed_action>* timeline = nullptr,
                       double* transfer_cpu_seconds = nullptr) {
   using T = typename std::remove_cvref_t<Calls>::value_type;
-  static_assert(comm::host_communicator<C>,
-                "run::execute_pipeline keeps activations in host vectors: it needs a comm::host_communicator "
-                "(loopback, mpi), not a device communicator");
+  static_assert(std::remove_cvref_t<C>::memory == M::space,
+                "run::execute_pipeline: a device communicator needs a device memory policy, and a host "
+                "communicator a host one (M::space == C::memory): model::emulated_device_memory or "
+                "cuda::device_memory over a device communicator, model::host_memory (or no policy) over a "
+                "host communicator");
+  using buffer = typename M::template buffer<T>;
   const int rank = c.rank();
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -153,7 +194,8 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
     throw_error<invalid_argument>(
         "pipeline execute({}): communicator of {} ranks; expected the schedule's {} ranks", s.name, c.size(),
         s.total_ranks());
-  assert_plan_agreement(c, s, "pipeline schedule");  // collective level: every rank runs the same schedule
+  if constexpr (assertion_enabled(assertion_level::collective))  // every rank runs the same schedule
+    detail::check_schedule_agreement(c, mem, s, "pipeline schedule");
   if (!detail::is_set(sizes.output) && s.num_stages > 1)
     throw_error<invalid_argument>(
         "pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
@@ -178,7 +220,7 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
   if (s.num_microbatches > 0 && std::max(S, E) > 0)  // the largest tag: every rank refuses before sending
     (void)detail::pipeline_tag(s, std::max(S, E) - 1, s.num_microbatches - 1, 3);
   using key = std::pair<int, int>;
-  std::map<key, std::vector<T>> act_in, act_out, grad_in, grad_out, enc_in, enc_out, enc_grad, enc_grad_out;
+  std::map<key, buffer> act_in, act_out, grad_in, grad_out, enc_in, enc_out, enc_grad, enc_grad_out;
   auto out_size = [&](int stage, int mb) -> std::size_t {
     const std::int64_t n = sizes.output(stage, mb);
     if (n < 0)
@@ -198,14 +240,23 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
     else
       return std::size_t{0};  // unreachable: is_set(no_call) is false
   };
-  auto take = [&](std::map<key, std::vector<T>>& m, key k, const pipeline::action& a, const char* what) {
+  // A buffer of n elements in M's memory: zero-filled (`zeroed`, for what a callable writes) or as
+  // allocated (for what a receive or a copy overwrites whole).
+  auto make = [&](std::size_t n, bool zeroed) {
+    buffer b;
+    b.resize(n);
+    if (zeroed && n > 0) mem.fill(b.span(), T(0));
+    return b;
+  };
+  auto view = [](buffer& b) { return std::span<const T>(b.span()); };
+  auto take = [&](std::map<key, buffer>& m, key k, const pipeline::action& a, const char* what) {
     auto it = m.find(k);
     if (it == m.end())
       throw_error<invalid_argument>(
           "pipeline execute({}): rank {} action `{}` finds no {} (stage/shard {}, micro-batch "
           "{}); expected it produced or received earlier in the list",
           s.name, rank, pipeline::to_text(a), what, k.first, k.second);
-    std::vector<T> v = std::move(it->second);
+    buffer v = std::move(it->second);
     m.erase(it);
     return v;
   };
@@ -235,17 +286,27 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
       switch (a.type) {
         case pipeline::action_type::forward: {
           need(fn.forward, a, "forward");
-          std::vector<T> in;
+          buffer in;
           if (a.stage > 0) {
             in = take(act_in, {a.stage, mb}, a, "input activation");
-          } else {
+          } else if (E == 1) {
+            in = take(enc_in, {0, mb}, a, "encoder output");
+          } else if (E > 1) {  // the shards' outputs in shard order, joined on M
+            std::vector<buffer> shard_outs;
+            std::size_t total = 0;
             for (int e = 0; e < E; ++e) {
-              auto part = take(enc_in, {e, mb}, a, "encoder output");
-              in.insert(in.end(), part.begin(), part.end());
+              shard_outs.push_back(take(enc_in, {e, mb}, a, "encoder output"));
+              total += shard_outs.back().size();
+            }
+            in = make(total, false);
+            std::size_t off = 0;
+            for (auto& part : shard_outs) {
+              mem.copy(in.span().subspan(off, part.size()), view(part));
+              off += part.size();
             }
           }
-          std::vector<T> out(a.stage + 1 < S ? out_size(a.stage, mb) : 0);
-          call(fn.forward, a.stage, mb, std::span<const T>(in), std::span<T>(out));
+          buffer out = make(a.stage + 1 < S ? out_size(a.stage, mb) : 0, true);
+          call(fn.forward, a.stage, mb, view(in), out.span());
           if (a.stage + 1 < S) {
             if (s.rank_of_stage(a.stage + 1) == rank)
               act_in[{a.stage + 1, mb}] = std::move(out);
@@ -261,34 +322,39 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
             need(fn.backward, a, "backward");
           else
             need(fn.backward_input, a, "backward_input");
-          std::vector<T> gout;
+          buffer gout;
           if (a.stage + 1 < S) gout = take(grad_in, {a.stage, mb}, a, "output gradient");
           std::size_t gin_size = 0;
           if (a.stage > 0)
             gin_size = out_size(a.stage - 1, mb);
           else
             for (int e = 0; e < E; ++e) gin_size += enc_size(e, mb);
-          std::vector<T> gin(gin_size);
+          buffer gin = make(gin_size, true);
           if (full)
-            call(fn.backward, a.stage, mb, std::span<const T>(gout), std::span<T>(gin));
+            call(fn.backward, a.stage, mb, view(gout), gin.span());
           else
-            call(fn.backward_input, a.stage, mb, std::span<const T>(gout), std::span<T>(gin));
+            call(fn.backward_input, a.stage, mb, view(gout), gin.span());
+          auto deliver_shard = [&](int e, buffer slice) {
+            if (s.encoder_shard_to_rank[static_cast<std::size_t>(e)] == rank)
+              enc_grad[{e, mb}] = std::move(slice);
+            else
+              enc_grad_out[{e, mb}] = std::move(slice);
+          };
           if (a.stage > 0) {
             if (s.rank_of_stage(a.stage - 1) == rank)
               grad_in[{a.stage - 1, mb}] = std::move(gin);
             else
               grad_out[{a.stage, mb}] = std::move(gin);
-          } else {
+          } else if (E == 1) {
+            deliver_shard(0, std::move(gin));
+          } else {  // split into the encoder shards' slices, on M
             std::size_t off = 0;
             for (int e = 0; e < E; ++e) {
               const std::size_t n = enc_size(e, mb);
-              std::vector<T> slice(gin.begin() + static_cast<std::ptrdiff_t>(off),
-                                   gin.begin() + static_cast<std::ptrdiff_t>(off + n));
+              buffer slice = make(n, false);
+              mem.copy(slice.span(), view(gin).subspan(off, n));
               off += n;
-              if (s.encoder_shard_to_rank[static_cast<std::size_t>(e)] == rank)
-                enc_grad[{e, mb}] = std::move(slice);
-              else
-                enc_grad_out[{e, mb}] = std::move(slice);
+              deliver_shard(e, std::move(slice));
             }
           }
           break;
@@ -302,8 +368,8 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
           break;
         case pipeline::action_type::encoder_forward: {
           need(fn.encoder_forward, a, "encoder_forward");
-          std::vector<T> out(enc_size(a.stage, mb));
-          call(fn.encoder_forward, a.stage, mb, std::span<T>(out));
+          buffer out = make(enc_size(a.stage, mb), true);
+          call(fn.encoder_forward, a.stage, mb, out.span());
           if (s.rank_of_stage(0) == rank)
             enc_in[{a.stage, mb}] = std::move(out);
           else
@@ -313,56 +379,54 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
         case pipeline::action_type::encoder_backward: {
           need(fn.encoder_backward, a, "encoder_backward");
           auto g = take(enc_grad, {a.stage, mb}, a, "embedding gradient");
-          call(fn.encoder_backward, a.stage, mb, std::span<const T>(g));
+          call(fn.encoder_backward, a.stage, mb, view(g));
           break;
         }
         case pipeline::action_type::send_f: {
           auto buf = take(act_out, {a.stage, mb}, a, "output activation to send");
-          comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage + 1),
-                     detail::pipeline_tag(s, a.stage, mb, 0));
+          comm::send(c, view(buf), s.rank_of_stage(a.stage + 1), detail::pipeline_tag(s, a.stage, mb, 0));
           break;
         }
         case pipeline::action_type::recv_f: {
-          std::vector<T> buf(out_size(a.stage - 1, mb));
-          comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage - 1),
+          buffer buf = make(out_size(a.stage - 1, mb), false);
+          comm::recv(c, buf.span(), s.rank_of_stage(a.stage - 1),
                      detail::pipeline_tag(s, a.stage - 1, mb, 0));
           act_in[{a.stage, mb}] = std::move(buf);
           break;
         }
         case pipeline::action_type::send_b: {
           auto buf = take(grad_out, {a.stage, mb}, a, "input gradient to send");
-          comm::send(c, std::span<const T>(buf), s.rank_of_stage(a.stage - 1),
-                     detail::pipeline_tag(s, a.stage, mb, 1));
+          comm::send(c, view(buf), s.rank_of_stage(a.stage - 1), detail::pipeline_tag(s, a.stage, mb, 1));
           break;
         }
         case pipeline::action_type::recv_b: {
-          std::vector<T> buf(out_size(a.stage, mb));
-          comm::recv(c, std::span<T>(buf), s.rank_of_stage(a.stage + 1),
+          buffer buf = make(out_size(a.stage, mb), false);
+          comm::recv(c, buf.span(), s.rank_of_stage(a.stage + 1),
                      detail::pipeline_tag(s, a.stage + 1, mb, 1));
           grad_in[{a.stage, mb}] = std::move(buf);
           break;
         }
         case pipeline::action_type::send_ef: {
           auto buf = take(enc_out, {a.stage, mb}, a, "encoder output to send");
-          comm::send(c, std::span<const T>(buf), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 2));
+          comm::send(c, view(buf), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 2));
           break;
         }
         case pipeline::action_type::recv_ef: {
-          std::vector<T> buf(enc_size(a.stage, mb));
-          comm::recv(c, std::span<T>(buf), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
+          buffer buf = make(enc_size(a.stage, mb), false);
+          comm::recv(c, buf.span(), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
                      detail::pipeline_tag(s, a.stage, mb, 2));
           enc_in[{a.stage, mb}] = std::move(buf);
           break;
         }
         case pipeline::action_type::send_eb: {
           auto buf = take(enc_grad_out, {a.stage, mb}, a, "embedding gradient to send");
-          comm::send(c, std::span<const T>(buf), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
+          comm::send(c, view(buf), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
                      detail::pipeline_tag(s, a.stage, mb, 3));
           break;
         }
         case pipeline::action_type::recv_eb: {
-          std::vector<T> buf(enc_size(a.stage, mb));
-          comm::recv(c, std::span<T>(buf), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 3));
+          buffer buf = make(enc_size(a.stage, mb), false);
+          comm::recv(c, buf.span(), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 3));
           enc_grad[{a.stage, mb}] = std::move(buf);
           break;
         }
@@ -377,6 +441,23 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
     }
     if (timed_transfer) *transfer_cpu_seconds += thread_cpu_seconds() - cpu_start;
     if (timeline != nullptr) timeline->push_back(pipeline::timed_action{rank, a, start, seconds()});
+  }
+}
+
+/// execute_pipeline on host memory: the same contract with model::host_memory, for a host communicator
+/// (loopback, mpi). A device communicator needs a device memory policy (the overload above): a
+/// static_assert otherwise.
+template <comm::communicator C, class Calls, class Sizes = activation_sizes>
+void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes& sizes,
+                      std::vector<pipeline::timed_action>* timeline = nullptr,
+                      double* transfer_cpu_seconds = nullptr) {
+  static_assert(comm::host_communicator<C>,
+                "run::execute_pipeline without a memory policy: a device communicator needs a device memory "
+                "policy; pass one after the sizes, execute_pipeline(c, s, fn, sizes, mem), whose space is "
+                "memory_space::device (model::emulated_device_memory, cuda::device_memory)");
+  if constexpr (comm::host_communicator<C>) {
+    model::host_memory mem;
+    execute_pipeline(c, s, std::forward<Calls>(fn), sizes, mem, timeline, transfer_cpu_seconds);
   }
 }
 
