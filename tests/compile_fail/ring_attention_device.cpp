@@ -1,19 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// Ring attention stages buffers in host memory: a device communicator is refused at compile time with
-// a message that says so (the device path is later work).
+// Ring attention on a device communicator needs a device memory policy: the call without one (host
+// memory, model::host_memory by default) is refused at compile time with a message that says so. The
+// control build passes model::emulated_device_memory and compiles.
 #include <span>
 #include <vector>
 
+#include <hetmesh/model/memory.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/run/ring_attention.hpp>
 
 struct fake_comm {
   using is_communicator = void;
-#ifdef HETMESH_COMPILE_FAIL_CONTROL
-  static constexpr hetmesh::comm::memory_space memory = hetmesh::comm::memory_space::host;
-#else
   static constexpr hetmesh::comm::memory_space memory = hetmesh::comm::memory_space::device;
-#endif
   int rank() const { return 0; }
   int size() const { return 1; }
   std::span<const int> ranks() const { return {&me, 1}; }
@@ -27,5 +25,10 @@ int main() {
   hetmesh::model::reference_attention k;
   std::vector<double> q(2), out(2), lse(2);
   const hetmesh::run::ring_attention_input<double> in{{1, 1, 1}, 1.0, q, q, q};
+#ifdef HETMESH_COMPILE_FAIL_CONTROL
+  hetmesh::model::emulated_device_memory mem;
+  hetmesh::run::ring_attention_forward(c, s, k, in, std::span<double>(out), std::span<double>(lse), mem);
+#else
   hetmesh::run::ring_attention_forward(c, s, k, in, std::span<double>(out), std::span<double>(lse));
+#endif
 }

@@ -3,14 +3,19 @@
 // and HDP rings (several rings of different sizes at once on one parent communicator) equal single-rank
 // full causal attention of the same tokens (double: relative error <= 1e-10; float: <= 1e-5); the
 // kernel is called only on blocks with mask != none. The reference kernel's backward matches finite
-// differences. The same bodies run under mpirun -np 8 (ring_attention_mpi.cpp).
+// differences. The same bodies run under mpirun -np 8 (ring_attention_mpi.cpp). The device path (the
+// calls with a memory policy, over comm::emulated_device and model::emulated_device_memory) equals the
+// host path bit for bit, its kernel receiving emulated device tensors and host metadata.
 #include <doctest/doctest.h>
 
 #include <set>
 
 #include <fmt/ranges.h>
 
+#include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/core/memory_space.hpp>
+#include <hetmesh/model/memory.hpp>
 #include <hetmesh/seq/hdp.hpp>
 
 #include "run/ring_attention_body.hpp"
@@ -191,6 +196,102 @@ TEST_CASE("ring attention with communication overlapped with compute gives bitwi
       testsupport::rank0_of(8, [](auto& c) { return hdp_body<double>(c, 5, planner::bytescale, true); });
   check_verdict(ht, 1e-10, hf.rows, "hdp double, overlapped");
   CHECK(hf.same_as(ht));
+}
+
+TEST_CASE("ring attention over a ring of one rank (no communication) equals full causal attention") {
+  const std::int64_t lens[4] = {9, 3, 17, 6};
+  check_verdict(testsupport::rank0_of(8, [](auto& c) { return single_body<double>(c); }), 1e-10, total(lens),
+                "one rank double");
+  check_verdict(testsupport::rank0_of(8, [](auto& c) { return single_body<float>(c); }), 1e-5, total(lens),
+                "one rank float");
+}
+
+TEST_CASE("ring attention on emulated device memory equals the host path bit for bit, forward and backward") {
+  // Static CP rings (zigzag over 8, THD over 4), a ring of one rank, and HDP rings of several sizes with
+  // several rings per rank (the *_all entries); causal and full blocks (zigzag and HDP have both);
+  // communication overlapped with compute or not. Each body runs the host path, then the device path.
+  const std::int64_t zig[1] = {96}, thd[6] = {7, 11, 5, 20, 1, 30}, one[4] = {9, 3, 17, 6};
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    auto check = [&](const verdict& v, double tol, std::int64_t rows, const char* what) {
+      check_verdict(v, tol, rows, what);
+      check_device(v, 8, what);
+    };
+    check(testsupport::rank0_of(8, [&](auto& c) { return zigzag_body<double>(c, overlap, true); }), 1e-10,
+          total(zig), "device zigzag cp=8 double");
+    check(testsupport::rank0_of(8, [&](auto& c) { return zigzag_body<float>(c, overlap, true); }), 1e-5,
+          total(zig), "device zigzag cp=8 float");
+    check(testsupport::rank0_of(8, [&](auto& c) { return thd_body<double>(c, overlap, true); }), 1e-10,
+          total(thd), "device thd cp=4 double");
+    check(testsupport::rank0_of(8, [&](auto& c) { return single_body<float>(c, overlap, true); }), 1e-5,
+          total(one), "device one rank float");
+    for (auto placement : {planner::waves, planner::least_loaded, planner::bytescale}) {
+      CAPTURE(static_cast<int>(placement));
+      std::int64_t tokens = 0;
+      for (const auto& sq : make_hdp_case(5, placement).seqs) tokens += sq.length;
+      const auto d =
+          testsupport::rank0_of(8, [&](auto& c) { return hdp_body<double>(c, 5, placement, overlap, true); });
+      check(d, 1e-10, tokens, "device hdp double");
+      CHECK(d.rings > 0);
+    }
+    std::int64_t tokens = 0;
+    for (const auto& sq : make_hdp_case(6, planner::bytescale).seqs) tokens += sq.length;
+    check(testsupport::rank0_of(
+              8, [&](auto& c) { return hdp_body<float>(c, 6, planner::bytescale, overlap, true); }),
+          1e-5, tokens, "device hdp float");
+  }
+}
+
+TEST_CASE("the device path refuses host tensors; the test kernel tells device from host pointers") {
+  // The device test kernel counts a call with host tensors (and to_host refuses them): its count of
+  // misplaced calls is a real check, not a constant zero.
+  {
+    std::vector<std::int64_t> doc(2, 0), pos{0, 1};
+    std::vector<double> q(2 * kHeads * kDim), kv(2 * kKvHeads * kDim), out(q.size()), lse(2 * kHeads);
+    const model::attention_block<double> host_block{
+        kShape, q, kv, kv, doc, pos, doc, pos, seq::block_mask::causal, 0.5};
+    emulated_device_kernel k;
+    CHECK_THROWS_WITH_AS(k.forward(host_block, {out, lse}), doctest::Contains("is a host pointer"),
+                         invalid_argument);
+    CHECK(k.misplaced == 1);
+    auto dev_block = host_block;
+    dev_block.q = emulated::to_device(dev_block.q);
+    dev_block.k = emulated::to_device(dev_block.k);
+    dev_block.v = emulated::to_device(dev_block.v);
+    k.forward(dev_block,
+              {emulated::to_device(std::span<double>(out)), emulated::to_device(std::span<double>(lse))});
+    CHECK(k.misplaced == 1);
+    CHECK(k.inner.forward_calls == 1);
+  }
+  // Host tensors passed to the device path are refused by the policy, naming the operation.
+  const auto part = seq::partition_zigzag(8, 2);
+  const auto s = seq::ring_for(part, {0, 1});
+  std::map<std::int64_t, std::int64_t> lens{{0, 8}};
+  std::vector<std::string> errors(2);
+  comm::loopback::run(2, [&](comm::loopback::communicator& c) {
+    comm::emulated_device<comm::loopback::communicator> dev(comm::split(c, 0, c.rank()));
+    model::emulated_device_memory mem;
+    auto io = make_io<double>(s, c.rank(), lens, 1);
+    model::emulated_device_memory::buffer<double> q, k, v;
+    for (auto [d, h] : {std::pair{&q, &io.q}, std::pair{&k, &io.k}, std::pair{&v, &io.v}}) {
+      d->resize(h->size());
+      mem.upload(d->span(), std::span<const double>(*h));
+    }
+    const run::ring_attention_input<double> in{kShape, 0.25, q.span(), k.span(), v.span()};
+    emulated_device_kernel kern;
+    try {
+      run::ring_attention_forward(dev, s, kern, in, std::span<double>(io.out), std::span<double>(io.lse),
+                                  mem);
+    } catch (const error& e) {
+      errors[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    MESSAGE(e);
+    CHECK(e.find("emulated_device_memory::fill") != std::string::npos);
+    CHECK(e.find("is a host pointer") != std::string::npos);
+    CHECK(e.find("before the first step") != std::string::npos);
+  }
 }
 
 TEST_CASE("ring attention errors name the ring, position and step; ranks outside the ring are refused") {

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Ring attention under mpirun -np 8: the bodies of test_run's ring attention cases (zigzag CP, THD,
-// HDP rings on one parent communicator), each rank a process. CTest runs it only under mpirun -np 8
-// (test_run_mpi_mpi); with another number of ranks each case fails saying so.
+// HDP rings on one parent communicator), each rank a process, and the device path over MPI
+// (comm::emulated_device<mpi::communicator>, model::emulated_device_memory) bit for bit against the host
+// path. CTest runs it only under mpirun -np 8 (test_run_mpi_mpi); with another number of ranks each case
+// fails saying so.
 #include <doctest/doctest.h>
 
 #include <hetmesh/comm/mpi.hpp>
@@ -52,4 +54,21 @@ TEST_CASE("MPI: ring attention with communication overlapped with compute gives 
   CHECK(zigzag_body<double>(w, false).same_as(zigzag_body<double>(w, true)));
   CHECK(hdp_body<double>(w, 6, planner::bytescale, false)
             .same_as(hdp_body<double>(w, 6, planner::bytescale, true)));
+}
+
+TEST_CASE("MPI: ring attention on emulated device memory equals the host path bit for bit") {
+  auto w = world();
+  REQUIRE_MESSAGE(w.size() == 8, "needs exactly 8 ranks (mpirun -np 8)");
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    const auto z = zigzag_body<double>(w, overlap, true);
+    check_verdict(z, 1e-10, 96, "device zigzag cp=8 double");
+    check_device(z, 8, "device zigzag cp=8 double");
+    const auto h = make_hdp_case(6, planner::bytescale);
+    std::int64_t tokens = 0;
+    for (const auto& s : h.seqs) tokens += s.length;
+    const auto d = hdp_body<float>(w, 6, planner::bytescale, overlap, true);
+    check_verdict(d, 1e-5, tokens, "device hdp float");
+    check_device(d, 8, "device hdp float");
+  }
 }

@@ -42,6 +42,11 @@ inline void check_attention_shape(const attention_shape& s, const char* who) {
 /// at most the query's; under block_mask::full, every key of its document. (block_mask::none is never
 /// passed: the library skips such blocks.) Positions are positions within the document, as
 /// TransformerEngine assigns them under CP, so the mask is the same on every rank that holds the tokens.
+/// Memory: the tensors (q, k, v here; out, lse, dout, dq, dk, dv, delta of attention_forward_out and
+/// attention_backward_io) live in the memory space of the caller's memory policy (model/memory.hpp):
+/// host memory on a host path, device memory on a device path. The per-token metadata (q_doc, q_pos,
+/// k_doc, k_pos) is always host memory, valid for the call only: a device kernel reads it on the host
+/// and uploads what it needs (e.g. as cu_seqlens and position offsets) to the stream it computes on.
 template <class T>
 struct attention_block {
   attention_shape shape{};                         ///< heads and head size
@@ -86,8 +91,10 @@ struct attention_backward_io {
 ///     block's gradient contributions into io.dq, io.dk, io.dv;
 ///  3. both are deterministic: the same block gives bitwise the same results (gradient parity and plan
 ///     replay rely on it);
-///  4. the kernel reads only host memory for a host element type; a device kernel is called with device
-///     spans and enqueues its work on the stream the caller's context names.
+///  4. the tensors of a block are in the memory space of the caller's memory policy (host spans on a
+///     host path; a device kernel is called with device spans and enqueues its work on the stream the
+///     caller's policy and communicator share); the per-token metadata is host memory on either path
+///     (attention_block).
 /// model::reference_attention is a CPU model (float and double).
 template <class K, class T>
 concept attention_kernel = requires(K& k, const attention_block<T>& b, attention_forward_out<T> o,

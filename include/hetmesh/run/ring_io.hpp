@@ -2,7 +2,9 @@
 // hetmesh::run: what a ring attention call takes and what a ring position holds: the local q, k, v of
 // one position, the call's options, the per-ring tasks of the multi-ring entries, and the pure
 // look-ups of a seq::ring_schedule (a rank's position, its token count, its tokens' documents and
-// positions). The executor itself is ring_attention.hpp.
+// positions). The executor itself is ring_attention.hpp. The tensors (spans of T) are memory of the
+// call's memory policy (host memory on a host communicator, device memory on a device one); the
+// schedule and the token metadata (ring_token_meta) are host memory.
 #pragma once
 
 #include <algorithm>
@@ -19,7 +21,8 @@ namespace hetmesh::run {
 
 /// The local inputs of one ring position: q, k and v of the tokens this rank holds for the ring, in
 /// the schedule's local order (chunk after chunk, seq::cp_chunk::local_offset), with the layouts of
-/// model/attention.hpp: q [tokens][q_heads][head_dim], k and v [tokens][kv_heads][head_dim].
+/// model/attention.hpp: q [tokens][q_heads][head_dim], k and v [tokens][kv_heads][head_dim], in the
+/// memory space of the call's memory policy (device memory for a device communicator).
 template <class T>
 struct ring_attention_input {
   model::attention_shape shape{};  ///< heads and head size (of this rank's head slice)
@@ -45,7 +48,7 @@ struct ring_attention_options {
 };
 
 /// One ring of a sequence of forward calls (ring_attention_forward_all): the ring's schedule, this
-/// rank's inputs for it and where its merged out and lse go.
+/// rank's inputs for it and where its merged out and lse go (tensors in the call's memory space).
 template <class T>
 struct ring_forward_task {
   /// Element type.
@@ -57,7 +60,7 @@ struct ring_forward_task {
 };
 
 /// One ring of a sequence of backward calls (ring_attention_backward_all): the forward's inputs and
-/// results, the output gradient, and where dq, dk, dv go.
+/// results, the output gradient, and where dq, dk, dv go (tensors in the call's memory space).
 template <class T>
 struct ring_backward_task {
   /// Element type.
@@ -92,6 +95,7 @@ struct ring_backward_task {
 
 /// Per-token document ids and positions of one ring position, in local order: what the kernel's mask
 /// reads, and what a model needs for rotary embeddings (positions within the document, TE's rule).
+/// Host memory, whatever the memory space of the tensors (a device model uploads what it needs).
 struct ring_token_meta {
   std::vector<std::int64_t> doc;  ///< per local token: its document (seq::cp_chunk::doc)
   std::vector<std::int64_t> pos;  ///< per local token: its position in the document

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::run internals of ring attention: one call's context (schedule, position, neighbours, sizes,
 // the block in hand), its checks (schedule, sizes, neighbours' agreement), the kernel block of a ring
-// pair, error locations, and the helper thread that overlaps a hop with compute.
+// pair, error locations, and the helper thread that overlaps a hop with compute. Generic over the call's
+// memory policy: tensors are spans of its space, the blocks' document/position metadata is host memory.
 #pragma once
 
 #include <cstddef>
@@ -21,16 +22,15 @@
 #include "../../core/assert.hpp"
 #include "../../core/error.hpp"
 #include "../../core/hash.hpp"
+#include "../../core/memory_space.hpp"
 #include "../../model/attention.hpp"
+#include "../../model/memory.hpp"
 #include "../../seq/ring.hpp"
 #include "../ring_io.hpp"
 
 namespace hetmesh::run {
 
 namespace detail {
-
-template <class C>
-inline constexpr bool host_memory = std::remove_cvref_t<C>::memory == comm::memory_space::host;
 
 /// One ring call's context: the schedule, this rank's position, its neighbours' ranks, sizes, and the
 /// document/position scratch of the block in hand (a chunk is one document's consecutive positions, so
@@ -118,28 +118,47 @@ ring_ctx<T> make_ctx(const C& c, const seq::ring_schedule& s, const ring_attenti
 
 /// Checks (collective assertion level) that the ring's neighbours hold the same schedule: one hash
 /// to the next position, one from the previous. Mismatched schedules would otherwise surface as
-/// mismatched message sizes, or not at all.
-template <comm::communicator C, class T>
-void check_neighbours(C& c, const ring_ctx<T>& x, const ring_attention_options& opt, const char* who) {
+/// mismatched message sizes, or not at all. A host communicator sends the hash as it is; a device
+/// communicator takes device buffers only, so the hash travels as four 16-bit pieces (exact in T),
+/// uploaded to and downloaded from two 4-element buffers of `mem`.
+template <class T, comm::communicator C, model::memory_policy M>
+void check_neighbours(C& c, M& mem, const ring_ctx<T>& x, const ring_attention_options& opt,
+                      const char* who) {
   if constexpr (assertion_enabled(assertion_level::collective)) {
     if (x.d == 1) return;
     const std::uint64_t mine = plan_hash(x.s);
     std::uint64_t theirs = 0;
-    const comm::p2p_op ops[2] = {comm::send_op(std::span<const std::uint64_t>(&mine, 1), x.next, opt.tag),
-                                 comm::recv_op(std::span<std::uint64_t>(&theirs, 1), x.prev, opt.tag)};
-    comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
+    if constexpr (std::remove_cvref_t<C>::memory == memory_space::host) {
+      (void)mem;
+      const comm::p2p_op ops[2] = {comm::send_op(std::span<const std::uint64_t>(&mine, 1), x.next, opt.tag),
+                                   comm::recv_op(std::span<std::uint64_t>(&theirs, 1), x.prev, opt.tag)};
+      comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
+    } else {
+      T piece[4], got[4];
+      for (int i = 0; i < 4; ++i) piece[i] = static_cast<T>((mine >> (16 * i)) & 0xffffu);
+      typename M::template buffer<T> out_buf, in_buf;
+      out_buf.resize(4);
+      in_buf.resize(4);
+      mem.upload(out_buf.span(), std::span<const T>(piece));
+      const comm::p2p_op ops[2] = {comm::send_op(std::span<const T>(out_buf.span()), x.next, opt.tag),
+                                   comm::recv_op(in_buf.span(), x.prev, opt.tag)};
+      comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
+      mem.download(std::span<T>(got), std::span<const T>(in_buf.span()));
+      for (int i = 0; i < 4; ++i) theirs |= static_cast<std::uint64_t>(got[i]) << (16 * i);
+    }
     if (theirs != mine)
       throw_error<mismatch_error>(
           "{}: rank {} (the previous position) holds another schedule of ring [{}] (hash {:#x}, here "
           "{:#x}); expected every rank of the ring to pass the same seq::ring_schedule",
           who, x.prev, fmt::join(x.s.ring, ","), theirs, mine);
   } else {
-    (void)c, (void)x, (void)opt, (void)who;
+    (void)c, (void)mem, (void)x, (void)opt, (void)who;
   }
 }
 
 /// The block of (q chunk pr.q_chunk of this position) x (kv chunk pr.kv_chunk of position `src`) over
-/// the given KV; its document/position spans point into x's scratch, valid until the next call.
+/// the given KV (spans of the call's memory space, as in.q); its document/position spans are host
+/// memory, pointing into x's scratch, valid until the next call.
 template <class T>
 model::attention_block<T> block_of(ring_ctx<T>& x, const seq::ring_pair& pr, int src, std::span<const T> k,
                                    std::span<const T> v) {
@@ -167,9 +186,11 @@ model::attention_block<T> block_of(ring_ctx<T>& x, const seq::ring_pair& pr, int
 
 template <class T>
 std::string where(const comm::communicator auto& c, const ring_ctx<T>& x, const char* who, int step) {
-  if (step < 0)  // before the first step: the schedule check between neighbours
-    return hetmesh::format("{} on {}, ring [{}], position {}, checking the schedule with its neighbours", who,
-                           comm::describe(c), fmt::join(x.s.ring, ","), x.p);
+  if (step < 0)  // before the first step: the schedule check between neighbours, the outputs' initialisation
+    return hetmesh::format(
+        "{} on {}, ring [{}], position {}, before the first step (checking the schedule with "
+        "its neighbours, initialising the outputs)",
+        who, comm::describe(c), fmt::join(x.s.ring, ","), x.p);
   return hetmesh::format("{} on {}, ring [{}], position {}, step {} of {}", who, comm::describe(c),
                          fmt::join(x.s.ring, ","), x.p, step, x.d);
 }
@@ -180,7 +201,8 @@ void check_size(std::size_t got, std::size_t want, const char* what, const char*
 }
 
 /// A point-to-point batch run on a helper thread while the caller computes (ring_attention_options::
-/// overlap). join() rethrows the batch's error; the destructor joins without rethrowing, so a failure of
+/// overlap), on a host or a device communicator alike (a device one enqueues the batch from the helper
+/// thread). join() rethrows the batch's error; the destructor joins without rethrowing, so a failure of
 /// the caller's compute is the error reported and the helper never outlives the buffers it uses.
 class background_p2p {
  public:
