@@ -21,6 +21,7 @@
 #include "../model/activation.hpp"
 #include "../model/attention.hpp"
 #include "../model/context.hpp"
+#include "../model/memory.hpp"
 #include "../run/ring_attention.hpp"
 #include "../run/ulysses_attention.hpp"
 #include "../seq/ring.hpp"
@@ -28,16 +29,24 @@
 
 namespace hetmesh::train {
 
+/// The activation store of train::system's stages for element T in memory M: selective offload over slots
+/// in M's buffers (host memory: train::offload_store<T>).
+template <class T, class M = model::host_memory>
+using step_store = offload_store<T, model::memory_activation_store<T, M>>;
+
 /// The context train::system hands a backbone stage for one (stage, micro-batch) call: everything a
-/// model::stage_context holds (tp, ep, the micro-batch's ring, activation slots in a host store of T),
-/// plus the attention entry bound to ring attention over that ring with the system's kernel. Holds
-/// pointers (schedule, kernel, store, communicators) that the runtime keeps alive across the call.
-template <class Comm, class Kernel, class T>
-struct step_context : model::stage_context<Comm, offload_store<T>> {
+/// model::stage_context holds (tp, ep, the micro-batch's ring, activation slots in a store of T in memory
+/// M), plus the attention entry bound to ring attention over that ring with the system's kernel. Spans the
+/// stage passes are memory of M (device memory for a device policy). Holds pointers (schedule, kernel,
+/// store, communicators, memory policy) that the runtime keeps alive across the call.
+template <class Comm, class Kernel, class T, class M = model::host_memory>
+struct step_context : model::stage_context<Comm, step_store<T, M>> {
   /// Element type of activations and parameters.
   using value_type = T;
   /// The attention kernel type.
   using kernel_type = Kernel;
+  /// The memory policy of the stage's buffers.
+  using memory_type = M;
 
   const seq::ring_schedule* schedule = nullptr;  ///< the micro-batch's ring (its position: ring.position)
   const seq::ulysses_plan* ulysses = nullptr;    ///< Ulysses: the group's exchange plan (then no ring)
@@ -46,6 +55,7 @@ struct step_context : model::stage_context<Comm, offload_store<T>> {
   std::span<const std::int64_t> stream_pos;      ///< Ulysses: position of every token of the group
   Kernel* kernel = nullptr;                      ///< the system's kernel
   run::ring_attention_options options{};         ///< tags and overlap of the ring calls
+  M* memory = nullptr;                           ///< the system's memory policy (null: M{}; host only)
 
   /// Causal per-document attention of the micro-batch's local queries over every key of its ring:
   /// out [tokens][q_heads][head_dim] and lse [tokens][q_heads] (natural log), for q [tokens][q_heads]
@@ -65,7 +75,8 @@ struct step_context : model::stage_context<Comm, offload_store<T>> {
     }
     check_bound("attention_forward");
     run::ring_attention_forward(*this->ring.parent, *schedule, *kernel,
-                                run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, options);
+                                run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, mem(),
+                                options);
   }
 
   /// Backward of attention_forward: given its inputs, its out and lse, and dout (the loss gradient with
@@ -86,10 +97,23 @@ struct step_context : model::stage_context<Comm, offload_store<T>> {
     check_bound("attention_backward");
     run::ring_attention_backward(*this->ring.parent, *schedule, *kernel,
                                  run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk,
-                                 dv, options);
+                                 dv, mem(), options);
   }
 
  private:
+  M& mem() const {
+    if (memory != nullptr) return *memory;
+    if constexpr (M::space == memory_space::host) {
+      static M host{};  // stateless
+      return host;
+    } else {
+      throw_error<invalid_argument>(
+          "train::step_context: stage {} micro-batch {} has no memory policy bound; expected a context made "
+          "by "
+          "train::system::run (a device memory policy is the system's)",
+          this->stage, this->micro_batch);
+    }
+  }
   void check_ulysses(const char* who) const {
     if (group == nullptr || kernel == nullptr)
       throw_error<invalid_argument>(

@@ -17,23 +17,28 @@
 #include "../model/activation.hpp"
 #include "../model/context.hpp"
 #include "../model/encoder_batch.hpp"
+#include "../model/memory.hpp"
 #include "../run/long_short_attention.hpp"
 
 namespace hetmesh::train {
 
 /// The context train::system hands an encoder for element type T: a model::stage_context (stage = the
 /// encoder shard, micro_batch = the slot, the encoder's own activation slots) with its items' groups and
-/// an attention entry. Holds pointers the runtime keeps alive across the call.
-template <class Comm, class Kernel, class T>
-struct encoder_context : model::stage_context<Comm, model::host_activation_store<T>> {
+/// an attention entry. Spans are memory of M (device memory for a device policy). Holds pointers the
+/// runtime keeps alive across the call.
+template <class Comm, class Kernel, class T, class M = model::host_memory>
+struct encoder_context : model::stage_context<Comm, model::memory_activation_store<T, M>> {
   /// Element type of activations and parameters.
   using value_type = T;
   /// The attention kernel type.
   using kernel_type = Kernel;
+  /// The memory policy of the encoder's buffers.
+  using memory_type = M;
 
   comm::group_cache<Comm>* groups = nullptr;  ///< groups of the shard's pool row (its pool communicator)
   int row_first = 0;                          ///< domain rank of pool rank 0 at this shard (shard x pool)
   Kernel* kernel = nullptr;                   ///< the system's kernel
+  M* memory = nullptr;                        ///< the system's memory policy (null: M{}; host only)
 
   /// The communicator of the Ulysses group that split piece `p` of the call's batch (`view.pieces`) runs
   /// over: its item's group, ranks in group order (p.group_rank is this rank's). The first call for a
@@ -80,6 +85,18 @@ struct encoder_context : model::stage_context<Comm, model::host_activation_store
   }
 
  private:
+  M& mem() const {
+    if (memory != nullptr) return *memory;
+    if constexpr (M::space == memory_space::host) {
+      static M host{};  // stateless
+      return host;
+    } else {
+      throw_error<invalid_argument>(
+          "train::encoder_context: shard {} slot {} has no memory policy bound; expected a context made by "
+          "train::system::run (a device memory policy is the system's)",
+          this->stage, this->micro_batch);
+    }
+  }
   void check_bound(const char* who) const {
     if (kernel == nullptr)
       throw_error<invalid_argument>(
@@ -94,7 +111,7 @@ namespace detail {
 /// Encoder k's context for one (shard, slot) call of train::system::run: `stores[k]` its activations, the
 /// shard's pool-row groups and the kernel. One type per (Comm, Kernel, T, Stores), whatever the system's
 /// other policies, so the encoder calls (detail::encode) compile once per translation unit.
-template <class Comm, class Kernel, class T, class Stores>
+template <class Comm, class Kernel, class T, class Stores, class M = model::host_memory>
 struct encoder_context_maker {
   Stores* stores = nullptr;                   ///< per encoder, its activation store
   comm::group_cache<Comm>* groups = nullptr;  ///< the shard's pool row
@@ -102,9 +119,11 @@ struct encoder_context_maker {
   int shard = 0;                              ///< the encoder shard
   int slot = 0;                               ///< the slot (micro-batch index)
   int row_first = 0;                          ///< domain rank of pool rank 0 at the shard
+  M* memory = nullptr;                        ///< the system's memory policy
 
-  encoder_context<Comm, Kernel, T> operator()(int k) const {
-    encoder_context<Comm, Kernel, T> ctx;
+  encoder_context<Comm, Kernel, T, M> operator()(int k) const {
+    encoder_context<Comm, Kernel, T, M> ctx;
+    ctx.memory = memory;
     ctx.activations = &(*stores)[static_cast<std::size_t>(k)];
     ctx.stage = shard;
     ctx.micro_batch = slot;

@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "../comm/collectives.hpp"
+#include "../comm/emulated_device.hpp"
 #include "../comm/group_cache.hpp"
 #include "../core/cpu_time.hpp"
 #include "../core/error.hpp"
@@ -35,6 +36,7 @@
 #include "../model/activation.hpp"
 #include "../model/attention.hpp"
 #include "../model/encoder_batch.hpp"
+#include "../model/memory.hpp"
 #include "../model/micro_batch.hpp"
 #include "../model/stage.hpp"
 #include "../pipeline/schedule_family.hpp"
@@ -165,6 +167,25 @@ template <class Encoder, class Input>
   return {&e, std::forward<Input>(input)};
 }
 
+/// The memory policy train::system uses over communicator Comm when none is named: model::host_memory for a
+/// host communicator, model::emulated_device_memory for comm::emulated_device, none (void) for other device
+/// communicators, which name theirs (cuda::device_memory on the communicator's stream for NCCL).
+template <class Comm>
+struct default_memory {
+  using type = void;
+};
+template <comm::host_communicator Comm>
+struct default_memory<Comm> {
+  using type = model::host_memory;
+};
+template <class Host>
+struct default_memory<comm::emulated_device<Host>> {
+  using type = model::emulated_device_memory;
+};
+/// default_memory<Comm>::type.
+template <class Comm>
+using default_memory_t = typename default_memory<Comm>::type;
+
 namespace detail {
 
 template <class S, class T>
@@ -190,20 +211,27 @@ concept sizes_stage_output = requires(const S& s, const model::micro_batch_view&
 /// over the world (it splits the pipeline's communicators); the communicator and kernel outlive it.
 template <seq::llm_partition Partition, class Kernel, comm::communicator Comm,
           class Balancer = family_placement, pipeline::schedule_family Schedule = pipeline::one_f_one_b,
-          class Placement = pipeline::encoder_on_first_stage>
+          class Placement = pipeline::encoder_on_first_stage, class Memory = default_memory_t<Comm>>
 class system {
   static_assert(check_trainable<Partition, Balancer>());
-  static_assert(comm::host_communicator<Comm>,
-                "train::system keeps activations in host vectors: Comm must be a comm::host_communicator "
-                "(loopback, mpi)");
+  static_assert(model::memory_policy<Memory>,
+                "train::system over a device communicator: name its memory policy as the last template "
+                "argument (a model::memory_policy of memory_space::device: cuda::device_memory on the "
+                "communicator's stream for NCCL)");
+  static_assert(
+      !model::memory_policy<Memory> || Memory::space == Comm::memory,
+      "train::system: the memory policy's space must be the communicator's (model::host_memory for a "
+      "host communicator, a device memory policy for a device communicator)");
 
  public:
+  /// The memory policy of activations, gradients and the runtime's buffers.
+  using memory_type = Memory;
   /// The context the backbone stage receives for element type T.
   template <class T>
-  using context_type = step_context<Comm, Kernel, T>;
+  using context_type = step_context<Comm, Kernel, T, Memory>;
   /// The context an encoder receives for element type T (its items' groups, attention inside items).
   template <class T>
-  using encoder_context_type = encoder_context<Comm, Kernel, T>;
+  using encoder_context_type = encoder_context<Comm, Kernel, T, Memory>;
   /// The pipeline configuration type.
   using pipeline_type = pipeline_config<Schedule, Placement>;
 
@@ -324,7 +352,7 @@ class system {
     } catch (...) {
       failure = std::current_exception();
     }
-    run::agree_on_failure(*world_, failure, "train::system::run (its share)");
+    run::agree_on_failure(*world_, mem_, failure, "train::system::run (its share)");
     return run_step(cpu0, plan, local.first, local.second, stage, std::forward<Optimizer>(optimizer),
                     std::move(encoders)...);
   }
@@ -350,7 +378,7 @@ class system {
                    ...));
     using clock = std::chrono::steady_clock;
     auto& world = *world_;
-    run::assert_plan_agreement(world, plan, "train step plan");
+    run::assert_plan_agreement(world, mem_, plan, "train step plan");
     if (plan.world != pool_size_ || plan.pp != pipeline_.pp)
       throw_error<invalid_argument>(
           "train::system::run: a plan for pp = {} x {} ranks on a world of pp = {} x {}; expected the "
@@ -387,9 +415,8 @@ class system {
         }
     }
 
-    auto zero = [](auto&& spans) {
-      for (auto g : spans)
-        for (auto& x : std::span<T>(g)) x = T(0);
+    auto zero = [&](auto&& spans) {
+      for (auto g : spans) mem_.fill(std::span<T>(g), T(0));
     };
     zero(stage.gradients());
     (zero(encoders.stage->gradients()), ...);
@@ -416,24 +443,30 @@ class system {
     const auto& landing_size = enc.landing_size;
     if (!item_groups_) item_groups_.emplace(pool);
     // Stage 0's input in landing order from the shards' concatenation, and the way back for gradients.
+    // (Through the memory policy: one copy or add per run of rows, in run order, on any memory.)
     auto gather_landings = [&](int mb, std::span<const T> in) {
-      std::vector<T> out(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
+      buffer<T> out;
+      out.resize(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
+      mem_.fill(out.span(), T(0));
       for (const auto& r : reshard[static_cast<std::size_t>(mb)])
-        std::copy_n(in.begin() + r.src, r.n, out.begin() + r.dst);
+        mem_.copy(out.span().subspan(static_cast<std::size_t>(r.dst), static_cast<std::size_t>(r.n)),
+                  in.subspan(static_cast<std::size_t>(r.src), static_cast<std::size_t>(r.n)));
       return out;
     };
     auto scatter_landings = [&](int mb, std::span<const T> g, std::span<T> gin) {
-      std::fill(gin.begin(), gin.end(), T(0));
+      mem_.fill(gin, T(0));
       for (const auto& r : reshard[static_cast<std::size_t>(mb)])
-        for (std::int64_t i = 0; i < r.n; ++i)
-          gin[static_cast<std::size_t>(r.src + i)] += g[static_cast<std::size_t>(r.dst + i)];
+        mem_.add(gin.subspan(static_cast<std::size_t>(r.src), static_cast<std::size_t>(r.n)),
+                 g.subspan(static_cast<std::size_t>(r.dst), static_cast<std::size_t>(r.n)));
     };
 
     step_stats st;
     st.plan_hash = plan.hash();
     double sums[2] = {0.0, 0.0};         // loss, weights
     std::int64_t counts[3] = {0, 0, 0};  // tokens, micro-batches, encoder items
-    offload_store<T> store;  // the plan's offload ratios (HDP with selective offload), 0 elsewhere
+    step_store<T, Memory> store{
+        model::memory_activation_store<T, Memory>(mem_)};  // the plan's offload ratios
+                                                           // (HDP selective offload)
     if (plan.kind == partition_kind::hdp)
       for (const auto& pm : mine) {
         const double r =
@@ -442,7 +475,11 @@ class system {
         if (r > 0)
           for (int stg = 0; stg < S; ++stg) store.set_ratio(stg, pm.slot, r);
       }
-    std::array<model::host_activation_store<T>, sizeof...(Encoders) + 1> enc_stores;
+    auto enc_stores = [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::array<model::memory_activation_store<T, Memory>, sizeof...(I)>{
+          ((void)I, model::memory_activation_store<T, Memory>(mem_))...};
+    }
+    (std::make_index_sequence<sizeof...(Encoders) + 1>{});
     const model::micro_batch empty_mb{};
 
     auto view_of = [&](int mb) {
@@ -463,6 +500,7 @@ class system {
       ctx.micro_batch = mb;
       ctx.kernel = &kernel_;
       ctx.options = options_.attention;
+      ctx.memory = &mem_;
       if (const auto* pm = planned[static_cast<std::size_t>(mb)]) {
         const auto& ring = plan.rings[static_cast<std::size_t>(pm->ring)];
         ctx.ring = {&pool, std::span<const int>(ring.ring), pm->position};
@@ -496,18 +534,19 @@ class system {
       if (v.size() == 0) return;
       cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::forward, mb}, cpu0};
       auto ctx = context(stg, mb);
-      std::vector<T> landed;  // stage 0 with encoders: the shards' outputs resharded to landing order
+      buffer<T> landed;  // stage 0 with encoders: the shards' outputs resharded to landing order
       if (stg == 0 && E > 0) {
         landed = gather_landings(mb, in);
-        in = std::span<const T>(landed);
+        in = std::as_const(landed).span();
       }
       if (stg + 1 < S) {
         stage.forward(ctx, v, in, out);
         return;
       }
-      std::vector<T> loss(static_cast<std::size_t>(out_size(stg, v)));
-      stage.forward(ctx, v, in, std::span<T>(loss));
-      for (auto x : loss) sums[0] += static_cast<double>(x);
+      buffer<T> loss;
+      loss.resize(static_cast<std::size_t>(out_size(stg, v)));
+      stage.forward(ctx, v, in, loss.span());
+      for (auto x : host_copy(std::span<const T>(loss.span()))) sums[0] += static_cast<double>(x);
       for (auto w : v.loss_weights) sums[1] += w;
       for (auto si : v.stream_index) counts[0] += si >= 0 ? 1 : 0;
       ++counts[1];
@@ -518,9 +557,10 @@ class system {
       cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward, mb}, cpu0};
       auto ctx = context(stg, mb);
       if (stg == 0 && E > 0) {  // the landing rows' gradients, back to the shards' layout
-        std::vector<T> g(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
-        stage.backward(ctx, v, gout, std::span<T>(g));
-        scatter_landings(mb, g, gin);
+        buffer<T> g;
+        g.resize(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
+        stage.backward(ctx, v, gout, g.span());
+        scatter_landings(mb, std::as_const(g).span(), gin);
         return;
       }
       stage.backward(ctx, v, gout, gin);
@@ -534,9 +574,10 @@ class system {
           cpu_scope timed{cpu, st.cpu_actions, {stg, pipeline::action_type::backward_input, mb}, cpu0};
           auto ctx = context(stg, mb);
           if (stg == 0 && E > 0) {
-            std::vector<T> g(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
-            stage.backward_input(ctx, v, gout, std::span<T>(g));
-            scatter_landings(mb, g, gin);
+            buffer<T> g;
+            g.resize(static_cast<std::size_t>(landing_size[static_cast<std::size_t>(mb)]));
+            stage.backward_input(ctx, v, gout, g.span());
+            scatter_landings(mb, std::as_const(g).span(), gin);
             return;
           }
           stage.backward_input(ctx, v, gout, gin);
@@ -559,8 +600,8 @@ class system {
       }
     }();
     auto encoder_ctx = [&](int e, int mb) {  // the encoders' contexts at shard e, slot mb
-      return detail::encoder_context_maker<Comm, Kernel, T, decltype(enc_stores)>{
-          &enc_stores, &*item_groups_, &kernel_, e, mb, e * pool_size_};
+      return detail::encoder_context_maker<Comm, Kernel, T, decltype(enc_stores), Memory>{
+          &enc_stores, &*item_groups_, &kernel_, e, mb, e * pool_size_, &mem_};
     };
     // The slot's exchange over the shard's pool row: `send` by destination, `recv` by source.
     auto exchange = [&](std::span<const T> send, std::span<const std::int64_t> send_counts, std::span<T> recv,
@@ -580,26 +621,31 @@ class system {
       const auto m = static_cast<std::size_t>(mb);
       if (!enc.active[m]) return;
       const auto& ex = enc.exchange[static_cast<std::size_t>(e)][m];
-      std::vector<T> local(static_cast<std::size_t>(ex.local_size));
-      if (!local.empty()) {
+      buffer<T> local, send;
+      local.resize(static_cast<std::size_t>(ex.local_size));
+      if (local.size() != 0) {
+        mem_.fill(local.span(), T(0));
         cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_forward, mb}, cpu0};
-        detail::encode<T>(enc.work[static_cast<std::size_t>(e)][m], std::span<T>(local), e, mb,
-                          encoder_ctx(e, mb), counts[2], encoders...);
+        detail::encode<T, Memory>(enc.work[static_cast<std::size_t>(e)][m], local.span(), e, mb,
+                                  encoder_ctx(e, mb), counts[2], encoders...);
       }
-      const auto send = ex.pack(std::span<const T>(local));
-      exchange(std::span<const T>(send), ex.send_counts, out, ex.recv_counts);
+      send.resize(static_cast<std::size_t>(ex.send_size()));
+      ex.pack_into(mem_, std::span<const T>(local.span()), send.span());
+      exchange(std::span<const T>(send.span()), ex.send_counts, out, ex.recv_counts);
     };
     auto encoder_backward = [&](int e, int mb, std::span<const T> g) {
       const auto m = static_cast<std::size_t>(mb);
       if (!enc.active[m]) return;
       const auto& ex = enc.exchange[static_cast<std::size_t>(e)][m];
-      std::vector<T> back(static_cast<std::size_t>(ex.send_size()));  // in the send buffer's layout
-      exchange(g, ex.recv_counts, std::span<T>(back), ex.send_counts);
+      buffer<T> back, local;  // back: in the send buffer's layout
+      back.resize(static_cast<std::size_t>(ex.send_size()));
+      exchange(g, ex.recv_counts, back.span(), ex.send_counts);
       if (ex.local_size == 0) return;
-      std::vector<T> local(static_cast<std::size_t>(ex.local_size), T(0));
-      ex.unpack_add(std::span<const T>(back), std::span<T>(local));
+      local.resize(static_cast<std::size_t>(ex.local_size));
+      mem_.fill(local.span(), T(0));
+      ex.unpack_add(mem_, std::span<const T>(back.span()), local.span());
       cpu_scope timed{cpu, st.cpu_actions, {e, pipeline::action_type::encoder_backward, mb}, cpu0};
-      detail::encode_backward<T>(enc.work[static_cast<std::size_t>(e)][m], std::span<const T>(local),
+      detail::encode_backward<T>(enc.work[static_cast<std::size_t>(e)][m], std::span<const T>(local.span()),
                                  encoder_ctx(e, mb), encoders...);
     };
     auto output_sizes = [&](int stg, int mb) { return out_size(stg, view_of(mb)); };
@@ -615,7 +661,7 @@ class system {
     comm::barrier(world);  // the ranks' timelines share an origin, up to the barrier's skew
     st.cpu_comm_seconds += thread_cpu_seconds() - barrier_cpu0;
     const auto t0 = clock::now();
-    run::execute_pipeline(*pipe_, sched, fn, sizes, &st.timeline, &st.cpu_comm_seconds);
+    run::execute_pipeline(*pipe_, sched, fn, sizes, mem_, &st.timeline, &st.cpu_comm_seconds);
     const auto t1 = clock::now();
     st.step_seconds = std::chrono::duration<double>(t1 - t0).count();
     for (auto& ta : st.cpu_actions) ta.rank = world.rank();
@@ -645,8 +691,8 @@ class system {
       for (auto g : spans) reduce_sum(world, std::span<T>(g));
     };
     (reduce_world(encoders.stage->gradients()), ...);
-    reduce_sum(world, std::span<double>(sums));
-    comm::all_reduce(world, std::span<std::int64_t>(counts), comm::reduce_op::sum);
+    reduce_host_values(world, std::span<double>(sums));
+    reduce_host_values(world, std::span<std::int64_t>(counts));
     st.reduce_seconds = std::chrono::duration<double>(clock::now() - t2).count();
     st.cpu_comm_seconds += thread_cpu_seconds() - reduce_cpu0;
     st.loss = sums[0];
@@ -700,6 +746,9 @@ class system {
   [[nodiscard]] int pipeline_rank() const noexcept { return world_->rank() / pool_size_; }
   /// The run-time options.
   [[nodiscard]] const system_options& options() const noexcept { return options_; }
+  /// The memory policy the system's buffers and buffer work go through (assign a device policy bound to
+  /// the communicator's stream before the first run, e.g. cuda::device_memory(world.stream())).
+  [[nodiscard]] Memory& memory() noexcept { return mem_; }
   /// Where the system's ranks sit in its world, for train::plan_delivery: system_ranks(pool_size(), pp +
   /// encoder_ranks()) (world rank = pipeline rank x pool + pool rank).
   [[nodiscard]] rank_map ranks() const { return system_ranks(pool_size_, pipeline_.pp + encoder_ranks()); }
@@ -711,7 +760,11 @@ class system {
   }
 
  private:
-  /// x = the sum of x over c's ranks: the backend's all-reduce, or in rank order (options_.reproducible).
+  template <class U>
+  using buffer = typename Memory::template buffer<U>;
+
+  /// x (memory of Memory) = the sum of x over c's ranks: the backend's all-reduce, or in rank order
+  /// (options_.reproducible: all-gather, then rank 0 + rank 1 + ... element by element).
   template <class U>
   void reduce_sum(Comm& c, std::span<U> x) const {
     if (!options_.reproducible) {
@@ -719,12 +772,37 @@ class system {
       return;
     }
     const std::size_t m = x.size(), n = static_cast<std::size_t>(c.size());
-    std::vector<U> all(m * n);
-    comm::all_gather(c, std::span<const U>(x), std::span<U>(all));
-    for (std::size_t i = 0; i < m; ++i) {
-      U acc = all[i];
-      for (std::size_t r = 1; r < n; ++r) acc += all[r * m + i];
-      x[i] = acc;
+    buffer<U> all;
+    all.resize(m * n);
+    comm::all_gather(c, std::span<const U>(x), all.span());
+    const std::span<const U> every = std::as_const(all).span();
+    mem_.copy(x, every.first(m));
+    for (std::size_t r = 1; r < n; ++r) mem_.add(x, every.subspan(r * m, m));
+  }
+  /// x (host memory) = the sum of x over c's ranks, in rank order when options_.reproducible: through a
+  /// buffer of Memory when the communicator takes device memory.
+  template <class U>
+  void reduce_host_values(Comm& c, std::span<U> x) const {
+    if constexpr (Memory::space == memory_space::host) {
+      reduce_sum(c, x);
+    } else {
+      buffer<U> d;
+      d.resize(x.size());
+      mem_.upload(d.span(), std::span<const U>(x));
+      reduce_sum(c, d.span());
+      if constexpr (requires { c.synchronize(); }) c.synchronize();
+      mem_.download(x, std::span<const U>(d.span()));
+    }
+  }
+  /// `x` (memory of Memory) readable on the host: the span itself for host memory, else a downloaded copy.
+  template <class U>
+  auto host_copy(std::span<const U> x) const {
+    if constexpr (Memory::space == memory_space::host) {
+      return x;
+    } else {
+      std::vector<U> h(x.size());
+      mem_.download(std::span<U>(h), x);
+      return h;
     }
   }
 
@@ -752,6 +830,7 @@ class system {
   Comm* world_;
   Kernel kernel_;
   system_options options_;
+  Memory mem_{};
   int pool_size_ = 1;
   std::optional<Comm> pool_;   // pp > 1: the ranks of this pipeline rank (ring attention, stage gradients)
   std::optional<Comm> pipe_;   // this pipeline's ranks in pipeline order (the schedule's transfers)
