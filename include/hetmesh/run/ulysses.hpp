@@ -25,17 +25,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
-#include <string>
-#include <type_traits>
 #include <vector>
 
 #include "../comm/collectives.hpp"
-#include "../core/assert.hpp"
 #include "../core/error.hpp"
-#include "../core/hash.hpp"
 #include "../model/memory.hpp"
 #include "../seq/ulysses.hpp"
-#include "agreement.hpp"
+#include "detail/memory.hpp"
 #include "detail/rows.hpp"
 
 namespace hetmesh::run {
@@ -84,10 +80,6 @@ inline ulysses_shape ulysses_shape_of(const seq::ulysses_plan& plan, ulysses_par
           plan.policy.head_dim};
 }
 
-/// Whether memory policy M runs on the buffers of communicator C (M::space == C::memory).
-template <class C, class M>
-inline constexpr bool memory_of = std::remove_cvref_t<C>::memory == M::space;
-
 template <comm::communicator C>
 void check_ulysses_args(const C& c, const seq::ulysses_plan& plan, ulysses_part part, std::size_t seq_size,
                         std::size_t head_size, const char* op) {
@@ -110,65 +102,6 @@ void check_ulysses_args(const C& c, const seq::ulysses_plan& plan, ulysses_part 
         plan.policy.head_dim);
 }
 
-/// run::assert_plan_agreement for the Ulysses plan on any communicator: a host communicator gathers the
-/// hashes in host memory; a device one gathers them through M's buffers (each 64-bit hash as two doubles
-/// of 32 bits, exact) and downloads them. Compiled to nothing below the `collective` assertion level.
-/// Throws mismatch_error on every rank, as check_plan_agreement, when the ranks' plans differ.
-template <comm::communicator C, model::memory_policy M>
-void ulysses_plan_agreement(C& c, M& mem, const seq::ulysses_plan& plan) {
-  constexpr const char* what = "ulysses plan";
-  if constexpr (comm::host_communicator<C>) {
-    assert_plan_agreement(c, plan, what);
-  } else if constexpr (assertion_enabled(assertion_level::collective)) {
-    const std::uint64_t mine = plan_hash(plan);
-    const double halves[2] = {static_cast<double>(mine >> 32), static_cast<double>(mine & 0xffffffffu)};
-    const auto n = static_cast<std::size_t>(c.size());
-    typename M::template buffer<double> send, recv;
-    send.resize(2);
-    recv.resize(2 * n);
-    mem.upload(send.span(), std::span<const double>(halves));
-    comm::all_gather(c, std::span<const double>(send.span()), recv.span());
-    std::vector<double> got(2 * n);
-    mem.download(std::span<double>(got), std::span<const double>(recv.span()));
-    std::vector<std::uint64_t> all(n);
-    for (std::size_t r = 0; r < n; ++r)
-      all[r] = (static_cast<std::uint64_t>(got[2 * r]) << 32) | static_cast<std::uint64_t>(got[2 * r + 1]);
-    const auto bad = disagreeing_ranks(all);
-    if (bad.empty()) return;
-    const auto members = c.ranks();
-    std::vector<std::string> who;
-    for (int r : bad)
-      who.push_back(hetmesh::format("rank {} (global {}) has {:#018x}", r,
-                                    members[static_cast<std::size_t>(r)], all[static_cast<std::size_t>(r)]));
-    std::uint64_t majority = 0;
-    for (std::size_t r = 0; r < n; ++r)
-      if (std::find(bad.begin(), bad.end(), static_cast<int>(r)) == bad.end()) {
-        majority = all[r];
-        break;
-      }
-    throw_error<mismatch_error>(
-        "{} hashes disagree across the group of {} ranks: {}; expected every rank to hold "
-        "{:#018x} (the same plan from the same metadata)",
-        what, n, fmt::join(who, ", "), majority);
-  }
-}
-
-/// One all_to_all_v of the exchange (counts and displacements in elements of T, host arrays). A host
-/// communicator moves any trivially copyable T (detail::all_to_all_v_any); a device one moves
-/// comm::element types.
-template <comm::communicator C, class T>
-void ulysses_all_to_all(C& c, std::span<const T> send, std::span<const std::int64_t> sc,
-                        std::span<const std::int64_t> sd, std::span<T> recv, std::span<const std::int64_t> rc,
-                        std::span<const std::int64_t> rd) {
-  if constexpr (comm::host_communicator<C>) {
-    all_to_all_v_any(c, send, sc, sd, recv, rc, rd);
-  } else {
-    static_assert(comm::element<T>,
-                  "run::ulysses exchange on a device communicator: the element type must be a comm::element "
-                  "(float, double, ...)");
-    comm::all_to_all_v(c, send, sc, sd, recv, rc, rd);
-  }
-}
 }  // namespace detail
 
 /// Sequence sharding to head sharding for one tensor, over any memory. Collective over `c`, the plan's
@@ -190,7 +123,7 @@ void ulysses_to_heads(C& c, const seq::ulysses_plan& plan, ulysses_part part, st
                 "communicator needs a device memory policy (cuda::device_memory, "
                 "model::emulated_device_memory) as the last argument");
   detail::check_ulysses_args(c, plan, part, seq_local.size(), head_local.size(), "run::ulysses_to_heads");
-  detail::ulysses_plan_agreement(c, mem, plan);
+  detail::assert_plan_agreement_on(c, mem, plan, "ulysses plan");
   const auto sh = detail::ulysses_shape_of(plan, part);
   const auto d = static_cast<std::size_t>(c.size());
   const auto mine = static_cast<std::size_t>(plan.tokens[static_cast<std::size_t>(c.rank())]);
@@ -209,9 +142,9 @@ void ulysses_to_heads(C& c, const seq::ulysses_plan& plan, ulysses_part part, st
                   seq_local.subspan(static_cast<std::size_t>(sh.begin[p] * sh.dim)), row, block, mine);
   }
   const auto sd = detail::prefix(sc), rd = detail::prefix(rc);
-  detail::ulysses_all_to_all(c, std::span<const T>(s), std::span<const std::int64_t>(sc),
-                             std::span<const std::int64_t>(sd), head_local, std::span<const std::int64_t>(rc),
-                             std::span<const std::int64_t>(rd));
+  detail::all_to_all_v_any(c, std::span<const T>(s), std::span<const std::int64_t>(sc),
+                           std::span<const std::int64_t>(sd), head_local, std::span<const std::int64_t>(rc),
+                           std::span<const std::int64_t>(rd));
 }
 
 /// ulysses_to_heads on host memory (model::host_memory): for a host communicator (loopback, mpi) and
@@ -246,7 +179,7 @@ void ulysses_to_sequence(C& c, const seq::ulysses_plan& plan, ulysses_part part,
   if (!addable && combine == ulysses_combine::sum)
     throw_error<invalid_argument>(
         "run::ulysses_to_sequence: combine sum needs an element type with +=; expected combine first");
-  detail::ulysses_plan_agreement(c, mem, plan);
+  detail::assert_plan_agreement_on(c, mem, plan, "ulysses plan");
   const auto sh = detail::ulysses_shape_of(plan, part);
   const auto d = static_cast<std::size_t>(c.size());
   const auto mine = static_cast<std::size_t>(plan.tokens[static_cast<std::size_t>(c.rank())]);
@@ -262,9 +195,9 @@ void ulysses_to_sequence(C& c, const seq::ulysses_plan& plan, ulysses_part part,
   recv.resize(chunk * d);
   const std::span<T> r = recv.span();
   const auto sd = detail::prefix(sc), rd = detail::prefix(rc);
-  detail::ulysses_all_to_all(c, head_local, std::span<const std::int64_t>(sc),
-                             std::span<const std::int64_t>(sd), r, std::span<const std::int64_t>(rc),
-                             std::span<const std::int64_t>(rd));
+  detail::all_to_all_v_any(c, head_local, std::span<const std::int64_t>(sc),
+                           std::span<const std::int64_t>(sd), r, std::span<const std::int64_t>(rc),
+                           std::span<const std::int64_t>(rd));
   if (chunk == 0) return;
   // Per head, the first rank whose copy arrived; the later copies of a replicated head are added into
   // that first copy in rank order (sum) or dropped (first). Heads of one rank are replicated together or
