@@ -2,18 +2,63 @@
 // Token dispatch by plan on loopback ranks. Property test over seeded random problems with 1-8 ranks:
 // random cuts, THD context-parallel and HDP partitions; every token arrives exactly once at its planned
 // rank and row, pads and unplanned rows stay untouched, and gather_tokens restores the sources bitwise,
-// for int64 rows and for rows of a struct. Then the planner's and executor's refusals. The same
-// property runs under mpirun in exchange_mpi.cpp.
+// for int64 rows and for rows of a struct. The device path (comm::emulated_device with
+// model::emulated_device_memory) gives the host run's buffers bit for bit. Then the planner's and
+// executor's refusals. The same property runs under mpirun in exchange_mpi.cpp.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
+#include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/model/memory.hpp>
 
+#include "emulated_kernel.hpp"
 #include "exchange_bodies.hpp"
 
 using namespace hetmesh;
+
+namespace {
+
+/// dispatch_tokens then gather_tokens of the case's rows (width columns made by make(seq, pos, column)) on
+/// host vectors and again over emulated device memory from the same sentinel-filled buffers: the targets
+/// and the gathered sources equal bit for bit. Collective over c.
+template <class T, class Make>
+void dispatch_host_vs_device(comm::loopback::communicator& c, const runtest::dispatch_case& dc,
+                             std::int64_t width, Make make, T sentinel) {
+  const int me = c.rank();
+  const auto plan = balance::plan_token_dispatch(c.size(), dc.sources, dc.targets);
+  const auto w = static_cast<std::size_t>(width);
+  std::vector<T> src(static_cast<std::size_t>(plan.source_rows[static_cast<std::size_t>(me)] + 1) * w,
+                     sentinel);
+  for (const auto& s : dc.sources)
+    if (s.rank == me)
+      for (std::int64_t t = 0; t < s.length; ++t)
+        for (std::size_t k = 0; k < w; ++k)
+          src[static_cast<std::size_t>(s.offset + t) * w + k] = make(s.seq_id, t, k);
+  const std::vector<T> empty_dst(
+      static_cast<std::size_t>(plan.target_rows[static_cast<std::size_t>(me)] + 1) * w, sentinel),
+      empty_src(src.size(), sentinel);
+  auto dst = empty_dst, back = empty_src;
+  run::dispatch_tokens(c, plan, std::span<const T>(src), std::span<T>(dst), width);
+  run::gather_tokens(c, plan, std::span<const T>(dst), std::span<T>(back), width);
+
+  comm::emulated_device<comm::loopback::communicator> dev(c);
+  model::emulated_device_memory mem;
+  const auto src_d = runtest::upload(mem, src);
+  auto dst_d = runtest::upload(mem, empty_dst), back_d = runtest::upload(mem, empty_src);
+  run::dispatch_tokens(dev, plan, src_d.span(), dst_d.span(), width, mem);
+  run::gather_tokens(dev, plan, std::span<const T>(dst_d.span()), back_d.span(), width, mem);
+  CHECK_MESSAGE(runtest::bitwise_equal(runtest::download(mem, std::span<const T>(dst_d.span())), dst),
+                "rank ", me, ": targets differ from the host run");
+  CHECK_MESSAGE(runtest::bitwise_equal(runtest::download(mem, std::span<const T>(back_d.span())), back),
+                "rank ", me, ": gathered sources differ from the host run");
+  CHECK_MESSAGE(runtest::bitwise_equal(back, src), "rank ", me,
+                ": gather_tokens did not restore the sources");
+}
+
+}  // namespace
 
 TEST_CASE("token dispatch on loopback: exactly once and an exact inverse, over random plans on 1-8 ranks") {
   for (int n = 1; n <= 8; ++n)
@@ -24,6 +69,33 @@ TEST_CASE("token dispatch on loopback: exactly once and an exact inverse, over r
         CAPTURE(seed);
         comm::loopback::run(
             n, [&](comm::loopback::communicator& c) { runtest::dispatch_property(c, kind, seed); });
+      }
+}
+
+TEST_CASE(
+    "token dispatch over emulated device memory equals the host run bit for bit (typed rows and bytes)") {
+  for (int n = 1; n <= 8; ++n)
+    for (int kind = 0; kind < 3; ++kind)
+      for (std::uint64_t seed = 0; seed < 3; ++seed) {
+        CAPTURE(n);
+        CAPTURE(kind);
+        CAPTURE(seed);
+        const auto dc = runtest::make_dispatch_case(n, kind, seed);
+        comm::loopback::run(n, [&](comm::loopback::communicator& c) {
+          dispatch_host_vs_device<double>(
+              c, dc, 3,
+              [&](std::int64_t id, std::int64_t p, std::size_t k) {
+                return static_cast<double>(id) + static_cast<double>(p) * 0x1.0p-12 +
+                       static_cast<double>(k) * 0.25;
+              },
+              -1.0);
+          dispatch_host_vs_device<runtest::token_record>(
+              c, dc, 2,
+              [&](std::int64_t id, std::int64_t p, std::size_t k) {
+                return runtest::token_record{id, static_cast<std::int32_t>(p), static_cast<float>(k) + 0.5f};
+              },
+              runtest::token_record{-1, -1, -1.0f});
+        });
       }
 }
 
@@ -110,5 +182,19 @@ TEST_CASE("dispatch_tokens: a rank holding another plan is caught at the collect
       msg = e.what();
     }
     CHECK(msg.find("token dispatch plan hashes disagree") != std::string::npos);
+    msg.clear();
+    try {  // the device path gathers the hashes through the memory policy
+      comm::loopback::run(2, [&](comm::loopback::communicator& c) {
+        const auto& plan = c.rank() == 0 ? a : b;
+        comm::emulated_device<comm::loopback::communicator> dev(c);
+        model::emulated_device_memory mem;
+        model::emulated_device_memory::buffer<int> s, t;
+        s.resize(16), t.resize(16);
+        run::dispatch_tokens(dev, plan, std::span<const int>(s.span()), t.span(), 1, mem);
+      });
+    } catch (const mismatch_error& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find("token dispatch plan hashes disagree across the group of 2 ranks") != std::string::npos);
   }
 }

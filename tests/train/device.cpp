@@ -107,6 +107,18 @@ TEST_CASE("train::system's device path equals the host path bit for bit (emulate
                          train::pipeline_config<pipeline::one_f_one_b, pipeline::encoder_pool>{
                              2, {}, pipeline::encoder_pool{.ranks = 2}},
                          11, 10, 30);
+  same_on_device<double>(
+      "ulysses 2 pp2 interleaved-1f1b joint",
+      seq::ulysses{.degree = 2, .heads = 2, .kv_heads = 1, .head_dim = 4}, fam,
+      train::pipeline_config<pipeline::interleaved_1f1b, pipeline::colocated_encoder>{2, {}, joint}, 11, 10,
+      30);
+  train::system_options split;  // long-short SP: encoder items above 3 tokens run over Ulysses groups
+  split.encoder_sp.max_tokens_per_rank = 3;
+  split.encoder_sp.heads = attention_encoder<double, model::vision_modality>::kHeads;
+  same_on_device<double, attention_encoder>(
+      "long-short attention encoders, zigzag cp2 pp2 1f1b joint", seq::cp_zigzag{.cp = 2, .pad = true}, fam,
+      train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, joint}, 31, 10, 30,
+      split);
   train::system_options repro;
   repro.reproducible = true;  // gradients and stats reduced in rank order through device buffers
   same_on_device<double>(

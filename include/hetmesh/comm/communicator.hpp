@@ -111,7 +111,8 @@ concept communicator = enable_communicator<std::remove_cvref_t<C>> &&
 
 /// A communicator whose buffers are host memory: the CPU may read and write every span its operations
 /// take, and each operation has completed when it returns. Runtime pieces that pack, unpack or inspect
-/// buffers on the CPU (run::reshard, run::dispatch_tokens, the Ulysses exchange, ...) require it.
+/// buffers on the CPU (run::reshard, the pipeline executor, delivery, ...) require it; the pieces that
+/// take a model::memory_policy (token dispatch, the Ulysses exchange and attention) run on either.
 /// Requirements:
 ///  1. communicator<C>;
 ///  2. `C::memory == memory_space::host`.

@@ -7,17 +7,26 @@
 // attention.hpp: heads swapped by all-to-all, the kernel over the whole item for this rank's heads).
 // Pieces run in the batch's order, which is the long-short plan's (long items first, by (-length, id)) on
 // every rank, so the groups' collectives meet in one order on all their members.
+//
+// Memory: the calls run over any memory through a memory policy M (model/memory.hpp) of the groups'
+// memory space (checked at compile time; the calls without a policy use model::host_memory and take host
+// communicators). q, k, v, out, lse, dout, dq, dk, dv and every tensor handed to the kernel live in M's
+// space; the items' documents and positions (model::attention_block's q_doc, q_pos, k_doc, k_pos) and the
+// batch view are host memory. Zeroing the gradients and delta go through M (fill, attention_delta); the
+// runtime never touches a tensor on the CPU.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "../core/error.hpp"
 #include "../model/attention.hpp"
 #include "../model/encoder_batch.hpp"
+#include "../model/memory.hpp"
 #include "../seq/attention_merge.hpp"
 #include "../seq/ulysses.hpp"
 #include "ulysses_attention.hpp"
@@ -25,7 +34,7 @@
 namespace hetmesh::run {
 
 /// The inputs of a long-short attention call: this rank's q, k, v for every token of its encoder batch,
-/// in the batch's buffer order (piece after piece).
+/// in the batch's buffer order (piece after piece), in the memory policy's space.
 template <class T>
 struct long_short_attention_input {
   model::attention_shape shape{};  ///< heads and head size
@@ -110,7 +119,8 @@ void for_each_piece_slice(const model::encoder_batch_view& v, const long_short_a
   }
 }
 
-/// A whole item's block: every token of the item against every other (full mask).
+/// A whole item's block: every token of the item against every other (full mask). q, k, v in the memory
+/// policy's space; documents and positions host.
 template <class T>
 model::attention_block<T> item_block(const long_short_attention_input<T>& in, std::span<const T> q,
                                      std::span<const T> k, std::span<const T> v,
@@ -126,18 +136,29 @@ model::attention_block<T> item_block(const long_short_attention_input<T>& in, st
   return b;
 }
 
+/// The communicator type `group_of` returns for a piece.
+template <class GroupOf>
+using group_type = std::remove_cvref_t<std::invoke_result_t<GroupOf&, const model::encoder_piece&>>;
+
 }  // namespace detail
 
-/// Attention within each item of encoder batch `v` (full mask), this rank's share: out [tokens][q_heads]
-/// [head_dim] and lse [tokens][q_heads] for its tokens. A split piece runs Ulysses over `group_of(piece)`
-/// (its item's group, ranks in group order; collective over it); a whole item only runs the kernel.
-/// Errors: sizes that disagree with the view and shape, a piece that is not plan_long_short's split, heads
-/// the group's degree does not divide (invalid_argument); the kernel's and the exchange's. Cost: per
-/// whole item one block of its tokens squared; per piece Ulysses' five all-to-alls and one block.
-template <class GroupOf, class Kernel, class T>
+/// Attention within each item of encoder batch `v` (full mask), this rank's share, over any memory: `in`'s
+/// q, k, v and out [tokens][q_heads][head_dim], lse [tokens][q_heads] for its tokens live in `mem`'s
+/// space, which must be the groups' (a compile-time error otherwise: device communicators need a device
+/// memory policy). A split piece runs Ulysses over `group_of(piece)` (its item's group, ranks in group
+/// order; collective over it; run::ulysses_attention_forward with `mem`); a whole item only runs the
+/// kernel, on slices of the caller's tensors. Errors: sizes that disagree with the view and shape, a piece
+/// that is not plan_long_short's split, heads the group's degree does not divide (invalid_argument); the
+/// kernel's and the exchange's. Results are equal bitwise on any memory for the same kernel arithmetic.
+/// Cost: per whole item one block of its tokens squared; per piece Ulysses' five all-to-alls and one block.
+template <class GroupOf, class Kernel, class T, model::memory_policy M>
 void long_short_attention_forward(GroupOf&& group_of, const model::encoder_batch_view& v, Kernel& kernel,
-                                  const long_short_attention_input<T>& in, std::span<T> out,
-                                  std::span<T> lse) {
+                                  const long_short_attention_input<T>& in, std::span<T> out, std::span<T> lse,
+                                  M& mem) {
+  static_assert(detail::memory_of<detail::group_type<GroupOf>, M>,
+                "run::long_short_attention_forward needs a memory policy of the communicator's memory space "
+                "(the groups'): a device communicator needs a device memory policy (cuda::device_memory, "
+                "model::emulated_device_memory) as the last argument");
   constexpr const char* who = "run::long_short_attention_forward";
   detail::check_long_short(v, in, out.size(), lse.size(), who);
   const auto qw = static_cast<std::size_t>(in.shape.q_heads * in.shape.head_dim);
@@ -156,18 +177,34 @@ void long_short_attention_forward(GroupOf&& group_of, const model::encoder_batch
         ulysses_attention_forward(
             group_of(p), s.plan, kernel,
             ulysses_attention_input<T>{in.shape, in.scale, q, k, vv, s.doc, s.pos, seq::block_mask::full}, o,
-            l);
+            l, mem);
       });
 }
 
-/// Backward of long_short_attention_forward: from its inputs, out, lse and dout, writes (overwrites) dq,
-/// dk, dv of this rank's tokens (a piece's include the other group members' queries' contributions).
-/// Collective over each piece's group, in the forward's order. Errors as the forward.
+/// long_short_attention_forward on host memory (model::host_memory): host communicators, host tensors.
+/// Device communicators are a compile-time error (pass a device memory policy). Same contract.
 template <class GroupOf, class Kernel, class T>
+void long_short_attention_forward(GroupOf&& group_of, const model::encoder_batch_view& v, Kernel& kernel,
+                                  const long_short_attention_input<T>& in, std::span<T> out,
+                                  std::span<T> lse) {
+  model::host_memory mem;
+  long_short_attention_forward(std::forward<GroupOf>(group_of), v, kernel, in, out, lse, mem);
+}
+
+/// Backward of long_short_attention_forward, over any memory (every tensor in `mem`'s space, the groups';
+/// a compile-time error otherwise): from its inputs, out, lse and dout, writes (overwrites) dq, dk, dv of
+/// this rank's tokens (a piece's include the other group members' queries' contributions). A whole item's
+/// gradients are zeroed by mem.fill and its delta comes from mem.attention_delta before the kernel's
+/// backward. Collective over each piece's group, in the forward's order. Errors as the forward.
+template <class GroupOf, class Kernel, class T, model::memory_policy M>
 void long_short_attention_backward(GroupOf&& group_of, const model::encoder_batch_view& v, Kernel& kernel,
                                    const long_short_attention_input<T>& in, std::span<const T> out,
                                    std::span<const T> lse, std::span<const T> dout, std::span<T> dq,
-                                   std::span<T> dk, std::span<T> dv) {
+                                   std::span<T> dk, std::span<T> dv, M& mem) {
+  static_assert(detail::memory_of<detail::group_type<GroupOf>, M>,
+                "run::long_short_attention_backward needs a memory policy of the communicator's memory space "
+                "(the groups'): a device communicator needs a device memory policy (cuda::device_memory, "
+                "model::emulated_device_memory) as the last argument");
   constexpr const char* who = "run::long_short_attention_backward";
   detail::check_long_short(v, in, out.size(), lse.size(), who);
   if (dout.size() != out.size() || dq.size() != in.q.size() || dk.size() != in.k.size() ||
@@ -178,6 +215,7 @@ void long_short_attention_backward(GroupOf&& group_of, const model::encoder_batc
   const auto qw = static_cast<std::size_t>(in.shape.q_heads * in.shape.head_dim);
   const auto kw = static_cast<std::size_t>(in.shape.kv_heads * in.shape.head_dim);
   const auto hw = static_cast<std::size_t>(in.shape.q_heads);
+  typename M::template buffer<T> delta;  // a whole item's, reused across items
   detail::for_each_piece_slice(
       v, in, [&](const model::encoder_piece& p, auto q, auto k, auto vv, std::size_t at, std::size_t n) {
         const auto o = out.subspan(at * qw, n * qw);
@@ -188,21 +226,34 @@ void long_short_attention_backward(GroupOf&& group_of, const model::encoder_batc
         auto gv = dv.subspan(at * kw, n * kw);
         if (p.degree == 1) {
           const auto s = detail::whole_item(p.item, n);
-          std::vector<T> delta(n * hw);
-          seq::attention_delta(o, d, std::span<T>(delta), static_cast<std::size_t>(in.shape.head_dim));
-          std::fill(gq.begin(), gq.end(), T(0));
-          std::fill(gk.begin(), gk.end(), T(0));
-          std::fill(gv.begin(), gv.end(), T(0));
+          delta.resize(n * hw);
+          const std::span<T> dl = delta.span();
+          mem.attention_delta(o, d, dl, static_cast<std::size_t>(in.shape.head_dim));
+          mem.fill(gq, T(0));
+          mem.fill(gk, T(0));
+          mem.fill(gv, T(0));
           kernel.backward(detail::item_block(in, q, k, vv, s.doc, s.pos),
-                          model::attention_backward_io<T>{d, l, std::span<const T>(delta), gq, gk, gv});
+                          model::attention_backward_io<T>{d, l, std::span<const T>(dl), gq, gk, gv});
           return;
         }
         const auto s = detail::make_piece_stream(p, in.shape, who);
         ulysses_attention_backward(
             group_of(p), s.plan, kernel,
             ulysses_attention_input<T>{in.shape, in.scale, q, k, vv, s.doc, s.pos, seq::block_mask::full}, o,
-            l, d, gq, gk, gv);
+            l, d, gq, gk, gv, mem);
       });
+}
+
+/// long_short_attention_backward on host memory (model::host_memory): host communicators, host tensors.
+/// Device communicators are a compile-time error (pass a device memory policy). Same contract.
+template <class GroupOf, class Kernel, class T>
+void long_short_attention_backward(GroupOf&& group_of, const model::encoder_batch_view& v, Kernel& kernel,
+                                   const long_short_attention_input<T>& in, std::span<const T> out,
+                                   std::span<const T> lse, std::span<const T> dout, std::span<T> dq,
+                                   std::span<T> dk, std::span<T> dv) {
+  model::host_memory mem;
+  long_short_attention_backward(std::forward<GroupOf>(group_of), v, kernel, in, out, lse, dout, dq, dk, dv,
+                                mem);
 }
 
 }  // namespace hetmesh::run

@@ -12,6 +12,14 @@
 // kv_heads < d every KV head is replicated to the d / kv_heads ranks whose query heads read it, as the
 // plan says. Going back, a replicated head arrives once per replica: values are identical (take the
 // first), gradients are partial sums (add them, in rank order, so the result is deterministic).
+//
+// Memory: every exchange runs over any memory, through a memory policy M (model/memory.hpp) whose
+// space is the communicator's (M::space == C::memory, checked at compile time). Tensors live in M's
+// space; the exchange packs heads with M's strided copies (copy_2d), stages in M's buffers, adds
+// replicas with M's add, and never reads or writes a tensor on the CPU: only the plan, the counts and
+// the displacements (host arrays, as for every backend) are host data. The calls without a policy use
+// model::host_memory, so they take a host communicator (loopback, mpi); a device communicator (NCCL,
+// comm::emulated_device) needs a device policy (cuda::device_memory, model::emulated_device_memory).
 #pragma once
 
 #include <algorithm>
@@ -21,8 +29,9 @@
 
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
+#include "../model/memory.hpp"
 #include "../seq/ulysses.hpp"
-#include "agreement.hpp"
+#include "detail/memory.hpp"
 #include "detail/rows.hpp"
 
 namespace hetmesh::run {
@@ -71,7 +80,7 @@ inline ulysses_shape ulysses_shape_of(const seq::ulysses_plan& plan, ulysses_par
           plan.policy.head_dim};
 }
 
-template <comm::host_communicator C>
+template <comm::communicator C>
 void check_ulysses_args(const C& c, const seq::ulysses_plan& plan, ulysses_part part, std::size_t seq_size,
                         std::size_t head_size, const char* op) {
   if (c.size() != plan.policy.degree || plan.tokens.size() != static_cast<std::size_t>(c.size()))
@@ -92,102 +101,138 @@ void check_ulysses_args(const C& c, const seq::ulysses_plan& plan, ulysses_part 
         op, c.rank(), what, head_size, want_head, plan.total_tokens, ulysses_shape_of(plan, part).per,
         plan.policy.head_dim);
 }
+
 }  // namespace detail
 
-/// Sequence sharding to head sharding for one tensor. Collective over `c`, the plan's group in rank
-/// order (c.size() == plan.policy.degree); every rank passes the same plan (checked at the collective
-/// assertion level) and the same part. `seq_local`: this rank's [tokens[rank]][H][head_dim] (H = heads
-/// or kv_heads by `part`); `head_local`: receives [total_tokens][per][head_dim], the heads
-/// [begin[rank], begin[rank] + per) of every token of the group, sources in rank order. Pre: sizes as
-/// stated (invalid_argument naming the op, rank and expected shape). Post: bitwise copies; a replicated
-/// KV head lands on each of its ranks. Deterministic. Cost: O(tokens x H x head_dim) packing on each rank
-/// plus one all_to_all_v.
-template <comm::communicator C, class T>
+/// Sequence sharding to head sharding for one tensor, over any memory. Collective over `c`, the plan's
+/// group in rank order (c.size() == plan.policy.degree); every rank passes the same plan (checked at the
+/// collective assertion level) and the same part. `seq_local`: this rank's [tokens[rank]][H][head_dim]
+/// (H = heads or kv_heads by `part`); `head_local`: receives [total_tokens][per][head_dim], the heads
+/// [begin[rank], begin[rank] + per) of every token of the group, sources in rank order. Both live in
+/// `mem`'s space, which must be the communicator's (a compile-time error otherwise: a device
+/// communicator needs a device memory policy). Pre: sizes as stated (invalid_argument naming the op,
+/// rank and expected shape). Post: bitwise copies; a replicated KV head lands on each of its ranks.
+/// Deterministic. Work, all through `mem`: one send buffer of tokens x per x head_dim x degree and one
+/// strided copy (copy_2d) per destination rank, then one all_to_all_v. May be asynchronous as `mem`'s
+/// operations and `c`'s collectives are (ordered on their shared stream).
+template <comm::communicator C, class T, model::memory_policy M>
 void ulysses_to_heads(C& c, const seq::ulysses_plan& plan, ulysses_part part, std::span<const T> seq_local,
-                      std::span<T> head_local) {
-  static_assert(comm::host_communicator<C>,
-                "run::ulysses_to_heads packs heads in host vectors: it needs a comm::host_communicator "
-                "(loopback, mpi), not a device communicator");
+                      std::span<T> head_local, M& mem) {
+  static_assert(detail::memory_of<C, M>,
+                "run::ulysses_to_heads needs a memory policy of the communicator's memory space: a device "
+                "communicator needs a device memory policy (cuda::device_memory, "
+                "model::emulated_device_memory) as the last argument");
   detail::check_ulysses_args(c, plan, part, seq_local.size(), head_local.size(), "run::ulysses_to_heads");
-  assert_plan_agreement(c, plan, "ulysses plan");
+  detail::assert_plan_agreement_on(c, mem, plan, "ulysses plan");
   const auto sh = detail::ulysses_shape_of(plan, part);
   const auto d = static_cast<std::size_t>(c.size());
-  const auto me = static_cast<std::size_t>(c.rank());
-  const std::int64_t mine = plan.tokens[me], block = sh.per * sh.dim, row = sh.heads * sh.dim;
-  std::vector<T> send(static_cast<std::size_t>(mine * block) * d);
+  const auto mine = static_cast<std::size_t>(plan.tokens[static_cast<std::size_t>(c.rank())]);
+  const auto block = static_cast<std::size_t>(sh.per * sh.dim),
+             row = static_cast<std::size_t>(sh.heads * sh.dim);
+  const std::size_t chunk = mine * block;  // elements this rank sends to each rank
+  typename M::template buffer<T> send;
+  send.resize(chunk * d);
+  const std::span<T> s = send.span();
   std::vector<std::int64_t> sc(d), rc(d);
-  auto out = send.begin();
   for (std::size_t p = 0; p < d; ++p) {
-    sc[p] = mine * block;
-    rc[p] = plan.tokens[p] * block;
-    for (std::int64_t t = 0; t < mine; ++t)
-      out = std::copy_n(seq_local.begin() + t * row + sh.begin[p] * sh.dim, block, out);
+    sc[p] = static_cast<std::int64_t>(chunk);
+    rc[p] = plan.tokens[p] * static_cast<std::int64_t>(block);
+    if (chunk > 0)  // [mine][begin[p], begin[p] + per) heads, rows `row` apart, packed to [mine][per]
+      mem.copy_2d(s.subspan(p * chunk, chunk), block,
+                  seq_local.subspan(static_cast<std::size_t>(sh.begin[p] * sh.dim)), row, block, mine);
   }
   const auto sd = detail::prefix(sc), rd = detail::prefix(rc);
-  detail::all_to_all_v_any(c, std::span<const T>(send), std::span<const std::int64_t>(sc),
+  detail::all_to_all_v_any(c, std::span<const T>(s), std::span<const std::int64_t>(sc),
                            std::span<const std::int64_t>(sd), head_local, std::span<const std::int64_t>(rc),
                            std::span<const std::int64_t>(rd));
 }
 
-/// Head sharding back to sequence sharding for one tensor: the inverse of ulysses_to_heads (the
-/// attention output and dq with part query; dk, dv with part key_value and combine sum). Collective over
-/// `c`, same preconditions with the buffers' roles swapped. Post: every head of every token of
-/// `seq_local` is written: from its one owner, or for a replicated KV head from the lowest rank
-/// holding it (first) or the sum of all its copies in rank order (sum; T must support +=, else
-/// invalid_argument). ulysses_to_sequence(ulysses_to_heads(x), first) == x bitwise. Deterministic.
-/// Cost: one all_to_all_v plus O(tokens x H x head_dim x replication) unpacking.
+/// ulysses_to_heads on host memory (model::host_memory): for a host communicator (loopback, mpi) and
+/// host vectors of any trivially copyable T. A device communicator is a compile-time error (pass a device
+/// memory policy). Same contract.
 template <comm::communicator C, class T>
+void ulysses_to_heads(C& c, const seq::ulysses_plan& plan, ulysses_part part, std::span<const T> seq_local,
+                      std::span<T> head_local) {
+  model::host_memory mem;
+  ulysses_to_heads(c, plan, part, seq_local, head_local, mem);
+}
+
+/// Head sharding back to sequence sharding for one tensor, over any memory: the inverse of
+/// ulysses_to_heads (the attention output and dq with part query; dk, dv with part key_value and combine
+/// sum). Collective over `c`, same preconditions with the buffers' roles swapped; both tensors live in
+/// `mem`'s space, which must be the communicator's (compile-time error otherwise). Post: every head of
+/// every token of `seq_local` is written: from its one owner, or for a replicated KV head from the lowest
+/// rank holding it (first) or the sum of all its copies in rank order (sum; T must support +=, else
+/// invalid_argument). ulysses_to_sequence(ulysses_to_heads(x), first) == x bitwise; equal bitwise on any
+/// memory. Deterministic. Work, all through `mem`: one all_to_all_v into a receive buffer of tokens x per
+/// x head_dim x degree, one add per extra replica (sum), one copy_2d per distinct head group.
+template <comm::communicator C, class T, model::memory_policy M>
 void ulysses_to_sequence(C& c, const seq::ulysses_plan& plan, ulysses_part part,
-                         std::span<const T> head_local, std::span<T> seq_local,
+                         std::span<const T> head_local, std::span<T> seq_local, M& mem,
                          ulysses_combine combine = ulysses_combine::first) {
-  static_assert(
-      comm::host_communicator<C>,
-      "run::ulysses_to_sequence unpacks heads from host vectors: it needs a comm::host_communicator "
-      "(loopback, mpi), not a device communicator");
+  static_assert(detail::memory_of<C, M>,
+                "run::ulysses_to_sequence needs a memory policy of the communicator's memory space: a device "
+                "communicator needs a device memory policy (cuda::device_memory, "
+                "model::emulated_device_memory) as the last argument");
   detail::check_ulysses_args(c, plan, part, seq_local.size(), head_local.size(), "run::ulysses_to_sequence");
   constexpr bool addable = requires(T & a, const T& b) { a += b; };
   if (!addable && combine == ulysses_combine::sum)
     throw_error<invalid_argument>(
         "run::ulysses_to_sequence: combine sum needs an element type with +=; expected combine first");
-  assert_plan_agreement(c, plan, "ulysses plan");
+  detail::assert_plan_agreement_on(c, mem, plan, "ulysses plan");
   const auto sh = detail::ulysses_shape_of(plan, part);
   const auto d = static_cast<std::size_t>(c.size());
-  const auto me = static_cast<std::size_t>(c.rank());
-  const std::int64_t mine = plan.tokens[me], block = sh.per * sh.dim, row = sh.heads * sh.dim;
+  const auto mine = static_cast<std::size_t>(plan.tokens[static_cast<std::size_t>(c.rank())]);
+  const auto block = static_cast<std::size_t>(sh.per * sh.dim),
+             row = static_cast<std::size_t>(sh.heads * sh.dim);
+  const std::size_t chunk = mine * block;  // elements this rank receives from each rank
   std::vector<std::int64_t> sc(d), rc(d);
   for (std::size_t p = 0; p < d; ++p) {
-    sc[p] = plan.tokens[p] * block;
-    rc[p] = mine * block;
+    sc[p] = plan.tokens[p] * static_cast<std::int64_t>(block);
+    rc[p] = static_cast<std::int64_t>(chunk);
   }
-  std::vector<T> recv(static_cast<std::size_t>(mine * block) * d);
+  typename M::template buffer<T> recv;
+  recv.resize(chunk * d);
+  const std::span<T> r = recv.span();
   const auto sd = detail::prefix(sc), rd = detail::prefix(rc);
-  detail::all_to_all_v_any(c, std::span<const T>(head_local), std::span<const std::int64_t>(sc),
-                           std::span<const std::int64_t>(sd), std::span<T>(recv),
-                           std::span<const std::int64_t>(rc), std::span<const std::int64_t>(rd));
-  std::vector<char> written(static_cast<std::size_t>(sh.heads), 0);  // per head: a copy already landed
-  auto in = recv.begin();
+  detail::all_to_all_v_any(c, head_local, std::span<const std::int64_t>(sc),
+                           std::span<const std::int64_t>(sd), r, std::span<const std::int64_t>(rc),
+                           std::span<const std::int64_t>(rd));
+  if (chunk == 0) return;
+  // Per head, the first rank whose copy arrived; the later copies of a replicated head are added into
+  // that first copy in rank order (sum) or dropped (first). Heads of one rank are replicated together or
+  // not at all, so a rank's chunk is either a first copy or a replica of one whole earlier chunk.
+  std::vector<int> first_of(static_cast<std::size_t>(sh.heads), -1);
+  std::vector<std::size_t> firsts;
   for (std::size_t p = 0; p < d; ++p) {
     const auto h0 = static_cast<std::size_t>(sh.begin[p]);
-    const bool again = written[h0] != 0;  // heads of one rank are replicated together or not at all
-    for (std::int64_t k = 0; k < sh.per; ++k) written[h0 + static_cast<std::size_t>(k)] = 1;
-    if (again && combine == ulysses_combine::first) {
-      in += mine * block;
-      continue;
-    }
-    for (std::int64_t t = 0; t < mine; ++t) {
-      auto to = seq_local.begin() + t * row + sh.begin[p] * sh.dim;
-      if (again) {
-        if constexpr (addable)
-          for (std::int64_t e = 0; e < block; ++e) to[e] += in[e];
-      } else {
-        std::copy_n(in, block, to);
-      }
-      in += block;
+    if (first_of[h0] < 0) {
+      for (std::int64_t k = 0; k < sh.per; ++k)
+        first_of[h0 + static_cast<std::size_t>(k)] = static_cast<int>(p);
+      firsts.push_back(p);
+    } else if (combine == ulysses_combine::sum) {
+      if constexpr (addable)
+        mem.add(r.subspan(static_cast<std::size_t>(first_of[h0]) * chunk, chunk),
+                std::span<const T>(r.subspan(p * chunk, chunk)));
     }
   }
+  for (const std::size_t p : firsts)  // [mine][per] back to heads [begin[p], begin[p] + per) of each row
+    mem.copy_2d(seq_local.subspan(static_cast<std::size_t>(sh.begin[p] * sh.dim)), row,
+                std::span<const T>(r.subspan(p * chunk, chunk)), block, block, mine);
 }
 
-/// The three inputs of attention in head sharding (ulysses_qkv_to_heads).
+/// ulysses_to_sequence on host memory (model::host_memory): for a host communicator (loopback, mpi) and
+/// host vectors of any trivially copyable T. A device communicator is a compile-time error (pass a device
+/// memory policy). Same contract.
+template <comm::communicator C, class T>
+void ulysses_to_sequence(C& c, const seq::ulysses_plan& plan, ulysses_part part,
+                         std::span<const T> head_local, std::span<T> seq_local,
+                         ulysses_combine combine = ulysses_combine::first) {
+  model::host_memory mem;
+  ulysses_to_sequence(c, plan, part, head_local, seq_local, mem, combine);
+}
+
+/// The three inputs of attention in head sharding (ulysses_qkv_to_heads), in host vectors.
 template <class T>
 struct ulysses_qkv {
   std::vector<T> q;  ///< [total_tokens][heads_per_rank][head_dim]
@@ -195,36 +240,79 @@ struct ulysses_qkv {
   std::vector<T> v;  ///< [total_tokens][kv_heads_per_rank][head_dim]
 };
 
-/// q, k and v of this rank (sequence sharding) to head sharding: three ulysses_to_heads. Collective
-/// over `c`; same contract; returns freshly sized host vectors. Cost: three all_to_all_v.
+/// q, k, v (or their gradients) in buffers of memory policy M: what ulysses_qkv_to_heads and
+/// ulysses_grads_to_sequence return when given a policy. Same layouts as ulysses_qkv.
+template <class T, model::memory_policy M>
+struct ulysses_qkv_buffers {
+  typename M::template buffer<T> q;
+  typename M::template buffer<T> k;
+  typename M::template buffer<T> v;
+};
+
+/// q, k and v of this rank (sequence sharding, in `mem`'s space) to head sharding: three
+/// ulysses_to_heads. Collective over `c`; same contract; returns freshly sized buffers of `mem`.
+/// Cost: three all_to_all_v.
+template <comm::communicator C, class T, model::memory_policy M>
+[[nodiscard]] ulysses_qkv_buffers<T, M> ulysses_qkv_to_heads(C& c, const seq::ulysses_plan& plan,
+                                                             std::span<const T> q, std::span<const T> k,
+                                                             std::span<const T> v, M& mem) {
+  ulysses_qkv_buffers<T, M> out;
+  out.q.resize(static_cast<std::size_t>(ulysses_head_size(plan, ulysses_part::query)));
+  out.k.resize(static_cast<std::size_t>(ulysses_head_size(plan, ulysses_part::key_value)));
+  out.v.resize(out.k.size());
+  ulysses_to_heads(c, plan, ulysses_part::query, q, out.q.span(), mem);
+  ulysses_to_heads(c, plan, ulysses_part::key_value, k, out.k.span(), mem);
+  ulysses_to_heads(c, plan, ulysses_part::key_value, v, out.v.span(), mem);
+  return out;
+}
+
+/// ulysses_qkv_to_heads on host memory: host communicator, host vectors. Same contract.
 template <comm::communicator C, class T>
 [[nodiscard]] ulysses_qkv<T> ulysses_qkv_to_heads(C& c, const seq::ulysses_plan& plan, std::span<const T> q,
                                                   std::span<const T> k, std::span<const T> v) {
+  model::host_memory mem;
   ulysses_qkv<T> out;
   out.q.resize(static_cast<std::size_t>(ulysses_head_size(plan, ulysses_part::query)));
   out.k.resize(static_cast<std::size_t>(ulysses_head_size(plan, ulysses_part::key_value)));
   out.v.resize(out.k.size());
-  ulysses_to_heads(c, plan, ulysses_part::query, q, std::span<T>(out.q));
-  ulysses_to_heads(c, plan, ulysses_part::key_value, k, std::span<T>(out.k));
-  ulysses_to_heads(c, plan, ulysses_part::key_value, v, std::span<T>(out.v));
+  ulysses_to_heads(c, plan, ulysses_part::query, q, std::span<T>(out.q), mem);
+  ulysses_to_heads(c, plan, ulysses_part::key_value, k, std::span<T>(out.k), mem);
+  ulysses_to_heads(c, plan, ulysses_part::key_value, v, std::span<T>(out.v), mem);
   return out;
 }
 
-/// Gradients dq, dk, dv of attention (head sharding) back to this rank's tokens (sequence sharding):
-/// dq as a query-shaped tensor, dk and dv summed over the replicas of each KV head. Collective over
-/// `c`; returns {dq, dk, dv} sized [tokens[rank]][heads or kv_heads][head_dim]. Cost: three
-/// all_to_all_v.
+/// Gradients dq, dk, dv of attention (head sharding, in `mem`'s space) back to this rank's tokens
+/// (sequence sharding): dq as a query-shaped tensor, dk and dv summed over the replicas of each KV head.
+/// Collective over `c`; returns buffers of `mem` sized [tokens[rank]][heads or kv_heads][head_dim].
+/// Cost: three all_to_all_v.
+template <comm::communicator C, class T, model::memory_policy M>
+[[nodiscard]] ulysses_qkv_buffers<T, M> ulysses_grads_to_sequence(C& c, const seq::ulysses_plan& plan,
+                                                                  std::span<const T> dq,
+                                                                  std::span<const T> dk,
+                                                                  std::span<const T> dv, M& mem) {
+  ulysses_qkv_buffers<T, M> out;
+  out.q.resize(static_cast<std::size_t>(ulysses_sequence_size(plan, ulysses_part::query, c.rank())));
+  out.k.resize(static_cast<std::size_t>(ulysses_sequence_size(plan, ulysses_part::key_value, c.rank())));
+  out.v.resize(out.k.size());
+  ulysses_to_sequence(c, plan, ulysses_part::query, dq, out.q.span(), mem);
+  ulysses_to_sequence(c, plan, ulysses_part::key_value, dk, out.k.span(), mem, ulysses_combine::sum);
+  ulysses_to_sequence(c, plan, ulysses_part::key_value, dv, out.v.span(), mem, ulysses_combine::sum);
+  return out;
+}
+
+/// ulysses_grads_to_sequence on host memory: host communicator, host vectors. Same contract.
 template <comm::communicator C, class T>
 [[nodiscard]] ulysses_qkv<T> ulysses_grads_to_sequence(C& c, const seq::ulysses_plan& plan,
                                                        std::span<const T> dq, std::span<const T> dk,
                                                        std::span<const T> dv) {
+  model::host_memory mem;
   ulysses_qkv<T> out;
   out.q.resize(static_cast<std::size_t>(ulysses_sequence_size(plan, ulysses_part::query, c.rank())));
   out.k.resize(static_cast<std::size_t>(ulysses_sequence_size(plan, ulysses_part::key_value, c.rank())));
   out.v.resize(out.k.size());
-  ulysses_to_sequence(c, plan, ulysses_part::query, dq, std::span<T>(out.q));
-  ulysses_to_sequence(c, plan, ulysses_part::key_value, dk, std::span<T>(out.k), ulysses_combine::sum);
-  ulysses_to_sequence(c, plan, ulysses_part::key_value, dv, std::span<T>(out.v), ulysses_combine::sum);
+  ulysses_to_sequence(c, plan, ulysses_part::query, dq, std::span<T>(out.q), mem);
+  ulysses_to_sequence(c, plan, ulysses_part::key_value, dk, std::span<T>(out.k), mem, ulysses_combine::sum);
+  ulysses_to_sequence(c, plan, ulysses_part::key_value, dv, std::span<T>(out.v), mem, ulysses_combine::sum);
   return out;
 }
 

@@ -70,7 +70,7 @@ struct step_context : model::stage_context<Comm, step_store<T, M>> {
       check_ulysses("attention_forward");
       run::ulysses_attention_forward(
           *group, *ulysses, *kernel,
-          run::ulysses_attention_input<T>{shape, scale, q, k, v, stream_doc, stream_pos}, out, lse);
+          run::ulysses_attention_input<T>{shape, scale, q, k, v, stream_doc, stream_pos}, out, lse, mem());
       return;
     }
     check_bound("attention_forward");
@@ -91,7 +91,7 @@ struct step_context : model::stage_context<Comm, step_store<T, M>> {
       run::ulysses_attention_backward(
           *group, *ulysses, *kernel,
           run::ulysses_attention_input<T>{shape, scale, q, k, v, stream_doc, stream_pos}, out, lse, dout, dq,
-          dk, dv);
+          dk, dv, mem());
       return;
     }
     check_bound("attention_backward");

@@ -69,7 +69,7 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
     check_bound("attention_forward");
     run::long_short_attention_forward(
         [&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); }, view, *kernel,
-        run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse);
+        run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse, mem());
   }
 
   /// Backward of attention_forward: writes (overwrites) dq, dk, dv of the call's tokens. Collective as
@@ -81,7 +81,7 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
     check_bound("attention_backward");
     run::long_short_attention_backward(
         [&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); }, view, *kernel,
-        run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk, dv);
+        run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk, dv, mem());
   }
 
  private:

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::run internals: the host-side row exchange the executors share (reshard, token dispatch, the
-// Ulysses exchange). Rows are `width` elements of any trivially copyable type; element types the
-// communicators know travel as themselves, others as bytes.
+// hetmesh::run internals: the row exchange the executors share (reshard, token dispatch, the Ulysses
+// exchange). Rows are `width` elements of any trivially copyable type; element types the communicators
+// know travel as themselves, others as bytes. Buffers live in a memory policy's space (model/memory.hpp;
+// host vectors for the calls without one): packing and unpacking go through the policy's copies, and only
+// plans, counts and displacements are host data.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "../../balance/reshard.hpp"
 #include "../../comm/collectives.hpp"
 #include "../../core/error.hpp"
+#include "../../model/memory.hpp"
 
 namespace hetmesh::run::detail {
 
@@ -26,9 +29,10 @@ namespace hetmesh::run::detail {
   return d;
 }
 
-/// comm::all_to_all_v over host buffers of any trivially copyable T (counts and displacements in
-/// elements of T): a comm::element travels typed, anything else as bytes. Collective over `c`.
-template <comm::host_communicator C, class T>
+/// comm::all_to_all_v over buffers of `c`'s memory space of any trivially copyable T (counts and
+/// displacements in elements of T, host arrays): a comm::element travels typed, anything else as bytes
+/// (the buffers are reinterpreted, never read here). Collective over `c`.
+template <comm::communicator C, class T>
 void all_to_all_v_any(C& c, std::span<const T> send, std::span<const std::int64_t> sc,
                       std::span<const std::int64_t> sd, std::span<T> recv, std::span<const std::int64_t> rc,
                       std::span<const std::int64_t> rd) {
@@ -51,12 +55,14 @@ void all_to_all_v_any(C& c, std::span<const T> send, std::span<const std::int64_
   }
 }
 
-/// Moves rows by a reshard plan: every run naming this rank as sender is packed from `src`, one
-/// all_to_all_v, every run naming it as receiver is unpacked into `dst`. `op` prefixes errors.
-/// Collective over `c` (c.size() == plan.ranks, checked by the caller). Throws invalid_argument naming
-/// the op, the rank and the rows when a run falls outside a buffer. O(rows * width) plus the exchange.
-template <comm::host_communicator C, class T>
-void move_rows(C& c, const balance::reshard_plan& plan, std::span<const T> src, std::span<T> dst,
+/// Moves rows by a reshard plan: every run naming this rank as sender is packed from `src` into a send
+/// buffer of `mem`, one all_to_all_v, every run naming it as receiver is unpacked into `dst`; `src`, `dst`
+/// live in `mem`'s space (the communicator's, checked by the caller) and every copy is one mem.copy per run.
+/// `op` prefixes errors. Collective over `c` (c.size() == plan.ranks, checked by the caller). Throws
+/// invalid_argument naming the op, the rank and the rows when a run falls outside a buffer (a source
+/// run before the exchange, a destination run after it). O(rows * width) copied plus the exchange.
+template <comm::communicator C, model::memory_policy M, class T>
+void move_rows(C& c, M& mem, const balance::reshard_plan& plan, std::span<const T> src, std::span<T> dst,
                std::int64_t width, std::string_view op) {
   const auto n = static_cast<std::size_t>(plan.ranks);
   const auto me = static_cast<std::size_t>(c.rank());
@@ -66,24 +72,26 @@ void move_rows(C& c, const balance::reshard_plan& plan, std::span<const T> src, 
     sc[j] = plan.counts[me * n + j] * width;
     rc[j] = plan.counts[j * n + me] * width;
   }
-  std::vector<T> send;
-  send.reserve(static_cast<std::size_t>(std::accumulate(sc.begin(), sc.end(), std::int64_t{0})));
+  typename M::template buffer<T> send, recv;
+  send.resize(static_cast<std::size_t>(std::accumulate(sc.begin(), sc.end(), std::int64_t{0})));
+  recv.resize(static_cast<std::size_t>(std::accumulate(rc.begin(), rc.end(), std::int64_t{0})));
+  const std::span<T> s = send.span(), rv = recv.span();
+  std::size_t at = 0;  // runs from this rank, packed in plan order
   for (const auto& r : plan.runs) {
     if (static_cast<std::size_t>(r.src) != me) continue;
     const auto b = static_cast<std::size_t>(r.src_offset) * w, len = static_cast<std::size_t>(r.rows) * w;
     if (r.src_offset < 0 || b + len > src.size())
       throw_error<invalid_argument>(
           "{}: rank {} reads rows [{}, {}) of its source buffer of {} rows; expected the buffer to hold "
-          "every "
-          "row the plan sends from it",
+          "every row the plan sends from it",
           op, me, r.src_offset, r.src_offset + r.rows, src.size() / w);
-    send.insert(send.end(), src.begin() + static_cast<std::ptrdiff_t>(b),
-                src.begin() + static_cast<std::ptrdiff_t>(b + len));
+    if (len == 0) continue;
+    mem.copy(s.subspan(at, len), src.subspan(b, len));
+    at += len;
   }
-  std::vector<T> recv(static_cast<std::size_t>(std::accumulate(rc.begin(), rc.end(), std::int64_t{0})));
   const auto sd = prefix(sc), rd = prefix(rc);
-  all_to_all_v_any(c, std::span<const T>(send), std::span<const std::int64_t>(sc),
-                   std::span<const std::int64_t>(sd), std::span<T>(recv), std::span<const std::int64_t>(rc),
+  all_to_all_v_any(c, std::span<const T>(s), std::span<const std::int64_t>(sc),
+                   std::span<const std::int64_t>(sd), rv, std::span<const std::int64_t>(rc),
                    std::span<const std::int64_t>(rd));
   // Runs into this rank arrive in the sender's packing order: plan order restricted to dst == me.
   std::vector<std::int64_t> cursor(rd);
@@ -93,13 +101,21 @@ void move_rows(C& c, const balance::reshard_plan& plan, std::span<const T> src, 
     if (r.dst_offset < 0 || b + len > dst.size())
       throw_error<invalid_argument>(
           "{}: rank {} writes rows [{}, {}) of its destination buffer of {} rows; expected the buffer to "
-          "hold "
-          "every row the plan sends to it",
+          "hold every row the plan sends to it",
           op, me, r.dst_offset, r.dst_offset + r.rows, dst.size() / w);
-    auto& at = cursor[static_cast<std::size_t>(r.src)];
-    std::copy_n(recv.begin() + at, len, dst.begin() + static_cast<std::ptrdiff_t>(b));
-    at += static_cast<std::int64_t>(len);
+    if (len == 0) continue;
+    auto& from = cursor[static_cast<std::size_t>(r.src)];
+    mem.copy(dst.subspan(b, len), std::span<const T>(rv.subspan(static_cast<std::size_t>(from), len)));
+    from += static_cast<std::int64_t>(len);
   }
+}
+
+/// move_rows over host buffers (model::host_memory), for host communicators. Same contract.
+template <comm::host_communicator C, class T>
+void move_rows(C& c, const balance::reshard_plan& plan, std::span<const T> src, std::span<T> dst,
+               std::int64_t width, std::string_view op) {
+  model::host_memory mem;
+  move_rows(c, mem, plan, src, dst, width, op);
 }
 
 }  // namespace hetmesh::run::detail
