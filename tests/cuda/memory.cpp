@@ -1,5 +1,6 @@
 // cuda::device_memory against model::host_memory (CTest label gpu; the main in gather.cpp exits 77 without a
-// device): the same operation sequence on random rows, dims that are narrower and wider than a warp.
+// device; the kernels come from memory_kernels.cu): the same operation sequence on random rows, dims that are
+// narrower and wider than a warp.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,8 +10,13 @@
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/model/memory.hpp>
 
-#include "memory_kernels.hpp"
+#include <hetmesh/cuda/memory.hpp>
+
 #include "support/memory_sequence.hpp"
+
+// cuda::device_memory models the policy concept; checked in a plain C++ translation unit, as users include
+// it.
+static_assert(hetmesh::model::memory_policy<hetmesh::cuda::device_memory>);
 
 namespace {
 template <class T>
@@ -26,7 +32,9 @@ void compare(std::size_t rows, std::size_t dim, double tol) {
   hetmesh::model::host_memory h;
   const auto want = test_support::run_memory_sequence(h, std::span<const T>(x), std::span<const T>(y),
                                                       std::span<const T>(la), std::span<const T>(lb), dim);
-  const auto got = test_cuda::device_memory_sequence(x, y, la, lb, dim);
+  hetmesh::cuda::device_memory d;
+  const auto got = test_support::run_memory_sequence(d, std::span<const T>(x), std::span<const T>(y),
+                                                     std::span<const T>(la), std::span<const T>(lb), dim);
   REQUIRE(got.size() == want.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
     if (std::isinf(want[i])) {

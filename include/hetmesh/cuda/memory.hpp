@@ -1,95 +1,52 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::cuda::device_memory: the device memory policy (model::memory_policy, model/memory.hpp) on one
-// CUDA stream. Buffers are cudaMalloc allocations; copies, fills, accumulation, the merge of partial
-// attention and the softmax-backward delta run as kernels or async copies on the policy's stream, which
-// should be the stream the device communicator enqueues on (comm::nccl::communicator::stream(), or a stream
-// both were set to), so the runtime's own work, the user's kernels and the collectives run in one order.
-// upload/download wait for the stream. Needs nvcc (kernels); the cuda room includes only core, so
-// model::memory_policy is checked where both are visible (tests/cuda).
+// hetmesh::cuda::device_memory: the device memory policy (model::memory_policy, model/memory_policy.hpp) on
+// one CUDA stream. Buffers are cudaMalloc allocations; copies are async copies, and fills, accumulation, the
+// merge of partial attention and the softmax-backward delta run as kernels, all on the policy's stream, which
+// should be the stream the device communicator enqueues on (comm::nccl::communicator::stream(), or one
+// stream both were set to), so the runtime's own work, the user's kernels and the collectives run in one
+// order. upload/download wait for the stream.
+//
+// This header compiles with a plain C++ compiler (the CUDA runtime API only); the kernels live in
+// <hetmesh/cuda/memory_kernels.cuh>, which one .cu file of the program includes (a program that uses
+// fill/add/merge_attention/attention_delta without it fails to link, naming hetmesh::cuda::kernels::...).
+// Kernel operations take float and double; copies any trivially copyable type.
 #pragma once
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <limits>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
-
-#include <string>
 
 #include "../core/error.hpp"
 #include "../core/memory_space.hpp"
 
 namespace hetmesh::cuda {
 
+/// The kernels behind device_memory, defined in memory_kernels.cuh (one .cu file of the program includes
+/// it). Each enqueues on `s` and returns; launch failures throw backend_error.
+namespace kernels {
+void fill(float* dst, std::size_t n, float value, cudaStream_t s);
+void fill(double* dst, std::size_t n, double value, cudaStream_t s);
+void add(float* dst, const float* src, std::size_t n, cudaStream_t s);
+void add(double* dst, const double* src, std::size_t n, cudaStream_t s);
+void merge_attention(float* out, float* lse, const float* out_b, const float* lse_b, std::size_t rows,
+                     std::size_t dim, cudaStream_t s);
+void merge_attention(double* out, double* lse, const double* out_b, const double* lse_b, std::size_t rows,
+                     std::size_t dim, cudaStream_t s);
+void attention_delta(const float* out, const float* dout, float* delta, std::size_t rows, std::size_t dim,
+                     cudaStream_t s);
+void attention_delta(const double* out, const double* dout, double* delta, std::size_t rows, std::size_t dim,
+                     cudaStream_t s);
+}  // namespace kernels
+
 namespace detail {
 
-template <class T>
-__global__ void fill_kernel(T* __restrict__ dst, std::size_t n, T value) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[i] = value;
-}
-
-template <class T>
-__global__ void add_kernel(T* __restrict__ dst, const T* __restrict__ src, std::size_t n) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[i] += src[i];
-}
-
-// One warp per row: lane 0 reads both log-sum-exps, every lane rescales its share of the row, lane 0
-// writes the merged lse. Rows whose block saw no key (lse_b = -inf) are left alone.
-template <class T>
-__global__ void merge_attention_kernel(T* __restrict__ out, T* __restrict__ lse, const T* __restrict__ out_b,
-                                       const T* __restrict__ lse_b, std::size_t rows, std::size_t dim,
-                                       T neg_inf) {
-  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
-  const unsigned lane = threadIdx.x % 32;
-  for (std::size_t r = static_cast<std::size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
-       r += warps) {
-    const T a = lse[r], b = lse_b[r];
-    if (b == neg_inf) continue;
-    T* o = out + r * dim;
-    const T* ob = out_b + r * dim;
-    if (a == neg_inf) {
-      for (std::size_t d = lane; d < dim; d += 32) o[d] = ob[d];
-    } else {
-      const T m = a > b ? a : b;
-      const T merged = m + log(exp(a - m) + exp(b - m));
-      const T wa = exp(a - merged), wb = exp(b - merged);
-      for (std::size_t d = lane; d < dim; d += 32) o[d] = o[d] * wa + ob[d] * wb;
-      __syncwarp();
-      if (lane == 0) lse[r] = merged;
-      continue;
-    }
-    __syncwarp();
-    if (lane == 0) lse[r] = b;
-  }
-}
-
-// One warp per row: delta[r] = sum_d dout[r, d] * out[r, d], reduced across the warp by shuffles.
-template <class T>
-__global__ void attention_delta_kernel(const T* __restrict__ out, const T* __restrict__ dout,
-                                       T* __restrict__ delta, std::size_t rows, std::size_t dim) {
-  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
-  const unsigned lane = threadIdx.x % 32;
-  for (std::size_t r = static_cast<std::size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
-       r += warps) {
-    T s = 0;
-    for (std::size_t d = lane; d < dim; d += 32) s += dout[r * dim + d] * out[r * dim + d];
-    for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
-    if (lane == 0) delta[r] = s;
-  }
-}
-
-inline unsigned blocks_for(std::size_t work, unsigned per_block) {
-  const std::size_t b = (work + per_block - 1) / per_block;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
-}
-
-// Plain std::string messages: nvcc reads this header, and fmt is for host translation units (core/error.hpp).
+// Plain std::string messages: nvcc reads this header too, and fmt is for host translation units
+// (core/error.hpp).
 inline void check(cudaError_t status, const char* call, const char* who) {
   if (status != cudaSuccess)
     throw backend_error(std::string(who) + ": " + call + " failed: " + cudaGetErrorString(status) + " (" +
@@ -171,17 +128,12 @@ class device_memory {
   }
   template <class T>
   void fill(std::span<T> dst, T value) const {
-    if (dst.empty()) return;
-    detail::fill_kernel<<<detail::blocks_for(dst.size(), 256), 256, 0, s_>>>(dst.data(), dst.size(), value);
-    detail::check(cudaGetLastError(), "fill_kernel launch", "cuda::device_memory::fill");
+    if (!dst.empty()) kernels::fill(dst.data(), dst.size(), value, s_);
   }
   template <class T>
   void add(std::span<T> dst, std::span<const T> src) const {
     detail::require_equal(dst.size(), src.size(), "cuda::device_memory::add");
-    if (dst.empty()) return;
-    detail::add_kernel<<<detail::blocks_for(dst.size(), 256), 256, 0, s_>>>(dst.data(), src.data(),
-                                                                            dst.size());
-    detail::check(cudaGetLastError(), "add_kernel launch", "cuda::device_memory::add");
+    if (!dst.empty()) kernels::add(dst.data(), src.data(), dst.size(), s_);
   }
   /// Host to device; returns when the copy (and everything before it on the stream) has completed.
   template <class T>
@@ -210,12 +162,8 @@ class device_memory {
                              " and " + std::to_string(lse_b.size()) + ", out " + std::to_string(out.size()) +
                              " and " + std::to_string(out_b.size()) + ", dim " + std::to_string(dim) +
                              "; expected equal rows and out = rows x dim");
-    if (lse.empty()) return;
-    detail::merge_attention_kernel<<<detail::blocks_for(lse.size(), 8), 256, 0, s_>>>(
-        out.data(), lse.data(), out_b.data(), lse_b.data(), lse.size(), dim,
-        -std::numeric_limits<T>::infinity());
-    detail::check(cudaGetLastError(), "merge_attention_kernel launch",
-                  "cuda::device_memory::merge_attention");
+    if (!lse.empty())
+      kernels::merge_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), lse.size(), dim, s_);
   }
   /// seq::attention_delta on device rows: delta[r] = dot(dout row r, out row r); rows = delta.size().
   template <class T>
@@ -226,11 +174,8 @@ class device_memory {
                              ", dout " + std::to_string(dout.size()) + ", rows " +
                              std::to_string(delta.size()) + ", dim " + std::to_string(dim) +
                              "; expected out = dout = rows x dim");
-    if (delta.empty()) return;
-    detail::attention_delta_kernel<<<detail::blocks_for(delta.size(), 8), 256, 0, s_>>>(
-        out.data(), dout.data(), delta.data(), delta.size(), dim);
-    detail::check(cudaGetLastError(), "attention_delta_kernel launch",
-                  "cuda::device_memory::attention_delta");
+    if (!delta.empty())
+      kernels::attention_delta(out.data(), dout.data(), delta.data(), delta.size(), dim, s_);
   }
   /// A strided copy (cudaMemcpy2DAsync): height rows of width elements, pitches in elements.
   template <class T>
