@@ -9,12 +9,14 @@
 // This header compiles with a plain C++ compiler (the CUDA runtime API only); the kernels live in
 // <hetmesh/cuda/memory_kernels.cuh>, which one .cu file of the program includes (a program that uses
 // fill/add/merge_attention/attention_delta without it fails to link, naming hetmesh::cuda::kernels::...).
-// Kernel operations take float and double; copies any trivially copyable type.
+// Kernel operations take float and double (add also std::int64_t, for counts); copies any trivially copyable
+// type.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <string>
@@ -33,6 +35,7 @@ void fill(float* dst, std::size_t n, float value, cudaStream_t s);
 void fill(double* dst, std::size_t n, double value, cudaStream_t s);
 void add(float* dst, const float* src, std::size_t n, cudaStream_t s);
 void add(double* dst, const double* src, std::size_t n, cudaStream_t s);
+void add(std::int64_t* dst, const std::int64_t* src, std::size_t n, cudaStream_t s);
 void merge_attention(float* out, float* lse, const float* out_b, const float* lse_b, std::size_t rows,
                      std::size_t dim, cudaStream_t s);
 void merge_attention(double* out, double* lse, const double* out_b, const double* lse_b, std::size_t rows,
@@ -115,8 +118,10 @@ class device_memory {
     std::size_t n_ = 0, cap_ = 0;
   };
 
+  /// Operations run on the legacy default stream.
+  device_memory() noexcept = default;
   /// Operations run on `s` (0: the legacy default stream).
-  explicit device_memory(cudaStream_t s = nullptr) noexcept : s_(s) {}
+  explicit device_memory(cudaStream_t s) noexcept : s_(s) {}
   [[nodiscard]] cudaStream_t stream() const noexcept { return s_; }
 
   template <class T>

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "memory.hpp"
 
@@ -109,6 +110,9 @@ void fill(float* dst, std::size_t n, float value, cudaStream_t s) { detail::laun
 void fill(double* dst, std::size_t n, double value, cudaStream_t s) { detail::launch_fill(dst, n, value, s); }
 void add(float* dst, const float* src, std::size_t n, cudaStream_t s) { detail::launch_add(dst, src, n, s); }
 void add(double* dst, const double* src, std::size_t n, cudaStream_t s) {
+  detail::launch_add(dst, src, n, s);
+}
+void add(std::int64_t* dst, const std::int64_t* src, std::size_t n, cudaStream_t s) {
   detail::launch_add(dst, src, n, s);
 }
 void merge_attention(float* out, float* lse, const float* out_b, const float* lse_b, std::size_t rows,

@@ -5,6 +5,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <type_traits>
 
@@ -19,7 +20,8 @@ namespace hetmesh::model {
 ///     `b.size()` and `b.span()` -> std::span<T> (pointers of M::space; valid until the next resize);
 ///  3. `m.copy(dst, src)`: dst = src (spans of M::space, equal sizes);
 ///  4. `m.fill(dst, value)`: every element of dst = value;
-///  5. `m.add(dst, src)`: dst += src element by element (equal sizes);
+///  5. `m.add(dst, src)`: dst += src element by element (equal sizes; also for std::int64_t, the step's
+///     counts);
 ///  6. `m.upload(dst, host_src)` and `m.download(host_dst, src)`: copies between host memory and M::space,
 ///     complete when they return (the host span may be reused at once);
 ///  7. `m.merge_attention(out, lse, out_b, lse_b, dim)`: seq::merge_partial on spans of M::space;
@@ -38,7 +40,7 @@ concept memory_policy = std::same_as<std::remove_cvref_t<decltype(M::space)>, me
     std::movable<typename M::template buffer<double>> &&
     requires(const M& m, typename M::template buffer<float>& bf, typename M::template buffer<double>& bd,
              std::span<float> f, std::span<const float> cf, std::span<double> d, std::span<const double> cd,
-             std::size_t n) {
+             std::span<std::int64_t> i, std::span<const std::int64_t> ci, std::size_t n) {
   bf.resize(n);
   { bf.size() } -> std::convertible_to<std::size_t>;
   { bf.span() } -> std::same_as<std::span<float>>;
