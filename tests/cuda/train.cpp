@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // train::system's device path on a GPU (CTest label gpu; the main in gather.cpp exits 77 without a device):
-// one rank over NCCL with cuda::device_memory, the multimodal tiny_stack step behind staging adapters
+// one rank over NCCL with cuda::device_memory and the staged CPU or the CUDA reference attention kernel, the
+// multimodal tiny_stack step behind staging adapters
 // (staged_model.hpp), against the same step on one host rank. Runs the CUDA memory policy's kernels
 // (memory_kernels.cu), NCCL's collectives on device buffers and every device piece of the runtime that a
 // one-rank step reaches (the executor, plan agreement and stats through device buffers, the encoder
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include <hetmesh/comm/nccl.hpp>
+#include <hetmesh/cuda/attention.hpp>
 #include <hetmesh/cuda/memory.hpp>
 
 #include "cuda/staged_model.hpp"
@@ -22,7 +24,7 @@ using namespace traintest;
 
 namespace {
 
-template <class T>
+template <class T, class Kernel>
 void one_rank_step(double tol) {
   const auto batch = random_mm_batch(11, 10, 30);
   const seq::cp_thd part{.cp = 1, .pad = true};
@@ -33,9 +35,8 @@ void one_rank_step(double tol) {
 
   auto world = comm::nccl::communicator::init(comm::nccl::unique_id(), 1, 0, 0);
   world.set_stream(nullptr);  // the legacy stream, shared with the memory policy's default
-  using sys_t = train::system<seq::cp_thd, cudatest::staged_reference_attention, comm::nccl::communicator,
-                              train::family_placement, pipeline::one_f_one_b,
-                              pipeline::encoder_on_first_stage, cuda::device_memory>;
+  using sys_t = train::system<seq::cp_thd, Kernel, comm::nccl::communicator, train::family_placement,
+                              pipeline::one_f_one_b, pipeline::encoder_on_first_stage, cuda::device_memory>;
   sys_t sys(part, train::family_placement{}, {}, world);
   sys.memory() = cuda::device_memory(nullptr);
   const auto plan = sys.plan(batch);
@@ -79,6 +80,9 @@ void one_rank_step(double tol) {
 }  // namespace
 
 TEST_CASE("train::system over NCCL and cuda::device_memory: a one-rank step equals the host step") {
-  one_rank_step<double>(1e-10);
-  one_rank_step<float>(1e-5);
+  // The attention kernel: the CPU reference staged through the host, then the CUDA reference kernel.
+  one_rank_step<double, cudatest::staged_reference_attention>(1e-10);
+  one_rank_step<float, cudatest::staged_reference_attention>(1e-5);
+  one_rank_step<double, cuda::reference_attention>(1e-10);
+  one_rank_step<float, cuda::reference_attention>(1e-5);
 }
