@@ -30,13 +30,7 @@ void dispatch_host_vs_device(comm::loopback::communicator& c, const runtest::dis
   const int me = c.rank();
   const auto plan = balance::plan_token_dispatch(c.size(), dc.sources, dc.targets);
   const auto w = static_cast<std::size_t>(width);
-  std::vector<T> src(static_cast<std::size_t>(plan.source_rows[static_cast<std::size_t>(me)] + 1) * w,
-                     sentinel);
-  for (const auto& s : dc.sources)
-    if (s.rank == me)
-      for (std::int64_t t = 0; t < s.length; ++t)
-        for (std::size_t k = 0; k < w; ++k)
-          src[static_cast<std::size_t>(s.offset + t) * w + k] = make(s.seq_id, t, k);
+  std::vector<T> src = runtest::dispatch_sources<T>(me, dc, plan, w, make, sentinel);
   const std::vector<T> empty_dst(
       static_cast<std::size_t>(plan.target_rows[static_cast<std::size_t>(me)] + 1) * w, sentinel),
       empty_src(src.size(), sentinel);

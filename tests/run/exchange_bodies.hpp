@@ -240,11 +240,11 @@ inline dispatch_case make_dispatch_case(int n, int kind, std::uint64_t seed) {
 /// them back: every target row holds exactly its planned token (pads and unplanned rows keep their
 /// sentinel), the gathered sources equal the originals bitwise and the gaps keep theirs. Returns the
 /// token rows this rank received. Collective over c (c.size() == n of the case).
-template <class T, class C, class Make>
-std::int64_t dispatch_round_trip(C& c, const dispatch_case& dc, std::int64_t width, Make make, T sentinel) {
-  const int me = c.rank();
-  const auto plan = balance::plan_token_dispatch(c.size(), dc.sources, dc.targets);
-  const auto w = static_cast<std::size_t>(width);
+/// Rank `me`'s source rows of `dc` under `plan` (width elements per token, make(seq, token, k)), with one
+/// sentinel row past the end (a row the dispatch must never touch).
+template <class T, class Plan, class Make>
+std::vector<T> dispatch_sources(int me, const dispatch_case& dc, const Plan& plan, std::size_t w, Make make,
+                                T sentinel) {
   std::vector<T> src(static_cast<std::size_t>(plan.source_rows[static_cast<std::size_t>(me)] + 1) * w,
                      sentinel);
   for (const auto& s : dc.sources)
@@ -252,6 +252,15 @@ std::int64_t dispatch_round_trip(C& c, const dispatch_case& dc, std::int64_t wid
       for (std::int64_t t = 0; t < s.length; ++t)
         for (std::size_t k = 0; k < w; ++k)
           src[static_cast<std::size_t>(s.offset + t) * w + k] = make(s.seq_id, t, k);
+  return src;
+}
+
+template <class T, class C, class Make>
+std::int64_t dispatch_round_trip(C& c, const dispatch_case& dc, std::int64_t width, Make make, T sentinel) {
+  const int me = c.rank();
+  const auto plan = balance::plan_token_dispatch(c.size(), dc.sources, dc.targets);
+  const auto w = static_cast<std::size_t>(width);
+  std::vector<T> src = dispatch_sources<T>(me, dc, plan, w, make, sentinel);
   std::vector<T> dst(static_cast<std::size_t>(plan.target_rows[static_cast<std::size_t>(me)] + 1) * w,
                      sentinel);
   run::dispatch_tokens(c, plan, std::span<const T>(src), std::span<T>(dst), width);

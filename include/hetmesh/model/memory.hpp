@@ -193,4 +193,18 @@ struct emulated_device_memory {
 
 static_assert(memory_policy<emulated_device_memory>);
 
+/// The memory policy a runtime context is bound to: `*bound`, or, when none is bound and M is a host
+/// policy, a shared default one (host policies are stateless). Throws invalid_argument with `unbound()`'s
+/// message when a device policy is not bound (its stream is the caller's to choose).
+template <memory_policy M, class Message>
+M& bound_memory(M* bound, Message&& unbound) {
+  if (bound != nullptr) return *bound;
+  if constexpr (M::space == memory_space::host) {
+    static M host{};
+    return host;
+  } else {
+    throw invalid_argument(unbound());
+  }
+}
+
 }  // namespace hetmesh::model

@@ -18,6 +18,7 @@
 
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
+#include "../core/format.hpp"
 #include "../model/activation.hpp"
 #include "../model/attention.hpp"
 #include "../model/context.hpp"
@@ -102,17 +103,12 @@ struct step_context : model::stage_context<Comm, step_store<T, M>> {
 
  private:
   M& mem() const {
-    if (memory != nullptr) return *memory;
-    if constexpr (M::space == memory_space::host) {
-      static M host{};  // stateless
-      return host;
-    } else {
-      throw_error<invalid_argument>(
-          "train::step_context: stage {} micro-batch {} has no memory policy bound; expected a context made "
-          "by "
-          "train::system::run (a device memory policy is the system's)",
+    return model::bound_memory(memory, [&] {
+      return hetmesh::format(
+          "train::step_context: stage {} micro-batch {} has no memory policy bound; expected a "
+          "context made by train::system::run (a device memory policy is the system's)",
           this->stage, this->micro_batch);
-    }
+    });
   }
   void check_ulysses(const char* who) const {
     if (group == nullptr || kernel == nullptr)

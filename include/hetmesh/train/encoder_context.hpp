@@ -14,6 +14,7 @@
 
 #include "../comm/group_cache.hpp"
 #include "../core/error.hpp"
+#include "../core/format.hpp"
 #include "../model/activation.hpp"
 #include "../model/context.hpp"
 #include "../model/encoder_batch.hpp"
@@ -86,16 +87,12 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
 
  private:
   M& mem() const {
-    if (memory != nullptr) return *memory;
-    if constexpr (M::space == memory_space::host) {
-      static M host{};  // stateless
-      return host;
-    } else {
-      throw_error<invalid_argument>(
-          "train::encoder_context: shard {} slot {} has no memory policy bound; expected a context made by "
-          "train::system::run (a device memory policy is the system's)",
+    return model::bound_memory(memory, [&] {
+      return hetmesh::format(
+          "train::encoder_context: shard {} slot {} has no memory policy bound; expected a "
+          "context made by train::system::run (a device memory policy is the system's)",
           this->stage, this->micro_batch);
-    }
+    });
   }
   void check_bound(const char* who) const {
     if (kernel == nullptr)
