@@ -193,6 +193,15 @@ struct emulated_device_memory {
 
 static_assert(memory_policy<emulated_device_memory>);
 
+namespace detail {
+/// One default-constructed policy of type M per program (for stateless host policies).
+template <class M>
+M& shared_policy() {
+  static M m{};
+  return m;
+}
+}  // namespace detail
+
 /// The memory policy a runtime context is bound to: `*bound`, or, when none is bound and M is a host
 /// policy, a shared default one (host policies are stateless). Throws invalid_argument with `unbound()`'s
 /// message when a device policy is not bound (its stream is the caller's to choose).
@@ -200,8 +209,7 @@ template <memory_policy M, class Message>
 M& bound_memory(M* bound, Message&& unbound) {
   if (bound != nullptr) return *bound;
   if constexpr (M::space == memory_space::host) {
-    static M host{};
-    return host;
+    return detail::shared_policy<M>();
   } else {
     throw invalid_argument(unbound());
   }
