@@ -1,128 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// train::system's device path on a CPU: the same multimodal step (tiny_stack, two encoders) on 8 loopback
-// ranks twice, once over host communicators and host memory, once over comm::emulated_device and
-// model::emulated_device_memory, where every buffer the runtime holds is an emulated device pointer (a CPU
-// access faults; a host buffer handed to the device communicator or policy is refused). The models sit
-// behind adapters that map spans to host memory as a GPU model's kernels would read them. Gradients, loss
-// and counts must be equal bit for bit, over partitions, schedules (split backward included), encoder
-// placements and balancers, with plan agreement checked on the device path (HETMESH_ASSERTION_LEVEL=2).
+// train::system's device path on 8 loopback ranks over comm::emulated_device (device_cases.hpp), bit for bit
+// against the host path; the same cases run under mpirun -np 8 in test_train_mpi.
 #include <doctest/doctest.h>
 
-#include <string>
+#include "support/rank0.hpp"
+#include "train/device_cases.hpp"
 
-#include <hetmesh/comm/emulated_device.hpp>
-
-#include "train/device_stage.hpp"
-#include "train/pipeline_body.hpp"
-
-using namespace hetmesh;
 using namespace traintest;
 
-namespace {
-
-/// run_mm_step over comm::emulated_device on the same ranks as `world`, the models behind device adapters.
-template <class T, template <class, class> class Encoder, class Partition, class Balancer, class Schedule,
-          class Placement, class C>
-mm_result<T> run_device_mm_step(C& world, const Partition& partition, const Balancer& balancer,
-                                const train::pipeline_config<Schedule, Placement>& pc,
-                                const model::step_batch& batch, std::uint64_t seed,
-                                const train::system_options& options = {}) {
-  using D = comm::emulated_device<C>;
-  D dev(comm::split(world, 0, world.rank()));
-  using sys_t = train::system<Partition, device_reference_attention, D, Balancer, Schedule, Placement>;
-  static_assert(std::is_same_v<typename sys_t::memory_type, model::emulated_device_memory>);
-  sys_t sys(partition, balancer, pc, dev, {}, options);
-  const auto plan = sys.plan(batch);
-  device_stage<tiny_stack<T>, T> lm{
-      tiny_stack<T>(kShape, seed, kBlocks, plan.pipeline.num_stages, sys.local_stages(plan))};
-  device_encoder<Encoder<T, model::vision_modality>, T> vision{
-      Encoder<T, model::vision_modality>(kShape.width, T(0.9))};
-  device_encoder<Encoder<T, model::audio_modality>, T> audio{
-      Encoder<T, model::audio_modality>(kShape.width, T(1.1))};
-  int calls = 0;
-  mm_result<T> r;
-  r.stats = sys.run(plan, batch, lm, mm_optimizer<T>{&calls},
-                    train::bind_encoder(vision, device_input<item_features<T>>{{kShape.width, 0}}),
-                    train::bind_encoder(audio, device_input<item_features<T>>{{kShape.width, 1}}));
-  REQUIRE(calls == 3);
-  r.grads = lm.inner.grad;
-  r.grads[-1] = all_gradients<T>(vision.inner);
-  r.grads[-2] = all_gradients<T>(audio.inner);
-  return r;
-}
-
-/// Host and device runs of one configuration on 8 loopback ranks: bitwise equal gradients, loss and counts.
-template <class T, template <class, class> class Encoder = model::scale_encoder, class Partition,
-          class Balancer, class Schedule, class Placement>
-void same_on_device(const std::string& what, const Partition& partition, const Balancer& balancer,
-                    const train::pipeline_config<Schedule, Placement>& pc, std::uint64_t seed, int docs,
-                    std::int64_t max_len, const train::system_options& options = {}) {
-  const auto batch = random_mm_batch(seed, docs, max_len);
-  std::vector<std::string> diffs(8);
-  std::vector<std::int64_t> items(8);
-  comm::loopback::run(8, [&](comm::loopback::communicator& w) {
-    const auto host = run_mm_step<T, Encoder>(w, partition, balancer, pc, batch, seed + 1, options);
-    const auto dev = run_device_mm_step<T, Encoder>(w, partition, balancer, pc, batch, seed + 1, options);
-    std::string d;
-    if (host.grads.size() != dev.grads.size())
-      d += fmt::format("{} vs {} tensors; ", host.grads.size(), dev.grads.size());
-    for (const auto& [id, g] : host.grads)
-      if (!dev.grads.contains(id) || dev.grads.at(id) != g) d += fmt::format("tensor {} differs; ", id);
-    if (host.stats.loss != dev.stats.loss)
-      d += fmt::format("loss {} vs {}; ", host.stats.loss, dev.stats.loss);
-    if (host.stats.targets != dev.stats.targets || host.stats.tokens != dev.stats.tokens ||
-        host.stats.encoder_items != dev.stats.encoder_items || host.stats.plan_hash != dev.stats.plan_hash)
-      d += "stats differ; ";
-    diffs[static_cast<std::size_t>(w.rank())] = d;
-    items[static_cast<std::size_t>(w.rank())] = dev.stats.encoder_items;
-  });
-  MESSAGE(what, ": ", items[0], " encoder items");
-  for (int r = 0; r < 8; ++r) {
-    INFO(what, " rank ", r);
-    CHECK(diffs[static_cast<std::size_t>(r)] == "");
-  }
-  CHECK(items[0] > 0);
-}
-
-}  // namespace
-
 TEST_CASE("train::system's device path equals the host path bit for bit (emulated device, 8 ranks)") {
-  const auto fam = train::family_placement{};
-  const auto first = pipeline::encoder_on_first_stage{};
-  const auto joint = pipeline::colocated_encoder{};
-  same_on_device<double>(
-      "zigzag cp2 pp2 1f1b first-stage", seq::cp_zigzag{.cp = 2, .pad = true}, fam,
-      train::pipeline_config<pipeline::one_f_one_b, pipeline::encoder_on_first_stage>{2, {}, first}, 11, 10,
-      30);
-  same_on_device<double>(
-      "hdp bytescale pp2 1f1b joint", test_hdp(), balance::bytescale{},
-      train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, joint}, 11, 12, 50);
-  same_on_device<double>(
-      "zigzag cp4 pp2 zero-bubble joint", seq::cp_zigzag{.cp = 4, .pad = true}, fam,
-      train::pipeline_config<pipeline::zero_bubble, pipeline::colocated_encoder>{2, {}, joint}, 12, 10, 30);
-  same_on_device<float>("hdp gap-filling pp2 zbv first-stage float", test_hdp(), balance::gap_filling_hdp{},
-                        train::pipeline_config<pipeline::zbv, pipeline::encoder_on_first_stage>{2, {}, first},
-                        12, 12, 50);
-  same_on_device<double>("hdp bytescale pp2 1f1b encoder-pool(2)", test_hdp(), balance::bytescale{},
-                         train::pipeline_config<pipeline::one_f_one_b, pipeline::encoder_pool>{
-                             2, {}, pipeline::encoder_pool{.ranks = 2}},
-                         11, 10, 30);
-  same_on_device<double>(
-      "ulysses 2 pp2 interleaved-1f1b joint",
-      seq::ulysses{.degree = 2, .heads = 2, .kv_heads = 1, .head_dim = 4}, fam,
-      train::pipeline_config<pipeline::interleaved_1f1b, pipeline::colocated_encoder>{2, {}, joint}, 11, 10,
-      30);
-  train::system_options split;  // long-short SP: encoder items above 3 tokens run over Ulysses groups
-  split.encoder_sp.max_tokens_per_rank = 3;
-  split.encoder_sp.heads = attention_encoder<double, model::vision_modality>::kHeads;
-  same_on_device<double, attention_encoder>(
-      "long-short attention encoders, zigzag cp2 pp2 1f1b joint", seq::cp_zigzag{.cp = 2, .pad = true}, fam,
-      train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, joint}, 31, 10, 30,
-      split);
-  train::system_options repro;
-  repro.reproducible = true;  // gradients and stats reduced in rank order through device buffers
-  same_on_device<double>(
-      "thd cp2 pp2 dualpipev joint reproducible", seq::cp_thd{.cp = 2, .pad = true}, fam,
-      train::pipeline_config<pipeline::dualpipev, pipeline::colocated_encoder>{2, {}, joint}, 13, 10, 30,
-      repro);
+  device_cases([](auto body) { return testsupport::rank0_of(8, body); });
 }

@@ -26,7 +26,7 @@ namespace hetmesh::comm {
 template <host_communicator Host>
 class emulated_device {
  public:
-  using is_communicator = void;
+  using is_communicator = void;  ///< opt-in for comm::communicator
   /// Buffers are (emulated) device memory.
   static constexpr memory_space memory = memory_space::device;
   /// A stand-in for a device stream: recorded by set_stream, returned by stream(), ordering nothing
@@ -36,12 +36,17 @@ class emulated_device {
   /// Wraps `host` (moved in).
   explicit emulated_device(Host host) : host_(std::move(host)) {}
 
+  /// The caller's rank in the group (the wrapped communicator's).
   [[nodiscard]] int rank() const noexcept { return host_.rank(); }
+  /// Ranks in the group.
   [[nodiscard]] int size() const noexcept { return host_.size(); }
+  /// The group's members as world ranks, in group order.
   [[nodiscard]] std::span<const int> ranks() const noexcept { return host_.ranks(); }
   /// The wrapped host communicator (for control traffic in host memory).
   [[nodiscard]] Host& host() noexcept { return host_; }
+  /// The stream set last (0 at first).
   [[nodiscard]] stream_type stream() const noexcept { return stream_; }
+  /// Records `s` (device_communicator requirement 5; orders nothing here).
   void set_stream(stream_type s) noexcept { stream_ = s; }
   /// Every operation has completed when it returned: nothing to wait for.
   void synchronize() const noexcept {}
@@ -53,18 +58,22 @@ class emulated_device {
       if (op.count > 0) op.data = emulated::to_host(op.data, "comm::emulated_device::group_p2p");
     comm::group_p2p(host_, std::span<const p2p_op>(h));
   }
+  /// comm::all_reduce on the wrapped communicator, over the host memory behind `inout`.
   template <element T>
   void all_reduce(std::span<T> inout, reduce_op op) {
     comm::all_reduce(host_, host(inout, "all_reduce"), op);
   }
+  /// comm::broadcast on the wrapped communicator, over the host memory behind `buf`.
   template <element T>
   void broadcast(std::span<T> buf, int root) {
     comm::broadcast(host_, host(buf, "broadcast"), root);
   }
+  /// comm::all_gather on the wrapped communicator, over the host memory behind the buffers.
   template <element T>
   void all_gather(std::span<const T> send, std::span<T> recv) {
     comm::all_gather(host_, host(send, "all_gather"), host(recv, "all_gather"));
   }
+  /// comm::reduce_scatter on the wrapped communicator, over the host memory behind the buffers.
   template <element T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op op) {
     comm::reduce_scatter(host_, host(send, "reduce_scatter"), host(recv, "reduce_scatter"), op);
@@ -77,6 +86,7 @@ class emulated_device {
     comm::all_to_all_v(host_, host(send, "all_to_all_v"), send_counts, send_displs,
                        host(recv, "all_to_all_v"), recv_counts, recv_displs);
   }
+  /// comm::barrier on the wrapped communicator.
   void barrier() { comm::barrier(host_); }
 
   /// The wrapped communicator's split, wrapped. Collective over this group.

@@ -50,22 +50,22 @@ struct attention_args {
 /// Forward of one block: out [nq][q_heads][head_dim] and lse [nq][q_heads], device, overwritten.
 template <class T>
 struct attention_forward_args {
-  attention_args<T> block;
-  T* out = nullptr;
-  T* lse = nullptr;
+  attention_args<T> block;  ///< the block's tensors and metadata
+  T* out = nullptr;         ///< [nq][q_heads][head_dim], overwritten
+  T* lse = nullptr;         ///< [nq][q_heads], overwritten
 };
 
 /// Backward of one block: dout [nq][q_heads][head_dim], the merged lse and delta [nq][q_heads]; dq, dk,
 /// dv accumulated. All device memory.
 template <class T>
 struct attention_backward_args {
-  attention_args<T> block;
-  const T* dout = nullptr;
-  const T* lse = nullptr;
-  const T* delta = nullptr;
-  T* dq = nullptr;
-  T* dk = nullptr;
-  T* dv = nullptr;
+  attention_args<T> block;   ///< the block's tensors and metadata
+  const T* dout = nullptr;   ///< [nq][q_heads][head_dim]
+  const T* lse = nullptr;    ///< [nq][q_heads], merged over every block of the query rows
+  const T* delta = nullptr;  ///< [nq][q_heads]
+  T* dq = nullptr;           ///< [nq][q_heads][head_dim], accumulated
+  T* dk = nullptr;           ///< [nk][kv_heads][head_dim], accumulated
+  T* dv = nullptr;           ///< [nk][kv_heads][head_dim], accumulated
 };
 
 /// The host launchers of the reference kernels, defined in attention_kernels.cuh. Each checks the
@@ -130,16 +130,20 @@ struct reference_attention {
   reference_attention() = default;
   /// A kernel that enqueues on `s`.
   explicit reference_attention(cudaStream_t s) noexcept : stream(s) {}
+  /// A kernel on `o`'s stream, with scratch of its own.
   reference_attention(const reference_attention& o) : stream(o.stream) {}
+  /// Takes `o`'s stream; keeps its own scratch.
   reference_attention& operator=(const reference_attention& o) {
     stream = o.stream;
     return *this;
   }
+  /// Takes `o`'s stream and scratch.
   reference_attention(reference_attention&& o) noexcept
       : stream(o.stream),
         scratch_(std::exchange(o.scratch_, nullptr)),
         capacity_(std::exchange(o.capacity_, 0)),
         staging_(std::move(o.staging_)) {}
+  /// Frees this kernel's scratch and takes `o`'s stream and scratch.
   reference_attention& operator=(reference_attention&& o) noexcept {
     if (this != &o) {
       release();

@@ -214,16 +214,21 @@ void launch_attention_backward(const attention_backward_args<T>& a, cudaStream_t
 
 }  // namespace detail
 
+/// Definitions of the launchers cuda/attention.hpp declares.
 namespace kernels {
+/// Enqueues the forward kernel of `a` on `stream`.
 void attention_forward(const attention_forward_args<float>& a, cudaStream_t stream) {
   detail::launch_attention_forward(a, stream);
 }
+/// Enqueues the forward kernel of `a` on `stream`.
 void attention_forward(const attention_forward_args<double>& a, cudaStream_t stream) {
   detail::launch_attention_forward(a, stream);
 }
+/// Enqueues the backward kernels of `a` on `stream`.
 void attention_backward(const attention_backward_args<float>& a, cudaStream_t stream) {
   detail::launch_attention_backward(a, stream);
 }
+/// Enqueues the backward kernels of `a` on `stream`.
 void attention_backward(const attention_backward_args<double>& a, cudaStream_t stream) {
   detail::launch_attention_backward(a, stream);
 }

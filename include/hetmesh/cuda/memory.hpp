@@ -69,6 +69,7 @@ inline void require_equal(std::size_t a, std::size_t b, const char* who) {
 /// stream outlives it.
 class device_memory {
  public:
+  /// Buffers are device memory (memory_policy requirement 1).
   static constexpr memory_space space = memory_space::device;
 
   /// n elements of T in device memory, grown by cudaMalloc when a resize needs more than it holds
@@ -80,8 +81,10 @@ class device_memory {
 
    public:
     buffer() = default;
+    /// Takes `o`'s allocation; `o` is left empty.
     buffer(buffer&& o) noexcept
         : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cap_(std::exchange(o.cap_, 0)) {}
+    /// Frees this allocation and takes `o`'s; `o` is left empty.
     buffer& operator=(buffer&& o) noexcept {
       if (this != &o) {
         release();
@@ -104,9 +107,11 @@ class device_memory {
       }
       n_ = n;
     }
+    /// Elements in use.
     [[nodiscard]] std::size_t size() const noexcept { return n_; }
     /// Device memory: pass it to kernels, copies and device communicators, never dereference it on the host.
     [[nodiscard]] std::span<T> span() noexcept { return {p_, n_}; }
+    /// The elements, read-only, in device memory.
     [[nodiscard]] std::span<const T> span() const noexcept { return {p_, n_}; }
 
    private:
@@ -122,8 +127,10 @@ class device_memory {
   device_memory() noexcept = default;
   /// Operations run on `s` (0: the legacy default stream).
   explicit device_memory(cudaStream_t s) noexcept : s_(s) {}
+  /// The stream operations run on.
   [[nodiscard]] cudaStream_t stream() const noexcept { return s_; }
 
+  /// dst = src, device to device (cudaMemcpyAsync; equal sizes, else invalid_argument).
   template <class T>
   void copy(std::span<T> dst, std::span<const T> src) const {
     detail::require_equal(dst.size(), src.size(), "cuda::device_memory::copy");
@@ -131,10 +138,12 @@ class device_memory {
       detail::check(cudaMemcpyAsync(dst.data(), src.data(), dst.size_bytes(), cudaMemcpyDeviceToDevice, s_),
                     "cudaMemcpyAsync", "cuda::device_memory::copy");
   }
+  /// Every element of dst = value (a kernel; T float or double).
   template <class T>
   void fill(std::span<T> dst, T value) const {
     if (!dst.empty()) kernels::fill(dst.data(), dst.size(), value, s_);
   }
+  /// dst += src (a kernel; T float, double or std::int64_t; equal sizes).
   template <class T>
   void add(std::span<T> dst, std::span<const T> src) const {
     detail::require_equal(dst.size(), src.size(), "cuda::device_memory::add");

@@ -105,28 +105,38 @@ void launch_delta(const T* out, const T* dout, T* delta, std::size_t rows, std::
 
 }  // namespace detail
 
+/// Definitions of the launchers cuda/memory.hpp declares.
 namespace kernels {
+/// Enqueues the fill kernel on `s`.
 void fill(float* dst, std::size_t n, float value, cudaStream_t s) { detail::launch_fill(dst, n, value, s); }
+/// Enqueues the fill kernel on `s`.
 void fill(double* dst, std::size_t n, double value, cudaStream_t s) { detail::launch_fill(dst, n, value, s); }
+/// Enqueues the add kernel on `s`.
 void add(float* dst, const float* src, std::size_t n, cudaStream_t s) { detail::launch_add(dst, src, n, s); }
+/// Enqueues the add kernel on `s`.
 void add(double* dst, const double* src, std::size_t n, cudaStream_t s) {
   detail::launch_add(dst, src, n, s);
 }
+/// Enqueues the add kernel on `s`.
 void add(std::int64_t* dst, const std::int64_t* src, std::size_t n, cudaStream_t s) {
   detail::launch_add(dst, src, n, s);
 }
+/// Enqueues the merge kernel on `s`.
 void merge_attention(float* out, float* lse, const float* out_b, const float* lse_b, std::size_t rows,
                      std::size_t dim, cudaStream_t s) {
   detail::launch_merge(out, lse, out_b, lse_b, rows, dim, s);
 }
+/// Enqueues the merge kernel on `s`.
 void merge_attention(double* out, double* lse, const double* out_b, const double* lse_b, std::size_t rows,
                      std::size_t dim, cudaStream_t s) {
   detail::launch_merge(out, lse, out_b, lse_b, rows, dim, s);
 }
+/// Enqueues the delta kernel on `s`.
 void attention_delta(const float* out, const float* dout, float* delta, std::size_t rows, std::size_t dim,
                      cudaStream_t s) {
   detail::launch_delta(out, dout, delta, rows, dim, s);
 }
+/// Enqueues the delta kernel on `s`.
 void attention_delta(const double* out, const double* dout, double* delta, std::size_t rows, std::size_t dim,
                      cudaStream_t s) {
   detail::launch_delta(out, dout, delta, rows, dim, s);

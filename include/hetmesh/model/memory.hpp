@@ -66,56 +66,70 @@ struct cpu_ops {
 /// Host memory: buffers are std::vector, operations run on the calling thread and are complete on return.
 /// The memory policy of host communicators (loopback, mpi). Stateless and cheap to copy.
 struct host_memory {
+  /// Where the buffers live (memory_policy requirement 1).
   static constexpr memory_space space = memory_space::host;
 
   /// A std::vector<T> behind the buffer interface.
   template <class T>
   class buffer {
    public:
+    /// n elements (contents kept up to the old size).
     void resize(std::size_t n) { v_.resize(n); }
+    /// Elements held.
     [[nodiscard]] std::size_t size() const noexcept { return v_.size(); }
+    /// The elements, in the policy's memory.
     [[nodiscard]] std::span<T> span() noexcept { return v_; }
+    /// The elements, read-only, in the policy's memory.
     [[nodiscard]] std::span<const T> span() const noexcept { return v_; }
 
    private:
     std::vector<T> v_;
   };
 
+  /// dst = src (equal sizes; invalid_argument otherwise).
   template <class T>
   void copy(std::span<T> dst, std::span<const T> src) const {
     detail::cpu_ops::copy(dst, src, "host_memory::copy");
   }
+  /// Every element of dst = value.
   template <class T>
   void fill(std::span<T> dst, T value) const {
     std::fill(dst.begin(), dst.end(), value);
   }
+  /// dst += src element by element (equal sizes).
   template <class T>
   void add(std::span<T> dst, std::span<const T> src) const {
     detail::cpu_ops::add(dst, src, "host_memory::add");
   }
+  /// dst = host_src (host memory), complete on return.
   template <class T>
   void upload(std::span<T> dst, std::span<const T> host_src) const {
     detail::cpu_ops::copy(dst, host_src, "host_memory::upload");
   }
+  /// host_dst (host memory) = src, complete on return.
   template <class T>
   void download(std::span<T> host_dst, std::span<const T> src) const {
     detail::cpu_ops::copy(host_dst, src, "host_memory::download");
   }
+  /// seq::merge_partial on the policy's memory.
   template <class T>
   void merge_attention(std::span<T> out, std::span<T> lse, std::span<const T> out_b, std::span<const T> lse_b,
                        std::size_t dim) const {
     seq::merge_partial(out, lse, out_b, lse_b, dim);
   }
+  /// seq::attention_delta on the policy's memory.
   template <class T>
   void attention_delta(std::span<const T> out, std::span<const T> dout, std::span<T> delta,
                        std::size_t dim) const {
     seq::attention_delta(out, dout, delta, dim);
   }
+  /// The strided copy of memory_policy requirement 3 (pitches and width in elements).
   template <class T>
   void copy_2d(std::span<T> dst, std::size_t dst_pitch, std::span<const T> src, std::size_t src_pitch,
                std::size_t width, std::size_t height) const {
     detail::cpu_ops::copy_2d(dst, dst_pitch, src, src_pitch, width, height, "host_memory::copy_2d");
   }
+  /// Nothing to wait for: every operation completed when it returned.
   void synchronize() const noexcept {}
 };
 
@@ -127,46 +141,57 @@ static_assert(memory_policy<host_memory>);
 /// NCCL and cuda::device_memory, except that a host access of a device buffer faults, and a host buffer
 /// passed where device memory is expected is refused (invalid_argument naming the operation).
 struct emulated_device_memory {
+  /// Where the buffers live (memory_policy requirement 1).
   static constexpr memory_space space = memory_space::device;
 
   /// Host storage handed out as an emulated device span.
   template <class T>
   class buffer {
    public:
+    /// n elements (contents kept up to the old size).
     void resize(std::size_t n) { v_.resize(n); }
+    /// Elements held.
     [[nodiscard]] std::size_t size() const noexcept { return v_.size(); }
+    /// The elements, in the policy's memory.
     [[nodiscard]] std::span<T> span() { return emulated::to_device(std::span<T>(v_)); }
+    /// The elements, read-only, in the policy's memory.
     [[nodiscard]] std::span<const T> span() const { return emulated::to_device(std::span<const T>(v_)); }
 
    private:
     std::vector<T> v_;
   };
 
+  /// dst = src (equal sizes; invalid_argument otherwise).
   template <class T>
   void copy(std::span<T> dst, std::span<const T> src) const {
     constexpr const char* who = "emulated_device_memory::copy";
     detail::cpu_ops::copy(emulated::to_host(dst, who), emulated::to_host(src, who), who);
   }
+  /// Every element of dst = value.
   template <class T>
   void fill(std::span<T> dst, T value) const {
     const auto h = emulated::to_host(dst, "emulated_device_memory::fill");
     std::fill(h.begin(), h.end(), value);
   }
+  /// dst += src element by element (equal sizes).
   template <class T>
   void add(std::span<T> dst, std::span<const T> src) const {
     constexpr const char* who = "emulated_device_memory::add";
     detail::cpu_ops::add(emulated::to_host(dst, who), emulated::to_host(src, who), who);
   }
+  /// dst = host_src (host memory), complete on return.
   template <class T>
   void upload(std::span<T> dst, std::span<const T> host_src) const {
     constexpr const char* who = "emulated_device_memory::upload";
     detail::cpu_ops::copy(emulated::to_host(dst, who), host_src, who);
   }
+  /// host_dst (host memory) = src, complete on return.
   template <class T>
   void download(std::span<T> host_dst, std::span<const T> src) const {
     constexpr const char* who = "emulated_device_memory::download";
     detail::cpu_ops::copy(host_dst, emulated::to_host(src, who), who);
   }
+  /// seq::merge_partial on the policy's memory.
   template <class T>
   void merge_attention(std::span<T> out, std::span<T> lse, std::span<const T> out_b, std::span<const T> lse_b,
                        std::size_t dim) const {
@@ -174,6 +199,7 @@ struct emulated_device_memory {
     seq::merge_partial(emulated::to_host(out, who), emulated::to_host(lse, who),
                        emulated::to_host(out_b, who), emulated::to_host(lse_b, who), dim);
   }
+  /// seq::attention_delta on the policy's memory.
   template <class T>
   void attention_delta(std::span<const T> out, std::span<const T> dout, std::span<T> delta,
                        std::size_t dim) const {
@@ -181,6 +207,7 @@ struct emulated_device_memory {
     seq::attention_delta(emulated::to_host(out, who), emulated::to_host(dout, who),
                          emulated::to_host(delta, who), dim);
   }
+  /// The strided copy of memory_policy requirement 3 (pitches and width in elements).
   template <class T>
   void copy_2d(std::span<T> dst, std::size_t dst_pitch, std::span<const T> src, std::size_t src_pitch,
                std::size_t width, std::size_t height) const {
@@ -188,6 +215,7 @@ struct emulated_device_memory {
     detail::cpu_ops::copy_2d(emulated::to_host(dst, who), dst_pitch, emulated::to_host(src, who), src_pitch,
                              width, height, who);
   }
+  /// Nothing to wait for: every operation completed when it returned.
   void synchronize() const noexcept {}
 };
 

@@ -18,7 +18,9 @@ namespace hetmesh::model {
 ///  2. `typename M::template buffer<T>`: an owning buffer, default-constructible and movable, with
 ///     `b.resize(n)` (n elements; earlier contents are unspecified after a resize that grows),
 ///     `b.size()` and `b.span()` -> std::span<T> (pointers of M::space; valid until the next resize);
-///  3. `m.copy(dst, src)`: dst = src (spans of M::space, equal sizes);
+///  3. `m.copy(dst, src)`: dst = src (spans of M::space, equal sizes); `m.copy_2d(dst, dst_pitch, src,
+///     src_pitch, width, height)`: for r < height and c < width, dst[r * dst_pitch + c] = src[r * src_pitch
+///     + c] (a strided copy, as cudaMemcpy2D; pitches and width in elements; packing heads for Ulysses);
 ///  4. `m.fill(dst, value)`: every element of dst = value;
 ///  5. `m.add(dst, src)`: dst += src element by element (equal sizes; also for std::int64_t, the step's
 ///     counts);
@@ -26,13 +28,10 @@ namespace hetmesh::model {
 ///     complete when they return (the host span may be reused at once);
 ///  7. `m.merge_attention(out, lse, out_b, lse_b, dim)`: seq::merge_partial on spans of M::space;
 ///  8. `m.attention_delta(out, dout, delta, dim)`: seq::attention_delta on spans of M::space;
-///  9. `m.copy_2d(dst, dst_pitch, src, src_pitch, width, height)`: for r < height and c < width,
-///     dst[r * dst_pitch + c] = src[r * src_pitch + c] (a strided copy, as cudaMemcpy2D; pitches and width
-///     in elements; packing heads for the Ulysses exchange);
-/// 10. `m.synchronize()`: returns when every operation issued through `m` so far has completed.
-/// Operations 3-10 are const (a policy is a handle: a stream, or nothing). Operations 3-5 and 7-9 may be
-/// asynchronous (ordered on the policy's stream), so a device policy and
-/// a device communicator must share one stream (or the caller orders them). Sizes that differ are a
+///  9. `m.synchronize()`: returns when every operation issued through `m` so far has completed.
+/// Operations 3-9 are const (a policy is a handle: a stream, or nothing). Operations 3-5, 7 and 8 may be
+/// asynchronous (ordered on the policy's stream), so a device policy and a device communicator must share
+/// one stream (or the caller orders them). Sizes that differ are a
 /// precondition violation (invalid_argument from the models here).
 template <class M>
 concept memory_policy = std::same_as<std::remove_cvref_t<decltype(M::space)>, memory_space> &&

@@ -244,9 +244,9 @@ struct ulysses_qkv {
 /// ulysses_grads_to_sequence return when given a policy. Same layouts as ulysses_qkv.
 template <class T, model::memory_policy M>
 struct ulysses_qkv_buffers {
-  typename M::template buffer<T> q;
-  typename M::template buffer<T> k;
-  typename M::template buffer<T> v;
+  typename M::template buffer<T> q;  ///< [tokens][q_heads][head_dim] (of the layout returned)
+  typename M::template buffer<T> k;  ///< [tokens][kv_heads][head_dim]
+  typename M::template buffer<T> v;  ///< [tokens][kv_heads][head_dim]
 };
 
 /// q, k and v of this rank (sequence sharding, in `mem`'s space) to head sharding: three

@@ -172,15 +172,17 @@ template <class Encoder, class Input>
 /// communicators, which name theirs (cuda::device_memory on the communicator's stream for NCCL).
 template <class Comm>
 struct default_memory {
-  using type = void;
+  using type = void;  ///< none: a device communicator names its policy
 };
+/// Host communicators: host memory.
 template <comm::host_communicator Comm>
 struct default_memory<Comm> {
-  using type = model::host_memory;
+  using type = model::host_memory;  ///< the host policy
 };
+/// The emulated device: its memory policy.
 template <class Host>
 struct default_memory<comm::emulated_device<Host>> {
-  using type = model::emulated_device_memory;
+  using type = model::emulated_device_memory;  ///< the emulated device policy
 };
 /// default_memory<Comm>::type.
 template <class Comm>
