@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // run::check_plan_agreement over a device communicator needs the communicator's memory policy (the hashes
-// travel through device buffers): without one, the call is refused at compile time, naming the overload to use.
+// travel through device buffers): without one, the call is refused at compile time, naming the overload to
+// use.
 #include <hetmesh/run/agreement.hpp>
 #include <hetmesh/seq/ulysses.hpp>
 

@@ -171,13 +171,15 @@ TEST_CASE("comm::emulated_device moves device buffers over loopback ranks as the
   });
 }
 
-TEST_CASE("bound_memory: the bound policy, a shared host policy when none is bound, an error for a device one") {
+TEST_CASE(
+    "bound_memory: the bound policy, a shared host policy when none is bound, an error for a device one") {
   model::host_memory h;
   CHECK(&model::bound_memory(&h, [] { return std::string("unused"); }) == &h);
   model::host_memory* none = nullptr;
   auto& shared = model::bound_memory(none, [] { return std::string("unused"); });
   CHECK(&shared == &model::bound_memory(none, [] { return std::string("unused"); }));
   model::emulated_device_memory* unbound = nullptr;
-  CHECK_THROWS_WITH_AS(model::bound_memory(unbound, [] { return std::string("stage 1 has no memory policy"); }),
-                       "stage 1 has no memory policy", invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      model::bound_memory(unbound, [] { return std::string("stage 1 has no memory policy"); }),
+      "stage 1 has no memory policy", invalid_argument);
 }

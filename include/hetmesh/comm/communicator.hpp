@@ -118,7 +118,7 @@ concept communicator = enable_communicator<std::remove_cvref_t<C>> &&
 ///  2. `C::memory == memory_space::host`.
 /// Models: comm::loopback::communicator, comm::mpi::communicator (static_assert in their headers).
 template <class C>
-concept host_communicator = communicator<C> && (std::remove_cvref_t<C>::memory == memory_space::host);
+concept host_communicator = communicator<C> &&(std::remove_cvref_t<C>::memory == memory_space::host);
 
 /// A communicator whose buffers are device memory and whose operations are stream-ordered: an
 /// operation returns once it is enqueued, and it runs after everything enqueued before it on the
@@ -134,13 +134,12 @@ concept host_communicator = communicator<C> && (std::remove_cvref_t<C>::memory =
 /// Models: comm::nccl::communicator (static_assert in nccl.hpp). comm/ does not include cuda/, so the
 /// stream type is the backend's, not a hetmesh::cuda type.
 template <class C>
-concept device_communicator =
-    communicator<C> && (std::remove_cvref_t<C>::memory == memory_space::device) &&
-    requires(C& c, typename std::remove_cvref_t<C>::stream_type s) {
-      { std::as_const(c).stream() } -> std::convertible_to<typename std::remove_cvref_t<C>::stream_type>;
-      c.set_stream(s);
-      c.synchronize();
-    };
+concept device_communicator = communicator<C> &&(std::remove_cvref_t<C>::memory == memory_space::device) &&
+                              requires(C& c, typename std::remove_cvref_t<C>::stream_type s) {
+  { std::as_const(c).stream() } -> std::convertible_to<typename std::remove_cvref_t<C>::stream_type>;
+  c.set_stream(s);
+  c.synchronize();
+};
 
 /// "group [0,2,4] rank 1/3": the group and caller as error messages print them. A group of more than
 /// 6 ranks prints its first 4 and last 2 members and its size ("group [0,1,2,3,...,16382,16383] of
@@ -150,7 +149,7 @@ template <communicator C>
   const std::span<const int> r = c.ranks();
   if (r.size() <= 6) return hetmesh::format("group [{}] rank {}/{}", fmt::join(r, ","), c.rank(), c.size());
   return hetmesh::format("group [{},...,{}] of {} rank {}/{}", fmt::join(r.first(4), ","),
-                     fmt::join(r.last(2), ","), r.size(), c.rank(), c.size());
+                         fmt::join(r.last(2), ","), r.size(), c.rank(), c.size());
 }
 
 }  // namespace hetmesh::comm
@@ -168,7 +167,7 @@ struct fmt::formatter<hetmesh::comm::p2p_op> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::comm::p2p_op& op, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "{}(peer={}, tag={}, {} x {})",
-                          op.what == hetmesh::comm::p2p_op::kind::send ? "send" : "recv", op.peer, op.tag,
-                          op.count, op.type);
+                              op.what == hetmesh::comm::p2p_op::kind::send ? "send" : "recv", op.peer, op.tag,
+                              op.count, op.type);
   }
 };

@@ -28,7 +28,6 @@
 #include <fmt/format.h>
 
 #include "../comm/collectives.hpp"
-#include "../comm/emulated_device.hpp"
 #include "../comm/group_cache.hpp"
 #include "../core/cpu_time.hpp"
 #include "../core/error.hpp"
@@ -50,6 +49,7 @@
 #include "encoder_context.hpp"
 #include "encoder_domain.hpp"
 #include "encoders.hpp"
+#include "memory.hpp"
 #include "optimizer.hpp"
 #include "pipeline_plan.hpp"
 #include "plan.hpp"
@@ -166,27 +166,6 @@ template <class Encoder, class Input>
 [[nodiscard]] encoder_binding<Encoder, std::decay_t<Input>> bind_encoder(Encoder& e, Input&& input) {
   return {&e, std::forward<Input>(input)};
 }
-
-/// The memory policy train::system uses over communicator Comm when none is named: model::host_memory for a
-/// host communicator, model::emulated_device_memory for comm::emulated_device, none (void) for other device
-/// communicators, which name theirs (cuda::device_memory on the communicator's stream for NCCL).
-template <class Comm>
-struct default_memory {
-  using type = void;  ///< none: a device communicator names its policy
-};
-/// Host communicators: host memory.
-template <comm::host_communicator Comm>
-struct default_memory<Comm> {
-  using type = model::host_memory;  ///< the host policy
-};
-/// The emulated device: its memory policy.
-template <class Host>
-struct default_memory<comm::emulated_device<Host>> {
-  using type = model::emulated_device_memory;  ///< the emulated device policy
-};
-/// default_memory<Comm>::type.
-template <class Comm>
-using default_memory_t = typename default_memory<Comm>::type;
 
 namespace detail {
 
@@ -765,47 +744,17 @@ class system {
   template <class U>
   using buffer = typename Memory::template buffer<U>;
 
-  /// x (memory of Memory) = the sum of x over c's ranks: the backend's all-reduce, or in rank order
-  /// (options_.reproducible: all-gather, then rank 0 + rank 1 + ... element by element).
   template <class U>
   void reduce_sum(Comm& c, std::span<U> x) const {
-    if (!options_.reproducible) {
-      comm::all_reduce(c, x, comm::reduce_op::sum);
-      return;
-    }
-    const std::size_t m = x.size(), n = static_cast<std::size_t>(c.size());
-    buffer<U> all;
-    all.resize(m * n);
-    comm::all_gather(c, std::span<const U>(x), all.span());
-    const std::span<const U> every = std::as_const(all).span();
-    mem_.copy(x, every.first(m));
-    for (std::size_t r = 1; r < n; ++r) mem_.add(x, every.subspan(r * m, m));
+    sum_over_ranks(c, mem_, x, options_.reproducible);
   }
-  /// x (host memory) = the sum of x over c's ranks, in rank order when options_.reproducible: through a
-  /// buffer of Memory when the communicator takes device memory.
   template <class U>
   void reduce_host_values(Comm& c, std::span<U> x) const {
-    if constexpr (Memory::space == memory_space::host) {
-      reduce_sum(c, x);
-    } else {
-      buffer<U> d;
-      d.resize(x.size());
-      mem_.upload(d.span(), std::span<const U>(x));
-      reduce_sum(c, d.span());
-      if constexpr (requires { c.synchronize(); }) c.synchronize();
-      mem_.download(x, std::span<const U>(d.span()));
-    }
+    sum_host_values_over_ranks(c, mem_, x, options_.reproducible);
   }
-  /// `x` (memory of Memory) readable on the host: the span itself for host memory, else a downloaded copy.
   template <class U>
   auto host_copy(std::span<const U> x) const {
-    if constexpr (Memory::space == memory_space::host) {
-      return x;
-    } else {
-      std::vector<U> h(x.size());
-      mem_.download(std::span<U>(h), x);
-      return h;
-    }
+    return readable_on_host(mem_, x);
   }
 
   step_plan plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch) const {
