@@ -4,11 +4,14 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/model/memory.hpp>
+#include <hetmesh/train/offload.hpp>
 
 #include <hetmesh/cuda/memory.hpp>
 
@@ -54,4 +57,26 @@ TEST_CASE("cuda::device_memory computes what host_memory computes") {
       compare<double>(rows, dim, 1e-12);
       compare<float>(rows, dim, 2e-5);
     }
+}
+
+TEST_CASE("train::offload_store over cuda::device_memory keeps the offloaded share in pinned host memory") {
+  using store_t = hetmesh::train::offload_store<
+      double, hetmesh::model::memory_activation_store<double, hetmesh::cuda::device_memory>>;
+  static_assert(std::is_same_v<hetmesh::model::host_buffer_t<hetmesh::cuda::device_memory, double>,
+                               hetmesh::cuda::device_memory::host_buffer<double>>);
+  store_t s;
+  s.set_ratio(0, 1, 0.5);
+  std::vector<double> x(1000);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i) * 0.25 - 3.0;
+  hetmesh::cuda::device_memory mem;
+  hetmesh::cuda::device_memory::buffer<double> dx;
+  dx.resize(x.size());
+  mem.upload(dx.span(), std::span<const double>(x));
+  s.write({0, 1, 0}, std::span<const double>(dx.span()));
+  CHECK(s.offloaded_bytes() == static_cast<std::int64_t>(500 * sizeof(double)));
+  std::vector<double> back(x.size());
+  mem.download(std::span<double>(back), s.read({0, 1, 0}));
+  CHECK(back == x);
+  s.release({0, 1, 0});
+  CHECK(s.bytes() == 0);
 }

@@ -356,6 +356,11 @@ TEST_CASE("train::offload_store over a device resident store moves the tail to t
   using device_store = model::memory_activation_store<double, model::emulated_device_memory>;
   train::offload_store<double, device_store> s;
   static_assert(std::is_same_v<decltype(s)::memory_type, model::emulated_device_memory>);
+  // The offloaded share lives in the policy's host buffers (pinned memory for cuda::device_memory).
+  static_assert(std::is_same_v<model::host_buffer_t<model::emulated_device_memory, double>,
+                               model::emulated_device_memory::host_buffer<double>>);
+  static_assert(
+      std::is_same_v<model::host_buffer_t<model::host_memory, double>, model::host_memory::buffer<double>>);
   s.set_ratio(0, 1, 0.25);
   const std::vector<double> x{1, 2, 3, 4, 5, 6, 7, 8};
   model::emulated_device_memory mem;

@@ -123,6 +123,59 @@ class device_memory {
     std::size_t n_ = 0, cap_ = 0;
   };
 
+  /// n elements of T in pinned (page-locked) host memory, cudaMallocHost: host memory the device copies to
+  /// and from by DMA, without a staging copy (model::host_buffer_t of this policy: where train::offload_store
+  /// keeps the activations it moves off the device). Grown when a resize needs more than it holds (contents
+  /// are then unspecified), never shrunk. Move-only.
+  template <class T>
+  class host_buffer {
+    static_assert(std::is_trivially_copyable_v<T>,
+                  "cuda::device_memory::host_buffer holds trivially copyable elements");
+
+   public:
+    host_buffer() = default;
+    /// Takes `o`'s allocation; `o` is left empty.
+    host_buffer(host_buffer&& o) noexcept
+        : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cap_(std::exchange(o.cap_, 0)) {}
+    /// Frees this allocation and takes `o`'s; `o` is left empty.
+    host_buffer& operator=(host_buffer&& o) noexcept {
+      if (this != &o) {
+        release();
+        p_ = std::exchange(o.p_, nullptr), n_ = std::exchange(o.n_, 0), cap_ = std::exchange(o.cap_, 0);
+      }
+      return *this;
+    }
+    host_buffer(const host_buffer&) = delete;
+    host_buffer& operator=(const host_buffer&) = delete;
+    ~host_buffer() { release(); }
+
+    /// n elements; throws backend_error when cudaMallocHost fails (nothing changes then).
+    void resize(std::size_t n) {
+      if (n > cap_) {
+        T* p = nullptr;
+        detail::check(cudaMallocHost(reinterpret_cast<void**>(&p), n * sizeof(T)), "cudaMallocHost",
+                      "cuda::device_memory::host_buffer");
+        release();
+        p_ = p, cap_ = n;
+      }
+      n_ = n;
+    }
+    /// Elements in use.
+    [[nodiscard]] std::size_t size() const noexcept { return n_; }
+    /// The elements, host memory (pinned).
+    [[nodiscard]] std::span<T> span() noexcept { return {p_, n_}; }
+    /// The elements, read-only, host memory (pinned).
+    [[nodiscard]] std::span<const T> span() const noexcept { return {p_, n_}; }
+
+   private:
+    void release() noexcept {
+      if (p_) cudaFreeHost(p_);
+      p_ = nullptr, n_ = 0, cap_ = 0;
+    }
+    T* p_ = nullptr;
+    std::size_t n_ = 0, cap_ = 0;
+  };
+
   /// Operations run on the legacy default stream.
   device_memory() noexcept = default;
   /// Operations run on `s` (0: the legacy default stream).

@@ -217,9 +217,40 @@ struct emulated_device_memory {
   }
   /// Nothing to wait for: every operation completed when it returned.
   void synchronize() const noexcept {}
+
+  /// Host buffers of the emulated device (host_buffer_t): plain host memory, a type of their own so that
+  /// tests see where a store keeps what leaves the device (pinned memory on a GPU).
+  template <class T>
+  class host_buffer : public host_memory::buffer<T> {};
 };
 
 static_assert(memory_policy<emulated_device_memory>);
+
+/// The host buffer type of policy M for T: `M::host_buffer<T>` when M declares one (host memory the device
+/// copies to and from directly: pinned memory for cuda::device_memory), else a std::vector behind the buffer
+/// interface (host_memory::buffer<T>).
+template <class M, class T>
+struct host_buffer_of {
+  using type = host_memory::buffer<T>;  ///< the default: a std::vector
+};
+/// M declares its host buffers.
+template <class M, class T>
+requires requires { typename M::template host_buffer<T>; }
+struct host_buffer_of<M, T> {
+  using type = typename M::template host_buffer<T>;  ///< M's own
+};
+/// host_buffer_of<M, T>::type.
+template <class M, class T>
+using host_buffer_t = typename host_buffer_of<M, T>::type;
+
+/// The host side of policy M: host_memory's operations over M's host buffers (host_buffer_t), the policy of
+/// host stores that take data from M's device memory (train::offload_store's offloaded share).
+template <class M>
+struct host_side_memory : host_memory {
+  /// M's host buffer for T.
+  template <class T>
+  using buffer = host_buffer_t<M, T>;
+};
 
 namespace detail {
 /// One default-constructed policy of type M per program (for stateless host policies).

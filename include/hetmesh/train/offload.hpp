@@ -40,10 +40,13 @@ struct store_memory<S> {
 }  // namespace detail
 
 /// An activation store that offloads a per-micro-batch share of each saved tensor. Resident and Offload
-/// are model::activation_store types of element T; Offload holds host memory, Resident the memory of its
-/// `memory_type` (host memory when it names none). Not thread-safe (one per rank, like the stages).
+/// are model::activation_store types of element T; Offload holds host memory (by default in the host
+/// buffers of Resident's policy, model::host_buffer_t: pinned memory for cuda::device_memory), Resident the
+/// memory of its `memory_type` (host memory when it names none). Not thread-safe (one per rank, like the
+/// stages).
 template <class T, class Resident = model::host_activation_store<T>,
-          class Offload = model::host_activation_store<T>>
+          class Offload = model::memory_activation_store<
+              T, model::host_side_memory<typename detail::store_memory<Resident>::type>>>
 class offload_store {
   static_assert(model::activation_store<Resident, T> && model::activation_store<Offload, T>,
                 "train::offload_store: both sides must model model::activation_store<S, T>");
@@ -83,8 +86,8 @@ class offload_store {
         offload_.write(k, data.last(moved));
       } else {  // the tail leaves device memory
         staging_.resize(moved);
-        memory().download(std::span<T>(staging_), data.last(moved));
-        offload_.write(k, std::span<const T>(staging_));
+        memory().download(staging_.span(), data.last(moved));
+        offload_.write(k, std::as_const(staging_).span());
       }
       offloaded_bytes_ += static_cast<std::int64_t>(moved * sizeof(T));
     }
@@ -161,7 +164,7 @@ class offload_store {
   memory_type mem_{};
   std::map<std::pair<int, int>, double> ratios_;
   mutable std::map<model::activation_key, typename memory_type::template buffer<T>> fetched_;
-  std::vector<T> staging_;  // the offloaded tail on its way to the host store
+  model::host_buffer_t<memory_type, T> staging_;  // the offloaded tail on its way to the host store
   std::int64_t peak_ = 0, offloaded_bytes_ = 0;
   mutable std::int64_t fetched_bytes_ = 0;
 };
