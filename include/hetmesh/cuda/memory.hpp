@@ -63,6 +63,69 @@ inline void require_equal(std::size_t a, std::size_t b, const char* who) {
                            " elements, source " + std::to_string(b) + "; expected equal sizes");
 }
 
+/// cudaMalloc / cudaFree.
+struct device_allocator {
+  static cudaError_t allocate(void** p, std::size_t bytes) { return cudaMalloc(p, bytes); }
+  static void free(void* p) noexcept { cudaFree(p); }
+  static constexpr const char* call = "cudaMalloc";
+};
+/// cudaMallocHost / cudaFreeHost (pinned host memory).
+struct pinned_allocator {
+  static cudaError_t allocate(void** p, std::size_t bytes) { return cudaMallocHost(p, bytes); }
+  static void free(void* p) noexcept { cudaFreeHost(p); }
+  static constexpr const char* call = "cudaMallocHost";
+};
+
+/// n elements of T from Alloc, grown when a resize needs more than it holds (contents are then
+/// unspecified), never shrunk. Move-only.
+template <class T, class Alloc>
+class allocation {
+  static_assert(std::is_trivially_copyable_v<T>,
+                "cuda::device_memory buffers hold trivially copyable elements");
+
+ public:
+  allocation() = default;
+  /// Takes `o`'s allocation; `o` is left empty.
+  allocation(allocation&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cap_(std::exchange(o.cap_, 0)) {}
+  /// Frees this allocation and takes `o`'s; `o` is left empty.
+  allocation& operator=(allocation&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr), n_ = std::exchange(o.n_, 0), cap_ = std::exchange(o.cap_, 0);
+    }
+    return *this;
+  }
+  allocation(const allocation&) = delete;
+  allocation& operator=(const allocation&) = delete;
+  ~allocation() { release(); }
+
+  /// n elements; throws backend_error when the allocation fails (nothing changes then).
+  void resize(std::size_t n) {
+    if (n > cap_) {
+      void* p = nullptr;
+      check(Alloc::allocate(&p, n * sizeof(T)), Alloc::call, "cuda::device_memory buffer");
+      release();
+      p_ = static_cast<T*>(p), cap_ = n;
+    }
+    n_ = n;
+  }
+  /// Elements in use.
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  /// The elements.
+  [[nodiscard]] std::span<T> span() noexcept { return {p_, n_}; }
+  /// The elements, read-only.
+  [[nodiscard]] std::span<const T> span() const noexcept { return {p_, n_}; }
+
+ private:
+  void release() noexcept {
+    if (p_) Alloc::free(p_);
+    p_ = nullptr, n_ = 0, cap_ = 0;
+  }
+  T* p_ = nullptr;
+  std::size_t n_ = 0, cap_ = 0;
+};
+
 }  // namespace detail
 
 /// The device memory policy on one stream (model::memory_policy). Cheap to copy (a stream handle); the
@@ -72,109 +135,16 @@ class device_memory {
   /// Buffers are device memory (memory_policy requirement 1).
   static constexpr memory_space space = memory_space::device;
 
-  /// n elements of T in device memory, grown by cudaMalloc when a resize needs more than it holds
-  /// (contents are then unspecified), never shrunk. Move-only.
+  /// n elements of T in device memory (cudaMalloc), grown when a resize needs more than it holds (contents
+  /// are then unspecified), never shrunk. Move-only. Device memory: pass its span to kernels, copies and
+  /// device communicators, never dereference it on the host.
   template <class T>
-  class buffer {
-    static_assert(std::is_trivially_copyable_v<T>,
-                  "cuda::device_memory::buffer holds trivially copyable elements");
-
-   public:
-    buffer() = default;
-    /// Takes `o`'s allocation; `o` is left empty.
-    buffer(buffer&& o) noexcept
-        : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cap_(std::exchange(o.cap_, 0)) {}
-    /// Frees this allocation and takes `o`'s; `o` is left empty.
-    buffer& operator=(buffer&& o) noexcept {
-      if (this != &o) {
-        release();
-        p_ = std::exchange(o.p_, nullptr), n_ = std::exchange(o.n_, 0), cap_ = std::exchange(o.cap_, 0);
-      }
-      return *this;
-    }
-    buffer(const buffer&) = delete;
-    buffer& operator=(const buffer&) = delete;
-    ~buffer() { release(); }
-
-    /// n elements; throws backend_error when cudaMalloc fails (nothing changes then).
-    void resize(std::size_t n) {
-      if (n > cap_) {
-        T* p = nullptr;
-        detail::check(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)), "cudaMalloc",
-                      "cuda::device_memory::buffer");
-        release();
-        p_ = p, cap_ = n;
-      }
-      n_ = n;
-    }
-    /// Elements in use.
-    [[nodiscard]] std::size_t size() const noexcept { return n_; }
-    /// Device memory: pass it to kernels, copies and device communicators, never dereference it on the host.
-    [[nodiscard]] std::span<T> span() noexcept { return {p_, n_}; }
-    /// The elements, read-only, in device memory.
-    [[nodiscard]] std::span<const T> span() const noexcept { return {p_, n_}; }
-
-   private:
-    void release() noexcept {
-      if (p_) cudaFree(p_);
-      p_ = nullptr, n_ = 0, cap_ = 0;
-    }
-    T* p_ = nullptr;
-    std::size_t n_ = 0, cap_ = 0;
-  };
-
-  /// n elements of T in pinned (page-locked) host memory, cudaMallocHost: host memory the device copies to
+  using buffer = detail::allocation<T, detail::device_allocator>;
+  /// n elements of T in pinned (page-locked) host memory (cudaMallocHost): host memory the device copies to
   /// and from by DMA, without a staging copy (model::host_buffer_t of this policy: where train::offload_store
-  /// keeps the activations it moves off the device). Grown when a resize needs more than it holds (contents
-  /// are then unspecified), never shrunk. Move-only.
+  /// keeps the activations it moves off the device). Grown like buffer; move-only.
   template <class T>
-  class host_buffer {
-    static_assert(std::is_trivially_copyable_v<T>,
-                  "cuda::device_memory::host_buffer holds trivially copyable elements");
-
-   public:
-    host_buffer() = default;
-    /// Takes `o`'s allocation; `o` is left empty.
-    host_buffer(host_buffer&& o) noexcept
-        : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cap_(std::exchange(o.cap_, 0)) {}
-    /// Frees this allocation and takes `o`'s; `o` is left empty.
-    host_buffer& operator=(host_buffer&& o) noexcept {
-      if (this != &o) {
-        release();
-        p_ = std::exchange(o.p_, nullptr), n_ = std::exchange(o.n_, 0), cap_ = std::exchange(o.cap_, 0);
-      }
-      return *this;
-    }
-    host_buffer(const host_buffer&) = delete;
-    host_buffer& operator=(const host_buffer&) = delete;
-    ~host_buffer() { release(); }
-
-    /// n elements; throws backend_error when cudaMallocHost fails (nothing changes then).
-    void resize(std::size_t n) {
-      if (n > cap_) {
-        T* p = nullptr;
-        detail::check(cudaMallocHost(reinterpret_cast<void**>(&p), n * sizeof(T)), "cudaMallocHost",
-                      "cuda::device_memory::host_buffer");
-        release();
-        p_ = p, cap_ = n;
-      }
-      n_ = n;
-    }
-    /// Elements in use.
-    [[nodiscard]] std::size_t size() const noexcept { return n_; }
-    /// The elements, host memory (pinned).
-    [[nodiscard]] std::span<T> span() noexcept { return {p_, n_}; }
-    /// The elements, read-only, host memory (pinned).
-    [[nodiscard]] std::span<const T> span() const noexcept { return {p_, n_}; }
-
-   private:
-    void release() noexcept {
-      if (p_) cudaFreeHost(p_);
-      p_ = nullptr, n_ = 0, cap_ = 0;
-    }
-    T* p_ = nullptr;
-    std::size_t n_ = 0, cap_ = 0;
-  };
+  using host_buffer = detail::allocation<T, detail::pinned_allocator>;
 
   /// Operations run on the legacy default stream.
   device_memory() noexcept = default;
