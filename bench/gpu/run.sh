@@ -67,7 +67,7 @@ run test_cuda 120 "$bin/test_cuda"
 run test_comm_nccl 240 "$bin/test_comm_nccl"
 [ -x "$bin/example_mllm_train_gpu" ] &&
   run example_mllm_train_gpu 240 "$bin/example_mllm_train_gpu" --device cuda --steps "${HETMESH_GPU_STEPS:-30}" \
-    --check-host --report "$OUT/mllm_train_gpu.json"
+    --check-reference --report "$OUT/mllm_train_gpu.json"
 run bench_gpu_gather 120 "$bin/bench_gpu_gather" --out "$OUT/gpu_gather.json"
 NCCL_DEBUG=WARN run bench_gpu_nccl 240 "$bin/bench_gpu_nccl" --out "$OUT/comm_nccl.json" --iters 20 --warmup 5
 

@@ -14,6 +14,7 @@
 
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/hash.hpp>
+#include <hetmesh/core/random.hpp>
 #include <hetmesh/model/attention.hpp>
 
 namespace mllm {

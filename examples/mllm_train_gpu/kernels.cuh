@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The GPU example's execution layer: one body per kernel, run as a CUDA kernel on the device or as a
-// plain loop on the host (`for_each`), buffers in either memory, and row-major GEMMs through cuBLAS or
+// plain loop on the host (`for_each`), and row-major GEMMs through cuBLAS or
 // a host loop. Compiled by nvcc with --extended-lambda (bodies are __host__ __device__ lambdas).
 #pragma once
 
@@ -51,75 +51,6 @@ void for_each(const exec& x, std::int64_t n, F f) {
     for (std::int64_t i = 0; i < n; ++i) f(i);
   }
 }
-
-/// A zero-filled array of T in the backend's memory (stream-ordered allocation on cuda). Move-only.
-template <class T>
-class buffer {
- public:
-  buffer() = default;
-  buffer(const exec& x, std::int64_t n) : x_(x), n_(n) {
-    if (n_ <= 0) return;
-    if (x_.cuda) {
-      cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p_), bytes(), x_.stream), "cudaMallocAsync");
-      cuda_check(cudaMemsetAsync(p_, 0, bytes(), x_.stream), "cudaMemsetAsync");
-    } else {
-      p_ = new T[static_cast<std::size_t>(n_)]();
-    }
-  }
-  buffer(buffer&& o) noexcept : x_(o.x_), p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  buffer& operator=(buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      x_ = o.x_, p_ = std::exchange(o.p_, nullptr), n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
-  buffer(const buffer&) = delete;
-  buffer& operator=(const buffer&) = delete;
-  ~buffer() { release(); }
-
-  [[nodiscard]] T* data() const noexcept { return p_; }
-  [[nodiscard]] std::int64_t size() const noexcept { return n_; }
-  [[nodiscard]] std::size_t bytes() const noexcept { return static_cast<std::size_t>(n_) * sizeof(T); }
-  void zero() {
-    if (n_ == 0) return;
-    if (x_.cuda)
-      cuda_check(cudaMemsetAsync(p_, 0, bytes(), x_.stream), "cudaMemsetAsync");
-    else
-      std::memset(p_, 0, bytes());
-  }
-  /// Copies n_ elements from host memory `h`.
-  void upload(const T* h) {
-    if (n_ == 0) return;
-    if (x_.cuda)
-      cuda_check(cudaMemcpyAsync(p_, h, bytes(), cudaMemcpyHostToDevice, x_.stream), "cudaMemcpyAsync");
-    else
-      std::memcpy(p_, h, bytes());
-  }
-  /// Copies n_ elements to host memory `h` (synchronises the stream on cuda).
-  void download(T* h) const {
-    if (n_ == 0) return;
-    if (x_.cuda) {
-      cuda_check(cudaMemcpyAsync(h, p_, bytes(), cudaMemcpyDeviceToHost, x_.stream), "cudaMemcpyAsync");
-      cuda_check(cudaStreamSynchronize(x_.stream), "cudaStreamSynchronize");
-    } else {
-      std::memcpy(h, p_, bytes());
-    }
-  }
-
- private:
-  void release() noexcept {
-    if (!p_) return;
-    if (x_.cuda)
-      cudaFreeAsync(p_, x_.stream);
-    else
-      delete[] p_;
-    p_ = nullptr;
-  }
-  exec x_{};
-  T* p_ = nullptr;
-  std::int64_t n_ = 0;
-};
 
 inline cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                                 int k, const float* alpha, const float* a, int lda, const float* b, int ldb,

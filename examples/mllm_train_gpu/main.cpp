@@ -1,61 +1,72 @@
 // SPDX-License-Identifier: Apache-2.0
-// example_mllm_train_gpu: the GPU variant of examples/mllm_train, written as a user of hetmesh writes
-// a data-parallel trainer on GPUs: the same multimodal data (examples/mllm_train/data.hpp: a text source,
-// image-text and audio-text sources, a mixture with a curriculum, through the data room's loader), each
-// step's documents balanced over the ranks by hetmesh's DP balancer (balance::plan_dp, priced by the cost
-// model), CUDA layers (model.cu: cuBLAS GEMMs and the example's kernels), and the gradients and loss
-// all-reduced through hetmesh's NCCL backend (comm::nccl, one rank per GPU, threads). Gradients equal
-// a one-rank run's: each rank sums its documents' weighted losses, the all-reduced sum is divided by the
-// all-reduced weight. With --device host the same program runs its kernels' bodies on the CPU over
-// loopback ranks (what CTest runs where there is no GPU).
+// example_mllm_train_gpu: the mllm_train example's multimodal model trained through train::system on GPUs.
+// The model is the CPU example's (examples/mllm_train: a vision and an audio encoder with attention inside
+// items, a pipelined transformer backbone, the same tensor ids and seeded parameters), written over device
+// buffers (tensors.hpp, backbone.hpp, encoder.hpp) and CUDA kernels (math.cu: cuBLAS GEMMs and the
+// example's kernels), with Adam on the device (optimizer.hpp). train::system runs it on its device path:
+// one rank per GPU over NCCL (threads), cuda::device_memory on one stream per rank, ring attention with
+// cuda::reference_attention, the encoders in the joint pipeline, plan agreement, the landing reshard, the
+// gradient reduction and the stats through device buffers. The data is the CPU example's (data.hpp: a text
+// source, image-text and audio-text sources, mixed with a curriculum). With --device host the same stages
+// run their kernels' bodies on the CPU over loopback ranks and host memory (what CTest runs where there is
+// no GPU).
 //
-// Usage: example_mllm_train_gpu [--steps N] [--device cuda|host] [--ranks R] [--lr X] [--report FILE]
-//                               [--check-host] [--check-grad] [--data-dir D]
-//   --check-host  (cuda) step 0's loss and gradients on the device against the host run of the same
-//                 micro-batch and parameters; exit 1 beyond 2e-3 relative
-//   --check-grad  (host) analytic gradients against central finite differences in double; exit 1 beyond 1e-4
-// Exit 0: trained (and the checks passed); 1: a check failed or an error; 2: bad flags (one line).
+// Usage: example_mllm_train_gpu [--steps N] [--device cuda|host] [--ranks R] [--pp P] [--cp C] [--lr X]
+//                               [--report FILE] [--check-reference] [--data-dir D]
+//   --ranks R          R ranks: GPUs (cuda; at most the visible ones) or loopback threads (host); the
+//                      world is R / (pp x cp) data-parallel replicas of a pp-stage pipeline with static
+//                      context parallelism of degree cp (zigzag rings)
+//   --check-reference  step 0's loss and every gradient tensor against the CPU example's model
+//                      (mllm::multimodal_model) under the same train::system configuration on loopback
+//                      host ranks; exit 1 beyond the tolerance (2e-3 relative on cuda, 1e-4 on host)
+// Exit 0: trained (and the check passed); 1: the check failed or an error; 2: bad flags (one line);
+// 77: --device cuda without a GPU (skipped).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include <hetmesh/balance/dp.hpp>
-#include <hetmesh/comm/collectives.hpp>
 #include <hetmesh/comm/loopback.hpp>
-#include <hetmesh/core/random.hpp>
-#include <hetmesh/cost/compute.hpp>
-#include <hetmesh/model/micro_batch.hpp>
+#include <hetmesh/core/cpu_time.hpp>
+#include <hetmesh/model/reference_attention.hpp>
+#include <hetmesh/train/train.hpp>
 #if HETMESH_HAS_NCCL
+#include <cuda_runtime.h>
+
 #include <hetmesh/comm/nccl.hpp>
-#include <hetmesh/cuda/buffer.hpp>
+#include <hetmesh/cuda/attention.hpp>
+#include <hetmesh/cuda/memory.hpp>
 #endif
 
 #include "mllm_train/data.hpp"
-#include "mllm_train_gpu/model.hpp"
+#include "mllm_train/model.hpp"
+#include "mllm_train_gpu/backbone.hpp"
+#include "mllm_train_gpu/encoder.hpp"
+#include "mllm_train_gpu/math.hpp"
+#include "mllm_train_gpu/optimizer.hpp"
 
 namespace {
 
-namespace comm = hetmesh::comm;
+using namespace hetmesh;
 using mllm_gpu::backend;
-using mllm_gpu::micro_batch;
 
 struct options {
-  int steps = 30;
+  int steps = 30, ranks = 1, pp = 1, cp = 1;
   std::string device = "cuda";
-  int ranks = 1;
   double lr = 3e-3;
   std::string report, data_dir;
-  bool check_host = false, check_grad = false;
+  bool check_reference = false;
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
@@ -89,6 +100,10 @@ options parse(int argc, char** argv) {
       o.steps = number(1, 100000);
     else if (f == "--ranks")
       o.ranks = number(1, 64);
+    else if (f == "--pp")
+      o.pp = number(1, 64);
+    else if (f == "--cp")
+      o.cp = number(1, 64);
     else if (f == "--device") {
       o.device = value();
       if (o.device != "cuda" && o.device != "host")
@@ -107,284 +122,280 @@ options parse(int argc, char** argv) {
       o.report = value();
     else if (f == "--data-dir")
       o.data_dir = value();
-    else if (f == "--check-host")
-      o.check_host = true;
-    else if (f == "--check-grad")
-      o.check_grad = true;
+    else if (f == "--check-reference")
+      o.check_reference = true;
     else
       usage_error(
           "unknown flag " + f +
-          "; expected --steps, --device, --ranks, --lr, --report, --check-host, --check-grad, --data-dir");
+          "; expected --steps, --device, --ranks, --pp, --cp, --lr, --report, --check-reference, --data-dir");
   }
-  if (o.check_host && o.device != "cuda")
-    usage_error("--check-host compares the device with the host: needs --device cuda");
-  if (o.check_grad && o.device != "host")
-    usage_error("--check-grad runs in double on the host: needs --device host");
+  if (o.ranks % (o.pp * o.cp) != 0)
+    usage_error("--ranks " + std::to_string(o.ranks) + " over --pp " + std::to_string(o.pp) + " x --cp " +
+                std::to_string(o.cp) + ": expected a multiple of pp x cp");
   return o;
 }
 
-mllm_gpu::sizes model_sizes(const mllm::data_config& dc) {
-  mllm_gpu::sizes s;
-  s.vocab = dc.vocab, s.patch = dc.image_dim, s.frame = dc.audio_dim;
-  return s;
+constexpr std::uint64_t model_seed = 7;
+
+/// The train::system type of a backend: static CP (zigzag rings of --cp), 1F1B over --pp stages, the
+/// encoders in the joint pipeline.
+template <class Kernel, class Comm, class M>
+using system_t = train::system<seq::cp_zigzag, Kernel, Comm, train::family_placement, pipeline::one_f_one_b,
+                               pipeline::colocated_encoder, M>;
+
+template <class Kernel, class Comm, class M>
+system_t<Kernel, Comm, M> make_system(Comm& world, const options& o, const mllm::config& mc, Kernel kernel) {
+  train::system_options so{.reproducible = true};
+  so.encoder_sp.heads = mc.enc_heads;
+  return system_t<Kernel, Comm, M>(seq::cp_zigzag{.cp = o.cp, .pad = true}, train::family_placement{},
+                                   {o.pp, {}, {}}, world, std::move(kernel), so);
 }
 
-/// The documents of `ids` (packed, in that order) as one micro-batch, with their encoders' rows.
-micro_batch build(const hetmesh::model::step_batch& batch, const std::map<std::int64_t, std::size_t>& index,
-                  const std::vector<hetmesh::seq::seq_desc>& docs, const mllm::step_source& src,
-                  const mllm::data_config& dc) {
-  micro_batch mb;
-  std::vector<std::int32_t> audio_tokens;
-  std::vector<std::size_t> audio_slots;  // indices into enc_row to renumber once the vision rows are known
-  for (const auto& sd : docs) {
-    const auto& d = batch.documents[index.at(sd.id)];
-    const auto start = static_cast<std::int32_t>(mb.tokens.size());
-    for (std::int64_t p = 0; p < d.length(); ++p) {
-      const bool counts = hetmesh::model::target_counts(d, p);
-      mb.tokens.push_back(static_cast<std::int32_t>(d.tokens[static_cast<std::size_t>(p)]));
-      mb.targets.push_back(counts ? static_cast<std::int32_t>(d.tokens[static_cast<std::size_t>(p + 1)])
-                                  : -1);
-      mb.weights.push_back(counts ? 1.0f : 0.0f);
-      mb.doc_start.push_back(start);
-      mb.position.push_back(static_cast<std::int32_t>(p));
-      mb.enc_row.push_back(-1);
-    }
-    for (const auto& it : d.items) {
-      const int w = mllm::feature_width(dc, it.encoder);
-      std::vector<float> rows(static_cast<std::size_t>(it.tokens * w));
-      src.features(it.encoder, it.id, rows);
-      auto& dst = it.encoder == mllm::vision_index ? mb.vision : mb.audio;
-      dst.insert(dst.end(), rows.begin(), rows.end());
-      for (std::int64_t r = 0; r < it.tokens; ++r) {
-        const auto t = static_cast<std::size_t>(start + it.position + r);
-        if (it.encoder == mllm::vision_index) {
-          mb.enc_row[t] = static_cast<std::int32_t>(mb.enc_token.size());
-          mb.enc_token.push_back(static_cast<std::int32_t>(t));
-        } else {
-          audio_slots.push_back(t);
-          audio_tokens.push_back(static_cast<std::int32_t>(t));
-        }
-      }
-    }
-  }
-  const auto vision_rows = static_cast<std::int32_t>(mb.enc_token.size());
-  for (std::size_t k = 0; k < audio_slots.size(); ++k)
-    mb.enc_row[audio_slots[k]] = vision_rows + static_cast<std::int32_t>(k);
-  mb.enc_token.insert(mb.enc_token.end(), audio_tokens.begin(), audio_tokens.end());
-  return mb;
-}
-
-/// One step's plan: the documents balanced over `ranks` by balance::plan_dp, each rank's share packed
-/// into micro-batches of at most `capacity` tokens.
-struct step_work {
-  hetmesh::balance::dp_plan plan;
-  std::vector<std::vector<micro_batch>> per_rank;
-  std::int64_t tokens = 0;
-};
-
-step_work plan_step(const hetmesh::model::step_batch& batch, const mllm::step_source& src,
-                    const mllm::data_config& dc, int ranks) {
-  step_work w;
-  const auto descs = hetmesh::model::document_descs(batch);
-  std::map<std::int64_t, std::size_t> index;
-  for (std::size_t i = 0; i < batch.documents.size(); ++i) index[batch.documents[i].id] = i;
-  const auto s = model_sizes(dc);
-  // Modelled per-document cost: the example's own width and depth at a nominal 100 TFLOP/s (ms units).
-  const auto cost = hetmesh::cost::llm_compute::from_dims(s.width, s.blocks, 100e9);
-  w.plan = hetmesh::balance::plan_dp(descs, cost, {.ranks = ranks, .capacity = 1024});
-  w.per_rank.resize(static_cast<std::size_t>(ranks));
-  for (int r = 0; r < ranks; ++r)
-    for (const auto& mb : w.plan.per_rank[static_cast<std::size_t>(r)])
-      if (!mb.seqs.empty())
-        w.per_rank[static_cast<std::size_t>(r)].push_back(build(batch, index, mb.seqs, src, dc));
-  for (const auto& d : batch.documents) w.tokens += d.length();
-  return w;
-}
-
-/// Sums `v` over the ranks (through device memory for a device communicator).
-template <class Comm>
-void sum_over_ranks(Comm& c, std::vector<double>& v) {
-#if HETMESH_HAS_NCCL
-  if constexpr (Comm::memory == comm::memory_space::device) {
-    hetmesh::cuda::device_buffer<double> d(v.size());
-    d.copy_from(std::span<const double>(v));
-    comm::all_reduce(c, d.span(), comm::reduce_op::sum);
-    c.synchronize();
-    d.copy_to(std::span<double>(v));
-    return;
-  }
-#endif
-  comm::all_reduce(c, std::span<double>(v), comm::reduce_op::sum);
-}
-
-struct step_record {
+/// Step 0's loss and reduced gradients by tensor id, collected over the ranks (each rank adds the tensors
+/// it holds; a tensor held by several ranks has the same reduced gradient on each).
+struct step0 {
   double loss = 0;
-  std::int64_t tokens = 0;
-  std::vector<double> busy_s;
-  double modelled_imbalance = 1, plan_ms = 0;
-  std::vector<std::size_t> micro_batches;
+  std::map<int, std::vector<double>> grads;
+  std::mutex mu;
+
+  template <class T, class M>
+  void add(std::vector<mllm::tensor_ref<T>> refs, const M& mem, double step_loss) {
+    std::lock_guard lock(mu);
+    loss = step_loss;
+    for (const auto& t : refs) {
+      if (grads.count(t.id) != 0) continue;
+      std::vector<T> h(t.grad.size());
+      mem.download(std::span<T>(h), std::span<const T>(t.grad));
+      grads[t.id].assign(h.begin(), h.end());
+    }
+  }
 };
 
-/// Trains `o.steps` steps on this rank; rank 0 prints and records each.
-template <class Comm>
-void train_rank(Comm& c, const options& o, const mllm::data_config& dc, backend b, int device,
-                std::vector<step_record>& records) {
-  const int r = c.rank(), R = c.size();
-  mllm_gpu::model<float> m(model_sizes(dc), 7, b, device);
+/// What rank 0 records of a step (the ranks' values reduced).
+struct step_record {
+  double loss = 0, step_ms = 0, plan_ms = 0, library_share = 0, tokens_per_s = 0;
+  std::int64_t tokens = 0, micro_batches = 0;
+};
+
+/// The GPU stages of one rank, made from the CPU model of the same split (so the parameters are equal).
+template <class T, class M>
+struct device_model {
+  mllm_gpu::backbone<T, M> llm;
+  mllm_gpu::encoder<T, M, model::vision_modality> vision;
+  mllm_gpu::encoder<T, M, model::audio_modality> audio;
+
+  device_model(const mllm::multimodal_model<T>& host, const M& mem, const mllm_gpu::math<T>& k)
+      : llm(host.llm, mem, k), vision(host.vision, mem, k), audio(host.audio, mem, k) {}
+  std::vector<mllm::tensor_ref<T>> tensors() {
+    auto out = llm.tensors();
+    for (auto& t : vision.tensors()) out.push_back(t);
+    for (auto& t : audio.tensors()) out.push_back(t);
+    return out;
+  }
+};
+
+/// Trains o.steps steps on this rank with the GPU stages over memory `mem` and kernels `k`; rank 0 records
+/// each step; step 0's gradients go to `first` when it is set. Collective over `world`.
+template <class Kernel, class Comm, class M>
+void train_rank(Comm& world, const options& o, const mllm::config& mc, const mllm::data_config& dc,
+                const M& mem, const mllm_gpu::math<float>& k, Kernel kernel,
+                std::vector<step_record>& records, step0* first) {
+  auto sys = make_system<Kernel, Comm, M>(world, o, mc, std::move(kernel));
+  sys.memory() = mem;
   mllm::step_source src(o.data_dir, dc);
+  std::optional<device_model<float, M>> dm;
+  mllm_gpu::adam<float, M> opt(static_cast<float>(o.lr), k);
   for (int step = 0; step < o.steps; ++step) {
     const auto batch = src.next();
-    const auto p0 = std::chrono::steady_clock::now();
-    const step_work w = plan_step(batch, src, dc, R);  // pure: every rank makes the same plan
-    const double plan_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
     const auto t0 = std::chrono::steady_clock::now();
-    m.zero_grad();
-    std::vector<double> stats(2 + static_cast<std::size_t>(R), 0.0);
-    for (const auto& mb : w.per_rank[static_cast<std::size_t>(r)]) {
-      const auto [l, wsum] = m.forward_backward(mb);
-      stats[0] += l, stats[1] += wsum;
+    const double c0 = thread_cpu_seconds();
+    const auto plan = sys.plan(batch);
+    const double plan_cpu = thread_cpu_seconds() - c0;
+    const double plan_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!dm) {
+      const mllm::multimodal_model<float> host(mc, model_seed, plan.pipeline.num_stages,
+                                               sys.local_stages(plan));
+      dm.emplace(host, mem, k);
     }
-    const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats[2 + static_cast<std::size_t>(r)] = busy;
-    sum_over_ranks(c, stats);
-    comm::all_reduce(c, m.gradients(), comm::reduce_op::sum);
-    if constexpr (Comm::memory == comm::memory_space::device) c.synchronize();
-    m.scale_gradients(1.0 / stats[1]);
-    m.adam(o.lr, step + 1);
-    m.synchronize();
-    if (r == 0) {
-      step_record rec;
-      rec.loss = stats[0] / stats[1];
-      rec.tokens = w.tokens;
-      rec.busy_s.assign(stats.begin() + 2, stats.end());
-      rec.plan_ms = plan_ms;
-      double mean = 0;
-      for (const auto& t : w.plan.rank_time) mean += t.units();
-      mean /= static_cast<double>(R);
-      rec.modelled_imbalance = mean > 0 ? w.plan.makespan().units() / mean : 1.0;
-      for (const auto& mbs : w.per_rank) rec.micro_batches.push_back(mbs.size());
-      const double bmax = *std::max_element(rec.busy_s.begin(), rec.busy_s.end());
-      double bmean = 0;
-      for (double x : rec.busy_s) bmean += x;
-      bmean /= static_cast<double>(R);
-      std::string mbs;
-      for (auto n : rec.micro_batches) {  // (not `"," + to_string`: GCC 12 warns falsely, -Wrestrict)
-        if (!mbs.empty()) mbs += ',';
-        mbs += std::to_string(n);
-      }
-      std::printf(
-          "step %3d  loss %.4f  tokens %5lld  micro-batches per rank [%s]  busy max %.2f ms (imbalance %.3f, "
-          "modelled %.3f)  plan %.2f ms\n",
-          step, rec.loss, static_cast<long long>(rec.tokens), mbs.c_str(), 1e3 * bmax,
-          bmean > 0 ? bmax / bmean : 1.0, rec.modelled_imbalance, plan_ms);
-      std::fflush(stdout);
-      records.push_back(std::move(rec));
+    const auto r0 = std::chrono::steady_clock::now();
+    const auto stats =
+        sys.run(plan, batch, dm->llm, opt,
+                train::bind_encoder(
+                    dm->vision,
+                    mllm_gpu::uploaded_input<decltype(src.input(0)), M>{src.input(mllm::vision_index), mem}),
+                train::bind_encoder(dm->audio, mllm_gpu::uploaded_input<decltype(src.input(0)), M>{
+                                                   src.input(mllm::audio_index), mem}));
+    k.synchronize();
+    const double run_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - r0).count();
+    if (step == 0 && first != nullptr) first->add(dm->tensors(), mem, stats.loss);
+    // Over the ranks: the slowest run and plan, the library's and the whole call's thread CPU time.
+    std::vector<double> mine(4 + 2 * static_cast<std::size_t>(world.size()), 0.0);
+    mine[0] = stats.library_cpu_seconds() + plan_cpu, mine[1] = stats.cpu_step_seconds + plan_cpu;
+    mine[4 + 2 * static_cast<std::size_t>(world.rank())] = run_ms;
+    mine[5 + 2 * static_cast<std::size_t>(world.rank())] = plan_ms;
+    train::sum_host_values_over_ranks(world, mem, std::span<double>(mine), false);
+    if (world.rank() != 0) continue;
+    step_record rec;
+    rec.loss = stats.loss, rec.tokens = stats.tokens, rec.micro_batches = stats.micro_batches;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(world.size()); ++r) {
+      rec.step_ms = std::max(rec.step_ms, mine[4 + 2 * r]);
+      rec.plan_ms = std::max(rec.plan_ms, mine[5 + 2 * r]);
     }
+    rec.library_share = mine[1] > 0 ? mine[0] / mine[1] : 0.0;
+    rec.tokens_per_s = rec.step_ms > 0 ? 1e3 * static_cast<double>(rec.tokens) / rec.step_ms : 0.0;
+    std::printf(
+        "step %3d  loss %.4f  tokens %5lld  micro-batches %3lld  step %.2f ms  plan %.2f ms  library "
+        "%.1f%%\n",
+        step, rec.loss, static_cast<long long>(rec.tokens), static_cast<long long>(rec.micro_batches),
+        rec.step_ms, rec.plan_ms, 100.0 * rec.library_share);
+    std::fflush(stdout);
+    records.push_back(rec);
   }
+  mem.synchronize();
 }
 
-/// Relative max-norm difference of two gradient vectors.
-template <class A, class B>
-double max_rel(const std::vector<A>& a, const std::vector<B>& b) {
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+/// Step 0 of the CPU example's model under the same system configuration on loopback host ranks.
+void reference_step0(const options& o, const mllm::config& mc, const mllm::data_config& dc, step0& out) {
+  comm::loopback::run(o.ranks, [&](comm::loopback::communicator& c) {
+    auto sys = make_system<model::reference_attention, comm::loopback::communicator, model::host_memory>(
+        c, o, mc, model::reference_attention{});
+    mllm::step_source src(o.data_dir, dc);
+    const auto batch = src.next();
+    const auto plan = sys.plan(batch);
+    mllm::multimodal_model<float> m(mc, model_seed, plan.pipeline.num_stages, sys.local_stages(plan));
+    train::adam<float> opt{.lr = static_cast<float>(o.lr)};
+    const auto stats =
+        sys.run(plan, batch, m.llm, opt, train::bind_encoder(m.vision, src.input(mllm::vision_index)),
+                train::bind_encoder(m.audio, src.input(mllm::audio_index)));
+    out.add(m.tensors(), model::host_memory{}, stats.loss);
+  });
+}
+
+/// Compares step 0 of the run with the reference: loss and every tensor's gradient (max-norm relative).
+int compare(const step0& run, const step0& ref, double tol) {
+  double worst = std::abs(run.loss - ref.loss) / std::max(1e-30, std::abs(ref.loss));
+  std::string worst_at = "loss";
+  const double loss_err = worst;
+  if (run.grads.size() != ref.grads.size()) {
+    std::printf("check-reference: %zu gradient tensors; the reference has %zu\n", run.grads.size(),
+                ref.grads.size());
+    return 1;
   }
-  return scale > 0 ? diff / scale : diff;
-}
-
-/// Step 0's first micro-batch of `dc`'s data.
-micro_batch first_micro_batch(const options& o, const mllm::data_config& dc) {
-  mllm::step_source src(o.data_dir, dc);
-  const auto batch = src.next();
-  const auto w = plan_step(batch, src, dc, 1);
-  return w.per_rank.at(0).at(0);
-}
-
-int check_host(const options& o, const mllm::data_config& dc) {
-  const micro_batch mb = first_micro_batch(o, dc);
-  mllm_gpu::model<float> dev(model_sizes(dc), 7, backend::cuda, 0), host(model_sizes(dc), 7, backend::host);
-  const auto [ld, wd] = dev.forward_backward(mb);
-  const auto [lh, wh] = host.forward_backward(mb);
-  const double loss_err = std::abs(ld - lh) / std::max(1e-30, std::abs(lh));
-  const double grad_err = max_rel(dev.download(dev.gradients()), host.download(host.gradients()));
-  std::printf(
-      "check-host: %lld tokens, loss device %.6f host %.6f (rel %.2e), gradients max rel %.2e (tolerance "
-      "2e-3)\n",
-      static_cast<long long>(mb.size()), ld / wd, lh / wh, loss_err, grad_err);
-  return loss_err <= 2e-3 && grad_err <= 2e-3 ? 0 : 1;
-}
-
-int check_grad(const options& o, const mllm::data_config& dc) {
-  micro_batch mb = first_micro_batch(o, dc);
-  mllm_gpu::model<double> m(model_sizes(dc), 7, backend::host);
-  m.forward_backward(mb);
-  const auto grad = m.download(m.gradients());
-  const auto params = m.download(m.parameters());
-  hetmesh::rng g(11);
-  double worst = 0;
-  std::string worst_at;
-  int checked = 0;
-  for (const auto& t : m.tensors()) {
-    for (int k = 0; k < 2; ++k) {
-      const std::int64_t i = t.offset + g.uniform(0, t.size - 1);
-      const double h = 1e-4, p = params[static_cast<std::size_t>(i)];
-      m.set_parameter(i, p + h);
-      const double up = m.forward_backward(mb).first;
-      m.set_parameter(i, p - h);
-      const double down = m.forward_backward(mb).first;
-      m.set_parameter(i, p);
-      const double fd = (up - down) / (2 * h), an = grad[static_cast<std::size_t>(i)];
-      const double err = std::abs(fd - an) / std::max(1e-3, std::abs(fd) + std::abs(an));
-      ++checked;
-      if (err > worst) worst = err, worst_at = t.name + "[" + std::to_string(i - t.offset) + "]";
+  for (const auto& [id, want] : ref.grads) {
+    const auto it = run.grads.find(id);
+    if (it == run.grads.end() || it->second.size() != want.size()) {
+      std::printf("check-reference: tensor %d missing or of another size\n", id);
+      return 1;
     }
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      diff = std::max(diff, std::abs(it->second[i] - want[i]));
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    const double err = scale > 0 ? diff / scale : diff;
+    if (err > worst) worst = err, worst_at = "tensor " + std::to_string(id);
   }
   std::printf(
-      "check-grad: %d parameters over %zu tensors, %lld tokens: worst relative error %.2e at %s (tolerance "
-      "1e-4)\n",
-      checked, m.tensors().size(), static_cast<long long>(mb.size()), worst, worst_at.c_str());
-  return worst <= 1e-4 ? 0 : 1;
+      "check-reference: step 0 against the CPU example's model: loss %.6f vs %.6f (rel %.2e), %zu gradient "
+      "tensors, worst relative error %.2e at %s (tolerance %.0e)\n",
+      run.loss, ref.loss, loss_err, ref.grads.size(), worst, worst_at.c_str(), tol);
+  return worst <= tol ? 0 : 1;
 }
 
-void write_report(const options& o, const std::vector<step_record>& recs, const std::string& device_name) {
+void write_report(const options& o, const std::vector<step_record>& recs, const std::string& device_name,
+                  const std::string& check) {
   nlohmann::json j;
   j["config"] = {{"steps", o.steps},
                  {"device", o.device},
                  {"ranks", o.ranks},
+                 {"pp", o.pp},
+                 {"cp", o.cp},
                  {"lr", o.lr},
                  {"device_name", device_name},
-                 {"partition", "dp"},
-                 {"balancer", "balance::plan_dp (karmarkar_karp)"}};
+                 {"system",
+                  "train::system<cp_zigzag, reference_attention, comm, family_placement, 1f1b, "
+                  "colocated_encoder, memory>"}};
   j["measured"] = true;
+  j["check_reference"] = check;
   for (const auto& r : recs) {
     j["loss"].push_back(r.loss);
     j["tokens"].push_back(r.tokens);
-    j["busy_s"].push_back(r.busy_s);
-    j["modelled_imbalance"].push_back(r.modelled_imbalance);
+    j["step_ms"].push_back(r.step_ms);
     j["plan_ms"].push_back(r.plan_ms);
+    j["library_cpu_share"].push_back(r.library_share);
+    j["tokens_per_s"].push_back(r.tokens_per_s);
   }
   std::ofstream(o.report) << j.dump(1) << "\n";
 }
+
+int run_host(const options& o, const mllm::config& mc, const mllm::data_config& dc,
+             std::vector<step_record>& records, step0* first) {
+  const mllm_gpu::math<float> k(backend::host);
+  comm::loopback::run(o.ranks, [&](comm::loopback::communicator& c) {
+    train_rank(c, o, mc, dc, model::host_memory{}, k, model::reference_attention{}, records, first);
+  });
+  return 0;
+}
+
+#if HETMESH_HAS_NCCL
+int run_cuda(const options& o, const mllm::config& mc, const mllm::data_config& dc,
+             std::vector<step_record>& records, step0* first) {
+  const ncclUniqueId id = comm::nccl::unique_id();
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.ranks));
+  for (int r = 0; r < o.ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+        cudaStream_t stream = nullptr;
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+          throw std::runtime_error("cudaStreamCreate failed");
+        {
+          auto c = comm::nccl::communicator::init(id, o.ranks, r, r);
+          c.set_stream(stream);
+          const mllm_gpu::math<float> k(backend::cuda, stream);
+          train_rank(c, o, mc, dc, cuda::device_memory(stream), k, cuda::reference_attention(stream), records,
+                     first);
+        }
+        cudaStreamDestroy(stream);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return 0;
+}
+#endif
 
 }  // namespace
 
 int main(int argc, char** argv) {
   options o = parse(argc, argv);
   try {
+    // The CPU example's model and data (examples/mllm_train/main.cpp).
+    mllm::config mc;
     mllm::data_config dc;
     dc.samples_dir = HETMESH_EXAMPLE_DATA_DIR;
+    dc.tokens_per_step = 4096;
+    dc.text_scale = 16;
+    dc.max_doc_tokens = 768;
+    dc.curriculum_steps = 40;
+    mc.patch = dc.image_dim;
+    mc.frame = dc.audio_dim;
+    mc.vocab = dc.vocab;
+    mc.blocks = 8;
     if (o.data_dir.empty())
       o.data_dir = (std::filesystem::temp_directory_path() / "hetmesh-mllm-gpu-data").string();
     mllm::make_sources(o.data_dir, dc);
-    if (o.check_grad && check_grad(o, dc) != 0) return 1;
     std::vector<step_record> records;
+    step0 first;
     std::string device_name = "host CPU";
     if (o.device == "host") {
-      comm::loopback::run(
-          o.ranks, [&](comm::loopback::communicator& c) { train_rank(c, o, dc, backend::host, 0, records); });
+      run_host(o, mc, dc, records, o.check_reference ? &first : nullptr);
     } else {
 #if HETMESH_HAS_NCCL
       const int gpus = mllm_gpu::cuda_devices();
@@ -394,26 +405,12 @@ int main(int argc, char** argv) {
       }
       if (o.ranks > gpus)
         usage_error("--ranks " + std::to_string(o.ranks) + ": only " + std::to_string(gpus) +
-                    " GPUs visible");
+                    " GPUs visible (NCCL runs one rank per GPU)");
       cudaDeviceProp prop{};
       if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) device_name = prop.name;
-      std::printf("device: %s, %d rank(s), one per GPU (NCCL)\n", device_name.c_str(), o.ranks);
-      if (o.check_host && check_host(o, dc) != 0) return 1;
-      const ncclUniqueId id = comm::nccl::unique_id();
-      std::vector<std::thread> threads;
-      std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.ranks));
-      for (int r = 0; r < o.ranks; ++r)
-        threads.emplace_back([&, r] {
-          try {
-            auto c = comm::nccl::communicator::init(id, o.ranks, r, r);
-            train_rank(c, o, dc, backend::cuda, r, records);
-          } catch (...) {
-            errors[static_cast<std::size_t>(r)] = std::current_exception();
-          }
-        });
-      for (auto& t : threads) t.join();
-      for (auto& e : errors)
-        if (e) std::rethrow_exception(e);
+      std::printf("device: %s, %d rank(s), one per GPU (NCCL), pp %d, cp %d\n", device_name.c_str(), o.ranks,
+                  o.pp, o.cp);
+      run_cuda(o, mc, dc, records, o.check_reference ? &first : nullptr);
 #else
       std::fprintf(stderr, "example_mllm_train_gpu: built without CUDA/NCCL; use --device host\n");
       return 2;
@@ -422,8 +419,16 @@ int main(int argc, char** argv) {
     if (records.size() >= 2)
       std::printf("loss %.4f -> %.4f over %zu steps (%.0f%%)\n", records.front().loss, records.back().loss,
                   records.size(), 100.0 * records.back().loss / records.front().loss);
-    if (!o.report.empty()) write_report(o, records, device_name);
-    return 0;
+    int status = 0;
+    std::string check = "not run";
+    if (o.check_reference) {
+      step0 ref;
+      reference_step0(o, mc, dc, ref);
+      status = compare(first, ref, o.device == "cuda" ? 2e-3 : 1e-4);
+      check = status == 0 ? "passed" : "failed";
+    }
+    if (!o.report.empty()) write_report(o, records, device_name, check);
+    return status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "example_mllm_train_gpu: %s\n", e.what());
     return 1;

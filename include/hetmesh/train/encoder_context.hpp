@@ -55,7 +55,15 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
     std::vector<int> members;
     const int first = view.rank - p.group_rank - row_first;  // the group's first pool rank
     for (int t = 0; t < p.degree; ++t) members.push_back(first + t);
-    return groups->get(std::span<const int>(members));
+    if constexpr (comm::subgroup_communicator<Comm>) {
+      return groups->get(std::span<const int>(members));
+    } else {  // NCCL: groups come only from a split collective over the whole parent
+      throw_error<invalid_argument>(
+          "train::encoder_context::item_group: item {} is split over {} ranks at shard {} slot {}, but {} "
+          "makes no group of a few ranks on demand (no subgroup); expected whole items on this backend: "
+          "raise system_options::encoder_sp.max_tokens_per_rank above the longest item",
+          p.item, p.degree, this->stage, this->micro_batch, comm::describe(groups->parent()));
+    }
   }
 
   /// Attention inside every item of `view` (full mask: each token sees every token of its item): out
