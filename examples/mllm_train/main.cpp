@@ -35,6 +35,7 @@
 #endif
 
 #include "mllm_train/data.hpp"
+#include "mllm_train/demo.hpp"
 #include "mllm_train/layers.hpp"
 #include "mllm_train/options.hpp"
 #include "mllm_train/runs.hpp"
@@ -177,18 +178,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "example_mllm_train: %s\n", e.what());
     return 2;
   }
-  mllm::config mc;
-  mllm::data_config dc;
-  dc.samples_dir = HETMESH_EXAMPLE_DATA_DIR;
-  dc.tokens_per_step = 4096;  // long-tailed documents up to 768 tokens: HDP gives the long ones rings
-  dc.text_scale = 16;
-  dc.max_doc_tokens = 768;
-  dc.curriculum_steps = 40;
+  const auto setup = mllm::demo(HETMESH_EXAMPLE_DATA_DIR);
+  const mllm::config mc = setup.model;
+  mllm::data_config dc = setup.data;
   dc.answer_only_loss = o.answer_only_loss;
-  mc.patch = dc.image_dim;
-  mc.frame = dc.audio_dim;
-  mc.vocab = dc.vocab;
-  mc.blocks = 8;
   if (o.data_dir.empty())
     o.data_dir = (std::filesystem::temp_directory_path() / "hetmesh-mllm-data").string();
   try {

@@ -50,6 +50,7 @@
 #endif
 
 #include "mllm_train/data.hpp"
+#include "mllm_train/demo.hpp"
 #include "mllm_train/model.hpp"
 #include "mllm_train_gpu/backbone.hpp"
 #include "mllm_train_gpu/encoder.hpp"
@@ -376,18 +377,9 @@ int run_cuda(const options& o, const mllm::config& mc, const mllm::data_config& 
 int main(int argc, char** argv) {
   options o = parse(argc, argv);
   try {
-    // The CPU example's model and data (examples/mllm_train/main.cpp).
-    mllm::config mc;
-    mllm::data_config dc;
-    dc.samples_dir = HETMESH_EXAMPLE_DATA_DIR;
-    dc.tokens_per_step = 4096;
-    dc.text_scale = 16;
-    dc.max_doc_tokens = 768;
-    dc.curriculum_steps = 40;
-    mc.patch = dc.image_dim;
-    mc.frame = dc.audio_dim;
-    mc.vocab = dc.vocab;
-    mc.blocks = 8;
+    const auto setup = mllm::demo(HETMESH_EXAMPLE_DATA_DIR);  // the CPU example's model and data
+    const mllm::config& mc = setup.model;
+    const mllm::data_config& dc = setup.data;
     if (o.data_dir.empty())
       o.data_dir = (std::filesystem::temp_directory_path() / "hetmesh-mllm-gpu-data").string();
     mllm::make_sources(o.data_dir, dc);
