@@ -169,3 +169,42 @@ TEST_CASE("encoder domain: exactly-once landing rows, agreed counts, capacity, g
   CHECK(plans >= 55);
   CHECK(split > 0);
 }
+
+namespace {
+
+/// A communicator with no subgroup (as NCCL: groups only by a split of the whole communicator); its
+/// operations are never reached by the test below.
+struct split_only_comm {
+  using is_communicator = void;
+  static constexpr comm::memory_space memory = comm::memory_space::host;
+  std::vector<int> members{0, 1, 2, 3};
+  int me = 1;
+  [[nodiscard]] int rank() const { return me; }
+  [[nodiscard]] int size() const { return static_cast<int>(members.size()); }
+  [[nodiscard]] std::span<const int> ranks() const { return members; }
+  void group_p2p(std::span<const comm::p2p_op>) {}
+};
+static_assert(comm::communicator<split_only_comm> && !comm::subgroup_communicator<split_only_comm>);
+
+}  // namespace
+
+TEST_CASE("encoder_context over a communicator without subgroup: a split item is refused by name") {
+  split_only_comm world;
+  comm::group_cache<split_only_comm> groups(world);
+  train::encoder_context<split_only_comm, model::reference_attention, double> ctx;
+  ctx.groups = &groups;
+  ctx.stage = 0;
+  ctx.micro_batch = 2;
+  const std::vector<model::encoder_piece> pieces{
+      {.item = 7, .item_tokens = 40, .tokens = {0, 20}, .offset = 0, .degree = 2, .group_rank = 1}};
+  const model::encoder_batch_view view{.encoder = 0, .rank = 1, .index = 0, .pieces = pieces, .tokens = 20};
+  CHECK_THROWS_WITH_AS((void)ctx.item_group(pieces[0], view),
+                       doctest::Contains("item 7 is split over 2 ranks at shard 0 slot 2"), invalid_argument);
+  CHECK_THROWS_WITH_AS((void)ctx.item_group(pieces[0], view), doctest::Contains("max_tokens_per_rank"),
+                       invalid_argument);
+  // A whole item has no group on any backend.
+  auto whole = pieces[0];
+  whole.degree = 1;
+  CHECK_THROWS_WITH_AS((void)ctx.item_group(whole, view), doctest::Contains("expected a split piece"),
+                       invalid_argument);
+}
