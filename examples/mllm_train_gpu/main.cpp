@@ -8,17 +8,20 @@
 // cuda::reference_attention, the encoders in the joint pipeline, plan agreement, the landing reshard, the
 // gradient reduction and the stats through device buffers. The data is the CPU example's (data.hpp: a text
 // source, image-text and audio-text sources, mixed with a curriculum). With --device host the same stages
-// run their kernels' bodies on the CPU over loopback ranks and host memory (what CTest runs where there is
-// no GPU).
+// run their kernels' bodies on the CPU over loopback ranks and host memory, and with --device emulated
+// over comm::emulated_device and model::emulated_device_memory (device buffers the CPU cannot dereference:
+// the run fails if a stage hands a kernel host memory or reads device memory on the CPU). CTest runs both
+// where there is no GPU.
 //
-// Usage: example_mllm_train_gpu [--steps N] [--device cuda|host] [--ranks R] [--pp P] [--cp C] [--lr X]
+// Usage: example_mllm_train_gpu [--steps N] [--device cuda|host|emulated] [--ranks R] [--pp P] [--cp C] [--lr
+// X]
 //                               [--report FILE] [--check-reference] [--data-dir D]
 //   --ranks R          R ranks: GPUs (cuda; at most the visible ones) or loopback threads (host); the
 //                      world is R / (pp x cp) data-parallel replicas of a pp-stage pipeline with static
 //                      context parallelism of degree cp (zigzag rings)
 //   --check-reference  step 0's loss and every gradient tensor against the CPU example's model
 //                      (mllm::multimodal_model) under the same train::system configuration on loopback
-//                      host ranks; exit 1 beyond the tolerance (2e-3 relative on cuda, 1e-4 on host)
+//                      host ranks; exit 1 beyond the tolerance (2e-3 relative on cuda, 1e-4 on the CPU)
 // Exit 0: trained (and the check passed); 1: the check failed or an error; 2: bad flags (one line);
 // 77: --device cuda without a GPU (skipped).
 #include <algorithm>
@@ -37,8 +40,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/cpu_time.hpp>
+#include <hetmesh/model/emulated_attention.hpp>
+#include <hetmesh/model/memory.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/train/train.hpp>
 #if HETMESH_HAS_NCCL
@@ -107,8 +113,8 @@ options parse(int argc, char** argv) {
       o.cp = number(1, 64);
     else if (f == "--device") {
       o.device = value();
-      if (o.device != "cuda" && o.device != "host")
-        usage_error("--device " + o.device + ": expected cuda or host");
+      if (o.device != "cuda" && o.device != "host" && o.device != "emulated")
+        usage_error("--device " + o.device + ": expected cuda, host or emulated");
     } else if (f == "--lr") {
       const std::string v = value();
       std::size_t used = 0;
@@ -340,6 +346,17 @@ int run_host(const options& o, const mllm::config& mc, const mllm::data_config& 
   return 0;
 }
 
+int run_emulated(const options& o, const mllm::config& mc, const mllm::data_config& dc,
+                 std::vector<step_record>& records, step0* first) {
+  const mllm_gpu::math<float> k(backend::emulated);
+  comm::loopback::run(o.ranks, [&](comm::loopback::communicator& c) {
+    comm::emulated_device<comm::loopback::communicator> dev(comm::split(c, 0, c.rank()));
+    train_rank(dev, o, mc, dc, model::emulated_device_memory{}, k, model::emulated_attention<>{}, records,
+               first);
+  });
+  return 0;
+}
+
 #if HETMESH_HAS_NCCL
 int run_cuda(const options& o, const mllm::config& mc, const mllm::data_config& dc,
              std::vector<step_record>& records, step0* first) {
@@ -388,6 +405,9 @@ int main(int argc, char** argv) {
     std::string device_name = "host CPU";
     if (o.device == "host") {
       run_host(o, mc, dc, records, o.check_reference ? &first : nullptr);
+    } else if (o.device == "emulated") {
+      device_name = "host CPU (emulated device memory)";
+      run_emulated(o, mc, dc, records, o.check_reference ? &first : nullptr);
     } else {
 #if HETMESH_HAS_NCCL
       const int gpus = mllm_gpu::cuda_devices();

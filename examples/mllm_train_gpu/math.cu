@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <hetmesh/core/memory_space.hpp>
+
 #include "mllm_train_gpu/kernels.cuh"
 
 namespace mllm_gpu {
@@ -220,6 +222,13 @@ template <class T>
 struct math<T>::impl {
   backend b = backend::host;
   detail::kernels<T> k{};
+  /// A pointer argument in the memory the kernels read: itself, or on the emulated backend the host
+  /// memory behind an emulated device pointer (hetmesh::emulated::to_host: a host pointer is refused,
+  /// naming the call).
+  template <class P>
+  P* at(P* p, const char* who) const {
+    return b == backend::emulated ? hetmesh::emulated::to_host(p, who) : p;
+  }
 };
 
 template <class T>
@@ -274,7 +283,10 @@ void math<T>::synchronize() const {
 // --- linear maps ------------------------------------------------------------------------------------
 
 template <class T>
-void math<T>::matmul(const T* x, const T* w, T* y, i64 n, i64 k, i64 m) const {
+void math<T>::matmul(const T* x_arg, const T* w_arg, T* y_arg, i64 n, i64 k, i64 m) const {
+  const T* x = p_->at(x_arg, "mllm_gpu::math::matmul");
+  const T* w = p_->at(w_arg, "mllm_gpu::math::matmul");
+  T* y = p_->at(y_arg, "mllm_gpu::math::matmul");
   detail::named("matmul", [&] {
     if (k == 0)
       p_->k.fill(y, T(0), n * m);
@@ -284,13 +296,19 @@ void math<T>::matmul(const T* x, const T* w, T* y, i64 n, i64 k, i64 m) const {
 }
 
 template <class T>
-void math<T>::add_xt_dy(const T* x, const T* dy, T* dw, i64 n, i64 k, i64 m) const {
+void math<T>::add_xt_dy(const T* x_arg, const T* dy_arg, T* dw_arg, i64 n, i64 k, i64 m) const {
+  const T* x = p_->at(x_arg, "mllm_gpu::math::add_xt_dy");
+  const T* dy = p_->at(dy_arg, "mllm_gpu::math::add_xt_dy");
+  T* dw = p_->at(dw_arg, "mllm_gpu::math::add_xt_dy");
   if (n == 0) return;  // adds nothing
   detail::named("add_xt_dy", [&] { detail::gemm<T>(p_->k.x, true, false, k, m, n, x, dy, T(1), dw); });
 }
 
 template <class T>
-void math<T>::add_dy_wt(const T* dy, const T* w, T* dx, i64 n, i64 k, i64 m) const {
+void math<T>::add_dy_wt(const T* dy_arg, const T* w_arg, T* dx_arg, i64 n, i64 k, i64 m) const {
+  const T* dy = p_->at(dy_arg, "mllm_gpu::math::add_dy_wt");
+  const T* w = p_->at(w_arg, "mllm_gpu::math::add_dy_wt");
+  T* dx = p_->at(dx_arg, "mllm_gpu::math::add_dy_wt");
   if (m == 0) return;  // adds nothing
   detail::named("add_dy_wt", [&] { detail::gemm<T>(p_->k.x, false, true, n, k, m, dy, w, T(1), dx); });
 }
@@ -298,76 +316,127 @@ void math<T>::add_dy_wt(const T* dy, const T* w, T* dx, i64 n, i64 k, i64 m) con
 // --- elementwise ------------------------------------------------------------------------------------
 
 template <class T>
-void math<T>::fill(T* y, T value, i64 n) const {
+void math<T>::fill(T* y_arg, T value, i64 n) const {
+  T* y = p_->at(y_arg, "mllm_gpu::math::fill");
   detail::named("fill", [&] { p_->k.fill(y, value, n); });
 }
 template <class T>
-void math<T>::add(T* y, const T* a, i64 n) const {
+void math<T>::add(T* y_arg, const T* a_arg, i64 n) const {
+  T* y = p_->at(y_arg, "mllm_gpu::math::add");
+  const T* a = p_->at(a_arg, "mllm_gpu::math::add");
   detail::named("add", [&] { p_->k.add(y, a, n); });
 }
 template <class T>
-void math<T>::copy(T* y, const T* a, i64 n) const {
+void math<T>::copy(T* y_arg, const T* a_arg, i64 n) const {
+  T* y = p_->at(y_arg, "mllm_gpu::math::copy");
+  const T* a = p_->at(a_arg, "mllm_gpu::math::copy");
   detail::named("copy", [&] { p_->k.copy(y, a, n); });
 }
 template <class T>
-void math<T>::add_bias(T* x, const T* b, i64 n, i64 w) const {
+void math<T>::add_bias(T* x_arg, const T* b_arg, i64 n, i64 w) const {
+  T* x = p_->at(x_arg, "mllm_gpu::math::add_bias");
+  const T* b = p_->at(b_arg, "mllm_gpu::math::add_bias");
   detail::named("add_bias", [&] { p_->k.add_bias(x, b, n, w); });
 }
 template <class T>
-void math<T>::add_column_sums(const T* dx, T* db, i64 n, i64 w) const {
+void math<T>::add_column_sums(const T* dx_arg, T* db_arg, i64 n, i64 w) const {
+  const T* dx = p_->at(dx_arg, "mllm_gpu::math::add_column_sums");
+  T* db = p_->at(db_arg, "mllm_gpu::math::add_column_sums");
   detail::named("add_column_sums", [&] { p_->k.add_column_sums(dx, db, n, w); });
 }
 template <class T>
-void math<T>::silu_forward(const T* u, T* y, i64 n) const {
+void math<T>::silu_forward(const T* u_arg, T* y_arg, i64 n) const {
+  const T* u = p_->at(u_arg, "mllm_gpu::math::silu_forward");
+  T* y = p_->at(y_arg, "mllm_gpu::math::silu_forward");
   detail::named("silu_forward", [&] { p_->k.silu_forward(u, y, n); });
 }
 template <class T>
-void math<T>::silu_backward(const T* u, const T* dy, T* du, i64 n) const {
+void math<T>::silu_backward(const T* u_arg, const T* dy_arg, T* du_arg, i64 n) const {
+  const T* u = p_->at(u_arg, "mllm_gpu::math::silu_backward");
+  const T* dy = p_->at(dy_arg, "mllm_gpu::math::silu_backward");
+  T* du = p_->at(du_arg, "mllm_gpu::math::silu_backward");
   detail::named("silu_backward", [&] { p_->k.silu_backward(u, dy, du, n); });
 }
 
 // --- normalisation and positions --------------------------------------------------------------------
 
 template <class T>
-void math<T>::rmsnorm_forward(const T* x, const T* g, T* y, T* rstd, i64 n, i64 w, double eps) const {
+void math<T>::rmsnorm_forward(const T* x_arg, const T* g_arg, T* y_arg, T* rstd_arg, i64 n, i64 w,
+                              double eps) const {
+  const T* x = p_->at(x_arg, "mllm_gpu::math::rmsnorm_forward");
+  const T* g = p_->at(g_arg, "mllm_gpu::math::rmsnorm_forward");
+  T* y = p_->at(y_arg, "mllm_gpu::math::rmsnorm_forward");
+  T* rstd = p_->at(rstd_arg, "mllm_gpu::math::rmsnorm_forward");
   detail::named("rmsnorm_forward", [&] { p_->k.rmsnorm_forward(x, g, y, rstd, n, w, eps); });
 }
 template <class T>
-void math<T>::rmsnorm_input_grad(const T* x, const T* g, const T* rstd, const T* dy, T* dx, i64 n,
-                                 i64 w) const {
+void math<T>::rmsnorm_input_grad(const T* x_arg, const T* g_arg, const T* rstd_arg, const T* dy_arg,
+                                 T* dx_arg, i64 n, i64 w) const {
+  const T* x = p_->at(x_arg, "mllm_gpu::math::rmsnorm_input_grad");
+  const T* g = p_->at(g_arg, "mllm_gpu::math::rmsnorm_input_grad");
+  const T* rstd = p_->at(rstd_arg, "mllm_gpu::math::rmsnorm_input_grad");
+  const T* dy = p_->at(dy_arg, "mllm_gpu::math::rmsnorm_input_grad");
+  T* dx = p_->at(dx_arg, "mllm_gpu::math::rmsnorm_input_grad");
   detail::named("rmsnorm_input_grad", [&] { p_->k.rmsnorm_input_grad(x, g, rstd, dy, dx, n, w); });
 }
 template <class T>
-void math<T>::rmsnorm_gain_grad(const T* x, const T* rstd, const T* dy, T* dg, i64 n, i64 w) const {
+void math<T>::rmsnorm_gain_grad(const T* x_arg, const T* rstd_arg, const T* dy_arg, T* dg_arg, i64 n,
+                                i64 w) const {
+  const T* x = p_->at(x_arg, "mllm_gpu::math::rmsnorm_gain_grad");
+  const T* rstd = p_->at(rstd_arg, "mllm_gpu::math::rmsnorm_gain_grad");
+  const T* dy = p_->at(dy_arg, "mllm_gpu::math::rmsnorm_gain_grad");
+  T* dg = p_->at(dg_arg, "mllm_gpu::math::rmsnorm_gain_grad");
   detail::named("rmsnorm_gain_grad", [&] { p_->k.rmsnorm_gain_grad(x, rstd, dy, dg, n, w); });
 }
 template <class T>
-void math<T>::rope(T* x, const std::int64_t* pos, i64 n, i64 heads, i64 head_dim, double base,
+void math<T>::rope(T* x_arg, const std::int64_t* pos_arg, i64 n, i64 heads, i64 head_dim, double base,
                    int sign) const {
+  T* x = p_->at(x_arg, "mllm_gpu::math::rope");
+  const std::int64_t* pos = p_->at(pos_arg, "mllm_gpu::math::rope");
   detail::named("rope", [&] { p_->k.rope(x, pos, n, heads, head_dim, base, sign); });
 }
 
 // --- embedding, landings, loss ----------------------------------------------------------------------
 
 template <class T>
-void math<T>::embed(const std::int64_t* tokens, const T* emb, T* h, i64 n, i64 d) const {
+void math<T>::embed(const std::int64_t* tokens_arg, const T* emb_arg, T* h_arg, i64 n, i64 d) const {
+  const std::int64_t* tokens = p_->at(tokens_arg, "mllm_gpu::math::embed");
+  const T* emb = p_->at(emb_arg, "mllm_gpu::math::embed");
+  T* h = p_->at(h_arg, "mllm_gpu::math::embed");
   detail::named("embed", [&] { p_->k.embed(tokens, emb, h, n, d); });
 }
 template <class T>
-void math<T>::embed_grad(const std::int64_t* tokens, const T* dh, T* gemb, i64 n, i64 d, i64 vocab) const {
+void math<T>::embed_grad(const std::int64_t* tokens_arg, const T* dh_arg, T* gemb_arg, i64 n, i64 d,
+                         i64 vocab) const {
+  const std::int64_t* tokens = p_->at(tokens_arg, "mllm_gpu::math::embed_grad");
+  const T* dh = p_->at(dh_arg, "mllm_gpu::math::embed_grad");
+  T* gemb = p_->at(gemb_arg, "mllm_gpu::math::embed_grad");
   detail::named("embed_grad", [&] { p_->k.embed_grad(tokens, dh, gemb, n, d, vocab); });
 }
 template <class T>
-void math<T>::scatter_rows(const T* src, const std::int64_t* index, T* dst, i64 rows, i64 w) const {
+void math<T>::scatter_rows(const T* src_arg, const std::int64_t* index_arg, T* dst_arg, i64 rows,
+                           i64 w) const {
+  const T* src = p_->at(src_arg, "mllm_gpu::math::scatter_rows");
+  const std::int64_t* index = p_->at(index_arg, "mllm_gpu::math::scatter_rows");
+  T* dst = p_->at(dst_arg, "mllm_gpu::math::scatter_rows");
   detail::named("scatter_rows", [&] { p_->k.scatter_rows(src, index, dst, rows, w); });
 }
 template <class T>
-void math<T>::gather_rows(const T* src, const std::int64_t* index, T* dst, i64 rows, i64 w) const {
+void math<T>::gather_rows(const T* src_arg, const std::int64_t* index_arg, T* dst_arg, i64 rows,
+                          i64 w) const {
+  const T* src = p_->at(src_arg, "mllm_gpu::math::gather_rows");
+  const std::int64_t* index = p_->at(index_arg, "mllm_gpu::math::gather_rows");
+  T* dst = p_->at(dst_arg, "mllm_gpu::math::gather_rows");
   detail::named("gather_rows", [&] { p_->k.gather_rows(src, index, dst, rows, w); });
 }
 template <class T>
-void math<T>::cross_entropy(const T* logits, const std::int64_t* targets, const T* weights, T scale, T* loss,
-                            T* dlogits, i64 n, i64 vocab) const {
+void math<T>::cross_entropy(const T* logits_arg, const std::int64_t* targets_arg, const T* weights_arg,
+                            T scale, T* loss_arg, T* dlogits_arg, i64 n, i64 vocab) const {
+  const T* logits = p_->at(logits_arg, "mllm_gpu::math::cross_entropy");
+  const std::int64_t* targets = p_->at(targets_arg, "mllm_gpu::math::cross_entropy");
+  const T* weights = p_->at(weights_arg, "mllm_gpu::math::cross_entropy");
+  T* loss = p_->at(loss_arg, "mllm_gpu::math::cross_entropy");
+  T* dlogits = p_->at(dlogits_arg, "mllm_gpu::math::cross_entropy");
   detail::named("cross_entropy",
                 [&] { p_->k.cross_entropy(logits, targets, weights, scale, loss, dlogits, n, vocab); });
 }
@@ -375,8 +444,12 @@ void math<T>::cross_entropy(const T* logits, const std::int64_t* targets, const 
 // --- optimizer --------------------------------------------------------------------------------------
 
 template <class T>
-void math<T>::adam(T* p, const T* g, T* m, T* v, i64 n, T lr, T beta1, T beta2, T eps, T weight_decay,
-                   std::int64_t t) const {
+void math<T>::adam(T* p_arg, const T* g_arg, T* m_arg, T* v_arg, i64 n, T lr, T beta1, T beta2, T eps,
+                   T weight_decay, std::int64_t t) const {
+  T* p = p_->at(p_arg, "mllm_gpu::math::adam");
+  const T* g = p_->at(g_arg, "mllm_gpu::math::adam");
+  T* m = p_->at(m_arg, "mllm_gpu::math::adam");
+  T* v = p_->at(v_arg, "mllm_gpu::math::adam");
   // The bias corrections as train::adam computes them: the power in double, cast to T.
   const T c1 = T(1) - static_cast<T>(std::pow(static_cast<double>(beta1), static_cast<double>(t)));
   const T c2 = T(1) - static_cast<T>(std::pow(static_cast<double>(beta2), static_cast<double>(t)));

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The GPU example's layer kernels behind a plain C++ interface (no CUDA types: the stages and main.cpp are
 // compiled by the host compiler, math.cu by nvcc). One object runs every kernel on one backend: the CUDA
-// device (stream-ordered on one stream, GEMMs through cuBLAS) or the host (the same kernel bodies as
-// loops). Every pointer is in the backend's memory (device memory on cuda). The operations mirror
-// examples/mllm_train/layers.hpp one for one, so a stage written over them computes what the CPU example's
-// stage computes (up to the order of floating-point sums). Row-major [rows][cols] throughout.
+// device (stream-ordered on one stream, GEMMs through cuBLAS), the host (the same kernel bodies as loops),
+// or the host loops over emulated device memory. Every pointer is in the backend's memory. The operations
+// mirror examples/mllm_train/layers.hpp one for one, so a stage written over them computes what the CPU
+// example's stage computes (up to the order of floating-point sums). Row-major [rows][cols] throughout.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,14 @@
 namespace mllm_gpu {
 
 /// Where the kernels run.
-enum class backend { host, cuda };
+enum class backend {
+  host,      ///< loops on the calling thread, over host memory
+  cuda,      ///< CUDA kernels and cuBLAS on one stream, over device memory
+  emulated,  ///< the host loops over emulated device memory (hetmesh::emulated, core/memory_space.hpp):
+             ///< every pointer must be an emulated device pointer (a host pointer is refused with
+             ///< invalid_argument naming the call); the kernels read the host memory behind it. What a
+             ///< CPU-only machine runs to show a stage hands its kernels device memory only.
+};
 
 /// The layer kernels of the example on one backend; T is float or double. Calls enqueue on the stream
 /// (cuda) or run to completion (host); errors (a failed launch, a cuBLAS status) throw std::runtime_error
@@ -24,7 +31,7 @@ class math {
   using i64 = std::int64_t;
 
   /// Kernels on `b`: for cuda, on the cudaStream_t `stream` (nullptr: the legacy default stream) of the
-  /// current device, with a cuBLAS handle of its own bound to it; for host, `stream` is ignored.
+  /// current device, with a cuBLAS handle of its own bound to it; otherwise `stream` is ignored.
   explicit math(backend b, void* stream = nullptr);
   ~math();
   math(math&&) noexcept;

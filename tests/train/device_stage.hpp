@@ -14,6 +14,7 @@
 
 #include <hetmesh/core/memory_space.hpp>
 #include <hetmesh/model/attention.hpp>
+#include <hetmesh/model/emulated_attention.hpp>
 #include <hetmesh/model/encoder_batch.hpp>
 #include <hetmesh/model/micro_batch.hpp>
 #include <hetmesh/model/reference_attention.hpp>
@@ -29,27 +30,8 @@ std::span<T> device_of(std::span<T> s) {
   return hetmesh::emulated::to_device(s);
 }
 
-/// The reference kernel behind the device path: the block's tensors arrive as device views (its metadata,
-/// documents and positions, is host memory) and are mapped to host memory for model::reference_attention.
-struct device_reference_attention {
-  hetmesh::model::reference_attention inner;
-  template <class T>
-  void forward(const hetmesh::model::attention_block<T>& b,
-               hetmesh::model::attention_forward_out<T> o) const {
-    auto h = b;
-    h.q = host_of(b.q), h.k = host_of(b.k), h.v = host_of(b.v);
-    inner.forward(h, hetmesh::model::attention_forward_out<T>{host_of(o.out), host_of(o.lse)});
-  }
-  template <class T>
-  void backward(const hetmesh::model::attention_block<T>& b,
-                hetmesh::model::attention_backward_io<T> io) const {
-    auto h = b;
-    h.q = host_of(b.q), h.k = host_of(b.k), h.v = host_of(b.v);
-    inner.backward(
-        h, hetmesh::model::attention_backward_io<T>{host_of(io.dout), host_of(io.lse), host_of(io.delta),
-                                                    host_of(io.dq), host_of(io.dk), host_of(io.dv)});
-  }
-};
+/// The reference kernel behind the device path: the library's emulated adapter over the CPU reference.
+using device_reference_attention = hetmesh::model::emulated_attention<>;
 
 /// The slot handle of a device context, in host views: saves host data as device views, loads device
 /// data as host views.
