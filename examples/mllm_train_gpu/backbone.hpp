@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/model/memory.hpp>
 #include <hetmesh/model/micro_batch.hpp>
 #include <hetmesh/model/stage.hpp>
 
@@ -267,5 +268,7 @@ class backbone {
   workspace<T, M> ws_;
   workspace<std::int64_t, M> idx_;
 };
+
+static_assert(hetmesh::model::check_backbone_stage<backbone<float, hetmesh::model::host_memory>, float>());
 
 }  // namespace mllm_gpu

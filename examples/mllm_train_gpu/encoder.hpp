@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <hetmesh/model/encoder_batch.hpp>
+#include <hetmesh/model/memory.hpp>
 #include <hetmesh/model/stage.hpp>
 
 #include "mllm_train/encoder.hpp"
@@ -195,5 +196,8 @@ struct uploaded_input {
     mem.upload(out, std::span<const T>(h));
   }
 };
+
+static_assert(hetmesh::model::check_encoder_stage<
+              encoder<float, hetmesh::model::host_memory, hetmesh::model::vision_modality>, float>());
 
 }  // namespace mllm_gpu
