@@ -119,8 +119,9 @@ ring_ctx<T> make_ctx(const C& c, const seq::ring_schedule& s, const ring_attenti
 /// Checks (collective assertion level) that the ring's neighbours hold the same schedule: one hash
 /// to the next position, one from the previous. Mismatched schedules would otherwise surface as
 /// mismatched message sizes, or not at all. A host communicator sends the hash as it is; a device
-/// communicator takes device buffers only, so the hash travels as four 16-bit pieces (exact in T),
-/// uploaded to and downloaded from two 4-element buffers of `mem`.
+/// communicator takes device buffers only, so the hash goes through two one-element buffers of `mem`
+/// (uploaded, exchanged, the communicator synchronised, downloaded): exact whatever T is (a 16-bit T
+/// could not carry it).
 template <class T, comm::communicator C, model::memory_policy M>
 void check_neighbours(C& c, M& mem, const ring_ctx<T>& x, const ring_attention_options& opt,
                       const char* who) {
@@ -134,17 +135,16 @@ void check_neighbours(C& c, M& mem, const ring_ctx<T>& x, const ring_attention_o
                                    comm::recv_op(std::span<std::uint64_t>(&theirs, 1), x.prev, opt.tag)};
       comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
     } else {
-      T piece[4], got[4];
-      for (int i = 0; i < 4; ++i) piece[i] = static_cast<T>((mine >> (16 * i)) & 0xffffu);
-      typename M::template buffer<T> out_buf, in_buf;
-      out_buf.resize(4);
-      in_buf.resize(4);
-      mem.upload(out_buf.span(), std::span<const T>(piece));
-      const comm::p2p_op ops[2] = {comm::send_op(std::span<const T>(out_buf.span()), x.next, opt.tag),
-                                   comm::recv_op(in_buf.span(), x.prev, opt.tag)};
+      typename M::template buffer<std::uint64_t> out_buf, in_buf;
+      out_buf.resize(1);
+      in_buf.resize(1);
+      mem.upload(out_buf.span(), std::span<const std::uint64_t>(&mine, 1));
+      const comm::p2p_op ops[2] = {
+          comm::send_op(std::span<const std::uint64_t>(out_buf.span()), x.next, opt.tag),
+          comm::recv_op(in_buf.span(), x.prev, opt.tag)};
       comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
-      mem.download(std::span<T>(got), std::span<const T>(in_buf.span()));
-      for (int i = 0; i < 4; ++i) theirs |= static_cast<std::uint64_t>(got[i]) << (16 * i);
+      if constexpr (requires { c.synchronize(); }) c.synchronize();
+      mem.download(std::span<std::uint64_t>(&theirs, 1), std::span<const std::uint64_t>(in_buf.span()));
     }
     if (theirs != mine)
       throw_error<mismatch_error>(
