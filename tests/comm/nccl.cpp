@@ -139,6 +139,28 @@ TEST_CASE("nccl: the split path gives a working communicator with the parent's g
   CHECK(comm::testing::conform<staged>(child, opt) > 0);
 }
 
+TEST_CASE("nccl: a child split from a communicator with a stream set enqueues on that stream") {
+  auto c = nccl::communicator::single(0, quick());
+  auto own = comm::split(c, 0, 0);  // no stream set: the child's own
+  CHECK(own.uses_own_stream());
+  CHECK(own.stream() == own.own_stream());
+  hetmesh::cuda::stream user;
+  c.set_stream(user.get());
+  auto child = comm::split(c, 0, 0);
+  CHECK(!child.uses_own_stream());
+  CHECK(child.stream() == user.get());
+  // Ordered after the user's copy on that stream, as the parent would be.
+  constexpr std::size_t n = std::size_t{1} << 24;
+  std::vector<int> host(n), back(n, -1);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<int>(i * 7 + 1);
+  device_buffer<int> a(n), b(n);
+  a.copy_from(std::span<const int>(host), user.get());
+  comm::group_p2p(child, {comm::send_op(std::span<const int>(a.span()), 0), comm::recv_op(b.span(), 0)});
+  child.synchronize();
+  b.copy_to(std::span<int>(back));
+  CHECK(back == host);
+}
+
 TEST_CASE("nccl: bf16 and fp16 all_reduce on the device") {
   auto c = nccl::communicator::single(0, quick());
   std::vector<__nv_bfloat16> b(257);

@@ -148,7 +148,10 @@ class communicator : public comm::detail::group_members {
   [[nodiscard]] int device() const noexcept { return s_->device; }
 
   /// ncclCommSplit: ranks of equal color, ordered by (key, rank). Collective over the whole parent.
-  /// The child's ranks() are gathered over the child (one small all-gather, synchronised).
+  /// The child's ranks() are gathered over the child (one small all-gather, synchronised). The child
+  /// enqueues on the parent's stream when the parent has one set (set_stream), else on its own: a
+  /// runtime that splits the user's communicator (train::system's pipeline and pool communicators, HDP's
+  /// rings) keeps every operation on the stream the user's kernels run on.
   [[nodiscard]] communicator split(int color, int key) {
     usable("split");
     auto s = std::make_shared<detail::state>();
@@ -199,6 +202,7 @@ class communicator : public comm::detail::group_members {
     c.all_gather(std::span<const int>(mine.span()), all.span());
     c.synchronize();
     all.copy_to(std::span<int>(c.ranks_));
+    if (has_user_stream_) c.set_stream(user_stream_);  // the child enqueues where its parent does
     return c;
   }
 

@@ -248,6 +248,9 @@ class system {
           pp, enc > 0 ? hetmesh::format(" with {} encoder-pool ranks per pipeline", enc) : std::string(),
           world.size());
     pool_size_ = world.size() / (pp + enc);
+    // A device policy on the communicator's stream by default (e.g. cuda::device_memory(world.stream())):
+    // the runtime's copies then run in order with the collectives and the stages' kernels.
+    if constexpr (requires { Memory(world.stream()); }) mem_ = Memory(world.stream());
     static_assert(
         requires { comm::split(world, 0, 0); },
         "train::system: Comm must split (comm::split: a backend split or subgroup) for the pipeline's "
@@ -727,8 +730,10 @@ class system {
   [[nodiscard]] int pipeline_rank() const noexcept { return world_->rank() / pool_size_; }
   /// The run-time options.
   [[nodiscard]] const system_options& options() const noexcept { return options_; }
-  /// The memory policy the system's buffers and buffer work go through (assign a device policy bound to
-  /// the communicator's stream before the first run, e.g. cuda::device_memory(world.stream())).
+  /// The memory policy the system's buffers and buffer work go through. A policy constructible from the
+  /// world's stream starts on it (cuda::device_memory(world.stream()), fixed at construction: call
+  /// world.set_stream(s) first, so that the pipeline's and pool's communicators, split from the world,
+  /// enqueue on `s` too); assign another before the first run to change it.
   [[nodiscard]] Memory& memory() noexcept { return mem_; }
   /// Where the system's ranks sit in its world, for train::plan_delivery: system_ranks(pool_size(), pp +
   /// encoder_ranks()) (world rank = pipeline rank x pool + pool rank).
