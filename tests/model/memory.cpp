@@ -162,6 +162,12 @@ TEST_CASE("comm::emulated_device moves device buffers over loopback ranks as the
     comm::all_reduce(half, b.span(), comm::reduce_op::sum);
     mem.download(std::span<double>(got), std::span<const double>(b.span()));
     CHECK(got[0] == 2.0);
+    // Children keep the parent's stream, as NCCL's split does once a stream is set.
+    CHECK(half.stream() == 0);
+    dev.set_stream(7);
+    CHECK(comm::split(dev, 0, r).stream() == 7);
+    CHECK(dev.subgroup(std::vector<int>{r}).stream() == 7);
+    dev.set_stream(0);
     // A host buffer handed to the device communicator is refused on every rank, naming the operation.
     std::vector<double> host_buf(2, 1.0);
     const auto msg =

@@ -89,14 +89,19 @@ class emulated_device {
   /// comm::barrier on the wrapped communicator.
   void barrier() { comm::barrier(host_); }
 
-  /// The wrapped communicator's split, wrapped. Collective over this group.
+  /// The wrapped communicator's split, wrapped, on this one's stream (as NCCL's split keeps the parent's
+  /// stream). Collective over this group.
   [[nodiscard]] emulated_device split(int color, int key) {
-    return emulated_device(comm::split(host_, color, key));
+    emulated_device child(comm::split(host_, color, key));
+    child.stream_ = stream_;
+    return child;
   }
-  /// The wrapped communicator's subgroup, wrapped (host backends that have one).
+  /// The wrapped communicator's subgroup, wrapped, on this one's stream (host backends that have one).
   [[nodiscard]] emulated_device subgroup(std::span<const int> members) const requires
       subgroup_communicator<Host> {
-    return emulated_device(host_.subgroup(members));
+    emulated_device child(host_.subgroup(members));
+    child.stream_ = stream_;
+    return child;
   }
 
  private:
