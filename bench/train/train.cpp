@@ -128,20 +128,19 @@ double concurrent_seconds(const mllm::config& mc, std::int64_t length, int degre
 
 /// The balance room's price of `plan`: its rings (static CP) or items (HDP) as tasks, simulated. Returns
 /// the simulator's timeline (model units: ms).
-balance::timeline price(const train::step_plan& plan, const balance::step_model& m) {
+balance::timeline price(const train::step_plan<train::hdp_part>& plan, const balance::step_model& m) {
+  return balance::simulate(plan.world, balance::tasks_of(plan.partition.hdp, m), 1);
+}
+balance::timeline price(const train::step_plan<train::static_cp_part>& plan, const balance::step_model& m) {
   std::vector<balance::task> tasks;
-  if (plan.kind == train::partition_kind::hdp) {
-    tasks = balance::tasks_of(plan.hdp, m);
-  } else {
-    for (std::size_t k = 0; k < plan.cp_pieces.size(); ++k) {
-      const auto& piece = plan.cp_pieces[k];
-      std::vector<std::int64_t> lens;
-      for (auto id : piece.doc_ids)
-        for (const auto& d : plan.documents)
-          if (d.id == id) lens.push_back(d.length);
-      const auto& ring = plan.rings[k].ring;  // add_cp_piece appends a ring per piece, in piece order
-      tasks.push_back({ring, static_cast<std::int64_t>(k), m.ring_row_time(lens, plan.cp, false)});
-    }
+  for (std::size_t k = 0; k < plan.partition.pieces.size(); ++k) {
+    const auto& piece = plan.partition.pieces[k];
+    std::vector<std::int64_t> lens;
+    for (auto id : piece.doc_ids)
+      for (const auto& d : plan.documents)
+        if (d.id == id) lens.push_back(d.length);
+    const auto& ring = plan.rings[k].ring;  // a ring per piece, in piece order
+    tasks.push_back({ring, static_cast<std::int64_t>(k), m.ring_row_time(lens, plan.partition.cp, false)});
   }
   return balance::simulate(plan.world, tasks, 1);
 }

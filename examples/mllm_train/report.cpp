@@ -29,7 +29,7 @@ struct slot_tokens {
   std::vector<std::vector<double>> llm, encoder;
 };
 
-slot_tokens tokens_of(const hetmesh::train::step_plan& plan, const hetmesh::model::step_batch& batch) {
+slot_tokens tokens_of(const hetmesh::train::step_layout& plan, const hetmesh::model::step_batch& batch) {
   slot_tokens t;
   const auto s = hetmesh::model::summarize_step(batch);
   const auto slots = static_cast<std::size_t>(std::max(plan.slots, 1));
@@ -49,7 +49,7 @@ slot_tokens tokens_of(const hetmesh::train::step_plan& plan, const hetmesh::mode
 class cost_fit {
  public:
   /// Fits to the report's compute actions of `plan` over `batch`.
-  void calibrate(const hetmesh::train::step_plan& plan, const hetmesh::model::step_batch& batch,
+  void calibrate(const hetmesh::train::step_layout& plan, const hetmesh::model::step_batch& batch,
                  const hetmesh::train::step_report& rep) {
     const auto t = tokens_of(plan, batch);
     std::map<std::pair<int, int>, std::vector<hetmesh::cost::sample_point>> pts;
@@ -71,7 +71,7 @@ class cost_fit {
   /// The modelled step: the slowest pipeline's simulated step time, and every pipeline's simulated
   /// actions (world ranks) for a timeline.
   [[nodiscard]] std::pair<double, std::vector<hetmesh::pipeline::timed_action>> model(
-      const hetmesh::train::step_plan& plan, const hetmesh::model::step_batch& batch) const {
+      const hetmesh::train::step_layout& plan, const hetmesh::model::step_batch& batch) const {
     const auto t = tokens_of(plan, batch);
     double worst = 0;
     std::vector<hetmesh::pipeline::timed_action> all;
@@ -93,7 +93,7 @@ class cost_fit {
   }
 
  private:
-  static double x(const hetmesh::train::step_plan& plan, const slot_tokens& t, int q,
+  static double x(const hetmesh::train::step_layout& plan, const slot_tokens& t, int q,
                   const hetmesh::pipeline::action& a) {
     const auto m = static_cast<std::size_t>(std::max(a.microbatch, 0));
     const bool enc = a.type == hetmesh::pipeline::action_type::encoder_forward ||
@@ -106,7 +106,7 @@ class cost_fit {
 };
 
 /// The plan in one phrase: rings by degree, micro-batches per pool rank, slots.
-std::string plan_summary(const hetmesh::train::step_plan& p) {
+std::string plan_summary(const hetmesh::train::step_layout& p) {
   std::map<int, int> degrees;
   for (const auto& r : p.rings) ++degrees[r.size()];
   std::string d;
@@ -117,7 +117,7 @@ std::string plan_summary(const hetmesh::train::step_plan& p) {
     hi = std::max(hi, l.size());
   }
   int offloaded = 0;
-  for (const auto& l : p.hdp.per_rank)
+  for (const auto& l : p.per_rank)
     for (const auto& mb : l) offloaded += mb.offload_ratio > 0 ? 1 : 0;
   return fmt::format("rings {} (count x degree: {}), mb/rank {}-{}, {} slots{}", p.rings.size(), d, lo, hi,
                      p.slots, offloaded > 0 ? fmt::format(", {} mb offloading", offloaded) : std::string());

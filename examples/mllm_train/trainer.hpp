@@ -39,7 +39,7 @@ struct trainer_options {
 /// What the trainer hands the caller after each step (on every rank).
 struct step_result {
   std::int64_t step = 0;
-  const hetmesh::train::step_plan* plan = nullptr;
+  const hetmesh::train::step_layout* plan = nullptr;
   const hetmesh::train::step_report* report = nullptr;
   double plan_ms = 0;
   double plan_cpu_s = 0;  ///< thread CPU seconds of sys.plan() and the rank's share (delivery by plan),

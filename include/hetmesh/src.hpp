@@ -42,4 +42,6 @@
 #include "train/encoder_domain.hpp"
 #include "train/encoders.hpp"
 #include "train/pipeline_plan.hpp"
-#include "train/plan.hpp"
+#include "train/families.hpp"
+#include "train/step_plan.hpp"
+#include "train/step_run.hpp"

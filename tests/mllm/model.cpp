@@ -69,7 +69,7 @@ struct step_out {
 };
 
 template <class T, class Sys>
-step_out<T> run_model(Sys& sys, const train::step_plan& plan, const model::step_batch& batch,
+step_out<T> run_model(Sys& sys, const typename Sys::plan_type& plan, const model::step_batch& batch,
                       mllm::multimodal_model<T>& m) {
   const auto c = m.llm.cfg;
   int calls = 0;

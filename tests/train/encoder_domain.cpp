@@ -28,10 +28,13 @@ double cell(int k, std::int64_t item, std::int64_t row, std::int64_t col) {
 }
 
 /// One plan's properties over pool P and E shards; returns the number of split items seen.
-int check_domain(const train::step_plan& plan, const seq::long_short_policy& pol) {
+int check_domain(const train::step_layout& plan, const seq::long_short_policy& pol) {
   const int P = plan.world, E = plan.pipeline.num_encoder_shards(), K = 2;
   const std::vector<std::int64_t> width{3, 2};  // output elements per token of encoders 0 and 1
   const auto domain = train::plan_encoder_domain(plan, E, K, pol);
+  // The plan carries its encoder domain, planned under the policy it was attached with.
+  CHECK(plan.encoder_sp == pol);
+  CHECK(plan.encoder_domain == train::plan_encoder_domain(plan, E, plan.encoders(), pol));
   int split = 0;
   for (const auto& slot : domain)
     for (const auto& ls : slot) {
@@ -119,7 +122,7 @@ int check_domain(const train::step_plan& plan, const seq::long_short_policy& pol
     }
   // The domain does not depend on the order of a slot's landings.
   auto shuffled = plan;
-  rng g(plan.hash());
+  rng g(plan_hash(plan));
   for (auto& slot : shuffled.encoder_landings)
     for (std::size_t i = slot.size(); i > 1; --i)
       std::swap(slot[i - 1], slot[static_cast<std::size_t>(g.uniform(0, static_cast<std::int64_t>(i) - 1))]);
@@ -143,16 +146,17 @@ TEST_CASE("encoder domain: exactly-once landing rows, agreed counts, capacity, g
       CAPTURE(seed);
       CAPTURE(P);
       // HDP with rings when the pool has room for them; static CP (THD) over a pool of one.
-      auto plan = P == 1 ? train::plan_step(seq::cp_thd{.cp = 1, .pad = true}, docs, 1)
-                         : train::plan_step(seq::hdp<seq::no_offload>{.capacity = 64 / P}, docs, P);
+      train::step_layout plan =
+          P == 1 ? train::step_layout(train::plan_step(seq::cp_thd{.cp = 1, .pad = true}, docs, 1))
+                 : train::step_layout(train::plan_step(seq::hdp<seq::no_offload>{.capacity = 64 / P}, docs, P));
       try {
         if (seed % 3 == 0)
-          train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, 3, &batch);
+          train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, 3, &batch, pol);
         else if (seed % 3 == 1)
-          train::attach_pipeline(plan, pipeline::gpipe{}, pipeline::encoder_pool{.ranks = 2}, 2, &batch);
+          train::attach_pipeline(plan, pipeline::gpipe{}, pipeline::encoder_pool{.ranks = 2}, 2, &batch, pol);
         else
           train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, 2,
-                                 &batch);
+                                 &batch, pol);
         split += check_domain(plan, pol);
         ++plans;
       } catch (const capacity_error& e) {  // a row too small to split an item far enough: the planner says so

@@ -167,9 +167,7 @@ TEST_CASE("train: slots align every ring's members and give each rank at most on
     const auto b =
         random_batch(seed, 1 + static_cast<int>(seed % 13), 1 + static_cast<std::int64_t>(seed % 4) * 20);
     const auto docs = model::document_descs(b);
-    for (const auto& plan : {train::plan_step(seq::cp_zigzag{.cp = 2, .pad = true}, docs, 4),
-                             train::plan_step(test_hdp(), docs, 8),
-                             train::plan_step(test_hdp(), docs, 8, balance::bytescale{})}) {
+    auto check = [](const auto& plan) {
       std::vector<std::vector<int>> ring_slots(plan.rings.size());
       for (const auto& list : plan.per_rank) {
         int last = -1;
@@ -184,7 +182,10 @@ TEST_CASE("train: slots align every ring's members and give each rank at most on
         REQUIRE(!rs.empty());
         CHECK(std::all_of(rs.begin(), rs.end(), [&](int s) { return s == rs.front(); }));
       }
-    }
+    };
+    check(train::plan_step(seq::cp_zigzag{.cp = 2, .pad = true}, docs, 4));
+    check(train::plan_step(test_hdp(), docs, 8));
+    check(train::plan_step(test_hdp(), docs, 8, balance::bytescale{}));
   }
 }
 
@@ -297,7 +298,7 @@ TEST_CASE("train::system: selective offload moves the plan's share of activation
   for (; seed < 340; ++seed) {
     const auto plan = train::plan_step(offload, model::document_descs(random_mm_batch(seed, 12, 60)), 4);
     bool any = false;
-    for (const auto& list : plan.hdp.per_rank)
+    for (const auto& list : plan.partition.hdp.per_rank)
       for (const auto& mb : list) any = any || mb.offload_ratio > 0;
     if (any) break;
   }

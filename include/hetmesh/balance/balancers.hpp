@@ -55,10 +55,19 @@ struct bytescale {
   /// invalid_argument); valid sequences. Pure; deterministic. O(n log n). Not collective.
   [[nodiscard]] strategy_plan plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) const {
     detail::check_ranks(cfg, name);
-    const bytescale_policy p{.delta = delta,
-                             .mode = cfg.model.pp_stages > 1 ? hdp_balance_mode::pp : hdp_balance_mode::dp,
-                             .buckets = buckets};
-    return detail::hdp_plan_items(plan_bytescale(seqs, cfg.hdp, cfg.ranks, cfg.model, p), cfg.model);
+    return detail::hdp_plan_items(place_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model), cfg.model);
+  }
+  /// The scheduler's policy under cost model `m`: these parameters, in pp mode when m.pp_stages > 1.
+  [[nodiscard]] bytescale_policy policy(const step_model& m) const noexcept {
+    return {.delta = delta,
+            .mode = m.pp_stages > 1 ? hdp_balance_mode::pp : hdp_balance_mode::dp,
+            .buckets = buckets};
+  }
+  /// The HDP plan of `seqs` over `pool` ranks: plan_bytescale(seqs, hdp, pool, m, policy(m)). What
+  /// train's HDP family calls to place its items (train/families.hpp). Same contract and errors.
+  [[nodiscard]] seq::hdp_plan place_hdp(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp,
+                                        int pool, const step_model& m) const {
+    return plan_bytescale(seqs, hdp, pool, m, policy(m));
   }
   friend constexpr bool operator==(const bytescale&, const bytescale&) = default;
   /// Hashes the family and its parameters.
@@ -78,12 +87,17 @@ struct gap_filling_hdp {
   /// as plan_gap_filling_hdp (group_size must divide cfg.ranks). Pure; deterministic. Not collective.
   [[nodiscard]] strategy_plan plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) const {
     detail::check_ranks(cfg, name);
+    return detail::hdp_plan_items(place_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model), cfg.model);
+  }
+  /// The HDP plan of `seqs` over `pool` ranks: plan_gap_filling_hdp with these parameters, the loader of
+  /// sequence i being rank i % pool. What train's HDP family calls to place its items
+  /// (train/families.hpp). Same contract and errors as plan_gap_filling_hdp.
+  [[nodiscard]] seq::hdp_plan place_hdp(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp,
+                                        int pool, const step_model& m) const {
     std::vector<int> owner(seqs.size());
     for (std::size_t i = 0; i < owner.size(); ++i)
-      owner[i] = static_cast<int>(i % static_cast<std::size_t>(cfg.ranks));
-    return detail::hdp_plan_items(plan_gap_filling_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model,
-                                                       gap_filling_policy{group_size, local_search}, owner),
-                                  cfg.model);
+      owner[i] = static_cast<int>(i % static_cast<std::size_t>(pool > 0 ? pool : 1));
+    return plan_gap_filling_hdp(seqs, hdp, pool, m, gap_filling_policy{group_size, local_search}, owner);
   }
   friend constexpr bool operator==(const gap_filling_hdp&, const gap_filling_hdp&) = default;
   /// Hashes the family and its parameters (local_search only when off: default hashes unchanged).

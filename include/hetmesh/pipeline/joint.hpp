@@ -39,11 +39,17 @@
 
 namespace hetmesh::pipeline {
 
+struct encoder_work;
+
 /// MegaScale-Omni's joint pipeline: encoder colocated on every LLM rank, work inserted into bubbles.
 struct colocated_encoder {
   /// The placement's name (schedules made with it are named `<llm>+encoder-colocated`).
   static constexpr std::string_view name = "colocated";
   int lookahead = 2;  ///< how many micro-batches beyond stage 0's next forward a shard may encode early
+  /// Encoder-only ranks per pipeline: none (the shards run on LLM ranks).
+  [[nodiscard]] constexpr int encoder_ranks() const noexcept { return 0; }
+  /// `llm` (compute only, verified, no encoder) with the encoder's actions placed (see add_encoder).
+  [[nodiscard]] schedule place(const schedule& llm, const cost_model& costs, const encoder_work& work) const;
   friend constexpr bool operator==(const colocated_encoder&, const colocated_encoder&) = default;
   void hash_append(hasher& h) const { append_all(h, std::string_view("colocated"), lookahead); }
 };
@@ -52,6 +58,10 @@ struct colocated_encoder {
 struct encoder_on_first_stage {
   /// The placement's name.
   static constexpr std::string_view name = "first-stage";
+  /// Encoder-only ranks per pipeline: none (the shards run on LLM ranks).
+  [[nodiscard]] constexpr int encoder_ranks() const noexcept { return 0; }
+  /// `llm` (compute only, verified, no encoder) with the encoder's actions placed (see add_encoder).
+  [[nodiscard]] schedule place(const schedule& llm, const cost_model& costs, const encoder_work& work) const;
   friend constexpr bool operator==(const encoder_on_first_stage&, const encoder_on_first_stage&) = default;
   void hash_append(hasher& h) const { append(h, std::string_view("first-stage")); }
 };
@@ -62,6 +72,11 @@ struct encoder_pool {
   static constexpr std::string_view name = "pool";
   int ranks = 1;       ///< encoder ranks, placed after the LLM ranks
   int lookahead = -1;  ///< micro-batches the pool may run ahead of stage 0; -1 = unbounded
+  /// Encoder-only ranks per pipeline, after its LLM ranks: `ranks` (-1 when ranks < 1: not a valid pool).
+  [[nodiscard]] constexpr int encoder_ranks() const noexcept { return ranks >= 1 ? ranks : -1; }
+  /// `llm` (compute only, verified, no encoder) with `ranks` encoder ranks appended and the encoder's actions
+  /// placed on them (see add_encoder).
+  [[nodiscard]] schedule place(const schedule& llm, const cost_model& costs, const encoder_work& work) const;
   friend constexpr bool operator==(const encoder_pool&, const encoder_pool&) = default;
   void hash_append(hasher& h) const { append_all(h, std::string_view("pool"), ranks, lookahead); }
 };
@@ -72,15 +87,20 @@ struct encoder_pool {
 ///   2. `P::name` is a constant convertible to `std::string_view`;
 ///   3. `p.hash_append(h)` feeds every parameter to a `hasher`;
 ///   4. `P` prints through fmt;
-///   5. `P` is one of the families add_encoder knows (colocated_encoder, encoder_on_first_stage,
-///      encoder_pool): a placement is an algorithm of this room, not a user extension point.
+///   5. `p.encoder_ranks()` (int): encoder-only ranks it adds per pipeline after the LLM ranks (0: the shards
+///      run on LLM ranks; negative: invalid parameters, refused where a system is built);
+///   6. `p.place(llm, costs, work)` returns `llm` (a compute-only LLM schedule that passes verify()) with
+///      encoder shards (schedule::encoder_shard_to_rank) and their EF/EB actions, keeping the dependencies
+///      add_encoder documents (every shard's EF of m before stage 0's F of m; its EB of m after stage 0's B
+///      or I of m); add_encoder checks the result is deadlock free.
+/// A user's placement is any such type: add_encoder and train::system call only these members.
 template <class P>
 concept encoder_placement = std::regular<P> && std::convertible_to<decltype(P::name), std::string_view> &&
-    requires(const P& p, hasher& h) {
+    requires(const P& p, hasher& h, const schedule& s, const cost_model& c, const encoder_work& w) {
   p.hash_append(h);
-} && fmt::is_formattable<P>::value &&
-    (std::same_as<P, colocated_encoder> || std::same_as<P, encoder_on_first_stage> ||
-     std::same_as<P, encoder_pool>);
+  { p.encoder_ranks() } -> std::convertible_to<int>;
+  { p.place(s, c, w) } -> std::same_as<schedule>;
+} && fmt::is_formattable<P>::value;
 
 /// The encoder work of each micro-batch, whole (before splitting over shards).
 struct encoder_work {
@@ -218,71 +238,83 @@ inline void check_llm(const schedule& s, std::string_view who) {
 /// Preconditions: `llm` has no encoder shards and passes verify(); pool ranks >= 1; lookahead >= 0
 /// (colocated). Throws invalid_argument naming the broken one. Pure; deterministic;
 /// O(actions log actions).
+namespace detail {
+/// `s` (an LLM schedule whose encoder shards are set) with its shards' EF/EB placed by the event engine:
+/// a shard encodes micro-batch m when stage 0 is about to need it (`urgent`) or, while idle, up to
+/// `lookahead` micro-batches ahead of stage 0 (-1: unbounded).
+[[nodiscard]] inline schedule place_in_bubbles(schedule s, const cost_model& costs, const encoder_work& work,
+                                               int lookahead, bool urgent) {
+  const cost_model c = with_encoder(costs, work, s.num_encoder_shards());
+  encoder_source src(s, s.num_encoder_shards(), lookahead, urgent);
+  engine<encoder_source> eng(s, c, src, false);
+  (void)eng.run();
+  s.ranks = std::move(src.out);
+  return s;
+}
+}  // namespace detail
+
+inline schedule encoder_on_first_stage::place(const schedule& llm, const cost_model&, const encoder_work&) const {
+  schedule s = llm;
+  s.name = llm.name + "+encoder-first-stage";
+  const int r0 = s.rank_of_stage(0);
+  s.encoder_shard_to_rank = {r0};
+  std::vector<action> row;
+  for (const auto& a : s.ranks[static_cast<std::size_t>(r0)]) {
+    const auto ps = parts(a);  // an OVERLAP_F_B: EF before it, EB after it, as for its halves
+    for (const action& p : ps)
+      if (p.stage == 0 && p.type == action_type::forward)
+        row.push_back({0, action_type::encoder_forward, p.microbatch});
+    row.push_back(a);
+    for (const action& p : ps)
+      if (p.stage == 0 && (p.type == action_type::backward || p.type == action_type::backward_input))
+        row.push_back({0, action_type::encoder_backward, p.microbatch});
+  }
+  s.ranks[static_cast<std::size_t>(r0)] = std::move(row);
+  return s;
+}
+
+inline schedule colocated_encoder::place(const schedule& llm, const cost_model& costs,
+                                         const encoder_work& work) const {
+  if (lookahead < 0)
+    throw_error<invalid_argument>("pipeline add_encoder: colocated lookahead={}; expected >= 0", lookahead);
+  const int p = llm.total_ranks();
+  schedule s = llm;
+  s.name = llm.name + "+encoder-colocated";
+  s.encoder_shard_to_rank.resize(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) s.encoder_shard_to_rank[static_cast<std::size_t>(r)] = r;
+  return detail::place_in_bubbles(std::move(s), costs, work, lookahead, true);
+}
+
+inline schedule encoder_pool::place(const schedule& llm, const cost_model& costs, const encoder_work& work) const {
+  if (ranks < 1)
+    throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one", ranks);
+  const int p = llm.total_ranks();
+  schedule s = llm;
+  s.name = llm.name + "+encoder-pool";
+  for (int e = 0; e < ranks; ++e) {
+    s.encoder_shard_to_rank.push_back(p + e);
+    s.ranks.emplace_back();
+  }
+  return detail::place_in_bubbles(std::move(s), costs, work, lookahead, false);
+}
+
+/// Adds the encoder to an LLM-only schedule under `policy` (an encoder_placement: its `place`), placing
+/// EF/EB with `costs` (LLM costs) and `work` (whole-micro-batch encoder costs). Returns a compute-only
+/// schedule with encoder shards (lower it with add_send_recv for execution); simulate it with
+/// `with_encoder(costs, work, shards)`. Preconditions: `llm` has no encoder shards and passes verify();
+/// the placement's own (pool ranks >= 1; lookahead >= 0 for colocated). Throws invalid_argument naming the
+/// broken one. Pure; deterministic; O(actions log actions) for the library's placements.
 template <class Placement>
 [[nodiscard]] schedule add_encoder(const schedule& llm_in, const Placement& policy, const cost_model& costs,
                                    const encoder_work& work) {
   static_assert(encoder_placement<Placement>,
                 "not a pipeline::encoder_placement: expected colocated_encoder (the joint pipeline), "
-                "encoder_on_first_stage or encoder_pool");
+                "encoder_on_first_stage, encoder_pool, or a type with `encoder_ranks()` and "
+                "`place(llm, costs, work)` (pipeline/joint.hpp)");
   detail::check_llm(llm_in, "add_encoder");
-  const schedule llm = strip_comm(llm_in);
-  if constexpr (std::is_same_v<Placement, encoder_on_first_stage>) {
-    (void)policy;
-    (void)costs;
-    (void)work;
-    schedule s = llm;
-    s.name = llm.name + "+encoder-first-stage";
-    const int r0 = s.rank_of_stage(0);
-    s.encoder_shard_to_rank = {r0};
-    std::vector<action> row;
-    for (const auto& a : s.ranks[static_cast<std::size_t>(r0)]) {
-      const auto ps = parts(a);  // an OVERLAP_F_B: EF before it, EB after it, as for its halves
-      for (const action& p : ps)
-        if (p.stage == 0 && p.type == action_type::forward)
-          row.push_back({0, action_type::encoder_forward, p.microbatch});
-      row.push_back(a);
-      for (const action& p : ps)
-        if (p.stage == 0 && (p.type == action_type::backward || p.type == action_type::backward_input))
-          row.push_back({0, action_type::encoder_backward, p.microbatch});
-    }
-    s.ranks[static_cast<std::size_t>(r0)] = std::move(row);
-    assert_deadlock_free(s, "pipeline::add_encoder");
-    return s;
-  } else {
-    const int p = llm.total_ranks();
-    schedule s = llm;
-    int lookahead = -1;
-    bool urgent = false;
-    if constexpr (std::is_same_v<Placement, colocated_encoder>) {
-      const auto& co = policy;
-      if (co.lookahead < 0)
-        throw_error<invalid_argument>("pipeline add_encoder: colocated lookahead={}; expected >= 0",
-                                      co.lookahead);
-      s.name = llm.name + "+encoder-colocated";
-      s.encoder_shard_to_rank.resize(static_cast<std::size_t>(p));
-      for (int r = 0; r < p; ++r) s.encoder_shard_to_rank[static_cast<std::size_t>(r)] = r;
-      lookahead = co.lookahead;
-      urgent = true;
-    } else {
-      const encoder_pool& pool = policy;
-      if (pool.ranks < 1)
-        throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one",
-                                      pool.ranks);
-      s.name = llm.name + "+encoder-pool";
-      for (int e = 0; e < pool.ranks; ++e) {
-        s.encoder_shard_to_rank.push_back(p + e);
-        s.ranks.emplace_back();
-      }
-      lookahead = pool.lookahead;
-    }
-    const cost_model c = with_encoder(costs, work, s.num_encoder_shards());
-    detail::encoder_source src(s, s.num_encoder_shards(), lookahead, urgent);
-    detail::engine<detail::encoder_source> eng(s, c, src, false);
-    (void)eng.run();
-    s.ranks = std::move(src.out);
-    assert_deadlock_free(s, "pipeline::add_encoder");
-    return s;
-  }
+  schedule s = policy.place(strip_comm(llm_in), costs, work);
+  assert_deadlock_free(s, "pipeline::add_encoder");
+  return s;
 }
 
 }  // namespace hetmesh::pipeline

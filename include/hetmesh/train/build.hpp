@@ -15,46 +15,64 @@
 #include "../core/error.hpp"
 #include "../data/routes.hpp"
 #include "../model/micro_batch.hpp"
-#include "plan.hpp"
+#include "step_plan.hpp"
 
 namespace hetmesh::train {
 
 namespace detail {
+/// The micro-batch of planned micro-batch `pm` of pool rank `rank`: its runs' tokens from `batch` (the
+/// whole step, or a sparse step whose unread documents are empty), its attention intervals, the step's
+/// token and target counts from `s` (the whole step's summary). Errors (invalid_argument): a run over a
+/// document the batch holds at another length than the plan's. Pure; O(local tokens + runs x items).
+[[nodiscard]] HETMESH_COMPILED model::micro_batch build_micro_batch(const step_layout& l,
+                                                                    const planned_micro_batch& pm,
+                                                                    const model::step_batch& batch,
+                                                                    const model::step_summary& s, int rank)
+#if HETMESH_BODIES
+{
+  model::micro_batch mb;
+  mb.rank = rank;
+  mb.index = pm.slot;
+  mb.step_tokens = s.tokens;
+  mb.step_targets = s.targets;
+  const auto n = static_cast<std::size_t>(pm.tokens());
+  for (auto* v : {&mb.tokens, &mb.positions, &mb.doc_ids, &mb.stream_index, &mb.targets}) v->reserve(n);
+  mb.loss_weights.reserve(n);
+  for (const auto& r : pm.runs) {
+    const auto d = static_cast<std::size_t>(r.doc);
+    if (d >= batch.documents.size() || batch.documents[d].length() != l.documents[d].length)
+      throw_error<invalid_argument>(
+          "train::build_micro_batches: pool rank {} slot {} reads document {} of {} tokens, which the batch "
+          "holds with {}; expected the batch the plan was made from",
+          rank, pm.slot, d < l.documents.size() ? l.documents[d].id : -1,
+          d < l.documents.size() ? l.documents[d].length : -1,
+          d < batch.documents.size() ? batch.documents[d].length() : -1);
+    model::detail::append_run(mb, batch, s, r.doc, r.positions);
+  }
+  if (pm.cu_seqlens.empty()) {
+    model::detail::close_by_segments(mb);
+  } else {
+    mb.cu_seqlens = pm.cu_seqlens;
+    mb.seqlen_docs = pm.seqlen_docs;
+  }
+  return mb;
+}
+#else
+    ;
+#endif
+
 /// build_micro_batches without the check that `batch` is the plan's (a sparse step passes: documents the
 /// rank does not read may be empty, `s` is the whole step's).
 [[nodiscard]] HETMESH_COMPILED std::vector<model::micro_batch> build_rank_micro_batches(
-    const step_plan& plan, const model::step_batch& batch, const model::step_summary& s, int rank)
+    const step_layout& plan, const model::step_batch& batch, const model::step_summary& s, int rank)
 #if HETMESH_BODIES
 {
   if (rank < 0 || rank >= plan.world)
     throw_error<invalid_argument>("train::build_micro_batches: rank {}; expected 0 <= rank < {}", rank,
                                   plan.world);
   std::vector<model::micro_batch> out;
-  const auto& mine = plan.per_rank[static_cast<std::size_t>(rank)];
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    const auto& pm = mine[i];
-    const int index = pm.slot;
-    if (plan.kind == partition_kind::hdp) {
-      const auto& hmb =
-          plan.hdp.per_rank[static_cast<std::size_t>(rank)][static_cast<std::size_t>(pm.source)];
-      out.push_back(model::make_hdp_micro_batch(batch, s, hmb, rank, index));
-      continue;
-    }
-    const auto& piece = plan.cp_pieces[static_cast<std::size_t>(pm.source)];
-    model::step_batch sub;
-    sub.pad_token = batch.pad_token;
-    for (auto id : piece.doc_ids)
-      sub.documents.push_back(batch.documents[static_cast<std::size_t>(s.find(id))]);
-    auto mb =
-        model::make_cp_micro_batch(sub, model::summarize_step(sub), piece.partition, pm.position, index);
-    mb.rank = rank;
-    mb.step_tokens = s.tokens;
-    mb.step_targets = s.targets;
-    for (std::size_t t = 0; t < mb.stream_index.size(); ++t)  // stream indices of the whole step
-      if (mb.stream_index[t] >= 0)
-        mb.stream_index[t] = s.offsets[static_cast<std::size_t>(s.find(mb.doc_ids[t]))] + mb.positions[t];
-    out.push_back(std::move(mb));
-  }
+  for (const auto& pm : plan.per_rank[static_cast<std::size_t>(rank)])
+    out.push_back(build_micro_batch(plan, pm, batch, s, rank));
   return out;
 }
 #else
@@ -62,13 +80,13 @@ namespace detail {
 #endif
 }  // namespace detail
 
-/// The micro-batches `rank` runs under `plan`, in execution order, for the step `batch`. Static CP: the
-/// rank's CP share of its group's piece (make_cp_micro_batch over the piece's documents, stream indices of
-/// the whole step); HDP: make_hdp_micro_batch of the rank's HDP micro-batch. Every micro-batch carries the
-/// step's token and target counts. Pre: `s` is summarize_step(batch), the plan was made from
-/// document_descs(batch) (invalid_argument otherwise), 0 <= rank < plan.world. Post: over every rank,
-/// each stream token and each counting target appears exactly once. Pure; O(local tokens + documents).
-[[nodiscard]] inline std::vector<model::micro_batch> build_micro_batches(const step_plan& plan,
+/// The micro-batches `rank` runs under `plan`, in execution order, for the step `batch`: each planned
+/// micro-batch's token runs (the family's layout: a static CP rank's share of its group's piece, an HDP
+/// micro-batch's segments, ...) with the step's stream indices, token and target counts. Pre: `s` is
+/// summarize_step(batch), the plan was made from document_descs(batch) (invalid_argument otherwise),
+/// 0 <= rank < plan.world. Post: over every rank, each stream token and each counting target appears
+/// exactly once. Pure; O(local tokens + documents).
+[[nodiscard]] inline std::vector<model::micro_batch> build_micro_batches(const step_layout& plan,
                                                                          const model::step_batch& batch,
                                                                          const model::step_summary& s,
                                                                          int rank) {
@@ -80,23 +98,15 @@ namespace detail {
   return detail::build_rank_micro_batches(plan, batch, s, rank);
 }
 
-/// The ids of the documents pool rank `r` builds micro-batches over under `plan` (HDP: its packs' and
-/// rings' documents; static CP and Ulysses: its pieces' documents), in first-use order, each once.
-/// Pre: 0 <= r < plan.world. O(r's micro-batches x segments).
-[[nodiscard]] inline std::vector<std::int64_t> documents_of(const step_plan& plan, int r) {
+/// The ids of the documents pool rank `r` builds micro-batches over under `plan` (its micro-batches' runs),
+/// in first-use order, each once. Pre: 0 <= r < plan.world. O(r's runs x documents read).
+[[nodiscard]] inline std::vector<std::int64_t> documents_of(const step_layout& plan, int r) {
   std::vector<std::int64_t> out;
-  auto add = [&](std::int64_t id) {
-    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
-  };
-  for (const auto& pm : plan.per_rank[static_cast<std::size_t>(r)]) {
-    if (plan.kind == partition_kind::hdp) {
-      for (const auto& seg :
-           plan.hdp.per_rank[static_cast<std::size_t>(r)][static_cast<std::size_t>(pm.source)].segments)
-        add(seg.seq_id);
-    } else {
-      for (auto id : plan.cp_pieces[static_cast<std::size_t>(pm.source)].doc_ids) add(id);
+  for (const auto& pm : plan.per_rank[static_cast<std::size_t>(r)])
+    for (const auto& run : pm.runs) {
+      const auto id = plan.documents[static_cast<std::size_t>(run.doc)].id;
+      if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
     }
-  }
   return out;
 }
 
@@ -156,7 +166,7 @@ struct rank_share {
 /// loaders' counts). Errors (invalid_argument): items for another number of documents, a text part of a
 /// sample not in the plan or whose byte count is neither 8 nor 9 x its length. O(received bytes + documents
 /// x items).
-[[nodiscard]] HETMESH_COMPILED rank_share share_of(const step_plan& plan,
+[[nodiscard]] HETMESH_COMPILED rank_share share_of(const step_layout& plan,
                                                    std::span<const std::vector<model::encoder_item>> items,
                                                    const data::delivered_share& got,
                                                    std::int64_t pad_token = 0)
@@ -198,7 +208,7 @@ struct rank_share {
 /// its target count (document_targets of each of its documents: loss masks included); its token values are
 /// not read. Errors: share_of's, and invalid_argument for a step of other documents than the plan's.
 /// O(received bytes + step tokens x items).
-[[nodiscard]] HETMESH_COMPILED rank_share share_of(const step_plan& plan, const model::step_batch& step,
+[[nodiscard]] HETMESH_COMPILED rank_share share_of(const step_layout& plan, const model::step_batch& step,
                                                    const data::delivered_share& got)
 #if HETMESH_BODIES
 {
@@ -223,7 +233,7 @@ namespace detail {
 /// documents whole, the others empty), and the whole step's summary from the plan's lengths and the
 /// share's target count. Errors (invalid_argument): a document the rank reads missing from the share, or
 /// of another length. O(share tokens + documents log documents).
-HETMESH_COMPILED std::pair<model::step_batch, model::step_summary> sparse_step(const step_plan& plan,
+HETMESH_COMPILED std::pair<model::step_batch, model::step_summary> sparse_step(const step_layout& plan,
                                                                                const rank_share& share,
                                                                                int rank)
 #if HETMESH_BODIES

@@ -31,7 +31,7 @@
 #include "../seq/long_short.hpp"
 #include "build.hpp"
 #include "encoder_domain.hpp"
-#include "plan.hpp"
+#include "step_plan.hpp"
 
 namespace hetmesh::train {
 
@@ -100,15 +100,14 @@ requires requires(const M& m) {
 
 /// The delivery plan of `plan`: per document (sample) of the step, in stream order, the trainer ranks
 /// that need its text and each of its encoder items (see the file comment). `items[i]` are the encoder
-/// items of plan.documents[i] (model::encoder_item: encoder, id, position, tokens); `encoder_sp` is the
-/// long-short policy train::system::run splits items with (system_options::encoder_sp); `where` maps
+/// items of plan.documents[i] (model::encoder_item: encoder, id, position, tokens); the items' pieces come
+/// from the plan's encoder domain (step_layout::encoder_domain, planned under its encoder_sp); `where` maps
 /// the system's ranks to trainer ranks (system_ranks, or mesh_ranks of the trainers' mesh). Document ids
 /// are the samples' stable ids (seq::make_sample_id), so a data-plane host knows its parts.
 /// Errors (invalid_argument): items.size() != documents; a map for another pool or depth; items in a plan
 /// without encoder shards (a plan made without the batch). Pure; O(step tokens + parts x ranks).
 [[nodiscard]] HETMESH_COMPILED data::route_plan plan_delivery(
-    const step_plan& plan, std::span<const std::vector<model::encoder_item>> items, const rank_map& where,
-    const seq::long_short_policy& encoder_sp = {})
+    const step_layout& plan, std::span<const std::vector<model::encoder_item>> items, const rank_map& where)
 #if HETMESH_BODIES
 {
   if (items.size() != plan.documents.size())
@@ -155,12 +154,8 @@ requires requires(const M& m) {
       throw_error<invalid_argument>(
           "train::plan_delivery: the step has encoder items but the plan has no encoder landings; expected a "
           "plan made from the batch (train::system::plan(batch))");
-    // The encoder domain: the piece at domain rank e * pool + r is read by pool rank r's shard e.
-    int encoders = 0;
-    for (const auto& slot : plan.encoder_landings)
-      for (const auto& l : slot) encoders = std::max(encoders, l.encoder + 1);
-    const auto domain = plan_encoder_domain(plan, E, encoders, encoder_sp);
-    for (const auto& slot : domain)
+    // The plan's encoder domain: the piece at domain rank e * pool + r is read by pool rank r's shard e.
+    for (const auto& slot : plan.encoder_domain)
       for (std::size_t k = 0; k < slot.size(); ++k)
         for (const auto& a : slot[k].items)
           for_each_piece(a, [&](int d, seq::token_range) {
@@ -180,15 +175,14 @@ requires requires(const M& m) {
 #endif
 
 /// plan_delivery with the items of `batch`, the batch the plan was made from (its bytes are not read).
-[[nodiscard]] HETMESH_COMPILED data::route_plan plan_delivery(const step_plan& plan,
+[[nodiscard]] HETMESH_COMPILED data::route_plan plan_delivery(const step_layout& plan,
                                                               const model::step_batch& batch,
-                                                              const rank_map& where,
-                                                              const seq::long_short_policy& encoder_sp = {})
+                                                              const rank_map& where)
 #if HETMESH_BODIES
 {
   std::vector<std::vector<model::encoder_item>> items;
   for (const auto& d : batch.documents) items.push_back(d.items);
-  return plan_delivery(plan, items, where, encoder_sp);
+  return plan_delivery(plan, items, where);
 }
 #else
     ;

@@ -7,7 +7,7 @@
 // domain ranks that never leaves one shard's pool row (group sizes divide gcd(P, devices per node); when a
 // pool row's ranks are consecutive world ranks, as in train::system, a group also stays inside a node).
 //
-// Why a group never spans shards: every pipeline runs the same schedule (step_plan::slots), so the ranks
+// Why a group never spans shards: every pipeline runs the same schedule (step_layout::slots), so the ranks
 // of one pipeline rank reach a slot's encoder action at the same position of their action lists, and a
 // collective among them (the Ulysses all-to-alls inside the encoder, the exchange of rows after it) meets in
 // the same order on every member, as ring attention does among the ranks of one stage. Shards on different
@@ -25,7 +25,7 @@
 #include "../core/error.hpp"
 #include "../seq/long_short.hpp"
 #include "../seq/types.hpp"
-#include "plan.hpp"
+#include "step_plan.hpp"
 
 namespace hetmesh::train {
 
@@ -70,7 +70,7 @@ namespace hetmesh::train {
 /// planner's (capacity_error: an item needs a group larger than a shard's pool row allows). Pure: equal
 /// on every rank; O(slots x encoders x (items log items + items x domain)).
 [[nodiscard]] HETMESH_COMPILED std::vector<std::vector<seq::long_short_plan>> plan_encoder_domain(
-    const step_plan& plan, int shards, int encoders, const seq::long_short_policy& policy)
+    const step_layout& plan, int shards, int encoders, const seq::long_short_policy& policy)
 #if HETMESH_BODIES
 {
   std::vector<std::vector<seq::long_short_plan>> out(plan.encoder_landings.size());

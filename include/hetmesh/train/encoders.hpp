@@ -23,7 +23,7 @@
 #include "../seq/long_short.hpp"
 #include "../seq/types.hpp"
 #include "encoder_domain.hpp"
-#include "plan.hpp"
+#include "step_plan.hpp"
 
 namespace hetmesh::train::detail {
 
@@ -190,7 +190,7 @@ std::size_t slots_left(const Stores& stores) {
 /// are the plan's (step_plan::encoder_landings of pool rank `j`): the encoder domain is planned from the
 /// plan's, so a batch with items the plan does not know (a plan made without the batch) would encode
 /// nothing. Errors: invalid_argument naming the slot. O(landings).
-HETMESH_COMPILED void check_landings(const step_plan& plan,
+HETMESH_COMPILED void check_landings(const step_layout& plan,
                                      std::span<const model::micro_batch* const> by_slot, int j)
 #if HETMESH_BODIES
 {
@@ -221,7 +221,7 @@ HETMESH_COMPILED void check_landings(const step_plan& plan,
 /// `runs[e]` whether this rank runs shard e (its calls and send side are made only for those). Pure;
 /// O(slots x (E x P x this rank's landings + landings) x group degree).
 [[nodiscard]] HETMESH_COMPILED encoder_work
-plan_encoder_work(const step_plan& plan, const std::vector<std::vector<seq::long_short_plan>>& domain, int E,
+plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::long_short_plan>>& domain, int E,
                   int j, std::span<const std::int64_t> width, std::span<const char> runs)
 #if HETMESH_BODIES
 {

@@ -25,8 +25,8 @@
 #include "../pipeline/lower.hpp"
 #include "../pipeline/schedule_family.hpp"
 #include "../pipeline/verify.hpp"
-#include "build.hpp"
-#include "plan.hpp"
+#include "encoder_domain.hpp"
+#include "step_plan.hpp"
 
 namespace hetmesh::train {
 
@@ -40,7 +40,7 @@ struct slot_load {
 
 /// The slot loads of `plan` (with `batch`, the batch it was made from, for encoder tokens; may be null).
 /// Pure; O(micro-batches x chunks + documents x items).
-[[nodiscard]] inline slot_load slot_loads(const step_plan& plan, const model::step_batch* batch) {
+[[nodiscard]] inline slot_load slot_loads(const step_layout& plan, const model::step_batch* batch) {
   slot_load l;
   const auto n = static_cast<std::size_t>(std::max(plan.slots, 1));
   l.tokens.assign(n, 0);
@@ -70,36 +70,42 @@ struct slot_load {
   return false;
 }
 
-/// Per slot, the encoder landings of every pool rank's micro-batch in it (step_plan::encoder_landings),
+/// Per slot, the encoder landings of every pool rank's micro-batch in it (step_layout::encoder_landings),
 /// for `plan` and the items of `batch`, the step it was made from (only documents' ids and items are read:
-/// a batch of metadata serves). Pure; O(step tokens + landings).
+/// a batch of metadata serves), from the planned micro-batches' token runs: an item's rows that fall in a
+/// run land at the run's tokens, and a piece continuing the previous one (in the item and in the buffer) is
+/// one landing, as model::micro_batch::encoder_outputs has them. Pure; O(runs x items per document).
 [[nodiscard]] HETMESH_COMPILED std::vector<std::vector<slot_landing>> plan_landings(
-    const step_plan& plan, const model::step_batch& batch)
+    const step_layout& plan, const model::step_batch& batch)
 #if HETMESH_BODIES
 {
   std::map<std::int64_t, const model::document*> by_id;
   for (const auto& d : batch.documents) by_id[d.id] = &d;
-  model::step_batch shape;  // the plan's documents at their lengths with the batch's items
-  std::map<std::pair<int, std::int64_t>, std::int64_t> length;
-  for (const auto& d : plan.documents) {
-    const auto it = by_id.find(d.id);
-    shape.documents.push_back(
-        model::document{d.id,
-                        std::vector<std::int64_t>(static_cast<std::size_t>(d.length), 0),
-                        it == by_id.end() ? std::vector<model::encoder_item>{} : it->second->items,
-                        {}});
-    for (const auto& item : shape.documents.back().items) length[{item.encoder, item.id}] = item.tokens;
-  }
-  const auto s = model::summarize_step(shape);
   std::vector<std::vector<slot_landing>> out(static_cast<std::size_t>(std::max(plan.slots, 1)));
-  for (int r = 0; r < plan.world; ++r) {
-    const auto built = detail::build_rank_micro_batches(plan, shape, s, r);
-    const auto& mine = plan.per_rank[static_cast<std::size_t>(r)];
-    for (std::size_t i = 0; i < built.size(); ++i)
-      for (const auto& l : built[i].encoder_outputs)
-        out[static_cast<std::size_t>(mine[i].slot)].push_back(
-            {r, l.encoder, l.item, length.at({l.encoder, l.item}), l.item_tokens});
-  }
+  for (int r = 0; r < plan.world; ++r)
+    for (const auto& pm : plan.per_rank[static_cast<std::size_t>(r)]) {
+      auto& slot = out[static_cast<std::size_t>(pm.slot)];
+      const auto first = slot.size();
+      std::int64_t local = 0, last_end = -1;  // local offset of the run; where the last landing ended
+      for (const auto& run : pm.runs) {
+        const auto it = by_id.find(plan.documents[static_cast<std::size_t>(run.doc)].id);
+        if (it != by_id.end())
+          for (const auto& item : it->second->items) {
+            const auto lo = std::max(run.positions.begin, item.position);
+            const auto hi = std::min(run.positions.end, item.position + item.tokens);
+            if (lo >= hi) continue;
+            const seq::token_range rows{lo - item.position, hi - item.position};
+            const auto at = local + (lo - run.positions.begin);
+            if (slot.size() > first && slot.back().encoder == item.encoder && slot.back().item == item.id &&
+                slot.back().rows.end == rows.begin && last_end == at)
+              slot.back().rows.end = rows.end;
+            else
+              slot.push_back({r, item.encoder, item.id, item.tokens, rows});
+            last_end = at + rows.size();
+          }
+        local += run.positions.size();
+      }
+    }
   return out;
 }
 #else
@@ -110,11 +116,12 @@ struct slot_load {
 /// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders
 /// placed by `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation
 /// come from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). With encoder items,
-/// sets plan.encoder_landings (plan_landings). Pure. Errors: pp < 1
+/// sets plan.encoder_landings (plan_landings), and in every case plan.encoder_sp and the encoder domain's plan
+/// under it (plan_encoder_domain over the schedule's shards). Pure. Errors: pp < 1
 /// (invalid_argument); the family's (e.g. interleaved schedules' micro-batch rules) and the verifier's.
 template <pipeline::schedule_family Schedule, class Placement>
-void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& placement, int pp,
-                     const model::step_batch* batch) {
+void attach_pipeline(step_layout& plan, const Schedule& family, const Placement& placement, int pp,
+                     const model::step_batch* batch, const seq::long_short_policy& encoder_sp = {}) {
   if (pp < 1)
     throw_error<invalid_argument>("train::attach_pipeline: pp = {}; expected a pipeline depth >= 1", pp);
   plan.pp = pp;
@@ -134,12 +141,12 @@ void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& p
   }
   // A separate encoder pool is part of the world whether or not the step has encoder items: its ranks
   // take part in every schedule (with empty encoder work when there is none).
-  constexpr bool pool = std::is_same_v<Placement, pipeline::encoder_pool>;
+  static_assert(pipeline::encoder_placement<Placement>,
+                "train: the encoder placement must be a pipeline::encoder_placement (pipeline/joint.hpp: "
+                "pipeline::encoder_on_first_stage, pipeline::colocated_encoder for the joint pipeline, "
+                "pipeline::encoder_pool, or a type of the user's with `place` and `encoder_ranks`)");
+  const bool pool = placement.encoder_ranks() > 0;
   if (pool || (batch != nullptr && has_encoder_items(*batch))) {
-    static_assert(pipeline::encoder_placement<Placement>,
-                  "train: the encoder placement must be a pipeline::encoder_placement "
-                  "(pipeline::encoder_on_first_stage, pipeline::colocated_encoder for the joint pipeline, or "
-                  "pipeline::encoder_pool)");
     const auto load = slot_loads(plan, batch);
     auto at = [](const std::vector<std::int64_t>& v, int mb) {
       return mb >= 0 && mb < static_cast<int>(v.size()) ? static_cast<double>(v[static_cast<std::size_t>(mb)])
@@ -165,6 +172,8 @@ void attach_pipeline(step_plan& plan, const Schedule& family, const Placement& p
     s = pipeline::add_encoder(s, placement, costs, work);
     if (batch != nullptr) plan.encoder_landings = plan_landings(plan, *batch);
   }
+  plan.encoder_sp = encoder_sp;
+  plan.encoder_domain = plan_encoder_domain(plan, s.num_encoder_shards(), plan.encoders(), encoder_sp);
   plan.pipeline = pipeline::add_send_recv(s);
   pipeline::assert_deadlock_free(plan.pipeline, "train::attach_pipeline");
 }

@@ -1,0 +1,269 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: the stage runner, the one typed callable the pipeline executor calls for one rank's
+// step (run::stage_calls binds its members): the user's backbone stage forward and backward (I and W under
+// split-backward schedules), the encoders' forward and backward with the exchange of rows over the pool
+// row, and the sizes of every action's output. It owns the step's activation stores (selective offload
+// at the plan's ratios) and accumulates the loss, target, token, micro-batch and encoder item counts and
+// the CPU time spent in the user's calls.
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "../comm/collectives.hpp"
+#include "../core/cpu_time.hpp"
+#include "../model/stage.hpp"
+#include "../pipeline/action.hpp"
+#include "context.hpp"
+#include "encoder_context.hpp"
+#include "encoders.hpp"
+#include "memory.hpp"
+#include "step_run.hpp"
+#include "step_stats.hpp"
+
+namespace hetmesh::train::detail {
+
+template <class S>
+concept sizes_stage_output = requires(const S& s, const model::micro_batch_view& v, int stage) {
+  { s.output_size(v, stage) } -> std::convertible_to<std::int64_t>;
+};
+
+/// One rank's calls of one step (see the file comment). `Part` is the plan's partition part (its attention
+/// mechanism types the stage's context); `Encoders` are train::encoder_binding values. Lives for one step;
+/// holds references to the plan, the rank's step, its encoder work and the system's resources.
+template <class Comm, class Kernel, class T, class Memory, class Part, class Stage, class... Encoders>
+class stage_runner {
+ public:
+  /// The context the backbone stage receives.
+  using context_type = step_context<Comm, Kernel, T, Memory, typename Part::attention>;
+  /// The encoders' activation stores, one per encoder (and one spare).
+  using stores_type = std::array<model::memory_activation_store<T, Memory>, sizeof...(Encoders) + 1>;
+  /// Whether the stage splits its backward (model::split_backward_stage): then the executor calls
+  /// backward_input and backward_weight under split-backward schedules.
+  static constexpr bool split = model::split_backward_stage<Stage, T, context_type>;
+
+  double sums[2] = {0.0, 0.0};         ///< loss, loss weights
+  std::int64_t counts[3] = {0, 0, 0};  ///< tokens, micro-batches, encoder items
+  double cpu = 0.0;                    ///< thread CPU seconds in the user's stages and encoders
+  step_store<T, Memory> store;         ///< the backbone stages' activations
+  stores_type enc_stores;              ///< the encoders' activations
+
+  stage_runner(const step_plan<Part>& plan, const step_rank& rank, const encoder_work& enc,
+               const step_resources<Comm, Kernel, Memory>& res, Stage& stage, std::tuple<Encoders...>& encoders,
+               step_stats& st, int pool_rank, double cpu0)
+      : store{model::memory_activation_store<T, Memory>(*res.mem)},
+        enc_stores{make_stores(*res.mem, std::make_index_sequence<sizeof...(Encoders) + 1>{})},
+        plan_(&plan),
+        rank_(&rank),
+        enc_(&enc),
+        res_(res),
+        stage_(&stage),
+        encoders_(&encoders),
+        st_(&st),
+        cpu0_(cpu0),
+        landing_{&enc, res.mem} {
+    const int S = plan.pipeline.num_stages;
+    for (const auto& pm : plan.per_rank[static_cast<std::size_t>(pool_rank)])
+      if (pm.offload_ratio > 0)
+        for (int stg = 0; stg < S; ++stg) store.set_ratio(stg, pm.slot, pm.offload_ratio);
+  }
+
+  /// Output elements of stage `stg` for slot `mb`: the stage's output_size(view, stage) when it has it,
+  /// else output_size(view); 0 for an empty slot.
+  [[nodiscard]] std::int64_t output_size(int stg, int mb) const { return output_size(stg, rank_->view(mb)); }
+  /// Output elements of encoder shard `e` for slot `mb` to this pipeline.
+  [[nodiscard]] std::int64_t encoder_size(int e, int mb) const {
+    return enc_->sizes[static_cast<std::size_t>(e)][static_cast<std::size_t>(mb)];
+  }
+
+  /// Stage `stg`'s forward of slot `mb`: stage 0 with encoders reads the landings' rows in landing order;
+  /// the last stage writes its per-token loss terms, which are summed (with the weights and tokens).
+  void forward(int stg, int mb, std::span<const T> in, std::span<T> out) {
+    const auto v = rank_->view(mb);
+    if (v.size() == 0) return;
+    cpu_scope timed{cpu, st_->cpu_actions, {stg, pipeline::action_type::forward, mb}, cpu0_};
+    auto ctx = context(stg, mb);
+    typename Memory::template buffer<T> landed;  // stage 0 with encoders: the landing order
+    if (stg == 0 && encoder_shards() > 0) {
+      landed = landing_.gather(mb, in);
+      in = std::as_const(landed).span();
+    }
+    if (stg + 1 < plan_->pipeline.num_stages) {
+      stage_->forward(ctx, v, in, out);
+      return;
+    }
+    const auto n = output_size(stg, v);
+    if (n != v.size())
+      throw_error<invalid_argument>(
+          "train::system::run: the last stage ({}) has {} output elements for micro-batch {} of {} tokens; "
+          "expected one loss term per token (output_size(view, stage) == view.size() at the last stage)",
+          stg, n, mb, v.size());
+    typename Memory::template buffer<T> loss;
+    loss.resize(static_cast<std::size_t>(n));
+    stage_->forward(ctx, v, in, loss.span());
+    for (auto x : readable_on_host(*res_.mem, std::span<const T>(loss.span()))) sums[0] += static_cast<double>(x);
+    for (auto w : v.loss_weights) sums[1] += w;
+    for (auto si : v.stream_index) counts[0] += si >= 0 ? 1 : 0;
+    ++counts[1];
+  }
+
+  /// Stage `stg`'s backward of slot `mb` (stage 0 with encoders: its landing-order gradient back to the
+  /// shards' layout).
+  void backward(int stg, int mb, std::span<const T> gout, std::span<T> gin) {
+    backward_as(pipeline::action_type::backward, stg, mb, gout, gin,
+                [&](auto& ctx, const auto& v, std::span<T> g) { stage_->backward(ctx, v, gout, g); });
+  }
+  /// Stage `stg`'s input-gradient half of slot `mb` (split-backward schedules).
+  void backward_input(int stg, int mb, std::span<const T> gout, std::span<T> gin) requires split {
+    backward_as(pipeline::action_type::backward_input, stg, mb, gout, gin,
+                [&](auto& ctx, const auto& v, std::span<T> g) { stage_->backward_input(ctx, v, gout, g); });
+  }
+  /// Stage `stg`'s weight-gradient half of slot `mb` (split-backward schedules).
+  void backward_weight(int stg, int mb) requires split {
+    const auto v = rank_->view(mb);
+    if (v.size() == 0) return;
+    cpu_scope timed{cpu, st_->cpu_actions, {stg, pipeline::action_type::backward_weight, mb}, cpu0_};
+    auto ctx = context(stg, mb);
+    stage_->backward_weight(ctx, v);
+  }
+
+  /// Encoder shard `e`'s forward of slot `mb`: its encoders' calls into its local rows, then the exchange
+  /// over the pool row; `out` receives the shard's output to this pipeline.
+  void encoder_forward(int e, int mb, std::span<T> out) {
+    const auto m = static_cast<std::size_t>(mb);
+    if (!enc_->active[m]) return;
+    const auto& ex = enc_->exchange[static_cast<std::size_t>(e)][m];
+    typename Memory::template buffer<T> local, send;
+    local.resize(static_cast<std::size_t>(ex.local_size));
+    if (local.size() != 0) {
+      res_.mem->fill(local.span(), T(0));
+      cpu_scope timed{cpu, st_->cpu_actions, {e, pipeline::action_type::encoder_forward, mb}, cpu0_};
+      std::apply(
+          [&](auto&... bindings) {
+            encode<T, Memory>(enc_->work[static_cast<std::size_t>(e)][m], local.span(), e, mb,
+                              encoder_ctx(e, mb), counts[2], bindings...);
+          },
+          *encoders_);
+    }
+    send.resize(static_cast<std::size_t>(ex.send_size()));
+    ex.pack_into(*res_.mem, std::span<const T>(local.span()), send.span());
+    exchange(std::span<const T>(send.span()), ex.send_counts, out, ex.recv_counts);
+  }
+
+  /// Encoder shard `e`'s backward of slot `mb`: the output gradient `g` back over the pool row, summed into
+  /// the local rows, then the encoders' backward.
+  void encoder_backward(int e, int mb, std::span<const T> g) {
+    const auto m = static_cast<std::size_t>(mb);
+    if (!enc_->active[m]) return;
+    const auto& ex = enc_->exchange[static_cast<std::size_t>(e)][m];
+    typename Memory::template buffer<T> back, local;  // back: in the send buffer's layout
+    back.resize(static_cast<std::size_t>(ex.send_size()));
+    exchange(g, ex.recv_counts, back.span(), ex.send_counts);
+    if (ex.local_size == 0) return;
+    local.resize(static_cast<std::size_t>(ex.local_size));
+    res_.mem->fill(local.span(), T(0));
+    ex.unpack_add(*res_.mem, std::span<const T>(back.span()), local.span());
+    cpu_scope timed{cpu, st_->cpu_actions, {e, pipeline::action_type::encoder_backward, mb}, cpu0_};
+    std::apply(
+        [&](auto&... bindings) {
+          encode_backward<T>(enc_->work[static_cast<std::size_t>(e)][m], std::span<const T>(local.span()),
+                             encoder_ctx(e, mb), bindings...);
+        },
+        *encoders_);
+  }
+
+  /// Activation slots the stages and encoders left after the step (0 when every backward released them).
+  [[nodiscard]] std::size_t slots_left() const { return store.slots() + detail::slots_left(enc_stores); }
+
+ private:
+  template <std::size_t... I>
+  static stores_type make_stores(Memory& mem, std::index_sequence<I...>) {
+    return {((void)I, model::memory_activation_store<T, Memory>(mem))...};
+  }
+  [[nodiscard]] int encoder_shards() const { return plan_->pipeline.num_encoder_shards(); }
+
+  [[nodiscard]] std::int64_t output_size(int stg, const model::micro_batch_view& v) const {
+    if (v.size() == 0) return 0;
+    if constexpr (sizes_stage_output<Stage>)
+      return static_cast<std::int64_t>(stage_->output_size(v, stg));
+    else
+      return static_cast<std::int64_t>(stage_->output_size(v));
+  }
+
+  template <class Call>
+  void backward_as(pipeline::action_type type, int stg, int mb, std::span<const T>, std::span<T> gin,
+                   Call&& call) {
+    const auto v = rank_->view(mb);
+    if (v.size() == 0) return;
+    cpu_scope timed{cpu, st_->cpu_actions, {stg, type, mb}, cpu0_};
+    auto ctx = context(stg, mb);
+    if (stg == 0 && encoder_shards() > 0) {  // the landing rows' gradients, back to the shards' layout
+      typename Memory::template buffer<T> g;
+      g.resize(static_cast<std::size_t>(landing_.size(mb)));
+      call(ctx, v, g.span());
+      landing_.scatter(mb, std::as_const(g).span(), gin);
+      return;
+    }
+    call(ctx, v, gin);
+  }
+
+  [[nodiscard]] context_type context(int stg, int mb) {
+    context_type ctx;
+    ctx.activations = &store;
+    ctx.stage = stg;
+    ctx.micro_batch = mb;
+    ctx.kernel = res_.kernel;
+    ctx.memory = res_.mem;
+    if (const auto* pm = rank_->planned[static_cast<std::size_t>(mb)]) {
+      const auto& ring = plan_->rings[static_cast<std::size_t>(pm->ring)];
+      ctx.ring = {res_.pool, std::span<const int>(ring.ring), pm->position};
+      if constexpr (std::same_as<typename Part::attention, attention_over_groups>) {
+        ctx.ulysses = &plan_->partition.exchange(pm->source);
+        ctx.group = res_.group;
+        ctx.stream_doc = rank_->stream_doc[static_cast<std::size_t>(mb)];
+        ctx.stream_pos = rank_->stream_pos[static_cast<std::size_t>(mb)];
+      } else {
+        ctx.schedule = &ring;
+        ctx.options = res_.attention;
+      }
+    }
+    return ctx;
+  }
+
+  [[nodiscard]] auto encoder_ctx(int e, int mb) {
+    return encoder_context_maker<Comm, Kernel, T, stores_type, Memory>{
+        &enc_stores, res_.item_groups, res_.kernel, e, mb, e * res_.pool_size, res_.mem};
+  }
+
+  // The slot's exchange over the shard's pool row: `send` by destination, `recv` by source.
+  void exchange(std::span<const T> send, std::span<const std::int64_t> send_counts, std::span<T> recv,
+                std::span<const std::int64_t> recv_counts) {
+    const double c0 = thread_cpu_seconds();
+    auto displs = [](std::span<const std::int64_t> counts) {
+      std::vector<std::int64_t> d(counts.size(), 0);
+      for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+      return d;
+    };
+    const auto sd = displs(send_counts), rd = displs(recv_counts);
+    comm::all_to_all_v(*res_.pool, send, send_counts, std::span<const std::int64_t>(sd), recv, recv_counts,
+                       std::span<const std::int64_t>(rd));
+    st_->cpu_comm_seconds += thread_cpu_seconds() - c0;
+  }
+
+  const step_plan<Part>* plan_;
+  const step_rank* rank_;
+  const encoder_work* enc_;
+  step_resources<Comm, Kernel, Memory> res_;
+  Stage* stage_;
+  std::tuple<Encoders...>* encoders_;
+  step_stats* st_;
+  double cpu0_;
+  encoder_landing<T, Memory> landing_;
+};
+
+}  // namespace hetmesh::train::detail
