@@ -226,7 +226,7 @@ TEST_CASE("train::system: ranks that differ only in their encoder split (encoder
   std::mutex m;
   comm::loopback::run(2, [&](comm::loopback::communicator& c) {
     train::system_options o;
-    o.encoder_sp.max_tokens_per_rank = c.rank() == 0 ? 4 : 5;
+    o.encoder_sp.max_tokens_per_rank = c.rank() == 0 ? 64 : 65;
     o.encoder_sp.heads = 4;
     using sys_t = train::system<seq::cp_thd, model::reference_attention, comm::loopback::communicator>;
     sys_t sys(seq::cp_thd{.cp = 2, .pad = true}, c, {}, o);
