@@ -116,6 +116,8 @@ struct cp_piece {
 /// The typed part of a static CP plan (seq::cp_zigzag, seq::cp_thd): the group size and the pieces; a
 /// planned micro-batch's source indexes `pieces`.
 struct static_cp_part {
+  /// The part's name (plans print it).
+  static constexpr std::string_view name = "static_cp";
   /// Ring attention over each piece's group.
   using attention = attention_over_rings;
   int cp = 1;                   ///< CP group size
@@ -123,12 +125,14 @@ struct static_cp_part {
 
   friend bool operator==(const static_cp_part&, const static_cp_part&) = default;
   /// Feeds the part to a plan hash.
-  void hash_append(hasher& h) const { append_all(h, std::string_view("static-cp"), cp, pieces); }
+  void hash_append(hasher& h) const { append_all(h, name, cp, pieces); }
 };
 
 /// The typed part of a Ulysses plan: the degree, the pieces (contiguous partitions) and per piece the
 /// all-to-all exchange plan; a planned micro-batch's source indexes both.
 struct ulysses_part {
+  /// The part's name (plans print it).
+  static constexpr std::string_view name = "ulysses";
   /// Heads exchanged in fixed groups of `degree` consecutive pool ranks.
   using attention = attention_over_groups;
   int degree = 1;                          ///< the Ulysses degree (group size)
@@ -143,19 +147,21 @@ struct ulysses_part {
   }
   friend bool operator==(const ulysses_part&, const ulysses_part&) = default;
   /// Feeds the part to a plan hash.
-  void hash_append(hasher& h) const { append_all(h, std::string_view("ulysses"), degree, pieces, exchanges); }
+  void hash_append(hasher& h) const { append_all(h, name, degree, pieces, exchanges); }
 };
 
 /// The typed part of an HDP plan: the HDP planner's plan; a planned micro-batch's source indexes its rank's
 /// list in hdp.per_rank.
 struct hdp_part {
+  /// The part's name (plans print it).
+  static constexpr std::string_view name = "hdp";
   /// Ring attention over each item's ring (a pack: a ring of one).
   using attention = attention_over_rings;
   seq::hdp_plan hdp;  ///< the items, their placement and per rank its micro-batches
 
   friend bool operator==(const hdp_part&, const hdp_part&) = default;
   /// Feeds the part to a plan hash.
-  void hash_append(hasher& h) const { append_all(h, std::string_view("hdp"), hdp); }
+  void hash_append(hasher& h) const { append_all(h, name, hdp); }
 };
 
 static_assert(partition_part<static_cp_part>);

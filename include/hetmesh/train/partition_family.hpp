@@ -48,7 +48,8 @@ struct attention_over_groups {};
 ///   2. `P::attention` is attention_over_rings or attention_over_groups (the runtime's two mechanisms);
 ///   3. with attention_over_groups: `p.group_size()` (int: consecutive pool ranks per group, dividing the
 ///      pool) and `p.exchange(source)` (the seq::ulysses_plan of the micro-batch with that source index).
-/// Optional: nothing else; a part may hold anything its family's planner wants to keep.
+/// Optional: `P::name` (a string_view constant: plans print it). A part may hold anything else its family's
+/// planner wants to keep.
 template <class P>
 concept partition_part =
     std::regular<P> && requires(const P& p, hasher& h) { p.hash_append(h); } &&

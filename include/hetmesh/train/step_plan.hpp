@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -240,4 +241,13 @@ struct fmt::formatter<hetmesh::train::step_layout> : hetmesh::empty_spec_formatt
   }
 };
 template <class Part>
-struct fmt::formatter<hetmesh::train::step_plan<Part>> : fmt::formatter<hetmesh::train::step_layout> {};
+struct fmt::formatter<hetmesh::train::step_plan<Part>> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::train::step_plan<Part>& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    std::string_view family = "family";
+    if constexpr (requires { Part::name; }) family = Part::name;  // the part's name, where it has one
+    return hetmesh::format_to(ctx.out(),
+                              "step_plan{{{}, world={}, documents={}, rings={}, micro_batches={}, pp={}}}", family,
+                              p.world, p.documents.size(), p.rings.size(), p.micro_batches(), p.pp);
+  }
+};
