@@ -15,6 +15,7 @@
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
@@ -38,9 +39,11 @@ using step_store = offload_store<T, model::memory_activation_store<T, M>>;
 
 namespace detail {
 
-/// What a step context holds for its family's attention mechanism (partition_part::attention): the
-/// micro-batch's ring and the ring calls' options (attention_over_rings), or its group's communicator,
-/// exchange plan and stream (attention_over_groups).
+/// What a step context holds for its family's attention mechanism (partition_part::attention), and how it
+/// calls attention: ring attention over the micro-batch's ring (attention_over_rings), or Ulysses attention
+/// over its group (attention_over_groups). `group_size(part)`: consecutive pool ranks per group the system
+/// splits for it (0: none); `bind(part, pm, ring, stream_doc, stream_pos, group, options)` fills it for one
+/// planned micro-batch; `bound()` says it was; `forward`/`backward` run the calls.
 template <class Mechanism, class Comm>
 struct attention_binding;
 
@@ -48,6 +51,36 @@ template <class Comm>
 struct attention_binding<attention_over_rings, Comm> {
   const seq::ring_schedule* schedule = nullptr;  ///< the micro-batch's ring (its position: ring.position)
   run::ring_attention_options options{};         ///< tags and overlap of the ring calls
+
+  /// The mechanism's name, for messages.
+  static constexpr std::string_view mechanism = "ring";
+  /// No group: rings come with the plan.
+  template <class Part>
+  static int group_size(const Part&) noexcept {
+    return 0;
+  }
+  /// Binds the micro-batch's ring.
+  template <class Part>
+  void bind(const Part&, const planned_micro_batch&, const seq::ring_schedule& ring, std::span<const std::int64_t>,
+            std::span<const std::int64_t>, Comm*, const run::ring_attention_options& o) {
+    schedule = &ring;
+    options = o;
+  }
+  /// Whether a ring is bound (over `ring`, the context's ring group).
+  [[nodiscard]] bool bound(const model::ring_group<Comm>& ring) const noexcept {
+    return schedule != nullptr && ring.parent != nullptr;
+  }
+  template <class Kernel, class T, class M>
+  void forward(const model::ring_group<Comm>& ring, Kernel& k, const run::ring_attention_input<T>& in,
+               std::span<T> out, std::span<T> lse, M& mem) const {
+    run::ring_attention_forward(*ring.parent, *schedule, k, in, out, lse, mem, options);
+  }
+  template <class Kernel, class T, class M>
+  void backward(const model::ring_group<Comm>& ring, Kernel& k, const run::ring_attention_input<T>& in,
+                std::span<const T> out, std::span<const T> lse, std::span<const T> dout, std::span<T> dq,
+                std::span<T> dk, std::span<T> dv, M& mem) const {
+    run::ring_attention_backward(*ring.parent, *schedule, k, in, out, lse, dout, dq, dk, dv, mem, options);
+  }
 };
 
 template <class Comm>
@@ -56,6 +89,45 @@ struct attention_binding<attention_over_groups, Comm> {
   Comm* group = nullptr;                       ///< the group's communicator, in stream order
   std::span<const std::int64_t> stream_doc;    ///< document of every token of the group
   std::span<const std::int64_t> stream_pos;    ///< position of every token of the group
+
+  /// The mechanism's name, for messages.
+  static constexpr std::string_view mechanism = "group (Ulysses)";
+  /// The part's group size (consecutive pool ranks).
+  template <class Part>
+  static int group_size(const Part& p) {
+    return p.group_size();
+  }
+  /// Binds the micro-batch's exchange plan, its group's communicator and stream.
+  template <class Part>
+  void bind(const Part& part, const planned_micro_batch& pm, const seq::ring_schedule&,
+            std::span<const std::int64_t> doc, std::span<const std::int64_t> pos, Comm* g,
+            const run::ring_attention_options&) {
+    ulysses = &part.exchange(pm.source);
+    group = g;
+    stream_doc = doc;
+    stream_pos = pos;
+  }
+  /// Whether a group is bound.
+  [[nodiscard]] bool bound(const model::ring_group<Comm>&) const noexcept {
+    return group != nullptr && ulysses != nullptr;
+  }
+  template <class Kernel, class T, class M>
+  void forward(const model::ring_group<Comm>&, Kernel& k, const run::ring_attention_input<T>& in, std::span<T> out,
+               std::span<T> lse, M& mem) const {
+    run::ulysses_attention_forward(*group, *ulysses, k, as_group_input(in), out, lse, mem);
+  }
+  template <class Kernel, class T, class M>
+  void backward(const model::ring_group<Comm>&, Kernel& k, const run::ring_attention_input<T>& in,
+                std::span<const T> out, std::span<const T> lse, std::span<const T> dout, std::span<T> dq,
+                std::span<T> dk, std::span<T> dv, M& mem) const {
+    run::ulysses_attention_backward(*group, *ulysses, k, as_group_input(in), out, lse, dout, dq, dk, dv, mem);
+  }
+
+ private:
+  template <class T>
+  run::ulysses_attention_input<T> as_group_input(const run::ring_attention_input<T>& in) const {
+    return {in.shape, in.scale, in.q, in.k, in.v, stream_doc, stream_pos};
+  }
 };
 
 }  // namespace detail
@@ -92,15 +164,7 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
   void attention_forward(model::attention_shape shape, T scale, std::span<const T> q, std::span<const T> k,
                          std::span<const T> v, std::span<T> out, std::span<T> lse) const {
     check_bound("attention_forward");
-    if constexpr (std::same_as<Attention, attention_over_groups>)
-      run::ulysses_attention_forward(
-          *this->group, *this->ulysses, *kernel,
-          run::ulysses_attention_input<T>{shape, scale, q, k, v, this->stream_doc, this->stream_pos}, out,
-          lse, mem());
-    else
-      run::ring_attention_forward(*this->ring.parent, *this->schedule, *kernel,
-                                  run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, mem(),
-                                  this->options);
+    this->forward(this->ring, *kernel, run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, mem());
   }
 
   /// Backward of attention_forward: given its inputs, its out and lse, and dout (the loss gradient with
@@ -111,15 +175,8 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
                           std::span<const T> v, std::span<const T> out, std::span<const T> lse,
                           std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) const {
     check_bound("attention_backward");
-    if constexpr (std::same_as<Attention, attention_over_groups>)
-      run::ulysses_attention_backward(
-          *this->group, *this->ulysses, *kernel,
-          run::ulysses_attention_input<T>{shape, scale, q, k, v, this->stream_doc, this->stream_pos}, out,
-          lse, dout, dq, dk, dv, mem());
-    else
-      run::ring_attention_backward(*this->ring.parent, *this->schedule, *kernel,
-                                   run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq,
-                                   dk, dv, mem(), this->options);
+    this->backward(this->ring, *kernel, run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq,
+                   dk, dv, mem());
   }
 
  private:
@@ -132,17 +189,11 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
     });
   }
   void check_bound(const char* who) const {
-    bool bound = kernel != nullptr;
-    if constexpr (std::same_as<Attention, attention_over_groups>)
-      bound = bound && this->group != nullptr && this->ulysses != nullptr;
-    else
-      bound = bound && this->schedule != nullptr && this->ring.parent != nullptr;
-    if (!bound)
+    if (kernel == nullptr || !this->bound(this->ring))
       throw_error<invalid_argument>(
           "train::step_context::{}: stage {} micro-batch {} has no {} attention bound; expected a context made "
           "by train::system::run",
-          who, this->stage, this->micro_batch,
-          std::same_as<Attention, attention_over_groups> ? "group (Ulysses)" : "ring");
+          who, this->stage, this->micro_batch, this->mechanism);
   }
 };
 

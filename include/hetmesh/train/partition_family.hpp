@@ -37,28 +37,35 @@ struct partition_request {
 };
 
 /// The attention mechanism of a family whose micro-batches run attention over their plan rings
-/// (run::ring_attention_forward/backward; a ring of one rank runs the kernel locally).
-struct attention_over_rings {};
+/// (run::ring_attention_forward/backward; a ring of one rank runs the kernel locally). It asks nothing more
+/// of the part.
+struct attention_over_rings {
+  /// Whether part type P gives this mechanism what it reads: nothing beyond the layout.
+  template <class P>
+  static constexpr bool accepts = true;
+};
 /// The attention mechanism of a family whose pool splits into fixed groups that exchange heads all-to-all
 /// around a local attention (Ulysses): the part says the group size and each micro-batch's exchange plan.
-struct attention_over_groups {};
+struct attention_over_groups {
+  /// Whether part type P gives this mechanism what it reads: `p.group_size()` (consecutive pool ranks per
+  /// group) and `p.exchange(source)` (the seq::ulysses_plan of the micro-batch with that source index).
+  template <class P>
+  static constexpr bool accepts = requires(const P& p, std::int64_t source) {
+    { p.group_size() } -> std::convertible_to<int>;
+    { p.exchange(source) } -> std::convertible_to<const seq::ulysses_plan&>;
+  };
+};
 
 /// A family's typed plan part. Requirements on `P` (a value `p`):
 ///   1. `P` is regular (`std::regular`) and `p.hash_append(h)` feeds all of it to a hasher;
-///   2. `P::attention` is attention_over_rings or attention_over_groups (the runtime's two mechanisms);
-///   3. with attention_over_groups: `p.group_size()` (int: consecutive pool ranks per group, dividing the
-///      pool) and `p.exchange(source)` (the seq::ulysses_plan of the micro-batch with that source index).
+///   2. `P::attention` is the runtime's attention mechanism for it, attention_over_rings or
+///      attention_over_groups, and `P::attention::accepts<P>` holds (what that mechanism reads of the part:
+///      with attention_over_groups, `p.group_size()` and `p.exchange(source)`).
 /// Optional: `P::name` (a string_view constant: plans print it). A part may hold anything else its family's
 /// planner wants to keep.
 template <class P>
-concept partition_part =
-    std::regular<P> && requires(const P& p, hasher& h) { p.hash_append(h); } &&
-    (std::same_as<typename P::attention, attention_over_rings> ||
-     (std::same_as<typename P::attention, attention_over_groups> &&
-      requires(const P& p, std::int64_t source) {
-        { p.group_size() } -> std::convertible_to<int>;
-        { p.exchange(source) } -> std::convertible_to<const seq::ulysses_plan&>;
-      }));
+concept partition_part = std::regular<P> && requires(const P& p, hasher& h) { p.hash_append(h); } &&
+                         requires { typename P::attention; } && P::attention::template accepts<P>;
 
 namespace detail {
 template <class T>

@@ -222,15 +222,13 @@ class stage_runner {
     if (const auto* pm = rank_->planned[static_cast<std::size_t>(mb)]) {
       const auto& ring = plan_->rings[static_cast<std::size_t>(pm->ring)];
       ctx.ring = {res_.pool, std::span<const int>(ring.ring), pm->position};
-      if constexpr (std::same_as<typename Part::attention, attention_over_groups>) {
-        ctx.ulysses = &plan_->partition.exchange(pm->source);
-        ctx.group = res_.group;
-        ctx.stream_doc = rank_->stream_doc[static_cast<std::size_t>(mb)];
-        ctx.stream_pos = rank_->stream_pos[static_cast<std::size_t>(mb)];
-      } else {
-        ctx.schedule = &ring;
-        ctx.options = res_.attention;
-      }
+      const bool groups = !rank_->stream_doc.empty();
+      ctx.bind(plan_->partition, *pm, ring,
+               groups ? std::span<const std::int64_t>(rank_->stream_doc[static_cast<std::size_t>(mb)])
+                      : std::span<const std::int64_t>(),
+               groups ? std::span<const std::int64_t>(rank_->stream_pos[static_cast<std::size_t>(mb)])
+                      : std::span<const std::int64_t>(),
+               res_.group, res_.attention);
     }
     return ctx;
   }

@@ -328,26 +328,22 @@ class system {
                    ...));
   }
 
-  // Attention over groups: the group size of the plan (its communicator split from the pool on first use,
-  // collectively, and again when the size changes); 0 for rings.
+  // The plan's attention groups (its mechanism's group_size: 0 for rings): their communicator is split
+  // from the pool on first use, collectively, and again when the size changes.
   int group_size(const plan_type& plan) {
-    if constexpr (std::same_as<typename part_type::attention, attention_over_groups>) {
-      const int d = plan.partition.group_size();
-      if (d < 1 || pool_size_ % d != 0)
-        throw_error<invalid_argument>(
-            "train::system: attention groups of {} ranks over a pool of {} ranks; expected a group size >= 1 "
-            "dividing the pool",
-            d, pool_size_);
-      if (!group_ || group_degree_ != d) {
-        Comm& pool = pool_ ? *pool_ : *world_;
-        group_.emplace(comm::split(pool, pool.rank() / d, pool.rank() % d));
-        group_degree_ = d;
-      }
-      return d;
-    } else {
-      (void)plan;
-      return 0;
+    const int d = detail::attention_binding<typename part_type::attention, Comm>::group_size(plan.partition);
+    if (d == 0) return 0;
+    if (d < 1 || pool_size_ % d != 0)
+      throw_error<invalid_argument>(
+          "train::system: attention groups of {} ranks over a pool of {} ranks; expected a group size >= 1 "
+          "dividing the pool",
+          d, pool_size_);
+    if (!group_ || group_degree_ != d) {
+      Comm& pool = pool_ ? *pool_ : *world_;
+      group_.emplace(comm::split(pool, pool.rank() / d, pool.rank() % d));
+      group_degree_ = d;
     }
+    return d;
   }
 
   detail::step_resources<Comm, Kernel, Memory> resources(const plan_type&) {
