@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// add_encoder takes an encoder placement family (joint pipeline, first stage, separate pool); any
-// other type is refused with a message naming the three.
+// add_encoder takes an encoder placement (pipeline::encoder_placement: `encoder_ranks()` and `place(...)`,
+// the library's three or a user's); a type without them is refused with a message naming what it needs.
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/joint.hpp>
 

@@ -10,5 +10,6 @@
 #include "context.hpp"
 #include "encoder_batch.hpp"
 #include "micro_batch.hpp"
+#include "micro_batch_runs.hpp"
 #include "reference_attention.hpp"
 #include "stage.hpp"

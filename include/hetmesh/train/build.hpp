@@ -15,6 +15,7 @@
 #include "../core/error.hpp"
 #include "../data/routes.hpp"
 #include "../model/micro_batch.hpp"
+#include "../model/micro_batch_runs.hpp"
 #include "step_plan.hpp"
 
 namespace hetmesh::train {
@@ -47,10 +48,10 @@ namespace detail {
           rank, pm.slot, d < l.documents.size() ? l.documents[d].id : -1,
           d < l.documents.size() ? l.documents[d].length : -1,
           d < batch.documents.size() ? batch.documents[d].length() : -1);
-    model::detail::append_run(mb, batch, s, r.doc, r.positions);
+    model::append_tokens(mb, batch, s, r.doc, r.positions);
   }
   if (pm.cu_seqlens.empty()) {
-    model::detail::close_by_segments(mb);
+    model::close_by_segments(mb);
   } else {
     mb.cu_seqlens = pm.cu_seqlens;
     mb.seqlen_docs = pm.seqlen_docs;

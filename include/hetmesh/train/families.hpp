@@ -361,6 +361,24 @@ template <class Offload, hdp_balancer B>
   return p;
 }
 
+/// Compile-time check that train::system can run partition family `F` placed by balancer `B`, with a
+/// message naming what is missing; returns true for use in a static_assert.
+template <class F, class B>
+consteval bool check_trainable() {
+  static_assert(partition_family<F, B> || partition_family<F, family_placement>,
+                "train: Partition must be a train::partition_family placed by the Balancer: a regular, "
+                "hashable type with `plan_partition(family, train::partition_request, balancer)` (found by "
+                "argument-dependent lookup) returning a train::step_plan<Part> of a train::partition_part "
+                "(train/partition_family.hpp). The library's: seq::cp_zigzag, seq::cp_thd, seq::ulysses, "
+                "seq::hdp<Offload> (train/families.hpp); seq::cp_contiguous has no step plan");
+  static_assert(partition_family<F, B> || !partition_family<F, family_placement>,
+                "train: this Balancer cannot place the partition family's work: it lacks the member the "
+                "family's plan_partition calls (place_groups for seq::cp_zigzag, seq::cp_thd and "
+                "seq::ulysses; place_hdp for seq::hdp: balance::bytescale and balance::gap_filling_hdp "
+                "have it; train/families.hpp)");
+  return true;
+}
+
 /// The step plan of partition family `family` placed by `balancer` for documents `docs` (id, length in
 /// stream order) over `pool` ranks, priced by `cost`: plan_partition(family, {docs, pool, cost}, balancer),
 /// before the pipeline part (attach_pipeline). Pure: equal on every rank for equal inputs; not collective.

@@ -98,19 +98,5 @@ template <class F, class B>
 using step_plan_t = std::remove_cvref_t<decltype(plan_partition(
     std::declval<const F&>(), std::declval<const partition_request&>(), std::declval<const B&>()))>;
 
-/// Compile-time check that train::system can run partition family `F` placed by balancer `B`, with a
-/// message naming what is missing; returns true for use in a static_assert.
-template <class F, class B>
-consteval bool check_trainable() {
-  static_assert(partition_family<F, B>,
-                "train: Partition must be a train::partition_family placed by the Balancer: a regular, "
-                "hashable type with `plan_partition(family, train::partition_request, balancer)` (found by "
-                "argument-dependent lookup) returning a train::step_plan<Part> of a train::partition_part "
-                "(train/partition_family.hpp). The library's: seq::cp_zigzag, seq::cp_thd, seq::ulysses with "
-                "train::family_placement; seq::hdp<Offload> with family_placement, balance::bytescale or "
-                "balance::gap_filling_hdp (train/families.hpp)");
-  return true;
-}
-
 }  // namespace hetmesh::train
 
