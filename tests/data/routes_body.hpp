@@ -27,6 +27,7 @@
 #include <hetmesh/seq/sample.hpp>
 #include <hetmesh/train/delivery.hpp>
 #include <hetmesh/train/encoders.hpp>
+#include <hetmesh/train/families.hpp>
 #include <hetmesh/train/pipeline_plan.hpp>
 
 namespace routestest {
@@ -100,7 +101,7 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
   std::string failure;
   std::vector<seq::seq_desc> docs;
   std::vector<std::vector<model::encoder_item>> items;
-  train::step_plan plan;
+  train::step_layout plan;
   auto check_routed = [&](std::int64_t step, const data::route_plan& routes,
                           const data::delivered_share& got) -> std::string {
     // Independently: who reads what when the step runs (whole batch at hand).
@@ -228,13 +229,13 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
     else
       plan = train::plan_step(seq::hdp<seq::selective_offload>{.capacity = 48}, docs, where.pool);
     if (c == routed_case::joint_pp4)
-      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, where.pp, &shape);
+      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, where.pp, &shape, sp);
     else if (c == routed_case::encoder_pool)
-      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_pool{.ranks = 1}, 1, &shape);
+      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_pool{.ranks = 1}, 1, &shape, sp);
     else
       train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, where.pp,
-                             &shape);
-    const auto routes = train::plan_delivery(plan, items, where, sp);
+                             &shape, sp);
+    const auto routes = train::plan_delivery(plan, items, where);
     if (sh.is_host(world.rank())) {
       std::vector<std::vector<std::uint8_t>> keep(routes.parts.size());
       run::send_routed(world, step, routes, sh, [&](std::size_t i) -> std::span<const std::uint8_t> {
