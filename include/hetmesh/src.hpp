@@ -26,7 +26,7 @@
 #include "model/encoder_batch.hpp"
 #include "model/micro_batch.hpp"
 #include "pipeline/action.hpp"
-#include "pipeline/generators.hpp"
+#include "pipeline/detail/schedule_builders.hpp"
 #include "pipeline/joint.hpp"
 #include "pipeline/lower.hpp"
 #include "run/long_short_attention.hpp"
