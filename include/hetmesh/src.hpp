@@ -21,6 +21,7 @@
 // Every header that declares a HETMESH_COMPILED function (scripts/check_rooms.py checks the list).
 #include "balance/planner.hpp"
 #include "balance/ring_layout.hpp"
+#include "balance/ring_repack.hpp"
 #include "balance/ring_search.hpp"
 #include "balance/solvers.hpp"
 #include "model/encoder_batch.hpp"
