@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds hetmesh and runs its tests: the default build (Release, -Werror; unit, multi-rank on loopback
-# and under mpirun, examples, package consumers: build tree, install tree, an install of a tree that was
-# only configured consumed with no components and with all, add_subdirectory; heavy sweeps; GPU tests
-# skip without a device), the API reference (doxygen, warnings as errors), the fuzz targets, then the
-# ThreadSanitizer tests (label tsan) and the ASan+UBSan build.
+# Checks the size limits of include/ (scripts/check_size.py), then builds hetmesh and runs its tests: the
+# default build (Release, -Werror; unit, multi-rank on loopback and under mpirun, examples, package
+# consumers: build tree, install tree, an install of a tree that was only configured consumed with no
+# components and with all, add_subdirectory; heavy sweeps; GPU tests skip without a device), the API
+# reference (doxygen, warnings as errors), the fuzz targets, then the ThreadSanitizer tests (label tsan)
+# and the ASan+UBSan build.
 # Compiles through ccache where it is installed.
 # Prints the wall and CPU seconds of each stage as it ends and a table of all of them at the end (also
 # when a stage fails), and writes them to build/ci-times.json (CPU: user + sys of the stage's commands
@@ -81,6 +82,10 @@ trap stage_summary EXIT
 
 stage setup
 bash scripts/setup.sh
+
+# No header over 500 lines, no function over 120 (design.md: files stay short); no build needed.
+stage "size check" "include/: files <= 500 lines, functions <= 120 lines"
+python3 scripts/check_size.py
 
 jobs=$(nproc)
 # ccache keys on paths relative to the checkout, so a fresh clone in another folder (CI) reuses what a

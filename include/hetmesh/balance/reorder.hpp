@@ -129,19 +129,38 @@ struct reorder_plan {
   return exactly_once_violation(std::move(expected), std::move(assigned));
 }
 
-/// Plans the reassignment of one group's samples over its `ranks` ranks.
-/// Pre: ranks >= 1; unique ids; owners in [0, ranks); token counts >= 0. Post: every sample's LLM part
-/// and every encoder item assigned to exactly one rank; per-rank LLM tokens <= token_capacity when set
-/// (capacity_error naming the sample that fits nowhere); parcels conserve (sum = samples + items).
-/// Pure; deterministic (fixed-point costs, (-cost, id, item) keys); the same for any order of `samples`.
-/// O(n log n + n log ranks). Not collective: every member computes it from the same gathered metadata.
-[[nodiscard]] inline reorder_plan plan_grouped_reorder(std::span<const seq::sample_meta> samples, int ranks,
-                                                       const reorder_policy& policy = {}) {
-  if (ranks < 1)
-    throw_error<invalid_argument>("balance::plan_grouped_reorder: ranks = {}; expected >= 1", ranks);
-  if (policy.token_capacity < 0)
-    throw_error<invalid_argument>("balance::plan_grouped_reorder: token_capacity = {}; expected >= 0",
-                                  policy.token_capacity);
+namespace detail {
+
+/// One entry of plan_grouped_reorder's LPT passes: each walks a sorted array of self-contained entries
+/// (key, index, owner), so the loop reads memory in order instead of chasing indices into the samples,
+/// which dominated the run time.
+struct reorder_lpt_entry {
+  std::int64_t neg_cost;  // sort key: -cost, then index (canonical position: ties go to the smaller id)
+  std::uint32_t index;
+  std::int32_t owner;
+  bool operator<(const reorder_lpt_entry& o) const noexcept {
+    return neg_cost != o.neg_cost ? neg_cost < o.neg_cost : index < o.index;
+  }
+};
+static_assert(sizeof(reorder_lpt_entry) == 16, "keep sort entries small: they are the planner's hot data");
+
+/// A (load, rank) entry of the LPT passes' min-heaps: lexicographic pairs give the lowest rank among equal
+/// loads. A heap rather than a balanced tree: the planner runs every step on every member.
+using reorder_slot = std::pair<std::int64_t, int>;
+
+/// The heap of `ranks` empty ranks (already a valid min-heap).
+inline void reset_reorder_heap(std::vector<reorder_slot>& heap, int ranks) {
+  heap.clear();
+  for (int r = 0; r < ranks; ++r) heap.emplace_back(0, r);
+}
+
+/// plan_grouped_reorder's input pass: `samples` by id into p's per-sample arrays (ids, owners, tokens,
+/// item tokens and offsets) and its per-rank arrays sized and zeroed, each sample checked (unique id,
+/// owner in range, token counts >= 0: invalid_argument). Returns each sample's LLM cost (id order) and
+/// appends each encoder item's cost to `item_cost` (flattened order). O(n log n + items).
+inline std::vector<std::int64_t> read_reorder_samples(std::span<const seq::sample_meta> samples, int ranks,
+                                                      const reorder_policy& policy, reorder_plan& p,
+                                                      std::vector<std::int64_t>& item_cost) {
   // Sorting (key, index) pairs by value, not indices through a comparator that looks the keys up:
   // contiguous keys sort several times faster, and this runs every step.
   std::vector<std::pair<std::int64_t, std::size_t>> by_id(samples.size());
@@ -149,7 +168,6 @@ struct reorder_plan {
   std::sort(by_id.begin(), by_id.end());
   std::vector<std::size_t> idx(samples.size());
   for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = by_id[i].second;
-  reorder_plan p;
   p.ranks = ranks;
   const std::size_t n = samples.size();
   std::vector<std::int64_t> llm_cost(n);
@@ -157,7 +175,6 @@ struct reorder_plan {
   p.sample_ids.reserve(n);
   p.owner.reserve(n);
   std::vector<std::int64_t> items_of(n);
-  std::vector<std::int64_t> item_cost;
   for (std::size_t k = 0; k < n; ++k) {
     const auto& s = samples[idx[k]];
     if (k > 0 && s.id == p.sample_ids.back())
@@ -182,7 +199,7 @@ struct reorder_plan {
     items_of[k] = static_cast<std::int64_t>(s.item_tokens.size());
   }
   p.item_offset = prefix_sums(items_of);
-  p.tokens = tokens;
+  p.tokens = std::move(tokens);
   const auto nr = static_cast<std::size_t>(ranks);
   p.llm_rank.assign(n, -1);
   p.encoder_rank.assign(item_cost.size(), -1);
@@ -190,41 +207,27 @@ struct reorder_plan {
   p.encoder_load.assign(nr, cost::fixed{});
   p.llm_tokens_on.assign(nr, 0);
   p.parcels.assign(nr * nr, 0);
+  return llm_cost;
+}
 
-  // Each LPT walks a sorted array of self-contained entries (key, index, owner, tokens): the loop then
-  // reads memory in order instead of chasing indices into the samples, which dominated the run time.
-  struct lpt_entry {
-    std::int64_t neg_cost;  // sort key: -cost, then index (canonical position: ties go to the smaller id)
-    std::uint32_t index;
-    std::int32_t owner;
-    bool operator<(const lpt_entry& o) const noexcept {
-      return neg_cost != o.neg_cost ? neg_cost < o.neg_cost : index < o.index;
-    }
-  };
-  static_assert(sizeof(lpt_entry) == 16, "keep sort entries small: they are the planner's hot data");
-  if (n > 0xffffffffU)
-    throw_error<invalid_argument>(
-        "balance::plan_grouped_reorder: {} samples; expected fewer than 2^32 per group", n);
-  // Min-heaps of (load, rank): lexicographic pairs give the lowest rank among equal loads. A heap
-  // rather than a balanced tree: the planner runs every step on every member.
-  using entry = std::pair<std::int64_t, int>;
-  const auto gt = std::greater<entry>{};
-  std::vector<entry> heap;
-  auto reset_heap = [&] {
-    heap.clear();
-    for (int r = 0; r < ranks; ++r) heap.emplace_back(0, r);  // already a valid min-heap
-  };
-
-  // LLM parts: LPT under the token capacity.
-  std::vector<lpt_entry> order(n);
+/// plan_grouped_reorder's LLM pass: each sample's LLM part by LPT on `llm_cost` (ties: id) to the least
+/// loaded rank whose tokens stay within `capacity` (0: unlimited); capacity_error naming a sample that
+/// fits no rank. Fills p.llm_rank, llm_load, llm_tokens_on and the parcels. O(n log n + n log ranks).
+inline void place_reorder_llm(reorder_plan& p, std::span<const std::int64_t> llm_cost,
+                              std::int64_t capacity) {
+  const std::size_t n = p.sample_ids.size();
+  const auto nr = static_cast<std::size_t>(p.ranks);
+  const auto gt = std::greater<reorder_slot>{};
+  std::vector<reorder_slot> heap;
+  std::vector<reorder_lpt_entry> order(n);
   for (std::size_t k = 0; k < n; ++k) order[k] = {-llm_cost[k], static_cast<std::uint32_t>(k), p.owner[k]};
   std::sort(order.begin(), order.end());
-  reset_heap();
-  std::vector<entry> full;  // ranks skipped because the sample does not fit their capacity
+  reset_reorder_heap(heap, p.ranks);
+  std::vector<reorder_slot> full;  // ranks skipped because the sample does not fit their capacity
   for (const auto& e : order) {
-    while (!heap.empty() && policy.token_capacity > 0 &&
-           p.llm_tokens_on[static_cast<std::size_t>(heap.front().second)] + tokens[e.index] >
-               policy.token_capacity) {
+    const std::int64_t tokens = p.tokens[e.index];
+    while (!heap.empty() && capacity > 0 &&
+           p.llm_tokens_on[static_cast<std::size_t>(heap.front().second)] + tokens > capacity) {
       std::pop_heap(heap.begin(), heap.end(), gt);
       full.push_back(heap.back());
       heap.pop_back();
@@ -233,7 +236,7 @@ struct reorder_plan {
       throw_error<capacity_error>(
           "balance::plan_grouped_reorder: sample {} ({} LLM tokens) fits no rank of the group "
           "under a capacity of {} tokens; expected the group's batch to fit",
-          p.sample_ids[e.index], tokens[e.index], policy.token_capacity);
+          p.sample_ids[e.index], tokens, capacity);
     std::pop_heap(heap.begin(), heap.end(), gt);
     const int r = heap.back().second;
     heap.back().first -= e.neg_cost;
@@ -245,19 +248,28 @@ struct reorder_plan {
     full.clear();
     const auto ur = static_cast<std::size_t>(r);
     p.llm_rank[e.index] = r;
-    p.llm_tokens_on[ur] += tokens[e.index];
+    p.llm_tokens_on[ur] += tokens;
     p.llm_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
     p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
   }
-  // Encoder items: LPT on encoder time; ties by (sample id, item) through the flattened index.
-  std::vector<lpt_entry> items(item_cost.size());
+}
+
+/// plan_grouped_reorder's encoder pass: every encoder item by LPT on `item_cost` (ties: (sample id, item)
+/// through the flattened index) to the least loaded rank, independently of the LLM pass. Fills
+/// p.encoder_rank, encoder_load and the parcels. O(items log items + items log ranks).
+inline void place_reorder_items(reorder_plan& p, std::span<const std::int64_t> item_cost) {
+  const std::size_t n = p.sample_ids.size();
+  const auto nr = static_cast<std::size_t>(p.ranks);
+  const auto gt = std::greater<reorder_slot>{};
+  std::vector<reorder_slot> heap;
+  std::vector<reorder_lpt_entry> items(item_cost.size());
   for (std::size_t k = 0; k < n; ++k)
     for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j) {
       const auto u = static_cast<std::size_t>(j);
       items[u] = {-item_cost[u], static_cast<std::uint32_t>(u), p.owner[k]};
     }
   std::sort(items.begin(), items.end());
-  reset_heap();
+  reset_reorder_heap(heap, p.ranks);
   for (const auto& e : items) {
     std::pop_heap(heap.begin(), heap.end(), gt);
     const int r = heap.back().second;
@@ -268,6 +280,31 @@ struct reorder_plan {
     p.encoder_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
     p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
   }
+}
+
+}  // namespace detail
+
+/// Plans the reassignment of one group's samples over its `ranks` ranks.
+/// Pre: ranks >= 1; unique ids; owners in [0, ranks); token counts >= 0. Post: every sample's LLM part
+/// and every encoder item assigned to exactly one rank; per-rank LLM tokens <= token_capacity when set
+/// (capacity_error naming the sample that fits nowhere); parcels conserve (sum = samples + items).
+/// Pure; deterministic (fixed-point costs, (-cost, id, item) keys); the same for any order of `samples`.
+/// O(n log n + n log ranks). Not collective: every member computes it from the same gathered metadata.
+[[nodiscard]] inline reorder_plan plan_grouped_reorder(std::span<const seq::sample_meta> samples, int ranks,
+                                                       const reorder_policy& policy = {}) {
+  if (ranks < 1)
+    throw_error<invalid_argument>("balance::plan_grouped_reorder: ranks = {}; expected >= 1", ranks);
+  if (policy.token_capacity < 0)
+    throw_error<invalid_argument>("balance::plan_grouped_reorder: token_capacity = {}; expected >= 0",
+                                  policy.token_capacity);
+  reorder_plan p;
+  std::vector<std::int64_t> item_cost;
+  const auto llm_cost = detail::read_reorder_samples(samples, ranks, policy, p, item_cost);
+  if (samples.size() > 0xffffffffU)
+    throw_error<invalid_argument>(
+        "balance::plan_grouped_reorder: {} samples; expected fewer than 2^32 per group", samples.size());
+  detail::place_reorder_llm(p, llm_cost, policy.token_capacity);
+  detail::place_reorder_items(p, item_cost);
   HETMESH_ASSERT_AT(heavy, reorder_exactly_once_violation(samples, p).empty(),
                     "balance::plan_grouped_reorder: {}", reorder_exactly_once_violation(samples, p));
   return p;

@@ -11,12 +11,11 @@
 // Mismatches: a receive that gets more or fewer elements than its buffer raises mismatch_error
 // (always). Collectives check that every rank passed the same op, dtype, counts and root when
 // `options::verify` is set (default: at HETMESH_ASSERTION_LEVEL >= collective); the check is one
-// small all-gather before the operation. Without it a mismatch is undefined behaviour in MPI (often
-// a truncation error or a timeout).
-// Creating communicators (dup, split, subgroup) waits within the same timeout (split and subgroup first
-// check that every rank arrived, then make the blocking MPI call).
-// A rank that dies (under `mpirun --enable-recovery`; by default mpirun ends the whole job) is a missing
-// rank: the others raise timeout_error naming the operation, the group and their rank.
+// small all-gather before the operation (detail/mpi_signature.hpp). Without it a mismatch is undefined
+// behaviour in MPI (often a truncation error or a timeout). Creating communicators (dup, split, subgroup)
+// waits within the same timeout (split and subgroup first check that every rank arrived, then make the
+// blocking MPI call). A rank that dies (under `mpirun --enable-recovery`; by default mpirun ends the whole
+// job) is a missing rank: the others raise timeout_error naming the operation, the group and their rank.
 // Errors: the communicator's error handler is set to MPI_ERRORS_RETURN (also on a borrowed
 // communicator) so that MPI failures become backend_error carrying MPI_Error_string's text.
 #pragma once
@@ -42,6 +41,7 @@
 #include "../core/error.hpp"
 #include "communicator.hpp"
 #include "detail/members.hpp"
+#include "detail/mpi_signature.hpp"
 #include "detail/mpi_support.hpp"
 #include "reduce_op.hpp"
 
@@ -447,42 +447,15 @@ class communicator : public comm::detail::group_members {
               std::span<const std::int64_t> a = {}, std::span<const std::int64_t> b = {}) {
     if (!opt_.verify) return;
     usable(op);
-    const auto n = static_cast<std::size_t>(size()), w = 5 + 2 * n;
-    std::vector<std::int64_t> mine(w, 0), all(w * n);
-    mine[0] = detail::op_code(op), mine[1] = static_cast<std::int64_t>(t), mine[2] = count, mine[3] = root;
-    mine[4] = static_cast<std::int64_t>(r);
-    std::copy(a.begin(), a.end(), mine.begin() + 5);
-    std::copy(b.begin(), b.end(), mine.begin() + 5 + static_cast<std::ptrdiff_t>(n));
+    const auto n = static_cast<std::size_t>(size()), w = detail::signature_width(n);
+    const auto mine = detail::make_signature(detail::op_code(op), t, count, root, r, a, b, n);
+    std::vector<std::int64_t> all(w * n);
     MPI_Request q = MPI_REQUEST_NULL;
     check(MPI_Iallgather(mine.data(), static_cast<int>(w), MPI_INT64_T, all.data(), static_cast<int>(w),
                          MPI_INT64_T, comm_, &q),
           "MPI_Iallgather", op);
     wait(std::span<MPI_Request>(&q, 1), {}, op, "every rank of the group to call it (signature check)");
-    const std::string_view name(op);
-    auto at = [&](std::size_t rank, std::size_t i) { return all[rank * w + i]; };
-    static constexpr const char* fields[] = {"collective", "dtype", "count", "root", "reduce_op"};
-    for (std::size_t j = 0; j < n; ++j) {
-      for (std::size_t f = 0; f < 5; ++f) {
-        if (f == 2 && (name == "all_gather_v" || name == "all_to_all_v")) continue;  // per-rank counts, below
-        if (at(j, f) != at(0, f))
-          throw_error<mismatch_error>(
-              "{}: rank {} passed {} {} while rank 0 passed {}; expected every rank to call the "
-              "same collective with the same {}",
-              where(op), j, fields[f], at(j, f), at(0, f), fields[f]);
-      }
-      for (std::size_t i = 0; i < n; ++i) {
-        if (name == "all_gather_v" && (at(j, 5 + i) != at(0, 5 + i) || at(j, 5 + i) != at(i, 2)))
-          throw_error<mismatch_error>(
-              "{}: rank {} expects {} elements from rank {}, which sends {}; expected recv_counts "
-              "equal on every rank and matching the send counts",
-              where(op), j, at(j, 5 + i), i, at(i, 2));
-        if (name == "all_to_all_v" && at(j, 5 + i) != at(i, 5 + n + j))
-          throw_error<mismatch_error>(
-              "{}: rank {} sends {} elements to rank {}, which expects {}; expected send_counts[j] "
-              "on rank i to equal recv_counts[i] on rank j",
-              where(op), j, at(j, 5 + i), i, at(i, 5 + n + j));
-      }
-    }
+    detail::check_signatures(all, n, op, [&] { return where(op); });
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

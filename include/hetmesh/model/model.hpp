@@ -8,6 +8,7 @@
 #include "attention.hpp"
 #include "attention_check.hpp"
 #include "context.hpp"
+#include "document.hpp"
 #include "encoder_batch.hpp"
 #include "micro_batch.hpp"
 #include "micro_batch_runs.hpp"

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "action.hpp"
+#include "cost_model.hpp"
 #include "dualpipe.hpp"
 #include "generators.hpp"
 #include "io.hpp"
@@ -13,3 +14,5 @@
 #include "simulate.hpp"
 #include "trace.hpp"
 #include "verify.hpp"
+#include "verify_report.hpp"
+#include "zero_bubble.hpp"

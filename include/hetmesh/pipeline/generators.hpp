@@ -14,6 +14,8 @@
 //                                order and in the micro-batch counts it accepts
 //   interleaved_zero_bubble      PyTorch ScheduleInterleavedZeroBubble (ZB1P)
 //   zbv                          PyTorch ScheduleZBVZeroBubble (V layout, two stages per rank)
+// The zero-bubble families (split backward) are in zero_bubble.hpp, the helpers all of them share in
+// detail/schedule_builders.hpp; this header includes both.
 // The algorithms were re-derived from those projects' published descriptions and code structure;
 // see docs/pipeline.md for the derivation and the golden tests in tests/pipeline.
 #pragma once
@@ -31,7 +33,9 @@
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "action.hpp"
+#include "detail/schedule_builders.hpp"
 #include "verify.hpp"
+#include "zero_bubble.hpp"
 
 namespace hetmesh::pipeline {
 
@@ -98,165 +102,6 @@ struct looped_bfs {
   friend constexpr bool operator==(const looped_bfs&, const looped_bfs&) = default;
   void hash_append(hasher& h) const { append_all(h, name, virtual_stages); }
 };
-
-/// ZB-H1: one stage per rank, backward split into I and W, W deferred by `rank` steps. Identical to
-/// interleaved_zero_bubble{.virtual_stages = 1} (PyTorch's ScheduleInterleavedZeroBubble with one stage
-/// per rank), including the micro-batch counts it refuses.
-struct zero_bubble {
-  /// The family's name in schedule files, traces and the tools.
-  static constexpr std::string_view name = "zero-bubble";
-  /// Backward is split into I (input) and W (weight): the stage must provide both.
-  static constexpr bool requires_split_backward = true;
-  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
-  [[nodiscard]] schedule generate(int pp, int microbatches) const;
-  friend constexpr bool operator==(const zero_bubble&, const zero_bubble&) = default;
-  void hash_append(hasher& h) const { append(h, name); }
-};
-
-/// PyTorch's ScheduleInterleavedZeroBubble (ZB1P) with `virtual_stages` chunks per rank.
-struct interleaved_zero_bubble {
-  /// The family's name in schedule files, traces and the tools.
-  static constexpr std::string_view name = "interleaved-zero-bubble";
-  /// Backward is split into I (input) and W (weight): the stage must provide both.
-  static constexpr bool requires_split_backward = true;
-  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
-  [[nodiscard]] schedule generate(int pp, int microbatches) const;
-  int virtual_stages = 2;  ///< model chunks per rank
-  int group_size = 0;      ///< 0 = PyTorch's rule; else a Megatron-style group size in [1, M].
-  friend constexpr bool operator==(const interleaved_zero_bubble&, const interleaved_zero_bubble&) = default;
-  void hash_append(hasher& h) const { append_all(h, name, virtual_stages, group_size); }
-};
-
-/// ZB-V: two stages per rank in a V (rank r holds stages r and 2*pp-1-r).
-struct zbv {
-  /// The family's name in schedule files, traces and the tools.
-  static constexpr std::string_view name = "zbv";
-  /// Backward is split into I (input) and W (weight): the stage must provide both.
-  static constexpr bool requires_split_backward = true;
-  /// generate(*this, pp, microbatches): the schedule of this family (see the free generate).
-  [[nodiscard]] schedule generate(int pp, int microbatches) const;
-  friend constexpr bool operator==(const zbv&, const zbv&) = default;
-  void hash_append(hasher& h) const { append(h, name); }
-};
-
-namespace detail {
-
-HETMESH_COMPILED void check_basic(std::string_view name, int pp, int m)
-#if HETMESH_BODIES
-{
-  if (pp < 1)
-    throw_error<invalid_argument>("pipeline {}: pp={} is not a pipeline size; expected pp >= 1", name, pp);
-  if (m < 1)
-    throw_error<invalid_argument>("pipeline {}: microbatches={}; expected at least one micro-batch", name, m);
-}
-#else
-    ;
-#endif
-
-inline void check_virtual(std::string_view name, int v) {
-  if (v < 1)
-    throw_error<invalid_argument>("pipeline {}: virtual_stages={}; expected at least one stage per rank",
-                                  name, v);
-}
-
-/// PyTorch's group size for interleaved schedules: rounds = max(1, M / pp), and M % rounds must be 0.
-inline int pytorch_group_size(std::string_view name, int pp, int m) {
-  const int rounds = std::max(1, m / pp);
-  if (m % rounds != 0)
-    throw_error<invalid_argument>(
-        "pipeline {}: PyTorch's rule needs microbatches to be a multiple of the number of rounds "
-        "max(1, microbatches / pp) = {}, but microbatches={} (pp={}); expected e.g. {} or {}",
-        name, rounds, m, pp, rounds * (m / rounds), rounds * (m / rounds + 1));
-  return m / rounds;
-}
-
-/// Megatron-LM's checks for microbatch_group_size_per_vp_stage.
-HETMESH_COMPILED int megatron_group_size(std::string_view name, int pp, int m, int g)
-#if HETMESH_BODIES
-{
-  if (g == 0) g = pp;
-  if (g < pp || g > m)
-    throw_error<invalid_argument>(
-        "pipeline {}: Megatron-LM's rule needs the micro-batch group size in [pp, microbatches] = [{}, {}], "
-        "but it is {}{}",
-        name, pp, m, g,
-        g == pp && m < pp
-            ? hetmesh::format(" (with the default group size pp, microbatches must be >= pp={})", pp)
-            : std::string());
-  const int rem = m % g;
-  if (rem != 0 && rem < pp)
-    throw_error<invalid_argument>(
-        "pipeline {}: Megatron-LM's rule needs microbatches % group size to be 0 or >= pp, but {} % {} = {} "
-        "< "
-        "pp={}{}",
-        name, m, g, rem, pp,
-        g == pp
-            ? hetmesh::format("; with the default group size, microbatches must be a multiple of pp={}", pp)
-            : std::string());
-  return g;
-}
-#else
-    ;
-#endif
-
-/// Megatron-LM's schedule table: virtual micro-batch k -> (micro-batch, chunk). Micro-batches go in
-/// groups of g; within a group all of chunk 0, then all of chunk 1, ...; the last group takes the rest.
-inline std::vector<std::pair<int, int>> schedule_table(int m, int v, int g) {
-  std::vector<std::pair<int, int>> table;
-  table.reserve(static_cast<std::size_t>(m) * static_cast<std::size_t>(v));
-  for (int lo = 0; lo < m; lo += g) {
-    const int hi = lo + g >= m ? m : lo + g;
-    for (int c = 0; c < v; ++c)
-      for (int mb = lo; mb < hi; ++mb) table.emplace_back(mb, c);
-  }
-  return table;
-}
-
-/// The per-rank order shared by 1F1B, interleaved 1F1B and the zero-bubble family: `warmup` forwards,
-/// then F/B pairs, then the remaining backwards. With `zb`, backwards are I and each W follows the
-/// (k - n1f1b)-th I; the remaining W close the list.
-inline std::vector<action> one_f_one_b_rank(int pp, int v, int rank, int m,
-                                            const std::vector<std::pair<int, int>>& table, int warmup,
-                                            bool zb, int n1f1b) {
-  const int total_f = m * v;
-  std::vector<action> ops;
-  ops.reserve(static_cast<std::size_t>(total_f) * (zb ? 3U : 2U));
-  auto bwd_stage = [&](int k) { return (v - 1 - table[static_cast<std::size_t>(k)].second) * pp + rank; };
-  int w_next = 0;
-  for (int op = 0; op < total_f + warmup; ++op) {
-    if (op < total_f) {
-      const auto [mb, c] = table[static_cast<std::size_t>(op)];
-      ops.push_back(F(c * pp + rank, mb));
-    }
-    if (op >= warmup) {
-      const int k = op - warmup;
-      const int mb = table[static_cast<std::size_t>(k)].first;
-      ops.push_back(zb ? I(bwd_stage(k), mb) : B(bwd_stage(k), mb));
-      if (zb && k >= n1f1b) {
-        ops.push_back(W(bwd_stage(w_next), table[static_cast<std::size_t>(w_next)].first));
-        ++w_next;
-      }
-    }
-  }
-  while (zb && w_next < total_f) {
-    ops.push_back(W(bwd_stage(w_next), table[static_cast<std::size_t>(w_next)].first));
-    ++w_next;
-  }
-  return ops;
-}
-
-inline schedule make_empty(std::string name, int pp, int stages, int m, stage_layout layout) {
-  schedule s;
-  s.name = std::move(name);
-  s.num_ranks = pp;
-  s.num_stages = stages;
-  s.num_microbatches = m;
-  s.stage_to_rank = make_stage_to_rank(pp, stages, layout);
-  s.ranks.resize(static_cast<std::size_t>(pp));
-  return s;
-}
-
-}  // namespace detail
 
 /// The schedule name a policy prints as: its family's `name`.
 template <class Policy>
@@ -346,99 +191,6 @@ requires requires { Policy::requires_split_backward; }
   return s;
 }
 
-/// ZB-H1: PyTorch's zero-bubble order with one stage per rank: pp-1-r warm-up forwards, then F and I
-/// pairs; W of the k-th backward follows the (k + r)-th I. Preconditions as gpipe, and PyTorch's rule
-/// for ScheduleInterleavedZeroBubble: M a multiple of max(1, M / pp) (invalid_argument naming it).
-/// Pure; O(pp * M).
-[[nodiscard]] inline schedule generate(const zero_bubble&, int pp, int microbatches) {
-  detail::check_basic("zero-bubble", pp, microbatches);
-  (void)detail::pytorch_group_size("zero-bubble", pp, microbatches);
-  auto s = detail::make_empty("zero-bubble", pp, pp, microbatches, stage_layout::loop);
-  const auto table = detail::schedule_table(microbatches, 1, microbatches);
-  for (int r = 0; r < pp; ++r)
-    s.ranks[static_cast<std::size_t>(r)] =
-        detail::one_f_one_b_rank(pp, 1, r, microbatches, table, std::min(pp - 1 - r, microbatches), true, r);
-  assert_deadlock_free(s, "pipeline::generate(zero-bubble)");
-  return s;
-}
-
-/// PyTorch's ScheduleInterleavedZeroBubble: warm-up min((v-1)*g + (pp-1-r), v*M) forwards, F/I pairs,
-/// W deferred by r backwards. Group size g by PyTorch's rule unless `group_size` is given (then
-/// 1 <= g <= M). Errors name the broken rule. Pure; O(pp * v * M).
-[[nodiscard]] inline schedule generate(const interleaved_zero_bubble& p, int pp, int microbatches) {
-  detail::check_basic("interleaved-zero-bubble", pp, microbatches);
-  detail::check_virtual("interleaved-zero-bubble", p.virtual_stages);
-  const int v = p.virtual_stages;
-  int g = p.group_size;
-  if (g == 0) {
-    g = detail::pytorch_group_size("interleaved-zero-bubble", pp, microbatches);
-  } else if (g < 1 || g > microbatches) {
-    throw_error<invalid_argument>(
-        "pipeline interleaved-zero-bubble: group_size={} is outside [1, microbatches={}]; expected 0 "
-        "(PyTorch's "
-        "rule) or a size in that range",
-        g, microbatches);
-  }
-  auto s = detail::make_empty("interleaved-zero-bubble", pp, pp * v, microbatches, stage_layout::loop);
-  const auto table = detail::schedule_table(microbatches, v, g);
-  for (int r = 0; r < pp; ++r) {
-    const int warmup = std::min((v - 1) * g + (pp - 1 - r), v * microbatches);
-    s.ranks[static_cast<std::size_t>(r)] =
-        detail::one_f_one_b_rank(pp, v, r, microbatches, table, warmup, true, r);
-  }
-  assert_deadlock_free(s, "pipeline::generate(interleaved-zero-bubble)");
-  return s;
-}
-
-/// PyTorch's ScheduleZBVZeroBubble: 2*pp stages in a V. The order is built for max(2*pp-1, M)
-/// micro-batches and the extra ones dropped, as PyTorch does. Preconditions as gpipe. Pure; O(pp * M).
-[[nodiscard]] inline schedule generate(const zbv&, int pp, int microbatches) {
-  detail::check_basic("zbv", pp, microbatches);
-  const int stages = 2 * pp;
-  auto s = detail::make_empty("zbv", pp, stages, microbatches, stage_layout::v);
-  const int n = std::max(2 * pp - 1, microbatches);
-  for (int r = 0; r < pp; ++r) {
-    std::vector<action> ops;
-    const int c0 = r, c1 = stages - 1 - r;
-    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
-    auto push = [&](action a) {
-      if (a.microbatch < microbatches) ops.push_back(a);
-    };
-    for (int i = 0; i < 2 * (pp - r) - 1; ++i) push(F(c0, f0++));
-    for (int i = 0; i < r; ++i) {
-      push(F(c1, f1++));
-      push(F(c0, f0++));
-    }
-    for (int i = 0; i < pp - r; ++i) {
-      push(F(c1, f1++));
-      push(I(c1, b1));
-      push(W(c1, b1++));
-    }
-    while (f1 < f0 || f0 < n) {
-      if (f0 < n) push(F(c0, f0++));
-      push(I(c0, b0));
-      push(W(c0, b0++));
-      push(F(c1, f1++));
-      push(I(c1, b1));
-      push(W(c1, b1++));
-    }
-    int w0 = b0, w1 = b1;
-    for (int i = 0; i < r; ++i) {
-      push(I(c0, b0++));
-      push(I(c1, b1++));
-    }
-    for (int i = 0; i < pp - r; ++i) {
-      push(I(c0, b0++));
-      push(W(c0, w0++));
-    }
-    while (w1 < b1) push(W(c1, w1++));
-    while (w0 < b0) push(W(c0, w0++));
-    s.ranks[static_cast<std::size_t>(r)] = std::move(ops);
-  }
-  assert_deadlock_free(s, "pipeline::generate(zbv)");
-  return s;
-}
-
 // The member form of each family's generator (declared in the class, defined once the free ones exist).
 inline schedule gpipe::generate(int pp, int microbatches) const {
   return pipeline::generate(*this, pp, microbatches);
@@ -450,15 +202,6 @@ inline schedule interleaved_1f1b::generate(int pp, int microbatches) const {
   return pipeline::generate(*this, pp, microbatches);
 }
 inline schedule looped_bfs::generate(int pp, int microbatches) const {
-  return pipeline::generate(*this, pp, microbatches);
-}
-inline schedule zero_bubble::generate(int pp, int microbatches) const {
-  return pipeline::generate(*this, pp, microbatches);
-}
-inline schedule interleaved_zero_bubble::generate(int pp, int microbatches) const {
-  return pipeline::generate(*this, pp, microbatches);
-}
-inline schedule zbv::generate(int pp, int microbatches) const {
   return pipeline::generate(*this, pp, microbatches);
 }
 
@@ -490,22 +233,6 @@ struct fmt::formatter<hetmesh::pipeline::one_f_one_b> : hetmesh::empty_spec_form
 };
 
 template <>
-struct fmt::formatter<hetmesh::pipeline::zero_bubble> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::pipeline::zero_bubble& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::pipeline::zbv> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::pipeline::zbv& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "{}", hetmesh::pipeline::name_of(p));
-  }
-};
-
-template <>
 struct fmt::formatter<hetmesh::pipeline::interleaved_1f1b> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::pipeline::interleaved_1f1b& p, FormatContext& ctx) const -> decltype(ctx.out()) {
@@ -519,15 +246,5 @@ struct fmt::formatter<hetmesh::pipeline::looped_bfs> : hetmesh::empty_spec_forma
   template <class FormatContext>
   auto format(const hetmesh::pipeline::looped_bfs& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "looped-bfs(virtual_stages={})", p.virtual_stages);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::pipeline::interleaved_zero_bubble> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::pipeline::interleaved_zero_bubble& p, FormatContext& ctx) const
-      -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "interleaved-zero-bubble(virtual_stages={}, group_size={})",
-                              p.virtual_stages, p.group_size);
   }
 };

@@ -95,6 +95,65 @@ struct long_short_plan {
   void hash_append(hasher& h) const { append_all(h, policy, ranks, items, load, tokens, groups); }
 };
 
+namespace detail {
+
+/// plan_long_short's degree of a long item of `length` tokens and cost `c`: the smallest allowed Ulysses
+/// degree (`sizes`, ascending) meeting memory (`cap` tokens per rank) and balance (`limit` per rank); else
+/// the smallest meeting memory; else 0. A group never has more ranks than the item has tokens: every
+/// piece holds at least one token, so each member of the group runs (and meets the others in) the item's
+/// collectives. O(sizes).
+[[nodiscard]] inline int long_item_degree(std::span<const int> sizes, std::int64_t length, cost::fixed c,
+                                          std::int64_t cap, cost::fixed limit) {
+  for (int g : sizes)
+    if (g <= length && ceil_div(length, g) <= cap && ceil_div(c.ticks, g) <= limit.ticks) return g;
+  for (int g : sizes)
+    if (g <= length && ceil_div(length, g) <= cap) return g;
+  return 0;
+}
+
+/// plan_long_short's placement of long item `s` (cost `c`) split over `deg` ranks: on the aligned block
+/// of `deg` ranks with the least maximum load that has room for its share (ties: the first block), its
+/// contiguous splits and its cost shares (cost / deg each, the first cost % deg ranks one tick more) added
+/// to the plan; capacity_error when no block has room. O(ranks).
+HETMESH_COMPILED void place_long_item(long_short_plan& plan, const seq_desc& s, cost::fixed c, int deg,
+                                      std::int64_t cap)
+#if HETMESH_BODIES
+{
+  const std::int64_t share = ceil_div(s.length, deg);
+  int best = -1;
+  cost::fixed best_max{};
+  for (int start = 0; start + deg <= plan.ranks; start += deg) {
+    cost::fixed mx{};
+    bool room = true;
+    for (int r = start; r < start + deg; ++r) {
+      mx = std::max(mx, plan.load[static_cast<std::size_t>(r)]);
+      room = room && plan.tokens[static_cast<std::size_t>(r)] + share <= cap;
+    }
+    if (room && (best < 0 || mx < best_max)) {
+      best = start;
+      best_max = mx;
+    }
+  }
+  if (best < 0)
+    throw_error<capacity_error>(
+        "plan_long_short: no aligned group of {} ranks has room for item {} ({} tokens)", deg, s.id,
+        s.length);
+  long_short_assignment a{s, deg, best, {}, c};
+  for (int k = 0; k < deg; ++k) {
+    a.splits.push_back({k * s.length / deg, (k + 1) * s.length / deg});
+    plan.load[static_cast<std::size_t>(best + k)] +=
+        cost::fixed::from_ticks(c.ticks / deg + (k < c.ticks % deg ? 1 : 0));
+    plan.tokens[static_cast<std::size_t>(best + k)] += a.splits.back().size();
+  }
+  plan.groups.emplace_back(best, deg);
+  plan.items.push_back(std::move(a));
+}
+#else
+    ;
+#endif
+
+}  // namespace detail
+
 /// Plans one encoder micro-batch over `ranks` ranks (nodes of policy.cluster.devices_per_node
 /// consecutive ranks). Long items are placed first on the aligned block with the least maximum load that has
 /// room; short items by LPT on the least-loaded rank with room (ties: lowest rank). Throws
@@ -146,19 +205,7 @@ struct long_short_plan {
     // Smallest allowed degree meeting memory and balance; else the smallest meeting memory.
     // A group never has more ranks than the item has tokens: every piece holds at least one token, so each
     // member of the group runs (and meets the others in) the item's collectives.
-    int deg = 0;
-    for (int g : sizes)
-      if (g <= s.length && detail::ceil_div(s.length, g) <= cap &&
-          detail::ceil_div(c.ticks, g) <= limit.ticks) {
-        deg = g;
-        break;
-      }
-    if (deg == 0)
-      for (int g : sizes)
-        if (g <= s.length && detail::ceil_div(s.length, g) <= cap) {
-          deg = g;
-          break;
-        }
+    const int deg = detail::long_item_degree(sizes, s.length, c, cap, limit);
     if (deg == 0) {
       if (!over_mem) {  // balance wanted a split no allowed group gives: run it whole
         shorts.push_back(i);
@@ -171,34 +218,7 @@ struct long_short_plan {
           s.id, s.length, sizes.empty() ? 1 : sizes.back(), cap, policy.heads, node,
           sizes.empty() ? 1 : sizes.back());
     }
-    const std::int64_t share = detail::ceil_div(s.length, deg);
-    int best = -1;
-    cost::fixed best_max{};
-    for (int start = 0; start + deg <= ranks; start += deg) {
-      cost::fixed mx{};
-      bool room = true;
-      for (int r = start; r < start + deg; ++r) {
-        mx = std::max(mx, plan.load[static_cast<std::size_t>(r)]);
-        room = room && plan.tokens[static_cast<std::size_t>(r)] + share <= cap;
-      }
-      if (room && (best < 0 || mx < best_max)) {
-        best = start;
-        best_max = mx;
-      }
-    }
-    if (best < 0)
-      throw_error<capacity_error>(
-          "plan_long_short: no aligned group of {} ranks has room for item {} ({} tokens)", deg, s.id,
-          s.length);
-    long_short_assignment a{s, deg, best, {}, c};
-    for (int k = 0; k < deg; ++k) {
-      a.splits.push_back({k * s.length / deg, (k + 1) * s.length / deg});
-      plan.load[static_cast<std::size_t>(best + k)] +=
-          cost::fixed::from_ticks(c.ticks / deg + (k < c.ticks % deg ? 1 : 0));
-      plan.tokens[static_cast<std::size_t>(best + k)] += a.splits.back().size();
-    }
-    plan.groups.emplace_back(best, deg);
-    plan.items.push_back(std::move(a));
+    detail::place_long_item(plan, s, c, deg, cap);
   }
   for (const std::size_t i : shorts) {
     const auto& s = sorted[i];

@@ -5,6 +5,8 @@
 #include "attention_merge.hpp"
 #include "cp.hpp"
 #include "hdp.hpp"
+#include "hdp_placement.hpp"
+#include "hdp_plan.hpp"
 #include "long_short.hpp"
 #include "offload.hpp"
 #include "packing.hpp"
