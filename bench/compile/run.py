@@ -27,22 +27,25 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UMBRELLAS = [
-    ("core", "hetmesh/core/all.hpp"),
+    ("core", "hetmesh/core/core.hpp"),
     ("mesh", "hetmesh/mesh/mesh.hpp"),
     ("cost", "hetmesh/cost/cost.hpp"),
-    ("comm", "hetmesh/comm/all.hpp"),
+    ("comm", "hetmesh/comm/comm.hpp"),
     ("seq", "hetmesh/seq/seq.hpp"),
     ("balance", "hetmesh/balance/balance.hpp"),
-    ("pipeline", "hetmesh/pipeline/all.hpp"),
-    ("data", "hetmesh/data/all.hpp"),
+    ("pipeline", "hetmesh/pipeline/pipeline.hpp"),
+    ("data", "hetmesh/data/data.hpp"),
     ("run", "hetmesh/run/run.hpp"),
     ("hetmesh.hpp", "hetmesh/hetmesh.hpp"),
 ]
-# Rooms without an umbrella header are measured as the set of their headers (core, comm).
+# Where an umbrella is missing (a tree from before core/core.hpp and comm/comm.hpp, measured with --include),
+# the room is measured as the set of these headers.
 ROOM_SETS = {
     "core": ["assert", "dtype", "error", "format", "hash", "integral", "numeric", "random"],
     "comm": ["collectives", "group_cache", "loopback", "ring"],
 }
+# The umbrellas' names before they were <room>/<room>.hpp (for a tree measured with --include).
+OLD_UMBRELLAS = {"pipeline": "hetmesh/pipeline/all.hpp", "data": "hetmesh/data/all.hpp"}
 TARGET_UMBRELLA_S = 5.0
 TARGET_TU_S = 20.0
 # Other trainer-sized TUs, for comparison: (source, label, include dirs under --src besides --include, extra
@@ -113,6 +116,8 @@ def main():
     headers = []
     print(f"{'umbrella':<14}{'parse s (median)':>18}{'cpu s':>8}   clang++ -std=c++20 -fsyntax-only")
     for room, hdr in UMBRELLAS:
+        if not os.path.exists(os.path.join(args.include, hdr)) and room in OLD_UMBRELLAS:
+            hdr = OLD_UMBRELLAS[room]
         src = os.path.join(tmp, f"{room}.cpp")
         with open(src, "w") as f:
             if os.path.exists(os.path.join(args.include, hdr)):

@@ -18,7 +18,7 @@
 #include <hetmesh/comm/collectives.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/random.hpp>
-#include <hetmesh/data/all.hpp>
+#include <hetmesh/data/data.hpp>
 #include <hetmesh/data/checkpoint.hpp>
 #include <hetmesh/data/mixture_json.hpp>
 #include <hetmesh/data/webdataset.hpp>

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include <hetmesh/pipeline/all.hpp>
+#include <hetmesh/pipeline/pipeline.hpp>
 #include <hetmesh/pipeline/trace_json.hpp>
 
 namespace hp = hetmesh::pipeline;
