@@ -5,7 +5,7 @@
 // buffers (tensors.hpp, backbone.hpp, encoder.hpp) and CUDA kernels (math.cu: cuBLAS GEMMs and the
 // example's kernels), with Adam on the device (optimizer.hpp). train::system runs it on its device path:
 // one rank per GPU over NCCL (threads), cuda::device_memory on one stream per rank, ring attention with
-// cuda::reference_attention (static CP, or ByteScale's HDP with --partition hdp), the encoders in the
+// cuda::device_reference_attention (static CP, or ByteScale's HDP with --partition hdp), the encoders in the
 // joint pipeline, plan agreement, the landing reshard, the gradient reduction and the stats through device
 // buffers. The data is the CPU example's (data.hpp: a text
 // source, image-text and audio-text sources, mixed with a curriculum). With --device host the same stages
