@@ -52,8 +52,8 @@ TARGET_TU_S = 20.0
 # flags, target in s or None). The README trainer's TUs (below) are the ones with a target (issue 15):
 # each <= 20 s at g++ -O2 -c.
 TUS = [
-    ("examples/data_plane/main.cpp", "data-plane example", [], [], None),
-    ("examples/pipeline/main.cpp", "pipeline example", [], [], None),
+    ("examples/data_plane/main.cpp", "data-plane example", ["tools/common"], [], None),
+    ("examples/pipeline/main.cpp", "pipeline example", ["tools/common"], [], None),
     # One train::system, plan + run + report only (no data plane, JSON or reports): the library's share of
     # a trainer TU, which a compiled mode for its non-template functions would cut (docs/compile-time.md).
     ("bench/compile/one_system.cpp", "one-system trainer step", ["examples"], [], None),
@@ -137,7 +137,8 @@ def main():
         print(f"{'TU':<44}{'build s (median)':>18}{'cpu s':>8}   g++ -std=c++20 -O2 -c")
         mpi = mpi_flags()
         gxx_o2 = [gxx, "-std=c++20", "-O2", "-DFMT_SHARED", "-I", args.include, "-I",
-                  os.path.join(args.src, "examples"), '-DHETMESH_EXAMPLE_DATA_DIR="examples/data"',
+                  os.path.join(args.src, "examples"), "-I", os.path.join(args.src, "tools", "common"),
+                  '-DHETMESH_EXAMPLE_DATA_DIR="examples/data"',
                   "-DHETMESH_SEPARATE_COMPILATION=1"]
         cmds = {}
         for tu in TRAINER_TUS:

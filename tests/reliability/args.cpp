@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// tools/common/args.hpp: the strict argument parser the tools share. Every refusal is a usage_error
-// naming the option or argument and what was expected.
+// tools/common/hetmesh_tools/args.hpp: the strict argument parser the tools share. Every refusal is a
+// usage_error naming the option or argument and what was expected.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
-#include "../../tools/common/args.hpp"
+#include "../../tools/common/hetmesh_tools/args.hpp"
 
 using namespace hetmesh::tools;
 using doctest::Contains;
