@@ -125,3 +125,10 @@ TEST_CASE("args: parse_into refuses, naming the option: range, the target's type
   CHECK_THROWS_WITH_AS(parse_bound({"a", "b"}), Contains("unexpected argument 'b'"), usage_error);
   CHECK_THROWS_WITH_AS(parse_bound({"--steps"}), Contains("option --steps needs a value"), usage_error);
 }
+
+TEST_CASE("args: a command without options says so when given one") {
+  std::string pos;
+  const bound_option bound[] = {{"STEPS", "", "a positional", &pos}};
+  CHECK_THROWS_WITH_AS(parse_into(std::vector<std::string>{"--bogus"}, bound),
+                       Contains("unknown option '--bogus'; this command takes no options"), usage_error);
+}

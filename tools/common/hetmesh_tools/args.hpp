@@ -145,7 +145,7 @@ class parsed_args {
   auto accepted = [&] {
     std::string list;
     for (const auto& o : options) list += hetmesh::format("{}{}", list.empty() ? "" : ", ", o.name);
-    return list.empty() ? std::string("none") : list;
+    return list;
   };
   bool options_done = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -166,6 +166,8 @@ class parsed_args {
     const option_spec* spec = nullptr;
     for (const auto& o : options)
       if (o.name == name) spec = &o;
+    if (spec == nullptr && options.empty())
+      throw_error<usage_error>("unknown option '{}'; this command takes no options", name);
     if (spec == nullptr)
       throw_error<usage_error>("unknown option '{}'; expected one of {}", name, accepted());
     std::string value;
