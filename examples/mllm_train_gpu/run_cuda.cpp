@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // example_mllm_train_gpu on GPUs: one thread per GPU, each an NCCL rank with its own stream, which the
-// communicator, cuda::device_memory, cuda::device_reference_attention and math's cuBLAS handle share (trainer.hpp).
+// communicator, cuda::device_memory, cuda::device_reference_attention and math's cuBLAS handle share
+// (trainer.hpp).
 #include <cuda_runtime.h>
 
 #include <exception>

@@ -1,7 +1,7 @@
-// cuda::device_reference_attention against model::reference_attention (CTest label gpu; the main in gather.cpp
-// exits 77 without a device): random blocks cut from packed sequences whose documents split them, self
-// and cross blocks, causal and full, MHA, GQA and MQA, rows that see no key, empty blocks; forward out and
-// lse, then backward dq, dk, dv accumulated onto non-zero gradients from a shifted (merged) lse.
+// cuda::device_reference_attention against model::reference_attention (CTest label gpu; the main in
+// gather.cpp exits 77 without a device): random blocks cut from packed sequences whose documents split them,
+// self and cross blocks, causal and full, MHA, GQA and MQA, rows that see no key, empty blocks; forward out
+// and lse, then backward dq, dk, dv accumulated onto non-zero gradients from a shifted (merged) lse.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>

@@ -282,8 +282,8 @@ TEST_CASE(
       }
     }
     for (int r = 0; r < 12; ++r) CHECK(seen[static_cast<std::size_t>(r)] == 1);
-    std::vector<std::vector<std::vector<thd_micro_batch>>> got(
-        batches.size(), std::vector<std::vector<thd_micro_batch>>(12));
+    std::vector<std::vector<std::vector<thd_micro_batch>>> got(batches.size(),
+                                                               std::vector<std::vector<thd_micro_batch>>(12));
     comm::loopback::run(12, [&](comm::loopback::communicator& world) {
       const int me = world.rank();
       const bool loads = me == delivery_of(t, t.dp_of(me)).loader;

@@ -31,7 +31,7 @@ struct thd_micro_batch {
   std::vector<std::int32_t> cu_seqlens{0};  ///< cumulative document lengths, from 0
   std::vector<std::int32_t> positions{};    ///< position of each token within its document
   std::vector<sample_ref> refs{};           ///< one per document, in order
-  std::vector<loaded_item> items{};        ///< encoder items of all documents, in order
+  std::vector<loaded_item> items{};         ///< encoder items of all documents, in order
   std::vector<std::int32_t> item_owner{};   ///< document (index into refs) of each item
   /// Empty when no document of it has a loss mask (every target counts), else one per token: the documents'
   /// masks back to back (1 for every token of a document without one).
@@ -43,8 +43,7 @@ struct thd_micro_batch {
   [[nodiscard]] std::int64_t heap_bytes() const noexcept {
     auto b = static_cast<std::int64_t>(
         4 * (tokens.capacity() + cu_seqlens.capacity() + positions.capacity() + item_owner.capacity()) +
-        refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(loaded_item) +
-        loss_mask.capacity());
+        refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(loaded_item) + loss_mask.capacity());
     for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
     return b;
   }
@@ -54,8 +53,8 @@ struct thd_micro_batch {
 /// Rank `dp_rank`'s micro-batches of a step: documents in plan order within each micro-batch. Pre:
 /// samples[i] is the loaded plan.samples[i]. Local, deterministic; O(tokens + payload bytes).
 [[nodiscard]] inline std::vector<thd_micro_batch> construct(const batch_plan& plan,
-                                                               std::span<const sample> samples, int dp_rank,
-                                                               int micro_batches) {
+                                                            std::span<const sample> samples, int dp_rank,
+                                                            int micro_batches) {
   if (samples.size() != plan.samples.size())
     throw_error<invalid_argument>(
         "construct: {} loaded samples for a plan of {}; expected one per planned sample", samples.size(),
@@ -171,8 +170,8 @@ struct byte_reader {
   for (std::int64_t k = 0; k < n; ++k) {
     const auto kind = r.array<char>();
     loaded_item it{.kind = std::string(kind.begin(), kind.end()),
-                    .tokens = r.pod<std::int64_t>(),
-                    .payload = r.array<std::byte>()};
+                   .tokens = r.pod<std::int64_t>(),
+                   .payload = r.array<std::byte>()};
     mb.items.push_back(std::move(it));
   }
   if (r.at != bytes.size())

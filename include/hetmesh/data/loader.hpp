@@ -46,7 +46,7 @@ struct loader_options {
 /// One step as delivered: its plan and the loaded samples, samples[i] for plan.samples[i] (left empty
 /// for samples of data-parallel ranks outside loader_options::serve_dp).
 struct loaded_batch {
-  batch_plan plan{};               ///< the step's data plan
+  batch_plan plan{};              ///< the step's data plan
   std::vector<sample> samples{};  ///< samples[i] is plan.samples[i]
 };
 

@@ -256,7 +256,7 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
 
 /// The result of planning a step: its plan and the state before the next step.
 struct planned_step {
-  batch_plan plan{};      ///< the plan of the step
+  batch_plan plan{};     ///< the plan of the step
   planner_state next{};  ///< the state after it
 };
 

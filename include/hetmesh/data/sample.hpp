@@ -46,7 +46,7 @@ struct loaded_item {
 struct sample {
   sample_ref ref{};                       ///< which sample
   std::vector<std::int32_t> tokens{};     ///< text token ids
-  std::vector<loaded_item> items{};      ///< encoder items
+  std::vector<loaded_item> items{};       ///< encoder items
   std::vector<std::uint8_t> loss_mask{};  ///< empty (every target counts), or one per token: 0 = the target
                                           ///< of that token (the next token) does not count, 1 = it does
 

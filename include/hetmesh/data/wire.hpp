@@ -42,7 +42,7 @@ struct wire_micro_batches {
 /// The micro-batches of a message. Throws data_error when the sizes do not add up to the bytes (a
 /// message cut short or from another protocol), and what deserialize throws for a corrupt one.
 [[nodiscard]] inline std::vector<thd_micro_batch> from_wire(std::span<const std::int64_t> sizes,
-                                                               std::span<const std::uint8_t> bytes) {
+                                                            std::span<const std::uint8_t> bytes) {
   std::int64_t total = 0;
   for (auto s : sizes) {
     if (s < 0) throw_error<data_error>("micro-batch message: a size of {} bytes; expected >= 0", s);

@@ -76,7 +76,7 @@ void serve_step(C& world, const data::mixture_config& cfg, const data::loaded_ba
 /// of another protocol, and the backend's timeout_error when the host never sends.
 template <comm::communicator C>
 [[nodiscard]] std::vector<data::thd_micro_batch> receive_step(C& world, const data::mixture_config& cfg,
-                                                                 std::int64_t step) {
+                                                              std::int64_t step) {
   static_assert(comm::host_communicator<C>,
                 "run::receive_step receives into host vectors: it needs a comm::host_communicator (loopback, "
                 "mpi), not a device communicator");

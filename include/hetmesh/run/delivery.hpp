@@ -47,7 +47,7 @@ template <comm::communicator C>
 /// rank is in exactly one group, that of its data-parallel index, and returns that index's micro-batches.
 template <comm::communicator C>
 [[nodiscard]] std::vector<data::thd_micro_batch> deliver(C& world, const data::mixture_config& cfg,
-                                                            const data::loaded_batch* batch) {
+                                                         const data::loaded_batch* batch) {
   static_assert(comm::host_communicator<C>,
                 "run::deliver moves micro-batches in host vectors: it needs a comm::host_communicator "
                 "(loopback, mpi), not a device communicator");
