@@ -21,8 +21,10 @@ function(hetmesh_unity_build target)
 endfunction()
 
 # hetmesh_tools_common: the tools' own headers (tools/common/hetmesh_tools: names -> policies, i.e.
-# schedule and balancer names). The library chooses policies by type; tools, and the tests and
-# benchmarks that loop over policies by name, link this to map names to them. Not installed.
+# schedule and balancer names, and args.hpp, the one command-line parser of every tool, example and
+# benchmark). The library chooses policies by type; tools, and the tests and benchmarks that loop over
+# policies by name, link this to map names to them; every program with a command line links it for
+# <hetmesh_tools/args.hpp>. Not installed.
 if(NOT TARGET hetmesh_tools_common)
   add_library(hetmesh_tools_common INTERFACE)
   target_include_directories(hetmesh_tools_common INTERFACE "${PROJECT_SOURCE_DIR}/tools/common")

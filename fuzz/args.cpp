@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fuzz target: the tools' argument parser (tools/common/args.hpp). The input is a command line, its
-// arguments separated by NUL bytes; it must parse or throw usage_error, and the typed getters must
-// return values inside their ranges or throw usage_error.
+// Fuzz target: the tools' argument parser (tools/common/hetmesh_tools/args.hpp). The input is a command line,
+// its arguments separated by NUL bytes; it must parse or throw usage_error, and the typed getters must return
+// values inside their ranges or throw usage_error.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "../tools/common/args.hpp"
+#include "../tools/common/hetmesh_tools/args.hpp"
 #include "common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fuzz target: hetmesh-plan's argument handling. The input is a command line after the program name, its
 // arguments separated by NUL bytes; the first names the subcommand. It goes through the subcommand's
-// spec (tools/hetmesh-plan/args.hpp over tools/common/args.hpp) exactly as main does, then every typed
-// getter is tried on every option. Each step must succeed or throw usage_error; an accepted integer must
-// lie inside the range asked for, an accepted real must be finite and inside its range, and an option
-// the command line did not give must never count as given. The planners themselves are not run here
+// spec (tools/hetmesh-plan/args.hpp over tools/common/hetmesh_tools/args.hpp) exactly as main does, then
+// every typed getter is tried on every option. Each step must succeed or throw usage_error; an accepted
+// integer must lie inside the range asked for, an accepted real must be finite and inside its range, and an
+// option the command line did not give must never count as given. The planners themselves are not run here
 // (their own inputs are fuzzed by the other targets).
 #include <cmath>
 #include <cstddef>

@@ -29,6 +29,7 @@
 
 #include <hetmesh/balance/balance.hpp>
 #include <hetmesh/balance/workload.hpp>
+#include <hetmesh_tools/args.hpp>
 
 #include "../support/workloads.hpp"
 #include "byted_like.hpp"
@@ -457,22 +458,15 @@ int main(int argc, char** argv) {
   std::string out_file = "bench/results/balance_compare.json";
   int seeds = 5;
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--workloads" && i + 1 < argc) {
-      given = argv[++i];
-    } else if (a == "--out" && i + 1 < argc) {
-      out_file = argv[++i];
-    } else if (a == "--seeds" && i + 1 < argc) {
-      seeds = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--quick") {
-      quick = true;
-      seeds = 1;
-    } else {
-      fmt::print(stderr, "usage: {} [--workloads DIR] [--out FILE] [--seeds N] [--quick]\n", argv[0]);
-      return 2;
-    }
-  }
+  if (!hetmesh::tools::parse_command_line(
+          argc, argv, "bench_balance_compare",
+          {{"--workloads", "DIR", "the workload data", &given},
+           {"--out", "FILE", "the JSON results", &out_file},
+           {"--seeds", "N", "seeds per workload", &seeds, 1},
+           {"--quick", "", "one seed", &quick}},
+          "usage: bench_balance_compare [--workloads DIR] [--out FILE] [--seeds N] [--quick]"))
+    return 2;
+  if (quick) seeds = 1;
   try {
     const auto dir = bench::workloads_dir(
         given, {"prolong_doc_lengths.txt", "azure_2023_conv.csv", "azure_2023_code.csv"});

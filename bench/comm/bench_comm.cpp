@@ -30,8 +30,8 @@
 #if HETMESH_HAS_MPI
 #include <hetmesh/comm/mpi.hpp>
 #endif
+#include <hetmesh_tools/args.hpp>
 
-#include "../support/args.hpp"
 #include "../support/json_file.hpp"
 #include "../support/machine.hpp"
 #include "loopback_vs_memcpy.hpp"
@@ -50,8 +50,11 @@ struct args {
 
 args parse(int argc, char** argv) {
   args a;
-  hetmesh::bench::parse_options(argc, argv,
-                                {{"--out", &a.out}, {"--max-bytes", &a.max_bytes}, {"--reps", &a.reps}});
+  if (!hetmesh::tools::parse_command_line(argc, argv, "bench_comm",
+                                          {{"--out", "FILE", "the JSON results", &a.out},
+                                           {"--max-bytes", "N", "largest message", &a.max_bytes},
+                                           {"--reps", "N", "repetitions", &a.reps}}))
+    std::exit(2);
   return a;
 }
 

@@ -36,6 +36,7 @@
 #include <hetmesh/data/loader.hpp>
 #include <hetmesh/data/planner.hpp>
 #include <hetmesh/data/routes.hpp>
+#include <hetmesh_tools/args.hpp>
 
 #include "data/fixtures.hpp"
 
@@ -469,12 +470,11 @@ nlohmann::json bench_balance(bool quick) {
 int main(int argc, char** argv) {
   std::string out_path = "bench/results/data_plane.json";
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc)
-      out_path = argv[++i];
-    else if (std::strcmp(argv[i], "--quick") == 0)
-      quick = true;
-  }
+  if (!hetmesh::tools::parse_command_line(
+          argc, argv, "bench_data_plane",
+          {{"--out", "FILE", "the JSON results", &out_path}, {"--quick", "", "smaller sizes", &quick}},
+          "usage: bench_data_plane [--out FILE] [--quick]"))
+    return 2;
   try {
     test::temp_dir dir;
     nlohmann::json j;

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <span>
@@ -31,8 +32,8 @@
 #include <hetmesh/comm/nccl.hpp>
 #include <hetmesh/cuda/buffer.hpp>
 #include <hetmesh/cuda/check.hpp>
+#include <hetmesh_tools/args.hpp>
 
-#include "../support/args.hpp"
 #include "../support/json_file.hpp"
 
 namespace comm = hetmesh::comm;
@@ -61,12 +62,13 @@ struct args {
 
 args parse(int argc, char** argv) {
   args a;
-  hetmesh::bench::parse_options(argc, argv,
-                                {{"--out", &a.out},
-                                 {"--max-bytes", &a.max_bytes},
-                                 {"--gpus", &a.gpus},
-                                 {"--iters", &a.iters},
-                                 {"--warmup", &a.warmup}});
+  if (!hetmesh::tools::parse_command_line(argc, argv, "bench_gpu_nccl",
+                                          {{"--out", "FILE", "the JSON results", &a.out},
+                                           {"--max-bytes", "N", "largest message", &a.max_bytes},
+                                           {"--gpus", "N", "GPUs (0: all)", &a.gpus},
+                                           {"--iters", "N", "timed calls", &a.iters},
+                                           {"--warmup", "N", "untimed calls", &a.warmup}}))
+    std::exit(2);
   return a;
 }
 

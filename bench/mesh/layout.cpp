@@ -6,6 +6,7 @@
 // arithmetic loop producing the same ranks (lower bound). Writes JSON to --out FILE
 // (default bench/results/mesh_layout.json).
 #include <hetmesh/mesh/mesh.hpp>
+#include <hetmesh_tools/args.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -44,9 +45,10 @@ double median_seconds(int reps, F&& f) {
 
 int main(int argc, char** argv) {
   std::string out_path = "bench/results/mesh_layout.json";
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--out") == 0) out_path = argv[i + 1];
-  }
+  if (!hetmesh::tools::parse_command_line(argc, argv, "bench_mesh_layout",
+                                          {{"--out", "FILE", "the JSON results", &out_path}},
+                                          "usage: bench_mesh_layout [--out FILE]"))
+    return 2;
   // Bytes per rank per step: illustrative traffic profiles (inputs of the model, not measurements).
   const std::vector<scenario> scenarios{
       {"dense 64", {{hm::tp, 8}, {hm::cp, 2}, {hm::dp, 4}}, {.tp = 8e9, .cp = 2e9, .dp = 1e9}},

@@ -26,6 +26,7 @@
 #include <hetmesh/pipeline/lower.hpp>
 #include <hetmesh/pipeline/simulate.hpp>
 #include <hetmesh/pipeline/verify.hpp>
+#include <hetmesh_tools/args.hpp>
 #include <hetmesh_tools/schedule_names.hpp>  // names -> schedules: the tools' mapping
 
 using namespace hetmesh::pipeline;
@@ -203,19 +204,12 @@ int main(int argc, char** argv) {
   std::string out = "bench/results/pipeline_schedules.json";
   std::string svg;
   int reps = 7;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc)
-      out = argv[++i];
-    else if (a == "--svg" && i + 1 < argc)
-      svg = argv[++i];
-    else if (a == "--reps" && i + 1 < argc)
-      reps = std::max(1, std::atoi(argv[++i]));
-    else {
-      fmt::print(stderr, "usage: bench_pipeline [--out FILE] [--svg FILE] [--reps N]\n");
-      return 2;
-    }
-  }
+  if (!hetmesh::tools::parse_command_line(argc, argv, "bench_pipeline",
+                                          {{"--out", "FILE", "the JSON results", &out},
+                                           {"--svg", "FILE", "the joint schedule's picture", &svg},
+                                           {"--reps", "N", "runs per measurement", &reps, 1}},
+                                          "usage: bench_pipeline [--out FILE] [--svg FILE] [--reps N]"))
+    return 2;
   if (svg.empty()) svg = (std::filesystem::path(out).parent_path() / "pipeline_joint.svg").string();
   const std::string machine = "2-core x86_64 CPU, no GPU (shared with other builds while measuring)";
 

@@ -22,6 +22,7 @@
 #include <hetmesh/balance/workload.hpp>
 #include <hetmesh/seq/hdp.hpp>
 #include <hetmesh/seq/packing.hpp>
+#include <hetmesh_tools/args.hpp>
 
 #include "../support/workloads.hpp"
 #include "batches.hpp"
@@ -157,24 +158,20 @@ timing median_ms(int repeats, F&& f, R& keep) {
 int main(int argc, char** argv) {
   std::string workloads_arg, out_path = "bench/results/seq_hdp.json";
   int repeats = 21, seeds = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw_error<invalid_argument>("{} needs a value", a);
-      return argv[++i];
-    };
-    if (a == "--workloads")
-      workloads_arg = next();
-    else if (a == "--out")
-      out_path = next();
-    else if (a == "--repeats")
-      repeats = std::stoi(next());
-    else if (a == "--seeds")
-      seeds = std::stoi(next());
-    else {
-      fmt::print(stderr, "usage: bench_seq_hdp [--workloads DIR] [--out FILE] [--repeats N] [--seeds N]\n");
-      return a == "--help" ? 0 : 2;
-    }
+  bool help = false;
+  constexpr const char* usage =
+      "usage: bench_seq_hdp [--workloads DIR] [--out FILE] [--repeats N] [--seeds N]";
+  if (!hetmesh::tools::parse_command_line(argc, argv, "bench_seq_hdp",
+                                          {{"--workloads", "DIR", "the workload data", &workloads_arg},
+                                           {"--out", "FILE", "the JSON results", &out_path},
+                                           {"--repeats", "N", "runs per measurement", &repeats, 1},
+                                           {"--seeds", "N", "seeds", &seeds, 1},
+                                           {"--help", "", "this text", &help}},
+                                          usage))
+    return 2;
+  if (help) {
+    fmt::print(stderr, "{}\n", usage);
+    return 0;
   }
   const auto dir = hetmesh::bench::workloads_dir(
       workloads_arg, {"prolong_doc_lengths.txt", "azure_2023_code.csv", "bytescale_length_facts.json"});

@@ -32,8 +32,8 @@
 #include <hetmesh/data/planner.hpp>
 #include <hetmesh/mesh/mesh.hpp>
 #include <hetmesh/train/system.hpp>
+#include <hetmesh_tools/args.hpp>
 
-#include "../support/args.hpp"
 #include "../support/json_file.hpp"
 #include "../support/workloads.hpp"
 
@@ -165,12 +165,13 @@ int main(int argc, char** argv) {
   std::string given, out_file = "bench/results/train_plan.json";
   int repeats = 7, steps = 3, max_ranks = 131072;
   try {
-    bench::parse_options(argc, argv,
-                         {{"--workloads", &given},
-                          {"--out", &out_file},
-                          {"--repeats", &repeats},
-                          {"--steps", &steps},
-                          {"--max-ranks", &max_ranks}});
+    if (!tools::parse_command_line(argc, argv, "bench_train_plan",
+                                   {{"--workloads", "DIR", "the workload data", &given},
+                                    {"--out", "FILE", "the JSON results", &out_file},
+                                    {"--repeats", "N", "repeats", &repeats},
+                                    {"--steps", "N", "steps", &steps},
+                                    {"--max-ranks", "N", "largest world", &max_ranks}}))
+      return 2;
     const auto dir = bench::workloads_dir(given, {"prolong_doc_lengths.txt", "azure_2023_code.csv"});
     length_sources src;
     src.lengths = {balance::read_lengths(dir / "prolong_doc_lengths.txt"),

@@ -43,8 +43,8 @@
 #include <hetmesh/cost/calibrate.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/train/train.hpp>
+#include <hetmesh_tools/args.hpp>
 
-#include "../support/args.hpp"
 #include "../support/json_file.hpp"
 #include "../support/workloads.hpp"
 #include "mllm_train/backbone.hpp"
@@ -252,14 +252,15 @@ int main(int argc, char** argv) try {
   std::string out = "bench/results/train.json", workloads;
   int batches_n = 3, repeats = 5, seed = 1;
   std::int64_t capacity = 512, tokens = 8192;
-  bench::parse_options(argc, argv,
-                       {{"--out", &out},
-                        {"--workloads", &workloads},
-                        {"--batches", &batches_n},
-                        {"--repeats", &repeats},
-                        {"--capacity", &capacity},
-                        {"--tokens", &tokens},
-                        {"--seed", &seed}});
+  if (!tools::parse_command_line(argc, argv, "bench_train",
+                                 {{"--out", "FILE", "the JSON results", &out},
+                                  {"--workloads", "DIR", "the workload data", &workloads},
+                                  {"--batches", "N", "batches", &batches_n},
+                                  {"--repeats", "N", "repeats", &repeats},
+                                  {"--capacity", "TOKENS", "tokens per rank", &capacity},
+                                  {"--tokens", "N", "tokens per batch", &tokens},
+                                  {"--seed", "N", "seed", &seed}}))
+    return 2;
   const auto t_start = std::chrono::steady_clock::now();
   const double load_start = load_average_now();
   mllm::config mc;  // the example's backbone shape (layers.hpp defaults)

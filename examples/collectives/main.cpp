@@ -22,6 +22,7 @@
 #if HETMESH_HAS_MPI
 #include <hetmesh/comm/mpi.hpp>
 #endif
+#include <hetmesh_tools/args.hpp>
 
 namespace comm = hetmesh::comm;
 
@@ -73,6 +74,11 @@ void step(C& c, const char* engine) {
 }
 
 int main(int argc, char** argv) {
+  int n = 4;  // loopback ranks
+  if (!hetmesh::tools::parse_command_line(argc, argv, "example_collectives",
+                                          {{"RANKS", "", "loopback ranks (threads)", &n, 1, 1024}},
+                                          "usage: example_collectives [RANKS]"))
+    return 2;
   const bool under_mpirun =
       std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
   try {
@@ -86,7 +92,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "example_collectives was built without MPI; running on loopback\n");
 #endif
     }
-    const int n = argc > 1 ? std::atoi(argv[1]) : 4;
     comm::loopback::run(n, [](comm::loopback::communicator& c) { step(c, "loopback"); });
     return 0;
   } catch (const std::exception& e) {

@@ -18,11 +18,12 @@
 #include <hetmesh/comm/collectives.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/random.hpp>
-#include <hetmesh/data/all.hpp>
 #include <hetmesh/data/checkpoint.hpp>
+#include <hetmesh/data/data.hpp>
 #include <hetmesh/data/mixture_json.hpp>
 #include <hetmesh/data/webdataset.hpp>
 #include <hetmesh/run/data_service.hpp>
+#include <hetmesh_tools/args.hpp>
 
 namespace data = hetmesh::data;
 namespace run = hetmesh::run;
@@ -65,7 +66,11 @@ void write_images(const std::string& path, int n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 6;
+  int steps = 6;
+  if (!hetmesh::tools::parse_command_line(argc, argv, "example_data_plane",
+                                          {{"STEPS", "", "steps to run", &steps, 1, 1000000}},
+                                          "usage: example_data_plane [STEPS]"))
+    return 2;
   std::string dir = (std::filesystem::temp_directory_path() / "hetmesh-example-XXXXXX").string();
   if (::mkdtemp(dir.data()) == nullptr) return 1;
   try {

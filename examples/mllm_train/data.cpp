@@ -18,6 +18,7 @@
 #include <hetmesh/data/loader.hpp>
 #include <hetmesh/data/mixture_json.hpp>
 #include <hetmesh/data/webdataset.hpp>
+#include <hetmesh/run/records.hpp>
 #include <hetmesh/train/build.hpp>
 
 namespace mllm {
@@ -279,16 +280,6 @@ struct step_source::loader {
   hetmesh::data::data_loader l;
 };
 
-namespace {
-
-int encoder_of(const std::string& kind) {
-  if (kind.starts_with("img")) return vision_index;
-  if (kind.starts_with("aud")) return audio_index;
-  throw std::runtime_error(fmt::format("mllm::step_source: item kind '{}'; expected img* or aud*", kind));
-}
-
-}  // namespace
-
 step_source::step_source(const std::filesystem::path& dir, data_config cfg) : cfg_(std::move(cfg)) {
   if (!sources_present(dir, cfg_))
     throw std::runtime_error(fmt::format(
@@ -306,46 +297,42 @@ step_source& step_source::operator=(step_source&&) noexcept = default;
 
 hetmesh::model::step_batch step_source::next() {
   auto b = loader_->l.next();
-  hetmesh::model::step_batch out;
-  out.pad_token = pad_token;
+  // The library's projection lays each sample out (ids, placeholders then text, items numbered per encoder
+  // in step order, loss masks); the item kinds are "img0", "img1", ... and "aud0", ... (source_writing).
+  std::vector<std::string> kinds(2);
+  kinds[vision_index] = "img";
+  kinds[audio_index] = "aud";
+  hetmesh::model::step_batch out = hetmesh::run::to_step_batch(
+      b, {.encoders = std::move(kinds), .placeholder_token = placeholder_token, .pad_token = pad_token});
   summary_ = {};
   masked_text_.clear();
   summary_.step = b.plan.step;
   summary_.quotas = b.plan.quotas;
   for (auto& f : features_) f.clear();
   for (auto& o : offsets_) o.clear();
-  std::int64_t next_id[2] = {0, 0};
   for (std::size_t i = 0; i < b.samples.size(); ++i) {
     const auto& s = b.samples[i];
-    hetmesh::model::document d;
-    d.id = b.plan.samples[i].ref.id();
-    for (const auto& it : s.items) {
-      const int e = encoder_of(it.kind);
+    const auto& d = out.documents[i];
+    for (std::size_t k = 0; k < s.items.size(); ++k) {  // d.items[k] is s.items[k]
+      const auto& it = s.items[k];
+      const int e = d.items[k].encoder;
       const auto width = static_cast<std::int64_t>(feature_width(cfg_, e));
       if (static_cast<std::int64_t>(it.payload.size()) != it.tokens * width * 4)
         throw std::runtime_error(fmt::format(
             "mllm::step_source: sample {} item '{}' has {} payload bytes; expected {} rows x {} floats", d.id,
             it.kind, it.payload.size(), it.tokens, width));
-      d.items.push_back({.encoder = e, .id = next_id[e]++, .position = d.length(), .tokens = it.tokens});
-      d.tokens.insert(d.tokens.end(), static_cast<std::size_t>(it.tokens), placeholder_token);
       auto& f = features_[static_cast<std::size_t>(e)];
       offsets_[static_cast<std::size_t>(e)].push_back(static_cast<std::int64_t>(f.size()));
-      for (std::size_t k = 0; k < it.payload.size(); k += 4) {
+      for (std::size_t q0 = 0; q0 < it.payload.size(); q0 += 4) {
         std::uint32_t bits = 0;
         for (std::size_t q = 0; q < 4; ++q)
-          bits |= static_cast<std::uint32_t>(std::to_integer<std::uint8_t>(it.payload[k + q])) << (8 * q);
+          bits |= static_cast<std::uint32_t>(std::to_integer<std::uint8_t>(it.payload[q0 + q])) << (8 * q);
         f.push_back(std::bit_cast<float>(bits));
       }
       summary_.encoder_tokens[e] += it.tokens;
     }
-    if (!s.loss_mask.empty()) {  // placeholders' targets: model::target_counts decides
-      d.loss_mask.assign(static_cast<std::size_t>(d.length()), 1);
-      d.loss_mask.insert(d.loss_mask.end(), s.loss_mask.begin(), s.loss_mask.end());
-    }
-    d.tokens.insert(d.tokens.end(), s.tokens.begin(), s.tokens.end());
     if (!d.loss_mask.empty()) masked_text_[d.id] = hetmesh::train::text_part_bytes(d);
     summary_.tokens += d.length();
-    out.documents.push_back(std::move(d));
   }
   for (std::size_t e = 0; e < 2; ++e) offsets_[e].push_back(static_cast<std::int64_t>(features_[e].size()));
   loader_->l.recycle(std::move(b));

@@ -223,12 +223,13 @@ class step_source {
   step_source(step_source&&) noexcept;
   step_source& operator=(step_source&&) noexcept;
 
-  /// The next step's global batch: one document per sample of the data room's step plan, in plan order
-  /// (source, epoch, position). Document ids are the samples' stream ids. Items are numbered per encoder
-  /// from 0 in document order; each item's placeholders are consecutive, at the start of its document,
-  /// and the class token follows the last item. loss_mask is the sample's (data::sample::loss_mask) after
-  /// one 1 per placeholder, or empty without one (answer_only_loss off): every target counts except those
-  /// whose next token is a placeholder (model::target_counts). pad_token = 0.
+  /// The next step's global batch (run::to_step_batch of the loaded step): one document per sample of the
+  /// data room's step plan, in plan order (source, epoch, position). Document ids are the samples' stream
+  /// ids. Items are numbered per encoder from 0 in document order; each item's placeholders are consecutive,
+  /// at the start of its document, and the class token follows the last item. loss_mask is the sample's
+  /// (data::sample::loss_mask) after one 1 per placeholder, or empty without one (answer_only_loss off):
+  /// every target counts except those whose next token is a placeholder (model::target_counts). pad_token =
+  /// 0.
   [[nodiscard]] hetmesh::model::step_batch next();
 
   /// What the current step (the last next()) holds.

@@ -9,7 +9,7 @@ if(NOT TARGET mllm_train_data)
                                      "${CMAKE_CURRENT_LIST_DIR}/hetmesh_src.cpp")
   set_target_properties(mllm_train_data PROPERTIES UNITY_BUILD OFF)
   target_compile_definitions(mllm_train_data PUBLIC HETMESH_SEPARATE_COMPILATION=1)
-  target_link_libraries(mllm_train_data PUBLIC hetmesh::hetmesh)
+  target_link_libraries(mllm_train_data PUBLIC hetmesh::hetmesh hetmesh_tools_common)  # options.hpp: the one parser
   target_include_directories(mllm_train_data PUBLIC "${PROJECT_SOURCE_DIR}/examples")
   hetmesh_strict_warnings(mllm_train_data)
 endif()

@@ -46,68 +46,40 @@ using namespace hetmesh;
 using mllm::options;
 using mllm::usage_error;
 
-int to_int(const std::string& flag, const std::string& v, int lo) {
-  try {
-    std::size_t used = 0;
-    const int x = std::stoi(v, &used);
-    if (used == v.size() && x >= lo) return x;
-  } catch (const std::exception&) {
-  }
-  throw usage_error(fmt::format("{} {}: expected an integer >= {}", flag, v, lo));
-}
-
 options parse(int argc, char** argv) {
   options o;
+  const hetmesh::tools::bound_option flags[] = {
+      {"--steps", "N", "steps", &o.steps, 1},
+      {"--ranks", "R", "trainer ranks", &o.ranks, 1},
+      {"--pp", "P", "pipeline stages", &o.pp, 1},
+      {"--hosts", "H", "data-plane hosts after the trainers", &o.hosts, 0},
+      {"--kill-after", "K", "stop after step K (the resume test)", &o.kill_after, 0},
+      {"--backend", "loopback|mpi", "ranks as threads or MPI processes", &o.backend},
+      {"--partition", "static-cp|ulysses|hdp|dp", "LLM partition family", &o.partition},
+      {"--schedule", "1f1b|gpipe|interleaved-1f1b|zero-bubble|zbv", "pipeline schedule", &o.schedule},
+      {"--encoder", "joint|first-stage|separate", "encoder placement", &o.encoder},
+      {"--balancer", "bytescale|gap-filling|family", "balancer", &o.balancer},
+      {"--checkpoint-dir", "D", "where checkpoints go", &o.checkpoint_dir},
+      {"--report", "FILE.json", "the run's report", &o.report},
+      {"--out", "DIR", "trace and plan output", &o.out},
+      {"--data-dir", "D", "where the example's sources are written", &o.data_dir},
+      {"--resume", "", "resume from --checkpoint-dir", &o.resume},
+      {"--check-parity", "", "rerun each step on one rank and compare", &o.check_parity},
+      {"--answer-only-loss", "", "captions carry a loss mask", &o.answer_only_loss},
+  };
+  hetmesh::tools::parse_into(hetmesh::tools::arguments(argc, argv), flags);
   auto one_of = [](const std::string& flag, const std::string& v, std::initializer_list<const char*> ok) {
     for (const char* x : ok)
-      if (v == x) return v;
+      if (v == x) return;
     std::string list;
     for (const char* x : ok) list += (list.empty() ? "" : ", ") + std::string(x);
-    throw usage_error(fmt::format("{} {}: expected one of {}", flag, v, list));
+    throw usage_error(fmt::format("option {} '{}': expected one of {}", flag, v, list));
   };
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw usage_error(fmt::format("{} needs a value", f));
-      return argv[++i];
-    };
-    if (f == "--steps")
-      o.steps = to_int(f, value(), 1);
-    else if (f == "--ranks")
-      o.ranks = to_int(f, value(), 1);
-    else if (f == "--pp")
-      o.pp = to_int(f, value(), 1);
-    else if (f == "--hosts")
-      o.hosts = to_int(f, value(), 0);
-    else if (f == "--kill-after")
-      o.kill_after = to_int(f, value(), 0);
-    else if (f == "--backend")
-      o.backend = one_of(f, value(), {"loopback", "mpi"});
-    else if (f == "--partition")
-      o.partition = one_of(f, value(), {"static-cp", "ulysses", "hdp", "dp"});
-    else if (f == "--schedule")
-      o.schedule = one_of(f, value(), {"1f1b", "gpipe", "interleaved-1f1b", "zero-bubble", "zbv"});
-    else if (f == "--encoder")
-      o.encoder = one_of(f, value(), {"joint", "first-stage", "separate"});
-    else if (f == "--balancer")
-      o.balancer = one_of(f, value(), {"bytescale", "gap-filling", "family"});
-    else if (f == "--checkpoint-dir")
-      o.checkpoint_dir = value();
-    else if (f == "--report")
-      o.report = value();
-    else if (f == "--out")
-      o.out = value();
-    else if (f == "--data-dir")
-      o.data_dir = value();
-    else if (f == "--resume")
-      o.resume = true;
-    else if (f == "--check-parity")
-      o.check_parity = true;
-    else if (f == "--answer-only-loss")
-      o.answer_only_loss = true;
-    else
-      throw usage_error(fmt::format("unknown flag {} (see the usage at the top of main.cpp)", f));
-  }
+  one_of("--backend", o.backend, {"loopback", "mpi"});
+  one_of("--partition", o.partition, {"static-cp", "ulysses", "hdp", "dp"});
+  one_of("--schedule", o.schedule, {"1f1b", "gpipe", "interleaved-1f1b", "zero-bubble", "zbv"});
+  one_of("--encoder", o.encoder, {"joint", "first-stage", "separate"});
+  if (!o.balancer.empty()) one_of("--balancer", o.balancer, {"bytescale", "gap-filling", "family"});
   if (o.balancer.empty()) o.balancer = o.partition == "hdp" ? "bytescale" : "family";
   if (o.partition != "hdp" && o.balancer != "family")
     throw usage_error(fmt::format("--balancer {} places HDP rings: it needs --partition hdp", o.balancer));

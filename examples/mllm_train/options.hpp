@@ -2,15 +2,14 @@
 // example_mllm_train's command line (main.cpp parses it; the run_*.cpp files and the reports read it).
 #pragma once
 
-#include <stdexcept>
 #include <string>
+
+#include <hetmesh_tools/args.hpp>
 
 namespace mllm {
 
-/// A bad flag or combination of flags (exit status 2, one line on stderr).
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+/// A bad flag or combination of flags (exit status 2, one line on stderr): the one argument parser's error.
+using usage_error = hetmesh::tools::usage_error;
 
 /// The flags of example_mllm_train (main.cpp's usage).
 struct options {

@@ -5,7 +5,7 @@
 // buffers (tensors.hpp, backbone.hpp, encoder.hpp) and CUDA kernels (math.cu: cuBLAS GEMMs and the
 // example's kernels), with Adam on the device (optimizer.hpp). train::system runs it on its device path:
 // one rank per GPU over NCCL (threads), cuda::device_memory on one stream per rank, ring attention with
-// cuda::reference_attention (static CP, or ByteScale's HDP with --partition hdp), the encoders in the
+// cuda::device_reference_attention (static CP, or ByteScale's HDP with --partition hdp), the encoders in the
 // joint pipeline, plan agreement, the landing reshard, the gradient reduction and the stats through device
 // buffers. The data is the CPU example's (data.hpp: a text
 // source, image-text and audio-text sources, mixed with a curriculum). With --device host the same stages
@@ -47,6 +47,8 @@
 
 #include <cuda_runtime.h>
 
+#include <hetmesh_tools/args.hpp>
+
 #include "mllm_train/demo.hpp"
 #include "mllm_train_gpu/math.hpp"
 #include "mllm_train_gpu/trainer.hpp"
@@ -62,66 +64,30 @@ using namespace gpu_example;
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(f + " needs a value");
-      return argv[++i];
-    };
-    const auto number = [&](long lo, long hi) {
-      const std::string v = value();
-      std::size_t used = 0;
-      long n = 0;
-      try {
-        n = std::stol(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != v.size() || n < lo || n > hi)
-        usage_error(f + " " + v + ": expected an integer in [" + std::to_string(lo) + ", " +
-                    std::to_string(hi) + "]");
-      return static_cast<int>(n);
-    };
-    if (f == "--steps")
-      o.steps = number(1, 100000);
-    else if (f == "--ranks")
-      o.ranks = number(1, 64);
-    else if (f == "--pp")
-      o.pp = number(1, 64);
-    else if (f == "--cp")
-      o.cp = number(1, 64);
-    else if (f == "--capacity")
-      o.capacity = number(1, 1 << 30);
-    else if (f == "--partition") {
-      o.partition = value();
-      if (o.partition != "static-cp" && o.partition != "hdp")
-        usage_error("--partition " + o.partition + ": expected static-cp or hdp");
-    } else if (f == "--device") {
-      o.device = value();
-      if (o.device != "cuda" && o.device != "host" && o.device != "emulated")
-        usage_error("--device " + o.device + ": expected cuda, host or emulated");
-    } else if (f == "--lr") {
-      const std::string v = value();
-      std::size_t used = 0;
-      try {
-        o.lr = std::stod(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != v.size() || !(o.lr > 0 && o.lr < 1))
-        usage_error("--lr " + v + ": expected a number in (0, 1)");
-    } else if (f == "--report")
-      o.report = value();
-    else if (f == "--data-dir")
-      o.data_dir = value();
-    else if (f == "--check-reference")
-      o.check_reference = true;
-    else
-      usage_error(
-          "unknown flag " + f +
-          "; expected --steps, --device, --ranks, --pp, --cp, --partition, --capacity, --lr, --report, "
-          "--check-reference, --data-dir");
+  const hetmesh::tools::bound_option flags[] = {
+      {"--steps", "N", "steps", &o.steps, 1, 100000},
+      {"--ranks", "R", "ranks", &o.ranks, 1, 64},
+      {"--pp", "P", "pipeline stages", &o.pp, 1, 64},
+      {"--cp", "C", "context-parallel degree", &o.cp, 1, 64},
+      {"--capacity", "C", "HDP's tokens per rank", &o.capacity, 1, 1 << 30},
+      {"--partition", "static-cp|hdp", "partition family", &o.partition},
+      {"--device", "cuda|host|emulated", "where the kernels run", &o.device},
+      {"--lr", "X", "learning rate in (0, 1)", &o.lr},
+      {"--report", "FILE", "the run's report", &o.report},
+      {"--data-dir", "D", "where the sources are written", &o.data_dir},
+      {"--check-reference", "", "step 0 against the CPU model", &o.check_reference},
+  };
+  try {
+    hetmesh::tools::parse_into(hetmesh::tools::arguments(argc, argv), flags);
+  } catch (const hetmesh::tools::usage_error& e) {
+    usage_error(e.what());
   }
+  if (o.partition != "static-cp" && o.partition != "hdp")
+    usage_error("option --partition '" + o.partition + "': expected static-cp or hdp");
+  if (o.device != "cuda" && o.device != "host" && o.device != "emulated")
+    usage_error("option --device '" + o.device + "': expected cuda, host or emulated");
+  if (!(o.lr > 0 && o.lr < 1))
+    usage_error("option --lr '" + std::to_string(o.lr) + "': expected a number in (0, 1)");
   if (o.ranks % (o.pp * o.cp) != 0)
     usage_error("--ranks " + std::to_string(o.ranks) + " over --pp " + std::to_string(o.pp) + " x --cp " +
                 std::to_string(o.cp) + ": expected a multiple of pp x cp");

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // example_mllm_train_gpu on GPUs: one thread per GPU, each an NCCL rank with its own stream, which the
-// communicator, cuda::device_memory, cuda::reference_attention and math's cuBLAS handle share (trainer.hpp).
+// communicator, cuda::device_memory, cuda::device_reference_attention and math's cuBLAS handle share
+// (trainer.hpp).
 #include <cuda_runtime.h>
 
 #include <exception>
@@ -33,7 +34,7 @@ void run_cuda(const options& o, const mllm::config& mc, const mllm::data_config&
           const mllm_gpu::math<float> k(mllm_gpu::backend::cuda, stream);
           with_policies(o, mc, dc, [&](auto partition, auto balancer) {
             train_rank(c, o, mc, dc, partition, balancer, cuda::device_memory(stream), k,
-                       cuda::reference_attention(stream), records, first);
+                       cuda::device_reference_attention(stream), records, first);
           });
         }
         cudaStreamDestroy(stream);

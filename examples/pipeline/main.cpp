@@ -3,15 +3,22 @@
 // bubbles (MegaScale-Omni's joint pipeline), compare simulated step times with the encoder on the first
 // stage, and write a Perfetto trace. Usage: example_pipeline [trace.json]
 #include <fstream>
+#include <string>
 
 #include <fmt/format.h>
 
-#include <hetmesh/pipeline/all.hpp>
+#include <hetmesh/pipeline/pipeline.hpp>
 #include <hetmesh/pipeline/trace_json.hpp>
+#include <hetmesh_tools/args.hpp>
 
 namespace hp = hetmesh::pipeline;
 
 int main(int argc, char** argv) {
+  std::string trace;  // where the Perfetto trace goes; none when empty
+  if (!hetmesh::tools::parse_command_line(argc, argv, "example_pipeline",
+                                          {{"TRACE.json", "", "the Perfetto trace", &trace}},
+                                          "usage: example_pipeline [trace.json]"))
+    return 2;
   const hp::schedule llm = hp::interleaved_1f1b{.virtual_stages = 2}.generate(/*pp=*/4, /*microbatches=*/8);
   fmt::print("{}\n\n{}\n", llm, hp::verify(hp::add_send_recv(llm)));
 
@@ -25,9 +32,9 @@ int main(int argc, char** argv) {
     (void)hp::verify(hp::add_send_recv(s));
     const auto sim = hp::simulate(s, hp::with_encoder(costs, enc, s.num_encoder_shards()));
     fmt::print("\n{}: {}\n{}", policy, sim, hp::ascii_timeline(sim.timeline, 96));
-    if (write_trace) std::ofstream(argv[1]) << hp::chrome_trace(sim.timeline).dump(1) << "\n";
+    if (write_trace) std::ofstream(trace) << hp::chrome_trace(sim.timeline).dump(1) << "\n";
   };
-  place(hp::colocated_encoder{}, argc > 1);
+  place(hp::colocated_encoder{}, !trace.empty());
   place(hp::encoder_on_first_stage{}, false);
   return 0;
 }

@@ -4,34 +4,17 @@
 #pragma once
 
 #include "config.hpp"
-#include "core/assert.hpp"
-#include "core/checked.hpp"
-#include "core/dtype.hpp"
-#include "core/error.hpp"
-#include "core/exactly_once.hpp"
-#include "core/format.hpp"
-#include "core/hash.hpp"
-#include "core/integral.hpp"
-#include "core/lines.hpp"
-#include "core/numeric.hpp"
-#include "core/random.hpp"
-#include "core/sort.hpp"
+#include "core/core.hpp"
 
 #include "mesh/mesh.hpp"
 
-#include "comm/collectives.hpp"
-#include "comm/group_cache.hpp"
-#include "comm/loopback.hpp"
-#include "comm/ring.hpp"
-#if HETMESH_HAS_MPI
-#include "comm/mpi.hpp"
-#endif
+#include "comm/comm.hpp"
 
 #include "balance/balance.hpp"
 #include "cost/cost.hpp"
-#include "data/all.hpp"
+#include "data/data.hpp"
 #include "model/model.hpp"
-#include "pipeline/all.hpp"
+#include "pipeline/pipeline.hpp"
 #include "seq/seq.hpp"
 
 #include "run/run.hpp"

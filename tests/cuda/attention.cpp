@@ -1,7 +1,7 @@
-// cuda::reference_attention against model::reference_attention (CTest label gpu; the main in gather.cpp
-// exits 77 without a device): random blocks cut from packed sequences whose documents split them, self
-// and cross blocks, causal and full, MHA, GQA and MQA, rows that see no key, empty blocks; forward out and
-// lse, then backward dq, dk, dv accumulated onto non-zero gradients from a shifted (merged) lse.
+// cuda::device_reference_attention against model::reference_attention (CTest label gpu; the main in
+// gather.cpp exits 77 without a device): random blocks cut from packed sequences whose documents split them,
+// self and cross blocks, causal and full, MHA, GQA and MQA, rows that see no key, empty blocks; forward out
+// and lse, then backward dq, dk, dv accumulated onto non-zero gradients from a shifted (merged) lse.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>
@@ -22,7 +22,7 @@
 namespace {
 using hetmesh::cuda::device_buffer;
 using hetmesh::seq::block_mask;
-// cuda::reference_attention's members are templates on the block and output types (cuda/ cannot name
+// cuda::device_reference_attention's members are templates on the block and output types (cuda/ cannot name
 // model/), so its outputs are passed as typed objects, not braced lists.
 template <class T>
 using attn_fwd = hetmesh::model::attention_forward_out<T>;
@@ -71,7 +71,7 @@ void attn_require_close(const std::vector<T>& got, const std::vector<T>& want, d
 }
 
 template <class T>
-void attn_compare(hetmesh::cuda::reference_attention& kernel, const attn_case& c, block_mask mask,
+void attn_compare(hetmesh::cuda::device_reference_attention& kernel, const attn_case& c, block_mask mask,
                   std::uint64_t seed, double tol, attn_coverage& cov) {
   INFO("nq " << c.nq << " nk " << c.nk << " q_heads " << c.q_heads << " kv_heads " << c.kv_heads
              << " head_dim " << c.head_dim << (c.self ? " self" : " cross")
@@ -169,7 +169,7 @@ void attn_compare_all(double tol) {
   hetmesh::cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate", "attention test");
   {
     // One object for every case: its metadata scratch grows and is reused.
-    hetmesh::cuda::reference_attention kernel(stream);
+    hetmesh::cuda::device_reference_attention kernel(stream);
     attn_coverage cov;
     std::uint64_t seed = 1;
     for (const auto& c : cases)
@@ -182,18 +182,18 @@ void attn_compare_all(double tol) {
 }
 }  // namespace
 
-TEST_CASE("cuda::reference_attention computes what model::reference_attention computes") {
+TEST_CASE("cuda::device_reference_attention computes what model::reference_attention computes") {
   SUBCASE("double") { attn_compare_all<double>(1e-12); }
   SUBCASE("float") { attn_compare_all<float>(1e-5); }
 }
 
-TEST_CASE("cuda::reference_attention rejects sizes that do not match and block_mask::none") {
+TEST_CASE("cuda::device_reference_attention rejects sizes that do not match and block_mask::none") {
   const std::vector<std::int64_t> doc{0, 0, 0}, pos{0, 1, 2};
   device_buffer<float> q(3 * 2 * 4), k(3 * 4), v(3 * 4), out(3 * 2 * 4), lse(3 * 2), small(5);
   const hetmesh::model::attention_shape shape{2, 1, 4};
   hetmesh::model::attention_block<float> b{shape, q.span(), k.span(), v.span(),           doc,
                                            pos,   doc,      pos,      block_mask::causal, 0.5f};
-  hetmesh::cuda::reference_attention kernel;
+  hetmesh::cuda::device_reference_attention kernel;
   CHECK_THROWS_AS(kernel.forward(b, attn_fwd<float>{out.span(), small.span()}), hetmesh::invalid_argument);
   CHECK_THROWS_AS(kernel.backward(b, attn_bwd<float>{out.span(), lse.span(), lse.span(), out.span(), k.span(),
                                                      small.span()}),

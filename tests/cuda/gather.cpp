@@ -12,6 +12,7 @@
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/cuda/buffer.hpp>
 #include <hetmesh/cuda/check.hpp>
+#include <hetmesh/cuda/cuda.hpp>  // the room's umbrella: host-side headers, a g++ translation unit
 
 #include "gather_kernels.hpp"
 

@@ -83,6 +83,6 @@ TEST_CASE("train::system over NCCL and cuda::device_memory: a one-rank step equa
   // The attention kernel: the CPU reference staged through the host, then the CUDA reference kernel.
   one_rank_step<double, cudatest::staged_reference_attention>(1e-10);
   one_rank_step<float, cudatest::staged_reference_attention>(1e-5);
-  one_rank_step<double, cuda::reference_attention>(1e-10);
-  one_rank_step<float, cuda::reference_attention>(1e-5);
+  one_rank_step<double, cuda::device_reference_attention>(1e-10);
+  one_rank_step<float, cuda::device_reference_attention>(1e-5);
 }

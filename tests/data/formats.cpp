@@ -322,7 +322,7 @@ TEST_CASE("loss masks: JSONL to WebDataset to the loaded sample to the packed mi
   const auto ws = convert_jsonl_to_webdataset(dir / "sft.jsonl", dir / "sft", 3);
   const source_spec spec{.name = "sft", .format = source_format::webdataset, .paths = ws.outputs};
   source_loader loader(spec, 0, 5);
-  step_plan plan;
+  batch_plan plan;
   std::vector<sample> loaded;
   for (std::int64_t i = 0; i < 7; ++i) {
     const sample_ref ref{0, 0, i, i};

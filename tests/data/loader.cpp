@@ -60,7 +60,7 @@ void verify(const sample& s) {
   }
 }
 
-std::uint64_t batch_hash(const step_batch& b) {
+std::uint64_t batch_hash(const loaded_batch& b) {
   hasher h;
   append(h, b.plan);
   for (const auto& s : b.samples) append_all(h, s.ref, s.tokens, s.items.size());
@@ -268,7 +268,7 @@ TEST_CASE(
     const trainer_mesh& t = c.cfg.layout;
     REQUIRE(t.world() == 12);
     data_loader dl(c.cfg, {.workers = 0, .prefetch_steps = 1});  // reads happen inside next() only
-    std::vector<step_batch> batches;
+    std::vector<loaded_batch> batches;
     for (int i = 0; i < 2; ++i) batches.push_back(dl.next());
     const std::int64_t reads_before = dl.reads(0) + dl.reads(1) + dl.reads(2);
     CHECK(reads_before == 2 * 12);  // every sample of the steps read exactly once
@@ -282,8 +282,8 @@ TEST_CASE(
       }
     }
     for (int r = 0; r < 12; ++r) CHECK(seen[static_cast<std::size_t>(r)] == 1);
-    std::vector<std::vector<std::vector<packed_micro_batch>>> got(
-        batches.size(), std::vector<std::vector<packed_micro_batch>>(12));
+    std::vector<std::vector<std::vector<thd_micro_batch>>> got(batches.size(),
+                                                               std::vector<std::vector<thd_micro_batch>>(12));
     comm::loopback::run(12, [&](comm::loopback::communicator& world) {
       const int me = world.rank();
       const bool loads = me == delivery_of(t, t.dp_of(me)).loader;

@@ -63,7 +63,7 @@ template <class C>
 std::string trainer_side(C& world, const trainer_mesh& layout, int steps);
 
 /// The loaded samples of a plan, from the generator (what a correct data plane must have read).
-inline std::vector<sample> generator_samples(const step_plan& plan) {
+inline std::vector<sample> generator_samples(const batch_plan& plan) {
   std::vector<sample> out(plan.samples.size());
   for (std::size_t i = 0; i < out.size(); ++i) {
     const auto& ref = plan.samples[i].ref;

@@ -44,7 +44,7 @@ TEST_CASE("delivery under MPI: loading ranks broadcast to their tensor group") {
   std::optional<data_loader> dl;
   if (loads) dl.emplace(cfg, loader_options{.workers = 1, .prefetch_steps = 1, .serve_dp = {dp}});
   for (int step = 0; step < 4; ++step) {
-    std::optional<step_batch> b;
+    std::optional<loaded_batch> b;
     if (loads) b = dl->next();
     const auto got = run::deliver(world, cfg, b ? &*b : nullptr);
     auto planned = plan_step(cfg, st, meta);
@@ -100,7 +100,7 @@ TEST_CASE(
   // Trainers: steps before the failure arrive; at fail_step the dp index served by the dead host fails.
   const auto cfg = test::service_corpus::config(layout, "/nonexistent");
   test::generator_metadata meta{&cfg};
-  std::vector<step_plan> stream;  // the uninterrupted stream, planned from the generator
+  std::vector<batch_plan> stream;  // the uninterrupted stream, planned from the generator
   auto st = initial_state(cfg);
   for (int step = 0; step < steps; ++step) {
     auto planned = plan_step(cfg, st, meta);

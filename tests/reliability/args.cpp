@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// tools/common/args.hpp: the strict argument parser the tools share. Every refusal is a usage_error
-// naming the option or argument and what was expected.
+// tools/common/hetmesh_tools/args.hpp: the strict argument parser the tools share. Every refusal is a
+// usage_error naming the option or argument and what was expected.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
-#include "../../tools/common/args.hpp"
+#include "../../tools/common/hetmesh_tools/args.hpp"
 
 using namespace hetmesh::tools;
 using doctest::Contains;
@@ -75,4 +76,59 @@ TEST_CASE("args: a value outside the choices, an option twice, stray and missing
                        usage_error);
   CHECK_THROWS_WITH_AS(parse({"in"}), Contains("missing argument OUT"), usage_error);
   CHECK_THROWS_WITH_AS(parse({}), Contains("missing argument IN"), usage_error);
+}
+
+TEST_CASE("args: parse_into binds options and positionals to variables; the last value of an option counts") {
+  std::string out = "default.json", pos;
+  int steps = 6;
+  std::int64_t bytes = 1;
+  double lr = 0.5;
+  bool quick = false;
+  const bound_option bound[] = {
+      {"--out", "FILE", "results", &out},  {"--steps", "N", "steps", &steps, 1, 100},
+      {"--bytes", "N", "bytes", &bytes},   {"--lr", "X", "rate", &lr},
+      {"--quick", "", "a switch", &quick}, {"DIR", "", "a positional", &pos}};
+  parse_into(std::vector<std::string>{}, bound);
+  CHECK(out == "default.json");  // not given: the defaults stay
+  CHECK(steps == 6);
+  CHECK_FALSE(quick);
+  parse_into(std::vector<std::string>{"--steps", "3", "d", "--bytes=4294967296", "--lr", "2e-3", "--quick",
+                                      "--steps", "4", "--out=o.json"},
+             bound);
+  CHECK(steps == 4);  // given twice: the last counts
+  CHECK(bytes == 4294967296);
+  CHECK(lr == 2e-3);
+  CHECK(quick);
+  CHECK(out == "o.json");
+  CHECK(pos == "d");
+  CHECK(arguments(0, nullptr).empty());
+}
+
+TEST_CASE("args: parse_into refuses, naming the option: range, the target's type, garbage, unknown, extra") {
+  int steps = 6;
+  double lr = 0.5;
+  bool quick = false;
+  std::string pos;
+  const bound_option bound[] = {{"--steps", "N", "steps", &steps, 1},
+                                {"--lr", "X", "rate", &lr},
+                                {"--quick", "", "a switch", &quick},
+                                {"DIR", "", "a positional", &pos}};
+  auto parse_bound = [&](std::vector<std::string> a) { parse_into(a, bound); };
+  CHECK_THROWS_WITH_AS(parse_bound({"--steps", "0"}), Contains("option --steps '0': out of range"),
+                       usage_error);
+  CHECK_THROWS_WITH_AS(parse_bound({"--steps", "4294967296"}),
+                       Contains("expected an integer in [1, 2147483647]"),
+                       usage_error);  // an int target takes no more than an int holds
+  CHECK_THROWS_WITH_AS(parse_bound({"--lr", "1e-3x"}), Contains("option --lr '1e-3x'"), usage_error);
+  CHECK_THROWS_WITH_AS(parse_bound({"--quick=yes"}), Contains("option --quick takes no value"), usage_error);
+  CHECK_THROWS_WITH_AS(parse_bound({"--stepz", "3"}), Contains("unknown option '--stepz'"), usage_error);
+  CHECK_THROWS_WITH_AS(parse_bound({"a", "b"}), Contains("unexpected argument 'b'"), usage_error);
+  CHECK_THROWS_WITH_AS(parse_bound({"--steps"}), Contains("option --steps needs a value"), usage_error);
+}
+
+TEST_CASE("args: a command without options says so when given one") {
+  std::string pos;
+  const bound_option bound[] = {{"STEPS", "", "a positional", &pos}};
+  CHECK_THROWS_WITH_AS(parse_into(std::vector<std::string>{"--bogus"}, bound),
+                       Contains("unknown option '--bogus'; this command takes no options"), usage_error);
 }

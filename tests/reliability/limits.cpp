@@ -20,7 +20,7 @@
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/simulate.hpp>
 
-#include "../../tools/common/args.hpp"
+#include "../../tools/common/hetmesh_tools/args.hpp"
 
 using namespace hetmesh;
 using doctest::Contains;

@@ -780,7 +780,7 @@ TEST_CASE("hetmesh-data-convert: progress on stderr for long conversions, nothin
   const auto bad = dir.write("bad.jsonl", "{\"text\": \"a\"}\n{\"neither\": 1}\n");
   const result failed = tools_test::run_exe(HETMESH_DATA_CONVERT_EXE, {"indexed", bad, out + "3"},
                                             "HETMESH_PROGRESS_AFTER_MS=0");
-  CHECK(failed.code == 2);  // bad input: exit 2, one error line (tools/common/args.hpp)
+  CHECK(failed.code == 2);  // bad input: exit 2, one error line (tools/common/hetmesh_tools/args.hpp)
   CHECK(failed.err.find("done") == std::string::npos);
   CHECK_MESSAGE(failed.err.find("line 2") != std::string::npos, failed.err);
 }

@@ -5,8 +5,8 @@
 //   hetmesh-data-convert webdataset IN.jsonl OUT_PREFIX [--per-shard N]
 //       each line {"tokens": N | "text_tokens": [...], "items": [...], "files": {"jpg": path}} -> shards
 //   hetmesh-data-convert info PATH      (a dataset prefix or a .tar shard: prints its summary as JSON)
-// Arguments go through tools/common/args.hpp: unknown options, missing values, numbers with trailing
-// garbage and stray arguments are refused. Bad input (arguments or data) exits 2 with one line on
+// Arguments go through tools/common/hetmesh_tools/args.hpp: unknown options, missing values, numbers with
+// trailing garbage and stray arguments are refused. Bad input (arguments or data) exits 2 with one line on
 // stderr, "hetmesh-data-convert: error: ..."; outputs appear only when a conversion succeeds.
 #include <iostream>
 #include <string>
@@ -16,8 +16,8 @@
 #include <hetmesh/data/convert.hpp>
 #include <hetmesh/data/indexed_dataset.hpp>
 #include <hetmesh/data/webdataset.hpp>
+#include <hetmesh_tools/args.hpp>
 
-#include "../common/args.hpp"
 #include "progress.hpp"
 
 namespace {

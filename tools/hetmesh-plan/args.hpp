@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh-plan: each subcommand's options and help text over the tools' one strict parser
-// (tools/common/args.hpp, which hetmesh-data-convert uses too). Each subcommand declares its options
-// (name, value name, help, default, required or flag); `parse` turns argv into a `parsed` map and every
-// problem (an unknown option, a missing value, an option twice, a stray positional argument, "12abc" for
-// a number) into a usage_error whose message names the option, the value and what was expected, so main
+// (tools/common/hetmesh_tools/args.hpp, which hetmesh-data-convert uses too). Each subcommand declares its
+// options (name, value name, help, default, required or flag); `parse` turns argv into a `parsed` map and
+// every problem (an unknown option, a missing value, an option twice, a stray positional argument, "12abc"
+// for a number) into a usage_error whose message names the option, the value and what was expected, so main
 // prints one line and exits 2. `parsed` tells an option given on the command line from a default, so a
 // command can refuse an option it would otherwise ignore.
 #pragma once
@@ -24,7 +24,7 @@
 
 #include <hetmesh/core/error.hpp>
 
-#include "../common/args.hpp"
+#include <hetmesh_tools/args.hpp>
 
 namespace hetmesh_plan {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::cuda::reference_attention: the device counterpart of model::reference_attention, a model of
+// hetmesh::cuda::device_reference_attention: the device counterpart of model::reference_attention, a model of
 // model::attention_kernel for float and double whose tensors are device memory. Exact block attention
 // under the per-document causal or full mask with grouped-query heads, correctness first (one thread per
 // row, no tiling, no tensor cores): the kernel tests and small device runs compare against.
@@ -124,27 +124,27 @@ inline void attention_check(cudaError_t status, const char* call, const char* wh
 /// Copying an object copies its stream, not its scratch. The members are templates on the block and
 /// output types (cuda/ cannot name model/), so outputs are passed typed (model::attention_forward_out<T>
 /// {out, lse}), not as braced lists.
-struct reference_attention {
+struct device_reference_attention {
   cudaStream_t stream = nullptr;  ///< where copies and kernels are enqueued (null: the legacy stream)
 
-  reference_attention() = default;
+  device_reference_attention() = default;
   /// A kernel that enqueues on `s`.
-  explicit reference_attention(cudaStream_t s) noexcept : stream(s) {}
+  explicit device_reference_attention(cudaStream_t s) noexcept : stream(s) {}
   /// A kernel on `o`'s stream, with scratch of its own.
-  reference_attention(const reference_attention& o) : stream(o.stream) {}
+  device_reference_attention(const device_reference_attention& o) : stream(o.stream) {}
   /// Takes `o`'s stream; keeps its own scratch.
-  reference_attention& operator=(const reference_attention& o) {
+  device_reference_attention& operator=(const device_reference_attention& o) {
     stream = o.stream;
     return *this;
   }
   /// Takes `o`'s stream and scratch.
-  reference_attention(reference_attention&& o) noexcept
+  device_reference_attention(device_reference_attention&& o) noexcept
       : stream(o.stream),
         scratch_(std::exchange(o.scratch_, nullptr)),
         capacity_(std::exchange(o.capacity_, 0)),
         staging_(std::move(o.staging_)) {}
   /// Frees this kernel's scratch and takes `o`'s stream and scratch.
-  reference_attention& operator=(reference_attention&& o) noexcept {
+  device_reference_attention& operator=(device_reference_attention&& o) noexcept {
     if (this != &o) {
       release();
       stream = o.stream;
@@ -154,7 +154,7 @@ struct reference_attention {
     }
     return *this;
   }
-  ~reference_attention() { release(); }
+  ~device_reference_attention() { release(); }
 
   /// Forward of one block (B: model::attention_block<T>, O: model::attention_forward_out<T>, T float or
   /// double). Pre: spans sized as attention_block describes, out.out of nq*q_heads*head_dim and out.lse
@@ -163,7 +163,7 @@ struct reference_attention {
   requires detail::attention_element<detail::attention_element_t<B>>
   void forward(const B& b, O out) {
     using T = detail::attention_element_t<B>;
-    const char* who = "cuda::reference_attention::forward";
+    const char* who = "cuda::device_reference_attention::forward";
     attention_forward_args<T> a;
     a.block = prepare<T>(b, who);
     const std::size_t nq = b.q_doc.size(), hq = static_cast<std::size_t>(b.shape.q_heads);
@@ -186,7 +186,7 @@ struct reference_attention {
   requires detail::attention_element<detail::attention_element_t<B>>
   void backward(const B& b, IO io) {
     using T = detail::attention_element_t<B>;
-    const char* who = "cuda::reference_attention::backward";
+    const char* who = "cuda::device_reference_attention::backward";
     attention_backward_args<T> a;
     a.block = prepare<T>(b, who);
     const std::size_t rows = b.q_doc.size() * static_cast<std::size_t>(b.shape.q_heads);

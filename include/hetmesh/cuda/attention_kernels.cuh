@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::cuda: the kernels of cuda::reference_attention (attention.hpp) and the definitions of its host
-// launchers, cuda::kernels::attention_forward / attention_backward for float and double. Include this
+// hetmesh::cuda: the kernels of cuda::device_reference_attention (attention.hpp) and the definitions of its
+// host launchers, cuda::kernels::attention_forward / attention_backward for float and double. Include this
 // header in exactly ONE .cu file of a program (nvcc): it defines the launchers, which g++ translation
 // units reach through attention.hpp; a second inclusion is a duplicate-symbol link error.
 //

@@ -26,12 +26,12 @@ namespace hetmesh::data {
 
 /// One micro-batch as the backbone consumes it: documents packed back to back (THD layout) with their encoder
 /// items.
-struct packed_micro_batch {
+struct thd_micro_batch {
   std::vector<std::int32_t> tokens{};       ///< token ids, documents back to back
   std::vector<std::int32_t> cu_seqlens{0};  ///< cumulative document lengths, from 0
   std::vector<std::int32_t> positions{};    ///< position of each token within its document
   std::vector<sample_ref> refs{};           ///< one per document, in order
-  std::vector<encoder_item> items{};        ///< encoder items of all documents, in order
+  std::vector<loaded_item> items{};         ///< encoder items of all documents, in order
   std::vector<std::int32_t> item_owner{};   ///< document (index into refs) of each item
   /// Empty when no document of it has a loss mask (every target counts), else one per token: the documents'
   /// masks back to back (1 for every token of a document without one).
@@ -43,24 +43,23 @@ struct packed_micro_batch {
   [[nodiscard]] std::int64_t heap_bytes() const noexcept {
     auto b = static_cast<std::int64_t>(
         4 * (tokens.capacity() + cu_seqlens.capacity() + positions.capacity() + item_owner.capacity()) +
-        refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(encoder_item) +
-        loss_mask.capacity());
+        refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(loaded_item) + loss_mask.capacity());
     for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
     return b;
   }
-  friend bool operator==(const packed_micro_batch&, const packed_micro_batch&) = default;
+  friend bool operator==(const thd_micro_batch&, const thd_micro_batch&) = default;
 };
 
 /// Rank `dp_rank`'s micro-batches of a step: documents in plan order within each micro-batch. Pre:
 /// samples[i] is the loaded plan.samples[i]. Local, deterministic; O(tokens + payload bytes).
-[[nodiscard]] inline std::vector<packed_micro_batch> construct(const step_plan& plan,
-                                                               std::span<const sample> samples, int dp_rank,
-                                                               int micro_batches) {
+[[nodiscard]] inline std::vector<thd_micro_batch> construct(const batch_plan& plan,
+                                                            std::span<const sample> samples, int dp_rank,
+                                                            int micro_batches) {
   if (samples.size() != plan.samples.size())
     throw_error<invalid_argument>(
         "construct: {} loaded samples for a plan of {}; expected one per planned sample", samples.size(),
         plan.samples.size());
-  std::vector<packed_micro_batch> out(static_cast<std::size_t>(micro_batches));
+  std::vector<thd_micro_batch> out(static_cast<std::size_t>(micro_batches));
   std::vector<std::vector<std::int32_t>> lengths(out.size());  // documents per micro-batch, in order
   for (std::size_t i = 0; i < plan.samples.size(); ++i) {
     const auto& p = plan.samples[i];
@@ -137,7 +136,7 @@ struct byte_reader {
 }  // namespace detail
 
 /// Flattens a micro-batch to bytes (host byte order: the receivers are ranks of the same job).
-[[nodiscard]] inline std::vector<std::byte> serialize(const packed_micro_batch& mb) {
+[[nodiscard]] inline std::vector<std::byte> serialize(const thd_micro_batch& mb) {
   std::vector<std::byte> out{};
   detail::byte_writer w{out};
   w.array<std::int32_t>(mb.tokens);
@@ -156,9 +155,9 @@ struct byte_reader {
 }
 
 /// The inverse of serialize(); throws data_error on truncated or inconsistent bytes.
-[[nodiscard]] inline packed_micro_batch deserialize(std::span<const std::byte> bytes) {
+[[nodiscard]] inline thd_micro_batch deserialize(std::span<const std::byte> bytes) {
   detail::byte_reader r{bytes};
-  packed_micro_batch mb;
+  thd_micro_batch mb;
   mb.tokens = r.array<std::int32_t>();
   mb.cu_seqlens = r.array<std::int32_t>();
   mb.positions = r.array<std::int32_t>();
@@ -170,9 +169,9 @@ struct byte_reader {
     throw_error<data_error>("packed micro-batch bytes: {} items but {} owners", n, mb.item_owner.size());
   for (std::int64_t k = 0; k < n; ++k) {
     const auto kind = r.array<char>();
-    encoder_item it{.kind = std::string(kind.begin(), kind.end()),
-                    .tokens = r.pod<std::int64_t>(),
-                    .payload = r.array<std::byte>()};
+    loaded_item it{.kind = std::string(kind.begin(), kind.end()),
+                   .tokens = r.pod<std::int64_t>(),
+                   .payload = r.array<std::byte>()};
     mb.items.push_back(std::move(it));
   }
   if (r.at != bytes.size())
@@ -196,9 +195,9 @@ struct byte_reader {
 }  // namespace hetmesh::data
 
 template <>
-struct fmt::formatter<hetmesh::data::packed_micro_batch> : hetmesh::empty_spec_formatter {
+struct fmt::formatter<hetmesh::data::thd_micro_batch> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::data::packed_micro_batch& m, FormatContext& ctx) const -> decltype(ctx.out()) {
+  auto format(const hetmesh::data::thd_micro_batch& m, FormatContext& ctx) const -> decltype(ctx.out()) {
     return hetmesh::format_to(ctx.out(), "micro_batch({} documents, {} tokens, {} items, cu_seqlens={})",
                               m.refs.size(), m.tokens.size(), m.items.size(), m.cu_seqlens);
   }

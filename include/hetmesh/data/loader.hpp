@@ -45,14 +45,14 @@ struct loader_options {
 
 /// One step as delivered: its plan and the loaded samples, samples[i] for plan.samples[i] (left empty
 /// for samples of data-parallel ranks outside loader_options::serve_dp).
-struct step_batch {
-  step_plan plan{};               ///< the step's data plan
+struct loaded_batch {
+  batch_plan plan{};              ///< the step's data plan
   std::vector<sample> samples{};  ///< samples[i] is plan.samples[i]
 };
 
 /// The data plane of one process: plans every step (data::plan_step, balanced by the partitioner
 /// `Split`, a balance::partitioner), reads its share of the samples through source loaders on a pool of
-/// threads, ahead of time, and hands out one step_batch per next(). Deterministic: the samples of a step
+/// threads, ahead of time, and hands out one loaded_batch per next(). Deterministic: the samples of a step
 /// depend only on the configuration, seed, partitioner and step. `data_loader` is the LPT one.
 template <class Split>
 class basic_data_loader {
@@ -100,7 +100,7 @@ class basic_data_loader {
 
   /// The next step's batch (blocking). Throws what planning or reading that step threw (data_error for a
   /// dry source or a corrupt sample), after having delivered every earlier step.
-  [[nodiscard]] step_batch next() {
+  [[nodiscard]] loaded_batch next() {
     fill();
     std::shared_ptr<slot> sl;
     {
@@ -135,7 +135,7 @@ class basic_data_loader {
   /// Hands a consumed batch's buffers back for reuse by later reads (optional). Reusing buffers spares
   /// the allocator and the first-touch page faults of fresh memory on every sample; at most
   /// (prefetch_steps + 2) x global_batch samples are kept.
-  void recycle(step_batch&& b) {
+  void recycle(loaded_batch&& b) {
     std::lock_guard lock(mutex_);
     const auto cap = static_cast<std::size_t>((opts_.prefetch_steps + 2) * cfg_.global_batch);
     for (auto& s : b.samples) {
@@ -223,7 +223,7 @@ class basic_data_loader {
 
  private:
   struct slot {
-    step_plan plan;
+    batch_plan plan;
     planner_state next_state;
     std::vector<sample> samples;
     std::int64_t remaining = 0;

@@ -135,7 +135,7 @@ struct planned_sample {
 
 /// The plan of one step: samples ordered by (source, epoch, position); per-source counts; the cost load
 /// of every data-parallel rank.
-struct step_plan {
+struct batch_plan {
   std::int64_t step = 0;                  ///< the step
   std::vector<planned_sample> samples{};  ///< the samples, in canonical order
   std::vector<std::int64_t> quotas{};     ///< samples drawn per source
@@ -148,7 +148,7 @@ struct step_plan {
     return out;
   }
   void hash_append(hasher& h) const { append_all(h, step, samples, quotas, rank_cost); }
-  friend bool operator==(const step_plan&, const step_plan&) = default;
+  friend bool operator==(const batch_plan&, const batch_plan&) = default;
 };
 
 /// Per-source sample counts of the step `st.step`, and the carries after it. Pure; O(sources log sources).
@@ -256,7 +256,7 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
 
 /// The result of planning a step: its plan and the state before the next step.
 struct planned_step {
-  step_plan plan{};      ///< the plan of the step
+  batch_plan plan{};     ///< the plan of the step
   planner_state next{};  ///< the state after it
 };
 
@@ -461,10 +461,10 @@ struct fmt::formatter<hetmesh::data::planner_state> : hetmesh::empty_spec_format
   }
 };
 template <>
-struct fmt::formatter<hetmesh::data::step_plan> : hetmesh::empty_spec_formatter {
+struct fmt::formatter<hetmesh::data::batch_plan> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
-  auto format(const hetmesh::data::step_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "step_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step,
+  auto format(const hetmesh::data::batch_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "batch_plan(step={}, {} samples, quotas={}, rank_cost={})", p.step,
                               p.samples.size(), p.quotas, p.rank_cost);
   }
 };

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::data: delivery by plan, as plain data. A step's plan (train::plan_delivery makes one from a
-// train::step_plan) names, per part of every sample (its text, and each of its encoder items), the exact
+// train::batch_plan) names, per part of every sample (its text, and each of its encoder items), the exact
 // trainer ranks that need the part's bytes. The data plane runs on hosts of its own in MegaScale-Data's
 // host-per-source-group layout: the mixture's sources are partitioned across the hosts, each host runs the
 // source loaders of its group only (no host holds every source's state), and a sample's host follows from

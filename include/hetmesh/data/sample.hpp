@@ -35,25 +35,25 @@ struct sample_ref {
 
 /// One encoder input of a sample: its kind (the file extension in a WebDataset shard, e.g. "jpg"),
 /// the tokens the encoder turns it into, and its payload bytes as decoded by the user's hook.
-struct encoder_item {
+struct loaded_item {
   std::string kind{};                ///< modality, e.g. "image"
   std::int64_t tokens = 0;           ///< tokens it becomes in the LLM
   std::vector<std::byte> payload{};  ///< the raw bytes, decoded by the user's encoder
-  friend bool operator==(const encoder_item&, const encoder_item&) = default;
+  friend bool operator==(const loaded_item&, const loaded_item&) = default;
 };
 
 /// A loaded sample: text token ids, their loss mask and encoder items.
 struct sample {
   sample_ref ref{};                       ///< which sample
   std::vector<std::int32_t> tokens{};     ///< text token ids
-  std::vector<encoder_item> items{};      ///< encoder items
+  std::vector<loaded_item> items{};       ///< encoder items
   std::vector<std::uint8_t> loss_mask{};  ///< empty (every target counts), or one per token: 0 = the target
                                           ///< of that token (the next token) does not count, 1 = it does
 
   /// Heap bytes this sample holds (for memory accounting).
   [[nodiscard]] std::int64_t heap_bytes() const noexcept {
     auto b = static_cast<std::int64_t>(tokens.capacity() * sizeof(std::int32_t) +
-                                       items.capacity() * sizeof(encoder_item) + loss_mask.capacity());
+                                       items.capacity() * sizeof(loaded_item) + loss_mask.capacity());
     for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
     return b;
   }

@@ -231,7 +231,7 @@ inline void default_wds_decode(const wds_record& r, sample& out) {
         detail::loss_mask_of(r.json["loss_mask"], hetmesh::format("webdataset sample '{}'", r.key));
   if (!r.json.contains("items")) return;
   for (const auto& it : r.json["items"]) {
-    encoder_item item{.kind = it.value("ext", ""), .tokens = it["tokens"].get<std::int64_t>(), .payload = {}};
+    loaded_item item{.kind = it.value("ext", ""), .tokens = it["tokens"].get<std::int64_t>(), .payload = {}};
     for (const auto& [ext, bytes] : r.members)
       if (ext == item.kind) item.payload.assign(bytes.begin(), bytes.end());
     out.items.push_back(std::move(item));

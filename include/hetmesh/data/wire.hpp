@@ -20,7 +20,7 @@ struct wire_micro_batches {
 };
 
 /// Serialises micro-batches into one message. Local; O(bytes).
-[[nodiscard]] inline wire_micro_batches to_wire(const std::vector<packed_micro_batch>& mbs) {
+[[nodiscard]] inline wire_micro_batches to_wire(const std::vector<thd_micro_batch>& mbs) {
   wire_micro_batches w;
   std::vector<std::vector<std::byte>> blobs;
   blobs.reserve(mbs.size());
@@ -41,8 +41,8 @@ struct wire_micro_batches {
 
 /// The micro-batches of a message. Throws data_error when the sizes do not add up to the bytes (a
 /// message cut short or from another protocol), and what deserialize throws for a corrupt one.
-[[nodiscard]] inline std::vector<packed_micro_batch> from_wire(std::span<const std::int64_t> sizes,
-                                                               std::span<const std::uint8_t> bytes) {
+[[nodiscard]] inline std::vector<thd_micro_batch> from_wire(std::span<const std::int64_t> sizes,
+                                                            std::span<const std::uint8_t> bytes) {
   std::int64_t total = 0;
   for (auto s : sizes) {
     if (s < 0) throw_error<data_error>("micro-batch message: a size of {} bytes; expected >= 0", s);
@@ -51,7 +51,7 @@ struct wire_micro_batches {
   if (total != static_cast<std::int64_t>(bytes.size()))
     throw_error<data_error>("micro-batch message: sizes add up to {} bytes but {} arrived; expected equal",
                             total, bytes.size());
-  std::vector<packed_micro_batch> out;
+  std::vector<thd_micro_batch> out;
   out.reserve(sizes.size());
   std::size_t at = 0;
   for (auto s : sizes) {

@@ -35,7 +35,7 @@ inline constexpr int service_bytes_tag = 0x5d2;
 /// Point-to-point with those loading ranks, which call receive_step for the same step. Pre: this rank is
 /// a host of data::service_layout_of(cfg.layout, world.size()). Cost O(bytes served).
 template <comm::communicator C>
-void serve_step(C& world, const data::mixture_config& cfg, const data::step_batch& batch) {
+void serve_step(C& world, const data::mixture_config& cfg, const data::loaded_batch& batch) {
   static_assert(comm::host_communicator<C>,
                 "run::serve_step sends host vectors: it needs a comm::host_communicator (loopback, mpi), "
                 "not a device communicator");
@@ -75,8 +75,8 @@ void serve_step(C& world, const data::mixture_config& cfg, const data::step_batc
 /// mismatch_error when the host sends another step (the two sides are out of step), data_error for a message
 /// of another protocol, and the backend's timeout_error when the host never sends.
 template <comm::communicator C>
-[[nodiscard]] std::vector<data::packed_micro_batch> receive_step(C& world, const data::mixture_config& cfg,
-                                                                 std::int64_t step) {
+[[nodiscard]] std::vector<data::thd_micro_batch> receive_step(C& world, const data::mixture_config& cfg,
+                                                              std::int64_t step) {
   static_assert(comm::host_communicator<C>,
                 "run::receive_step receives into host vectors: it needs a comm::host_communicator (loopback, "
                 "mpi), not a device communicator");
@@ -89,7 +89,7 @@ template <comm::communicator C>
         me, sl.trainers, sl.trainers + sl.hosts);
   const int dp = cfg.layout.dp_of(me);
   const auto g = data::delivery_of(cfg.layout, dp);
-  std::vector<data::packed_micro_batch> mine;
+  std::vector<data::thd_micro_batch> mine;
   if (me == g.loader) {
     const int host = sl.host_of(dp);
     std::array<std::int64_t, 4> header{};

@@ -24,8 +24,8 @@ namespace hetmesh::run {
 /// the same root; only the root's `mine` is read. Returns the root's micro-batches on every member.
 /// Three broadcasts (count, sizes, bytes); cost O(bytes) per member.
 template <comm::communicator C>
-[[nodiscard]] std::vector<data::packed_micro_batch> broadcast_micro_batches(
-    C& group, const std::vector<data::packed_micro_batch>& mine, int root) {
+[[nodiscard]] std::vector<data::thd_micro_batch> broadcast_micro_batches(
+    C& group, const std::vector<data::thd_micro_batch>& mine, int root) {
   static_assert(comm::host_communicator<C>,
                 "run::broadcast_micro_batches broadcasts host vectors: it needs a comm::host_communicator "
                 "(loopback, mpi), not a device communicator");
@@ -46,8 +46,8 @@ template <comm::communicator C>
 /// elsewhere). Collective over each delivery group (the group's communicator is made from `world`): every
 /// rank is in exactly one group, that of its data-parallel index, and returns that index's micro-batches.
 template <comm::communicator C>
-[[nodiscard]] std::vector<data::packed_micro_batch> deliver(C& world, const data::mixture_config& cfg,
-                                                            const data::step_batch* batch) {
+[[nodiscard]] std::vector<data::thd_micro_batch> deliver(C& world, const data::mixture_config& cfg,
+                                                         const data::loaded_batch* batch) {
   static_assert(comm::host_communicator<C>,
                 "run::deliver moves micro-batches in host vectors: it needs a comm::host_communicator "
                 "(loopback, mpi), not a device communicator");
@@ -58,7 +58,7 @@ template <comm::communicator C>
   const int me = world.rank();
   const int dp = t.dp_of(me);
   const auto g = data::delivery_of(t, dp);
-  std::vector<data::packed_micro_batch> mine{};
+  std::vector<data::thd_micro_batch> mine{};
   if (me == g.loader) {
     if (batch == nullptr)
       throw_error<invalid_argument>("deliver: rank {} is the loading rank of dp {} but got no batch", me, dp);

@@ -2,7 +2,7 @@
 // hetmesh::run: ring attention, forward and backward, over any ordered ring of ranks of a parent
 // communicator -- a CP group, or an HDP ring that is a subset of the pool -- driven by a
 // seq::ring_schedule and the user's model::attention_kernel. Rings are not communicators: the KV moves
-// by grouped send/recv on the parent (design.md: dynamic rings reuse one parent communicator), so one
+// by grouped send/recv on the parent (docs/comm.md: dynamic rings reuse one parent communicator), so one
 // communicator serves every ring of every step.
 //
 // Forward at ring position p, step t = 0..D-1: the kernel computes the step's (q chunk, kv chunk)

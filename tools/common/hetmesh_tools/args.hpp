@@ -1,17 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh tools: one strict command-line parser for every tool. It refuses what a permissive loop would
-// skip or misread: unknown options, an option without its value, an option given twice, numbers with
-// trailing garbage ("12abc") or out of range, values outside a fixed set, and positional arguments
-// beyond (or short of) what the command takes. Each refusal is a usage_error whose message names the
-// option or argument and what was expected, so a tool can print it on one line and exit 2.
+// hetmesh tools: one strict command-line parser for every tool, example and benchmark. It refuses what a
+// permissive loop would skip or misread: unknown options, an option without its value, an option given twice,
+// numbers with trailing garbage ("12abc") or out of range, values outside a fixed set, and positional
+// arguments beyond (or short of) what the command takes. Each refusal is a usage_error whose message names
+// the option or argument and what was expected, so a tool can print it on one line and exit 2.
 //   static constexpr hetmesh::tools::option_spec opts[] = {{"--dtype", "uint16|int32", "token type"}};
 //   const auto a = hetmesh::tools::parse_args(args, opts, {"IN.jsonl", "OUT_PREFIX"});
 //   const auto type = a.choice("--dtype", "int32", {"uint16", "int32"});
+// Examples and benchmarks bind their options to variables (parse_into, parse_command_line):
+//   int steps = 6;  std::string out = "x.json";  bool quick = false;
+//   if (!hetmesh::tools::parse_command_line(argc, argv, "bench_x", {{"--steps", "N", "steps", &steps, 1},
+//       {"--out", "FILE", "where", &out}, {"--quick", "", "fewer", &quick}})) return 2;
+// Linked as hetmesh_tools_common (tools/common on the include path): #include <hetmesh_tools/args.hpp>.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <limits>
 #include <optional>
@@ -19,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <variant>
 #include <vector>
 
 #include <hetmesh/core/error.hpp>
@@ -137,7 +145,7 @@ class parsed_args {
   auto accepted = [&] {
     std::string list;
     for (const auto& o : options) list += hetmesh::format("{}{}", list.empty() ? "" : ", ", o.name);
-    return list.empty() ? std::string("none") : list;
+    return list;
   };
   bool options_done = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -158,6 +166,8 @@ class parsed_args {
     const option_spec* spec = nullptr;
     for (const auto& o : options)
       if (o.name == name) spec = &o;
+    if (spec == nullptr && options.empty())
+      throw_error<usage_error>("unknown option '{}'; this command takes no options", name);
     if (spec == nullptr)
       throw_error<usage_error>("unknown option '{}'; expected one of {}", name, accepted());
     std::string value;
@@ -185,6 +195,82 @@ class parsed_args {
     throw_error<usage_error>("missing argument {}; expected {} positional argument(s)",
                              positional_names[out.positionals_.size()], need);
   return out;
+}
+
+/// The arguments after the program's name, argv[1..argc), as parse_args and parse_into take them.
+[[nodiscard]] inline std::vector<std::string> arguments(int argc, char** argv) {
+  return argc > 1 ? std::vector<std::string>(argv + 1, argv + argc) : std::vector<std::string>{};
+}
+
+/// One argument of a program bound to the variable it sets: an option ("--name", given as "--name value"
+/// or "--name=value"; a switch when `value` is empty and the target a bool) or, for a name that does not
+/// start with '-', an optional positional argument (in the order listed). A string target takes the text;
+/// an integer target the number in [lo, hi] (and in its type's range; parse_int's refusals); a double
+/// target a finite number (parse_real); a bool target becomes true when the switch is given.
+struct bound_option {
+  std::string_view name;   ///< "--name", or a positional's name for messages ("RANKS")
+  std::string_view value;  ///< what its value is ("N", "FILE"); empty: a switch (bool target)
+  std::string_view help;   ///< one line for usage texts
+  std::variant<std::string*, std::int64_t*, int*, double*, bool*> target;  ///< where the value goes
+  std::int64_t lo = std::numeric_limits<std::int64_t>::min();              ///< least integer accepted
+  std::int64_t hi = std::numeric_limits<std::int64_t>::max();              ///< largest integer accepted
+};
+
+/// Parses `args` against `options` (parse_args' rules, except that an option may be given more than once:
+/// its last value counts, as in the hand-written loops this replaces) and stores each given value into its
+/// target; targets of options not given keep their values (the defaults). Throws usage_error naming the
+/// option (or positional) for an unknown option, a missing value, a value given to a switch, a bad or
+/// out-of-range number and an extra positional argument; on a throw, targets set before it keep their new
+/// values.
+inline void parse_into(std::span<const std::string> args, std::span<const bound_option> options) {
+  std::vector<option_spec> specs;
+  std::vector<std::string_view> positional;
+  std::vector<const bound_option*> positional_options;
+  for (const auto& o : options) {
+    if (o.name.starts_with("-")) {
+      specs.push_back({o.name, o.value, o.help, true});
+    } else {
+      positional.push_back(o.name);
+      positional_options.push_back(&o);
+    }
+  }
+  const auto a = parse_args(args, specs, positional, 0);
+  auto store = [](const bound_option& o, const std::string& text, const std::string& what) {
+    if (auto* s = std::get_if<std::string*>(&o.target)) **s = text;
+    if (auto* n = std::get_if<std::int64_t*>(&o.target)) **n = parse_int(text, what, o.lo, o.hi);
+    if (auto* n = std::get_if<int*>(&o.target))
+      **n = static_cast<int>(parse_int(text, what,
+                                       std::max<std::int64_t>(o.lo, std::numeric_limits<int>::min()),
+                                       std::min<std::int64_t>(o.hi, std::numeric_limits<int>::max())));
+    if (auto* d = std::get_if<double*>(&o.target)) **d = parse_real(text, what);
+  };
+  for (const auto& o : options) {
+    if (!o.name.starts_with("-") || !a.has(o.name)) continue;
+    if (auto* b = std::get_if<bool*>(&o.target)) {
+      **b = true;
+      continue;
+    }
+    store(o, *a.get(o.name), hetmesh::format("option {}", o.name));
+  }
+  for (std::size_t i = 0; i < a.positionals().size(); ++i)
+    store(*positional_options[i], a.positionals()[i],
+          hetmesh::format("argument {}", positional_options[i]->name));
+}
+
+/// parse_into over argv for a program's main: on a usage_error prints "<program>: <message>" on stderr, and
+/// `usage` on a line of its own when it is not empty, and returns false (the program then exits 2, the
+/// status every hetmesh program gives a bad command line); true when the arguments were stored.
+[[nodiscard]] inline bool parse_command_line(int argc, char** argv, std::string_view program,
+                                             std::initializer_list<bound_option> options,
+                                             std::string_view usage = {}) {
+  try {
+    parse_into(arguments(argc, argv), std::span<const bound_option>(options.begin(), options.size()));
+    return true;
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(program.size()), program.data(), e.what());
+    if (!usage.empty()) std::fprintf(stderr, "%.*s\n", static_cast<int>(usage.size()), usage.data());
+    return false;
+  }
 }
 
 }  // namespace hetmesh::tools
