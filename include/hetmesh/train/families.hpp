@@ -6,7 +6,7 @@
 //                                consecutive ranks (a ring each); part: static_cp_part
 //   seq::ulysses                 documents to dp = pool / degree groups alike, each group's documents packed
 //                                and split contiguously, heads exchanged all-to-all around attention;
-//                                part: ulysses_part (attention_over_groups)
+//                                part: ulysses_group_part (attention_over_groups)
 //   seq::hdp<Offload>            ByteScale's HDP: the pool places items by the balancer's place_hdp (the
 //                                family's own seq::plan_hdp, balance::bytescale or balance::gap_filling_hdp);
 //                                part: hdp_part
@@ -130,7 +130,7 @@ struct static_cp_part {
 
 /// The typed part of a Ulysses plan: the degree, the pieces (contiguous partitions) and per piece the
 /// all-to-all exchange plan; a planned micro-batch's source indexes both.
-struct ulysses_part {
+struct ulysses_group_part {
   /// The part's name (plans print it).
   static constexpr std::string_view name = "ulysses";
   /// Heads exchanged in fixed groups of `degree` consecutive pool ranks.
@@ -145,7 +145,7 @@ struct ulysses_part {
   [[nodiscard]] const seq::ulysses_plan& exchange(std::int64_t source) const {
     return exchanges[static_cast<std::size_t>(source)];
   }
-  friend bool operator==(const ulysses_part&, const ulysses_part&) = default;
+  friend bool operator==(const ulysses_group_part&, const ulysses_group_part&) = default;
   /// Feeds the part to a plan hash.
   void hash_append(hasher& h) const { append_all(h, name, degree, pieces, exchanges); }
 };
@@ -165,7 +165,7 @@ struct hdp_part {
 };
 
 static_assert(partition_part<static_cp_part>);
-static_assert(partition_part<ulysses_part>);
+static_assert(partition_part<ulysses_group_part>);
 static_assert(partition_part<hdp_part>);
 
 /// Appends to the layout a ring over pool ranks `ranks` (ranks[p] holds CP rank p's share) for the CP
@@ -328,9 +328,9 @@ template <group_balancer B>
 /// contiguously over its ranks (seq::partition_contiguous), with the all-to-all exchange plan of its token
 /// counts (f.plan). Errors: as static CP's, with the degree. Pure.
 template <group_balancer B>
-[[nodiscard]] step_plan<ulysses_part> plan_partition(const seq::ulysses& f, const partition_request& r,
+[[nodiscard]] step_plan<ulysses_group_part> plan_partition(const seq::ulysses& f, const partition_request& r,
                                                      const B& balancer) {
-  step_plan<ulysses_part> p;
+  step_plan<ulysses_group_part> p;
   p.partition.degree = f.degree;
   auto split = [&](const std::vector<std::int64_t>& idx) {
     detail::piece_list out;
