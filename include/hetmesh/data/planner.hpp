@@ -260,31 +260,12 @@ struct planned_step {
   planner_state next{};  ///< the state after it
 };
 
-/// Plans step `st.step`: draws the global batch, then balances it on the samples' prices (cfg.cost) with
-/// the balance room's partitioner `split` (balance::lpt_partition by default; karmarkar_karp_partition,
-/// or round_robin_partition as the unbalanced baseline), first over the data-parallel ranks, then over
-/// the micro-batches of each rank. Pre: validate(cfg); st.cursors.size() == sources. Post: exactly
-/// global_batch samples; each (source, epoch, position) drawn once in the whole run; every sample in
-/// exactly one (dp_rank, micro_batch). Not collective: every rank (or one coordinator) computes the same
-/// plan from the same inputs and the same partitioner; deterministic (plan_hash equal everywhere). Cost
-/// O(B log B + sources log sources) plus B metadata lookups: one lookup_run per run of consecutive
-/// positions when M is a batch_metadata_source, otherwise one lookup per sample (the same plan either
-/// way). Throws data_error when a source runs dry, capacity_error when a micro-batch exceeds
-/// max_tokens_per_micro_batch.
-template <class Split = balance::lpt_partition, metadata_source M>
-[[nodiscard]] planned_step plan_step(const mixture_config& cfg, const planner_state& st, M& metadata,
-                                     [[maybe_unused]] const Split& split = {}) {
-  static_assert(balance::partitioner<Split>,
-                "data::plan_step: Split is not a balance::partitioner (needs name, split(costs, bins) -> "
-                "balance::assignment, hash_append, a formatter): use balance::lpt_partition, "
-                "karmarkar_karp_partition or round_robin_partition");
-  if (st.cursors.size() != cfg.sources.size())
-    throw_error<invalid_argument>("plan_step: state has {} cursors for {} sources; expected one per source",
-                                  st.cursors.size(), cfg.sources.size());
-  validate_state(cfg, st, "plan_step: state");
-  planned_step out{{st.step, {}, {}, {}}, st};
-  out.next.step = st.step + 1;
-  out.plan.quotas = step_quotas(cfg, weights_at(cfg, st.step), out.next.cursors);
+namespace detail {
+
+/// plan_step's draw: each source's quota of samples at this step, in source order, with their metadata and
+/// prices; advances out.next's cursors. One lookup_run per run of positions for a batch metadata source.
+template <class M>
+void draw_step_samples(const mixture_config& cfg, planned_step& out, M& metadata) {
   auto& samples = out.plan.samples;
   samples.reserve(static_cast<std::size_t>(cfg.global_batch));
   [[maybe_unused]] std::vector<std::int64_t> run_index;     // the batch lookup's buffers, reused by every run
@@ -322,6 +303,67 @@ template <class Split = balance::lpt_partition, metadata_source M>
                    });
     }
   }
+}
+
+/// plan_step's heavy check: global_batch samples, no (source, epoch, position) drawn twice, each sample in
+/// the member list of exactly one rank and in one (dp_rank, micro_batch) in range. O(B log B).
+inline void check_step_exactly_once(const mixture_config& cfg, const std::vector<planned_sample>& samples,
+                                    const std::vector<int>& members, int dp, std::int64_t step) {
+  const std::size_t n = samples.size();
+  // Exactly once: global_batch samples, no (source, epoch, position) drawn twice, each sample in the
+  // member list of exactly one rank and in one (dp_rank, micro_batch) in range.
+  std::vector<id_range> expected, assigned;
+  for (std::size_t i = 0; i < n; ++i) expected.push_back({static_cast<std::int64_t>(i), 0, 1});
+  for (int i : members) assigned.push_back({i, 0, 1});
+  std::string v = exactly_once_violation(std::move(expected), std::move(assigned));
+  if (v.empty() && static_cast<std::int64_t>(n) != cfg.global_batch)
+    v = hetmesh::format("{} samples; expected global_batch = {}", n, cfg.global_batch);
+  std::vector<std::tuple<int, std::int64_t, std::int64_t>> keys;
+  for (const auto& smp : samples) {
+    keys.emplace_back(smp.ref.source, smp.ref.epoch, smp.ref.position);
+    if (v.empty() &&
+        (smp.dp_rank < 0 || smp.dp_rank >= dp || smp.micro_batch < 0 || smp.micro_batch >= cfg.micro_batches))
+      v = hetmesh::format(
+          "sample (source {}, epoch {}, position {}) is on rank {} micro-batch {}; expected {} x {}",
+          smp.ref.source, smp.ref.epoch, smp.ref.position, smp.dp_rank, smp.micro_batch, dp,
+          cfg.micro_batches);
+  }
+  hetmesh::indirect_sort(keys.begin(), keys.end());
+  if (const auto d = std::adjacent_find(keys.begin(), keys.end()); v.empty() && d != keys.end())
+    v = hetmesh::format("sample (source {}, epoch {}, position {}) drawn twice", std::get<0>(*d),
+                        std::get<1>(*d), std::get<2>(*d));
+  HETMESH_ASSERT_AT(heavy, v.empty(), "data::plan_step (step {}): {}", step, v);
+}
+
+}  // namespace detail
+
+/// Plans step `st.step`: draws the global batch, then balances it on the samples' prices (cfg.cost) with
+/// the balance room's partitioner `split` (balance::lpt_partition by default; karmarkar_karp_partition,
+/// or round_robin_partition as the unbalanced baseline), first over the data-parallel ranks, then over
+/// the micro-batches of each rank. Pre: validate(cfg); st.cursors.size() == sources. Post: exactly
+/// global_batch samples; each (source, epoch, position) drawn once in the whole run; every sample in
+/// exactly one (dp_rank, micro_batch). Not collective: every rank (or one coordinator) computes the same
+/// plan from the same inputs and the same partitioner; deterministic (plan_hash equal everywhere). Cost
+/// O(B log B + sources log sources) plus B metadata lookups: one lookup_run per run of consecutive
+/// positions when M is a batch_metadata_source, otherwise one lookup per sample (the same plan either
+/// way). Throws data_error when a source runs dry, capacity_error when a micro-batch exceeds
+/// max_tokens_per_micro_batch.
+template <class Split = balance::lpt_partition, metadata_source M>
+[[nodiscard]] planned_step plan_step(const mixture_config& cfg, const planner_state& st, M& metadata,
+                                     [[maybe_unused]] const Split& split = {}) {
+  static_assert(balance::partitioner<Split>,
+                "data::plan_step: Split is not a balance::partitioner (needs name, split(costs, bins) -> "
+                "balance::assignment, hash_append, a formatter): use balance::lpt_partition, "
+                "karmarkar_karp_partition or round_robin_partition");
+  if (st.cursors.size() != cfg.sources.size())
+    throw_error<invalid_argument>("plan_step: state has {} cursors for {} sources; expected one per source",
+                                  st.cursors.size(), cfg.sources.size());
+  validate_state(cfg, st, "plan_step: state");
+  planned_step out{{st.step, {}, {}, {}}, st};
+  out.next.step = st.step + 1;
+  out.plan.quotas = step_quotas(cfg, weights_at(cfg, st.step), out.next.cursors);
+  auto& samples = out.plan.samples;
+  detail::draw_step_samples(cfg, out, metadata);
   // Data-parallel shares, then micro-batches inside each share; both balanced on the integer costs.
   const int dp = cfg.layout.dp_size();
   const std::size_t n = samples.size();
@@ -393,31 +435,8 @@ template <class Split = balance::lpt_partition, metadata_source M>
             "(raise micro_batches or the capacity)",
             st.step, r, m, mb_tokens[static_cast<std::size_t>(m)], cfg.max_tokens_per_micro_batch);
   }
-  if constexpr (assertion_enabled(assertion_level::heavy)) {
-    // Exactly once: global_batch samples, no (source, epoch, position) drawn twice, each sample in the
-    // member list of exactly one rank and in one (dp_rank, micro_batch) in range.
-    std::vector<id_range> expected, assigned;
-    for (std::size_t i = 0; i < n; ++i) expected.push_back({static_cast<std::int64_t>(i), 0, 1});
-    for (int i : members) assigned.push_back({i, 0, 1});
-    std::string v = exactly_once_violation(std::move(expected), std::move(assigned));
-    if (v.empty() && static_cast<std::int64_t>(n) != cfg.global_batch)
-      v = hetmesh::format("{} samples; expected global_batch = {}", n, cfg.global_batch);
-    std::vector<std::tuple<int, std::int64_t, std::int64_t>> keys;
-    for (const auto& smp : samples) {
-      keys.emplace_back(smp.ref.source, smp.ref.epoch, smp.ref.position);
-      if (v.empty() && (smp.dp_rank < 0 || smp.dp_rank >= dp || smp.micro_batch < 0 ||
-                        smp.micro_batch >= cfg.micro_batches))
-        v = hetmesh::format(
-            "sample (source {}, epoch {}, position {}) is on rank {} micro-batch {}; expected {} x {}",
-            smp.ref.source, smp.ref.epoch, smp.ref.position, smp.dp_rank, smp.micro_batch, dp,
-            cfg.micro_batches);
-    }
-    hetmesh::indirect_sort(keys.begin(), keys.end());
-    if (const auto d = std::adjacent_find(keys.begin(), keys.end()); v.empty() && d != keys.end())
-      v = hetmesh::format("sample (source {}, epoch {}, position {}) drawn twice", std::get<0>(*d),
-                          std::get<1>(*d), std::get<2>(*d));
-    HETMESH_ASSERT_AT(heavy, v.empty(), "data::plan_step (step {}): {}", st.step, v);
-  }
+  if constexpr (assertion_enabled(assertion_level::heavy))
+    detail::check_step_exactly_once(cfg, samples, members, dp, st.step);
   return out;
 }
 
