@@ -106,20 +106,18 @@ options parse(int argc, char** argv) {
     throw usage_error(fmt::format("--partition {} runs groups of 2 ranks: --ranks / --pp = {} must be even",
                                   o.partition, pool));
   if (o.schedule == "zbv" && o.pp < 2) throw usage_error("--schedule zbv needs --pp >= 2");
-  // What is compiled (with_policies): refuse the rest here, before any rank starts.
-  const bool hdp_bytescale_joint = o.partition == "hdp" && o.balancer == "bytescale" && o.encoder == "joint";
-  if (o.encoder != "joint" && o.schedule != "1f1b")
-    throw usage_error(
-        fmt::format("--encoder {} is compiled with --schedule 1f1b only, not {}", o.encoder, o.schedule));
-  if ((o.schedule == "gpipe" || o.schedule == "zbv") && !hdp_bytescale_joint)
-    throw usage_error(
-        fmt::format("--schedule {} is compiled with --partition hdp --balancer bytescale --encoder joint "
-                    "only",
-                    o.schedule));
-  if (o.backend == "mpi" && !(hdp_bytescale_joint && (o.schedule == "1f1b" || o.schedule == "zero-bubble")))
-    throw usage_error(
-        "--backend mpi is compiled for --partition hdp --balancer bytescale --encoder joint with "
-        "--schedule 1f1b or zero-bubble");
+  // What is compiled (runs.hpp's table): refuse the rest here, before any rank starts.
+  if (mllm::find_compiled_run(o) == nullptr) {
+    std::string rows;
+    for (const auto& r : mllm::compiled_runs)
+      if (r.backend == o.backend)
+        rows += fmt::format("\n  --partition {} --balancer {} --encoder {{{}}} --schedule {{{}}}",
+                            r.partition, r.balancer, r.encoders, r.schedules);
+    throw usage_error(fmt::format(
+        "--backend {} --partition {} --balancer {} --encoder {} --schedule {} is not compiled; compiled for "
+        "--backend {}:{}",
+        o.backend, o.partition, o.balancer, o.encoder, o.schedule, o.backend, rows));
+  }
   return o;
 }
 
@@ -127,17 +125,12 @@ options parse(int argc, char** argv) {
 /// is compiled in a translation unit of its own). Returns the exit status.
 template <class Comm>
 int run_rank(Comm& world, const options& o, const mllm::config& mc, const mllm::data_config& dc) {
-  if constexpr (std::is_same_v<Comm, comm::loopback::communicator>) {
-    if (o.partition == "static-cp") return mllm::run_static_cp(world, o, mc, dc);
-    if (o.partition == "ulysses") return mllm::run_ulysses(world, o, mc, dc);
-    if (o.partition == "dp") return mllm::run_dp(world, o, mc, dc);
-    if (o.balancer == "gap-filling") return mllm::run_hdp_gap_filling(world, o, mc, dc);
-    if (o.balancer == "family") return mllm::run_hdp_family(world, o, mc, dc);
-    if (o.schedule == "gpipe" || o.schedule == "zbv") return mllm::run_hdp_gpipe_zbv(world, o, mc, dc);
-  }
-  if (o.partition == "hdp" && o.balancer == "bytescale") return mllm::run_hdp_bytescale(world, o, mc, dc);
-  throw usage_error(
-      fmt::format("--partition {} --balancer {} is not compiled for this backend", o.partition, o.balancer));
+  [[maybe_unused]] const auto* row =
+      mllm::find_compiled_run(o);  // parse() refused a combination that is not compiled
+  if constexpr (std::is_same_v<Comm, comm::loopback::communicator>)
+    return row->loopback(world, o, mc, dc);
+  else
+    return mllm::run_hdp_bytescale(world, o, mc, dc);  // the table's one MPI row
 }
 
 }  // namespace
