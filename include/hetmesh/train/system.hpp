@@ -35,7 +35,7 @@
 #include "../model/activation.hpp"
 #include "../model/attention.hpp"
 #include "../model/encoder_batch.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 #include "../model/micro_batch.hpp"
 #include "../model/stage.hpp"
 #include "../pipeline/schedule_family.hpp"
