@@ -79,7 +79,8 @@ concept attention_context = detail::ring_attention_forward_entry<Ctx, T> &&
 ///  3. `ctx.slots()`: the call's activation slots.
 /// Optional: `ctx.item_group(piece, view)`, the communicator of the group a split piece runs over (for an
 /// encoder's own collectives over its item); train::encoder_context has it, the runtime never calls it.
-/// train::encoder_context is the model (static_assert in train/encoder_context.hpp).
+/// train::encoder_context is the model (static_assert in tests/train/system.cpp: its communicator type must
+/// be a real comm::communicator, and train/ does not include a backend).
 template <class Ctx, class T>
 concept encoder_attention_context = detail::item_attention_forward_entry<Ctx, T> &&
     detail::item_attention_backward_entry<Ctx, T> && detail::has_slots<Ctx>;

@@ -16,11 +16,9 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../model/activation.hpp"
-#include "../model/attention_context.hpp"
 #include "../model/context.hpp"
 #include "../model/encoder_batch.hpp"
 #include "../model/host_memory.hpp"
-#include "../model/reference_attention.hpp"
 #include "../run/long_short_attention.hpp"
 
 namespace hetmesh::train {
@@ -112,13 +110,6 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
           who, this->stage, this->micro_batch);
   }
 };
-
-static_assert(model::encoder_attention_context<
-                  encoder_context<model::communicator_archetype, model::reference_attention, float>, float> &&
-              model::encoder_attention_context<
-                  encoder_context<model::communicator_archetype, model::reference_attention, double,
-                                  model::emulated_device_memory>,
-                  double>);
 
 namespace detail {
 
