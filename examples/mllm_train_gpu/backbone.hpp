@@ -15,7 +15,7 @@
 #include <vector>
 
 #include <hetmesh/core/error.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/model/micro_batch.hpp>
 #include <hetmesh/model/stage.hpp>
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include <hetmesh/model/encoder_batch.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/model/stage.hpp>
 
 #include "mllm_train/encoder.hpp"

@@ -10,7 +10,7 @@
 
 #include <hetmesh/comm/nccl.hpp>
 #include <hetmesh/cuda/attention.hpp>
-#include <hetmesh/cuda/memory.hpp>
+#include <hetmesh/cuda/device_memory.hpp>
 
 #include "mllm_train_gpu/trainer.hpp"
 

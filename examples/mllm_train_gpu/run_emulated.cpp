@@ -5,7 +5,7 @@
 #include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/model/emulated_attention.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 
 #include "mllm_train_gpu/trainer.hpp"
 

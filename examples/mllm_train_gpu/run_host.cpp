@@ -3,7 +3,7 @@
 // ranks (trainer.hpp); and the CPU example's model under the same systems, the reference of
 // --check-reference.
 #include <hetmesh/comm/loopback.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 
 #include "mllm_train_gpu/trainer.hpp"

@@ -2,8 +2,8 @@
 // Conforming models of every model/ concept, each member removable by a HETMESH_TEST_OMIT_* macro, for the
 // compile-fail tests: a test defines one macro (unless HETMESH_COMPILE_FAIL_CONTROL), includes this file and
 // calls the concept's check_* function, which must fail with the message naming the missing requirement.
-// A test names the one family it needs (HETMESH_TEST_FIXTURE_STAGES, _KERNEL or _STORE), so that it parses
-// only that family's header.
+// A test names the one family it needs (HETMESH_TEST_FIXTURE_STAGES, _KERNEL, _STORE, _MEMORY or _CONTEXT),
+// so that it parses only that family's header.
 // Each family is guarded on its own (no #pragma once), so that the shared control build of the compile-fail
 // tests (tests/support/compile_fail_control.cmake), which defines the macros of several sources in one
 // translation unit, gets every family it names.
@@ -14,8 +14,10 @@
 #include <string_view>
 
 #if !defined(HETMESH_TEST_FIXTURE_STAGES) && !defined(HETMESH_TEST_FIXTURE_KERNEL) && \
-    !defined(HETMESH_TEST_FIXTURE_STORE)
-#error "define HETMESH_TEST_FIXTURE_STAGES, _KERNEL or _STORE before including model_fixture.hpp"
+    !defined(HETMESH_TEST_FIXTURE_STORE) && !defined(HETMESH_TEST_FIXTURE_MEMORY) &&  \
+    !defined(HETMESH_TEST_FIXTURE_CONTEXT)
+#error \
+    "define HETMESH_TEST_FIXTURE_STAGES, _KERNEL, _STORE, _MEMORY or _CONTEXT before including model_fixture.hpp"
 #endif
 
 // A control build omits nothing. The shared control build reads the leading lines of many sources before
@@ -33,7 +35,12 @@
      defined(HETMESH_TEST_OMIT_ENCODER_PARAMETERS) || defined(HETMESH_TEST_OMIT_ENCODER_TAG) ||           \
      defined(HETMESH_TEST_OMIT_STORE_BYTES) || defined(HETMESH_TEST_OMIT_STORE_CONTAINS) ||               \
      defined(HETMESH_TEST_OMIT_STORE_READ) || defined(HETMESH_TEST_OMIT_STORE_RELEASE) ||                 \
-     defined(HETMESH_TEST_OMIT_STORE_TAG) || defined(HETMESH_TEST_OMIT_STORE_WRITE))
+     defined(HETMESH_TEST_OMIT_STORE_TAG) || defined(HETMESH_TEST_OMIT_STORE_WRITE) ||                    \
+     defined(HETMESH_TEST_OMIT_MEMORY_MERGE) || defined(HETMESH_TEST_OMIT_MEMORY_DELTA) ||                \
+     defined(HETMESH_TEST_OMIT_CONTEXT_FORWARD) || defined(HETMESH_TEST_OMIT_CONTEXT_BACKWARD) ||         \
+     defined(HETMESH_TEST_OMIT_CONTEXT_SLOTS) || defined(HETMESH_TEST_OMIT_ENCODER_CONTEXT_FORWARD) ||    \
+     defined(HETMESH_TEST_OMIT_ENCODER_CONTEXT_BACKWARD) ||                                               \
+     defined(HETMESH_TEST_OMIT_ENCODER_CONTEXT_SLOTS))
 #error "a control build (HETMESH_COMPILE_FAIL_CONTROL) must not define a HETMESH_TEST_OMIT_* macro"
 #endif
 
@@ -147,6 +154,92 @@ struct store {
 #endif
 #ifndef HETMESH_TEST_OMIT_STORE_BYTES
   std::int64_t bytes() const { return 0; }
+#endif
+};
+
+}  // namespace fixture
+#endif
+
+#if defined(HETMESH_TEST_FIXTURE_MEMORY) && !defined(HETMESH_TEST_FIXTURE_MEMORY_DONE)
+#define HETMESH_TEST_FIXTURE_MEMORY_DONE
+#include <hetmesh/model/attention_memory.hpp>
+
+namespace fixture {
+using namespace hetmesh::model;
+
+/// A host memory policy (operations that do nothing) with the attention operations of attention_memory.
+struct memory {
+  static constexpr hetmesh::memory_space space = hetmesh::memory_space::host;
+  template <class T>
+  struct buffer {
+    void resize(std::size_t) {}
+    std::size_t size() const { return 0; }
+    std::span<T> span() { return {}; }
+  };
+  template <class T>
+  void copy(std::span<T>, std::span<const T>) const {}
+  template <class T>
+  void copy_2d(std::span<T>, std::size_t, std::span<const T>, std::size_t, std::size_t, std::size_t) const {}
+  template <class T>
+  void fill(std::span<T>, T) const {}
+  template <class T>
+  void add(std::span<T>, std::span<const T>) const {}
+  template <class T>
+  void upload(std::span<T>, std::span<const T>) const {}
+  template <class T>
+  void download(std::span<T>, std::span<const T>) const {}
+  void synchronize() const {}
+#ifndef HETMESH_TEST_OMIT_MEMORY_MERGE
+  void merge_attention(std::span<float>, std::span<float>, std::span<const float>, std::span<const float>,
+                       std::size_t) const {}
+#endif
+#ifndef HETMESH_TEST_OMIT_MEMORY_DELTA
+  void attention_delta(std::span<const float>, std::span<const float>, std::span<float>, std::size_t) const {}
+#endif
+};
+
+}  // namespace fixture
+#endif
+
+#if defined(HETMESH_TEST_FIXTURE_CONTEXT) && !defined(HETMESH_TEST_FIXTURE_CONTEXT_DONE)
+#define HETMESH_TEST_FIXTURE_CONTEXT_DONE
+#include <hetmesh/model/attention_context.hpp>
+
+namespace fixture {
+using namespace hetmesh::model;
+
+/// A backbone stage's context with the attention entry (attention_context).
+struct context {
+#ifndef HETMESH_TEST_OMIT_CONTEXT_FORWARD
+  void attention_forward(attention_shape, float, std::span<const float>, std::span<const float>,
+                         std::span<const float>, std::span<float>, std::span<float>) const {}
+#endif
+#ifndef HETMESH_TEST_OMIT_CONTEXT_BACKWARD
+  void attention_backward(attention_shape, float, std::span<const float>, std::span<const float>,
+                          std::span<const float>, std::span<const float>, std::span<const float>,
+                          std::span<const float>, std::span<float>, std::span<float>,
+                          std::span<float>) const {}
+#endif
+#ifndef HETMESH_TEST_OMIT_CONTEXT_SLOTS
+  int slots() const { return 0; }
+#endif
+};
+
+/// An encoder's context with the attention entry inside items (encoder_attention_context).
+struct encoder_context {
+#ifndef HETMESH_TEST_OMIT_ENCODER_CONTEXT_FORWARD
+  void attention_forward(const encoder_batch_view&, attention_shape, float, std::span<const float>,
+                         std::span<const float>, std::span<const float>, std::span<float>,
+                         std::span<float>) const {}
+#endif
+#ifndef HETMESH_TEST_OMIT_ENCODER_CONTEXT_BACKWARD
+  void attention_backward(const encoder_batch_view&, attention_shape, float, std::span<const float>,
+                          std::span<const float>, std::span<const float>, std::span<const float>,
+                          std::span<const float>, std::span<const float>, std::span<float>, std::span<float>,
+                          std::span<float>) const {}
+#endif
+#ifndef HETMESH_TEST_OMIT_ENCODER_CONTEXT_SLOTS
+  int slots() const { return 0; }
 #endif
 };
 

@@ -5,7 +5,7 @@
 #include <span>
 #include <vector>
 
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/run/ring_attention.hpp>
 

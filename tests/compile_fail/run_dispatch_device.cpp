@@ -2,7 +2,7 @@
 // run::dispatch_tokens runs on the memory of its policy: a device communicator without a device memory
 // policy (the call without one uses model::host_memory) is refused at compile time. The control passes a
 // device policy (model::emulated_device_memory) with the same device communicator.
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/run/dispatch.hpp>
 
 #include "fake_communicator.hpp"

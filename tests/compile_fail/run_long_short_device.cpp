@@ -2,7 +2,7 @@
 // Long-short attention runs on the memory of its policy: device communicators for the items' groups
 // without a device memory policy (the call without one uses model::host_memory) are refused at compile
 // time. The control passes a device policy (model::emulated_device_memory) with the same communicators.
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/run/long_short_attention.hpp>
 

@@ -2,7 +2,7 @@
 // run::execute_pipeline on a device communicator needs a device memory policy: called without one (the host
 // overload, model::host_memory) it is refused at compile time; the control passes
 // model::emulated_device_memory and compiles.
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/run/pipeline_executor.hpp>
 
 #include "fake_communicator.hpp"

@@ -2,7 +2,7 @@
 // run::execute_pipeline on a device communicator with a host memory policy (model::host_memory) is refused
 // at compile time: the policy's space must be the communicator's. The control passes
 // model::emulated_device_memory and compiles.
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/run/pipeline_executor.hpp>
 
 #include "fake_communicator.hpp"

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The inverse Ulysses exchange runs on the memory of its policy: a device communicator with a host memory
 // policy is refused at compile time. The control passes a device policy (model::emulated_device_memory).
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/run/ulysses.hpp>
 
 #include "fake_communicator.hpp"

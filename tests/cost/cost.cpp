@@ -9,12 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <hetmesh/cost/activation_memory.hpp>
 #include <hetmesh/cost/calibrate.hpp>
 #include <hetmesh/cost/comm.hpp>
 #include <hetmesh/cost/compute.hpp>
 #include <hetmesh/cost/encoder.hpp>
 #include <hetmesh/cost/fixed.hpp>
-#include <hetmesh/cost/memory.hpp>
 
 #include "support/workloads.hpp"
 

@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include <hetmesh/cuda/memory.hpp>
+#include <hetmesh/cuda/device_memory.hpp>
 #include <hetmesh/model/attention.hpp>
 #include <hetmesh/model/encoder_batch.hpp>
 #include <hetmesh/model/micro_batch.hpp>

@@ -14,7 +14,7 @@
 
 #include <hetmesh/comm/nccl.hpp>
 #include <hetmesh/cuda/attention.hpp>
-#include <hetmesh/cuda/memory.hpp>
+#include <hetmesh/cuda/device_memory.hpp>
 
 #include "cuda/staged_model.hpp"
 #include "train/pipeline_body.hpp"

@@ -12,7 +12,7 @@
 #include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/exactly_once.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/lower.hpp>
 #include <hetmesh/pipeline/verify.hpp>

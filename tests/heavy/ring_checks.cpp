@@ -9,7 +9,7 @@
 
 #include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 
 #include "run/ring_attention_body.hpp"
 

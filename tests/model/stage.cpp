@@ -220,6 +220,29 @@ TEST_CASE("output_sizes: the pipeline's buffer sizes for a micro-batch") {
   CHECK(output_sizes<float>(mb.view(), a, b) == std::vector<std::int64_t>{10, 35});
 }
 
+/// A backbone stage whose output differs by pipeline stage: the optional two-argument output_size.
+struct per_stage_sizes : scale_stage<float> {
+  per_stage_sizes() : scale_stage<float>(2) {}
+  using scale_stage<float>::output_size;
+  [[nodiscard]] std::int64_t output_size(const micro_batch_view& mb, int stage) const {
+    return mb.size() * 100 + stage;
+  }
+};
+static_assert(backbone_stage<per_stage_sizes, float>);
+static_assert(sizes_output_per_stage<per_stage_sizes>);
+static_assert(!sizes_output_per_stage<scale_stage<float>>);
+
+TEST_CASE("stage_output_size: the per-stage output_size when the stage has one, else the one-argument form") {
+  const auto mb = tokens_batch(5);
+  const per_stage_sizes per_stage;
+  const scale_stage<float> plain(3);
+  CHECK(stage_output_size(per_stage, mb.view(), 0) == 500);
+  CHECK(stage_output_size(per_stage, mb.view(), 3) == 503);
+  CHECK(per_stage.output_size(mb.view()) == 10);  // the one-argument form is there, and not chosen
+  CHECK(stage_output_size(plain, mb.view(), 0) == 15);
+  CHECK(stage_output_size(plain, mb.view(), 4) == 15);
+}
+
 TEST_CASE("stage_context: ring neighbours are parent ranks, in ring order") {
   communicator_archetype parent;
   const std::vector<int> ring{5, 2, 7};

@@ -13,8 +13,8 @@
 
 #include <hetmesh/balance/workload.hpp>
 #include <hetmesh/core/lines.hpp>
+#include <hetmesh/cost/activation_memory.hpp>
 #include <hetmesh/cost/compute.hpp>
-#include <hetmesh/cost/memory.hpp>
 #include <hetmesh/mesh/layout.hpp>
 #include <hetmesh/mesh/search.hpp>
 #include <hetmesh/pipeline/generators.hpp>

@@ -12,7 +12,7 @@
 
 #include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 
 #include "emulated_kernel.hpp"
 #include "exchange_bodies.hpp"

@@ -13,7 +13,7 @@
 
 #include <hetmesh/core/memory_space.hpp>
 #include <hetmesh/model/attention.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 
 namespace runtest {

@@ -17,7 +17,7 @@
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/model/encoder_batch.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/run/long_short_attention.hpp>
 #include <hetmesh/seq/long_short.hpp>

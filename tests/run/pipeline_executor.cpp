@@ -19,7 +19,7 @@
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/memory_space.hpp>
 #include <hetmesh/core/random.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/pipeline/dualpipe.hpp>
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/joint.hpp>

@@ -15,7 +15,7 @@
 #include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/memory_space.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/seq/hdp.hpp>
 
 #include "run/ring_attention_body.hpp"

@@ -26,7 +26,7 @@
 #include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/core/memory_space.hpp>
 #include <hetmesh/core/random.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/run/ring_attention.hpp>
 #include <hetmesh/seq/attention_merge.hpp>

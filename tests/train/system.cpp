@@ -26,6 +26,18 @@ static_assert(model::backbone_stage<
               tiny_lm<float>, float,
               train::step_context<comm::loopback::communicator, model::reference_attention, float>>);
 static_assert(train::attention_context<lctx, double>);
+// The concepts live in model/ (train::attention_context names the same one); the library's contexts over
+// a real backend model them, for both element types and on emulated device memory.
+static_assert(model::attention_context<lctx, double>);
+static_assert(model::check_attention_context<
+              train::step_context<comm::loopback::communicator, model::reference_attention, float>, float>());
+static_assert(
+    model::encoder_attention_context<
+        train::encoder_context<comm::loopback::communicator, model::reference_attention, double>, double>);
+static_assert(model::check_encoder_attention_context<
+              train::encoder_context<comm::loopback::communicator, model::reference_attention, float,
+                                     model::emulated_device_memory>,
+              float>());
 // The test model needs attention: against a context without the entry it is no backbone stage.
 static_assert(!model::backbone_stage<tiny_lm<double>, double>);
 

@@ -11,9 +11,9 @@
 
 #include <fstream>
 
+#include <hetmesh/cost/activation_memory.hpp>
 #include <hetmesh/cost/comm.hpp>
 #include <hetmesh/cost/compute.hpp>
-#include <hetmesh/cost/memory.hpp>
 #include <hetmesh/mesh/topology.hpp>
 #include <hetmesh/pipeline/generators.hpp>
 #include <hetmesh/pipeline/io.hpp>

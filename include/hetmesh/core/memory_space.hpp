@@ -28,7 +28,7 @@ namespace emulated {
 inline constexpr std::uintptr_t device_bit = std::uintptr_t{1} << 62;
 
 namespace detail {
-// Plain std::string messages (no fmt): this header is also read by nvcc (cuda/memory.cuh).
+// Plain std::string messages (no fmt): this header is also read by nvcc (cuda/device_memory.hpp).
 inline std::string address(const void* p) {
   char buf[2 + 2 * sizeof(void*) + 1];
   std::snprintf(buf, sizeof buf, "%p", p);

@@ -10,5 +10,5 @@
 #include "buffer.hpp"
 #include "check.hpp"
 #include "half.hpp"
-#include "memory.hpp"
+#include "device_memory.hpp"
 #include "stream.hpp"

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::cuda: the kernels of cuda::device_memory (cuda/memory.hpp) and their launchers. Include this
-// header in exactly one .cu file of a program that uses device_memory's fill, add, merge_attention or
-// attention_delta: it defines the launchers cuda/memory.hpp declares (hetmesh::cuda::kernels), which plain
-// C++ translation units call.
+// hetmesh::cuda: the kernels of cuda::device_memory (cuda/device_memory.hpp) and their launchers. Include
+// this header in exactly one .cu file of a program that uses device_memory's fill, add, merge_attention or
+// attention_delta: it defines the launchers cuda/device_memory.hpp declares (hetmesh::cuda::kernels), which
+// plain C++ translation units call.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "memory.hpp"
+#include "device_memory.hpp"
 
 namespace hetmesh::cuda {
 
@@ -105,7 +105,7 @@ void launch_delta(const T* out, const T* dout, T* delta, std::size_t rows, std::
 
 }  // namespace detail
 
-/// Definitions of the launchers cuda/memory.hpp declares.
+/// Definitions of the launchers cuda/device_memory.hpp declares.
 namespace kernels {
 /// Enqueues the fill kernel on `s`.
 void fill(float* dst, std::size_t n, float value, cudaStream_t s) { detail::launch_fill(dst, n, value, s); }

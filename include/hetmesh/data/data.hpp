@@ -14,7 +14,7 @@
 #include "constructor.hpp"
 #include "indexed_dataset.hpp"
 #include "loader.hpp"
-#include "memory.hpp"
+#include "memory_report.hpp"
 #include "mixture.hpp"
 #include "planner.hpp"
 #include "routes.hpp"

@@ -21,7 +21,7 @@
 
 #include "../core/error.hpp"
 #include "autoscale.hpp"
-#include "memory.hpp"
+#include "memory_report.hpp"
 #include "mixture.hpp"
 #include "planner.hpp"
 #include "source.hpp"

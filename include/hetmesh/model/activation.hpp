@@ -21,7 +21,7 @@
 
 #include "../core/error.hpp"
 #include "../core/format.hpp"
-#include "memory.hpp"
+#include "host_memory.hpp"
 
 namespace hetmesh::model {
 
@@ -62,6 +62,14 @@ inline constexpr bool enable_activation_store = requires {
 ///  4. `s.release(key)`: frees the slot (it may be written again); throws activation_error when empty;
 ///  5. `s.contains(key)` -> bool, on a const store;
 ///  6. `s.bytes()` -> std::int64_t, on a const store: bytes of the data it holds (wherever it holds it).
+/// Optional members the runtime uses when present (train::offload_store over a resident and an offload
+/// store):
+///  - `typename S::memory_type`: the memory policy of its buffers (model::host_memory when absent);
+///  - `s.release_all(stage, micro_batch)` -> int: frees every slot of (stage, micro_batch), returning how
+///    many there were (without it, nothing is freed in bulk and 0 is reported);
+///  - `s.slots()` -> std::size_t on a const store: slots held (0 reported without it);
+///  - `s.memory()` -> const memory_type& on a const store: its policy, when it holds one (a stream);
+///    otherwise a default-constructed policy is used.
 /// model::host_activation_store is the host-memory model.
 template <class S, class T>
 concept activation_store = enable_activation_store<std::remove_cvref_t<S>> &&
@@ -117,8 +125,8 @@ consteval bool check_activation_store() {
   return true;
 }
 
-/// An activation store whose slots are buffers of memory policy M (model/memory.hpp): one buffer per slot,
-/// written by M's copy, so saved tensors stay where the stage's activations live (host memory for
+/// An activation store whose slots are buffers of memory policy M (model/memory_policy.hpp): one buffer per
+/// slot, written by M's copy, so saved tensors stay where the stage's activations live (host memory for
 /// host_memory, device memory for a device policy; the store never reads them on the CPU). Not thread-safe
 /// (one per rank).
 template <class T, memory_policy M = host_memory>

@@ -43,7 +43,7 @@ inline void check_attention_shape(const attention_shape& s, const char* who) {
 /// passed: the library skips such blocks.) Positions are positions within the document, as
 /// TransformerEngine assigns them under CP, so the mask is the same on every rank that holds the tokens.
 /// Memory: the tensors (q, k, v here; out, lse, dout, dq, dk, dv, delta of attention_forward_out and
-/// attention_backward_io) live in the memory space of the caller's memory policy (model/memory.hpp):
+/// attention_backward_io) live in the memory space of the caller's memory policy (model/memory_policy.hpp):
 /// host memory on a host path, device memory on a device path. The per-token metadata (q_doc, q_pos,
 /// k_doc, k_pos) is always host memory, valid for the call only: a device kernel reads it on the host
 /// and uploads what it needs (e.g. as cu_seqlens and position offsets) to the stream it computes on.

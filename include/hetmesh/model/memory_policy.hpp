@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::model: the memory policy concept (models in model/memory.hpp and cuda/memory.cuh). A header of its
-// own, free of fmt, so that nvcc translation units check cuda::device_memory against it.
+// hetmesh::model: the memory policy concept: where the runtime's buffers live and the memory operations it
+// runs on them (models in model/host_memory.hpp and cuda/device_memory.hpp). Memory only: the attention
+// arithmetic some runtime pieces also run through a policy is model::attention_memory
+// (model/attention_memory.hpp). A header of its own, free of fmt, so that nvcc translation units check
+// cuda::device_memory against it.
 #pragma once
 
 #include <concepts>
@@ -26,13 +29,18 @@ namespace hetmesh::model {
 ///     counts);
 ///  6. `m.upload(dst, host_src)` and `m.download(host_dst, src)`: copies between host memory and M::space,
 ///     complete when they return (the host span may be reused at once);
-///  7. `m.merge_attention(out, lse, out_b, lse_b, dim)`: seq::merge_partial on spans of M::space;
-///  8. `m.attention_delta(out, dout, delta, dim)`: seq::attention_delta on spans of M::space;
-///  9. `m.synchronize()`: returns when every operation issued through `m` so far has completed.
-/// Operations 3-9 are const (a policy is a handle: a stream, or nothing). Operations 3-5, 7 and 8 may be
+///  7. `m.synchronize()`: returns when every operation issued through `m` so far has completed.
+/// Operations 3-7 are const (a policy is a handle: a stream, or nothing). Operations 3-5 may be
 /// asynchronous (ordered on the policy's stream), so a device policy and a device communicator must share
-/// one stream (or the caller orders them). Sizes that differ are a
-/// precondition violation (invalid_argument from the models here).
+/// one stream (or the caller orders them). Sizes that differ are a precondition violation
+/// (invalid_argument from the models here).
+/// Optional members the runtime uses when present (and does without otherwise):
+///  - `typename M::template host_buffer<T>`: host buffers the device copies to and from directly (pinned
+///    memory), the host side of activation offload (model::host_buffer_t; a std::vector otherwise);
+///  - a constructor `M(stream)` from the communicator's `stream()`: train::system starts such a policy
+///    on the world communicator's stream (default-constructed otherwise).
+/// Ring, Ulysses and long-short attention also merge attention partials through the policy: they need
+/// the refinement model::attention_memory<M, T>.
 template <class M>
 concept memory_policy = std::same_as<std::remove_cvref_t<decltype(M::space)>, memory_space> &&
     std::default_initializable<typename M::template buffer<float>> &&
@@ -52,10 +60,6 @@ concept memory_policy = std::same_as<std::remove_cvref_t<decltype(M::space)>, me
   m.add(d, cd);
   m.upload(f, cf);
   m.download(d, cd);
-  m.merge_attention(f, f, cf, cf, n);
-  m.merge_attention(d, d, cd, cd, n);
-  m.attention_delta(cf, cf, f, n);
-  m.attention_delta(cd, cd, d, n);
   m.copy_2d(f, n, cf, n, n, n);
   m.copy_2d(d, n, cd, n, n, n);
   m.synchronize();

@@ -118,6 +118,13 @@ concept encoder_stage = enable_encoder_stage<std::remove_cvref_t<S>> && detail::
 ///     mb.step_targets itself);
 ///  5. `stage_parameters<S, T>`;
 ///  6. deterministic, with saved tensors in the context's activation slots (as encoder_stage 7).
+/// Optional, used when present:
+///  - `s.output_size(mb, stage)` on a const stage, with `const micro_batch_view&` and the pipeline stage
+///    index (int, 0-based over the whole pipeline), returns the element count of its output at that
+///    stage: for a stage type whose output differs by pipeline stage (the last stage's loss terms, a
+///    projection on one stage). The runtime sizes buffers through stage_output_size, which prefers it to
+///    requirement 2's one-argument form (sizes_output_per_stage).
+/// The context a stage's attention calls need is model::attention_context (model/attention_context.hpp).
 template <class S, class T, class Ctx = default_stage_context<T>>
 concept backbone_stage = enable_backbone_stage<std::remove_cvref_t<S>> &&
     detail::sizes_output<S, micro_batch_view> && detail::runs_forward<S, T, Ctx, micro_batch_view> &&
@@ -202,6 +209,27 @@ consteval bool check_split_backward_stage() {
                 "split_backward_stage requirement 3: zero-bubble schedules need `backward_weight(ctx, const "
                 "micro_batch_view&)`");
   return true;
+}
+
+/// Whether stage type S sizes its output per pipeline stage (backbone_stage's optional member):
+/// `s.output_size(mb, stage)` on a const S, for a `const micro_batch_view&` and an int stage index, returns
+/// an element count convertible to std::int64_t.
+template <class S>
+concept sizes_output_per_stage = requires(const S& s, const micro_batch_view& mb, int stage) {
+  { s.output_size(mb, stage) } -> std::convertible_to<std::int64_t>;
+};
+
+/// The element count of stage s's output for micro-batch mb at pipeline stage `stage`: `s.output_size(mb,
+/// stage)` when S has it (sizes_output_per_stage), else `s.output_size(mb)` (backbone_stage requirement
+/// 2). The one place the runtime asks a backbone stage for a buffer size. Pre: S has one of the two forms
+/// (a compile-time error otherwise). Cost: the stage's output_size.
+template <class S>
+requires sizes_output_per_stage<S> || detail::sizes_output<S, micro_batch_view>
+[[nodiscard]] std::int64_t stage_output_size(const S& s, const micro_batch_view& mb, int stage) {
+  if constexpr (sizes_output_per_stage<S>)
+    return static_cast<std::int64_t>(s.output_size(mb, stage));
+  else
+    return static_cast<std::int64_t>(s.output_size(mb));
 }
 
 /// The element counts of each stage's output for one micro-batch, in stage order: the buffers the runtime

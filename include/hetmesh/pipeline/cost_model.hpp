@@ -15,7 +15,7 @@
 #include "../core/error.hpp"
 #include "../cost/comm.hpp"
 #include "../cost/compute.hpp"
-#include "../cost/memory.hpp"
+#include "../cost/activation_memory.hpp"
 #include "action.hpp"
 
 namespace hetmesh::pipeline {

@@ -21,7 +21,7 @@
 #include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 
 namespace hetmesh::run {
 

@@ -6,8 +6,8 @@
 // transposed plan). Rows are `width` elements of any trivially copyable type (token ids, embeddings,
 // positions, labels, loss weights).
 //
-// Memory: both calls run over any memory through a memory policy M (model/memory.hpp) whose space is the
-// communicator's (checked at compile time; the calls without a policy use model::host_memory and take a
+// Memory: both calls run over any memory through a memory policy M (model/memory_policy.hpp) whose space is
+// the communicator's (checked at compile time; the calls without a policy use model::host_memory and take a
 // host communicator). The buffers live in M's space; rows are packed and unpacked with one M copy per run
 // of the plan, staged in M's buffers, and never read on the CPU: the plan, counts and displacements are
 // host data. On the device path the row type must be one M's buffers and copies support (the
@@ -20,8 +20,8 @@
 #include "../balance/dispatch.hpp"
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
-#include "../model/memory.hpp"
-#include "detail/memory.hpp"
+#include "../model/host_memory.hpp"
+#include "detail/memory_fit.hpp"
 #include "detail/rows.hpp"
 
 namespace hetmesh::run {

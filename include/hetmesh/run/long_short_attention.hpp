@@ -8,7 +8,7 @@
 // Pieces run in the batch's order, which is the long-short plan's (long items first, by (-length, id)) on
 // every rank, so the groups' collectives meet in one order on all their members.
 //
-// Memory: the calls run over any memory through a memory policy M (model/memory.hpp) of the groups'
+// Memory: the calls run over any memory through a memory policy M (model/memory_policy.hpp) of the groups'
 // memory space (checked at compile time; the calls without a policy use model::host_memory and take host
 // communicators). q, k, v, out, lse, dout, dq, dk, dv and every tensor handed to the kernel live in M's
 // space; the items' documents and positions (model::attention_block's q_doc, q_pos, k_doc, k_pos) and the
@@ -25,8 +25,9 @@
 
 #include "../core/error.hpp"
 #include "../model/attention.hpp"
+#include "../model/attention_memory.hpp"
 #include "../model/encoder_batch.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 #include "../seq/attention_merge.hpp"
 #include "../seq/ulysses.hpp"
 #include "ulysses_attention.hpp"
@@ -195,7 +196,8 @@ void long_short_attention_forward(GroupOf&& group_of, const model::encoder_batch
 /// a compile-time error otherwise): from its inputs, out, lse and dout, writes (overwrites) dq, dk, dv of
 /// this rank's tokens (a piece's include the other group members' queries' contributions). A whole item's
 /// gradients are zeroed by mem.fill and its delta comes from mem.attention_delta before the kernel's
-/// backward. Collective over each piece's group, in the forward's order. Errors as the forward.
+/// backward. Requires: M a model::attention_memory<M, T> (static_assert). Collective over each piece's
+/// group, in the forward's order. Errors as the forward.
 template <class GroupOf, class Kernel, class T, model::memory_policy M>
 void long_short_attention_backward(GroupOf&& group_of, const model::encoder_batch_view& v, Kernel& kernel,
                                    const long_short_attention_input<T>& in, std::span<const T> out,
@@ -205,6 +207,9 @@ void long_short_attention_backward(GroupOf&& group_of, const model::encoder_batc
                 "run::long_short_attention_backward needs a memory policy of the communicator's memory space "
                 "(the groups'): a device communicator needs a device memory policy (cuda::device_memory, "
                 "model::emulated_device_memory) as the last argument");
+  static_assert(model::attention_memory<M, T>,
+                "run::long_short_attention_backward: the memory policy must model model::attention_memory<M, "
+                "T>: attention_delta on its memory (model/attention_memory.hpp)");
   constexpr const char* who = "run::long_short_attention_backward";
   detail::check_long_short(v, in, out.size(), lse.size(), who);
   if (dout.size() != out.size() || dq.size() != in.q.size() || dk.size() != in.k.size() ||

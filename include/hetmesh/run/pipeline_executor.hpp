@@ -40,7 +40,7 @@
 #include "../core/cpu_time.hpp"
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 #include "../pipeline/action.hpp"
 #include "../pipeline/lower.hpp"
 #include "../pipeline/simulate.hpp"

@@ -13,7 +13,8 @@
 // step D-1 one last hop sends each accumulator to the next position, which owns it (seq/ring.hpp). Token
 // documents and positions follow from the schedule's chunks, so only K, V (and dK, dV) travel.
 //
-// Any memory: the calls are generic over a model::memory_policy M whose space is the communicator's.
+// Any memory: the calls are generic over a model::attention_memory M (a model::memory_policy that also
+// merges attention partials) whose space is the communicator's.
 // Scratch (the KV in flight, dK/dV accumulators, a block's partial output) is M's buffers; the fills,
 // merges (M::merge_attention) and delta (M::attention_delta) run through M; the CPU never reads or
 // writes a tensor. The kernel receives tensors of M's space and host metadata (model/attention.hpp).
@@ -40,7 +41,8 @@
 #include "../core/error.hpp"
 #include "../core/memory_space.hpp"
 #include "../model/attention.hpp"
-#include "../model/memory.hpp"
+#include "../model/attention_memory.hpp"
+#include "../model/host_memory.hpp"
 #include "../seq/ring.hpp"
 #include "detail/ring_context.hpp"
 #include "ring_io.hpp"
@@ -223,7 +225,8 @@ inline constexpr bool memory_fits = M::space == std::remove_cvref_t<C>::memory;
 /// Ring attention forward at the caller's position of ring `s`, on the parent communicator `c`, with
 /// scratch and arithmetic through memory policy `mem`.
 /// Requires: M::space == C::memory (a device communicator needs a device memory policy, a host one
-/// model::host_memory) and K a model::attention_kernel<K, T> (static_assert).
+/// model::host_memory), M a model::attention_memory<M, T> (it merges the blocks) and K a
+/// model::attention_kernel<K, T> (static_asserts).
 /// Pre: every rank of s.ring calls it with the same schedule (checked between neighbours at the
 /// `collective` assertion level), ranks of s.ring are ranks of `c`, and this rank is one of them;
 /// `in` holds this position's tokens in the schedule's local order; in.q, in.k, in.v, out and lse are
@@ -248,12 +251,15 @@ void ring_attention_forward(C& c, const seq::ring_schedule& s, K& kernel, const 
                 "run::ring_attention_forward: the memory policy's space must be the communicator's memory: a "
                 "device communicator needs a device memory policy (cuda::device_memory, "
                 "model::emulated_device_memory), a host communicator model::host_memory");
+  static_assert(model::attention_memory<M, T>,
+                "run::ring_attention_forward: the memory policy must model model::attention_memory<M, T>: "
+                "merge_attention and attention_delta on its memory (model/attention_memory.hpp)");
   static_assert(model::attention_kernel<K, T>,
                 "run::ring_attention_forward: K must model model::attention_kernel<K, T>: "
                 "k.forward(const attention_block<T>&, attention_forward_out<T>) and "
                 "k.backward(const attention_block<T>&, attention_backward_io<T>)");
   // Only a conforming call is instantiated, so the static_asserts above are the only errors a user reads.
-  if constexpr (detail::memory_fits<C, M> && model::attention_kernel<K, T>)
+  if constexpr (detail::memory_fits<C, M> && model::attention_memory<M, T> && model::attention_kernel<K, T>)
     detail::ring_forward(c, mem, s, kernel, in, out, lse, opt);
 }
 
@@ -298,11 +304,14 @@ void ring_attention_backward(C& c, const seq::ring_schedule& s, K& kernel, const
       "run::ring_attention_backward: the memory policy's space must be the communicator's memory: a "
       "device communicator needs a device memory policy (cuda::device_memory, "
       "model::emulated_device_memory), a host communicator model::host_memory");
+  static_assert(model::attention_memory<M, T>,
+                "run::ring_attention_backward: the memory policy must model model::attention_memory<M, T>: "
+                "merge_attention and attention_delta on its memory (model/attention_memory.hpp)");
   static_assert(model::attention_kernel<K, T>,
                 "run::ring_attention_backward: K must model model::attention_kernel<K, T>: "
                 "k.forward(const attention_block<T>&, attention_forward_out<T>) and "
                 "k.backward(const attention_block<T>&, attention_backward_io<T>)");
-  if constexpr (detail::memory_fits<C, M> && model::attention_kernel<K, T>)
+  if constexpr (detail::memory_fits<C, M> && model::attention_memory<M, T> && model::attention_kernel<K, T>)
     detail::ring_backward(c, mem, s, kernel, in, out, lse, dout, dq, dk, dv, opt);
 }
 

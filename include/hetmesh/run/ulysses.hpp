@@ -13,7 +13,7 @@
 // plan says. Going back, a replicated head arrives once per replica: values are identical (take the
 // first), gradients are partial sums (add them, in rank order, so the result is deterministic).
 //
-// Memory: every exchange runs over any memory, through a memory policy M (model/memory.hpp) whose
+// Memory: every exchange runs over any memory, through a memory policy M (model/memory_policy.hpp) whose
 // space is the communicator's (M::space == C::memory, checked at compile time). Tensors live in M's
 // space; the exchange packs heads with M's strided copies (copy_2d), stages in M's buffers, adds
 // replicas with M's add, and never reads or writes a tensor on the CPU: only the plan, the counts and
@@ -29,9 +29,9 @@
 
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 #include "../seq/ulysses.hpp"
-#include "detail/memory.hpp"
+#include "detail/memory_fit.hpp"
 #include "detail/rows.hpp"
 
 namespace hetmesh::run {

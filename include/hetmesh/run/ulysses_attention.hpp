@@ -7,7 +7,7 @@
 // v, out, dout and lse the same way, runs the kernel's backward, and returns dq and dk, dv (summed over
 // replicated KV heads).
 //
-// Memory: every call runs over any memory through a memory policy M (model/memory.hpp) of the group's
+// Memory: every call runs over any memory through a memory policy M (model/memory_policy.hpp) of the group's
 // memory space (checked at compile time; the calls without a policy use model::host_memory and take a
 // host communicator). The tensors (q, k, v, out, lse, dout and the gradients), the head-sharded scratch
 // and every tensor handed to the kernel (model::attention_block's q, k, v; the forward's out and lse; the
@@ -24,7 +24,8 @@
 #include "../comm/communicator.hpp"
 #include "../core/error.hpp"
 #include "../model/attention.hpp"
-#include "../model/memory.hpp"
+#include "../model/attention_memory.hpp"
+#include "../model/host_memory.hpp"
 #include "../seq/attention_merge.hpp"
 #include "../seq/ulysses.hpp"
 #include "ulysses.hpp"
@@ -140,8 +141,8 @@ void ulysses_attention_forward(C& group, const seq::ulysses_plan& plan, Kernel& 
 /// compile-time error otherwise): from this rank's out, lse (of the forward) and dout, writes
 /// (overwrites) dq, dk, dv of its tokens (dk, dv summed over the ranks that shared a replicated KV head,
 /// in rank order). The kernel's dq, dk, dv are buffers of `mem` zeroed by mem.fill, its delta comes from
-/// mem.attention_delta. Collective over the group. Errors as ulysses_attention_forward. Cost: 6
-/// all-to-alls in, 3 out, one kernel backward block.
+/// mem.attention_delta. Requires: M a model::attention_memory<M, T> (static_assert). Collective over the
+/// group. Errors as ulysses_attention_forward. Cost: 6 all-to-alls in, 3 out, one kernel backward block.
 template <comm::communicator C, class Kernel, class T, model::memory_policy M>
 void ulysses_attention_backward(C& group, const seq::ulysses_plan& plan, Kernel& kernel,
                                 const ulysses_attention_input<T>& in, std::span<const T> out,
@@ -151,6 +152,10 @@ void ulysses_attention_backward(C& group, const seq::ulysses_plan& plan, Kernel&
                 "run::ulysses_attention_backward needs a memory policy of the communicator's memory space: a "
                 "device communicator needs a device memory policy (cuda::device_memory, "
                 "model::emulated_device_memory) as the last argument");
+  static_assert(
+      model::attention_memory<M, T>,
+      "run::ulysses_attention_backward: the memory policy must model model::attention_memory<M, T>: "
+      "attention_delta on its memory (model/attention_memory.hpp)");
   constexpr const char* who = "run::ulysses_attention_backward";
   detail::check_ulysses_attention(plan, in, group.rank(), who);
   if (out.size() != in.q.size() || dout.size() != in.q.size() || dq.size() != in.q.size() ||

@@ -15,7 +15,7 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
-#include "../cost/memory.hpp"
+#include "../cost/activation_memory.hpp"
 
 namespace hetmesh::seq {
 

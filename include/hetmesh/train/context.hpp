@@ -9,7 +9,7 @@
 // queries see (per document, causal); documents and positions come from the micro-batch view, which the
 // runtime built in the ring schedule's local order (checked). The binding lives here rather than in model/
 // so that model/ stays free of run/ (the rooms of docs/architecture.md): a model stays generic over its
-// context type, or constrains it on the attention_context concept.
+// context type, or constrains it on model::attention_context (model/attention_context.hpp).
 #pragma once
 
 #include <concepts>
@@ -22,8 +22,10 @@
 #include "../core/format.hpp"
 #include "../model/activation.hpp"
 #include "../model/attention.hpp"
+#include "../model/attention_context.hpp"
 #include "../model/context.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
+#include "../model/reference_attention.hpp"
 #include "../run/ring_attention.hpp"
 #include "../run/ulysses_attention.hpp"
 #include "../seq/ring.hpp"
@@ -197,19 +199,13 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
   }
 };
 
-/// A stage context whose stages can call attention, for element type T. Requirements:
-///  1. `ctx.attention_forward(shape, scale, q, k, v, out, lse)` on a const context, with
-///     model::attention_shape, T, three std::span<const T> and two std::span<T>;
-///  2. `ctx.attention_backward(shape, scale, q, k, v, out, lse, dout, dq, dk, dv)`, with
-///     model::attention_shape, T, six std::span<const T> and three std::span<T>;
-///  3. `ctx.slots()`: the call's activation slots (model::stage_context's).
-/// train::step_context is the model; a user's stage may constrain its forward on this concept.
-template <class Ctx, class T>
-concept attention_context = requires(const Ctx& ctx, model::attention_shape s, T scale, std::span<const T> c,
-                                     std::span<T> m) {
-  ctx.attention_forward(s, scale, c, c, c, m, m);
-  ctx.attention_backward(s, scale, c, c, c, c, c, c, m, m, m);
-  ctx.slots();
-};
+/// The attention context concept (model/attention_context.hpp), under its earlier name.
+using model::attention_context;
+
+static_assert(model::attention_context<
+                  step_context<model::communicator_archetype, model::reference_attention, float>, float> &&
+              model::attention_context<step_context<model::communicator_archetype, model::reference_attention,
+                                                    double, model::emulated_device_memory>,
+                                       double>);
 
 }  // namespace hetmesh::train

@@ -18,7 +18,7 @@
 #include "../model/activation.hpp"
 #include "../model/context.hpp"
 #include "../model/encoder_batch.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 #include "../run/long_short_attention.hpp"
 
 namespace hetmesh::train {

@@ -18,7 +18,7 @@
 
 #include "../core/error.hpp"
 #include "../model/encoder_batch.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 #include "../model/micro_batch.hpp"
 #include "../seq/long_short.hpp"
 #include "../seq/types.hpp"

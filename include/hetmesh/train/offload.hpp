@@ -23,7 +23,7 @@
 #include "../core/error.hpp"
 #include "../core/memory_space.hpp"
 #include "../model/activation.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 
 namespace hetmesh::train {
 

@@ -22,16 +22,11 @@
 #include "context.hpp"
 #include "encoder_context.hpp"
 #include "encoders.hpp"
-#include "memory.hpp"
+#include "reduction.hpp"
 #include "step_run.hpp"
 #include "step_stats.hpp"
 
 namespace hetmesh::train::detail {
-
-template <class S>
-concept sizes_stage_output = requires(const S& s, const model::micro_batch_view& v, int stage) {
-  { s.output_size(v, stage) } -> std::convertible_to<std::int64_t>;
-};
 
 /// One rank's calls of one step (see the file comment). `Part` is the plan's partition part (its attention
 /// mechanism types the stage's context); `Encoders` are train::encoder_binding values. Lives for one step;
@@ -189,10 +184,7 @@ class stage_runner {
 
   [[nodiscard]] std::int64_t output_size(int stg, const model::micro_batch_view& v) const {
     if (v.size() == 0) return 0;
-    if constexpr (sizes_stage_output<Stage>)
-      return static_cast<std::int64_t>(stage_->output_size(v, stg));
-    else
-      return static_cast<std::int64_t>(stage_->output_size(v));
+    return model::stage_output_size(*stage_, v, stg);
   }
 
   template <class Call>

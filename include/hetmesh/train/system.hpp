@@ -8,7 +8,7 @@
 // its hash covers all of it. `run` has three parts, each in its own header: this rank's view of the plan
 // (train/step_run.hpp: micro-batches built once from the plan's token layouts, checked against its rings
 // and landings), the stage runner the pipeline executor calls (train/stage_runner.hpp: the user's stages
-// and encoders, the encoder landing), and the reduction and optimizer step (train/memory.hpp): gradients
+// and encoders, the encoder landing), and the reduction and optimizer step (train/reduction.hpp): gradients
 // summed over the pool (the encoders' over the world), each rank's loss already normalised by the step's
 // global target count, so a single-rank run of the same batch gives the same gradient. `run` takes the
 // whole step's batch, or this rank's share of it under delivery by plan (train/delivery.hpp, build.hpp).
@@ -36,7 +36,7 @@
 #include "../model/activation.hpp"
 #include "../model/attention.hpp"
 #include "../model/encoder_batch.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 #include "../model/micro_batch.hpp"
 #include "../model/stage.hpp"
 #include "../pipeline/schedule_family.hpp"
@@ -50,7 +50,7 @@
 #include "encoder_domain.hpp"
 #include "encoders.hpp"
 #include "families.hpp"
-#include "memory.hpp"
+#include "reduction.hpp"
 #include "optimizer.hpp"
 #include "partition_family.hpp"
 #include "pipeline_plan.hpp"

@@ -24,7 +24,7 @@
 #include "../../core/hash.hpp"
 #include "../../core/memory_space.hpp"
 #include "../../model/attention.hpp"
-#include "../../model/memory.hpp"
+#include "../../model/host_memory.hpp"
 #include "../../seq/ring.hpp"
 #include "../ring_io.hpp"
 

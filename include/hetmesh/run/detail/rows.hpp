@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::run internals: the row exchange the executors share (reshard, token dispatch, the Ulysses
 // exchange). Rows are `width` elements of any trivially copyable type; element types the communicators
-// know travel as themselves, others as bytes. Buffers live in a memory policy's space (model/memory.hpp;
-// host vectors for the calls without one): packing and unpacking go through the policy's copies, and only
-// plans, counts and displacements are host data.
+// know travel as themselves, others as bytes. Buffers live in a memory policy's space
+// (model/memory_policy.hpp; host vectors for the calls without one): packing and unpacking go through the
+// policy's copies, and only plans, counts and displacements are host data.
 #pragma once
 
 #include <algorithm>
@@ -18,7 +18,7 @@
 #include "../../balance/reshard.hpp"
 #include "../../comm/collectives.hpp"
 #include "../../core/error.hpp"
-#include "../../model/memory.hpp"
+#include "../../model/host_memory.hpp"
 
 namespace hetmesh::run::detail {
 

@@ -10,16 +10,18 @@
 #include <vector>
 
 #include <hetmesh/core/random.hpp>
-#include <hetmesh/model/memory.hpp>
+#include <hetmesh/model/host_memory.hpp>
 #include <hetmesh/train/offload.hpp>
 
-#include <hetmesh/cuda/memory.hpp>
+#include <hetmesh/cuda/device_memory.hpp>
 
 #include "support/memory_sequence.hpp"
 
-// cuda::device_memory models the policy concept; checked in a plain C++ translation unit, as users include
-// it.
+// cuda::device_memory models the policy concepts; checked in a plain C++ translation unit, as users include
+// it (cuda/ does not include model/, so the static_asserts of this model live here).
 static_assert(hetmesh::model::memory_policy<hetmesh::cuda::device_memory>);
+static_assert(hetmesh::model::attention_memory<hetmesh::cuda::device_memory, float> &&
+              hetmesh::model::attention_memory<hetmesh::cuda::device_memory, double>);
 
 namespace {
 template <class T>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::run internals of the runtime pieces that run over a memory policy (model/memory.hpp): the
+// hetmesh::run internals of the runtime pieces that run over a memory policy (model/memory_policy.hpp): the
 // compile-time match of a policy and a communicator, and the cross-rank plan agreement check
 // (run/agreement.hpp) on a communicator of any memory space (hashes through the policy's buffers on a
 // device communicator: metadata, not payload; the runtime still never reads a tensor on the CPU).
@@ -11,7 +11,7 @@
 
 #include "../../comm/collectives.hpp"
 #include "../../core/assert.hpp"
-#include "../../model/memory.hpp"
+#include "../../model/host_memory.hpp"
 #include "../agreement.hpp"
 
 namespace hetmesh::run::detail {

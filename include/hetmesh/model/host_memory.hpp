@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::model: memory policies, where the runtime's buffers live and the few operations the runtime
-// does on them. The runtime (run/, train/) never reads or writes a buffer of a device path on the CPU: it
-// allocates through the policy, hands spans to the user's stages and kernels and to the communicator, and
-// does its own arithmetic (merging partial attention, zeroing, accumulating) through the policy. The host
-// policy runs these on the CPU; cuda::device_memory (cuda/memory.cuh) runs them as kernels on a stream;
-// emulated_device_memory runs them on the CPU behind emulated device pointers, so the device path of the
-// runtime is tested on a machine without a GPU (a stray host access faults at once).
+// hetmesh::model: the memory policies whose operations run on the CPU: host_memory (host buffers, the
+// policy of host communicators) and emulated_device_memory (host memory behind emulated device pointers),
+// with the helpers every policy shares (host_buffer_t, host_side_memory, bound_memory). A memory policy is
+// where the runtime's buffers live and the few operations the runtime does on them (model/memory_policy.hpp;
+// the attention merges of model/attention_memory.hpp). The runtime (run/, train/) never reads or writes a
+// buffer of a device path on the CPU: it allocates through the policy, hands spans to the user's stages and
+// kernels and to the communicator, and does its own arithmetic (merging partial attention, zeroing,
+// accumulating) through the policy. cuda::device_memory (cuda/device_memory.hpp) runs these as kernels on a
+// stream; emulated_device_memory runs them on the CPU behind emulated device pointers, so the device path
+// of the runtime is tested on a machine without a GPU (a stray host access faults at once).
 #pragma once
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include "../core/error.hpp"
 #include "../core/memory_space.hpp"
 #include "../seq/attention_merge.hpp"
+#include "attention_memory.hpp"
 #include "memory_policy.hpp"
 
 namespace hetmesh::model {
@@ -111,13 +115,13 @@ struct host_memory {
   void download(std::span<T> host_dst, std::span<const T> src) const {
     detail::cpu_ops::copy(host_dst, src, "host_memory::download");
   }
-  /// seq::merge_partial on the policy's memory.
+  /// seq::merge_partial on the policy's memory (attention_memory requirement 2).
   template <class T>
   void merge_attention(std::span<T> out, std::span<T> lse, std::span<const T> out_b, std::span<const T> lse_b,
                        std::size_t dim) const {
     seq::merge_partial(out, lse, out_b, lse_b, dim);
   }
-  /// seq::attention_delta on the policy's memory.
+  /// seq::attention_delta on the policy's memory (attention_memory requirement 3).
   template <class T>
   void attention_delta(std::span<const T> out, std::span<const T> dout, std::span<T> delta,
                        std::size_t dim) const {
@@ -134,6 +138,7 @@ struct host_memory {
 };
 
 static_assert(memory_policy<host_memory>);
+static_assert(attention_memory<host_memory, float> && attention_memory<host_memory, double>);
 
 /// Emulated device memory: host memory handed out as emulated device pointers (core/memory_space.hpp), with
 /// every operation run on the CPU after checking that its spans are device views. A device path of the
@@ -191,7 +196,7 @@ struct emulated_device_memory {
     constexpr const char* who = "emulated_device_memory::download";
     detail::cpu_ops::copy(host_dst, emulated::to_host(src, who), who);
   }
-  /// seq::merge_partial on the policy's memory.
+  /// seq::merge_partial on the policy's memory (attention_memory requirement 2).
   template <class T>
   void merge_attention(std::span<T> out, std::span<T> lse, std::span<const T> out_b, std::span<const T> lse_b,
                        std::size_t dim) const {
@@ -199,7 +204,7 @@ struct emulated_device_memory {
     seq::merge_partial(emulated::to_host(out, who), emulated::to_host(lse, who),
                        emulated::to_host(out_b, who), emulated::to_host(lse_b, who), dim);
   }
-  /// seq::attention_delta on the policy's memory.
+  /// seq::attention_delta on the policy's memory (attention_memory requirement 3).
   template <class T>
   void attention_delta(std::span<const T> out, std::span<const T> dout, std::span<T> delta,
                        std::size_t dim) const {
@@ -225,6 +230,8 @@ struct emulated_device_memory {
 };
 
 static_assert(memory_policy<emulated_device_memory>);
+static_assert(attention_memory<emulated_device_memory, float> &&
+              attention_memory<emulated_device_memory, double>);
 
 /// The host buffer type of policy M for T: `M::host_buffer<T>` when M declares one (host memory the device
 /// copies to and from directly: pinned memory for cuda::device_memory), else a std::vector behind the buffer

@@ -14,7 +14,7 @@
 #include "../comm/communicator.hpp"
 #include "../comm/emulated_device.hpp"
 #include "../core/memory_space.hpp"
-#include "../model/memory.hpp"
+#include "../model/host_memory.hpp"
 
 namespace hetmesh::train {
 

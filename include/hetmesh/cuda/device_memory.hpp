@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// hetmesh::cuda::device_memory: the device memory policy (model::memory_policy, model/memory_policy.hpp) on
-// one CUDA stream. Buffers are cudaMalloc allocations; copies are async copies, and fills, accumulation, the
-// merge of partial attention and the softmax-backward delta run as kernels, all on the policy's stream, which
-// should be the stream the device communicator enqueues on (comm::nccl::communicator::stream(), or one
-// stream both were set to), so the runtime's own work, the user's kernels and the collectives run in one
-// order. upload/download wait for the stream.
+// hetmesh::cuda::device_memory: the device memory policy (model::memory_policy, model/memory_policy.hpp, and
+// model::attention_memory, model/attention_memory.hpp) on one CUDA stream. Buffers are cudaMalloc
+// allocations; copies are async copies, and fills, accumulation, the merge of partial attention and the
+// softmax-backward delta run as kernels, all on the policy's stream, which should be the stream the device
+// communicator enqueues on (comm::nccl::communicator::stream(), or one stream both were set to), so the
+// runtime's own work, the user's kernels and the collectives run in one order. upload/download wait for the
+// stream.
 //
 // This header compiles with a plain C++ compiler (the CUDA runtime API only); the kernels live in
 // <hetmesh/cuda/memory_kernels.cuh>, which one .cu file of the program includes (a program that uses
@@ -128,8 +129,8 @@ class allocation {
 
 }  // namespace detail
 
-/// The device memory policy on one stream (model::memory_policy). Cheap to copy (a stream handle); the
-/// stream outlives it.
+/// The device memory policy on one stream (model::memory_policy and model::attention_memory). Cheap to copy
+/// (a stream handle); the stream outlives it.
 class device_memory {
  public:
   /// Buffers are device memory (memory_policy requirement 1).
@@ -190,7 +191,8 @@ class device_memory {
                   "cudaMemcpyAsync", "cuda::device_memory::download");
     synchronize();
   }
-  /// seq::merge_partial on device rows: (out, lse) absorbs (out_b, lse_b); rows = lse.size().
+  /// seq::merge_partial on device rows (attention_memory requirement 2): (out, lse) absorbs (out_b, lse_b);
+  /// rows = lse.size().
   template <class T>
   void merge_attention(std::span<T> out, std::span<T> lse, std::span<const T> out_b, std::span<const T> lse_b,
                        std::size_t dim) const {
@@ -202,7 +204,8 @@ class device_memory {
     if (!lse.empty())
       kernels::merge_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), lse.size(), dim, s_);
   }
-  /// seq::attention_delta on device rows: delta[r] = dot(dout row r, out row r); rows = delta.size().
+  /// seq::attention_delta on device rows (attention_memory requirement 3): delta[r] = dot(dout row r, out row
+  /// r); rows = delta.size().
   template <class T>
   void attention_delta(std::span<const T> out, std::span<const T> dout, std::span<T> delta,
                        std::size_t dim) const {
