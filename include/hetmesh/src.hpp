@@ -30,6 +30,7 @@
 #include "pipeline/joint.hpp"
 #include "pipeline/lower.hpp"
 #include "run/long_short_attention.hpp"
+#include "run/pipeline_executor.hpp"  // the executor's instantiations (HETMESH_INSTANTIATE)
 #include "run/ring_io.hpp"
 #include "seq/detail/best_fit.hpp"
 #include "seq/hdp.hpp"
