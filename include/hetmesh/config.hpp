@@ -82,7 +82,7 @@
 /// HETMESH_SEPARATE_COMPILATION (header-only: instantiated where used).
 #if HETMESH_SEPARATE_COMPILATION && !defined(HETMESH_SOURCE)
 #define HETMESH_INSTANTIATE extern template
-#elif HETMESH_SEPARATE_COMPILATION
+#else
 #define HETMESH_INSTANTIATE template
 #endif
 
