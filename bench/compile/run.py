@@ -141,7 +141,7 @@ def measure_ratios(args, gxx, clang, tmp):
     with open(umbrella, "w") as f:
         f.write("#include <hetmesh/hetmesh.hpp>\n")
     o2 = [gxx, "-std=c++20", "-O2", "-DFMT_SHARED", "-I", args.include, "-I", os.path.join(args.src, "examples"),
-          "-DHETMESH_SEPARATE_COMPILATION=1", "-c"]
+          "-I", os.path.join(args.src, "tools", "common"), "-DHETMESH_SEPARATE_COMPILATION=1", "-c"]
     parse = [clang, "-std=c++20", "-fsyntax-only", "-I", args.include]
     out = os.path.join(tmp, "tu.o")
     runs = {k: [] for k in ("base_o2", "one_o2", "one_cpu", "one_mb", "base_mb", "base_parse", "umbrella_parse")}
@@ -171,7 +171,7 @@ def measure_ratios(args, gxx, clang, tmp):
                      "parse_wall_s": median2(runs["base_parse"]), "runs_O2_wall_s": runs["base_o2"],
                      "runs_parse_wall_s": runs["base_parse"]},
         "one_system": {"tu": ONE_SYSTEM_TU, "flags": "g++ -std=c++20 -O2 -DFMT_SHARED -I include -I examples "
-                       "-DHETMESH_SEPARATE_COMPILATION=1 -c", "O2_wall_s": median2(runs["one_o2"]),
+                       "-I tools/common -DHETMESH_SEPARATE_COMPILATION=1 -c", "O2_wall_s": median2(runs["one_o2"]),
                        "O2_cpu_s": median2(runs["one_cpu"]), "peak_mb": peak, "runs_O2_wall_s": runs["one_o2"],
                        "runs_peak_mb": [round(x, 1) for x in runs["one_mb"]], "ratio": o2_ratio},
         "hetmesh_hpp": {"flags": "clang++ -std=c++20 -fsyntax-only -I include",
