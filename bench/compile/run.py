@@ -1,14 +1,28 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Compile time of hetmesh: the parse time of every room's umbrella header (clang++ -fsyntax-only,
+"""Compile time of hetmesh, as ratios to a yardstick and in seconds.
+
+Ratios (issue 32; always measured, and alone with --only-ratios): in the same run, interleaved round by round
+so that machine speed and load cancel as far as they can, bench/compile/fmt_baseline.cpp (fmt plus the
+standard headers a trainer uses) is compiled beside
+  (a) bench/compile/one_system.cpp at g++ -O2 -c with HETMESH_SEPARATE_COMPILATION=1 (as the README trainer
+      builds): its wall time / the yardstick's g++ -O2 -c wall time, target <= 4, and its peak memory
+      (max RSS of the compiler, /usr/bin/time %M), target <= 500 MB;
+  (b) hetmesh/hetmesh.hpp at clang++ -fsyntax-only: its parse / the yardstick's parse, target <= 2.
+Each ratio is the median over the rounds of that round's ratio (the medians of the times are recorded too).
+
+Seconds: the parse time of every room's umbrella header (clang++ -fsyntax-only,
 median of N) and the -O2 build time of trainer-sized translation units (g++ -O2 -c), among them every
 translation unit of the README's trainer (examples/mllm_train: main, data, reports, parity check, and one per
 group of compiled policies; each measured once, the two slowest N times in all). Prints a table, writes
 bench/results/compile.json, and exits 1 when hetmesh.hpp parses in more than its target or a translation
-unit of the README trainer builds in more than its target.
+unit of the README trainer builds in more than its target (the ratios' targets are reported, met or not, and
+do not change the exit status).
 
 Usage: python3 bench/compile/run.py [--repeat N] [--include DIR] [--src DIR] [--label TEXT] [--out FILE]
-                                   [--no-tus]
+                                   [--no-tus] [--only-ratios]
+(--only-ratios measures the ratios alone, about a minute per round, and replaces the "ratios" entry of an
+existing --out, keeping the rest.)
 (--include and --src measure another checkout, e.g. an older commit unpacked with git archive.)
 Times are wall times of one compiler process each; the machine's load average is recorded beside them
 (on a shared machine they are pessimistic: also compare the user CPU times, recorded too).
@@ -47,6 +61,12 @@ ROOM_SETS = {
 # The umbrellas' names before they were <room>/<room>.hpp (for a tree measured with --include).
 OLD_UMBRELLAS = {"pipeline": "hetmesh/pipeline/all.hpp", "data": "hetmesh/data/all.hpp"}
 TARGET_UMBRELLA_S = 5.0
+# Issue 32's targets, as ratios to the yardstick TU compiled in the same run.
+TARGET_ONE_SYSTEM_RATIO = 4.0
+TARGET_ONE_SYSTEM_PEAK_MB = 500.0
+TARGET_PARSE_RATIO = 2.0
+BASELINE_TU = "bench/compile/fmt_baseline.cpp"
+ONE_SYSTEM_TU = "bench/compile/one_system.cpp"
 TARGET_TU_S = 20.0
 # Other trainer-sized TUs, for comparison: (source, label, include dirs under --src besides --include, extra
 # flags, target in s or None). The README trainer's TUs (below) are the ones with a target (issue 15):
@@ -55,10 +75,9 @@ TUS = [
     ("examples/data_plane/main.cpp", "data-plane example", ["tools/common"], [], None),
     ("examples/pipeline/main.cpp", "pipeline example", ["tools/common"], [], None),
     # One train::system, plan + run + report only (no data plane, JSON or reports): the library's share of
-    # a trainer TU, which a compiled mode for its non-template functions would cut (docs/compile-time.md).
-    ("bench/compile/one_system.cpp", "one-system trainer step", ["examples"], [], None),
-    ("bench/compile/one_system.cpp", "the same, HETMESH_SEPARATE_COMPILATION=1", ["examples"],
-     ["-DHETMESH_SEPARATE_COMPILATION=1"], None),
+    # a trainer TU, header-only. (Its HETMESH_SEPARATE_COMPILATION=1 build is the ratios' (a), measured
+    # there.)
+    ("bench/compile/one_system.cpp", "one-system trainer step, header-only", ["examples"], [], None),
 ]
 
 
@@ -93,6 +112,88 @@ def timed(cmd):
     return wall, (r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)
 
 
+def timed_peak(cmd):
+    """(wall s, CPU s, peak RSS in MB) of one run of cmd, the peak from /usr/bin/time's %M (the largest
+    resident set of the process tree it waited for, i.e. the compiler proper), else from a fresh Python
+    child's getrusage(RUSAGE_CHILDREN)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
+        if os.access("/usr/bin/time", os.X_OK):
+            wrapped = ["/usr/bin/time", "-q", "-f", "%M", "-o", rss.name] + cmd
+        else:
+            wrapped = [sys.executable, "-c",
+                       "import resource, subprocess, sys\n"
+                       "r = subprocess.run(sys.argv[2:]).returncode\n"
+                       "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+                       "sys.exit(r)", rss.name] + cmd
+        wall, cpu = timed(wrapped)
+        kb = int(rss.read().split()[-1])
+    return wall, cpu, kb / 1024.0
+
+
+def median2(xs):
+    return round(statistics.median(xs), 2)
+
+
+def measure_ratios(args, gxx, clang, tmp):
+    """Issue 32's three figures, round by round: the yardstick's -O2 build and one_system.cpp's, then the
+    yardstick's parse and hetmesh.hpp's. Returns the "ratios" entry of compile.json."""
+    load_before = os.getloadavg()
+    base = os.path.join(args.src, BASELINE_TU)
+    one = os.path.join(args.src, ONE_SYSTEM_TU)
+    umbrella = os.path.join(tmp, "umbrella.cpp")
+    with open(umbrella, "w") as f:
+        f.write("#include <hetmesh/hetmesh.hpp>\n")
+    o2 = [gxx, "-std=c++20", "-O2", "-DFMT_SHARED", "-I", args.include, "-I", os.path.join(args.src, "examples"),
+          "-I", os.path.join(args.src, "tools", "common"), "-DHETMESH_SEPARATE_COMPILATION=1", "-c"]
+    parse = [clang, "-std=c++20", "-fsyntax-only", "-I", args.include]
+    out = os.path.join(tmp, "tu.o")
+    runs = {k: [] for k in ("base_o2", "one_o2", "one_cpu", "one_mb", "base_mb", "base_parse", "umbrella_parse")}
+    print(f"{'round':<7}{'yardstick -O2 s':>16}{'one_system -O2 s':>18}{'peak MB':>9}{'ratio':>7}"
+          f"{'yardstick parse s':>19}{'hetmesh.hpp s':>15}{'ratio':>7}   load")
+    for i in range(args.repeat):
+        bw, _, bmb = timed_peak(o2 + [base, "-o", out])
+        ow, oc, omb = timed_peak(o2 + [one, "-o", out])
+        bp, _ = timed(parse + [base])
+        up, _ = timed(parse + [umbrella])
+        for k, v in (("base_o2", bw), ("one_o2", ow), ("one_cpu", oc), ("one_mb", omb), ("base_mb", bmb),
+                     ("base_parse", bp), ("umbrella_parse", up)):
+            runs[k].append(round(v, 2))
+        print(f"{i + 1:<7}{bw:>16.2f}{ow:>18.2f}{omb:>9.0f}{ow / bw:>7.2f}{bp:>19.2f}{up:>15.2f}{up / bp:>7.2f}"
+              f"   {os.getloadavg()[0]:.2f}")
+    o2_ratio = round(statistics.median(o / b for o, b in zip(runs["one_o2"], runs["base_o2"])), 2)
+    parse_ratio = round(statistics.median(u / b for u, b in zip(runs["umbrella_parse"], runs["base_parse"])), 2)
+    peak = round(max(runs["one_mb"]), 1)
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{os.cpu_count()}-core {platform.machine()} {platform.node()}",
+        "load_average": {"before": [round(x, 2) for x in load_before],
+                         "after": [round(x, 2) for x in os.getloadavg()]},
+        "rounds": args.repeat,
+        "baseline": {"tu": BASELINE_TU, "O2_wall_s": median2(runs["base_o2"]),
+                     "O2_peak_mb": round(max(runs["base_mb"]), 1),
+                     "parse_wall_s": median2(runs["base_parse"]), "runs_O2_wall_s": runs["base_o2"],
+                     "runs_parse_wall_s": runs["base_parse"]},
+        "one_system": {"tu": ONE_SYSTEM_TU, "flags": "g++ -std=c++20 -O2 -DFMT_SHARED -I include -I examples "
+                       "-I tools/common -DHETMESH_SEPARATE_COMPILATION=1 -c", "O2_wall_s": median2(runs["one_o2"]),
+                       "O2_cpu_s": median2(runs["one_cpu"]), "peak_mb": peak, "runs_O2_wall_s": runs["one_o2"],
+                       "runs_peak_mb": [round(x, 1) for x in runs["one_mb"]], "ratio": o2_ratio},
+        "hetmesh_hpp": {"flags": "clang++ -std=c++20 -fsyntax-only -I include",
+                        "parse_wall_s": median2(runs["umbrella_parse"]), "runs_parse_wall_s": runs["umbrella_parse"],
+                        "ratio": parse_ratio},
+        "targets": {"one_system_O2_ratio": TARGET_ONE_SYSTEM_RATIO, "one_system_peak_mb": TARGET_ONE_SYSTEM_PEAK_MB,
+                    "hetmesh_hpp_parse_ratio": TARGET_PARSE_RATIO},
+        "met": {"one_system_O2_ratio": o2_ratio <= TARGET_ONE_SYSTEM_RATIO,
+                "one_system_peak_mb": peak <= TARGET_ONE_SYSTEM_PEAK_MB,
+                "hetmesh_hpp_parse_ratio": parse_ratio <= TARGET_PARSE_RATIO},
+    }
+    print(f"one_system.cpp -O2: {o2_ratio:.2f}x the yardstick (target <= {TARGET_ONE_SYSTEM_RATIO}: "
+          f"{'met' if result['met']['one_system_O2_ratio'] else 'NOT met'}); peak {peak:.0f} MB (target <= "
+          f"{TARGET_ONE_SYSTEM_PEAK_MB:.0f}: {'met' if result['met']['one_system_peak_mb'] else 'NOT met'})")
+    print(f"hetmesh.hpp parse: {parse_ratio:.2f}x the yardstick's (target <= {TARGET_PARSE_RATIO}: "
+          f"{'met' if result['met']['hetmesh_hpp_parse_ratio'] else 'NOT met'})")
+    return result
+
+
 def measure(cmd, repeat):
     runs = [timed(cmd) for _ in range(repeat)]
     return {"wall_s": round(statistics.median(w for w, _ in runs), 2),
@@ -108,10 +209,29 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compile.json"))
     ap.add_argument("--no-tus", action="store_true", help="parse times only")
+    ap.add_argument("--only-ratios", action="store_true",
+                    help="the three ratios to the yardstick TU only; updates the ratios entry of --out")
     args = ap.parse_args()
     clang = shutil.which("clang++-14") or shutil.which("clang++")
     gxx = shutil.which("g++")
     tmp = tempfile.mkdtemp(prefix="hetmesh-compile-")
+    ver = subprocess.run([clang, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
+    gver = subprocess.run([gxx, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
+    ratios = measure_ratios(args, gxx, clang, tmp)
+    ratios["compilers"] = {"parse": ver, "build": gver}
+    if args.only_ratios:
+        shutil.rmtree(tmp, ignore_errors=True)
+        result = {"benchmark": "compile_time"}
+        if os.path.exists(args.out):
+            with open(args.out) as f:
+                result = json.load(f)
+        result["ratios"] = ratios
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print(f"wrote the ratios into {args.out}")
+        return 0
     load_before = os.getloadavg()[0]
     headers = []
     print(f"{'umbrella':<14}{'parse s (median)':>18}{'cpu s':>8}   clang++ -std=c++20 -fsyntax-only")
@@ -166,7 +286,8 @@ def main():
             extra = [a for d in dirs for a in ("-I", os.path.join(args.src, d))] + flags
             m = measure([gxx, "-std=c++20", "-O2", "-DFMT_SHARED", "-I", args.include, *extra, "-c",
                          os.path.join(args.src, tu), "-o", os.path.join(tmp, "tu.o")], args.repeat)
-            m.update(tu=tu, label=label)
+            m.update(tu=tu, label=label,
+                     ratio_to_baseline_O2=round(m["wall_s"] / ratios["baseline"]["O2_wall_s"], 2))
             if target is not None:
                 m.update(target_s=target, within_target=m["wall_s"] <= target)
             tus.append(m)
@@ -175,8 +296,6 @@ def main():
     shutil.rmtree(tmp, ignore_errors=True)
     umbrella = next(h for h in headers if h["room"] == "hetmesh.hpp")
     ok = umbrella["wall_s"] <= TARGET_UMBRELLA_S
-    ver = subprocess.run([clang, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
-    gver = subprocess.run([gxx, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
     result = {
         "benchmark": "compile_time",
         "label": args.label,
@@ -194,6 +313,7 @@ def main():
         "trainer_tus": tus,
         "targets": {"hetmesh.hpp_parse_s": TARGET_UMBRELLA_S, "readme_trainer_O2_s": TARGET_TU_S},
         "hetmesh_hpp_within_target": ok,
+        "ratios": ratios,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -75,6 +75,25 @@
 #endif
 ///@}
 
+/// How the runtime's common template instantiations are emitted under HETMESH_SEPARATE_COMPILATION (e.g.
+/// run::execute_pipeline_erased over the loopback communicator and host memory): `extern template` (an
+/// instantiation declaration: the translation unit generates no body) everywhere but in the translation
+/// unit of <hetmesh/src.hpp>, where it is `template` (the one definition). Unused without
+/// HETMESH_SEPARATE_COMPILATION (header-only: instantiated where used).
+#if HETMESH_SEPARATE_COMPILATION && !defined(HETMESH_SOURCE)
+#define HETMESH_INSTANTIATE extern template
+#else
+#define HETMESH_INSTANTIATE template
+#endif
+
+/// Under HETMESH_SEPARATE_COMPILATION, whether the runtime's instantiations over the MPI communicator
+/// (comm::mpi::communicator) are compiled once in <hetmesh/src.hpp>'s translation unit too (default 0:
+/// each translation unit that uses them instantiates its own). Set to 1 only where every translation unit
+/// of the program, src.hpp's included, is built with HETMESH_HAS_MPI=1 and MPI's headers.
+#ifndef HETMESH_COMPILED_MPI
+#define HETMESH_COMPILED_MPI 0
+#endif
+
 /// Function annotation for code callable on host and device.
 #ifndef HETMESH_HOST_DEVICE
 #if defined(__CUDACC__)

@@ -31,7 +31,10 @@
 #include "pipeline/joint.hpp"
 #include "pipeline/lower.hpp"
 #include "run/long_short_attention.hpp"
+#include "run/pipeline_executor.hpp"  // the executor's instantiations (HETMESH_INSTANTIATE)
+#include "run/ring_attention.hpp"     // ring attention's instantiations (HETMESH_INSTANTIATE)
 #include "run/ring_io.hpp"
+#include "run/ulysses_attention.hpp"  // Ulysses attention's instantiations (HETMESH_INSTANTIATE)
 #include "seq/detail/best_fit.hpp"
 #include "seq/hdp.hpp"
 #include "seq/long_short.hpp"

@@ -12,6 +12,7 @@
 #include "error.hpp"
 #include "exactly_once.hpp"
 #include "format.hpp"
+#include "function_ref.hpp"
 #include "hash.hpp"
 #include "integral.hpp"
 #include "lines.hpp"

@@ -17,13 +17,17 @@
 // (nothing on the last stage) and writes the gradient of its input, which stage 0 splits back into the
 // encoder shards' slices. An overlapped forward-backward (OVERLAP_F_B, DualPipeV) runs its forward half,
 // then its backward half, one after the other on the calling thread, as PyTorch's runtime does on CPU.
+//
+// Compiled once: the executor's body (execute_pipeline_erased) takes the callables by reference
+// (run::pipeline_calls, function_ref members), so it is a template over (communicator, element, memory)
+// only. Under HETMESH_SEPARATE_COMPILATION the common combinations (loopback x float/double x host memory;
+// MPI too with HETMESH_COMPILED_MPI) are explicit instantiations defined once in the <hetmesh/src.hpp>
+// translation unit; every other translation unit only declares them (the end of this file).
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -32,10 +36,9 @@
 #include <utility>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "../comm/collectives.hpp"
 #include "../comm/communicator.hpp"
+#include "../config.hpp"
 #include "../core/assert.hpp"
 #include "../core/cpu_time.hpp"
 #include "../core/error.hpp"
@@ -45,77 +48,18 @@
 #include "../pipeline/lower.hpp"
 #include "../pipeline/simulate.hpp"
 #include "agreement.hpp"
+#include "pipeline_calls.hpp"
+
+#if HETMESH_SEPARATE_COMPILATION
+#include "../comm/loopback.hpp"
+#if HETMESH_COMPILED_MPI
+#include "../comm/mpi.hpp"
+#endif
+#endif
 
 namespace hetmesh::run {
 
-/// The user's stage callables. `forward` and one of `backward` / (`backward_input` and
-/// `backward_weight`) are required for the actions a schedule contains; the others are optional.
-template <class T>
-struct stage_functions {
-  using value_type = T;  ///< the activations' element type
-  /// forward(stage, mb, input, output)
-  std::function<void(int, int, std::span<const T>, std::span<T>)> forward{};
-  /// backward(stage, mb, grad_output, grad_input): full backward; accumulates weight gradients.
-  std::function<void(int, int, std::span<const T>, std::span<T>)> backward{};
-  /// backward_input(stage, mb, grad_output, grad_input): input gradient only (zero-bubble I).
-  std::function<void(int, int, std::span<const T>, std::span<T>)> backward_input{};
-  /// backward_weight(stage, mb): weight gradient of a micro-batch whose I has run (zero-bubble W).
-  std::function<void(int, int)> backward_weight{};
-  /// reduce_grad(stage): data-parallel gradient reduction of a finished stage.
-  std::function<void(int)> reduce_grad{};
-  /// encoder_forward(shard, mb, output) and encoder_backward(shard, mb, grad_output).
-  std::function<void(int, int, std::span<T>)> encoder_forward{};
-  /// The gradient pass of encoder_forward.
-  std::function<void(int, int, std::span<const T>)> encoder_backward{};
-};
-
-/// A callable a stage_calls leaves out: the executor refuses a schedule whose actions need it.
-struct no_call {};
-
-/// The stage callables as types (no std::function): each member is any callable with stage_functions'
-/// signature for its role, or no_call. E.g. `stage_calls<float, F, B>{f, b}` for a schedule of F and B
-/// actions.
-template <class T, class Forward, class Backward = no_call, class BackwardInput = no_call,
-          class BackwardWeight = no_call, class EncoderForward = no_call, class EncoderBackward = no_call,
-          class ReduceGrad = no_call>
-struct stage_calls {
-  using value_type = T;                ///< the activations' element type
-  Forward forward;                     ///< forward(stage, mb, input, output)
-  Backward backward{};                 ///< backward(stage, mb, grad_output, grad_input)
-  BackwardInput backward_input{};      ///< backward_input(stage, mb, grad_output, grad_input)
-  BackwardWeight backward_weight{};    ///< backward_weight(stage, mb)
-  EncoderForward encoder_forward{};    ///< encoder_forward(shard, mb, output)
-  EncoderBackward encoder_backward{};  ///< encoder_backward(shard, mb, grad_output)
-  ReduceGrad reduce_grad{};            ///< reduce_grad(stage)
-};
-
-/// Element counts from the plan, as the callables' own types: output(stage, mb) and, with encoders,
-/// encoder_output(shard, mb) (see activation_sizes).
-template <class Output, class EncoderOutput = no_call>
-struct sizes_of {
-  Output output;                   ///< output(stage, mb)
-  EncoderOutput encoder_output{};  ///< encoder_output(shard, mb)
-};
-
-/// Element counts from the plan. `output(stage, mb)`: stage's forward output for mb (= stage+1's input);
-/// `encoder_output(shard, mb)`: one shard's encoder output for mb.
-struct activation_sizes {
-  std::function<std::int64_t(int, int)> output{};          ///< output(stage, mb)
-  std::function<std::int64_t(int, int)> encoder_output{};  ///< encoder_output(shard, mb)
-};
-
 namespace detail {
-
-/// Whether a callable is there: false for no_call and for an empty std::function, true otherwise.
-template <class F>
-[[nodiscard]] bool is_set(const F& f) {
-  if constexpr (std::is_same_v<F, no_call>)
-    return false;
-  else if constexpr (requires { static_cast<bool>(f); })
-    return static_cast<bool>(f);
-  else
-    return true;
-}
 
 /// The tag of a transfer: kind (0 activation, 1 gradient, 2 encoder output, 3 embedding gradient) in the
 /// lowest 2 bits, then the micro-batch, then the stage (kinds 0, 1) or encoder shard (kinds 2, 3). For
@@ -147,7 +91,320 @@ void check_schedule_agreement(C& c, M& mem, const pipeline::schedule& s, std::st
   check_plan_agreement(c, std::as_const(mem), s, what);
 }
 
+/// Whether `s` needs SEND/RECV actions it lacks: some data crosses ranks and no action communicates.
+inline bool lacks_transfers(const pipeline::schedule& s) {
+  bool any_comm = false, crosses = false;
+  std::vector<std::pair<pipeline::action, pipeline::action>> pairs;
+  for (const auto& row : s.ranks)
+    for (const auto& a : row) {
+      any_comm = any_comm || pipeline::is_comm(a.type);
+      if (!crosses && pipeline::is_compute(a.type)) {
+        pipeline::comm_pairs(s, a, pairs);
+        crosses = !pairs.empty();
+      }
+    }
+  return crosses && !any_comm;
+}
+
+/// execute_pipeline's checks before the first action (see its preconditions): the communicator's size,
+/// the schedule's agreement across ranks (collective assertion level), the sizes, the SEND/RECV actions
+/// and the largest message tag, so that every rank refuses before anything is sent.
+template <comm::communicator C, class T, model::memory_policy M>
+void check_pipeline_call(C& c, M& mem, const pipeline::schedule& s, const pipeline_calls<T>& fn) {
+  if (c.size() != s.total_ranks())
+    throw_error<invalid_argument>(
+        "pipeline execute({}): communicator of {} ranks; expected the schedule's {} ranks", s.name, c.size(),
+        s.total_ranks());
+  if constexpr (assertion_enabled(assertion_level::collective))  // every rank runs the same schedule
+    check_schedule_agreement(c, mem, s, "pipeline schedule");
+  if (!fn.output_size && s.num_stages > 1)
+    throw_error<invalid_argument>(
+        "pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
+  if (lacks_transfers(s))
+    throw_error<invalid_argument>(
+        "pipeline execute({}): the schedule has no SEND/RECV actions but data crosses ranks; "
+        "expected a lowered schedule (add_send_recv)",
+        s.name);
+  const int most = std::max(s.num_stages, s.num_encoder_shards());
+  if (s.num_microbatches > 0 && most > 0) (void)pipeline_tag(s, most - 1, s.num_microbatches - 1, 3);
+}
+
+/// One rank's run of one execute_pipeline call: the buffers in flight, keyed by (stage or encoder shard,
+/// micro-batch), and one member per kind of action. Buffers are M::buffer<T>, filled and copied through
+/// `mem` only (never touched on the CPU).
+template <comm::communicator C, class T, model::memory_policy M>
+class pipeline_run {
+ public:
+  /// A run of `s` on rank c.rank() with callables `fn` over buffers of `mem`.
+  pipeline_run(C& c, const pipeline::schedule& s, const pipeline_calls<T>& fn, M& mem)
+      : c_(c), s_(s), fn_(fn), mem_(mem), rank_(c.rank()), S_(s.num_stages), E_(s.num_encoder_shards()) {}
+
+  /// Runs action `a` (a part of an OVERLAP_F_B, or any other action).
+  void run(const pipeline::action& a) {
+    using pipeline::action_type;
+    switch (a.type) {
+      case action_type::forward:
+        forward(a);
+        break;
+      case action_type::backward:
+      case action_type::backward_input:
+        backward(a);
+        break;
+      case action_type::backward_weight:
+        need(static_cast<bool>(fn_.backward_weight), a, "backward_weight");
+        fn_.backward_weight(a.stage, a.microbatch);
+        break;
+      case action_type::reduce_grad:
+        if (fn_.reduce_grad) fn_.reduce_grad(a.stage);
+        break;
+      case action_type::encoder_forward:
+        encoder_forward(a);
+        break;
+      case action_type::encoder_backward: {
+        need(static_cast<bool>(fn_.encoder_backward), a, "encoder_backward");
+        buffer g = take(enc_grad_, {a.stage, a.microbatch}, a, "embedding gradient");
+        fn_.encoder_backward(a.stage, a.microbatch, view(g));
+        break;
+      }
+      case action_type::overlap_f_b:
+        break;  // never reached: parts() split it into its F and B halves
+      default:
+        transfer(a);
+        break;
+    }
+  }
+
+ private:
+  using buffer = typename M::template buffer<T>;
+  using key = std::pair<int, int>;
+  using buffers = std::map<key, buffer>;
+
+  static std::span<const T> view(buffer& b) { return std::span<const T>(b.span()); }
+
+  // A buffer of n elements in M's memory: zero-filled (`zeroed`, for what a callable writes) or as
+  // allocated (for what a receive or a copy overwrites whole).
+  buffer make(std::size_t n, bool zeroed) {
+    buffer b;
+    b.resize(n);
+    if (zeroed && n > 0) mem_.fill(b.span(), T(0));
+    return b;
+  }
+  buffer take(buffers& m, key k, const pipeline::action& a, const char* what) {
+    auto it = m.find(k);
+    if (it == m.end())
+      throw_error<invalid_argument>(
+          "pipeline execute({}): rank {} action `{}` finds no {} (stage/shard {}, micro-batch "
+          "{}); expected it produced or received earlier in the list",
+          s_.name, rank_, pipeline::to_text(a), what, k.first, k.second);
+    buffer v = std::move(it->second);
+    m.erase(it);
+    return v;
+  }
+  void need(bool set, const pipeline::action& a, const char* name) const {
+    if (!set)
+      throw_error<invalid_argument>(
+          "pipeline execute({}): rank {} runs `{}` but the stage callables' {} is empty", s_.name, rank_,
+          pipeline::to_text(a), name);
+  }
+  std::size_t out_size(int stage, int mb) const {
+    const std::int64_t n = fn_.output_size(stage, mb);
+    if (n < 0)
+      throw_error<invalid_argument>(
+          "pipeline execute({}): output size {} for stage {} micro-batch {}; expected >= 0", s_.name, n,
+          stage, mb);
+    return static_cast<std::size_t>(n);
+  }
+  std::size_t enc_size(int e, int mb) const {
+    if (!fn_.encoder_output_size)
+      throw_error<invalid_argument>(
+          "pipeline execute({}): the schedule has encoder shards but "
+          "activation_sizes.encoder_output is empty",
+          s_.name);
+    return static_cast<std::size_t>(fn_.encoder_output_size(e, mb));
+  }
+
+  // Stage 0's input for mb: the encoder shards' outputs in shard order, joined on M (none without encoders).
+  buffer stage0_input(const pipeline::action& a) {
+    const int mb = a.microbatch;
+    if (E_ == 0) return buffer{};
+    if (E_ == 1) return take(enc_in_, {0, mb}, a, "encoder output");
+    std::vector<buffer> shard_outs;
+    std::size_t total = 0;
+    for (int e = 0; e < E_; ++e) {
+      shard_outs.push_back(take(enc_in_, {e, mb}, a, "encoder output"));
+      total += shard_outs.back().size();
+    }
+    buffer in = make(total, false);
+    std::size_t off = 0;
+    for (auto& part : shard_outs) {
+      mem_.copy(in.span().subspan(off, part.size()), view(part));
+      off += part.size();
+    }
+    return in;
+  }
+
+  void forward(const pipeline::action& a) {
+    need(static_cast<bool>(fn_.forward), a, "forward");
+    const int mb = a.microbatch;
+    buffer in = a.stage > 0 ? take(act_in_, {a.stage, mb}, a, "input activation") : stage0_input(a);
+    buffer out = make(a.stage + 1 < S_ ? out_size(a.stage, mb) : 0, true);
+    fn_.forward(a.stage, mb, view(in), out.span());
+    if (a.stage + 1 == S_) return;  // the last stage computes its loss itself
+    if (s_.rank_of_stage(a.stage + 1) == rank_)
+      act_in_[{a.stage + 1, mb}] = std::move(out);
+    else
+      act_out_[{a.stage, mb}] = std::move(out);
+  }
+
+  // Stage 0's input gradient `gin` of mb, split into the encoder shards' slices (on M) and kept for the
+  // shards on this rank or queued for sending.
+  void deliver_to_shards(int mb, buffer gin) {
+    auto deliver = [&](int e, buffer slice) {
+      (s_.encoder_shard_to_rank[static_cast<std::size_t>(e)] == rank_ ? enc_grad_ : enc_grad_out_)[{e, mb}] =
+          std::move(slice);
+    };
+    if (E_ == 1) {
+      deliver(0, std::move(gin));
+      return;
+    }
+    std::size_t off = 0;
+    for (int e = 0; e < E_; ++e) {
+      const std::size_t n = enc_size(e, mb);
+      buffer slice = make(n, false);
+      mem_.copy(slice.span(), view(gin).subspan(off, n));
+      off += n;
+      deliver(e, std::move(slice));
+    }
+  }
+
+  void backward(const pipeline::action& a) {
+    const bool full = a.type == pipeline::action_type::backward;
+    const auto& f = full ? fn_.backward : fn_.backward_input;
+    need(static_cast<bool>(f), a, full ? "backward" : "backward_input");
+    const int mb = a.microbatch;
+    buffer gout;
+    if (a.stage + 1 < S_) gout = take(grad_in_, {a.stage, mb}, a, "output gradient");
+    std::size_t gin_size = 0;
+    if (a.stage > 0)
+      gin_size = out_size(a.stage - 1, mb);
+    else
+      for (int e = 0; e < E_; ++e) gin_size += enc_size(e, mb);
+    buffer gin = make(gin_size, true);
+    f(a.stage, mb, view(gout), gin.span());
+    if (a.stage > 0) {
+      if (s_.rank_of_stage(a.stage - 1) == rank_)
+        grad_in_[{a.stage - 1, mb}] = std::move(gin);
+      else
+        grad_out_[{a.stage, mb}] = std::move(gin);
+    } else if (E_ > 0) {
+      deliver_to_shards(mb, std::move(gin));
+    }
+  }
+
+  void encoder_forward(const pipeline::action& a) {
+    need(static_cast<bool>(fn_.encoder_forward), a, "encoder_forward");
+    buffer out = make(enc_size(a.stage, a.microbatch), true);
+    fn_.encoder_forward(a.stage, a.microbatch, out.span());
+    (s_.rank_of_stage(0) == rank_ ? enc_in_ : enc_out_)[{a.stage, a.microbatch}] = std::move(out);
+  }
+
+  // A SEND or RECV action: the buffer it sends (taken from its queue) or receives (kept for its consumer).
+  void transfer(const pipeline::action& a) {
+    using pipeline::action_type;
+    const int st = a.stage, mb = a.microbatch;
+    const auto shard_rank = [&] { return s_.encoder_shard_to_rank[static_cast<std::size_t>(st)]; };
+    auto send = [&](buffers& from, const char* what, int to, int tag) {
+      buffer b = take(from, {st, mb}, a, what);
+      comm::send(c_, view(b), to, tag);
+    };
+    auto recv = [&](buffers& into, std::size_t n, int from, int tag) {
+      buffer b = make(n, false);
+      comm::recv(c_, b.span(), from, tag);
+      into[{st, mb}] = std::move(b);
+    };
+    switch (a.type) {
+      case action_type::send_f:
+        send(act_out_, "output activation to send", s_.rank_of_stage(st + 1), pipeline_tag(s_, st, mb, 0));
+        break;
+      case action_type::recv_f:
+        recv(act_in_, out_size(st - 1, mb), s_.rank_of_stage(st - 1), pipeline_tag(s_, st - 1, mb, 0));
+        break;
+      case action_type::send_b:
+        send(grad_out_, "input gradient to send", s_.rank_of_stage(st - 1), pipeline_tag(s_, st, mb, 1));
+        break;
+      case action_type::recv_b:
+        recv(grad_in_, out_size(st, mb), s_.rank_of_stage(st + 1), pipeline_tag(s_, st + 1, mb, 1));
+        break;
+      case action_type::send_ef:
+        send(enc_out_, "encoder output to send", s_.rank_of_stage(0), pipeline_tag(s_, st, mb, 2));
+        break;
+      case action_type::recv_ef:
+        recv(enc_in_, enc_size(st, mb), shard_rank(), pipeline_tag(s_, st, mb, 2));
+        break;
+      case action_type::send_eb:
+        send(enc_grad_out_, "embedding gradient to send", shard_rank(), pipeline_tag(s_, st, mb, 3));
+        break;
+      case action_type::recv_eb:
+        recv(enc_grad_, enc_size(st, mb), s_.rank_of_stage(0), pipeline_tag(s_, st, mb, 3));
+        break;
+      default:
+        break;  // compute actions are run() 's
+    }
+  }
+
+  C& c_;
+  const pipeline::schedule& s_;
+  const pipeline_calls<T>& fn_;
+  M& mem_;
+  int rank_, S_, E_;
+  // act_in_: a stage's input activation (by its stage); act_out_: an output to send (by the producing
+  // stage); grad_in_: an output gradient (by the stage whose output it is); grad_out_: an input gradient
+  // to send (by the producing stage); enc_in_ / enc_out_: an encoder shard's output kept for stage 0 / to
+  // send; enc_grad_ / enc_grad_out_: an encoder shard's embedding gradient kept / to send (by shard).
+  buffers act_in_, act_out_, grad_in_, grad_out_, enc_in_, enc_out_, enc_grad_, enc_grad_out_;
+};
+
 }  // namespace detail
+
+/// Runs rank `c.rank()`'s list of the lowered schedule `s` with the callables and sizes `fn` (references;
+/// see pipeline_calls), its activations and gradients in buffers of memory policy `mem`: execute_pipeline's
+/// contract (below), which calls this. Its body depends on (C, T, M) only, so under
+/// HETMESH_SEPARATE_COMPILATION the common combinations are compiled once (the end of this file).
+template <comm::communicator C, class T, model::memory_policy M>
+void execute_pipeline_erased(C& c, const pipeline::schedule& s, const pipeline_calls<T>& fn, M& mem,
+                             std::vector<pipeline::timed_action>* timeline = nullptr,
+                             double* transfer_cpu_seconds = nullptr) {
+  static_assert(C::memory == M::space,
+                "run::execute_pipeline: a device communicator needs a device memory policy, and a host "
+                "communicator a host one (M::space == C::memory): model::emulated_device_memory or "
+                "cuda::device_memory over a device communicator, model::host_memory (or no policy) over a "
+                "host communicator");
+  detail::check_pipeline_call(c, mem, s, fn);
+  const int rank = c.rank();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  // An overlapped forward-backward (OVERLAP_F_B) runs as PyTorch's runtime runs it: its forward half,
+  // then its backward half, each with its own timeline entry. `steps` pairs each part with its action.
+  std::vector<std::pair<pipeline::action, pipeline::action>> steps;
+  for (const pipeline::action& whole : s.ranks.at(static_cast<std::size_t>(rank)))
+    for (const pipeline::action& part : pipeline::parts(whole)) steps.emplace_back(part, whole);
+  detail::pipeline_run<C, T, M> state(c, s, fn, mem);
+  for (const auto& [a, whole] : steps) {
+    const double start = timeline != nullptr ? seconds() : 0.0;
+    const bool timed_transfer = transfer_cpu_seconds != nullptr && pipeline::is_comm(a.type);
+    const double cpu_start = timed_transfer ? thread_cpu_seconds() : 0.0;
+    try {
+      state.run(a);
+    } catch (error& e) {
+      e.add_context(hetmesh::format("pipeline execute({}) rank {} action `{}`{}", s.name, rank,
+                                    pipeline::to_text(a),
+                                    whole == a ? std::string() : " of `" + pipeline::to_text(whole) + "`"));
+      throw;
+    }
+    if (timed_transfer) *transfer_cpu_seconds += thread_cpu_seconds() - cpu_start;
+    if (timeline != nullptr) timeline->push_back(pipeline::timed_action{rank, a, start, seconds()});
+  }
+}
 
 /// Runs rank `c.rank()`'s list of the lowered schedule `s`, its activations and gradients in buffers of
 /// memory policy `mem`. Collective over the communicator's group, which must be the pipeline's ranks in
@@ -170,278 +427,25 @@ void check_schedule_agreement(C& c, M& mem, const pipeline::schedule& s, std::st
 /// callable and communicator errors with the action as context. At the collective assertion level,
 /// checks first that every rank runs the same schedule (mismatch_error otherwise). With `timeline`,
 /// appends each action with its wall time (seconds since the call) for trace export. Calls:
-/// stage_functions<T> (std::function members) or stage_calls<T, ...> (the callables' own types, no type
-/// erasure); Sizes: activation_sizes, sizes_of<...> or any type with `output(stage, mb)` and
-/// `encoder_output(shard, mb)` members. With `transfer_cpu_seconds`, adds to it the calling thread's CPU
-/// time in the SEND/RECV actions (the bytes on the wire, apart from the executor's own bookkeeping).
-/// Cost: the callables plus one send or receive per cross-rank transfer, one fill per produced buffer and,
-/// on stage 0 with several encoder shards, one copy of its input and of its input gradient.
+/// stage_functions<T> (std::function members) or stage_calls<T, ...> (the callables' own types); Sizes:
+/// activation_sizes, sizes_of<...> or any type with `output(stage, mb)` and `encoder_output(shard, mb)`
+/// members. Both are referred to (pipeline_calls_of), never copied, and the work is done by
+/// execute_pipeline_erased<C, T, M>, whatever their types. With `transfer_cpu_seconds`, adds to it the
+/// calling thread's CPU time in the SEND/RECV actions (the bytes on the wire, apart from the executor's own
+/// bookkeeping). Cost: the callables (one indirect call each) plus one send or receive per cross-rank
+/// transfer, one fill per produced buffer and, on stage 0 with several encoder shards, one copy of its input
+/// and of its input gradient.
 template <comm::communicator C, class Calls, class Sizes = activation_sizes, model::memory_policy M>
 void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes& sizes, M& mem,
                       std::vector<pipeline::timed_action>* timeline = nullptr,
                       double* transfer_cpu_seconds = nullptr) {
-  using T = typename std::remove_cvref_t<Calls>::value_type;
   static_assert(std::remove_cvref_t<C>::memory == M::space,
                 "run::execute_pipeline: a device communicator needs a device memory policy, and a host "
                 "communicator a host one (M::space == C::memory): model::emulated_device_memory or "
                 "cuda::device_memory over a device communicator, model::host_memory (or no policy) over a "
                 "host communicator");
-  using buffer = typename M::template buffer<T>;
-  const int rank = c.rank();
-  const auto t0 = std::chrono::steady_clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  if (c.size() != s.total_ranks())
-    throw_error<invalid_argument>(
-        "pipeline execute({}): communicator of {} ranks; expected the schedule's {} ranks", s.name, c.size(),
-        s.total_ranks());
-  if constexpr (assertion_enabled(assertion_level::collective))  // every rank runs the same schedule
-    detail::check_schedule_agreement(c, mem, s, "pipeline schedule");
-  if (!detail::is_set(sizes.output) && s.num_stages > 1)
-    throw_error<invalid_argument>(
-        "pipeline execute({}): activation_sizes.output is empty; expected the plan's sizes", s.name);
-  {  // a schedule whose data crosses ranks must carry its SEND/RECV actions
-    bool any_comm = false, crosses = false;
-    std::vector<std::pair<pipeline::action, pipeline::action>> pairs;
-    for (const auto& row : s.ranks)
-      for (const auto& a : row) {
-        any_comm = any_comm || pipeline::is_comm(a.type);
-        if (!crosses && pipeline::is_compute(a.type)) {
-          pipeline::comm_pairs(s, a, pairs);
-          crosses = !pairs.empty();
-        }
-      }
-    if (crosses && !any_comm)
-      throw_error<invalid_argument>(
-          "pipeline execute({}): the schedule has no SEND/RECV actions but data crosses ranks; "
-          "expected a lowered schedule (add_send_recv)",
-          s.name);
-  }
-  const int S = s.num_stages, E = s.num_encoder_shards();
-  if (s.num_microbatches > 0 && std::max(S, E) > 0)  // the largest tag: every rank refuses before sending
-    (void)detail::pipeline_tag(s, std::max(S, E) - 1, s.num_microbatches - 1, 3);
-  using key = std::pair<int, int>;
-  std::map<key, buffer> act_in, act_out, grad_in, grad_out, enc_in, enc_out, enc_grad, enc_grad_out;
-  auto out_size = [&](int stage, int mb) -> std::size_t {
-    const std::int64_t n = sizes.output(stage, mb);
-    if (n < 0)
-      throw_error<invalid_argument>(
-          "pipeline execute({}): output size {} for stage {} micro-batch {}; expected >= 0", s.name, n, stage,
-          mb);
-    return static_cast<std::size_t>(n);
-  };
-  auto enc_size = [&](int e, int mb) -> std::size_t {
-    if (!detail::is_set(sizes.encoder_output))
-      throw_error<invalid_argument>(
-          "pipeline execute({}): the schedule has encoder shards but "
-          "activation_sizes.encoder_output is empty",
-          s.name);
-    if constexpr (requires { sizes.encoder_output(e, mb); })
-      return static_cast<std::size_t>(sizes.encoder_output(e, mb));
-    else
-      return std::size_t{0};  // unreachable: is_set(no_call) is false
-  };
-  // A buffer of n elements in M's memory: zero-filled (`zeroed`, for what a callable writes) or as
-  // allocated (for what a receive or a copy overwrites whole).
-  auto make = [&](std::size_t n, bool zeroed) {
-    buffer b;
-    b.resize(n);
-    if (zeroed && n > 0) mem.fill(b.span(), T(0));
-    return b;
-  };
-  auto view = [](buffer& b) { return std::span<const T>(b.span()); };
-  auto take = [&](std::map<key, buffer>& m, key k, const pipeline::action& a, const char* what) {
-    auto it = m.find(k);
-    if (it == m.end())
-      throw_error<invalid_argument>(
-          "pipeline execute({}): rank {} action `{}` finds no {} (stage/shard {}, micro-batch "
-          "{}); expected it produced or received earlier in the list",
-          s.name, rank, pipeline::to_text(a), what, k.first, k.second);
-    buffer v = std::move(it->second);
-    m.erase(it);
-    return v;
-  };
-  auto need = [&](const auto& f, const pipeline::action& a, const char* name) {
-    if (!detail::is_set(f))
-      throw_error<invalid_argument>(
-          "pipeline execute({}): rank {} runs `{}` but the stage callables' {} is empty", s.name, rank,
-          pipeline::to_text(a), name);
-  };
-  // Calls a callable `need` has accepted (a no_call member is never reached at run time).
-  auto call = [](auto& f, auto&&... args) {
-    if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(f)>, no_call>)
-      f(std::forward<decltype(args)>(args)...);
-  };
-  // An overlapped forward-backward (OVERLAP_F_B) runs as PyTorch's runtime runs it: its forward half,
-  // then its backward half, each with its own timeline entry. `steps` pairs each part with its action.
-  std::vector<std::pair<pipeline::action, pipeline::action>> steps;
-  for (const pipeline::action& whole : s.ranks.at(static_cast<std::size_t>(rank)))
-    for (const pipeline::action& part : pipeline::parts(whole)) steps.emplace_back(part, whole);
-  for (const auto& step : steps) {
-    const pipeline::action& a = step.first;
-    const int mb = a.microbatch;
-    const double start = timeline != nullptr ? seconds() : 0.0;
-    const bool timed_transfer = transfer_cpu_seconds != nullptr && pipeline::is_comm(a.type);
-    const double cpu_start = timed_transfer ? thread_cpu_seconds() : 0.0;
-    try {
-      switch (a.type) {
-        case pipeline::action_type::forward: {
-          need(fn.forward, a, "forward");
-          buffer in;
-          if (a.stage > 0) {
-            in = take(act_in, {a.stage, mb}, a, "input activation");
-          } else if (E == 1) {
-            in = take(enc_in, {0, mb}, a, "encoder output");
-          } else if (E > 1) {  // the shards' outputs in shard order, joined on M
-            std::vector<buffer> shard_outs;
-            std::size_t total = 0;
-            for (int e = 0; e < E; ++e) {
-              shard_outs.push_back(take(enc_in, {e, mb}, a, "encoder output"));
-              total += shard_outs.back().size();
-            }
-            in = make(total, false);
-            std::size_t off = 0;
-            for (auto& part : shard_outs) {
-              mem.copy(in.span().subspan(off, part.size()), view(part));
-              off += part.size();
-            }
-          }
-          buffer out = make(a.stage + 1 < S ? out_size(a.stage, mb) : 0, true);
-          call(fn.forward, a.stage, mb, view(in), out.span());
-          if (a.stage + 1 < S) {
-            if (s.rank_of_stage(a.stage + 1) == rank)
-              act_in[{a.stage + 1, mb}] = std::move(out);
-            else
-              act_out[{a.stage, mb}] = std::move(out);
-          }
-          break;
-        }
-        case pipeline::action_type::backward:
-        case pipeline::action_type::backward_input: {
-          const bool full = a.type == pipeline::action_type::backward;
-          if (full)
-            need(fn.backward, a, "backward");
-          else
-            need(fn.backward_input, a, "backward_input");
-          buffer gout;
-          if (a.stage + 1 < S) gout = take(grad_in, {a.stage, mb}, a, "output gradient");
-          std::size_t gin_size = 0;
-          if (a.stage > 0)
-            gin_size = out_size(a.stage - 1, mb);
-          else
-            for (int e = 0; e < E; ++e) gin_size += enc_size(e, mb);
-          buffer gin = make(gin_size, true);
-          if (full)
-            call(fn.backward, a.stage, mb, view(gout), gin.span());
-          else
-            call(fn.backward_input, a.stage, mb, view(gout), gin.span());
-          auto deliver_shard = [&](int e, buffer slice) {
-            if (s.encoder_shard_to_rank[static_cast<std::size_t>(e)] == rank)
-              enc_grad[{e, mb}] = std::move(slice);
-            else
-              enc_grad_out[{e, mb}] = std::move(slice);
-          };
-          if (a.stage > 0) {
-            if (s.rank_of_stage(a.stage - 1) == rank)
-              grad_in[{a.stage - 1, mb}] = std::move(gin);
-            else
-              grad_out[{a.stage, mb}] = std::move(gin);
-          } else if (E == 1) {
-            deliver_shard(0, std::move(gin));
-          } else {  // split into the encoder shards' slices, on M
-            std::size_t off = 0;
-            for (int e = 0; e < E; ++e) {
-              const std::size_t n = enc_size(e, mb);
-              buffer slice = make(n, false);
-              mem.copy(slice.span(), view(gin).subspan(off, n));
-              off += n;
-              deliver_shard(e, std::move(slice));
-            }
-          }
-          break;
-        }
-        case pipeline::action_type::backward_weight:
-          need(fn.backward_weight, a, "backward_weight");
-          call(fn.backward_weight, a.stage, mb);
-          break;
-        case pipeline::action_type::reduce_grad:
-          if (detail::is_set(fn.reduce_grad)) call(fn.reduce_grad, a.stage);
-          break;
-        case pipeline::action_type::encoder_forward: {
-          need(fn.encoder_forward, a, "encoder_forward");
-          buffer out = make(enc_size(a.stage, mb), true);
-          call(fn.encoder_forward, a.stage, mb, out.span());
-          if (s.rank_of_stage(0) == rank)
-            enc_in[{a.stage, mb}] = std::move(out);
-          else
-            enc_out[{a.stage, mb}] = std::move(out);
-          break;
-        }
-        case pipeline::action_type::encoder_backward: {
-          need(fn.encoder_backward, a, "encoder_backward");
-          auto g = take(enc_grad, {a.stage, mb}, a, "embedding gradient");
-          call(fn.encoder_backward, a.stage, mb, view(g));
-          break;
-        }
-        case pipeline::action_type::send_f: {
-          auto buf = take(act_out, {a.stage, mb}, a, "output activation to send");
-          comm::send(c, view(buf), s.rank_of_stage(a.stage + 1), detail::pipeline_tag(s, a.stage, mb, 0));
-          break;
-        }
-        case pipeline::action_type::recv_f: {
-          buffer buf = make(out_size(a.stage - 1, mb), false);
-          comm::recv(c, buf.span(), s.rank_of_stage(a.stage - 1),
-                     detail::pipeline_tag(s, a.stage - 1, mb, 0));
-          act_in[{a.stage, mb}] = std::move(buf);
-          break;
-        }
-        case pipeline::action_type::send_b: {
-          auto buf = take(grad_out, {a.stage, mb}, a, "input gradient to send");
-          comm::send(c, view(buf), s.rank_of_stage(a.stage - 1), detail::pipeline_tag(s, a.stage, mb, 1));
-          break;
-        }
-        case pipeline::action_type::recv_b: {
-          buffer buf = make(out_size(a.stage, mb), false);
-          comm::recv(c, buf.span(), s.rank_of_stage(a.stage + 1),
-                     detail::pipeline_tag(s, a.stage + 1, mb, 1));
-          grad_in[{a.stage, mb}] = std::move(buf);
-          break;
-        }
-        case pipeline::action_type::send_ef: {
-          auto buf = take(enc_out, {a.stage, mb}, a, "encoder output to send");
-          comm::send(c, view(buf), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 2));
-          break;
-        }
-        case pipeline::action_type::recv_ef: {
-          buffer buf = make(enc_size(a.stage, mb), false);
-          comm::recv(c, buf.span(), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
-                     detail::pipeline_tag(s, a.stage, mb, 2));
-          enc_in[{a.stage, mb}] = std::move(buf);
-          break;
-        }
-        case pipeline::action_type::send_eb: {
-          auto buf = take(enc_grad_out, {a.stage, mb}, a, "embedding gradient to send");
-          comm::send(c, view(buf), s.encoder_shard_to_rank[static_cast<std::size_t>(a.stage)],
-                     detail::pipeline_tag(s, a.stage, mb, 3));
-          break;
-        }
-        case pipeline::action_type::recv_eb: {
-          buffer buf = make(enc_size(a.stage, mb), false);
-          comm::recv(c, buf.span(), s.rank_of_stage(0), detail::pipeline_tag(s, a.stage, mb, 3));
-          enc_grad[{a.stage, mb}] = std::move(buf);
-          break;
-        }
-        case pipeline::action_type::overlap_f_b:
-          break;  // never reached: parts() split it into its F and B halves
-      }
-    } catch (error& e) {
-      e.add_context(
-          hetmesh::format("pipeline execute({}) rank {} action `{}`{}", s.name, rank, pipeline::to_text(a),
-                          step.second == a ? std::string() : " of `" + pipeline::to_text(step.second) + "`"));
-      throw;
-    }
-    if (timed_transfer) *transfer_cpu_seconds += thread_cpu_seconds() - cpu_start;
-    if (timeline != nullptr) timeline->push_back(pipeline::timed_action{rank, a, start, seconds()});
-  }
+  if constexpr (std::remove_cvref_t<C>::memory == M::space)
+    execute_pipeline_erased(c, s, pipeline_calls_of(fn, sizes), mem, timeline, transfer_cpu_seconds);
 }
 
 /// execute_pipeline on host memory: the same contract with model::host_memory, for a host communicator
@@ -460,5 +464,24 @@ void execute_pipeline(C& c, const pipeline::schedule& s, Calls&& fn, const Sizes
     execute_pipeline(c, s, std::forward<Calls>(fn), sizes, mem, timeline, transfer_cpu_seconds);
   }
 }
+
+// Compiled once (HETMESH_SEPARATE_COMPILATION): the executor over the loopback communicator (and MPI's,
+// with HETMESH_COMPILED_MPI) for float and double activations in host memory. HETMESH_INSTANTIATE is
+// `extern template` (a declaration: no body is generated here) in every translation unit but the one of
+// <hetmesh/src.hpp>, where it is `template` (the definition). Other combinations are instantiated where
+// they are used, as in a header-only build.
+#if HETMESH_SEPARATE_COMPILATION
+#define HETMESH_RUN_PIPELINE_INSTANCE(C, T)                                         \
+  HETMESH_INSTANTIATE void execute_pipeline_erased<C, T, model::host_memory>(       \
+      C&, const pipeline::schedule&, const pipeline_calls<T>&, model::host_memory&, \
+      std::vector<pipeline::timed_action>*, double*);
+HETMESH_RUN_PIPELINE_INSTANCE(comm::loopback::communicator, float)
+HETMESH_RUN_PIPELINE_INSTANCE(comm::loopback::communicator, double)
+#if HETMESH_COMPILED_MPI
+HETMESH_RUN_PIPELINE_INSTANCE(comm::mpi::communicator, float)
+HETMESH_RUN_PIPELINE_INSTANCE(comm::mpi::communicator, double)
+#endif
+#undef HETMESH_RUN_PIPELINE_INSTANCE
+#endif
 
 }  // namespace hetmesh::run

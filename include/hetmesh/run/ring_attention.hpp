@@ -425,3 +425,26 @@ void ring_attention_backward_all(C& c, const Tasks& tasks, K& kernel,
 }
 
 }  // namespace hetmesh::run
+
+// Compiled once (HETMESH_SEPARATE_COMPILATION): ring attention over the loopback communicator with the
+// reference kernel, float and double, in host memory. HETMESH_INSTANTIATE (config.hpp) is `extern template`
+// in every translation unit but <hetmesh/src.hpp>'s, which defines them; other combinations are
+// instantiated where they are used.
+#if HETMESH_SEPARATE_COMPILATION
+#include "../comm/loopback.hpp"
+#include "../model/reference_attention.hpp"
+
+namespace hetmesh::run {
+#define HETMESH_RUN_RING_INSTANCE(C, K, T)                                                                   \
+  HETMESH_INSTANTIATE void ring_attention_forward<C, K, T, model::host_memory>(                              \
+      C&, const seq::ring_schedule&, K&, const ring_attention_input<T>&, std::span<T>, std::span<T>,         \
+      model::host_memory&, const ring_attention_options&);                                                   \
+  HETMESH_INSTANTIATE void ring_attention_backward<C, K, T, model::host_memory>(                             \
+      C&, const seq::ring_schedule&, K&, const ring_attention_input<T>&, std::span<const T>,                 \
+      std::span<const T>, std::span<const T>, std::span<T>, std::span<T>, std::span<T>, model::host_memory&, \
+      const ring_attention_options&);
+HETMESH_RUN_RING_INSTANCE(comm::loopback::communicator, model::reference_attention, float)
+HETMESH_RUN_RING_INSTANCE(comm::loopback::communicator, model::reference_attention, double)
+#undef HETMESH_RUN_RING_INSTANCE
+}  // namespace hetmesh::run
+#endif

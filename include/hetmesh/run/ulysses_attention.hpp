@@ -207,3 +207,26 @@ void ulysses_attention_backward(C& group, const seq::ulysses_plan& plan, Kernel&
 }
 
 }  // namespace hetmesh::run
+
+// Compiled once (HETMESH_SEPARATE_COMPILATION): Ulysses attention over the loopback communicator with the
+// reference kernel, float and double, in host memory. HETMESH_INSTANTIATE (config.hpp) is `extern template`
+// in every translation unit but <hetmesh/src.hpp>'s, which defines them; other combinations are
+// instantiated where they are used.
+#if HETMESH_SEPARATE_COMPILATION
+#include "../comm/loopback.hpp"
+#include "../model/reference_attention.hpp"
+
+namespace hetmesh::run {
+#define HETMESH_RUN_ULYSSES_INSTANCE(C, K, T)                                                          \
+  HETMESH_INSTANTIATE void ulysses_attention_forward<C, K, T, model::host_memory>(                     \
+      C&, const seq::ulysses_plan&, K&, const ulysses_attention_input<T>&, std::span<T>, std::span<T>, \
+      model::host_memory&);                                                                            \
+  HETMESH_INSTANTIATE void ulysses_attention_backward<C, K, T, model::host_memory>(                    \
+      C&, const seq::ulysses_plan&, K&, const ulysses_attention_input<T>&, std::span<const T>,         \
+      std::span<const T>, std::span<const T>, std::span<T>, std::span<T>, std::span<T>,                \
+      model::host_memory&);
+HETMESH_RUN_ULYSSES_INSTANCE(comm::loopback::communicator, model::reference_attention, float)
+HETMESH_RUN_ULYSSES_INSTANCE(comm::loopback::communicator, model::reference_attention, double)
+#undef HETMESH_RUN_ULYSSES_INSTANCE
+}  // namespace hetmesh::run
+#endif
