@@ -193,9 +193,8 @@ void serve_hosts(Comm& world, int hosts, int steps, const std::filesystem::path&
     const auto docs = hetmesh::model::document_descs(meta);
     const auto plan = hetmesh::train::plan_system_step(partition, balancer, pc, so.cost, pool, docs, &meta);
     host_detail::host_send(
-        world, step,
-        hetmesh::train::plan_delivery(plan, meta, hetmesh::train::system_ranks(pool, depth)),
-        sh, batch, data);
+        world, step, hetmesh::train::plan_delivery(plan, meta, hetmesh::train::system_ranks(pool, depth)), sh,
+        batch, data);
   }
 }
 

@@ -45,7 +45,7 @@
 #include "train/delivery.hpp"
 #include "train/encoder_domain.hpp"
 #include "train/encoders.hpp"
-#include "train/pipeline_plan.hpp"
 #include "train/families.hpp"
+#include "train/pipeline_plan.hpp"
 #include "train/step_plan.hpp"
 #include "train/step_run.hpp"

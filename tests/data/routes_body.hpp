@@ -229,9 +229,11 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
     else
       plan = train::plan_step(seq::hdp<seq::selective_offload>{.capacity = 48}, docs, where.pool);
     if (c == routed_case::joint_pp4)
-      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, where.pp, &shape, sp);
+      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, where.pp, &shape,
+                             sp);
     else if (c == routed_case::encoder_pool)
-      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_pool{.ranks = 1}, 1, &shape, sp);
+      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_pool{.ranks = 1}, 1, &shape,
+                             sp);
     else
       train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, where.pp,
                              &shape, sp);

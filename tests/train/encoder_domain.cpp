@@ -147,16 +147,18 @@ TEST_CASE("encoder domain: exactly-once landing rows, agreed counts, capacity, g
       CAPTURE(P);
       // HDP with rings when the pool has room for them; static CP (THD) over a pool of one.
       train::step_layout plan =
-          P == 1 ? train::step_layout(train::plan_step(seq::cp_thd{.cp = 1, .pad = true}, docs, 1))
-                 : train::step_layout(train::plan_step(seq::hdp<seq::no_offload>{.capacity = 64 / P}, docs, P));
+          P == 1
+              ? train::step_layout(train::plan_step(seq::cp_thd{.cp = 1, .pad = true}, docs, 1))
+              : train::step_layout(train::plan_step(seq::hdp<seq::no_offload>{.capacity = 64 / P}, docs, P));
       try {
         if (seed % 3 == 0)
-          train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, 3, &batch, pol);
+          train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, 3, &batch,
+                                 pol);
         else if (seed % 3 == 1)
           train::attach_pipeline(plan, pipeline::gpipe{}, pipeline::encoder_pool{.ranks = 2}, 2, &batch, pol);
         else
-          train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, 2,
-                                 &batch, pol);
+          train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, 2, &batch,
+                                 pol);
         split += check_domain(plan, pol);
         ++plans;
       } catch (const capacity_error& e) {  // a row too small to split an item far enough: the planner says so

@@ -6,8 +6,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <mutex>
 #include <cstdint>
+#include <mutex>
 #include <numeric>
 #include <span>
 #include <string_view>
@@ -64,10 +64,10 @@ train::step_plan<fixed_rings_part> plan_partition(const fixed_rings& f, const tr
     for (int j = 0; j < f.degree; ++j)
       ranks[static_cast<std::size_t>(j)] = static_cast<int>((static_cast<int>(k) * f.degree + j) % r.pool);
     const std::vector<std::int64_t> index{doc};
-    train::add_partition_ring(p, ranks, index,
-                              seq::partition_zigzag(r.documents[static_cast<std::size_t>(doc)].length,
-                                                    f.degree, true),
-                              static_cast<std::int64_t>(k));
+    train::add_partition_ring(
+        p, ranks, index,
+        seq::partition_zigzag(r.documents[static_cast<std::size_t>(doc)].length, f.degree, true),
+        static_cast<std::int64_t>(k));
   }
   train::align_slots(p);
   return p;
@@ -103,7 +103,8 @@ struct round_robin_groups {
 /// micro-batch, every backward deferred to the end of the rank's list (after all of its LLM work).
 struct encoder_deferred_backward {
   static constexpr std::string_view name = "deferred-backward";
-  friend constexpr bool operator==(const encoder_deferred_backward&, const encoder_deferred_backward&) = default;
+  friend constexpr bool operator==(const encoder_deferred_backward&,
+                                   const encoder_deferred_backward&) = default;
   void hash_append(hasher& h) const { append(h, name); }
   [[nodiscard]] int encoder_ranks() const noexcept { return 0; }
   [[nodiscard]] pipeline::schedule place(const pipeline::schedule& llm, const pipeline::cost_model&,
@@ -156,34 +157,34 @@ TEST_CASE("train::system: a family, balancers and an encoder placement of the us
   using userland::encoder_deferred_backward;
   for (std::uint64_t seed : {41u, 42u}) {
     // The user's family and balancer, pp = 2 (pool 4), 1F1B, the user's placement.
-    check_mm(testsupport::rank0_of(8,
-                                   [&](auto& w) {
-                                     return mm_parity_body<double>(
-                                         w, userland::fixed_rings{.degree = 3}, userland::longest_first{},
-                                         train::pipeline_config<pipeline::one_f_one_b, encoder_deferred_backward>{
-                                             2, {}, {}},
-                                         seed, 10, 30);
-                                   }),
+    check_mm(testsupport::rank0_of(
+                 8,
+                 [&](auto& w) {
+                   return mm_parity_body<double>(
+                       w, userland::fixed_rings{.degree = 3}, userland::longest_first{},
+                       train::pipeline_config<pipeline::one_f_one_b, encoder_deferred_backward>{2, {}, {}},
+                       seed, 10, 30);
+                 }),
              1e-10, "user fixed-rings(3) longest-first pp2 1f1b deferred-backward");
     // The user's family on the joint pipeline, pp = 1 over 8 ranks, zero-bubble (split backward).
-    check_mm(testsupport::rank0_of(8,
-                                   [&](auto& w) {
-                                     return mm_parity_body<double>(
-                                         w, userland::fixed_rings{.degree = 2}, userland::longest_first{},
-                                         train::pipeline_config<pipeline::zero_bubble, pipeline::colocated_encoder>{
-                                             2, {}, {}},
-                                         seed, 12, 40);
-                                   }),
+    check_mm(testsupport::rank0_of(
+                 8,
+                 [&](auto& w) {
+                   return mm_parity_body<double>(
+                       w, userland::fixed_rings{.degree = 2}, userland::longest_first{},
+                       train::pipeline_config<pipeline::zero_bubble, pipeline::colocated_encoder>{2, {}, {}},
+                       seed, 12, 40);
+                 }),
              1e-10, "user fixed-rings(2) pp2 zero-bubble joint");
     // The library's THD family placed by the user's balancer, with the user's placement.
-    check_mm(testsupport::rank0_of(8,
-                                   [&](auto& w) {
-                                     return mm_parity_body<double>(
-                                         w, seq::cp_thd{.cp = 2, .pad = true}, userland::round_robin_groups{},
-                                         train::pipeline_config<pipeline::one_f_one_b, encoder_deferred_backward>{
-                                             2, {}, {}},
-                                         seed, 10, 30);
-                                   }),
+    check_mm(testsupport::rank0_of(
+                 8,
+                 [&](auto& w) {
+                   return mm_parity_body<double>(
+                       w, seq::cp_thd{.cp = 2, .pad = true}, userland::round_robin_groups{},
+                       train::pipeline_config<pipeline::one_f_one_b, encoder_deferred_backward>{2, {}, {}},
+                       seed, 10, 30);
+                 }),
              1e-10, "thd cp2 round-robin pp2 deferred-backward");
   }
 }
@@ -192,7 +193,8 @@ TEST_CASE("train: the user's family's plan is a plan like the library's: exactly
   for (std::uint64_t seed = 500; seed < 520; ++seed) {
     const auto batch = traintest::random_batch(seed, 3 + static_cast<int>(seed % 7), 40);
     const auto docs = model::document_descs(batch);
-    const auto plan = train::plan_step(userland::fixed_rings{.degree = 3}, docs, 4, userland::longest_first{});
+    const auto plan =
+        train::plan_step(userland::fixed_rings{.degree = 3}, docs, 4, userland::longest_first{});
     // Every token of the step in exactly one micro-batch; a rank's slots increase along its list.
     std::vector<std::vector<int>> seen(docs.size());
     for (std::size_t d = 0; d < docs.size(); ++d) seen[d].assign(static_cast<std::size_t>(docs[d].length), 0);
@@ -215,12 +217,15 @@ TEST_CASE("train: the user's family's plan is a plan like the library's: exactly
     again.partition.order.push_back(0);
     CHECK(again.hash() != plan.hash());
   }
-  CHECK_THROWS_WITH_AS((void)train::plan_step(userland::fixed_rings{.degree = 5},
-                                              std::vector<seq::seq_desc>{{1, 10}}, 4, userland::longest_first{}),
-                       doctest::Contains("degree 5 over a pool of 4"), invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      (void)train::plan_step(userland::fixed_rings{.degree = 5}, std::vector<seq::seq_desc>{{1, 10}}, 4,
+                             userland::longest_first{}),
+      doctest::Contains("degree 5 over a pool of 4"), invalid_argument);
 }
 
-TEST_CASE("train::system: ranks that differ only in their encoder split (encoder_sp) are caught by the plan check") {
+TEST_CASE(
+    "train::system: ranks that differ only in their encoder split (encoder_sp) are caught by the plan "
+    "check") {
   const auto batch = traintest::random_mm_batch(77, 8, 40);
   int caught = 0;
   std::mutex m;

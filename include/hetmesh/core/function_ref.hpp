@@ -30,9 +30,10 @@ class function_ref<R(Args...)> {
   requires(std::is_object_v<F> && !std::is_same_v<std::remove_cv_t<F>, function_ref> &&
            std::is_invocable_v<F&, Args...> &&
            (std::is_void_v<R> ||
-            std::is_convertible_v<std::invoke_result_t<F&, Args...>,
-                                  R>)) constexpr function_ref(F& f) noexcept  // NOLINT(google-explicit-constructor):
-                                                                              // a reference converts
+            std::is_convertible_v<
+                std::invoke_result_t<F&, Args...>,
+                R>)) constexpr function_ref(F& f) noexcept  // NOLINT(google-explicit-constructor):
+                                                            // a reference converts
       : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))), call_(&call<F>) {}
 
   /// Calls the referenced callable with `args`. Precondition: not empty.

@@ -9,6 +9,6 @@
 #include "attention.hpp"
 #include "buffer.hpp"
 #include "check.hpp"
-#include "half.hpp"
 #include "device_memory.hpp"
+#include "half.hpp"
 #include "stream.hpp"

@@ -13,9 +13,9 @@
 
 #include "../core/checked.hpp"
 #include "../core/error.hpp"
+#include "../cost/activation_memory.hpp"
 #include "../cost/comm.hpp"
 #include "../cost/compute.hpp"
-#include "../cost/activation_memory.hpp"
 #include "action.hpp"
 
 namespace hetmesh::pipeline {

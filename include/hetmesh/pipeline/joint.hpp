@@ -253,7 +253,8 @@ namespace detail {
 }
 }  // namespace detail
 
-inline schedule encoder_on_first_stage::place(const schedule& llm, const cost_model&, const encoder_work&) const {
+inline schedule encoder_on_first_stage::place(const schedule& llm, const cost_model&,
+                                              const encoder_work&) const {
   schedule s = llm;
   s.name = llm.name + "+encoder-first-stage";
   const int r0 = s.rank_of_stage(0);
@@ -285,9 +286,11 @@ inline schedule colocated_encoder::place(const schedule& llm, const cost_model& 
   return detail::place_in_bubbles(std::move(s), costs, work, lookahead, true);
 }
 
-inline schedule encoder_pool::place(const schedule& llm, const cost_model& costs, const encoder_work& work) const {
+inline schedule encoder_pool::place(const schedule& llm, const cost_model& costs,
+                                    const encoder_work& work) const {
   if (ranks < 1)
-    throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one", ranks);
+    throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one",
+                                  ranks);
   const int p = llm.total_ranks();
   schedule s = llm;
   s.name = llm.name + "+encoder-pool";

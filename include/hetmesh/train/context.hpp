@@ -63,8 +63,9 @@ struct attention_binding<attention_over_rings, Comm> {
   }
   /// Binds the micro-batch's ring.
   template <class Part>
-  void bind(const Part&, const planned_micro_batch&, const seq::ring_schedule& ring, std::span<const std::int64_t>,
-            std::span<const std::int64_t>, Comm*, const run::ring_attention_options& o) {
+  void bind(const Part&, const planned_micro_batch&, const seq::ring_schedule& ring,
+            std::span<const std::int64_t>, std::span<const std::int64_t>, Comm*,
+            const run::ring_attention_options& o) {
     schedule = &ring;
     options = o;
   }
@@ -114,8 +115,8 @@ struct attention_binding<attention_over_groups, Comm> {
     return group != nullptr && ulysses != nullptr;
   }
   template <class Kernel, class T, class M>
-  void forward(const model::ring_group<Comm>&, Kernel& k, const run::ring_attention_input<T>& in, std::span<T> out,
-               std::span<T> lse, M& mem) const {
+  void forward(const model::ring_group<Comm>&, Kernel& k, const run::ring_attention_input<T>& in,
+               std::span<T> out, std::span<T> lse, M& mem) const {
     run::ulysses_attention_forward(*group, *ulysses, k, as_group_input(in), out, lse, mem);
   }
   template <class Kernel, class T, class M>
@@ -141,7 +142,8 @@ struct attention_binding<attention_over_groups, Comm> {
 /// Ulysses attention over its group), to the system's kernel. Spans the stage passes are memory of M (device
 /// memory for a device policy). Holds pointers (schedule or exchange plan, kernel, store, communicators,
 /// memory policy) that the runtime keeps alive across the call.
-template <class Comm, class Kernel, class T, class M = model::host_memory, class Attention = attention_over_rings>
+template <class Comm, class Kernel, class T, class M = model::host_memory,
+          class Attention = attention_over_rings>
 struct step_context : model::stage_context<Comm, step_store<T, M>>,
                       detail::attention_binding<Attention, Comm> {
   /// Element type of activations and parameters.
@@ -177,8 +179,8 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
                           std::span<const T> v, std::span<const T> out, std::span<const T> lse,
                           std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) const {
     check_bound("attention_backward");
-    this->backward(this->ring, *kernel, run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq,
-                   dk, dv, mem());
+    this->backward(this->ring, *kernel, run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout,
+                   dq, dk, dv, mem());
   }
 
  private:
@@ -193,7 +195,8 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
   void check_bound(const char* who) const {
     if (kernel == nullptr || !this->bound(this->ring))
       throw_error<invalid_argument>(
-          "train::step_context::{}: stage {} micro-batch {} has no {} attention bound; expected a context made "
+          "train::step_context::{}: stage {} micro-batch {} has no {} attention bound; expected a context "
+          "made "
           "by train::system::run",
           who, this->stage, this->micro_batch, this->mechanism);
   }

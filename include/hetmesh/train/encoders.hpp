@@ -221,8 +221,8 @@ HETMESH_COMPILED void check_landings(const step_layout& plan,
 /// `runs[e]` whether this rank runs shard e (its calls and send side are made only for those). Pure;
 /// O(slots x (E x P x this rank's landings + landings) x group degree).
 [[nodiscard]] HETMESH_COMPILED encoder_work
-plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::long_short_plan>>& domain, int E,
-                  int j, std::span<const std::int64_t> width, std::span<const char> runs)
+plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::long_short_plan>>& domain,
+                  int E, int j, std::span<const std::int64_t> width, std::span<const char> runs)
 #if HETMESH_BODIES
 {
   const int P = plan.world;

@@ -120,7 +120,7 @@ struct static_cp_part {
   static constexpr std::string_view name = "static_cp";
   /// Ring attention over each piece's group.
   using attention = attention_over_rings;
-  int cp = 1;                   ///< CP group size
+  int cp = 1;                    ///< CP group size
   std::vector<cp_piece> pieces;  ///< the groups' shares, in ring order
 
   friend bool operator==(const static_cp_part&, const static_cp_part&) = default;
@@ -135,8 +135,8 @@ struct ulysses_group_part {
   static constexpr std::string_view name = "ulysses";
   /// Heads exchanged in fixed groups of `degree` consecutive pool ranks.
   using attention = attention_over_groups;
-  int degree = 1;                          ///< the Ulysses degree (group size)
-  std::vector<cp_piece> pieces;            ///< the groups' shares
+  int degree = 1;                            ///< the Ulysses degree (group size)
+  std::vector<cp_piece> pieces;              ///< the groups' shares
   std::vector<seq::ulysses_plan> exchanges;  ///< per piece, its exchange plan
 
   /// Consecutive pool ranks per group.
@@ -183,9 +183,11 @@ HETMESH_COMPILED std::int64_t add_partition_ring(step_layout& l, std::span<const
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const auto& sh = part.ranks[r];
     planned_micro_batch pm{ring, static_cast<int>(r), source, 0, 0.0, {}, sh.cu_seqlens, {}};
-    for (const auto& c : sh.chunks) pm.runs.push_back({doc_index[static_cast<std::size_t>(c.doc)], c.positions});
+    for (const auto& c : sh.chunks)
+      pm.runs.push_back({doc_index[static_cast<std::size_t>(c.doc)], c.positions});
     for (auto d : sh.local_docs)
-      pm.seqlen_docs.push_back(l.documents[static_cast<std::size_t>(doc_index[static_cast<std::size_t>(d)])].id);
+      pm.seqlen_docs.push_back(
+          l.documents[static_cast<std::size_t>(doc_index[static_cast<std::size_t>(d)])].id);
     l.per_rank[static_cast<std::size_t>(ranks[r])].push_back(std::move(pm));
   }
   return ring;
@@ -198,8 +200,8 @@ namespace detail {
 
 inline void check_degree(int degree, int pool, const char* who) {
   if (degree < 1 || pool < 1 || pool % degree != 0)
-    throw_error<invalid_argument>("{}: degree {} over a pool of {} ranks; expected a degree >= 1 dividing the pool",
-                                  who, degree, pool);
+    throw_error<invalid_argument>(
+        "{}: degree {} over a pool of {} ranks; expected a degree >= 1 dividing the pool", who, degree, pool);
 }
 
 /// Appends a CP piece of group `group` (pool ranks group * cp .. group * cp + cp - 1) to the layout with
@@ -263,18 +265,26 @@ HETMESH_COMPILED step_layout hdp_layout(const partition_request& r, const seq::h
     index.emplace_back(l.documents[i].id, static_cast<std::int64_t>(i));
   std::sort(index.begin(), index.end());
   auto doc_of = [&](std::int64_t id) {
-    const auto it = std::lower_bound(index.begin(), index.end(), std::pair<std::int64_t, std::int64_t>{id, -1});
+    const auto it =
+        std::lower_bound(index.begin(), index.end(), std::pair<std::int64_t, std::int64_t>{id, -1});
     if (it == index.end() || it->first != id)
-      throw_error<invalid_argument>("train::plan_partition(hdp): the HDP plan names document id {}, which is "
-                                    "not in the step; expected a plan of the request's documents",
-                                    id);
+      throw_error<invalid_argument>(
+          "train::plan_partition(hdp): the HDP plan names document id {}, which is "
+          "not in the step; expected a plan of the request's documents",
+          id);
     return it->second;
   };
   for (std::size_t k = 0; k < hdp.per_rank.size() && k < l.per_rank.size(); ++k)
     for (std::size_t m = 0; m < hdp.per_rank[k].size(); ++m) {
       const auto& mb = hdp.per_rank[k][m];
-      planned_micro_batch pm{ring_of[static_cast<std::size_t>(mb.item)], mb.ring_position,
-                             static_cast<std::int64_t>(m), 0, mb.offload_ratio, {}, {}, {}};
+      planned_micro_batch pm{ring_of[static_cast<std::size_t>(mb.item)],
+                             mb.ring_position,
+                             static_cast<std::int64_t>(m),
+                             0,
+                             mb.offload_ratio,
+                             {},
+                             {},
+                             {}};
       for (const auto& sg : mb.segments) pm.runs.push_back({doc_of(sg.seq_id), sg.tokens});
       l.per_rank[k].push_back(std::move(pm));
     }
@@ -329,7 +339,7 @@ template <group_balancer B>
 /// counts (f.plan). Errors: as static CP's, with the degree. Pure.
 template <group_balancer B>
 [[nodiscard]] step_plan<ulysses_group_part> plan_partition(const seq::ulysses& f, const partition_request& r,
-                                                     const B& balancer) {
+                                                           const B& balancer) {
   step_plan<ulysses_group_part> p;
   p.partition.degree = f.degree;
   auto split = [&](const std::vector<std::int64_t>& idx) {
@@ -384,7 +394,7 @@ consteval bool check_trainable() {
 /// before the pipeline part (attach_pipeline). Pure: equal on every rank for equal inputs; not collective.
 /// Errors: the family's (invalid_argument for bad documents or a degree that does not divide the pool).
 template <class F, class B = family_placement>
-  requires partition_family<F, B>
+requires partition_family<F, B>
 [[nodiscard]] step_plan_t<F, B> plan_step(const F& family, std::span<const seq::seq_desc> docs, int pool,
                                           const B& balancer = {}, const balance::step_model& cost = {}) {
   return plan_partition(family, partition_request{docs, pool, cost}, balancer);

@@ -64,8 +64,11 @@ struct attention_over_groups {
 /// Optional: `P::name` (a string_view constant: plans print it). A part may hold anything else its family's
 /// planner wants to keep.
 template <class P>
-concept partition_part = std::regular<P> && requires(const P& p, hasher& h) { p.hash_append(h); } &&
-                         requires { typename P::attention; } && P::attention::template accepts<P>;
+concept partition_part = std::regular<P> && requires(const P& p, hasher& h) {
+  p.hash_append(h);
+} && requires {
+  typename P::attention;
+} && P::attention::template accepts<P>;
 
 namespace detail {
 template <class T>
@@ -85,13 +88,12 @@ inline constexpr bool is_step_plan_v<step_plan<Part>> = partition_part<Part>;
 ///      for bad input (no document, a bad pool, a degree that does not divide it).
 /// Optional: `f.group_size()` is not read; groups come from the part.
 template <class F, class B>
-concept partition_family = std::regular<F> && requires(const F& f, hasher& h) { f.hash_append(h); } &&
-                           requires(const F& f, const partition_request& r, const B& b) {
-                             { plan_partition(f, r, b) };
-                           } &&
-                           detail::is_step_plan_v<std::remove_cvref_t<decltype(plan_partition(
-                               std::declval<const F&>(), std::declval<const partition_request&>(),
-                               std::declval<const B&>()))>>;
+concept partition_family = std::regular<F> && requires(const F& f, hasher& h) {
+  f.hash_append(h);
+} && requires(const F& f, const partition_request& r, const B& b) {
+  {plan_partition(f, r, b)};
+} && detail::is_step_plan_v<std::remove_cvref_t<decltype(plan_partition(
+    std::declval<const F&>(), std::declval<const partition_request&>(), std::declval<const B&>()))>>;
 
 /// The step plan type family `F` placed by `B` makes.
 template <class F, class B>
@@ -99,4 +101,3 @@ using step_plan_t = std::remove_cvref_t<decltype(plan_partition(
     std::declval<const F&>(), std::declval<const partition_request&>(), std::declval<const B&>()))>;
 
 }  // namespace hetmesh::train
-

@@ -116,9 +116,9 @@ struct slot_load {
 /// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders
 /// placed by `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation
 /// come from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). With encoder items,
-/// sets plan.encoder_landings (plan_landings), and in every case plan.encoder_sp and the encoder domain's plan
-/// under it (plan_encoder_domain over the schedule's shards). Pure. Errors: pp < 1
-/// (invalid_argument); the family's (e.g. interleaved schedules' micro-batch rules) and the verifier's.
+/// sets plan.encoder_landings (plan_landings), and in every case plan.encoder_sp and the encoder domain's
+/// plan under it (plan_encoder_domain over the schedule's shards). Pure. Errors: pp < 1 (invalid_argument);
+/// the family's (e.g. interleaved schedules' micro-batch rules) and the verifier's.
 template <pipeline::schedule_family Schedule, class Placement>
 void attach_pipeline(step_layout& plan, const Schedule& family, const Placement& placement, int pp,
                      const model::step_batch* batch, const seq::long_short_policy& encoder_sp = {}) {

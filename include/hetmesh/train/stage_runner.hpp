@@ -49,8 +49,8 @@ class stage_runner {
   stores_type enc_stores;              ///< the encoders' activations
 
   stage_runner(const step_plan<Part>& plan, const step_rank& rank, const encoder_work& enc,
-               const step_resources<Comm, Kernel, Memory>& res, Stage& stage, std::tuple<Encoders...>& encoders,
-               step_stats& st, int pool_rank, double cpu0)
+               const step_resources<Comm, Kernel, Memory>& res, Stage& stage,
+               std::tuple<Encoders...>& encoders, step_stats& st, int pool_rank, double cpu0)
       : store{model::memory_activation_store<T, Memory>(*res.mem)},
         enc_stores{make_stores(*res.mem, std::make_index_sequence<sizeof...(Encoders) + 1>{})},
         plan_(&plan),
@@ -101,7 +101,8 @@ class stage_runner {
     typename Memory::template buffer<T> loss;
     loss.resize(static_cast<std::size_t>(n));
     stage_->forward(ctx, v, in, loss.span());
-    for (auto x : readable_on_host(*res_.mem, std::span<const T>(loss.span()))) sums[0] += static_cast<double>(x);
+    for (auto x : readable_on_host(*res_.mem, std::span<const T>(loss.span())))
+      sums[0] += static_cast<double>(x);
     for (auto w : v.loss_weights) sums[1] += w;
     for (auto si : v.stream_index) counts[0] += si >= 0 ? 1 : 0;
     ++counts[1];

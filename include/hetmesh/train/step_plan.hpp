@@ -101,7 +101,7 @@ struct step_layout {
   /// the same slot, a rank runs at most one micro-batch per slot (a slot it has none in runs empty), so
   /// every pipeline runs the same schedule and ring calls meet in the same order on every member.
   int slots = 0;
-  int pp = 1;                  ///< pipeline depth: the world is pp x world ranks (pipeline rank slowest)
+  int pp = 1;                   ///< pipeline depth: the world is pp x world ranks (pipeline rank slowest)
   pipeline::schedule pipeline;  ///< the lowered, verified schedule every pipeline runs (attach_pipeline)
   /// Per slot, the encoder items' landings of every pool rank's micro-batch in it (attach_pipeline with
   /// the step's batch; empty without encoder items): what the slot's encoder shards encode, over every
@@ -206,7 +206,8 @@ HETMESH_COMPILED void align_slots(step_layout& l)
 
 /// A layout over `world` pool ranks with `docs` as its documents and no micro-batch yet: where a family's
 /// planner starts. Errors: check_documents' (naming `who`), world < 1 (invalid_argument). O(docs log docs).
-[[nodiscard]] inline step_layout start_layout(std::span<const seq::seq_desc> docs, int world, const char* who) {
+[[nodiscard]] inline step_layout start_layout(std::span<const seq::seq_desc> docs, int world,
+                                              const char* who) {
   detail::check_documents(docs, who);
   if (world < 1) throw_error<invalid_argument>("{}: a pool of {} ranks; expected >= 1", who, world);
   step_layout l;
@@ -236,7 +237,8 @@ template <>
 struct fmt::formatter<hetmesh::train::step_layout> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::train::step_layout& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "step_plan{{world={}, documents={}, rings={}, micro_batches={}, pp={}}}",
+    return hetmesh::format_to(ctx.out(),
+                              "step_plan{{world={}, documents={}, rings={}, micro_batches={}, pp={}}}",
                               p.world, p.documents.size(), p.rings.size(), p.micro_batches(), p.pp);
   }
 };
@@ -247,7 +249,7 @@ struct fmt::formatter<hetmesh::train::step_plan<Part>> : hetmesh::empty_spec_for
     std::string_view family = "family";
     if constexpr (requires { Part::name; }) family = Part::name;  // the part's name, where it has one
     return hetmesh::format_to(ctx.out(),
-                              "step_plan{{{}, world={}, documents={}, rings={}, micro_batches={}, pp={}}}", family,
-                              p.world, p.documents.size(), p.rings.size(), p.micro_batches(), p.pp);
+                              "step_plan{{{}, world={}, documents={}, rings={}, micro_batches={}, pp={}}}",
+                              family, p.world, p.documents.size(), p.rings.size(), p.micro_batches(), p.pp);
   }
 };

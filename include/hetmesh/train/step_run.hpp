@@ -35,12 +35,12 @@ namespace hetmesh::train::detail {
 /// What one pool rank reads of a plan for a step: its micro-batches by slot (null: the slot runs empty),
 /// their planned entries, and for attention over groups the group's stream per slot. Built once per step.
 struct step_rank {
-  std::vector<model::micro_batch> built;                 ///< this rank's micro-batches, plan order
-  std::vector<const model::micro_batch*> by_slot;        ///< per slot
-  std::vector<const planned_micro_batch*> planned;       ///< per slot
-  std::vector<std::vector<std::int64_t>> stream_doc;     ///< groups: per slot, each group token's document
-  std::vector<std::vector<std::int64_t>> stream_pos;     ///< groups: per slot, each group token's position
-  model::micro_batch empty{};                            ///< what an empty slot's view shows
+  std::vector<model::micro_batch> built;              ///< this rank's micro-batches, plan order
+  std::vector<const model::micro_batch*> by_slot;     ///< per slot
+  std::vector<const planned_micro_batch*> planned;    ///< per slot
+  std::vector<std::vector<std::int64_t>> stream_doc;  ///< groups: per slot, each group token's document
+  std::vector<std::vector<std::int64_t>> stream_pos;  ///< groups: per slot, each group token's position
+  model::micro_batch empty{};                         ///< what an empty slot's view shows
 
   /// The view of slot `mb` (empty when this rank has no micro-batch in it).
   [[nodiscard]] model::micro_batch_view view(int mb) const {
@@ -58,7 +58,8 @@ inline void check_ring_order(const seq::ring_schedule& s, int position, const mo
   for (std::size_t t = 0; ok && t < n; ++t) ok = meta.pos[t] == v.positions[t];
   if (!ok)
     throw_error<invalid_argument>(
-        "train::system::run: micro-batch {} has {} tokens that do not follow its ring's {} tokens at position {} "
+        "train::system::run: micro-batch {} has {} tokens that do not follow its ring's {} tokens at "
+        "position {} "
         "in order; expected the plan's micro-batches",
         v.index, n, meta.pos.size(), position);
 }
@@ -132,11 +133,11 @@ struct encoder_landing {
 
 /// Adds one call's thread CPU time to a total and records it as an action (seconds since `origin`).
 struct cpu_scope {
-  double& total;                              ///< the running total
+  double& total;                             ///< the running total
   std::vector<pipeline::timed_action>& log;  ///< where the call is recorded
-  pipeline::action what;                      ///< the call
-  double origin;                              ///< the step's CPU origin
-  double start = thread_cpu_seconds();        ///< when the call began
+  pipeline::action what;                     ///< the call
+  double origin;                             ///< the step's CPU origin
+  double start = thread_cpu_seconds();       ///< when the call began
   ~cpu_scope() {
     const double end = thread_cpu_seconds();
     total += end - start;
@@ -148,13 +149,13 @@ struct cpu_scope {
 /// the options, all owned by train::system.
 template <class Comm, class Kernel, class Memory>
 struct step_resources {
-  Comm* pool = nullptr;                          ///< this pipeline rank's pool
-  Comm* group = nullptr;                         ///< attention over groups: this rank's group
+  Comm* pool = nullptr;                            ///< this pipeline rank's pool
+  Comm* group = nullptr;                           ///< attention over groups: this rank's group
   comm::group_cache<Comm>* item_groups = nullptr;  ///< the encoder items' Ulysses groups in the pool row
-  Kernel* kernel = nullptr;                      ///< the user's attention kernel
-  Memory* mem = nullptr;                         ///< the memory policy
-  run::ring_attention_options attention{};       ///< ring calls' options
-  int pool_size = 1;                             ///< ranks of the pool
+  Kernel* kernel = nullptr;                        ///< the user's attention kernel
+  Memory* mem = nullptr;                           ///< the memory policy
+  run::ring_attention_options attention{};         ///< ring calls' options
+  int pool_size = 1;                               ///< ranks of the pool
 };
 
 }  // namespace hetmesh::train::detail

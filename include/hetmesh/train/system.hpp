@@ -50,10 +50,10 @@
 #include "encoder_domain.hpp"
 #include "encoders.hpp"
 #include "families.hpp"
-#include "reduction.hpp"
 #include "optimizer.hpp"
 #include "partition_family.hpp"
 #include "pipeline_plan.hpp"
+#include "reduction.hpp"
 #include "stage_runner.hpp"
 #include "step_plan.hpp"
 #include "step_run.hpp"
@@ -129,7 +129,8 @@ class system {
     const int enc = encoder_ranks();
     if (enc < 0)
       throw_error<invalid_argument>(
-          "train::system: an encoder placement of {} encoder-only ranks per pipeline ({}); expected ranks >= 1",
+          "train::system: an encoder placement of {} encoder-only ranks per pipeline ({}); expected ranks >= "
+          "1",
           enc, pipeline_.encoders);
     if (pp < 1 || world.size() % (pp + enc) != 0)
       throw_error<invalid_argument>(
@@ -191,8 +192,8 @@ class system {
           "train::system::run: the step's documents do not match the plan's {} documents; expected the batch "
           "the plan was made from",
           plan.documents.size());
-    return run_step(cpu0, plan, batch, model::summarize_step(batch), stage, std::forward<Optimizer>(optimizer),
-                    std::move(encoders)...);
+    return run_step(cpu0, plan, batch, model::summarize_step(batch), stage,
+                    std::forward<Optimizer>(optimizer), std::move(encoders)...);
   }
 
   /// Runs one step of `plan` over this rank's share of it (delivery by plan: train::plan_delivery routes
@@ -271,7 +272,8 @@ class system {
  private:
   template <class Stage, class Optimizer, class... Encoders, class T = stage_value_t<Stage>>
   step_stats run_step(double run_cpu0, const plan_type& plan, const model::step_batch& batch,
-                      const model::step_summary& s, Stage& stage, Optimizer&& optimizer, Encoders... encoders) {
+                      const model::step_summary& s, Stage& stage, Optimizer&& optimizer,
+                      Encoders... encoders) {
     check_run_types<Stage, Optimizer, T, Encoders...>();
     auto& world = *world_;
     run::assert_plan_agreement(world, mem_, plan, "train step plan");
@@ -323,9 +325,10 @@ class system {
     static_assert(optimizer_hook<Optimizer, Stage>,
                   "train::system::run: the optimizer hook must be callable as "
                   "`optimizer(stage.parameters(), stage.gradients())`");
-    static_assert((model::check_encoder_stage<std::remove_pointer_t<decltype(std::declval<Encoders&>().stage)>, T,
-                                              encoder_context_type<T>>() &&
-                   ...));
+    static_assert(
+        (model::check_encoder_stage<std::remove_pointer_t<decltype(std::declval<Encoders&>().stage)>, T,
+                                    encoder_context_type<T>>() &&
+         ...));
   }
 
   // The plan's attention groups (its mechanism's group_size: 0 for rings): their communicator is split
@@ -349,7 +352,8 @@ class system {
   detail::step_resources<Comm, Kernel, Memory> resources(const plan_type&) {
     Comm& pool = pool_ ? *pool_ : *world_;
     if (!item_groups_) item_groups_.emplace(pool);
-    return {&pool, group_ ? &*group_ : nullptr, &*item_groups_, &kernel_, &mem_, options_.attention, pool_size_};
+    return {&pool, group_ ? &*group_ : nullptr, &*item_groups_, &kernel_,
+            &mem_, options_.attention,          pool_size_};
   }
 
   // This pool rank's encoder work from the plan's encoder domain and the encoders' row widths.
@@ -382,7 +386,8 @@ class system {
     auto bwd = [&](int s, int m, std::span<const T> g, std::span<T> gi) { runner.backward(s, m, g, gi); };
     auto bwd_i = [&] {
       if constexpr (Runner::split)
-        return [&](int s, int m, std::span<const T> g, std::span<T> gi) { runner.backward_input(s, m, g, gi); };
+        return
+            [&](int s, int m, std::span<const T> g, std::span<T> gi) { runner.backward_input(s, m, g, gi); };
       else
         return run::no_call{};
     }();
@@ -477,4 +482,3 @@ class system {
 };
 
 }  // namespace hetmesh::train
-

@@ -74,11 +74,12 @@ struct pipeline_config {
 /// the family's and attach_pipeline's. Cost: the family's planner plus the schedule's generation and
 /// verification.
 template <class Partition, class Balancer, pipeline::schedule_family Schedule, class Placement>
-  requires partition_family<Partition, Balancer>
+requires partition_family<Partition, Balancer>
 [[nodiscard]] step_plan_t<Partition, Balancer> plan_system_step(
-    const Partition& partition, const Balancer& balancer, const pipeline_config<Schedule, Placement>& pipeline,
-    const balance::step_model& cost, int pool, std::span<const seq::seq_desc> docs,
-    const model::step_batch* batch = nullptr, const seq::long_short_policy& encoder_sp = {}) {
+    const Partition& partition, const Balancer& balancer,
+    const pipeline_config<Schedule, Placement>& pipeline, const balance::step_model& cost, int pool,
+    std::span<const seq::seq_desc> docs, const model::step_batch* batch = nullptr,
+    const seq::long_short_policy& encoder_sp = {}) {
   auto p = plan_step(partition, docs, pool, balancer, cost);
   attach_pipeline(p, pipeline.schedule, pipeline.encoders, pipeline.pp, batch, encoder_sp);
   return p;
@@ -99,7 +100,6 @@ template <class Encoder, class Input>
 [[nodiscard]] encoder_binding<Encoder, std::decay_t<Input>> bind_encoder(Encoder& e, Input&& input) {
   return {&e, std::forward<Input>(input)};
 }
-
 
 }  // namespace hetmesh::train
 
