@@ -187,7 +187,7 @@ std::size_t slots_left(const Stores& stores) {
 }
 
 /// Checks that the encoder landings of this pool rank's micro-batches (`by_slot`, null: none in the slot)
-/// are the plan's (step_plan::encoder_landings of pool rank `j`): the encoder domain is planned from the
+/// are the plan's (step_layout::encoder_landings of pool rank `j`): the encoder domain is planned from the
 /// plan's, so a batch with items the plan does not know (a plan made without the batch) would encode
 /// nothing. Errors: invalid_argument naming the slot. O(landings).
 HETMESH_COMPILED void check_landings(const step_layout& plan,
