@@ -19,11 +19,16 @@
 #define HETMESH_SOURCE 1
 
 // Every header that declares a HETMESH_COMPILED function (scripts/check_rooms.py checks the list).
+#include "balance/bytescale.hpp"
 #include "balance/planner.hpp"
 #include "balance/ring_layout.hpp"
 #include "balance/ring_repack.hpp"
 #include "balance/ring_search.hpp"
 #include "balance/solvers.hpp"
+#include "comm/communicator.hpp"
+#include "comm/detail/checks.hpp"
+#include "comm/group_cache.hpp"
+#include "comm/loopback.hpp"
 #include "model/encoder_batch.hpp"
 #include "model/micro_batch.hpp"
 #include "pipeline/action.hpp"

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
@@ -83,8 +84,10 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
 /// item, rings of `degree` distinct ranks, order keys a global sequence (deadlock-free). Pure and
 /// deterministic (fixed-point loads, (load, rank) and (-length, index) keys); independent of the order
 /// of the sequences given to hdp_shard. O(items log pool + sum of ring sizes log pool). Not collective.
-[[nodiscard]] inline std::vector<seq::hdp_placement> bytescale_placement(
-    const seq::hdp_sharding& sh, const step_model& m, const bytescale_policy& policy = {}) {
+[[nodiscard]] HETMESH_COMPILED std::vector<seq::hdp_placement> bytescale_placement(
+    const seq::hdp_sharding& sh, const step_model& m, const bytescale_policy& policy = {})
+#if HETMESH_BODIES
+{
   if (!(policy.delta >= 0.0 && policy.delta < 1.0))
     throw_error<invalid_argument>("balance::bytescale_placement: delta = {}; expected 0 <= delta < 1",
                                   policy.delta);
@@ -167,6 +170,9 @@ inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hd
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// ByteScale end to end: seq::hdp_shard (data-aware sharding, offload solver), bytescale_placement,
 /// seq::hdp_assemble. Same contract as those; the plan is independent of the order of `seqs`.

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/memory_space.hpp"
@@ -141,15 +142,39 @@ concept device_communicator = communicator<C> &&(std::remove_cvref_t<C>::memory 
   c.synchronize();
 };
 
+/// A communicator's group and caller as plain values (its members as world ranks, this rank, the group's
+/// size), so that code which only reports or checks them is not a template over the communicator.
+struct group_view {
+  std::span<const int> ranks;  ///< the group's members as ranks of the world, in group order
+  int rank = 0;                ///< the caller's index in the group
+  int size = 0;                ///< the group's size
+};
+
+/// `c`'s group and caller.
+template <communicator C>
+[[nodiscard]] group_view view_of(const C& c) {
+  return group_view{c.ranks(), c.rank(), c.size()};
+}
+
 /// "group [0,2,4] rank 1/3": the group and caller as error messages print them. A group of more than
 /// 6 ranks prints its first 4 and last 2 members and its size ("group [0,1,2,3,...,16382,16383] of
 /// 16384 rank 1/16384"), so a message stays short on a large cluster. O(1) in the group size.
+[[nodiscard]] HETMESH_COMPILED std::string describe(group_view g)
+#if HETMESH_BODIES
+{
+  const std::span<const int> r = g.ranks;
+  if (r.size() <= 6) return hetmesh::format("group [{}] rank {}/{}", fmt::join(r, ","), g.rank, g.size);
+  return hetmesh::format("group [{},...,{}] of {} rank {}/{}", fmt::join(r.first(4), ","),
+                         fmt::join(r.last(2), ","), r.size(), g.rank, g.size);
+}
+#else
+    ;
+#endif
+
+/// describe(view_of(c)): `c`'s group and caller as error messages print them.
 template <communicator C>
 [[nodiscard]] std::string describe(const C& c) {
-  const std::span<const int> r = c.ranks();
-  if (r.size() <= 6) return hetmesh::format("group [{}] rank {}/{}", fmt::join(r, ","), c.rank(), c.size());
-  return hetmesh::format("group [{},...,{}] of {} rank {}/{}", fmt::join(r.first(4), ","),
-                         fmt::join(r.last(2), ","), r.size(), c.rank(), c.size());
+  return describe(view_of(c));
 }
 
 }  // namespace hetmesh::comm

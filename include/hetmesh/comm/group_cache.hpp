@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "../config.hpp"
 #include "../core/sort.hpp"
 #include "collectives.hpp"
 #include "communicator.hpp"
@@ -57,19 +58,30 @@ template <communicator C>
 }
 
 namespace detail {
-template <communicator C>
-void check_group(const C& parent, std::span<const int> members, std::string_view what) {
+/// Checks that `members` is a non-empty set of distinct ranks of the group `parent`; `what` names the caller.
+HETMESH_COMPILED void check_group(group_view parent, std::span<const int> members, std::string_view what)
+#if HETMESH_BODIES
+{
   if (members.empty())
     throw_error<invalid_argument>("{} on {}: empty group; expected at least one rank", what,
                                   describe(parent));
   std::vector<int> sorted(members.begin(), members.end());
   std::sort(sorted.begin(), sorted.end());
-  if (sorted.front() < 0 || sorted.back() >= parent.size())
+  if (sorted.front() < 0 || sorted.back() >= parent.size)
     throw_error<invalid_argument>("{} on {}: group [{}] has a rank outside [0, {})", what, describe(parent),
-                                  fmt::join(members, ","), parent.size());
+                                  fmt::join(members, ","), parent.size);
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
     throw_error<invalid_argument>("{} on {}: group [{}] repeats a rank; expected distinct ranks", what,
                                   describe(parent), fmt::join(members, ","));
+}
+#else
+    ;
+#endif
+
+/// check_group over the group of `parent`.
+template <communicator C>
+void check_group(const C& parent, std::span<const int> members, std::string_view what) {
+  check_group(view_of(parent), members, what);
 }
 }  // namespace detail
 

@@ -147,6 +147,27 @@ struct encoder_work {
 
 namespace detail {
 
+inline void check_llm(const schedule& s, std::string_view who) {
+  if (s.num_encoder_shards() != 0)
+    throw_error<invalid_argument>(
+        "pipeline {}: the input schedule already has {} encoder shards; expected an LLM-only "
+        "schedule",
+        who, s.num_encoder_shards());
+}
+
+}  // namespace detail
+
+namespace detail {
+/// `s` (an LLM schedule whose encoder shards are set) with its shards' EF/EB placed by the event engine:
+/// a shard encodes micro-batch m when stage 0 is about to need it (`urgent`) or, while idle, up to
+/// `lookahead` micro-batches ahead of stage 0 (-1: unbounded).
+[[nodiscard]] HETMESH_COMPILED schedule place_in_bubbles(schedule s, const cost_model& costs,
+                                                         const encoder_work& work, int lookahead,
+                                                         bool urgent);
+}  // namespace detail
+
+#if HETMESH_BODIES
+namespace detail {
 /// The dynamic source of the colocated and pool policies (see the file comment).
 struct encoder_source {
   const schedule& llm;  // LLM lists (compute only)
@@ -222,28 +243,12 @@ struct encoder_source {
   }
 };
 
-inline void check_llm(const schedule& s, std::string_view who) {
-  if (s.num_encoder_shards() != 0)
-    throw_error<invalid_argument>(
-        "pipeline {}: the input schedule already has {} encoder shards; expected an LLM-only "
-        "schedule",
-        who, s.num_encoder_shards());
-}
-
-}  // namespace detail
-
-/// Adds the encoder to an LLM-only schedule under `policy`, placing EF/EB with `costs` (LLM costs)
-/// and `work` (whole-micro-batch encoder costs). Returns a compute-only schedule with encoder shards
-/// (lower it with add_send_recv for execution); simulate it with `with_encoder(costs, work, shards)`.
-/// Preconditions: `llm` has no encoder shards and passes verify(); pool ranks >= 1; lookahead >= 0
-/// (colocated). Throws invalid_argument naming the broken one. Pure; deterministic;
-/// O(actions log actions).
-namespace detail {
 /// `s` (an LLM schedule whose encoder shards are set) with its shards' EF/EB placed by the event engine:
 /// a shard encodes micro-batch m when stage 0 is about to need it (`urgent`) or, while idle, up to
 /// `lookahead` micro-batches ahead of stage 0 (-1: unbounded).
-[[nodiscard]] inline schedule place_in_bubbles(schedule s, const cost_model& costs, const encoder_work& work,
-                                               int lookahead, bool urgent) {
+[[nodiscard]] HETMESH_COMPILED schedule place_in_bubbles(schedule s, const cost_model& costs,
+                                                         const encoder_work& work, int lookahead,
+                                                         bool urgent) {
   const cost_model c = with_encoder(costs, work, s.num_encoder_shards());
   encoder_source src(s, s.num_encoder_shards(), lookahead, urgent);
   engine<encoder_source> eng(s, c, src, false);
@@ -253,8 +258,8 @@ namespace detail {
 }
 }  // namespace detail
 
-inline schedule encoder_on_first_stage::place(const schedule& llm, const cost_model&,
-                                              const encoder_work&) const {
+HETMESH_COMPILED schedule encoder_on_first_stage::place(const schedule& llm, const cost_model&,
+                                                        const encoder_work&) const {
   schedule s = llm;
   s.name = llm.name + "+encoder-first-stage";
   const int r0 = s.rank_of_stage(0);
@@ -274,8 +279,8 @@ inline schedule encoder_on_first_stage::place(const schedule& llm, const cost_mo
   return s;
 }
 
-inline schedule colocated_encoder::place(const schedule& llm, const cost_model& costs,
-                                         const encoder_work& work) const {
+HETMESH_COMPILED schedule colocated_encoder::place(const schedule& llm, const cost_model& costs,
+                                                   const encoder_work& work) const {
   if (lookahead < 0)
     throw_error<invalid_argument>("pipeline add_encoder: colocated lookahead={}; expected >= 0", lookahead);
   const int p = llm.total_ranks();
@@ -286,8 +291,8 @@ inline schedule colocated_encoder::place(const schedule& llm, const cost_model& 
   return detail::place_in_bubbles(std::move(s), costs, work, lookahead, true);
 }
 
-inline schedule encoder_pool::place(const schedule& llm, const cost_model& costs,
-                                    const encoder_work& work) const {
+HETMESH_COMPILED schedule encoder_pool::place(const schedule& llm, const cost_model& costs,
+                                              const encoder_work& work) const {
   if (ranks < 1)
     throw_error<invalid_argument>("pipeline add_encoder: encoder pool of {} ranks; expected at least one",
                                   ranks);
@@ -300,6 +305,8 @@ inline schedule encoder_pool::place(const schedule& llm, const cost_model& costs
   }
   return detail::place_in_bubbles(std::move(s), costs, work, lookahead, false);
 }
+
+#endif  // HETMESH_BODIES
 
 /// Adds the encoder to an LLM-only schedule under `policy` (an encoder_placement: its `place`), placing
 /// EF/EB with `costs` (LLM costs) and `work` (whole-micro-batch encoder costs). Returns a compute-only

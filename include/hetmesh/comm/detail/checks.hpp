@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../../config.hpp"
 #include "../../core/error.hpp"
 #include "../../core/numeric.hpp"
 #include "../communicator.hpp"
@@ -61,17 +62,18 @@ void check_no_overlap(const C& c, std::string_view op, std::span<const T> send, 
         in_place != nullptr ? " or the send buffer exactly at this rank's slot of the receive buffer" : "");
 }
 
-/// Checks one side of a v-collective's layout: `counts` and `displs` have one entry per rank,
+/// Checks one side of a v-collective's layout: `counts` and `displs` have one entry per rank of `g`,
 /// are non-negative, and every block [displs[j], displs[j]+counts[j]) lies inside a buffer of `extent`
 /// elements.
-template <communicator C>
-void check_layout(const C& c, std::string_view op, std::string_view side,
-                  std::span<const std::int64_t> counts, std::span<const std::int64_t> displs,
-                  std::size_t extent) {
-  const auto n = static_cast<std::size_t>(c.size());
+HETMESH_COMPILED void check_layout(group_view g, std::string_view op, std::string_view side,
+                                   std::span<const std::int64_t> counts, std::span<const std::int64_t> displs,
+                                   std::size_t extent)
+#if HETMESH_BODIES
+{
+  const auto n = static_cast<std::size_t>(g.size);
   if (counts.size() != n || displs.size() != n)
     throw_error<invalid_argument>(
-        "{} on {}: {} counts/displacements have {}/{} entries; expected one per rank ({})", op, describe(c),
+        "{} on {}: {} counts/displacements have {}/{} entries; expected one per rank ({})", op, describe(g),
         side, counts.size(), displs.size(), n);
   for (std::size_t j = 0; j < n; ++j) {
     if (counts[j] < 0 || displs[j] < 0 ||
@@ -79,8 +81,19 @@ void check_layout(const C& c, std::string_view op, std::string_view side,
       throw_error<invalid_argument>(
           "{} on {}: {} block for rank {} is [{}, {}+{}) in a buffer of {} elements; expected non-negative "
           "counts and displacements inside the buffer",
-          op, describe(c), side, j, displs[j], displs[j], counts[j], extent);
+          op, describe(g), side, j, displs[j], displs[j], counts[j], extent);
   }
+}
+#else
+    ;
+#endif
+
+/// check_layout over `c`'s group.
+template <communicator C>
+void check_layout(const C& c, std::string_view op, std::string_view side,
+                  std::span<const std::int64_t> counts, std::span<const std::int64_t> displs,
+                  std::size_t extent) {
+  check_layout(view_of(c), op, side, counts, displs, extent);
 }
 
 /// Exclusive prefix sums: the displacements of packed blocks.
