@@ -15,6 +15,7 @@
 #include "indexed_dataset.hpp"
 #include "loader.hpp"
 #include "memory_report.hpp"
+#include "memory_source.hpp"
 #include "mixture.hpp"
 #include "planner.hpp"
 #include "routes.hpp"

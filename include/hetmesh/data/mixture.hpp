@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,8 +51,26 @@ using weight_schedule = std::vector<weight_point>;
   return lo->weight + (hi->weight - lo->weight) * t;
 }
 
-/// How a source is stored: Megatron indexed dataset (.bin/.idx) or WebDataset tar shards.
-enum class source_format { indexed, webdataset };
+/// How a source is stored: Megatron indexed dataset (.bin/.idx), WebDataset tar shards, or in this
+/// process (records in memory or a generator: source_spec::in_process, data/memory_source.hpp).
+enum class source_format { indexed, webdataset, in_process };
+
+class source_reader;
+struct source_spec;
+
+/// The hook of an in-process source (data/memory_source.hpp builds it: data::from_memory,
+/// data::from_generator): how each of its source loaders opens a reader, and a fingerprint of its content.
+/// Two hooks compare and hash by fingerprint, so equal content on every rank gives equal configurations.
+struct in_process_source {
+  /// Opens one reader for one source loader (called once per loader, k_s times per source); the spec is
+  /// the source's, for its token filter. Empty: not an in-process source.
+  std::function<std::unique_ptr<source_reader>(const source_spec&)> open{};
+  std::uint64_t fingerprint = 0;  ///< identity of the content: what == and hashing look at
+  void hash_append(hasher& h) const { append_all(h, fingerprint); }
+  friend bool operator==(const in_process_source& a, const in_process_source& b) {
+    return a.fingerprint == b.fingerprint && static_cast<bool>(a.open) == static_cast<bool>(b.open);
+  }
+};
 
 /// One data source.
 struct source_spec {
@@ -69,9 +89,12 @@ struct source_spec {
   std::int64_t max_tokens = 0;  ///< 0: no upper bound
   /// 0: the source repeats epochs forever; n > 0: it runs dry after n epochs (an error, not a skip).
   std::int64_t max_epochs = 0;
+  /// in_process: the reader's hook (data::from_memory, data::from_generator); otherwise empty.
+  in_process_source in_process{};
 
   void hash_append(hasher& h) const {
-    append_all(h, name, format, paths, weight, modality, bucket, min_tokens, max_tokens, max_epochs);
+    append_all(h, name, format, paths, weight, modality, bucket, min_tokens, max_tokens, max_epochs,
+               in_process);
   }
   friend bool operator==(const source_spec&, const source_spec&) = default;
 };
@@ -265,8 +288,19 @@ inline void validate(const mixture_config& cfg) {
     for (std::size_t j = 0; j < i; ++j)
       if (cfg.sources[j].name == s.name)
         throw_error<invalid_argument>("{}: the name is used by source {} too", what, j);
-    if (s.paths.empty())
+    if (s.format == source_format::in_process) {
+      if (!s.in_process.open || !s.paths.empty())
+        throw_error<invalid_argument>(
+            "{}: an in_process source has {} and {} paths; expected the reader's hook (data::from_memory, "
+            "data::from_generator) and no paths",
+            what, s.in_process.open ? "its hook" : "no hook", s.paths.size());
+    } else if (s.in_process.open) {
+      throw_error<invalid_argument>(
+          "{}: the in_process hook is set but the format is {}; expected format = source_format::in_process",
+          what, s.format == source_format::indexed ? "indexed" : "webdataset");
+    } else if (s.paths.empty()) {
       throw_error<invalid_argument>("{}: no paths; expected dataset prefixes or shard files", what);
+    }
     if (s.min_tokens < 0 || s.max_tokens < 0 || (s.max_tokens > 0 && s.max_tokens <= s.min_tokens))
       throw_error<invalid_argument>("{}: token bucket [{}, {}) is empty or negative", what, s.min_tokens,
                                     s.max_tokens);
@@ -297,8 +331,11 @@ template <>
 struct fmt::formatter<hetmesh::data::source_spec> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::data::source_spec& s, FormatContext& ctx) const -> decltype(ctx.out()) {
+    using hetmesh::data::source_format;
     return hetmesh::format_to(ctx.out(), "source({}, {}, {} paths, {} weight points, {}/{})", s.name,
-                              s.format == hetmesh::data::source_format::indexed ? "indexed" : "webdataset",
+                              s.format == source_format::indexed      ? "indexed"
+                              : s.format == source_format::webdataset ? "webdataset"
+                                                                      : "in_process",
                               s.paths.size(), s.weight.size(), s.modality, s.bucket);
   }
 };

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::data: a source's access state. A `source_reader` is the open files and index of one source
-// (a Megatron indexed dataset list or a list of WebDataset shards), with the optional long/short token
-// filter applied. A `source_loader` adds the per-epoch shuffle state (the permutation keyed by (seed,
-// source, epoch)). Exactly one loader per source holds this state, or k_s of them when the source is
-// scaled out; trainer ranks never hold it. Every component reports the memory it holds.
+// (a Megatron indexed dataset list, a list of WebDataset shards, or an in-process source:
+// data/memory_source.hpp), with the optional long/short token filter applied. A `source_loader` adds the
+// per-epoch shuffle state (the permutation keyed by (seed, source, epoch)). Exactly one loader per source
+// holds this state, or k_s of them when the source is scaled out; trainer ranks never hold it. Every
+// component reports the memory it holds.
 #pragma once
 
 #include <algorithm>
@@ -55,6 +56,9 @@ class source_reader {
   [[nodiscard]] virtual std::int64_t state_bytes() const = 0;
   /// Bytes of payload files mapped (page cache, shared, touched on demand): reported, not owned.
   [[nodiscard]] virtual std::int64_t mapped_data_bytes() const = 0;
+  /// Whether the source's loader takes positions as indices (index = position in every epoch) instead of
+  /// shuffling them: an unbounded generated source, whose permutation could not be held, says true.
+  [[nodiscard]] virtual bool in_order() const noexcept { return false; }
   /// Loads served so far (the test of "nothing read twice").
   [[nodiscard]] std::int64_t reads() const noexcept { return reads_.load(std::memory_order_relaxed); }
 
@@ -189,6 +193,14 @@ inline std::unique_ptr<source_reader> (*open_webdataset)(const source_spec&, con
                                                                 const wds_decoder& decode = {}) {
   try {
     if (spec.format == source_format::indexed) return std::make_unique<indexed_source>(spec);
+    if (spec.format == source_format::in_process) {
+      if (!spec.in_process.open)
+        throw_error<invalid_argument>(
+            "source '{}' is an in_process source without a hook; expected data::from_memory or "
+            "data::from_generator (data/memory_source.hpp) in source_spec::in_process",
+            spec.name);
+      return spec.in_process.open(spec);
+    }
     if (detail::open_webdataset == nullptr)
       throw_error<invalid_argument>(
           "source '{}' is a WebDataset source: include <hetmesh/data/webdataset.hpp> in the program (the "
@@ -226,6 +238,7 @@ class source_loader {
       throw_error<data_error>(
           "source {}: epoch {}, position {}; expected epoch >= 0 and position in [0, {}) (the source's size)",
           source_, epoch, position, size());
+    if (reader_->in_order()) return position;
     std::lock_guard lock(mutex_);
     return perm_locked(epoch)[static_cast<std::size_t>(position)];
   }
@@ -239,6 +252,10 @@ class source_loader {
           "source {}: epoch {}, positions [{}, {}); expected epoch >= 0 and positions in [0, {}) (the "
           "source's size)",
           source_, epoch, position, position + n, size());
+    if (reader_->in_order()) {
+      for (std::size_t k = 0; k < out.size(); ++k) out[k] = position + static_cast<std::int64_t>(k);
+      return;
+    }
     std::lock_guard lock(mutex_);
     const auto& perm = perm_locked(epoch);
     std::copy_n(perm.begin() + position, out.size(), out.begin());

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <ranges>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -228,10 +229,17 @@ class activation_slot {
   activation_slot(Store& store, int stage, int micro_batch) noexcept
       : store_(&store), stage_(stage), micro_batch_(micro_batch) {}
 
-  /// Saves `data` as tensor `tensor` (Store::write's contract).
-  template <class T>
-  void save(int tensor, std::span<const T> data) const {
-    store_->write(activation_key{stage_, micro_batch_, tensor}, data);
+  /// Saves `data` as tensor `tensor` (Store::write's contract): any contiguous, sized range whose
+  /// elements the store takes (a std::vector, a std::array, a std::span, a C array), viewed as a
+  /// std::span<const T> without a copy, so a stage needs no wrapper. A range of another element type
+  /// than the store's is refused at compile time (the store has no write for it).
+  template <std::ranges::contiguous_range R>
+  requires std::ranges::sized_range<R> &&
+      detail::store_writes<Store, std::remove_cv_t<std::ranges::range_value_t<R>>>
+  void save(int tensor, R&& data) const {
+    using T = std::remove_cv_t<std::ranges::range_value_t<R>>;
+    store_->write(activation_key{stage_, micro_batch_, tensor},
+                  std::span<const T>(std::ranges::data(data), std::ranges::size(data)));
   }
   /// The saved tensor `tensor` (Store::read's contract).
   [[nodiscard]] decltype(auto) load(int tensor) const {
