@@ -6,7 +6,8 @@ For cp = 1..8 and sequence lengths up to 64*cp (any length at cp = 1, where Mega
 through unchanged; multiples of 2cp otherwise), Megatron's function slices a batch of token ids 0..L-1
 for every cp rank (its cp world size and rank are set through parallel_state's getters); hetmesh-plan's
 per-rank indices must be identical. Exit 0 when all agree, or with a line when megatron-core is absent.
-TransformerEngine's THD functions are not run here: its package needs CUDA to import (docs/seq.md).
+TransformerEngine's THD split and its position ids are compared by thd_vs_te.py (its package needs CUDA
+to import; that script also runs TE's functions from their sources).
 """
 
 import argparse

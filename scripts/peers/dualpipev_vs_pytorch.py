@@ -9,7 +9,13 @@ reads) and runs hetmesh-plan, then checks that
   - where both accept, every rank's compute order is identical, action by action, in PyTorch's text
     (`0F3`, `3I0`, `(0F3;3B1)OVERLAP_F_B`), and hetmesh-plan's `--format csv` equals the CSV that
     PyTorch's `_dump_csv(format="compute_only")` writes;
-  - the stage-to-rank map equals PyTorch's ("v" style).
+  - the stage-to-rank map equals PyTorch's ("v" style);
+  - the lowered schedule (`--lowered --format csv`, the "compute_comms" CSV) is loaded by PyTorch's
+    `_PipelineScheduleRuntime._load_csv(format="compute_comms")`, places every WAIT_SEND_F/B where
+    PyTorch's `_add_wait_send` places it (hetmesh's rows without their waits, given back to
+    `_add_wait_send`, come back unchanged), and equals PyTorch's own lowering passes (`_add_reduce_grad`,
+    `_add_send_recv`, `_add_wait_send`) over PyTorch's order, WAIT_REDUCE_GRAD aside (see
+    pipeline_vs_pytorch.py).
 It prints one line per disagreement and a summary, and exits 0 when everything agrees, 1 otherwise.
 Without torch it prints why and exits 0 (nothing to compare against).
 
@@ -24,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
 
 
@@ -64,6 +71,53 @@ def torch_csv(orders):
     return buf.getvalue()
 
 
+def check_lowered(exe, pp, m, orders, stage_map, tmp):
+    """(loaded, waits placed as PyTorch, equal to PyTorch's lowering, problems) of hetmesh's lowered CSV."""
+    from torch.distributed.pipelining import schedules as S
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from pipeline_vs_pytorch import Stage, pytorch_lowering, wait_placement_problems
+
+    r = subprocess.run(
+        [exe, "pipeline", "--schedule", "dualpipev", "--pp", str(pp), "--microbatches", str(m), "--lowered",
+         "--format", "csv"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        return False, False, False, [f"--lowered exits {r.returncode}: {r.stderr.strip()}"]
+    path = os.path.join(tmp, "lowered.csv")
+    with open(path, "w", newline="") as f:
+        f.write(r.stdout)
+    with open(path, newline="") as f:
+        rows = [[a for a in row if a] for row in csv.reader(f)]
+    problems = []
+    n = 2 * pp
+    loaded = True
+    try:
+        rt = S._PipelineScheduleRuntime([Stage(s, n, pp, 0) for s in range(n) if stage_map[s] == 0], m)
+        rt._load_csv(path, format="compute_comms")
+        if {k: [str(a) for a in v] for k, v in rt.pipeline_order_with_comms.items()} != dict(enumerate(rows)):
+            loaded = False
+            problems.append("_load_csv read a different schedule")
+    except Exception as e:  # noqa: BLE001 - any refusal of PyTorch's is the finding
+        loaded = False
+        problems.append(f"_load_csv: {type(e).__name__}: {str(e).splitlines()[0]}")
+    placement = wait_placement_problems(S, rows)
+    problems += placement
+    ours = {k: [a for a in acts if "WAIT_REDUCE_GRAD" not in a] for k, acts in enumerate(rows)}
+    equal = False
+    for turn in (True, False):
+        theirs = pytorch_lowering(S, dict(enumerate(orders)), pp, stage_map, n, m, reduce_wait_turn=turn)
+        equal = equal or ours == {k: [a for a in acts if "WAIT_REDUCE_GRAD" not in a] for k, acts in theirs.items()}
+    if not equal:
+        problems.append("differs from PyTorch's lowering passes")
+    return loaded, not placement, equal, problems
+
+
 def plan(exe, pp, m, fmt):
     r = subprocess.run(
         [exe, "pipeline", "--schedule", "dualpipev", "--pp", str(pp), "--microbatches", str(m), "--format", fmt],
@@ -94,6 +148,8 @@ def main():
     import torch
 
     configs = accepted = refused = bad = 0
+    lowered = loaded = waits = equal = 0
+    tmp = tempfile.mkdtemp(prefix="dualpipev_vs_pytorch.")
     for pp in range(1, args.max_pp + 1):
         for m in range(1, 2 * pp + args.extra + 1):
             configs += 1
@@ -115,6 +171,12 @@ def main():
             ok = doc["ranks"] == orders and doc["stage_to_rank"] == stage_map
             c = plan(exe, pp, m, "csv")
             ok = ok and c.returncode == 0 and c.stdout == torch_csv(orders)
+            lowered += 1
+            lo, wa, eq, problems = check_lowered(exe, pp, m, orders, stage_map, tmp)
+            loaded, waits, equal = loaded + lo, waits + wa, equal + eq
+            for p in problems:
+                print(f"{where} --lowered: {p}")
+            ok = ok and not problems
             if ok:
                 accepted += 1
             else:
@@ -131,9 +193,14 @@ def main():
                     print(f"{where}: --format csv differs from PyTorch's _dump_csv")
     print(
         f"dualpipev vs torch {torch.__version__} ScheduleDualPipeV: {configs} configurations "
-        f"(pp 1..{args.max_pp}, micro-batches 1..2*pp+{args.extra}): {accepted} identical orders, "
+        f"(pp 1..{args.max_pp}, micro-batches 1..2*pp+{args.extra}): {accepted} identical (orders, CSV, stage map, lowering), "
         f"{refused} refused by both, {bad} disagreements"
     )
+    print(
+        f"lowered (--lowered --format csv): {lowered} CSVs, {loaded} loaded by _load_csv(compute_comms), "
+        f"{waits} place WAIT_SEND as _add_wait_send, {equal} equal PyTorch's lowering passes"
+    )
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0 if bad == 0 else 1
 
 

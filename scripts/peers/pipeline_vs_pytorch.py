@@ -14,7 +14,8 @@ configuration of a grid (pp, micro-batches, stages per rank where the schedule t
     `_PipelineScheduleRuntime._load_csv(..., format="compute_comms")` (which validates the schedule and its
     send waits), dry-run by PyTorch's simulator `_simulate_comms_compute`, executed rank by rank by
     PyTorch's runtime loop `_step_microbatches` over recording stages (no process group: each compute finds
-    its RECV posted, each send its wait), and compared with PyTorch's own lowering passes
+    its RECV posted, each send its wait), checked to place every WAIT_SEND_F/B where PyTorch's
+    `_add_wait_send` places it (given hetmesh's other actions), and compared with PyTorch's own lowering passes
     (`_add_reduce_grad`, `_add_send_recv`, `_add_wait_send`; FSDP's UNSHARD/RESHARD left out).
 
 No process group is needed: schedules are built over stand-in stage objects that carry only what the
@@ -170,6 +171,26 @@ def pytorch_lowering(S, order, pp, stage_to_rank, num_stages, m, reduce_wait_tur
     return {r: [str(a) for a in comms[r]] for r in sorted(comms)}
 
 
+def wait_placement_problems(S, rows):
+    """How hetmesh's send waits differ from where PyTorch's `_add_wait_send` puts them (list of str, empty
+    when identical): the rows (lists of action text) without their WAIT_SEND_F/B are given back to
+    `_add_wait_send`, which must return the rows exactly. This isolates the waits' placement from the
+    order of the other actions."""
+    stripped = {
+        r: [S._Action.from_str(a) for a in acts if "WAIT_SEND_" not in a] for r, acts in enumerate(rows)
+    }
+    theirs = {r: [str(a) for a in acts] for r, acts in S._add_wait_send(stripped).items()}
+    problems = []
+    for r, acts in enumerate(rows):
+        if theirs[r] != acts:
+            k = next((i for i, (a, b) in enumerate(zip(acts, theirs[r])) if a != b), min(len(acts), len(theirs[r])))
+            problems.append(
+                f"rank {r}: WAIT_SEND placement differs at field {k}: hetmesh {acts[k:k + 3]} vs "
+                f"_add_wait_send {theirs[r][k:k + 3]}"
+            )
+    return problems
+
+
 # ---- hetmesh's side -----------------------------------------------------------------------------------
 
 
@@ -237,7 +258,9 @@ def check_lowered(S, plan, name, pp, m, v, order, stage_to_rank, tmp):
         ran = sorted(a for st in stages for a in st.log if not a.endswith("REDUCE_GRAD"))
         if ran != sorted(order[r]):
             problems.append(f"runtime rank {r} ran other compute actions")
-    # 4. PyTorch's own lowering passes over the same compute order: identical, or identical but for the turn
+    # 4. The send waits where PyTorch's `_add_wait_send` places them, given hetmesh's other actions.
+    problems += wait_placement_problems(S, rows)
+    # 5. PyTorch's own lowering passes over the same compute order: identical, or identical but for the turn
     # PyTorch's WAIT_REDUCE_GRAD takes in `_add_send_recv` (a RECV may then land one action later).
     ours = {r: [a for a in acts if "WAIT_REDUCE_GRAD" not in a] for r, acts in enumerate(rows)}
     exact = True

@@ -74,6 +74,9 @@ void run_cp(const parsed& args, std::ostream& out) {
   const std::string scheme = args.choice("scheme", schemes);
   const int cp = args.int32("cp", 1, 1 << 16);  // each rank is an object of the output
   const bool pad = args.flag("pad");
+  const bool position_ids = args.flag("position-ids");
+  if (position_ids && scheme != "thd")
+    usage_fail("cp --position-ids prints TransformerEngine's THD position ids; it applies to --scheme thd");
   hetmesh::seq::cp_partition p;
   json doc;
   doc["scheme"] = scheme;
@@ -110,6 +113,7 @@ void run_cp(const parsed& args, std::ostream& out) {
   doc["tokens"] = p.padded_tokens();
   json ranks = json::array();
   table t{{"rank", "tokens", "causal_work", "indices"}, {}};
+  if (position_ids) t.header.push_back("position_ids");
   for (std::size_t r = 0; r < p.ranks.size(); ++r) {
     const auto& sh = p.ranks[r];
     const auto work = hetmesh::seq::causal_work(sh);
@@ -117,6 +121,12 @@ void run_cp(const parsed& args, std::ostream& out) {
         {{"rank", r}, {"tokens", sh.tokens()}, {"causal_work", work}, {"indices", sh.token_index}});
     t.rows.push_back(
         {std::to_string(r), std::to_string(sh.tokens()), std::to_string(work), ranges_of(sh.token_index)});
+    // TransformerEngine's THD position ids: each token's position in its (padded) document, pads
+    // continuing the count (generate_positional_ids_for_cp, then get_batch_on_this_cp_rank's slices).
+    if (position_ids) {
+      ranks.back()["position_ids"] = sh.position_ids;
+      t.rows.back().push_back(ranges_of(sh.position_ids));
+    }
   }
   doc["ranks"] = std::move(ranks);
   if (format == output_format::json) {
@@ -139,6 +149,8 @@ std::vector<subcommand> cp_commands() {
       .option("seqlen", "S", "zigzag: the sequence length")
       .option("cu-seqlens", "0,a,b,...", "thd, contiguous: document boundaries of the packed stream")
       .flag("pad", "pad each document at its end to a multiple of 2*cp first (TransformerEngine's rule)")
+      .flag("position-ids",
+            "thd: also print each rank's position ids, TransformerEngine's (position in the document)")
       .option("format", "FMT", "json or table", "json")
       .epilog(
           "zigzag cuts the sequence into 2*cp chunks; rank r holds chunks r and 2*cp-1-r, in that order.\n"
@@ -149,7 +161,10 @@ std::vector<subcommand> cp_commands() {
           "  {\"scheme\": \"zigzag\", \"cp\": 2, \"seqlen\": 8, \"pad\": false, \"tokens\": 8,\n"
           "   \"ranks\": [{\"rank\": 0, \"tokens\": 4, \"causal_work\": 18, \"indices\": [0, 1, 6, 7]}, "
           "...]}\n"
-          "  causal_work: (query, key) pairs the rank's queries compute under the causal mask.\n\n"
+          "  causal_work: (query, key) pairs the rank's queries compute under the causal mask.\n"
+          "  position_ids (thd, --position-ids): per index, its position within its document, as\n"
+          "  TransformerEngine's get_batch_on_this_cp_rank slices generate_positional_ids_for_cp's ids\n"
+          "  (padding tokens continue their document's count).\n\n"
           "example:\n"
           "  hetmesh-plan cp --scheme thd --cp 2 --cu-seqlens 0,5,12 --pad\n");
   return {{std::move(spec), run_cp}};

@@ -64,7 +64,8 @@ namespace detail {
 /// add_reduce_grad) as CSV in the "compute_comms" form PyTorch's `_PipelineScheduleRuntime._load_csv`
 /// reads and runs. PyTorch's runtime retires every send with a matching wait, so the waits are written
 /// where PyTorch's own `_add_wait_send` puts them: `WAIT_SEND_F` of stage s, micro-batch m right after
-/// the rank's backward (B or I) of (s, m), the other sends' waits at the end of the row in send order;
+/// the rank's first action after that send whose backward part (a B or I, or the backward half of an
+/// OVERLAP_F_B) is (s, m); the other sends' waits at the end of the row in send order;
 /// and `WAIT_REDUCE_GRAD` right after each `REDUCE_GRAD`. No UNSHARD/RESHARD (those are for FSDP
 /// stages, which this CSV does not prepare). Throws invalid_argument when the schedule holds encoder
 /// actions (PyTorch has none). Pure; O(actions * sends in flight).
@@ -90,11 +91,14 @@ namespace detail {
       put(to_text(a));
       if (a.type == action_type::send_f || a.type == action_type::send_b) pending.push_back(a);
       if (a.type == action_type::reduce_grad) put(hetmesh::format("{}WAIT_REDUCE_GRAD", a.stage));
-      if (a.type == action_type::backward || a.type == action_type::backward_input) {
+      // Each backward half of the action (the action itself, or an OVERLAP_F_B's B) retires the forward
+      // send of its (stage, micro-batch), in the order of the halves.
+      for (const action& p : parts(a)) {
+        if (p.type != action_type::backward && p.type != action_type::backward_input) continue;
         const auto it =
-            std::find(pending.begin(), pending.end(), action{a.stage, action_type::send_f, a.microbatch});
+            std::find(pending.begin(), pending.end(), action{p.stage, action_type::send_f, p.microbatch});
         if (it != pending.end()) {
-          put(hetmesh::format("{}WAIT_SEND_F{}", a.stage, a.microbatch));
+          put(hetmesh::format("{}WAIT_SEND_F{}", p.stage, p.microbatch));
           pending.erase(it);
         }
       }
