@@ -20,6 +20,24 @@ function(hetmesh_unity_build target)
   endif()
 endfunction()
 
+# hetmesh_src_library(OUT LEVEL): the name (in OUT) of a static library holding the library's compiled part
+# (tools/common/hetmesh_src.cpp: <hetmesh/src.hpp>) at HETMESH_ASSERTION_LEVEL LEVEL, created on first use.
+# A target that links it builds with HETMESH_SEPARATE_COMPILATION=1 and that level (PUBLIC definitions: every
+# translation unit of a program must agree on both, config.hpp), so the HETMESH_COMPILED functions are
+# compiled once per level rather than in every test binary: a test binary's translation unit compiles in
+# about half the time and memory (docs/compile-time.md).
+function(hetmesh_src_library out level)
+  set(name hetmesh_src_l${level})
+  if(NOT TARGET ${name})
+    add_library(${name} STATIC "${PROJECT_SOURCE_DIR}/tools/common/hetmesh_src.cpp")
+    set_target_properties(${name} PROPERTIES UNITY_BUILD OFF)
+    target_compile_definitions(${name} PUBLIC HETMESH_SEPARATE_COMPILATION=1 HETMESH_ASSERTION_LEVEL=${level})
+    target_link_libraries(${name} PUBLIC hetmesh::hetmesh)
+    hetmesh_strict_warnings(${name})
+  endif()
+  set(${out} ${name} PARENT_SCOPE)
+endfunction()
+
 # hetmesh_tools_common: the tools' own headers (tools/common/hetmesh_tools: names -> policies, i.e.
 # schedule and balancer names, and args.hpp, the one command-line parser of every tool, example and
 # benchmark). The library chooses policies by type; tools, and the tests and benchmarks that loop over

@@ -82,12 +82,13 @@ TUS = [
 
 
 # The README trainer's translation units (examples/mllm_train/CMakeLists.txt builds them, with
-# HETMESH_SEPARATE_COMPILATION=1: hetmesh_src.cpp compiles the library's HETMESH_COMPILED functions once;
-# run_mpi.cpp only where MPI's headers are found).
+# HETMESH_SEPARATE_COMPILATION=1: tools/common/hetmesh_src.cpp compiles the library's HETMESH_COMPILED
+# functions once; run_mpi.cpp only where MPI's headers are found). Paths relative to the source tree.
 TRAINER_DIR = "examples/mllm_train"
-TRAINER_TUS = ["main.cpp", "data.cpp", "hetmesh_src.cpp", "report.cpp", "parity.cpp", "run_hdp_bytescale.cpp",
-               "run_hdp_gap_filling.cpp", "run_hdp_family.cpp", "run_static_cp.cpp", "run_ulysses.cpp",
-               "run_dp.cpp", "run_hdp_gpipe_zbv.cpp", "run_mpi.cpp"]
+TRAINER_TUS = [f"{TRAINER_DIR}/{tu}" for tu in (
+    "main.cpp", "data.cpp")] + ["tools/common/hetmesh_src.cpp"] + [f"{TRAINER_DIR}/{tu}" for tu in (
+        "report.cpp", "parity.cpp", "run_hdp_bytescale.cpp", "run_hdp_gap_filling.cpp", "run_hdp_family.cpp",
+        "run_static_cp.cpp", "run_ulysses.cpp", "run_dp.cpp", "run_hdp_gpipe_zbv.cpp", "run_mpi.cpp")]
 
 
 def mpi_flags():
@@ -262,15 +263,15 @@ def main():
                   "-DHETMESH_SEPARATE_COMPILATION=1"]
         cmds = {}
         for tu in TRAINER_TUS:
-            path = os.path.join(args.src, TRAINER_DIR, tu)
-            if not os.path.exists(path) or (tu == "run_mpi.cpp" and mpi is None):
+            path = os.path.join(args.src, tu)
+            if not os.path.exists(path) or (tu.endswith("run_mpi.cpp") and mpi is None):
                 continue
             cmds[tu] = gxx_o2 + (mpi or []) + ["-c", path, "-o", os.path.join(tmp, "tu.o")]
-            trainer.append(dict(measure(cmds[tu], 1), tu=f"{TRAINER_DIR}/{tu}"))
+            trainer.append(dict(measure(cmds[tu], 1), tu=tu))
         # The two slowest again, for a median of args.repeat runs.
         for m in sorted(trainer, key=lambda m: -m["wall_s"])[:2]:
             if args.repeat > 1:
-                more = measure(cmds[os.path.basename(m["tu"])], args.repeat - 1)
+                more = measure(cmds[m["tu"]], args.repeat - 1)
                 runs = m["runs_wall_s"] + more["runs_wall_s"]
                 cpus = m["runs_cpu_s"] + more["runs_cpu_s"]
                 m.update(runs_wall_s=runs, runs_cpu_s=cpus, wall_s=round(statistics.median(runs), 2),
