@@ -228,6 +228,21 @@ namespace detail {
 }
 }  // namespace detail
 
+/// Fsyncs the folder holding `path`, so that a rename into it survives a crash. A folder that cannot be
+/// opened (no read permission) is skipped, since the file is there all the same; a failed fsync of an
+/// opened folder is a data_error naming `what` and the path. O(1).
+inline void sync_folder_of(const std::string& path, std::string_view what) {
+  const std::string dir = detail::folder_of(path);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return;
+  const int rc = ::fsync(dfd);
+  const int e = errno;
+  ::close(dfd);
+  if (rc != 0 && e != EINVAL)
+    throw_error<data_error>("cannot write {} '{}': syncing its folder '{}' failed: {}", what, path, dir,
+                            std::strerror(e));
+}
+
 /// Refuses an output target that exists and is not a regular file (a folder, a device such as
 /// /dev/full, a FIFO): data_error naming `what`, the path and its kind. A new name passes. O(1).
 inline void check_output_target(const std::string& path, std::string_view what) {
@@ -271,18 +286,7 @@ inline void write_file_atomic(const std::string& path, std::string_view bytes,
         "cannot write {} '{}': {} {} bytes failed: {}; the earlier file, if any, is intact", what, path, step,
         bytes.size(), std::strerror(err));
   }
-  // The rename is durable only once the folder is synced; a folder that cannot be opened (no read
-  // permission) still has the new file, so only a failed fsync of an opened folder is an error.
-  const std::string dir = detail::folder_of(path);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    const int rc = ::fsync(dfd);
-    const int e = errno;
-    ::close(dfd);
-    if (rc != 0 && e != EINVAL)
-      throw_error<data_error>("cannot write {} '{}': syncing its folder '{}' failed: {}", what, path, dir,
-                              std::strerror(e));
-  }
+  sync_folder_of(path, what);
 }
 
 }  // namespace hetmesh
