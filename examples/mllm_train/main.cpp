@@ -29,8 +29,8 @@
 #include <fmt/format.h>
 
 #include <hetmesh/comm/collectives.hpp>
-#include <hetmesh/core/files.hpp>
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/core/files.hpp>
 #ifdef HETMESH_EXAMPLE_MPI
 #include <hetmesh/comm/mpi.hpp>
 #endif

@@ -74,8 +74,8 @@ TEST_CASE("convert indexed: a failed conversion leaves an earlier good dataset i
 
 TEST_CASE("convert: a directory for the JSONL input is refused, not read as an empty dataset") {
   test::temp_dir d;
-  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(d.path, d / "out"), Contains("is a directory; expected a regular file"),
-                       data_error);
+  CHECK_THROWS_WITH_AS((void)convert_jsonl_to_indexed(d.path, d / "out"),
+                       Contains("is a directory; expected a regular file"), data_error);
   CHECK_THROWS_WITH_AS((void)convert_jsonl_to_webdataset(d / "missing.jsonl", d / "out", 2),
                        Contains("cannot open JSONL"), data_error);
 }

@@ -56,19 +56,20 @@ constexpr std::int64_t max_shapes_ranks = std::int64_t{1} << 22;
 
 // Field `key` of a --shapes line: an integer (not 16.5, not "16", not true) in [lo, hi], or `fallback`
 // when absent and not required; usage error naming the file, line, field, value and range otherwise.
-std::int64_t shape_int(const json& j, const char* key, std::int64_t lo, std::int64_t hi, std::int64_t fallback,
-                       bool required, const std::string& path, std::int64_t line) {
+std::int64_t shape_int(const json& j, const char* key, std::int64_t lo, std::int64_t hi,
+                       std::int64_t fallback, bool required, const std::string& path, std::int64_t line) {
   const auto it = j.find(key);
   if (it == j.end()) {
     if (required)
       usage_fail("--shapes {} line {}: no \"{}\"; expected an integer in [{}, {}]", path, line, key, lo, hi);
     return fallback;
   }
-  const bool integral = it->is_number_integer() &&
-                        (!it->is_number_unsigned() || it->get<std::uint64_t>() <= static_cast<std::uint64_t>(hi));
+  const bool integral =
+      it->is_number_integer() &&
+      (!it->is_number_unsigned() || it->get<std::uint64_t>() <= static_cast<std::uint64_t>(hi));
   if (!integral || it->get<std::int64_t>() < lo || it->get<std::int64_t>() > hi)
-    usage_fail("--shapes {} line {}: \"{}\" = {}; expected an integer in [{}, {}]", path, line, key, it->dump(),
-               lo, hi);
+    usage_fail("--shapes {} line {}: \"{}\" = {}; expected an integer in [{}, {}]", path, line, key,
+               it->dump(), lo, hi);
   return it->get<std::int64_t>();
 }
 
@@ -106,9 +107,10 @@ void run_shapes(const std::string& path, std::ostream& out) {
     const auto sizes = sizes_of(shape, path, n);
     ranks += sizes.world;
     if (ranks > max_shapes_ranks)
-      usage_fail("--shapes {} line {}: the shapes so far list {} ranks in all; expected at most {} (the output "
-                 "lists every rank's groups)",
-                 path, n, ranks, max_shapes_ranks);
+      usage_fail(
+          "--shapes {} line {}: the shapes so far list {} ranks in all; expected at most {} (the output "
+          "lists every rank's groups)",
+          path, n, ranks, max_shapes_ranks);
     try {
       out << moe_json(hm::megatron_moe_mesh(sizes)).dump() << '\n';
     } catch (const hetmesh::invalid_argument& e) {

@@ -184,7 +184,8 @@ void run_simulate(const parsed& args, std::ostream& out) {
     // or a full disk exits 2 naming the path, and an earlier trace of that name stays whole.
     hetmesh::write_file_atomic(
         args.str("trace"),
-        pl::chrome_trace(sim.timeline, fmt::format("hetmesh-plan simulate {} pp={}", s.name, s.num_ranks)).dump(),
+        pl::chrome_trace(sim.timeline, fmt::format("hetmesh-plan simulate {} pp={}", s.name, s.num_ranks))
+            .dump(),
         "--trace");
   }
 

@@ -44,8 +44,8 @@ namespace hetmesh::balance {
   std::int64_t n = 0;
   const auto [ptr, ec] = std::from_chars(first, last, n);
   if (ec != std::errc{} || ptr != last)
-    throw_error<data_error>("{}:{}: '{}' is not a length; expected one positive integer per line", file,
-                            line_no, line);
+    throw_error<data_error>("{}:{}: '{}{}' is not a length; expected one positive integer per line", file,
+                            line_no, line.substr(0, 80), line.size() > 80 ? "..." : "");
   if (n <= 0) throw_error<data_error>("{}:{}: length {}; expected a positive token count", file, line_no, n);
   return n;
 }
@@ -71,8 +71,8 @@ namespace hetmesh::balance {
 }
 
 /// The length list in `file`, a regular file of at most 1 GiB (core/files.hpp: a directory, FIFO or
-/// device is refused by name). Throws data_error when it cannot be opened or is refused, and as read_lengths(istream).
-/// O(bytes). Not collective.
+/// device is refused by name). Throws data_error when it cannot be opened or is refused, and as
+/// read_lengths(istream). O(bytes). Not collective.
 [[nodiscard]] inline std::vector<std::int64_t> read_lengths(const std::filesystem::path& file) {
   regular_file_stream in(file.string(), large_file_bytes, "length list");
   return read_lengths(in, file.string());

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "../core/error.hpp"
-#include "../core/json_file.hpp"
 #include "../core/hash.hpp"
+#include "../core/json_file.hpp"
 #include "detail/file.hpp"
 #include "mixture.hpp"
 #include "planner.hpp"

@@ -54,6 +54,9 @@ struct convert_stats {
 /// is refused with its number instead of being read whole.
 inline constexpr std::size_t max_jsonl_line_bytes = std::size_t{256} << 20;
 
+/// The largest member file the WebDataset converter reads into a shard (1 GiB).
+inline constexpr std::int64_t max_wds_member_bytes = large_file_bytes;
+
 namespace detail {
 /// Calls f(json object, line number) for each non-blank line of the JSONL file `path` (lines up to
 /// max_jsonl_line_bytes); data_error naming
@@ -122,9 +125,6 @@ void for_each_jsonl(const std::string& path, F&& f) {
   return ids;
 }
 
-/// The largest member file the WebDataset converter reads into a shard (1 GiB).
-inline constexpr std::int64_t max_wds_member_bytes = large_file_bytes;
-
 /// Checks what a JSONL line says about its WebDataset sample before anything is read or written:
 /// "key" a string of 1 to 200 characters without '.', '/' or NUL (a '.' would split the member names
 /// elsewhere); "text_tokens" an array of token ids in [0, 2^31); "tokens", when given with
@@ -136,14 +136,17 @@ inline void check_wds_line(const nlohmann::json& j) {
     const auto& k = j["key"];
     if (!k.is_string()) throw_error<data_error>("\"key\" = {}; expected a string", k.dump());
     const auto& key = k.get_ref<const std::string&>();
-    if (key.empty() || key.size() > 200 || key.find_first_of(std::string_view("./\0", 3)) != std::string::npos)
+    if (key.empty() || key.size() > 200 ||
+        key.find_first_of(std::string_view("./\0", 3)) != std::string::npos)
       throw_error<data_error>("\"key\" = {}; expected 1 to 200 characters without '.', '/' or NUL", k.dump());
   }
   if (j.contains("text_tokens")) {
     const auto& t = j["text_tokens"];
-    if (!t.is_array()) throw_error<data_error>("\"text_tokens\" is {}; expected an array of token ids", t.type_name());
+    if (!t.is_array())
+      throw_error<data_error>("\"text_tokens\" is {}; expected an array of token ids", t.type_name());
     for (std::size_t i = 0; i < t.size(); ++i)
-      if (!t[i].is_number_integer() || (t[i].is_number_unsigned() && t[i].get<std::uint64_t>() > 2147483647u) ||
+      if (!t[i].is_number_integer() ||
+          (t[i].is_number_unsigned() && t[i].get<std::uint64_t>() > 2147483647u) ||
           t[i].get<std::int64_t>() < 0 || t[i].get<std::int64_t>() > 2147483647)
         throw_error<data_error>("\"text_tokens\"[{}] = {}; expected a token id in [0, 2147483647]", i,
                                 t[i].dump());
@@ -156,24 +159,27 @@ inline void check_wds_line(const nlohmann::json& j) {
     if (!items.is_array()) throw_error<data_error>("\"items\" is {}; expected an array", items.type_name());
     for (std::size_t i = 0; i < items.size(); ++i) {
       const auto& it = items[i];
-      const bool ok = it.is_object() && it.contains("tokens") && it["tokens"].is_number_integer() &&
-                      !(it["tokens"].is_number_unsigned() && it["tokens"].get<std::uint64_t>() > (1ull << 40)) &&
-                      it["tokens"].get<std::int64_t>() >= 0 && it["tokens"].get<std::int64_t>() <= (1ll << 40);
+      const bool ok =
+          it.is_object() && it.contains("tokens") && it["tokens"].is_number_integer() &&
+          !(it["tokens"].is_number_unsigned() && it["tokens"].get<std::uint64_t>() > (1ull << 40)) &&
+          it["tokens"].get<std::int64_t>() >= 0 && it["tokens"].get<std::int64_t>() <= (1ll << 40);
       if (!ok)
-        throw_error<data_error>("\"items\"[{}] = {}; expected an object with a \"tokens\" count in [0, 2^40]", i,
-                                it.dump());
+        throw_error<data_error>("\"items\"[{}] = {}; expected an object with a \"tokens\" count in [0, 2^40]",
+                                i, it.dump());
     }
   }
   if (j.contains("files")) {
     if (!j["files"].is_object())
       throw_error<data_error>("\"files\" = {}; expected an object of extension: path", j["files"].dump());
     for (const auto& [ext, path] : j["files"].items()) {
-      const bool ext_ok = !ext.empty() && ext.size() <= 32 && ext != "json" &&
-                          ext.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
-                              std::string::npos;
+      const bool ext_ok =
+          !ext.empty() && ext.size() <= 32 && ext != "json" &&
+          ext.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
+              std::string::npos;
       if (!path.is_string() || !ext_ok)
         throw_error<data_error>(
-            "\"files\".{} = {}; expected a path string under an extension of 1 to 32 characters [A-Za-z0-9_-] "
+            "\"files\".{} = {}; expected a path string under an extension of 1 to 32 characters "
+            "[A-Za-z0-9_-] "
             "other than json",
             ext, path.dump());
     }
@@ -254,8 +260,8 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
     if (j.contains("files")) {
       for (const auto& [ext, path] : j["files"].items()) {
         // A regular file only: /dev/zero, a FIFO, a directory or a /proc file is refused by name.
-        const std::string text =
-            read_regular_file(path.get<std::string>(), max_wds_member_bytes, hetmesh::format("\"files\".{}", ext));
+        const std::string text = read_regular_file(path.get<std::string>(), max_wds_member_bytes,
+                                                   hetmesh::format("\"files\".{}", ext));
         const auto* b = reinterpret_cast<const std::byte*>(text.data());
         members.emplace_back(ext, std::vector<std::byte>(b, b + text.size()));
       }

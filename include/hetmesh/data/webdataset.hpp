@@ -250,7 +250,8 @@ inline void default_wds_decode(const wds_record& r, sample& out) {
 class wds_shard {
  public:
   /// Opens the shard at `path` and its index (built and stored beside it when missing).
-  explicit wds_shard(const std::string& path) : index_(open_wds_index(path)), file_(path, "WebDataset shard") {
+  explicit wds_shard(const std::string& path)
+      : index_(open_wds_index(path)), file_(path, "WebDataset shard") {
     if (file_.size() != index_.shard_bytes)
       throw_error<data_error>("shard '{}' changed size after indexing ({} -> {} bytes)", path,
                               index_.shard_bytes, file_.size());
@@ -283,8 +284,9 @@ class wds_shard {
           file_.bytes().subspan(static_cast<std::size_t>(e.offsets[k]), static_cast<std::size_t>(e.sizes[k]));
       r.members.emplace_back(e.exts[k], bytes);
       if (e.exts[k] == "json") {
-        r.json = parse_json_bounded(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                                    hetmesh::format("shard '{}', sample '{}': the .json member", path(), e.key));
+        r.json =
+            parse_json_bounded(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                               hetmesh::format("shard '{}', sample '{}': the .json member", path(), e.key));
       }
     }
     return r;

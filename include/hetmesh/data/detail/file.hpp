@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <string_view>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "../../core/error.hpp"
@@ -231,7 +231,8 @@ class atomic_file {
 /// Writes `bytes` to `path` atomically (atomic_file): a reader, or a process killed mid-write, never sees
 /// half a file, and a failure leaves the previous file as it was.
 inline void write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
-  hetmesh::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  hetmesh::write_file_atomic(path,
+                             std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 /// The whole content of the regular file `path` (hetmesh::read_regular_file: a directory, FIFO or
