@@ -20,24 +20,24 @@
 
 #include "data/fixtures.hpp"
 
-namespace {
+namespace boundaries_test {
 
 using hetmesh::data::test::temp_dir;
 
-struct result {
+struct tool_result {
   int code = -1;
   std::string out, err;
   double seconds = 0;
 };
 
-std::string slurp(const std::string& p) {
+std::string read_back(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
-std::string quote(const std::string& s) {
+std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (const char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
@@ -45,38 +45,38 @@ std::string quote(const std::string& s) {
 
 /// Runs `exe args` under `timeout 20` (a hang fails the case instead of the suite). `prefix` runs before
 /// it in the same shell (ulimit); `stdout_to` replaces the captured stdout (/dev/full).
-result run(const std::string& exe, const std::vector<std::string>& args, const std::string& prefix = "",
-           const std::string& stdout_to = "") {
+tool_result run_tool(const std::string& exe, const std::vector<std::string>& args,
+                     const std::string& prefix = "", const std::string& stdout_to = "") {
   const temp_dir io;
-  std::string cmd = prefix + "exec timeout 20 " + quote(exe);
-  for (const auto& a : args) cmd += ' ' + quote(a);
-  cmd += " >" + (stdout_to.empty() ? quote(io / "out") : stdout_to) + " 2>" + quote(io / "err");
+  std::string cmd = prefix + "exec timeout 20 " + shell_quote(exe);
+  for (const auto& a : args) cmd += ' ' + shell_quote(a);
+  cmd += " >" + (stdout_to.empty() ? shell_quote(io / "out") : stdout_to) + " 2>" + shell_quote(io / "err");
   const auto t0 = std::chrono::steady_clock::now();
-  const int status = std::system(("sh -c " + quote(cmd)).c_str());
+  const int status = std::system(("sh -c " + shell_quote(cmd)).c_str());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, slurp(io / "out"), slurp(io / "err"), s};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, read_back(io / "out"), read_back(io / "err"), s};
 }
 
 /// Exit 2 within 5 s, one line on stderr mentioning `mention`.
-void check_refused(const std::string& exe, const std::vector<std::string>& args, const std::string& mention,
-                   const std::string& prefix = "") {
+void expect_refused(const std::string& exe, const std::vector<std::string>& args, const std::string& mention,
+                    const std::string& prefix = "") {
   std::string line;
   for (const auto& a : args) line += a + " ";
   CAPTURE(line);
-  const result r = run(exe, args, prefix);
+  const tool_result r = run_tool(exe, args, prefix);
   CHECK(r.code == 2);
   CHECK(r.seconds < 5);
   CHECK_MESSAGE(r.err.find('\n') == r.err.size() - 1, r.err);
   CHECK_MESSAGE(r.err.find(mention) != std::string::npos, r.err);
 }
 
-std::string fifo_in(const temp_dir& d, const std::string& name) {
+std::string make_fifo(const temp_dir& d, const std::string& name) {
   const std::string p = d / name;
   REQUIRE(::mkfifo(p.c_str(), 0600) == 0);
   return p;
 }
 
-std::string sparse_in(const temp_dir& d, const std::string& name, std::int64_t bytes) {
+std::string make_sparse(const temp_dir& d, const std::string& name, std::int64_t bytes) {
   const std::string p = d / name;
   std::ofstream(p) << "";
   std::filesystem::resize_file(p, static_cast<std::uintmax_t>(bytes));
@@ -86,7 +86,9 @@ std::string sparse_in(const temp_dir& d, const std::string& name, std::int64_t b
 const std::string plan = HETMESH_PLAN_EXE;
 const std::string convert = HETMESH_DATA_CONVERT_EXE;
 
-}  // namespace
+}  // namespace boundaries_test
+
+using namespace boundaries_test;
 
 TEST_CASE(
     "hetmesh-plan workloads: FIFO, directory, /dev/zero, huge and nested files exit 2 naming the path") {
@@ -100,12 +102,13 @@ TEST_CASE(
                  ? std::vector<std::string>{cmd, "--schedule", "1f1b", "--workload", w, "--pp", "2"}
                  : std::vector<std::string>{cmd, "--workload", w, "--ranks", "2", "--capacity", "8192"};
     };
-    check_refused(plan, args(fifo_in(d, "fifo-" + cmd)), "is a FIFO (named pipe); expected a regular file");
-    check_refused(plan, args(d.path), "is a directory; expected a regular file");
-    check_refused(plan, args("/dev/zero"), "is a character device");
-    check_refused(plan, args(sparse_in(d, "huge-" + cmd, (std::int64_t{1} << 30) + 1)),
-                  "expected at most 1073741824 bytes");
-    check_refused(plan, args(deep), "deep.jsonl:1: JSON nested deeper than 128 levels");
+    expect_refused(plan, args(make_fifo(d, "fifo-" + cmd)),
+                   "is a FIFO (named pipe); expected a regular file");
+    expect_refused(plan, args(d.path), "is a directory; expected a regular file");
+    expect_refused(plan, args("/dev/zero"), "is a character device");
+    expect_refused(plan, args(make_sparse(d, "huge-" + cmd, (std::int64_t{1} << 30) + 1)),
+                   "expected at most 1073741824 bytes");
+    expect_refused(plan, args(deep), "deep.jsonl:1: JSON nested deeper than 128 levels");
   }
 }
 
@@ -113,8 +116,8 @@ TEST_CASE("hetmesh-plan: 2^24 ranks are refused before allocation, naming --rank
   temp_dir d;
   std::ofstream(d / "w.txt") << "1000\n2000\n";
   for (const std::string cmd : {"compare", "balance"})
-    check_refused(plan, {cmd, "--workload", d / "w.txt", "--ranks", "16777216", "--capacity", "8192"},
-                  "option --ranks '16777216': out of range; expected");
+    expect_refused(plan, {cmd, "--workload", d / "w.txt", "--ranks", "16777216", "--capacity", "8192"},
+                   "option --ranks '16777216': out of range; expected");
 }
 
 TEST_CASE("hetmesh-plan mesh --moe --shapes: float world, absurd sizes, nested lines and special files") {
@@ -130,22 +133,22 @@ TEST_CASE("hetmesh-plan mesh --moe --shapes: float world, absurd sizes, nested l
         bad{R"({"world": 16, "tp": -2})", "\"tp\" = -2"},
         bad{R"({"world": 16, "ep": 1099511627776})", "\"ep\" = 1099511627776"},
         bad{R"({"tp": 2})", "no \"world\""}, bad{R"({"world": 16, "order": 5})", "\"order\" = 5"},
-        bad{R"([16])", "expected a JSON object"}, bad{std::string(100000, '['), ":1: JSON nested deeper"}}) {
+        bad{R"([16])", "expected a JSON object"}, bad{std::string(100000, '['), ":2: JSON nested deeper"}}) {
     CAPTURE(b.line);
     std::ofstream(d / "s.jsonl") << R"({"world": 8})"
                                  << "\n"
                                  << b.line << "\n";
-    check_refused(plan, {"mesh", "--moe", "--shapes", d / "s.jsonl"}, b.mention);
+    expect_refused(plan, {"mesh", "--moe", "--shapes", d / "s.jsonl"}, b.mention);
   }
-  check_refused(plan, {"mesh", "--moe", "--shapes", fifo_in(d, "fifo")}, "FIFO");
-  check_refused(plan, {"mesh", "--moe", "--shapes", d.path}, "a directory");
+  expect_refused(plan, {"mesh", "--moe", "--shapes", make_fifo(d, "fifo")}, "FIFO");
+  expect_refused(plan, {"mesh", "--moe", "--shapes", d.path}, "a directory");
   {
     std::ofstream many(d / "many.jsonl");
     for (int i = 0; i < 5; ++i)
-      many << R"({"world": 1048576})"
+      many << R"({"world": 1048576, "tp": 3})"
            << "\n";
   }
-  check_refused(plan, {"mesh", "--moe", "--shapes", d / "many.jsonl"}, "expected at most 4194304");
+  expect_refused(plan, {"mesh", "--moe", "--shapes", d / "many.jsonl"}, "expected at most 4194304");
 }
 
 TEST_CASE("hetmesh-plan simulate --trace: a folder, /dev/full, a full disk; the earlier trace survives") {
@@ -156,39 +159,39 @@ TEST_CASE("hetmesh-plan simulate --trace: a folder, /dev/full, a full disk; the 
     return std::vector<std::string>{"simulate", "--schedule", "1f1b", "--workload", d / "w.txt", "--pp",
                                     "2",        "--trace",    t};
   };
-  REQUIRE(run(plan, args(trace)).code == 0);
-  const std::string good = slurp(trace);
+  REQUIRE(run_tool(plan, args(trace)).code == 0);
+  const std::string good = read_back(trace);
   REQUIRE(good.size() > 100);
   std::filesystem::create_directory(d / "dir.json");
-  check_refused(plan, args(d / "dir.json"),
-                "cannot write --trace '" + (d / "dir.json") + "': it is a directory");
-  check_refused(plan, args("/dev/full"), "cannot write --trace '/dev/full': it is a character device");
+  expect_refused(plan, args(d / "dir.json"),
+                 "cannot write --trace '" + (d / "dir.json") + "': it is a directory");
+  expect_refused(plan, args("/dev/full"), "cannot write --trace '/dev/full': it is a character device");
   // A full disk, injected: files may not grow past 1 KiB (ulimit -f counts 512-byte blocks; SIGXFSZ is
   // ignored, so the write fails with EFBIG).
-  check_refused(plan, args(trace), "cannot write --trace '" + trace + "'", "trap '' XFSZ; ulimit -f 2; ");
-  CHECK(slurp(trace) == good);
+  expect_refused(plan, args(trace), "cannot write --trace '" + trace + "'", "trap '' XFSZ; ulimit -f 2; ");
+  CHECK(read_back(trace) == good);
   // stdout onto /dev/full: exit 2 and a line, not exit 0 with nothing written.
-  const result r = run(plan, {"mesh", "--world", "8", "--tp", "2"}, "", "/dev/full");
+  const tool_result r = run_tool(plan, {"mesh", "--world", "8", "--tp", "2"}, "", "/dev/full");
   CHECK(r.code == 2);
   CHECK(r.err.find("cannot write the output to stdout") != std::string::npos);
 }
 
 TEST_CASE("hetmesh-data-convert: FIFO and device inputs and members exit 2; outputs onto a folder refused") {
   temp_dir d;
-  check_refused(convert, {"webdataset", fifo_in(d, "in.jsonl"), d / "o"}, "is a FIFO");
-  check_refused(convert, {"indexed", "/dev/zero", d / "o"}, "is a character device");
+  expect_refused(convert, {"webdataset", make_fifo(d, "in.jsonl"), d / "o"}, "is a FIFO");
+  expect_refused(convert, {"indexed", "/dev/zero", d / "o"}, "is a character device");
   std::ofstream(d / "m.jsonl") << R"({"tokens": 2, "files": {"bin": "/dev/zero"}})"
                                << "\n";
-  check_refused(convert, {"webdataset", d / "m.jsonl", d / "o"},
-                "\"files\".bin '/dev/zero' is a character device");
+  expect_refused(convert, {"webdataset", d / "m.jsonl", d / "o"},
+                 "\"files\".bin '/dev/zero' is a character device");
   std::ofstream(d / "p.jsonl") << R"({"tokens": 2, "files": {"txt": "/proc/self/status"}})"
                                << "\n";
-  check_refused(convert, {"webdataset", d / "p.jsonl", d / "o"}, "grew past");
+  expect_refused(convert, {"webdataset", d / "p.jsonl", d / "o"}, "grew past");
   std::ofstream(d / "n.jsonl") << std::string(100000, '{') << "\n";
-  check_refused(convert, {"indexed", d / "n.jsonl", d / "o"}, "n.jsonl:1: JSON nested deeper");
+  expect_refused(convert, {"indexed", d / "n.jsonl", d / "o"}, "n.jsonl:1: JSON nested deeper");
   std::ofstream(d / "ok.jsonl") << R"({"tokens": [1, 2]})"
                                 << "\n";
   std::filesystem::create_directory(d / "x.idx");
-  check_refused(convert, {"indexed", d / "ok.jsonl", d / "x"}, "it is a directory");
+  expect_refused(convert, {"indexed", d / "ok.jsonl", d / "x"}, "it is a directory");
   CHECK(!std::filesystem::exists(d / "x.bin"));
 }

@@ -31,25 +31,25 @@
 using namespace hetmesh;
 using doctest::Contains;
 
-namespace {
+namespace files_test {
 
 using data::test::temp_dir;
 
-std::string slurp(const std::string& p) {
+std::string read_back(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
-std::string fifo_in(const temp_dir& d, const std::string& name = "fifo") {
+std::string make_fifo(const temp_dir& d, const std::string& name = "fifo") {
   const std::string p = d / name;
   REQUIRE(::mkfifo(p.c_str(), 0600) == 0);
   return p;
 }
 
 /// A sparse file of `bytes` bytes (instant, no disk used).
-std::string sparse_in(const temp_dir& d, const std::string& name, std::int64_t bytes) {
+std::string make_sparse(const temp_dir& d, const std::string& name, std::int64_t bytes) {
   const std::string p = d / name;
   std::ofstream(p) << "";
   std::filesystem::resize_file(p, static_cast<std::uintmax_t>(bytes));
@@ -59,7 +59,7 @@ std::string sparse_in(const temp_dir& d, const std::string& name, std::int64_t b
 std::string nested(int depth) { return std::string(static_cast<std::size_t>(depth), '['); }
 
 /// The files in `dir` (to check no temporary is left).
-int files_in(const std::string& dir) {
+int count_files(const std::string& dir) {
   int n = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
   return n;
@@ -81,24 +81,26 @@ int with_file_size_limit(rlim_t limit, F f) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
 }
 
-}  // namespace
+}  // namespace files_test
+
+using namespace files_test;
 
 TEST_CASE("read_regular_file: a directory, a FIFO, a device, /proc and a huge file are refused by name") {
   temp_dir d;
   const auto t0 = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS((void)read_regular_file(d.path, 100, "workload"),
                        Contains("is a directory; expected a regular file"), data_error);
-  CHECK_THROWS_WITH_AS((void)read_regular_file(fifo_in(d), 100, "workload"),
+  CHECK_THROWS_WITH_AS((void)read_regular_file(make_fifo(d), 100, "workload"),
                        Contains("is a FIFO (named pipe); expected a regular file"), data_error);
   CHECK_THROWS_WITH_AS((void)read_regular_file("/dev/zero", 100, "workload"),
                        Contains("is a character device"), data_error);
   CHECK_THROWS_WITH_AS((void)read_regular_file("/proc/self/status", 1 << 20, "workload"),
                        Contains("grew past the 0 bytes"), data_error);
-  CHECK_THROWS_WITH_AS((void)read_regular_file(sparse_in(d, "big", 4096), 4095, "workload"),
+  CHECK_THROWS_WITH_AS((void)read_regular_file(make_sparse(d, "big", 4096), 4095, "workload"),
                        Contains("has 4096 bytes; expected at most 4095 bytes"), data_error);
   CHECK_THROWS_WITH_AS((void)read_regular_file(d / "missing", 100, "workload"),
                        Contains("cannot open workload"), data_error);
-  CHECK_THROWS_WITH_AS((void)regular_file_stream(fifo_in(d, "f2"), 100, "length list"), Contains("FIFO"),
+  CHECK_THROWS_WITH_AS((void)regular_file_stream(make_fifo(d, "f2"), 100, "length list"), Contains("FIFO"),
                        data_error);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   std::ofstream(d / "ok") << "abc\n";
@@ -125,10 +127,12 @@ TEST_CASE("write_file_atomic: a folder or a device as the target, a read-only fo
   temp_dir d;
   const std::string out = d / "out.json";
   write_file_atomic(out, "good");
-  CHECK(slurp(out) == "good");
+  CHECK(read_back(out) == "good");
   std::filesystem::create_directory(d / "sub");
-  CHECK_THROWS_WITH_AS(write_file_atomic(d / "sub", "x", "report"),
-                       Contains("cannot write report '" + (d / "sub") + "': it is a directory"), data_error);
+  CHECK_THROWS_WITH_AS(
+      write_file_atomic(d / "sub", "x", "report"),
+      Contains((std::string("cannot write report '") + (d / "sub") + "': it is a directory").c_str()),
+      data_error);
   CHECK_THROWS_WITH_AS(write_file_atomic("/dev/full", "x", "report"), Contains("it is a character device"),
                        data_error);
   // A full disk, injected: the file may not grow past 2 bytes.
@@ -141,8 +145,8 @@ TEST_CASE("write_file_atomic: a folder or a device as the target, a read-only fo
     }
   });
   CHECK(rc == 0);
-  CHECK(slurp(out) == "good");
-  CHECK(files_in(d.path) == 2);  // out.json and sub: no temporary left
+  CHECK(read_back(out) == "good");
+  CHECK(count_files(d.path) == 2);  // out.json and sub: no temporary left
   // A read-only folder: root writes there anyway, so the case says so and checks nothing.
   std::filesystem::create_directory(d / "ro");
   ::chmod((d / "ro").c_str(), 0500);
@@ -167,13 +171,13 @@ TEST_CASE("data checkpoint and mixture: FIFO, directory, nested, huge; the write
       .micro_batches = 1,
   };
   for (const auto& [path, says] :
-       {std::pair{fifo_in(d), std::string("FIFO")},
+       {std::pair{make_fifo(d), std::string("FIFO")},
         {d.path, "a directory"},
         {std::string("/dev/zero"), "character device"},
-        {sparse_in(d, "huge.json", (std::int64_t{64} << 20) + 1), "expected at most"}}) {
+        {make_sparse(d, "huge.json", (std::int64_t{64} << 20) + 1), "expected at most"}}) {
     CAPTURE(path);
-    CHECK_THROWS_WITH_AS((void)data::load_checkpoint(path, cfg), Contains(says), data_error);
-    CHECK_THROWS_WITH_AS((void)data::read_mixture_file(path), Contains(says), data_error);
+    CHECK_THROWS_WITH_AS((void)data::load_checkpoint(path, cfg), Contains(says.c_str()), data_error);
+    CHECK_THROWS_WITH_AS((void)data::read_mixture_file(path), Contains(says.c_str()), data_error);
   }
   std::ofstream(d / "deep.json") << nested(100000);
   CHECK_THROWS_WITH_AS((void)data::load_checkpoint(d / "deep.json", cfg), Contains("nested deeper"),
@@ -182,24 +186,24 @@ TEST_CASE("data checkpoint and mixture: FIFO, directory, nested, huge; the write
   const std::string ck = d / "state.json";
   const auto st = data::initial_state(cfg);
   data::save_checkpoint(ck, cfg, st);
-  const std::string before = slurp(ck);
+  const std::string before = read_back(ck);
   CHECK_THROWS_AS(data::save_checkpoint(d.path, cfg, st), data_error);
   CHECK_THROWS_WITH_AS(data::save_checkpoint("/dev/full", cfg, st), Contains("character device"), data_error);
-  CHECK(slurp(ck) == before);
+  CHECK(read_back(ck) == before);
   CHECK_NOTHROW((void)data::load_checkpoint(ck, cfg));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
 }
 
 TEST_CASE("length lists, indexed datasets, shards: special files are refused, never mapped or read") {
   temp_dir d;
-  CHECK_THROWS_WITH_AS((void)balance::read_lengths(std::filesystem::path(fifo_in(d))), Contains("FIFO"),
+  CHECK_THROWS_WITH_AS((void)balance::read_lengths(std::filesystem::path(make_fifo(d))), Contains("FIFO"),
                        data_error);
   CHECK_THROWS_WITH_AS((void)balance::read_lengths(std::filesystem::path(d.path)), Contains("a directory"),
                        data_error);
   CHECK_THROWS_WITH_AS((void)balance::read_lengths(std::filesystem::path("/dev/zero")),
                        Contains("character device"), data_error);
   // An indexed dataset whose .bin is a FIFO and whose .idx is a directory.
-  fifo_in(d, "ds.bin");
+  make_fifo(d, "ds.bin");
   std::filesystem::create_directory(d / "ds.idx");
   CHECK_THROWS_WITH_AS(data::indexed_dataset(d / "ds"), Contains("indexed dataset index"), data_error);
   CHECK_THROWS_WITH_AS(data::build_wds_index(d / "ds.bin"), Contains("WebDataset shard"), data_error);
@@ -210,7 +214,7 @@ TEST_CASE("WebDataset converter: special, /proc, garbage, mismatched and huge-id
   temp_dir d;
   const auto t0 = std::chrono::steady_clock::now();
   std::ofstream(d / "ok.bin") << "payload";
-  const std::string fifo = fifo_in(d);
+  const std::string fifo = make_fifo(d);
   struct bad_line {
     std::string line, says;
   };
@@ -237,7 +241,7 @@ TEST_CASE("WebDataset converter: special, /proc, garbage, mismatched and huge-id
                                   << "\n"
                                   << b.line << "\n";
     CHECK_THROWS_WITH_AS((void)data::convert_jsonl_to_webdataset(d / "in.jsonl", d / "out", 10),
-                         Contains(b.says), data_error);
+                         Contains(b.says.c_str()), data_error);
     CHECK(!std::filesystem::exists(d / "out-000000.tar"));
   }
   CHECK_THROWS_WITH_AS((void)data::convert_jsonl_to_webdataset(fifo, d / "out", 10), Contains("JSONL"),
@@ -262,5 +266,5 @@ TEST_CASE("converter shards: a folder or a device as the output is refused and n
                                << "\n";
   CHECK_THROWS_WITH_AS((void)data::convert_jsonl_to_webdataset(d / "w.jsonl", d / "w", 1),
                        Contains("a directory"), data_error);
-  CHECK(files_in(d.path) == 4);  // in.jsonl, out.bin/, w-000000.tar/, w.jsonl: no temporary left
+  CHECK(count_files(d.path) == 4);  // in.jsonl, out.bin/, w-000000.tar/, w.jsonl: no temporary left
 }
