@@ -6,13 +6,14 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include <hetmesh/core/files.hpp>
+#include <hetmesh/core/json_file.hpp>
 #include <hetmesh/data/checkpoint.hpp>
 #include <hetmesh/data/indexed_dataset.hpp>
 #include <hetmesh/data/loader.hpp>
@@ -24,14 +25,10 @@
 namespace mllm {
 
 sample_lengths read_sample_lengths(const std::filesystem::path& dir) {
+  // Regular files only, of at most 1 GiB (a FIFO or a directory is refused by name, core/files.hpp).
   auto slurp = [](const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    if (!in)
-      throw std::runtime_error(
-          fmt::format("mllm: cannot read '{}' (data_config::samples_dir is examples/data)", p.string()));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    return hetmesh::read_regular_file(p.string(), hetmesh::large_file_bytes,
+                                      "sample lengths (data_config::samples_dir is examples/data)");
   };
   sample_lengths out;
   const std::string prolong = slurp(dir / "prolong_sample.txt");
@@ -45,8 +42,8 @@ sample_lengths read_sample_lengths(const std::filesystem::path& dir) {
   std::string line;
   while (std::getline(m, line)) {
     if (line.empty()) continue;
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("text"))
+    const auto j = hetmesh::parse_json_bounded(line, (dir / "multimodal_sample.jsonl").string());
+    if (!j.is_object() || !j.contains("text"))
       throw std::runtime_error(fmt::format("mllm: malformed line in multimodal_sample.jsonl: {}", line));
     sample_lengths::multimodal s;
     s.text = j["text"].get<std::int64_t>();
@@ -72,13 +69,7 @@ std::int64_t clamp_scaled(std::int64_t v, std::int64_t scale, std::int64_t lo, s
 }
 
 void write_text_atomic(const std::filesystem::path& path, const std::string& text) {
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out) throw std::runtime_error(fmt::format("mllm: cannot write '{}'", tmp));
-  }
-  std::filesystem::rename(tmp, path);
+  hetmesh::write_file_atomic(path.string(), text, "data source");
 }
 
 std::vector<std::byte> as_bytes(const std::string& s) {
@@ -152,9 +143,9 @@ std::vector<std::string> source_files(const data_config& cfg) {
 }
 
 bool sources_present(const std::filesystem::path& dir, const data_config& cfg) {
-  std::ifstream in(dir / "manifest.json");
-  if (!in) return false;
-  const auto j = nlohmann::json::parse(in, nullptr, false);
+  const auto path = (dir / "manifest.json").string();
+  if (!std::filesystem::exists(path)) return false;
+  const auto j = hetmesh::read_json_file(path, "data manifest");
   const auto want = fmt::format("{:016x}", sources_hash(cfg, read_sample_lengths(cfg.samples_dir)));
   return j.is_object() && j.value("hash", std::string()) == want;
 }
@@ -265,10 +256,10 @@ bool make_sources(const std::filesystem::path& dir, const data_config& cfg) {
 }
 
 hetmesh::data::mixture_config load_mixture(const std::filesystem::path& dir) {
-  std::ifstream in(dir / "mixture.json");
-  if (!in)
+  const auto path = (dir / "mixture.json").string();
+  if (!std::filesystem::exists(path))
     throw std::runtime_error(fmt::format("mllm: no mixture.json in '{}': run make_sources", dir.string()));
-  auto j = nlohmann::json::parse(in);
+  auto j = hetmesh::read_json_file(path, "mixture");
   for (auto& s : j["sources"])
     for (auto& p : s["paths"]) p = (dir / p.get<std::string>()).string();
   return hetmesh::data::mixture_from_json(j);

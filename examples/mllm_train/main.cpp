@@ -30,6 +30,7 @@
 
 #include <hetmesh/comm/collectives.hpp>
 #include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/core/files.hpp>
 #ifdef HETMESH_EXAMPLE_MPI
 #include <hetmesh/comm/mpi.hpp>
 #endif
@@ -84,6 +85,13 @@ options parse(int argc, char** argv) {
   if (o.partition != "hdp" && o.balancer != "family")
     throw usage_error(fmt::format("--balancer {} places HDP rings: it needs --partition hdp", o.balancer));
   if (o.resume && o.checkpoint_dir.empty()) throw usage_error("--resume needs --checkpoint-dir");
+  if (!o.report.empty()) {  // refused before the run, not after it (core/files.hpp)
+    try {
+      hetmesh::check_output_target(o.report, "--report");
+    } catch (const hetmesh::data_error& e) {
+      throw usage_error(e.what());
+    }
+  }
   if (o.hosts > 0 && o.check_parity)
     throw usage_error(
         "--check-parity reruns the whole step on one rank; with --hosts the trainers hold only its metadata "
@@ -154,6 +162,15 @@ int main(int argc, char** argv) {
 #ifdef HETMESH_EXAMPLE_MPI
       comm::mpi::environment env(&argc, &argv);
       auto world = comm::mpi::communicator::world({.timeout = std::chrono::seconds(120)});
+      if (world.size() != o.ranks + o.hosts) {  // every rank refuses: mpirun exits non-zero, no rank waits
+        if (world.rank() == 0)
+          std::fprintf(stderr,
+                       "example_mllm_train: --ranks %d plus --hosts %d is %d, but MPI started %d processes; "
+                       "expected mpirun -np %d (or --ranks %d)\n",
+                       o.ranks, o.hosts, o.ranks + o.hosts, world.size(), o.ranks + o.hosts,
+                       world.size() - o.hosts);
+        return 2;
+      }
       if (world.rank() == 0) mllm::make_sources(o.data_dir, dc);
       comm::barrier(world);
       return run_rank(world, o, mc, dc);

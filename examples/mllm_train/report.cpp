@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
@@ -14,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <hetmesh/core/files.hpp>
 #include <hetmesh/cost/calibrate.hpp>
 #include <hetmesh/pipeline/simulate.hpp>
 #include <hetmesh/pipeline/trace.hpp>
@@ -123,10 +123,12 @@ std::string plan_summary(const hetmesh::train::step_layout& p) {
                      p.slots, offloaded > 0 ? fmt::format(", {} mb offloading", offloaded) : std::string());
 }
 
-/// Writes `text` to `path` (creating its folder).
+/// Writes `text` to `path` (creating its folder) crash-consistently (core/files.hpp): a failure (a
+/// read-only folder, a folder or /dev/full as the target, a full disk) throws naming the path, and an
+/// earlier file of that name stays whole.
 void write_file(const std::filesystem::path& path, const std::string& text) {
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  std::ofstream(path) << text;
+  hetmesh::write_file_atomic(path.string(), text, "report");
 }
 
 /// An SVG line plot of series over steps (each scaled to its own range, labelled with it).

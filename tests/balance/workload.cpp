@@ -41,7 +41,7 @@ TEST_CASE("read_lengths: file order, comments skipped, empty and missing files r
   CHECK_THROWS_WITH_AS((void)balance::read_lengths(none, "mem"),
                        "mem: no lengths; expected one positive integer per line", data_error);
   CHECK_THROWS_WITH_AS((void)balance::read_lengths(std::filesystem::path("/nonexistent/lengths.txt")),
-                       doctest::Contains("cannot open /nonexistent/lengths.txt"), data_error);
+                       doctest::Contains("cannot open length list '/nonexistent/lengths.txt'"), data_error);
 }
 
 TEST_CASE("sample_batch: deterministic draws from the list until the token target, ids in draw order") {

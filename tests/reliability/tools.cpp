@@ -93,7 +93,7 @@ TEST_CASE("hetmesh-data-convert: bad tokens name the line; a good conversion sti
   check_refused({"indexed", d / "frac.jsonl", d / "o"}, "line 2: \"tokens\"[0] = 1.5");
   check_refused({"indexed", d / "neg.jsonl", d / "o", "--dtype", "uint16"}, "line 1: \"tokens\"[0] = -1");
   check_refused({"webdataset", d / "dup.jsonl", d / "w"}, "key 'k' was already used on line 1");
-  check_refused({"indexed", d.path, d / "o"}, "is not a regular file");
+  check_refused({"indexed", d.path, d / "o"}, "is a directory; expected a regular file");
   CHECK_FALSE(std::filesystem::exists(d / "o.bin"));
   std::ofstream(d / "ok.jsonl") << "{\"key\": \"a\", \"tokens\": 3}\n{\"key\": \"b\", \"tokens\": 4}\n";
   const result r = run({"webdataset", d / "ok.jsonl", d / "w", "--per-shard=1"});

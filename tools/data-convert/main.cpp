@@ -102,7 +102,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    return run(cmd, std::vector<std::string>(argv + 2, argv + argc));
+    const int rc = run(cmd, std::vector<std::string>(argv + 2, argv + argc));
+    std::cout.flush();
+    if (!std::cout) {  // stdout onto /dev/full or a closed pipe: the report was lost, so say so
+      std::cerr << "hetmesh-data-convert: error: cannot write the report to stdout (disk full or closed?)\n";
+      return 2;
+    }
+    return rc;
   } catch (const hetmesh::error& e) {
     std::cerr << "hetmesh-data-convert: error: " << e.what() << '\n';
     return 2;

@@ -9,8 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include <fstream>
-
+#include <hetmesh/core/files.hpp>
 #include <hetmesh/cost/activation_memory.hpp>
 #include <hetmesh/cost/comm.hpp>
 #include <hetmesh/cost/compute.hpp>
@@ -181,14 +180,13 @@ void run_simulate(const parsed& args, std::ostream& out) {
           sim.step_time, sim.bubble_ratio);
 
   if (args.has("trace")) {
-    const std::string& path = args.str("trace");
-    std::ofstream f(path);
-    if (!f)
-      hetmesh::throw_error<hetmesh::invalid_argument>("--trace: cannot write '{}'; expected a writable path",
-                                                      path);
-    f << pl::chrome_trace(sim.timeline, fmt::format("hetmesh-plan simulate {} pp={}", s.name, s.num_ranks))
-             .dump();
-    if (!f) hetmesh::throw_error<hetmesh::data_error>("--trace: writing '{}' failed", path);
+    // Temporary, fsync, rename (core/files.hpp): a folder or /dev/full as the target, a read-only folder
+    // or a full disk exits 2 naming the path, and an earlier trace of that name stays whole.
+    hetmesh::write_file_atomic(
+        args.str("trace"),
+        pl::chrome_trace(sim.timeline, fmt::format("hetmesh-plan simulate {} pp={}", s.name, s.num_ranks))
+            .dump(),
+        "--trace");
   }
 
   json doc;

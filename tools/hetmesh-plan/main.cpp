@@ -81,7 +81,11 @@ int main(int argc, char** argv) {
       std::ostringstream out;
       c.run(parsed, out);
       std::cout << out.str() << std::flush;
-      return std::cout ? 0 : 1;
+      if (!std::cout) {  // stdout onto /dev/full or a closed pipe: say so, never exit 0 with nothing written
+        std::cerr << program << ": error: cannot write the output to stdout (disk full or closed?)\n";
+        return 2;
+      }
+      return 0;
     }
     std::vector<std::string> names;
     for (const auto& c : cmds) names.push_back(c.spec.name());

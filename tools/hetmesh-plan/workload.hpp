@@ -12,7 +12,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <numeric>
 #include <string>
 #include <string_view>
@@ -23,6 +22,8 @@
 
 #include <hetmesh/balance/workload.hpp>
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/files.hpp>
+#include <hetmesh/core/json_file.hpp>
 #include <hetmesh/core/lines.hpp>
 
 namespace hetmesh_plan {
@@ -116,15 +117,9 @@ namespace detail {
 
 [[nodiscard]] inline sample parse_jsonl_line(std::string_view text, const std::string& path,
                                              std::size_t line) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    // nlohmann's message is "[json.exception.parse_error.101] parse error at ...": keep its reason.
-    std::string reason = e.what();
-    if (const auto p = reason.find("] "); p != std::string::npos) reason = reason.substr(p + 2);
-    bad_line(path, line, fmt::format("invalid JSON ({})", reason));
-  }
+  // Depth-limited (core/json_file.hpp): "[[[[..." 100000 deep is refused, not a stack overflow.
+  const nlohmann::json j =
+      hetmesh::parse_json_bounded(text, path, hetmesh::json_max_depth, static_cast<std::int64_t>(line));
   if (!j.is_object()) bad_line(path, line, "expected a JSON object like {\"id\": 0, \"text\": 1024}");
   sample s;
   bool has_text = false;
@@ -216,12 +211,10 @@ namespace detail {
   return w;
 }
 
-/// Reads a workload file. Throws hetmesh::data_error when it cannot be opened or parsed.
+/// Reads a workload file: a regular file of at most 1 GiB (a directory, FIFO or device is refused by name).
+/// Throws hetmesh::data_error when it cannot be opened, is refused, or cannot be parsed.
 [[nodiscard]] inline workload read_workload(const std::string& path) {
-  std::ifstream in(path);
-  if (!in)
-    hetmesh::throw_error<hetmesh::data_error>("cannot open workload file '{}'; expected a readable file",
-                                              path);
+  hetmesh::regular_file_stream in(path, hetmesh::large_file_bytes, "workload file");
   return parse_workload(in, path);
 }
 

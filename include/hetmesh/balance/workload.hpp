@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <istream>
 #include <optional>
 #include <span>
@@ -20,6 +19,7 @@
 
 #include "../core/checked.hpp"
 #include "../core/error.hpp"
+#include "../core/files.hpp"
 #include "../core/lines.hpp"
 #include "../core/random.hpp"
 #include "../seq/types.hpp"
@@ -44,8 +44,8 @@ namespace hetmesh::balance {
   std::int64_t n = 0;
   const auto [ptr, ec] = std::from_chars(first, last, n);
   if (ec != std::errc{} || ptr != last)
-    throw_error<data_error>("{}:{}: '{}' is not a length; expected one positive integer per line", file,
-                            line_no, line);
+    throw_error<data_error>("{}:{}: '{}{}' is not a length; expected one positive integer per line", file,
+                            line_no, line.substr(0, 80), line.size() > 80 ? "..." : "");
   if (n <= 0) throw_error<data_error>("{}:{}: length {}; expected a positive token count", file, line_no, n);
   return n;
 }
@@ -70,11 +70,11 @@ namespace hetmesh::balance {
   return out;
 }
 
-/// The length list in `file`. Throws data_error when it cannot be opened, and as read_lengths(istream).
-/// O(bytes). Not collective.
+/// The length list in `file`, a regular file of at most 1 GiB (core/files.hpp: a directory, FIFO or
+/// device is refused by name). Throws data_error when it cannot be opened or is refused, and as
+/// read_lengths(istream). O(bytes). Not collective.
 [[nodiscard]] inline std::vector<std::int64_t> read_lengths(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) throw_error<data_error>("cannot open {}; expected a readable length list", file.string());
+  regular_file_stream in(file.string(), large_file_bytes, "length list");
   return read_lengths(in, file.string());
 }
 

@@ -14,6 +14,7 @@
 
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
+#include "../core/json_file.hpp"
 #include "detail/file.hpp"
 #include "mixture.hpp"
 #include "planner.hpp"
@@ -135,13 +136,9 @@ inline void save_checkpoint(const std::string& path, const mixture_config& cfg, 
 
 /// Reads the checkpoint at `path` (see checkpoint_from_json for errors).
 [[nodiscard]] inline planner_state load_checkpoint(const std::string& path, const mixture_config& cfg) {
-  if (detail::file_size_or_missing(path) > max_checkpoint_bytes)
-    throw_error<data_error>(
-        "data checkpoint '{}' has {} bytes; expected at most {} (a checkpoint is a few "
-        "numbers per source)",
-        path, detail::file_size_or_missing(path), max_checkpoint_bytes);
-  auto j = nlohmann::json::parse(detail::read_text(path), nullptr, false);
-  if (j.is_discarded()) throw_error<data_error>("data checkpoint '{}' is not valid JSON", path);
+  // A regular file of at most max_checkpoint_bytes, nested at most json_max_depth levels (a FIFO, a
+  // directory, /dev/zero or "[[[[..." are refused by name, core/json_file.hpp).
+  const auto j = read_json_file(path, "data checkpoint", max_checkpoint_bytes);
   try {
     return checkpoint_from_json(cfg, j);
   } catch (error& e) {

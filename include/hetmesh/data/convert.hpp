@@ -9,12 +9,9 @@
 // Blank lines are skipped; a malformed line is a data_error naming the file and line number.
 #pragma once
 
-#include <sys/stat.h>
-
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -26,6 +23,8 @@
 
 #include "../core/checked.hpp"
 #include "../core/error.hpp"
+#include "../core/files.hpp"
+#include "../core/json_file.hpp"
 #include "../core/lines.hpp"
 #include "indexed_dataset.hpp"
 #include "webdataset.hpp"
@@ -55,27 +54,25 @@ struct convert_stats {
 /// is refused with its number instead of being read whole.
 inline constexpr std::size_t max_jsonl_line_bytes = std::size_t{256} << 20;
 
+/// The largest member file the WebDataset converter reads into a shard (1 GiB).
+inline constexpr std::int64_t max_wds_member_bytes = large_file_bytes;
+
 namespace detail {
 /// Calls f(json object, line number) for each non-blank line of the JSONL file `path` (lines up to
 /// max_jsonl_line_bytes); data_error naming
 /// the file and line for a line that is not a JSON object, and that context added to whatever f throws.
 template <class F>
 void for_each_jsonl(const std::string& path, F&& f) {
-  struct stat sb {};
-  if (::stat(path.c_str(), &sb) != 0)
-    throw_error<data_error>("cannot open JSONL '{}': {}", path, std::strerror(errno));
-  if (!S_ISREG(sb.st_mode))
-    throw_error<data_error>("JSONL '{}' is not a regular file; expected a file of JSON lines", path);
-  std::ifstream in(path);
-  if (!in) throw_error<data_error>("cannot open JSONL '{}'", path);
+  // A regular file (a directory, FIFO or device is refused by name, core/files.hpp); its lines are
+  // bounded, so its size is not.
+  regular_file_stream in(path, std::numeric_limits<std::int64_t>::max(), "JSONL");
   std::string line{};
   std::int64_t no = 0;
   while (read_line_bounded(in, line, max_jsonl_line_bytes, path, static_cast<std::size_t>(no) + 1)) {
     ++no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object())
-      throw_error<data_error>("'{}' line {}: not a JSON object", path, no);
+    const auto j = parse_json_bounded(line, path, json_max_depth, no);
+    if (!j.is_object()) throw_error<data_error>("'{}' line {}: not a JSON object", path, no);
     try {
       f(j, no);
     } catch (error& e) {
@@ -127,6 +124,67 @@ void for_each_jsonl(const std::string& path, F&& f) {
   }
   return ids;
 }
+
+/// Checks what a JSONL line says about its WebDataset sample before anything is read or written:
+/// "key" a string of 1 to 200 characters without '.', '/' or NUL (a '.' would split the member names
+/// elsewhere); "text_tokens" an array of token ids in [0, 2^31); "tokens", when given with
+/// "text_tokens", equal to its length; "items" an array of objects with a "tokens" count in [0, 2^40];
+/// "files" an object whose extensions are 1 to 32 characters of [A-Za-z0-9_-] and whose paths are strings.
+/// data_error naming the field otherwise.
+inline void check_wds_line(const nlohmann::json& j) {
+  if (j.contains("key")) {
+    const auto& k = j["key"];
+    if (!k.is_string()) throw_error<data_error>("\"key\" = {}; expected a string", k.dump());
+    const auto& key = k.get_ref<const std::string&>();
+    if (key.empty() || key.size() > 200 ||
+        key.find_first_of(std::string_view("./\0", 3)) != std::string::npos)
+      throw_error<data_error>("\"key\" = {}; expected 1 to 200 characters without '.', '/' or NUL", k.dump());
+  }
+  if (j.contains("text_tokens")) {
+    const auto& t = j["text_tokens"];
+    if (!t.is_array())
+      throw_error<data_error>("\"text_tokens\" is {}; expected an array of token ids", t.type_name());
+    for (std::size_t i = 0; i < t.size(); ++i)
+      if (!t[i].is_number_integer() ||
+          (t[i].is_number_unsigned() && t[i].get<std::uint64_t>() > 2147483647u) ||
+          t[i].get<std::int64_t>() < 0 || t[i].get<std::int64_t>() > 2147483647)
+        throw_error<data_error>("\"text_tokens\"[{}] = {}; expected a token id in [0, 2147483647]", i,
+                                t[i].dump());
+    if (j.contains("tokens") && j["tokens"] != nlohmann::json(t.size()))
+      throw_error<data_error>("\"tokens\" = {} but \"text_tokens\" has {} entries; expected them to agree",
+                              j["tokens"].dump(), t.size());
+  }
+  if (j.contains("items")) {
+    const auto& items = j["items"];
+    if (!items.is_array()) throw_error<data_error>("\"items\" is {}; expected an array", items.type_name());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const auto& it = items[i];
+      const bool ok =
+          it.is_object() && it.contains("tokens") && it["tokens"].is_number_integer() &&
+          !(it["tokens"].is_number_unsigned() && it["tokens"].get<std::uint64_t>() > (1ull << 40)) &&
+          it["tokens"].get<std::int64_t>() >= 0 && it["tokens"].get<std::int64_t>() <= (1ll << 40);
+      if (!ok)
+        throw_error<data_error>("\"items\"[{}] = {}; expected an object with a \"tokens\" count in [0, 2^40]",
+                                i, it.dump());
+    }
+  }
+  if (j.contains("files")) {
+    if (!j["files"].is_object())
+      throw_error<data_error>("\"files\" = {}; expected an object of extension: path", j["files"].dump());
+    for (const auto& [ext, path] : j["files"].items()) {
+      const bool ext_ok =
+          !ext.empty() && ext.size() <= 32 && ext != "json" &&
+          ext.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
+              std::string::npos;
+      if (!path.is_string() || !ext_ok)
+        throw_error<data_error>(
+            "\"files\".{} = {}; expected a path string under an extension of 1 to 32 characters "
+            "[A-Za-z0-9_-] "
+            "other than json",
+            ext, path.dump());
+    }
+  }
+}
 }  // namespace detail
 
 /// JSONL -> `prefix.bin`/`prefix.idx`. Not collective; deterministic; O(input bytes).
@@ -172,6 +230,7 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
   std::vector<std::unique_ptr<wds_writer>> shards;
   std::map<std::string, std::int64_t> key_line;
   detail::for_each_jsonl(jsonl, [&](nlohmann::json j, std::int64_t no) {
+    detail::check_wds_line(j);
     std::int64_t tokens = 0;
     if (j.contains("tokens")) {
       const auto& t = j["tokens"];
@@ -199,14 +258,10 @@ inline convert_stats convert_jsonl_to_webdataset(const std::string& jsonl, const
     }
     std::vector<std::pair<std::string, std::vector<std::byte>>> members;
     if (j.contains("files")) {
-      if (!j["files"].is_object())
-        throw_error<data_error>("\"files\" = {}; expected an object of extension: path", j["files"].dump());
       for (const auto& [ext, path] : j["files"].items()) {
-        if (!path.is_string() || ext.empty() || ext == "json")
-          throw_error<data_error>(
-              "\"files\".{} = {}; expected a path string under an extension other than json", ext,
-              path.dump());
-        const std::string text = detail::read_text(path.get<std::string>());
+        // A regular file only: /dev/zero, a FIFO, a directory or a /proc file is refused by name.
+        const std::string text = read_regular_file(path.get<std::string>(), max_wds_member_bytes,
+                                                   hetmesh::format("\"files\".{}", ext));
         const auto* b = reinterpret_cast<const std::byte*>(text.data());
         members.emplace_back(ext, std::vector<std::byte>(b, b + text.size()));
       }

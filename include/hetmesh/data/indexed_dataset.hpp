@@ -98,7 +98,9 @@ class indexed_dataset {
  public:
   /// Opens `prefix.idx` and `prefix.bin`. Cost: two mmaps plus an O(S + D) scan of the index.
   explicit indexed_dataset(const std::string& prefix)
-      : prefix_(prefix), idx_(prefix + ".idx"), bin_(prefix + ".bin") {
+      : prefix_(prefix),
+        idx_(prefix + ".idx", "indexed dataset index"),
+        bin_(prefix + ".bin", "indexed dataset data") {
     validate();
   }
 

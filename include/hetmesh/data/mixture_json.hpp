@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../core/error.hpp"
+#include "../core/json_file.hpp"
 #include "mixture.hpp"
 
 namespace hetmesh::data {
@@ -245,6 +246,20 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   j["micro_batches"] = c.micro_batches;
   j["max_tokens_per_micro_batch"] = c.max_tokens_per_micro_batch;
   return j;
+}
+
+/// The mixture in the JSON file `path`: a regular file of at most 64 MiB, nested at most json_max_depth
+/// levels (core/json_file.hpp: a directory, FIFO or device, a huge or "[[[[..." file is a data_error
+/// naming the path), then mixture_from_json (invalid_argument naming the field), with the path added as
+/// context. Not collective; O(bytes).
+[[nodiscard]] inline mixture_config read_mixture_file(const std::string& path) {
+  const auto j = read_json_file(path, "mixture", small_file_bytes);
+  try {
+    return mixture_from_json(j);
+  } catch (error& e) {
+    e.add_context(hetmesh::format("reading mixture '{}'", path));
+    throw;
+  }
 }
 
 }  // namespace hetmesh::data

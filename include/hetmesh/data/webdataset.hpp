@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../core/error.hpp"
+#include "../core/json_file.hpp"
 #include "detail/file.hpp"
 #include "sample.hpp"
 #include "source.hpp"
@@ -100,7 +101,7 @@ inline std::vector<std::uint8_t> loss_mask_of(const nlohmann::json& m, std::stri
 /// data_error for a corrupt or truncated shard, a sample without `.json`, or keys that repeat
 /// non-consecutively (the shard would not stream as WebDataset). Cost O(members + json bytes).
 [[nodiscard]] inline wds_index build_wds_index(const std::string& shard) {
-  detail::mapped_file f(shard);
+  detail::mapped_file f(shard, "WebDataset shard");
   const auto members = tar::list(f.bytes(), shard);
   wds_index idx{};
   idx.shard_bytes = f.size();
@@ -134,8 +135,8 @@ inline std::vector<std::uint8_t> loss_mask_of(const nlohmann::json& m, std::stri
       throw_error<data_error>("{}: no .json member; every sample needs one with its lengths", where);
     const auto k = static_cast<std::size_t>(json_at);
     const auto* p = reinterpret_cast<const char*>(f.bytes().data() + e.offsets[k]);
-    auto j = nlohmann::json::parse(p, p + e.sizes[k], nullptr, false);
-    if (j.is_discarded()) throw_error<data_error>("{}: the .json member is not valid JSON", where);
+    const auto j = parse_json_bounded(std::string_view(p, static_cast<std::size_t>(e.sizes[k])),
+                                      hetmesh::format("{}: the .json member", where));
     e.meta = detail::meta_from_json(j, where);
     e.meta.bytes = bytes;
   }
@@ -172,8 +173,14 @@ inline void store_wds_index(const std::string& shard, const wds_index& idx) {
     store_wds_index(shard, idx);
     return idx;
   }
-  auto j = nlohmann::json::parse(detail::read_text(path), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "hetmesh-wds-index")
+  nlohmann::json j;
+  try {
+    j = read_json_file(path, "WebDataset index", large_file_bytes);
+  } catch (data_error& e) {
+    e.add_context("delete the index to rebuild it");
+    throw;
+  }
+  if (!j.is_object() || j.value("format", "") != "hetmesh-wds-index")
     throw_error<data_error>("'{}' is not a hetmesh WebDataset index (corrupt?); delete it to rebuild", path);
   if (j.value("version", 0) != wds_index::version)
     throw_error<data_error>("'{}' has version {}; expected {}", path, j.value("version", 0),
@@ -243,7 +250,8 @@ inline void default_wds_decode(const wds_record& r, sample& out) {
 class wds_shard {
  public:
   /// Opens the shard at `path` and its index (built and stored beside it when missing).
-  explicit wds_shard(const std::string& path) : index_(open_wds_index(path)), file_(path) {
+  explicit wds_shard(const std::string& path)
+      : index_(open_wds_index(path)), file_(path, "WebDataset shard") {
     if (file_.size() != index_.shard_bytes)
       throw_error<data_error>("shard '{}' changed size after indexing ({} -> {} bytes)", path,
                               index_.shard_bytes, file_.size());
@@ -277,11 +285,8 @@ class wds_shard {
       r.members.emplace_back(e.exts[k], bytes);
       if (e.exts[k] == "json") {
         r.json =
-            nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
-                                  reinterpret_cast<const char*>(bytes.data() + bytes.size()), nullptr, false);
-        if (r.json.is_discarded())
-          throw_error<data_error>("shard '{}', sample '{}': the .json member is not valid JSON", path(),
-                                  e.key);
+            parse_json_bounded(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                               hetmesh::format("shard '{}', sample '{}': the .json member", path(), e.key));
       }
     }
     return r;

@@ -14,11 +14,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "../../core/error.hpp"
+#include "../../core/files.hpp"
 
 namespace hetmesh::data::detail {
 
@@ -74,9 +77,12 @@ inline std::int64_t file_size_or_missing(const std::string& path) {
 class mapped_file {
  public:
   mapped_file() = default;
-  explicit mapped_file(const std::string& path) : path_(path) {
-    unique_fd fd = open_file(path, O_RDONLY);
-    size_ = file_size(fd.get(), path);
+  /// Maps `path`, which must be a regular file (a directory, FIFO or device is a data_error naming it:
+  /// /dev/zero would map as an empty file, a FIFO would block).
+  explicit mapped_file(const std::string& path, std::string_view what = "file") : path_(path) {
+    regular_file file = open_regular_file(path, std::numeric_limits<std::int64_t>::max(), what);
+    unique_fd fd(file.release());
+    size_ = file.size();
     if (size_ > 0) {
       void* p = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_SHARED, fd.get(), 0);
       if (p == MAP_FAILED)
@@ -163,7 +169,9 @@ class atomic_file {
   atomic_file() = default;
   /// Creates the temporary for `path`; data_error naming it when that fails.
   explicit atomic_file(std::string path)
-      : path_(std::move(path)), tmp_(temp_name(path_)), fd_(open_file(tmp_, O_WRONLY | O_CREAT | O_EXCL)) {}
+      : path_((check_output_target(path, "output"), std::move(path))),
+        tmp_(temp_name(path_)),
+        fd_(open_file(tmp_, O_WRONLY | O_CREAT | O_EXCL)) {}
   atomic_file(atomic_file&& o) noexcept
       : path_(std::move(o.path_)),
         tmp_(std::move(o.tmp_)),
@@ -198,12 +206,14 @@ class atomic_file {
     if (::fsync(fd_.get()) != 0) throw_error<data_error>("cannot fsync '{}': {}", tmp_, std::strerror(errno));
     fd_.reset();
   }
-  /// Closes the temporary and renames it over the final path.
+  /// Closes the temporary, renames it over the final path and fsyncs the folder (so the rename
+  /// survives a crash).
   void commit() {
     close();
     if (::rename(tmp_.c_str(), path_.c_str()) != 0)
       throw_error<data_error>("cannot rename '{}' to '{}': {}", tmp_, path_, std::strerror(errno));
     done_ = true;
+    sync_folder_of(path_, "output");
   }
 
  private:
@@ -221,17 +231,15 @@ class atomic_file {
 /// Writes `bytes` to `path` atomically (atomic_file): a reader, or a process killed mid-write, never sees
 /// half a file, and a failure leaves the previous file as it was.
 inline void write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
-  atomic_file f(path);
-  f.write(bytes);
-  f.commit();
+  hetmesh::write_file_atomic(path,
+                             std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
-/// The whole content of `path` as a string.
-inline std::string read_text(const std::string& path) {
-  unique_fd fd = open_file(path, O_RDONLY);
-  std::string s(static_cast<std::size_t>(file_size(fd.get(), path)), '\0');
-  pread_all(fd.get(), std::as_writable_bytes(std::span<char>(s)), 0, path);
-  return s;
+/// The whole content of the regular file `path` (hetmesh::read_regular_file: a directory, FIFO or
+/// device, a file over `max_bytes` or one whose length changes while read is a data_error naming `what`).
+inline std::string read_text(const std::string& path, std::int64_t max_bytes = large_file_bytes,
+                             std::string_view what = "file") {
+  return read_regular_file(path, max_bytes, what);
 }
 
 /// Little-endian loads from possibly unaligned bytes (the .idx header is 9+8+1+8+8 = 34 bytes, so its
