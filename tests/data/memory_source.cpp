@@ -14,6 +14,7 @@
 #include <hetmesh/data/checkpoint.hpp>
 #include <hetmesh/data/loader.hpp>
 #include <hetmesh/data/memory_source.hpp>
+#include <hetmesh/data/mixture_json.hpp>
 #include <hetmesh/run/records.hpp>
 
 #include "fixtures.hpp"
@@ -293,6 +294,19 @@ TEST_CASE("memory source: video items reach model::step_batch in one call, paylo
     refused = true;
   }
   CHECK(refused);
+}
+
+TEST_CASE("memory source: a mixture with one has no JSON; the error names the source") {
+  memsrc_test::mixed m;
+  try {
+    (void)mixture_to_json(m.cfg);
+    FAIL("mixture_to_json accepted an in-process source");
+  } catch (const invalid_argument& e) {
+    CHECK(std::string(e.what()).find("'clips' is an in-process source") != std::string::npos);
+  }
+  m.cfg.sources.erase(m.cfg.sources.begin(), m.cfg.sources.begin() + 2);  // the file source alone
+  m.cfg.sources[0].weight = {{0, 1.0}};
+  CHECK(mixture_from_json(mixture_to_json(m.cfg)) == m.cfg);
 }
 
 TEST_CASE("memory source: bad records and bad specs get clear errors") {

@@ -212,8 +212,15 @@ inline std::vector<group_weight> groups_from_json(const nlohmann::json& j, const
   return c;
 }
 
-/// The JSON of a mixture; mixture_from_json(mixture_to_json(c)) == c.
+/// The JSON of a mixture; mixture_from_json(mixture_to_json(c)) == c. A mixture with an in-process source
+/// (data/memory_source.hpp: records held in memory or generated) has no JSON: invalid_argument naming it.
 [[nodiscard]] inline nlohmann::json mixture_to_json(const mixture_config& c) {
+  for (const auto& s : c.sources)
+    if (s.format == source_format::in_process)
+      throw_error<invalid_argument>(
+          "mixture_to_json: source '{}' is an in-process source (held in memory or generated); expected "
+          "file sources only: a mixture JSON cannot name one, build it in C++",
+          s.name);
   nlohmann::json j;
   j["seed"] = c.seed;
   j["global_batch"] = c.global_batch;
