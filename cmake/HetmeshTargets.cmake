@@ -38,6 +38,15 @@ function(hetmesh_src_library out level)
   set(${out} ${name} PARENT_SCOPE)
 endfunction()
 
+# hetmesh_link_compiled_part(TARGET ...): each TARGET builds over hetmesh_src_library at the default
+# assertion level (the tools and benchmarks: their planners are compiled once, in that library).
+function(hetmesh_link_compiled_part)
+  hetmesh_src_library(src 1)
+  foreach(target IN LISTS ARGN)
+    target_link_libraries(${target} PRIVATE ${src})
+  endforeach()
+endfunction()
+
 # hetmesh_tools_common: the tools' own headers (tools/common/hetmesh_tools: names -> policies, i.e.
 # schedule and balancer names, and args.hpp, the one command-line parser of every tool, example and
 # benchmark). The library chooses policies by type; tools, and the tests and benchmarks that loop over
