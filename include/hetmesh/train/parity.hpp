@@ -161,7 +161,7 @@ struct parity_result {
   std::int64_t tensors = 0;            ///< tensors compared: every tensor of the reference model
   int optimizer_calls = 0;     ///< this rank's optimizer hook calls in the distributed step (1 + encoders)
   step_stats stats;            ///< this rank's stats of the distributed step
-  parity_tolerance tolerance;  ///< the tolerances passed is judged against
+  parity_tolerance tolerance;  ///< the tolerances `passed` was judged against
   bool passed = false;         ///< rel_error <= tolerance.gradient, loss_rel_error <= tolerance.loss, and the
                                ///< targets and tokens equal the reference's
   /// passed.
