@@ -2,12 +2,14 @@
 // The mllm_train example's model, as a user of hetmesh writes it: a vision and an audio encoder
 // (encoder.hpp) and a pipelined transformer backbone with split backward (backbone.hpp), over the layers of
 // layers.hpp. train::system runs them: the encoders through train::bind_encoder, the backbone as the
-// rank's stages. Every tensor has a global id (backbone 0..9999, vision 10000+, audio 20000+), so a trainer
-// checkpoints, restores and compares tensors by id whatever the pipeline split.
+// rank's stages; train::check_parity reads it as a train::parity_model (backbone(), encoders(), tensors()).
+// Every tensor has a global id (backbone 0..9999, vision 10000+, audio 20000+), so a trainer checkpoints,
+// restores and compares tensors by id whatever the pipeline split.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "mllm_train/backbone.hpp"
@@ -20,13 +22,18 @@ namespace mllm {
 /// the colocated and first-stage placements; their gradients are reduced over the world).
 template <class T>
 struct multimodal_model {
-  backbone<T> llm;
+  mllm::backbone<T> llm;
   vision_encoder<T> vision;
   audio_encoder<T> audio;
 
   /// The model of `c` from `seed`, holding backbone stages `local` of `num_stages`. O(parameters).
   multimodal_model(const config& c, std::uint64_t seed, int num_stages, std::span<const int> local)
       : llm(c, seed, num_stages, local), vision(c, seed), audio(c, seed) {}
+
+  /// The backbone stages train::system::run runs (train::check_parity reads the model through these).
+  mllm::backbone<T>& backbone() { return llm; }
+  /// The encoders, in encoder-index order (vision_index, audio_index).
+  std::tuple<vision_encoder<T>&, audio_encoder<T>&> encoders() { return {vision, audio}; }
 
   /// (global id, value, gradient) of every tensor this rank holds, in id order: backbone, vision, audio.
   [[nodiscard]] std::vector<tensor_ref<T>> tensors() {

@@ -4,7 +4,7 @@
 // token loads, with per-(action type, stage) costs T(tokens) = a t^2 + b t + c fitted to the first step's
 // stage calls' thread CPU times by cost::fit_quadratic, since ranks share cores), the files of --out (a
 // Chrome trace and SVG timelines of one measured step and its modelled twin, an SVG plot of loss and busy
-// time over steps), the --report JSON, and the --check-parity comparison with a single-rank run.
+// time over steps) and the --report JSON.
 #pragma once
 
 #include <cstdint>
@@ -41,12 +41,5 @@ class run_log {
   struct impl;
   std::unique_ptr<impl> p_;
 };
-
-/// Compares this step's gradients (model.tensors()) with a single-rank run of the same batch from the
-/// same initial model (rank 0 runs it and broadcasts); prints the largest relative error on rank 0.
-/// Returns 0 when it is within tolerance, else 1; collective. Defined in parity.cpp for the loopback and
-/// MPI communicators.
-template <class Comm>
-int check_parity(Comm& world, const step_result& r, const config& mc, std::uint64_t seed, double tol = 2e-5);
 
 }  // namespace mllm

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <span>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -20,6 +21,21 @@
 #include "mllm_train/trainer.hpp"
 
 namespace mllm {
+
+/// --check-parity: train::check_parity of the step's batch from the model's initial parameters (the
+/// distributed step of `sys` against the library's 1-rank reference); prints the verdict on rank 0.
+/// Returns 0 when it passed, else 1. Collective over the trainers.
+template <class System>
+int check_step_parity(System& sys, const step_result& r, const config& mc, std::uint64_t seed) {
+  const auto make = [&](int stages, std::span<const int> local) {
+    return multimodal_model<float>(mc, seed, stages, local);
+  };
+  const auto verdict =
+      hetmesh::train::check_parity(sys, *r.batch, make, {.gradient = 2e-5, .loss = 1e-5},
+                                   r.data->input<float>(vision_index), r.data->input<float>(audio_index));
+  if (sys.world().rank() == 0) fmt::print("step {}: {}\n", r.step, verdict);
+  return verdict.passed ? 0 : 1;
+}
 
 /// One rank's whole run under train::system<Partition, reference attention, Comm, Balancer, Schedule,
 /// Placement>: the trainer, the parity check at step 0 (--check-parity), the per-step line and the
@@ -48,7 +64,7 @@ int run_policies(Comm& world, const options& o, const config& mc, const data_con
   int status = 0;
   bool first = true;
   train(sys, data, mc, to, [&](const step_result& r) {
-    if (o.check_parity && first) status = check_parity(trainers, r, mc, to.seed);
+    if (o.check_parity && first) status = check_step_parity(sys, r, mc, to.seed);
     first = false;
     log.step(r);
     if (o.kill_after >= 0 && r.step == o.kill_after) ::raise(SIGKILL);  // a crash right after a checkpoint

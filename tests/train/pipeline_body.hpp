@@ -2,8 +2,8 @@
 // Pipelined, multimodal gradient parity for train::system, for any communicator (loopback threads, MPI
 // processes): one step of tiny_stack with two encoders (vision and audio, model::scale_encoder) under a
 // partition family, balancer, schedule family, pipeline depth and encoder placement, against a
-// single-rank run of the same batch (pp = 1, one stage holding every block). Every rank compares its own
-// stages' tensors and the encoders' by global tensor id; the largest relative error is reduced over ranks.
+// single-rank run of the same batch (pp = 1, one stage holding every block) through train::check_parity:
+// every rank compares its own stages' tensors and the encoders' by global tensor id.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <hetmesh/comm/collectives.hpp>
@@ -122,49 +123,73 @@ struct mm_verdict {
   std::int64_t targets = 0, tokens = 0, expected_targets = 0, expected_tokens = 0;
   std::int64_t encoder_items = 0;
   int stages = 0, slots = 0, encoder_shards = 0, tensors = 0;
+  std::string parity;  ///< check_parity's result, printed
   std::string describe() const {
-    return fmt::format(
-        "grad rel err {:.3g}, loss rel err {:.3g}, targets {}/{}, tokens {}/{}, encoder items {}, {} stages, "
-        "{} slots, {} encoder shards, {} tensors compared",
-        rel, loss_rel, targets, expected_targets, tokens, expected_tokens, encoder_items, stages, slots,
-        encoder_shards, tensors);
+    return fmt::format("{}; encoder items {}, {} stages, {} slots, {} encoder shards", parity, encoder_items,
+                       stages, slots, encoder_shards);
   }
 };
 
+/// The multimodal model as train::check_parity builds it: tiny_stack's stages `local` of `stages` and the
+/// two encoders. Tensor ids: tiny_stack's; the encoders' k-th gradient span -1 - 10k (vision), -2 - 10k
+/// (audio).
+template <class T, template <class, class> class Encoder>
+struct mm_model {
+  tiny_stack<T> lm;
+  Encoder<T, model::vision_modality> vision{kShape.width, T(0.9)};
+  Encoder<T, model::audio_modality> audio{kShape.width, T(1.1)};
+
+  mm_model(std::uint64_t seed, int stages, std::span<const int> local)
+      : lm(kShape, seed, kBlocks, stages, local) {}
+  tiny_stack<T>& backbone() { return lm; }
+  auto encoders() { return std::tie(vision, audio); }
+  std::vector<train::model_tensor<T>> tensors() {
+    std::vector<train::model_tensor<T>> out;
+    for (auto& [id, p] : lm.param) out.push_back({id, std::span<T>(p), std::span<T>(lm.grad.at(id))});
+    auto add = [&](auto& e, std::int64_t first) {
+      const auto p = e.parameters();
+      const auto g = e.gradients();
+      for (std::size_t k = 0; k < p.size(); ++k)
+        out.push_back({first - 10 * static_cast<std::int64_t>(k), p[k], g[k]});
+    };
+    add(vision, -1);
+    add(audio, -2);
+    return out;
+  }
+};
+
+/// One step of the multimodal model under the given policies over `world` against the 1-rank reference
+/// (train::check_parity), on a seeded random batch with encoder items. Collective over world.
 template <class T, template <class, class> class Encoder = model::scale_encoder, class Partition,
           class Balancer, class Schedule, class Placement, class C>
 mm_verdict mm_parity_body(C& world, const Partition& partition, const Balancer& balancer,
                           const train::pipeline_config<Schedule, Placement>& pc, std::uint64_t seed, int docs,
                           std::int64_t max_len, const train::system_options& options = {}) {
   const auto batch = random_mm_batch(seed, docs, max_len);
-  mm_result<T> ref;
-  comm::loopback::run(1, [&](comm::loopback::communicator& c) {
-    ref = run_mm_step<T, Encoder>(c, seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
-                                  train::pipeline_config<>{}, batch, seed + 1);
-  });
-  const auto got = run_mm_step<T, Encoder>(world, partition, balancer, pc, batch, seed + 1, options);
-  grad_error err;
-  int tensors = 0;
-  for (const auto& [id, g] : got.grads) {
-    err.add(g, ref.grads.at(id));
-    ++tensors;
-  }
-  const auto [rel, loss_rel] = err.over(world, got.stats.loss, ref.stats.loss);
-  int t = tensors;
-  comm::all_reduce(world, std::span<int>(&t, 1), comm::reduce_op::sum);
+  using sys_t = train::system<Partition, model::reference_attention, C, Balancer, Schedule, Placement>;
+  sys_t sys(partition, balancer, pc, world, {}, options);
+  const auto r = train::check_parity(
+      sys, batch,
+      [&](int stages, std::span<const int> local) { return mm_model<T, Encoder>(seed + 1, stages, local); },
+      {}, item_features<T>{kShape.width, 0}, item_features<T>{kShape.width, 1});
+  if (r.optimizer_calls != 3)
+    throw_error<invalid_argument>("mm step: optimizer called {} times; expected 3 (stage + 2 encoders)",
+                                  r.optimizer_calls);
+  const auto plan = sys.plan(batch);
   mm_verdict v;
-  v.rel = rel;
-  v.loss_rel = loss_rel;
-  v.targets = got.stats.targets;
-  v.tokens = got.stats.tokens;
+  v.rel = r.rel_error;
+  v.loss_rel = r.loss_rel_error;
+  v.targets = r.targets;
+  v.tokens = r.tokens;
   const auto s = model::summarize_step(batch);
   v.expected_targets = s.targets;
   v.expected_tokens = s.tokens;
-  v.encoder_items = got.stats.encoder_items;
-  v.stages = got.stages;
-  v.slots = got.slots;
-  v.encoder_shards = got.encoder_shards;
-  v.tensors = t;
+  v.encoder_items = r.stats.encoder_items;
+  v.stages = plan.pipeline.num_stages;
+  v.slots = plan.slots;
+  v.encoder_shards = plan.pipeline.num_encoder_shards();
+  v.tensors = static_cast<int>(r.tensors);
+  v.parity = fmt::format("{}", r);
   return v;
 }
 

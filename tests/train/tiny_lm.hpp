@@ -17,6 +17,7 @@
 #include <hetmesh/model/attention.hpp>
 #include <hetmesh/model/micro_batch.hpp>
 #include <hetmesh/train/context.hpp>
+#include <hetmesh/train/parity.hpp>
 
 namespace traintest {
 
@@ -180,6 +181,15 @@ struct tiny_lm {
 
   [[nodiscard]] std::vector<std::span<T>> parameters() { return {emb, wq, wk, wv, wo, wout}; }
   [[nodiscard]] std::vector<std::span<T>> gradients() { return {gemb, gwq, gwk, gwv, gwo, gwout}; }
+  /// (id, value, gradient) of every tensor, ids 0 (embedding) to 5 (output projection): a
+  /// train::parity_model, so train::check_parity compares it with a 1-rank run.
+  [[nodiscard]] std::vector<train::model_tensor<T>> tensors() {
+    std::vector<train::model_tensor<T>> out;
+    const auto p = parameters();
+    const auto g = gradients();
+    for (std::size_t i = 0; i < p.size(); ++i) out.push_back({static_cast<std::int64_t>(i), p[i], g[i]});
+    return out;
+  }
 
  private:
   [[nodiscard]] lm_dims dims(const model::micro_batch_view& mb) const noexcept { return dims_of(shape, mb); }

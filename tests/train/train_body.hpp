@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gradient parity bodies for train::system, one per rank, for any host communicator: loopback threads in
 // test_train and mpirun processes in test_train_mpi (8 ranks). Each rank builds the same seeded random
-// batch and the same model, runs one step of the distributed system, and compares the reduced gradients
-// with those of a single-rank run of the same global batch (a one-rank loopback world, computed on every
-// rank). Errors are reduced (max) over the world so every rank sees the same verdict.
+// batch and the same model and compares one step of the distributed system with a single-rank run of the
+// same global batch through train::check_parity (rank 0 runs it on a one-rank loopback world and
+// broadcasts it). The verdict is the same on every rank.
 #pragma once
 
 #include <algorithm>
@@ -68,33 +68,10 @@ struct recording_optimizer {
   }
 };
 
-/// One step of `partition` placed by `balancer` over `world` on `batch`: collective over world.
-template <class T, class Partition, class C, class Balancer = train::family_placement>
-step_result<T> run_step(C& world, const Partition& partition, const model::step_batch& batch,
-                        std::uint64_t seed, const Balancer& balancer = {}) {
-  train::system<Partition, model::reference_attention, C, Balancer> sys(partition, balancer, world);
-  const auto plan = sys.plan(batch);
-  tiny_lm<T> lm(kShape, seed);
-  step_result<T> r;
-  r.stats = sys.run(plan, batch, lm, recording_optimizer<T>{&r});
-  return r;
-}
-
-/// The single-rank run of the same batch: every document whole on one rank (static THD with cp = 1 on a
-/// one-rank loopback world).
-template <class T>
-step_result<T> single_rank(const model::step_batch& batch, std::uint64_t seed) {
-  step_result<T> r;
-  comm::loopback::run(1, [&](comm::loopback::communicator& c) {
-    r = run_step<T>(c, seq::cp_thd{.cp = 1, .pad = true}, batch, seed);
-  });
-  return r;
-}
-
-/// Parity verdict: max |g - ref| / max |ref| over every gradient element, reduced over the world, and
-/// the step's stats beside the batch's own counts.
+/// Parity verdict (train::check_parity's, reduced over the world) and the step's stats beside the batch's
+/// own counts.
 struct verdict {
-  double rel = 0;            ///< gradient relative error
+  double rel = 0;            ///< gradient error relative to the largest gradient
   double loss_rel = 0;       ///< loss relative error
   std::int64_t targets = 0;  ///< stats.targets (sum of loss weights over ranks)
   std::int64_t tokens = 0;   ///< stats.tokens
@@ -102,55 +79,35 @@ struct verdict {
   std::int64_t micro_batches = 0;
   int optimizer_calls = 0;
   std::vector<int> ring_sizes;  ///< sizes of the plan's rings (for coverage)
+  std::string parity;           ///< check_parity's result, printed
 
   std::string describe() const {
-    return fmt::format(
-        "grad rel err {:.3g}, loss rel err {:.3g}, targets {}/{}, tokens {}/{}, {} micro-batches, "
-        "rings {}",
-        rel, loss_rel, targets, expected_targets, tokens, expected_tokens, micro_batches, ring_sizes);
+    return fmt::format("{}; {} micro-batches, rings {}", parity, micro_batches, ring_sizes);
   }
 };
 
-/// Largest |got - ref| and largest |ref| over gradient elements compared so far (a size mismatch counts
-/// as an infinite error).
-struct grad_error {
-  double num = 0, den = 0;
-  template <class T>
-  void add(const std::vector<T>& got, const std::vector<T>& ref) {
-    if (got.size() != ref.size()) num = 1e300;
-    for (std::size_t i = 0; i < std::min(got.size(), ref.size()); ++i) {
-      num = std::max(num, std::abs(static_cast<double>(got[i]) - static_cast<double>(ref[i])));
-      den = std::max(den, std::abs(static_cast<double>(ref[i])));
-    }
-  }
-  /// {gradient relative error, loss relative error}, the largest over the world's ranks. Collective.
-  template <class C>
-  std::pair<double, double> over(C& world, double loss, double ref_loss) const {
-    double e[2] = {den > 0 ? num / den : num, std::abs(loss - ref_loss) / std::abs(ref_loss)};
-    comm::all_reduce(world, std::span<double>(e), comm::reduce_op::max);
-    return {e[0], e[1]};
-  }
-};
-
+/// One step of tiny_lm under `partition` placed by `balancer` over `world` against the 1-rank reference
+/// (train::check_parity), on a seeded random batch. Collective over world.
 template <class T, class Partition, class C, class Balancer = train::family_placement>
 verdict parity_body(C& world, const Partition& partition, std::uint64_t seed, int docs, std::int64_t max_len,
                     const Balancer& balancer = {}) {
   const auto batch = random_batch(seed, docs, max_len);
-  const auto ref = single_rank<T>(batch, seed + 1);
-  const auto got = run_step<T>(world, partition, batch, seed + 1, balancer);
+  train::system<Partition, model::reference_attention, C, Balancer> sys(partition, balancer, world);
+  const auto r = train::check_parity(sys, batch,
+                                     [&](int, std::span<const int>) { return tiny_lm<T>(kShape, seed + 1); });
   verdict v;
-  grad_error err;
-  err.add(got.grads, ref.grads);
-  std::tie(v.rel, v.loss_rel) = err.over(world, got.stats.loss, ref.stats.loss);
-  v.targets = got.stats.targets;
-  v.tokens = got.stats.tokens;
+  v.rel = r.rel_error;
+  v.loss_rel = r.loss_rel_error;
+  v.targets = r.targets;
+  v.tokens = r.tokens;
   const auto s = model::summarize_step(batch);
   v.expected_targets = s.targets;
   v.expected_tokens = s.tokens;
-  v.micro_batches = got.stats.micro_batches;
-  v.optimizer_calls = got.optimizer_calls;
+  v.micro_batches = r.stats.micro_batches;
+  v.optimizer_calls = r.optimizer_calls;
+  v.parity = fmt::format("{}", r);
   const auto plan = train::plan_step(partition, model::document_descs(batch), world.size(), balancer);
-  for (const auto& r : plan.rings) v.ring_sizes.push_back(r.size());
+  for (const auto& ring : plan.rings) v.ring_sizes.push_back(ring.size());
   std::sort(v.ring_sizes.begin(), v.ring_sizes.end());
   return v;
 }

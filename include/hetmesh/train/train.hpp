@@ -8,6 +8,7 @@
 #include "context.hpp"
 #include "delivery.hpp"
 #include "families.hpp"
+#include "parity.hpp"
 #include "partition_family.hpp"
 #include "pipeline_plan.hpp"
 #include "report.hpp"
