@@ -19,6 +19,8 @@ namespace hetmesh::train {
 /// A plain SGD optimizer hook: p -= lr * g for every parameter. Deterministic; O(parameters).
 template <class T>
 struct sgd {
+  /// The element type of the parameters.
+  using value_type = T;
   T lr = T(0.01);  ///< learning rate
 
   /// Updates every parameter span in place from its gradient span (same order and sizes).
@@ -47,6 +49,8 @@ struct adam_moments {
 /// O(parameters) per call.
 template <class T>
 struct adam {
+  /// The element type of the parameters.
+  using value_type = T;
   T lr = T(1e-3);                               ///< learning rate
   T beta1 = T(0.9);                             ///< first-moment decay
   T beta2 = T(0.999);                           ///< second-moment decay
@@ -77,6 +81,13 @@ struct adam {
         ps[i] -= lr * (mh / (std::sqrt(vh) + eps) + weight_decay * ps[i]);
       }
     }
+  }
+
+  /// Bytes of the moments held (both moments of every tensor stepped so far).
+  [[nodiscard]] std::int64_t state_bytes() const noexcept {
+    std::int64_t n = 0;
+    for (const auto& [p, s] : state) n += static_cast<std::int64_t>((s.m.size() + s.v.size()) * sizeof(T));
+    return n;
   }
 
   /// The moments of the tensor stored at `p` (created zero on first use; resized if its size changed).

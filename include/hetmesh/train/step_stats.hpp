@@ -4,12 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "../core/format.hpp"
 #include "../pipeline/simulate.hpp"
+#include "zero.hpp"
 
 namespace hetmesh::train {
 
@@ -36,6 +39,11 @@ struct step_stats {
   std::int64_t activation_peak_bytes =
       0;                             ///< this rank: peak resident bytes of the stages' saved activations
   std::int64_t offloaded_bytes = 0;  ///< this rank: activation bytes offloaded (selective offload)
+  std::int64_t parameter_bytes = 0;  ///< this rank: bytes of its stage's and encoders' parameters
+  std::int64_t gradient_bytes = 0;   ///< this rank: bytes of their gradient tensors
+  /// This rank: bytes of optimizer state after the step (train::optimizer_state_bytes: Adam's moments; with
+  /// train::zero1, those of this rank's shards only).
+  std::int64_t optimizer_state_bytes = 0;
   /// This rank's executed actions with their wall times (seconds since the step began), the simulator's
   /// trace format (pipeline::timed_action; its rank is this rank's world rank).
   std::vector<pipeline::timed_action> timeline;
@@ -51,6 +59,30 @@ struct step_stats {
     return d > 0.0 ? d : 0.0;
   }
 };
+
+/// Bytes of the tensors of a range of spans of T (a stage's parameters() or gradients()).
+template <class T, class Range>
+[[nodiscard]] std::int64_t tensor_bytes(Range&& tensors) {
+  std::int64_t n = 0;
+  for (auto t : tensors) n += static_cast<std::int64_t>(std::span<T>(t).size_bytes());
+  return n;
+}
+
+/// Fills st's memory figures for this rank: the bytes of the stage's and the bound encoders' parameters and
+/// gradients, and the optimizer's state (optimizer_state_bytes).
+template <class T, class Stage, class Bound, class Optimizer>
+void record_memory(step_stats& st, Stage& stage, Bound& bound, const Optimizer& optimizer) {
+  st.parameter_bytes = tensor_bytes<T>(stage.parameters());
+  st.gradient_bytes = tensor_bytes<T>(stage.gradients());
+  std::apply(
+      [&](auto&... e) {
+        ((st.parameter_bytes += tensor_bytes<T>(e.stage->parameters()),
+          st.gradient_bytes += tensor_bytes<T>(e.stage->gradients())),
+         ...);
+      },
+      bound);
+  st.optimizer_state_bytes = optimizer_state_bytes(optimizer);
+}
 
 }  // namespace hetmesh::train
 

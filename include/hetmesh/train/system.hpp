@@ -59,6 +59,7 @@
 #include "step_run.hpp"
 #include "step_stats.hpp"
 #include "system_config.hpp"
+#include "zero.hpp"
 
 namespace hetmesh::train {
 
@@ -322,9 +323,10 @@ class system {
     static_assert(model::check_backbone_stage<Stage, T, context_type<T>>());
     static_assert(
         pipeline::check_schedule_accepts<Schedule, model::split_backward_stage<Stage, T, context_type<T>>>());
-    static_assert(optimizer_hook<Optimizer, Stage>,
+    static_assert(optimizer_hook<Optimizer, Stage> || sharded_optimizer<Optimizer>,
                   "train::system::run: the optimizer hook must be callable as "
-                  "`optimizer(stage.parameters(), stage.gradients())`");
+                  "`optimizer(stage.parameters(), stage.gradients())`, or be a sharded optimizer "
+                  "(train::zero1)");
     static_assert(
         (model::check_encoder_stage<std::remove_pointer_t<decltype(std::declval<Encoders&>().stage)>, T,
                                     encoder_context_type<T>>() &&
@@ -428,24 +430,24 @@ class system {
   }
 
   // Sums the stage's gradients over the pool and the encoders' over the world, and the step's counts; then
-  // the optimizer hook on the stage and each encoder.
+  // the optimizer hook on the stage and each encoder. A sharded optimizer (train::zero1) takes the place of
+  // the gradient sums and the hook: it reduce-scatters each group's gradients over the same ranks, steps
+  // its shard and all-gathers the parameters.
   template <class Runner, class Stage, class Bound, class Optimizer>
   void reduce_and_step(step_stats& st, Runner& runner, Stage& stage, Bound& bound, Optimizer&& optimizer) {
     using T = typename Runner::context_type::value_type;
+    constexpr bool sharded = sharded_optimizer<Optimizer>;
     Comm& pool = pool_ ? *pool_ : *world_;
     const auto t2 = std::chrono::steady_clock::now();
     const double reduce_cpu0 = thread_cpu_seconds();
-    for (auto g : stage.gradients()) sum_over_ranks(pool, mem_, std::span<T>(g), options_.reproducible);
-    std::apply(
-        [&](auto&... e) {
-          (
-              [&] {
-                for (auto g : e.stage->gradients())
-                  sum_over_ranks(*world_, mem_, std::span<T>(g), options_.reproducible);
-              }(),
-              ...);
-        },
-        bound);
+    auto groups = [&](auto&& f) {  // the stage over the pool, each encoder over the world
+      f(pool, stage);
+      std::apply([&](auto&... e) { (f(*world_, *e.stage), ...); }, bound);
+    };
+    if constexpr (!sharded)
+      groups([&](Comm& c, auto& s) {
+        for (auto g : s.gradients()) sum_over_ranks(c, mem_, std::span<T>(g), options_.reproducible);
+      });
     sum_host_values_over_ranks(*world_, mem_, std::span<double>(runner.sums), options_.reproducible);
     sum_host_values_over_ranks(*world_, mem_, std::span<std::int64_t>(runner.counts), options_.reproducible);
     st.reduce_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
@@ -456,9 +458,14 @@ class system {
     st.micro_batches = runner.counts[1];
     st.encoder_items = runner.counts[2];
     const double optimizer_cpu0 = thread_cpu_seconds();
-    optimizer(stage.parameters(), stage.gradients());
-    std::apply([&](auto&... e) { (optimizer(e.stage->parameters(), e.stage->gradients()), ...); }, bound);
+    if constexpr (sharded)
+      groups([&](Comm& c, auto& s) {
+        optimizer.step(c, mem_, s.parameters(), s.gradients(), options_.reproducible);
+      });
+    else
+      groups([&](Comm&, auto& s) { optimizer(s.parameters(), s.gradients()); });
     st.cpu_optimizer_seconds = thread_cpu_seconds() - optimizer_cpu0;
+    record_memory<T>(st, stage, bound, optimizer);
   }
 
   plan_type plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch) const {
