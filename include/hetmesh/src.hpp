@@ -27,6 +27,7 @@
 #include "balance/solvers.hpp"
 #include "comm/communicator.hpp"
 #include "comm/detail/checks.hpp"
+#include "comm/detail/loopback_impl.hpp"
 #include "comm/group_cache.hpp"
 #include "comm/loopback.hpp"
 #include "model/encoder_batch.hpp"
