@@ -172,7 +172,8 @@ run_result train_steps(comm::loopback::communicator& world, const Partition& par
 struct zero_verdict {
   int mismatched_tensors = 1;
   bool losses_equal = false;
-  double state_ratio = 0;  // zero1's optimizer state / the replicated one's, the largest over ranks
+  double state_ratio = 0;     // zero1's optimizer state / the replicated one's, the largest over ranks
+  int report_mismatches = 1;  // ranks whose gathered report's memory figures differ from their stats
   int ranks = 0;
 };
 
@@ -195,6 +196,14 @@ zero_verdict compare(const Partition& partition, const Balancer& balancer,
                    static_cast<double>(want.last.optimizer_state_bytes);
     comm::all_reduce(w, std::span<double>(&ratio, 1), comm::reduce_op::max);
     v.state_ratio = ratio;
+    const auto rep = train::gather_report(w, got.last);
+    const auto me = static_cast<std::size_t>(w.rank());
+    int off = rep.optimizer_state_bytes.size() != 8 ||
+              rep.optimizer_state_bytes.at(me) != got.last.optimizer_state_bytes ||
+              rep.parameter_bytes.at(me) != got.last.parameter_bytes || got.last.parameter_bytes <= 0 ||
+              rep.gradient_bytes.at(me) != got.last.gradient_bytes;
+    comm::all_reduce(w, std::span<int>(&off, 1), comm::reduce_op::sum);
+    v.report_mismatches = off;
     v.ranks = w.size();
     return v;
   });
@@ -209,6 +218,7 @@ TEST_CASE("train::system with zero1: the replicated adam's losses and parameters
   CHECK(dp.mismatched_tensors == 0);
   CHECK(dp.losses_equal);
   CHECK(dp.state_ratio < 1.0 / 8 * 1.05 + 0.02);
+  CHECK(dp.report_mismatches == 0);
   // Buckets of 12 doubles: every tensor cut across buckets.
   const auto cp = compare(seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pp1, 96);
   CHECK(cp.mismatched_tensors == 0);

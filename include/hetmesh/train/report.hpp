@@ -32,6 +32,9 @@ struct step_report {
   std::vector<double> cpu_step_seconds;  ///< per world rank: thread CPU time of the whole run() call
   std::vector<double> cpu_comm_seconds;  ///< per world rank: thread CPU time moving bytes (step_stats)
   std::vector<double> library_cpu_seconds;          ///< per world rank: step_stats::library_cpu_seconds()
+  std::vector<std::int64_t> parameter_bytes;        ///< per world rank: its parameters (step_stats)
+  std::vector<std::int64_t> gradient_bytes;         ///< per world rank: its gradient tensors
+  std::vector<std::int64_t> optimizer_state_bytes;  ///< per world rank: its optimizer state (1/P with zero1)
   std::vector<pipeline::timed_action> timeline;     ///< every rank's executed actions, by rank then time
   std::vector<pipeline::timed_action> cpu_actions;  ///< every rank's stage calls with thread CPU times
 
@@ -94,7 +97,8 @@ std::vector<pipeline::timed_action> gather_actions(C& world,
 }  // namespace detail
 
 /// Gathers `s` (this rank's stats of the step) from every rank of `world`. Collective over the world;
-/// every rank gets the whole report. Cost: one all-gather of 8 doubles per rank and two of action lists.
+/// every rank gets the whole report. Cost: one all-gather of 8 doubles and one of 3 integers per rank, and
+/// two of action lists.
 template <comm::communicator C>
 [[nodiscard]] step_report gather_report(C& world, const step_stats& s) {
   step_report r;
@@ -115,6 +119,14 @@ template <comm::communicator C>
     r.cpu_step_seconds.push_back(all[k * i + 5]);
     r.cpu_comm_seconds.push_back(all[k * i + 6]);
     r.library_cpu_seconds.push_back(all[k * i + 7]);
+  }
+  const std::int64_t bytes[3] = {s.parameter_bytes, s.gradient_bytes, s.optimizer_state_bytes};
+  std::vector<std::int64_t> every(3 * n);
+  comm::all_gather(world, std::span<const std::int64_t>(bytes), std::span<std::int64_t>(every));
+  for (std::size_t i = 0; i < n; ++i) {
+    r.parameter_bytes.push_back(every[3 * i]);
+    r.gradient_bytes.push_back(every[3 * i + 1]);
+    r.optimizer_state_bytes.push_back(every[3 * i + 2]);
   }
   r.timeline = detail::gather_actions(world, s.timeline);
   r.cpu_actions = detail::gather_actions(world, s.cpu_actions);

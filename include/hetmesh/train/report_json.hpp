@@ -33,6 +33,9 @@ namespace hetmesh::train {
           {"cpu_comm_s", r.cpu_comm_seconds},
           {"library_cpu_s", r.library_cpu_seconds},
           {"library_share", r.library_share()},
+          {"parameter_bytes", r.parameter_bytes},
+          {"gradient_bytes", r.gradient_bytes},
+          {"optimizer_state_bytes", r.optimizer_state_bytes},
           {"imbalance", r.imbalance()},
           {"cpu_imbalance", r.cpu_imbalance()}};
 }
