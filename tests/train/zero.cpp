@@ -217,7 +217,8 @@ TEST_CASE("train::system with zero1: the replicated adam's losses and parameters
   const auto dp = compare(seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{}, pp1);
   CHECK(dp.mismatched_tensors == 0);
   CHECK(dp.losses_equal);
-  CHECK(dp.state_ratio < 1.0 / 8 * 1.05 + 0.02);
+  MESSAGE("zero1 optimizer state / replicated, DP over 8: ", dp.state_ratio);
+  CHECK(dp.state_ratio <= 1.05 / 8);
   CHECK(dp.report_mismatches == 0);
   // Buckets of 12 doubles: every tensor cut across buckets.
   const auto cp = compare(seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pp1, 96);
@@ -231,7 +232,7 @@ TEST_CASE("train::system with zero1: the replicated adam's losses and parameters
               train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, {}});
   CHECK(pp2.mismatched_tensors == 0);
   CHECK(pp2.losses_equal);
-  CHECK(pp2.state_ratio < 1.0 / 4 * 1.05 + 0.02);
+  CHECK(pp2.state_ratio <= 1.05 / 4);  // the stages over pools of 4, the encoders over the world
 }
 
 }  // namespace
