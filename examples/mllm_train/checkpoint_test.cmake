@@ -84,3 +84,13 @@ expect_refused(flipped_byte "rank-1.bin': checksum .*the file is corrupt"
 expect_refused(truncated "rank-0.bin' has 4096 bytes; the manifest says" "truncate -s 4096 rank-0.bin")
 expect_refused(no_manifest "cannot open '.*manifest'" "rm manifest")
 expect_refused(fifo "rank-0.bin' is not a regular file" "rm rank-0.bin && mkfifo rank-0.bin")
+
+# A run without --resume into a directory holding a checkpoint is refused before it writes anything.
+file(READ "${ckpt}/latest" before)
+execute_process(COMMAND "${EXE}" ${common} --steps 4 --checkpoint-dir "${ckpt}"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+file(READ "${ckpt}/latest" after)
+if(rc EQUAL 0 OR NOT err MATCHES "already holds a checkpoint \\(step-00000002\\); pass --resume" OR
+   out MATCHES "loss" OR NOT before STREQUAL after)
+  message(FATAL_ERROR "a run without --resume into '${ckpt}': expected a refusal; got ${rc}: ${err}")
+endif()

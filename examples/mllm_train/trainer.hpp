@@ -68,14 +68,14 @@ inline std::vector<ckpt::tensor_view> checkpoint_views(multimodal_model<float>& 
 inline void restore_model(const ckpt::rank_state& st, multimodal_model<float>& m,
                           hetmesh::train::adam<float>& opt) {
   auto tensors = m.tensors();
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    auto& s = opt.moments(tensors[i].value);
-    s.t = st.restore(i, tensors[i].id, tensors[i].value, s.m, s.v);
-  }
   if (st.size() != tensors.size())
     throw std::runtime_error("resume: the checkpoint holds " + std::to_string(st.size()) +
                              " tensors for this rank; its model has " + std::to_string(tensors.size()) +
                              " (another model split)");
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    auto& s = opt.moments(tensors[i].value);
+    s.t = st.restore(i, tensors[i].id, tensors[i].value, s.m, s.v);
+  }
 }
 
 /// Where train() resumes: the verified checkpoint `latest` names under `o.ckpt_dir` (this rank's part),
