@@ -5,15 +5,16 @@
 // of the step under delivery by plan (the documents and encoder items its micro-batches and encoder shards
 // read, taken locally or received from the hosts), one run on it (encoders in the LLM pipeline, ring
 // attention, gradient reduction, Adam), the gathered report; a checkpoint (each rank its tensors and Adam
-// moments by tensor id, rank 0 the data position) after every step when asked, and a resume from it.
+// moments by tensor id, rank 0 the data position and the manifest; checkpoint.hpp) after every step when
+// asked, and a verified resume from the newest complete one.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/train/train.hpp>
 
+#include "mllm_train/checkpoint.hpp"
 #include "mllm_train/data.hpp"
 #include "mllm_train/hosts.hpp"
 #include "mllm_train/model.hpp"
@@ -49,55 +51,52 @@ struct step_result {
   const step_source* data = nullptr;  ///< the step source (this step's encoder inputs); null with hosts
 };
 
-namespace ckpt_io {
-inline void put(std::ostream& o, std::int64_t x) { o.write(reinterpret_cast<const char*>(&x), sizeof x); }
-inline std::int64_t get(std::istream& i) {
-  std::int64_t x = 0;
-  i.read(reinterpret_cast<char*>(&x), sizeof x);
-  return x;
-}
-inline void put(std::ostream& o, const float* p, std::size_t n) {
-  o.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n * sizeof(float)));
-}
-inline void get(std::istream& i, float* p, std::size_t n) {
-  i.read(reinterpret_cast<char*>(p), static_cast<std::streamsize>(n * sizeof(float)));
-}
-}  // namespace ckpt_io
-
-/// Writes this rank's tensors and their Adam moments (by tensor id) after `step`, atomically.
-inline void save_rank(const std::filesystem::path& file, std::int64_t step, multimodal_model<float>& m,
-                      hetmesh::train::adam<float>& opt) {
-  const auto tmp = file.string() + ".tmp";
-  {
-    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    ckpt_io::put(o, step);
-    for (auto& t : m.tensors()) {
-      auto& s = opt.moments(t.value);
-      ckpt_io::put(o, t.id);
-      ckpt_io::put(o, static_cast<std::int64_t>(t.value.size()));
-      ckpt_io::put(o, s.t);
-      for (const float* p : {t.value.data(), s.m.data(), s.v.data()}) ckpt_io::put(o, p, t.value.size());
-    }
-    if (!o) throw std::runtime_error("checkpoint: cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, file);
-}
-
-/// Reads what save_rank wrote into a model of the same split; returns the step it was saved after.
-inline std::int64_t load_rank(const std::filesystem::path& file, multimodal_model<float>& m,
-                              hetmesh::train::adam<float>& opt) {
-  std::ifstream i(file, std::ios::binary);
-  if (!i) throw std::runtime_error("resume: no checkpoint " + file.string());
-  const auto step = ckpt_io::get(i);
+/// The views save_rank writes of `m`'s tensors and their Adam moments (created zero for a tensor the
+/// optimizer has not updated yet).
+inline std::vector<ckpt::tensor_view> checkpoint_views(multimodal_model<float>& m,
+                                                       hetmesh::train::adam<float>& opt) {
+  std::vector<ckpt::tensor_view> out;
   for (auto& t : m.tensors()) {
     auto& s = opt.moments(t.value);
-    if (ckpt_io::get(i) != t.id || ckpt_io::get(i) != static_cast<std::int64_t>(t.value.size()))
-      throw std::runtime_error("resume: " + file.string() + " holds another model split");
-    s.t = ckpt_io::get(i);
-    for (float* p : {t.value.data(), s.m.data(), s.v.data()}) ckpt_io::get(i, p, t.value.size());
+    out.push_back({t.id, t.value, s.m, s.v, s.t});
   }
-  if (!i) throw std::runtime_error("resume: " + file.string() + " is truncated");
-  return step;
+  return out;
+}
+
+/// Restores `m`'s tensors and their Adam moments from `st` (ckpt::load_latest checked it). Throws
+/// std::runtime_error when it holds another model split.
+inline void restore_model(const ckpt::rank_state& st, multimodal_model<float>& m,
+                          hetmesh::train::adam<float>& opt) {
+  auto tensors = m.tensors();
+  if (st.size() != tensors.size())
+    throw std::runtime_error("resume: the checkpoint holds " + std::to_string(st.size()) +
+                             " tensors for this rank; its model has " + std::to_string(tensors.size()) +
+                             " (another model split)");
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    auto& s = opt.moments(tensors[i].value);
+    s.t = st.restore(i, tensors[i].id, tensors[i].value, s.m, s.v);
+  }
+}
+
+/// Where train() resumes: the verified checkpoint `latest` names under `o.ckpt_dir` (this rank's part),
+/// with the data position loaded into `data`; none without --resume. Refuses a run without --resume into
+/// a directory that already holds a checkpoint (it would be overwritten step by step).
+template <class Feed>
+std::optional<ckpt::resume_point> resume_from(const trainer_options& o, Feed& data, int rank, int ranks) {
+  if (o.ckpt_dir.empty()) return std::nullopt;
+  if (!o.resume) {
+    if (const auto name = ckpt::latest_name(o.ckpt_dir); !name.empty())
+      throw std::runtime_error("checkpoint: '" + o.ckpt_dir.string() + "' already holds a checkpoint (" +
+                               name + "); pass --resume to continue it, or choose another --checkpoint-dir");
+    return std::nullopt;
+  }
+  auto from = ckpt::load_latest(o.ckpt_dir, rank, ranks);
+  data.source()->load(from.data_file());
+  if (data.step() != from.step + 1)
+    throw std::runtime_error("resume: '" + from.data_file().string() + "' is the data position of step " +
+                             std::to_string(data.step()) + "; the model was saved after step " +
+                             std::to_string(from.step));
+  return from;
 }
 
 /// Trains the model of `mc` on the steps of `data` over the trainers of `sys` under its policies, calling
@@ -108,8 +107,7 @@ void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
   auto& world = sys.world();
   std::optional<multimodal_model<float>> model;
   hetmesh::train::adam<float> opt{.lr = o.lr};
-  const auto rank_file = o.ckpt_dir / ("rank-" + std::to_string(world.rank()) + ".bin");
-  if (o.resume) data.source()->load(o.ckpt_dir / "data.ckpt");
+  auto from = resume_from(o, data, world.rank(), world.size());
   for (std::int64_t step = data.step(); step < o.steps; ++step) {
     const auto batch = data.next();
     const auto t0 = std::chrono::steady_clock::now();
@@ -126,8 +124,8 @@ void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
     hetmesh::comm::all_reduce(world, std::span<double>(&plan_cpu_s, 1), hetmesh::comm::reduce_op::sum);
     if (!model) {  // the split is the schedule's, known once a plan exists
       model.emplace(mc, o.seed, plan.pipeline.num_stages, sys.local_stages(plan));
-      if (o.resume && load_rank(rank_file, *model, opt) + 1 != step)
-        throw std::runtime_error("resume: the model checkpoint and the data position disagree");
+      if (from) restore_model(from->mine, *model, opt);
+      from.reset();
     }
     const auto stats = sys.run(
         plan, share, model->llm, opt,
@@ -136,11 +134,14 @@ void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
         hetmesh::train::bind_encoder(
             model->audio, delivered_input<float>(got, batch, audio_index, data.width(audio_index))));
     const auto report = hetmesh::train::gather_report(world, stats);
-    if (!o.ckpt_dir.empty()) {
-      std::filesystem::create_directories(o.ckpt_dir);
-      save_rank(rank_file, step, *model, opt);
-      hetmesh::comm::barrier(world);  // every rank's tensors are on disk before the data position moves on
-      if (world.rank() == 0) data.source()->save(o.ckpt_dir / "data.ckpt");
+    if (!o.ckpt_dir.empty()) {  // crash-consistent (checkpoint.hpp): 'latest' moves after all is durable
+      if (world.rank() == 0) ckpt::begin_save(o.ckpt_dir, step);
+      hetmesh::comm::barrier(world);
+      ckpt::save_rank(o.ckpt_dir, step, world.rank(), checkpoint_views(*model, opt));
+      hetmesh::comm::barrier(world);  // every rank's tensors are durable before the manifest names them
+      if (world.rank() == 0)
+        ckpt::commit_save(o.ckpt_dir, step, world.size(),
+                          [&](const std::filesystem::path& p) { data.source()->save(p); });
       hetmesh::comm::barrier(world);
     }
     on_step({step, &plan, &report, plan_ms, plan_cpu_s, &*model, &batch, data.source()});
