@@ -210,6 +210,8 @@ struct encoder : encoder_layers<T> {
   using is_encoder_stage = void;
   /// The modality's name ("vision", "audio").
   static constexpr std::string_view modality = Modality::name;
+  /// Its attention heads (cfg.enc_heads): long-short SP's groups divide them.
+  [[nodiscard]] int attention_heads() const noexcept { return static_cast<int>(this->cfg.enc_heads); }
   /// The encoder of `c` with parameters from `seed` (equal on every rank).
   encoder(const config& c, std::uint64_t seed)
       : encoder_layers<T>(c, seed,

@@ -31,6 +31,8 @@ class encoder {
   using is_encoder_stage = void;
   /// The modality's name.
   static constexpr std::string_view modality = Modality::name;
+  /// Its attention heads (the host encoder's: cfg.enc_heads).
+  [[nodiscard]] int attention_heads() const noexcept { return static_cast<int>(cfg_.enc_heads); }
 
   /// The layers of `host` on `k`'s backend with buffers of `mem`; `k` outlives the encoder.
   encoder(const mllm::encoder<T, Modality>& host, const M& mem, const math<T>& k)

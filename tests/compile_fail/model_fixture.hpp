@@ -64,6 +64,9 @@ struct encoder {
 #ifndef HETMESH_TEST_OMIT_ENCODER_OUTPUT_SIZE
   std::int64_t output_size(const encoder_batch_view& v) const { return v.size(); }
 #endif
+#ifndef HETMESH_TEST_OMIT_ENCODER_HEADS
+  int attention_heads() const { return 2; }
+#endif
 #ifndef HETMESH_TEST_OMIT_ENCODER_FORWARD
   template <class Ctx>
   void forward(Ctx&, const encoder_batch_view&, std::span<const float>, std::span<float>) {}

@@ -186,6 +186,7 @@ struct staged_encoder {
 
   explicit staged_encoder(Inner in) : inner(std::move(in)) { dev.mirror(inner, st.mem); }
 
+  [[nodiscard]] int attention_heads() const { return inner.attention_heads(); }
   [[nodiscard]] std::int64_t input_size(const hetmesh::model::encoder_batch_view& v) const {
     return inner.input_size(v);
   }

@@ -75,6 +75,7 @@ struct nameless {
   using is_encoder_stage = void;
   std::int64_t input_size(const encoder_batch_view&) const { return 0; }
   std::int64_t output_size(const encoder_batch_view&) const { return 0; }
+  int attention_heads() const { return 0; }
   template <class C>
   void forward(C&, const encoder_batch_view&, std::span<const double>, std::span<double>) {}
   template <class C>

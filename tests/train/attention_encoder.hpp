@@ -23,6 +23,7 @@ struct attention_encoder {
   using is_encoder_stage = void;
   static constexpr std::string_view modality = Modality::name;
   static constexpr int kHeads = 4;  // of width / kHeads features each; no GQA
+  [[nodiscard]] static constexpr int attention_heads() noexcept { return kHeads; }
 
   attention_encoder(std::int64_t width, T init) : width_(width) {
     const auto n = static_cast<std::size_t>(width * width);

@@ -154,6 +154,7 @@ struct device_encoder {
   static constexpr auto modality = Inner::modality;
   Inner inner;
 
+  [[nodiscard]] int attention_heads() const { return inner.attention_heads(); }
   [[nodiscard]] std::int64_t input_size(const hetmesh::model::encoder_batch_view& v) const {
     return inner.input_size(v);
   }

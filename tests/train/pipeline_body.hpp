@@ -96,11 +96,13 @@ mm_result<T> run_mm_step(C& world, const Partition& partition, const Balancer& b
                          const train::system_options& options = {}) {
   using sys_t = train::system<Partition, model::reference_attention, C, Balancer, Schedule, Placement>;
   sys_t sys(partition, balancer, pc, world, {}, options);
-  const auto plan = sys.plan(batch);
-  const auto local = sys.local_stages(plan);
-  tiny_stack<T> lm(kShape, seed, kBlocks, plan.pipeline.num_stages, local);
+  // The model first (its stages are known before any plan), then the plan with its encoders' heads.
+  tiny_stack<T> lm(kShape, seed, kBlocks, sys.num_stages(), sys.local_stages());
   Encoder<T, model::vision_modality> vision(kShape.width, T(0.9));
   Encoder<T, model::audio_modality> audio(kShape.width, T(1.1));
+  const auto plan = sys.plan(batch, vision, audio);
+  if (plan.pipeline.num_stages != sys.num_stages() || sys.local_stages(plan) != sys.local_stages())
+    throw_error<invalid_argument>("mm step: the plan's stages differ from the system's before the plan");
   int calls = 0;
   mm_result<T> r;
   r.stats = sys.run(plan, batch, lm, mm_optimizer<T>{&calls},
@@ -175,7 +177,8 @@ mm_verdict mm_parity_body(C& world, const Partition& partition, const Balancer& 
   if (r.optimizer_calls != 3)
     throw_error<invalid_argument>("mm step: optimizer called {} times; expected 3 (stage + 2 encoders)",
                                   r.optimizer_calls);
-  const auto plan = sys.plan(batch);
+  mm_model<T, Encoder> probe(seed + 1, sys.num_stages(), sys.local_stages());
+  const auto plan = std::apply([&](auto&... e) { return sys.plan(batch, e...); }, probe.encoders());
   mm_verdict v;
   v.rel = r.rel_error;
   v.loss_rel = r.loss_rel_error;

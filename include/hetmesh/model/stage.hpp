@@ -70,6 +70,10 @@ template <class S, class T, class Ctx, class V>
 concept runs_forward = requires(S& s, Ctx& ctx, const V& v, std::span<const T> in, std::span<T> out) {
   s.forward(ctx, v, in, out);
 };
+template <class S>
+concept declares_heads = requires(const S& s) {
+  { s.attention_heads() } -> std::convertible_to<int>;
+};
 template <class S, class T, class Ctx, class V>
 concept runs_backward = requires(S& s, Ctx& ctx, const V& v, std::span<const T> gout, std::span<T> gin) {
   s.backward(ctx, v, gout, gin);
@@ -98,11 +102,14 @@ concept runs_backward_weight = requires(S& s, Ctx& ctx, const V& v) {
 ///     its input (grad_in may be empty: raw inputs need none) and adds its weight gradients;
 ///  6. `stage_parameters<S, T>`: parameters() and gradients() are ranges of std::span<T>;
 ///  7. forward and backward are deterministic, and what forward saves for backward goes through the
-///     context's activation slots (the runtime frees them), not into the stage.
+///     context's activation slots (the runtime frees them), not into the stage;
+///  8. `s.attention_heads()` on a const stage returns (int) the heads its attention splits over: long-short
+///     SP (train::system) splits an item only over groups whose size divides them; 0 for an encoder that
+///     mixes no tokens of an item across ranks (any split works). The library has no default for it.
 template <class S, class T, class Ctx = default_stage_context<T>>
 concept encoder_stage = enable_encoder_stage<std::remove_cvref_t<S>> && detail::declares_modality<S> &&
-    detail::sizes_input<S, encoder_batch_view> && detail::sizes_output<S, encoder_batch_view> &&
-    detail::runs_forward<S, T, Ctx, encoder_batch_view> &&
+    detail::declares_heads<S> && detail::sizes_input<S, encoder_batch_view> &&
+    detail::sizes_output<S, encoder_batch_view> && detail::runs_forward<S, T, Ctx, encoder_batch_view> &&
     detail::runs_backward<S, T, Ctx, encoder_batch_view> && stage_parameters<S, T>;
 
 /// A backbone (LLM) pipeline stage for element type T, called with a context of type Ctx.
@@ -169,6 +176,10 @@ consteval bool check_encoder_stage() {
   static_assert(stage_parameters<S, T>,
                 "encoder_stage requirement 6: missing `parameters()` and `gradients()` returning ranges of "
                 "std::span<T>");
+  static_assert(detail::declares_heads<S>,
+                "encoder_stage requirement 8: missing `int attention_heads() const`: the heads the encoder's "
+                "attention splits over (0 when it mixes no tokens across ranks), which long-short SP's "
+                "groups must divide");
   return true;
 }
 
@@ -310,6 +321,8 @@ struct scale_encoder {
     impl_.weight_grad(gout, slot.load(0));
     slot.release(0);
   }
+  /// 0: it scales each token alone, so any split of an item works.
+  [[nodiscard]] static constexpr int attention_heads() noexcept { return 0; }
   /// The weight, as one span.
   [[nodiscard]] std::vector<std::span<T>> parameters() { return {std::span<T>(impl_.weight)}; }
   /// Its gradient, as one span.

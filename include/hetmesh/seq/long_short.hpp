@@ -50,9 +50,16 @@ struct long_short_policy {
   /// What plan() returns.
   using plan_type = long_short_plan;
   std::int64_t max_tokens_per_rank = 16384;  ///< Mcap: encoder tokens one rank holds
-  int heads = 16;                            ///< encoder attention heads
-  mesh::topology cluster{};                  ///< Ulysses groups stay inside one of its nodes
-  double balance_factor = 1.0;               ///< beta
+  /// The encoder's attention heads: a group's size must divide them (0: the encoder mixes no tokens across
+  /// ranks, any size dividing the node works). No default: -1 (unknown) splits no item, so an item above
+  /// max_tokens_per_rank is refused naming it. train::system sets it per encoder from the stage's
+  /// attention_heads() (model::encoder_stage requirement 8).
+  int heads = -1;
+  /// Items shorter than this run whole however their cost compares with the mean (a split then costs more
+  /// in all-to-alls than it balances); only memory (max_tokens_per_rank) splits them.
+  std::int64_t min_split_tokens = 1024;
+  mesh::topology cluster{};     ///< Ulysses groups stay inside one of its nodes
+  double balance_factor = 1.0;  ///< beta
   /// The encoder's cost model that prices an item (linear in tokens by default).
   cost::encoder_compute encoder{.layer = {.a = 0.0, .b = 1.0, .c = 0.0}, .layers = 1, .train_factor = 1.0};
 
@@ -62,7 +69,7 @@ struct long_short_policy {
   [[nodiscard]] long_short_plan plan(std::span<const seq_desc> items, int ranks) const;
   friend bool operator==(const long_short_policy&, const long_short_policy&) = default;
   void hash_append(hasher& h) const {
-    append_all(h, max_tokens_per_rank, heads, cluster, balance_factor, encoder);
+    append_all(h, max_tokens_per_rank, heads, min_split_tokens, cluster, balance_factor, encoder);
   }
 };
 
@@ -166,10 +173,15 @@ HETMESH_COMPILED void place_long_item(long_short_plan& plan, const seq_desc& s, 
 #if HETMESH_BODIES
 {
   const int node = policy.cluster.devices_per_node;
-  if (ranks < 1 || node < 1 || policy.heads < 1 || policy.max_tokens_per_rank < 1)
+  if (ranks < 1 || node < 1 || policy.max_tokens_per_rank < 1)
     throw_error<invalid_argument>(
-        "plan_long_short: ranks {}, devices_per_node {}, heads {}, max_tokens_per_rank {}; expected all >= 1",
-        ranks, node, policy.heads, policy.max_tokens_per_rank);
+        "plan_long_short: ranks {}, devices_per_node {}, max_tokens_per_rank {}; expected all >= 1", ranks,
+        node, policy.max_tokens_per_rank);
+  if (policy.heads < -1 || policy.min_split_tokens < 0)
+    throw_error<invalid_argument>(
+        "plan_long_short: heads {}, min_split_tokens {}; expected heads >= 0 (or -1: unknown) and "
+        "min_split_tokens >= 0",
+        policy.heads, policy.min_split_tokens);
   check_seq_descs(items, "plan_long_short");
   long_short_plan plan;
   plan.policy = policy;
@@ -187,7 +199,8 @@ HETMESH_COMPILED void place_long_item(long_short_plan& plan, const seq_desc& s, 
   }
   // beta x the per-rank mean, rounded once: an item costing more is long (LPT cannot balance it).
   const cost::fixed limit = cost::fixed::from_units(policy.balance_factor * (total.units() / ranks));
-  const int gmax = std::gcd(policy.heads, node);
+  // Heads unknown (-1): no group; none (0): any size dividing the node.
+  const int gmax = policy.heads < 0 ? 1 : std::gcd(policy.heads, node);
   std::vector<int> sizes;  // allowed Ulysses degrees > 1: divisors of gcd(heads, node size), ascending
   for (int s = 2; s <= gmax; ++s)
     if (gmax % s == 0 && s <= ranks) sizes.push_back(s);
@@ -197,7 +210,7 @@ HETMESH_COMPILED void place_long_item(long_short_plan& plan, const seq_desc& s, 
     const auto& s = sorted[i];
     const cost::fixed c = price[i];
     const bool over_mem = s.length > cap;
-    const bool over_bal = c > limit && ranks > 1;
+    const bool over_bal = c > limit && ranks > 1 && s.length >= policy.min_split_tokens;
     if (!over_mem && !over_bal) {
       shorts.push_back(i);
       continue;
@@ -211,10 +224,16 @@ HETMESH_COMPILED void place_long_item(long_short_plan& plan, const seq_desc& s, 
         shorts.push_back(i);
         continue;
       }
+      if (policy.heads < 0)
+        throw_error<capacity_error>(
+            "plan_long_short: item {} of {} tokens is above max_tokens_per_rank {} and the encoder's "
+            "attention heads are unknown (long_short_policy::heads = -1), so it cannot be split; expected "
+            "the heads (train::system reads them from the encoder's attention_heads(): pass the encoders "
+            "to plan()) or a larger max_tokens_per_rank",
+            s.id, s.length, cap);
       throw_error<capacity_error>(
           "plan_long_short: item {} of {} tokens needs more than {} ranks of {} tokens; Ulysses groups must "
-          "divide "
-          "heads {} and the node size {} (largest allowed {})",
+          "divide heads {} and the node size {} (largest allowed {})",
           s.id, s.length, sizes.empty() ? 1 : sizes.back(), cap, policy.heads, node,
           sizes.empty() ? 1 : sizes.back());
     }
@@ -262,9 +281,10 @@ template <>
 struct fmt::formatter<hetmesh::seq::long_short_policy> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::seq::long_short_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "long_short_policy{{cap={}, heads={}, node={}, beta={}, {}}}",
-                              p.max_tokens_per_rank, p.heads, p.cluster.devices_per_node, p.balance_factor,
-                              p.encoder);
+    return hetmesh::format_to(ctx.out(),
+                              "long_short_policy{{cap={}, heads={}, min_split={}, node={}, beta={}, {}}}",
+                              p.max_tokens_per_rank, p.heads, p.min_split_tokens, p.cluster.devices_per_node,
+                              p.balance_factor, p.encoder);
   }
 };
 template <>

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <numeric>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -65,12 +66,14 @@ namespace hetmesh::train {
 
 /// The encoder domain's plan of `plan` with `shards` encoder shards per pipeline (the schedule's) and
 /// encoders 0 .. encoders - 1: per slot and encoder, the long-short plan of the slot's distinct items over
-/// shards x plan.world domain ranks (domain_policy). A slot or encoder without items gets an empty plan
+/// shards x plan.world domain ranks (domain_policy), with `heads[k]` as encoder k's heads where given and
+/// >= 0 (else policy.heads). A slot or encoder without items gets an empty plan
 /// (ranks = 0). Errors: a landing of an encoder index outside [0, encoders) (invalid_argument); the
 /// planner's (capacity_error: an item needs a group larger than a shard's pool row allows). Pure: equal
 /// on every rank; O(slots x encoders x (items log items + items x domain)).
 [[nodiscard]] HETMESH_COMPILED std::vector<std::vector<seq::long_short_plan>> plan_encoder_domain(
-    const step_layout& plan, int shards, int encoders, const seq::long_short_policy& policy)
+    const step_layout& plan, int shards, int encoders, const seq::long_short_policy& policy,
+    std::span<const int> heads = {})
 #if HETMESH_BODIES
 {
   std::vector<std::vector<seq::long_short_plan>> out(plan.encoder_landings.size());
@@ -87,10 +90,38 @@ namespace hetmesh::train {
     if (landings.empty() || shards < 1) continue;
     for (int k = 0; k < encoders; ++k) {
       const auto items = slot_items(landings, k);
-      if (!items.empty()) out[m][static_cast<std::size_t>(k)] = dp.plan(items, shards * plan.world);
+      if (items.empty()) continue;
+      auto pk = dp;
+      if (static_cast<std::size_t>(k) < heads.size() && heads[static_cast<std::size_t>(k)] >= 0)
+        pk.heads = heads[static_cast<std::size_t>(k)];
+      out[m][static_cast<std::size_t>(k)] = pk.plan(items, shards * plan.world);
     }
   }
   return out;
+}
+#else
+    ;
+#endif
+
+/// Checks that every item of encoder `encoder` that `plan`'s encoder domain splits over a group can split
+/// over it given the encoder's declared `heads` (its attention_heads(): 0 splits any way, h > 0 needs
+/// groups dividing h). Errors: invalid_argument naming the item, the group and the heads, before any rank
+/// runs it. O(domain items).
+HETMESH_COMPILED void check_encoder_heads(const step_layout& plan, int encoder, int heads)
+#if HETMESH_BODIES
+{
+  if (heads == 0) return;
+  for (const auto& slot : plan.encoder_domain) {
+    if (static_cast<std::size_t>(encoder) >= slot.size()) continue;
+    for (const auto& a : slot[static_cast<std::size_t>(encoder)].items)
+      if (a.degree > 1 && (heads < 0 || heads % a.degree != 0))
+        throw_error<invalid_argument>(
+            "train::system::run: encoder {} item {} is split over {} ranks, but the encoder declares {} "
+            "attention heads; expected groups dividing them: make the plan with plan(batch, encoders...) so "
+            "it "
+            "reads each encoder's attention_heads()",
+            encoder, a.item.id, a.degree, heads);
+  }
 }
 #else
     ;

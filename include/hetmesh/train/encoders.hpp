@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -312,5 +313,30 @@ plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::lo
 #else
     ;
 #endif
+
+/// This pool rank's encoder work under `plan` (train::system::run): the encoders' row widths (row_width of
+/// each encoder's first landing), the shards pipeline rank `pipeline_rank` runs, and plan_encoder_work over
+/// the plan's encoder domain. `bound`: the run's encoder_bindings.
+template <class... Encoders>
+encoder_work encoder_work_for(const step_layout& plan, int pool_rank, int pipeline_rank,
+                              std::tuple<Encoders...>& bound) {
+  const int E = plan.pipeline.num_encoder_shards();
+  std::vector<std::int64_t> widths(sizeof...(Encoders), 0);
+  for (const auto& slot : plan.encoder_landings)  // each encoder's output elements per token
+    for (const auto& l : slot)
+      if (auto& w = widths[static_cast<std::size_t>(l.encoder)]; w == 0) {
+        const model::encoder_batch probe{
+            l.encoder, 0, 0, {{l.item, l.item_tokens, {0, l.item_tokens}, 0, 1, 0}}, l.item_tokens};
+        w = std::apply([&](auto&... e) { return row_width(l.encoder, probe, e...); }, bound);
+      }
+  std::vector<char> runs_shard(static_cast<std::size_t>(E), 0);
+  for (int e = 0; e < E; ++e)
+    runs_shard[static_cast<std::size_t>(e)] =
+        plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(e)] == pipeline_rank;
+  auto domain = plan.encoder_domain;
+  domain.resize(std::max(domain.size(), plan.encoder_landings.size()));
+  for (auto& slot : domain) slot.resize(sizeof...(Encoders));
+  return plan_encoder_work(plan, domain, E, pool_rank, widths, runs_shard);
+}
 
 }  // namespace hetmesh::train::detail

@@ -353,8 +353,8 @@ parity_result reduce_verdict(Comm& world, const parity_reference& ref,
 /// encoders(), in encoder-index order (as bind_encoder takes them). In order: rank 0 builds make(1, {0})
 /// and runs one step of it on a 1-rank loopback world of its own (train::system<seq::cp_thd{.cp = 1},
 /// the same kernel type, default-constructed, pp = 1, default options), then broadcasts its gradients,
-/// loss and counts; every rank builds make(plan.pipeline.num_stages, sys.local_stages(plan)) and runs one
-/// step of sys.plan(batch) over `batch`, with an optimizer hook that leaves the parameters in place;
+/// loss and counts; every rank builds make(sys.num_stages(), sys.local_stages()) and runs one step of
+/// sys.plan(batch, its encoders...) over `batch`, with an optimizer hook that leaves the parameters in place;
 /// every rank compares its model's tensors with the reference's by id. Collective over sys.world(), which
 /// must be a host communicator. Returns the same verdict on every rank (see parity_result; printable);
 /// failing tolerances is a result, not an error. Errors (invalid_argument, on every rank): a tensor the
@@ -380,9 +380,17 @@ template <class System, class Make, class... Inputs>
   using Kernel = typename detail::system_kernel<System>::type;
   auto& world = sys.world();
   const auto ref = detail::reference_run<Kernel>(world, batch, make, inputs...);
-  const auto plan = sys.plan(batch);
-  const auto local = sys.local_stages(plan);
-  auto m = make(plan.pipeline.num_stages, std::span<const int>(local));
+  // The model first (its stages are known before any plan), so the plan reads its encoders' heads.
+  const auto local = sys.local_stages();
+  auto m = make(sys.num_stages(), std::span<const int>(local));
+  const auto plan = std::apply(
+      [&](auto&... e) {
+        if constexpr (sizeof...(e) == 0)
+          return sys.plan(batch);
+        else
+          return sys.plan(batch, e...);
+      },
+      detail::parity_encoders(m));
   int calls = 0;
   const auto st = detail::parity_step(sys, plan, batch, m, calls, inputs...);
   std::vector<std::int64_t> seen(ref.ids.size(), 0);

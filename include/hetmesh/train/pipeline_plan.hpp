@@ -112,16 +112,38 @@ struct slot_load {
     ;
 #endif
 
+/// The pipeline stages of each pipeline rank (ascending) under `family` at depth `pp`, before any plan: the
+/// stage layout of the family's schedule for the smallest micro-batch count from pp up that it accepts.
+/// Every plan's schedule (attach_pipeline) places stages the same way: placement depends on the family and
+/// pp, not on the batch. Errors: pp < 1, or no count in [pp, 5 pp] accepted (the family's invalid_argument).
+template <pipeline::schedule_family Schedule>
+[[nodiscard]] std::vector<std::vector<int>> stages_by_rank(const Schedule& family, int pp) {
+  if (pp < 1) throw_error<invalid_argument>("train::stages_by_rank: pp = {}; expected >= 1", pp);
+  for (int m = pp;; ++m) {
+    try {
+      const auto s = family.generate(pp, m);
+      std::vector<std::vector<int>> out(static_cast<std::size_t>(pp));
+      for (int st = 0; st < s.num_stages; ++st)
+        out[static_cast<std::size_t>(s.rank_of_stage(st))].push_back(st);
+      return out;
+    } catch (const invalid_argument&) {
+      if (m >= 5 * pp) throw;
+    }
+  }
+}
+
 /// Sets plan.pp and plan.pipeline: `family`'s schedule for (pp, slots), where slots is the smallest count
 /// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders
 /// placed by `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation
 /// come from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). With encoder items,
-/// sets plan.encoder_landings (plan_landings), and in every case plan.encoder_sp and the encoder domain's
-/// plan under it (plan_encoder_domain over the schedule's shards). Pure. Errors: pp < 1 (invalid_argument);
+/// sets plan.encoder_landings (plan_landings), and in every case plan.encoder_sp, plan.encoder_heads
+/// (`heads`: per encoder index, its attention heads, -1 unknown) and the encoder domain's plan under them
+/// (plan_encoder_domain over the schedule's shards). Pure. Errors: pp < 1 (invalid_argument);
 /// the family's (e.g. interleaved schedules' micro-batch rules) and the verifier's.
 template <pipeline::schedule_family Schedule, class Placement>
 void attach_pipeline(step_layout& plan, const Schedule& family, const Placement& placement, int pp,
-                     const model::step_batch* batch, const seq::long_short_policy& encoder_sp = {}) {
+                     const model::step_batch* batch, const seq::long_short_policy& encoder_sp = {},
+                     std::span<const int> heads = {}) {
   if (pp < 1)
     throw_error<invalid_argument>("train::attach_pipeline: pp = {}; expected a pipeline depth >= 1", pp);
   plan.pp = pp;
@@ -173,7 +195,9 @@ void attach_pipeline(step_layout& plan, const Schedule& family, const Placement&
     if (batch != nullptr) plan.encoder_landings = plan_landings(plan, *batch);
   }
   plan.encoder_sp = encoder_sp;
-  plan.encoder_domain = plan_encoder_domain(plan, s.num_encoder_shards(), plan.encoders(), encoder_sp);
+  plan.encoder_heads.assign(heads.begin(), heads.end());
+  plan.encoder_domain =
+      plan_encoder_domain(plan, s.num_encoder_shards(), plan.encoders(), encoder_sp, plan.encoder_heads);
   plan.pipeline = pipeline::add_send_recv(s);
   pipeline::assert_deadlock_free(plan.pipeline, "train::attach_pipeline");
 }

@@ -109,6 +109,9 @@ struct step_layout {
   std::vector<std::vector<slot_landing>> encoder_landings;
   /// The long-short policy the encoder domain was planned with (system_options::encoder_sp).
   seq::long_short_policy encoder_sp{};
+  /// Per encoder index, the attention heads its items were planned with (the stage's attention_heads(),
+  /// given to system::plan; -1 where unknown: encoder_sp.heads applies). Empty: none given.
+  std::vector<int> encoder_heads;
   /// Per slot and encoder index, the long-short plan of the slot's items over the encoder domain (every
   /// pipeline's encoder shards x world ranks; train::plan_encoder_domain). Empty without encoder items.
   std::vector<std::vector<seq::long_short_plan>> encoder_domain;
@@ -130,7 +133,7 @@ struct step_layout {
   /// Feeds the layout to a plan hash.
   void hash_append(hasher& h) const {
     append_all(h, world, documents, rings, per_rank, slots, pp, pipeline, encoder_landings, encoder_sp,
-               encoder_domain);
+               encoder_heads, encoder_domain);
   }
 };
 

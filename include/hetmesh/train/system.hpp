@@ -161,8 +161,15 @@ class system {
   /// The step plan of `batch`: plan(document_descs(batch)), with the batch's encoder items placed in the
   /// pipeline by the Placement policy and the encoder domain planned under options().encoder_sp.
   [[nodiscard]] plan_type plan(const model::step_batch& batch) const {
-    const auto docs = model::document_descs(batch);
-    return plan_impl(docs, &batch);
+    return plan_impl(model::document_descs(batch), &batch);
+  }
+  /// plan(batch) with the model's encoders (their stages or bindings, in encoder-index order): each one's
+  /// attention_heads() sizes the groups its long items may split over (model::encoder_stage requirement 8).
+  template <class... Encoders>
+  requires(sizeof...(Encoders) > 0) [[nodiscard]] plan_type
+      plan(const model::step_batch& batch, const Encoders&... encoders) const {
+    const std::vector<int> heads{encoder_heads_of(encoders)...};
+    return plan_impl(model::document_descs(batch), &batch, heads);
   }
 
   /// Runs one step of `plan` over `batch` with the user's backbone stage (this rank's stages: the stages
@@ -231,6 +238,19 @@ class system {
   /// True when this rank belongs to the separate encoder pool (it runs no LLM stage).
   [[nodiscard]] bool is_encoder_rank() const noexcept { return pipeline_rank() >= pipeline_.pp; }
 
+  /// The global pipeline stages this rank runs, before any plan (stages_by_rank: the schedule family's
+  /// layout at pp, every plan's), so the model can be built first; empty on an encoder-pool rank.
+  [[nodiscard]] std::vector<int> local_stages() const {
+    auto by_rank = stages_by_rank(pipeline_.schedule, pipeline_.pp);
+    const auto me = static_cast<std::size_t>(pipeline_rank());
+    return me < by_rank.size() ? std::move(by_rank[me]) : std::vector<int>{};
+  }
+  /// The pipeline's stage count, before any plan (stages_by_rank's; every plan's schedule has it).
+  [[nodiscard]] int num_stages() const {
+    int n = 0;
+    for (const auto& r : stages_by_rank(pipeline_.schedule, pipeline_.pp)) n += static_cast<int>(r.size());
+    return n;
+  }
   /// The global pipeline stages this rank runs under `plan`, ascending (its pipeline rank's stages).
   [[nodiscard]] std::vector<int> local_stages(const step_layout& plan) const {
     std::vector<int> out;
@@ -288,10 +308,12 @@ class system {
           "train::system::run: the plan's encoder items name encoder {}, but {} encoders were passed to run; "
           "expected an encoder (bind_encoder) for every encoder index of the batch",
           plan.encoders() - 1, sizeof...(Encoders));
+    int encoder_index = 0;
+    (check_encoder_heads(plan, encoder_index++, encoder_heads_of(encoders)), ...);
     const int pool_rank = world.rank() % pool_size_;
     const auto rank = detail::make_step_rank(plan, batch, s, pool_rank, group_size(plan));
     std::tuple<Encoders...> bound{std::move(encoders)...};
-    const auto enc = encoder_work_of(plan, pool_rank, bound);
+    const auto enc = detail::encoder_work_for(plan, pool_rank, pipeline_rank(), bound);
     auto zero = [&](auto&& spans) {
       for (auto g : spans) mem_.fill(std::span<T>(g), T(0));
     };
@@ -356,28 +378,6 @@ class system {
     if (!item_groups_) item_groups_.emplace(pool);
     return {&pool, group_ ? &*group_ : nullptr, &*item_groups_, &kernel_,
             &mem_, options_.attention,          pool_size_};
-  }
-
-  // This pool rank's encoder work from the plan's encoder domain and the encoders' row widths.
-  template <class... Encoders>
-  detail::encoder_work encoder_work_of(const plan_type& plan, int pool_rank, std::tuple<Encoders...>& bound) {
-    const int E = plan.pipeline.num_encoder_shards();
-    std::vector<std::int64_t> widths(sizeof...(Encoders), 0);
-    for (const auto& slot : plan.encoder_landings)  // each encoder's output elements per token
-      for (const auto& l : slot)
-        if (auto& w = widths[static_cast<std::size_t>(l.encoder)]; w == 0) {
-          const model::encoder_batch probe{
-              l.encoder, 0, 0, {{l.item, l.item_tokens, {0, l.item_tokens}, 0, 1, 0}}, l.item_tokens};
-          w = std::apply([&](auto&... e) { return detail::row_width(l.encoder, probe, e...); }, bound);
-        }
-    std::vector<char> runs_shard(static_cast<std::size_t>(E), 0);
-    for (int e = 0; e < E; ++e)
-      runs_shard[static_cast<std::size_t>(e)] =
-          plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(e)] == pipeline_rank();
-    auto domain = plan.encoder_domain;
-    domain.resize(std::max(domain.size(), plan.encoder_landings.size()));
-    for (auto& slot : domain) slot.resize(sizeof...(Encoders));
-    return detail::plan_encoder_work(plan, domain, E, pool_rank, widths, runs_shard);
   }
 
   // Runs the plan's schedule on this pipeline with the runner's calls; the step's wall and CPU times.
@@ -468,9 +468,10 @@ class system {
     record_memory<T>(st, stage, bound, optimizer);
   }
 
-  plan_type plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch) const {
+  plan_type plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch,
+                      std::span<const int> heads = {}) const {
     return plan_system_step(partition_, balancer_, pipeline_, options_.cost, pool_size_, docs, batch,
-                            options_.encoder_sp);
+                            options_.encoder_sp, heads);
   }
 
   Partition partition_;

@@ -51,7 +51,8 @@ struct system_options {
   /// Long-short sequence parallelism for encoder items (MegaScale-Omni), per encoder and slot over the
   /// encoder domain (train/encoder_domain.hpp: every pipeline's encoder shards): an item above
   /// max_tokens_per_rank (or too costly to balance) is split over a Ulysses group inside one shard's pool
-  /// row (`heads`: the encoder's attention heads), shorter ones run whole, balanced by the policy's cost.
+  /// row, shorter ones run whole, balanced by the policy's cost. Its `heads` applies only to encoders whose
+  /// heads plan() was not given: system::plan(batch, encoders...) reads each encoder's attention_heads().
   seq::long_short_policy encoder_sp{};
 };
 
@@ -67,11 +68,11 @@ struct pipeline_config {
 
 /// The step plan train::system<Partition, Kernel, Comm, Balancer, Schedule, Placement>::plan makes, as a
 /// function of its parameters alone: plan_step(partition, docs, pool, balancer, cost), then
-/// attach_pipeline(plan, pipeline.schedule, pipeline.encoders, pipeline.pp, batch, encoder_sp) (`batch`: the
-/// batch the documents came from, for its encoder items; null for none). Needs no communicator, so tools and
-/// benchmarks plan at any scale; the system calls it with its pool (world / (pp + encoder-pool ranks)).
-/// Pure: a function of (policies, pool, documents, batch), equal on every rank; not collective. Errors:
-/// the family's and attach_pipeline's. Cost: the family's planner plus the schedule's generation and
+/// attach_pipeline(plan, pipeline.schedule, pipeline.encoders, pipeline.pp, batch, encoder_sp, encoder_heads)
+/// (`batch`: the batch the documents came from, for its encoder items; null for none). Needs no communicator,
+/// so tools and benchmarks plan at any scale; the system calls it with its pool (world / (pp + encoder-pool
+/// ranks)). Pure: a function of (policies, pool, documents, batch), equal on every rank; not collective.
+/// Errors: the family's and attach_pipeline's. Cost: the family's planner plus the schedule's generation and
 /// verification.
 template <class Partition, class Balancer, pipeline::schedule_family Schedule, class Placement>
 requires partition_family<Partition, Balancer>
@@ -79,9 +80,9 @@ requires partition_family<Partition, Balancer>
     const Partition& partition, const Balancer& balancer,
     const pipeline_config<Schedule, Placement>& pipeline, const balance::step_model& cost, int pool,
     std::span<const seq::seq_desc> docs, const model::step_batch* batch = nullptr,
-    const seq::long_short_policy& encoder_sp = {}) {
+    const seq::long_short_policy& encoder_sp = {}, std::span<const int> encoder_heads = {}) {
   auto p = plan_step(partition, docs, pool, balancer, cost);
-  attach_pipeline(p, pipeline.schedule, pipeline.encoders, pipeline.pp, batch, encoder_sp);
+  attach_pipeline(p, pipeline.schedule, pipeline.encoders, pipeline.pp, batch, encoder_sp, encoder_heads);
   return p;
 }
 
@@ -94,6 +95,21 @@ struct encoder_binding {
   Encoder* stage = nullptr;  ///< the user's encoder; outlives the step
   Input input;               ///< its input source
 };
+
+/// The attention heads of an encoder stage, or of an encoder_binding's stage (model::encoder_stage
+/// requirement 8: `int attention_heads() const`).
+template <class E>
+[[nodiscard]] int encoder_heads_of(const E& e) {
+  if constexpr (requires { e.stage->attention_heads(); }) {
+    return static_cast<int>(e.stage->attention_heads());
+  } else {
+    static_assert(
+        requires { e.attention_heads(); },
+        "train: expected an encoder stage with `int attention_heads() const` (model::encoder_stage "
+        "requirement 8) or its train::bind_encoder binding");
+    return static_cast<int>(e.attention_heads());
+  }
+}
 
 /// encoder_binding for `e` and `input`.
 template <class Encoder, class Input>
