@@ -48,7 +48,9 @@ int run_policies(Comm& world, const options& o, const config& mc, const data_con
                                           Schedule, Placement>;
   const hetmesh::train::pipeline_config<Schedule, Placement> pc{o.pp, schedule, placement};
   hetmesh::train::system_options so{.reproducible = true};
-  so.encoder_sp.heads = mc.enc_heads;  // long items' Ulysses groups split the encoders' heads
+  // The encoders' heads as a declared value (the hosts plan without the model); the encoders declare the same
+  // (attention_heads()), which run() checks against the plan's groups.
+  so.encoder_sp.heads = mc.enc_heads;
   // With data-plane hosts (--hosts H), the last H ranks serve the data and the others train.
   const bool host = world.rank() >= world.size() - o.hosts;
   Comm trainers = hetmesh::comm::split(world, host ? 1 : 0, world.rank());

@@ -105,13 +105,19 @@ template <class System, class Feed>
 void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
            const std::function<void(const step_result&)>& on_step) {
   auto& world = sys.world();
-  std::optional<multimodal_model<float>> model;
   hetmesh::train::adam<float> opt{.lr = o.lr};
   auto from = resume_from(o, data, world.rank(), world.size());
+  // The model first: the stages this rank runs are the schedule's, known before any plan.
+  multimodal_model<float> model(mc, o.seed, sys.num_stages(), sys.local_stages());
+  if (from) restore_model(from->mine, model, opt);
+  from.reset();
   for (std::int64_t step = data.step(); step < o.steps; ++step) {
     const auto batch = data.next();
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = hetmesh::thread_cpu_seconds();
+    // The encoders' heads come as a declared value (system_options::encoder_sp.heads, run_policies.hpp):
+    // the data-plane hosts, which hold no model, plan the same steps. run() checks them against the
+    // encoders' attention_heads().
     const auto plan = sys.plan(batch);
     const double plan_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -122,29 +128,24 @@ void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
     double plan_cpu_s = hetmesh::thread_cpu_seconds() - c0;
     // Every rank plans (the plan is decentralised); the library's overhead counts each rank's planning.
     hetmesh::comm::all_reduce(world, std::span<double>(&plan_cpu_s, 1), hetmesh::comm::reduce_op::sum);
-    if (!model) {  // the split is the schedule's, known once a plan exists
-      model.emplace(mc, o.seed, plan.pipeline.num_stages, sys.local_stages(plan));
-      if (from) restore_model(from->mine, *model, opt);
-      from.reset();
-    }
-    const auto stats = sys.run(
-        plan, share, model->llm, opt,
-        hetmesh::train::bind_encoder(
-            model->vision, delivered_input<float>(got, batch, vision_index, data.width(vision_index))),
-        hetmesh::train::bind_encoder(
-            model->audio, delivered_input<float>(got, batch, audio_index, data.width(audio_index))));
+    const auto stats =
+        sys.run(plan, share, model.llm, opt,
+                hetmesh::train::bind_encoder(
+                    model.vision, delivered_input<float>(got, batch, vision_index, data.width(vision_index))),
+                hetmesh::train::bind_encoder(
+                    model.audio, delivered_input<float>(got, batch, audio_index, data.width(audio_index))));
     const auto report = hetmesh::train::gather_report(world, stats);
     if (!o.ckpt_dir.empty()) {  // crash-consistent (checkpoint.hpp): 'latest' moves after all is durable
       if (world.rank() == 0) ckpt::begin_save(o.ckpt_dir, step);
       hetmesh::comm::barrier(world);
-      ckpt::save_rank(o.ckpt_dir, step, world.rank(), checkpoint_views(*model, opt));
+      ckpt::save_rank(o.ckpt_dir, step, world.rank(), checkpoint_views(model, opt));
       hetmesh::comm::barrier(world);  // every rank's tensors are durable before the manifest names them
       if (world.rank() == 0)
         ckpt::commit_save(o.ckpt_dir, step, world.size(),
                           [&](const std::filesystem::path& p) { data.source()->save(p); });
       hetmesh::comm::barrier(world);
     }
-    on_step({step, &plan, &report, plan_ms, plan_cpu_s, &*model, &batch, data.source()});
+    on_step({step, &plan, &report, plan_ms, plan_cpu_s, &model, &batch, data.source()});
   }
 }
 
