@@ -3,6 +3,7 @@
 # Builds hetmesh's libFuzzer targets (fuzz/, clang 14 with address and undefined-behaviour sanitizers)
 # and runs each for a bounded time over its committed seed corpus. CI calls it; a finding fails it.
 #   scripts/fuzz.sh [seconds per target, default 20] [target ...]
+# FUZZ_FLAGS: extra libFuzzer flags (a run outside CI: FUZZ_FLAGS=-runs=1000000 with a large time).
 # Environment: BUILD_DIR (default build/fuzz), CXX_FUZZ (default clang++-14 or clang++), JOBS (build jobs, and
 # how many targets run at once; default 1),
 # TMPDIR (scratch files of the file-reading targets; default /dev/shm where writable),
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-20}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(checkpoint mixture_json wds_tar indexed_idx pipeline_csv args plan_args)
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint mixture_json wds_tar indexed_idx pipeline_csv args plan_args json_bounded files)
 build="${BUILD_DIR:-build/fuzz}"
 cxx="${CXX_FUZZ:-$(command -v clang++-14 || command -v clang++)}"
 work="${FUZZ_WORK:-$build/work}"
@@ -31,10 +32,14 @@ ninja -C "$build" -j "${JOBS:-1}" "${targets[@]/#/fuzz_}"
 fuzz_one() {
   local t="$1"
   mkdir -p "$work/$t/corpus" "$work/$t/artifacts"
+  # A target may come with a libFuzzer dictionary (fuzz/$t.dict) of tokens that reach deep inputs quickly.
+  local dict=()
+  [ -f "fuzz/$t.dict" ] && dict=(-dict="fuzz/$t.dict")
   # New inputs go to the work folder; the committed seeds (fuzz/corpus/$t) are read, never written.
+  # shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
   if "$build/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-       -print_final_stats=1 -artifact_prefix="$work/$t/artifacts/" "$work/$t/corpus" "fuzz/corpus/$t" \
-       2> "$work/$t/log"; then
+       -print_final_stats=1 "${dict[@]}" ${FUZZ_FLAGS:-} -artifact_prefix="$work/$t/artifacts/" \
+       "$work/$t/corpus" "fuzz/corpus/$t" 2> "$work/$t/log"; then
     echo 0 > "$work/$t/status"
   else
     echo 1 > "$work/$t/status"

@@ -123,6 +123,22 @@ TEST_CASE("JSON: nesting past the limit is refused with the file and line; strin
                        data_error);
 }
 
+TEST_CASE("JSON: a number too large for a double is a data_error with the line (fuzz_json_bounded finding)") {
+  // nlohmann throws out_of_range 406 here, not parse_error: it escaped parse_json_bounded and terminated
+  // the process (found by fuzz_json_bounded on "555555555E0000000800000000").
+  CHECK_THROWS_WITH_AS((void)parse_json_bounded("{\"a\":\n [1,\n  1e999]}", "n.json"),
+                       Contains("n.json:3: invalid JSON (number overflow parsing '1e999')"), data_error);
+  CHECK_THROWS_WITH_AS((void)parse_json_bounded("555555555E0000000800000000", "f.json"),
+                       Contains("f.json:1: invalid JSON (number overflow"), data_error);
+  CHECK_THROWS_WITH_AS((void)parse_json_bounded<nlohmann::ordered_json>("[\n\n-1e400]", "o.json", 128, 10),
+                       Contains("o.json:12: invalid JSON"), data_error);
+  temp_dir d;
+  std::ofstream(d / "big.json") << "{\"w\": 2e308}";
+  CHECK_THROWS_WITH_AS((void)read_json_file(d / "big.json", "mixture"), Contains("big.json:1: invalid JSON"),
+                       data_error);
+  CHECK(parse_json_bounded("[1.7e308, -1e-400]", "ok.json")[0].get<double>() > 1e308);
+}
+
 TEST_CASE("write_file_atomic: a folder or a device as the target, a read-only folder, a full disk") {
   temp_dir d;
   const std::string out = d / "out.json";

@@ -55,9 +55,51 @@ inline void check_json_depth(std::string_view text, std::string_view where, int 
   }
 }
 
-/// Parses `text` as one JSON document of at most `max_depth` levels (check_json_depth). A syntax error is
-/// a data_error "WHERE:LINE: invalid JSON (REASON)" with nlohmann's reason; never a json::exception.
-/// `Json` is nlohmann::json or nlohmann::ordered_json. O(bytes).
+namespace detail {
+/// The line of byte `byte` (1-based, as nlohmann counts; 0 or past the end: the last byte) of `text`.
+[[nodiscard]] inline std::int64_t json_line_at(std::string_view text, std::size_t byte,
+                                               std::int64_t first_line) {
+  std::int64_t line = first_line;
+  const std::size_t end = byte > 0 && byte - 1 < text.size() ? byte - 1 : text.size();
+  for (std::size_t i = 0; i < end; ++i) line += text[i] == '\n' ? 1 : 0;
+  return line;
+}
+
+/// A SAX handler of nlohmann-json that builds nothing and records the byte at which the parser stopped:
+/// for the errors that carry no position (out_of_range 406, a number too large for a double).
+template <class Json>
+struct json_stop_position {
+  std::size_t byte = 0;  ///< Where the parser reported its error (0: none).
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(typename Json::number_integer_t) { return true; }
+  bool number_unsigned(typename Json::number_unsigned_t) { return true; }
+  bool number_float(typename Json::number_float_t, const typename Json::string_t&) { return true; }
+  bool string(typename Json::string_t&) { return true; }
+  bool binary(typename Json::binary_t&) { return true; }
+  bool start_object(std::size_t) { return true; }
+  bool key(typename Json::string_t&) { return true; }
+  bool end_object() { return true; }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t position, const std::string&, const typename Json::exception&) {
+    byte = position;
+    return false;
+  }
+};
+
+/// nlohmann's message without its "[json.exception.KIND.ID] " prefix.
+[[nodiscard]] inline std::string json_reason(const char* what) {
+  std::string reason = what;
+  if (const auto p = reason.find("] "); p != std::string::npos) reason = reason.substr(p + 2);
+  return reason;
+}
+}  // namespace detail
+
+/// Parses `text` as one JSON document of at most `max_depth` levels (check_json_depth). A syntax error, or
+/// a number too large for a double ("1e999"), is a data_error "WHERE:LINE: invalid JSON (REASON)" with
+/// nlohmann's reason; never a json::exception. `Json` is nlohmann::json or nlohmann::ordered_json.
+/// O(bytes).
 template <class Json = nlohmann::json>
 [[nodiscard]] Json parse_json_bounded(std::string_view text, std::string_view where,
                                       int max_depth = json_max_depth, std::int64_t first_line = 1) {
@@ -65,12 +107,14 @@ template <class Json = nlohmann::json>
   try {
     return Json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    std::int64_t line = first_line;
-    const std::size_t end = e.byte > 0 && e.byte - 1 < text.size() ? e.byte - 1 : text.size();
-    for (std::size_t i = 0; i < end; ++i) line += text[i] == '\n' ? 1 : 0;
-    std::string reason = e.what();  // "[json.exception.parse_error.101] parse error at ...": keep the reason
-    if (const auto p = reason.find("] "); p != std::string::npos) reason = reason.substr(p + 2);
-    throw_error<data_error>("{}:{}: invalid JSON ({})", where, line, reason);
+    throw_error<data_error>("{}:{}: invalid JSON ({})", where, detail::json_line_at(text, e.byte, first_line),
+                            detail::json_reason(e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // Only parse_error carries the byte: a second pass over the text, building nothing, finds it.
+    detail::json_stop_position<Json> stop;
+    (void)Json::sax_parse(text, &stop);
+    throw_error<data_error>("{}:{}: invalid JSON ({})", where,
+                            detail::json_line_at(text, stop.byte, first_line), detail::json_reason(e.what()));
   }
 }
 
