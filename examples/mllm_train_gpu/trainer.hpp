@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -69,6 +70,7 @@ decltype(auto) with_policies(const options& o, const mllm::config& mc, const mll
         .capacity =
             o.capacity > 0 ? o.capacity : std::max<std::int64_t>(192, (dc.max_doc_tokens + pool - 1) / pool)};
     hdp.model.activation.layers = std::max(2, mc.blocks / o.pp);
+    hdp.model.d2h_bandwidth = hdp.model.h2d_bandwidth = std::numeric_limits<double>::infinity();  // as before
     return f(hdp, balance::bytescale{});
   }
   return f(seq::cp_zigzag{.cp = o.cp, .pad = true}, train::family_placement{});

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -40,6 +41,7 @@ std::vector<seq_desc> shuffled(std::vector<seq_desc> v, std::uint64_t seed) {
 
 TEST_CASE("offload solver reproduces ByteScale's worked example (l=32, C=8K, Act ~ s)") {
   offload_model m;  // Act(s) = s, layers 32, overlap ignored (infinite bandwidth)
+  m.d2h_bandwidth = m.h2d_bandwidth = std::numeric_limits<double>::infinity();
   const std::int64_t C = 8192;
   struct row {
     std::int64_t s;
@@ -86,6 +88,7 @@ TEST_CASE("offload solver: the overlap bound caps r, the least r reaching the le
 
 TEST_CASE("offload solver: a sequence the pool cannot hold even with full offloading") {
   offload_model m;
+  m.d2h_bandwidth = m.h2d_bandwidth = std::numeric_limits<double>::infinity();
   CHECK_THROWS_AS((void)solve_offload(2097152, 8192, m, {}, 15), capacity_error);  // needs 16 at r = 1
   CHECK_NOTHROW((void)solve_offload(2097152, 8192, m, {}, 16));
   std::vector<seq_desc> one{{7, 4 * 1048576}};
@@ -665,7 +668,9 @@ TEST_CASE("every plan and policy prints") {
         std::string::npos);
   CHECK(to_string(block_mask::full) == "full");
   CHECK(to_string(cp_policy{cp_scheme::zigzag, 4, true}) == "cp_policy{zigzag, cp=4, pad=true}");
-  const auto c = solve_offload(1048576, 8192, {}, {}, 1024);
+  offload_model hides;
+  hides.d2h_bandwidth = hides.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  const auto c = solve_offload(1048576, 8192, hides, {}, 1024);
   CHECK(to_string(c).find("D=8") != std::string::npos);
   CHECK(to_string(offload_policy{}).find("steps=100") != std::string::npos);
   const std::int64_t toks[] = {3, 3};

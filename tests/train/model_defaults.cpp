@@ -7,7 +7,9 @@
 // num_stages() equal every plan's.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -127,6 +129,30 @@ TEST_CASE("seq::plan_long_short: short items stay whole below min_split_tokens; 
   seq::long_short_policy bad{.heads = -2};
   CHECK_THROWS_WITH_AS((void)bad.plan(big, 8), doctest::Contains("expected heads >= 0 (or -1: unknown)"),
                        invalid_argument);
+}
+
+TEST_CASE("train: HDP with the default options forms rings for a document above capacity, never offloads") {
+  std::vector<seq::seq_desc> docs{{1, 60}, {2, 10}, {3, 12}, {4, 9}};
+  seq::hdp<seq::selective_offload> hdp{.capacity = 16};  // the default offload model: the link unknown
+  auto largest_ring = [&](const auto& plan) {
+    int d = 0;
+    for (const auto& r : plan.rings) d = std::max(d, r.size());
+    return d;
+  };
+  auto offloads = [&](const auto& plan) {
+    for (const auto& list : plan.partition.hdp.per_rank)
+      for (const auto& mb : list)
+        if (mb.offload_ratio > 0) return true;
+    return false;
+  };
+  const auto plain = train::plan_step(hdp, docs, 8);
+  CHECK(largest_ring(plain) >= 4);  // 60 tokens over rings of 16 per rank
+  CHECK_FALSE(offloads(plain));
+  // A link whose copies hide (declared): the solver trades ranks for offloading, as ByteScale does.
+  hdp.model.d2h_bandwidth = hdp.model.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  const auto hidden = train::plan_step(hdp, docs, 8);
+  CHECK(offloads(hidden));
+  CHECK(largest_ring(hidden) < largest_ring(plain));
 }
 
 template <class Schedule>

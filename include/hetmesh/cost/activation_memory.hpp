@@ -80,14 +80,16 @@ struct activation_memory {
 /// it bounds how much copying hides under attention), the activations Act(s) (`activation`; its
 /// `layers` is l, the layers one rank holds, one pipeline stage), and the host link's bandwidths in
 /// bytes per second. An infinite bandwidth means "the copies always hide" (the paper's worked
-/// example ignores the overlap bound). Fill it from calibrated models or the paper's constants.
+/// example ignores the overlap bound). Fill it from calibrated models or the paper's constants: by
+/// default the link is unknown (bandwidth 0), no copy is modelled to hide, and selective offloading
+/// offloads nothing, so a long sequence gets a ring of the ranks its length needs.
 struct offload_model {
   quadratic_time layer{};                      ///< T(s): one layer's compute, in seconds
   activation_memory activation{1.0, 0.0, 32};  ///< Act(s): activation bytes; its layers is l
-  /// Device-to-host bytes per second; infinity: the copies always hide.
-  double d2h_bandwidth = std::numeric_limits<double>::infinity();
-  /// Host-to-device bytes per second; infinity: the copies always hide.
-  double h2d_bandwidth = std::numeric_limits<double>::infinity();
+  /// Device-to-host bytes per second; infinity: the copies always hide; 0 (the default): unknown, none hides.
+  double d2h_bandwidth = 0.0;
+  /// Host-to-device bytes per second; infinity: the copies always hide; 0 (the default): unknown.
+  double h2d_bandwidth = 0.0;
 
   /// T(s), one layer over the whole sequence. O(1).
   [[nodiscard]] double compute(std::int64_t s) const noexcept { return layer(static_cast<double>(s)); }
