@@ -16,3 +16,12 @@ run_or_fail("masked loopback run" "${EXE}" ${masked} --report "${WORK}/masked.js
 run_or_fail("mpirun -np 10 run with 2 hosts" "${MPIEXEC}" -np 10 --oversubscribe "${EXE}" ${masked} --backend mpi
             --hosts 2 --report "${WORK}/mpi-hosts.json")
 expect_equal_losses("${WORK}/masked.json" 0 "${WORK}/mpi-hosts.json" 0 3 loopback mpi-hosts)
+# A launch mismatch (issue 37): --ranks plus --hosts other than the MPI world size exits 2 on every rank,
+# naming both, and trains nothing.
+execute_process(COMMAND "${MPIEXEC}" -np 2 --oversubscribe "${EXE}" --steps 1 --data-dir "${WORK}/data"
+                        --backend mpi --ranks 4
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "--ranks 4 plus --hosts 0 is 4, but MPI started 2 processes")
+  message(FATAL_ERROR "mpirun -np 2 with --ranks 4: exit ${rc}, expected non-zero and a line naming both;\n"
+                      "${out}${err}")
+endif()
