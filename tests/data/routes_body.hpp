@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -96,8 +97,9 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
   const auto where = routed_ranks(c, trainers);
   const bool with_items = c != routed_case::searched;
   // Items of 2-6 tokens: with a pool of 2, the longer ones are split over a shard's pool row (long-short SP).
-  const seq::long_short_policy sp{.max_tokens_per_rank =
-                                      c == routed_case::joint_pp4 && trainers >= 8 ? 4 : 64};
+  const seq::long_short_policy sp{
+      .max_tokens_per_rank = c == routed_case::joint_pp4 && trainers >= 8 ? 4 : 64,
+      .heads = 0};  // the heads as a declared value: token-local encoders, any split
   std::string failure;
   std::vector<seq::seq_desc> docs;
   std::vector<std::vector<model::encoder_item>> items;
@@ -226,8 +228,11 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
           {docs[i].id, std::vector<std::int64_t>(static_cast<std::size_t>(docs[i].length), 0), items[i], {}});
     if (c == routed_case::searched)
       plan = train::plan_step(seq::cp_zigzag{.cp = 2, .pad = true}, docs, where.pool);
-    else
-      plan = train::plan_step(seq::hdp<seq::selective_offload>{.capacity = 48}, docs, where.pool);
+    else {
+      seq::hdp<seq::selective_offload> hdp{.capacity = 48};  // long documents offload (the link declared)
+      hdp.model.d2h_bandwidth = hdp.model.h2d_bandwidth = std::numeric_limits<double>::infinity();
+      plan = train::plan_step(hdp, docs, where.pool);
+    }
     if (c == routed_case::joint_pp4)
       train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, where.pp, &shape,
                              sp);

@@ -118,6 +118,7 @@ result run_on_device(comm::loopback::communicator& c, const model::encoder_batch
 void long_short_case(const std::vector<seq::seq_desc>& items, const model::attention_shape& shape) {
   const seq::long_short_policy pol{.max_tokens_per_rank = 24,
                                    .heads = shape.q_heads,
+                                   .min_split_tokens = 0,  // these items are short: split them for balance
                                    .cluster = {.devices_per_node = 4},
                                    .balance_factor = 0.5};
   const auto plan = seq::plan_long_short(items, 4, pol);

@@ -606,8 +606,11 @@ TEST_CASE("long-short SP: a group never has more ranks than its item has tokens 
   // tokens go, so every member of a group holds a piece and meets the others in the item's collectives.
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     const auto items = random_seqs(seed, 12, 5, 1);
-    const long_short_policy pol{
-        .max_tokens_per_rank = 64, .heads = 8, .cluster = {.devices_per_node = 8}, .balance_factor = 0.01};
+    const long_short_policy pol{.max_tokens_per_rank = 64,
+                                .heads = 8,
+                                .min_split_tokens = 0,  // short items split for balance too
+                                .cluster = {.devices_per_node = 8},
+                                .balance_factor = 0.01};
     const auto plan = plan_long_short(items, 8, pol);
     int split = 0;
     for (const auto& a : plan.items) {

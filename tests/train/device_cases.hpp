@@ -33,13 +33,13 @@ mm_result<T> run_device_mm_step(C& world, const Partition& partition, const Bala
   using sys_t = train::system<Partition, device_reference_attention, D, Balancer, Schedule, Placement>;
   static_assert(std::is_same_v<typename sys_t::memory_type, model::emulated_device_memory>);
   sys_t sys(partition, balancer, pc, dev, {}, options);
-  const auto plan = sys.plan(batch);
   device_stage<tiny_stack<T>, T> lm{
-      tiny_stack<T>(kShape, seed, kBlocks, plan.pipeline.num_stages, sys.local_stages(plan))};
+      tiny_stack<T>(kShape, seed, kBlocks, sys.num_stages(), sys.local_stages())};
   device_encoder<Encoder<T, model::vision_modality>, T> vision{
       Encoder<T, model::vision_modality>(kShape.width, T(0.9))};
   device_encoder<Encoder<T, model::audio_modality>, T> audio{
       Encoder<T, model::audio_modality>(kShape.width, T(1.1))};
+  const auto plan = sys.plan(batch, vision, audio);  // as run_mm_step: the encoders' heads in the plan
   int calls = 0;
   mm_result<T> r;
   r.stats = sys.run(plan, batch, lm, mm_optimizer<T>{&calls},
