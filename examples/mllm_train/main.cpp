@@ -85,6 +85,9 @@ options parse(int argc, char** argv) {
   if (o.partition != "hdp" && o.balancer != "family")
     throw usage_error(fmt::format("--balancer {} places HDP rings: it needs --partition hdp", o.balancer));
   if (o.resume && o.checkpoint_dir.empty()) throw usage_error("--resume needs --checkpoint-dir");
+  if (!o.out.empty() && std::filesystem::exists(o.out) && !std::filesystem::is_directory(o.out))
+    throw usage_error("--out '" + o.out +
+                      "' exists and is not a directory; expected a directory or a new name");
   if (!o.report.empty()) {  // refused before the run, not after it (core/files.hpp)
     try {
       hetmesh::check_output_target(o.report, "--report");
