@@ -5,8 +5,12 @@
 // second moment, an impossible Adam step, another world size or model split, a tampered manifest or
 // `latest`) is refused with an error naming the file and the field. (Kills at every file operation of a
 // save: examples/mllm_train/checkpoint_test.cmake.)
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cmath>
 #include <cstdint>
@@ -156,6 +160,47 @@ TEST_CASE("latest names the newest complete step; a torn step directory is ignor
   CHECK(ck::load_latest(d.path, 1, 2).step == 3);
   // A save never writes into the directory latest names.
   CHECK(error_of([&] { ck::begin_save(d.path, 3); }).find("would overwrite") != std::string::npos);
+}
+
+// f() in a child process whose files may not grow past `limit` bytes (a full disk, injected:
+// RLIMIT_FSIZE with SIGXFSZ ignored); the child's exit code.
+int with_file_size_limit(rlim_t limit, const std::function<int()>& f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit r{limit, limit};
+    ::setrlimit(RLIMIT_FSIZE, &r);
+    ::_exit(f());
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+TEST_CASE("a full disk during a save fails it naming the file; latest and the step before stay whole") {
+  temp_dir d;
+  const auto world = make_world(2, 4);
+  save(d.path, 4, world);
+  // A rank file holds two tensors of 5-6 values with their two moments (over 120 bytes): 64 bytes do not
+  // hold it, so the first rank file of step 5 fails part-way.
+  const int rc = with_file_size_limit(64, [&] {
+    const auto e = error_of([&] { save(d.path, 5, make_world(2, 5)); });
+    if (e.empty()) return 2;                                      // the save claimed success
+    return e.find("step-00000005") != std::string::npos ? 0 : 3;  // the error names the file
+  });
+  CHECK(rc == 0);
+  CHECK(ck::latest_name(d.path) == "step-00000004");
+  for (int r = 0; r < 2; ++r) {
+    const auto from = ck::load_latest(d.path, r, 2);
+    CHECK(from.step == 4);
+    std::vector<float> value(world[static_cast<std::size_t>(r)][0].value.size()), m(value.size()),
+        v(value.size());
+    (void)from.mine.restore(0, world[static_cast<std::size_t>(r)][0].id, value, m, v);
+    CHECK(value == world[static_cast<std::size_t>(r)][0].value);
+  }
+  // The next save, with room, replaces the torn step 5 and moves latest.
+  save(d.path, 5, make_world(2, 5));
+  CHECK(ck::load_latest(d.path, 1, 2).step == 5);
 }
 
 TEST_CASE("a damaged file is refused before anything is read from it, naming it") {
