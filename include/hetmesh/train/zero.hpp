@@ -168,8 +168,11 @@ struct zero1 {
   /// One parameter group's buffers: its layout, the padded flat buffer (and an all-to-all scratch bucket),
   /// and this rank's shard of the parameters and of the reduced gradients.
   struct group {
-    shard_layout layout{};                                                 ///< how the group is sharded
-    typename M::template buffer<value_type> flat, params, grads, scratch;  ///< the buffers
+    shard_layout layout{};                            ///< how the group is sharded
+    typename M::template buffer<value_type> flat;     ///< the padded flat buffer
+    typename M::template buffer<value_type> params;   ///< this rank's shard of the parameters
+    typename M::template buffer<value_type> grads;    ///< this rank's shard of the reduced gradients
+    typename M::template buffer<value_type> scratch;  ///< one bucket, for the rank-order reduction
     /// Sizes the buffers for `l`.
     void reset(const shard_layout& l) {
       layout = l;
@@ -179,6 +182,9 @@ struct zero1 {
       scratch.resize(at(l.buckets() == 0 ? 0 : l.padded(0)));
     }
   };
+
+ private:
+  static std::size_t at(std::int64_t i) noexcept { return static_cast<std::size_t>(i); }
 
   // g.flat = the tensors `ts` one after the other at their padded positions, padding zero.
   static void flatten(const M& mem, group& g, const std::vector<std::span<value_type>>& ts) {
@@ -217,12 +223,10 @@ struct zero1 {
     }
   }
 
+ public:
   /// Per parameter group, by its first tensor's storage (state the steps keep; the inner optimizer's state
   /// is keyed by the shard buffers', which stay in place).
   std::map<const void*, group> groups{};
-
- private:
-  static std::size_t at(std::int64_t i) noexcept { return static_cast<std::size_t>(i); }
 };
 
 }  // namespace hetmesh::train
