@@ -5,12 +5,8 @@
 // second moment, an impossible Adam step, another world size or model split, a tampered manifest or
 // `latest`) is refused with an error naming the file and the field. (Kills at every file operation of a
 // save: examples/mllm_train/checkpoint_test.cmake.)
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-#include <csignal>
 
 #include <cmath>
 #include <cstdint>
@@ -25,6 +21,8 @@
 #include <doctest/doctest.h>
 
 #include <mllm_train/checkpoint.hpp>
+
+#include "support/special_files.hpp"
 
 namespace {
 
@@ -162,20 +160,7 @@ TEST_CASE("latest names the newest complete step; a torn step directory is ignor
   CHECK(error_of([&] { ck::begin_save(d.path, 3); }).find("would overwrite") != std::string::npos);
 }
 
-// f() in a child process whose files may not grow past `limit` bytes (a full disk, injected:
-// RLIMIT_FSIZE with SIGXFSZ ignored); the child's exit code.
-int with_file_size_limit(rlim_t limit, const std::function<int()>& f) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::signal(SIGXFSZ, SIG_IGN);
-    const rlimit r{limit, limit};
-    ::setrlimit(RLIMIT_FSIZE, &r);
-    ::_exit(f());
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
-}
+using testsupport::with_file_size_limit;
 
 TEST_CASE("a full disk during a save fails it naming the file; latest and the step before stay whole") {
   temp_dir d;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "data/fixtures.hpp"
+#include "support/special_files.hpp"
 
 namespace boundaries_test {
 
@@ -70,18 +71,8 @@ void expect_refused(const std::string& exe, const std::vector<std::string>& args
   CHECK_MESSAGE(r.err.find(mention) != std::string::npos, r.err);
 }
 
-std::string make_fifo(const temp_dir& d, const std::string& name) {
-  const std::string p = d / name;
-  REQUIRE(::mkfifo(p.c_str(), 0600) == 0);
-  return p;
-}
-
-std::string make_sparse(const temp_dir& d, const std::string& name, std::int64_t bytes) {
-  const std::string p = d / name;
-  std::ofstream(p) << "";
-  std::filesystem::resize_file(p, static_cast<std::uintmax_t>(bytes));
-  return p;
-}
+using testsupport::make_fifo;
+using testsupport::make_sparse;
 
 const std::string plan = HETMESH_PLAN_EXE;
 const std::string convert = HETMESH_DATA_CONVERT_EXE;

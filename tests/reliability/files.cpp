@@ -27,6 +27,7 @@
 #include <hetmesh/data/webdataset.hpp>
 
 #include "data/fixtures.hpp"
+#include "support/special_files.hpp"
 
 using namespace hetmesh;
 using doctest::Contains;
@@ -42,19 +43,9 @@ std::string read_back(const std::string& p) {
   return ss.str();
 }
 
-std::string make_fifo(const temp_dir& d, const std::string& name = "fifo") {
-  const std::string p = d / name;
-  REQUIRE(::mkfifo(p.c_str(), 0600) == 0);
-  return p;
-}
-
-/// A sparse file of `bytes` bytes (instant, no disk used).
-std::string make_sparse(const temp_dir& d, const std::string& name, std::int64_t bytes) {
-  const std::string p = d / name;
-  std::ofstream(p) << "";
-  std::filesystem::resize_file(p, static_cast<std::uintmax_t>(bytes));
-  return p;
-}
+using testsupport::make_fifo;
+using testsupport::make_sparse;
+using testsupport::with_file_size_limit;
 
 std::string nested(int depth) { return std::string(static_cast<std::size_t>(depth), '['); }
 
@@ -63,22 +54,6 @@ int count_files(const std::string& dir) {
   int n = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
   return n;
-}
-
-/// Runs f in a child process whose files may not grow past `limit` bytes (RLIMIT_FSIZE, SIGXFSZ
-/// ignored): a full disk, injected. Returns the child's exit code (f's result).
-template <class F>
-int with_file_size_limit(rlim_t limit, F f) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::signal(SIGXFSZ, SIG_IGN);
-    const rlimit r{limit, limit};
-    ::setrlimit(RLIMIT_FSIZE, &r);
-    ::_exit(f());
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
 }
 
 }  // namespace files_test
