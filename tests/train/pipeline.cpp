@@ -392,8 +392,8 @@ TEST_CASE("train::system: a step over each rank's delivered share equals the who
   // bitwise the whole-batch run's (every rank compares its own stages' and the encoders' gradients).
   train::system_options split;
   split.encoder_sp.max_tokens_per_rank = 5;  // items above 5 tokens run over groups of shards (long-short SP)
-  split.encoder_sp.heads =
-      0;  // the heads as a declared value: scale_encoder mixes no tokens, any split works
+  // The heads as a declared value: scale_encoder mixes no tokens, so any split works.
+  split.encoder_sp.heads = 0;
   auto check = [](const std::string& what, auto body, bool some_partial = true) {
     std::vector<std::string> failures(8);
     std::vector<int> partial(8, 0);
