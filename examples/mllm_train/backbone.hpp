@@ -33,6 +33,8 @@ template <class T>
 struct backbone {
   /// Opt-in for backbone_stage.
   using is_backbone_stage = void;
+  /// Tokens meet only in the context's attention (model/token_mixing.hpp).
+  static constexpr hetmesh::model::token_mixing token_mixing = hetmesh::model::through_attention;
 
   config cfg;
   int stages = 1;  ///< pipeline stages of the whole backbone

@@ -32,6 +32,8 @@ class backbone {
  public:
   /// Opt-in for backbone_stage.
   using is_backbone_stage = void;
+  /// Tokens meet only in the context's attention (model/token_mixing.hpp).
+  static constexpr hetmesh::model::token_mixing token_mixing = hetmesh::model::through_attention;
 
   /// The stages `host` holds, on `k`'s backend with buffers of `mem` (same memory: a cuda math with
   /// cuda::device_memory on one stream, or host with host_memory). `k` outlives the stage.

@@ -42,6 +42,7 @@
 #include "run/ring_io.hpp"
 #include "run/ulysses_attention.hpp"  // Ulysses attention's instantiations (HETMESH_INSTANTIATE)
 #include "seq/detail/best_fit.hpp"
+#include "seq/halo.hpp"
 #include "seq/hdp.hpp"
 #include "seq/long_short.hpp"
 #include "seq/offload.hpp"

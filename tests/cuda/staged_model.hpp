@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include <hetmesh/model/token_mixing.hpp>
 #include <hetmesh/cuda/device_memory.hpp>
 #include <hetmesh/model/attention.hpp>
 #include <hetmesh/model/encoder_batch.hpp>
@@ -132,6 +133,8 @@ struct device_tensors {
 template <class Inner, class T>
 struct staged_stage {
   using is_backbone_stage = void;
+  /// The wrapped stage's token mixing.
+  static constexpr hetmesh::model::token_mixing token_mixing = Inner::token_mixing;
   Inner inner;
   stager<T> st{};
   device_tensors<T> dev{};

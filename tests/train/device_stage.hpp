@@ -106,6 +106,8 @@ auto device_views(R&& spans) {
 template <class Inner, class T>
 struct device_stage {
   using is_backbone_stage = void;
+  /// The wrapped stage's token mixing.
+  static constexpr hetmesh::model::token_mixing token_mixing = Inner::token_mixing;
   Inner inner;
 
   [[nodiscard]] std::int64_t output_size(const hetmesh::model::micro_batch_view& v) const requires requires {

@@ -81,6 +81,8 @@ struct lm_dims {
 template <class T>
 struct tiny_lm {
   using is_backbone_stage = void;
+  /// Tokens meet only in the context's attention (model/token_mixing.hpp).
+  static constexpr hetmesh::model::token_mixing token_mixing = hetmesh::model::through_attention;
 
   lm_shape shape;
   std::vector<T> emb, wq, wk, wv, wo, wout;        // parameters

@@ -22,6 +22,8 @@ namespace traintest {
 template <class T>
 struct tiny_stack {
   using is_backbone_stage = void;
+  /// Tokens meet only in the context's attention (model/token_mixing.hpp).
+  static constexpr hetmesh::model::token_mixing token_mixing = hetmesh::model::through_attention;
 
   lm_shape shape;
   int blocks = 4;                             ///< attention blocks of the whole model

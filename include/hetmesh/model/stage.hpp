@@ -22,6 +22,7 @@
 #include "context.hpp"
 #include "encoder_batch.hpp"
 #include "micro_batch.hpp"
+#include "token_mixing.hpp"
 
 namespace hetmesh::model {
 
@@ -131,7 +132,12 @@ concept encoder_stage = enable_encoder_stage<std::remove_cvref_t<S>> && detail::
 ///    stage: for a stage type whose output differs by pipeline stage (the last stage's loss terms, a
 ///    projection on one stage). The runtime sizes buffers through stage_output_size, which prefers it to
 ///    requirement 2's one-argument form (sizes_output_per_stage).
-/// The context a stage's attention calls need is model::attention_context (model/attention_context.hpp).
+///  - `static constexpr model::token_mixing token_mixing` (model/token_mixing.hpp): how the stage mixes
+///    tokens across positions (model::through_attention, model::causal_halo(k) with ctx.halo, or
+///    model::token_local). train::system requires it under a partition family that may split a document
+///    over ranks (train/sequence_split.hpp): nothing else tells a token shift from an MLP.
+/// The context a stage's attention calls need is model::attention_context (model/attention_context.hpp);
+/// its halo calls, model::halo_context (model/token_mixing.hpp).
 template <class S, class T, class Ctx = default_stage_context<T>>
 concept backbone_stage = enable_backbone_stage<std::remove_cvref_t<S>> &&
     detail::sizes_output<S, micro_batch_view> && detail::runs_forward<S, T, Ctx, micro_batch_view> &&

@@ -239,6 +239,21 @@ struct hdp {
   void hash_append(hasher& h) const { append_all(h, name, capacity, offload, model, placement); }
 };
 
+/// Whether static CP splits a document over ranks (cp > 1): what train::system asks of a family before a
+/// stage that does not declare its token mixing runs under it (train/sequence_split.hpp).
+[[nodiscard]] constexpr bool may_split_sequences(const cp_zigzag& f, int) noexcept { return f.cp > 1; }
+/// Whether static CP (THD) splits a document over ranks (cp > 1).
+[[nodiscard]] constexpr bool may_split_sequences(const cp_thd& f, int) noexcept { return f.cp > 1; }
+/// Whether contiguous CP splits a document over ranks (cp > 1).
+[[nodiscard]] constexpr bool may_split_sequences(const cp_contiguous& f, int) noexcept { return f.cp > 1; }
+/// Whether Ulysses splits a group's stream over ranks (degree > 1).
+[[nodiscard]] constexpr bool may_split_sequences(const ulysses& f, int) noexcept { return f.degree > 1; }
+/// Whether HDP may form a ring over ranks: in any pool of more than one rank.
+template <class Offload>
+[[nodiscard]] constexpr bool may_split_sequences(const hdp<Offload>&, int pool) noexcept {
+  return pool > 1;
+}
+
 }  // namespace hetmesh::seq
 
 template <>

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
@@ -26,8 +28,11 @@
 #include "../model/context.hpp"
 #include "../model/host_memory.hpp"
 #include "../model/reference_attention.hpp"
+#include "../model/token_mixing.hpp"
+#include "../run/halo.hpp"
 #include "../run/ring_attention.hpp"
 #include "../run/ulysses_attention.hpp"
+#include "../seq/halo.hpp"
 #include "../seq/ring.hpp"
 #include "offload.hpp"
 #include "partition_family.hpp"
@@ -84,6 +89,19 @@ struct attention_binding<attention_over_rings, Comm> {
                 std::span<T> dk, std::span<T> dv, M& mem) const {
     run::ring_attention_backward(*ring.parent, *schedule, k, in, out, lse, dout, dq, dk, dv, mem, options);
   }
+  /// The halo plan of the caller's ring position for k tokens: the members are the ring's positions, each
+  /// holding its chunks in local order.
+  [[nodiscard]] seq::halo_plan halo_plan(const model::ring_group<Comm>& ring, int k) const {
+    std::vector<std::vector<seq::position_run>> members(schedule->chunks.size());
+    for (std::size_t m = 0; m < members.size(); ++m)
+      for (const auto& c : schedule->chunks[m])
+        if (c.positions.size() > 0) members[m].push_back({c.doc, c.positions});
+    return seq::make_halo_plan(members, ring.position, k);
+  }
+  /// The communicator of the halo exchange and each member's rank in it: the ring's parent and its ranks.
+  [[nodiscard]] std::pair<Comm*, std::vector<int>> halo_group(const model::ring_group<Comm>& ring) const {
+    return {ring.parent, std::vector<int>(schedule->ring.begin(), schedule->ring.end())};
+  }
 };
 
 template <class Comm>
@@ -125,6 +143,24 @@ struct attention_binding<attention_over_groups, Comm> {
                 std::span<T> dk, std::span<T> dv, M& mem) const {
     run::ulysses_attention_backward(*group, *ulysses, k, as_group_input(in), out, lse, dout, dq, dk, dv, mem);
   }
+  /// The halo plan of the caller's group rank for k tokens: member m holds the m-th slice of the group's
+  /// stream (the exchange plan's token counts).
+  [[nodiscard]] seq::halo_plan halo_plan(const model::ring_group<Comm>&, int k) const {
+    std::vector<std::vector<seq::position_run>> members;
+    std::size_t offset = 0;
+    for (const auto n : ulysses->tokens) {
+      const auto c = static_cast<std::size_t>(n);
+      members.push_back(seq::runs_of(stream_doc.subspan(offset, c), stream_pos.subspan(offset, c)));
+      offset += c;
+    }
+    return seq::make_halo_plan(members, group->rank(), k);
+  }
+  /// The communicator of the halo exchange and each member's rank in it: the group, ranks 0 .. size - 1.
+  [[nodiscard]] std::pair<Comm*, std::vector<int>> halo_group(const model::ring_group<Comm>&) const {
+    std::vector<int> ranks(static_cast<std::size_t>(group->size()));
+    for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
+    return {group, std::move(ranks)};
+  }
 
  private:
   template <class T>
@@ -157,6 +193,8 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
 
   Kernel* kernel = nullptr;  ///< the system's kernel
   M* memory = nullptr;       ///< the system's memory policy (null: M{}; host only)
+  /// What the stage declared of its token mixing (model/token_mixing.hpp): halo() allows up to its halo.
+  model::token_mixing mixing = model::through_attention;
 
   /// Causal per-document attention of the micro-batch's local queries over every key of its ring (or, under
   /// groups, of its group's stream): out [tokens][q_heads][head_dim] and lse [tokens][q_heads] (natural
@@ -183,6 +221,43 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
                    dq, dk, dv, mem());
   }
 
+  /// The causal halo of `k` tokens of this call's micro-batch: for every local token (in the micro-batch's
+  /// order) and lag 1..k, where the token `lag` positions earlier in its document is (plan.source(token,
+  /// lag): a local row, a row of the halo buffer, or zero before the document's start), and what the
+  /// exchange moves. Not collective (planned from the micro-batch's ring or group layout). Errors: k above
+  /// what the stage declared (model::causal_halo(k) as its token_mixing), an unbound context
+  /// (invalid_argument). O(ring tokens x k) at worst.
+  [[nodiscard]] seq::halo_plan halo(int k) const {
+    check_bound("halo");
+    if (k < 1 || mixing.how != model::token_mixing::kind::halo || k > mixing.halo)
+      throw_error<invalid_argument>(
+          "train::step_context::halo: stage {} asks for a halo of {} tokens but declares token_mixing = {}; "
+          "expected 1 <= k <= the stage's `static constexpr model::token_mixing token_mixing = "
+          "model::causal_halo(k);`",
+          this->stage, k, mixing);
+    return this->halo_plan(this->ring, k);
+  }
+  /// Fills `halo` [p.halo_rows][width] with the rows of x [p.tokens][width] (this call's local rows, e.g.
+  /// a layer's input) that other ranks hold, as plan `p` (halo(k)) names them. Collective over the
+  /// micro-batch's ring (group): every member calls it for the same micro-batch in the same order (as
+  /// attention_forward). Cost: run::halo_forward (one p2p batch; nothing when every row is local).
+  void halo_forward(const seq::halo_plan& p, std::int64_t width, std::span<const T> x,
+                    std::span<T> halo) const {
+    check_bound("halo_forward");
+    const auto [c, ranks] = this->halo_group(this->ring);
+    run::halo_forward(*c, std::span<const int>(ranks), p, width, x, halo, mem());
+  }
+  /// Backward of halo_forward: sends `dhalo` (the loss gradient with respect to the halo rows) to the ranks
+  /// that own those rows, and adds what the others send for this call's rows into `dx` [p.tokens][width]
+  /// (which already holds the stage's local contributions, including through halo_source::kind::local
+  /// sources). Collective as halo_forward. Cost: run::halo_backward.
+  void halo_backward(const seq::halo_plan& p, std::int64_t width, std::span<const T> dhalo,
+                     std::span<T> dx) const {
+    check_bound("halo_backward");
+    const auto [c, ranks] = this->halo_group(this->ring);
+    run::halo_backward(*c, std::span<const int>(ranks), p, width, dhalo, dx, mem());
+  }
+
  private:
   M& mem() const {
     return model::bound_memory(memory, [&] {
@@ -205,6 +280,8 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
 /// The attention context concept (model/attention_context.hpp), under its earlier name.
 using model::attention_context;
 
+static_assert(model::halo_context<
+              step_context<model::communicator_archetype, model::reference_attention, float>, float>);
 static_assert(model::attention_context<
                   step_context<model::communicator_archetype, model::reference_attention, float>, float> &&
               model::attention_context<step_context<model::communicator_archetype, model::reference_attention,

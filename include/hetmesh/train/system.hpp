@@ -21,6 +21,8 @@
 #include <optional>
 #include <ranges>
 #include <span>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -54,6 +56,7 @@
 #include "partition_family.hpp"
 #include "pipeline_plan.hpp"
 #include "reduction.hpp"
+#include "sequence_split.hpp"
 #include "stage_runner.hpp"
 #include "step_plan.hpp"
 #include "step_run.hpp"
@@ -296,6 +299,7 @@ class system {
                       const model::step_summary& s, Stage& stage, Optimizer&& optimizer,
                       Encoders... encoders) {
     check_run_types<Stage, Optimizer, T, Encoders...>();
+    check_token_mixing<Stage>(partition_, pool_size_, family_name());
     auto& world = *world_;
     run::assert_plan_agreement(world, mem_, plan, "train step plan");
     if (plan.world != pool_size_ || plan.pp != pipeline_.pp)
@@ -353,6 +357,16 @@ class system {
         (model::check_encoder_stage<std::remove_pointer_t<decltype(std::declval<Encoders&>().stage)>, T,
                                     encoder_context_type<T>>() &&
          ...));
+  }
+
+  // The partition family as messages name it: its value when it prints, else its name.
+  std::string family_name() const {
+    if constexpr (fmt::is_formattable<Partition>::value)
+      return hetmesh::format("{}", partition_);
+    else if constexpr (requires { std::string_view(Partition::name); })
+      return std::string(Partition::name);
+    else
+      return "the partition family";
   }
 
   // The plan's attention groups (its mechanism's group_size: 0 for rings): their communicator is split

@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::train: whether a partition family may split one document over several ranks, and the check
+// train::system makes of a backbone stage before it runs under one: a stage that may mix tokens (a token
+// shift, a convolution) must say how (model/token_mixing.hpp), or a split cuts its mixer silently. Under a
+// family that never splits (cp = 1, a pool of one rank) any stage runs. A user's family says what it does by
+// an overload of `may_split_sequences(family, pool)` beside its type (found by argument-dependent lookup);
+// without one, it is taken to split.
+#pragma once
+
+#include <concepts>
+#include <string_view>
+
+#include "../core/error.hpp"
+#include "../model/token_mixing.hpp"
+#include "../seq/partition.hpp"
+
+namespace hetmesh::train {
+
+namespace detail {
+template <class F>
+concept says_whether_it_splits = requires(const F& f, int pool) {
+  { may_split_sequences(f, pool) } -> std::convertible_to<bool>;
+};
+}  // namespace detail
+
+/// Whether family `f` may split a document over more than one of `pool` ranks (the family's
+/// may_split_sequences overload; true for a family that has none). O(1).
+template <class F>
+[[nodiscard]] constexpr bool family_may_split(const F& f, int pool) {
+  if constexpr (detail::says_whether_it_splits<F>)
+    return may_split_sequences(f, pool);
+  else
+    return true;
+}
+
+/// Refuses backbone stage type S under family `f` over `pool` ranks when S does not declare its token
+/// mixing and the family may split a document: a stage that mixes tokens outside the context's attention
+/// would then be silently wrong. Errors: invalid_argument naming the family and what to declare. O(1).
+template <class S, class F>
+void check_token_mixing(const F& f, int pool, std::string_view family) {
+  if constexpr (!model::declares_token_mixing<S>) {
+    if (family_may_split(f, pool))
+      throw_error<invalid_argument>(
+          "train::system: the backbone stage does not declare how it mixes tokens, and {} over {} ranks "
+          "splits documents over ranks; expected `static constexpr hetmesh::model::token_mixing "
+          "token_mixing = ...;` in the stage: model::through_attention (tokens meet only in "
+          "ctx.attention_forward), model::causal_halo(k) (it also reads the k tokens before each token, "
+          "through ctx.halo) or model::token_local (it mixes none)",
+          family, pool);
+  }
+}
+
+}  // namespace hetmesh::train
