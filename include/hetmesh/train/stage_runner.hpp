@@ -213,6 +213,8 @@ class stage_runner {
     ctx.kernel = res_.kernel;
     ctx.memory = res_.mem;
     ctx.mixing = model::token_mixing_of<Stage>().value_or(model::through_attention);
+    ctx.tp = res_.tp;
+    ctx.ep = res_.ep;
     if (const auto* pm = rank_->planned[static_cast<std::size_t>(mb)]) {
       const auto& ring = plan_->rings[static_cast<std::size_t>(pm->ring)];
       ctx.ring = {res_.pool, std::span<const int>(ring.ring), pm->position};

@@ -156,6 +156,8 @@ struct step_resources {
   Memory* mem = nullptr;                           ///< the memory policy
   run::ring_attention_options attention{};         ///< ring calls' options
   int pool_size = 1;                               ///< ranks of the pool
+  Comm* tp = nullptr;                              ///< the stages' ctx.tp (null: tp = 1)
+  Comm* ep = nullptr;                              ///< the stages' ctx.ep (null: ep = 1)
 };
 
 }  // namespace hetmesh::train::detail

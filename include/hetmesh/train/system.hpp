@@ -62,6 +62,7 @@
 #include "step_run.hpp"
 #include "step_stats.hpp"
 #include "system_config.hpp"
+#include "system_mesh.hpp"
 #include "zero.hpp"
 
 namespace hetmesh::train {
@@ -143,7 +144,10 @@ class system {
           "rank)",
           pp, enc > 0 ? hetmesh::format(" with {} encoder-pool ranks per pipeline", enc) : std::string(),
           world.size());
-    pool_size_ = world.size() / (pp + enc);
+    // Every group comes from the mesh by name (train/system_mesh.hpp): Megatron's groups for its order.
+    layout_.emplace(options_.mesh, world.size(), pp + enc, enc);
+    groups_ = layout_->groups_of(world.rank());
+    pool_size_ = layout_->pool();
     // A device policy on the communicator's stream by default (e.g. cuda::device_memory(world.stream())):
     // the runtime's copies then run in order with the collectives and the stages' kernels.
     if constexpr (requires { Memory(world.stream()); }) mem_ = Memory(world.stream());
@@ -153,8 +157,14 @@ class system {
         "communicators");
     // The pipeline's communicator (its pp LLM ranks, then its encoder-pool ranks) and, when the world has
     // more than one pipeline rank, the pool at this pipeline rank.
-    pipe_.emplace(comm::split(world, world.rank() % pool_size_, world.rank() / pool_size_));
-    if (pp + enc > 1) pool_.emplace(comm::split(world, world.rank() / pool_size_, world.rank() % pool_size_));
+    pipe_.emplace(comm::split(world, groups_.pipe.index, groups_.pipe.position));
+    const bool tp = layout_->tp() > 1;
+    if (pp + enc > 1 || tp) pool_.emplace(comm::split(world, groups_.pool.index, groups_.pool.position));
+    if (tp) {  // one tp = 1 system per tp coordinate, and the stages' tp group across them
+      slice_.emplace(comm::split(world, groups_.slice.index, groups_.slice.position));
+      tp_.emplace(comm::split(world, groups_.tp.index, groups_.tp.position));
+    }
+    if (layout_->ep() > 1) ep_.emplace(comm::split(world, groups_.ep.index, groups_.ep.position));
   }
 
   /// The step plan for documents `docs` (id, length in stream order) over the pool, with the pipeline
@@ -225,7 +235,7 @@ class system {
       if (plan.world != pool_size_)  // before indexing the plan by this rank
         throw_error<invalid_argument>("train::system::run: a plan for a pool of {} ranks; expected {}",
                                       plan.world, pool_size_);
-      local = detail::sparse_step(plan, share, world_->rank() % pool_size_);
+      local = detail::sparse_step(plan, share, pool_rank());
     } catch (...) {
       failure = std::current_exception();
     }
@@ -257,7 +267,7 @@ class system {
   /// The global pipeline stages this rank runs under `plan`, ascending (its pipeline rank's stages).
   [[nodiscard]] std::vector<int> local_stages(const step_layout& plan) const {
     std::vector<int> out;
-    const int me = world_->rank() / pool_size_;
+    const int me = pipeline_rank();
     for (int st = 0; st < plan.pipeline.num_stages; ++st)
       if (plan.pipeline.rank_of_stage(st) == me) out.push_back(st);
     return out;
@@ -273,9 +283,26 @@ class system {
   /// Ranks per pipeline rank (the data-parallel pool: dp x cp, or the HDP pool).
   [[nodiscard]] int pool_size() const noexcept { return pool_size_; }
   /// This rank's position in its pool (its pipeline: every pipeline rank of it has the same).
-  [[nodiscard]] int pool_rank() const noexcept { return world_->rank() % pool_size_; }
+  [[nodiscard]] int pool_rank() const noexcept { return groups_.pool.position; }
   /// This rank's pipeline rank.
-  [[nodiscard]] int pipeline_rank() const noexcept { return world_->rank() / pool_size_; }
+  [[nodiscard]] int pipeline_rank() const noexcept { return groups_.pipe.position; }
+  /// This rank's tensor-parallel rank (its place in ctx.tp's group).
+  [[nodiscard]] int tp_rank() const noexcept { return groups_.tp.position; }
+  /// Tensor-parallel ranks (system_options::mesh.tp).
+  [[nodiscard]] int tp_size() const noexcept { return layout_->tp(); }
+  /// This rank's expert-parallel rank (its place in ctx.ep's group).
+  [[nodiscard]] int ep_rank() const noexcept { return groups_.ep.position; }
+  /// Expert-parallel ranks (system_options::mesh.ep).
+  [[nodiscard]] int ep_size() const noexcept { return layout_->ep(); }
+  /// The mesh and every group family the system derived from it (Megatron's groups for its order).
+  [[nodiscard]] const system_layout& layout() const noexcept { return *layout_; }
+  /// This rank's groups (world ranks of its tp, pool, pipeline, slice and ep groups).
+  [[nodiscard]] const system_groups& groups() const noexcept { return groups_; }
+  /// What this rank's model holds: the pipeline's stages, this rank's stages, and its tp and ep places,
+  /// before any plan (the model can be built first; train::check_parity hands it to a factory that takes it).
+  [[nodiscard]] model_split split() const {
+    return {num_stages(), local_stages(), tp_rank(), tp_size(), ep_rank(), ep_size()};
+  }
   /// The run-time options.
   [[nodiscard]] const system_options& options() const noexcept { return options_; }
   /// The memory policy the system's buffers and buffer work go through. A policy constructible from the
@@ -285,7 +312,7 @@ class system {
   [[nodiscard]] Memory& memory() noexcept { return mem_; }
   /// Where the system's ranks sit in its world, for train::plan_delivery: system_ranks(pool_size(), pp +
   /// encoder_ranks()) (world rank = pipeline rank x pool + pool rank).
-  [[nodiscard]] rank_map ranks() const { return system_ranks(pool_size_, pipeline_.pp + encoder_ranks()); }
+  [[nodiscard]] rank_map ranks() const { return layout_->ranks(); }
   /// The delivery plan of `plan` over this system's world: train::plan_delivery(plan, batch, ranks()),
   /// `batch` the step the plan was made from (only its metadata is read). Pure; not collective. Errors:
   /// plan_delivery's.
@@ -314,7 +341,7 @@ class system {
           plan.encoders() - 1, sizeof...(Encoders));
     int encoder_index = 0;
     (check_encoder_heads(plan, encoder_index++, encoder_heads_of(encoders)), ...);
-    const int pool_rank = world.rank() % pool_size_;
+    const int pool_rank = this->pool_rank();
     const auto rank = detail::make_step_rank(plan, batch, s, pool_rank, group_size(plan));
     std::tuple<Encoders...> bound{std::move(encoders)...};
     const auto enc = detail::encoder_work_for(plan, pool_rank, pipeline_rank(), bound);
@@ -390,8 +417,9 @@ class system {
   detail::step_resources<Comm, Kernel, Memory> resources(const plan_type&) {
     Comm& pool = pool_ ? *pool_ : *world_;
     if (!item_groups_) item_groups_.emplace(pool);
-    return {&pool, group_ ? &*group_ : nullptr, &*item_groups_, &kernel_,
-            &mem_, options_.attention,          pool_size_};
+    return {
+        &pool,      group_ ? &*group_ : nullptr, &*item_groups_,       &kernel_, &mem_, options_.attention,
+        pool_size_, tp_ ? &*tp_ : nullptr,       ep_ ? &*ep_ : nullptr};
   }
 
   // Runs the plan's schedule on this pipeline with the runner's calls; the step's wall and CPU times.
@@ -452,18 +480,19 @@ class system {
     using T = typename Runner::context_type::value_type;
     constexpr bool sharded = sharded_optimizer<Optimizer>;
     Comm& pool = pool_ ? *pool_ : *world_;
+    Comm& slice = slice_ ? *slice_ : *world_;  // the encoders and the stats: this tp coordinate's ranks
     const auto t2 = std::chrono::steady_clock::now();
     const double reduce_cpu0 = thread_cpu_seconds();
     auto groups = [&](auto&& f) {  // the stage over the pool, each encoder over the world
       f(pool, stage);
-      std::apply([&](auto&... e) { (f(*world_, *e.stage), ...); }, bound);
+      std::apply([&](auto&... e) { (f(slice, *e.stage), ...); }, bound);
     };
     if constexpr (!sharded)
       groups([&](Comm& c, auto& s) {
         for (auto g : s.gradients()) sum_over_ranks(c, mem_, std::span<T>(g), options_.reproducible);
       });
-    sum_host_values_over_ranks(*world_, mem_, std::span<double>(runner.sums), options_.reproducible);
-    sum_host_values_over_ranks(*world_, mem_, std::span<std::int64_t>(runner.counts), options_.reproducible);
+    sum_host_values_over_ranks(slice, mem_, std::span<double>(runner.sums), options_.reproducible);
+    sum_host_values_over_ranks(slice, mem_, std::span<std::int64_t>(runner.counts), options_.reproducible);
     st.reduce_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
     st.cpu_comm_seconds += thread_cpu_seconds() - reduce_cpu0;
     st.loss = runner.sums[0];
@@ -500,6 +529,11 @@ class system {
   std::optional<Comm> pool_;   // pp > 1: the ranks of this pipeline rank (ring attention, stage gradients)
   std::optional<Comm> pipe_;   // this pipeline's ranks in pipeline order (the schedule's transfers)
   std::optional<Comm> group_;  // attention over groups: this rank's group of the pool, in stream order
+  std::optional<Comm> slice_;  // tp > 1: this tp coordinate's ranks (a whole tp = 1 system)
+  std::optional<Comm> tp_;     // tp > 1: the stages' ctx.tp
+  std::optional<Comm> ep_;     // ep > 1: the stages' ctx.ep
+  std::optional<system_layout> layout_;                 // the mesh and its group families
+  system_groups groups_;                                // this rank's groups
   std::optional<comm::group_cache<Comm>> item_groups_;  // encoder items' Ulysses groups in the pool row
 };
 

@@ -24,6 +24,7 @@
 #include "families.hpp"
 #include "partition_family.hpp"
 #include "pipeline_plan.hpp"
+#include "system_mesh.hpp"
 
 namespace hetmesh::train {
 
@@ -54,6 +55,10 @@ struct system_options {
   /// row, shorter ones run whole, balanced by the policy's cost. Its `heads` applies only to encoders whose
   /// heads plan() was not given: system::plan(batch, encoders...) reads each encoder's attention_heads().
   seq::long_short_policy encoder_sp{};
+  /// The mesh the world is laid out by (train/system_mesh.hpp): tp, the pool's cp order, ep and etp, and
+  /// Megatron's order string. Every group the system uses comes from it by name; ctx.tp and ctx.ep are its
+  /// tp and ep groups.
+  system_mesh mesh{};
 };
 
 /// The pipeline of train::system: its depth (a run-time value: the cluster's), the schedule family and
