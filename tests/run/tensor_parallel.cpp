@@ -643,6 +643,16 @@ TEST_CASE("vocabulary-parallel cross-entropy in float equals the double computat
     });
 }
 
+TEST_CASE("tensor-parallel values compare and print") {
+  CHECK(run::vocab_shard_of(16, 4, 1) == run::vocab_shard{4, 8});
+  CHECK(run::vocab_shard_of(16, 4, 3).holds(15));
+  CHECK_FALSE(run::vocab_shard_of(16, 4, 3).holds(11));
+  CHECK(hetmesh::format("{}", run::vocab_shard_of(16, 4, 1)) == "vocab_shard[4, 8)");
+  CHECK(hetmesh::format("{}", run::tp_linear_shape{8, 6, 12}) == "tp_linear_shape(tokens=8, in=6, out=12)");
+  CHECK(hetmesh::format("{}", run::tp_linear_options{.sequence_parallel = true}) ==
+        "tp_linear_options(sequence_parallel=true, gather_output=false)");
+}
+
 // ---- bad input ----------------------------------------------------------------------------------------
 
 TEST_CASE("tensor-parallel helpers refuse bad shapes and buffer sizes, naming the mismatch") {

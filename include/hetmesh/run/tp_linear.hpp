@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <span>
 
+#include "../core/format.hpp"
 #include "tp_regions.hpp"
 
 namespace hetmesh::run {
@@ -252,3 +253,22 @@ void row_parallel_backward(C& c, const tp_linear_shape& s, const tp_linear_optio
 }
 
 }  // namespace hetmesh::run
+
+/// Prints "tp_linear_shape(tokens=8, in=6, out=12)".
+template <>
+struct fmt::formatter<hetmesh::run::tp_linear_shape> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::run::tp_linear_shape& s, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "tp_linear_shape(tokens={}, in={}, out={})", s.tokens, s.in, s.out);
+  }
+};
+
+/// Prints "tp_linear_options(sequence_parallel=true, gather_output=false)".
+template <>
+struct fmt::formatter<hetmesh::run::tp_linear_options> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::run::tp_linear_options& o, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "tp_linear_options(sequence_parallel={}, gather_output={})",
+                              o.sequence_parallel, o.gather_output);
+  }
+};

@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "../core/format.hpp"
 #include "tp_regions.hpp"
 
 namespace hetmesh::run {
@@ -271,3 +272,12 @@ void vocab_parallel_cross_entropy_backward(const C& c, std::int64_t vocab, std::
 }
 
 }  // namespace hetmesh::run
+
+/// Prints "vocab_shard[4, 8)".
+template <>
+struct fmt::formatter<hetmesh::run::vocab_shard> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::run::vocab_shard& v, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "vocab_shard[{}, {})", v.begin, v.end);
+  }
+};
