@@ -34,13 +34,38 @@
 
 namespace hetmesh::train {
 
+/// Which part of a full tensor a rank holds when a layer splits it over tensor (or expert) parallel ranks:
+/// the full tensor is rows x cols (row-major), cut into `parts` equal blocks along `axis` (0: by rows, as a
+/// row-parallel weight or a vocabulary shard; 1: by columns, as a column-parallel weight), and this is
+/// block `part`. The default (rows = 0) is a whole tensor.
+struct tensor_shard {
+  std::int64_t rows = 0;  ///< the full tensor's rows (0: the tensor is whole)
+  std::int64_t cols = 1;  ///< its columns
+  int axis = 0;           ///< 0: split by rows; 1: by columns
+  int part = 0;           ///< this block's index
+  int parts = 1;          ///< blocks
+
+  /// Elements of the full tensor.
+  [[nodiscard]] constexpr std::int64_t full_size() const noexcept { return rows * cols; }
+  /// The full tensor's element of this block's element `i` (row-major both). Pre: the block is valid.
+  [[nodiscard]] constexpr std::int64_t global(std::int64_t i) const noexcept {
+    if (rows == 0) return i;
+    if (axis == 0) return (part * (rows / parts)) * cols + i;
+    const auto lc = cols / parts;
+    return (i / lc) * cols + part * lc + i % lc;
+  }
+  friend constexpr bool operator==(const tensor_shard&, const tensor_shard&) = default;
+};
+
 /// One tensor of a model as check_parity reads it (and as a trainer checkpoints it): its global id, its
-/// value and its gradient. A model's tensors() may return these, or any records with `id` and `grad`.
+/// value and its gradient, and which block of the full tensor they are when a layer splits it over ranks.
+/// A model's tensors() may return these, or any records with `id` and `grad` (and optionally `shard`).
 template <class T>
 struct model_tensor {
-  std::int64_t id = 0;  ///< the tensor's global id: the same tensor has the same id under any split
-  std::span<T> value;   ///< the parameter
-  std::span<T> grad;    ///< its gradient
+  std::int64_t id = 0;      ///< the tensor's global id: the same tensor has the same id under any split
+  std::span<T> value;       ///< the parameter (this rank's block of it)
+  std::span<T> grad;        ///< its gradient
+  tensor_shard shard = {};  ///< which block of the full tensor (default: the whole tensor)
 };
 
 /// A record of tensors(): `r.id` converts to std::int64_t, `r.grad` is a contiguous sized range (the
@@ -61,6 +86,25 @@ template <class M>
 concept has_encoders_member = requires(M& m) {
   m.encoders();
 };
+template <class R>
+tensor_shard shard_of(const R& r) {
+  if constexpr (requires { r.shard; })
+    return tensor_shard{r.shard};
+  else
+    return {};
+}
+/// The user's model for `split`: make(split) when the factory takes a train::model_split, else
+/// make(split.stages, split.local).
+template <class Make>
+decltype(auto) make_model(Make& make, const model_split& split) {
+  if constexpr (std::is_invocable_v<Make&, const model_split&>)
+    return make(split);
+  else
+    return make(split.stages, std::span<const int>(split.local));
+}
+template <class Make>
+using made_model_t =
+    std::remove_cvref_t<decltype(make_model(std::declval<Make&>(), std::declval<const model_split&>()))>;
 template <class Tuple>
 struct tuple_of_refs : std::false_type {};
 template <class... E>
@@ -219,8 +263,7 @@ parity_reference reference_run(Comm& world, const model::step_batch& batch, Make
       comm::loopback::run(1, [&](comm::loopback::communicator& c) {
         system<seq::cp_thd, Kernel, comm::loopback::communicator> one(seq::cp_thd{.cp = 1, .pad = true}, c);
         const auto plan = one.plan(batch);
-        const int stage0[1] = {0};
-        auto m = make(1, std::span<const int>(stage0));
+        auto m = make_model(make, model_split{1, {0}, 0, 1, 0, 1});
         int calls = 0;
         const auto st = parity_step(one, plan, batch, m, calls, inputs...);
         ref.loss = st.loss;
@@ -257,9 +300,9 @@ parity_reference reference_run(Comm& world, const model::step_batch& batch, Make
   return ref;
 }
 
-/// This rank's largest error against `ref` over the tensors of `m`: (error, id, element), marking the
-/// reference tensors it compared in `seen`. Throws invalid_argument for a tensor the reference lacks or
-/// whose size differs.
+/// This rank's largest error against `ref` over the tensors of `m`: (error, id, element of the full tensor),
+/// marking the reference elements it compared in `seen` (one per element of ref.grads). Throws
+/// invalid_argument for a tensor the reference lacks or whose size (or block) does not fit.
 template <class M>
 std::tuple<double, std::int64_t, std::int64_t> local_error(M& m, const parity_reference& ref,
                                                            std::vector<std::int64_t>& seen) {
@@ -277,21 +320,32 @@ std::tuple<double, std::int64_t, std::int64_t> local_error(M& m, const parity_re
           tid, ref.ids.size());
     const std::size_t k = it->second;
     const auto off = static_cast<std::size_t>(ref.offsets[k]);
-    const auto size = static_cast<std::size_t>(ref.offsets[k + 1]) - off;
-    if (std::ranges::size(t.grad) != size)
+    const auto size = static_cast<std::int64_t>(ref.offsets[k + 1]) - static_cast<std::int64_t>(off);
+    const auto sh = shard_of(t);
+    const auto local = static_cast<std::int64_t>(std::ranges::size(t.grad));
+    const bool whole = sh.rows == 0 && local == size;
+    const bool block = sh.rows > 0 && sh.full_size() == size && sh.parts >= 1 && sh.part >= 0 &&
+                       sh.part < sh.parts && (sh.axis == 0 ? sh.rows : sh.cols) % sh.parts == 0 &&
+                       local * sh.parts == size;
+    if (!whole && !block)
       throw_error<invalid_argument>(
-          "train::check_parity: tensor {} has {} gradient elements on this rank and {} in the 1-rank "
-          "reference; expected the same tensor under any split",
-          tid, std::ranges::size(t.grad), size);
-    seen[k] = 1;
+          "train::check_parity: tensor {} has {} gradient elements on this rank{} and {} in the 1-rank "
+          "reference; expected the same tensor under any split, or a block of it (model_tensor::shard)",
+          tid, local,
+          sh.rows > 0
+              ? hetmesh::format(" as block {} of {} of a {} x {} tensor", sh.part, sh.parts, sh.rows, sh.cols)
+              : std::string(),
+          size);
     const auto* g = std::ranges::data(t.grad);
-    for (std::size_t i = 0; i < size; ++i) {
-      double e = std::abs(static_cast<double>(g[i]) - ref.grads[off + i]);
+    for (std::int64_t i = 0; i < local; ++i) {
+      const auto j = sh.global(i);
+      seen[off + static_cast<std::size_t>(j)] = 1;
+      double e = std::abs(static_cast<double>(g[i]) - ref.grads[off + static_cast<std::size_t>(j)]);
       if (std::isnan(e)) e = std::numeric_limits<double>::infinity();
       if (e > worst) {
         worst = e;
         id = tid;
-        element = static_cast<std::int64_t>(i);
+        element = j;
       }
     }
   }
@@ -317,13 +371,16 @@ parity_result reduce_verdict(Comm& world, const parity_reference& ref,
   comm::all_reduce(world, std::span<std::int64_t>(at), comm::reduce_op::max);
   if (who != none) r.rank = static_cast<int>(-who), r.tensor = at[0], r.element = at[1];
   comm::all_reduce(world, std::span<std::int64_t>(seen), comm::reduce_op::max);
-  for (std::size_t k = 0; k < seen.size(); ++k)
-    if (seen[k] == 0)
-      throw_error<invalid_argument>(
-          "train::check_parity: tensor {} of the 1-rank reference model is held by no rank of the "
-          "distributed "
-          "run; expected the factory's models for the ranks' stages to hold every tensor",
-          ref.ids[k]);
+  for (std::size_t k = 0; k < ref.ids.size(); ++k)
+    for (auto e = ref.offsets[k]; e < ref.offsets[k + 1]; ++e)
+      if (seen[static_cast<std::size_t>(e)] == 0)
+        throw_error<invalid_argument>(
+            "train::check_parity: element {} of tensor {} of the 1-rank reference model is held by no rank "
+            "of "
+            "the distributed run; expected the factory's models for the ranks' stages (and tp blocks) to "
+            "hold "
+            "every tensor",
+            e - ref.offsets[k], ref.ids[k]);
   for (double g : ref.grads) r.max_gradient = std::max(r.max_gradient, std::abs(g));
   r.rel_error = r.max_gradient > 0 ? r.abs_error / r.max_gradient : r.abs_error;
   r.loss = st.loss;
@@ -347,28 +404,33 @@ parity_result reduce_verdict(Comm& world, const parity_reference& ref,
 }  // namespace detail
 
 /// Gradient parity of `sys` with the library's 1-rank reference on `batch`: PyTorch's "compare with a
-/// single-GPU run" as one call. `make(stages, local)` builds the user's model (a train::parity_model) of
-/// `stages` pipeline stages holding stages `local` (a std::span<const int>) from the same initial
-/// parameters every time; `inputs` are the encoders' input callables, one per encoder of the model's
-/// encoders(), in encoder-index order (as bind_encoder takes them). In order: rank 0 builds make(1, {0})
-/// and runs one step of it on a 1-rank loopback world of its own (train::system<seq::cp_thd{.cp = 1},
-/// the same kernel type, default-constructed, pp = 1, default options), then broadcasts its gradients,
-/// loss and counts; every rank builds make(sys.num_stages(), sys.local_stages()) and runs one step of
-/// sys.plan(batch, its encoders...) over `batch`, with an optimizer hook that leaves the parameters in place;
-/// every rank compares its model's tensors with the reference's by id. Collective over sys.world(), which
-/// must be a host communicator. Returns the same verdict on every rank (see parity_result; printable);
-/// failing tolerances is a result, not an error. Errors (invalid_argument, on every rank): a tensor the
-/// reference lacks or of another size, a reference tensor no rank holds; the runs' own errors (the
-/// reference's on every rank, via run::agree_on_failure). Cost: one distributed step, one 1-rank step of
-/// the whole batch on rank 0 (the others wait for it: the world's collective timeout must cover it), a
-/// broadcast of the model's gradients.
+/// single-GPU run" as one call. `make` builds the user's model (a train::parity_model) from the same initial
+/// parameters every time: `make(split)` with a train::model_split (stages of the pipeline, the stages this
+/// rank holds, its tp and ep places: a tensor-parallel model builds its blocks), or `make(stages, local)`
+/// (a std::span<const int>). `inputs` are the encoders' input callables, one per encoder of the model's
+/// encoders(), in encoder-index order (as bind_encoder takes them). In order: rank 0 builds the model of
+/// model_split{1, {0}, 0, 1, 0, 1} and runs one step of it on a 1-rank loopback world of its own
+/// (train::system<seq::cp_thd{.cp = 1}, the same kernel type, default-constructed, pp = 1, default
+/// options), then broadcasts its gradients, loss and counts; every rank builds the model of sys.split()
+/// and runs one step of sys.plan(batch, its encoders...) over `batch`, with an optimizer hook that leaves
+/// the parameters in place; every rank compares its model's tensors with the reference's by id, a block of
+/// a split tensor (model_tensor::shard) with its elements of the full tensor. Collective over sys.world(),
+/// which must be a host communicator. Returns the same verdict on every rank (see parity_result;
+/// printable); failing tolerances is a result, not an error. Errors (invalid_argument, on every rank): a
+/// tensor the reference lacks or of another size (or an impossible block), a reference element no rank
+/// holds; the runs' own errors (the reference's on every rank, via run::agree_on_failure). Cost: one
+/// distributed step, one 1-rank step of the whole batch on rank 0 (the others wait for it: the world's
+/// collective timeout must cover it), a broadcast of the model's gradients and a max-reduce of one integer
+/// per gradient element.
 template <class System, class Make, class... Inputs>
 [[nodiscard]] parity_result check_parity(System& sys, const model::step_batch& batch, Make&& make,
                                          const parity_tolerance& tolerance = {}, const Inputs&... inputs) {
-  static_assert(std::is_invocable_v<Make&, int, std::span<const int>>,
-                "train::check_parity: the factory must be callable as make(int stages, std::span<const int> "
-                "local) and return the model of `stages` pipeline stages holding stages `local`");
-  using M = std::remove_cvref_t<std::invoke_result_t<Make&, int, std::span<const int>>>;
+  static_assert(
+      std::is_invocable_v<Make&, int, std::span<const int>> || std::is_invocable_v<Make&, const model_split&>,
+      "train::check_parity: the factory must be callable as make(int stages, std::span<const int> "
+      "local), returning the model of `stages` pipeline stages holding stages `local`, or as "
+      "make(const train::model_split&) (stages, local stages, tp and ep places)");
+  using M = detail::made_model_t<Make>;
   static_assert(check_parity_model<M>());
   static_assert(std::tuple_size_v<detail::parity_encoders_t<M>> == sizeof...(Inputs),
                 "train::check_parity: pass one encoder input callable per encoder of the model's encoders(), "
@@ -381,8 +443,7 @@ template <class System, class Make, class... Inputs>
   auto& world = sys.world();
   const auto ref = detail::reference_run<Kernel>(world, batch, make, inputs...);
   // The model first (its stages are known before any plan), so the plan reads its encoders' heads.
-  const auto local = sys.local_stages();
-  auto m = make(sys.num_stages(), std::span<const int>(local));
+  auto m = detail::make_model(make, sys.split());
   const auto plan = std::apply(
       [&](auto&... e) {
         if constexpr (sizeof...(e) == 0)
@@ -393,7 +454,7 @@ template <class System, class Make, class... Inputs>
       detail::parity_encoders(m));
   int calls = 0;
   const auto st = detail::parity_step(sys, plan, batch, m, calls, inputs...);
-  std::vector<std::int64_t> seen(ref.ids.size(), 0);
+  std::vector<std::int64_t> seen(ref.grads.size(), 0);
   std::tuple<double, std::int64_t, std::int64_t> mine{0.0, -1, -1};
   std::exception_ptr failure;
   try {
