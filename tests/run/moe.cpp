@@ -4,7 +4,8 @@
 // a single-rank reference of the same layer over the group's tokens (rank order), forward and backward (the
 // input, expert weight and gate gradients), in double to 1e-12, dropless and with capacity drops under both
 // drop policies. Under "position" the drops also equal those of a one-rank plan over the concatenated batch.
-// The auxiliary loss's shares over a group sum to the one-rank loss, with the same per-expert gradient.
+// The auxiliary loss's shares over a group sum to the one-rank loss, with the same per-expert gradient. Over
+// emulated device memory (a policy with scale_add and dot) the layer gives the host run bit for bit.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <numeric>
 #include <vector>
 
+#include <hetmesh/comm/emulated_device.hpp>
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/core/random.hpp>
 #include <hetmesh/model/host_memory.hpp>
@@ -22,7 +24,8 @@ using namespace hetmesh;
 
 namespace moe_layer_tests {  // named: the unity build joins this file with others
 
-constexpr std::int64_t h = 3;  // row width, in and out of every expert
+constexpr std::int64_t h = 3;
+constexpr auto hw = static_cast<std::size_t>(h);  // row width, in and out of every expert
 
 struct rank_data {
   std::vector<std::int64_t> experts;  // k per token
@@ -121,8 +124,95 @@ result reference(const layer_case& c, const std::vector<std::vector<std::int64_t
   return out;
 }
 
-// The layer on ep loopback ranks through run::moe_*.
-result distributed(const layer_case& c) {
+// Emulated device memory with the two optional members combine runs its gate arithmetic through.
+struct gate_memory : model::emulated_device_memory {
+  template <class T>
+  void scale_add(std::span<T> dst, std::span<const T> alpha, std::span<const T> src) const {
+    const auto d = emulated::to_host(dst), s = emulated::to_host(src);
+    const T a = emulated::to_host(alpha)[0];
+    for (std::size_t i = 0; i < d.size(); ++i) d[i] += a * s[i];
+  }
+  template <class T>
+  void dot(std::span<T> out, std::span<const T> x, std::span<const T> y) const {
+    const auto a = emulated::to_host(x), b = emulated::to_host(y);
+    T s{};
+    for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+    emulated::to_host(out)[0] = s;
+  }
+};
+static_assert(model::memory_policy<gate_memory>);
+
+template <class M>
+typename M::template buffer<double> put(const M& mem, const std::vector<double>& v) {
+  typename M::template buffer<double> b;
+  b.resize(v.size());
+  mem.upload(b.span(), std::span<const double>(v));
+  return b;
+}
+template <class M>
+std::vector<double> get(const M& mem, const typename M::template buffer<double>& b) {
+  std::vector<double> v(b.size());
+  mem.download(std::span<double>(v), b.span());
+  return v;
+}
+template <class B>
+std::span<const double> in(const B& b) {
+  return b.span();
+}
+
+// One rank of the layer through run::moe_*: buffers in M's memory, the experts on the host (downloaded and
+// uploaded around them).
+template <class G, class M>
+void layer_on_rank(G& g, const M& mem, const layer_case& c, result& out) {
+  const auto me = static_cast<std::size_t>(g.rank());
+  const auto& d = c.ranks[me];
+  const auto plan = run::moe_plan(g, c.layout, c.policy, std::span<const std::int64_t>(d.experts),
+                                  std::span<const double>(d.gates), mem);
+  const auto rows = static_cast<std::size_t>(plan.expert_rows());
+  const auto x = put(mem, d.x), gates = put(mem, d.gates), dy = put(mem, d.dy);
+  auto expert_in = put(mem, std::vector<double>(rows * hw)),
+       routed = put(mem, std::vector<double>(d.gates.size() * hw));
+  auto y = put(mem, std::vector<double>(d.x.size()));
+  run::moe_dispatch_forward(g, plan, h, in(x), expert_in.span(), mem);
+  // The experts: local expert j on its plan.expert_counts[j] rows.
+  const auto first = c.layout.first_expert(g.rank());
+  std::vector<std::int64_t> expert_of_row;
+  for (std::size_t j = 0; j < plan.expert_counts.size(); ++j)
+    expert_of_row.insert(expert_of_row.end(), static_cast<std::size_t>(plan.expert_counts[j]),
+                         first + static_cast<std::int64_t>(j));
+  const auto xin = get(mem, expert_in);
+  std::vector<double> eo(rows * hw);
+  for (std::size_t i = 0; i < rows; ++i) apply(c.w, expert_of_row[i], &xin[i * hw], &eo[i * hw], false);
+  const auto expert_out = put(mem, eo);
+  run::moe_combine_forward(g, plan, h, in(expert_out), in(gates), routed.span(), y.span(), mem);
+  auto d_out = put(mem, std::vector<double>(rows * hw)),
+       d_gates = put(mem, std::vector<double>(d.gates.size()));
+  run::moe_combine_backward(g, plan, h, in(dy), in(gates), in(routed), d_out.span(), d_gates.span(), mem);
+  const auto deo = get(mem, d_out);
+  std::vector<double> din(rows * hw), dw(c.w.size(), 0.0);
+  for (std::size_t i = 0; i < rows; ++i) {
+    const auto e = expert_of_row[i];
+    apply(c.w, e, &deo[i * hw], &din[i * hw], true);
+    for (std::size_t a = 0; a < hw; ++a)
+      for (std::size_t b = 0; b < hw; ++b)
+        dw[static_cast<std::size_t>(e) * hw * hw + a * hw + b] += deo[i * hw + a] * xin[i * hw + b];
+  }
+  const auto d_in = put(mem, din);
+  auto dx = put(mem, std::vector<double>(d.x.size()));
+  run::moe_dispatch_backward(g, plan, h, in(d_in), dx.span(), mem);
+  out.y[me] = get(mem, y);
+  out.dx[me] = get(mem, dx);
+  out.dgates[me] = get(mem, d_gates);
+  out.kept_row[me] = plan.row_of_choice;
+  // Each rank owns its experts' slices of dw: no two ranks write the same element.
+  const auto slice = static_cast<std::size_t>(first) * hw * hw;
+  const auto n = static_cast<std::size_t>(c.layout.local_experts()) * hw * hw;
+  std::copy_n(dw.begin() + static_cast<std::ptrdiff_t>(slice), n,
+              out.dw.begin() + static_cast<std::ptrdiff_t>(slice));
+}
+
+// The layer on ep loopback ranks, over host memory or over emulated device memory.
+result distributed(const layer_case& c, bool device = false) {
   const int ep = c.layout.ep;
   result out;
   out.y.resize(static_cast<std::size_t>(ep));
@@ -130,47 +220,12 @@ result distributed(const layer_case& c) {
   out.kept_row.resize(static_cast<std::size_t>(ep));
   out.dw.assign(c.w.size(), 0.0);
   comm::loopback::run(ep, [&](comm::loopback::communicator& g) {
-    const auto me = static_cast<std::size_t>(g.rank());
-    const auto& d = c.ranks[me];
-    const model::host_memory mem;
-    const auto plan = run::moe_plan(g, c.layout, c.policy, std::span<const std::int64_t>(d.experts),
-                                    std::span<const double>(d.gates), mem);
-    const auto rows = static_cast<std::size_t>(plan.expert_rows());
-    std::vector<double> in(rows * h), eo(rows * h), routed(d.gates.size() * h), y(d.x.size());
-    run::moe_dispatch_forward(g, plan, h, std::span<const double>(d.x), std::span<double>(in), mem);
-    // The experts: local expert j on its plan.expert_counts[j] rows.
-    std::size_t row = 0;
-    const auto first = c.layout.first_expert(g.rank());
-    std::vector<std::int64_t> expert_of_row;
-    for (std::size_t j = 0; j < plan.expert_counts.size(); ++j)
-      for (std::int64_t n = 0; n < plan.expert_counts[j]; ++n, ++row) {
-        apply(c.w, first + static_cast<std::int64_t>(j), &in[row * h], &eo[row * h], false);
-        expert_of_row.push_back(first + static_cast<std::int64_t>(j));
-      }
-    run::moe_combine_forward(g, plan, h, std::span<const double>(eo), std::span<const double>(d.gates),
-                             std::span<double>(routed), std::span<double>(y), mem);
-    std::vector<double> deo(rows * h), dgates(d.gates.size()), din(rows * h), dx(d.x.size());
-    run::moe_combine_backward(g, plan, h, std::span<const double>(d.dy), std::span<const double>(d.gates),
-                              std::span<const double>(routed), std::span<double>(deo),
-                              std::span<double>(dgates), mem);
-    std::vector<double> dw(c.w.size(), 0.0);
-    for (std::size_t i = 0; i < rows; ++i) {
-      const auto e = expert_of_row[i];
-      apply(c.w, e, &deo[i * h], &din[i * h], true);
-      for (std::int64_t a = 0; a < h; ++a)
-        for (std::int64_t b = 0; b < h; ++b)
-          dw[static_cast<std::size_t>((e * h + a) * h + b)] +=
-              deo[i * h + static_cast<std::size_t>(a)] * in[i * h + static_cast<std::size_t>(b)];
+    if (device) {
+      comm::emulated_device<comm::loopback::communicator> dev(g);
+      layer_on_rank(dev, gate_memory{}, c, out);
+    } else {
+      layer_on_rank(g, model::host_memory{}, c, out);
     }
-    run::moe_dispatch_backward(g, plan, h, std::span<const double>(din), std::span<double>(dx), mem);
-    out.y[me] = y;
-    out.dx[me] = dx;
-    out.dgates[me] = dgates;
-    out.kept_row[me] = plan.row_of_choice;
-    // Each rank owns its experts' slices of dw: no two ranks write the same element.
-    for (std::int64_t e = first; e < first + c.layout.local_experts(); ++e)
-      for (std::int64_t i = 0; i < h * h; ++i)
-        out.dw[static_cast<std::size_t>(e * h * h + i)] = dw[static_cast<std::size_t>(e * h * h + i)];
   });
   return out;
 }
@@ -218,6 +273,21 @@ TEST_CASE("moe layer on loopback ranks equals the one-rank reference, forward an
         }
       }
   CHECK(with_drops > 20);
+}
+
+TEST_CASE("moe layer over emulated device memory equals the host run bit for bit") {
+  rng r(335);
+  for (int ep : {2, 4})
+    for (const seq::moe_capacity& policy : {seq::moe_capacity{}, seq::moe_capacity{.factor = 0.75}}) {
+      CAPTURE(ep);
+      const auto c = random_case(r, ep, policy);
+      const auto host = distributed(c), dev = distributed(c, true);
+      CHECK(host.kept_row == dev.kept_row);
+      CHECK(host.y == dev.y);
+      CHECK(host.dx == dev.dx);
+      CHECK(host.dgates == dev.dgates);
+      CHECK(host.dw == dev.dw);
+    }
 }
 
 TEST_CASE("moe aux loss over a group: shares sum to the one-rank loss; bad calls refused") {
