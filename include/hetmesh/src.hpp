@@ -45,6 +45,7 @@
 #include "seq/halo.hpp"
 #include "seq/hdp.hpp"
 #include "seq/long_short.hpp"
+#include "seq/moe_dispatch.hpp"
 #include "seq/offload.hpp"
 #include "seq/ring.hpp"
 #include "seq/types.hpp"

@@ -8,3 +8,4 @@
 #include "compute.hpp"
 #include "encoder.hpp"
 #include "fixed.hpp"
+#include "moe.hpp"

@@ -11,6 +11,7 @@
 #include "delivery.hpp"
 #include "dispatch.hpp"
 #include "grouped_reorder.hpp"
+#include "moe.hpp"
 #include "pipeline_executor.hpp"
 #include "plan_delivery.hpp"
 #include "records.hpp"

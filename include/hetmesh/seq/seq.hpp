@@ -8,6 +8,8 @@
 #include "hdp_placement.hpp"
 #include "hdp_plan.hpp"
 #include "long_short.hpp"
+#include "moe_aux_loss.hpp"
+#include "moe_dispatch.hpp"
 #include "offload.hpp"
 #include "packing.hpp"
 #include "partition.hpp"
