@@ -28,6 +28,8 @@
 namespace traintest {
 
 inline constexpr int kBlocks = 4;
+/// The model's sizes under tensor parallelism: 4 query and 2 KV heads split over tp 2 (2 and 1 per rank).
+inline constexpr lm_shape kTpShape{.vocab = 13, .width = 8, .attn = {4, 2, 4}};
 
 /// random_batch with encoder items: about half the documents of >= 6 tokens carry one item (encoder
 /// doc % 2) over a third of their tokens, starting at token 1.
@@ -143,11 +145,13 @@ struct mm_model {
 
   mm_model(std::uint64_t seed, int stages, std::span<const int> local)
       : lm(kShape, seed, kBlocks, stages, local) {}
+  /// The stages and tp block of `split`, the heads of `shape` (split over tp).
+  mm_model(std::uint64_t seed, const train::model_split& split, const lm_shape& shape = kShape)
+      : lm(shape, seed, kBlocks, split) {}
   tiny_stack<T>& backbone() { return lm; }
   auto encoders() { return std::tie(vision, audio); }
   std::vector<train::model_tensor<T>> tensors() {
-    std::vector<train::model_tensor<T>> out;
-    for (auto& [id, p] : lm.param) out.push_back({id, std::span<T>(p), std::span<T>(lm.grad.at(id))});
+    auto out = lm.tensors();
     auto add = [&](auto& e, std::int64_t first) {
       const auto p = e.parameters();
       const auto g = e.gradients();
@@ -170,14 +174,14 @@ mm_verdict mm_parity_body(C& world, const Partition& partition, const Balancer& 
   const auto batch = random_mm_batch(seed, docs, max_len);
   using sys_t = train::system<Partition, model::reference_attention, C, Balancer, Schedule, Placement>;
   sys_t sys(partition, balancer, pc, world, {}, options);
+  const auto shape = options.mesh.tp > 1 ? kTpShape : kShape;  // heads that split over tp
   const auto r = train::check_parity(
-      sys, batch,
-      [&](int stages, std::span<const int> local) { return mm_model<T, Encoder>(seed + 1, stages, local); },
-      {}, item_features<T>{kShape.width, 0}, item_features<T>{kShape.width, 1});
+      sys, batch, [&](const train::model_split& sp) { return mm_model<T, Encoder>(seed + 1, sp, shape); }, {},
+      item_features<T>{kShape.width, 0}, item_features<T>{kShape.width, 1});
   if (r.optimizer_calls != 3)
     throw_error<invalid_argument>("mm step: optimizer called {} times; expected 3 (stage + 2 encoders)",
                                   r.optimizer_calls);
-  mm_model<T, Encoder> probe(seed + 1, sys.num_stages(), sys.local_stages());
+  mm_model<T, Encoder> probe(seed + 1, sys.split(), shape);
   const auto plan = std::apply([&](auto&... e) { return sys.plan(batch, e...); }, probe.encoders());
   mm_verdict v;
   v.rel = r.rel_error;

@@ -25,35 +25,64 @@ struct tiny_stack {
   /// Tokens meet only in the context's attention (model/token_mixing.hpp).
   static constexpr hetmesh::model::token_mixing token_mixing = hetmesh::model::through_attention;
 
-  lm_shape shape;
+  lm_shape shape;                             ///< sizes; attn: this rank's heads (the whole model's / tp)
   int blocks = 4;                             ///< attention blocks of the whole model
   int stages = 1;                             ///< pipeline stages of the whole model
+  int tp_rank = 0;                            ///< tensor parallel: this rank's heads are block tp_rank
+  int tp = 1;                                 ///< tensor-parallel ranks (q, k, v by columns, o by rows)
   std::map<int, std::vector<T>> param, grad;  ///< by global tensor id, only this rank's stages'
+  std::map<int, train::tensor_shard> shard;   ///< by global tensor id: which block this rank holds
 
-  /// Tensor ids: 0 embedding, 1 head, 10 + 4 * block + {0 q, 1 k, 2 v, 3 o}.
-  tiny_stack(lm_shape s, std::uint64_t seed, int num_blocks, int num_stages, std::span<const int> local)
-      : shape(s), blocks(num_blocks), stages(num_stages) {
-    const auto w = static_cast<std::size_t>(s.width), v = static_cast<std::size_t>(s.vocab);
-    const auto hq = static_cast<std::size_t>(s.attn.q_heads * s.attn.head_dim);
-    const auto hk = static_cast<std::size_t>(s.attn.kv_heads * s.attn.head_dim);
-    auto add = [&](int id, std::size_t n) {
+  /// Tensor ids: 0 embedding, 1 head, 10 + 4 * block + {0 q, 1 k, 2 v, 3 o}. Under tp > 1 the heads split
+  /// over tp (Megatron's attention: q, k, v column-parallel, o row-parallel, all-reduced over ctx.tp).
+  tiny_stack(lm_shape s, std::uint64_t seed, int num_blocks, int num_stages, std::span<const int> local,
+             int tp_index = 0, int tp_ranks = 1)
+      : shape(s), blocks(num_blocks), stages(num_stages), tp_rank(tp_index), tp(tp_ranks) {
+    const auto w = static_cast<std::int64_t>(s.width), v = static_cast<std::int64_t>(s.vocab);
+    const auto hq = static_cast<std::int64_t>(s.attn.q_heads * s.attn.head_dim);
+    const auto hk = static_cast<std::int64_t>(s.attn.kv_heads * s.attn.head_dim);
+    if (s.attn.q_heads % tp != 0 || s.attn.kv_heads % tp != 0)
+      throw_error<invalid_argument>("tiny_stack: {} query and {} kv heads over tp {}", s.attn.q_heads,
+                                    s.attn.kv_heads, tp);
+    shape.attn.q_heads /= tp;
+    shape.attn.kv_heads /= tp;
+    // A block of the full tensor the seed defines, so every split holds the same model.
+    auto add = [&](int id, std::int64_t rows, std::int64_t cols, int axis) {
+      const train::tensor_shard sh{axis < 0 ? 0 : rows, cols, axis < 0 ? 0 : axis, axis < 0 ? 0 : tp_rank,
+                                   axis < 0 ? 1 : tp};
+      const auto n = static_cast<std::size_t>(rows * cols / sh.parts);
       auto& p = param[id];
       p.resize(n);
       for (std::size_t i = 0; i < n; ++i)
-        p[i] = static_cast<T>(
-            static_cast<double>(key_hash({seed, static_cast<std::uint64_t>(id), i}) >> 11) * 0x1.0p-53 - 0.5);
+        p[i] = static_cast<T>(static_cast<double>(key_hash({seed, static_cast<std::uint64_t>(id),
+                                                            static_cast<std::uint64_t>(
+                                                                sh.global(static_cast<std::int64_t>(i)))}) >>
+                                                  11) *
+                                  0x1.0p-53 -
+                              0.5);
       grad[id].assign(n, T(0));
+      shard[id] = sh;
     };
     for (int st : local) {
-      if (st == 0) add(0, v * w);
-      if (st == stages - 1) add(1, w * v);
+      if (st == 0) add(0, v, w, -1);
+      if (st == stages - 1) add(1, w, v, -1);
       for (int b = first_block(st); b < first_block(st + 1); ++b) {
-        add(10 + 4 * b, w * hq);
-        add(11 + 4 * b, w * hk);
-        add(12 + 4 * b, w * hk);
-        add(13 + 4 * b, hq * w);
+        add(10 + 4 * b, w, hq, 1);
+        add(11 + 4 * b, w, hk, 1);
+        add(12 + 4 * b, w, hk, 1);
+        add(13 + 4 * b, hq, w, 0);
       }
     }
+  }
+  /// The stages and tp block train::system names for this rank (system::split()).
+  tiny_stack(lm_shape s, std::uint64_t seed, int num_blocks, const train::model_split& sp)
+      : tiny_stack(s, seed, num_blocks, sp.stages, sp.local, sp.tp_rank, sp.tp) {}
+
+  /// Every tensor this rank holds, by global id, with its tp block.
+  [[nodiscard]] std::vector<train::model_tensor<T>> tensors() {
+    std::vector<train::model_tensor<T>> out;
+    for (auto& [id, p] : param) out.push_back({id, std::span<T>(p), std::span<T>(grad.at(id)), shard.at(id)});
+    return out;
   }
 
   [[nodiscard]] int first_block(int stage) const noexcept { return stage * blocks / stages; }
@@ -86,6 +115,8 @@ struct tiny_stack {
       matmul<T>(h, param.at(12 + 4 * b), v, d.n, d.w, d.hk);
       ctx.attention_forward(shape.attn, scale(), q, k, v, a, lse);
       matmul<T>(a, param.at(13 + 4 * b), h2, d.n, d.hq, d.w);
+      if (ctx.tp != nullptr)
+        comm::all_reduce(*ctx.tp, std::span<T>(h2), comm::reduce_op::sum);  // row-parallel o
       for (std::size_t i = 0; i < h2.size(); ++i) h2[i] += h[i];
       slot.save(base + 0, std::span<const T>(h));
       slot.save(base + 1, std::span<const T>(q));
@@ -154,9 +185,18 @@ struct tiny_stack {
       slot.save(2003 + 4 * base, std::span<const T>(dk));
       slot.save(2004 + 4 * base, std::span<const T>(dv));
       std::vector<T> dx = dh;  // the residual
-      add_dy_wt<T>(dq, param.at(10 + 4 * b), dx, d.n, d.w, d.hq);
-      add_dy_wt<T>(dk, param.at(11 + 4 * b), dx, d.n, d.w, d.hk);
-      add_dy_wt<T>(dv, param.at(12 + 4 * b), dx, d.n, d.w, d.hk);
+      if (ctx.tp == nullptr) {
+        add_dy_wt<T>(dq, param.at(10 + 4 * b), dx, d.n, d.w, d.hq);
+        add_dy_wt<T>(dk, param.at(11 + 4 * b), dx, d.n, d.w, d.hk);
+        add_dy_wt<T>(dv, param.at(12 + 4 * b), dx, d.n, d.w, d.hk);
+      } else {  // the column-parallel q, k, v: this rank's heads' share of the input gradient, summed over tp
+        std::vector<T> part(d.n * d.w, T(0));
+        add_dy_wt<T>(dq, param.at(10 + 4 * b), part, d.n, d.w, d.hq);
+        add_dy_wt<T>(dk, param.at(11 + 4 * b), part, d.n, d.w, d.hk);
+        add_dy_wt<T>(dv, param.at(12 + 4 * b), part, d.n, d.w, d.hk);
+        comm::all_reduce(*ctx.tp, std::span<T>(part), comm::reduce_op::sum);
+        for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += part[i];
+      }
       dh = std::move(dx);
     }
     if (ctx.stage == 0) {  // encoder rows' gradients go back to the encoders; the rest stays for W

@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tensor parallelism through train::system (system_options::mesh): the multimodal model (tiny_stack's
+// attention blocks with q, k, v column-parallel and o row-parallel over ctx.tp, two encoders) on 8
+// loopback ranks under tp 2 with pp 1 and 2 and every partition family (DP, static CP, HDP, Ulysses over
+// each rank's heads) matches a 1-rank run of the whole model (train::check_parity, comparing each rank's
+// block of a split tensor with the full tensor's elements); the groups the system derived are Megatron's
+// for its order; bad meshes are refused naming the dimension.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <hetmesh/comm/loopback.hpp>
+#include <hetmesh/train/train.hpp>
+
+#include "support/rank0.hpp"
+#include "train/pipeline_body.hpp"
+
+using namespace hetmesh;
+using namespace traintest;
+
+namespace {
+
+template <class Partition, class Balancer = train::family_placement>
+mm_verdict tp_parity(const Partition& partition, int pp, int tp, Balancer balancer = {}) {
+  train::system_options o;
+  o.mesh.tp = tp;
+  return testsupport::rank0_of(8, [&](auto& w) {
+    return mm_parity_body<double>(w, partition, balancer, train::pipeline_config<>{pp, {}, {}}, 31, 8, 28, o);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel: tp 2 x pp {1, 2} under every partition family matches a 1-rank run") {
+  // Ulysses splits each tp rank's 2 query and 1 KV heads (kTpShape over tp 2) over its group.
+  const seq::ulysses ulysses{.degree = 2, .heads = 2, .kv_heads = 1, .head_dim = 4};
+  for (int pp : {1, 2}) {
+    CAPTURE(pp);
+    const mm_verdict runs[] = {
+        tp_parity(seq::cp_thd{.cp = 1}, pp, 2), tp_parity(seq::cp_zigzag{.cp = 2, .pad = true}, pp, 2),
+        tp_parity(seq::hdp<seq::no_offload>{.capacity = 12}, pp, 2), tp_parity(ulysses, pp, 2)};
+    for (const auto& v : runs) {
+      MESSAGE(v.describe());
+      CHECK(v.rel <= 2e-5);
+      CHECK(v.rel <= 1e-10);
+      CHECK(v.loss_rel <= 1e-10);
+      CHECK(v.targets == v.expected_targets);  // every token's loss counted once, not once per tp rank
+      CHECK(v.tokens == v.expected_tokens);
+      CHECK(v.stages == pp);
+    }
+  }
+}
+
+TEST_CASE("tensor parallel: the system's groups are Megatron's for its order, and ctx.tp is set") {
+  comm::loopback::run(8, [&](comm::loopback::communicator& c) {
+    train::system_options o;
+    o.mesh = {.tp = 2, .cp = 2, .ep = 2};
+    train::system<seq::cp_zigzag, model::reference_attention, comm::loopback::communicator> sys(
+        {.cp = 2, .pad = true}, train::family_placement{}, train::pipeline_config<>{2, {}, {}}, c, {}, o);
+    const mesh::megatron_moe_mesh mm({.world = 8, .tp = 2, .cp = 2, .pp = 2, .ep = 2});
+    const auto& g = sys.groups();
+    auto holds = [&](const std::vector<std::vector<int>>& family, const train::system_group& mine) {
+      return family[static_cast<std::size_t>(mine.index)] == mine.ranks &&
+             mine.ranks[static_cast<std::size_t>(mine.position)] == c.rank();
+    };
+    CHECK(holds(mm.decoder_groups("tp"), g.tp));
+    CHECK(holds(mm.decoder_groups("dp-cp"), g.pool));
+    CHECK(holds(mm.decoder_groups("pp"), g.pipe));
+    CHECK(holds(mm.expert_groups("ep"), g.ep));
+    CHECK(sys.pool_size() == 2);
+    CHECK(sys.tp_size() == 2);
+    CHECK(sys.tp_rank() == c.rank() % 2);          // tp fastest in tp-cp-ep-dp-pp
+    CHECK(sys.pool_rank() == (c.rank() / 2) % 2);  // then the pool (cp x dp)
+    CHECK(sys.pipeline_rank() == c.rank() / 4);    // pp slowest
+    CHECK(sys.split().tp == 2);
+    CHECK(sys.split().tp_rank == sys.tp_rank());
+    CHECK(sys.ranks().at(sys.pipeline_rank(), sys.pool_rank()) == g.tp.ranks);  // tp peers read the same data
+  });
+}
+
+TEST_CASE("tensor parallel: a mesh that does not fit the world is refused naming the dimension") {
+  auto refusal = [](int world, train::system_mesh m, int pp = 1) {
+    std::string text;
+    comm::loopback::run(world, [&](comm::loopback::communicator& c) {
+      train::system_options o;
+      o.mesh = m;
+      try {
+        train::system<seq::cp_zigzag, model::reference_attention, comm::loopback::communicator> sys(
+            {.cp = 1}, train::family_placement{}, train::pipeline_config<>{pp, {}, {}}, c, {}, o);
+      } catch (const invalid_argument& e) {
+        if (c.rank() == 0) text = e.what();
+      }
+    });
+    return text;
+  };
+  CHECK(refusal(6, {.tp = 4}).find("is not tp 4 x pool x 1 pipeline ranks") != std::string::npos);
+  CHECK(refusal(8, {.tp = 2, .cp = 3}).find("mesh cp = 3 does not divide the pool of 4") !=
+        std::string::npos);
+  CHECK(refusal(4, {.tp = 1, .ep = 3}).find("mesh ep = 3 x etp = 1 does not divide") != std::string::npos);
+  CHECK(refusal(4, {.tp = 0}).find("mesh tp = 0; expected >= 1") != std::string::npos);
+  CHECK(refusal(8, {.tp = 2, .order = "tp-cp-xx-dp-pp"}).find("unknown dim 'xx'") != std::string::npos);
+}
