@@ -197,6 +197,7 @@ struct run_log::impl {
         static_cast<long long>(r.step), rep.stats.loss, static_cast<long long>(rep.stats.tokens),
         static_cast<long long>(rep.stats.encoder_items), plan_summary(*r.plan).c_str(), rep.max_cpu_busy(),
         rep.cpu_imbalance(), modelled, r.plan_ms, 100 * library_.back());
+    for (const auto& why : rep.stats.reasons) fmt::print("  plan: {}\n", why);  // rings, offloads, splits
     std::fflush(stdout);
     if (!out_.empty() && loss_.size() == 2) {  // the second step: the first one ran in calibration's shadow
       write_file(out_ / "trace.json", hetmesh::train::step_trace(rep).dump());

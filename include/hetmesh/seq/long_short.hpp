@@ -97,9 +97,14 @@ struct long_short_plan {
   std::vector<cost::fixed> load;             ///< per rank, modelled cost
   std::vector<std::int64_t> tokens;          ///< per rank, tokens
   std::vector<std::pair<int, int>> groups;   ///< (first rank, size) of each split group
+  /// beta x the mean cost per rank, rounded once: an item costing more (of >= min_split_tokens tokens) is
+  /// split for balance; one of more than max_tokens_per_rank tokens for memory (whichever it meets first).
+  cost::fixed balance_limit{};
 
   friend bool operator==(const long_short_plan&, const long_short_plan&) = default;
-  void hash_append(hasher& h) const { append_all(h, policy, ranks, items, load, tokens, groups); }
+  void hash_append(hasher& h) const {
+    append_all(h, policy, ranks, items, load, tokens, groups, balance_limit);
+  }
 };
 
 namespace detail {
@@ -199,6 +204,7 @@ HETMESH_COMPILED void place_long_item(long_short_plan& plan, const seq_desc& s, 
   }
   // beta x the per-rank mean, rounded once: an item costing more is long (LPT cannot balance it).
   const cost::fixed limit = cost::fixed::from_units(policy.balance_factor * (total.units() / ranks));
+  plan.balance_limit = limit;
   // Heads unknown (-1): no group; none (0): any size dividing the node.
   const int gmax = policy.heads < 0 ? 1 : std::gcd(policy.heads, node);
   std::vector<int> sizes;  // allowed Ulysses degrees > 1: divisors of gcd(heads, node size), ascending

@@ -103,6 +103,43 @@ namespace hetmesh::train {
     ;
 #endif
 
+/// Why `plan`'s encoder domain splits the items it splits: per slot, encoder and split item (degree > 1,
+/// in that order), a plan_reason of kind split whose cause is over_memory (more tokens than the policy's
+/// max_tokens_per_rank) or else over_balance (a cost above the long-short plan's balance_limit, with at
+/// least min_split_tokens tokens). Items run whole get none. Pure; O(domain items).
+[[nodiscard]] inline std::vector<plan_reason> split_reasons(const step_layout& plan) {
+  std::vector<plan_reason> out;
+  for (std::size_t m = 0; m < plan.encoder_domain.size(); ++m)
+    for (std::size_t k = 0; k < plan.encoder_domain[m].size(); ++k) {
+      const auto& ls = plan.encoder_domain[m][k];
+      for (const auto& a : ls.items) {
+        if (a.degree <= 1) continue;
+        plan_reason r;
+        r.kind = reason_kind::split;
+        r.cause = a.item.length > ls.policy.max_tokens_per_rank ? reason_cause::over_memory
+                                                                : reason_cause::over_balance;
+        r.encoder = static_cast<int>(k);
+        r.slot = static_cast<int>(m);
+        r.id = a.item.id;
+        r.tokens = a.item.length;
+        r.limit = ls.policy.max_tokens_per_rank;
+        r.min_split = ls.policy.min_split_tokens;
+        r.ranks = a.degree;
+        r.cost = a.cost.units();
+        r.cost_limit = ls.balance_limit.units();
+        out.push_back(r);
+      }
+    }
+  return out;
+}
+
+/// Sets the split reasons of `plan` (split_reasons) after its encoder domain was planned: reasons of kind
+/// split are replaced, the others (HDP's) kept in front. O(reasons + domain items).
+inline void set_split_reasons(step_layout& plan) {
+  std::erase_if(plan.reasons, [](const plan_reason& r) { return r.kind == reason_kind::split; });
+  for (auto& r : split_reasons(plan)) plan.reasons.push_back(r);
+}
+
 /// Checks that every item of encoder `encoder` that `plan`'s encoder domain splits over a group can split
 /// over it given the encoder's declared `heads` (its attention_heads(): 0 splits any way, h > 0 needs
 /// groups dividing h). Errors: invalid_argument naming the item, the group and the heads, before any rank

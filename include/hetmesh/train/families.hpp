@@ -14,6 +14,7 @@
 // and Ulysses, place_hdp for HDP) places that family's work.
 #pragma once
 
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -297,6 +298,47 @@ HETMESH_COMPILED step_layout hdp_layout(const partition_request& r, const seq::h
 
 }  // namespace detail
 
+/// Why `hdp` runs each document above capacity as it does: per ring item (in the sharding's order), a
+/// plan_reason of kind offload (a ratio > 0: the copies hide under compute and the ring needs fewer ranks
+/// than ranks_without_offload) or ring (nothing offloaded, with the cause: the family's no_offload, the
+/// host link's unknown bandwidth, a model without compute time, or an overlap bound that saves no rank),
+/// from the sharding's policy and each item's offload choice. Packs of short documents get none. Pure;
+/// O(ring items).
+[[nodiscard]] inline std::vector<plan_reason> hdp_reasons(const seq::hdp_plan& hdp) {
+  std::vector<plan_reason> out;
+  const auto& policy = hdp.sharding.policy;
+  const auto& m = policy.model;
+  for (const auto& it : hdp.sharding.items) {
+    if (it.packed || it.seqs.empty()) continue;
+    const auto& c = it.offload;
+    plan_reason r;
+    r.id = it.seqs.front().id;
+    r.tokens = it.tokens;
+    r.limit = policy.capacity;
+    r.ranks = it.degree;
+    r.ratio = c.ratio();
+    r.ratio_max = policy.offload.enabled ? c.ratio_max : 0.0;
+    r.ranks_without_offload =
+        m.layers() >= 2 ? seq::offload_ranks(it.tokens, policy.capacity, m, 0, c.ratio_steps) : it.degree;
+    if (c.ratio_k > 0) {
+      r.kind = reason_kind::offload;
+      r.cause = reason_cause::copies_hide;
+    } else {
+      r.kind = reason_kind::ring;
+      if (!policy.offload.enabled)
+        r.cause = reason_cause::offload_off;
+      else if (!(std::fmin(m.d2h_bandwidth, m.h2d_bandwidth) > 0))
+        r.cause = reason_cause::link_unknown;
+      else if (!(m.compute(it.tokens) > 0) && !std::isinf(std::fmin(m.d2h_bandwidth, m.h2d_bandwidth)))
+        r.cause = reason_cause::untimed_compute;
+      else
+        r.cause = reason_cause::saves_no_rank;
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
 /// Static CP, Megatron-LM's zigzag: documents to dp = pool / cp groups (the balancer's place_groups), each
 /// document one micro-batch of its group, zigzagged over the group's cp ranks (seq::partition_zigzag;
 /// padding carries no loss). Errors: no document, a length < 1, repeated ids, cp not dividing the pool
@@ -359,8 +401,9 @@ template <group_balancer B>
 
 /// ByteScale's HDP over the pool: items placed by the balancer's place_hdp (family_placement: the family's
 /// seq::plan_hdp with its placement kind; balance::bytescale; balance::gap_filling_hdp), priced by the
-/// request's cost. Each item's ring carries its micro-batches, with their offload ratios. Errors: no
-/// document, a length < 1, repeated ids (invalid_argument); the planner's. Pure.
+/// request's cost. Each item's ring carries its micro-batches, with their offload ratios; the plan's reasons
+/// say why each document above capacity got its ring or offload (hdp_reasons). Errors: no document, a length
+/// < 1, repeated ids (invalid_argument); the planner's. Pure.
 template <class Offload, hdp_balancer B>
 [[nodiscard]] step_plan<hdp_part> plan_partition(const seq::hdp<Offload>& f, const partition_request& r,
                                                  const B& balancer) {
@@ -368,6 +411,7 @@ template <class Offload, hdp_balancer B>
   step_plan<hdp_part> p;
   p.partition.hdp = balancer.place_hdp(r.documents, f.policy(), r.pool, r.cost);
   static_cast<step_layout&>(p) = detail::hdp_layout(r, p.partition.hdp);
+  p.reasons = hdp_reasons(p.partition.hdp);
   return p;
 }
 

@@ -198,6 +198,7 @@ void attach_pipeline(step_layout& plan, const Schedule& family, const Placement&
   plan.encoder_heads.assign(heads.begin(), heads.end());
   plan.encoder_domain =
       plan_encoder_domain(plan, s.num_encoder_shards(), plan.encoders(), encoder_sp, plan.encoder_heads);
+  set_split_reasons(plan);
   plan.pipeline = pipeline::add_send_recv(s);
   pipeline::assert_deadlock_free(plan.pipeline, "train::attach_pipeline");
 }

@@ -89,6 +89,52 @@ struct slot_landing {
   void hash_append(hasher& h) const { append_all(h, pool_rank, encoder, item, item_tokens, rows); }
 };
 
+/// What a plan decided for a document or encoder item that needed a decision (plan_reason::kind).
+enum class reason_kind {
+  ring,     ///< HDP: a document above capacity runs on a ring of `ranks` ranks, nothing offloaded
+  offload,  ///< HDP: a document above capacity offloads a share of its activations to need fewer ranks
+  split,    ///< long-short SP: an encoder item is split over a Ulysses group of `ranks` ranks
+};
+
+/// Why (plan_reason::cause): for a ring, why nothing was offloaded; for an offload, why it was; for a split,
+/// which threshold the item crossed.
+enum class reason_cause {
+  offload_off,      ///< ring: the offload family is seq::no_offload
+  link_unknown,     ///< ring: the host link's bandwidth is 0 (unknown, cost::offload_model's default)
+  untimed_compute,  ///< ring: the offload model has no compute time T(s), so no copy hides under it
+  saves_no_rank,    ///< ring: offloading what hides under compute (ratio_max) saves no rank
+  copies_hide,      ///< offload: copies of `ratio` of the activations hide under compute, saving ranks
+  over_memory,      ///< split: more tokens than max_tokens_per_rank (`limit`)
+  over_balance,  ///< split: cost above cost_limit (balance_factor x the mean per rank), >= min_split tokens
+};
+
+/// Why a plan did what it did with one document (HDP: a document above capacity, a ring or an offload) or
+/// encoder item (long-short SP: a split). Only items that needed a decision get one, so a plan of many
+/// ranks and short documents carries none. Plain data, hashed with the plan; prints as one sentence.
+struct plan_reason {
+  reason_kind kind = reason_kind::ring;             ///< what was decided
+  reason_cause cause = reason_cause::link_unknown;  ///< why
+  int encoder = -1;                                 ///< split: the encoder index; -1 for an LLM document
+  int slot = -1;                  ///< split: the pipeline slot of the item; -1 for an LLM document
+  std::int64_t id = 0;            ///< the document's or encoder item's id
+  std::int64_t tokens = 0;        ///< its length
+  std::int64_t limit = 0;         ///< HDP: the capacity C; split: max_tokens_per_rank
+  std::int64_t min_split = 0;     ///< split: min_split_tokens
+  int ranks = 1;                  ///< the ring's or group's size
+  int ranks_without_offload = 1;  ///< HDP: the ring's size with nothing offloaded
+  double ratio = 0.0;             ///< HDP: the share of activations offloaded
+  double ratio_max = 0.0;         ///< HDP: the most that hides under compute (0: nothing hides)
+  double cost = 0.0;              ///< split: the item's modelled cost
+  double cost_limit = 0.0;        ///< split: balance_factor x the mean cost per rank
+
+  friend bool operator==(const plan_reason&, const plan_reason&) = default;
+  /// Feeds the reason to a plan hash.
+  void hash_append(hasher& h) const {
+    append_all(h, kind, cause, encoder, slot, id, tokens, limit, min_split, ranks, ranks_without_offload,
+               ratio, ratio_max, cost, cost_limit);
+  }
+};
+
 /// What every partition family lowers a step to, and what the runtime reads of it (see the file comment).
 /// Rings are in one global order; each rank runs its micro-batches in per_rank order, which follows that
 /// order, so ring attention over rings that share ranks never waits on a ring a member has not reached.
@@ -115,6 +161,10 @@ struct step_layout {
   /// Per slot and encoder index, the long-short plan of the slot's items over the encoder domain (every
   /// pipeline's encoder shards x world ranks; train::plan_encoder_domain). Empty without encoder items.
   std::vector<std::vector<seq::long_short_plan>> encoder_domain;
+  /// Why the plan did what it did where a decision was needed: HDP's documents above capacity (a ring or
+  /// an offload, in the sharding's item order), then long-short SP's split encoder items (by slot, encoder,
+  /// then the plan's item order). Empty when nothing needed a decision.
+  std::vector<plan_reason> reasons;
 
   /// Micro-batches over every rank. O(world).
   [[nodiscard]] std::int64_t micro_batches() const noexcept {
@@ -133,7 +183,7 @@ struct step_layout {
   /// Feeds the layout to a plan hash.
   void hash_append(hasher& h) const {
     append_all(h, world, documents, rings, per_rank, slots, pp, pipeline, encoder_landings, encoder_sp,
-               encoder_heads, encoder_domain);
+               encoder_heads, encoder_domain, reasons);
   }
 };
 
@@ -237,12 +287,67 @@ struct fmt::formatter<hetmesh::train::slot_landing> : hetmesh::empty_spec_format
   }
 };
 template <>
+struct fmt::formatter<hetmesh::train::plan_reason> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::train::plan_reason& r, FormatContext& ctx) const -> decltype(ctx.out()) {
+    using hetmesh::train::reason_cause;
+    using hetmesh::train::reason_kind;
+    auto out = ctx.out();
+    if (r.kind == reason_kind::split) {
+      out =
+          hetmesh::format_to(out, "encoder {} item {} ({} tokens, slot {}): split over {} ranks: ", r.encoder,
+                             r.id, r.tokens, r.slot, r.ranks);
+      if (r.cause == reason_cause::over_memory)
+        return hetmesh::format_to(out, "above max_tokens_per_rank {}", r.limit);
+      return hetmesh::format_to(
+          out,
+          "its cost {:.4g} is above the balance limit {:.4g} (balance_factor x the mean "
+          "per rank) and it has >= min_split_tokens {} tokens",
+          r.cost, r.cost_limit, r.min_split);
+    }
+    out = hetmesh::format_to(out, "document {} ({} tokens > capacity {}): ", r.id, r.tokens, r.limit);
+    if (r.kind == reason_kind::offload)
+      return hetmesh::format_to(out,
+                                "offloaded r={:.2f}, a ring of {} instead of {} ranks: the copies hide under "
+                                "compute up to r={:.3f}",
+                                r.ratio, r.ranks, r.ranks_without_offload, r.ratio_max);
+    out = hetmesh::format_to(out, "a ring of {} ranks, nothing offloaded: ", r.ranks);
+    switch (r.cause) {
+      case reason_cause::offload_off:
+        return hetmesh::format_to(out, "the offload family is seq::no_offload");
+      case reason_cause::link_unknown:
+        return hetmesh::format_to(out,
+                                  "the host link's bandwidth is unknown (0 in cost::offload_model), so no "
+                                  "copy hides under compute");
+      case reason_cause::untimed_compute:
+        return hetmesh::format_to(out,
+                                  "the offload model has no compute time T(s) (offload_model::layer), so "
+                                  "no copy hides under compute");
+      default:
+        return hetmesh::format_to(out, "offloading what hides under compute (r <= {:.3f}) saves no rank",
+                                  r.ratio_max);
+    }
+  }
+};
+namespace hetmesh::train::detail {
+/// ", reasons=N: [first; second; ...]" (at most four), or nothing without reasons.
+template <class Out>
+Out format_reasons(Out out, const std::vector<plan_reason>& reasons) {
+  if (reasons.empty()) return out;
+  out = hetmesh::format_to(out, ", reasons={}: [", reasons.size());
+  for (std::size_t i = 0; i < reasons.size() && i < 4; ++i)
+    out = hetmesh::format_to(out, "{}{}", i > 0 ? "; " : "", reasons[i]);
+  return hetmesh::format_to(out, "{}]", reasons.size() > 4 ? "; ..." : "");
+}
+}  // namespace hetmesh::train::detail
+template <>
 struct fmt::formatter<hetmesh::train::step_layout> : hetmesh::empty_spec_formatter {
   template <class FormatContext>
   auto format(const hetmesh::train::step_layout& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(),
-                              "step_plan{{world={}, documents={}, rings={}, micro_batches={}, pp={}}}",
-                              p.world, p.documents.size(), p.rings.size(), p.micro_batches(), p.pp);
+    auto out =
+        hetmesh::format_to(ctx.out(), "step_plan{{world={}, documents={}, rings={}, micro_batches={}, pp={}",
+                           p.world, p.documents.size(), p.rings.size(), p.micro_batches(), p.pp);
+    return hetmesh::format_to(hetmesh::train::detail::format_reasons(out, p.reasons), "}}");
   }
 };
 template <class Part>
@@ -251,8 +356,9 @@ struct fmt::formatter<hetmesh::train::step_plan<Part>> : hetmesh::empty_spec_for
   auto format(const hetmesh::train::step_plan<Part>& p, FormatContext& ctx) const -> decltype(ctx.out()) {
     std::string_view family = "family";
     if constexpr (requires { Part::name; }) family = Part::name;  // the part's name, where it has one
-    return hetmesh::format_to(ctx.out(),
-                              "step_plan{{{}, world={}, documents={}, rings={}, micro_batches={}, pp={}}}",
-                              family, p.world, p.documents.size(), p.rings.size(), p.micro_batches(), p.pp);
+    auto out = hetmesh::format_to(
+        ctx.out(), "step_plan{{{}, world={}, documents={}, rings={}, micro_batches={}, pp={}", family,
+        p.world, p.documents.size(), p.rings.size(), p.micro_batches(), p.pp);
+    return hetmesh::format_to(hetmesh::train::detail::format_reasons(out, p.reasons), "}}");
   }
 };

@@ -3,6 +3,8 @@
 // rank's own times.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <tuple>
@@ -12,6 +14,7 @@
 
 #include "../core/format.hpp"
 #include "../pipeline/simulate.hpp"
+#include "step_plan.hpp"
 #include "zero.hpp"
 
 namespace hetmesh::train {
@@ -25,16 +28,22 @@ struct step_stats {
   std::int64_t encoder_items = 0;  ///< encoder items encoded over every rank (an item split over ranks
                                    ///< of its document counts on each)
   std::uint64_t plan_hash = 0;     ///< the plan's hash
-  double forward_seconds = 0.0;    ///< this rank: time in forward actions (encoders included)
-  double backward_seconds = 0.0;   ///< this rank: time in backward actions (I and W included)
-  double busy_seconds = 0.0;       ///< this rank: time in compute actions (forward + backward)
-  double cpu_busy_seconds = 0.0;   ///< this rank: thread CPU time in the stages and encoders (its own work,
-                                   ///< whatever else shares the cores)
-  double step_seconds = 0.0;       ///< this rank: the pipeline's wall time, communication included
-  double reduce_seconds = 0.0;     ///< this rank: gradient reduction time
-  double cpu_step_seconds = 0.0;   ///< this rank: thread CPU time of the whole run() call
-  double cpu_comm_seconds = 0.0;   ///< this rank: thread CPU time moving bytes: the pipeline's SEND/RECV
-                                   ///< actions, the step's barrier, the gradient and stats reductions
+  /// The plan's reasons (step_layout::reasons: why a document above capacity got its ring or offload, why
+  /// an encoder item was split): how many there were, and the first max_reasons of them.
+  std::int64_t reason_count = 0;
+  std::vector<plan_reason> reasons;  ///< the plan's first reasons (at most max_reasons)
+  /// The most reasons a step_stats carries (the count says how many the plan had).
+  static constexpr std::size_t max_reasons = 8;
+  double forward_seconds = 0.0;   ///< this rank: time in forward actions (encoders included)
+  double backward_seconds = 0.0;  ///< this rank: time in backward actions (I and W included)
+  double busy_seconds = 0.0;      ///< this rank: time in compute actions (forward + backward)
+  double cpu_busy_seconds = 0.0;  ///< this rank: thread CPU time in the stages and encoders (its own work,
+                                  ///< whatever else shares the cores)
+  double step_seconds = 0.0;      ///< this rank: the pipeline's wall time, communication included
+  double reduce_seconds = 0.0;    ///< this rank: gradient reduction time
+  double cpu_step_seconds = 0.0;  ///< this rank: thread CPU time of the whole run() call
+  double cpu_comm_seconds = 0.0;  ///< this rank: thread CPU time moving bytes: the pipeline's SEND/RECV
+                                  ///< actions, the step's barrier, the gradient and stats reductions
   double cpu_optimizer_seconds = 0.0;  ///< this rank: thread CPU time in the optimizer hook
   std::int64_t activation_peak_bytes =
       0;                             ///< this rank: peak resident bytes of the stages' saved activations
@@ -59,6 +68,13 @@ struct step_stats {
     return d > 0.0 ? d : 0.0;
   }
 };
+
+/// Copies the reasons of `plan` into `st`: their count and the first step_stats::max_reasons. O(that).
+inline void record_reasons(step_stats& st, const step_layout& plan) {
+  st.reason_count = static_cast<std::int64_t>(plan.reasons.size());
+  const auto n = std::min(plan.reasons.size(), step_stats::max_reasons);
+  st.reasons.assign(plan.reasons.begin(), plan.reasons.begin() + static_cast<std::ptrdiff_t>(n));
+}
 
 /// Bytes of the tensors of a range of spans of T (a stage's parameters() or gradients()).
 template <class T, class Range>
@@ -93,9 +109,9 @@ struct fmt::formatter<hetmesh::train::step_stats> : hetmesh::empty_spec_formatte
     return hetmesh::format_to(ctx.out(),
                               "step{{loss={:.6g}, targets={}, tokens={}, micro_batches={}, encoder_items={}, "
                               "plan={:#018x}, forward={:.3g}s, backward={:.3g}s, busy={:.3g}s, step={:.3g}s, "
-                              "reduce={:.3g}s}}",
+                              "reduce={:.3g}s, reasons={}}}",
                               s.loss, s.targets, s.tokens, s.micro_batches, s.encoder_items, s.plan_hash,
                               s.forward_seconds, s.backward_seconds, s.busy_seconds, s.step_seconds,
-                              s.reduce_seconds);
+                              s.reduce_seconds, s.reason_count);
   }
 };

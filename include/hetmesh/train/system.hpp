@@ -353,6 +353,7 @@ class system {
 
     step_stats st;
     st.plan_hash = plan.hash();
+    record_reasons(st, plan);
     detail::stage_runner<Comm, Kernel, T, Memory, part_type, Stage, Encoders...> runner(
         plan, rank, enc, resources(plan), stage, bound, st, pool_rank, thread_cpu_seconds());
     execute(plan, runner, st);
