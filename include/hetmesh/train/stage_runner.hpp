@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -19,6 +20,7 @@
 #include "../core/cpu_time.hpp"
 #include "../model/stage.hpp"
 #include "../pipeline/action.hpp"
+#include "../run/pipeline_executor.hpp"
 #include "context.hpp"
 #include "encoder_context.hpp"
 #include "encoders.hpp"
@@ -259,5 +261,56 @@ class stage_runner {
   double cpu0_;
   encoder_landing<T, Memory> landing_;
 };
+
+/// Runs `pipeline`'s schedule on this rank's pipeline communicator `pipe` with the runner's calls, after a
+/// barrier over `world` (the ranks' timelines share an origin), and records the step's wall and CPU times,
+/// its timeline and the activation store's peaks in `st`. Collective over the world.
+template <class Comm, class Runner, class Memory>
+void execute_step(Comm& world, Comm& pipe, const pipeline::schedule& pipeline, Runner& runner, Memory& mem,
+                  step_stats& st) {
+  using T = typename Runner::context_type::value_type;
+  auto fwd = [&](int s, int m, std::span<const T> in, std::span<T> out) { runner.forward(s, m, in, out); };
+  auto bwd = [&](int s, int m, std::span<const T> g, std::span<T> gi) { runner.backward(s, m, g, gi); };
+  auto bwd_i = [&] {
+    if constexpr (Runner::split)
+      return [&](int s, int m, std::span<const T> g, std::span<T> gi) { runner.backward_input(s, m, g, gi); };
+    else
+      return run::no_call{};
+  }();
+  auto bwd_w = [&] {
+    if constexpr (Runner::split)
+      return [&](int s, int m) { runner.backward_weight(s, m); };
+    else
+      return run::no_call{};
+  }();
+  auto enc_f = [&](int e, int m, std::span<T> out) { runner.encoder_forward(e, m, out); };
+  auto enc_b = [&](int e, int m, std::span<const T> g) { runner.encoder_backward(e, m, g); };
+  auto out_sz = [&](int s, int m) { return runner.output_size(s, m); };
+  auto enc_sz = [&](int e, int m) { return runner.encoder_size(e, m); };
+  run::stage_calls<T, decltype(fwd), decltype(bwd), decltype(bwd_i), decltype(bwd_w), decltype(enc_f),
+                   decltype(enc_b)>
+      fn{fwd, bwd, bwd_i, bwd_w, enc_f, enc_b};
+  const run::sizes_of<decltype(out_sz), decltype(enc_sz)> sizes{out_sz, enc_sz};
+  const double barrier_cpu0 = thread_cpu_seconds();
+  comm::barrier(world);  // the ranks' timelines share an origin, up to the barrier's skew
+  st.cpu_comm_seconds += thread_cpu_seconds() - barrier_cpu0;
+  const auto t0 = std::chrono::steady_clock::now();
+  run::execute_pipeline(pipe, pipeline, fn, sizes, mem, &st.timeline, &st.cpu_comm_seconds);
+  st.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& ta : st.cpu_actions) ta.rank = world.rank();
+  for (auto& ta : st.timeline) {
+    ta.rank = world.rank();
+    const double d = ta.end - ta.start;
+    using pipeline::action_type;
+    if (ta.what.type == action_type::forward || ta.what.type == action_type::encoder_forward)
+      st.forward_seconds += d;
+    else if (pipeline::is_compute(ta.what.type))
+      st.backward_seconds += d;
+  }
+  st.busy_seconds = st.forward_seconds + st.backward_seconds;
+  st.cpu_busy_seconds = runner.cpu;
+  st.activation_peak_bytes = runner.store.peak_bytes();
+  st.offloaded_bytes = runner.store.offloaded_bytes();
+}
 
 }  // namespace hetmesh::train::detail
