@@ -12,6 +12,7 @@
 // context type, or constrains it on model::attention_context (model/attention_context.hpp).
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -205,6 +206,7 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
   /// attention_backward. Cost: as run::ring_attention_forward (run::ulysses_attention_forward).
   void attention_forward(model::attention_shape shape, T scale, std::span<const T> q, std::span<const T> k,
                          std::span<const T> v, std::span<T> out, std::span<T> lse) const {
+    if (q.empty() && !this->bound(this->ring)) return;  // an empty slot's call (ep > 1): nothing to attend
     check_bound("attention_forward");
     this->forward(this->ring, *kernel, run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, mem());
   }
@@ -216,6 +218,7 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
   void attention_backward(model::attention_shape shape, T scale, std::span<const T> q, std::span<const T> k,
                           std::span<const T> v, std::span<const T> out, std::span<const T> lse,
                           std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) const {
+    if (q.empty() && !this->bound(this->ring)) return;  // an empty slot's call (ep > 1)
     check_bound("attention_backward");
     this->backward(this->ring, *kernel, run::ring_attention_input<T>{shape, scale, q, k, v}, out, lse, dout,
                    dq, dk, dv, mem());
@@ -228,6 +231,8 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
   /// what the stage declared (model::causal_halo(k) as its token_mixing), an unbound context
   /// (invalid_argument). O(ring tokens x k) at worst.
   [[nodiscard]] seq::halo_plan halo(int k) const {
+    if (kernel != nullptr && !this->bound(this->ring))  // an empty slot's call (ep > 1): no tokens
+      return seq::make_halo_plan(std::vector<std::vector<seq::position_run>>(1), 0, std::max(k, 0));
     check_bound("halo");
     if (k < 1 || mixing.how != model::token_mixing::kind::halo || k > mixing.halo)
       throw_error<invalid_argument>(
@@ -243,6 +248,7 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
   /// attention_forward). Cost: run::halo_forward (one p2p batch; nothing when every row is local).
   void halo_forward(const seq::halo_plan& p, std::int64_t width, std::span<const T> x,
                     std::span<T> halo) const {
+    if (p.local_only()) return;
     check_bound("halo_forward");
     const auto [c, ranks] = this->halo_group(this->ring);
     run::halo_forward(*c, std::span<const int>(ranks), p, width, x, halo, mem());
@@ -253,6 +259,7 @@ struct step_context : model::stage_context<Comm, step_store<T, M>>,
   /// sources). Collective as halo_forward. Cost: run::halo_backward.
   void halo_backward(const seq::halo_plan& p, std::int64_t width, std::span<const T> dhalo,
                      std::span<T> dx) const {
+    if (p.local_only()) return;
     check_bound("halo_backward");
     const auto [c, ranks] = this->halo_group(this->ring);
     run::halo_backward(*c, std::span<const int>(ranks), p, width, dhalo, dx, mem());

@@ -87,4 +87,14 @@ auto readable_on_host(const M& mem, std::span<const U> x) {
   }
 }
 
+/// Whether backbone stage S holds expert parameters apart from its dense ones (the optional members
+/// `expert_parameters()` and `expert_gradients()`, ranges of spans like parameters() and gradients()):
+/// train::system reduces them over the ranks holding the same experts (Megatron's expert data-parallel
+/// group) instead of the pool, and steps them with the optimizer too.
+template <class S>
+concept has_expert_parameters = requires(S& s) {
+  s.expert_parameters();
+  s.expert_gradients();
+};
+
 }  // namespace hetmesh::train

@@ -8,9 +8,13 @@
 #pragma once
 
 #include <concepts>
+#include <string>
 #include <string_view>
 
+#include <fmt/format.h>
+
 #include "../core/error.hpp"
+#include "../core/format.hpp"
 #include "../model/token_mixing.hpp"
 #include "../seq/partition.hpp"
 
@@ -31,6 +35,18 @@ template <class F>
     return may_split_sequences(f, pool);
   else
     return true;
+}
+
+/// The partition family `f` as messages name it: its value when it prints, else F::name, else "the
+/// partition family".
+template <class F>
+[[nodiscard]] std::string family_label(const F& f) {
+  if constexpr (fmt::is_formattable<F>::value)
+    return hetmesh::format("{}", f);
+  else if constexpr (requires { std::string_view(F::name); })
+    return std::string(F::name);
+  else
+    return "the partition family";
 }
 
 /// Refuses backbone stage type S under family `f` over `pool` ranks when S does not declare its token

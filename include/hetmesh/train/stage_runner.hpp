@@ -82,7 +82,7 @@ class stage_runner {
   /// the last stage writes its per-token loss terms, which are summed (with the weights and tokens).
   void forward(int stg, int mb, std::span<const T> in, std::span<T> out) {
     const auto v = rank_->view(mb);
-    if (v.size() == 0) return;
+    if (skips(v)) return;
     cpu_scope timed{cpu, st_->cpu_actions, {stg, pipeline::action_type::forward, mb}, cpu0_};
     auto ctx = context(stg, mb);
     typename Memory::template buffer<T> landed;  // stage 0 with encoders: the landing order
@@ -107,7 +107,7 @@ class stage_runner {
       sums[0] += static_cast<double>(x);
     for (auto w : v.loss_weights) sums[1] += w;
     for (auto si : v.stream_index) counts[0] += si >= 0 ? 1 : 0;
-    ++counts[1];
+    counts[1] += v.size() > 0 ? 1 : 0;
   }
 
   /// Stage `stg`'s backward of slot `mb` (stage 0 with encoders: its landing-order gradient back to the
@@ -124,7 +124,7 @@ class stage_runner {
   /// Stage `stg`'s weight-gradient half of slot `mb` (split-backward schedules).
   void backward_weight(int stg, int mb) requires split {
     const auto v = rank_->view(mb);
-    if (v.size() == 0) return;
+    if (skips(v)) return;
     cpu_scope timed{cpu, st_->cpu_actions, {stg, pipeline::action_type::backward_weight, mb}, cpu0_};
     auto ctx = context(stg, mb);
     stage_->backward_weight(ctx, v);
@@ -184,6 +184,12 @@ class stage_runner {
     return {((void)I, model::memory_activation_store<T, Memory>(mem))...};
   }
   [[nodiscard]] int encoder_shards() const { return plan_->pipeline.num_encoder_shards(); }
+  // Whether a slot's stage call is skipped: an empty slot, unless ep > 1 (every member of an expert group
+  // calls its stage for every slot, with an empty view where it has no micro-batch, so that the experts'
+  // all-to-alls meet).
+  [[nodiscard]] bool skips(const model::micro_batch_view& v) const noexcept {
+    return v.size() == 0 && res_.ep == nullptr;
+  }
 
   [[nodiscard]] std::int64_t output_size(int stg, const model::micro_batch_view& v) const {
     if (v.size() == 0) return 0;
@@ -194,7 +200,7 @@ class stage_runner {
   void backward_as(pipeline::action_type type, int stg, int mb, std::span<const T>, std::span<T> gin,
                    Call&& call) {
     const auto v = rank_->view(mb);
-    if (v.size() == 0) return;
+    if (skips(v)) return;
     cpu_scope timed{cpu, st_->cpu_actions, {stg, type, mb}, cpu0_};
     auto ctx = context(stg, mb);
     if (stg == 0 && encoder_shards() > 0) {  // the landing rows' gradients, back to the shards' layout

@@ -90,6 +90,13 @@ template <class T, class Stage, class Bound, class Optimizer>
 void record_memory(step_stats& st, Stage& stage, Bound& bound, const Optimizer& optimizer) {
   st.parameter_bytes = tensor_bytes<T>(stage.parameters());
   st.gradient_bytes = tensor_bytes<T>(stage.gradients());
+  if constexpr (requires {
+                  stage.expert_parameters();
+                  stage.expert_gradients();
+                }) {
+    st.parameter_bytes += tensor_bytes<T>(stage.expert_parameters());
+    st.gradient_bytes += tensor_bytes<T>(stage.expert_gradients());
+  }
   std::apply(
       [&](auto&... e) {
         ((st.parameter_bytes += tensor_bytes<T>(e.stage->parameters()),

@@ -164,7 +164,10 @@ class system {
       slice_.emplace(comm::split(world, groups_.slice.index, groups_.slice.position));
       tp_.emplace(comm::split(world, groups_.tp.index, groups_.tp.position));
     }
-    if (layout_->ep() > 1) ep_.emplace(comm::split(world, groups_.ep.index, groups_.ep.position));
+    if (layout_->ep() > 1) {  // the stages' ctx.ep, and the ranks holding the same experts
+      ep_.emplace(comm::split(world, groups_.ep.index, groups_.ep.position));
+      edp_.emplace(comm::split(world, groups_.expert_dp.index, groups_.expert_dp.position));
+    }
   }
 
   /// The step plan for documents `docs` (id, length in stream order) over the pool, with the pipeline
@@ -326,7 +329,7 @@ class system {
                       const model::step_summary& s, Stage& stage, Optimizer&& optimizer,
                       Encoders... encoders) {
     check_run_types<Stage, Optimizer, T, Encoders...>();
-    check_token_mixing<Stage>(partition_, pool_size_, family_name());
+    check_token_mixing<Stage>(partition_, pool_size_, family_label(partition_));
     auto& world = *world_;
     run::assert_plan_agreement(world, mem_, plan, "train step plan");
     if (plan.world != pool_size_ || plan.pp != pipeline_.pp)
@@ -349,6 +352,7 @@ class system {
       for (auto g : spans) mem_.fill(std::span<T>(g), T(0));
     };
     zero(stage.gradients());
+    if constexpr (has_expert_parameters<Stage>) zero(stage.expert_gradients());
     std::apply([&](auto&... e) { (zero(e.stage->gradients()), ...); }, bound);
 
     step_stats st;
@@ -385,16 +389,6 @@ class system {
         (model::check_encoder_stage<std::remove_pointer_t<decltype(std::declval<Encoders&>().stage)>, T,
                                     encoder_context_type<T>>() &&
          ...));
-  }
-
-  // The partition family as messages name it: its value when it prints, else its name.
-  std::string family_name() const {
-    if constexpr (fmt::is_formattable<Partition>::value)
-      return hetmesh::format("{}", partition_);
-    else if constexpr (requires { std::string_view(Partition::name); })
-      return std::string(Partition::name);
-    else
-      return "the partition family";
   }
 
   // The plan's attention groups (its mechanism's group_size: 0 for rings): their communicator is split
@@ -441,13 +435,17 @@ class system {
     Comm& slice = slice_ ? *slice_ : *world_;  // the encoders and the stats: this tp coordinate's ranks
     const auto t2 = std::chrono::steady_clock::now();
     const double reduce_cpu0 = thread_cpu_seconds();
-    auto groups = [&](auto&& f) {  // the stage over the pool, each encoder over the world
-      f(pool, stage);
-      std::apply([&](auto&... e) { (f(slice, *e.stage), ...); }, bound);
+    // The stage's dense parameters over the pool, its experts' over the ranks holding the same experts,
+    // each encoder's over this tp coordinate's ranks.
+    auto groups = [&](auto&& f) {
+      f(pool, stage.parameters(), stage.gradients());
+      if constexpr (has_expert_parameters<Stage>)
+        f(edp_ ? *edp_ : pool, stage.expert_parameters(), stage.expert_gradients());
+      std::apply([&](auto&... e) { (f(slice, e.stage->parameters(), e.stage->gradients()), ...); }, bound);
     };
     if constexpr (!sharded)
-      groups([&](Comm& c, auto& s) {
-        for (auto g : s.gradients()) sum_over_ranks(c, mem_, std::span<T>(g), options_.reproducible);
+      groups([&](Comm& c, auto&&, auto&& grads) {
+        for (auto g : grads) sum_over_ranks(c, mem_, std::span<T>(g), options_.reproducible);
       });
     sum_host_values_over_ranks(slice, mem_, std::span<double>(runner.sums), options_.reproducible);
     sum_host_values_over_ranks(slice, mem_, std::span<std::int64_t>(runner.counts), options_.reproducible);
@@ -460,11 +458,9 @@ class system {
     st.encoder_items = runner.counts[2];
     const double optimizer_cpu0 = thread_cpu_seconds();
     if constexpr (sharded)
-      groups([&](Comm& c, auto& s) {
-        optimizer.step(c, mem_, s.parameters(), s.gradients(), options_.reproducible);
-      });
+      groups([&](Comm& c, auto&& ps, auto&& gs) { optimizer.step(c, mem_, ps, gs, options_.reproducible); });
     else
-      groups([&](Comm&, auto& s) { optimizer(s.parameters(), s.gradients()); });
+      groups([&](Comm&, auto&& ps, auto&& gs) { optimizer(ps, gs); });
     st.cpu_optimizer_seconds = thread_cpu_seconds() - optimizer_cpu0;
     record_memory<T>(st, stage, bound, optimizer);
   }
@@ -490,6 +486,7 @@ class system {
   std::optional<Comm> slice_;  // tp > 1: this tp coordinate's ranks (a whole tp = 1 system)
   std::optional<Comm> tp_;     // tp > 1: the stages' ctx.tp
   std::optional<Comm> ep_;     // ep > 1: the stages' ctx.ep
+  std::optional<Comm> edp_;    // ep > 1: the ranks holding the same experts (expert gradients)
   std::optional<system_layout> layout_;                 // the mesh and its group families
   system_groups groups_;                                // this rank's groups
   std::optional<comm::group_cache<Comm>> item_groups_;  // encoder items' Ulysses groups in the pool row

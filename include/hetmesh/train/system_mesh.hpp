@@ -9,6 +9,7 @@
 //   pipe   PIPELINE_MODEL_PARALLEL_GROUP        the pipeline's stages (and its encoder-pool ranks)
 //   slice  the ranks of one tp coordinate (dp-cp-pp): one copy of the tp = 1 system, plan and all
 //   ep     EXPERT_MODEL_PARALLEL_GROUP          the stage's ctx.ep: an MoE layer's experts
+//   edp    EXPERT_DATA_PARALLEL_GROUP           the ranks holding the same experts: expert gradients
 //
 // The partition family plans over the pool (plans do not change with tp or ep); every tp rank of a pool
 // position runs the same micro-batches in the same order, so a stage's collectives over ctx.tp meet. Pure:
@@ -75,11 +76,12 @@ struct system_group {
 
 /// The groups of one rank (system_layout::groups_of).
 struct system_groups {
-  system_group tp;     ///< tensor parallel
-  system_group pool;   ///< the pool: dp x cp at one (tp, pipeline rank)
-  system_group pipe;   ///< the pipeline: pp LLM ranks, then the encoder pool's
-  system_group slice;  ///< every rank of one tp coordinate: pool x pipeline ranks
-  system_group ep;     ///< expert parallel (Megatron's expert mesh)
+  system_group tp;         ///< tensor parallel
+  system_group pool;       ///< the pool: dp x cp at one (tp, pipeline rank)
+  system_group pipe;       ///< the pipeline: pp LLM ranks, then the encoder pool's
+  system_group slice;      ///< every rank of one tp coordinate: pool x pipeline ranks
+  system_group ep;         ///< expert parallel (Megatron's expert mesh)
+  system_group expert_dp;  ///< expert data parallel: the ranks holding the same experts (expert gradients)
   friend bool operator==(const system_groups&, const system_groups&) = default;
 };
 
@@ -99,6 +101,7 @@ class system_layout {
     families_[2] = mm_.decoder_groups("pp");
     families_[3] = mm_.decoder_groups("cp-dp-pp");
     families_[4] = mm_.expert_groups("ep");
+    families_[5] = mm_.expert_groups("dp");
     for (std::size_t f = 0; f < families_.size(); ++f) {
       where_[f].assign(static_cast<std::size_t>(world), {-1, -1});
       for (std::size_t g = 0; g < families_[f].size(); ++g)
@@ -128,9 +131,9 @@ class system_layout {
     if (rank < 0 || rank >= world())
       throw_error<invalid_argument>("train::system_layout: rank {} of a world of {}; expected 0 <= rank < {}",
                                     rank, world(), world());
-    return {find(0, rank), find(1, rank), find(2, rank), find(3, rank), find(4, rank)};
+    return {find(0, rank), find(1, rank), find(2, rank), find(3, rank), find(4, rank), find(5, rank)};
   }
-  /// Every group of family `i` (0 tp, 1 pool, 2 pipe, 3 slice, 4 ep), in Megatron's order.
+  /// Every group of family `i` (0 tp, 1 pool, 2 pipe, 3 slice, 4 ep, 5 expert dp), in Megatron's order.
   [[nodiscard]] const std::vector<std::vector<int>>& family(int i) const {
     return families_[static_cast<std::size_t>(i)];
   }
@@ -202,8 +205,8 @@ class system_layout {
   system_mesh mesh_;
   int pipeline_ranks_ = 1;
   mesh::megatron_moe_mesh mm_;
-  std::array<std::vector<std::vector<int>>, 5> families_;
-  std::array<std::vector<std::pair<int, int>>, 5> where_;  // per family, per world rank: (group, position)
+  std::array<std::vector<std::vector<int>>, 6> families_;
+  std::array<std::vector<std::pair<int, int>>, 6> where_;  // per family, per world rank: (group, position)
 };
 
 }  // namespace hetmesh::train
