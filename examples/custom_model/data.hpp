@@ -30,7 +30,8 @@ inline constexpr std::int64_t kPlaceholder = 1;
 
 // [record]
 /// Record i of the generated source: two in three are a clip of 1-3 frames of `patches` patches
-/// (patch_dim floats each) and a caption of 2-12 tokens; the rest are text documents of 10-40 tokens.
+/// (patch_dim floats each) and a caption of 2-12 tokens; the rest are text documents of 10-40 tokens. Text
+/// runs from a random token by a stride of 1-3, so the convolution can learn it.
 inline hetmesh::data::memory_record make_record(const shape& s, std::int64_t i) {
   const auto u = static_cast<std::uint64_t>(i);
   auto h = [&](std::uint64_t a, std::uint64_t b = 0) { return hetmesh::key_hash({91, u, a, b}); };
@@ -44,9 +45,9 @@ inline hetmesh::data::memory_record make_record(const shape& s, std::int64_t i) 
     r.items.push_back(hetmesh::data::make_item("video", frames * s.patches, rows));
     text = 2 + static_cast<std::int64_t>(h(4) % 11);
   }
-  for (std::int64_t t = 0; t < text; ++t)
-    r.tokens.push_back(2 + static_cast<std::int64_t>(h(5, static_cast<std::uint64_t>(t)) %
-                                                     static_cast<std::uint64_t>(s.vocab - 2)));
+  // Text a model can learn from the tokens before: an arithmetic run from a random start, stride 1-3.
+  const auto start = static_cast<std::int64_t>(h(5) % 1000), stride = 1 + static_cast<std::int64_t>(h(6) % 3);
+  for (std::int64_t t = 0; t < text; ++t) r.tokens.push_back(2 + (start + stride * t) % (s.vocab - 2));
   return r;
 }
 // [record]

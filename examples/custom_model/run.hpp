@@ -24,7 +24,7 @@ struct options {
   std::string layout = "cp";         ///< dp | cp | hdp | pipeline | ulysses
   std::string backend = "loopback";  ///< loopback threads, or MPI processes
   int ranks = 4;                     ///< loopback threads (under MPI: the world's size)
-  int steps = 5;                     ///< training steps (without --check-parity)
+  int steps = 20;                    ///< training steps (without --check-parity)
   bool halo_off = false;             ///< the mutation: the mixer skips the halo exchange
   bool check_parity = false;         ///< compare one step with a 1-rank run and exit
 };
