@@ -8,6 +8,7 @@
 // sequence split (CP pieces, HDP rings, Ulysses slices) those tokens may sit on another rank. The stage
 // declares it (model::causal_halo(kHalo)), which is what lets train::system run it under a split.
 // `halo_off` is the mutation the parity check must catch: the halo rows stay zero.
+// docs/tutorial.md quotes this file (example_custom_model.tutorial checks the quotes).
 #pragma once
 
 #include <algorithm>
@@ -33,24 +34,20 @@ template <class T>
 struct conv_backbone {
   /// Opt-in for model::backbone_stage.
   using is_backbone_stage = void;
-  // [declare-mixing]
   /// How the stage mixes tokens: the convolution reads the kHalo tokens before each token (ctx.halo), and
   /// its attention goes through ctx.attention_forward. A stage of attention only would declare
   /// model::through_attention; an MLP, model::token_local.
   static constexpr hetmesh::model::token_mixing token_mixing = hetmesh::model::causal_halo(kHalo);
-  // [declare-mixing]
 
   shape s;
   int stages = 1;         ///< pipeline stages of the whole model
   bool halo_off = false;  ///< the mutation: skip the halo exchange (halo rows stay zero)
   tensor_store<T> store;  ///< ids 0 embedding, 1 head, 10 + 8l + {0 taps, 1 q, 2 k, 3 v, 4 out} of block l
 
-  // [backbone-ctor]
   /// The stages `local` of a `num_stages`-stage backbone (sys.local_stages() of sys.num_stages(), known
   /// before any plan), parameters from `seed`: only the tensors of those stages.
   conv_backbone(const shape& sh, std::uint64_t seed, int num_stages, std::span<const int> local)
       : s(sh), stages(num_stages) {
-    // [backbone-ctor]
     const auto w = static_cast<std::size_t>(sh.width), v = static_cast<std::size_t>(sh.vocab);
     const auto hq = static_cast<std::size_t>(sh.attn.q_heads * sh.attn.head_dim);
     const auto hk = static_cast<std::size_t>(sh.attn.kv_heads * sh.attn.head_dim);
@@ -152,7 +149,6 @@ struct conv_backbone {
   [[nodiscard]] std::vector<hetmesh::train::model_tensor<T>> tensors() { return store.tensors(); }
 
  private:
-  // [conv-forward]
   /// x += tanh(z), z[t] = sum_{j=0..kHalo} c_j * x[t - j] over the earlier tokens of t's document: a local
   /// row, a row the halo exchange brought from the rank holding it, or zero before the document's start.
   template <class Ctx>
@@ -173,9 +169,7 @@ struct conv_backbone {
     slot.save(base + 2, std::span<const T>(z));
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += std::tanh(z[i]);
   }
-  // [conv-forward]
 
-  // [conv-backward]
   /// Backward of conv_forward: dx holds the gradient of its output and becomes that of its input. The
   /// gradients of the halo rows go back to the ranks that hold those tokens (ctx.halo_backward).
   template <class Ctx>
@@ -208,9 +202,7 @@ struct conv_backbone {
     dx = std::move(din);
     for (int i = 0; i < 3; ++i) slot.release(base + i);
   }
-  // [conv-backward]
 
-  // [halo-source]
   /// The row tap j of local token t reads (tap 0: the token itself), or null for a zero (before its
   /// document's start): plan.source(t, j) says where the token j positions earlier is.
   [[nodiscard]] const T* source(const hetmesh::seq::halo_plan& plan, const T* x, const T* halo, std::size_t t,
@@ -222,7 +214,6 @@ struct conv_backbone {
     if (src.where == where::zero) return nullptr;
     return (src.where == where::local ? x : halo) + static_cast<std::size_t>(src.index) * w;
   }
-  // [halo-source]
 
   /// x += attn(x Wq, x Wk, x Wv) Wo: causal attention over the document, through the context (ring
   /// attention over a CP or HDP ring, Ulysses over its group). Saves x, q, k, v, a, lse at base + 3..8.
@@ -265,7 +256,6 @@ struct conv_backbone {
     for (int i = 3; i <= 8; ++i) slot.release(base + i);
   }
 
-  // [embed]
   /// Stage 0's rows: each token's embedding, except where an encoder's rows land (mb.encoder_outputs, in
   /// the order of `in`): there the video encoder's rows replace the placeholder tokens.
   void embed(const hetmesh::model::micro_batch_view& mb, std::span<const T> in, std::vector<T>& x) const {
@@ -279,7 +269,6 @@ struct conv_backbone {
                     x.begin() + static_cast<std::ptrdiff_t>(landing.local_offset + r) * w);
     check(in.size(), at * w, "stage 0 input (encoder rows)");
   }
-  // [embed]
   /// Backward of embed: the landed rows' gradients go back to the encoder (gin, in landing order), the
   /// others into the embedding's gradient.
   void embed_backward(const hetmesh::model::micro_batch_view& mb, const std::vector<T>& dx,

@@ -4,6 +4,7 @@
 // balanced like a file source, loaded by a data::data_loader, and projected onto the model's step batch by
 // run::to_step_batch (int64 ids; each clip a run of placeholder tokens where the encoder's rows land).
 // The clips' patch rows stay in the loaded samples; input() hands them to the encoder.
+// docs/tutorial.md quotes this file (example_custom_model.tutorial checks the quotes).
 #pragma once
 
 #include <algorithm>
@@ -28,7 +29,6 @@ namespace custom {
 /// The placeholder token of a clip's rows (text ids are 2 .. vocab - 1; 0 pads).
 inline constexpr std::int64_t kPlaceholder = 1;
 
-// [record]
 /// Record i of the generated source: two in three are a clip of 1-3 frames of `patches` patches
 /// (patch_dim floats each) and a caption of 2-12 tokens; the rest are text documents of 10-40 tokens. Text
 /// runs from a random token by a stride of 1-3, so the convolution can learn it.
@@ -50,7 +50,6 @@ inline hetmesh::data::memory_record make_record(const shape& s, std::int64_t i) 
   for (std::int64_t t = 0; t < text; ++t) r.tokens.push_back(2 + (start + stride * t) % (s.vocab - 2));
   return r;
 }
-// [record]
 
 /// The steps of the generated source, as the model reads them. Every rank (or process) builds the same
 /// source and loads the same steps; train::system then plans which rank runs what.
@@ -60,7 +59,6 @@ class step_source {
   step_source(const shape& s, std::int64_t batch, std::uint64_t seed)
       : loader_(config(s, batch, seed), {.workers = 0, .prefetch_steps = 0}) {}
 
-  // [next]
   /// Loads the next step and projects it onto the model's step batch.
   const hetmesh::model::step_batch& next() {
     loaded_ = loader_.next();
@@ -70,11 +68,9 @@ class step_source {
       for (const auto& item : sample.items) clips_.push_back(hetmesh::data::payload_as<float>(item));
     return batch_;
   }
-  // [next]
   /// The current step's batch.
   [[nodiscard]] const hetmesh::model::step_batch& batch() const noexcept { return batch_; }
 
-  // [input]
   /// The encoder's input callable (train::bind_encoder): for each piece of the view, the patch rows
   /// [begin, end) of its clip, at the piece's offset, patch_dim floats per row.
   template <class T>
@@ -91,10 +87,8 @@ class step_source {
       }
     };
   }
-  // [input]
 
  private:
-  // [mixture]
   static hetmesh::data::mixture_config config(const shape& s, std::int64_t batch, std::uint64_t seed) {
     namespace data = hetmesh::data;
     auto gen = [s](std::int64_t i) { return make_record(s, i); };
@@ -106,7 +100,6 @@ class step_source {
                                                             {.vocab = s.vocab, .kinds = {"video"}})}},
             .layout = hetmesh::mesh::make_mesh(hetmesh::mesh::dp(1))};
   }
-  // [mixture]
 
   hetmesh::data::data_loader loader_;
   hetmesh::data::loaded_batch loaded_;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // example_custom_model's layouts as policy values (run_<layout>.cpp instantiate them).
+// docs/tutorial.md quotes this file (example_custom_model.tutorial checks the quotes).
 #pragma once
 
 #include <hetmesh/pipeline/generators.hpp>
@@ -11,7 +12,6 @@
 
 namespace custom {
 
-// [layouts]
 /// Static CP: each document in 2 x cp zigzag chunks over a group of cp ranks.
 inline constexpr hetmesh::seq::cp_zigzag kCp{.cp = 2, .pad = true};
 /// HDP: 16 tokens of activations per rank; a longer document gets a ring of ranks.
@@ -26,7 +26,6 @@ inline hetmesh::seq::ulysses ulysses_layout() {
 /// The joint pipeline: 2 backbone stages, the encoder interleaved with them on the same ranks.
 using joint_pipeline =
     hetmesh::train::pipeline_config<hetmesh::pipeline::one_f_one_b, hetmesh::pipeline::colocated_encoder>;
-// [layouts]
 /// One stage, the encoder before it.
 using no_pipeline = hetmesh::train::pipeline_config<>;
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // example_custom_model's model: the video encoder and the convolution-and-attention backbone, held together
 // as train::check_parity reads a model (a train::parity_model): backbone(), encoders() and tensors().
+// docs/tutorial.md quotes this file (example_custom_model.tutorial checks the quotes).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,6 @@
 
 namespace custom {
 
-// [model]
 /// One rank's share of the model: its backbone stages and the encoder (every rank encodes clips; the
 /// encoder's gradients are reduced over the world).
 template <class T>
@@ -37,7 +37,6 @@ struct custom_model {
     return out;
   }
 };
-// [model]
 
 static_assert(hetmesh::train::check_parity_model<custom_model<float>>());
 

@@ -2,6 +2,7 @@
 // example_custom_model's run under one layout: the system, the model built before the first plan, and then
 // either train::check_parity on the first step (--check-parity) or a few training steps printing the loss.
 // Each layout's train::system is compiled in a translation unit of its own (run_<layout>.cpp).
+// docs/tutorial.md quotes this file (example_custom_model.tutorial checks the quotes).
 #pragma once
 
 #include <cstdint>
@@ -41,15 +42,12 @@ template <class Comm, class Partition, class Schedule, class Placement>
 int run_layout(Comm& world, const options& o, Partition partition,
                hetmesh::train::pipeline_config<Schedule, Placement> pc) {
   namespace train = hetmesh::train;
-  // [system]
   using system_t = train::system<Partition, hetmesh::model::reference_attention, Comm,
                                  train::family_placement, Schedule, Placement>;
   system_t sys(partition, {}, pc, world);
-  // [system]
   step_source data(kShape, kBatch, kDataSeed);
   const bool root = world.rank() == 0;
   if (o.check_parity) {
-    // [parity]
     const auto& batch = data.next();
     const auto make = [&](int stages, std::span<const int> local) {
       custom_model<float> m(kShape, kModelSeed, stages, local);
@@ -58,13 +56,11 @@ int run_layout(Comm& world, const options& o, Partition partition,
     };
     const auto verdict = train::check_parity(sys, batch, make, {.gradient = 2e-5, .loss = 1e-5},
                                              data.input<float>(kShape.patch_dim));
-    // [parity]
     if (root) fmt::print("--layout {}{}: {}\n", o.layout, o.halo_off ? " --halo-off" : "", verdict);
     if (root && !verdict.passed)
       std::fprintf(stderr, "example_custom_model: %s\n", fmt::format("{}", verdict).c_str());
     return verdict.passed ? 0 : 1;
   }
-  // [train]
   // The model first: the stages this rank runs are known before any plan.
   custom_model<float> model(kShape, kModelSeed, sys.num_stages(), sys.local_stages());
   model.llm.halo_off = o.halo_off;
@@ -78,7 +74,6 @@ int run_layout(Comm& world, const options& o, Partition partition,
       fmt::print("step {}: loss {:.6f} ({} targets, {} tokens, {} clips)\n", step, stats.loss, stats.targets,
                  stats.tokens, stats.encoder_items);
   }
-  // [train]
   return 0;
 }
 

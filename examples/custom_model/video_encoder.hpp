@@ -5,6 +5,7 @@
 // context: whole clips on this rank, or a long clip split by long-short sequence parallelism over a group
 // of ranks), then projected to the backbone's width. Those rows replace the clip's placeholder tokens in
 // the backbone's stage 0.
+// docs/tutorial.md quotes this file (example_custom_model.tutorial checks the quotes).
 #pragma once
 
 #include <cmath>
@@ -42,11 +43,9 @@ struct video_encoder {
     store.add(1007, e * d, seed, 1.0 / std::sqrt(static_cast<double>(e)));
   }
 
-  // [video-heads]
   /// The heads its attention splits over: long-short SP splits a clip only over groups whose size divides
   /// them (model::encoder_stage requirement 8; the library has no default).
   [[nodiscard]] int attention_heads() const noexcept { return s.enc_heads; }
-  // [video-heads]
   /// One patch of patch_dim floats per row.
   [[nodiscard]] std::int64_t input_size(const hetmesh::model::encoder_batch_view& ev) const noexcept {
     return ev.size() * s.patch_dim;
@@ -56,7 +55,6 @@ struct video_encoder {
     return ev.size() * s.width;
   }
 
-  // [video-forward]
   template <class Ctx>
   void forward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev, std::span<const T> in,
                std::span<T> out) {
@@ -82,7 +80,6 @@ struct video_encoder {
     for (const auto* saved : {&x, &q, &k, &v, &o, &lse, &y}) slot.save(id++, std::span<const T>(*saved));
     slot.save(id, in);
   }
-  // [video-forward]
 
   template <class Ctx>
   void backward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev, std::span<const T> gout,
