@@ -87,5 +87,5 @@ TEST_CASE("expert parallel: expert gradients summed over the pool (not the exper
   });
   MESSAGE(fmt::format("{}", r));
   CHECK(!r.passed);
-  CHECK(r.tensor == 20);  // the experts' tensor
+  CHECK(r.tensor >= 20);  // an expert tensor (ids 20 and 21)
 }

@@ -24,7 +24,8 @@
 
 namespace traintest {
 
-/// Experts per MoE block, and experts per token.
+/// MoE blocks of the whole model, experts per block, and experts per token.
+inline constexpr int kMoeBlocks = 2;
 inline constexpr int kExperts = 4;
 inline constexpr int kTopK = 2;
 
@@ -59,10 +60,15 @@ struct moe_lm {
     for (int st : sp.local) {
       if (st == 0) init(param, grad, 0, {}, v * w);
       if (st == stages - 1) init(param, grad, 1, {}, w * v);
-      init(param, grad, 10 + st, {}, w * kExperts);
-      init(xparam, xgrad, 20 + st, expert_shard(), kExperts / ep * w * w);
+      for (int b = first_block(st); b < first_block(st + 1); ++b) {
+        init(param, grad, 10 + b, {}, w * kExperts);
+        init(xparam, xgrad, 20 + b, expert_shard(), kExperts / ep * w * w);
+      }
     }
   }
+
+  /// The first MoE block of pipeline stage `stage` (blocks spread evenly over the stages).
+  [[nodiscard]] int first_block(int stage) const noexcept { return stage * kMoeBlocks / stages; }
 
   [[nodiscard]] train::tensor_shard expert_shard() const {
     return {kExperts, shape.width * shape.width, 0, ep_rank, ep};
@@ -84,36 +90,13 @@ struct moe_lm {
     else
       x.assign(in.begin(), in.end());
     const auto slot = ctx.slots();
-    const auto r = route(x, param[10 + ctx.stage]);
-    std::vector<T> routed(n * kTopK * w), y(n * w, T(0));
-    if (ctx.ep == nullptr) {
-      for (std::size_t c = 0; c < n * kTopK; ++c)
-        expert(xparam[20 + ctx.stage], static_cast<std::size_t>(r.chosen[c]), &x[c / kTopK * w],
-               &routed[c * w]);
-      for (std::size_t c = 0; c < n * kTopK; ++c)
-        for (std::size_t e = 0; e < w; ++e) y[c / kTopK * w + e] += r.gates[c] * routed[c * w + e];
-    } else {
-      const auto plan = moe_plan(*ctx.ep, r);
-      std::vector<T> xin(static_cast<std::size_t>(plan.expert_rows()) * w), xout(xin.size());
-      run::moe_dispatch_forward(*ctx.ep, plan, shape.width, std::span<const T>(x), std::span<T>(xin), mem);
-      std::size_t at = 0;
-      for (std::size_t j = 0; j < plan.expert_counts.size(); ++j)
-        for (std::int64_t i = 0; i < plan.expert_counts[j]; ++i, ++at)
-          expert(xparam[20 + ctx.stage], j, &xin[at * w], &xout[at * w]);
-      run::moe_combine_forward(*ctx.ep, plan, shape.width, std::span<const T>(xout),
-                               std::span<const T>(r.gates), std::span<T>(routed), std::span<T>(y), mem);
-      slot.save(3, std::span<const T>(xin));
-      slot.save(4, std::span<const T>(xout));
-    }
-    slot.save(0, std::span<const T>(x));
-    slot.save(1, std::span<const T>(r.probs));
-    slot.save(2, std::span<const T>(routed));
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    for (int blk = first_block(ctx.stage); blk < first_block(ctx.stage + 1); ++blk)
+      block_forward(ctx, slot, 10 * (blk - first_block(ctx.stage)), blk, x);
     if (ctx.stage + 1 < stages) {
       std::copy(x.begin(), x.end(), out.begin());
       return;
     }
-    slot.save(5, std::span<const T>(x));
+    slot.save(1000, std::span<const T>(x));
     for (std::size_t t = 0; t < n; ++t) {
       out[t] = 0;
       if (mb.loss_weights[t] == 0.0) continue;
@@ -131,7 +114,7 @@ struct moe_lm {
     const auto slot = ctx.slots();
     std::vector<T> dh(n * w, T(0));
     if (ctx.stage + 1 == stages) {
-      const std::span<const T> h = slot.load(5);
+      const std::span<const T> h = slot.load(1000);
       for (std::size_t t = 0; t < n; ++t) {
         if (mb.loss_weights[t] == 0.0) continue;
         auto p = head(h.subspan(t * w, w));
@@ -143,14 +126,60 @@ struct moe_lm {
             dh[t * w + e] += c * p[j] * param[1][e * v + j];
           }
       }
-      slot.release(5);
+      slot.release(1000);
     } else {
       dh.assign(gout.begin(), gout.end());
     }
-    const std::span<const T> x = slot.load(0), probs = slot.load(1), routed = slot.load(2);
-    const auto r = route(std::vector<T>(x.begin(), x.end()), param[10 + ctx.stage]);
-    auto& W = xparam[20 + ctx.stage];
-    auto& dW = xgrad[20 + ctx.stage];
+    for (int blk = first_block(ctx.stage + 1) - 1; blk >= first_block(ctx.stage); --blk)
+      dh = block_backward(ctx, slot, 10 * (blk - first_block(ctx.stage)), blk, dh);
+    if (ctx.stage == 0)
+      for (std::size_t t = 0; t < n; ++t)
+        for (std::size_t e = 0; e < w; ++e) grad[0][row(mb, t) * w + e] += dh[t * w + e];
+    else
+      std::copy(dh.begin(), dh.end(), gin.begin());
+  }
+
+ private:
+  // Block `blk`'s forward on x (in place: x + moe(x)); saves its tensors at slots base .. base + 4.
+  template <class Ctx, class Slot>
+  void block_forward(const Ctx& ctx, const Slot& slot, int base, int blk, std::vector<T>& x) {
+    const auto w = static_cast<std::size_t>(shape.width), n = x.size() / w;
+    const auto r = route(x, param[10 + blk]);
+    std::vector<T> routed(n * kTopK * w), y(n * w, T(0));
+    if (ctx.ep == nullptr) {
+      for (std::size_t c = 0; c < n * kTopK; ++c)
+        expert(xparam[20 + blk], static_cast<std::size_t>(r.chosen[c]), &x[c / kTopK * w], &routed[c * w]);
+      for (std::size_t c = 0; c < n * kTopK; ++c)
+        for (std::size_t e = 0; e < w; ++e) y[c / kTopK * w + e] += r.gates[c] * routed[c * w + e];
+    } else {
+      const auto plan = moe_plan(*ctx.ep, r);
+      std::vector<T> xin(static_cast<std::size_t>(plan.expert_rows()) * w), xout(xin.size());
+      run::moe_dispatch_forward(*ctx.ep, plan, shape.width, std::span<const T>(x), std::span<T>(xin), mem);
+      std::size_t at = 0;
+      for (std::size_t j = 0; j < plan.expert_counts.size(); ++j)
+        for (std::int64_t i = 0; i < plan.expert_counts[j]; ++i, ++at)
+          expert(xparam[20 + blk], j, &xin[at * w], &xout[at * w]);
+      run::moe_combine_forward(*ctx.ep, plan, shape.width, std::span<const T>(xout),
+                               std::span<const T>(r.gates), std::span<T>(routed), std::span<T>(y), mem);
+      slot.save(base + 3, std::span<const T>(xin));
+      slot.save(base + 4, std::span<const T>(xout));
+    }
+    slot.save(base + 0, std::span<const T>(x));
+    slot.save(base + 1, std::span<const T>(r.probs));
+    slot.save(base + 2, std::span<const T>(routed));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+  }
+
+  // Block `blk`'s backward: from dh (the gradient of x + moe(x)) to the gradient of x; adds its weights'.
+  template <class Ctx, class Slot>
+  std::vector<T> block_backward(const Ctx& ctx, const Slot& slot, int base, int blk,
+                                const std::vector<T>& dh) {
+    const auto w = static_cast<std::size_t>(shape.width), n = dh.size() / w;
+    const std::span<const T> x = slot.load(base + 0), probs = slot.load(base + 1),
+                             routed = slot.load(base + 2);
+    const auto r = route(std::vector<T>(x.begin(), x.end()), param[10 + blk]);
+    auto& W = xparam[20 + blk];
+    auto& dW = xgrad[20 + blk];
     std::vector<T> dx = dh, dgates(n * kTopK, T(0));
     if (ctx.ep == nullptr) {
       for (std::size_t c = 0; c < n * kTopK; ++c) {
@@ -164,7 +193,7 @@ struct moe_lm {
       }
     } else {
       const auto plan = moe_plan(*ctx.ep, r);
-      const std::span<const T> xin = slot.load(3), xout = slot.load(4);
+      const std::span<const T> xin = slot.load(base + 3), xout = slot.load(base + 4);
       std::vector<T> dout(xin.size()), din(xin.size(), T(0)), dmoe(n * w);
       run::moe_combine_backward(*ctx.ep, plan, shape.width, std::span<const T>(dh),
                                 std::span<const T>(r.gates), routed, std::span<T>(dout), std::span<T>(dgates),
@@ -180,12 +209,12 @@ struct moe_lm {
       run::moe_dispatch_backward(*ctx.ep, plan, shape.width, std::span<const T>(din), std::span<T>(dmoe),
                                  mem);
       for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dmoe[i];
-      slot.release(3);
-      slot.release(4);
+      slot.release(base + 3);
+      slot.release(base + 4);
     }
     // The router: d gates -> d probs (chosen experts) -> softmax -> d logits -> the router and x.
-    auto& wr = param[10 + ctx.stage];
-    auto& dwr = grad[10 + ctx.stage];
+    auto& wr = param[10 + blk];
+    auto& dwr = grad[10 + blk];
     for (std::size_t t = 0; t < n; ++t) {
       std::vector<T> dp(kExperts, T(0)), dl(kExperts);
       for (std::size_t j = 0; j < kTopK; ++j)
@@ -199,14 +228,11 @@ struct moe_lm {
           dx[t * w + i] += dl[e] * wr[i * kExperts + e];
         }
     }
-    for (int i = 0; i < 3; ++i) slot.release(i);
-    if (ctx.stage == 0)
-      for (std::size_t t = 0; t < n; ++t)
-        for (std::size_t e = 0; e < w; ++e) grad[0][row(mb, t) * w + e] += dx[t * w + e];
-    else
-      std::copy(dx.begin(), dx.end(), gin.begin());
+    for (int i = 0; i < 3; ++i) slot.release(base + i);
+    return dx;
   }
 
+ public:
   [[nodiscard]] std::vector<std::span<T>> parameters() { return spans(param); }
   [[nodiscard]] std::vector<std::span<T>> gradients() { return spans(grad); }
   [[nodiscard]] std::vector<std::span<T>> expert_parameters() { return spans(xparam); }
