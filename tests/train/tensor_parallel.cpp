@@ -7,7 +7,11 @@
 // for its order; bad meshes are refused naming the dimension.
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/train/train.hpp>
@@ -99,4 +103,31 @@ TEST_CASE("tensor parallel: a mesh that does not fit the world is refused naming
   CHECK(refusal(4, {.tp = 1, .ep = 3}).find("mesh ep = 3 x etp = 1 does not divide") != std::string::npos);
   CHECK(refusal(4, {.tp = 0}).find("mesh tp = 0; expected >= 1") != std::string::npos);
   CHECK(refusal(8, {.tp = 2, .order = "tp-cp-xx-dp-pp"}).find("unknown dim 'xx'") != std::string::npos);
+}
+
+TEST_CASE("tensor parallel: train::system_layout's groups equal megatron-core's goldens for every shape") {
+  std::ifstream in(HETMESH_MESH_DATA_DIR "/megatron_moe_groups.json");
+  REQUIRE(in);
+  const auto doc = nlohmann::json::parse(in);
+  int compared = 0;
+  for (const auto& c : doc.at("cases")) {
+    if (c.contains("refused")) continue;
+    const auto& s = c.at("shape");
+    const train::system_mesh m{.tp = s.at("tp").get<int>(),
+                               .cp = s.at("cp").get<int>(),
+                               .ep = s.at("ep").get<int>(),
+                               .etp = s.value("etp", 0),
+                               .order = s.at("order").get<std::string>()};
+    CAPTURE(s.dump());
+    const train::system_layout l(m, s.at("world").get<int>(), s.at("pp").get<int>());
+    const auto& g = c.at("groups");
+    using groups = std::vector<std::vector<int>>;
+    CHECK(l.family(0) == g.at("TENSOR_MODEL_PARALLEL_GROUP").get<groups>());
+    CHECK(l.family(1) == g.at("DATA_PARALLEL_GROUP_WITH_CP").get<groups>());
+    CHECK(l.family(2) == g.at("PIPELINE_MODEL_PARALLEL_GROUP").get<groups>());
+    CHECK(l.family(4) == g.at("EXPERT_MODEL_PARALLEL_GROUP").get<groups>());
+    CHECK(l.family(5) == g.at("EXPERT_DATA_PARALLEL_GROUP").get<groups>());
+    ++compared;
+  }
+  CHECK(compared >= 8);  // every shape megatron-core accepted in the goldens
 }
