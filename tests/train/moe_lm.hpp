@@ -67,6 +67,9 @@ struct moe_lm {
     }
   }
 
+  /// Experts per MoE block (split over ep; train::system checks that ep divides them).
+  [[nodiscard]] int experts() const noexcept { return kExperts; }
+
   /// The first MoE block of pipeline stage `stage` (blocks spread evenly over the stages).
   [[nodiscard]] int first_block(int stage) const noexcept { return stage * kMoeBlocks / stages; }
 

@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include <hetmesh/train/train.hpp>
 
 #include "support/rank0.hpp"
+#include "train/moe_lm.hpp"
 #include "train/pipeline_body.hpp"
 
 using namespace hetmesh;
@@ -130,4 +132,44 @@ TEST_CASE("tensor parallel: train::system_layout's groups equal megatron-core's 
     ++compared;
   }
   CHECK(compared >= 8);  // every shape megatron-core accepted in the goldens
+}
+
+TEST_CASE(
+    "tensor and expert parallel: a model whose sizes do not split over the mesh is refused naming them") {
+  const auto batch = random_batch(61, 4, 16);
+  // Runs one step of `make(sys)` under `partition` and `mesh` on `world` ranks; rank 0's error.
+  auto refusal = [&](int world, const auto& partition, train::system_mesh mesh, auto make) {
+    std::string text;
+    comm::loopback::run(world, [&](comm::loopback::communicator& c) {
+      train::system_options o;
+      o.mesh = mesh;
+      using P = std::remove_cvref_t<decltype(partition)>;
+      train::system<P, model::reference_attention, comm::loopback::communicator> sys(
+          partition, train::family_placement{}, train::pipeline_config<>{}, c, {}, o);
+      auto m = make(sys);
+      try {
+        (void)sys.run(sys.plan(batch), batch, m, [](auto&&, auto&&) {});
+      } catch (const invalid_argument& e) {
+        if (c.rank() == 0) text = e.what();
+      }
+    });
+    return text;
+  };
+  const lm_shape three_heads{.vocab = 13, .width = 6, .attn = {3, 3, 2}};
+  auto whole = [&](const lm_shape& s) {  // the model unsplit: tp 1 in its own eyes
+    return [s](auto& sys) { return tiny_stack<double>(s, 1, kBlocks, sys.num_stages(), sys.local_stages()); };
+  };
+  CHECK(refusal(2, seq::cp_thd{.cp = 1}, {.tp = 2}, whole(three_heads))
+            .find("mesh tp = 2 does not divide the stage's 3 attention heads") != std::string::npos);
+  const seq::ulysses four{.degree = 4,
+                          .heads = 4,
+                          .kv_heads = 2,
+                          .head_dim = 4};  // plans, but 4 heads / tp 2 do not split 4 ways
+  CHECK(refusal(8, four, {.tp = 2},
+                [](auto& sys) { return tiny_stack<double>(kTpShape, 1, kBlocks, sys.split()); })
+            .find("Ulysses degree 4 x mesh tp = 2 does not divide the stage's 4 attention heads") !=
+        std::string::npos);
+  CHECK(refusal(6, seq::cp_thd{.cp = 1}, {.ep = 3}, [](auto& sys) {
+          return moe_lm<double>(kShape, 1, sys.split());
+        }).find("mesh ep = 3 does not divide the stage's 4 experts") != std::string::npos);
 }

@@ -78,6 +78,9 @@ struct tiny_stack {
   tiny_stack(lm_shape s, std::uint64_t seed, int num_blocks, const train::model_split& sp)
       : tiny_stack(s, seed, num_blocks, sp.stages, sp.local, sp.tp_rank, sp.tp) {}
 
+  /// The whole model's query heads (split over tp; train::system checks that tp divides them).
+  [[nodiscard]] int attention_heads() const noexcept { return shape.attn.q_heads * tp; }
+
   /// Every tensor this rank holds, by global id, with its tp block.
   [[nodiscard]] std::vector<train::model_tensor<T>> tensors() {
     std::vector<train::model_tensor<T>> out;

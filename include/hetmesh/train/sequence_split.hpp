@@ -8,6 +8,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -17,6 +18,7 @@
 #include "../core/format.hpp"
 #include "../model/token_mixing.hpp"
 #include "../seq/partition.hpp"
+#include "system_mesh.hpp"
 
 namespace hetmesh::train {
 
@@ -64,6 +66,53 @@ void check_token_mixing(const F& f, int pool, std::string_view family) {
           "through ctx.halo) or model::token_local (it mixes none)",
           family, pool);
   }
+}
+
+/// Refuses backbone stage `s` under family `f` and mesh `m` when the stage's declared sizes do not split
+/// over the mesh, naming the dimension (each optional, read when the stage has it):
+///  - `s.attention_heads()` (int): the query heads of its attention layers, split over tp: tp must divide
+///    them, and under a family with a Ulysses `degree` (> 1) degree x tp must divide them;
+///  - `s.split_vocabulary()` (std::int64_t): the vocabulary of a vocabulary-parallel embedding and loss,
+///    split over tp;
+///  - `s.experts()` (int): the experts of each MoE layer, split over ep.
+/// Errors: invalid_argument. O(1).
+template <class S, class F>
+void check_stage_sizes(const S& s, const F& f, const system_mesh& m) {
+  if constexpr (requires {
+                  { s.attention_heads() } -> std::convertible_to<int>;
+                }) {
+    const int h = s.attention_heads();
+    if (h < 1 || h % m.tp != 0)
+      throw_error<invalid_argument>(
+          "train::system: mesh tp = {} does not divide the stage's {} attention heads; expected tp | heads "
+          "(each tp rank runs heads / tp of them)",
+          m.tp, h);
+    if constexpr (requires {
+                    { f.degree } -> std::convertible_to<int>;
+                  })
+      if (f.degree > 1 && h % (f.degree * m.tp) != 0)
+        throw_error<invalid_argument>(
+            "train::system: Ulysses degree {} x mesh tp = {} does not divide the stage's {} attention heads; "
+            "expected degree x tp | heads (each group splits a tp rank's heads / tp over its degree)",
+            f.degree, m.tp, h);
+  }
+  if constexpr (requires {
+                  { s.split_vocabulary() } -> std::convertible_to<std::int64_t>;
+                })
+    if (const std::int64_t v = s.split_vocabulary(); v < 1 || v % m.tp != 0)
+      throw_error<invalid_argument>(
+          "train::system: mesh tp = {} does not divide the stage's vocabulary of {}; expected tp | "
+          "vocabulary (a vocabulary-parallel embedding and loss hold vocabulary / tp rows each)",
+          m.tp, v);
+  if constexpr (requires {
+                  { s.experts() } -> std::convertible_to<int>;
+                })
+    if (const int e = s.experts(); e < 1 || e % m.ep != 0)
+      throw_error<invalid_argument>(
+          "train::system: mesh ep = {} does not divide the stage's {} experts; expected ep | experts (each "
+          "ep "
+          "rank holds experts / ep of them)",
+          m.ep, e);
 }
 
 }  // namespace hetmesh::train

@@ -330,6 +330,7 @@ class system {
                       Encoders... encoders) {
     check_run_types<Stage, Optimizer, T, Encoders...>();
     check_token_mixing<Stage>(partition_, pool_size_, family_label(partition_));
+    check_stage_sizes(stage, partition_, options_.mesh);
     auto& world = *world_;
     run::assert_plan_agreement(world, mem_, plan, "train step plan");
     if (plan.world != pool_size_ || plan.pp != pipeline_.pp)
