@@ -231,6 +231,7 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
     else {
       seq::hdp<seq::selective_offload> hdp{.capacity = 48};  // long documents offload (the link declared)
       hdp.model.d2h_bandwidth = hdp.model.h2d_bandwidth = std::numeric_limits<double>::infinity();
+      hdp.model.activation.layers = 32;  // a declared link needs the layers per rank
       plan = train::plan_step(hdp, docs, where.pool);
     }
     if (c == routed_case::joint_pp4)

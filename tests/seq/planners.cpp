@@ -42,6 +42,7 @@ std::vector<seq_desc> shuffled(std::vector<seq_desc> v, std::uint64_t seed) {
 TEST_CASE("offload solver reproduces ByteScale's worked example (l=32, C=8K, Act ~ s)") {
   offload_model m;  // Act(s) = s, layers 32, overlap ignored (infinite bandwidth)
   m.d2h_bandwidth = m.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  m.activation.layers = 32;  // a declared link needs the layers per rank
   const std::int64_t C = 8192;
   struct row {
     std::int64_t s;
@@ -72,6 +73,7 @@ TEST_CASE("offload solver: the overlap bound caps r, the least r reaching the le
   m.layer.a = 1e-9;
   m.layer.b = 0;
   m.d2h_bandwidth = 1.0e3;
+  m.activation.layers = 32;  // a declared link needs the layers per rank
   m.h2d_bandwidth = 5.0e2;
   const std::int64_t C = 8192;
   for (std::int64_t s : {16384LL, 65536LL, 262144LL, 1048576LL}) {
@@ -89,6 +91,7 @@ TEST_CASE("offload solver: the overlap bound caps r, the least r reaching the le
 TEST_CASE("offload solver: a sequence the pool cannot hold even with full offloading") {
   offload_model m;
   m.d2h_bandwidth = m.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  m.activation.layers = 32;  // a declared link needs the layers per rank
   CHECK_THROWS_AS((void)solve_offload(2097152, 8192, m, {}, 15), capacity_error);  // needs 16 at r = 1
   CHECK_NOTHROW((void)solve_offload(2097152, 8192, m, {}, 16));
   std::vector<seq_desc> one{{7, 4 * 1048576}};
@@ -419,6 +422,7 @@ TEST_CASE("HDP: exactly once, capacity, rings of D distinct ranks, no deadlock, 
       hdp_policy pol{.capacity = 8192, .offload = {.enabled = off}};
       pol.model.layer.a = 2e-6;  // compute hides offloading only for longer sequences
       pol.model.d2h_bandwidth = pol.model.h2d_bandwidth = 1.0;
+      pol.model.activation.layers = 32;  // a declared link needs the layers per rank
       const auto plan = plan_hdp(seqs, pol, 64);
       check_hdp_plan(plan, seqs);
       CHECK(plan_hash(plan_hdp(shuffled(seqs, seed + 99), pol, 64)) == plan_hash(plan));
@@ -673,6 +677,7 @@ TEST_CASE("every plan and policy prints") {
   CHECK(to_string(cp_policy{cp_scheme::zigzag, 4, true}) == "cp_policy{zigzag, cp=4, pad=true}");
   offload_model hides;
   hides.d2h_bandwidth = hides.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  hides.activation.layers = 32;  // a declared link needs the layers per rank
   const auto c = solve_offload(1048576, 8192, hides, {}, 1024);
   CHECK(to_string(c).find("D=8") != std::string::npos);
   CHECK(to_string(offload_policy{}).find("steps=100") != std::string::npos);

@@ -150,6 +150,11 @@ TEST_CASE("train: HDP with the default options forms rings for a document above 
   CHECK_FALSE(offloads(plain));
   // A link whose copies hide (declared): the solver trades ranks for offloading, as ByteScale does.
   hdp.model.d2h_bandwidth = hdp.model.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  // The layers per rank are unknown by default: a declared link without them is refused by name.
+  CHECK(hdp.model.activation.layers == 0);
+  CHECK_THROWS_WITH_AS((void)train::plan_step(hdp, docs, 8),
+                       doctest::Contains("offload_model.activation.layers is 0 (unknown)"), invalid_argument);
+  hdp.model.activation.layers = 32;  // the backbone's layers per rank
   const auto hidden = train::plan_step(hdp, docs, 8);
   CHECK(offloads(hidden));
   CHECK(largest_ring(hidden) < largest_ring(plain));

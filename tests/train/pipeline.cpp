@@ -295,6 +295,7 @@ TEST_CASE("train: a step's report gathers every rank's measured times and execut
 TEST_CASE("train::system: selective offload moves the plan's share of activations and keeps the gradients") {
   seq::hdp<seq::selective_offload> offload{.capacity = 16};
   offload.model.d2h_bandwidth = offload.model.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  offload.model.activation.layers = 32;  // a declared link needs the layers per rank
   // A batch whose plan offloads: some long document gets a ratio > 0 (ByteScale's solver).
   std::uint64_t seed = 300;
   for (; seed < 340; ++seed) {

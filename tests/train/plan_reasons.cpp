@@ -105,6 +105,7 @@ TEST_CASE("train::plan_reason: HDP with the default options forms a ring above c
 TEST_CASE("train::plan_reason: a declared fast host link offloads, and the plan, stats and JSON say why") {
   seq::hdp<> fast{.capacity = 16};
   fast.model.d2h_bandwidth = fast.model.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  fast.model.activation.layers = 32;  // a declared link needs the layers per rank
   const auto [plan, js] = hdp_step(fast);
   REQUIRE(plan.reasons.size() == 1);
   const auto& r = plan.reasons[0];
@@ -136,12 +137,15 @@ TEST_CASE("train::plan_reason: why a ring offloads nothing (family, link, comput
   };
   seq::hdp<seq::no_offload> off{.capacity = 16};
   off.model.d2h_bandwidth = off.model.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  off.model.activation.layers = 32;  // a declared link needs the layers per rank
   CHECK(cause(off) == train::reason_cause::offload_off);
   seq::hdp<> link{.capacity = 16};
   CHECK(cause(link) == train::reason_cause::link_unknown);
   link.model.d2h_bandwidth = link.model.h2d_bandwidth = 1e9;  // a finite link, but T(s) = 0: nothing hides
+  link.model.activation.layers = 32;  // a declared link needs the layers per rank
   CHECK(cause(link) == train::reason_cause::untimed_compute);
   link.model.d2h_bandwidth = link.model.h2d_bandwidth = 1.0;  // r_max = T(s) B / Act(s) = 0.001
+  link.model.activation.layers = 32;  // a declared link needs the layers per rank
   link.model.layer = {0.0, 1e-3, 0.0};
   CHECK(cause(link) == train::reason_cause::saves_no_rank);
   // Documents within capacity need no decision.
@@ -216,6 +220,7 @@ TEST_CASE("train::plan_reason: the plan's hash covers its reasons") {
   // Offloading instead of a ring changes the reasons, and with them the hash.
   seq::hdp<> fast{.capacity = 16};
   fast.model.d2h_bandwidth = fast.model.h2d_bandwidth = std::numeric_limits<double>::infinity();
+  fast.model.activation.layers = 32;  // a declared link needs the layers per rank
   CHECK(train::plan_step(fast, docs, 8).reasons != plan.reasons);
 }
 

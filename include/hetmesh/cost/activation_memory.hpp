@@ -85,7 +85,9 @@ struct activation_memory {
 /// offloads nothing, so a long sequence gets a ring of the ranks its length needs.
 struct offload_model {
   quadratic_time layer{};                      ///< T(s): one layer's compute, in seconds
-  activation_memory activation{1.0, 0.0, 32};  ///< Act(s): activation bytes; its layers is l
+  /// Act(s): activation bytes; its layers is l, the backbone's layers per rank, unknown (0) by default: a
+  /// declared host link needs it (solve_offload refuses the pair otherwise), rings without offloading do not.
+  activation_memory activation{1.0, 0.0, 0};
   /// Device-to-host bytes per second; infinity: the copies always hide; 0 (the default): unknown, none hides.
   double d2h_bandwidth = 0.0;
   /// Host-to-device bytes per second; infinity: the copies always hide; 0 (the default): unknown.

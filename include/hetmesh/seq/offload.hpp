@@ -48,18 +48,28 @@ struct offload_choice {
   void hash_append(hasher& h) const { append_all(h, length, ranks, ratio_steps, ratio_k); }
 };
 
-/// D(s) of Eq. 3 for a ratio r = k/steps: ceil((2 + (1-r)(l-2)) * Act(s) / (l * Act(C))), at least 1.
-/// Preconditions: capacity > 0, model.layers >= 2, 0 <= k <= steps. Pure; O(1).
+/// D(s) of Eq. 3 for a ratio r = k/steps: ceil((2 + (1-r)(l-2)) * Act(s) / (l * Act(C))), at least 1;
+/// without offloading (k = 0) ceil(Act(s) / Act(C)), whatever l. Preconditions: capacity > 0, 0 <= k <=
+/// steps, model.layers >= 2 when k > 0 (the layers are unknown by default). Pure; O(1).
 [[nodiscard]] HETMESH_COMPILED int offload_ranks(std::int64_t s, std::int64_t capacity,
                                                  const offload_model& m, int k, int steps)
 #if HETMESH_BODIES
 {
   if (capacity <= 0) throw_error<invalid_argument>("offload_ranks: capacity {} must be > 0", capacity);
-  if (m.layers() < 2)
-    throw_error<invalid_argument>("offload_ranks: layers per rank {} must be >= 2 (Eq. 3 keeps two layers)",
-                                  m.layers());
   if (steps <= 0 || k < 0 || k > steps)
     throw_error<invalid_argument>("offload_ranks: ratio {}/{} must lie in [0, 1] with steps > 0", k, steps);
+  if (k == 0) {  // nothing offloaded: the ranks the activations need, whatever the layers
+    const double budget0 = m.activation_bytes(capacity);
+    if (!(budget0 > 0))
+      throw_error<invalid_argument>("offload_ranks: Act(C) must be > 0; check the activation model");
+    const double d0 = std::ceil(m.activation_bytes(s) / budget0 * (1.0 - 1e-12));
+    return d0 < 1 ? 1 : static_cast<int>(d0);
+  }
+  if (m.layers() < 2)
+    throw_error<invalid_argument>(
+        "offload_ranks: offload_model.activation.layers = {}; expected the backbone's layers per rank (>= 2: "
+        "Eq. 3 keeps two layers) to offload a share of them",
+        m.layers());
   const auto l = static_cast<double>(m.layers());
   const double kept = 2.0 * steps + static_cast<double>(steps - k) * (l - 2.0);
   const double need = kept * m.activation_bytes(s);
@@ -95,13 +105,20 @@ struct offload_choice {
                             ? std::fmin(1.0, static_cast<double>(m.layers()) * m.activation_bytes(capacity) /
                                                  (static_cast<double>(m.layers() - 2) * act))
                             : 1.0;
-  const int full = offload_ranks(s, capacity, m, p.ratio_steps, p.ratio_steps);
+  const bool layers_known = m.layers() >= 2;
+  const int kmax = p.enabled ? static_cast<int>(std::floor(c.ratio_max * p.ratio_steps + 1e-9)) : 0;
+  if (kmax > 0 && !layers_known)
+    throw_error<invalid_argument>(
+        "solve_offload: a host link is declared (d2h {} and h2d {} bytes/s) but offload_model.activation.layers "
+        "is {} (unknown); expected the backbone's layers per rank (>= 2), which selective offloading needs "
+        "(ByteScale Eq. 3), or no link (bandwidth 0: rings without offloading)",
+        m.d2h_bandwidth, m.h2d_bandwidth, m.layers());
+  const int full = offload_ranks(s, capacity, m, layers_known ? p.ratio_steps : 0, p.ratio_steps);
   if (full > max_ranks)
     throw_error<capacity_error>(
         "solve_offload: a sequence of {} tokens needs {} ranks of capacity {} even with full offloading; "
         "the pool has {} ranks",
         s, full, capacity, max_ranks);
-  const int kmax = p.enabled ? static_cast<int>(std::floor(c.ratio_max * p.ratio_steps + 1e-9)) : 0;
   const int best = offload_ranks(s, capacity, m, kmax, p.ratio_steps);
   // D(k) <= best  <=>  k >= steps - (best*steps*l*Act(C)/Act(s) - 2*steps) / (l-2): start at that
   // closed form, then step to the exact least k (D is non-increasing in k).
