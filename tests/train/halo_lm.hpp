@@ -50,9 +50,7 @@ struct halo_lm : std::conditional_t<Declared, declares_conv_halo, declares_nothi
     auto add = [&](int id, std::size_t n) {
       auto& p = param[id];
       p.resize(n);
-      for (std::size_t i = 0; i < n; ++i)
-        p[i] = static_cast<T>(
-            static_cast<double>(key_hash({seed, static_cast<std::uint64_t>(id), i}) >> 11) * 0x1.0p-53 - 0.5);
+      for (std::size_t i = 0; i < n; ++i) p[i] = initial_value<T>(seed, id, static_cast<std::int64_t>(i));
       grad[id].assign(n, T(0));
     };
     for (int st : local) {

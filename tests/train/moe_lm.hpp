@@ -49,12 +49,7 @@ struct moe_lm {
       auto& x = p[id];
       x.resize(static_cast<std::size_t>(n));
       for (std::int64_t i = 0; i < n; ++i)
-        x[static_cast<std::size_t>(i)] =
-            static_cast<T>(static_cast<double>(key_hash({seed, static_cast<std::uint64_t>(id),
-                                                         static_cast<std::uint64_t>(sh.global(i))}) >>
-                                               11) *
-                               0x1.0p-53 -
-                           0.5);
+        x[static_cast<std::size_t>(i)] = initial_value<T>(seed, id, sh.global(i));
       g[id].assign(static_cast<std::size_t>(n), T(0));
     };
     for (int st : sp.local) {

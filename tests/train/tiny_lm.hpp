@@ -23,6 +23,18 @@ namespace traintest {
 
 using namespace hetmesh;
 
+/// The initial value of element `element` of tensor `id` (of the whole tensor: a split model passes the
+/// full tensor's element), a pure function of (seed, id, element) in [-0.5, 0.5): every split of a model
+/// holds the same values.
+template <class T>
+T initial_value(std::uint64_t seed, std::int64_t id, std::int64_t element) {
+  return static_cast<T>(
+      static_cast<double>(
+          key_hash({seed, static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(element)}) >> 11) *
+          0x1.0p-53 -
+      0.5);
+}
+
 /// y[n][m] = x[n][k] w[k][m] (row-major).
 template <class T>
 void matmul(std::span<const T> x, std::span<const T> w, std::span<T> y, std::size_t n, std::size_t k,

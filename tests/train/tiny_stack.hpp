@@ -54,12 +54,7 @@ struct tiny_stack {
       auto& p = param[id];
       p.resize(n);
       for (std::size_t i = 0; i < n; ++i)
-        p[i] = static_cast<T>(static_cast<double>(key_hash({seed, static_cast<std::uint64_t>(id),
-                                                            static_cast<std::uint64_t>(
-                                                                sh.global(static_cast<std::int64_t>(i)))}) >>
-                                                  11) *
-                                  0x1.0p-53 -
-                              0.5);
+        p[i] = initial_value<T>(seed, id, sh.global(static_cast<std::int64_t>(i)));
       grad[id].assign(n, T(0));
       shard[id] = sh;
     };

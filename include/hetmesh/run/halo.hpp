@@ -45,6 +45,34 @@ void pack_rows(const M& mem, std::span<const std::int64_t> rows, std::int64_t wi
     mem.copy(dst.subspan(i * w, w), src.subspan(static_cast<std::size_t>(rows[i]) * w, w));
 }
 
+// One batch of the exchange: to member m the rows `out[m]` of `src`, from member m `in[m].size()` rows;
+// returns what came, per member ([in[m].size()][width]). The two directions of halo_forward and
+// halo_backward are this with the lists swapped.
+template <comm::communicator C, class T, class M>
+std::vector<typename M::template buffer<T>> exchange_rows(C& c, std::span<const int> ranks,
+                                                          const std::vector<std::vector<std::int64_t>>& out,
+                                                          const std::vector<std::vector<std::int64_t>>& in,
+                                                          std::int64_t width, std::span<const T> src,
+                                                          const M& mem, int tag) {
+  const auto n = ranks.size();
+  const auto w = static_cast<std::size_t>(width);
+  std::vector<typename M::template buffer<T>> sent(n), got(n);
+  std::vector<comm::p2p_op> ops;
+  for (std::size_t m = 0; m < n; ++m) {
+    if (const auto rows = out[m].size(); rows > 0) {
+      sent[m].resize(rows * w);
+      pack_rows(mem, std::span<const std::int64_t>(out[m]), width, src, sent[m].span());
+      ops.push_back(comm::send_op(std::span<const T>(sent[m].span()), ranks[m], tag));
+    }
+    if (const auto rows = in[m].size(); rows > 0) {
+      got[m].resize(rows * w);
+      ops.push_back(comm::recv_op(got[m].span(), ranks[m], tag));
+    }
+  }
+  comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
+  return got;
+}
+
 }  // namespace detail
 
 /// Forward of the halo exchange of plan `p` (the caller is member p.me): fills `halo` [p.halo_rows][width]
@@ -57,28 +85,12 @@ void halo_forward(C& c, std::span<const int> ranks, const seq::halo_plan& p, std
                   std::span<const T> x, std::span<T> halo, const M& mem, int tag = halo_tag) {
   detail::check_halo_sizes("halo_forward", p, ranks, width, x.size(), halo.size());
   if (p.local_only()) return;
-  const auto n = ranks.size();
   const auto w = static_cast<std::size_t>(width);
-  std::vector<typename M::template buffer<T>> out(n), in(n);
-  std::vector<comm::p2p_op> ops;
-  for (std::size_t m = 0; m < n; ++m) {
-    if (const auto rows = p.send[m].size(); rows > 0) {
-      out[m].resize(rows * w);
-      detail::pack_rows(mem, std::span<const std::int64_t>(p.send[m]), width, x, out[m].span());
-      ops.push_back(comm::send_op(std::span<const T>(out[m].span()), ranks[m], tag));
-    }
-    if (const auto rows = p.recv[m].size(); rows > 0) {
-      in[m].resize(rows * w);
-      ops.push_back(comm::recv_op(in[m].span(), ranks[m], tag));
-    }
-  }
-  comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
-  for (std::size_t m = 0; m < n; ++m) {
-    const auto& rows = p.recv[m];
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      mem.copy(halo.subspan(static_cast<std::size_t>(rows[i]) * w, w),
-               std::span<const T>(in[m].span()).subspan(i * w, w));
-  }
+  const auto got = detail::exchange_rows(c, ranks, p.send, p.recv, width, x, mem, tag);
+  for (std::size_t m = 0; m < got.size(); ++m)
+    for (std::size_t i = 0; i < p.recv[m].size(); ++i)
+      mem.copy(halo.subspan(static_cast<std::size_t>(p.recv[m][i]) * w, w),
+               std::span<const T>(got[m].span()).subspan(i * w, w));
 }
 
 /// Backward of halo_forward: returns `dhalo` [p.halo_rows][width] (the loss gradient with respect to the
@@ -91,28 +103,12 @@ void halo_backward(C& c, std::span<const int> ranks, const seq::halo_plan& p, st
                    std::span<const T> dhalo, std::span<T> dx, const M& mem, int tag = halo_tag) {
   detail::check_halo_sizes("halo_backward", p, ranks, width, dx.size(), dhalo.size());
   if (p.local_only()) return;
-  const auto n = ranks.size();
   const auto w = static_cast<std::size_t>(width);
-  std::vector<typename M::template buffer<T>> out(n), in(n);
-  std::vector<comm::p2p_op> ops;
-  for (std::size_t m = 0; m < n; ++m) {
-    if (const auto rows = p.recv[m].size(); rows > 0) {
-      out[m].resize(rows * w);
-      detail::pack_rows(mem, std::span<const std::int64_t>(p.recv[m]), width, dhalo, out[m].span());
-      ops.push_back(comm::send_op(std::span<const T>(out[m].span()), ranks[m], tag + 1));
-    }
-    if (const auto rows = p.send[m].size(); rows > 0) {
-      in[m].resize(rows * w);
-      ops.push_back(comm::recv_op(in[m].span(), ranks[m], tag + 1));
-    }
-  }
-  comm::group_p2p(c, std::span<const comm::p2p_op>(ops));
-  for (std::size_t m = 0; m < n; ++m) {
-    const auto& rows = p.send[m];
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      mem.add(dx.subspan(static_cast<std::size_t>(rows[i]) * w, w),
-              std::span<const T>(in[m].span()).subspan(i * w, w));
-  }
+  const auto got = detail::exchange_rows(c, ranks, p.recv, p.send, width, dhalo, mem, tag + 1);
+  for (std::size_t m = 0; m < got.size(); ++m)
+    for (std::size_t i = 0; i < p.send[m].size(); ++i)
+      mem.add(dx.subspan(static_cast<std::size_t>(p.send[m][i]) * w, w),
+              std::span<const T>(got[m].span()).subspan(i * w, w));
 }
 
 }  // namespace hetmesh::run
