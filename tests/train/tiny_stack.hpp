@@ -113,8 +113,7 @@ struct tiny_stack {
       matmul<T>(h, param.at(12 + 4 * b), v, d.n, d.w, d.hk);
       ctx.attention_forward(shape.attn, scale(), q, k, v, a, lse);
       matmul<T>(a, param.at(13 + 4 * b), h2, d.n, d.hq, d.w);
-      if (ctx.tp != nullptr)
-        comm::all_reduce(*ctx.tp, std::span<T>(h2), comm::reduce_op::sum);  // row-parallel o
+      tp_sum(ctx, h2);  // row-parallel o
       for (std::size_t i = 0; i < h2.size(); ++i) h2[i] += h[i];
       slot.save(base + 0, std::span<const T>(h));
       slot.save(base + 1, std::span<const T>(q));
@@ -183,7 +182,7 @@ struct tiny_stack {
       slot.save(2003 + 4 * base, std::span<const T>(dk));
       slot.save(2004 + 4 * base, std::span<const T>(dv));
       std::vector<T> dx = dh;  // the residual
-      if (ctx.tp == nullptr) {
+      if (!split_over_tp(ctx)) {
         add_dy_wt<T>(dq, param.at(10 + 4 * b), dx, d.n, d.w, d.hq);
         add_dy_wt<T>(dk, param.at(11 + 4 * b), dx, d.n, d.w, d.hk);
         add_dy_wt<T>(dv, param.at(12 + 4 * b), dx, d.n, d.w, d.hk);
@@ -192,7 +191,7 @@ struct tiny_stack {
         add_dy_wt<T>(dq, param.at(10 + 4 * b), part, d.n, d.w, d.hq);
         add_dy_wt<T>(dk, param.at(11 + 4 * b), part, d.n, d.w, d.hk);
         add_dy_wt<T>(dv, param.at(12 + 4 * b), part, d.n, d.w, d.hk);
-        comm::all_reduce(*ctx.tp, std::span<T>(part), comm::reduce_op::sum);
+        tp_sum(ctx, part);
         for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += part[i];
       }
       dh = std::move(dx);
@@ -246,6 +245,20 @@ struct tiny_stack {
   [[nodiscard]] std::vector<std::span<T>> gradients() { return spans(grad); }
 
  private:
+  // Whether the call's context splits the heads over a tp group (a context without ctx.tp never does).
+  template <class Ctx>
+  static bool split_over_tp(const Ctx& ctx) {
+    if constexpr (requires { ctx.tp; })
+      return ctx.tp != nullptr;
+    else
+      return false;
+  }
+  // Sums x over the context's tp group (nothing without one).
+  template <class Ctx>
+  static void tp_sum(const Ctx& ctx, std::vector<T>& x) {
+    if constexpr (requires { ctx.tp; })
+      if (ctx.tp != nullptr) comm::all_reduce(*ctx.tp, std::span<T>(x), comm::reduce_op::sum);
+  }
   [[nodiscard]] lm_dims dims(const model::micro_batch_view& mb) const noexcept { return dims_of(shape, mb); }
   static std::vector<std::span<T>> spans(std::map<int, std::vector<T>>& m) {
     std::vector<std::span<T>> out;
