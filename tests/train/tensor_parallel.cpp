@@ -57,6 +57,20 @@ TEST_CASE("tensor parallel: tp 2 x pp {1, 2} under every partition family matche
   }
 }
 
+TEST_CASE("tensor parallel: tp 2 x pp 2 x cp 2 x dp 2 on 16 ranks matches a 1-rank run") {
+  train::system_options o;
+  o.mesh = {.tp = 2, .cp = 2};
+  const auto v = testsupport::rank0_of(16, [&](auto& w) {
+    return mm_parity_body<double>(w, seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{},
+                                  train::pipeline_config<>{2, {}, {}}, 33, 10, 28, o);
+  });
+  MESSAGE(v.describe());
+  CHECK(v.rel <= 1e-10);
+  CHECK(v.loss_rel <= 1e-10);
+  CHECK(v.targets == v.expected_targets);
+  CHECK(v.stages == 2);
+}
+
 TEST_CASE("tensor parallel: the system's groups are Megatron's for its order, and ctx.tp is set") {
   comm::loopback::run(8, [&](comm::loopback::communicator& c) {
     train::system_options o;
