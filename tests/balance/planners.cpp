@@ -112,6 +112,27 @@ TEST_CASE("step_model: ring_step_overhead adds layers x D per ring micro-batch, 
   CHECK(plan_hash(o) != plan_hash(m));
 }
 
+TEST_CASE("step_model::with_moe: the balancer's micro-batch prices gain the experts' work and all-to-alls") {
+  balance::step_model m;
+  m.llm = cost::llm_compute{cost::quadratic_time{1e-4, 1e-2, 0.5}, 4, 3.0};
+  const cost::moe_layer moe{
+      .compute = {.experts = 8, .top_k = 2, .expert_per_token = 3e-3, .router_per_token = 1e-4},
+      .hidden = 64};
+  const std::vector<int> group{0, 1, 2, 3};
+  const auto with = m.with_moe(moe, 2, group, 1e-3);
+  const auto t = moe.even_training(m.net, group);
+  const std::vector<std::int64_t> docs{100, 300};
+  // Two of four layers: per layer half the MoE term (forward units), less half the dense MLP it replaces.
+  const double per_layer = 0.5 * ((t.b / 3.0 - 1e-3) * 400.0 + t.c / 3.0);  // c once per packed row
+  CHECK(with.pack_time(docs).units() ==
+        doctest::Approx(m.pack_time(docs).units() + m.llm.scale() * per_layer).epsilon(1e-9));
+  CHECK(with.pack_time(docs) > m.pack_time(docs));
+  CHECK(with.ring_time(4000, 4, false) > m.ring_time(4000, 4, false));
+  CHECK(m.with_moe(moe, 0, group) == m);
+  CHECK(plan_hash(with) != plan_hash(m));
+  CHECK_THROWS_AS((void)m.with_moe(moe, 5, group), invalid_argument);
+}
+
 TEST_CASE("bytescale_placement: exactly once, rings, deadlock freedom, permutation invariance") {
   balance::step_model m;
   m.net.devices_per_node = 8;

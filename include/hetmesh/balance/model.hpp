@@ -20,6 +20,7 @@
 #include "../cost/comm.hpp"
 #include "../cost/compute.hpp"
 #include "../cost/fixed.hpp"
+#include "../cost/moe.hpp"
 
 namespace hetmesh::balance {
 
@@ -72,6 +73,27 @@ struct step_model {
   [[nodiscard]] bool spans_nodes(int degree) const noexcept { return degree > net.devices_per_node; }
   /// Whether `ring` spans more than one node of `net`.
   [[nodiscard]] bool spans_nodes(std::span<const int> ring) const noexcept { return net.crosses_nodes(ring); }
+
+  /// The model with `moe_layers` of its llm.layers layers running the MoE MLP `moe` over the expert group
+  /// `group` (ranks of net, in ep order) in place of a dense MLP of `dense_mlp_per_token` forward time per
+  /// token: each layer's T(s) gains (moe_layers / layers) x (moe.even_training(net, group) / llm.train_factor
+  /// - the dense MLP's term), so a balancer pricing micro-batches (pack_time, ring_time) sees the experts'
+  /// work and their all-to-alls. Errors: moe_layers outside [0, llm.layers], an invalid layer
+  /// (invalid_argument). O(group^2).
+  [[nodiscard]] step_model with_moe(const cost::moe_layer& moe, std::int64_t moe_layers,
+                                    std::span<const int> group, double dense_mlp_per_token = 0.0) const {
+    if (moe_layers < 0 || moe_layers > llm.layers)
+      throw_error<invalid_argument>(
+          "balance::step_model::with_moe: {} MoE layers of {}; expected 0 <= n <= layers", moe_layers,
+          llm.layers);
+    const auto t = moe.even_training(net, group);
+    const double f = static_cast<double>(moe_layers) / static_cast<double>(llm.layers);
+    step_model m = *this;
+    m.llm.layer.a += f * t.a / llm.train_factor;
+    m.llm.layer.b += f * (t.b / llm.train_factor - dense_mlp_per_token);
+    m.llm.layer.c += f * t.c / llm.train_factor;
+    return m;
+  }
 
   friend bool operator==(const step_model&, const step_model&) = default;
   void hash_append(hasher& h) const {
