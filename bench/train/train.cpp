@@ -42,12 +42,11 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <pthread.h>
 #include <sched.h>
-
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -451,6 +450,10 @@ json long_tail_row(const mllm::config& mc, const balance::step_model& cost, cons
            "ranks, the repeats interleaving the two",
            bench::project_relative(facts), kLongTailScale, kMin, longest, lt.batches, lt.tokens, cp,
            kRanks / cp, lt.capacity)},
+      {"ranks_pinned",
+       "each rank's thread pinned to core rank % cores (pthread_setaffinity_np), in the strategies' runs and "
+       "the in-run ring points: a ring's neighbours on different cores. Unpinned, 4-rank rings of tiny "
+       "documents ran in two modes (0.65 or 1.1 ms of thread CPU per document, by run)"},
       {"unscaled_share_of_tokens_ge_128k", raw_share},
       {"scale_divide_by", kLongTailScale},
       {"clamp", {kMin, longest}},
