@@ -29,17 +29,23 @@ struct multimodal_model {
   /// The model of `c` from `seed`, holding backbone stages `local` of `num_stages`. O(parameters).
   multimodal_model(const config& c, std::uint64_t seed, int num_stages, std::span<const int> local)
       : llm(c, seed, num_stages, local), vision(c, seed), audio(c, seed) {}
+  /// The model of `c` from `seed` as train::system splits it for this rank (sys.split()): its backbone
+  /// stages, tensor-parallel blocks and experts, and both encoders whole. O(parameters).
+  multimodal_model(const config& c, std::uint64_t seed, const hetmesh::train::model_split& sp)
+      : llm(c, seed, sp), vision(c, seed), audio(c, seed) {}
 
   /// The backbone stages train::system::run runs (train::check_parity reads the model through these).
   mllm::backbone<T>& backbone() { return llm; }
   /// The encoders, in encoder-index order (vision_index, audio_index).
   std::tuple<vision_encoder<T>&, audio_encoder<T>&> encoders() { return {vision, audio}; }
 
-  /// (global id, value, gradient) of every tensor this rank holds, in id order: backbone, vision, audio.
-  [[nodiscard]] std::vector<tensor_ref<T>> tensors() {
-    auto out = llm.tensors();
-    for (auto& t : vision.tensors()) out.push_back(t);
-    for (auto& t : audio.tensors()) out.push_back(t);
+  /// (global id, value, gradient, tp block) of every tensor this rank holds, in id order: backbone,
+  /// vision, audio.
+  [[nodiscard]] std::vector<hetmesh::train::model_tensor<T>> tensors() {
+    std::vector<hetmesh::train::model_tensor<T>> out;
+    for (auto& t : llm.tensors()) out.push_back({t.id, t.value, t.grad, llm.shard_of(t.id)});
+    for (auto& t : vision.tensors()) out.push_back({t.id, t.value, t.grad, {}});
+    for (auto& t : audio.tensors()) out.push_back({t.id, t.value, t.grad, {}});
     return out;
   }
 };
