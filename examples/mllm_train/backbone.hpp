@@ -220,6 +220,7 @@ struct backbone {
     slot.save(900, std::span<const T>(h));
     slot.save(901, std::span<const T>(r));
     slot.save(902, std::span<const T>(xn));
+    if (s.n == 0) return;     // an empty slot (called under ep > 1 so that the experts' exchanges meet)
     if (ctx.tp != nullptr) {  // the head's vocabulary columns, then the vocabulary-parallel cross-entropy
       std::vector<T> logits(s.n * s.v);
       matmul<T>(xn, store.p(2), logits, s.n, s.d, s.v);
@@ -360,10 +361,16 @@ struct backbone {
     }
   }
 
-  /// This rank's parameter tensors, in id order.
-  [[nodiscard]] std::vector<std::span<T>> parameters() { return store.parameters(); }
+  /// This rank's dense parameter tensors (every tensor but the experts'), in id order: train::system
+  /// reduces their gradients over the pool.
+  [[nodiscard]] std::vector<std::span<T>> parameters() { return spans(store.param, false); }
   /// Their gradients, in the same order.
-  [[nodiscard]] std::vector<std::span<T>> gradients() { return store.gradients(); }
+  [[nodiscard]] std::vector<std::span<T>> gradients() { return spans(store.grad, false); }
+  /// This rank's experts' parameter tensors, in id order: train::system reduces their gradients over the
+  /// ranks holding the same experts (Megatron's expert data-parallel group), not the pool.
+  [[nodiscard]] std::vector<std::span<T>> expert_parameters() { return spans(store.param, true); }
+  /// Their gradients, in the same order.
+  [[nodiscard]] std::vector<std::span<T>> expert_gradients() { return spans(store.grad, true); }
   /// (global id, value, gradient) of this rank's tensors, in id order: what a trainer checkpoints by.
   [[nodiscard]] std::vector<tensor_ref<T>> tensors() { return tensor_refs(store); }
   /// The block of tensor `id` this rank holds (the whole tensor unless tp splits it).
@@ -376,6 +383,12 @@ struct backbone {
   struct dims_t {
     std::size_t n, d, v, f, hq, hk, heads, kv_heads, hd;
   };
+  static std::vector<std::span<T>> spans(std::map<int, std::vector<T>>& m, bool experts) {
+    std::vector<std::span<T>> out;
+    for (auto& [id, v] : m)
+      if ((id >= moe_mlp<T>::first_expert_id) == experts) out.emplace_back(v);
+    return out;
+  }
   /// This rank's sizes: the vocabulary columns, MLP columns and heads it holds (the whole / tp).
   [[nodiscard]] dims_t dims(const hetmesh::model::micro_batch_view& mb) const noexcept {
     const auto z = [this](auto x, bool split = true) { return static_cast<std::size_t>(split ? x / tp : x); };
@@ -462,6 +475,7 @@ struct backbone {
   void loss_backward(const Ctx& ctx, const hetmesh::model::micro_batch_view& mb, std::vector<T>& dlogits) {
     const auto s = dims(mb);
     const auto slot = ctx.slots();
+    if (s.n == 0) return;  // an empty slot: no loss terms
     if (ctx.tp != nullptr) {
       const auto it = losses_.find({ctx.stage, ctx.micro_batch});
       hetmesh::run::vocab_parallel_cross_entropy_backward(*ctx.tp, cfg.vocab, slot.load(903), it->second,
