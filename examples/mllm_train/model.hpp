@@ -39,15 +39,31 @@ struct multimodal_model {
   /// The encoders, in encoder-index order (vision_index, audio_index).
   std::tuple<vision_encoder<T>&, audio_encoder<T>&> encoders() { return {vision, audio}; }
 
-  /// (global id, value, gradient, tp block) of every tensor this rank holds, in id order: backbone,
-  /// vision, audio.
-  [[nodiscard]] std::vector<hetmesh::train::model_tensor<T>> tensors() {
+  /// (global id, value, gradient) of every tensor this rank holds, in id order: backbone, vision, audio.
+  [[nodiscard]] std::vector<tensor_ref<T>> tensors() {
+    auto out = llm.tensors();
+    for (auto& t : vision.tensors()) out.push_back(t);
+    for (auto& t : audio.tensors()) out.push_back(t);
+    return out;
+  }
+  /// tensors() with the block of the full tensor each is under tensor parallelism (train::check_parity's
+  /// records; sharded_model reads the model through them).
+  [[nodiscard]] std::vector<hetmesh::train::model_tensor<T>> sharded_tensors() {
     std::vector<hetmesh::train::model_tensor<T>> out;
     for (auto& t : llm.tensors()) out.push_back({t.id, t.value, t.grad, llm.shard_of(t.id)});
     for (auto& t : vision.tensors()) out.push_back({t.id, t.value, t.grad, {}});
     for (auto& t : audio.tensors()) out.push_back({t.id, t.value, t.grad, {}});
     return out;
   }
+};
+
+/// The model as train::check_parity reads a tensor-parallel split: its tensors() are the blocks
+/// (multimodal_model::sharded_tensors).
+template <class T>
+struct sharded_model : multimodal_model<T> {
+  using multimodal_model<T>::multimodal_model;
+  /// Every tensor with its tp block.
+  [[nodiscard]] std::vector<hetmesh::train::model_tensor<T>> tensors() { return this->sharded_tensors(); }
 };
 
 }  // namespace mllm

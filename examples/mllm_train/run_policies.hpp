@@ -30,9 +30,7 @@ namespace mllm {
 /// Returns 0 when it passed, else 1. Collective over the trainers.
 template <class System>
 int check_step_parity(System& sys, const step_result& r, const config& mc, std::uint64_t seed) {
-  const auto make = [&](const hetmesh::train::model_split& sp) {
-    return multimodal_model<float>(mc, seed, sp);
-  };
+  const auto make = [&](const hetmesh::train::model_split& sp) { return sharded_model<float>(mc, seed, sp); };
   const auto verdict =
       hetmesh::train::check_parity(sys, *r.batch, make, {.gradient = 2e-5, .loss = 1e-5},
                                    r.data->input<float>(vision_index), r.data->input<float>(audio_index));
