@@ -34,6 +34,10 @@ struct config {
   int enc_heads = 4;                              ///< encoders' attention heads (inside each item)
   double rope_base = 10000.0;                     ///< RoPE frequency base
   double norm_eps = 1e-6;                         ///< RMSNorm epsilon
+  /// Experts of the MoE MLP that replaces the last block's dense MLP (0: no MoE layer; moe_mlp.hpp).
+  std::int64_t moe_experts = 0;
+  int moe_top_k = 2;             ///< experts per token of the MoE layer
+  std::int64_t moe_hidden = 32;  ///< each expert's MLP hidden width
 
   friend bool operator==(const config&, const config&) = default;
 };
@@ -43,14 +47,15 @@ inline void check_config(const config& c) {
   hetmesh::model::check_attention_shape(c.attn, "mllm::config");
   if (c.vocab < 1 || c.width < 1 || c.mlp_hidden < 1 || c.blocks < 1 || c.patch < 1 || c.frame < 1 ||
       c.enc_width < 1 || c.enc_hidden < 1 || c.enc_layers < 0 || c.attn.head_dim % 2 != 0 ||
-      c.enc_heads < 1 || c.enc_width % c.enc_heads != 0)
+      c.enc_heads < 1 || c.enc_width % c.enc_heads != 0 || c.moe_experts < 0 ||
+      (c.moe_experts > 0 && (c.moe_top_k < 1 || c.moe_top_k > c.moe_experts || c.moe_hidden < 1)))
     hetmesh::throw_error<hetmesh::invalid_argument>(
         "mllm::config: vocab {}, width {}, mlp_hidden {}, blocks {}, patch {}, frame {}, enc_width {}, "
-        "enc_hidden {}, enc_layers {}, enc_heads {}, head_dim {}; expected positive sizes, enc_heads "
-        "dividing "
-        "enc_width and an even head_dim",
+        "enc_hidden {}, enc_layers {}, enc_heads {}, head_dim {}, moe_experts {}, moe_top_k {}, moe_hidden "
+        "{}; expected positive sizes, enc_heads dividing enc_width, an even head_dim and (with experts) "
+        "1 <= moe_top_k <= moe_experts",
         c.vocab, c.width, c.mlp_hidden, c.blocks, c.patch, c.frame, c.enc_width, c.enc_hidden, c.enc_layers,
-        c.enc_heads, c.attn.head_dim);
+        c.enc_heads, c.attn.head_dim, c.moe_experts, c.moe_top_k, c.moe_hidden);
 }
 
 /// y[n][m] = x[n][k] w[k][m]. O(nkm).
@@ -172,13 +177,20 @@ struct tensor_store {
 
   /// Adds tensor `id` of `n` elements. Pre: id not present (invalid_argument). O(n).
   void add(int id, std::size_t n, std::uint64_t seed, double scale, double offset = 0.0) {
+    add_block(id, n, seed, scale, offset, [](std::size_t i) { return i; });
+  }
+  /// Adds `n` elements of tensor `id` that a tensor-parallel layer holds: element i is element global(i)
+  /// of the whole tensor (the same value whichever rank holds it). Pre: id not present. O(n).
+  template <class Global>
+  void add_block(int id, std::size_t n, std::uint64_t seed, double scale, double offset, Global global) {
     if (param.count(id) != 0)
       hetmesh::throw_error<hetmesh::invalid_argument>("mllm::tensor_store: tensor id {} added twice", id);
     auto& p = param[id];
     p.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
+      const auto g = static_cast<std::uint64_t>(global(i));
       const double u =
-          static_cast<double>(hetmesh::key_hash({seed, static_cast<std::uint64_t>(id), i}) >> 11) * 0x1.0p-53;
+          static_cast<double>(hetmesh::key_hash({seed, static_cast<std::uint64_t>(id), g}) >> 11) * 0x1.0p-53;
       p[i] = static_cast<T>(offset + scale * (2.0 * u - 1.0));
     }
     grad[id].assign(n, T(0));

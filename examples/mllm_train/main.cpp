@@ -11,6 +11,11 @@
 //   [--schedule 1f1b|gpipe|interleaved-1f1b|zero-bubble|zbv] [--encoder joint|first-stage|separate]
 //   [--balancer bytescale|gap-filling|family] [--pp P] [--checkpoint-dir D] [--resume] [--report FILE.json]
 //   [--check-parity] [--out DIR] [--data-dir D] [--kill-after K] [--hosts H] [--answer-only-loss]
+//   [--tp T] [--ep E] [--zero 0|1]
+// --tp T splits the backbone's heads, MLP columns and vocabulary over T ranks (backbone.hpp); --ep E spreads
+// the MoE layer's 4 experts (top-2; moe_mlp.hpp) over E ranks of the pool; --zero 1 shards Adam's moments
+// over each parameter group's data-parallel ranks (train::zero1). The world is tp x pp x pool (Megatron's
+// order tp-cp-ep-dp-pp), and rank 0 prints the layout and its groups first.
 // --encoder separate gives each pipeline a pool of pp encoder-only ranks after its pp LLM ranks
 // (pipeline::encoder_pool), so --ranks must be a multiple of 2 * pp. --hosts H adds H data-plane hosts
 // after the --ranks trainers (hosts.hpp: they load the steps and send each trainer its routed share; the
@@ -35,6 +40,7 @@
 #include <hetmesh/comm/mpi.hpp>
 #endif
 
+#include "mllm_train/backbone.hpp"
 #include "mllm_train/data.hpp"
 #include "mllm_train/demo.hpp"
 #include "mllm_train/layers.hpp"
@@ -54,6 +60,9 @@ options parse(int argc, char** argv) {
       {"--ranks", "R", "trainer ranks", &o.ranks, 1},
       {"--pp", "P", "pipeline stages", &o.pp, 1},
       {"--hosts", "H", "data-plane hosts after the trainers", &o.hosts, 0},
+      {"--tp", "T", "tensor-parallel ranks", &o.tp, 1},
+      {"--ep", "E", "expert-parallel ranks (the MoE layer's experts)", &o.ep, 1},
+      {"--zero", "0|1", "ZeRO stage: 1 shards Adam's moments", &o.zero, 0, 1},
       {"--kill-after", "K", "stop after step K (the resume test)", &o.kill_after, 0},
       {"--backend", "loopback|mpi", "ranks as threads or MPI processes", &o.backend},
       {"--partition", "static-cp|ulysses|hdp|dp", "LLM partition family", &o.partition},
@@ -103,16 +112,28 @@ options parse(int argc, char** argv) {
     throw usage_error(
         "--checkpoint-dir saves the data position on trainer 0; with --hosts it is the hosts' "
         "(not written): run without --hosts to checkpoint");
+  if (o.zero == 1 && !o.checkpoint_dir.empty())
+    throw usage_error(
+        "--checkpoint-dir saves Adam's moments per tensor; with --zero 1 they are sharded: run "
+        "with --zero 0 to checkpoint");
   // --encoder separate: each pipeline gets as many encoder-only ranks as it has LLM ranks.
-  const int width = o.encoder == "separate" ? 2 * o.pp : o.pp;
+  const int width = (o.encoder == "separate" ? 2 * o.pp : o.pp) * o.tp;
   if (o.ranks % width != 0)
     throw usage_error(
         o.encoder == "separate"
             ? fmt::format("--encoder separate runs pp = {} LLM and {} encoder ranks per pipeline: "
-                          "{} does not divide --ranks {}",
-                          o.pp, o.pp, width, o.ranks)
-            : fmt::format("--pp {} does not divide --ranks {}", o.pp, o.ranks));
+                          "--tp {} x {} does not divide --ranks {}",
+                          o.pp, o.pp, o.tp, 2 * o.pp, o.ranks)
+            : fmt::format("--tp {} x --pp {} does not divide --ranks {}", o.tp, o.pp, o.ranks));
   const int pool = o.ranks / width;
+  if (o.ep > 1 && (o.encoder == "separate" || pool % o.ep != 0))
+    throw usage_error(
+        o.encoder == "separate"
+            ? fmt::format("--ep {} with --encoder separate: the encoder pool's ranks hold no "
+                          "experts; expected --ep 1",
+                          o.ep)
+            : fmt::format("--ep {} does not divide the pool of {} ranks (--ranks / (--tp x --pp))", o.ep,
+                          pool));
   if ((o.partition == "static-cp" || o.partition == "ulysses") && pool % 2 != 0)
     throw usage_error(fmt::format("--partition {} runs groups of 2 ranks: --ranks / --pp = {} must be even",
                                   o.partition, pool));
@@ -155,7 +176,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto setup = mllm::demo(HETMESH_EXAMPLE_DATA_DIR);
-  const mllm::config mc = setup.model;
+  mllm::config mc = setup.model;
+  mc.moe_experts = 4;  // the last block's MLP: 4 experts, top-2 (moe_mlp.hpp)
+  mc.moe_top_k = 2;
+  try {  // --tp must divide the heads, the vocabulary and the MLP widths; --ep the experts
+    mllm::backbone<float>::check_split(mc, o.tp, o.ep);
+  } catch (const hetmesh::invalid_argument& e) {
+    std::fprintf(stderr, "example_mllm_train: %s\n", e.what());
+    return 2;
+  }
   mllm::data_config dc = setup.data;
   dc.answer_only_loss = o.answer_only_loss;
   if (o.data_dir.empty())

@@ -29,6 +29,10 @@ struct multimodal_model {
   /// The model of `c` from `seed`, holding backbone stages `local` of `num_stages`. O(parameters).
   multimodal_model(const config& c, std::uint64_t seed, int num_stages, std::span<const int> local)
       : llm(c, seed, num_stages, local), vision(c, seed), audio(c, seed) {}
+  /// The model of `c` from `seed` as train::system splits it for this rank (sys.split()): its backbone
+  /// stages, tensor-parallel blocks and experts, and both encoders whole. O(parameters).
+  multimodal_model(const config& c, std::uint64_t seed, const hetmesh::train::model_split& sp)
+      : llm(c, seed, sp), vision(c, seed), audio(c, seed) {}
 
   /// The backbone stages train::system::run runs (train::check_parity reads the model through these).
   mllm::backbone<T>& backbone() { return llm; }
@@ -42,6 +46,24 @@ struct multimodal_model {
     for (auto& t : audio.tensors()) out.push_back(t);
     return out;
   }
+  /// tensors() with the block of the full tensor each is under tensor parallelism (train::check_parity's
+  /// records; sharded_model reads the model through them).
+  [[nodiscard]] std::vector<hetmesh::train::model_tensor<T>> sharded_tensors() {
+    std::vector<hetmesh::train::model_tensor<T>> out;
+    for (auto& t : llm.tensors()) out.push_back({t.id, t.value, t.grad, llm.shard_of(t.id)});
+    for (auto& t : vision.tensors()) out.push_back({t.id, t.value, t.grad, {}});
+    for (auto& t : audio.tensors()) out.push_back({t.id, t.value, t.grad, {}});
+    return out;
+  }
+};
+
+/// The model as train::check_parity reads a tensor-parallel split: its tensors() are the blocks
+/// (multimodal_model::sharded_tensors).
+template <class T>
+struct sharded_model : multimodal_model<T> {
+  using multimodal_model<T>::multimodal_model;
+  /// Every tensor with its tp block.
+  [[nodiscard]] std::vector<hetmesh::train::model_tensor<T>> tensors() { return this->sharded_tensors(); }
 };
 
 }  // namespace mllm

@@ -15,6 +15,9 @@ using usage_error = hetmesh::tools::usage_error;
 struct options {
   int steps = 60, ranks = 8, pp = 2, kill_after = -1;
   int hosts = 0;  ///< data-plane hosts after the trainers (--hosts): they load and send, the others train
+  int tp = 1;     ///< tensor-parallel ranks (--tp): heads, MLP columns and the vocabulary split over them
+  int ep = 1;     ///< expert-parallel ranks (--ep): the MoE layer's experts spread over them
+  int zero = 0;   ///< ZeRO stage (--zero 0|1): 1 shards Adam's moments over each group's ranks
   std::string backend = "loopback", partition = "hdp", schedule = "1f1b", encoder = "joint", balancer;
   std::string checkpoint_dir, report, out, data_dir;
   bool resume = false, check_parity = false;

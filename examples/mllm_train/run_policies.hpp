@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <limits>
 #include <span>
+#include <string>
 #include <type_traits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/train/train.hpp>
@@ -28,14 +30,28 @@ namespace mllm {
 /// Returns 0 when it passed, else 1. Collective over the trainers.
 template <class System>
 int check_step_parity(System& sys, const step_result& r, const config& mc, std::uint64_t seed) {
-  const auto make = [&](int stages, std::span<const int> local) {
-    return multimodal_model<float>(mc, seed, stages, local);
-  };
+  const auto make = [&](const hetmesh::train::model_split& sp) { return sharded_model<float>(mc, seed, sp); };
   const auto verdict =
       hetmesh::train::check_parity(sys, *r.batch, make, {.gradient = 2e-5, .loss = 1e-5},
                                    r.data->input<float>(vision_index), r.data->input<float>(audio_index));
   if (sys.world().rank() == 0) fmt::print("step {}: {}\n", r.step, verdict);
   return verdict.passed ? 0 : 1;
+}
+
+/// Prints the run's layout (rank 0): the mesh, the pipeline, the pool and its family, ZeRO, and each
+/// family of groups the system derived (world ranks; Megatron's groups for its order).
+template <class System>
+void print_layout(const System& sys, const options& o) {
+  const auto& l = sys.layout();
+  fmt::print("layout: {} ranks = tp {} x pp {} x pool {} ({}{}), ep {} inside, ZeRO-{}; {}\n", l.world(),
+             l.tp(), o.pp, l.pool(), o.partition, o.encoder == "separate" ? ", separate encoder pool" : "",
+             l.ep(), o.zero, l.mesh());
+  const char* names[] = {"tp", "pool", "pp", "slice", "ep"};
+  for (int f = 0; f < 5; ++f) {
+    std::string groups;
+    for (const auto& g : l.family(f)) groups += fmt::format(" [{}]", fmt::join(g, " "));
+    if (l.family(f).front().size() > 1) fmt::print("  {:>5} groups:{}\n", names[f], groups);
+  }
 }
 
 /// One rank's whole run under train::system<Partition, reference attention, Comm, Balancer, Schedule,
@@ -49,6 +65,8 @@ int run_policies(Comm& world, const options& o, const config& mc, const data_con
                                           Schedule, Placement>;
   const hetmesh::train::pipeline_config<Schedule, Placement> pc{o.pp, schedule, placement};
   hetmesh::train::system_options so{.reproducible = true};
+  so.mesh.tp = o.tp;  // Megatron's order tp-cp-ep-dp-pp; experts split over tp too (etp = tp)
+  so.mesh.ep = o.ep;
   // The encoders' heads as a declared value (the hosts plan without the model); the encoders declare the same
   // (attention_heads()), which run() checks against the plan's groups.
   so.encoder_sp.heads = mc.enc_heads;
@@ -60,9 +78,13 @@ int run_policies(Comm& world, const options& o, const config& mc, const data_con
     return 0;
   }
   system_t sys(partition, balancer, pc, trainers, {}, so);
+  if (trainers.rank() == 0) print_layout(sys, o);
   step_feed<Comm> data(world, o.hosts, o.data_dir, dc);
-  const trainer_options to{
-      .steps = o.steps, .data_dir = o.data_dir, .ckpt_dir = o.checkpoint_dir, .resume = o.resume};
+  const trainer_options to{.steps = o.steps,
+                           .data_dir = o.data_dir,
+                           .ckpt_dir = o.checkpoint_dir,
+                           .resume = o.resume,
+                           .zero = o.zero == 1};
   run_log log(o.out, trainers.rank() == 0);
   int status = 0;
   bool first = true;

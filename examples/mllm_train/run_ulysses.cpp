@@ -6,11 +6,12 @@
 namespace mllm {
 
 int run_ulysses(loopback_comm& world, const options& o, const config& mc, const data_config& dc) {
-  return run_schedules<true>(
-      world, o, mc, dc,
-      hetmesh::seq::ulysses{
-          .degree = 2, .heads = mc.attn.q_heads, .kv_heads = mc.attn.kv_heads, .head_dim = mc.attn.head_dim},
-      hetmesh::train::family_placement{});
+  return run_schedules<true>(world, o, mc, dc,
+                             hetmesh::seq::ulysses{.degree = 2,
+                                                   .heads = mc.attn.q_heads / o.tp,  // this tp rank's heads
+                                                   .kv_heads = mc.attn.kv_heads / o.tp,
+                                                   .head_dim = mc.attn.head_dim},
+                             hetmesh::train::family_placement{});
 }
 
 }  // namespace mllm

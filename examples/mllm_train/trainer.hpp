@@ -21,6 +21,7 @@
 #include <hetmesh/core/cpu_time.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/train/train.hpp>
+#include <hetmesh/train/zero.hpp>
 
 #include "mllm_train/checkpoint.hpp"
 #include "mllm_train/data.hpp"
@@ -36,6 +37,38 @@ struct trainer_options {
   bool resume = false;             ///< continue from ckpt_dir
   float lr = 3e-3F;                ///< Adam's learning rate
   std::uint64_t seed = 7;          ///< the model's initialisation
+  bool zero = false;               ///< ZeRO-1: Adam's moments sharded over each group's ranks (--zero 1)
+};
+
+/// The example's optimizer, Adam, replicated or under ZeRO-1 by a run-time value (one train::system::run
+/// instantiation for both): a train::sharded_optimizer, so the system hands it each parameter group with
+/// the group's data-parallel communicator. Replicated, it sums the gradients over the group (in rank order
+/// when reproducible, as the system's own reduction does) and steps every tensor; under ZeRO-1 it is
+/// train::zero1, which reduce-scatters, steps its shard and all-gathers the parameters.
+struct optimizer {
+  /// Marks the type as sharded (train::sharded_optimizer): the system calls step() per group.
+  using is_sharded_optimizer = void;
+  /// The parameters' element type.
+  using value_type = float;
+
+  bool zero = false;                                             ///< ZeRO-1, else replicated Adam
+  hetmesh::train::adam<float> replicated;                        ///< the replicated optimizer
+  hetmesh::train::zero1<hetmesh::train::adam<float>> sharded{};  ///< ZeRO-1 over the same Adam settings
+
+  /// The optimizer's state bytes on this rank (Adam's moments, or this rank's shard of them).
+  [[nodiscard]] std::int64_t state_bytes() const {
+    return zero ? sharded.state_bytes() : hetmesh::train::optimizer_state_bytes(replicated);
+  }
+  /// One step of a parameter group over its data-parallel ranks `c`. Collective over c.
+  template <class C, class M, class Params, class Grads>
+  void step(C& c, const M& mem, Params&& parameters, Grads&& gradients, bool in_rank_order) {
+    if (zero) {
+      sharded.step(c, mem, parameters, gradients, in_rank_order);
+      return;
+    }
+    for (auto g : gradients) hetmesh::train::sum_over_ranks(c, mem, std::span<float>(g), in_rank_order);
+    replicated(parameters, gradients);
+  }
 };
 
 /// What the trainer hands the caller after each step (on every rank).
@@ -105,11 +138,12 @@ template <class System, class Feed>
 void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
            const std::function<void(const step_result&)>& on_step) {
   auto& world = sys.world();
-  hetmesh::train::adam<float> opt{.lr = o.lr};
+  optimizer opt{.zero = o.zero, .replicated = {.lr = o.lr}, .sharded = {.inner = {.lr = o.lr}}};
   auto from = resume_from(o, data, world.rank(), world.size());
-  // The model first: the stages this rank runs are the schedule's, known before any plan.
-  multimodal_model<float> model(mc, o.seed, sys.num_stages(), sys.local_stages());
-  if (from) restore_model(from->mine, model, opt);
+  // The model first: the stages, tensor-parallel blocks and experts this rank holds are the system's
+  // split, known before any plan.
+  multimodal_model<float> model(mc, o.seed, sys.split());
+  if (from) restore_model(from->mine, model, opt.replicated);
   from.reset();
   for (std::int64_t step = data.step(); step < o.steps; ++step) {
     const auto batch = data.next();
@@ -138,7 +172,7 @@ void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
     if (!o.ckpt_dir.empty()) {  // crash-consistent (checkpoint.hpp): 'latest' moves after all is durable
       if (world.rank() == 0) ckpt::begin_save(o.ckpt_dir, step);
       hetmesh::comm::barrier(world);
-      ckpt::save_rank(o.ckpt_dir, step, world.rank(), checkpoint_views(model, opt));
+      ckpt::save_rank(o.ckpt_dir, step, world.rank(), checkpoint_views(model, opt.replicated));
       hetmesh::comm::barrier(world);  // every rank's tensors are durable before the manifest names them
       if (world.rank() == 0)
         ckpt::commit_save(o.ckpt_dir, step, world.size(),
