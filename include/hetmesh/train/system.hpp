@@ -440,8 +440,9 @@ class system {
     // each encoder's over this tp coordinate's ranks.
     auto groups = [&](auto&& f) {
       f(pool, stage.parameters(), stage.gradients());
-      if constexpr (has_expert_parameters<Stage>)
-        f(edp_ ? *edp_ : pool, stage.expert_parameters(), stage.expert_gradients());
+      if constexpr (has_expert_parameters<Stage>)  // a stage without experts this time has no such group
+        if (auto ps = stage.expert_parameters(); !std::ranges::empty(ps))
+          f(edp_ ? *edp_ : pool, ps, stage.expert_gradients());
       std::apply([&](auto&... e) { (f(slice, e.stage->parameters(), e.stage->gradients()), ...); }, bound);
     };
     if constexpr (!sharded)
