@@ -71,7 +71,7 @@ void check_token_mixing(const F& f, int pool, std::string_view family) {
 /// Refuses backbone stage `s` under family `f` and mesh `m` when the stage's declared sizes do not split
 /// over the mesh, naming the dimension (each optional, read when the stage has it):
 ///  - `s.attention_heads()` (int): the query heads of its attention layers, split over tp: tp must divide
-///    them, and under a family with a Ulysses `degree` (> 1) degree x tp must divide them;
+///    them, and under seq::ulysses (degree > 1) degree x tp must divide them;
 ///  - `s.split_vocabulary()` (std::int64_t): the vocabulary of a vocabulary-parallel embedding and loss,
 ///    split over tp;
 ///  - `s.experts()` (int): the experts of each MoE layer, split over ep.
@@ -87,9 +87,7 @@ void check_stage_sizes(const S& s, const F& f, const system_mesh& m) {
           "train::system: mesh tp = {} does not divide the stage's {} attention heads; expected tp | heads "
           "(each tp rank runs heads / tp of them)",
           m.tp, h);
-    if constexpr (requires {
-                    { f.degree } -> std::convertible_to<int>;
-                  })
+    if constexpr (std::same_as<F, seq::ulysses>)
       if (f.degree > 1 && h % (f.degree * m.tp) != 0)
         throw_error<invalid_argument>(
             "train::system: Ulysses degree {} x mesh tp = {} does not divide the stage's {} attention heads; "
