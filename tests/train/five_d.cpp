@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The 5-D parity grid on loopback ranks: every feasible combination of tp {1, 2}, pp {1, 2}, ep {1, 2},
 // partition {DP, static CP, HDP, Ulysses} and ZeRO {0, 1} on 8 ranks, and tp 2 x pp 2 x cp 2 x dp 2 on 16,
-// trains 5 steps of Adam whose losses equal a 1-rank run's within 1e-5 (step-0 gradients: the
-// check_parity cases of tensor_parallel.cpp and expert_parallel.cpp).
+// trains 5 steps of Adam whose losses equal a 1-rank run's within 1e-5; and the step-0 gradients of every
+// tp x pp x ep x partition layout, gathered to full tensors, equal a 1-rank run's (train::check_parity).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include <hetmesh/comm/loopback.hpp>
 
@@ -86,4 +87,41 @@ TEST_CASE("5-D: tp 2 x pp 2 x cp 2 x dp 2 on 16 ranks trains as a 1-rank run") {
     });
     CHECK(worst(got, want) <= 1e-5);
   }
+}
+
+TEST_CASE("5-D: step-0 gradients of every tp x pp x ep x partition layout on 8 ranks equal a 1-rank run's") {
+  const auto batch = random_batch(71, 8, 26);
+  int runs = 0;
+  for (int tp : {1, 2})
+    for (int pp : {1, 2})
+      for (int ep : {1, 2}) {
+        const seq::ulysses uly{.degree = 2, .heads = 4 / tp, .kv_heads = 2 / tp, .head_dim = 4};
+        auto check = [&](const auto& partition) {
+          using P = std::remove_cvref_t<decltype(partition)>;
+          const auto r = testsupport::rank0_of(8, [&](comm::loopback::communicator& c) {
+            train::system_options o;
+            o.mesh = {.tp = tp, .ep = ep};
+            train::system<P, model::reference_attention, comm::loopback::communicator> sys(
+                partition, train::family_placement{}, train::pipeline_config<>{pp, {}, {}}, c, {}, o);
+            if (ep > 1)
+              return train::check_parity(
+                  sys, batch, [](const train::model_split& sp) { return moe_lm<double>(kShape, 29, sp); });
+            return train::check_parity(sys, batch, [](const train::model_split& sp) {
+              return tiny_stack<double>(kTpShape, 29, kBlocks, sp);
+            });
+          });
+          CAPTURE(tp);
+          CAPTURE(pp);
+          CAPTURE(ep);
+          CAPTURE(fmt::format("{}", r));
+          CHECK(r.passed);
+          CHECK(r.rel_error <= 2e-5);
+          ++runs;
+        };
+        check(seq::cp_thd{.cp = 1});
+        check(seq::cp_zigzag{.cp = 2, .pad = true});
+        check(seq::hdp<seq::no_offload>{.capacity = 12});
+        check(uly);
+      }
+  CHECK(runs == 32);
 }
