@@ -15,6 +15,7 @@
 #include <mutex>
 #include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/ranges.h>
@@ -107,9 +108,9 @@ class basic_data_loader {
       std::lock_guard lock(mutex_);
       sl = inflight_.front();
     }
-    if (sl->plan_error) {
-      std::rethrow_exception(sl->plan_error);
-    }
+    // The error leaves the slot before it is rethrown: a worker may drop the slot's last reference later,
+    // and the exception must then end on this thread (its count is invisible to ThreadSanitizer).
+    if (sl->plan_error) std::rethrow_exception(std::exchange(sl->plan_error, nullptr));
     {
       // Wait for the step, helping with its reads meanwhile: the caller is a reader too (the only one
       // with workers = 0), so a pool never leaves a core idle while the step it waits for is unread.
@@ -126,7 +127,14 @@ class basic_data_loader {
       }
       inflight_.pop_front();
     }
-    if (sl->read_error) std::rethrow_exception(sl->read_error);
+    if (sl->read_error) {
+      std::exception_ptr e;
+      {
+        std::lock_guard lock(mutex_);
+        e = std::exchange(sl->read_error, nullptr);
+      }
+      std::rethrow_exception(e);
+    }
     consumed_ = sl->next_state;
     maybe_autoscale();
     return {std::move(sl->plan), std::move(sl->samples)};
