@@ -108,9 +108,7 @@ class basic_data_loader {
       std::lock_guard lock(mutex_);
       sl = inflight_.front();
     }
-    // The error leaves the slot before it is rethrown: a worker may drop the slot's last reference later,
-    // and the exception must then end on this thread (its count is invisible to ThreadSanitizer).
-    if (sl->plan_error) std::rethrow_exception(std::exchange(sl->plan_error, nullptr));
+    if (sl->plan_error) std::rethrow_exception(sl->plan_error);  // the slot stays: every later call fails too
     {
       // Wait for the step, helping with its reads meanwhile: the caller is a reader too (the only one
       // with workers = 0), so a pool never leaves a core idle while the step it waits for is unread.
@@ -127,6 +125,8 @@ class basic_data_loader {
       }
       inflight_.pop_front();
     }
+    // A read error leaves its (popped) slot before it is rethrown: a worker may drop the slot's last
+    // reference later, and the exception must end on this thread (its count is invisible to ThreadSanitizer).
     if (sl->read_error) {
       std::exception_ptr e;
       {
