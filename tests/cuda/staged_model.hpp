@@ -12,12 +12,12 @@
 #include <span>
 #include <vector>
 
-#include <hetmesh/model/token_mixing.hpp>
 #include <hetmesh/cuda/device_memory.hpp>
 #include <hetmesh/model/attention.hpp>
 #include <hetmesh/model/encoder_batch.hpp>
 #include <hetmesh/model/micro_batch.hpp>
 #include <hetmesh/model/reference_attention.hpp>
+#include <hetmesh/model/token_mixing.hpp>
 
 namespace cudatest {
 

@@ -142,10 +142,10 @@ TEST_CASE("train::plan_reason: why a ring offloads nothing (family, link, comput
   seq::hdp<> link{.capacity = 16};
   CHECK(cause(link) == train::reason_cause::link_unknown);
   link.model.d2h_bandwidth = link.model.h2d_bandwidth = 1e9;  // a finite link, but T(s) = 0: nothing hides
-  link.model.activation.layers = 32;  // a declared link needs the layers per rank
+  link.model.activation.layers = 32;                          // a declared link needs the layers per rank
   CHECK(cause(link) == train::reason_cause::untimed_compute);
   link.model.d2h_bandwidth = link.model.h2d_bandwidth = 1.0;  // r_max = T(s) B / Act(s) = 0.001
-  link.model.activation.layers = 32;  // a declared link needs the layers per rank
+  link.model.activation.layers = 32;                          // a declared link needs the layers per rank
   link.model.layer = {0.0, 1e-3, 0.0};
   CHECK(cause(link) == train::reason_cause::saves_no_rank);
   // Documents within capacity need no decision.

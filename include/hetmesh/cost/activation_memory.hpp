@@ -84,7 +84,7 @@ struct activation_memory {
 /// default the link is unknown (bandwidth 0), no copy is modelled to hide, and selective offloading
 /// offloads nothing, so a long sequence gets a ring of the ranks its length needs.
 struct offload_model {
-  quadratic_time layer{};                      ///< T(s): one layer's compute, in seconds
+  quadratic_time layer{};  ///< T(s): one layer's compute, in seconds
   /// Act(s): activation bytes; its layers is l, the backbone's layers per rank, unknown (0) by default: a
   /// declared host link needs it (solve_offload refuses the pair otherwise), rings without offloading do not.
   activation_memory activation{1.0, 0.0, 0};

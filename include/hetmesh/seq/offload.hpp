@@ -109,7 +109,8 @@ struct offload_choice {
   const int kmax = p.enabled ? static_cast<int>(std::floor(c.ratio_max * p.ratio_steps + 1e-9)) : 0;
   if (kmax > 0 && !layers_known)
     throw_error<invalid_argument>(
-        "solve_offload: a host link is declared (d2h {} and h2d {} bytes/s) but offload_model.activation.layers "
+        "solve_offload: a host link is declared (d2h {} and h2d {} bytes/s) but "
+        "offload_model.activation.layers "
         "is {} (unknown); expected the backbone's layers per rank (>= 2), which selective offloading needs "
         "(ByteScale Eq. 3), or no link (bandwidth 0: rings without offloading)",
         m.d2h_bandwidth, m.h2d_bandwidth, m.layers());
