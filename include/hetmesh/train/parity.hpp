@@ -31,31 +31,9 @@
 #include "../run/agreement.hpp"
 #include "../seq/partition.hpp"
 #include "system.hpp"
+#include "tensor_shard.hpp"
 
 namespace hetmesh::train {
-
-/// Which part of a full tensor a rank holds when a layer splits it over tensor (or expert) parallel ranks:
-/// the full tensor is rows x cols (row-major), cut into `parts` equal blocks along `axis` (0: by rows, as a
-/// row-parallel weight or a vocabulary shard; 1: by columns, as a column-parallel weight), and this is
-/// block `part`. The default (rows = 0) is a whole tensor.
-struct tensor_shard {
-  std::int64_t rows = 0;  ///< the full tensor's rows (0: the tensor is whole)
-  std::int64_t cols = 1;  ///< its columns
-  int axis = 0;           ///< 0: split by rows; 1: by columns
-  int part = 0;           ///< this block's index
-  int parts = 1;          ///< blocks
-
-  /// Elements of the full tensor.
-  [[nodiscard]] constexpr std::int64_t full_size() const noexcept { return rows * cols; }
-  /// The full tensor's element of this block's element `i` (row-major both). Pre: the block is valid.
-  [[nodiscard]] constexpr std::int64_t global(std::int64_t i) const noexcept {
-    if (rows == 0) return i;
-    if (axis == 0) return (part * (rows / parts)) * cols + i;
-    const auto lc = cols / parts;
-    return (i / lc) * cols + part * lc + i % lc;
-  }
-  friend constexpr bool operator==(const tensor_shard&, const tensor_shard&) = default;
-};
 
 /// One tensor of a model as check_parity reads it (and as a trainer checkpoints it): its global id, its
 /// value and its gradient, and which block of the full tensor they are when a layer splits it over ranks.
