@@ -2,14 +2,17 @@
 // The encoder domain's planner (train/encoder_domain.hpp, train::detail::plan_encoder_work) over random
 // multimodal batches, without running a model: every landing row of every pipeline is filled exactly once,
 // by the rows of its own item (the exchange and the reshard simulated in memory), senders and receivers
-// agree on every count, no domain rank holds more than the policy's token cap, every Ulysses group stays
-// in one shard's pool row, and the plan does not depend on the order of a slot's landings.
+// agree on every count, each row is encoded once in a shard's row (tp x pool ranks) and its gradient comes
+// back once per pool rank that reads it, no domain rank holds more than the policy's token cap, every
+// Ulysses group stays in one shard's row, and the plan does not depend on the order of a slot's landings.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <hetmesh/core/random.hpp>
@@ -27,9 +30,12 @@ double cell(int k, std::int64_t item, std::int64_t row, std::int64_t col) {
   return static_cast<double>(k * 1000003 + item * 1009 + row * 17 + col);
 }
 
-/// One plan's properties over pool P and E shards; returns the number of split items seen.
+/// One plan's properties over E shards, each over a row of R = tp x pool ranks; returns the number of
+/// split items seen.
 int check_domain(const train::step_layout& plan, const seq::long_short_policy& pol) {
-  const int P = plan.world, E = plan.pipeline.num_encoder_shards(), K = 2;
+  const int P = plan.world, R = plan.encoder_row(), tp = plan.tp, E = plan.pipeline.num_encoder_shards(),
+            K = 2;
+  REQUIRE(R == tp * P);
   const std::vector<std::int64_t> width{3, 2};  // output elements per token of encoders 0 and 1
   const auto domain = train::plan_encoder_domain(plan, E, K, pol);
   // The plan carries its encoder domain, planned under the policy it was attached with.
@@ -38,86 +44,116 @@ int check_domain(const train::step_layout& plan, const seq::long_short_policy& p
   int split = 0;
   for (const auto& slot : domain)
     for (const auto& ls : slot) {
+      CHECK((ls.ranks == 0 || ls.ranks == E * R));  // the domain: every shard's whole row
       for (const auto& a : ls.items) {
-        CHECK(a.first_rank / P == (a.first_rank + a.degree - 1) / P);  // one shard's pool row
+        CHECK(a.first_rank / R == (a.first_rank + a.degree - 1) / R);  // one shard's row
         split += a.degree > 1 ? 1 : 0;
       }
       for (auto t : ls.tokens) CHECK(t <= pol.max_tokens_per_rank);  // capacity
     }
-  // Every pool rank's work (it runs every shard here: the send side of each).
+  // Every row position's work (it runs every shard here: the send side of each).
   std::vector<train::detail::encoder_work> work;
   const std::vector<char> runs(static_cast<std::size_t>(E), 1);
-  for (int j = 0; j < P; ++j)
-    work.push_back(train::detail::plan_encoder_work(plan, domain, E, j, width, runs));
+  for (int q = 0; q < R; ++q)
+    work.push_back(train::detail::plan_encoder_work(plan, domain, E, q, width, runs));
+  auto at = [](auto& v, auto i) -> auto& { return v[static_cast<std::size_t>(i)]; };
   const auto slots = static_cast<std::size_t>(std::max(plan.slots, 1));
   for (std::size_t m = 0; m < slots; ++m) {
-    std::vector<std::vector<double>> stage0(static_cast<std::size_t>(P));  // shards' outputs, in shard order
+    std::vector<std::vector<double>> stage0(static_cast<std::size_t>(R));  // shards' outputs, in shard order
     for (int e = 0; e < E; ++e) {
-      // Local outputs: each rank's encoders write their pieces' rows.
-      std::vector<std::vector<double>> sent(static_cast<std::size_t>(P));
-      for (int j = 0; j < P; ++j) {
-        const auto& w = work[static_cast<std::size_t>(j)].work[static_cast<std::size_t>(e)][m];
-        const auto& ex = work[static_cast<std::size_t>(j)].exchange[static_cast<std::size_t>(e)][m];
-        std::vector<double> local;
+      // Local outputs: each rank's encoders write their pieces' rows; each row is encoded once in the row.
+      std::vector<std::vector<double>> sent(static_cast<std::size_t>(R)), local(static_cast<std::size_t>(R));
+      std::map<std::tuple<int, std::int64_t, std::int64_t>, int> encoded;  // (encoder, item, row) -> times
+      for (int j = 0; j < R; ++j) {
+        const auto& w = at(at(work, j).work, e)[m];
+        const auto& ex = at(at(work, j).exchange, e)[m];
         for (std::size_t k = 0; k < w.calls.size(); ++k)
           for (const auto& p : w.calls[k].pieces)
-            for (auto row = p.tokens.begin; row < p.tokens.end; ++row)
+            for (auto row = p.tokens.begin; row < p.tokens.end; ++row) {
+              ++encoded[{static_cast<int>(k), p.item, row}];
               for (std::int64_t c = 0; c < w.width[k]; ++c)
-                local.push_back(cell(static_cast<int>(k), p.item, row, c));
-        CHECK(static_cast<std::int64_t>(local.size()) == ex.local_size);
+                at(local, j).push_back(cell(static_cast<int>(k), p.item, row, c));
+            }
+        CHECK(static_cast<std::int64_t>(at(local, j).size()) == ex.local_size);
         for (const auto& r : ex.send) {
-          sent[static_cast<std::size_t>(j)].resize(static_cast<std::size_t>(std::max<std::int64_t>(
-              static_cast<std::int64_t>(sent[static_cast<std::size_t>(j)].size()), r.dst + r.n)));
-          std::copy_n(local.begin() + r.src, r.n, sent[static_cast<std::size_t>(j)].begin() + r.dst);
+          at(sent, j).resize(static_cast<std::size_t>(
+              std::max<std::int64_t>(static_cast<std::int64_t>(at(sent, j).size()), r.dst + r.n)));
+          std::copy_n(at(local, j).begin() + r.src, r.n, at(sent, j).begin() + r.dst);
         }
       }
-      // The all-to-all-v: rank j's block for rank i, in source order on i.
-      for (int i = 0; i < P; ++i) {
-        std::vector<double> out;
-        for (int j = 0; j < P; ++j) {
-          const auto& sx = work[static_cast<std::size_t>(j)].exchange[static_cast<std::size_t>(e)][m];
-          const auto& rx = work[static_cast<std::size_t>(i)].exchange[static_cast<std::size_t>(e)][m];
+      for (const auto& [key, times] : encoded) CHECK(times == 1);
+      // The all-to-all-v: position j's block for position i, in source order on i.
+      std::vector<std::vector<double>> got(static_cast<std::size_t>(R));
+      for (int i = 0; i < R; ++i) {
+        for (int j = 0; j < R; ++j) {
+          const auto& sx = at(at(work, j).exchange, e)[m];
+          const auto& rx = at(at(work, i).exchange, e)[m];
           if (sx.send_counts.empty()) continue;  // a slot without encoder items
-          CHECK(sx.send_counts[static_cast<std::size_t>(i)] == rx.recv_counts[static_cast<std::size_t>(j)]);
+          CHECK(at(sx.send_counts, i) == at(rx.recv_counts, j));
+          CHECK(at(sx.returns, i) == at(rx.returns, j));  // the way back agrees on both ends
+          CHECK(static_cast<bool>(at(sx.returns, i)) == (i % tp == j % tp));
           std::int64_t first = 0;
-          for (int t = 0; t < i; ++t) first += sx.send_counts[static_cast<std::size_t>(t)];
-          out.insert(out.end(), sent[static_cast<std::size_t>(j)].begin() + first,
-                     sent[static_cast<std::size_t>(j)].begin() + first +
-                         sx.send_counts[static_cast<std::size_t>(i)]);
+          for (int t = 0; t < i; ++t) first += at(sx.send_counts, t);
+          at(got, i).insert(at(got, i).end(), at(sent, j).begin() + first,
+                            at(sent, j).begin() + first + at(sx.send_counts, i));
         }
-        CHECK(static_cast<std::int64_t>(out.size()) ==
-              work[static_cast<std::size_t>(i)].sizes[static_cast<std::size_t>(e)][m]);
-        stage0[static_cast<std::size_t>(i)].insert(stage0[static_cast<std::size_t>(i)].end(), out.begin(),
-                                                   out.end());
+        CHECK(static_cast<std::int64_t>(at(got, i).size()) == at(at(work, i).sizes, e)[m]);
+        at(stage0, i).insert(at(stage0, i).end(), at(got, i).begin(), at(got, i).end());
+      }
+      // The way back: each receiver returns what it got (as its gradient) to the senders with its tp rank
+      // only; a sender's local rows then hold each landing's value once per pool rank that reads them.
+      for (int j = 0; j < R; ++j) {
+        const auto& sx = at(at(work, j).exchange, e)[m];
+        if (sx.send_counts.empty()) continue;
+        std::vector<double> back(static_cast<std::size_t>(sx.send_size()), 0.0),
+            grad(at(local, j).size(), 0.0);
+        std::int64_t first = 0;
+        for (int i = 0; i < R; ++i) {
+          if (at(sx.returns, i)) {
+            std::int64_t from = 0;  // where j's block starts in i's received buffer
+            const auto& rx = at(at(work, i).exchange, e)[m];
+            for (int t = 0; t < j; ++t) from += at(rx.recv_counts, t);
+            std::copy_n(at(got, i).begin() + from, at(sx.send_counts, i), back.begin() + first);
+          }
+          first += at(sx.send_counts, i);
+        }
+        sx.unpack_add(std::span<const double>(back), std::span<double>(grad));
+        std::vector<double> want(at(local, j).size(), 0.0);
+        for (const auto& r : sx.send)
+          for (std::int64_t t = 0; t < r.n; ++t)
+            at(want, r.src + t) += at(local, j)[static_cast<std::size_t>(r.src + t)];
+        for (auto& v : want) v /= tp;  // sent to every tp rank of a pool rank, returned by one
+        CHECK(grad == want);
       }
     }
-    // Each pipeline's stage 0 input after the reshard holds its landings' rows, each from its own item.
-    for (int i = 0; i < P; ++i) {
-      const auto& w = work[static_cast<std::size_t>(i)];
+    // Each position's stage 0 input after the reshard holds its pool rank's landings' rows, each from its
+    // own item (every tp rank of a pool rank the same).
+    for (int i = 0; i < R; ++i) {
+      const auto& w = at(work, i);
       std::vector<double> landed(static_cast<std::size_t>(w.landing_size[m]), -1.0), want;
       for (const auto& r : w.reshard[m])
-        std::copy_n(stage0[static_cast<std::size_t>(i)].begin() + r.src, r.n, landed.begin() + r.dst);
+        std::copy_n(at(stage0, i).begin() + r.src, r.n, landed.begin() + r.dst);
       if (m < plan.encoder_landings.size())
         for (const auto& l : plan.encoder_landings[m])
-          if (l.pool_rank == i)
+          if (l.pool_rank == i / tp)
             for (auto row = l.rows.begin; row < l.rows.end; ++row)
-              for (std::int64_t c = 0; c < width[static_cast<std::size_t>(l.encoder)]; ++c)
+              for (std::int64_t c = 0; c < at(width, l.encoder); ++c)
                 want.push_back(cell(l.encoder, l.item, row, c));
       CHECK(landed == want);
     }
   }
-  // The reshard at each pipeline's stage 0: its landings' rows, each exactly once, from the right item.
-  for (int j = 0; j < P; ++j)
+  // The reshard at each position's stage 0: its landings' rows, each exactly once, from the right item.
+  for (int j = 0; j < R; ++j)
     for (std::size_t m = 0; m < slots; ++m) {
-      const auto& w = work[static_cast<std::size_t>(j)];
+      const auto& w = at(work, j);
       std::vector<int> covered(static_cast<std::size_t>(w.landing_size[m]), 0);
       for (const auto& r : w.reshard[m])
-        for (std::int64_t t = 0; t < r.n; ++t) ++covered[static_cast<std::size_t>(r.dst + t)];
+        for (std::int64_t t = 0; t < r.n; ++t) ++at(covered, r.dst + t);
       CHECK(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }));  // exactly once
       std::int64_t want = 0;
       if (m < plan.encoder_landings.size())
         for (const auto& l : plan.encoder_landings[m])
-          if (l.pool_rank == j) want += l.rows.size() * width[static_cast<std::size_t>(l.encoder)];
+          if (l.pool_rank == j / tp) want += l.rows.size() * at(width, l.encoder);
       CHECK(w.landing_size[m] == want);
     }
   // The domain does not depend on the order of a slot's landings.
@@ -142,9 +178,10 @@ TEST_CASE("encoder domain: exactly-once landing rows, agreed counts, capacity, g
     pol.max_tokens_per_rank = 6 + static_cast<std::int64_t>(seed % 4);
     pol.heads = 4;
     pol.balance_factor = seed % 2 == 0 ? 1.0 : 0.3;
-    for (int P : {1, 2, 4}) {
+    for (auto [P, tp] : {std::pair{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}}) {
       CAPTURE(seed);
       CAPTURE(P);
+      CAPTURE(tp);
       // HDP with rings when the pool has room for them; static CP (THD) over a pool of one.
       train::step_layout plan =
           P == 1
@@ -152,13 +189,14 @@ TEST_CASE("encoder domain: exactly-once landing rows, agreed counts, capacity, g
               : train::step_layout(train::plan_step(seq::hdp<seq::no_offload>{.capacity = 64 / P}, docs, P));
       try {
         if (seed % 3 == 0)
-          train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, 3, &batch,
-                                 pol);
+          train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, 3, &batch, pol,
+                                 {}, tp);
         else if (seed % 3 == 1)
-          train::attach_pipeline(plan, pipeline::gpipe{}, pipeline::encoder_pool{.ranks = 2}, 2, &batch, pol);
+          train::attach_pipeline(plan, pipeline::gpipe{}, pipeline::encoder_pool{.ranks = 2}, 2, &batch, pol,
+                                 {}, tp);
         else
           train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, 2, &batch,
-                                 pol);
+                                 pol, {}, tp);
         split += check_domain(plan, pol);
         ++plans;
       } catch (const capacity_error& e) {  // a row too small to split an item far enough: the planner says so
@@ -172,7 +210,7 @@ TEST_CASE("encoder domain: exactly-once landing rows, agreed counts, capacity, g
   CHECK(fmt::format("{}", train::slot_landing{3, 1, 42, 9, {2, 5}}) ==
         "landing{rank=3, encoder=1, item=42, rows=[2,5)/9}");
   MESSAGE(plans, " plans checked, ", refused, " refused by the planner, ", split, " items split over groups");
-  CHECK(plans >= 55);
+  CHECK(plans >= 90);
   CHECK(split > 0);
 }
 

@@ -9,6 +9,9 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/data/routes.hpp>
@@ -458,4 +461,62 @@ TEST_CASE("train::system: a step over each rank's delivered share equals the who
           seed + 1, split, p);
     });
   }
+}
+
+TEST_CASE(
+    "train::system: under tp 2 each encoder item is encoded once in the world, over rows of tp x pool ranks, "
+    "and the gradients equal the 1-rank run's") {
+  // tp 2 x pp 2 x pool 2 on 8 ranks, the joint pipeline: the encoder domain is 2 shards x rows of 4 ranks.
+  train::system_options o;
+  o.mesh.tp = 2;
+  o.encoder_sp.max_tokens_per_rank = 3;  // long items split over Ulysses groups inside a row
+  o.encoder_sp.heads = 4;
+  const auto pc = train::pipeline_config<pipeline::gpipe, pipeline::colocated_encoder>{2, {}, {}};
+  for (std::uint64_t seed : {21u, 23u}) {
+    CAPTURE(seed);
+    const auto zigzag = testsupport::rank0_of(8, [&](auto& w) {
+      return mm_parity_body<double, attention_encoder>(w, seq::cp_zigzag{.cp = 2, .pad = true},
+                                                       train::family_placement{}, pc, seed, 8, 30, o);
+    });
+    MESSAGE("tp 2, static CP: ", zigzag.describe());
+    CHECK(zigzag.rel <= 1e-10);
+    CHECK(zigzag.loss_rel <= 1e-12);
+    const auto hdp = testsupport::rank0_of(8, [&](auto& w) {
+      return mm_parity_body<double, attention_encoder>(w, seq::hdp<seq::no_offload>{.capacity = 40},
+                                                       train::family_placement{}, pc, seed, 8, 30, o);
+    });
+    MESSAGE("tp 2, HDP: ", hdp.describe());
+    CHECK(hdp.rel <= 1e-10);
+  }
+  // Each piece of an item is read (delivery by plan) and encoded by one rank of the world, never by its
+  // tp peers too; both tp coordinates encode (the work is spread over the world, not copied per tp).
+  const auto batch = random_mm_batch(21u, 12, 30);
+  const auto got = testsupport::rank0_of(8, [&](auto& w) {
+    using C = std::remove_cvref_t<decltype(w)>;
+    train::system<seq::cp_zigzag, model::reference_attention, C, train::family_placement, pipeline::gpipe,
+                  pipeline::colocated_encoder>
+        sys(seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{}, pc, w, {}, o);
+    const auto plan = sys.plan(batch);
+    std::map<std::pair<int, std::int64_t>, std::int64_t> pieces;  // (encoder, item) -> pieces encoded
+    for (const auto& slot : plan.encoder_domain)
+      for (std::size_t k = 0; k < slot.size(); ++k)
+        for (const auto& a : slot[k].items) pieces[{static_cast<int>(k), a.item.id}] += a.degree;
+    std::map<std::int64_t, const model::document*> by_id;
+    for (const auto& d : batch.documents) by_id[d.id] = &d;
+    std::vector<int> readers(8, 0);
+    int copied = 0, odd_text = 0;
+    for (const auto& part : sys.delivery(plan, batch).parts) {
+      if (part.item == data::text_part) {
+        odd_text += part.ranks.size() % 2 == 0 ? 0 : 1;  // a document's text: both tp ranks of a reader
+        continue;
+      }
+      const auto& item = by_id.at(part.sample)->items[static_cast<std::size_t>(part.item)];
+      copied += static_cast<std::int64_t>(part.ranks.size()) > pieces.at({item.encoder, item.id}) ? 1 : 0;
+      for (int r : part.ranks) ++readers[static_cast<std::size_t>(r)];
+    }
+    int tp0 = 0, tp1 = 0;  // pieces read by each tp coordinate's ranks (world rank parity: tp fastest)
+    for (int r = 0; r < 8; ++r) (r % 2 == 0 ? tp0 : tp1) += readers[static_cast<std::size_t>(r)];
+    return std::vector<int>{plan.tp, plan.encoder_row(), copied, odd_text, tp0 > 0 ? 1 : 0, tp1 > 0 ? 1 : 0};
+  });
+  CHECK(got == std::vector<int>{2, 4, 0, 0, 1, 1});
 }

@@ -6,11 +6,11 @@
 //    whose piece holds it), at every pipeline rank of their pipelines (each stage's micro-batch view
 //    carries the tokens and targets; a separate encoder pool's ranks build them to size their work), and
 //    their tensor-parallel peers;
-//  - each encoder item: the ranks whose encoder shards encode a piece of it in the step's encoder domain
-//    (train/encoder_domain.hpp: long-short SP over shard e of every pool rank; the shards sit on stage 0's
-//    rank under pipeline::encoder_on_first_stage, on every pipeline rank in the joint pipeline,
-//    pipeline::colocated_encoder, on the encoder-pool ranks under pipeline::encoder_pool), and their
-//    tensor-parallel peers.
+//  - each encoder item: the ranks that encode a piece of it in the step's encoder domain
+//    (train/encoder_domain.hpp: long-short SP over shard e's row, the tp x pool ranks of its pipeline rank;
+//    the shards sit on stage 0's rank under pipeline::encoder_on_first_stage, on every pipeline rank in
+//    the joint pipeline, pipeline::colocated_encoder, on the encoder-pool ranks under
+//    pipeline::encoder_pool): one rank per piece, not its tensor-parallel peers.
 // No part goes twice to one rank. Pure; equal on every rank for equal inputs.
 #pragma once
 
@@ -36,7 +36,8 @@
 namespace hetmesh::train {
 
 /// Where train::system's ranks sit among the trainers: per (pipeline rank p, pool rank r), at index
-/// p * pool + r, the world ranks that stand for it (one, or its tensor-parallel peers), ascending.
+/// p * pool + r, the world ranks that stand for it (one, or its tensor-parallel peers in tp rank order:
+/// the encoder domain's row position r x tp + t is the t-th).
 struct rank_map {
   int pool = 1;  ///< ranks of the data-parallel pool (dp x cp)
   /// Pipeline ranks per pipeline: its depth, then its encoder-pool ranks (pipeline::encoder_pool).
@@ -122,6 +123,12 @@ requires requires(const M& m) {
         "train::plan_delivery: a rank map for pool {} x {} pipeline ranks; expected the plan's pool {} x {} "
         "(pp plus encoder-pool ranks)",
         where.pool, where.pp, plan.world, depth);
+  for (std::size_t i = 0; i < where.ranks.size(); ++i)
+    if (static_cast<int>(where.ranks[i].size()) != plan.tp)
+      throw_error<invalid_argument>(
+          "train::plan_delivery: a rank map with {} ranks at pipeline rank {} pool rank {}; expected the "
+          "plan's tp = {} (the ranks that run a pool rank's micro-batches: plan with the system's tp)",
+          where.ranks[i].size(), static_cast<int>(i) / plan.world, static_cast<int>(i) % plan.world, plan.tp);
   // Parts: per document its text, then its items; (document index, item) -> part.
   std::vector<std::size_t> first(plan.documents.size() + 1, 0);
   std::map<std::int64_t, std::size_t> doc_index;
@@ -154,14 +161,17 @@ requires requires(const M& m) {
       throw_error<invalid_argument>(
           "train::plan_delivery: the step has encoder items but the plan has no encoder landings; expected a "
           "plan made from the batch (train::system::plan(batch))");
-    // The plan's encoder domain: the piece at domain rank e * pool + r is read by pool rank r's shard e.
+    // The plan's encoder domain: the piece at domain rank d is read by the rank at d's row position on its
+    // shard's pipeline rank (domain_place_of).
     for (const auto& slot : plan.encoder_domain)
       for (std::size_t k = 0; k < slot.size(); ++k)
         for (const auto& a : slot[k].items)
           for_each_piece(a, [&](int d, seq::token_range) {
-            send(item_part.at({static_cast<int>(k), a.item.id}),
-                 plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(d / plan.world)],
-                 d % plan.world);
+            const auto at = domain_place_of(plan, d);
+            const auto& peers = where.at(
+                plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(at.shard)], at.pool_rank);
+            out.parts[item_part.at({static_cast<int>(k), a.item.id})].ranks.push_back(
+                peers[static_cast<std::size_t>(at.tp_rank)]);
           });
   }
   for (auto& p : out.parts) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::train: what train::system hands an encoder for one (shard, slot) call. Under long-short SP
-// (train/encoder_domain.hpp) a long item is split over a Ulysses group of the shard's pool row; the
+// (train/encoder_domain.hpp) a long item is split over a Ulysses group of the shard's row; the
 // encoder reaches its item's group through the context: `ctx.item_group(piece)` is the group's
 // communicator (ranks in group order, so a user's layer can run its own collectives over the item), and
 // `ctx.attention_forward(view, ...)` / `ctx.attention_backward(view, ...)` run attention inside every item
@@ -36,8 +36,8 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
   /// The memory policy of the encoder's buffers.
   using memory_type = M;
 
-  comm::group_cache<Comm>* groups = nullptr;  ///< groups of the shard's pool row (its pool communicator)
-  int row_first = 0;                          ///< domain rank of pool rank 0 at this shard (shard x pool)
+  comm::group_cache<Comm>* groups = nullptr;  ///< groups of the shard's row (its row communicator)
+  int row_first = 0;                          ///< domain rank of row position 0 at this shard (shard x row)
   Kernel* kernel = nullptr;                   ///< the system's kernel
   M* memory = nullptr;                        ///< the system's memory policy (null: M{}; host only)
 
@@ -53,7 +53,7 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
           "of a call made by train::system::run",
           p.item, p.degree, this->stage, this->micro_batch);
     std::vector<int> members;
-    const int first = view.rank - p.group_rank - row_first;  // the group's first pool rank
+    const int first = view.rank - p.group_rank - row_first;  // the group's first row position
     for (int t = 0; t < p.degree; ++t) members.push_back(first + t);
     if constexpr (comm::subgroup_communicator<Comm>) {
       return groups->get(std::span<const int>(members));
@@ -114,16 +114,16 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
 namespace detail {
 
 /// Encoder k's context for one (shard, slot) call of train::system::run: `stores[k]` its activations, the
-/// shard's pool-row groups and the kernel. One type per (Comm, Kernel, T, Stores), whatever the system's
+/// shard's row groups and the kernel. One type per (Comm, Kernel, T, Stores), whatever the system's
 /// other policies, so the encoder calls (detail::encode) compile once per translation unit.
 template <class Comm, class Kernel, class T, class Stores, class M = model::host_memory>
 struct encoder_context_maker {
   Stores* stores = nullptr;                   ///< per encoder, its activation store
-  comm::group_cache<Comm>* groups = nullptr;  ///< the shard's pool row
+  comm::group_cache<Comm>* groups = nullptr;  ///< the shard's row
   Kernel* kernel = nullptr;                   ///< the system's kernel
   int shard = 0;                              ///< the encoder shard
   int slot = 0;                               ///< the slot (micro-batch index)
-  int row_first = 0;                          ///< domain rank of pool rank 0 at the shard
+  int row_first = 0;                          ///< domain rank of row position 0 at the shard
   M* memory = nullptr;                        ///< the system's memory policy
 
   encoder_context<Comm, Kernel, T, M> operator()(int k) const {

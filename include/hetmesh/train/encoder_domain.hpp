@@ -1,11 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::train: the encoders' domain of a step (MegaScale-Omni's long-short SP, decoupled from the LLM's
-// pipelines). In each slot, the encoder items landing in any pipeline's micro-batch are encoded once, over a
-// domain of E x P ranks: encoder shard e (on the pipeline rank the placement gives it) of pool rank j is
-// domain rank e * P + j. Per encoder, seq::plan_long_short places the slot's distinct items over the
-// domain: short items whole on one rank, balanced; long ones split over a Ulysses group of consecutive
-// domain ranks that never leaves one shard's pool row (group sizes divide gcd(P, devices per node); when a
-// pool row's ranks are consecutive world ranks, as in train::system, a group also stays inside a node).
+// mesh). In each slot, the encoder items landing in any pipeline's micro-batch are encoded once in the
+// world, over a domain of E x R ranks: encoder shard e sits on the pipeline rank the placement gives it,
+// and encodes over that pipeline rank's row of the encoder mesh (train::system_layout::encoder_mesh: the
+// R = tp x pool ranks of the pipeline rank, row position q = pool rank x tp + tp rank), so domain rank
+// e * R + q is the rank at row position q of shard e's pipeline rank. Per encoder, seq::plan_long_short
+// places the slot's distinct items over the domain: short items whole on one rank, balanced; long ones
+// split over a Ulysses group of consecutive domain ranks that never leaves one shard's row (group sizes
+// divide gcd(R, devices per node); under Megatron's orders a row's ranks are consecutive world ranks, so
+// a group also stays inside a node). The rows a shard's rank encodes go to every rank of the row whose
+// pool rank's micro-batch reads them (each of its tp ranks: they all run the same micro-batch); the
+// gradient comes back from the one of them with the encoding rank's tp rank (stage 0's input gradient is
+// the same on every tp rank).
 //
 // Why a group never spans shards: every pipeline runs the same schedule (step_layout::slots), so the ranks
 // of one pipeline rank reach a slot's encoder action at the same position of their action lists, and a
@@ -66,10 +72,11 @@ namespace hetmesh::train {
 
 /// The encoder domain's plan of `plan` with `shards` encoder shards per pipeline (the schedule's) and
 /// encoders 0 .. encoders - 1: per slot and encoder, the long-short plan of the slot's distinct items over
-/// shards x plan.world domain ranks (domain_policy), with `heads[k]` as encoder k's heads where given and
+/// shards x plan.encoder_row() domain ranks (domain_policy over the row), with `heads[k]` as encoder k's
+/// heads where given and
 /// >= 0 (else policy.heads). A slot or encoder without items gets an empty plan
 /// (ranks = 0). Errors: a landing of an encoder index outside [0, encoders) (invalid_argument); the
-/// planner's (capacity_error: an item needs a group larger than a shard's pool row allows). Pure: equal
+/// planner's (capacity_error: an item needs a group larger than a shard's row allows). Pure: equal
 /// on every rank; O(slots x encoders x (items log items + items x domain)).
 [[nodiscard]] HETMESH_COMPILED std::vector<std::vector<seq::long_short_plan>> plan_encoder_domain(
     const step_layout& plan, int shards, int encoders, const seq::long_short_policy& policy,
@@ -77,7 +84,8 @@ namespace hetmesh::train {
 #if HETMESH_BODIES
 {
   std::vector<std::vector<seq::long_short_plan>> out(plan.encoder_landings.size());
-  const auto dp = domain_policy(policy, plan.world);
+  const int row = plan.encoder_row();
+  const auto dp = domain_policy(policy, row);
   for (std::size_t m = 0; m < plan.encoder_landings.size(); ++m) {
     const auto& landings = plan.encoder_landings[m];
     for (const auto& l : landings)
@@ -94,7 +102,7 @@ namespace hetmesh::train {
       auto pk = dp;
       if (static_cast<std::size_t>(k) < heads.size() && heads[static_cast<std::size_t>(k)] >= 0)
         pk.heads = heads[static_cast<std::size_t>(k)];
-      out[m][static_cast<std::size_t>(k)] = pk.plan(items, shards * plan.world);
+      out[m][static_cast<std::size_t>(k)] = pk.plan(items, shards * row);
     }
   }
   return out;
@@ -163,6 +171,22 @@ HETMESH_COMPILED void check_encoder_heads(const step_layout& plan, int encoder, 
 #else
     ;
 #endif
+
+/// Where a domain rank sits (see the file comment): its shard, its row position, and the pool rank and tp
+/// rank of that position.
+struct domain_place {
+  int shard = 0;      ///< the encoder shard (its pipeline rank: plan.pipeline.encoder_shard_to_rank)
+  int position = 0;   ///< the row position: pool_rank x tp + tp_rank
+  int pool_rank = 0;  ///< the pool rank of the position
+  int tp_rank = 0;    ///< the tp rank of the position
+  friend constexpr bool operator==(const domain_place&, const domain_place&) = default;
+};
+
+/// Where domain rank `d` of `plan`'s encoder domain sits. Pre: 0 <= d < shards x plan.encoder_row(). O(1).
+[[nodiscard]] inline domain_place domain_place_of(const step_layout& plan, int d) noexcept {
+  const int row = plan.encoder_row(), q = d % row;
+  return {d / row, q, q / plan.tp, q % plan.tp};
+}
 
 /// Calls `f(domain_rank, tokens)` for each piece of `a` (a long-short assignment): its group's ranks in
 /// group order with their token ranges (one call, the whole item, for a short item). O(degree).

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::train: the encoders' part of a step, inside one pipeline. Per slot, the encoder domain's plan
-// (train/encoder_domain.hpp: long-short SP over every pipeline's encoder shards) gives each encoder shard of
-// this pool rank its items or pieces; a shard's local output is its batches' rows, encoder after encoder.
-// In the slot's encoder action the shards of one pipeline rank exchange rows over their pool row (an
-// all-to-all-v): each sends the rows a pipeline's stage 0 reads to that pipeline's shard, and what a shard
-// receives, by source, is its output to its own stage 0. The executor concatenates the shards' outputs in
-// shard order; the reshard maps that concatenation to the landings' rows in landing order, which is stage
-// 0's input (and maps stage 0's input gradient back). train::system::run uses these.
+// (train/encoder_domain.hpp: long-short SP over every encoder shard's row, the tp x pool ranks of its
+// pipeline rank) gives each encoder shard of this rank its items or pieces; a shard's local output is its
+// batches' rows, encoder after encoder. In the slot's encoder action the ranks of a shard's row exchange
+// rows (an all-to-all-v over the row): each sends the rows a pool rank's stage 0 reads to every rank of
+// the row at that pool rank (its tp ranks), and what a rank receives, by source, is its shard's output
+// to its own stage 0. Gradients come back from the receivers with the sender's tp rank only (stage 0's
+// input gradient is the same on every tp rank). The executor concatenates the shards' outputs in shard
+// order; the reshard maps that concatenation to the landings' rows in landing order, which is stage 0's
+// input (and maps stage 0's input gradient back). train::system::run uses these.
 #pragma once
 
 #include <algorithm>
@@ -43,14 +45,25 @@ struct copy_run {
   std::int64_t n = 0;    ///< elements
 };
 
-/// One encoder shard's exchange in one slot at one pool rank (see the file comment): the rows its
-/// encoders wrote (local_size elements) go out by destination pool rank (send runs into the send
-/// buffer, grouped by destination in pool rank order); the shard's output arrives by source.
+/// One encoder shard's exchange in one slot at one rank (see the file comment): the rows its encoders
+/// wrote (local_size elements) go out by destination row position (send runs into the send buffer,
+/// grouped by destination in row order); the shard's output arrives by source row position. The way back
+/// runs between the positions with this rank's tp rank only (`returns`).
 struct shard_exchange {
   std::int64_t local_size = 0;            ///< elements this rank's encoders write at the shard
   std::vector<copy_run> send;             ///< src: element of the local output; dst: of the send buffer
-  std::vector<std::int64_t> send_counts;  ///< per pool rank: elements sent to it
-  std::vector<std::int64_t> recv_counts;  ///< per pool rank: elements received from it (the output)
+  std::vector<copy_run> back;             ///< the runs of `send` to positions that return gradients
+  std::vector<std::int64_t> send_counts;  ///< per row position: elements sent to it
+  std::vector<std::int64_t> recv_counts;  ///< per row position: elements received from it (the output)
+  std::vector<char> returns;              ///< per row position: it has this rank's tp rank
+
+  /// `counts` where the position returns gradients, else 0 (the way back's counts). O(row).
+  [[nodiscard]] std::vector<std::int64_t> returned(std::span<const std::int64_t> counts) const {
+    std::vector<std::int64_t> out(counts.begin(), counts.end());
+    for (std::size_t q = 0; q < out.size() && q < returns.size(); ++q)
+      if (!returns[q]) out[q] = 0;
+    return out;
+  }
 
   /// Elements of the send buffer (the sum of send_counts). O(pool).
   [[nodiscard]] std::int64_t send_size() const noexcept {
@@ -73,19 +86,20 @@ struct shard_exchange {
     pack_into(model::host_memory{}, local, std::span<T>(out));
     return out;
   }
-  /// The way back: adds the gradients `back` (in the send buffer's layout) into `local` at the rows they
-  /// came from (a row sent to several pool ranks sums their gradients), by `mem`'s adds (spans of its
-  /// memory; runs in order, so sums are the same on every memory). O(send_size()), one add per run.
+  /// The way back: adds the gradients `grad` (in the send buffer's layout; only the returning positions'
+  /// parts are read) into `local` at the rows they came from (a row sent to several pool ranks sums their
+  /// gradients), by `mem`'s adds (spans of its memory; runs in order, so sums are the same on every
+  /// memory). O(send_size()), one add per returned run.
   template <class M, class T>
-  void unpack_add(const M& mem, std::span<const T> back, std::span<T> local) const {
-    for (const auto& r : send)
+  void unpack_add(const M& mem, std::span<const T> grad, std::span<T> local) const {
+    for (const auto& r : back)
       mem.add(local.subspan(static_cast<std::size_t>(r.src), static_cast<std::size_t>(r.n)),
-              back.subspan(static_cast<std::size_t>(r.dst), static_cast<std::size_t>(r.n)));
+              grad.subspan(static_cast<std::size_t>(r.dst), static_cast<std::size_t>(r.n)));
   }
   /// unpack_add in host memory.
   template <class T>
-  void unpack_add(std::span<const T> back, std::span<T> local) const {
-    unpack_add(model::host_memory{}, back, local);
+  void unpack_add(std::span<const T> grad, std::span<T> local) const {
+    unpack_add(model::host_memory{}, grad, local);
   }
 };
 
@@ -217,16 +231,16 @@ HETMESH_COMPILED void check_landings(const step_layout& plan,
     ;
 #endif
 
-/// The encoder work of pool rank `j` in `plan` (see the file comment): `domain` is
-/// plan_encoder_domain(plan, E, encoders, policy), `width` the encoders' output elements per token,
-/// `runs[e]` whether this rank runs shard e (its calls and send side are made only for those). Pure;
-/// O(slots x (E x P x this rank's landings + landings) x group degree).
+/// The encoder work of the rank at row position `q` in `plan` (see the file comment; its pool rank is
+/// q / plan.tp): `domain` is plan_encoder_domain(plan, E, encoders, policy), `width` the encoders' output
+/// elements per token, `runs[e]` whether this rank runs shard e (its calls and send side are made only for
+/// those). Pure; O(slots x (E x R x this pool rank's landings + R x landings) x group degree).
 [[nodiscard]] HETMESH_COMPILED encoder_work
 plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::long_short_plan>>& domain,
-                  int E, int j, std::span<const std::int64_t> width, std::span<const char> runs)
+                  int E, int q, std::span<const std::int64_t> width, std::span<const char> runs)
 #if HETMESH_BODIES
 {
-  const int P = plan.world;
+  const int R = plan.encoder_row(), tp = plan.tp, j = q / tp;
   const auto slots = static_cast<std::size_t>(std::max(plan.slots, 1));
   const auto K = width.size();
   encoder_work out;
@@ -245,7 +259,7 @@ plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::lo
       return *index[static_cast<std::size_t>(l.encoder)].at(l.item);
     };
     auto wd = [&](const slot_landing& l) { return width[static_cast<std::size_t>(l.encoder)]; };
-    // Where each of this pipeline's landings starts in stage 0's input (landing order).
+    // Where each of this pool rank's landings starts in stage 0's input (landing order).
     std::vector<std::int64_t> dst_of(lands.size(), -1);
     std::int64_t dst = 0;
     for (std::size_t i = 0; i < lands.size(); ++i)
@@ -254,21 +268,23 @@ plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::lo
         dst += lands[i].rows.size() * wd(lands[i]);
       }
     out.landing_size[m] = dst;
-    // Receive side: every shard's output to this pipeline, by source pool rank, each source's rows in
-    // this pipeline's landing order (the order the sources send them in).
+    // Receive side: every shard's output to this pool rank, by source row position, each source's rows
+    // in this pool rank's landing order (the order the sources send them in).
     std::int64_t base = 0;
     for (int e = 0; e < E; ++e) {
       auto& ex = out.exchange[static_cast<std::size_t>(e)][m];
-      ex.recv_counts.assign(static_cast<std::size_t>(P), 0);
-      ex.send_counts.assign(static_cast<std::size_t>(P), 0);
+      ex.recv_counts.assign(static_cast<std::size_t>(R), 0);
+      ex.send_counts.assign(static_cast<std::size_t>(R), 0);
+      ex.returns.assign(static_cast<std::size_t>(R), 0);
+      for (int r = 0; r < R; ++r) ex.returns[static_cast<std::size_t>(r)] = r % tp == q % tp;
       std::int64_t at = 0;
-      for (int src = 0; src < P; ++src)
+      for (int src = 0; src < R; ++src)
         for (std::size_t i = 0; i < lands.size(); ++i) {
           const auto& l = lands[i];
           if (l.pool_rank != j) continue;
           for_each_piece(assigned(l), [&](int d, seq::token_range r) {
             const auto lo = std::max(r.begin, l.rows.begin), hi = std::min(r.end, l.rows.end);
-            if (d != e * P + src || lo >= hi) return;
+            if (d != e * R + src || lo >= hi) return;
             const auto n = (hi - lo) * wd(l);
             out.reshard[m].push_back({base + at, dst_of[i] + (lo - l.rows.begin) * wd(l), n});
             ex.recv_counts[static_cast<std::size_t>(src)] += n;
@@ -278,10 +294,11 @@ plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::lo
       out.sizes[static_cast<std::size_t>(e)][m] = at;
       base += at;
     }
-    // Send side of the shards this rank runs: its pieces' rows, by destination pool rank.
+    // Send side of the shards this rank runs: its pieces' rows, by destination row position (every tp
+    // rank of the landing's pool rank).
     for (int e = 0; e < E; ++e) {
       if (!runs[static_cast<std::size_t>(e)]) continue;
-      const int d = e * P + j;
+      const int d = e * R + q;
       auto& w = out.work[static_cast<std::size_t>(e)][m];
       auto& ex = out.exchange[static_cast<std::size_t>(e)][m];
       std::vector<std::map<std::int64_t, std::int64_t>> first_row(K);  // item -> local element of its row 0
@@ -296,16 +313,21 @@ plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::lo
         ex.local_size += w.calls.back().tokens * width[k];
       }
       std::int64_t sent = 0;
-      for (const auto& l : lands)  // pool rank order: the send buffer is grouped by destination
-        for_each_piece(assigned(l), [&](int dr, seq::token_range r) {
-          const auto lo = std::max(r.begin, l.rows.begin), hi = std::min(r.end, l.rows.end);
-          if (dr != d || lo >= hi) return;
-          const auto n = (hi - lo) * wd(l);
-          ex.send.push_back(
-              {first_row[static_cast<std::size_t>(l.encoder)].at(l.item) + lo * wd(l), sent, n});
-          ex.send_counts[static_cast<std::size_t>(l.pool_rank)] += n;
-          sent += n;
-        });
+      for (int to = 0; to < R; ++to)  // row order: the send buffer is grouped by destination
+        for (const auto& l : lands) {
+          if (l.pool_rank != to / tp) continue;
+          for_each_piece(assigned(l), [&](int dr, seq::token_range r) {
+            const auto lo = std::max(r.begin, l.rows.begin), hi = std::min(r.end, l.rows.end);
+            if (dr != d || lo >= hi) return;
+            const auto n = (hi - lo) * wd(l);
+            const copy_run run{first_row[static_cast<std::size_t>(l.encoder)].at(l.item) + lo * wd(l), sent,
+                               n};
+            ex.send.push_back(run);
+            if (ex.returns[static_cast<std::size_t>(to)]) ex.back.push_back(run);
+            ex.send_counts[static_cast<std::size_t>(to)] += n;
+            sent += n;
+          });
+        }
     }
   }
   return out;
@@ -314,11 +336,12 @@ plan_encoder_work(const step_layout& plan, const std::vector<std::vector<seq::lo
     ;
 #endif
 
-/// This pool rank's encoder work under `plan` (train::system::run): the encoders' row widths (row_width of
-/// each encoder's first landing), the shards pipeline rank `pipeline_rank` runs, and plan_encoder_work over
-/// the plan's encoder domain. `bound`: the run's encoder_bindings.
+/// The encoder work under `plan` of the rank at row position `row_position` (pool rank x tp + tp rank) of
+/// pipeline rank `pipeline_rank` (train::system::run): the encoders' row widths (row_width of each
+/// encoder's first landing), the shards the pipeline rank runs, and plan_encoder_work over the plan's
+/// encoder domain. `bound`: the run's encoder_bindings.
 template <class... Encoders>
-encoder_work encoder_work_for(const step_layout& plan, int pool_rank, int pipeline_rank,
+encoder_work encoder_work_for(const step_layout& plan, int row_position, int pipeline_rank,
                               std::tuple<Encoders...>& bound) {
   const int E = plan.pipeline.num_encoder_shards();
   std::vector<std::int64_t> widths(sizeof...(Encoders), 0);
@@ -336,7 +359,7 @@ encoder_work encoder_work_for(const step_layout& plan, int pool_rank, int pipeli
   auto domain = plan.encoder_domain;
   domain.resize(std::max(domain.size(), plan.encoder_landings.size()));
   for (auto& slot : domain) slot.resize(sizeof...(Encoders));
-  return plan_encoder_work(plan, domain, E, pool_rank, widths, runs_shard);
+  return plan_encoder_work(plan, domain, E, row_position, widths, runs_shard);
 }
 
 }  // namespace hetmesh::train::detail

@@ -138,15 +138,19 @@ template <pipeline::schedule_family Schedule>
 /// come from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). With encoder items,
 /// sets plan.encoder_landings (plan_landings), and in every case plan.encoder_sp, plan.encoder_heads
 /// (`heads`: per encoder index, its attention heads, -1 unknown) and the encoder domain's plan under them
-/// (plan_encoder_domain over the schedule's shards). Pure. Errors: pp < 1 (invalid_argument);
-/// the family's (e.g. interleaved schedules' micro-batch rules) and the verifier's.
+/// (plan_encoder_domain over the schedule's shards, each over the tp x pool ranks of its pipeline rank:
+/// `tp` sets plan.tp). Pure. Errors: pp < 1 or tp < 1 (invalid_argument); the family's (e.g. interleaved
+/// schedules' micro-batch rules) and the verifier's.
 template <pipeline::schedule_family Schedule, class Placement>
 void attach_pipeline(step_layout& plan, const Schedule& family, const Placement& placement, int pp,
                      const model::step_batch* batch, const seq::long_short_policy& encoder_sp = {},
-                     std::span<const int> heads = {}) {
+                     std::span<const int> heads = {}, int tp = 1) {
   if (pp < 1)
     throw_error<invalid_argument>("train::attach_pipeline: pp = {}; expected a pipeline depth >= 1", pp);
+  if (tp < 1)
+    throw_error<invalid_argument>("train::attach_pipeline: tp = {}; expected tensor-parallel ranks >= 1", tp);
   plan.pp = pp;
+  plan.tp = tp;
   plan.encoder_landings.clear();
   // The smallest slot count >= the plan's that the family accepts (interleaved families need micro-batch
   // counts that group evenly): the extra slots run empty on every rank.

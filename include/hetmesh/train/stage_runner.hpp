@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // hetmesh::train: the stage runner, the one typed callable the pipeline executor calls for one rank's
 // step (run::stage_calls binds its members): the user's backbone stage forward and backward (I and W under
-// split-backward schedules), the encoders' forward and backward with the exchange of rows over the pool
-// row, and the sizes of every action's output. It owns the step's activation stores (selective offload
-// at the plan's ratios) and accumulates the loss, target, token, micro-batch and encoder item counts and
-// the CPU time spent in the user's calls.
+// split-backward schedules), the encoders' forward and backward with the exchange of rows over the
+// encoder row, and the sizes of every action's output. It owns the step's activation stores (selective
+// offload at the plan's ratios) and accumulates the loss, target, token, micro-batch and encoder item counts
+// and the CPU time spent in the user's calls.
 #pragma once
 
 #include <array>
@@ -131,7 +131,7 @@ class stage_runner {
   }
 
   /// Encoder shard `e`'s forward of slot `mb`: its encoders' calls into its local rows, then the exchange
-  /// over the pool row; `out` receives the shard's output to this pipeline.
+  /// over the shard's row; `out` receives the shard's output to this pipeline.
   void encoder_forward(int e, int mb, std::span<T> out) {
     const auto m = static_cast<std::size_t>(mb);
     if (!enc_->active[m]) return;
@@ -150,18 +150,22 @@ class stage_runner {
     }
     send.resize(static_cast<std::size_t>(ex.send_size()));
     ex.pack_into(*res_.mem, std::span<const T>(local.span()), send.span());
-    exchange(std::span<const T>(send.span()), ex.send_counts, out, ex.recv_counts);
+    exchange(std::span<const T>(send.span()), ex.send_counts, out, ex.recv_counts, ex.send_counts,
+             ex.recv_counts);
   }
 
-  /// Encoder shard `e`'s backward of slot `mb`: the output gradient `g` back over the pool row, summed into
-  /// the local rows, then the encoders' backward.
+  /// Encoder shard `e`'s backward of slot `mb`: the output gradient `g` back over the shard's row, summed
+  /// into the local rows, then the encoders' backward.
   void encoder_backward(int e, int mb, std::span<const T> g) {
     const auto m = static_cast<std::size_t>(mb);
     if (!enc_->active[m]) return;
     const auto& ex = enc_->exchange[static_cast<std::size_t>(e)][m];
     typename Memory::template buffer<T> back, local;  // back: in the send buffer's layout
     back.resize(static_cast<std::size_t>(ex.send_size()));
-    exchange(g, ex.recv_counts, back.span(), ex.send_counts);
+    // Only the row positions with this rank's tp rank send gradients back (the file comment of encoders.hpp):
+    // the same layouts as the forward's, with the other positions' counts 0.
+    exchange(g, ex.returned(ex.recv_counts), back.span(), ex.returned(ex.send_counts), ex.recv_counts,
+             ex.send_counts);
     if (ex.local_size == 0) return;
     local.resize(static_cast<std::size_t>(ex.local_size));
     res_.mem->fill(local.span(), T(0));
@@ -239,20 +243,22 @@ class stage_runner {
 
   [[nodiscard]] auto encoder_ctx(int e, int mb) {
     return encoder_context_maker<Comm, Kernel, T, stores_type, Memory>{
-        &enc_stores, res_.item_groups, res_.kernel, e, mb, e * res_.pool_size, res_.mem};
+        &enc_stores, res_.item_groups, res_.kernel, e, mb, e * res_.row_size, res_.mem};
   }
 
-  // The slot's exchange over the shard's pool row: `send` by destination, `recv` by source.
+  // The slot's exchange over the shard's row: `send` by destination, `recv` by source, each laid out by
+  // its layout counts (a position's part starts after the layout counts of the positions before it).
   void exchange(std::span<const T> send, std::span<const std::int64_t> send_counts, std::span<T> recv,
-                std::span<const std::int64_t> recv_counts) {
+                std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> send_layout,
+                std::span<const std::int64_t> recv_layout) {
     const double c0 = thread_cpu_seconds();
     auto displs = [](std::span<const std::int64_t> counts) {
       std::vector<std::int64_t> d(counts.size(), 0);
       for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
       return d;
     };
-    const auto sd = displs(send_counts), rd = displs(recv_counts);
-    comm::all_to_all_v(*res_.pool, send, send_counts, std::span<const std::int64_t>(sd), recv, recv_counts,
+    const auto sd = displs(send_layout), rd = displs(recv_layout);
+    comm::all_to_all_v(*res_.row, send, send_counts, std::span<const std::int64_t>(sd), recv, recv_counts,
                        std::span<const std::int64_t>(rd));
     st_->cpu_comm_seconds += thread_cpu_seconds() - c0;
   }

@@ -148,6 +148,7 @@ struct step_layout {
   /// every pipeline runs the same schedule and ring calls meet in the same order on every member.
   int slots = 0;
   int pp = 1;                   ///< pipeline depth: the world is pp x world ranks (pipeline rank slowest)
+  int tp = 1;                   ///< tensor-parallel ranks: the world's ranks per pool rank
   pipeline::schedule pipeline;  ///< the lowered, verified schedule every pipeline runs (attach_pipeline)
   /// Per slot, the encoder items' landings of every pool rank's micro-batch in it (attach_pipeline with
   /// the step's batch; empty without encoder items): what the slot's encoder shards encode, over every
@@ -159,7 +160,8 @@ struct step_layout {
   /// given to system::plan; -1 where unknown: encoder_sp.heads applies). Empty: none given.
   std::vector<int> encoder_heads;
   /// Per slot and encoder index, the long-short plan of the slot's items over the encoder domain (every
-  /// pipeline's encoder shards x world ranks; train::plan_encoder_domain). Empty without encoder items.
+  /// encoder shard's row: the tp x world ranks of its pipeline rank; train::plan_encoder_domain). Empty
+  /// without encoder items.
   std::vector<std::vector<seq::long_short_plan>> encoder_domain;
   /// Why the plan did what it did where a decision was needed: HDP's documents above capacity (a ring or
   /// an offload, in the sharding's item order), then long-short SP's split encoder items (by slot, encoder,
@@ -172,6 +174,9 @@ struct step_layout {
     for (const auto& r : per_rank) n += static_cast<std::int64_t>(r.size());
     return n;
   }
+  /// Ranks of one encoder shard's row in the encoder domain: every rank of a pipeline rank, tp x world
+  /// (train::encoder_mesh). The domain is shards x encoder_row() ranks.
+  [[nodiscard]] int encoder_row() const noexcept { return tp * world; }
   /// Encoder indices the plan's items name: one more than the largest (0 without items). O(landings).
   [[nodiscard]] int encoders() const noexcept {
     int n = 0;
@@ -182,7 +187,7 @@ struct step_layout {
   friend bool operator==(const step_layout&, const step_layout&) = default;
   /// Feeds the layout to a plan hash.
   void hash_append(hasher& h) const {
-    append_all(h, world, documents, rings, per_rank, slots, pp, pipeline, encoder_landings, encoder_sp,
+    append_all(h, world, documents, rings, per_rank, slots, pp, tp, pipeline, encoder_landings, encoder_sp,
                encoder_heads, encoder_domain, reasons);
   }
 };

@@ -151,13 +151,15 @@ template <class Comm, class Kernel, class Memory>
 struct step_resources {
   Comm* pool = nullptr;                            ///< this pipeline rank's pool
   Comm* group = nullptr;                           ///< attention over groups: this rank's group
-  comm::group_cache<Comm>* item_groups = nullptr;  ///< the encoder items' Ulysses groups in the pool row
+  comm::group_cache<Comm>* item_groups = nullptr;  ///< the encoder items' Ulysses groups in the row
   Kernel* kernel = nullptr;                        ///< the user's attention kernel
   Memory* mem = nullptr;                           ///< the memory policy
   run::ring_attention_options attention{};         ///< ring calls' options
   int pool_size = 1;                               ///< ranks of the pool
   Comm* tp = nullptr;                              ///< the stages' ctx.tp (null: tp = 1)
   Comm* ep = nullptr;                              ///< the stages' ctx.ep (null: ep = 1)
+  Comm* row = nullptr;                             ///< the encoder row: tp x pool ranks, by row position
+  int row_size = 1;                                ///< ranks of the encoder row
 };
 
 }  // namespace hetmesh::train::detail

@@ -9,7 +9,8 @@
 // (train/step_run.hpp: micro-batches built once from the plan's token layouts, checked against its rings
 // and landings), the stage runner the pipeline executor calls (train/stage_runner.hpp: the user's stages
 // and encoders, the encoder landing), and the reduction and optimizer step (train/reduction.hpp): gradients
-// summed over the pool (the encoders' over the world), each rank's loss already normalised by the step's
+// summed over the pool (the encoders' over the world: each item is encoded once in the world, over the
+// encoder mesh's rows, train/encoder_domain.hpp), each rank's loss already normalised by the step's
 // global target count, so a single-rank run of the same batch gives the same gradient. `run` takes the
 // whole step's batch, or this rank's share of it under delivery by plan (train/delivery.hpp, build.hpp).
 #pragma once
@@ -163,6 +164,7 @@ class system {
     if (tp) {  // one tp = 1 system per tp coordinate, and the stages' tp group across them
       slice_.emplace(comm::split(world, groups_.slice.index, groups_.slice.position));
       tp_.emplace(comm::split(world, groups_.tp.index, groups_.tp.position));
+      row_.emplace(comm::split(world, groups_.row.index, groups_.row.position));
     }
     if (layout_->ep() > 1) {  // the stages' ctx.ep, and the ranks holding the same experts
       ep_.emplace(comm::split(world, groups_.ep.index, groups_.ep.position));
@@ -348,7 +350,7 @@ class system {
     const int pool_rank = this->pool_rank();
     const auto rank = detail::make_step_rank(plan, batch, s, pool_rank, group_size(plan));
     std::tuple<Encoders...> bound{std::move(encoders)...};
-    const auto enc = detail::encoder_work_for(plan, pool_rank, pipeline_rank(), bound);
+    const auto enc = detail::encoder_work_for(plan, groups_.row.position, pipeline_rank(), bound);
     auto zero = [&](auto&& spans) {
       for (auto g : spans) mem_.fill(std::span<T>(g), T(0));
     };
@@ -412,10 +414,19 @@ class system {
 
   detail::step_resources<Comm, Kernel, Memory> resources(const plan_type&) {
     Comm& pool = pool_ ? *pool_ : *world_;
-    if (!item_groups_) item_groups_.emplace(pool);
-    return {
-        &pool,      group_ ? &*group_ : nullptr, &*item_groups_,       &kernel_, &mem_, options_.attention,
-        pool_size_, tp_ ? &*tp_ : nullptr,       ep_ ? &*ep_ : nullptr};
+    Comm& row = row_ ? *row_ : pool;  // tp = 1: the row is the pool
+    if (!item_groups_) item_groups_.emplace(row);
+    return {&pool,
+            group_ ? &*group_ : nullptr,
+            &*item_groups_,
+            &kernel_,
+            &mem_,
+            options_.attention,
+            pool_size_,
+            tp_ ? &*tp_ : nullptr,
+            ep_ ? &*ep_ : nullptr,
+            &row,
+            groups_.row.size()};
   }
 
   // Runs the plan's schedule on this pipeline with the runner's calls; the step's wall and CPU times.
@@ -433,24 +444,28 @@ class system {
     using T = typename Runner::context_type::value_type;
     constexpr bool sharded = sharded_optimizer<Optimizer>;
     Comm& pool = pool_ ? *pool_ : *world_;
-    Comm& slice = slice_ ? *slice_ : *world_;  // the encoders and the stats: this tp coordinate's ranks
+    Comm& slice = slice_ ? *slice_ : *world_;  // the stats: this tp coordinate's ranks
     const auto t2 = std::chrono::steady_clock::now();
     const double reduce_cpu0 = thread_cpu_seconds();
     // The stage's dense parameters over the pool, its experts' over the ranks holding the same experts,
-    // each encoder's over this tp coordinate's ranks.
+    // each encoder's over the world (the encoder domain: each item was encoded once in the world).
     auto groups = [&](auto&& f) {
       f(pool, stage.parameters(), stage.gradients());
       if constexpr (has_expert_parameters<Stage>)  // a stage without experts this time has no such group
         if (auto ps = stage.expert_parameters(); !std::ranges::empty(ps))
           f(edp_ ? *edp_ : pool, ps, stage.expert_gradients());
-      std::apply([&](auto&... e) { (f(slice, e.stage->parameters(), e.stage->gradients()), ...); }, bound);
+      std::apply([&](auto&... e) { (f(*world_, e.stage->parameters(), e.stage->gradients()), ...); }, bound);
     };
     if constexpr (!sharded)
       groups([&](Comm& c, auto&&, auto&& grads) {
         for (auto g : grads) sum_over_ranks(c, mem_, std::span<T>(g), options_.reproducible);
       });
+    // The loss and token counts over this tp coordinate's ranks (every tp rank runs the same micro-batches),
+    // the encoder items over the world (each encoded once in the world).
     sum_host_values_over_ranks(slice, mem_, std::span<double>(runner.sums), options_.reproducible);
-    sum_host_values_over_ranks(slice, mem_, std::span<std::int64_t>(runner.counts), options_.reproducible);
+    const std::span<std::int64_t> counts(runner.counts);
+    sum_host_values_over_ranks(slice, mem_, slice_ ? counts.first(2) : counts, options_.reproducible);
+    if (slice_) sum_host_values_over_ranks(*world_, mem_, counts.subspan(2), options_.reproducible);
     st.reduce_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
     st.cpu_comm_seconds += thread_cpu_seconds() - reduce_cpu0;
     st.loss = runner.sums[0];
@@ -470,7 +485,7 @@ class system {
   plan_type plan_impl(std::span<const seq::seq_desc> docs, const model::step_batch* batch,
                       std::span<const int> heads = {}) const {
     return plan_system_step(partition_, balancer_, pipeline_, options_.cost, pool_size_, docs, batch,
-                            options_.encoder_sp, heads);
+                            options_.encoder_sp, heads, layout_->tp());
   }
 
   Partition partition_;
@@ -491,7 +506,8 @@ class system {
   std::optional<Comm> edp_;    // ep > 1: the ranks holding the same experts (expert gradients)
   std::optional<system_layout> layout_;                 // the mesh and its group families
   system_groups groups_;                                // this rank's groups
-  std::optional<comm::group_cache<Comm>> item_groups_;  // encoder items' Ulysses groups in the pool row
+  std::optional<Comm> row_;                             // tp > 1: the encoder row (tp x pool ranks)
+  std::optional<comm::group_cache<Comm>> item_groups_;  // encoder items' Ulysses groups in the row
 };
 
 }  // namespace hetmesh::train

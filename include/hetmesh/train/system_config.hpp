@@ -73,10 +73,13 @@ struct pipeline_config {
 
 /// The step plan train::system<Partition, Kernel, Comm, Balancer, Schedule, Placement>::plan makes, as a
 /// function of its parameters alone: plan_step(partition, docs, pool, balancer, cost), then
-/// attach_pipeline(plan, pipeline.schedule, pipeline.encoders, pipeline.pp, batch, encoder_sp, encoder_heads)
+/// attach_pipeline(plan, pipeline.schedule, pipeline.encoders, pipeline.pp, batch, encoder_sp, encoder_heads,
+/// tp)
 /// (`batch`: the batch the documents came from, for its encoder items; null for none). Needs no communicator,
-/// so tools and benchmarks plan at any scale; the system calls it with its pool (world / (pp + encoder-pool
-/// ranks)). Pure: a function of (policies, pool, documents, batch), equal on every rank; not collective.
+/// so tools and benchmarks plan at any scale; the system calls it with its pool (world / (tp x (pp +
+/// encoder-pool ranks))) and its tp (the encoder domain's rows are tp x pool ranks; the LLM's part of the
+/// plan does not depend on tp). Pure: a function of (policies, pool, documents, batch, tp), equal on every
+/// rank; not collective.
 /// Errors: the family's and attach_pipeline's. Cost: the family's planner plus the schedule's generation and
 /// verification.
 template <class Partition, class Balancer, pipeline::schedule_family Schedule, class Placement>
@@ -85,9 +88,9 @@ requires partition_family<Partition, Balancer>
     const Partition& partition, const Balancer& balancer,
     const pipeline_config<Schedule, Placement>& pipeline, const balance::step_model& cost, int pool,
     std::span<const seq::seq_desc> docs, const model::step_batch* batch = nullptr,
-    const seq::long_short_policy& encoder_sp = {}, std::span<const int> encoder_heads = {}) {
+    const seq::long_short_policy& encoder_sp = {}, std::span<const int> encoder_heads = {}, int tp = 1) {
   auto p = plan_step(partition, docs, pool, balancer, cost);
-  attach_pipeline(p, pipeline.schedule, pipeline.encoders, pipeline.pp, batch, encoder_sp, encoder_heads);
+  attach_pipeline(p, pipeline.schedule, pipeline.encoders, pipeline.pp, batch, encoder_sp, encoder_heads, tp);
   return p;
 }
 

@@ -10,6 +10,13 @@
 //   slice  the ranks of one tp coordinate (dp-cp-pp): one copy of the tp = 1 system, plan and all
 //   ep     EXPERT_MODEL_PARALLEL_GROUP          the stage's ctx.ep: an MoE layer's experts
 //   edp    EXPERT_DATA_PARALLEL_GROUP           the ranks holding the same experts: expert gradients
+//   row    the encoder mesh's rows: every rank of one pipeline rank (tp x pool), the encoders' domain
+//
+// The encoders are decoupled from the LLM's mesh (MegaScale-Omni): their mesh (encoder_mesh) has the dims
+// erow (tp and the pool's dims merged, tp fastest: row position = pool rank x tp + tp rank) and pp, over
+// the same ranks as the decoder mesh (mesh::decoupled maps one onto the other). An encoder shard placed on
+// pipeline rank p encodes over the row of p, so each encoder item is encoded once in the world, not once
+// per tp coordinate (train/encoder_domain.hpp).
 //
 // The partition family plans over the pool (plans do not change with tp or ep); every tp rank of a pool
 // position runs the same micro-batches in the same order, so a stage's collectives over ctx.tp meet. Pure:
@@ -29,8 +36,11 @@
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
+#include "../mesh/decoupled.hpp"
 #include "../mesh/dim.hpp"
 #include "../mesh/megatron_moe.hpp"
+#include "../mesh/topology.hpp"
+#include "../mesh/view.hpp"
 #include "delivery.hpp"
 
 namespace hetmesh::train {
@@ -82,6 +92,7 @@ struct system_groups {
   system_group slice;      ///< every rank of one tp coordinate: pool x pipeline ranks
   system_group ep;         ///< expert parallel (Megatron's expert mesh)
   system_group expert_dp;  ///< expert data parallel: the ranks holding the same experts (expert gradients)
+  system_group row;        ///< the encoder mesh's row: every rank of this pipeline rank, by row position
   friend bool operator==(const system_groups&, const system_groups&) = default;
 };
 
@@ -102,6 +113,7 @@ class system_layout {
     families_[3] = mm_.decoder_groups("cp-dp-pp");
     families_[4] = mm_.expert_groups("ep");
     families_[5] = mm_.expert_groups("dp");
+    families_[6] = encoder_mesh().groups(encoder_row_dim);
     for (std::size_t f = 0; f < families_.size(); ++f) {
       where_[f].assign(static_cast<std::size_t>(world), {-1, -1});
       for (std::size_t g = 0; g < families_[f].size(); ++g)
@@ -109,6 +121,11 @@ class system_layout {
           where_[f][static_cast<std::size_t>(families_[f][g][i])] = {static_cast<int>(g),
                                                                      static_cast<int>(i)};
     }
+    for (int w = 0; w < world; ++w)  // the encoder mesh's rows, as train/encoder_domain.hpp numbers them
+      HETMESH_ASSERT(where_[6][static_cast<std::size_t>(w)].second ==
+                         where_[1][static_cast<std::size_t>(w)].second * m.tp +
+                             where_[0][static_cast<std::size_t>(w)].second,
+                     "train::system_layout: an encoder row position that is not pool rank x tp + tp rank");
   }
 
   /// The mesh's values.
@@ -131,22 +148,46 @@ class system_layout {
     if (rank < 0 || rank >= world())
       throw_error<invalid_argument>("train::system_layout: rank {} of a world of {}; expected 0 <= rank < {}",
                                     rank, world(), world());
-    return {find(0, rank), find(1, rank), find(2, rank), find(3, rank), find(4, rank), find(5, rank)};
+    return {find(0, rank), find(1, rank), find(2, rank), find(3, rank),
+            find(4, rank), find(5, rank), find(6, rank)};
   }
-  /// Every group of family `i` (0 tp, 1 pool, 2 pipe, 3 slice, 4 ep, 5 expert dp), in Megatron's order.
+  /// Every group of family `i` (0 tp, 1 pool, 2 pipe, 3 slice, 4 ep, 5 expert dp, 6 encoder row), in
+  /// Megatron's order.
   [[nodiscard]] const std::vector<std::vector<int>>& family(int i) const {
     return families_[static_cast<std::size_t>(i)];
   }
 
+  /// The dim of the encoder mesh's rows.
+  static constexpr mesh::dim encoder_row_dim{"erow"};
+
+  /// The encoders' mesh over the world (see the file comment): the decoder mesh with tp and the pool's dims
+  /// (cp, dp, in the mesh's order) merged into `erow`, tp fastest, so that a rank's coordinate along erow
+  /// is its pool rank x tp + its tp rank. O(dims).
+  [[nodiscard]] mesh::view encoder_mesh() const {
+    std::vector<mesh::dim> merged{mesh::tp};
+    const auto decoder = mm_.decoder().to_view();
+    for (std::size_t i = 0; i < decoder.dims_count(); ++i)
+      if (decoder.name(i) == mesh::cp || decoder.name(i) == mesh::dp) merged.push_back(decoder.name(i));
+    return decoder.flatten(encoder_row_dim, std::span<const mesh::dim>(merged));
+  }
+  /// The encoder mesh and the decoder (LLM) mesh over the same devices, placed on `topo` (its world must
+  /// be this layout's): which encoder rows stay inside a node, which LLM dims they span. Errors:
+  /// mesh::decoupled's (a topology of another size).
+  [[nodiscard]] mesh::decoupled encoder_placement(const mesh::topology& topo) const {
+    return mesh::decoupled(encoder_mesh(), mm_.decoder(), topo);
+  }
+
   /// Where the system's ranks sit, for train::plan_delivery: at (pipeline rank p, pool rank r), the world
-  /// ranks of every tp coordinate (they read the same data). O(world).
+  /// ranks of every tp coordinate (they read the same data), in tp rank order. O(world).
   [[nodiscard]] rank_map ranks() const {
     rank_map m{pool(), pipeline_ranks_, {}};
-    m.ranks.resize(static_cast<std::size_t>(pool() * pipeline_ranks_));
+    m.ranks.assign(static_cast<std::size_t>(pool() * pipeline_ranks_),
+                   std::vector<int>(static_cast<std::size_t>(tp()), -1));
     for (int w = 0; w < world(); ++w) {
-      const auto pipe = where_[2][static_cast<std::size_t>(w)].second;
-      const auto pos = where_[1][static_cast<std::size_t>(w)].second;
-      m.ranks[static_cast<std::size_t>(pipe * pool() + pos)].push_back(w);
+      const auto at = [&](int f) {
+        return where_[static_cast<std::size_t>(f)][static_cast<std::size_t>(w)].second;
+      };
+      m.ranks[static_cast<std::size_t>(at(2) * pool() + at(1))][static_cast<std::size_t>(at(0))] = w;
     }
     return m;
   }
@@ -205,8 +246,8 @@ class system_layout {
   system_mesh mesh_;
   int pipeline_ranks_ = 1;
   mesh::megatron_moe_mesh mm_;
-  std::array<std::vector<std::vector<int>>, 6> families_;
-  std::array<std::vector<std::pair<int, int>>, 6> where_;  // per family, per world rank: (group, position)
+  std::array<std::vector<std::vector<int>>, 7> families_;
+  std::array<std::vector<std::pair<int, int>>, 7> where_;  // per family, per world rank: (group, position)
 };
 
 }  // namespace hetmesh::train
