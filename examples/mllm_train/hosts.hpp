@@ -185,16 +185,17 @@ void serve_hosts(Comm& world, int hosts, int steps, const std::filesystem::path&
                  const hetmesh::train::system_options& so) {
   step_source data(dir, dc);
   const auto sh = host_layout(world.size(), hosts, dir);
-  const int depth = pc.pp + host_detail::encoder_ranks(pc.encoders);
-  const int pool = sh.trainers / depth;
+  const int enc = host_detail::encoder_ranks(pc.encoders);
+  // The trainers' mesh, as their train::system lays it out: its pool, and where each trainer sits.
+  const hetmesh::train::system_layout layout(so.mesh, sh.trainers, pc.pp + enc, enc);
+  const auto where = layout.ranks();
   for (std::int64_t step = data.step(); step < steps; ++step) {
     const auto batch = data.next();
     const auto meta = host_detail::host_metadata(world, sh, batch);
     const auto docs = hetmesh::model::document_descs(meta);
-    const auto plan = hetmesh::train::plan_system_step(partition, balancer, pc, so.cost, pool, docs, &meta);
-    host_detail::host_send(
-        world, step, hetmesh::train::plan_delivery(plan, meta, hetmesh::train::system_ranks(pool, depth)), sh,
-        batch, data);
+    const auto plan = hetmesh::train::plan_system_step(partition, balancer, pc, so.cost, layout.pool(), docs,
+                                                       &meta, so.encoder_sp, {}, layout.tp());
+    host_detail::host_send(world, step, hetmesh::train::plan_delivery(plan, meta, where), sh, batch, data);
   }
 }
 

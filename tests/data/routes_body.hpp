@@ -96,7 +96,7 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
   const data::source_hosts sh{.trainers = trainers, .hosts = world.size() - trainers, .sources = 5};
   const auto where = routed_ranks(c, trainers);
   const bool with_items = c != routed_case::searched;
-  // Items of 2-6 tokens: with a pool of 2, the longer ones are split over a shard's pool row (long-short SP).
+  // Items of 2-6 tokens: with a pool of 2, the longer ones are split over a shard's row (long-short SP).
   const seq::long_short_policy sp{
       .max_tokens_per_rank = c == routed_case::joint_pp4 && trainers >= 8 ? 4 : 64,
       .heads = 0};  // the heads as a declared value: token-local encoders, any split
@@ -136,16 +136,20 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
                                            .tokens});
         }
     }
+    // The encoder domain: E shards x rows of tp x pool ranks; row position q is pool rank q / tp's q % tp-th
+    // tp peer, the one rank that reads the piece.
+    const int row = plan.tp * plan.world;
     for (const auto& per_encoder : slot_items)
       for (const auto& [k, list] : per_encoder) {
-        const auto ls = train::domain_policy(sp, plan.world).plan(list, E * plan.world);
-        for (int d = 0; d < E * plan.world; ++d)
+        const auto ls = train::domain_policy(sp, row).plan(list, E * row);
+        for (int d = 0; d < E * row; ++d)
           for (const auto& piece : model::make_encoder_batch(ls, k, d).pieces) {
             const std::int64_t doc = piece.item / 2;  // item ids are doc id * 2 + index
-            for (int w :
-                 where.at(plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(d / plan.world)],
-                          d % plan.world))
-              reads[{doc, static_cast<int>(piece.item % 2)}].insert(w);
+            const int q = d % row;
+            const auto& peers =
+                where.at(plan.pipeline.encoder_shard_to_rank[static_cast<std::size_t>(d / row)], q / plan.tp);
+            reads[{doc, static_cast<int>(piece.item % 2)}].insert(
+                peers[static_cast<std::size_t>(q % plan.tp)]);
           }
       }
     const int me = world.rank();
@@ -234,15 +238,16 @@ std::string routed_body(C& world, routed_case c, int trainers, std::uint64_t see
       hdp.model.activation.layers = 32;  // a declared link needs the layers per rank
       plan = train::plan_step(hdp, docs, where.pool);
     }
+    const int tp = static_cast<int>(where.ranks.front().size());  // the ranks sharing a pool rank's data
     if (c == routed_case::joint_pp4)
       train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::colocated_encoder{}, where.pp, &shape,
-                             sp);
+                             sp, {}, tp);
     else if (c == routed_case::encoder_pool)
-      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_pool{.ranks = 1}, 1, &shape,
-                             sp);
+      train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_pool{.ranks = 1}, 1, &shape, sp,
+                             {}, tp);
     else
       train::attach_pipeline(plan, pipeline::one_f_one_b{}, pipeline::encoder_on_first_stage{}, where.pp,
-                             &shape, sp);
+                             &shape, sp, {}, tp);
     const auto routes = train::plan_delivery(plan, items, where);
     if (sh.is_host(world.rank())) {
       std::vector<std::vector<std::uint8_t>> keep(routes.parts.size());

@@ -95,6 +95,17 @@ TEST_CASE("tensor parallel: the system's groups are Megatron's for its order, an
     CHECK(sys.split().tp == 2);
     CHECK(sys.split().tp_rank == sys.tp_rank());
     CHECK(sys.ranks().at(sys.pipeline_rank(), sys.pool_rank()) == g.tp.ranks);  // tp peers read the same data
+    // The encoders' domain row: every rank of this pipeline rank (Megatron's tp-dp-cp group), one model with
+    // mesh::decoupled: on nodes of 4 devices each row is one node and spans the LLM's tp and cp.
+    CHECK(holds(mm.decoder_groups("tp-dp-cp"), g.row));
+    CHECK(g.row.position == sys.pool_rank() * 2 + sys.tp_rank());
+    const auto placed = sys.layout().encoder_placement(mesh::topology{.nodes = 2, .devices_per_node = 4});
+    const auto rows = placed.encoder_groups(train::system_layout::encoder_row_dim);
+    REQUIRE(rows.size() == 2);
+    for (const auto& row : rows) {
+      CHECK(row.in_node());
+      CHECK(row.llm_dims == std::vector<mesh::dim>{mesh::tp, mesh::cp});
+    }
   });
 }
 
@@ -143,6 +154,13 @@ TEST_CASE("tensor parallel: train::system_layout's groups equal megatron-core's 
     CHECK(l.family(2) == g.at("PIPELINE_MODEL_PARALLEL_GROUP").get<groups>());
     CHECK(l.family(4) == g.at("EXPERT_MODEL_PARALLEL_GROUP").get<groups>());
     CHECK(l.family(5) == g.at("EXPERT_DATA_PARALLEL_GROUP").get<groups>());
+    // The encoder mesh's rows (the encoders' domain at one pipeline rank): Megatron's tp-dp-cp group, in its
+    // order when tp is innermost (every golden's order).
+    CHECK(l.family(6) == g.at("TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP").get<groups>());
+    for (int r = 0; r < l.world(); ++r) {
+      const auto gr = l.groups_of(r);
+      CHECK(gr.row.position == gr.pool.position * m.tp + gr.tp.position);
+    }
     ++compared;
   }
   CHECK(compared >= 8);  // every shape megatron-core accepted in the goldens
