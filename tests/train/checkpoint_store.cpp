@@ -207,8 +207,32 @@ TEST_CASE(
                                         (void)train::save_checkpoint(c, root.path, 6, s);
                                       }),
                   mismatch_error);
+  // Rank 1 cannot write (its root is a regular file): it rethrows its data_error, rank 0 stops too and
+  // removes the save's temporary directory.
+  std::ofstream(root / "a-file") << "x";
+  std::vector<std::string> errors(2);
+  CHECK_THROWS_AS(comm::loopback::run(
+                      2,
+                      [&](comm::loopback::communicator& c) {
+                        try {
+                          (void)train::save_checkpoint(c, c.rank() == 0 ? root.path : root / "a-file", 6,
+                                                       two_rank_snapshot(c.rank(), 6));
+                        } catch (const data_error& e) {
+                          errors[static_cast<std::size_t>(c.rank())] = "data_error " + std::string(e.what());
+                          throw;
+                        } catch (const error& e) {
+                          errors[static_cast<std::size_t>(c.rank())] = e.what();
+                          throw;
+                        }
+                      }),
+                  invalid_argument);  // run() rethrows rank 0's
+  CHECK(errors[0].find("writing the shards: 1 of the group of 2 ranks failed") != std::string::npos);
+  CHECK(errors[1].rfind("data_error ", 0) == 0);
+  CHECK(errors[1].find("a-file") != std::string::npos);
   CHECK(train::latest_checkpoint(root.path) == root / "step-00000005");
   CHECK_FALSE(fs::exists(root / "step-00000006"));
+  for (const auto& e : fs::directory_iterator(root.path))
+    CHECK(e.path().filename().string().rfind(".tmp-", 0) == std::string::npos);
 }
 
 TEST_CASE(

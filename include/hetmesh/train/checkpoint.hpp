@@ -165,7 +165,6 @@ std::string save_checkpoint(C& c, const std::string& root, std::int64_t step,
   const auto plan = detail::plan_checkpoint_save(c, root, step, snapshot, nullptr);
   std::exception_ptr failure;
   try {
-    std::filesystem::create_directories(plan.tmp);
     write_checkpoint_part(plan.tmp, c.rank(), step, plan.id, snapshot, plan.own_piece, plan.own_blob);
   } catch (...) {
     failure = std::current_exception();
@@ -242,7 +241,6 @@ class checkpoint_writer {
                                    options.layout, options.keep, options.commit_timeout_s};
     thread_ = std::thread([this, rank = c.rank(), plan, commit, s = std::move(snapshot)] {
       try {
-        std::filesystem::create_directories(plan.tmp);
         write_checkpoint_part(plan.tmp, rank, commit.step, plan.id, s, plan.own_piece, plan.own_blob);
         if (rank == 0) (void)commit_checkpoint(commit);
       } catch (...) {

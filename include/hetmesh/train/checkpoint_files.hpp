@@ -32,6 +32,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -122,7 +123,8 @@ inline constexpr char shard_magic[8] = {'H', 'M', 'C', 'K', 'S', 'H', 'R', 'D'};
 
 }  // namespace detail
 
-/// What one rank writes into a save's temporary directory `tmp`: its shard file (header, then the pieces and
+/// What one rank writes into a save's temporary directory `tmp` (created with its parents if missing): its
+/// shard file (header, then the pieces and
 /// blobs it owns, `own_piece[i]`/`own_blob[k]` for the i-th piece and the k-th blob in name order), then
 /// its index file (the shard's size and checksum, its pieces and blobs with offsets, the rank's counters).
 /// The index is written last: its presence means the shard is whole. Not collective; O(bytes).
@@ -131,6 +133,9 @@ template <class T>
 void write_checkpoint_part(const std::string& tmp, int rank, std::int64_t step, std::uint64_t id,
                            const rank_snapshot<T>& s, const std::vector<char>& own_piece,
                            const std::vector<char>& own_blob) {
+  std::error_code ec;
+  std::filesystem::create_directories(tmp, ec);
+  if (ec) throw_error<data_error>("checkpoint: cannot create the directory '{}': {}", tmp, ec.message());
   const std::string name = checkpoint_shard_name(rank);
   detail::ckpt_out out(tmp + "/" + name, step);
   const std::int64_t header[3] = {static_cast<std::int64_t>(id), step, rank};
@@ -187,7 +192,8 @@ struct checkpoint_commit {
 [[nodiscard]] HETMESH_COMPILED std::string commit_checkpoint(const checkpoint_commit& c);
 
 /// Removes from `root` the step directories but the newest `keep` and the one `latest` names, and the
-/// temporary directories of saves other than `except` (a killed save's). Returns the names removed.
+/// temporary directories of saves other than `except` (a killed save's). Best effort: what cannot be
+/// removed is left (and tried again by the next commit). Returns the names removed. Not collective.
 HETMESH_COMPILED std::vector<std::string> prune_checkpoints(const std::string& root, int keep,
                                                             const std::string& except = {});
 
@@ -289,8 +295,9 @@ inline std::vector<nlohmann::json> ckpt_wait_indexes(const checkpoint_commit& c)
   std::vector<nlohmann::json> out(static_cast<std::size_t>(c.ranks));
   for (int r = 0; r < c.ranks; ++r) {
     const std::string index = c.tmp + "/" + ckpt_index_name(r), error = c.tmp + "/" + ckpt_error_name(r);
-    while (!fs::exists(index)) {
-      if (fs::exists(error))
+    std::error_code ec;
+    while (!fs::exists(index, ec)) {
+      if (fs::exists(error, ec))
         throw_error<data_error>("checkpoint save of step {}: rank {} failed: {}", c.step, r,
                                 read_regular_file(error, 1 << 16, "checkpoint error marker"));
       if (std::chrono::steady_clock::now() > deadline)
@@ -357,11 +364,17 @@ HETMESH_COMPILED std::string commit_checkpoint(const checkpoint_commit& c) {
   const auto m = detail::ckpt_merge_indexes(c, detail::ckpt_wait_indexes(c));
   detail::ckpt_write_text(c.tmp + "/" + std::string(checkpoint_manifest_name), manifest_to_json(m).dump(1),
                           c.step);
-  for (int r = 0; r < c.ranks; ++r) fs::remove(c.tmp + "/" + detail::ckpt_index_name(r));
+  for (int r = 0; r < c.ranks; ++r) {
+    std::error_code ec;
+    if (!fs::remove(c.tmp + "/" + detail::ckpt_index_name(r), ec) || ec)
+      throw_error<data_error>("checkpoint: cannot remove '{}/{}': {}", c.tmp, detail::ckpt_index_name(r),
+                              ec ? ec.message() : "it is gone");
+  }
   detail::ckpt_fsync_dir(c.tmp, c.step);
   const std::string name = checkpoint_step_name(c.step), final_dir = c.root + "/" + name;
   const std::string old = c.root + "/.old-" + name + "-" + checksum_text(c.id);
-  const bool replace = fs::exists(final_dir);
+  std::error_code ec;
+  const bool replace = fs::exists(final_dir, ec);
   if (replace) detail::ckpt_rename(final_dir, old, c.step);
   detail::ckpt_rename(c.tmp, final_dir, c.step);
   detail::ckpt_fsync_dir(c.root, c.step);
@@ -369,7 +382,8 @@ HETMESH_COMPILED std::string commit_checkpoint(const checkpoint_commit& c) {
   detail::ckpt_write_text(latest_tmp, name + "\n", c.step);
   detail::ckpt_rename(latest_tmp, latest, c.step);
   detail::ckpt_fsync_dir(c.root, c.step);
-  if (replace) fs::remove_all(old);
+  std::error_code ignored;  // the step is committed: what is left to tidy is left for the next commit
+  if (replace) fs::remove_all(old, ignored);
   (void)prune_checkpoints(c.root, c.keep);
   return final_dir;
 }
@@ -384,12 +398,12 @@ HETMESH_COMPILED std::vector<std::string> prune_checkpoints(const std::string& r
   }
   std::vector<std::pair<std::int64_t, std::string>> steps;
   std::vector<std::string> removed;
-  for (const auto& e : fs::directory_iterator(root)) {
+  std::error_code ec;  // best effort: a directory that cannot be removed now is tried again next time
+  for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
-    if (!e.is_directory()) continue;
+    if (!e.is_directory(ec)) continue;
     if ((n.starts_with(".tmp-") || n.starts_with(".old-")) && n != except) {
-      fs::remove_all(e.path());
-      removed.push_back(n);
+      if (fs::remove_all(e.path(), ec) != static_cast<std::uintmax_t>(-1)) removed.push_back(n);
     } else if (const auto s = checkpoint_step_of(n); s >= 0) {
       steps.emplace_back(s, n);
     }
@@ -397,8 +411,8 @@ HETMESH_COMPILED std::vector<std::string> prune_checkpoints(const std::string& r
   std::sort(steps.rbegin(), steps.rend());
   for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1)); i < steps.size(); ++i)
     if (steps[i].second != latest) {
-      fs::remove_all(root + "/" + steps[i].second);
-      removed.push_back(steps[i].second);
+      if (fs::remove_all(root + "/" + steps[i].second, ec) != static_cast<std::uintmax_t>(-1))
+        removed.push_back(steps[i].second);
     }
   return removed;
 }
