@@ -593,5 +593,9 @@ TEST_CASE("hetmesh-ckpt: info and verify exit 0 on a good checkpoint, 1 on damag
   CHECK(run_tool("verify --bogus " + root.path).code == 2);
   const temp_root empty;
   CHECK(run_tool("verify " + empty.path).code == 2);  // not a checkpoint at all
+  fs::remove(root / "step-00000005/manifest.json");
+  r = run_tool("info " + (root / "step-00000005"));
+  CHECK(r.code == 1);  // a step directory without its manifest is damaged
+  CHECK(r.err.find("manifest.json") != std::string::npos);
 }
 #endif

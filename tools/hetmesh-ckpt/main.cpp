@@ -32,7 +32,7 @@ void print_info(const hetmesh::train::checkpoint_manifest& m, const std::string&
              m.library, hetmesh::train::checkpoint_format, m.version);
   fmt::print("  dtype     {}\n  ranks     {}\n  layout    {}\n", m.dtype, m.ranks,
              m.layout.empty() ? "-" : m.layout);
-  fmt::print("  tensors   {} ({} elements per field)\n", m.tensors.size(), elements);
+  fmt::print("  tensors   {} ({} elements per field, in all)\n", m.tensors.size(), elements);
   for (const auto& t : m.tensors)
     fmt::print("    {:>6}  {:>12}  {}\n", t.id, t.full, fmt::join(t.fields, ","));
   fmt::print("  pieces    {}\n  counters  {}\n", m.pieces.size(), m.counters.size());
@@ -55,11 +55,20 @@ int run(const std::string& cmd, const std::vector<std::string>& rest) {
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     hetmesh::throw_error<tl::usage_error>(
         "DIR '{}' is not a directory; expected a checkpoint root or step directory", dir);
-  if (!std::filesystem::exists(dir + "/manifest.json") && !std::filesystem::exists(dir + "/latest"))
+  const bool step_named =
+      hetmesh::train::checkpoint_step_of(std::filesystem::path(dir).filename().string()) >= 0;
+  if (!std::filesystem::exists(dir + "/manifest.json") && !std::filesystem::exists(dir + "/latest")) {
+    if (step_named) {  // a step directory that lost its manifest is damage, not misuse
+      std::cerr << "hetmesh-ckpt: damaged: '" << dir
+                << "/manifest.json' is missing; expected a step directory's "
+                << "manifest\n";
+      return 1;
+    }
     hetmesh::throw_error<tl::usage_error>(
         "DIR '{}' holds neither manifest.json nor latest; expected a checkpoint "
         "root or step directory",
         dir);
+  }
   try {
     if (cmd == "info") {
       const std::string step_dir = hetmesh::train::checkpoint_step_dir(dir);

@@ -236,7 +236,9 @@ HETMESH_COMPILED void checkpoint_reader::fill_bytes(const piece_key& k, std::siz
   const auto elt = static_cast<std::size_t>(checkpoint_dtype_bytes(manifest_.dtype));
   std::vector<unsigned char> staging(n * elt);
   std::map<std::string, regular_file> files;
-  const std::int64_t lc = k.block.rows == 0 || k.block.axis == 0 ? 0 : k.block.cols / k.block.parts;
+  // The request's runs: whole blocks and row splits are one run; a column split's rows are one each.
+  const std::int64_t lc =
+      k.block.rows == 0 || k.block.axis == 0 || k.block.parts == 1 ? 0 : k.block.cols / k.block.parts;
   for (std::int64_t i = 0; i < k.count;) {
     const std::int64_t at = k.begin + i, g = k.block.global(at);
     std::int64_t run = lc == 0 ? k.count - i : std::min(lc - at % lc, k.count - i);
