@@ -199,6 +199,11 @@ TEST_CASE(
       }
       continued[static_cast<std::size_t>(c.rank())] = m.value;
     });
+    // The shards' runs cover every element once: 61 moments in all, padding never saved.
+    std::int64_t saved = 0;
+    for (const auto& sn : snaps)
+      for (const auto& p : sn.pieces) saved += p.key.field == "adam.m" ? p.key.count : 0;
+    CHECK(saved == 61);
     const train::memory_source<double> src{std::span<const snapshot>(snaps)};
     CHECK(src.counter("adam.t/3") == 3);
     auto summed = [&](std::size_t k, std::int64_t i) {
@@ -514,6 +519,28 @@ TEST_CASE("train::capture and restore: sgd saves nothing, a user's optimizer its
   rank_model r(kSmall, 0, 1, 6);
   train::restore(train::memory_source<double>{std::span<const snapshot>(&plain, 1)}, r.records(), sgd);
   CHECK(r.value == m.value);
+}
+
+TEST_CASE("train::capture and restore in float: a tp block of a float Adam's state") {
+  struct float_record {
+    std::int64_t id;
+    std::span<float> value;
+    train::tensor_shard shard;
+  };
+  std::vector<float> w(12), g(12, 0.25F);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) - 3.5F;
+  train::adam<float> a{.lr = 0.1F};
+  a(std::vector<std::span<float>>{w}, std::vector<std::span<float>>{g});
+  const auto snap = train::capture(std::vector<float_record>{{4, w, {}}}, a);
+  std::vector<float> half(6, 0.0F);
+  train::adam<float> b;
+  const train::tensor_shard second{4, 3, 0, 1, 2};  // rows 2 and 3 of a 4x3 tensor
+  train::restore(train::memory_source<float>{std::span<const train::rank_snapshot<float>>(&snap, 1)},
+                 std::vector<float_record>{{4, half, second}}, b);
+  CHECK(half == std::vector<float>(w.begin() + 6, w.end()));
+  CHECK(b.state.at(half.data()).v ==
+        std::vector<float>(a.state.at(w.data()).v.begin() + 6, a.state.at(w.data()).v.end()));
+  CHECK(b.state.at(half.data()).t == 1);
 }
 
 TEST_CASE("train::zero1 and checkpoints: a group restored at two update counts, a tensor not given") {
