@@ -152,7 +152,7 @@ void add_piece(rank_snapshot<T>& s, piece_key k, std::vector<T> data) {
   s.pieces.push_back({std::move(k), std::move(data)});
 }
 
-// Adam's moments of every tensor over its block (zero, count 0, for a tensor not stepped yet).
+// Adam's moments and count of every tensor over its block (zeros and 0 for a tensor not stepped yet).
 template <class T>
 void save_adam(const adam<T>& o, std::span<const checkpoint_tensor<T>> ts, rank_snapshot<T>& s) {
   for (const auto& t : ts) {
@@ -196,8 +196,7 @@ void save_zero1(const zero1<adam<T>, M>& o, std::span<const checkpoint_tensor<T>
       if (it == index.end() || ts[it->second].value.size() != p.size())
         throw_error<invalid_argument>(
             "train::capture: train::zero1 steps a tensor of {} elements that is not among the {} tensors "
-            "given; "
-            "expected every tensor the optimizer steps",
+            "given; expected every tensor the optimizer steps",
             n, ts.size());
       const auto& t = ts[it->second];
       if (!done[it->second]) {
