@@ -221,8 +221,7 @@ struct zero1 {
       if (found != ps.size())
         throw_error<invalid_argument>(
             "train::zero1: restored state for {} of a group's {} tensors; expected all of them (restore "
-            "every "
-            "tensor the optimizer steps)",
+            "every tensor the optimizer steps)",
             found, ps.size());
       const shard_layout& l = g.layout;
       std::vector<value_type> m(at(l.shard_elements()), value_type(0)), v(m.size(), value_type(0));
