@@ -19,12 +19,14 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "../comm/collectives.hpp"
 #include "../core/error.hpp"
 #include "../model/host_memory.hpp"
 #include "../model/memory_policy.hpp"
+#include "optimizer.hpp"
 
 namespace hetmesh::train {
 
@@ -85,6 +87,19 @@ struct shard_layout {
   [[nodiscard]] std::int64_t shard_elements() const noexcept {
     return buckets() == 0 ? 0 : shard_offset(buckets() - 1) + slice(buckets() - 1);
   }
+  /// f(first, at, count) for each run of the flattened group's elements [offset, offset + size) that rank
+  /// `rank` owns, in order: the run's first element relative to `offset`, where the run sits in the rank's
+  /// shard, and its length (padding is never in a run). O(buckets the range spans).
+  template <class F>
+  void owned_runs(int rank, std::int64_t offset, std::int64_t size, F&& f) const {
+    if (size <= 0) return;
+    for (std::int64_t b = offset / bucket; b <= (offset + size - 1) / bucket; ++b) {
+      const std::int64_t base = b * bucket, mine = rank * slice(b);
+      const std::int64_t lo = std::max(offset, base + std::min(bucket_size(b), mine));
+      const std::int64_t hi = std::min(offset + size, base + std::min(bucket_size(b), mine + slice(b)));
+      if (lo < hi) f(lo - offset, shard_offset(b) + lo - base - mine, hi - lo);
+    }
+  }
   friend bool operator==(const shard_layout&, const shard_layout&) = default;
 };
 
@@ -95,6 +110,8 @@ struct shard_layout {
 /// inner optimizer's state for them. After a step the parameters are equal on every rank; the gradient
 /// tensors hold this rank's unreduced gradients, or, with `keep_full_gradients`, the reduced ones (one
 /// more all-gather per bucket: for parity checks). M: where the buffers live (the system's memory policy).
+/// Checkpoints (train/checkpoint_state.hpp) read each group's tensors and rank at its last step, and hand
+/// restored Adam moments over through `pending`, which the next step of the group slices to its shard.
 template <class Inner, model::memory_policy M = model::host_memory>
 struct zero1 {
   /// Marks the type as sharded (train::sharded_optimizer).
@@ -136,6 +153,9 @@ struct zero1 {
     group& g = groups[ps.empty() ? nullptr : static_cast<const void*>(ps.front().data())];
     const shard_layout l{n, bucket_bytes / elem, c.size()};
     if (!(g.layout == l)) g.reset(l);
+    g.tensors.assign(ps.begin(), ps.end());
+    g.rank = c.rank();
+    if (!pending.empty()) take_pending(g, ps);
     const auto me = static_cast<std::int64_t>(c.rank());
     // Gradients: flatten, reduce-scatter bucket by bucket into this rank's shard.
     flatten(mem, g, gs);
@@ -173,6 +193,8 @@ struct zero1 {
     typename M::template buffer<value_type> params;   ///< this rank's shard of the parameters
     typename M::template buffer<value_type> grads;    ///< this rank's shard of the reduced gradients
     typename M::template buffer<value_type> scratch;  ///< one bucket, for the rank-order reduction
+    std::vector<std::span<value_type>> tensors;       ///< the group's tensors at its last step, in order
+    int rank = 0;                                     ///< this rank in the group's communicator then
     /// Sizes the buffers for `l`.
     void reset(const shard_layout& l) {
       layout = l;
@@ -185,6 +207,51 @@ struct zero1 {
 
  private:
   static std::size_t at(std::int64_t i) noexcept { return static_cast<std::size_t>(i); }
+
+  // The pending moments of the group's tensors (all of them, or none), sliced to this rank's shard and
+  // handed to the inner optimizer; then no longer pending. Checks everything before changing anything.
+  void take_pending(group& g, const std::vector<std::span<value_type>>& ps) {
+    std::size_t found = 0;
+    for (const auto& p : ps) found += pending.count(p.data());
+    if (found == 0) return;
+    if constexpr (!requires(Inner & i, std::span<const value_type> s) { i.moments(s).t; }) {
+      throw_error<invalid_argument>(
+          "train::zero1: restored Adam moments for an inner optimizer that keeps none; expected an Adam");
+    } else {
+      if (found != ps.size())
+        throw_error<invalid_argument>(
+            "train::zero1: restored state for {} of a group's {} tensors; expected all of them (restore "
+            "every tensor the optimizer steps)",
+            found, ps.size());
+      const shard_layout& l = g.layout;
+      std::vector<value_type> m(at(l.shard_elements()), value_type(0)), v(m.size(), value_type(0));
+      const std::int64_t t = pending.at(ps.front().data()).t;
+      std::int64_t offset = 0;
+      for (std::size_t k = 0; k < ps.size(); ++k) {
+        const auto& s = pending.at(ps[k].data());
+        if (s.t != t)
+          throw_error<data_error>(
+              "train::zero1: restored Adam steps {} (tensor 0 of the group) and {} (tensor {}); expected one "
+              "step count per parameter group",
+              t, s.t, k);
+        if (s.m.size() != ps[k].size() || s.v.size() != ps[k].size())
+          throw_error<invalid_argument>(
+              "train::zero1: restored moments of {} elements for tensor {} of {}; expected equal", s.m.size(),
+              k, ps[k].size());
+        l.owned_runs(g.rank, offset, static_cast<std::int64_t>(ps[k].size()),
+                     [&](std::int64_t first, std::int64_t pos, std::int64_t n) {
+                       std::copy_n(s.m.begin() + first, n, m.begin() + pos);
+                       std::copy_n(s.v.begin() + first, n, v.begin() + pos);
+                     });
+        offset += static_cast<std::int64_t>(ps[k].size());
+      }
+      auto& st = inner.moments(g.params.span());
+      st.m = std::move(m);
+      st.v = std::move(v);
+      st.t = t;
+      for (const auto& p : ps) pending.erase(p.data());
+    }
+  }
 
   // g.flat = the tensors `ts` one after the other at their padded positions, padding zero.
   static void flatten(const M& mem, group& g, const std::vector<std::span<value_type>>& ts) {
@@ -227,6 +294,10 @@ struct zero1 {
   /// Per parameter group, by its first tensor's storage (state the steps keep; the inner optimizer's state
   /// is keyed by the shard buffers', which stay in place).
   std::map<const void*, group> groups{};
+  /// Restored Adam moments of whole tensors (each a tensor's full block, keyed by its storage), waiting for
+  /// the step of their group, which slices out this rank's shard (train::restore fills it). Empty in a run
+  /// that was not restored: the step then pays one emptiness check.
+  std::map<const value_type*, adam_moments<value_type>> pending{};
 };
 
 }  // namespace hetmesh::train
