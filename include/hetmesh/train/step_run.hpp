@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -17,10 +18,12 @@
 #include "../comm/group_cache.hpp"
 #include "../core/cpu_time.hpp"
 #include "../core/error.hpp"
+#include "../model/attention.hpp"
 #include "../model/encoder_batch.hpp"
 #include "../model/micro_batch.hpp"
 #include "../model/stage.hpp"
 #include "../pipeline/action.hpp"
+#include "../pipeline/schedule_family.hpp"
 #include "../run/ring_attention.hpp"
 #include "build.hpp"
 #include "context.hpp"
@@ -29,6 +32,8 @@
 #include "partition_family.hpp"
 #include "step_plan.hpp"
 #include "step_stats.hpp"
+#include "system_config.hpp"
+#include "zero.hpp"
 
 namespace hetmesh::train::detail {
 
@@ -161,5 +166,27 @@ struct step_resources {
   Comm* row = nullptr;                             ///< the encoder row: tp x pool ranks, by row position
   int row_size = 1;                                ///< ranks of the encoder row
 };
+
+/// train::system::run's compile-time checks of its types: the kernel for element type T, the backbone
+/// stage against its Context, the schedule family against the stage's split backward, the optimizer hook
+/// (or a sharded optimizer) and each encoder against its EncoderContext. Each failure is one static_assert
+/// naming what to provide.
+template <class Kernel, class Schedule, class Context, class EncoderContext, class Stage, class Optimizer,
+          class T, class... Encoders>
+constexpr void check_run_types() {
+  static_assert(model::attention_kernel<Kernel, T>,
+                "train::system: Kernel must model model::attention_kernel<Kernel, T> for the stage's element "
+                "type T: `forward(const attention_block<T>&, attention_forward_out<T>)` and "
+                "`backward(const attention_block<T>&, attention_backward_io<T>)`");
+  static_assert(model::check_backbone_stage<Stage, T, Context>());
+  static_assert(pipeline::check_schedule_accepts<Schedule, model::split_backward_stage<Stage, T, Context>>());
+  static_assert(optimizer_hook<Optimizer, Stage> || sharded_optimizer<Optimizer>,
+                "train::system::run: the optimizer hook must be callable as "
+                "`optimizer(stage.parameters(), stage.gradients())`, or be a sharded optimizer "
+                "(train::zero1)");
+  static_assert((model::check_encoder_stage<std::remove_pointer_t<decltype(std::declval<Encoders&>().stage)>,
+                                            T, EncoderContext>() &&
+                 ...));
+}
 
 }  // namespace hetmesh::train::detail

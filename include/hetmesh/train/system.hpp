@@ -330,7 +330,8 @@ class system {
   step_stats run_step(double run_cpu0, const plan_type& plan, const model::step_batch& batch,
                       const model::step_summary& s, Stage& stage, Optimizer&& optimizer,
                       Encoders... encoders) {
-    check_run_types<Stage, Optimizer, T, Encoders...>();
+    detail::check_run_types<Kernel, Schedule, context_type<T>, encoder_context_type<T>, Stage, Optimizer, T,
+                            Encoders...>();
     check_token_mixing<Stage>(partition_, pool_size_, family_label(partition_));
     check_stage_sizes(stage, partition_, options_.mesh);
     auto& world = *world_;
@@ -372,26 +373,6 @@ class system {
     reduce_and_step(st, runner, stage, bound, std::forward<Optimizer>(optimizer));
     st.cpu_step_seconds = thread_cpu_seconds() - run_cpu0;
     return st;
-  }
-
-  template <class Stage, class Optimizer, class T, class... Encoders>
-  static void check_run_types() {
-    static_assert(
-        model::attention_kernel<Kernel, T>,
-        "train::system: Kernel must model model::attention_kernel<Kernel, T> for the stage's element "
-        "type T: `forward(const attention_block<T>&, attention_forward_out<T>)` and "
-        "`backward(const attention_block<T>&, attention_backward_io<T>)`");
-    static_assert(model::check_backbone_stage<Stage, T, context_type<T>>());
-    static_assert(
-        pipeline::check_schedule_accepts<Schedule, model::split_backward_stage<Stage, T, context_type<T>>>());
-    static_assert(optimizer_hook<Optimizer, Stage> || sharded_optimizer<Optimizer>,
-                  "train::system::run: the optimizer hook must be callable as "
-                  "`optimizer(stage.parameters(), stage.gradients())`, or be a sharded optimizer "
-                  "(train::zero1)");
-    static_assert(
-        (model::check_encoder_stage<std::remove_pointer_t<decltype(std::declval<Encoders&>().stage)>, T,
-                                    encoder_context_type<T>>() &&
-         ...));
   }
 
   // The plan's attention groups (its mechanism's group_size: 0 for rings): their communicator is split
