@@ -69,7 +69,10 @@ struct stage_context : detail::context_store<Store> {
   /// The activation store type (void: none).
   using store_type = Store;
 
-  Comm* tp = nullptr;       ///< tensor-parallel group (null: tp = 1)
+  /// Tensor-parallel group (null: tp = 1). Every tp rank runs the same micro-batches; a first stage that
+  /// reads encoder rows gets them whole on every tp rank and must hand back the same input gradient on each
+  /// (as a column-parallel input does after its all-reduce): train::system takes it from one of them.
+  Comm* tp = nullptr;
   Comm* ep = nullptr;       ///< expert-parallel group (null: ep = 1)
   ring_group<Comm> ring{};  ///< the sequence's CP or HDP ring
   int stage = 0;            ///< pipeline stage (encoder: encoder shard) of the call
