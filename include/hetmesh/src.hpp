@@ -19,12 +19,23 @@
 #define HETMESH_SOURCE 1
 
 // Every header that declares a HETMESH_COMPILED function (scripts/check_rooms.py checks the list).
+#include "balance/balancers.hpp"
 #include "balance/bytescale.hpp"
+#include "balance/dispatch.hpp"
+#include "balance/dp.hpp"
+#include "balance/hdp_common.hpp"
+#include "balance/model.hpp"
+#include "balance/partition.hpp"
 #include "balance/planner.hpp"
+#include "balance/reorder.hpp"
+#include "balance/reshard.hpp"
 #include "balance/ring_layout.hpp"
 #include "balance/ring_repack.hpp"
 #include "balance/ring_search.hpp"
 #include "balance/solvers.hpp"
+#include "balance/strategies.hpp"
+#include "balance/strategy_plan.hpp"
+#include "balance/workload.hpp"
 #include "comm/communicator.hpp"
 #include "comm/detail/checks.hpp"
 #include "comm/detail/loopback_impl.hpp"
