@@ -41,7 +41,6 @@
 #include "comm/detail/loopback_impl.hpp"
 #include "comm/group_cache.hpp"
 #include "comm/loopback.hpp"
-#include "core/assert.hpp"
 #include "core/checked.hpp"
 #include "core/cpu_time.hpp"
 #include "core/error.hpp"

@@ -29,8 +29,13 @@ enum class assertion_level : int {
 }
 
 namespace detail {
-[[noreturn]] [[gnu::cold]] [[gnu::noinline]] HETMESH_COMPILED void assertion_failed_v(
-    std::string_view expr, std::string_view file, int line, fmt::string_view format, fmt::format_args args);
+[[noreturn]] [[gnu::cold]] [[gnu::noinline]] inline void assertion_failed_v(std::string_view expr,
+                                                                            std::string_view file, int line,
+                                                                            fmt::string_view format,
+                                                                            fmt::format_args args) {
+  throw assertion_error(
+      hetmesh::format("assertion `{}` failed at {}:{}: {}", expr, file, line, fmt::vformat(format, args)));
+}
 
 #if HETMESH_CHECK_FORMAT_STRINGS
 /// A failed HETMESH_ASSERT: formats the explanation out of line (see throw_error).
@@ -78,16 +83,3 @@ requires(sizeof...(Args) > max_erased_args)
 
 /// HETMESH_ASSERT(cond, fmt, args...): a normal-level precondition check.
 #define HETMESH_ASSERT(cond, ...) HETMESH_ASSERT_AT(normal, cond, __VA_ARGS__)
-
-#if HETMESH_BODIES
-
-namespace hetmesh::detail {
-
-HETMESH_COMPILED void assertion_failed_v(std::string_view expr, std::string_view file, int line,
-                                         fmt::string_view format, fmt::format_args args) {
-  throw assertion_error(
-      hetmesh::format("assertion `{}` failed at {}:{}: {}", expr, file, line, fmt::vformat(format, args)));
-}
-
-}  // namespace hetmesh::detail
-#endif  // HETMESH_BODIES
