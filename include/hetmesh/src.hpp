@@ -58,6 +58,7 @@
 #include "cost/moe.hpp"
 #include "data/autoscale.hpp"
 #include "data/constructor.hpp"
+#include "data/detail/planner_impl.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/memory_report.hpp"
 #include "data/memory_source.hpp"

@@ -175,13 +175,14 @@ struct fmt::formatter<hetmesh::balance::static_dp_cp> : hetmesh::empty_spec_form
   }
 };
 
+#if HETMESH_BODIES
+// The library's own families, checked against their concepts where the bodies are compiled (header-only
+// translation units and the compiled part; a translation unit of a separately compiled program skips them).
 static_assert(hetmesh::balance::balancer<hetmesh::balance::bytescale>);
 static_assert(hetmesh::balance::balancer<hetmesh::balance::gap_filling_hdp>);
 static_assert(hetmesh::balance::balancer<hetmesh::balance::token_count>);
 static_assert(hetmesh::balance::balancer<hetmesh::balance::random_placement>);
 static_assert(hetmesh::balance::balancer<hetmesh::balance::static_dp_cp>);
-
-#if HETMESH_BODIES
 
 namespace hetmesh::balance {
 

@@ -94,11 +94,12 @@ struct fmt::formatter<P> : hetmesh::empty_spec_formatter {
   }
 };
 
+#if HETMESH_BODIES
+// The library's own families, checked against their concepts where the bodies are compiled (header-only
+// translation units and the compiled part; a translation unit of a separately compiled program skips them).
 static_assert(hetmesh::balance::partitioner<hetmesh::balance::lpt_partition>);
 static_assert(hetmesh::balance::partitioner<hetmesh::balance::karmarkar_karp_partition>);
 static_assert(hetmesh::balance::partitioner<hetmesh::balance::round_robin_partition>);
-
-#if HETMESH_BODIES
 
 namespace hetmesh::balance {
 

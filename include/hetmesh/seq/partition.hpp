@@ -304,6 +304,9 @@ struct fmt::formatter<hetmesh::seq::hdp<Offload>> : hetmesh::empty_spec_formatte
   }
 };
 
+#if HETMESH_BODIES
+// The library's own families, checked against their concepts where the bodies are compiled (header-only
+// translation units and the compiled part; a translation unit of a separately compiled program skips them).
 static_assert(hetmesh::seq::llm_partition<hetmesh::seq::cp_zigzag>);
 static_assert(hetmesh::seq::llm_partition<hetmesh::seq::cp_thd>);
 static_assert(hetmesh::seq::llm_partition<hetmesh::seq::cp_contiguous>);
@@ -313,8 +316,6 @@ static_assert(hetmesh::seq::llm_partition<hetmesh::seq::hdp<hetmesh::seq::no_off
 static_assert(hetmesh::seq::encoder_partition<hetmesh::seq::long_short_policy>);
 static_assert(hetmesh::seq::offload_family<hetmesh::seq::no_offload>);
 static_assert(hetmesh::seq::offload_family<hetmesh::seq::selective_offload>);
-
-#if HETMESH_BODIES
 
 namespace hetmesh::seq {
 
