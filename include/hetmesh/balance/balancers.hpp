@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "../seq/types.hpp"
@@ -53,25 +54,18 @@ struct bytescale {
 
   /// plan_bytescale on cfg's pool, as work items priced by cfg.model. Pre: cfg.ranks >= 1 (else
   /// invalid_argument); valid sequences. Pure; deterministic. O(n log n). Not collective.
-  [[nodiscard]] strategy_plan plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) const {
-    detail::check_ranks(cfg, name);
-    return detail::hdp_plan_items(place_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model), cfg.model);
-  }
+  [[nodiscard]] HETMESH_COMPILED strategy_plan plan(std::span<const seq::seq_desc> seqs,
+                                                    const strategy_config& cfg) const;
   /// The scheduler's policy under cost model `m`: these parameters, in pp mode when m.pp_stages > 1.
-  [[nodiscard]] bytescale_policy policy(const step_model& m) const noexcept {
-    return {.delta = delta,
-            .mode = m.pp_stages > 1 ? hdp_balance_mode::pp : hdp_balance_mode::dp,
-            .buckets = buckets};
-  }
+  [[nodiscard]] HETMESH_COMPILED bytescale_policy policy(const step_model& m) const noexcept;
   /// The HDP plan of `seqs` over `pool` ranks: plan_bytescale(seqs, hdp, pool, m, policy(m)). What
   /// train's HDP family calls to place its items (train/families.hpp). Same contract and errors.
-  [[nodiscard]] seq::hdp_plan place_hdp(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp,
-                                        int pool, const step_model& m) const {
-    return plan_bytescale(seqs, hdp, pool, m, policy(m));
-  }
+  [[nodiscard]] HETMESH_COMPILED seq::hdp_plan place_hdp(std::span<const seq::seq_desc> seqs,
+                                                         const seq::hdp_policy& hdp, int pool,
+                                                         const step_model& m) const;
   friend constexpr bool operator==(const bytescale&, const bytescale&) = default;
   /// Hashes the family and its parameters.
-  void hash_append(hasher& h) const { append_all(h, name, delta, buckets); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// This project's planner (plan_gap_filling_hdp): rings of long sequences first, short sequences packed
@@ -85,26 +79,17 @@ struct gap_filling_hdp {
 
   /// plan_gap_filling_hdp on cfg's pool, as work items priced by cfg.model. Same contract and errors
   /// as plan_gap_filling_hdp (group_size must divide cfg.ranks). Pure; deterministic. Not collective.
-  [[nodiscard]] strategy_plan plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) const {
-    detail::check_ranks(cfg, name);
-    return detail::hdp_plan_items(place_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model), cfg.model);
-  }
+  [[nodiscard]] HETMESH_COMPILED strategy_plan plan(std::span<const seq::seq_desc> seqs,
+                                                    const strategy_config& cfg) const;
   /// The HDP plan of `seqs` over `pool` ranks: plan_gap_filling_hdp with these parameters, the loader of
   /// sequence i being rank i % pool. What train's HDP family calls to place its items
   /// (train/families.hpp). Same contract and errors as plan_gap_filling_hdp.
-  [[nodiscard]] seq::hdp_plan place_hdp(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp,
-                                        int pool, const step_model& m) const {
-    std::vector<int> owner(seqs.size());
-    for (std::size_t i = 0; i < owner.size(); ++i)
-      owner[i] = static_cast<int>(i % static_cast<std::size_t>(pool > 0 ? pool : 1));
-    return plan_gap_filling_hdp(seqs, hdp, pool, m, gap_filling_policy{group_size, local_search}, owner);
-  }
+  [[nodiscard]] HETMESH_COMPILED seq::hdp_plan place_hdp(std::span<const seq::seq_desc> seqs,
+                                                         const seq::hdp_policy& hdp, int pool,
+                                                         const step_model& m) const;
   friend constexpr bool operator==(const gap_filling_hdp&, const gap_filling_hdp&) = default;
   /// Hashes the family and its parameters (local_search only when off: default hashes unchanged).
-  void hash_append(hasher& h) const {
-    append_all(h, name, group_size);
-    if (!local_search) append(h, local_search);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// HDP work items (seq::hdp_shard) placed by token count: each item on the ranks with the fewest tokens
@@ -114,13 +99,11 @@ struct token_count {
   static constexpr std::string_view name = "token_count";
 
   /// The token-count plan. Pre: cfg.ranks >= 1 (else invalid_argument). Pure. O(n log n).
-  [[nodiscard]] strategy_plan plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) const {
-    detail::check_ranks(cfg, name);
-    return detail::token_count_plan(seqs, cfg);
-  }
+  [[nodiscard]] HETMESH_COMPILED strategy_plan plan(std::span<const seq::seq_desc> seqs,
+                                                    const strategy_config& cfg) const;
   friend constexpr bool operator==(const token_count&, const token_count&) = default;
   /// Hashes the family.
-  void hash_append(hasher& h) const { append(h, name); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Baseline: HDP work items on uniformly random ranks (a fresh random subset per item).
@@ -130,13 +113,11 @@ struct random_placement {
   std::uint64_t seed = 1;  ///< seed of the placement
 
   /// The random plan. Pre: cfg.ranks >= 1 (else invalid_argument). Pure: deterministic for a seed.
-  [[nodiscard]] strategy_plan plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) const {
-    detail::check_ranks(cfg, name);
-    return detail::random_plan(seqs, cfg, seed);
-  }
+  [[nodiscard]] HETMESH_COMPILED strategy_plan plan(std::span<const seq::seq_desc> seqs,
+                                                    const strategy_config& cfg) const;
   friend constexpr bool operator==(const random_placement&, const random_placement&) = default;
   /// Hashes the family and its seed.
-  void hash_append(hasher& h) const { append_all(h, name, seed); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Baseline: a fixed dp x cp mesh with cp = ceil(context / C); sequences packed Megatron-style (arrival
@@ -148,13 +129,11 @@ struct static_dp_cp {
 
   /// The static plan. Pre: cfg.ranks >= 1 (else invalid_argument). Throws capacity_error when cp
   /// exceeds the pool. Pure. O(n).
-  [[nodiscard]] strategy_plan plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) const {
-    detail::check_ranks(cfg, name);
-    return detail::static_dp_cp_plan(seqs, cfg, context);
-  }
+  [[nodiscard]] HETMESH_COMPILED strategy_plan plan(std::span<const seq::seq_desc> seqs,
+                                                    const strategy_config& cfg) const;
   friend constexpr bool operator==(const static_dp_cp&, const static_dp_cp&) = default;
   /// Hashes the family and its context length.
-  void hash_append(hasher& h) const { append_all(h, name, context); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 }  // namespace hetmesh::balance
@@ -196,8 +175,80 @@ struct fmt::formatter<hetmesh::balance::static_dp_cp> : hetmesh::empty_spec_form
   }
 };
 
+#if HETMESH_BODIES
+// The library's own families, checked against their concepts where the bodies are compiled (header-only
+// translation units and the compiled part; a translation unit of a separately compiled program skips them).
 static_assert(hetmesh::balance::balancer<hetmesh::balance::bytescale>);
 static_assert(hetmesh::balance::balancer<hetmesh::balance::gap_filling_hdp>);
 static_assert(hetmesh::balance::balancer<hetmesh::balance::token_count>);
 static_assert(hetmesh::balance::balancer<hetmesh::balance::random_placement>);
 static_assert(hetmesh::balance::balancer<hetmesh::balance::static_dp_cp>);
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED strategy_plan bytescale::plan(std::span<const seq::seq_desc> seqs,
+                                               const strategy_config& cfg) const {
+  detail::check_ranks(cfg, name);
+  return detail::hdp_plan_items(place_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model), cfg.model);
+}
+
+HETMESH_COMPILED bytescale_policy bytescale::policy(const step_model& m) const noexcept {
+  return {.delta = delta,
+          .mode = m.pp_stages > 1 ? hdp_balance_mode::pp : hdp_balance_mode::dp,
+          .buckets = buckets};
+}
+
+HETMESH_COMPILED seq::hdp_plan bytescale::place_hdp(std::span<const seq::seq_desc> seqs,
+                                                    const seq::hdp_policy& hdp, int pool,
+                                                    const step_model& m) const {
+  return plan_bytescale(seqs, hdp, pool, m, policy(m));
+}
+
+HETMESH_COMPILED void bytescale::hash_append(hasher& h) const { append_all(h, name, delta, buckets); }
+
+HETMESH_COMPILED strategy_plan gap_filling_hdp::plan(std::span<const seq::seq_desc> seqs,
+                                                     const strategy_config& cfg) const {
+  detail::check_ranks(cfg, name);
+  return detail::hdp_plan_items(place_hdp(seqs, cfg.hdp, cfg.ranks, cfg.model), cfg.model);
+}
+
+HETMESH_COMPILED seq::hdp_plan gap_filling_hdp::place_hdp(std::span<const seq::seq_desc> seqs,
+                                                          const seq::hdp_policy& hdp, int pool,
+                                                          const step_model& m) const {
+  std::vector<int> owner(seqs.size());
+  for (std::size_t i = 0; i < owner.size(); ++i)
+    owner[i] = static_cast<int>(i % static_cast<std::size_t>(pool > 0 ? pool : 1));
+  return plan_gap_filling_hdp(seqs, hdp, pool, m, gap_filling_policy{group_size, local_search}, owner);
+}
+
+HETMESH_COMPILED void gap_filling_hdp::hash_append(hasher& h) const {
+  append_all(h, name, group_size);
+  if (!local_search) append(h, local_search);
+}
+
+HETMESH_COMPILED strategy_plan token_count::plan(std::span<const seq::seq_desc> seqs,
+                                                 const strategy_config& cfg) const {
+  detail::check_ranks(cfg, name);
+  return detail::token_count_plan(seqs, cfg);
+}
+
+HETMESH_COMPILED void token_count::hash_append(hasher& h) const { append(h, name); }
+
+HETMESH_COMPILED strategy_plan random_placement::plan(std::span<const seq::seq_desc> seqs,
+                                                      const strategy_config& cfg) const {
+  detail::check_ranks(cfg, name);
+  return detail::random_plan(seqs, cfg, seed);
+}
+
+HETMESH_COMPILED void random_placement::hash_append(hasher& h) const { append_all(h, name, seed); }
+
+HETMESH_COMPILED strategy_plan static_dp_cp::plan(std::span<const seq::seq_desc> seqs,
+                                                  const strategy_config& cfg) const {
+  detail::check_ranks(cfg, name);
+  return detail::static_dp_cp_plan(seqs, cfg, context);
+}
+
+HETMESH_COMPILED void static_dp_cp::hash_append(hasher& h) const { append_all(h, name, context); }
+
+}  // namespace hetmesh::balance
+#endif  // HETMESH_BODIES

@@ -43,39 +43,14 @@ struct bytescale_policy {
   hdp_balance_mode mode = hdp_balance_mode::dp;  ///< balance over dp ranks or pp stages
   int buckets = 0;                               ///< length buckets; 0: min(16, items)
   friend constexpr bool operator==(const bytescale_policy&, const bytescale_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, delta, mode, buckets); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 namespace detail {
 
 /// Items by (-length, index), cut into `nb` runs of about equal total compute (per-rank time x D).
-inline std::vector<std::vector<std::size_t>> equal_compute_buckets(const seq::hdp_sharding& sh,
-                                                                   std::span<const cost::fixed> per_rank,
-                                                                   int nb) {
-  std::vector<std::size_t> order(sh.items.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  auto longest = [&](std::size_t i) {
-    std::int64_t m = 0;
-    for (const auto& s : sh.items[i].seqs) m = std::max(m, s.length);
-    return m;
-  };
-  hetmesh::indirect_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const auto la = longest(a), lb = longest(b);
-    return la != lb ? la > lb : a < b;
-  });
-  std::int64_t total = 0;
-  for (std::size_t i : order) total += per_rank[i].ticks * sh.items[i].degree;
-  std::vector<std::vector<std::size_t>> out(1);
-  std::int64_t acc = 0;
-  for (std::size_t i : order) {
-    const auto b = static_cast<std::int64_t>(out.size());
-    // Close the current bucket once it holds its share of compute (b / nb of the total so far).
-    if (!out.back().empty() && b < nb && acc * nb >= b * total) out.emplace_back();
-    out.back().push_back(i);
-    acc += per_rank[i].ticks * sh.items[i].degree;
-  }
-  return out;
-}
+HETMESH_COMPILED std::vector<std::vector<std::size_t>> equal_compute_buckets(
+    const seq::hdp_sharding& sh, std::span<const cost::fixed> per_rank, int nb);
 
 }  // namespace detail
 
@@ -205,3 +180,43 @@ struct fmt::formatter<hetmesh::balance::bytescale_policy> : hetmesh::empty_spec_
                               p.buckets);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED void bytescale_policy::hash_append(hasher& h) const { append_all(h, delta, mode, buckets); }
+
+}  // namespace hetmesh::balance
+
+namespace hetmesh::balance::detail {
+
+HETMESH_COMPILED std::vector<std::vector<std::size_t>> equal_compute_buckets(
+    const seq::hdp_sharding& sh, std::span<const cost::fixed> per_rank, int nb) {
+  std::vector<std::size_t> order(sh.items.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto longest = [&](std::size_t i) {
+    std::int64_t m = 0;
+    for (const auto& s : sh.items[i].seqs) m = std::max(m, s.length);
+    return m;
+  };
+  hetmesh::indirect_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const auto la = longest(a), lb = longest(b);
+    return la != lb ? la > lb : a < b;
+  });
+  std::int64_t total = 0;
+  for (std::size_t i : order) total += per_rank[i].ticks * sh.items[i].degree;
+  std::vector<std::vector<std::size_t>> out(1);
+  std::int64_t acc = 0;
+  for (std::size_t i : order) {
+    const auto b = static_cast<std::int64_t>(out.size());
+    // Close the current bucket once it holds its share of compute (b / nb of the total so far).
+    if (!out.back().empty() && b < nb && acc * nb >= b * total) out.emplace_back();
+    out.back().push_back(i);
+    acc += per_rank[i].ticks * sh.items[i].degree;
+  }
+  return out;
+}
+
+}  // namespace hetmesh::balance::detail
+#endif  // HETMESH_BODIES

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -34,12 +35,78 @@ struct token_source {
   std::int64_t offset = 0;  ///< first row in the owner's buffer
   std::int64_t length = 0;  ///< tokens
   friend constexpr bool operator==(const token_source&, const token_source&) = default;
-  void hash_append(hasher& h) const { append_all(h, seq_id, rank, offset, length); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Sources of owners that hold their sequences back to back: rank r holds per_rank[r] in order from
 /// row 0. Pure; O(sequences).
-[[nodiscard]] inline std::vector<token_source> packed_sources(
+[[nodiscard]] HETMESH_COMPILED std::vector<token_source> packed_sources(
+    std::span<const std::vector<seq::seq_desc>> per_rank);
+
+/// The target blocks of a context-parallel partition of one packed stream: chunk k of document d on
+/// rank r becomes llm_block{seq_ids[d], r, chunk positions, chunk local_offset}. Pad positions (at or
+/// past a document's length) stay in the block; plan_token_dispatch fills no pad row. Pre:
+/// seq_ids.size() == number of documents (invalid_argument). Pure; O(chunks).
+[[nodiscard]] HETMESH_COMPILED std::vector<llm_block> dispatch_targets(const seq::cp_partition& p,
+                                                                       std::span<const std::int64_t> seq_ids);
+
+/// The target blocks of an HDP plan: llm_blocks_from_hdp (each pool rank's micro-batches in execution
+/// order, segments at consecutive rows). Pure; O(segments).
+[[nodiscard]] HETMESH_COMPILED std::vector<llm_block> dispatch_targets(const seq::hdp_plan& p);
+
+/// A token dispatch over `ranks` ranks: the row moves (tokens as rows) and each rank's buffer sizes.
+struct dispatch_plan {
+  int ranks = 0;                          ///< ranks of the exchange
+  reshard_plan moves;                     ///< owner rows -> target rows; moves.transposed() gathers back
+  std::vector<std::int64_t> source_rows;  ///< per rank: rows its source buffer must hold
+  std::vector<std::int64_t> target_rows;  ///< per rank: rows its target buffer must hold (pads included)
+  std::int64_t tokens = 0;                ///< tokens moved (every sequence token, once)
+  friend bool operator==(const dispatch_plan&, const dispatch_plan&) = default;
+  HETMESH_COMPILED void hash_append(hasher& h) const;
+};
+
+/// Plans the dispatch of `sources` (whole sequences on their owners) to `targets` (token ranges on the
+/// ranks that compute them). Pre, each checked with invalid_argument naming the sequence, rank and
+/// rows: ranks >= 1; every rank in [0, ranks); sequence ids unique among sources; lengths, offsets >= 0;
+/// sources of one rank do not overlap, nor do the targets of one rank (so the inverse is well defined);
+/// every target names a known sequence; the in-range parts of a sequence's targets cover
+/// [0, length) exactly once (positions at or past length are pads: allowed, moved nowhere).
+/// Post: every token of every source moves exactly once, to the target row holding its position;
+/// runs sorted by (src, dst, src row) and merged when contiguous on both sides. Pure; deterministic;
+/// O((S + B) log(S + B)) for S sources and B targets. Not collective.
+[[nodiscard]] HETMESH_COMPILED dispatch_plan plan_token_dispatch(int ranks,
+                                                                 std::span<const token_source> sources,
+                                                                 std::span<const llm_block> targets);
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::token_source> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::token_source& s, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "source(seq {} x {} on {}@{})", s.seq_id, s.length, s.rank,
+                              s.offset);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::dispatch_plan> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::dispatch_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "dispatch_plan(ranks={}, tokens={}, runs={})", p.ranks, p.tokens,
+                              p.moves.runs.size());
+  }
+};
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED void token_source::hash_append(hasher& h) const {
+  append_all(h, seq_id, rank, offset, length);
+}
+
+HETMESH_COMPILED std::vector<token_source> packed_sources(
     std::span<const std::vector<seq::seq_desc>> per_rank) {
   std::vector<token_source> out;
   for (std::size_t r = 0; r < per_rank.size(); ++r) {
@@ -52,12 +119,8 @@ struct token_source {
   return out;
 }
 
-/// The target blocks of a context-parallel partition of one packed stream: chunk k of document d on
-/// rank r becomes llm_block{seq_ids[d], r, chunk positions, chunk local_offset}. Pad positions (at or
-/// past a document's length) stay in the block; plan_token_dispatch fills no pad row. Pre:
-/// seq_ids.size() == number of documents (invalid_argument). Pure; O(chunks).
-[[nodiscard]] inline std::vector<llm_block> dispatch_targets(const seq::cp_partition& p,
-                                                             std::span<const std::int64_t> seq_ids) {
+HETMESH_COMPILED std::vector<llm_block> dispatch_targets(const seq::cp_partition& p,
+                                                         std::span<const std::int64_t> seq_ids) {
   const auto docs = p.cu_seqlens.empty() ? std::size_t{0} : p.cu_seqlens.size() - 1;
   if (seq_ids.size() != docs)
     throw_error<invalid_argument>(
@@ -72,34 +135,16 @@ struct token_source {
   return out;
 }
 
-/// The target blocks of an HDP plan: llm_blocks_from_hdp (each pool rank's micro-batches in execution
-/// order, segments at consecutive rows). Pure; O(segments).
-[[nodiscard]] inline std::vector<llm_block> dispatch_targets(const seq::hdp_plan& p) {
+HETMESH_COMPILED std::vector<llm_block> dispatch_targets(const seq::hdp_plan& p) {
   return llm_blocks_from_hdp(p);
 }
 
-/// A token dispatch over `ranks` ranks: the row moves (tokens as rows) and each rank's buffer sizes.
-struct dispatch_plan {
-  int ranks = 0;                          ///< ranks of the exchange
-  reshard_plan moves;                     ///< owner rows -> target rows; moves.transposed() gathers back
-  std::vector<std::int64_t> source_rows;  ///< per rank: rows its source buffer must hold
-  std::vector<std::int64_t> target_rows;  ///< per rank: rows its target buffer must hold (pads included)
-  std::int64_t tokens = 0;                ///< tokens moved (every sequence token, once)
-  friend bool operator==(const dispatch_plan&, const dispatch_plan&) = default;
-  void hash_append(hasher& h) const { append_all(h, ranks, moves, source_rows, target_rows, tokens); }
-};
+HETMESH_COMPILED void dispatch_plan::hash_append(hasher& h) const {
+  append_all(h, ranks, moves, source_rows, target_rows, tokens);
+}
 
-/// Plans the dispatch of `sources` (whole sequences on their owners) to `targets` (token ranges on the
-/// ranks that compute them). Pre, each checked with invalid_argument naming the sequence, rank and
-/// rows: ranks >= 1; every rank in [0, ranks); sequence ids unique among sources; lengths, offsets >= 0;
-/// sources of one rank do not overlap, nor do the targets of one rank (so the inverse is well defined);
-/// every target names a known sequence; the in-range parts of a sequence's targets cover
-/// [0, length) exactly once (positions at or past length are pads: allowed, moved nowhere).
-/// Post: every token of every source moves exactly once, to the target row holding its position;
-/// runs sorted by (src, dst, src row) and merged when contiguous on both sides. Pure; deterministic;
-/// O((S + B) log(S + B)) for S sources and B targets. Not collective.
-[[nodiscard]] inline dispatch_plan plan_token_dispatch(int ranks, std::span<const token_source> sources,
-                                                       std::span<const llm_block> targets) {
+HETMESH_COMPILED dispatch_plan plan_token_dispatch(int ranks, std::span<const token_source> sources,
+                                                   std::span<const llm_block> targets) {
   constexpr const char* op = "balance::plan_token_dispatch";
   if (ranks < 1) throw_error<invalid_argument>("{}: ranks = {}; expected >= 1", op, ranks);
   dispatch_plan plan;
@@ -215,21 +260,4 @@ struct dispatch_plan {
 }
 
 }  // namespace hetmesh::balance
-
-template <>
-struct fmt::formatter<hetmesh::balance::token_source> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::token_source& s, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "source(seq {} x {} on {}@{})", s.seq_id, s.length, s.rank,
-                              s.offset);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::dispatch_plan> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::dispatch_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "dispatch_plan(ranks={}, tokens={}, runs={})", p.ranks, p.tokens,
-                              p.moves.runs.size());
-  }
-};
+#endif  // HETMESH_BODIES

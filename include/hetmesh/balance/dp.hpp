@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/exactly_once.hpp"
@@ -39,7 +40,7 @@ struct dp_policy {
   int micro_batches = 0;                         ///< 0: as many as needed; m > 0: exactly m
   dp_solver solver = dp_solver::karmarkar_karp;  ///< how sequences are spread over ranks
   friend constexpr bool operator==(const dp_policy&, const dp_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, ranks, capacity, micro_batches, solver); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// One micro-batch: its sequences (packed, in (-length, id) order), tokens and modelled time.
@@ -48,7 +49,7 @@ struct dp_micro_batch {
   std::int64_t tokens = 0;          ///< sum of the sequences' lengths
   cost::fixed time{};               ///< modelled compute time
   friend bool operator==(const dp_micro_batch&, const dp_micro_batch&) = default;
-  void hash_append(hasher& h) const { append_all(h, seqs, tokens, time); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The plan: per rank, its micro-batches (longest time first); per rank, its modelled time.
@@ -57,16 +58,90 @@ struct dp_plan {
   std::vector<std::vector<dp_micro_batch>> per_rank;  ///< per rank, its micro-batches, longest time first
   std::vector<cost::fixed> rank_time;                 ///< per rank, its modelled time
   /// The step time the plan models: the busiest rank's time (zero for no ranks). O(ranks).
-  [[nodiscard]] cost::fixed makespan() const noexcept {
-    return rank_time.empty() ? cost::fixed{} : *std::max_element(rank_time.begin(), rank_time.end());
-  }
+  [[nodiscard]] HETMESH_COMPILED cost::fixed makespan() const noexcept;
   friend bool operator==(const dp_plan&, const dp_plan&) = default;
-  void hash_append(hasher& h) const { append_all(h, policy, per_rank, rank_time); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 namespace detail {
 
-inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, const cost::llm_compute& m) {
+HETMESH_COMPILED void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total,
+                                  const cost::llm_compute& m);
+
+}  // namespace detail
+
+/// Balances `seqs` over `policy.ranks` ranks and their micro-batches, priced by `m`.
+/// Pre: ranks >= 1, capacity >= 1, unique ids, 0 <= length <= capacity (capacity_error naming the
+/// sequence otherwise: a longer one needs a ring, see seq/hdp.hpp); with micro_batches = m > 0 the batch
+/// must fit ranks x m slots (capacity_error naming the first sequence that finds no room).
+/// Post: every sequence in exactly one micro-batch; every micro-batch <= capacity tokens; with m > 0,
+/// exactly m micro-batches per rank. Free count: KK or LPT over ranks on modelled cost, then best-fit
+/// decreasing into micro-batches. Fixed count: greedy (-cost, id) to the least-loaded rank with a slot
+/// the sequence fits (best fit among its slots). Pure; deterministic; invariant under permutation of
+/// `seqs` (the plan is equal, not just its makespan). O(n log n + n log ranks) (fixed count: O(n ranks)
+/// worst case). Not collective.
+[[nodiscard]] HETMESH_COMPILED dp_plan plan_dp(std::span<const seq::seq_desc> seqs,
+                                               const cost::llm_compute& m, const dp_policy& policy);
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::dp_solver> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(hetmesh::balance::dp_solver s, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "{}",
+                              s == hetmesh::balance::dp_solver::lpt ? "lpt" : "karmarkar_karp");
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::dp_policy> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::dp_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "dp_policy(ranks={}, capacity={}, micro_batches={}, solver={})",
+                              p.ranks, p.capacity, p.micro_batches, p.solver);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::dp_micro_batch> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::dp_micro_batch& mb, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "mb(tokens={}, time={}, seqs={})", mb.tokens, mb.time,
+                              mb.seqs.size());
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::dp_plan> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::dp_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "dp_plan({}, makespan={} modelled)", p.policy, p.makespan());
+  }
+};
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED void dp_policy::hash_append(hasher& h) const {
+  append_all(h, ranks, capacity, micro_batches, solver);
+}
+
+HETMESH_COMPILED void dp_micro_batch::hash_append(hasher& h) const { append_all(h, seqs, tokens, time); }
+
+HETMESH_COMPILED cost::fixed dp_plan::makespan() const noexcept {
+  return rank_time.empty() ? cost::fixed{} : *std::max_element(rank_time.begin(), rank_time.end());
+}
+
+HETMESH_COMPILED void dp_plan::hash_append(hasher& h) const { append_all(h, policy, per_rank, rank_time); }
+
+}  // namespace hetmesh::balance
+
+namespace hetmesh::balance::detail {
+
+HETMESH_COMPILED void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total,
+                                  const cost::llm_compute& m) {
   total = cost::fixed{};
   for (auto& mb : mbs) {
     hetmesh::indirect_sort(mb.seqs.begin(), mb.seqs.end(), seq::longer_first);
@@ -82,20 +157,12 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
   });
 }
 
-}  // namespace detail
+}  // namespace hetmesh::balance::detail
 
-/// Balances `seqs` over `policy.ranks` ranks and their micro-batches, priced by `m`.
-/// Pre: ranks >= 1, capacity >= 1, unique ids, 0 <= length <= capacity (capacity_error naming the
-/// sequence otherwise: a longer one needs a ring, see seq/hdp.hpp); with micro_batches = m > 0 the batch
-/// must fit ranks x m slots (capacity_error naming the first sequence that finds no room).
-/// Post: every sequence in exactly one micro-batch; every micro-batch <= capacity tokens; with m > 0,
-/// exactly m micro-batches per rank. Free count: KK or LPT over ranks on modelled cost, then best-fit
-/// decreasing into micro-batches. Fixed count: greedy (-cost, id) to the least-loaded rank with a slot
-/// the sequence fits (best fit among its slots). Pure; deterministic; invariant under permutation of
-/// `seqs` (the plan is equal, not just its makespan). O(n log n + n log ranks) (fixed count: O(n ranks)
-/// worst case). Not collective.
-[[nodiscard]] inline dp_plan plan_dp(std::span<const seq::seq_desc> seqs, const cost::llm_compute& m,
-                                     const dp_policy& policy) {
+namespace hetmesh::balance {
+
+HETMESH_COMPILED dp_plan plan_dp(std::span<const seq::seq_desc> seqs, const cost::llm_compute& m,
+                                 const dp_policy& policy) {
   if (policy.ranks < 1 || policy.capacity < 1 || policy.micro_batches < 0)
     throw_error<invalid_argument>(
         "balance::plan_dp: ranks={}, capacity={}, micro_batches={}; expected ranks >= 1, "
@@ -182,38 +249,4 @@ inline void finish_rank(std::vector<dp_micro_batch>& mbs, cost::fixed& total, co
 }
 
 }  // namespace hetmesh::balance
-
-template <>
-struct fmt::formatter<hetmesh::balance::dp_solver> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(hetmesh::balance::dp_solver s, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "{}",
-                              s == hetmesh::balance::dp_solver::lpt ? "lpt" : "karmarkar_karp");
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::dp_policy> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::dp_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "dp_policy(ranks={}, capacity={}, micro_batches={}, solver={})",
-                              p.ranks, p.capacity, p.micro_batches, p.solver);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::dp_micro_batch> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::dp_micro_batch& mb, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "mb(tokens={}, time={}, seqs={})", mb.tokens, mb.time,
-                              mb.seqs.size());
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::dp_plan> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::dp_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "dp_plan({}, makespan={} modelled)", p.policy, p.makespan());
-  }
-};
+#endif  // HETMESH_BODIES

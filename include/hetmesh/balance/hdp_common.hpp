@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../seq/hdp.hpp"
 #include "model.hpp"
@@ -33,7 +34,54 @@ namespace hetmesh::balance {
 }
 
 /// The tasks of an HDP plan: one per item, on its ring, at its order key, priced by `m`. O(items).
-[[nodiscard]] inline std::vector<task> tasks_of(const seq::hdp_plan& plan, const step_model& m) {
+[[nodiscard]] HETMESH_COMPILED std::vector<task> tasks_of(const seq::hdp_plan& plan, const step_model& m);
+
+/// Checks that executing `plan` cannot deadlock: every rank runs its micro-batches in its listed order,
+/// a ring micro-batch blocks until all ring members reach it. Replays the step and throws
+/// hetmesh::error naming the stuck ranks and their next items if some ring can never start; also
+/// checks that every item appears on exactly its ring's ranks, once each.
+/// Pre: a plan from seq::hdp_assemble. Pure; O(total micro-batches). Not collective.
+HETMESH_COMPILED void verify_deadlock_free(const seq::hdp_plan& plan);
+
+namespace detail {
+
+/// Least-loaded rank selection over a pool: a sorted set of (finish time, rank).
+class load_set {
+ public:
+  explicit load_set(int ranks) : finish_(static_cast<std::size_t>(ranks)) {
+    for (int r = 0; r < ranks; ++r) set_.emplace(cost::fixed{}, r);
+  }
+  /// Ranks already busy until `finish` (ticks), rank r until finish[r].
+  explicit load_set(std::span<const std::int64_t> finish) : finish_(finish.size()) {
+    for (std::size_t r = 0; r < finish.size(); ++r) {
+      finish_[r] = cost::fixed::from_ticks(finish[r]);
+      set_.emplace(finish_[r], static_cast<int>(r));
+    }
+  }
+  [[nodiscard]] cost::fixed finish(int r) const { return finish_[static_cast<std::size_t>(r)]; }
+  [[nodiscard]] cost::fixed max() const { return set_.rbegin()->first; }
+  /// The k least-loaded ranks (ties: lowest rank), skipping those `skip` marks.
+  [[nodiscard]] HETMESH_COMPILED std::vector<int> least(int k, const std::vector<char>* skip = nullptr) const;
+  /// Ranks whose finish is below `threshold`, least loaded first.
+  [[nodiscard]] HETMESH_COMPILED std::vector<int> below(cost::fixed threshold) const;
+  [[nodiscard]] std::vector<int> all() const { return below(cost::fixed::max()); }
+  /// Runs a task of `duration` on `ring`: it starts when the last member is free. Returns the start.
+  HETMESH_COMPILED cost::fixed run(std::span<const int> ring, cost::fixed duration);
+
+ private:
+  std::vector<cost::fixed> finish_;
+  std::set<std::pair<cost::fixed, int>> set_;
+};
+
+}  // namespace detail
+
+}  // namespace hetmesh::balance
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED std::vector<task> tasks_of(const seq::hdp_plan& plan, const step_model& m) {
   std::vector<task> out;
   out.reserve(plan.sharding.items.size());
   for (std::size_t i = 0; i < plan.sharding.items.size(); ++i) {
@@ -44,12 +92,7 @@ namespace hetmesh::balance {
   return out;
 }
 
-/// Checks that executing `plan` cannot deadlock: every rank runs its micro-batches in its listed order,
-/// a ring micro-batch blocks until all ring members reach it. Replays the step and throws
-/// hetmesh::error naming the stuck ranks and their next items if some ring can never start; also
-/// checks that every item appears on exactly its ring's ranks, once each.
-/// Pre: a plan from seq::hdp_assemble. Pure; O(total micro-batches). Not collective.
-inline void verify_deadlock_free(const seq::hdp_plan& plan) {
+HETMESH_COMPILED void verify_deadlock_free(const seq::hdp_plan& plan) {
   const std::size_t n = plan.per_rank.size();
   const std::size_t items = plan.sharding.items.size();
   std::vector<int> members_seen(items, 0);
@@ -107,54 +150,33 @@ inline void verify_deadlock_free(const seq::hdp_plan& plan) {
   }
 }
 
-namespace detail {
-
-/// Least-loaded rank selection over a pool: a sorted set of (finish time, rank).
-class load_set {
- public:
-  explicit load_set(int ranks) : finish_(static_cast<std::size_t>(ranks)) {
-    for (int r = 0; r < ranks; ++r) set_.emplace(cost::fixed{}, r);
-  }
-  /// Ranks already busy until `finish` (ticks), rank r until finish[r].
-  explicit load_set(std::span<const std::int64_t> finish) : finish_(finish.size()) {
-    for (std::size_t r = 0; r < finish.size(); ++r) {
-      finish_[r] = cost::fixed::from_ticks(finish[r]);
-      set_.emplace(finish_[r], static_cast<int>(r));
-    }
-  }
-  [[nodiscard]] cost::fixed finish(int r) const { return finish_[static_cast<std::size_t>(r)]; }
-  [[nodiscard]] cost::fixed max() const { return set_.rbegin()->first; }
-  /// The k least-loaded ranks (ties: lowest rank), skipping those `skip` marks.
-  [[nodiscard]] std::vector<int> least(int k, const std::vector<char>* skip = nullptr) const {
-    std::vector<int> out;
-    for (auto it = set_.begin(); it != set_.end() && static_cast<int>(out.size()) < k; ++it)
-      if (skip == nullptr || !(*skip)[static_cast<std::size_t>(it->second)]) out.push_back(it->second);
-    return out;
-  }
-  /// Ranks whose finish is below `threshold`, least loaded first.
-  [[nodiscard]] std::vector<int> below(cost::fixed threshold) const {
-    std::vector<int> out;
-    for (auto it = set_.begin(); it != set_.end() && it->first < threshold; ++it) out.push_back(it->second);
-    return out;
-  }
-  [[nodiscard]] std::vector<int> all() const { return below(cost::fixed::max()); }
-  /// Runs a task of `duration` on `ring`: it starts when the last member is free. Returns the start.
-  cost::fixed run(std::span<const int> ring, cost::fixed duration) {
-    cost::fixed start{};
-    for (int r : ring) start = std::max(start, finish(r));
-    for (int r : ring) {
-      set_.erase({finish(r), r});
-      finish_[static_cast<std::size_t>(r)] = start + duration;
-      set_.emplace(start + duration, r);
-    }
-    return start;
-  }
-
- private:
-  std::vector<cost::fixed> finish_;
-  std::set<std::pair<cost::fixed, int>> set_;
-};
-
-}  // namespace detail
-
 }  // namespace hetmesh::balance
+
+namespace hetmesh::balance::detail {
+
+HETMESH_COMPILED std::vector<int> load_set::least(int k, const std::vector<char>* skip) const {
+  std::vector<int> out;
+  for (auto it = set_.begin(); it != set_.end() && static_cast<int>(out.size()) < k; ++it)
+    if (skip == nullptr || !(*skip)[static_cast<std::size_t>(it->second)]) out.push_back(it->second);
+  return out;
+}
+
+HETMESH_COMPILED std::vector<int> load_set::below(cost::fixed threshold) const {
+  std::vector<int> out;
+  for (auto it = set_.begin(); it != set_.end() && it->first < threshold; ++it) out.push_back(it->second);
+  return out;
+}
+
+HETMESH_COMPILED cost::fixed load_set::run(std::span<const int> ring, cost::fixed duration) {
+  cost::fixed start{};
+  for (int r : ring) start = std::max(start, finish(r));
+  for (int r : ring) {
+    set_.erase({finish(r), r});
+    finish_[static_cast<std::size_t>(r)] = start + duration;
+    set_.emplace(start + duration, r);
+  }
+  return start;
+}
+
+}  // namespace hetmesh::balance::detail
+#endif  // HETMESH_BODIES

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -43,32 +44,16 @@ struct step_model {
   double ring_step_overhead = 0.0;
 
   /// One rank running one packed row of `docs`. O(docs).
-  [[nodiscard]] cost::fixed pack_time(std::span<const std::int64_t> docs) const {
-    return llm.packed_row_fixed(docs);
-  }
+  [[nodiscard]] HETMESH_COMPILED cost::fixed pack_time(std::span<const std::int64_t> docs) const;
   /// Per-rank time of a ring of `degree` ranks over one causal sequence of s tokens (zigzag shards):
   /// per layer max(shard compute, (D-1) KV hops), the hop over the inter-node link when the ring
   /// spans nodes. O(1).
-  [[nodiscard]] cost::fixed ring_time(std::int64_t s, int degree, bool spans_nodes) const {
-    return ring_row_time(std::span<const std::int64_t>(&s, 1), degree, spans_nodes);
-  }
+  [[nodiscard]] HETMESH_COMPILED cost::fixed ring_time(std::int64_t s, int degree, bool spans_nodes) const;
   /// Per-rank time of a packed row of `docs` split over a ring of `degree` ranks (THD zigzag per
   /// document: each rank holds 1/D of every document's mask area and tokens): per layer
   /// cost::ring_step_time of llm.shard_layer and the shard's K and V. O(docs).
-  [[nodiscard]] cost::fixed ring_row_time(std::span<const std::int64_t> docs, int degree,
-                                          bool spans_nodes) const {
-    if (degree < 1)
-      throw_error<invalid_argument>("balance::step_model: ring of {} ranks; expected >= 1", degree);
-    if (degree == 1) return pack_time(docs);
-    double tokens = 0.0;
-    for (auto l : docs) tokens += static_cast<double>(l);
-    const double d = static_cast<double>(degree);
-    const double per_layer =
-        cost::ring_step_time(spans_nodes ? net.inter() : net.intra(), degree, llm.shard_layer(docs, degree),
-                             kv_bytes_per_token * tokens / d);
-    return cost::fixed::from_units(llm.scale() * per_layer +
-                                   static_cast<double>(llm.layers) * d * ring_step_overhead);
-  }
+  [[nodiscard]] HETMESH_COMPILED cost::fixed ring_row_time(std::span<const std::int64_t> docs, int degree,
+                                                           bool spans_nodes) const;
   /// Whether a ring of `degree` ranks must span nodes (more ranks than a node has).
   [[nodiscard]] bool spans_nodes(int degree) const noexcept { return degree > net.devices_per_node; }
   /// Whether `ring` spans more than one node of `net`.
@@ -80,26 +65,12 @@ struct step_model {
   /// - the dense MLP's term), so a balancer pricing micro-batches (pack_time, ring_time) sees the experts'
   /// work and their all-to-alls. Errors: moe_layers outside [0, llm.layers], an invalid layer
   /// (invalid_argument). O(group^2).
-  [[nodiscard]] step_model with_moe(const cost::moe_layer& moe, std::int64_t moe_layers,
-                                    std::span<const int> group, double dense_mlp_per_token = 0.0) const {
-    if (moe_layers < 0 || moe_layers > llm.layers)
-      throw_error<invalid_argument>(
-          "balance::step_model::with_moe: {} MoE layers of {}; expected 0 <= n <= layers", moe_layers,
-          llm.layers);
-    const auto t = moe.even_training(net, group);
-    const double f = static_cast<double>(moe_layers) / static_cast<double>(llm.layers);
-    step_model m = *this;
-    m.llm.layer.a += f * t.a / llm.train_factor;
-    m.llm.layer.b += f * (t.b / llm.train_factor - dense_mlp_per_token);
-    m.llm.layer.c += f * t.c / llm.train_factor;
-    return m;
-  }
+  [[nodiscard]] HETMESH_COMPILED step_model with_moe(const cost::moe_layer& moe, std::int64_t moe_layers,
+                                                     std::span<const int> group,
+                                                     double dense_mlp_per_token = 0.0) const;
 
   friend bool operator==(const step_model&, const step_model&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, llm, net, kv_bytes_per_token, pp_stages);
-    if (ring_step_overhead != 0.0) append(h, ring_step_overhead);  // hashes of models without it unchanged
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// One task of a step: its ranks (one, or a ring), its global order key and its modelled duration.
@@ -108,7 +79,7 @@ struct task {
   std::int64_t order = 0;  ///< global order key: ranks run tasks by it
   cost::fixed duration{};  ///< modelled duration
   friend bool operator==(const task&, const task&) = default;
-  void hash_append(hasher& h) const { append_all(h, ranks, order, duration); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The simulated step: when each rank finishes, how long it computed, and the step time.
@@ -119,16 +90,7 @@ struct timeline {
   std::vector<std::int64_t> tasks_on;  ///< per rank: number of tasks (micro-batches)
 
   /// max busy / mean busy (1 = perfect balance; 0 when there is no work).
-  [[nodiscard]] double imbalance() const noexcept {
-    if (busy.empty()) return 0.0;
-    double sum = 0.0;
-    double mx = 0.0;
-    for (auto b : busy) {
-      sum += b.units();
-      mx = std::max(mx, b.units());
-    }
-    return sum > 0.0 ? mx * static_cast<double>(busy.size()) / sum : 0.0;
-  }
+  [[nodiscard]] HETMESH_COMPILED double imbalance() const noexcept;
 };
 
 /// Runs `tasks` on `ranks` ranks: tasks start in (order, position in `tasks`) order; a task starts when
@@ -137,7 +99,99 @@ struct timeline {
 /// fill-and-drain bubble of (pp - 1) / pp times its longest task (the 1F1B estimate).
 /// Pre: ranks >= 1, every task's ranks distinct and in [0, ranks). Post: step = max finish. Pure;
 /// O(T log T + sum of ring sizes). Not collective.
-[[nodiscard]] inline timeline simulate(int ranks, std::span<const task> tasks, int pp_stages = 1) {
+[[nodiscard]] HETMESH_COMPILED timeline simulate(int ranks, std::span<const task> tasks, int pp_stages = 1);
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::step_model> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::step_model& m, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "step_model({}, {}, kv_bytes_per_token={}, pp={})", m.llm, m.net,
+                              m.kv_bytes_per_token, m.pp_stages);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::task> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::task& t, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "task(order={}, ranks={}, duration={})", t.order, t.ranks,
+                              t.duration);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::timeline> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::timeline& t, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "timeline(step={} modelled, ranks={}, imbalance={:.4f})", t.step,
+                              t.busy.size(), t.imbalance());
+  }
+};
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED cost::fixed step_model::pack_time(std::span<const std::int64_t> docs) const {
+  return llm.packed_row_fixed(docs);
+}
+
+HETMESH_COMPILED cost::fixed step_model::ring_time(std::int64_t s, int degree, bool spans_nodes) const {
+  return ring_row_time(std::span<const std::int64_t>(&s, 1), degree, spans_nodes);
+}
+
+HETMESH_COMPILED cost::fixed step_model::ring_row_time(std::span<const std::int64_t> docs, int degree,
+                                                       bool spans_nodes) const {
+  if (degree < 1)
+    throw_error<invalid_argument>("balance::step_model: ring of {} ranks; expected >= 1", degree);
+  if (degree == 1) return pack_time(docs);
+  double tokens = 0.0;
+  for (auto l : docs) tokens += static_cast<double>(l);
+  const double d = static_cast<double>(degree);
+  const double per_layer =
+      cost::ring_step_time(spans_nodes ? net.inter() : net.intra(), degree, llm.shard_layer(docs, degree),
+                           kv_bytes_per_token * tokens / d);
+  return cost::fixed::from_units(llm.scale() * per_layer +
+                                 static_cast<double>(llm.layers) * d * ring_step_overhead);
+}
+
+HETMESH_COMPILED step_model step_model::with_moe(const cost::moe_layer& moe, std::int64_t moe_layers,
+                                                 std::span<const int> group,
+                                                 double dense_mlp_per_token) const {
+  if (moe_layers < 0 || moe_layers > llm.layers)
+    throw_error<invalid_argument>(
+        "balance::step_model::with_moe: {} MoE layers of {}; expected 0 <= n <= layers", moe_layers,
+        llm.layers);
+  const auto t = moe.even_training(net, group);
+  const double f = static_cast<double>(moe_layers) / static_cast<double>(llm.layers);
+  step_model m = *this;
+  m.llm.layer.a += f * t.a / llm.train_factor;
+  m.llm.layer.b += f * (t.b / llm.train_factor - dense_mlp_per_token);
+  m.llm.layer.c += f * t.c / llm.train_factor;
+  return m;
+}
+
+HETMESH_COMPILED void step_model::hash_append(hasher& h) const {
+  append_all(h, llm, net, kv_bytes_per_token, pp_stages);
+  if (ring_step_overhead != 0.0) append(h, ring_step_overhead);  // hashes of models without it unchanged
+}
+
+HETMESH_COMPILED void task::hash_append(hasher& h) const { append_all(h, ranks, order, duration); }
+
+HETMESH_COMPILED double timeline::imbalance() const noexcept {
+  if (busy.empty()) return 0.0;
+  double sum = 0.0;
+  double mx = 0.0;
+  for (auto b : busy) {
+    sum += b.units();
+    mx = std::max(mx, b.units());
+  }
+  return sum > 0.0 ? mx * static_cast<double>(busy.size()) / sum : 0.0;
+}
+
+HETMESH_COMPILED timeline simulate(int ranks, std::span<const task> tasks, int pp_stages) {
   if (ranks < 1) throw_error<invalid_argument>("balance::simulate: {} ranks; expected >= 1", ranks);
   if (pp_stages < 1)
     throw_error<invalid_argument>("balance::simulate: pp_stages = {}; expected >= 1", pp_stages);
@@ -183,30 +237,4 @@ struct timeline {
 }
 
 }  // namespace hetmesh::balance
-
-template <>
-struct fmt::formatter<hetmesh::balance::step_model> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::step_model& m, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "step_model({}, {}, kv_bytes_per_token={}, pp={})", m.llm, m.net,
-                              m.kv_bytes_per_token, m.pp_stages);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::task> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::task& t, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "task(order={}, ranks={}, duration={})", t.order, t.ranks,
-                              t.duration);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::timeline> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::timeline& t, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "timeline(step={} modelled, ranks={}, imbalance={:.4f})", t.step,
-                              t.busy.size(), t.imbalance());
-  }
-};
+#endif  // HETMESH_BODIES

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "solvers.hpp"
@@ -44,12 +45,10 @@ struct lpt_partition {
   /// The name results and the tools use.
   static constexpr std::string_view name = "lpt";
   /// balance::lpt(costs, bins). Local; deterministic.
-  [[nodiscard]] assignment split(std::span<const std::int64_t> costs, int bins) const {
-    return lpt(costs, bins);
-  }
+  [[nodiscard]] HETMESH_COMPILED assignment split(std::span<const std::int64_t> costs, int bins) const;
   friend constexpr bool operator==(const lpt_partition&, const lpt_partition&) = default;
   /// Hashes the family.
-  void hash_append(hasher& h) const { append(h, name); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Multi-way Karmarkar-Karp (balance::karmarkar_karp): usually closer to the optimum than LPT, at more
@@ -58,13 +57,11 @@ struct karmarkar_karp_partition {
   /// The name results and the tools use.
   static constexpr std::string_view name = "karmarkar_karp";
   /// balance::karmarkar_karp(costs, bins). Local; deterministic.
-  [[nodiscard]] assignment split(std::span<const std::int64_t> costs, int bins) const {
-    return karmarkar_karp(costs, bins);
-  }
+  [[nodiscard]] HETMESH_COMPILED assignment split(std::span<const std::int64_t> costs, int bins) const;
   friend constexpr bool operator==(const karmarkar_karp_partition&,
                                    const karmarkar_karp_partition&) = default;
   /// Hashes the family.
-  void hash_append(hasher& h) const { append(h, name); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Baseline: item i to bin i mod bins, whatever its price (what a loader without balancing does).
@@ -72,22 +69,10 @@ struct round_robin_partition {
   /// The name results and the tools use.
   static constexpr std::string_view name = "round_robin";
   /// Deals the items out in order. Pre: bins >= 1, prices >= 0 (else invalid_argument). O(n).
-  [[nodiscard]] assignment split(std::span<const std::int64_t> costs, int bins) const {
-    detail::check_bins(bins, "balance::round_robin_partition");
-    detail::check_costs(costs, "balance::round_robin_partition");
-    assignment a;
-    a.load.assign(static_cast<std::size_t>(bins), 0);
-    a.bin_of.resize(costs.size());
-    for (std::size_t i = 0; i < costs.size(); ++i) {
-      const auto b = i % static_cast<std::size_t>(bins);
-      a.bin_of[i] = static_cast<int>(b);
-      a.load[b] += costs[i];
-    }
-    return a;
-  }
+  [[nodiscard]] HETMESH_COMPILED assignment split(std::span<const std::int64_t> costs, int bins) const;
   friend constexpr bool operator==(const round_robin_partition&, const round_robin_partition&) = default;
   /// Hashes the family.
-  void hash_append(hasher& h) const { append(h, name); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 }  // namespace hetmesh::balance
@@ -109,6 +94,44 @@ struct fmt::formatter<P> : hetmesh::empty_spec_formatter {
   }
 };
 
+#if HETMESH_BODIES
+// The library's own families, checked against their concepts where the bodies are compiled (header-only
+// translation units and the compiled part; a translation unit of a separately compiled program skips them).
 static_assert(hetmesh::balance::partitioner<hetmesh::balance::lpt_partition>);
 static_assert(hetmesh::balance::partitioner<hetmesh::balance::karmarkar_karp_partition>);
 static_assert(hetmesh::balance::partitioner<hetmesh::balance::round_robin_partition>);
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED assignment lpt_partition::split(std::span<const std::int64_t> costs, int bins) const {
+  return lpt(costs, bins);
+}
+
+HETMESH_COMPILED void lpt_partition::hash_append(hasher& h) const { append(h, name); }
+
+HETMESH_COMPILED assignment karmarkar_karp_partition::split(std::span<const std::int64_t> costs,
+                                                            int bins) const {
+  return karmarkar_karp(costs, bins);
+}
+
+HETMESH_COMPILED void karmarkar_karp_partition::hash_append(hasher& h) const { append(h, name); }
+
+HETMESH_COMPILED assignment round_robin_partition::split(std::span<const std::int64_t> costs,
+                                                         int bins) const {
+  detail::check_bins(bins, "balance::round_robin_partition");
+  detail::check_costs(costs, "balance::round_robin_partition");
+  assignment a;
+  a.load.assign(static_cast<std::size_t>(bins), 0);
+  a.bin_of.resize(costs.size());
+  for (std::size_t i = 0; i < costs.size(); ++i) {
+    const auto b = i % static_cast<std::size_t>(bins);
+    a.bin_of[i] = static_cast<int>(b);
+    a.load[b] += costs[i];
+  }
+  return a;
+}
+
+HETMESH_COMPILED void round_robin_partition::hash_append(hasher& h) const { append(h, name); }
+
+}  // namespace hetmesh::balance
+#endif  // HETMESH_BODIES

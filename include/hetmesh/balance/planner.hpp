@@ -30,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
@@ -48,10 +49,7 @@ struct gap_filling_policy {
   int group_size = 0;        ///< ranks per group; 0: the whole pool
   bool local_search = true;  ///< run the improvement pass over ring layouts (ring_search.hpp)
   friend constexpr bool operator==(const gap_filling_policy&, const gap_filling_policy&) = default;
-  void hash_append(hasher& h) const {
-    append(h, group_size);
-    if (!local_search) append(h, local_search);  // hashes of the default policy unchanged
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 namespace detail {
@@ -59,29 +57,14 @@ namespace detail {
 /// max(sum of the sequences' work (cost::llm_compute::work) over the group / pool, the longest short
 /// sequence): what the group's
 /// busiest rank cannot beat.
-inline cost::fixed group_lower_bound(std::span<const seq::seq_desc> seqs, std::int64_t capacity, int pool,
-                                     const step_model& m) {
-  double total = 0.0;
-  std::int64_t longest_short = 0;
-  for (const auto& s : seqs) {
-    total += m.llm.work(s.length);
-    if (s.length <= capacity) longest_short = std::max(longest_short, s.length);
-  }
-  const auto spread = cost::fixed::from_units(total / static_cast<double>(pool));
-  return std::max(spread, m.pack_time(std::span<const std::int64_t>(&longest_short, 1)));
-}
+HETMESH_COMPILED cost::fixed group_lower_bound(std::span<const seq::seq_desc> seqs, std::int64_t capacity,
+                                               int pool, const step_model& m);
 
 /// Gives ring item `it` a ring of `d` ranks (d at least the D(s) it was sharded with): degree and
 /// offload ranks d; the ratio `sharded_ratio_k` it was sharded with, or none once d reaches the ranks
 /// the sequence needs without offloading.
-inline void set_ring_degree(seq::hdp_item& it, int d, int sharded_ratio_k, const seq::hdp_policy& hdp) {
-  it.degree = d;
-  it.offload.ranks = d;
-  it.offload.ratio_k =
-      d >= seq::offload_ranks(it.seqs.front().length, hdp.capacity, hdp.model, 0, hdp.offload.ratio_steps)
-          ? 0
-          : sharded_ratio_k;
-}
+HETMESH_COMPILED void set_ring_degree(seq::hdp_item& it, int d, int sharded_ratio_k,
+                                      const seq::hdp_policy& hdp);
 
 /// Widens a ring beyond the D(s) that memory needs when its per-rank time would exceed `target` (the
 /// group's lower bound) and spare ranks exist: D(s) is the fewest ranks that can *hold* the sequence,
@@ -89,46 +72,14 @@ inline void set_ring_degree(seq::hdp_item& it, int d, int sharded_ratio_k, const
 /// whose ring time is <= target, else the D' (up to the group size and length / 2) with the least
 /// ring time, trying geometric steps. A widened ring needs no offloading once D' reaches the ranks
 /// the sequence needs without it.
-inline void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, const step_model& m,
-                       cost::fixed target) {
-  const std::int64_t s = it.seqs.front().length;
-  const int d0 = it.degree;
-  const int dmax = static_cast<int>(std::min<std::int64_t>(pool, s / 2));
-  auto time_at = [&](int d) { return m.ring_time(s, d, m.spans_nodes(d)); };
-  if (d0 >= dmax || time_at(d0) <= target) return;
-  int best = d0;
-  cost::fixed best_t = time_at(d0);
-  for (int d = d0 + 1; d <= dmax; d = std::max(d + 1, d + d / 16)) {
-    const cost::fixed t = time_at(d);
-    if (t < best_t) {
-      best = d;
-      best_t = t;
-    }
-    if (t <= target) break;
-  }
-  if (best == d0) return;
-  set_ring_degree(it, best, it.offload.ratio_k, hdp);
-}
+HETMESH_COMPILED void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, const step_model& m,
+                                 cost::fixed target);
 
 /// Appends the packed rows `rows` (indices into `shorts`, from pack_rows) on rank `rank`, in order.
-inline void emit_rows(const std::vector<std::vector<std::size_t>>& rows,
-                      std::span<const seq::seq_desc> shorts, int rank, const seq::hdp_policy& hdp,
-                      std::vector<seq::hdp_item>& items, std::vector<seq::hdp_placement>& placement,
-                      std::int64_t& counter) {
-  for (const auto& row : rows) {
-    seq::hdp_item p;
-    for (std::size_t i : row) {
-      p.seqs.push_back(shorts[i]);
-      p.tokens += shorts[i].length;
-    }
-    p.packed = true;
-    p.degree = 1;
-    p.offload.ratio_steps = hdp.offload.ratio_steps;
-    p.offload.length = p.tokens;
-    placement.push_back(seq::hdp_placement{{rank}, counter++});
-    items.push_back(std::move(p));
-  }
-}
+HETMESH_COMPILED void emit_rows(const std::vector<std::vector<std::size_t>>& rows,
+                                std::span<const seq::seq_desc> shorts, int rank, const seq::hdp_policy& hdp,
+                                std::vector<seq::hdp_item>& items, std::vector<seq::hdp_placement>& placement,
+                                std::int64_t& counter);
 
 /// Plans one group of `pool` ranks; appends items and placements (ranks offset by `base`).
 HETMESH_COMPILED void plan_group(std::span<const seq::seq_desc> seqs, const seq::hdp_policy& hdp, int pool,
@@ -287,3 +238,81 @@ struct fmt::formatter<hetmesh::balance::gap_filling_policy> : hetmesh::empty_spe
                               p.local_search);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED void gap_filling_policy::hash_append(hasher& h) const {
+  append(h, group_size);
+  if (!local_search) append(h, local_search);  // hashes of the default policy unchanged
+}
+
+}  // namespace hetmesh::balance
+
+namespace hetmesh::balance::detail {
+
+HETMESH_COMPILED cost::fixed group_lower_bound(std::span<const seq::seq_desc> seqs, std::int64_t capacity,
+                                               int pool, const step_model& m) {
+  double total = 0.0;
+  std::int64_t longest_short = 0;
+  for (const auto& s : seqs) {
+    total += m.llm.work(s.length);
+    if (s.length <= capacity) longest_short = std::max(longest_short, s.length);
+  }
+  const auto spread = cost::fixed::from_units(total / static_cast<double>(pool));
+  return std::max(spread, m.pack_time(std::span<const std::int64_t>(&longest_short, 1)));
+}
+
+HETMESH_COMPILED void set_ring_degree(seq::hdp_item& it, int d, int sharded_ratio_k,
+                                      const seq::hdp_policy& hdp) {
+  it.degree = d;
+  it.offload.ranks = d;
+  it.offload.ratio_k =
+      d >= seq::offload_ranks(it.seqs.front().length, hdp.capacity, hdp.model, 0, hdp.offload.ratio_steps)
+          ? 0
+          : sharded_ratio_k;
+}
+
+HETMESH_COMPILED void widen_ring(seq::hdp_item& it, const seq::hdp_policy& hdp, int pool, const step_model& m,
+                                 cost::fixed target) {
+  const std::int64_t s = it.seqs.front().length;
+  const int d0 = it.degree;
+  const int dmax = static_cast<int>(std::min<std::int64_t>(pool, s / 2));
+  auto time_at = [&](int d) { return m.ring_time(s, d, m.spans_nodes(d)); };
+  if (d0 >= dmax || time_at(d0) <= target) return;
+  int best = d0;
+  cost::fixed best_t = time_at(d0);
+  for (int d = d0 + 1; d <= dmax; d = std::max(d + 1, d + d / 16)) {
+    const cost::fixed t = time_at(d);
+    if (t < best_t) {
+      best = d;
+      best_t = t;
+    }
+    if (t <= target) break;
+  }
+  if (best == d0) return;
+  set_ring_degree(it, best, it.offload.ratio_k, hdp);
+}
+
+HETMESH_COMPILED void emit_rows(const std::vector<std::vector<std::size_t>>& rows,
+                                std::span<const seq::seq_desc> shorts, int rank, const seq::hdp_policy& hdp,
+                                std::vector<seq::hdp_item>& items, std::vector<seq::hdp_placement>& placement,
+                                std::int64_t& counter) {
+  for (const auto& row : rows) {
+    seq::hdp_item p;
+    for (std::size_t i : row) {
+      p.seqs.push_back(shorts[i]);
+      p.tokens += shorts[i].length;
+    }
+    p.packed = true;
+    p.degree = 1;
+    p.offload.ratio_steps = hdp.offload.ratio_steps;
+    p.offload.length = p.tokens;
+    placement.push_back(seq::hdp_placement{{rank}, counter++});
+    items.push_back(std::move(p));
+  }
+}
+
+}  // namespace hetmesh::balance::detail
+#endif  // HETMESH_BODIES

@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/exactly_once.hpp"
@@ -42,7 +43,7 @@ struct reorder_policy {
   cost::encoder_compute encoder = cost::encoder_compute::vit(1024, 24, 400e9);  ///< encoder cost model
   std::int64_t token_capacity = 0;  ///< LLM tokens a rank may take; 0: unlimited
   friend bool operator==(const reorder_policy&, const reorder_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, llm, encoder, token_capacity); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The reassignment of one group, with the lengths it was planned from. Samples are in canonical order
@@ -65,69 +66,25 @@ struct reorder_plan {
   std::vector<std::int32_t> parcels;      ///< ranks x ranks parcel counts, row = sender
 
   /// Position of sample `id` in the canonical order; -1 when absent. O(log n).
-  [[nodiscard]] std::ptrdiff_t index_of(std::int64_t id) const noexcept {
-    auto it = std::lower_bound(sample_ids.begin(), sample_ids.end(), id);
-    return it != sample_ids.end() && *it == id ? it - sample_ids.begin() : -1;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::ptrdiff_t index_of(std::int64_t id) const noexcept;
   /// Destination of a parcel: item -1 is the sample's LLM part. Pre: the sample is in the plan.
-  [[nodiscard]] int destination(std::int64_t id, int item) const {
-    const auto i = index_of(id);
-    if (i < 0)
-      throw_error<invalid_argument>("reorder_plan: sample {} is not in the plan; expected a gathered id", id);
-    const auto u = static_cast<std::size_t>(i);
-    if (item < 0) return llm_rank[u];
-    if (item >= item_offset[u + 1] - item_offset[u])
-      throw_error<invalid_argument>("reorder_plan: sample {} has {} items; item {} requested", id,
-                                    item_offset[u + 1] - item_offset[u], item);
-    return encoder_rank[static_cast<std::size_t>(item_offset[u] + item)];
-  }
+  [[nodiscard]] HETMESH_COMPILED int destination(std::int64_t id, int item) const;
   friend bool operator==(const reorder_plan&, const reorder_plan&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, ranks, sample_ids, owner, llm_rank, item_offset, encoder_rank, llm_load, encoder_load,
-               parcels, tokens, item_tokens);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Locality groups: `world` ranks cut into consecutive groups of `group_size`, which must hold whole
 /// nodes or fit in one (so a group never straddles a node boundary partially).
 /// Pre: world % group_size == 0 and (group_size % ranks_per_node == 0 or ranks_per_node % group_size == 0).
-[[nodiscard]] inline std::vector<std::vector<int>> locality_groups(int world, int group_size,
-                                                                   int ranks_per_node) {
-  if (world < 1 || group_size < 1 || ranks_per_node < 1 || world % group_size != 0 ||
-      (group_size % ranks_per_node != 0 && ranks_per_node % group_size != 0))
-    throw_error<invalid_argument>(
-        "balance::locality_groups: world={}, group_size={}, ranks_per_node={}; expected the "
-        "group size to divide the world and to be a multiple or divisor of the node size",
-        world, group_size, ranks_per_node);
-  std::vector<std::vector<int>> out(static_cast<std::size_t>(world / group_size));
-  for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(r / group_size)].push_back(r);
-  return out;
-}
+[[nodiscard]] HETMESH_COMPILED std::vector<std::vector<int>> locality_groups(int world, int group_size,
+                                                                             int ranks_per_node);
 
 /// How `p` fails to send every parcel of `samples` (each sample's LLM part and each of its encoder items)
 /// to exactly one rank in [0, p.ranks), as exactly_once_violation reports it (parcel 0 is the LLM part,
 /// parcel j + 1 encoder item j); empty when it holds. plan_grouped_reorder checks it at heavy level.
 /// Pure; O(parcels log parcels).
-[[nodiscard]] inline std::string reorder_exactly_once_violation(std::span<const seq::sample_meta> samples,
-                                                                const reorder_plan& p) {
-  std::vector<id_range> expected, assigned;
-  for (const auto& s : samples)
-    expected.push_back({s.id, 0, 1 + static_cast<std::int64_t>(s.item_tokens.size())});
-  const std::size_t n = p.sample_ids.size();
-  if (p.llm_rank.size() != n || p.item_offset.size() != n + 1 ||
-      p.encoder_rank.size() != static_cast<std::size_t>(p.item_offset.back()))
-    return hetmesh::format(
-        "the plan's arrays disagree: {} samples, {} LLM ranks, {} item offsets, {} encoder ranks", n,
-        p.llm_rank.size(), p.item_offset.size(), p.encoder_rank.size());
-  const auto placed = [&](int r) { return r >= 0 && r < p.ranks; };
-  for (std::size_t k = 0; k < n; ++k) {
-    if (placed(p.llm_rank[k])) assigned.push_back({p.sample_ids[k], 0, 1});
-    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j)
-      if (placed(p.encoder_rank[static_cast<std::size_t>(j)]))
-        assigned.push_back({p.sample_ids[k], 1 + j - p.item_offset[k], 2 + j - p.item_offset[k]});
-  }
-  return exactly_once_violation(std::move(expected), std::move(assigned));
-}
+[[nodiscard]] HETMESH_COMPILED std::string reorder_exactly_once_violation(
+    std::span<const seq::sample_meta> samples, const reorder_plan& p);
 
 namespace detail {
 
@@ -149,138 +106,27 @@ static_assert(sizeof(reorder_lpt_entry) == 16, "keep sort entries small: they ar
 using reorder_slot = std::pair<std::int64_t, int>;
 
 /// The heap of `ranks` empty ranks (already a valid min-heap).
-inline void reset_reorder_heap(std::vector<reorder_slot>& heap, int ranks) {
-  heap.clear();
-  for (int r = 0; r < ranks; ++r) heap.emplace_back(0, r);
-}
+HETMESH_COMPILED void reset_reorder_heap(std::vector<reorder_slot>& heap, int ranks);
 
 /// plan_grouped_reorder's input pass: `samples` by id into p's per-sample arrays (ids, owners, tokens,
 /// item tokens and offsets) and its per-rank arrays sized and zeroed, each sample checked (unique id,
 /// owner in range, token counts >= 0: invalid_argument). Returns each sample's LLM cost (id order) and
 /// appends each encoder item's cost to `item_cost` (flattened order). O(n log n + items).
-inline std::vector<std::int64_t> read_reorder_samples(std::span<const seq::sample_meta> samples, int ranks,
-                                                      const reorder_policy& policy, reorder_plan& p,
-                                                      std::vector<std::int64_t>& item_cost) {
-  // Sorting (key, index) pairs by value, not indices through a comparator that looks the keys up:
-  // contiguous keys sort several times faster, and this runs every step.
-  std::vector<std::pair<std::int64_t, std::size_t>> by_id(samples.size());
-  for (std::size_t i = 0; i < samples.size(); ++i) by_id[i] = {samples[i].id, i};
-  std::sort(by_id.begin(), by_id.end());
-  std::vector<std::size_t> idx(samples.size());
-  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = by_id[i].second;
-  p.ranks = ranks;
-  const std::size_t n = samples.size();
-  std::vector<std::int64_t> llm_cost(n);
-  std::vector<std::int64_t> tokens(n);
-  p.sample_ids.reserve(n);
-  p.owner.reserve(n);
-  std::vector<std::int64_t> items_of(n);
-  for (std::size_t k = 0; k < n; ++k) {
-    const auto& s = samples[idx[k]];
-    if (k > 0 && s.id == p.sample_ids.back())
-      throw_error<invalid_argument>(
-          "balance::plan_grouped_reorder: sample id {} appears twice; expected unique ids", s.id);
-    if (s.owner < 0 || s.owner >= ranks || s.tokens < 0)
-      throw_error<invalid_argument>(
-          "balance::plan_grouped_reorder: sample {} has owner {} and {} LLM tokens; expected "
-          "an owner in [0, {}) and tokens >= 0",
-          s.id, s.owner, s.tokens, ranks);
-    p.sample_ids.push_back(s.id);
-    p.owner.push_back(s.owner);
-    tokens[k] = s.tokens;
-    llm_cost[k] = policy.llm.sequence_fixed(s.tokens).ticks;
-    for (auto t : s.item_tokens) {
-      if (t < 0)
-        throw_error<invalid_argument>(
-            "balance::plan_grouped_reorder: sample {} has an item of {} tokens; expected >= 0", s.id, t);
-      item_cost.push_back(policy.encoder.item_fixed(t).ticks);
-      p.item_tokens.push_back(t);
-    }
-    items_of[k] = static_cast<std::int64_t>(s.item_tokens.size());
-  }
-  p.item_offset = prefix_sums(items_of);
-  p.tokens = std::move(tokens);
-  const auto nr = static_cast<std::size_t>(ranks);
-  p.llm_rank.assign(n, -1);
-  p.encoder_rank.assign(item_cost.size(), -1);
-  p.llm_load.assign(nr, cost::fixed{});
-  p.encoder_load.assign(nr, cost::fixed{});
-  p.llm_tokens_on.assign(nr, 0);
-  p.parcels.assign(nr * nr, 0);
-  return llm_cost;
-}
+HETMESH_COMPILED std::vector<std::int64_t> read_reorder_samples(std::span<const seq::sample_meta> samples,
+                                                                int ranks, const reorder_policy& policy,
+                                                                reorder_plan& p,
+                                                                std::vector<std::int64_t>& item_cost);
 
 /// plan_grouped_reorder's LLM pass: each sample's LLM part by LPT on `llm_cost` (ties: id) to the least
 /// loaded rank whose tokens stay within `capacity` (0: unlimited); capacity_error naming a sample that
 /// fits no rank. Fills p.llm_rank, llm_load, llm_tokens_on and the parcels. O(n log n + n log ranks).
-inline void place_reorder_llm(reorder_plan& p, std::span<const std::int64_t> llm_cost,
-                              std::int64_t capacity) {
-  const std::size_t n = p.sample_ids.size();
-  const auto nr = static_cast<std::size_t>(p.ranks);
-  const auto gt = std::greater<reorder_slot>{};
-  std::vector<reorder_slot> heap;
-  std::vector<reorder_lpt_entry> order(n);
-  for (std::size_t k = 0; k < n; ++k) order[k] = {-llm_cost[k], static_cast<std::uint32_t>(k), p.owner[k]};
-  std::sort(order.begin(), order.end());
-  reset_reorder_heap(heap, p.ranks);
-  std::vector<reorder_slot> full;  // ranks skipped because the sample does not fit their capacity
-  for (const auto& e : order) {
-    const std::int64_t tokens = p.tokens[e.index];
-    while (!heap.empty() && capacity > 0 &&
-           p.llm_tokens_on[static_cast<std::size_t>(heap.front().second)] + tokens > capacity) {
-      std::pop_heap(heap.begin(), heap.end(), gt);
-      full.push_back(heap.back());
-      heap.pop_back();
-    }
-    if (heap.empty())
-      throw_error<capacity_error>(
-          "balance::plan_grouped_reorder: sample {} ({} LLM tokens) fits no rank of the group "
-          "under a capacity of {} tokens; expected the group's batch to fit",
-          p.sample_ids[e.index], tokens, capacity);
-    std::pop_heap(heap.begin(), heap.end(), gt);
-    const int r = heap.back().second;
-    heap.back().first -= e.neg_cost;
-    std::push_heap(heap.begin(), heap.end(), gt);
-    for (const auto& f : full) {
-      heap.push_back(f);
-      std::push_heap(heap.begin(), heap.end(), gt);
-    }
-    full.clear();
-    const auto ur = static_cast<std::size_t>(r);
-    p.llm_rank[e.index] = r;
-    p.llm_tokens_on[ur] += tokens;
-    p.llm_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
-    p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
-  }
-}
+HETMESH_COMPILED void place_reorder_llm(reorder_plan& p, std::span<const std::int64_t> llm_cost,
+                                        std::int64_t capacity);
 
 /// plan_grouped_reorder's encoder pass: every encoder item by LPT on `item_cost` (ties: (sample id, item)
 /// through the flattened index) to the least loaded rank, independently of the LLM pass. Fills
 /// p.encoder_rank, encoder_load and the parcels. O(items log items + items log ranks).
-inline void place_reorder_items(reorder_plan& p, std::span<const std::int64_t> item_cost) {
-  const std::size_t n = p.sample_ids.size();
-  const auto nr = static_cast<std::size_t>(p.ranks);
-  const auto gt = std::greater<reorder_slot>{};
-  std::vector<reorder_slot> heap;
-  std::vector<reorder_lpt_entry> items(item_cost.size());
-  for (std::size_t k = 0; k < n; ++k)
-    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j) {
-      const auto u = static_cast<std::size_t>(j);
-      items[u] = {-item_cost[u], static_cast<std::uint32_t>(u), p.owner[k]};
-    }
-  std::sort(items.begin(), items.end());
-  reset_reorder_heap(heap, p.ranks);
-  for (const auto& e : items) {
-    std::pop_heap(heap.begin(), heap.end(), gt);
-    const int r = heap.back().second;
-    heap.back().first -= e.neg_cost;
-    std::push_heap(heap.begin(), heap.end(), gt);
-    const auto ur = static_cast<std::size_t>(r);
-    p.encoder_rank[e.index] = r;
-    p.encoder_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
-    p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
-  }
-}
+HETMESH_COMPILED void place_reorder_items(reorder_plan& p, std::span<const std::int64_t> item_cost);
 
 }  // namespace detail
 
@@ -333,3 +179,198 @@ struct fmt::formatter<hetmesh::balance::reorder_plan> : hetmesh::empty_spec_form
         p.ranks, p.sample_ids.size(), p.encoder_rank.size(), mx(p.llm_load), mx(p.encoder_load));
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED void reorder_policy::hash_append(hasher& h) const {
+  append_all(h, llm, encoder, token_capacity);
+}
+
+HETMESH_COMPILED std::ptrdiff_t reorder_plan::index_of(std::int64_t id) const noexcept {
+  auto it = std::lower_bound(sample_ids.begin(), sample_ids.end(), id);
+  return it != sample_ids.end() && *it == id ? it - sample_ids.begin() : -1;
+}
+
+HETMESH_COMPILED int reorder_plan::destination(std::int64_t id, int item) const {
+  const auto i = index_of(id);
+  if (i < 0)
+    throw_error<invalid_argument>("reorder_plan: sample {} is not in the plan; expected a gathered id", id);
+  const auto u = static_cast<std::size_t>(i);
+  if (item < 0) return llm_rank[u];
+  if (item >= item_offset[u + 1] - item_offset[u])
+    throw_error<invalid_argument>("reorder_plan: sample {} has {} items; item {} requested", id,
+                                  item_offset[u + 1] - item_offset[u], item);
+  return encoder_rank[static_cast<std::size_t>(item_offset[u] + item)];
+}
+
+HETMESH_COMPILED void reorder_plan::hash_append(hasher& h) const {
+  append_all(h, ranks, sample_ids, owner, llm_rank, item_offset, encoder_rank, llm_load, encoder_load,
+             parcels, tokens, item_tokens);
+}
+
+HETMESH_COMPILED std::vector<std::vector<int>> locality_groups(int world, int group_size,
+                                                               int ranks_per_node) {
+  if (world < 1 || group_size < 1 || ranks_per_node < 1 || world % group_size != 0 ||
+      (group_size % ranks_per_node != 0 && ranks_per_node % group_size != 0))
+    throw_error<invalid_argument>(
+        "balance::locality_groups: world={}, group_size={}, ranks_per_node={}; expected the "
+        "group size to divide the world and to be a multiple or divisor of the node size",
+        world, group_size, ranks_per_node);
+  std::vector<std::vector<int>> out(static_cast<std::size_t>(world / group_size));
+  for (int r = 0; r < world; ++r) out[static_cast<std::size_t>(r / group_size)].push_back(r);
+  return out;
+}
+
+HETMESH_COMPILED std::string reorder_exactly_once_violation(std::span<const seq::sample_meta> samples,
+                                                            const reorder_plan& p) {
+  std::vector<id_range> expected, assigned;
+  for (const auto& s : samples)
+    expected.push_back({s.id, 0, 1 + static_cast<std::int64_t>(s.item_tokens.size())});
+  const std::size_t n = p.sample_ids.size();
+  if (p.llm_rank.size() != n || p.item_offset.size() != n + 1 ||
+      p.encoder_rank.size() != static_cast<std::size_t>(p.item_offset.back()))
+    return hetmesh::format(
+        "the plan's arrays disagree: {} samples, {} LLM ranks, {} item offsets, {} encoder ranks", n,
+        p.llm_rank.size(), p.item_offset.size(), p.encoder_rank.size());
+  const auto placed = [&](int r) { return r >= 0 && r < p.ranks; };
+  for (std::size_t k = 0; k < n; ++k) {
+    if (placed(p.llm_rank[k])) assigned.push_back({p.sample_ids[k], 0, 1});
+    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j)
+      if (placed(p.encoder_rank[static_cast<std::size_t>(j)]))
+        assigned.push_back({p.sample_ids[k], 1 + j - p.item_offset[k], 2 + j - p.item_offset[k]});
+  }
+  return exactly_once_violation(std::move(expected), std::move(assigned));
+}
+
+}  // namespace hetmesh::balance
+
+namespace hetmesh::balance::detail {
+
+HETMESH_COMPILED void reset_reorder_heap(std::vector<reorder_slot>& heap, int ranks) {
+  heap.clear();
+  for (int r = 0; r < ranks; ++r) heap.emplace_back(0, r);
+}
+
+HETMESH_COMPILED std::vector<std::int64_t> read_reorder_samples(std::span<const seq::sample_meta> samples,
+                                                                int ranks, const reorder_policy& policy,
+                                                                reorder_plan& p,
+                                                                std::vector<std::int64_t>& item_cost) {
+  // Sorting (key, index) pairs by value, not indices through a comparator that looks the keys up:
+  // contiguous keys sort several times faster, and this runs every step.
+  std::vector<std::pair<std::int64_t, std::size_t>> by_id(samples.size());
+  for (std::size_t i = 0; i < samples.size(); ++i) by_id[i] = {samples[i].id, i};
+  std::sort(by_id.begin(), by_id.end());
+  std::vector<std::size_t> idx(samples.size());
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = by_id[i].second;
+  p.ranks = ranks;
+  const std::size_t n = samples.size();
+  std::vector<std::int64_t> llm_cost(n);
+  std::vector<std::int64_t> tokens(n);
+  p.sample_ids.reserve(n);
+  p.owner.reserve(n);
+  std::vector<std::int64_t> items_of(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const auto& s = samples[idx[k]];
+    if (k > 0 && s.id == p.sample_ids.back())
+      throw_error<invalid_argument>(
+          "balance::plan_grouped_reorder: sample id {} appears twice; expected unique ids", s.id);
+    if (s.owner < 0 || s.owner >= ranks || s.tokens < 0)
+      throw_error<invalid_argument>(
+          "balance::plan_grouped_reorder: sample {} has owner {} and {} LLM tokens; expected "
+          "an owner in [0, {}) and tokens >= 0",
+          s.id, s.owner, s.tokens, ranks);
+    p.sample_ids.push_back(s.id);
+    p.owner.push_back(s.owner);
+    tokens[k] = s.tokens;
+    llm_cost[k] = policy.llm.sequence_fixed(s.tokens).ticks;
+    for (auto t : s.item_tokens) {
+      if (t < 0)
+        throw_error<invalid_argument>(
+            "balance::plan_grouped_reorder: sample {} has an item of {} tokens; expected >= 0", s.id, t);
+      item_cost.push_back(policy.encoder.item_fixed(t).ticks);
+      p.item_tokens.push_back(t);
+    }
+    items_of[k] = static_cast<std::int64_t>(s.item_tokens.size());
+  }
+  p.item_offset = prefix_sums(items_of);
+  p.tokens = std::move(tokens);
+  const auto nr = static_cast<std::size_t>(ranks);
+  p.llm_rank.assign(n, -1);
+  p.encoder_rank.assign(item_cost.size(), -1);
+  p.llm_load.assign(nr, cost::fixed{});
+  p.encoder_load.assign(nr, cost::fixed{});
+  p.llm_tokens_on.assign(nr, 0);
+  p.parcels.assign(nr * nr, 0);
+  return llm_cost;
+}
+
+HETMESH_COMPILED void place_reorder_llm(reorder_plan& p, std::span<const std::int64_t> llm_cost,
+                                        std::int64_t capacity) {
+  const std::size_t n = p.sample_ids.size();
+  const auto nr = static_cast<std::size_t>(p.ranks);
+  const auto gt = std::greater<reorder_slot>{};
+  std::vector<reorder_slot> heap;
+  std::vector<reorder_lpt_entry> order(n);
+  for (std::size_t k = 0; k < n; ++k) order[k] = {-llm_cost[k], static_cast<std::uint32_t>(k), p.owner[k]};
+  std::sort(order.begin(), order.end());
+  reset_reorder_heap(heap, p.ranks);
+  std::vector<reorder_slot> full;  // ranks skipped because the sample does not fit their capacity
+  for (const auto& e : order) {
+    const std::int64_t tokens = p.tokens[e.index];
+    while (!heap.empty() && capacity > 0 &&
+           p.llm_tokens_on[static_cast<std::size_t>(heap.front().second)] + tokens > capacity) {
+      std::pop_heap(heap.begin(), heap.end(), gt);
+      full.push_back(heap.back());
+      heap.pop_back();
+    }
+    if (heap.empty())
+      throw_error<capacity_error>(
+          "balance::plan_grouped_reorder: sample {} ({} LLM tokens) fits no rank of the group "
+          "under a capacity of {} tokens; expected the group's batch to fit",
+          p.sample_ids[e.index], tokens, capacity);
+    std::pop_heap(heap.begin(), heap.end(), gt);
+    const int r = heap.back().second;
+    heap.back().first -= e.neg_cost;
+    std::push_heap(heap.begin(), heap.end(), gt);
+    for (const auto& f : full) {
+      heap.push_back(f);
+      std::push_heap(heap.begin(), heap.end(), gt);
+    }
+    full.clear();
+    const auto ur = static_cast<std::size_t>(r);
+    p.llm_rank[e.index] = r;
+    p.llm_tokens_on[ur] += tokens;
+    p.llm_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
+    p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
+  }
+}
+
+HETMESH_COMPILED void place_reorder_items(reorder_plan& p, std::span<const std::int64_t> item_cost) {
+  const std::size_t n = p.sample_ids.size();
+  const auto nr = static_cast<std::size_t>(p.ranks);
+  const auto gt = std::greater<reorder_slot>{};
+  std::vector<reorder_slot> heap;
+  std::vector<reorder_lpt_entry> items(item_cost.size());
+  for (std::size_t k = 0; k < n; ++k)
+    for (auto j = p.item_offset[k]; j < p.item_offset[k + 1]; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      items[u] = {-item_cost[u], static_cast<std::uint32_t>(u), p.owner[k]};
+    }
+  std::sort(items.begin(), items.end());
+  reset_reorder_heap(heap, p.ranks);
+  for (const auto& e : items) {
+    std::pop_heap(heap.begin(), heap.end(), gt);
+    const int r = heap.back().second;
+    heap.back().first -= e.neg_cost;
+    std::push_heap(heap.begin(), heap.end(), gt);
+    const auto ur = static_cast<std::size_t>(r);
+    p.encoder_rank[e.index] = r;
+    p.encoder_load[ur] -= cost::fixed::from_ticks(e.neg_cost);
+    p.parcels[static_cast<std::size_t>(e.owner) * nr + ur] += 1;
+  }
+}
+
+}  // namespace hetmesh::balance::detail
+#endif  // HETMESH_BODIES

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -61,7 +62,7 @@ struct reshard_run {
   std::int64_t dst_offset = 0;  ///< first row in the receiver's buffer
   std::int64_t rows = 0;        ///< rows copied
   friend constexpr bool operator==(const reshard_run&, const reshard_run&) = default;
-  void hash_append(hasher& h) const { append_all(h, src, dst, src_offset, dst_offset, rows); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The reshard plan of one step over `ranks` ranks. counts[src * ranks + dst] = rows from src to dst.
@@ -71,26 +72,11 @@ struct reshard_plan {
   std::vector<std::int64_t> counts;  ///< ranks x ranks row counts, row = sender
 
   /// The backward plan: every run reversed; same rows, same pairs transposed. O(runs log runs).
-  [[nodiscard]] reshard_plan transposed() const {
-    reshard_plan t;
-    t.ranks = ranks;
-    t.runs.reserve(runs.size());
-    for (const auto& r : runs) t.runs.push_back({r.dst, r.src, r.dst_offset, r.src_offset, r.rows});
-    hetmesh::indirect_sort(t.runs.begin(), t.runs.end(), [](const reshard_run& a, const reshard_run& b) {
-      return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
-    });
-    const auto n = static_cast<std::size_t>(ranks);
-    t.counts.assign(n * n, 0);
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t j = 0; j < n; ++j) t.counts[j * n + i] = counts[i * n + j];
-    return t;
-  }
+  [[nodiscard]] HETMESH_COMPILED reshard_plan transposed() const;
   /// Rows moved in all, self-copies included. O(ranks^2).
-  [[nodiscard]] std::int64_t total_rows() const noexcept {
-    return std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t total_rows() const noexcept;
   friend bool operator==(const reshard_plan&, const reshard_plan&) = default;
-  void hash_append(hasher& h) const { append_all(h, ranks, runs, counts); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Plans the forward reshard. Pre: ranks in [0, ranks); the encoder blocks of each item cover its rows
@@ -98,9 +84,105 @@ struct reshard_plan {
 /// item (invalid_argument naming the first row produced twice, or never, or consumed nowhere).
 /// Post: every item row is moved exactly once, to the LLM block holding its position; runs contiguous
 /// on both sides are merged. Pure; deterministic; O(B log B) for B blocks plus the runs. Not collective.
-[[nodiscard]] inline reshard_plan plan_reshard(int ranks, std::span<const item_span> items,
-                                               std::span<const encoder_block> produced,
-                                               std::span<const llm_block> consumed) {
+[[nodiscard]] HETMESH_COMPILED reshard_plan plan_reshard(int ranks, std::span<const item_span> items,
+                                                         std::span<const encoder_block> produced,
+                                                         std::span<const llm_block> consumed);
+
+/// The LLM blocks of an HDP plan: on each pool rank, its micro-batches in execution order, each
+/// segment (a whole packed sequence, or a zigzag chunk of a ring) at consecutive rows of the rank's
+/// input buffer. O(segments).
+[[nodiscard]] HETMESH_COMPILED std::vector<llm_block> llm_blocks_from_hdp(const seq::hdp_plan& plan);
+
+/// Both sides of a grouped-reorder plan as reshard blocks (see blocks_from_reorder).
+struct reorder_blocks {
+  std::vector<encoder_block> encoder;  ///< one block per encoder item, whole
+  std::vector<llm_block> llm;          ///< one block per sample, whole
+};
+
+/// The blocks of a grouped-reorder plan, beside llm_blocks_from_hdp: each encoder item whole on its
+/// encoder rank, each sample's tokens [0, tokens) whole on its LLM rank, both at consecutive rows of the
+/// rank's buffer in canonical (sample id, item) order. Reads the lengths the plan carries (no second
+/// gather). Together with the items' positions in their samples, what plan_reshard takes. Pure; O(samples
+/// + items).
+[[nodiscard]] HETMESH_COMPILED reorder_blocks blocks_from_reorder(const reorder_plan& plan);
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::reshard_run> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::reshard_run& r, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "run({}->{}, rows {}@{} -> @{})", r.src, r.dst, r.rows, r.src_offset,
+                              r.dst_offset);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::reshard_plan> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::reshard_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "reshard_plan(ranks={}, runs={}, rows={})", p.ranks, p.runs.size(),
+                              p.total_rows());
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::item_span> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::item_span& s, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "item({}, {}) at {} x {}", s.sample_id, s.item, s.position, s.rows);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::encoder_block> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::encoder_block& b, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "enc({}, {}) rows [{}, {}) on {}@{}", b.sample_id, b.item,
+                              b.row_begin, b.row_end, b.rank, b.offset);
+  }
+};
+
+template <>
+struct fmt::formatter<hetmesh::balance::llm_block> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::llm_block& b, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "llm({}) {} on {}@{}", b.sample_id, b.tokens, b.rank, b.offset);
+  }
+};
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED void reshard_run::hash_append(hasher& h) const {
+  append_all(h, src, dst, src_offset, dst_offset, rows);
+}
+
+HETMESH_COMPILED reshard_plan reshard_plan::transposed() const {
+  reshard_plan t;
+  t.ranks = ranks;
+  t.runs.reserve(runs.size());
+  for (const auto& r : runs) t.runs.push_back({r.dst, r.src, r.dst_offset, r.src_offset, r.rows});
+  hetmesh::indirect_sort(t.runs.begin(), t.runs.end(), [](const reshard_run& a, const reshard_run& b) {
+    return std::tie(a.src, a.dst, a.src_offset) < std::tie(b.src, b.dst, b.src_offset);
+  });
+  const auto n = static_cast<std::size_t>(ranks);
+  t.counts.assign(n * n, 0);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j) t.counts[j * n + i] = counts[i * n + j];
+  return t;
+}
+
+HETMESH_COMPILED std::int64_t reshard_plan::total_rows() const noexcept {
+  return std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+}
+
+HETMESH_COMPILED void reshard_plan::hash_append(hasher& h) const { append_all(h, ranks, runs, counts); }
+
+HETMESH_COMPILED reshard_plan plan_reshard(int ranks, std::span<const item_span> items,
+                                           std::span<const encoder_block> produced,
+                                           std::span<const llm_block> consumed) {
   if (ranks < 1) throw_error<invalid_argument>("balance::plan_reshard: ranks = {}; expected >= 1", ranks);
   auto key = [](std::int64_t s, int i) { return std::pair<std::int64_t, int>(s, i); };
   std::vector<item_span> its(items.begin(), items.end());
@@ -205,10 +287,7 @@ struct reshard_plan {
   return plan;
 }
 
-/// The LLM blocks of an HDP plan: on each pool rank, its micro-batches in execution order, each
-/// segment (a whole packed sequence, or a zigzag chunk of a ring) at consecutive rows of the rank's
-/// input buffer. O(segments).
-[[nodiscard]] inline std::vector<llm_block> llm_blocks_from_hdp(const seq::hdp_plan& plan) {
+HETMESH_COMPILED std::vector<llm_block> llm_blocks_from_hdp(const seq::hdp_plan& plan) {
   std::vector<llm_block> out;
   for (std::size_t r = 0; r < plan.per_rank.size(); ++r) {
     std::int64_t off = 0;
@@ -221,18 +300,7 @@ struct reshard_plan {
   return out;
 }
 
-/// Both sides of a grouped-reorder plan as reshard blocks (see blocks_from_reorder).
-struct reorder_blocks {
-  std::vector<encoder_block> encoder;  ///< one block per encoder item, whole
-  std::vector<llm_block> llm;          ///< one block per sample, whole
-};
-
-/// The blocks of a grouped-reorder plan, beside llm_blocks_from_hdp: each encoder item whole on its
-/// encoder rank, each sample's tokens [0, tokens) whole on its LLM rank, both at consecutive rows of the
-/// rank's buffer in canonical (sample id, item) order. Reads the lengths the plan carries (no second
-/// gather). Together with the items' positions in their samples, what plan_reshard takes. Pure; O(samples
-/// + items).
-[[nodiscard]] inline reorder_blocks blocks_from_reorder(const reorder_plan& plan) {
+HETMESH_COMPILED reorder_blocks blocks_from_reorder(const reorder_plan& plan) {
   const std::size_t n = plan.sample_ids.size();
   if (plan.tokens.size() != n || plan.item_offset.size() != n + 1 ||
       plan.item_tokens.size() != plan.encoder_rank.size() ||
@@ -262,46 +330,4 @@ struct reorder_blocks {
 }
 
 }  // namespace hetmesh::balance
-
-template <>
-struct fmt::formatter<hetmesh::balance::reshard_run> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::reshard_run& r, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "run({}->{}, rows {}@{} -> @{})", r.src, r.dst, r.rows, r.src_offset,
-                              r.dst_offset);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::reshard_plan> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::reshard_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "reshard_plan(ranks={}, runs={}, rows={})", p.ranks, p.runs.size(),
-                              p.total_rows());
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::item_span> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::item_span& s, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "item({}, {}) at {} x {}", s.sample_id, s.item, s.position, s.rows);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::encoder_block> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::encoder_block& b, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "enc({}, {}) rows [{}, {}) on {}@{}", b.sample_id, b.item,
-                              b.row_begin, b.row_end, b.rank, b.offset);
-  }
-};
-
-template <>
-struct fmt::formatter<hetmesh::balance::llm_block> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::llm_block& b, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "llm({}) {} on {}@{}", b.sample_id, b.tokens, b.rank, b.offset);
-  }
-};
+#endif  // HETMESH_BODIES

@@ -86,22 +86,9 @@ HETMESH_COMPILED short_set price_shorts(std::span<const seq::seq_desc> shorts, s
 /// Per-rank finish of the rings alone (the first `first` in order), each a task of time / `pp` starting
 /// when its last member is free; with `gaps`, records every member free before its ring starts.
 /// O(sum of ring sizes + pool).
-inline std::vector<std::int64_t> replay_rings(const ring_layout& lay, int pool, int pp,
-                                              std::vector<ring_gap>* gaps = nullptr,
-                                              std::size_t first = static_cast<std::size_t>(-1)) {
-  std::vector<std::int64_t> fin(static_cast<std::size_t>(pool), 0);
-  for (std::size_t p = 0; p < std::min(first, lay.order.size()); ++p) {
-    const std::size_t j = lay.order[p];
-    std::int64_t start = 0;
-    for (int r : lay.ranks[j]) start = std::max(start, fin[static_cast<std::size_t>(r)]);
-    for (int r : lay.ranks[j]) {
-      auto& f = fin[static_cast<std::size_t>(r)];
-      if (gaps != nullptr && f < start) gaps->push_back({r, j, start - f, 0});
-      f = start + lay.time[j].ticks / pp;
-    }
-  }
-  return fin;
-}
+HETMESH_COMPILED std::vector<std::int64_t> replay_rings(const ring_layout& lay, int pool, int pp,
+                                                        std::vector<ring_gap>* gaps = nullptr,
+                                                        std::size_t first = static_cast<std::size_t>(-1));
 
 /// Short sequences by (-cost, id) around `lay`: into the tightest gap before a ring that still holds them
 /// (their rows run there, so the ring starts no later), else onto the rank that finishes first (LPT on
@@ -254,3 +241,26 @@ HETMESH_COMPILED layout_eval evaluate_layout(const ring_layout& lay, const short
 #endif
 
 }  // namespace hetmesh::balance::detail
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance::detail {
+
+HETMESH_COMPILED std::vector<std::int64_t> replay_rings(const ring_layout& lay, int pool, int pp,
+                                                        std::vector<ring_gap>* gaps, std::size_t first) {
+  std::vector<std::int64_t> fin(static_cast<std::size_t>(pool), 0);
+  for (std::size_t p = 0; p < std::min(first, lay.order.size()); ++p) {
+    const std::size_t j = lay.order[p];
+    std::int64_t start = 0;
+    for (int r : lay.ranks[j]) start = std::max(start, fin[static_cast<std::size_t>(r)]);
+    for (int r : lay.ranks[j]) {
+      auto& f = fin[static_cast<std::size_t>(r)];
+      if (gaps != nullptr && f < start) gaps->push_back({r, j, start - f, 0});
+      f = start + lay.time[j].ticks / pp;
+    }
+  }
+  return fin;
+}
+
+}  // namespace hetmesh::balance::detail
+#endif  // HETMESH_BODIES

@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -42,38 +43,19 @@ struct assignment {
     return load.empty() ? 0 : *std::max_element(load.begin(), load.end());
   }
   /// Items of bin b, in increasing index order. O(n).
-  [[nodiscard]] std::vector<int> items_of(int b) const {
-    std::vector<int> out;
-    for (std::size_t i = 0; i < bin_of.size(); ++i)
-      if (bin_of[i] == b) out.push_back(static_cast<int>(i));
-    return out;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<int> items_of(int b) const;
   /// Items of every bin at once: result[b] == items_of(b). O(n + bins), where calling items_of for each
   /// bin would be O(n bins). Pre: every bin_of[i] in [0, bins()).
-  [[nodiscard]] std::vector<std::vector<int>> members() const {
-    std::vector<std::vector<int>> out(load.size());
-    for (std::size_t i = 0; i < bin_of.size(); ++i)
-      out[static_cast<std::size_t>(bin_of[i])].push_back(static_cast<int>(i));
-    return out;
-  }
-  void hash_append(hasher& h) const { append_all(h, bin_of, load); }
+  [[nodiscard]] HETMESH_COMPILED std::vector<std::vector<int>> members() const;
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const assignment&, const assignment&) = default;
 };
 
 namespace detail {
 
-inline void check_costs(std::span<const std::int64_t> costs, const char* who) {
-  for (std::size_t i = 0; i < costs.size(); ++i) {
-    if (costs[i] < 0) {
-      throw_error<invalid_argument>(
-          "{}: cost[{}] = {} is negative; expected costs >= 0 (fixed-point integers)", who, i, costs[i]);
-    }
-  }
-}
+HETMESH_COMPILED void check_costs(std::span<const std::int64_t> costs, const char* who);
 
-inline void check_bins(int bins, const char* who) {
-  if (bins <= 0) throw_error<invalid_argument>("{}: bins = {}; expected at least one bin", who, bins);
-}
+HETMESH_COMPILED void check_bins(int bins, const char* who);
 
 /// Indices sorted by (-cost, index): the canonical order of every greedy here. From 128 items on, a stable
 /// least-significant-digit radix sort over the bytes of (largest cost - cost), as many passes as the
@@ -117,18 +99,190 @@ HETMESH_COMPILED std::vector<int> order_by_decreasing(std::span<const std::int64
 
 /// The canonical greedy order: item indices sorted by (-cost, index). Pre: costs >= 0 (invalid_argument
 /// otherwise). Deterministic; O(n log n). With list_schedule it is LPT.
-[[nodiscard]] inline std::vector<int> decreasing_order(std::span<const std::int64_t> costs) {
-  detail::check_costs(costs, "balance::decreasing_order");
-  return detail::order_by_decreasing(costs);
-}
+[[nodiscard]] HETMESH_COMPILED std::vector<int> decreasing_order(std::span<const std::int64_t> costs);
 
 /// Greedy list scheduling in a given order: items taken as `order` lists them, each to the bin with the
 /// smallest load (ties: lowest bin). With order = (-cost, index) this is LPT; a caller that already holds
 /// that order (a sub-list of a larger sorted list keeps its order) skips the sort.
 /// Pre: costs >= 0, bins >= 1, `order` a permutation of [0, costs.size()). Post: every item in exactly
 /// one bin. Local; deterministic. Cost O(n log bins).
-[[nodiscard]] inline assignment list_schedule(std::span<const std::int64_t> costs, std::span<const int> order,
-                                              int bins) {
+[[nodiscard]] HETMESH_COMPILED assignment list_schedule(std::span<const std::int64_t> costs,
+                                                        std::span<const int> order, int bins);
+
+/// Greedy LPT: items in (-cost, index) order, each to the bin with the smallest load (ties: lowest bin).
+/// Pre: costs >= 0, bins >= 1. Post: every item in exactly one bin of [0, bins); makespan <= (4/3 - 1/(3
+/// bins)) * OPT. Local (not collective); deterministic. Cost O(n log n + n log bins).
+[[nodiscard]] HETMESH_COMPILED assignment lpt(std::span<const std::int64_t> costs, int bins);
+
+namespace detail {
+
+/// Sparse state of multi-way largest differencing. A "part" is a set of items (a linked list with its
+/// sum); a "tuple" is up to m parts kept in (sum desc, first item asc) order, the missing ones being
+/// empty parts of sum 0. Storing only non-empty parts keeps memory O(n) even when m is in the
+/// thousands, where the textbook m-vector per item would need O(n m).
+class kk_state {
+ public:
+  /// Items are identified by their position in the (-cost, index) order, never by their input index:
+  /// every tie-break below then depends only on the sorted costs, so permuting the input permutes the
+  /// result and nothing else.
+  kk_state(std::span<const std::int64_t> sorted_costs, int m) : m_(m), next_(sorted_costs.size(), -1) {
+    parts_.reserve(sorted_costs.size());
+    for (std::size_t i = 0; i < sorted_costs.size(); ++i) {
+      const int id = static_cast<int>(i);
+      parts_.push_back({sorted_costs[i], id, id, id});
+    }
+  }
+
+  /// Runs the differencing and returns the parts of the last tuple, in canonical order.
+  HETMESH_COMPILED std::vector<int> solve();
+
+  [[nodiscard]] std::int64_t sum(int part) const { return parts_[static_cast<std::size_t>(part)].sum; }
+  /// Calls f(item) for each item of `part`.
+  template <class F>
+  void for_each_item(int part, F&& f) const {
+    for (int it = parts_[static_cast<std::size_t>(part)].head; it != -1;
+         it = next_[static_cast<std::size_t>(it)])
+      f(it);
+  }
+
+ private:
+  struct part {
+    std::int64_t sum;
+    int head, tail, first;  // linked list of items; `first` = smallest sorted position (tie-break)
+  };
+
+  [[nodiscard]] HETMESH_COMPILED std::int64_t spread(const std::vector<int>& t) const;
+
+  HETMESH_COMPILED void absorb(int into, int from);
+
+  /// Largest part of `a` joins the smallest of `b` (an empty one while b has fewer than m parts), etc.
+  HETMESH_COMPILED std::vector<int> merge(const std::vector<int>& a, const std::vector<int>& b);
+
+  int m_;
+  std::vector<part> parts_;
+  std::vector<int> next_;
+};
+
+}  // namespace detail
+
+/// Multi-way Karmarkar-Karp (largest differencing method). Bins are numbered by decreasing load (ties:
+/// the bin holding the earlier item in (-cost, index) order first); unused bins have load 0.
+/// Pre: costs >= 0, bins >= 1. Post: every item in exactly one bin of [0, bins). For m = 2 the result is
+/// within 7/6 of OPT; for any m it is never worse than LPT's bound in practice (checked by tests
+/// against brute force). Local; deterministic. Cost O(n log n) heap work plus O(sum of tuple sizes) merging.
+[[nodiscard]] HETMESH_COMPILED assignment karmarkar_karp(std::span<const std::int64_t> costs, int bins);
+
+/// Best-fit decreasing bin packing: items in (-size, index) order, each into the open bin whose free
+/// space is smallest but still enough (ties: lowest bin), else into a new bin.
+/// Pre: 0 <= size <= capacity for every item, capacity >= 1 (an oversized item raises capacity_error
+/// naming it). Post: every bin's load <= capacity; bins <= 11/9 OPT + 6/9; bins are numbered in order of
+/// opening. Local; deterministic. Cost O(n log n).
+[[nodiscard]] HETMESH_COMPILED assignment best_fit_decreasing(std::span<const std::int64_t> sizes,
+                                                              std::int64_t capacity)
+#if HETMESH_BODIES
+{
+  if (capacity < 1)
+    throw_error<invalid_argument>("balance::best_fit_decreasing: capacity = {}; expected >= 1", capacity);
+  detail::check_costs(sizes, "balance::best_fit_decreasing");
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] > capacity) {
+      throw_error<capacity_error>(
+          "balance::best_fit_decreasing: item {} has size {} > capacity {}; expected every item to fit one "
+          "bin",
+          i, sizes[i], capacity);
+    }
+  }
+  assignment out;
+  out.bin_of.assign(sizes.size(), -1);
+  std::set<std::pair<std::int64_t, int>> open;  // (free space, bin)
+  for (int i : detail::order_by_decreasing(sizes)) {
+    const std::int64_t s = sizes[static_cast<std::size_t>(i)];
+    auto it = open.lower_bound({s, -1});
+    int b = 0;
+    std::int64_t free_space = 0;
+    if (it == open.end()) {
+      b = static_cast<int>(out.load.size());
+      out.load.push_back(0);
+      free_space = capacity;
+    } else {
+      b = it->second;
+      free_space = it->first;
+      open.erase(it);
+    }
+    out.bin_of[static_cast<std::size_t>(i)] = b;
+    out.load[static_cast<std::size_t>(b)] += s;
+    free_space -= s;
+    if (free_space > 0) open.emplace(free_space, b);
+  }
+  return out;
+}
+#else
+    ;
+#endif
+
+/// max(ceil(total / bins), largest item): no assignment of `costs` to `bins` bins has a smaller makespan.
+[[nodiscard]] HETMESH_COMPILED std::int64_t makespan_lower_bound(std::span<const std::int64_t> costs,
+                                                                 int bins);
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::assignment> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::assignment& a, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "assignment(items={}, bins={}, makespan={}, load={})",
+                              a.bin_of.size(), a.bins(), a.makespan(), a.load);
+  }
+};
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED std::vector<int> assignment::items_of(int b) const {
+  std::vector<int> out;
+  for (std::size_t i = 0; i < bin_of.size(); ++i)
+    if (bin_of[i] == b) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+HETMESH_COMPILED std::vector<std::vector<int>> assignment::members() const {
+  std::vector<std::vector<int>> out(load.size());
+  for (std::size_t i = 0; i < bin_of.size(); ++i)
+    out[static_cast<std::size_t>(bin_of[i])].push_back(static_cast<int>(i));
+  return out;
+}
+
+HETMESH_COMPILED void assignment::hash_append(hasher& h) const { append_all(h, bin_of, load); }
+
+}  // namespace hetmesh::balance
+
+namespace hetmesh::balance::detail {
+
+HETMESH_COMPILED void check_costs(std::span<const std::int64_t> costs, const char* who) {
+  for (std::size_t i = 0; i < costs.size(); ++i) {
+    if (costs[i] < 0) {
+      throw_error<invalid_argument>(
+          "{}: cost[{}] = {} is negative; expected costs >= 0 (fixed-point integers)", who, i, costs[i]);
+    }
+  }
+}
+
+HETMESH_COMPILED void check_bins(int bins, const char* who) {
+  if (bins <= 0) throw_error<invalid_argument>("{}: bins = {}; expected at least one bin", who, bins);
+}
+
+}  // namespace hetmesh::balance::detail
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED std::vector<int> decreasing_order(std::span<const std::int64_t> costs) {
+  detail::check_costs(costs, "balance::decreasing_order");
+  return detail::order_by_decreasing(costs);
+}
+
+HETMESH_COMPILED assignment list_schedule(std::span<const std::int64_t> costs, std::span<const int> order,
+                                          int bins) {
   detail::check_bins(bins, "balance::list_schedule");
   if (order.size() != costs.size())
     throw_error<invalid_argument>(
@@ -180,126 +334,83 @@ HETMESH_COMPILED std::vector<int> order_by_decreasing(std::span<const std::int64
   return out;
 }
 
-/// Greedy LPT: items in (-cost, index) order, each to the bin with the smallest load (ties: lowest bin).
-/// Pre: costs >= 0, bins >= 1. Post: every item in exactly one bin of [0, bins); makespan <= (4/3 - 1/(3
-/// bins)) * OPT. Local (not collective); deterministic. Cost O(n log n + n log bins).
-[[nodiscard]] inline assignment lpt(std::span<const std::int64_t> costs, int bins) {
+HETMESH_COMPILED assignment lpt(std::span<const std::int64_t> costs, int bins) {
   detail::check_bins(bins, "balance::lpt");
   detail::check_costs(costs, "balance::lpt");
   const auto order = detail::order_by_decreasing(costs);
   return list_schedule(costs, order, bins);
 }
 
-namespace detail {
+}  // namespace hetmesh::balance
 
-/// Sparse state of multi-way largest differencing. A "part" is a set of items (a linked list with its
-/// sum); a "tuple" is up to m parts kept in (sum desc, first item asc) order, the missing ones being
-/// empty parts of sum 0. Storing only non-empty parts keeps memory O(n) even when m is in the
-/// thousands, where the textbook m-vector per item would need O(n m).
-class kk_state {
- public:
-  /// Items are identified by their position in the (-cost, index) order, never by their input index:
-  /// every tie-break below then depends only on the sorted costs, so permuting the input permutes the
-  /// result and nothing else.
-  kk_state(std::span<const std::int64_t> sorted_costs, int m) : m_(m), next_(sorted_costs.size(), -1) {
-    parts_.reserve(sorted_costs.size());
-    for (std::size_t i = 0; i < sorted_costs.size(); ++i) {
-      const int id = static_cast<int>(i);
-      parts_.push_back({sorted_costs[i], id, id, id});
-    }
+namespace hetmesh::balance::detail {
+
+HETMESH_COMPILED std::vector<int> kk_state::solve() {
+  const std::size_t n = parts_.size();
+  std::vector<std::vector<int>> tuples;
+  tuples.reserve(2 * n);
+  // Heap keyed by (spread desc, tuple id asc): a total order.
+  using entry = std::pair<std::int64_t, int>;  // (-spread, id)
+  std::priority_queue<entry, std::vector<entry>, std::greater<>> heap;
+  for (std::size_t k = 0; k < n; ++k) {
+    tuples.push_back({static_cast<int>(k)});
+    heap.emplace(-spread(tuples.back()), static_cast<int>(tuples.size()) - 1);
   }
-
-  /// Runs the differencing and returns the parts of the last tuple, in canonical order.
-  std::vector<int> solve() {
-    const std::size_t n = parts_.size();
-    std::vector<std::vector<int>> tuples;
-    tuples.reserve(2 * n);
-    // Heap keyed by (spread desc, tuple id asc): a total order.
-    using entry = std::pair<std::int64_t, int>;  // (-spread, id)
-    std::priority_queue<entry, std::vector<entry>, std::greater<>> heap;
-    for (std::size_t k = 0; k < n; ++k) {
-      tuples.push_back({static_cast<int>(k)});
-      heap.emplace(-spread(tuples.back()), static_cast<int>(tuples.size()) - 1);
-    }
-    while (heap.size() > 1) {
-      const int a = heap.top().second;
-      heap.pop();
-      const int b = heap.top().second;
-      heap.pop();
-      tuples.push_back(merge(tuples[static_cast<std::size_t>(a)], tuples[static_cast<std::size_t>(b)]));
-      std::vector<int>().swap(tuples[static_cast<std::size_t>(a)]);
-      std::vector<int>().swap(tuples[static_cast<std::size_t>(b)]);
-      heap.emplace(-spread(tuples.back()), static_cast<int>(tuples.size()) - 1);
-    }
-    if (heap.empty()) return {};
-    return tuples[static_cast<std::size_t>(heap.top().second)];
+  while (heap.size() > 1) {
+    const int a = heap.top().second;
+    heap.pop();
+    const int b = heap.top().second;
+    heap.pop();
+    tuples.push_back(merge(tuples[static_cast<std::size_t>(a)], tuples[static_cast<std::size_t>(b)]));
+    std::vector<int>().swap(tuples[static_cast<std::size_t>(a)]);
+    std::vector<int>().swap(tuples[static_cast<std::size_t>(b)]);
+    heap.emplace(-spread(tuples.back()), static_cast<int>(tuples.size()) - 1);
   }
+  if (heap.empty()) return {};
+  return tuples[static_cast<std::size_t>(heap.top().second)];
+}
 
-  [[nodiscard]] std::int64_t sum(int part) const { return parts_[static_cast<std::size_t>(part)].sum; }
-  /// Calls f(item) for each item of `part`.
-  template <class F>
-  void for_each_item(int part, F&& f) const {
-    for (int it = parts_[static_cast<std::size_t>(part)].head; it != -1;
-         it = next_[static_cast<std::size_t>(it)])
-      f(it);
+HETMESH_COMPILED std::int64_t kk_state::spread(const std::vector<int>& t) const {
+  if (t.empty()) return 0;
+  const std::int64_t lo = static_cast<int>(t.size()) < m_ ? 0 : sum(t.back());
+  return sum(t.front()) - lo;
+}
+
+HETMESH_COMPILED void kk_state::absorb(int into, int from) {
+  auto& p = parts_[static_cast<std::size_t>(into)];
+  const auto& q = parts_[static_cast<std::size_t>(from)];
+  p.sum += q.sum;
+  next_[static_cast<std::size_t>(p.tail)] = q.head;
+  p.tail = q.tail;
+  p.first = std::min(p.first, q.first);
+}
+
+HETMESH_COMPILED std::vector<int> kk_state::merge(const std::vector<int>& a, const std::vector<int>& b) {
+  const int ka = static_cast<int>(a.size());
+  const int kb = static_cast<int>(b.size());
+  std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(std::min(m_, ka + kb)));
+  // a[i] (desc position i) pairs with b's desc position m-1-i, which is non-empty iff m-1-i < kb.
+  for (int i = 0; i < ka; ++i) {
+    const int j = m_ - 1 - i;
+    if (j < kb) absorb(a[static_cast<std::size_t>(i)], b[static_cast<std::size_t>(j)]);
+    out.push_back(a[static_cast<std::size_t>(i)]);
   }
+  for (int j = 0; j < kb; ++j)
+    if (m_ - 1 - j >= ka) out.push_back(b[static_cast<std::size_t>(j)]);
+  hetmesh::indirect_sort(out.begin(), out.end(), [&](int x, int y) {
+    const auto& px = parts_[static_cast<std::size_t>(x)];
+    const auto& py = parts_[static_cast<std::size_t>(y)];
+    return px.sum != py.sum ? px.sum > py.sum : px.first < py.first;
+  });
+  return out;
+}
 
- private:
-  struct part {
-    std::int64_t sum;
-    int head, tail, first;  // linked list of items; `first` = smallest sorted position (tie-break)
-  };
+}  // namespace hetmesh::balance::detail
 
-  [[nodiscard]] std::int64_t spread(const std::vector<int>& t) const {
-    if (t.empty()) return 0;
-    const std::int64_t lo = static_cast<int>(t.size()) < m_ ? 0 : sum(t.back());
-    return sum(t.front()) - lo;
-  }
+namespace hetmesh::balance {
 
-  void absorb(int into, int from) {
-    auto& p = parts_[static_cast<std::size_t>(into)];
-    const auto& q = parts_[static_cast<std::size_t>(from)];
-    p.sum += q.sum;
-    next_[static_cast<std::size_t>(p.tail)] = q.head;
-    p.tail = q.tail;
-    p.first = std::min(p.first, q.first);
-  }
-
-  /// Largest part of `a` joins the smallest of `b` (an empty one while b has fewer than m parts), etc.
-  std::vector<int> merge(const std::vector<int>& a, const std::vector<int>& b) {
-    const int ka = static_cast<int>(a.size());
-    const int kb = static_cast<int>(b.size());
-    std::vector<int> out;
-    out.reserve(static_cast<std::size_t>(std::min(m_, ka + kb)));
-    // a[i] (desc position i) pairs with b's desc position m-1-i, which is non-empty iff m-1-i < kb.
-    for (int i = 0; i < ka; ++i) {
-      const int j = m_ - 1 - i;
-      if (j < kb) absorb(a[static_cast<std::size_t>(i)], b[static_cast<std::size_t>(j)]);
-      out.push_back(a[static_cast<std::size_t>(i)]);
-    }
-    for (int j = 0; j < kb; ++j)
-      if (m_ - 1 - j >= ka) out.push_back(b[static_cast<std::size_t>(j)]);
-    hetmesh::indirect_sort(out.begin(), out.end(), [&](int x, int y) {
-      const auto& px = parts_[static_cast<std::size_t>(x)];
-      const auto& py = parts_[static_cast<std::size_t>(y)];
-      return px.sum != py.sum ? px.sum > py.sum : px.first < py.first;
-    });
-    return out;
-  }
-
-  int m_;
-  std::vector<part> parts_;
-  std::vector<int> next_;
-};
-
-}  // namespace detail
-
-/// Multi-way Karmarkar-Karp (largest differencing method). Bins are numbered by decreasing load (ties:
-/// the bin holding the earlier item in (-cost, index) order first); unused bins have load 0.
-/// Pre: costs >= 0, bins >= 1. Post: every item in exactly one bin of [0, bins). For m = 2 the result is
-/// within 7/6 of OPT; for any m it is never worse than LPT's bound in practice (checked by tests
-/// against brute force). Local; deterministic. Cost O(n log n) heap work plus O(sum of tuple sizes) merging.
-[[nodiscard]] inline assignment karmarkar_karp(std::span<const std::int64_t> costs, int bins) {
+HETMESH_COMPILED assignment karmarkar_karp(std::span<const std::int64_t> costs, int bins) {
   detail::check_bins(bins, "balance::karmarkar_karp");
   detail::check_costs(costs, "balance::karmarkar_karp");
   assignment out;
@@ -319,56 +430,7 @@ class kk_state {
   return out;
 }
 
-/// Best-fit decreasing bin packing: items in (-size, index) order, each into the open bin whose free
-/// space is smallest but still enough (ties: lowest bin), else into a new bin.
-/// Pre: 0 <= size <= capacity for every item, capacity >= 1 (an oversized item raises capacity_error
-/// naming it). Post: every bin's load <= capacity; bins <= 11/9 OPT + 6/9; bins are numbered in order of
-/// opening. Local; deterministic. Cost O(n log n).
-[[nodiscard]] HETMESH_COMPILED assignment best_fit_decreasing(std::span<const std::int64_t> sizes,
-                                                              std::int64_t capacity)
-#if HETMESH_BODIES
-{
-  if (capacity < 1)
-    throw_error<invalid_argument>("balance::best_fit_decreasing: capacity = {}; expected >= 1", capacity);
-  detail::check_costs(sizes, "balance::best_fit_decreasing");
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] > capacity) {
-      throw_error<capacity_error>(
-          "balance::best_fit_decreasing: item {} has size {} > capacity {}; expected every item to fit one "
-          "bin",
-          i, sizes[i], capacity);
-    }
-  }
-  assignment out;
-  out.bin_of.assign(sizes.size(), -1);
-  std::set<std::pair<std::int64_t, int>> open;  // (free space, bin)
-  for (int i : detail::order_by_decreasing(sizes)) {
-    const std::int64_t s = sizes[static_cast<std::size_t>(i)];
-    auto it = open.lower_bound({s, -1});
-    int b = 0;
-    std::int64_t free_space = 0;
-    if (it == open.end()) {
-      b = static_cast<int>(out.load.size());
-      out.load.push_back(0);
-      free_space = capacity;
-    } else {
-      b = it->second;
-      free_space = it->first;
-      open.erase(it);
-    }
-    out.bin_of[static_cast<std::size_t>(i)] = b;
-    out.load[static_cast<std::size_t>(b)] += s;
-    free_space -= s;
-    if (free_space > 0) open.emplace(free_space, b);
-  }
-  return out;
-}
-#else
-    ;
-#endif
-
-/// max(ceil(total / bins), largest item): no assignment of `costs` to `bins` bins has a smaller makespan.
-[[nodiscard]] inline std::int64_t makespan_lower_bound(std::span<const std::int64_t> costs, int bins) {
+HETMESH_COMPILED std::int64_t makespan_lower_bound(std::span<const std::int64_t> costs, int bins) {
   detail::check_bins(bins, "balance::makespan_lower_bound");
   std::int64_t total = 0;
   std::int64_t largest = 0;
@@ -380,12 +442,4 @@ class kk_state {
 }
 
 }  // namespace hetmesh::balance
-
-template <>
-struct fmt::formatter<hetmesh::balance::assignment> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::assignment& a, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "assignment(items={}, bins={}, makespan={}, load={})",
-                              a.bin_of.size(), a.bins(), a.makespan(), a.load);
-  }
-};
+#endif  // HETMESH_BODIES

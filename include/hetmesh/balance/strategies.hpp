@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../seq/offload.hpp"
@@ -65,53 +66,8 @@ struct lower_bound_terms {
 };
 
 /// The terms of step_lower_bound (see there). O(n + long sequences x ranks).
-[[nodiscard]] inline lower_bound_terms step_lower_bound_terms(std::span<const seq::seq_desc> seqs,
-                                                              const strategy_config& cfg) {
-  const auto& m = cfg.model;
-  const std::int64_t n = cfg.ranks;
-  // The per-row constant c is left out of the short work: packing shares it, so counting it per sequence
-  // would overstate what a rank must do.
-  double total_units = 0.0, short_units = 0.0;
-  std::int64_t largest = 0, largest_any = 0, long_area = 0, chain = 0;
-  for (const auto& s : seqs) {
-    total_units += m.llm.work(s.length);
-    if (s.length > cfg.hdp.capacity) continue;
-    short_units += m.llm.work(s.length);
-    largest = std::max(largest, m.pack_time(std::span<const std::int64_t>(&s.length, 1)).ticks);
-  }
-  largest_any = largest;
-  for (const auto& s : seqs) {
-    if (s.length <= cfg.hdp.capacity) continue;
-    // Its ring: at least the ranks the capacity rule (with the policy's offloading) gives it, at most
-    // the pool and s / 2 (two zigzag chunks per rank). Exact scans: the bound must never overstate.
-    const auto dmax = std::max<std::int64_t>(1, std::min<std::int64_t>(n, s.length / 2));
-    const std::int64_t dmin = std::clamp<std::int64_t>(
-        seq::solve_offload(s.length, cfg.hdp.capacity, cfg.hdp.model, cfg.hdp.offload, cfg.ranks).ranks, 1,
-        dmax);
-    std::int64_t best_any = m.ring_time(s.length, 1, false).ticks;
-    std::int64_t best = std::numeric_limits<std::int64_t>::max(), area = best;
-    for (std::int64_t d = 1; d <= dmax; ++d) {
-      const auto t = m.ring_time(s.length, static_cast<int>(d), m.spans_nodes(static_cast<int>(d))).ticks;
-      best_any = std::min(best_any, t);
-      if (d < dmin) continue;
-      best = std::min(best, t);
-      area = std::min(area, d * t);
-    }
-    largest_any = std::max(largest_any, best_any);
-    largest = std::max(largest, best);
-    long_area += area;
-    if (2 * dmin > n) chain += best;
-  }
-  const std::int64_t pp = m.pp_stages;
-  const std::int64_t area_ticks = cost::fixed::from_units(short_units).ticks + long_area;
-  const std::int64_t total = cost::fixed::from_units(total_units).ticks;
-  lower_bound_terms t;
-  t.area = cost::fixed::from_ticks((area_ticks + n - 1) / n / pp);
-  t.longest = cost::fixed::from_ticks(largest / pp);
-  t.chain = cost::fixed::from_ticks(chain / pp);
-  t.work_only = cost::fixed::from_ticks(std::max((total + n - 1) / n, largest_any) / pp);
-  return t;
-}
+[[nodiscard]] HETMESH_COMPILED lower_bound_terms step_lower_bound_terms(std::span<const seq::seq_desc> seqs,
+                                                                        const strategy_config& cfg);
 
 /// A lower bound on the modelled step of any plan that packs sequences of <= C tokens whole on one rank
 /// and runs each longer sequence on a ring of its own, of at least the ranks the capacity rule gives it
@@ -122,11 +78,8 @@ struct lower_bound_terms {
 /// sequences at C = 8K: D x ring time ~ 2.1 x work); the bound before it (work / ranks) left that out.
 /// Static dp x cp shares a ring between several sequences, so the bound does not bind it.
 /// O(n + long sequences x ranks).
-[[nodiscard]] inline cost::fixed step_lower_bound(std::span<const seq::seq_desc> seqs,
-                                                  const strategy_config& cfg) {
-  const auto t = step_lower_bound_terms(seqs, cfg);
-  return std::max({t.area, t.longest, t.chain});
-}
+[[nodiscard]] HETMESH_COMPILED cost::fixed step_lower_bound(std::span<const seq::seq_desc> seqs,
+                                                            const strategy_config& cfg);
 
 /// The plan balancer `b` makes for `seqs` on cfg.ranks ranks: its work items and their tasks, priced by
 /// cfg.model (b.plan(seqs, cfg)). Every non-empty sequence is in exactly one item. Pre: cfg.ranks >= 1
@@ -189,3 +142,64 @@ struct fmt::formatter<hetmesh::balance::strategy_result> : hetmesh::empty_spec_f
         r.step, r.imbalance, r.lower_bound, r.ratio_to_lower_bound, r.tasks);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED lower_bound_terms step_lower_bound_terms(std::span<const seq::seq_desc> seqs,
+                                                          const strategy_config& cfg) {
+  const auto& m = cfg.model;
+  const std::int64_t n = cfg.ranks;
+  // The per-row constant c is left out of the short work: packing shares it, so counting it per sequence
+  // would overstate what a rank must do.
+  double total_units = 0.0, short_units = 0.0;
+  std::int64_t largest = 0, largest_any = 0, long_area = 0, chain = 0;
+  for (const auto& s : seqs) {
+    total_units += m.llm.work(s.length);
+    if (s.length > cfg.hdp.capacity) continue;
+    short_units += m.llm.work(s.length);
+    largest = std::max(largest, m.pack_time(std::span<const std::int64_t>(&s.length, 1)).ticks);
+  }
+  largest_any = largest;
+  for (const auto& s : seqs) {
+    if (s.length <= cfg.hdp.capacity) continue;
+    // Its ring: at least the ranks the capacity rule (with the policy's offloading) gives it, at most
+    // the pool and s / 2 (two zigzag chunks per rank). Exact scans: the bound must never overstate.
+    const auto dmax = std::max<std::int64_t>(1, std::min<std::int64_t>(n, s.length / 2));
+    const std::int64_t dmin = std::clamp<std::int64_t>(
+        seq::solve_offload(s.length, cfg.hdp.capacity, cfg.hdp.model, cfg.hdp.offload, cfg.ranks).ranks, 1,
+        dmax);
+    std::int64_t best_any = m.ring_time(s.length, 1, false).ticks;
+    std::int64_t best = std::numeric_limits<std::int64_t>::max(), area = best;
+    for (std::int64_t d = 1; d <= dmax; ++d) {
+      const auto t = m.ring_time(s.length, static_cast<int>(d), m.spans_nodes(static_cast<int>(d))).ticks;
+      best_any = std::min(best_any, t);
+      if (d < dmin) continue;
+      best = std::min(best, t);
+      area = std::min(area, d * t);
+    }
+    largest_any = std::max(largest_any, best_any);
+    largest = std::max(largest, best);
+    long_area += area;
+    if (2 * dmin > n) chain += best;
+  }
+  const std::int64_t pp = m.pp_stages;
+  const std::int64_t area_ticks = cost::fixed::from_units(short_units).ticks + long_area;
+  const std::int64_t total = cost::fixed::from_units(total_units).ticks;
+  lower_bound_terms t;
+  t.area = cost::fixed::from_ticks((area_ticks + n - 1) / n / pp);
+  t.longest = cost::fixed::from_ticks(largest / pp);
+  t.chain = cost::fixed::from_ticks(chain / pp);
+  t.work_only = cost::fixed::from_ticks(std::max((total + n - 1) / n, largest_any) / pp);
+  return t;
+}
+
+HETMESH_COMPILED cost::fixed step_lower_bound(std::span<const seq::seq_desc> seqs,
+                                              const strategy_config& cfg) {
+  const auto t = step_lower_bound_terms(seqs, cfg);
+  return std::max({t.area, t.longest, t.chain});
+}
+
+}  // namespace hetmesh::balance
+#endif  // HETMESH_BODIES

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // the formatters print rings (vectors)
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/random.hpp"
@@ -35,7 +36,7 @@ struct strategy_config {
   seq::hdp_policy hdp{};  ///< capacity C per rank and offloading (HDP strategies)
   step_model model{};     ///< prices every task
   /// Hashes every parameter, so that a plan's hash names the configuration it came from.
-  void hash_append(hasher& h) const { append_all(h, ranks, hdp, model); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// One unit of work: whole sequences packed on one rank (a ring of one), or one sequence (for
@@ -48,11 +49,7 @@ struct work_item {
   double offload_ratio = 0.0;       ///< share of activations offloaded (HDP rings with offloading)
 
   /// Tokens of the item: the sum of its sequences' lengths. O(seqs).
-  [[nodiscard]] std::int64_t tokens() const {
-    std::int64_t t = 0;
-    for (const auto& s : seqs) t += s.length;
-    return t;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t tokens() const;
 };
 
 /// One strategy's plan for one batch: `tasks[i]` prices `items[i]` (same ranks and order key).
@@ -63,18 +60,85 @@ struct strategy_plan {
 
 namespace detail {
 
-inline void push_item(strategy_plan& p, std::vector<int> ring, std::int64_t order,
-                      std::vector<seq::seq_desc> seqs, double offload_ratio, cost::fixed duration) {
+HETMESH_COMPILED void push_item(strategy_plan& p, std::vector<int> ring, std::int64_t order,
+                                std::vector<seq::seq_desc> seqs, double offload_ratio, cost::fixed duration);
+
+HETMESH_COMPILED void check_ranks(const strategy_config& cfg, std::string_view who);
+
+HETMESH_COMPILED strategy_plan random_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
+                                           std::uint64_t seed);
+
+HETMESH_COMPILED strategy_plan token_count_plan(std::span<const seq::seq_desc> seqs,
+                                                const strategy_config& cfg);
+
+HETMESH_COMPILED strategy_plan static_dp_cp_plan(std::span<const seq::seq_desc> seqs,
+                                                 const strategy_config& cfg, std::int64_t context_length);
+
+HETMESH_COMPILED strategy_plan hdp_plan_items(const seq::hdp_plan& plan, const step_model& m);
+
+}  // namespace detail
+
+/// Modelled ring-attention traffic of `plan`'s step, bytes summed over all ranks: per layer, a ring of
+/// D ranks passes every KV block D-1 hops forward, and KV plus its gradient back (3x forward); items on
+/// one rank move nothing. Gradient reduction, the same for every strategy, is left out.
+/// Pure; O(items + sequences). Not collective.
+[[nodiscard]] HETMESH_COMPILED double ring_comm_bytes(const strategy_plan& plan, const step_model& m);
+
+}  // namespace hetmesh::balance
+
+template <>
+struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::strategy_config& c, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "strategy_config(ranks={}, {}, {})", c.ranks, c.hdp, c.model);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::balance::work_item> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::work_item& w, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "work_item(ring={}, order={}, {} seqs, {} tokens, offload={:.2f})",
+                              w.ring, w.order, w.seqs.size(), w.tokens(), w.offload_ratio);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::balance::strategy_plan> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::balance::strategy_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    std::int64_t tokens = 0;
+    for (const auto& w : p.items) tokens += w.tokens();
+    return hetmesh::format_to(ctx.out(), "strategy_plan({} items, {} tokens)", p.items.size(), tokens);
+  }
+};
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED void strategy_config::hash_append(hasher& h) const { append_all(h, ranks, hdp, model); }
+
+HETMESH_COMPILED std::int64_t work_item::tokens() const {
+  std::int64_t t = 0;
+  for (const auto& s : seqs) t += s.length;
+  return t;
+}
+
+}  // namespace hetmesh::balance
+
+namespace hetmesh::balance::detail {
+
+HETMESH_COMPILED void push_item(strategy_plan& p, std::vector<int> ring, std::int64_t order,
+                                std::vector<seq::seq_desc> seqs, double offload_ratio, cost::fixed duration) {
   p.tasks.push_back(task{ring, order, duration});
   p.items.push_back(work_item{std::move(ring), order, std::move(seqs), offload_ratio});
 }
 
-inline void check_ranks(const strategy_config& cfg, std::string_view who) {
+HETMESH_COMPILED void check_ranks(const strategy_config& cfg, std::string_view who) {
   if (cfg.ranks < 1) throw_error<invalid_argument>("balance::{}: ranks = {}; expected >= 1", who, cfg.ranks);
 }
 
-inline strategy_plan random_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
-                                 std::uint64_t seed) {
+HETMESH_COMPILED strategy_plan random_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
+                                           std::uint64_t seed) {
   const auto sh = seq::hdp_shard(seqs, cfg.hdp, cfg.ranks);
   rng g(seed);
   std::vector<int> ranks(static_cast<std::size_t>(cfg.ranks));
@@ -97,7 +161,8 @@ inline strategy_plan random_plan(std::span<const seq::seq_desc> seqs, const stra
   return out;
 }
 
-inline strategy_plan token_count_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg) {
+HETMESH_COMPILED strategy_plan token_count_plan(std::span<const seq::seq_desc> seqs,
+                                                const strategy_config& cfg) {
   const auto sh = seq::hdp_shard(seqs, cfg.hdp, cfg.ranks);
   // Items are in canonical order (rings longest first, then packs), so this is LPT on tokens per rank.
   std::set<std::pair<std::int64_t, int>> load;
@@ -119,8 +184,8 @@ inline strategy_plan token_count_plan(std::span<const seq::seq_desc> seqs, const
   return out;
 }
 
-inline strategy_plan static_dp_cp_plan(std::span<const seq::seq_desc> seqs, const strategy_config& cfg,
-                                       std::int64_t context_length) {
+HETMESH_COMPILED strategy_plan static_dp_cp_plan(std::span<const seq::seq_desc> seqs,
+                                                 const strategy_config& cfg, std::int64_t context_length) {
   std::int64_t longest = 0;
   for (const auto& s : seqs) longest = std::max(longest, s.length);
   const std::int64_t context = std::max({context_length, longest, cfg.hdp.capacity});
@@ -157,7 +222,7 @@ inline strategy_plan static_dp_cp_plan(std::span<const seq::seq_desc> seqs, cons
   return out;
 }
 
-inline strategy_plan hdp_plan_items(const seq::hdp_plan& plan, const step_model& m) {
+HETMESH_COMPILED strategy_plan hdp_plan_items(const seq::hdp_plan& plan, const step_model& m) {
   strategy_plan out;
   out.tasks = tasks_of(plan, m);
   for (std::size_t i = 0; i < plan.sharding.items.size(); ++i) {
@@ -167,13 +232,11 @@ inline strategy_plan hdp_plan_items(const seq::hdp_plan& plan, const step_model&
   return out;
 }
 
-}  // namespace detail
+}  // namespace hetmesh::balance::detail
 
-/// Modelled ring-attention traffic of `plan`'s step, bytes summed over all ranks: per layer, a ring of
-/// D ranks passes every KV block D-1 hops forward, and KV plus its gradient back (3x forward); items on
-/// one rank move nothing. Gradient reduction, the same for every strategy, is left out.
-/// Pure; O(items + sequences). Not collective.
-[[nodiscard]] inline double ring_comm_bytes(const strategy_plan& plan, const step_model& m) {
+namespace hetmesh::balance {
+
+HETMESH_COMPILED double ring_comm_bytes(const strategy_plan& plan, const step_model& m) {
   double total = 0.0;
   for (const auto& it : plan.items) {
     const auto d = static_cast<double>(it.ring.size());
@@ -185,28 +248,4 @@ inline strategy_plan hdp_plan_items(const seq::hdp_plan& plan, const step_model&
 }
 
 }  // namespace hetmesh::balance
-
-template <>
-struct fmt::formatter<hetmesh::balance::strategy_config> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::strategy_config& c, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "strategy_config(ranks={}, {}, {})", c.ranks, c.hdp, c.model);
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::balance::work_item> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::work_item& w, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "work_item(ring={}, order={}, {} seqs, {} tokens, offload={:.2f})",
-                              w.ring, w.order, w.seqs.size(), w.tokens(), w.offload_ratio);
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::balance::strategy_plan> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::balance::strategy_plan& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    std::int64_t tokens = 0;
-    for (const auto& w : p.items) tokens += w.tokens();
-    return hetmesh::format_to(ctx.out(), "strategy_plan({} items, {} tokens)", p.items.size(), tokens);
-  }
-};
+#endif  // HETMESH_BODIES

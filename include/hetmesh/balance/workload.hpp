@@ -17,6 +17,7 @@
 #include <system_error>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/checked.hpp"
 #include "../core/error.hpp"
 #include "../core/files.hpp"
@@ -31,9 +32,39 @@ namespace hetmesh::balance {
 /// Throws data_error "FILE:LINE: ..." naming what was found and what was expected when the line is
 /// not a positive integer in int64 range. `file` and `line_no` only name the place in errors.
 /// Pure; O(line size). Not collective.
-[[nodiscard]] inline std::optional<std::int64_t> parse_length_line(std::string_view line,
-                                                                   std::string_view file,
-                                                                   std::size_t line_no) {
+[[nodiscard]] HETMESH_COMPILED std::optional<std::int64_t> parse_length_line(std::string_view line,
+                                                                             std::string_view file,
+                                                                             std::size_t line_no);
+
+/// Every length of the list read from `in`, in file order; `file` names it in errors.
+/// Throws data_error as parse_length_line does, on a line longer than 1 MiB (short_line_bytes), on a read
+/// error, and when the list holds no length;
+/// overflow_error naming the file and line when the lengths' total leaves int64 (planners sum them).
+/// Pure apart from reading `in`; O(bytes). Not collective.
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> read_lengths(std::istream& in,
+                                                                      std::string_view file);
+
+/// The length list in `file`, a regular file of at most 1 GiB (core/files.hpp: a directory, FIFO or
+/// device is refused by name). Throws data_error when it cannot be opened or is refused, and as
+/// read_lengths(istream). O(bytes). Not collective.
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> read_lengths(const std::filesystem::path& file);
+
+/// A batch of about `tokens` tokens drawn with replacement from `lengths` (an empirical length
+/// distribution): uniform draws until the total reaches `tokens`; ids 0..n-1 in draw order.
+/// Pre: `lengths` non-empty (else invalid_argument) and positive. Post: the total is >= tokens and
+/// less than tokens + the longest length. Deterministic in `seed`; O(result). Not collective.
+[[nodiscard]] HETMESH_COMPILED std::vector<seq::seq_desc> sample_batch(std::span<const std::int64_t> lengths,
+                                                                       std::int64_t tokens,
+                                                                       std::uint64_t seed);
+
+}  // namespace hetmesh::balance
+
+#if HETMESH_BODIES
+
+namespace hetmesh::balance {
+
+HETMESH_COMPILED std::optional<std::int64_t> parse_length_line(std::string_view line, std::string_view file,
+                                                               std::size_t line_no) {
   const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
   while (!line.empty() && blank(line.front())) line.remove_prefix(1);
   while (!line.empty() && blank(line.back())) line.remove_suffix(1);
@@ -50,12 +81,7 @@ namespace hetmesh::balance {
   return n;
 }
 
-/// Every length of the list read from `in`, in file order; `file` names it in errors.
-/// Throws data_error as parse_length_line does, on a line longer than 1 MiB (short_line_bytes), on a read
-/// error, and when the list holds no length;
-/// overflow_error naming the file and line when the lengths' total leaves int64 (planners sum them).
-/// Pure apart from reading `in`; O(bytes). Not collective.
-[[nodiscard]] inline std::vector<std::int64_t> read_lengths(std::istream& in, std::string_view file) {
+HETMESH_COMPILED std::vector<std::int64_t> read_lengths(std::istream& in, std::string_view file) {
   std::vector<std::int64_t> out;
   std::string raw;
   std::size_t line = 0;
@@ -70,20 +96,13 @@ namespace hetmesh::balance {
   return out;
 }
 
-/// The length list in `file`, a regular file of at most 1 GiB (core/files.hpp: a directory, FIFO or
-/// device is refused by name). Throws data_error when it cannot be opened or is refused, and as
-/// read_lengths(istream). O(bytes). Not collective.
-[[nodiscard]] inline std::vector<std::int64_t> read_lengths(const std::filesystem::path& file) {
+HETMESH_COMPILED std::vector<std::int64_t> read_lengths(const std::filesystem::path& file) {
   regular_file_stream in(file.string(), large_file_bytes, "length list");
   return read_lengths(in, file.string());
 }
 
-/// A batch of about `tokens` tokens drawn with replacement from `lengths` (an empirical length
-/// distribution): uniform draws until the total reaches `tokens`; ids 0..n-1 in draw order.
-/// Pre: `lengths` non-empty (else invalid_argument) and positive. Post: the total is >= tokens and
-/// less than tokens + the longest length. Deterministic in `seed`; O(result). Not collective.
-[[nodiscard]] inline std::vector<seq::seq_desc> sample_batch(std::span<const std::int64_t> lengths,
-                                                             std::int64_t tokens, std::uint64_t seed) {
+HETMESH_COMPILED std::vector<seq::seq_desc> sample_batch(std::span<const std::int64_t> lengths,
+                                                         std::int64_t tokens, std::uint64_t seed) {
   if (lengths.empty()) throw_error<invalid_argument>("balance::sample_batch: no lengths to draw from");
   for (std::size_t i = 0; i < lengths.size(); ++i)
     if (lengths[i] <= 0)
@@ -101,3 +120,4 @@ namespace hetmesh::balance {
 }
 
 }  // namespace hetmesh::balance
+#endif  // HETMESH_BODIES

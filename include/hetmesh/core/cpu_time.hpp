@@ -4,15 +4,25 @@
 #pragma once
 
 #include <time.h>
+#include "../config.hpp"
 
 namespace hetmesh {
 
 /// Seconds of CPU time the calling thread has used (POSIX CLOCK_THREAD_CPUTIME_ID); 0 where the clock
 /// is unavailable. Differences of two calls on one thread measure the work in between.
-[[nodiscard]] inline double thread_cpu_seconds() noexcept {
+[[nodiscard]] HETMESH_COMPILED double thread_cpu_seconds() noexcept;
+
+}  // namespace hetmesh
+
+#if HETMESH_BODIES
+
+namespace hetmesh {
+
+HETMESH_COMPILED double thread_cpu_seconds() noexcept {
   timespec ts{};
   if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
 }  // namespace hetmesh
+#endif  // HETMESH_BODIES

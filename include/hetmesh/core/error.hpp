@@ -31,10 +31,7 @@ class error : public std::runtime_error {
 
   /// Adds an outer context frame ("while planning step 7") and returns *this, for rethrow.
   /// Usage: `catch (hetmesh::error& e) { e.add_context("while ..."); throw; }`
-  error& add_context(const std::string& frame) {
-    full_ = frame + ": " + (full_.empty() ? message_ : full_);
-    return *this;
-  }
+  HETMESH_COMPILED error& add_context(const std::string& frame);
 
   /// The context frames (outermost first), then the message; the plain message when no frame was added.
   [[nodiscard]] const char* what() const noexcept override {
@@ -187,11 +184,8 @@ class format_arg {
 };
 
 /// Formats `format` with the given leading arguments of `args` (see format_arg::pack).
-[[nodiscard]] inline std::string vformat_erased(fmt::string_view format,
-                                                const format_arg (&args)[max_erased_args]) {
-  fmt::format_context::format_arg data[max_erased_args];
-  return fmt::vformat(format, format_arg::pack(args, data));
-}
+[[nodiscard]] HETMESH_COMPILED std::string vformat_erased(fmt::string_view format,
+                                                          const format_arg (&args)[max_erased_args]);
 
 /// Throws E with `format` formatted with the given leading arguments of `args`.
 template <class E>
@@ -296,3 +290,25 @@ requires(sizeof...(Args) > detail::max_erased_args)
 #endif
 
 }  // namespace hetmesh
+
+#if HETMESH_BODIES
+
+namespace hetmesh {
+
+HETMESH_COMPILED error& error::add_context(const std::string& frame) {
+  full_ = frame + ": " + (full_.empty() ? message_ : full_);
+  return *this;
+}
+
+}  // namespace hetmesh
+
+namespace hetmesh::detail {
+
+HETMESH_COMPILED std::string vformat_erased(fmt::string_view format,
+                                            const format_arg (&args)[max_erased_args]) {
+  fmt::format_context::format_arg data[max_erased_args];
+  return fmt::vformat(format, format_arg::pack(args, data));
+}
+
+}  // namespace hetmesh::detail
+#endif  // HETMESH_BODIES

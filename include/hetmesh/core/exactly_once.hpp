@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "sort.hpp"
 
 namespace hetmesh {
@@ -32,8 +33,17 @@ struct id_range {
 /// else is. Empty pieces ([b, b)) are ignored. Pre: ids in `expected` unique (a repeated id is reported).
 /// Deterministic; O(n log n) in the number of ranges. Heavy: call it under
 /// `HETMESH_ASSERT_AT(heavy, ...)` or in tests, not on a hot path.
-[[nodiscard]] inline std::string exactly_once_violation(std::vector<id_range> expected,
-                                                        std::vector<id_range> assigned) {
+[[nodiscard]] HETMESH_COMPILED std::string exactly_once_violation(std::vector<id_range> expected,
+                                                                  std::vector<id_range> assigned);
+
+}  // namespace hetmesh
+
+#if HETMESH_BODIES
+
+namespace hetmesh {
+
+HETMESH_COMPILED std::string exactly_once_violation(std::vector<id_range> expected,
+                                                    std::vector<id_range> assigned) {
   const auto key = [](const id_range& r) { return std::tuple(r.id, r.begin, r.end); };
   const auto by_key = [&](const id_range& a, const id_range& b) { return key(a) < key(b); };
   indirect_sort(expected.begin(), expected.end(), by_key);
@@ -67,3 +77,4 @@ struct id_range {
 }
 
 }  // namespace hetmesh
+#endif  // HETMESH_BODIES

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <utility>
 
+#include "../config.hpp"
 #include "error.hpp"
 
 namespace hetmesh {
@@ -39,16 +40,7 @@ inline constexpr std::int64_t small_file_bytes = std::int64_t{64} << 20;
 inline constexpr std::int64_t large_file_bytes = std::int64_t{1} << 30;
 
 /// What a file of mode `mode` is, in words ("a directory", "a FIFO (named pipe)", ...), for errors.
-[[nodiscard]] inline std::string_view file_kind_name(mode_t mode) noexcept {
-  if (S_ISREG(mode)) return "a regular file";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  return "not a regular file";
-}
+[[nodiscard]] HETMESH_COMPILED std::string_view file_kind_name(mode_t mode) noexcept;
 
 /// A regular file opened for reading (move-only; closes its descriptor). Obtained from
 /// open_regular_file, which has checked its kind and size.
@@ -99,14 +91,8 @@ class regular_file {
 namespace detail {
 /// data_error "WHAT 'PATH' is KIND; expected a regular file" when `st` is not a regular file, and
 /// "WHAT 'PATH' has N bytes; expected at most MAX bytes" when it is larger than `max_bytes`.
-inline void check_regular(const struct stat& st, const std::string& path, std::int64_t max_bytes,
-                          std::string_view what) {
-  if (!S_ISREG(st.st_mode))
-    throw_error<data_error>("{} '{}' is {}; expected a regular file", what, path, file_kind_name(st.st_mode));
-  if (static_cast<std::int64_t>(st.st_size) > max_bytes)
-    throw_error<data_error>("{} '{}' has {} bytes; expected at most {} bytes (is this the right file?)", what,
-                            path, static_cast<std::int64_t>(st.st_size), max_bytes);
-}
+HETMESH_COMPILED void check_regular(const struct stat& st, const std::string& path, std::int64_t max_bytes,
+                                    std::string_view what);
 }  // namespace detail
 
 /// Opens `path` for reading if it is a regular file of at most `max_bytes` bytes. The kind is checked by
@@ -114,57 +100,14 @@ inline void check_regular(const struct stat& st, const std::string& path, std::i
 /// opened O_NONBLOCK (a FIFO swapped in between does not block either). Throws data_error naming `what`
 /// (the file's role: "workload file", "mixture"), the path, its kind or size, and what was expected.
 /// Not collective; O(1).
-[[nodiscard]] inline regular_file open_regular_file(const std::string& path, std::int64_t max_bytes,
-                                                    std::string_view what) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    throw_error<data_error>("cannot open {} '{}': {}; expected a readable regular file", what, path,
-                            std::strerror(errno));
-  detail::check_regular(st, path, max_bytes, what);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0)
-    throw_error<data_error>("cannot open {} '{}': {}; expected a readable regular file", what, path,
-                            std::strerror(errno));
-  regular_file f(fd, 0, path);
-  if (::fstat(fd, &st) != 0)
-    throw_error<data_error>("cannot stat {} '{}': {}", what, path, std::strerror(errno));
-  detail::check_regular(st, path, max_bytes, what);
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-  return regular_file(f.release(), static_cast<std::int64_t>(st.st_size), path);
-}
+[[nodiscard]] HETMESH_COMPILED regular_file open_regular_file(const std::string& path, std::int64_t max_bytes,
+                                                              std::string_view what);
 
 /// The whole content of the regular file `path` (see open_regular_file for what is refused). The file
 /// must hold exactly the bytes its size says: one that ends early or goes on past it (a /proc or /sys
 /// file reports 0 bytes) is a data_error. Not collective; O(size).
-[[nodiscard]] inline std::string read_regular_file(const std::string& path, std::int64_t max_bytes,
-                                                   std::string_view what) {
-  const regular_file f = open_regular_file(path, max_bytes, what);
-  std::string s(static_cast<std::size_t>(f.size()), '\0');
-  std::size_t done = 0;
-  char extra = 0;
-  for (;;) {
-    char* to = done < s.size() ? s.data() + done : &extra;
-    const std::size_t want = done < s.size() ? s.size() - done : 1;
-    const ssize_t n = ::read(f.fd(), to, want);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_error<data_error>("cannot read {} '{}': {}", what, path, std::strerror(errno));
-    }
-    if (n == 0) break;
-    if (done >= s.size())
-      throw_error<data_error>(
-          "{} '{}' grew past the {} bytes its size says while it was read; expected a stable regular "
-          "file (not a /proc or /sys file, not a file being written)",
-          what, path, s.size());
-    done += static_cast<std::size_t>(n);
-  }
-  if (done < s.size())
-    throw_error<data_error>(
-        "{} '{}' ended after {} of its {} bytes while it was read; expected a stable file", what, path, done,
-        s.size());
-  return s;
-}
+[[nodiscard]] HETMESH_COMPILED std::string read_regular_file(const std::string& path, std::int64_t max_bytes,
+                                                             std::string_view what);
 
 /// An input stream over a regular file opened by open_regular_file (refusing a directory, FIFO, socket,
 /// device or a file over the limit): for line-oriented readers (length lists, workloads, JSONL) that
@@ -200,20 +143,131 @@ class regular_file_stream : public std::istream {
 
 namespace detail {
 /// "<path>.tmp-<pid>-<n>": a temporary beside `path`, unique to this process and call.
-[[nodiscard]] inline std::string atomic_temp_name(const std::string& path) {
+[[nodiscard]] HETMESH_COMPILED std::string atomic_temp_name(const std::string& path);
+
+/// The folder of `path` ("." when it names none), for the fsync after a rename.
+[[nodiscard]] HETMESH_COMPILED std::string folder_of(const std::string& path);
+
+/// Writes all of `bytes` to `fd`, retrying short writes and EINTR; returns errno (0 on success).
+[[nodiscard]] HETMESH_COMPILED int write_fully(int fd, std::string_view bytes) noexcept;
+}  // namespace detail
+
+/// Fsyncs the folder holding `path`, so that a rename into it survives a crash. A folder that cannot be
+/// opened (no read permission) is skipped, since the file is there all the same; a failed fsync of an
+/// opened folder is a data_error naming `what` and the path. O(1).
+HETMESH_COMPILED void sync_folder_of(const std::string& path, std::string_view what);
+
+/// Refuses an output target that exists and is not a regular file (a folder, a device such as
+/// /dev/full, a FIFO): data_error naming `what`, the path and its kind. A new name passes. O(1).
+HETMESH_COMPILED void check_output_target(const std::string& path, std::string_view what);
+
+/// Writes `bytes` to `path` crash-consistently: a temporary in the same folder is written, fsynced and
+/// renamed over `path`, then the folder is fsynced. A reader, or a process killed at any point, sees the
+/// earlier file or the new one whole. Throws data_error naming `what`, the path and the system's reason
+/// on any failure (the target a folder or a device, a read-only folder, a full disk); the temporary is
+/// removed and an earlier file of the same name is left as it was. Not collective; O(bytes).
+HETMESH_COMPILED void write_file_atomic(const std::string& path, std::string_view bytes,
+                                        std::string_view what = "output");
+
+}  // namespace hetmesh
+
+#if HETMESH_BODIES
+
+namespace hetmesh {
+
+HETMESH_COMPILED std::string_view file_kind_name(mode_t mode) noexcept {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+}  // namespace hetmesh
+
+namespace hetmesh::detail {
+
+HETMESH_COMPILED void check_regular(const struct stat& st, const std::string& path, std::int64_t max_bytes,
+                                    std::string_view what) {
+  if (!S_ISREG(st.st_mode))
+    throw_error<data_error>("{} '{}' is {}; expected a regular file", what, path, file_kind_name(st.st_mode));
+  if (static_cast<std::int64_t>(st.st_size) > max_bytes)
+    throw_error<data_error>("{} '{}' has {} bytes; expected at most {} bytes (is this the right file?)", what,
+                            path, static_cast<std::int64_t>(st.st_size), max_bytes);
+}
+
+}  // namespace hetmesh::detail
+
+namespace hetmesh {
+
+HETMESH_COMPILED regular_file open_regular_file(const std::string& path, std::int64_t max_bytes,
+                                                std::string_view what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw_error<data_error>("cannot open {} '{}': {}; expected a readable regular file", what, path,
+                            std::strerror(errno));
+  detail::check_regular(st, path, max_bytes, what);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    throw_error<data_error>("cannot open {} '{}': {}; expected a readable regular file", what, path,
+                            std::strerror(errno));
+  regular_file f(fd, 0, path);
+  if (::fstat(fd, &st) != 0)
+    throw_error<data_error>("cannot stat {} '{}': {}", what, path, std::strerror(errno));
+  detail::check_regular(st, path, max_bytes, what);
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return regular_file(f.release(), static_cast<std::int64_t>(st.st_size), path);
+}
+
+HETMESH_COMPILED std::string read_regular_file(const std::string& path, std::int64_t max_bytes,
+                                               std::string_view what) {
+  const regular_file f = open_regular_file(path, max_bytes, what);
+  std::string s(static_cast<std::size_t>(f.size()), '\0');
+  std::size_t done = 0;
+  char extra = 0;
+  for (;;) {
+    char* to = done < s.size() ? s.data() + done : &extra;
+    const std::size_t want = done < s.size() ? s.size() - done : 1;
+    const ssize_t n = ::read(f.fd(), to, want);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_error<data_error>("cannot read {} '{}': {}", what, path, std::strerror(errno));
+    }
+    if (n == 0) break;
+    if (done >= s.size())
+      throw_error<data_error>(
+          "{} '{}' grew past the {} bytes its size says while it was read; expected a stable regular "
+          "file (not a /proc or /sys file, not a file being written)",
+          what, path, s.size());
+    done += static_cast<std::size_t>(n);
+  }
+  if (done < s.size())
+    throw_error<data_error>(
+        "{} '{}' ended after {} of its {} bytes while it was read; expected a stable file", what, path, done,
+        s.size());
+  return s;
+}
+
+}  // namespace hetmesh
+
+namespace hetmesh::detail {
+
+HETMESH_COMPILED std::string atomic_temp_name(const std::string& path) {
   static std::atomic<unsigned> counter{0};
   return path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
 }
 
-/// The folder of `path` ("." when it names none), for the fsync after a rename.
-[[nodiscard]] inline std::string folder_of(const std::string& path) {
+HETMESH_COMPILED std::string folder_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-/// Writes all of `bytes` to `fd`, retrying short writes and EINTR; returns errno (0 on success).
-[[nodiscard]] inline int write_fully(int fd, std::string_view bytes) noexcept {
+HETMESH_COMPILED int write_fully(int fd, std::string_view bytes) noexcept {
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -226,12 +280,12 @@ namespace detail {
   }
   return 0;
 }
-}  // namespace detail
 
-/// Fsyncs the folder holding `path`, so that a rename into it survives a crash. A folder that cannot be
-/// opened (no read permission) is skipped, since the file is there all the same; a failed fsync of an
-/// opened folder is a data_error naming `what` and the path. O(1).
-inline void sync_folder_of(const std::string& path, std::string_view what) {
+}  // namespace hetmesh::detail
+
+namespace hetmesh {
+
+HETMESH_COMPILED void sync_folder_of(const std::string& path, std::string_view what) {
   const std::string dir = detail::folder_of(path);
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return;
@@ -243,9 +297,7 @@ inline void sync_folder_of(const std::string& path, std::string_view what) {
                             std::strerror(e));
 }
 
-/// Refuses an output target that exists and is not a regular file (a folder, a device such as
-/// /dev/full, a FIFO): data_error naming `what`, the path and its kind. A new name passes. O(1).
-inline void check_output_target(const std::string& path, std::string_view what) {
+HETMESH_COMPILED void check_output_target(const std::string& path, std::string_view what) {
   struct stat st {};
   if (path.empty()) throw_error<data_error>("{}: an empty path; expected a file name", what);
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
@@ -253,13 +305,8 @@ inline void check_output_target(const std::string& path, std::string_view what) 
                             path, file_kind_name(st.st_mode));
 }
 
-/// Writes `bytes` to `path` crash-consistently: a temporary in the same folder is written, fsynced and
-/// renamed over `path`, then the folder is fsynced. A reader, or a process killed at any point, sees the
-/// earlier file or the new one whole. Throws data_error naming `what`, the path and the system's reason
-/// on any failure (the target a folder or a device, a read-only folder, a full disk); the temporary is
-/// removed and an earlier file of the same name is left as it was. Not collective; O(bytes).
-inline void write_file_atomic(const std::string& path, std::string_view bytes,
-                              std::string_view what = "output") {
+HETMESH_COMPILED void write_file_atomic(const std::string& path, std::string_view bytes,
+                                        std::string_view what) {
   check_output_target(path, what);
   const std::string tmp = detail::atomic_temp_name(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -290,3 +337,4 @@ inline void write_file_atomic(const std::string& path, std::string_view bytes,
 }
 
 }  // namespace hetmesh
+#endif  // HETMESH_BODIES

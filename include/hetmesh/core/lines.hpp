@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "../config.hpp"
 #include "error.hpp"
 
 namespace hetmesh {
@@ -21,8 +22,18 @@ inline constexpr std::size_t short_line_bytes = std::size_t{1} << 20;
 /// `max_bytes` bytes of it. Returns false (and sets eofbit) when `in` is at its end with no line left.
 /// Throws data_error "FILE:LINE: line longer than N bytes; expected ..." naming `file`, `line_no` (the
 /// number of the line being read) and the bound when the line is longer. O(line size); reads only `in`.
-[[nodiscard]] inline bool read_line_bounded(std::istream& in, std::string& line, std::size_t max_bytes,
-                                            std::string_view file, std::size_t line_no) {
+[[nodiscard]] HETMESH_COMPILED bool read_line_bounded(std::istream& in, std::string& line,
+                                                      std::size_t max_bytes, std::string_view file,
+                                                      std::size_t line_no);
+
+}  // namespace hetmesh
+
+#if HETMESH_BODIES
+
+namespace hetmesh {
+
+HETMESH_COMPILED bool read_line_bounded(std::istream& in, std::string& line, std::size_t max_bytes,
+                                        std::string_view file, std::size_t line_no) {
   line.clear();
   auto* buf = in.rdbuf();
   if (buf == nullptr || !in.good()) {
@@ -48,3 +59,4 @@ inline constexpr std::size_t short_line_bytes = std::size_t{1} << 20;
 }
 
 }  // namespace hetmesh
+#endif  // HETMESH_BODIES

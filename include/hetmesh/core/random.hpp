@@ -11,6 +11,7 @@
 #include <span>
 #include <utility>
 #include <vector>
+#include "../config.hpp"
 
 namespace hetmesh {
 
@@ -79,7 +80,15 @@ constexpr void shuffle(std::span<T> items, rng& g) noexcept {
 }
 
 /// The permutation of [0, n) for `seed`: deterministic on every platform.
-[[nodiscard]] inline std::vector<std::int64_t> permutation(std::int64_t n, std::uint64_t seed) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> permutation(std::int64_t n, std::uint64_t seed);
+
+}  // namespace hetmesh
+
+#if HETMESH_BODIES
+
+namespace hetmesh {
+
+HETMESH_COMPILED std::vector<std::int64_t> permutation(std::int64_t n, std::uint64_t seed) {
   std::vector<std::int64_t> p(static_cast<std::size_t>(n));
   std::iota(p.begin(), p.end(), std::int64_t{0});
   rng g(seed);
@@ -88,3 +97,4 @@ constexpr void shuffle(std::span<T> items, rng& g) noexcept {
 }
 
 }  // namespace hetmesh
+#endif  // HETMESH_BODIES

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <utility>
 #include <vector>
+#include "../config.hpp"
 
 namespace hetmesh {
 namespace detail {
@@ -31,9 +32,7 @@ struct index_less {
 
 /// std::sort of the indices [first, last) by `less`: the library's one instantiation of std::sort over
 /// a comparator.
-inline void sort_indices(std::size_t* first, std::size_t* last, index_less less) {
-  std::sort(first, last, less);
-}
+HETMESH_COMPILED void sort_indices(std::size_t* first, std::size_t* last, index_less less);
 
 /// Moves the elements of [first, first + order.size()) so that element i becomes the one that was at
 /// order[i]; `order` (a permutation) is left as the identity. O(n) moves.
@@ -102,3 +101,14 @@ void indirect_stable_sort(It first, It last, const Less& less = {}) {
 }
 
 }  // namespace hetmesh
+
+#if HETMESH_BODIES
+
+namespace hetmesh::detail {
+
+HETMESH_COMPILED void sort_indices(std::size_t* first, std::size_t* last, index_less less) {
+  std::sort(first, last, less);
+}
+
+}  // namespace hetmesh::detail
+#endif  // HETMESH_BODIES

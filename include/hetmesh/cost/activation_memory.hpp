@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -27,15 +28,8 @@ struct activation_memory {
   /// Activations of a transformer layer with FlashAttention and no recomputation: about 34 h bytes
   /// per token in 16-bit types (Korthikanti et al.; the 5 a s / h attention-score term disappears),
   /// divided over `tp` tensor-parallel ranks with sequence parallelism. Pre: hidden, layers, tp > 0.
-  [[nodiscard]] static activation_memory from_dims(std::int64_t hidden, std::int64_t layers,
-                                                   std::int64_t tp = 1) {
-    if (hidden <= 0 || layers <= 0 || tp <= 0) {
-      throw_error<invalid_argument>(
-          "cost::activation_memory::from_dims: hidden={}, layers={}, tp={}; expected all > 0", hidden, layers,
-          tp);
-    }
-    return activation_memory{34.0 * static_cast<double>(hidden) / static_cast<double>(tp), 0.0, layers};
-  }
+  [[nodiscard]] HETMESH_COMPILED static activation_memory from_dims(std::int64_t hidden, std::int64_t layers,
+                                                                    std::int64_t tp = 1);
 
   /// Act(s) for one layer, bytes. O(1).
   [[nodiscard]] constexpr double per_layer(std::int64_t s) const noexcept {
@@ -47,32 +41,13 @@ struct activation_memory {
   }
   /// The largest s with bytes(s) <= budget (the rank capacity C). Pre: alpha > 0. Post: result >= 0;
   /// bytes(result) <= budget < bytes(result + 1). O(1).
-  [[nodiscard]] std::int64_t capacity_tokens(double budget_bytes) const {
-    if (!(alpha > 0.0)) {
-      throw_error<invalid_argument>("cost::activation_memory::capacity_tokens: alpha={}; expected alpha > 0",
-                                    alpha);
-    }
-    const double per_token = static_cast<double>(layers) * alpha;
-    const double fixed_part = static_cast<double>(layers) * beta;
-    if (budget_bytes < fixed_part) return 0;
-    auto s = static_cast<std::int64_t>(std::floor((budget_bytes - fixed_part) / per_token));
-    while (s > 0 && bytes(s) > budget_bytes) --s;  // guard the rounding of the division
-    while (bytes(s + 1) <= budget_bytes) ++s;
-    return s;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t capacity_tokens(double budget_bytes) const;
   /// Ranks needed to hold a sequence of s tokens without offloading, given per-rank capacity c tokens:
   /// ceil(Act(s) / Act(c)). Pre: c >= 1. O(1).
-  [[nodiscard]] std::int64_t ranks_needed(std::int64_t s, std::int64_t c) const {
-    if (c < 1)
-      throw_error<invalid_argument>("cost::activation_memory::ranks_needed: capacity {}; expected >= 1", c);
-    if (s <= c) return 1;
-    const double r = per_layer(s) / per_layer(c);
-    auto d = static_cast<std::int64_t>(std::ceil(r - 1e-12));
-    return d < 1 ? 1 : d;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t ranks_needed(std::int64_t s, std::int64_t c) const;
 
   friend constexpr bool operator==(const activation_memory&, const activation_memory&) = default;
-  void hash_append(hasher& h) const { append_all(h, alpha, beta, layers); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// What ByteScale's selective offloading (arXiv 2502.21231 §3.3, Eq. 3; solver in seq/offload.hpp)
@@ -103,7 +78,7 @@ struct offload_model {
   [[nodiscard]] bool timed() const noexcept { return layer != quadratic_time{}; }
 
   friend bool operator==(const offload_model&, const offload_model&) = default;
-  void hash_append(hasher& h) const { append_all(h, layer, activation, d2h_bandwidth, h2d_bandwidth); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 }  // namespace hetmesh::cost
@@ -125,3 +100,49 @@ struct fmt::formatter<hetmesh::cost::offload_model> : hetmesh::empty_spec_format
                               m.d2h_bandwidth, m.h2d_bandwidth);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::cost {
+
+HETMESH_COMPILED activation_memory activation_memory::from_dims(std::int64_t hidden, std::int64_t layers,
+                                                                std::int64_t tp) {
+  if (hidden <= 0 || layers <= 0 || tp <= 0) {
+    throw_error<invalid_argument>(
+        "cost::activation_memory::from_dims: hidden={}, layers={}, tp={}; expected all > 0", hidden, layers,
+        tp);
+  }
+  return activation_memory{34.0 * static_cast<double>(hidden) / static_cast<double>(tp), 0.0, layers};
+}
+
+HETMESH_COMPILED std::int64_t activation_memory::capacity_tokens(double budget_bytes) const {
+  if (!(alpha > 0.0)) {
+    throw_error<invalid_argument>("cost::activation_memory::capacity_tokens: alpha={}; expected alpha > 0",
+                                  alpha);
+  }
+  const double per_token = static_cast<double>(layers) * alpha;
+  const double fixed_part = static_cast<double>(layers) * beta;
+  if (budget_bytes < fixed_part) return 0;
+  auto s = static_cast<std::int64_t>(std::floor((budget_bytes - fixed_part) / per_token));
+  while (s > 0 && bytes(s) > budget_bytes) --s;  // guard the rounding of the division
+  while (bytes(s + 1) <= budget_bytes) ++s;
+  return s;
+}
+
+HETMESH_COMPILED std::int64_t activation_memory::ranks_needed(std::int64_t s, std::int64_t c) const {
+  if (c < 1)
+    throw_error<invalid_argument>("cost::activation_memory::ranks_needed: capacity {}; expected >= 1", c);
+  if (s <= c) return 1;
+  const double r = per_layer(s) / per_layer(c);
+  auto d = static_cast<std::int64_t>(std::ceil(r - 1e-12));
+  return d < 1 ? 1 : d;
+}
+
+HETMESH_COMPILED void activation_memory::hash_append(hasher& h) const { append_all(h, alpha, beta, layers); }
+
+HETMESH_COMPILED void offload_model::hash_append(hasher& h) const {
+  append_all(h, layer, activation, d2h_bandwidth, h2d_bandwidth);
+}
+
+}  // namespace hetmesh::cost
+#endif  // HETMESH_BODIES

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "compute.hpp"
@@ -50,42 +51,8 @@ namespace detail {
 /// Solves the weighted least-squares problem on the terms in `mask` (bit 0: s^2, 1: s, 2: 1), with
 /// columns scaled by the largest length so the normal equations stay well conditioned. Returns false
 /// when the system is singular (too few distinct lengths for the terms).
-inline bool solve_terms(std::span<const sample_point> pts, unsigned mask, bool relative, double scale,
-                        std::array<double, 3>& coef) {
-  std::array<int, 3> cols{};
-  int k = 0;
-  for (int j = 0; j < 3; ++j)
-    if ((mask >> j) & 1U) cols[static_cast<std::size_t>(k++)] = j;
-  double m[3][4] = {};
-  for (const auto& p : pts) {
-    const double x = p.length / scale;
-    const double basis[3] = {x * x, x, 1.0};
-    const double w = relative ? 1.0 / (p.time * p.time) : 1.0;
-    for (int r = 0; r < k; ++r) {
-      for (int c = 0; c < k; ++c) m[r][c] += w * basis[cols[r]] * basis[cols[c]];
-      m[r][3] += w * basis[cols[r]] * p.time;
-    }
-  }
-  // Gaussian elimination with partial pivoting on the k x k system.
-  for (int c = 0; c < k; ++c) {
-    int piv = c;
-    for (int r = c + 1; r < k; ++r)
-      if (std::fabs(m[r][c]) > std::fabs(m[piv][c])) piv = r;
-    if (std::fabs(m[piv][c]) < 1e-300) return false;
-    for (int j = 0; j < 4; ++j) std::swap(m[c][j], m[piv][j]);
-    for (int r = 0; r < k; ++r) {
-      if (r == c) continue;
-      const double f = m[r][c] / m[c][c];
-      for (int j = c; j < 4; ++j) m[r][j] -= f * m[c][j];
-    }
-  }
-  coef = {0.0, 0.0, 0.0};
-  for (int r = 0; r < k; ++r) coef[static_cast<std::size_t>(cols[r])] = m[r][3] / m[r][r];
-  // Undo the column scaling: x = s / scale.
-  coef[0] /= scale * scale;
-  coef[1] /= scale;
-  return true;
-}
+HETMESH_COMPILED bool solve_terms(std::span<const sample_point> pts, unsigned mask, bool relative,
+                                  double scale, std::array<double, 3>& coef);
 
 }  // namespace detail
 
@@ -169,3 +136,47 @@ struct fmt::formatter<hetmesh::cost::fit_result> : hetmesh::empty_spec_formatter
                               r.max_relative_error, r.rms_relative_error);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::cost::detail {
+
+HETMESH_COMPILED bool solve_terms(std::span<const sample_point> pts, unsigned mask, bool relative,
+                                  double scale, std::array<double, 3>& coef) {
+  std::array<int, 3> cols{};
+  int k = 0;
+  for (int j = 0; j < 3; ++j)
+    if ((mask >> j) & 1U) cols[static_cast<std::size_t>(k++)] = j;
+  double m[3][4] = {};
+  for (const auto& p : pts) {
+    const double x = p.length / scale;
+    const double basis[3] = {x * x, x, 1.0};
+    const double w = relative ? 1.0 / (p.time * p.time) : 1.0;
+    for (int r = 0; r < k; ++r) {
+      for (int c = 0; c < k; ++c) m[r][c] += w * basis[cols[r]] * basis[cols[c]];
+      m[r][3] += w * basis[cols[r]] * p.time;
+    }
+  }
+  // Gaussian elimination with partial pivoting on the k x k system.
+  for (int c = 0; c < k; ++c) {
+    int piv = c;
+    for (int r = c + 1; r < k; ++r)
+      if (std::fabs(m[r][c]) > std::fabs(m[piv][c])) piv = r;
+    if (std::fabs(m[piv][c]) < 1e-300) return false;
+    for (int j = 0; j < 4; ++j) std::swap(m[c][j], m[piv][j]);
+    for (int r = 0; r < k; ++r) {
+      if (r == c) continue;
+      const double f = m[r][c] / m[c][c];
+      for (int j = c; j < 4; ++j) m[r][j] -= f * m[c][j];
+    }
+  }
+  coef = {0.0, 0.0, 0.0};
+  for (int r = 0; r < k; ++r) coef[static_cast<std::size_t>(cols[r])] = m[r][3] / m[r][r];
+  // Undo the column scaling: x = s / scale.
+  coef[0] /= scale * scale;
+  coef[1] /= scale;
+  return true;
+}
+
+}  // namespace hetmesh::cost::detail
+#endif  // HETMESH_BODIES

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -34,28 +35,79 @@ using network = mesh::topology;
 /// One ring step of a ring algorithm over `degree` ranks whose slowest hop is `l`: each of the
 /// degree - 1 hops passes `bytes_per_hop` while the ranks compute for `compute`; the exposed time is
 /// max(compute, communication) (compute alone for one rank). O(1).
-[[nodiscard]] inline double ring_step_time(const link& l, int degree, double compute, double bytes_per_hop) {
+[[nodiscard]] HETMESH_COMPILED double ring_step_time(const link& l, int degree, double compute,
+                                                     double bytes_per_hop);
+
+namespace detail {
+HETMESH_COMPILED void check_group(std::span<const int> group, const char* op);
+HETMESH_COMPILED void check_bytes(double bytes, const char* op);
+}  // namespace detail
+
+/// Point-to-point message of `bytes` from src to dst. Pre: bytes >= 0. O(1).
+[[nodiscard]] HETMESH_COMPILED double p2p_time(const network& net, int src, int dst, double bytes);
+
+/// Ring all-reduce of a `bytes` buffer on every rank: 2(p-1) (alpha + beta bytes/p). O(p).
+[[nodiscard]] HETMESH_COMPILED double all_reduce_time(const network& net, std::span<const int> group,
+                                                      double bytes);
+
+/// Ring reduce-scatter of a `bytes` buffer (each rank keeps bytes/p): (p-1) (alpha + beta bytes/p).
+[[nodiscard]] HETMESH_COMPILED double reduce_scatter_time(const network& net, std::span<const int> group,
+                                                          double bytes);
+
+/// Ring all-gather producing a `bytes` buffer on every rank (each contributes bytes/p). Same cost as
+/// reduce-scatter: the two are each other's transpose.
+[[nodiscard]] HETMESH_COMPILED double all_gather_time(const network& net, std::span<const int> group,
+                                                      double bytes);
+
+/// All-to-all-v: `bytes[i * p + j]` is what group[i] sends to group[j]. Each rank pays the per-peer link
+/// for each non-empty message; the operation ends when the busiest rank's sends or receives end.
+/// Pre: bytes.size() == p * p, entries >= 0. O(p^2).
+[[nodiscard]] HETMESH_COMPILED double all_to_all_v_time(const network& net, std::span<const int> group,
+                                                        std::span<const double> bytes);
+
+/// All-to-all with `bytes_per_peer` bytes between every ordered pair. O(p^2).
+[[nodiscard]] HETMESH_COMPILED double all_to_all_time(const network& net, std::span<const int> group,
+                                                      double bytes_per_peer);
+
+/// Ring attention over `ring` (context parallelism, HDP): p-1 steps, each passing a KV block of
+/// `kv_bytes_per_rank` to the next rank, overlapped with the `compute` of the local shard. Returns the
+/// exposed time max(compute, communication). O(p).
+[[nodiscard]] HETMESH_COMPILED double ring_attention_time(const network& net, std::span<const int> ring,
+                                                          double compute, double kv_bytes_per_rank);
+
+}  // namespace hetmesh::cost
+
+#if HETMESH_BODIES
+
+namespace hetmesh::cost {
+
+HETMESH_COMPILED double ring_step_time(const link& l, int degree, double compute, double bytes_per_hop) {
   if (degree <= 1) return compute;
   return std::max(compute, (static_cast<double>(degree) - 1.0) * l.time(bytes_per_hop));
 }
 
-namespace detail {
-inline void check_group(std::span<const int> group, const char* op) {
+}  // namespace hetmesh::cost
+
+namespace hetmesh::cost::detail {
+
+HETMESH_COMPILED void check_group(std::span<const int> group, const char* op) {
   if (group.empty()) throw_error<invalid_argument>("cost::{}: empty group; expected at least one rank", op);
 }
-inline void check_bytes(double bytes, const char* op) {
+
+HETMESH_COMPILED void check_bytes(double bytes, const char* op) {
   if (!(bytes >= 0.0)) throw_error<invalid_argument>("cost::{}: {} bytes; expected >= 0", op, bytes);
 }
-}  // namespace detail
 
-/// Point-to-point message of `bytes` from src to dst. Pre: bytes >= 0. O(1).
-[[nodiscard]] inline double p2p_time(const network& net, int src, int dst, double bytes) {
+}  // namespace hetmesh::cost::detail
+
+namespace hetmesh::cost {
+
+HETMESH_COMPILED double p2p_time(const network& net, int src, int dst, double bytes) {
   detail::check_bytes(bytes, "p2p_time");
   return src == dst ? 0.0 : net.between(src, dst).time(bytes);
 }
 
-/// Ring all-reduce of a `bytes` buffer on every rank: 2(p-1) (alpha + beta bytes/p). O(p).
-[[nodiscard]] inline double all_reduce_time(const network& net, std::span<const int> group, double bytes) {
+HETMESH_COMPILED double all_reduce_time(const network& net, std::span<const int> group, double bytes) {
   detail::check_group(group, "all_reduce_time");
   detail::check_bytes(bytes, "all_reduce_time");
   const auto p = static_cast<double>(group.size());
@@ -63,9 +115,7 @@ inline void check_bytes(double bytes, const char* op) {
   return 2.0 * (p - 1.0) * net.bottleneck(group).time(bytes / p);
 }
 
-/// Ring reduce-scatter of a `bytes` buffer (each rank keeps bytes/p): (p-1) (alpha + beta bytes/p).
-[[nodiscard]] inline double reduce_scatter_time(const network& net, std::span<const int> group,
-                                                double bytes) {
+HETMESH_COMPILED double reduce_scatter_time(const network& net, std::span<const int> group, double bytes) {
   detail::check_group(group, "reduce_scatter_time");
   detail::check_bytes(bytes, "reduce_scatter_time");
   const auto p = static_cast<double>(group.size());
@@ -73,18 +123,13 @@ inline void check_bytes(double bytes, const char* op) {
   return (p - 1.0) * net.bottleneck(group).time(bytes / p);
 }
 
-/// Ring all-gather producing a `bytes` buffer on every rank (each contributes bytes/p). Same cost as
-/// reduce-scatter: the two are each other's transpose.
-[[nodiscard]] inline double all_gather_time(const network& net, std::span<const int> group, double bytes) {
+HETMESH_COMPILED double all_gather_time(const network& net, std::span<const int> group, double bytes) {
   detail::check_group(group, "all_gather_time");
   return reduce_scatter_time(net, group, bytes);
 }
 
-/// All-to-all-v: `bytes[i * p + j]` is what group[i] sends to group[j]. Each rank pays the per-peer link
-/// for each non-empty message; the operation ends when the busiest rank's sends or receives end.
-/// Pre: bytes.size() == p * p, entries >= 0. O(p^2).
-[[nodiscard]] inline double all_to_all_v_time(const network& net, std::span<const int> group,
-                                              std::span<const double> bytes) {
+HETMESH_COMPILED double all_to_all_v_time(const network& net, std::span<const int> group,
+                                          std::span<const double> bytes) {
   detail::check_group(group, "all_to_all_v_time");
   const std::size_t p = group.size();
   if (bytes.size() != p * p) {
@@ -111,21 +156,18 @@ inline void check_bytes(double bytes, const char* op) {
   return worst;
 }
 
-/// All-to-all with `bytes_per_peer` bytes between every ordered pair. O(p^2).
-[[nodiscard]] inline double all_to_all_time(const network& net, std::span<const int> group,
-                                            double bytes_per_peer) {
+HETMESH_COMPILED double all_to_all_time(const network& net, std::span<const int> group,
+                                        double bytes_per_peer) {
   detail::check_group(group, "all_to_all_time");
   std::vector<double> m(group.size() * group.size(), bytes_per_peer);
   return all_to_all_v_time(net, group, m);
 }
 
-/// Ring attention over `ring` (context parallelism, HDP): p-1 steps, each passing a KV block of
-/// `kv_bytes_per_rank` to the next rank, overlapped with the `compute` of the local shard. Returns the
-/// exposed time max(compute, communication). O(p).
-[[nodiscard]] inline double ring_attention_time(const network& net, std::span<const int> ring, double compute,
-                                                double kv_bytes_per_rank) {
+HETMESH_COMPILED double ring_attention_time(const network& net, std::span<const int> ring, double compute,
+                                            double kv_bytes_per_rank) {
   detail::check_group(ring, "ring_attention_time");
   return ring_step_time(net.bottleneck(ring), static_cast<int>(ring.size()), compute, kv_bytes_per_rank);
 }
 
 }  // namespace hetmesh::cost
+#endif  // HETMESH_BODIES

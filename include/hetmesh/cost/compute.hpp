@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -57,20 +58,9 @@ struct llm_compute {
   /// 2 h s^2 for causal attention (half of the full 4 h s^2), divided by the achieved FLOP rate
   /// `flops_per_unit` (FLOPs per model unit, e.g. 400e9 for 400 TFLOP/s with ms units). `kv_ratio`
   /// (kv heads / heads, GQA) scales the K and V projections. Pre: hidden, flops_per_unit > 0.
-  [[nodiscard]] static llm_compute from_dims(std::int64_t hidden, std::int64_t layers, double flops_per_unit,
-                                             double kv_ratio = 1.0, double train_factor = 3.0) {
-    if (hidden <= 0 || layers <= 0 || !(flops_per_unit > 0.0) || !(kv_ratio > 0.0 && kv_ratio <= 1.0)) {
-      throw_error<invalid_argument>(
-          "cost::llm_compute::from_dims: hidden={}, layers={}, flops_per_unit={}, kv_ratio={}; expected "
-          "hidden, layers, flops_per_unit > 0 and 0 < kv_ratio <= 1",
-          hidden, layers, flops_per_unit, kv_ratio);
-    }
-    const double h = static_cast<double>(hidden);
-    // q and out projections 2*2h^2, k and v 2*2h^2*kv_ratio, MLP 2*2*4h^2 = 16h^2.
-    const double linear = (4.0 + 4.0 * kv_ratio + 16.0) * h * h;
-    return llm_compute{quadratic_time{2.0 * h / flops_per_unit, linear / flops_per_unit, 0.0}, layers,
-                       train_factor};
-  }
+  [[nodiscard]] HETMESH_COMPILED static llm_compute from_dims(std::int64_t hidden, std::int64_t layers,
+                                                              double flops_per_unit, double kv_ratio = 1.0,
+                                                              double train_factor = 3.0);
 
   /// layers x train_factor: what one layer's forward time is multiplied by. O(1).
   [[nodiscard]] constexpr double scale() const noexcept { return static_cast<double>(layers) * train_factor; }
@@ -96,11 +86,8 @@ struct llm_compute {
   /// One layer's forward time of one of `d` zigzag shards of a packed row of `documents` (THD zigzag
   /// per document: each shard holds 1/d of every document's mask area and tokens and pays the
   /// constant once). Pre: d >= 1. O(documents).
-  [[nodiscard]] double shard_layer(std::span<const std::int64_t> documents, std::int64_t d) const noexcept {
-    double v = 0.0;
-    for (auto l : documents) v += layer.variable(static_cast<double>(l));
-    return v / static_cast<double>(d) + layer.c;
-  }
+  [[nodiscard]] HETMESH_COMPILED double shard_layer(std::span<const std::int64_t> documents,
+                                                    std::int64_t d) const noexcept;
 
   /// Training time of one causal sequence of s tokens on this rank. Pre: s >= 0. O(1).
   [[nodiscard]] double sequence(std::int64_t s) const noexcept {
@@ -131,7 +118,7 @@ struct llm_compute {
   }
 
   friend bool operator==(const llm_compute&, const llm_compute&) = default;
-  void hash_append(hasher& h) const { append_all(h, layer, layers, train_factor); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// ByteScale Fig. 6(a) per-layer forward time (attention + MLP) of a 7B-class model in milliseconds,
@@ -162,3 +149,37 @@ struct fmt::formatter<hetmesh::cost::llm_compute> : hetmesh::empty_spec_formatte
                               m.train_factor);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::cost {
+
+HETMESH_COMPILED llm_compute llm_compute::from_dims(std::int64_t hidden, std::int64_t layers,
+                                                    double flops_per_unit, double kv_ratio,
+                                                    double train_factor) {
+  if (hidden <= 0 || layers <= 0 || !(flops_per_unit > 0.0) || !(kv_ratio > 0.0 && kv_ratio <= 1.0)) {
+    throw_error<invalid_argument>(
+        "cost::llm_compute::from_dims: hidden={}, layers={}, flops_per_unit={}, kv_ratio={}; expected "
+        "hidden, layers, flops_per_unit > 0 and 0 < kv_ratio <= 1",
+        hidden, layers, flops_per_unit, kv_ratio);
+  }
+  const double h = static_cast<double>(hidden);
+  // q and out projections 2*2h^2, k and v 2*2h^2*kv_ratio, MLP 2*2*4h^2 = 16h^2.
+  const double linear = (4.0 + 4.0 * kv_ratio + 16.0) * h * h;
+  return llm_compute{quadratic_time{2.0 * h / flops_per_unit, linear / flops_per_unit, 0.0}, layers,
+                     train_factor};
+}
+
+HETMESH_COMPILED double llm_compute::shard_layer(std::span<const std::int64_t> documents,
+                                                 std::int64_t d) const noexcept {
+  double v = 0.0;
+  for (auto l : documents) v += layer.variable(static_cast<double>(l));
+  return v / static_cast<double>(d) + layer.c;
+}
+
+HETMESH_COMPILED void llm_compute::hash_append(hasher& h) const {
+  append_all(h, layer, layers, train_factor);
+}
+
+}  // namespace hetmesh::cost
+#endif  // HETMESH_BODIES

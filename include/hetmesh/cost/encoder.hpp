@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -34,24 +35,10 @@ struct encoder_compute {
 
   /// A ViT from dimensions: per layer forward 24 h^2 L + 4 h L^2 FLOPs (full attention) over
   /// `flops_per_unit`. Pre: hidden, layers, flops_per_unit > 0.
-  [[nodiscard]] static encoder_compute vit(std::int64_t hidden, std::int64_t layers, double flops_per_unit,
-                                           double train_factor = 3.0) {
-    if (hidden <= 0 || layers <= 0 || !(flops_per_unit > 0.0)) {
-      throw_error<invalid_argument>(
-          "cost::encoder_compute::vit: hidden={}, layers={}, flops_per_unit={}; expected all > 0", hidden,
-          layers, flops_per_unit);
-    }
-    const double h = static_cast<double>(hidden);
-    return encoder_compute{quadratic_time{4.0 * h / flops_per_unit, 24.0 * h * h / flops_per_unit, 0.0},
-                           layers, train_factor, 0};
-  }
+  [[nodiscard]] HETMESH_COMPILED static encoder_compute vit(std::int64_t hidden, std::int64_t layers,
+                                                            double flops_per_unit, double train_factor = 3.0);
   /// The same encoder attending within windows of `w` frames (audio). Pre: w >= 1.
-  [[nodiscard]] encoder_compute windowed(std::int64_t w) const {
-    if (w < 1) throw_error<invalid_argument>("cost::encoder_compute::windowed: window {}; expected >= 1", w);
-    encoder_compute e = *this;
-    e.window = w;
-    return e;
-  }
+  [[nodiscard]] HETMESH_COMPILED encoder_compute windowed(std::int64_t w) const;
 
   /// Training time of one item of `tokens` tokens (patches or frames). Pre: tokens >= 0. O(1).
   [[nodiscard]] double item(std::int64_t tokens) const noexcept {
@@ -76,7 +63,7 @@ struct encoder_compute {
   }
 
   friend bool operator==(const encoder_compute&, const encoder_compute&) = default;
-  void hash_append(hasher& h) const { append_all(h, layer, layers, train_factor, window); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// A mixture-of-experts MLP: `experts` experts, `top_k` active per token; `expert_per_token` is one
@@ -88,14 +75,7 @@ struct moe_compute {
   double router_per_token = 0.0;  ///< router time per token
 
   /// Throws invalid_argument unless experts >= 1, 1 <= top_k <= experts and the times are >= 0.
-  void validate() const {
-    if (experts < 1 || top_k < 1 || top_k > experts || expert_per_token < 0.0 || router_per_token < 0.0) {
-      throw_error<invalid_argument>(
-          "cost::moe_compute: experts={}, top_k={}, expert_per_token={}, router_per_token={}; expected "
-          "1 <= top_k <= experts and non-negative times",
-          experts, top_k, expert_per_token, router_per_token);
-    }
-  }
+  HETMESH_COMPILED void validate() const;
   /// Forward time of the MoE MLP for `tokens` tokens with perfectly even routing on one rank holding
   /// all experts: only the top_k active experts compute. The linear term to add to T(s).b. O(1).
   [[nodiscard]] double layer(std::int64_t tokens) const noexcept {
@@ -104,37 +84,15 @@ struct moe_compute {
   /// Forward time of an expert-parallel layer of `ep` ranks (experts split contiguously, experts/ep per
   /// rank) given the routed token count of every expert: the slowest rank's active-expert work plus its
   /// share of routing. Pre: tokens_per_expert.size() == experts, experts % ep == 0. O(experts).
-  [[nodiscard]] double expert_parallel_layer(std::span<const std::int64_t> tokens_per_expert, std::int64_t ep,
-                                             std::int64_t tokens_per_rank) const {
-    validate();
-    if (static_cast<std::int64_t>(tokens_per_expert.size()) != experts || ep < 1 || experts % ep != 0) {
-      throw_error<invalid_argument>(
-          "cost::moe_compute::expert_parallel_layer: {} expert counts for {} experts over ep={}; expected "
-          "one count "
-          "per expert and ep dividing the expert count",
-          tokens_per_expert.size(), experts, ep);
-    }
-    const std::int64_t per_rank = experts / ep;
-    std::int64_t worst = 0;
-    for (std::int64_t r = 0; r < ep; ++r) {
-      std::int64_t t = 0;
-      for (std::int64_t e = r * per_rank; e < (r + 1) * per_rank; ++e)
-        t += tokens_per_expert[static_cast<std::size_t>(e)];
-      worst = std::max(worst, t);
-    }
-    return static_cast<double>(worst) * expert_per_token +
-           static_cast<double>(tokens_per_rank) * router_per_token;
-  }
+  [[nodiscard]] HETMESH_COMPILED double expert_parallel_layer(std::span<const std::int64_t> tokens_per_expert,
+                                                              std::int64_t ep,
+                                                              std::int64_t tokens_per_rank) const;
   /// `base` with its MLP term replaced by this MoE's active-expert cost: b = attention_linear + router +
   /// top_k * expert. `attention_linear` is the part of base.b that is not MLP.
-  [[nodiscard]] quadratic_time apply_to(quadratic_time base, double attention_linear) const {
-    validate();
-    base.b = attention_linear + router_per_token + static_cast<double>(top_k) * expert_per_token;
-    return base;
-  }
+  [[nodiscard]] HETMESH_COMPILED quadratic_time apply_to(quadratic_time base, double attention_linear) const;
 
   friend bool operator==(const moe_compute&, const moe_compute&) = default;
-  void hash_append(hasher& h) const { append_all(h, experts, top_k, expert_per_token, router_per_token); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 }  // namespace hetmesh::cost
@@ -168,3 +126,75 @@ struct fmt::formatter<hetmesh::cost::moe_compute> : hetmesh::empty_spec_formatte
                               m.experts, m.top_k, m.expert_per_token, m.router_per_token);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::cost {
+
+HETMESH_COMPILED encoder_compute encoder_compute::vit(std::int64_t hidden, std::int64_t layers,
+                                                      double flops_per_unit, double train_factor) {
+  if (hidden <= 0 || layers <= 0 || !(flops_per_unit > 0.0)) {
+    throw_error<invalid_argument>(
+        "cost::encoder_compute::vit: hidden={}, layers={}, flops_per_unit={}; expected all > 0", hidden,
+        layers, flops_per_unit);
+  }
+  const double h = static_cast<double>(hidden);
+  return encoder_compute{quadratic_time{4.0 * h / flops_per_unit, 24.0 * h * h / flops_per_unit, 0.0}, layers,
+                         train_factor, 0};
+}
+
+HETMESH_COMPILED encoder_compute encoder_compute::windowed(std::int64_t w) const {
+  if (w < 1) throw_error<invalid_argument>("cost::encoder_compute::windowed: window {}; expected >= 1", w);
+  encoder_compute e = *this;
+  e.window = w;
+  return e;
+}
+
+HETMESH_COMPILED void encoder_compute::hash_append(hasher& h) const {
+  append_all(h, layer, layers, train_factor, window);
+}
+
+HETMESH_COMPILED void moe_compute::validate() const {
+  if (experts < 1 || top_k < 1 || top_k > experts || expert_per_token < 0.0 || router_per_token < 0.0) {
+    throw_error<invalid_argument>(
+        "cost::moe_compute: experts={}, top_k={}, expert_per_token={}, router_per_token={}; expected "
+        "1 <= top_k <= experts and non-negative times",
+        experts, top_k, expert_per_token, router_per_token);
+  }
+}
+
+HETMESH_COMPILED double moe_compute::expert_parallel_layer(std::span<const std::int64_t> tokens_per_expert,
+                                                           std::int64_t ep,
+                                                           std::int64_t tokens_per_rank) const {
+  validate();
+  if (static_cast<std::int64_t>(tokens_per_expert.size()) != experts || ep < 1 || experts % ep != 0) {
+    throw_error<invalid_argument>(
+        "cost::moe_compute::expert_parallel_layer: {} expert counts for {} experts over ep={}; expected "
+        "one count "
+        "per expert and ep dividing the expert count",
+        tokens_per_expert.size(), experts, ep);
+  }
+  const std::int64_t per_rank = experts / ep;
+  std::int64_t worst = 0;
+  for (std::int64_t r = 0; r < ep; ++r) {
+    std::int64_t t = 0;
+    for (std::int64_t e = r * per_rank; e < (r + 1) * per_rank; ++e)
+      t += tokens_per_expert[static_cast<std::size_t>(e)];
+    worst = std::max(worst, t);
+  }
+  return static_cast<double>(worst) * expert_per_token +
+         static_cast<double>(tokens_per_rank) * router_per_token;
+}
+
+HETMESH_COMPILED quadratic_time moe_compute::apply_to(quadratic_time base, double attention_linear) const {
+  validate();
+  base.b = attention_linear + router_per_token + static_cast<double>(top_k) * expert_per_token;
+  return base;
+}
+
+HETMESH_COMPILED void moe_compute::hash_append(hasher& h) const {
+  append_all(h, experts, top_k, expert_per_token, router_per_token);
+}
+
+}  // namespace hetmesh::cost
+#endif  // HETMESH_BODIES

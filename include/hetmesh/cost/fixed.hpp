@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -31,14 +32,7 @@ struct fixed {
   /// Rounds `units` to the nearest tick. Pre: finite and within +-9.2e12 units (invalid_argument
   /// otherwise: a NaN or overflow here means a broken model, not a big batch). Deterministic for a
   /// given double; O(1).
-  [[nodiscard]] static fixed from_units(double units) {
-    const double t = units * static_cast<double>(ticks_per_unit);
-    if (!std::isfinite(t) || std::fabs(t) >= 9.0e18) {
-      throw_error<invalid_argument>(
-          "cost::fixed: value {} model units is not finite or out of range; expected |value| < 9e12", units);
-    }
-    return fixed{std::llround(t)};
-  }
+  [[nodiscard]] HETMESH_COMPILED static fixed from_units(double units);
   /// The value of `t` ticks, exactly.
   [[nodiscard]] static constexpr fixed from_ticks(std::int64_t t) noexcept { return fixed{t}; }
   /// The value in model units (a double, for printing and reports).
@@ -71,16 +65,11 @@ struct fixed {
   /// Totally ordered by ticks: the comparisons planners' sort keys rely on.
   friend constexpr auto operator<=>(fixed, fixed) = default;
   friend constexpr bool operator==(fixed, fixed) = default;
-  void hash_append(hasher& h) const { append(h, ticks); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The tick counts of `costs`, for the solvers in balance/solvers.hpp (which take raw int64).
-[[nodiscard]] inline std::vector<std::int64_t> ticks_of(std::span<const fixed> costs) {
-  std::vector<std::int64_t> out;
-  out.reserve(costs.size());
-  for (auto c : costs) out.push_back(c.ticks);
-  return out;
-}
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> ticks_of(std::span<const fixed> costs);
 
 }  // namespace hetmesh::cost
 
@@ -91,3 +80,28 @@ struct fmt::formatter<hetmesh::cost::fixed> : hetmesh::empty_spec_formatter {
     return hetmesh::format_to(ctx.out(), "{:.6f}", f.units());
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::cost {
+
+HETMESH_COMPILED fixed fixed::from_units(double units) {
+  const double t = units * static_cast<double>(ticks_per_unit);
+  if (!std::isfinite(t) || std::fabs(t) >= 9.0e18) {
+    throw_error<invalid_argument>(
+        "cost::fixed: value {} model units is not finite or out of range; expected |value| < 9e12", units);
+  }
+  return fixed{std::llround(t)};
+}
+
+HETMESH_COMPILED void fixed::hash_append(hasher& h) const { append(h, ticks); }
+
+HETMESH_COMPILED std::vector<std::int64_t> ticks_of(std::span<const fixed> costs) {
+  std::vector<std::int64_t> out;
+  out.reserve(costs.size());
+  for (auto c : costs) out.push_back(c.ticks);
+  return out;
+}
+
+}  // namespace hetmesh::cost
+#endif  // HETMESH_BODIES

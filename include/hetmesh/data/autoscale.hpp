@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/sort.hpp"
 
@@ -33,9 +34,19 @@ struct autoscale_options {
 /// weight_s (ties: lower source index), at most max_per_source each. Pure. Pre: spans of equal size,
 /// costs >= 0, weights >= 0, budget >= sources (else invalid_argument). Post: sum <= budget, each in
 /// [1, max_per_source]. Cost O(S log S).
-[[nodiscard]] inline std::vector<int> autoscale_loaders(std::span<const double> cost_per_sample,
-                                                        std::span<const std::int64_t> weights, int budget,
-                                                        int max_per_source) {
+[[nodiscard]] HETMESH_COMPILED std::vector<int> autoscale_loaders(std::span<const double> cost_per_sample,
+                                                                  std::span<const std::int64_t> weights,
+                                                                  int budget, int max_per_source);
+
+}  // namespace hetmesh::data
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED std::vector<int> autoscale_loaders(std::span<const double> cost_per_sample,
+                                                    std::span<const std::int64_t> weights, int budget,
+                                                    int max_per_source) {
   const std::size_t n = weights.size();
   if (cost_per_sample.size() != n)
     throw_error<invalid_argument>("autoscale_loaders: {} costs for {} weights; expected one per source",
@@ -82,3 +93,4 @@ struct autoscale_options {
 }
 
 }  // namespace hetmesh::data
+#endif  // HETMESH_BODIES

@@ -9,16 +9,15 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
-#include "../core/numeric.hpp"
 #include "planner.hpp"
 #include "sample.hpp"
 
@@ -40,21 +39,51 @@ struct thd_micro_batch {
   /// Number of documents.
   [[nodiscard]] std::int64_t documents() const noexcept { return static_cast<std::int64_t>(refs.size()); }
   /// Heap bytes held, for memory accounting.
-  [[nodiscard]] std::int64_t heap_bytes() const noexcept {
-    auto b = static_cast<std::int64_t>(
-        4 * (tokens.capacity() + cu_seqlens.capacity() + positions.capacity() + item_owner.capacity()) +
-        refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(loaded_item) + loss_mask.capacity());
-    for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
-    return b;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t heap_bytes() const noexcept;
   friend bool operator==(const thd_micro_batch&, const thd_micro_batch&) = default;
 };
 
 /// Rank `dp_rank`'s micro-batches of a step: documents in plan order within each micro-batch. Pre:
 /// samples[i] is the loaded plan.samples[i]. Local, deterministic; O(tokens + payload bytes).
-[[nodiscard]] inline std::vector<thd_micro_batch> construct(const batch_plan& plan,
-                                                            std::span<const sample> samples, int dp_rank,
-                                                            int micro_batches) {
+[[nodiscard]] HETMESH_COMPILED std::vector<thd_micro_batch> construct(const batch_plan& plan,
+                                                                      std::span<const sample> samples,
+                                                                      int dp_rank, int micro_batches);
+
+/// Flattens a micro-batch to bytes (host byte order: the receivers are ranks of the same job).
+[[nodiscard]] HETMESH_COMPILED std::vector<std::byte> serialize(const thd_micro_batch& mb);
+
+/// The inverse of serialize(); throws data_error on truncated or inconsistent bytes.
+[[nodiscard]] HETMESH_COMPILED thd_micro_batch deserialize(std::span<const std::byte> bytes);
+
+}  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::thd_micro_batch> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::data::thd_micro_batch& m, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "micro_batch({} documents, {} tokens, {} items, cu_seqlens={})",
+                              m.refs.size(), m.tokens.size(), m.items.size(), m.cu_seqlens);
+  }
+};
+
+#if HETMESH_BODIES
+#include <cstring>
+
+#include "../core/numeric.hpp"
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED std::int64_t thd_micro_batch::heap_bytes() const noexcept {
+  auto b = static_cast<std::int64_t>(
+      4 * (tokens.capacity() + cu_seqlens.capacity() + positions.capacity() + item_owner.capacity()) +
+      refs.capacity() * sizeof(sample_ref) + items.capacity() * sizeof(loaded_item) + loss_mask.capacity());
+  for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
+  return b;
+}
+
+HETMESH_COMPILED std::vector<thd_micro_batch> construct(const batch_plan& plan,
+                                                        std::span<const sample> samples, int dp_rank,
+                                                        int micro_batches) {
   if (samples.size() != plan.samples.size())
     throw_error<invalid_argument>(
         "construct: {} loaded samples for a plan of {}; expected one per planned sample", samples.size(),
@@ -135,8 +164,7 @@ struct byte_reader {
 };
 }  // namespace detail
 
-/// Flattens a micro-batch to bytes (host byte order: the receivers are ranks of the same job).
-[[nodiscard]] inline std::vector<std::byte> serialize(const thd_micro_batch& mb) {
+HETMESH_COMPILED std::vector<std::byte> serialize(const thd_micro_batch& mb) {
   std::vector<std::byte> out{};
   detail::byte_writer w{out};
   w.array<std::int32_t>(mb.tokens);
@@ -154,8 +182,7 @@ struct byte_reader {
   return out;
 }
 
-/// The inverse of serialize(); throws data_error on truncated or inconsistent bytes.
-[[nodiscard]] inline thd_micro_batch deserialize(std::span<const std::byte> bytes) {
+HETMESH_COMPILED thd_micro_batch deserialize(std::span<const std::byte> bytes) {
   detail::byte_reader r{bytes};
   thd_micro_batch mb;
   mb.tokens = r.array<std::int32_t>();
@@ -193,12 +220,4 @@ struct byte_reader {
 }
 
 }  // namespace hetmesh::data
-
-template <>
-struct fmt::formatter<hetmesh::data::thd_micro_batch> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::data::thd_micro_batch& m, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "micro_batch({} documents, {} tokens, {} items, cu_seqlens={})",
-                              m.refs.size(), m.tokens.size(), m.items.size(), m.cu_seqlens);
-  }
-};
+#endif  // HETMESH_BODIES

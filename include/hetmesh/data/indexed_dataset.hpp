@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
@@ -71,13 +72,7 @@ using ::hetmesh::dtype;
 
 /// The dtype of Megatron's on-disk code `code`; throws data_error for a code outside Megatron's table
 /// 1..8. Pure; O(1).
-[[nodiscard]] inline dtype dtype_from_megatron_code(int code) {
-  static constexpr dtype table[] = {dtype::uint8, dtype::int8,    dtype::int16,   dtype::int32,
-                                    dtype::int64, dtype::float64, dtype::float32, dtype::uint16};
-  if (code < 1 || code > 8)
-    throw_error<data_error>("dtype code {} is not one of Megatron's codes 1..8", code);
-  return table[code - 1];
-}
+[[nodiscard]] HETMESH_COMPILED dtype dtype_from_megatron_code(int code);
 
 /// The dtype Megatron picks for a vocabulary (uint16 below 65500 tokens, else int32).
 [[nodiscard]] constexpr dtype optimal_dtype(std::int64_t vocab_size) noexcept {
@@ -137,111 +132,14 @@ class indexed_dataset {
   }
   /// Appends sequence i's elements, converted to int32 token ids, to `out`. Cost O(length); no
   /// zero-fill pass (the elements are appended, not assigned into a resized vector).
-  void read_tokens(std::int64_t i, std::vector<std::int32_t>& out) const {
-    const std::byte* src = raw(i).data();
-    const auto n = static_cast<std::size_t>(length(i));
-    out.reserve(out.size() + n);
-    auto append = [&](auto tag) {
-      using T = decltype(tag);
-      for (std::size_t k = 0; k < n; ++k)
-        out.push_back(static_cast<std::int32_t>(detail::load_le<T>(src + k * sizeof(T))));
-    };
-    switch (type_) {
-      case dtype::uint8:
-        append(std::uint8_t{});
-        break;
-      case dtype::int8:
-        append(std::int8_t{});
-        break;
-      case dtype::int16:
-        append(std::int16_t{});
-        break;
-      case dtype::uint16:
-        append(std::uint16_t{});
-        break;
-      case dtype::int32:
-        // Sequence pointers are multiples of 4 and the mapping is page aligned, so this is an aligned copy.
-        out.insert(out.end(), reinterpret_cast<const std::int32_t*>(src),
-                   reinterpret_cast<const std::int32_t*>(src) + n);
-        break;
-      default:
-        throw_error<invalid_argument>(
-            "'{}.bin' holds dtype code {}, which is not a token type; expected an integer type of at most 32 "
-            "bits",
-            prefix_, megatron_code(type_));
-    }
-  }
+  HETMESH_COMPILED void read_tokens(std::int64_t i, std::vector<std::int32_t>& out) const;
   /// Bytes of the mapped index (all of it is touched by validation, so it is resident) and of .bin.
   [[nodiscard]] std::int64_t index_bytes() const noexcept { return idx_.size(); }
   /// Size of the .bin file in bytes.
   [[nodiscard]] std::int64_t data_bytes() const noexcept { return bin_.size(); }
 
  private:
-  void validate() {
-    const auto idx = idx_.bytes();
-    const std::string& ip = idx_.path();
-    if (idx_.size() < indexed_header_bytes)
-      throw_error<data_error>("'{}' is truncated: {} bytes, expected at least the {}-byte header", ip,
-                              idx_.size(), indexed_header_bytes);
-    if (std::memcmp(idx.data(), indexed_magic, sizeof indexed_magic) != 0)
-      throw_error<data_error>(
-          "'{}' does not start with Megatron's magic \"MMIDIDX\\0\\0\"; not an MMapIndexedDataset index", ip);
-    const auto version = detail::load_le<std::uint64_t>(idx.data() + 9);
-    if (version != 1) throw_error<data_error>("'{}' has index version {}; expected version 1", ip, version);
-    const auto code = detail::load_le<std::uint8_t>(idx.data() + 17);
-    if (code < 1 || code > 8)
-      throw_error<data_error>("'{}' has dtype code {}; expected one of Megatron's codes 1..8", ip, code);
-    type_ = dtype_from_megatron_code(code);
-    elem_ = static_cast<std::int64_t>(dtype_size(type_));
-    const auto s = detail::load_le<std::uint64_t>(idx.data() + 18);
-    const auto d = detail::load_le<std::uint64_t>(idx.data() + 26);
-    const std::uint64_t limit = static_cast<std::uint64_t>(idx_.size());
-    if (s > limit / 12 || d > limit / 8 || d < 1)
-      throw_error<data_error>(
-          "'{}' declares {} sequences and {} document entries, which cannot fit in its {} bytes", ip, s, d,
-          limit);
-    sequences_ = static_cast<std::int64_t>(s);
-    doc_entries_ = static_cast<std::int64_t>(d);
-    const std::int64_t plain = indexed_header_bytes + 12 * sequences_ + 8 * doc_entries_;
-    if (idx_.size() != plain && idx_.size() != plain + sequences_)
-      throw_error<data_error>(
-          "'{}' is {} bytes; for {} sequences and {} document entries expected {} (or {} with modes): "
-          "truncated or corrupt",
-          ip, idx_.size(), sequences_, doc_entries_, plain, plain + sequences_);
-    lengths_ = idx.data() + indexed_header_bytes;
-    pointers_ = lengths_ + 4 * sequences_;
-    docs_ = pointers_ + 8 * sequences_;
-    modes_ = idx_.size() == plain ? nullptr : docs_ + 8 * doc_entries_;
-    std::int64_t expect = 0;
-    for (std::int64_t i = 0; i < sequences_; ++i) {
-      const std::int64_t len = length(i);
-      if (len < 0) throw_error<data_error>("'{}': sequence {} has negative length {}", ip, i, len);
-      if (pointer(i) != expect)
-        throw_error<data_error>(
-            "'{}': sequence {} starts at byte {}; expected {} (sum of the previous lengths x {} bytes): "
-            "index and data do not match",
-            ip, i, pointer(i), expect, elem_);
-      expect += len * elem_;
-    }
-    if (expect != bin_.size())
-      throw_error<data_error>(
-          "'{}' is {} bytes but its index '{}' describes {} bytes: the index does not match its data "
-          "(truncated .bin?)",
-          bin_.path(), bin_.size(), ip, expect);
-    std::int64_t prev = 0;
-    for (std::int64_t k = 0; k < doc_entries_; ++k) {
-      const auto v = detail::load_le<std::int64_t>(docs_ + 8 * k);
-      if ((k == 0 && v != 0) || v < prev || v > sequences_)
-        throw_error<data_error>(
-            "'{}': document index entry {} is {}; expected a non-decreasing list starting at 0 and ending at "
-            "{}",
-            ip, k, v, sequences_);
-      prev = v;
-    }
-    if (prev != sequences_)
-      throw_error<data_error>("'{}': the last document ends at sequence {}; expected {} (all sequences)", ip,
-                              prev, sequences_);
-  }
+  HETMESH_COMPILED void validate();
 
   std::string prefix_{};
   detail::mapped_file idx_, bin_;
@@ -309,45 +207,10 @@ class indexed_dataset_writer {
   /// Closes the current document (Megatron's end_document).
   void end_document() { docs_.push_back(static_cast<std::int64_t>(lengths_.size())); }
   /// Writes the index. Sequences added since the last end_document() form one final document.
-  void finish() {
-    if (docs_.back() != static_cast<std::int64_t>(lengths_.size())) end_document();
-    std::vector<std::byte> idx;
-    auto put = [&](const void* p, std::size_t n) {
-      const auto* b = static_cast<const std::byte*>(p);
-      idx.insert(idx.end(), b, b + n);
-    };
-    const std::uint64_t version = 1, s = lengths_.size(), d = docs_.size();
-    const std::uint8_t code = megatron_code(type_);
-    put(indexed_magic, sizeof indexed_magic);
-    put(&version, 8);
-    put(&code, 1);
-    put(&s, 8);
-    put(&d, 8);
-    put(lengths_.data(), lengths_.size() * 4);
-    std::int64_t ptr = 0;
-    for (std::int32_t len : lengths_) {
-      put(&ptr, 8);
-      ptr += len * elem_;
-    }
-    put(docs_.data(), docs_.size() * 8);
-    // Both files go under temporary names first; the .bin is renamed, then the .idx: a failure before
-    // the renames leaves the previous dataset (or none), never a partial one.
-    detail::atomic_file idx_file(prefix_ + ".idx");
-    idx_file.write(idx);
-    idx_file.close();
-    bin_.commit();
-    idx_file.commit();
-  }
+  HETMESH_COMPILED void finish();
 
  private:
-  static dtype checked(dtype type, const std::string& prefix) {
-    if (megatron_code(type) == 0)
-      throw_error<invalid_argument>(
-          "indexed_dataset_writer: '{}' as {}, which Megatron's indexed format has no code for; expected "
-          "one of uint8, int8, int16, uint16, int32, int64, float32, float64",
-          prefix, type);
-    return type;
-  }
+  HETMESH_COMPILED static dtype checked(dtype type, const std::string& prefix);
   template <class U>
   void store(std::byte* out, std::size_t k, std::int64_t v) {
     if (v < static_cast<std::int64_t>(std::numeric_limits<U>::min()) ||
@@ -377,3 +240,158 @@ struct fmt::formatter<hetmesh::data::indexed_dataset> : hetmesh::empty_spec_form
                               d.type(), d.size(), d.documents());
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED dtype dtype_from_megatron_code(int code) {
+  static constexpr dtype table[] = {dtype::uint8, dtype::int8,    dtype::int16,   dtype::int32,
+                                    dtype::int64, dtype::float64, dtype::float32, dtype::uint16};
+  if (code < 1 || code > 8)
+    throw_error<data_error>("dtype code {} is not one of Megatron's codes 1..8", code);
+  return table[code - 1];
+}
+
+HETMESH_COMPILED void indexed_dataset::read_tokens(std::int64_t i, std::vector<std::int32_t>& out) const {
+  const std::byte* src = raw(i).data();
+  const auto n = static_cast<std::size_t>(length(i));
+  out.reserve(out.size() + n);
+  auto append = [&](auto tag) {
+    using T = decltype(tag);
+    for (std::size_t k = 0; k < n; ++k)
+      out.push_back(static_cast<std::int32_t>(detail::load_le<T>(src + k * sizeof(T))));
+  };
+  switch (type_) {
+    case dtype::uint8:
+      append(std::uint8_t{});
+      break;
+    case dtype::int8:
+      append(std::int8_t{});
+      break;
+    case dtype::int16:
+      append(std::int16_t{});
+      break;
+    case dtype::uint16:
+      append(std::uint16_t{});
+      break;
+    case dtype::int32:
+      // Sequence pointers are multiples of 4 and the mapping is page aligned, so this is an aligned copy.
+      out.insert(out.end(), reinterpret_cast<const std::int32_t*>(src),
+                 reinterpret_cast<const std::int32_t*>(src) + n);
+      break;
+    default:
+      throw_error<invalid_argument>(
+          "'{}.bin' holds dtype code {}, which is not a token type; expected an integer type of at most 32 "
+          "bits",
+          prefix_, megatron_code(type_));
+  }
+}
+
+HETMESH_COMPILED void indexed_dataset::validate() {
+  const auto idx = idx_.bytes();
+  const std::string& ip = idx_.path();
+  if (idx_.size() < indexed_header_bytes)
+    throw_error<data_error>("'{}' is truncated: {} bytes, expected at least the {}-byte header", ip,
+                            idx_.size(), indexed_header_bytes);
+  if (std::memcmp(idx.data(), indexed_magic, sizeof indexed_magic) != 0)
+    throw_error<data_error>(
+        "'{}' does not start with Megatron's magic \"MMIDIDX\\0\\0\"; not an MMapIndexedDataset index", ip);
+  const auto version = detail::load_le<std::uint64_t>(idx.data() + 9);
+  if (version != 1) throw_error<data_error>("'{}' has index version {}; expected version 1", ip, version);
+  const auto code = detail::load_le<std::uint8_t>(idx.data() + 17);
+  if (code < 1 || code > 8)
+    throw_error<data_error>("'{}' has dtype code {}; expected one of Megatron's codes 1..8", ip, code);
+  type_ = dtype_from_megatron_code(code);
+  elem_ = static_cast<std::int64_t>(dtype_size(type_));
+  const auto s = detail::load_le<std::uint64_t>(idx.data() + 18);
+  const auto d = detail::load_le<std::uint64_t>(idx.data() + 26);
+  const std::uint64_t limit = static_cast<std::uint64_t>(idx_.size());
+  if (s > limit / 12 || d > limit / 8 || d < 1)
+    throw_error<data_error>(
+        "'{}' declares {} sequences and {} document entries, which cannot fit in its {} bytes", ip, s, d,
+        limit);
+  sequences_ = static_cast<std::int64_t>(s);
+  doc_entries_ = static_cast<std::int64_t>(d);
+  const std::int64_t plain = indexed_header_bytes + 12 * sequences_ + 8 * doc_entries_;
+  if (idx_.size() != plain && idx_.size() != plain + sequences_)
+    throw_error<data_error>(
+        "'{}' is {} bytes; for {} sequences and {} document entries expected {} (or {} with modes): "
+        "truncated or corrupt",
+        ip, idx_.size(), sequences_, doc_entries_, plain, plain + sequences_);
+  lengths_ = idx.data() + indexed_header_bytes;
+  pointers_ = lengths_ + 4 * sequences_;
+  docs_ = pointers_ + 8 * sequences_;
+  modes_ = idx_.size() == plain ? nullptr : docs_ + 8 * doc_entries_;
+  std::int64_t expect = 0;
+  for (std::int64_t i = 0; i < sequences_; ++i) {
+    const std::int64_t len = length(i);
+    if (len < 0) throw_error<data_error>("'{}': sequence {} has negative length {}", ip, i, len);
+    if (pointer(i) != expect)
+      throw_error<data_error>(
+          "'{}': sequence {} starts at byte {}; expected {} (sum of the previous lengths x {} bytes): "
+          "index and data do not match",
+          ip, i, pointer(i), expect, elem_);
+    expect += len * elem_;
+  }
+  if (expect != bin_.size())
+    throw_error<data_error>(
+        "'{}' is {} bytes but its index '{}' describes {} bytes: the index does not match its data "
+        "(truncated .bin?)",
+        bin_.path(), bin_.size(), ip, expect);
+  std::int64_t prev = 0;
+  for (std::int64_t k = 0; k < doc_entries_; ++k) {
+    const auto v = detail::load_le<std::int64_t>(docs_ + 8 * k);
+    if ((k == 0 && v != 0) || v < prev || v > sequences_)
+      throw_error<data_error>(
+          "'{}': document index entry {} is {}; expected a non-decreasing list starting at 0 and ending at "
+          "{}",
+          ip, k, v, sequences_);
+    prev = v;
+  }
+  if (prev != sequences_)
+    throw_error<data_error>("'{}': the last document ends at sequence {}; expected {} (all sequences)", ip,
+                            prev, sequences_);
+}
+
+HETMESH_COMPILED void indexed_dataset_writer::finish() {
+  if (docs_.back() != static_cast<std::int64_t>(lengths_.size())) end_document();
+  std::vector<std::byte> idx;
+  auto put = [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    idx.insert(idx.end(), b, b + n);
+  };
+  const std::uint64_t version = 1, s = lengths_.size(), d = docs_.size();
+  const std::uint8_t code = megatron_code(type_);
+  put(indexed_magic, sizeof indexed_magic);
+  put(&version, 8);
+  put(&code, 1);
+  put(&s, 8);
+  put(&d, 8);
+  put(lengths_.data(), lengths_.size() * 4);
+  std::int64_t ptr = 0;
+  for (std::int32_t len : lengths_) {
+    put(&ptr, 8);
+    ptr += len * elem_;
+  }
+  put(docs_.data(), docs_.size() * 8);
+  // Both files go under temporary names first; the .bin is renamed, then the .idx: a failure before
+  // the renames leaves the previous dataset (or none), never a partial one.
+  detail::atomic_file idx_file(prefix_ + ".idx");
+  idx_file.write(idx);
+  idx_file.close();
+  bin_.commit();
+  idx_file.commit();
+}
+
+HETMESH_COMPILED dtype indexed_dataset_writer::checked(dtype type, const std::string& prefix) {
+  if (megatron_code(type) == 0)
+    throw_error<invalid_argument>(
+        "indexed_dataset_writer: '{}' as {}, which Megatron's indexed format has no code for; expected "
+        "one of uint8, int8, int16, uint16, int32, int64, float32, float64",
+        prefix, type);
+  return type;
+}
+
+}  // namespace hetmesh::data
+#endif  // HETMESH_BODIES

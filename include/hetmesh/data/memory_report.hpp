@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 
@@ -37,22 +38,12 @@ struct memory_report {
     return t;
   }
   /// Heap bytes of the entries of `component`.
-  [[nodiscard]] std::int64_t total_of(std::string_view component) const noexcept {
-    std::int64_t t = 0;
-    for (const auto& e : entries)
-      if (e.component == component) t += e.bytes;
-    return t;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t total_of(std::string_view component) const noexcept;
   /// Number of entries of `component`.
-  [[nodiscard]] std::int64_t count_of(std::string_view component) const noexcept {
-    std::int64_t n = 0;
-    for (const auto& e : entries) n += e.component == component ? 1 : 0;
-    return n;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t count_of(std::string_view component) const noexcept;
   /// Appends an entry.
-  void add(std::string component, std::string owner, std::int64_t bytes, std::int64_t mapped = 0) {
-    entries.push_back({std::move(component), std::move(owner), bytes, mapped});
-  }
+  HETMESH_COMPILED void add(std::string component, std::string owner, std::int64_t bytes,
+                            std::int64_t mapped = 0);
 };
 
 }  // namespace hetmesh::data
@@ -68,3 +59,28 @@ struct fmt::formatter<hetmesh::data::memory_report> : hetmesh::empty_spec_format
     return hetmesh::format_to(out, ")");
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED std::int64_t memory_report::total_of(std::string_view component) const noexcept {
+  std::int64_t t = 0;
+  for (const auto& e : entries)
+    if (e.component == component) t += e.bytes;
+  return t;
+}
+
+HETMESH_COMPILED std::int64_t memory_report::count_of(std::string_view component) const noexcept {
+  std::int64_t n = 0;
+  for (const auto& e : entries) n += e.component == component ? 1 : 0;
+  return n;
+}
+
+HETMESH_COMPILED void memory_report::add(std::string component, std::string owner, std::int64_t bytes,
+                                         std::int64_t mapped) {
+  entries.push_back({std::move(component), std::move(owner), bytes, mapped});
+}
+
+}  // namespace hetmesh::data
+#endif  // HETMESH_BODIES

@@ -28,6 +28,7 @@
 
 #include <fmt/ranges.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
 #include "../seq/sample.hpp"
@@ -97,69 +98,14 @@ namespace detail {
 
 /// Checks `r` against `c` and the rules that always hold, and narrows it to a data::sample. Throws
 /// data_error naming the source, the record's index, the field and what was expected. O(tokens + items).
-[[nodiscard]] inline sample checked_sample(memory_record&& r, const record_checks& c, std::string_view source,
-                                           std::int64_t index) {
-  const auto fail = [&](const std::string& what) {
-    throw_error<data_error>("source '{}' record {}: {}", source, index, what);
-  };
-  if (r.tokens.empty() && r.items.empty())
-    fail("is empty (no text tokens, no encoder items); expected at least one of either");
-  const std::int64_t limit =
-      c.vocab > 0 ? c.vocab : std::int64_t{std::numeric_limits<std::int32_t>::max()} + 1;
-  sample s;
-  s.tokens.resize(r.tokens.size());
-  for (std::size_t k = 0; k < r.tokens.size(); ++k) {
-    const std::int64_t t = r.tokens[k];
-    if (t < 0 || t >= limit)
-      fail(hetmesh::format("token {} has id {}; expected in [0, {}) ({})", k, t, limit,
-                           c.vocab > 0 ? "record_checks::vocab" : "data::sample holds int32 ids"));
-    s.tokens[k] = static_cast<std::int32_t>(t);
-  }
-  for (std::size_t j = 0; j < r.items.size(); ++j) {
-    const auto& it = r.items[j];
-    if (it.kind.empty())
-      fail(hetmesh::format("item {} has no kind; expected its modality (e.g. \"video\")", j));
-    if (it.tokens <= 0)
-      fail(hetmesh::format("item {} ('{}') becomes {} tokens; expected at least one (an empty item)", j,
-                           it.kind, it.tokens));
-    if (!c.kinds.empty() && std::none_of(c.kinds.begin(), c.kinds.end(),
-                                         [&](const std::string& k) { return it.kind.starts_with(k); }))
-      fail(hetmesh::format(
-          "item {} has kind '{}'; expected a kind the encoders take [{}] (record_checks::kinds)", j, it.kind,
-          fmt::join(c.kinds, ", ")));
-  }
-  if (!r.loss_mask.empty() && r.loss_mask.size() != r.tokens.size())
-    fail(hetmesh::format("has a loss mask of {} entries for {} text tokens; expected one per token (or none)",
-                         r.loss_mask.size(), r.tokens.size()));
-  for (std::size_t k = 0; k < r.loss_mask.size(); ++k)
-    if (r.loss_mask[k] > 1)
-      fail(hetmesh::format("loss mask entry {} is {}; expected 0 or 1", k, r.loss_mask[k]));
-  s.items = std::move(r.items);
-  s.loss_mask = std::move(r.loss_mask);
-  return s;
-}
+[[nodiscard]] HETMESH_COMPILED sample checked_sample(memory_record&& r, const record_checks& c,
+                                                     std::string_view source, std::int64_t index);
 
 /// The metadata of a loaded sample: its text tokens, its items' tokens, its bytes (4 per id + payloads).
-[[nodiscard]] inline seq::sample_meta meta_of(const sample& s) {
-  seq::sample_meta m{.tokens = static_cast<std::int64_t>(s.tokens.size())};
-  m.bytes = m.tokens * 4;
-  for (const auto& it : s.items) {
-    m.item_tokens.push_back(it.tokens);
-    m.bytes += static_cast<std::int64_t>(it.payload.size());
-  }
-  return m;
-}
+[[nodiscard]] HETMESH_COMPILED seq::sample_meta meta_of(const sample& s);
 
 /// Mixes a checked sample's content into `h` (a source's fingerprint). O(bytes).
-inline void append_content(hasher& h, const sample& s) {
-  append_all(h, s.tokens, s.loss_mask);
-  h.add_u64(s.items.size());
-  for (const auto& it : s.items) {
-    append_all(h, it.kind, it.tokens, it.payload.size());
-    if (!it.payload.empty())
-      h.add_bytes(reinterpret_cast<const unsigned char*>(it.payload.data()), it.payload.size());
-  }
-}
+HETMESH_COMPILED void append_content(hasher& h, const sample& s);
 
 /// The records of a memory source, checked and narrowed once, shared (immutable) by its loaders.
 class memory_reader final : public source_reader {
@@ -168,13 +114,7 @@ class memory_reader final : public source_reader {
       : records_(std::move(records)), bytes_(bytes) {}
   [[nodiscard]] std::int64_t size() const override { return static_cast<std::int64_t>(records_.size()); }
   [[nodiscard]] seq::sample_meta meta(std::int64_t i) const override { return meta_of(at(i)); }
-  void load(std::int64_t i, sample& out) const override {
-    const sample& r = at(i);
-    out.tokens.assign(r.tokens.begin(), r.tokens.end());
-    out.items.assign(r.items.begin(), r.items.end());
-    out.loss_mask.assign(r.loss_mask.begin(), r.loss_mask.end());
-    count_read();
-  }
+  HETMESH_COMPILED void load(std::int64_t i, sample& out) const override;
   [[nodiscard]] std::int64_t state_bytes() const override { return bytes_; }
   [[nodiscard]] std::int64_t mapped_data_bytes() const override { return 0; }
 
@@ -204,23 +144,7 @@ class generated_reader final : public source_reader {
     m.owner = 0;
     return m;
   }
-  void load(std::int64_t i, sample& out) const override {
-    sample s = generate(i);
-    if (lengths_) {  // the planner priced the record by its declared lengths: they must be the record's
-      const auto want = lengths_(i);
-      const auto got = meta_of(s);
-      if (want.tokens != got.tokens || want.item_tokens != got.item_tokens)
-        throw_error<data_error>(
-            "source '{}' record {}: the generator made {} text tokens and items of [{}] tokens; its lengths "
-            "hook says {} and [{}]; expected the same (both pure functions of the index)",
-            name_, i, got.tokens, fmt::join(got.item_tokens, ", "), want.tokens,
-            fmt::join(want.item_tokens, ", "));
-    }
-    out.tokens = std::move(s.tokens);
-    out.items = std::move(s.items);
-    out.loss_mask = std::move(s.loss_mask);
-    count_read();
-  }
+  HETMESH_COMPILED void load(std::int64_t i, sample& out) const override;
   [[nodiscard]] bool in_order() const noexcept override { return size_ == unbounded; }
   [[nodiscard]] std::int64_t state_bytes() const override { return static_cast<std::int64_t>(sizeof(*this)); }
   [[nodiscard]] std::int64_t mapped_data_bytes() const override { return 0; }
@@ -267,12 +191,8 @@ class in_process_view final : public source_reader {
 };
 
 /// The hook that opens views of `base` (fingerprint `fp`).
-[[nodiscard]] inline in_process_source hook_of(std::shared_ptr<const source_reader> base, std::uint64_t fp) {
-  return {.open = [base = std::move(base)](const source_spec& spec) -> std::unique_ptr<source_reader> {
-            return std::make_unique<in_process_view>(base, spec);
-          },
-          .fingerprint = fp};
-}
+[[nodiscard]] HETMESH_COMPILED in_process_source hook_of(std::shared_ptr<const source_reader> base,
+                                                         std::uint64_t fp);
 
 }  // namespace detail
 
@@ -325,3 +245,105 @@ class in_process_view final : public source_reader {
 }
 
 }  // namespace hetmesh::data
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data::detail {
+
+HETMESH_COMPILED sample checked_sample(memory_record&& r, const record_checks& c, std::string_view source,
+                                       std::int64_t index) {
+  const auto fail = [&](const std::string& what) {
+    throw_error<data_error>("source '{}' record {}: {}", source, index, what);
+  };
+  if (r.tokens.empty() && r.items.empty())
+    fail("is empty (no text tokens, no encoder items); expected at least one of either");
+  const std::int64_t limit =
+      c.vocab > 0 ? c.vocab : std::int64_t{std::numeric_limits<std::int32_t>::max()} + 1;
+  sample s;
+  s.tokens.resize(r.tokens.size());
+  for (std::size_t k = 0; k < r.tokens.size(); ++k) {
+    const std::int64_t t = r.tokens[k];
+    if (t < 0 || t >= limit)
+      fail(hetmesh::format("token {} has id {}; expected in [0, {}) ({})", k, t, limit,
+                           c.vocab > 0 ? "record_checks::vocab" : "data::sample holds int32 ids"));
+    s.tokens[k] = static_cast<std::int32_t>(t);
+  }
+  for (std::size_t j = 0; j < r.items.size(); ++j) {
+    const auto& it = r.items[j];
+    if (it.kind.empty())
+      fail(hetmesh::format("item {} has no kind; expected its modality (e.g. \"video\")", j));
+    if (it.tokens <= 0)
+      fail(hetmesh::format("item {} ('{}') becomes {} tokens; expected at least one (an empty item)", j,
+                           it.kind, it.tokens));
+    if (!c.kinds.empty() && std::none_of(c.kinds.begin(), c.kinds.end(),
+                                         [&](const std::string& k) { return it.kind.starts_with(k); }))
+      fail(hetmesh::format(
+          "item {} has kind '{}'; expected a kind the encoders take [{}] (record_checks::kinds)", j, it.kind,
+          fmt::join(c.kinds, ", ")));
+  }
+  if (!r.loss_mask.empty() && r.loss_mask.size() != r.tokens.size())
+    fail(hetmesh::format("has a loss mask of {} entries for {} text tokens; expected one per token (or none)",
+                         r.loss_mask.size(), r.tokens.size()));
+  for (std::size_t k = 0; k < r.loss_mask.size(); ++k)
+    if (r.loss_mask[k] > 1)
+      fail(hetmesh::format("loss mask entry {} is {}; expected 0 or 1", k, r.loss_mask[k]));
+  s.items = std::move(r.items);
+  s.loss_mask = std::move(r.loss_mask);
+  return s;
+}
+
+HETMESH_COMPILED seq::sample_meta meta_of(const sample& s) {
+  seq::sample_meta m{.tokens = static_cast<std::int64_t>(s.tokens.size())};
+  m.bytes = m.tokens * 4;
+  for (const auto& it : s.items) {
+    m.item_tokens.push_back(it.tokens);
+    m.bytes += static_cast<std::int64_t>(it.payload.size());
+  }
+  return m;
+}
+
+HETMESH_COMPILED void append_content(hasher& h, const sample& s) {
+  append_all(h, s.tokens, s.loss_mask);
+  h.add_u64(s.items.size());
+  for (const auto& it : s.items) {
+    append_all(h, it.kind, it.tokens, it.payload.size());
+    if (!it.payload.empty())
+      h.add_bytes(reinterpret_cast<const unsigned char*>(it.payload.data()), it.payload.size());
+  }
+}
+
+HETMESH_COMPILED void memory_reader::load(std::int64_t i, sample& out) const {
+  const sample& r = at(i);
+  out.tokens.assign(r.tokens.begin(), r.tokens.end());
+  out.items.assign(r.items.begin(), r.items.end());
+  out.loss_mask.assign(r.loss_mask.begin(), r.loss_mask.end());
+  count_read();
+}
+
+HETMESH_COMPILED void generated_reader::load(std::int64_t i, sample& out) const {
+  sample s = generate(i);
+  if (lengths_) {  // the planner priced the record by its declared lengths: they must be the record's
+    const auto want = lengths_(i);
+    const auto got = meta_of(s);
+    if (want.tokens != got.tokens || want.item_tokens != got.item_tokens)
+      throw_error<data_error>(
+          "source '{}' record {}: the generator made {} text tokens and items of [{}] tokens; its lengths "
+          "hook says {} and [{}]; expected the same (both pure functions of the index)",
+          name_, i, got.tokens, fmt::join(got.item_tokens, ", "), want.tokens,
+          fmt::join(want.item_tokens, ", "));
+  }
+  out.tokens = std::move(s.tokens);
+  out.items = std::move(s.items);
+  out.loss_mask = std::move(s.loss_mask);
+  count_read();
+}
+
+HETMESH_COMPILED in_process_source hook_of(std::shared_ptr<const source_reader> base, std::uint64_t fp) {
+  return {.open = [base = std::move(base)](const source_spec& spec) -> std::unique_ptr<source_reader> {
+            return std::make_unique<in_process_view>(base, spec);
+          },
+          .fingerprint = fp};
+}
+
+}  // namespace hetmesh::data::detail
+#endif  // HETMESH_BODIES

@@ -6,21 +6,18 @@
 // two spellings of the same value (see mixture_json.hpp); validate() checks either.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
-#include "../core/sort.hpp"
 #include "../cost/compute.hpp"
 #include "../seq/sample.hpp"
 #include "sample.hpp"
@@ -32,7 +29,7 @@ namespace hetmesh::data {
 struct weight_point {
   std::int64_t step = 0;  ///< step from which the weight holds
   double weight = 0;      ///< the weight there (linear in between)
-  void hash_append(hasher& h) const { append_all(h, step, weight); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const weight_point&, const weight_point&) = default;
 };
 
@@ -41,15 +38,7 @@ struct weight_point {
 using weight_schedule = std::vector<weight_point>;
 
 /// The schedule's value at `step`. Pre: non-empty, steps strictly increasing (validate() checks).
-[[nodiscard]] inline double evaluate(const weight_schedule& s, std::int64_t step) {
-  if (step <= s.front().step) return s.front().weight;
-  if (step >= s.back().step) return s.back().weight;
-  const auto hi = std::upper_bound(s.begin(), s.end(), step,
-                                   [](std::int64_t v, const weight_point& p) { return v < p.step; });
-  const auto lo = hi - 1;
-  const double t = static_cast<double>(step - lo->step) / static_cast<double>(hi->step - lo->step);
-  return lo->weight + (hi->weight - lo->weight) * t;
-}
+[[nodiscard]] HETMESH_COMPILED double evaluate(const weight_schedule& s, std::int64_t step);
 
 /// How a source is stored: Megatron indexed dataset (.bin/.idx), WebDataset tar shards, or in this
 /// process (records in memory or a generator: source_spec::in_process, data/memory_source.hpp).
@@ -66,7 +55,7 @@ struct in_process_source {
   /// the source's, for its token filter. Empty: not an in-process source.
   std::function<std::unique_ptr<source_reader>(const source_spec&)> open{};
   std::uint64_t fingerprint = 0;  ///< identity of the content: what == and hashing look at
-  void hash_append(hasher& h) const { append_all(h, fingerprint); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const in_process_source& a, const in_process_source& b) {
     return a.fingerprint == b.fingerprint && static_cast<bool>(a.open) == static_cast<bool>(b.open);
   }
@@ -92,10 +81,7 @@ struct source_spec {
   /// in_process: the reader's hook (data::from_memory, data::from_generator); otherwise empty.
   in_process_source in_process{};
 
-  void hash_append(hasher& h) const {
-    append_all(h, name, format, paths, weight, modality, bucket, min_tokens, max_tokens, max_epochs,
-               in_process);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const source_spec&, const source_spec&) = default;
 };
 
@@ -104,7 +90,7 @@ struct group_weight {
   std::string name{};  ///< the modality or bucket
   /// Its weight over steps.
   weight_schedule weight{};
-  void hash_append(hasher& h) const { append_all(h, name, weight); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const group_weight&, const group_weight&) = default;
 };
 
@@ -120,7 +106,7 @@ struct sample_cost {
     for (auto t : m.item_tokens) c += item(t);
     return c;
   }
-  void hash_append(hasher& h) const { append_all(h, text, item); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const sample_cost&, const sample_cost&) = default;
 };
 
@@ -139,10 +125,7 @@ struct mixture_config {
   int micro_batches = 1;                        ///< per data-parallel rank and step
   std::int64_t max_tokens_per_micro_batch = 0;  ///< 0: unlimited; else a capacity_error when exceeded
 
-  void hash_append(hasher& h) const {
-    append_all(h, seed, global_batch, sources, modalities, buckets, cost, layout, micro_batches,
-               max_tokens_per_micro_batch);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const mixture_config&, const mixture_config&) = default;
 };
 
@@ -156,7 +139,96 @@ inline constexpr double weight_tolerance = 1e-6;
 
 namespace detail {
 
-inline void check_schedule(const weight_schedule& s, const std::string& what) {
+HETMESH_COMPILED void check_schedule(const weight_schedule& s, const std::string& what);
+
+HETMESH_COMPILED double group_value(const std::vector<group_weight>& gs, const std::string& name,
+                                    std::int64_t step);
+
+HETMESH_COMPILED void check_group_sum(const std::vector<group_weight>& gs, const char* axis,
+                                      std::int64_t step);
+
+}  // namespace detail
+
+/// The effective weight of every source at `step`, as doubles summing to one. Throws invalid_argument
+/// when they do not (naming the step and the sum, or the (modality, bucket) group that has weight but
+/// no source). Pure; O(sources x groups).
+[[nodiscard]] HETMESH_COMPILED std::vector<double> real_weights_at(const mixture_config& cfg,
+                                                                   std::int64_t step);
+
+/// The weights at `step` in fixed point: integers summing to exactly weight_one (largest remainder,
+/// ties by source index). Pure and deterministic.
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> weights_at(const mixture_config& cfg,
+                                                                    std::int64_t step);
+
+/// Checks a configuration: sizes, names, schedules, formats, and that the weights sum to one at every
+/// control point (the sums are linear between them). Throws invalid_argument naming the field.
+HETMESH_COMPILED void validate(const mixture_config& cfg);
+
+}  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::source_spec> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::data::source_spec& s, FormatContext& ctx) const -> decltype(ctx.out()) {
+    using hetmesh::data::source_format;
+    return hetmesh::format_to(ctx.out(), "source({}, {}, {} paths, {} weight points, {}/{})", s.name,
+                              s.format == source_format::indexed      ? "indexed"
+                              : s.format == source_format::webdataset ? "webdataset"
+                                                                      : "in_process",
+                              s.paths.size(), s.weight.size(), s.modality, s.bucket);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::data::mixture_config> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::data::mixture_config& c, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "mixture(seed={}, batch={}, {} sources, mesh {}, {} micro-batches)",
+                              c.seed, c.global_batch, c.sources.size(), c.layout, c.micro_batches);
+  }
+};
+
+#if HETMESH_BODIES
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "../core/sort.hpp"
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED void weight_point::hash_append(hasher& h) const { append_all(h, step, weight); }
+
+HETMESH_COMPILED double evaluate(const weight_schedule& s, std::int64_t step) {
+  if (step <= s.front().step) return s.front().weight;
+  if (step >= s.back().step) return s.back().weight;
+  const auto hi = std::upper_bound(s.begin(), s.end(), step,
+                                   [](std::int64_t v, const weight_point& p) { return v < p.step; });
+  const auto lo = hi - 1;
+  const double t = static_cast<double>(step - lo->step) / static_cast<double>(hi->step - lo->step);
+  return lo->weight + (hi->weight - lo->weight) * t;
+}
+
+HETMESH_COMPILED void in_process_source::hash_append(hasher& h) const { append_all(h, fingerprint); }
+
+HETMESH_COMPILED void source_spec::hash_append(hasher& h) const {
+  append_all(h, name, format, paths, weight, modality, bucket, min_tokens, max_tokens, max_epochs,
+             in_process);
+}
+
+HETMESH_COMPILED void group_weight::hash_append(hasher& h) const { append_all(h, name, weight); }
+
+HETMESH_COMPILED void sample_cost::hash_append(hasher& h) const { append_all(h, text, item); }
+
+HETMESH_COMPILED void mixture_config::hash_append(hasher& h) const {
+  append_all(h, seed, global_batch, sources, modalities, buckets, cost, layout, micro_batches,
+             max_tokens_per_micro_batch);
+}
+
+}  // namespace hetmesh::data
+
+namespace hetmesh::data::detail {
+
+HETMESH_COMPILED void check_schedule(const weight_schedule& s, const std::string& what) {
   if (s.empty())
     throw_error<invalid_argument>(
         "{}: the weight schedule is empty; expected at least one (step, weight) point", what);
@@ -170,14 +242,16 @@ inline void check_schedule(const weight_schedule& s, const std::string& what) {
   }
 }
 
-inline double group_value(const std::vector<group_weight>& gs, const std::string& name, std::int64_t step) {
+HETMESH_COMPILED double group_value(const std::vector<group_weight>& gs, const std::string& name,
+                                    std::int64_t step) {
   if (gs.empty()) return 1.0;
   for (const auto& g : gs)
     if (g.name == name) return evaluate(g.weight, step);
   return 0.0;
 }
 
-inline void check_group_sum(const std::vector<group_weight>& gs, const char* axis, std::int64_t step) {
+HETMESH_COMPILED void check_group_sum(const std::vector<group_weight>& gs, const char* axis,
+                                      std::int64_t step) {
   if (gs.empty()) return;
   double sum = 0;
   for (const auto& g : gs) sum += evaluate(g.weight, step);
@@ -186,12 +260,11 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
                                   step);
 }
 
-}  // namespace detail
+}  // namespace hetmesh::data::detail
 
-/// The effective weight of every source at `step`, as doubles summing to one. Throws invalid_argument
-/// when they do not (naming the step and the sum, or the (modality, bucket) group that has weight but
-/// no source). Pure; O(sources x groups).
-[[nodiscard]] inline std::vector<double> real_weights_at(const mixture_config& cfg, std::int64_t step) {
+namespace hetmesh::data {
+
+HETMESH_COMPILED std::vector<double> real_weights_at(const mixture_config& cfg, std::int64_t step) {
   const auto n = cfg.sources.size();
   std::vector<double> w(n, 0.0);
   detail::check_group_sum(cfg.modalities, "modality", step);
@@ -237,9 +310,7 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
   return w;
 }
 
-/// The weights at `step` in fixed point: integers summing to exactly weight_one (largest remainder,
-/// ties by source index). Pure and deterministic.
-[[nodiscard]] inline std::vector<std::int64_t> weights_at(const mixture_config& cfg, std::int64_t step) {
+HETMESH_COMPILED std::vector<std::int64_t> weights_at(const mixture_config& cfg, std::int64_t step) {
   const auto w = real_weights_at(cfg, step);
   double total = 0;
   for (double x : w) total += x;
@@ -259,9 +330,7 @@ inline void check_group_sum(const std::vector<group_weight>& gs, const char* axi
   return out;
 }
 
-/// Checks a configuration: sizes, names, schedules, formats, and that the weights sum to one at every
-/// control point (the sums are linear between them). Throws invalid_argument naming the field.
-inline void validate(const mixture_config& cfg) {
+HETMESH_COMPILED void validate(const mixture_config& cfg) {
   if (cfg.global_batch <= 0 || cfg.global_batch > max_global_batch)
     throw_error<invalid_argument>("mixture: global_batch = {}; expected in [1, {}]", cfg.global_batch,
                                   max_global_batch);
@@ -326,24 +395,4 @@ inline void validate(const mixture_config& cfg) {
 }
 
 }  // namespace hetmesh::data
-
-template <>
-struct fmt::formatter<hetmesh::data::source_spec> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::data::source_spec& s, FormatContext& ctx) const -> decltype(ctx.out()) {
-    using hetmesh::data::source_format;
-    return hetmesh::format_to(ctx.out(), "source({}, {}, {} paths, {} weight points, {}/{})", s.name,
-                              s.format == source_format::indexed      ? "indexed"
-                              : s.format == source_format::webdataset ? "webdataset"
-                                                                      : "in_process",
-                              s.paths.size(), s.weight.size(), s.modality, s.bucket);
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::data::mixture_config> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::data::mixture_config& c, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "mixture(seed={}, batch={}, {} sources, mesh {}, {} micro-batches)",
-                              c.seed, c.global_batch, c.sources.size(), c.layout, c.micro_batches);
-  }
-};
+#endif  // HETMESH_BODIES

@@ -25,6 +25,7 @@
 
 #include "../balance/partition.hpp"
 #include "../balance/solvers.hpp"
+#include "../config.hpp"
 #include "../core/assert.hpp"
 #include "../core/checked.hpp"
 #include "../core/error.hpp"
@@ -43,7 +44,7 @@ struct source_cursor {
   std::int64_t epoch = 0;     ///< epoch of the source
   std::int64_t position = 0;  ///< next position in the epoch's permutation
   std::int64_t carry = 0;     ///< quota carry, in 1/weight_one samples
-  void hash_append(hasher& h) const { append_all(h, epoch, position, carry); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const source_cursor&, const source_cursor&) = default;
 };
 
@@ -51,7 +52,7 @@ struct source_cursor {
 struct planner_state {
   std::int64_t step = 0;                 ///< the step planned next
   std::vector<source_cursor> cursors{};  ///< one cursor per source
-  void hash_append(hasher& h) const { append_all(h, step, cursors); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const planner_state&, const planner_state&) = default;
 };
 
@@ -60,43 +61,17 @@ struct planner_state {
 /// weight_one (the planner keeps every carry under one sample). Throws data_error naming `where`, the
 /// field, its value and the expected range. Positions are bounded by the source sizes, which only the
 /// sources know: see validate_positions. Pure; O(sources).
-inline void validate_state(const mixture_config& cfg, const planner_state& st, std::string_view where) {
-  if (st.cursors.size() != cfg.sources.size())
-    throw_error<mismatch_error>("{}: {} source cursors; the configuration has {} sources", where,
-                                st.cursors.size(), cfg.sources.size());
-  if (st.step < 0) throw_error<data_error>("{}.step = {}; expected >= 0", where, st.step);
-  for (std::size_t s = 0; s < st.cursors.size(); ++s) {
-    const auto& c = st.cursors[s];
-    const auto& spec = cfg.sources[s];
-    if (c.epoch < 0 || (spec.max_epochs > 0 && c.epoch >= spec.max_epochs))
-      throw_error<data_error>(
-          "{}.sources[{}] ('{}').epoch = {}; expected in [0, {})", where, s, spec.name, c.epoch,
-          spec.max_epochs > 0 ? spec.max_epochs : std::numeric_limits<std::int64_t>::max());
-    if (c.position < 0)
-      throw_error<data_error>("{}.sources[{}] ('{}').position = {}; expected >= 0", where, s, spec.name,
-                              c.position);
-    if (c.carry <= -weight_one || c.carry >= weight_one)
-      throw_error<data_error>("{}.sources[{}] ('{}').carry = {}; expected in ({}, {}) (under one sample)",
-                              where, s, spec.name, c.carry, -weight_one, weight_one);
-  }
-}
+HETMESH_COMPILED void validate_state(const mixture_config& cfg, const planner_state& st,
+                                     std::string_view where);
 
 /// Checks every cursor's position against its source's size: 0 <= position <= sizes[s] (position ==
 /// size means the epoch is used up and the next draw starts the next one). Throws data_error naming
 /// `where`, the source, the value and the range. Pure; O(sources).
-inline void validate_positions(const mixture_config& cfg, const planner_state& st,
-                               std::span<const std::int64_t> sizes, std::string_view where) {
-  for (std::size_t s = 0; s < st.cursors.size() && s < sizes.size(); ++s)
-    if (st.cursors[s].position < 0 || st.cursors[s].position > sizes[s])
-      throw_error<data_error>(
-          "{}.sources[{}] ('{}').position = {}; expected in [0, {}] (the source has {} samples)", where, s,
-          cfg.sources[s].name, st.cursors[s].position, sizes[s], sizes[s]);
-}
+HETMESH_COMPILED void validate_positions(const mixture_config& cfg, const planner_state& st,
+                                         std::span<const std::int64_t> sizes, std::string_view where);
 
 /// The state before step 0.
-[[nodiscard]] inline planner_state initial_state(const mixture_config& cfg) {
-  return {0, std::vector<source_cursor>(cfg.sources.size())};
-}
+[[nodiscard]] HETMESH_COMPILED planner_state initial_state(const mixture_config& cfg);
 
 /// What the planner needs to know about the sources, and no more: how many samples each has, and for
 /// (source, epoch, position) the sample index and its lengths. Source loaders implement it; a test can
@@ -129,7 +104,7 @@ struct planned_sample {
   std::int64_t cost = 0;    ///< its price (mixture_config::cost)
   int dp_rank = 0;          ///< data-parallel rank it goes to
   int micro_batch = 0;      ///< micro-batch on that rank
-  void hash_append(hasher& h) const { append_all(h, ref, meta, cost, dp_rank, micro_batch); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const planned_sample&, const planned_sample&) = default;
 };
 
@@ -141,43 +116,15 @@ struct batch_plan {
   std::vector<std::int64_t> quotas{};     ///< samples drawn per source
   std::vector<std::int64_t> rank_cost{};  ///< per dp rank, summed price
   /// Indices into `samples` of rank r's micro-batch m, in sample order.
-  [[nodiscard]] std::vector<int> micro_batch(int r, int m) const {
-    std::vector<int> out;
-    for (std::size_t i = 0; i < samples.size(); ++i)
-      if (samples[i].dp_rank == r && samples[i].micro_batch == m) out.push_back(static_cast<int>(i));
-    return out;
-  }
-  void hash_append(hasher& h) const { append_all(h, step, samples, quotas, rank_cost); }
+  [[nodiscard]] HETMESH_COMPILED std::vector<int> micro_batch(int r, int m) const;
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const batch_plan&, const batch_plan&) = default;
 };
 
 /// Per-source sample counts of the step `st.step`, and the carries after it. Pure; O(sources log sources).
-[[nodiscard]] inline std::vector<std::int64_t> step_quotas(const mixture_config& cfg,
-                                                           const std::vector<std::int64_t>& weights,
-                                                           std::vector<source_cursor>& cursors) {
-  const std::size_t n = weights.size();
-  const std::int64_t B = cfg.global_batch;
-  std::vector<std::int64_t> q(n), count(n, 0);
-  std::int64_t assigned = 0;
-  for (std::size_t s = 0; s < n; ++s) {
-    q[s] = checked_add(checked_mul(weights[s], B, "step_quotas: weight x global_batch"), cursors[s].carry,
-                       "step_quotas: quota + carry");
-    count[s] = q[s] > 0 ? q[s] / weight_one : 0;
-    assigned += count[s];
-  }
-  std::vector<std::size_t> order{};
-  for (std::size_t s = 0; s < n; ++s)
-    if (q[s] - count[s] * weight_one > 0) order.push_back(s);
-  hetmesh::indirect_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const auto ra = q[a] - count[a] * weight_one, rb = q[b] - count[b] * weight_one;
-    return ra != rb ? ra > rb : a < b;
-  });
-  HETMESH_ASSERT(B - assigned <= static_cast<std::int64_t>(order.size()),
-                 "largest remainder: {} slots left, {} candidates", B - assigned, order.size());
-  for (std::size_t k = 0; assigned < B; ++k, ++assigned) ++count[order[k]];
-  for (std::size_t s = 0; s < n; ++s) cursors[s].carry = q[s] - count[s] * weight_one;
-  return count;
-}
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> step_quotas(const mixture_config& cfg,
+                                                                     const std::vector<std::int64_t>& weights,
+                                                                     std::vector<source_cursor>& cursors);
 
 namespace detail {
 /// Advances one cursor by `count` positions, calling f(epoch, first position, n) once per run of n
@@ -219,40 +166,14 @@ void draw(const source_spec& spec, int s, std::int64_t size, std::int64_t count,
 }
 /// The price of `m` under `cost` (a s^2 + b s + c per text and per item) in checked arithmetic: an
 /// overflow_error naming the sample instead of a wrapped (negative) price.
-[[nodiscard]] inline std::int64_t checked_price(const sample_cost& cost, const seq::sample_meta& m,
-                                                int source, std::int64_t position) {
-  auto one = [&](const cost::quadratic_count& q, std::int64_t t) {
-    if (t < 0)
-      throw_error<data_error>("source {} position {}: a length of {} tokens; expected >= 0", source, position,
-                              t);
-    const std::string_view what = "sample price (cost a x tokens^2 + b x tokens + c)";
-    return checked_add(checked_mul(checked_add(checked_mul(q.a, t, what), q.b, what), t, what), q.c, what);
-  };
-  try {
-    std::int64_t c = one(cost.text, m.tokens);
-    for (auto t : m.item_tokens) c = checked_add(c, one(cost.item, t), "sample price (text + items)");
-    return c;
-  } catch (error& e) {
-    e.add_context(hetmesh::format("pricing source {} position {} ({} tokens, {} items)", source, position,
-                                  m.tokens, m.item_tokens.size()));
-    throw;
-  }
-}
+[[nodiscard]] HETMESH_COMPILED std::int64_t checked_price(const sample_cost& cost, const seq::sample_meta& m,
+                                                          int source, std::int64_t position);
 
 }  // namespace detail
 
 /// Replays quotas and cursors to the state before `step` without touching metadata. Pure; O(step x sources).
-[[nodiscard]] inline planner_state state_at(const mixture_config& cfg, std::int64_t step,
-                                            std::span<const std::int64_t> sizes) {
-  planner_state st = initial_state(cfg);
-  for (; st.step < step; ++st.step) {
-    const auto counts = step_quotas(cfg, weights_at(cfg, st.step), st.cursors);
-    for (std::size_t s = 0; s < counts.size(); ++s)
-      detail::draw_runs(cfg.sources[s], static_cast<int>(s), sizes[s], counts[s], st.cursors[s],
-                        [](std::int64_t, std::int64_t, std::int64_t) {});
-  }
-  return st;
-}
+[[nodiscard]] HETMESH_COMPILED planner_state state_at(const mixture_config& cfg, std::int64_t step,
+                                                      std::span<const std::int64_t> sizes);
 
 /// The result of planning a step: its plan and the state before the next step.
 struct planned_step {
@@ -307,33 +228,9 @@ void draw_step_samples(const mixture_config& cfg, planned_step& out, M& metadata
 
 /// plan_step's heavy check: global_batch samples, no (source, epoch, position) drawn twice, each sample in
 /// the member list of exactly one rank and in one (dp_rank, micro_batch) in range. O(B log B).
-inline void check_step_exactly_once(const mixture_config& cfg, const std::vector<planned_sample>& samples,
-                                    const std::vector<int>& members, int dp, std::int64_t step) {
-  const std::size_t n = samples.size();
-  // Exactly once: global_batch samples, no (source, epoch, position) drawn twice, each sample in the
-  // member list of exactly one rank and in one (dp_rank, micro_batch) in range.
-  std::vector<id_range> expected, assigned;
-  for (std::size_t i = 0; i < n; ++i) expected.push_back({static_cast<std::int64_t>(i), 0, 1});
-  for (int i : members) assigned.push_back({i, 0, 1});
-  std::string v = exactly_once_violation(std::move(expected), std::move(assigned));
-  if (v.empty() && static_cast<std::int64_t>(n) != cfg.global_batch)
-    v = hetmesh::format("{} samples; expected global_batch = {}", n, cfg.global_batch);
-  std::vector<std::tuple<int, std::int64_t, std::int64_t>> keys;
-  for (const auto& smp : samples) {
-    keys.emplace_back(smp.ref.source, smp.ref.epoch, smp.ref.position);
-    if (v.empty() &&
-        (smp.dp_rank < 0 || smp.dp_rank >= dp || smp.micro_batch < 0 || smp.micro_batch >= cfg.micro_batches))
-      v = hetmesh::format(
-          "sample (source {}, epoch {}, position {}) is on rank {} micro-batch {}; expected {} x {}",
-          smp.ref.source, smp.ref.epoch, smp.ref.position, smp.dp_rank, smp.micro_batch, dp,
-          cfg.micro_batches);
-  }
-  hetmesh::indirect_sort(keys.begin(), keys.end());
-  if (const auto d = std::adjacent_find(keys.begin(), keys.end()); v.empty() && d != keys.end())
-    v = hetmesh::format("sample (source {}, epoch {}, position {}) drawn twice", std::get<0>(*d),
-                        std::get<1>(*d), std::get<2>(*d));
-  HETMESH_ASSERT_AT(heavy, v.empty(), "data::plan_step (step {}): {}", step, v);
-}
+HETMESH_COMPILED void check_step_exactly_once(const mixture_config& cfg,
+                                              const std::vector<planned_sample>& samples,
+                                              const std::vector<int>& members, int dp, std::int64_t step);
 
 }  // namespace detail
 
@@ -454,17 +351,10 @@ struct delivery_group {
 
 /// The delivery group of data-parallel index `dp` in mesh `m`. Throws invalid_argument for dp out of
 /// range. Pure. O(ranks of the group).
-[[nodiscard]] inline delivery_group delivery_of(const trainer_mesh& m, int dp) {
-  const auto& ranks = m.ranks_of(dp);
-  return {dp, ranks.front(), ranks};
-}
+[[nodiscard]] HETMESH_COMPILED delivery_group delivery_of(const trainer_mesh& m, int dp);
 
 /// Every delivery group, one per data-parallel index. Their rank sets partition the trainers.
-[[nodiscard]] inline std::vector<delivery_group> delivery_plan(const trainer_mesh& m) {
-  std::vector<delivery_group> out{};
-  for (int d = 0; d < m.dp_size(); ++d) out.push_back(delivery_of(m, d));
-  return out;
-}
+[[nodiscard]] HETMESH_COMPILED std::vector<delivery_group> delivery_plan(const trainer_mesh& m);
 
 }  // namespace hetmesh::data
 
@@ -494,3 +384,7 @@ struct fmt::formatter<hetmesh::data::delivery_group> : hetmesh::empty_spec_forma
     return hetmesh::format_to(ctx.out(), "delivery(dp={}, loader={}, ranks={})", g.dp, g.loader, g.ranks);
   }
 };
+
+#if HETMESH_BODIES
+#include "detail/planner_impl.hpp"
+#endif

@@ -8,13 +8,13 @@
 // parts, in the plan's order, over one flat byte buffer. The exchange itself is run/plan_delivery.hpp.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -33,7 +33,7 @@ struct part_route {
 
   friend bool operator==(const part_route&, const part_route&) = default;
   /// Feeds the route to a plan hash.
-  void hash_append(hasher& h) const { append_all(h, sample, item, ranks); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Where every part of a step's samples goes. Plain data; equal on every rank that computed it from the
@@ -43,25 +43,13 @@ struct route_plan {
   std::vector<part_route> parts;  ///< every part of every sample of the step
 
   /// The indices (into `parts`) of the parts trainer `rank` receives, ascending. O(parts x ranks).
-  [[nodiscard]] std::vector<std::size_t> parts_of(int rank) const {
-    std::vector<std::size_t> out;
-    for (std::size_t i = 0; i < parts.size(); ++i)
-      if (std::binary_search(parts[i].ranks.begin(), parts[i].ranks.end(), rank)) out.push_back(i);
-    return out;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<std::size_t> parts_of(int rank) const;
   /// The trainer ranks that need any part of sample `id`, ascending (empty for a sample not in the
   /// plan). O(parts x ranks).
-  [[nodiscard]] std::vector<int> ranks_of(std::int64_t id) const {
-    std::vector<int> out;
-    for (const auto& p : parts)
-      if (p.sample == id) out.insert(out.end(), p.ranks.begin(), p.ranks.end());
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<int> ranks_of(std::int64_t id) const;
   friend bool operator==(const route_plan&, const route_plan&) = default;
   /// Feeds the plan to a plan hash.
-  void hash_append(hasher& h) const { append_all(h, trainers, parts); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// MegaScale-Data's host-per-source-group layout: trainer ranks [0, trainers), then `hosts` data-plane
@@ -74,32 +62,16 @@ struct source_hosts {
 
   /// Throws invalid_argument unless trainers >= 1 and 1 <= hosts <= sources (a host without a source
   /// would serve nothing).
-  void validate() const {
-    if (trainers < 1 || hosts < 1 || hosts > sources)
-      throw_error<invalid_argument>(
-          "source_hosts: {} trainers, {} hosts, {} sources; expected trainers >= 1 and 1 <= hosts <= sources",
-          trainers, hosts, sources);
-  }
+  HETMESH_COMPILED void validate() const;
   /// The world rank of the host that runs source `s`'s loader. Pre: 0 <= s < sources.
   [[nodiscard]] int host_of_source(std::int64_t s) const noexcept {
     return trainers + static_cast<int>(s % hosts);
   }
   /// The world rank of the host holding sample `id` (by its source). Throws invalid_argument for a
   /// negative id or a source outside [0, sources).
-  [[nodiscard]] int host_of_sample(std::int64_t id) const {
-    const auto s = seq::sample_origin_of(id).source;
-    if (s >= sources)
-      throw_error<invalid_argument>("source_hosts: sample {} is of source {}; expected a source < {}", id, s,
-                                    sources);
-    return host_of_source(s);
-  }
+  [[nodiscard]] HETMESH_COMPILED int host_of_sample(std::int64_t id) const;
   /// The sources host `rank` runs, ascending. Pre: a host rank.
-  [[nodiscard]] std::vector<int> sources_of(int rank) const {
-    std::vector<int> out;
-    for (int s = 0; s < sources; ++s)
-      if (host_of_source(s) == rank) out.push_back(s);
-    return out;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<int> sources_of(int rank) const;
   /// Whether `rank` is a data-plane host.
   [[nodiscard]] bool is_host(int rank) const noexcept { return rank >= trainers; }
   friend bool operator==(const source_hosts&, const source_hosts&) = default;
@@ -122,18 +94,10 @@ struct delivered_share {
   std::vector<std::uint8_t> bytes;    ///< every part's bytes, one after the other
 
   /// The bytes of part (`sample`, `item`); empty span when the share lacks it. O(parts).
-  [[nodiscard]] std::span<const std::uint8_t> find(std::int64_t sample, int item = text_part) const noexcept {
-    for (const auto& p : parts)
-      if (p.sample == sample && p.item == item)
-        return std::span<const std::uint8_t>(bytes).subspan(static_cast<std::size_t>(p.offset),
-                                                            static_cast<std::size_t>(p.size));
-    return {};
-  }
+  [[nodiscard]] HETMESH_COMPILED std::span<const std::uint8_t> find(std::int64_t sample,
+                                                                    int item = text_part) const noexcept;
   /// Whether the share holds part (`sample`, `item`). O(parts).
-  [[nodiscard]] bool has(std::int64_t sample, int item = text_part) const noexcept {
-    return std::any_of(parts.begin(), parts.end(),
-                       [&](const delivered_part& p) { return p.sample == sample && p.item == item; });
-  }
+  [[nodiscard]] HETMESH_COMPILED bool has(std::int64_t sample, int item = text_part) const noexcept;
   friend bool operator==(const delivered_share&, const delivered_share&) = default;
 };
 
@@ -174,3 +138,67 @@ struct fmt::formatter<hetmesh::data::source_hosts> : hetmesh::empty_spec_formatt
                               s.trainers, s.trainers, s.trainers + s.hosts, s.sources);
   }
 };
+
+#if HETMESH_BODIES
+#include <algorithm>
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED void part_route::hash_append(hasher& h) const { append_all(h, sample, item, ranks); }
+
+HETMESH_COMPILED std::vector<std::size_t> route_plan::parts_of(int rank) const {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    if (std::binary_search(parts[i].ranks.begin(), parts[i].ranks.end(), rank)) out.push_back(i);
+  return out;
+}
+
+HETMESH_COMPILED std::vector<int> route_plan::ranks_of(std::int64_t id) const {
+  std::vector<int> out;
+  for (const auto& p : parts)
+    if (p.sample == id) out.insert(out.end(), p.ranks.begin(), p.ranks.end());
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+HETMESH_COMPILED void route_plan::hash_append(hasher& h) const { append_all(h, trainers, parts); }
+
+HETMESH_COMPILED void source_hosts::validate() const {
+  if (trainers < 1 || hosts < 1 || hosts > sources)
+    throw_error<invalid_argument>(
+        "source_hosts: {} trainers, {} hosts, {} sources; expected trainers >= 1 and 1 <= hosts <= sources",
+        trainers, hosts, sources);
+}
+
+HETMESH_COMPILED int source_hosts::host_of_sample(std::int64_t id) const {
+  const auto s = seq::sample_origin_of(id).source;
+  if (s >= sources)
+    throw_error<invalid_argument>("source_hosts: sample {} is of source {}; expected a source < {}", id, s,
+                                  sources);
+  return host_of_source(s);
+}
+
+HETMESH_COMPILED std::vector<int> source_hosts::sources_of(int rank) const {
+  std::vector<int> out;
+  for (int s = 0; s < sources; ++s)
+    if (host_of_source(s) == rank) out.push_back(s);
+  return out;
+}
+
+HETMESH_COMPILED std::span<const std::uint8_t> delivered_share::find(std::int64_t sample,
+                                                                     int item) const noexcept {
+  for (const auto& p : parts)
+    if (p.sample == sample && p.item == item)
+      return std::span<const std::uint8_t>(bytes).subspan(static_cast<std::size_t>(p.offset),
+                                                          static_cast<std::size_t>(p.size));
+  return {};
+}
+
+HETMESH_COMPILED bool delivered_share::has(std::int64_t sample, int item) const noexcept {
+  return std::any_of(parts.begin(), parts.end(),
+                     [&](const delivered_part& p) { return p.sample == sample && p.item == item; });
+}
+
+}  // namespace hetmesh::data
+#endif  // HETMESH_BODIES

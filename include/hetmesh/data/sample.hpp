@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -29,7 +30,7 @@ struct sample_ref {
   /// The sample's stable id (seq::make_sample_id of source, epoch, position). Throws invalid_argument
   /// when a part exceeds seq::sample_id_layout's limits.
   [[nodiscard]] std::int64_t id() const { return seq::make_sample_id(source, epoch, position); }
-  void hash_append(hasher& h) const { append_all(h, source, epoch, position, index); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const sample_ref&, const sample_ref&) = default;
 };
 
@@ -51,12 +52,7 @@ struct sample {
                                           ///< of that token (the next token) does not count, 1 = it does
 
   /// Heap bytes this sample holds (for memory accounting).
-  [[nodiscard]] std::int64_t heap_bytes() const noexcept {
-    auto b = static_cast<std::int64_t>(tokens.capacity() * sizeof(std::int32_t) +
-                                       items.capacity() * sizeof(loaded_item) + loss_mask.capacity());
-    for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
-    return b;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t heap_bytes() const noexcept;
   friend bool operator==(const sample&, const sample&) = default;
 };
 
@@ -82,7 +78,26 @@ namespace hetmesh::data {
 
 /// Checks a loaded sample's loss mask: empty, or one entry per text token, each 0 or 1. Throws data_error
 /// naming the sample and `where` (the reader or decoder that produced it) otherwise. O(tokens) with a mask.
-inline void check_loss_mask(const sample& s, std::string_view where) {
+HETMESH_COMPILED void check_loss_mask(const sample& s, std::string_view where);
+
+}  // namespace hetmesh::data
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED void sample_ref::hash_append(hasher& h) const {
+  append_all(h, source, epoch, position, index);
+}
+
+HETMESH_COMPILED std::int64_t sample::heap_bytes() const noexcept {
+  auto b = static_cast<std::int64_t>(tokens.capacity() * sizeof(std::int32_t) +
+                                     items.capacity() * sizeof(loaded_item) + loss_mask.capacity());
+  for (const auto& it : items) b += static_cast<std::int64_t>(it.payload.capacity() + it.kind.capacity());
+  return b;
+}
+
+HETMESH_COMPILED void check_loss_mask(const sample& s, std::string_view where) {
   if (s.loss_mask.empty()) return;
   if (s.loss_mask.size() != s.tokens.size())
     throw_error<data_error>(
@@ -96,3 +111,4 @@ inline void check_loss_mask(const sample& s, std::string_view where) {
 }
 
 }  // namespace hetmesh::data
+#endif  // HETMESH_BODIES

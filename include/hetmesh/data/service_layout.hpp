@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "mixture.hpp"
@@ -29,7 +30,29 @@ struct service_layout {
 
 /// The service layout of a world of `world_size` ranks around the trainers' mesh `t`. Throws
 /// invalid_argument when the world has no room for a host, or more hosts than data-parallel indices.
-[[nodiscard]] inline service_layout service_layout_of(const trainer_mesh& t, int world_size) {
+[[nodiscard]] HETMESH_COMPILED service_layout service_layout_of(const trainer_mesh& t, int world_size);
+
+/// The data-parallel indices host `rank` serves, ascending; never empty for a host (at most dp hosts).
+/// What its data_loader takes as loader_options::serve_dp. Pre: sl.is_host(rank).
+[[nodiscard]] HETMESH_COMPILED std::vector<int> served_by(const service_layout& sl, const trainer_mesh& t,
+                                                          int rank);
+
+}  // namespace hetmesh::data
+
+template <>
+struct fmt::formatter<hetmesh::data::service_layout> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::data::service_layout& s, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "service_layout(trainers=[0, {}), hosts=[{}, {}))", s.trainers,
+                              s.trainers, s.trainers + s.hosts);
+  }
+};
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED service_layout service_layout_of(const trainer_mesh& t, int world_size) {
   if (world_size <= t.world())
     throw_error<invalid_argument>(
         "data service: a world of {} ranks for a mesh of {} trainer ranks ({}); "
@@ -43,9 +66,7 @@ struct service_layout {
   return {t.world(), world_size - t.world()};
 }
 
-/// The data-parallel indices host `rank` serves, ascending; never empty for a host (at most dp hosts).
-/// What its data_loader takes as loader_options::serve_dp. Pre: sl.is_host(rank).
-[[nodiscard]] inline std::vector<int> served_by(const service_layout& sl, const trainer_mesh& t, int rank) {
+HETMESH_COMPILED std::vector<int> served_by(const service_layout& sl, const trainer_mesh& t, int rank) {
   std::vector<int> out;
   for (int d = 0; d < t.dp_size(); ++d)
     if (sl.host_of(d) == rank) out.push_back(d);
@@ -53,12 +74,4 @@ struct service_layout {
 }
 
 }  // namespace hetmesh::data
-
-template <>
-struct fmt::formatter<hetmesh::data::service_layout> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::data::service_layout& s, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "service_layout(trainers=[0, {}), hosts=[{}, {}))", s.trainers,
-                              s.trainers, s.trainers + s.hosts);
-  }
-};
+#endif  // HETMESH_BODIES

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/random.hpp"
 #include "indexed_dataset.hpp"
@@ -119,50 +120,12 @@ class indexed_source final : public source_reader {
   [[nodiscard]] std::int64_t size() const override { return filtered_size(); }
   /// Metadata of sample i.
   [[nodiscard]] seq::sample_meta meta(std::int64_t i) const override { return raw_meta(underlying(i)); }
-  void meta_run(std::span<const std::int64_t> indices, std::span<seq::sample_meta> out) const override {
-    if (parts_.size() == 1) {  // the common case: one file, no search for the part
-      const auto& d = parts_.front();
-      const auto elem = static_cast<std::int64_t>(dtype_size(d.type()));
-      for (std::size_t k = 0; k < indices.size(); ++k) {
-        const auto len = d.length(underlying(indices[k]));
-        auto& m = out[k];  // every field, as meta() would return it
-        m.id = 0;
-        m.tokens = len;
-        m.item_tokens.clear();
-        m.bytes = len * elem;
-        m.owner = 0;
-      }
-      return;
-    }
-    source_reader::meta_run(indices, out);
-  }
-  void load(std::int64_t i, sample& out) const override {
-    const auto [part, local] = locate(underlying(i));
-    out.tokens.clear();
-    out.items.clear();
-    out.loss_mask.clear();  // an indexed dataset holds no loss masks
-    parts_[part].read_tokens(local, out.tokens);
-    count_read();
-  }
-  void prefetch(std::int64_t i) const noexcept override {
-    const auto [part, local] = locate(underlying(i));
-    const auto bytes = parts_[part].raw(local);
-    // The first 4 KiB: enough for the hardware prefetcher to take over on longer samples.
-    const std::size_t n = std::min<std::size_t>(bytes.size(), 1024);
-    for (std::size_t k = 0; k < n; k += 64) __builtin_prefetch(bytes.data() + k, 0, 0);
-  }
-  [[nodiscard]] std::int64_t state_bytes() const override {
-    std::int64_t b =
-        sizeof(*this) + filter_bytes() +
-        static_cast<std::int64_t>(parts_.capacity() * sizeof(indexed_dataset) + starts_.capacity() * 8);
-    for (const auto& p : parts_) b += p.index_bytes();
-    return b;
-  }
-  [[nodiscard]] std::int64_t mapped_data_bytes() const override {
-    std::int64_t b = 0;
-    for (const auto& p : parts_) b += p.data_bytes();
-    return b;
-  }
+  HETMESH_COMPILED void meta_run(std::span<const std::int64_t> indices,
+                                 std::span<seq::sample_meta> out) const override;
+  HETMESH_COMPILED void load(std::int64_t i, sample& out) const override;
+  HETMESH_COMPILED void prefetch(std::int64_t i) const noexcept override;
+  [[nodiscard]] HETMESH_COMPILED std::int64_t state_bytes() const override;
+  [[nodiscard]] HETMESH_COMPILED std::int64_t mapped_data_bytes() const override;
 
  private:
   [[nodiscard]] std::pair<std::size_t, std::int64_t> locate(std::int64_t i) const noexcept {
@@ -171,13 +134,7 @@ class indexed_source final : public source_reader {
     const auto part = static_cast<std::size_t>(it - starts_.begin());
     return {part, i - *it};
   }
-  [[nodiscard]] seq::sample_meta raw_meta(std::int64_t i) const {
-    const auto [part, local] = locate(i);
-    const auto len = parts_[part].length(local);
-    return {.tokens = len,
-            .item_tokens = {},
-            .bytes = len * static_cast<std::int64_t>(dtype_size(parts_[part].type()))};
-  }
+  [[nodiscard]] HETMESH_COMPILED seq::sample_meta raw_meta(std::int64_t i) const;
   std::vector<indexed_dataset> parts_{};
   std::vector<std::int64_t> starts_{};
 };
@@ -233,33 +190,11 @@ class source_loader {
   /// The sample index at `position` of `epoch` (permutation keyed by (seed, source, epoch)). Throws
   /// data_error naming the source, the epoch and position and the range unless epoch >= 0 and 0 <=
   /// position < size() (a tampered checkpoint must not read outside the permutation).
-  [[nodiscard]] std::int64_t index_at(std::int64_t epoch, std::int64_t position) {
-    if (epoch < 0 || position < 0 || position >= size())
-      throw_error<data_error>(
-          "source {}: epoch {}, position {}; expected epoch >= 0 and position in [0, {}) (the source's size)",
-          source_, epoch, position, size());
-    if (reader_->in_order()) return position;
-    std::lock_guard lock(mutex_);
-    return perm_locked(epoch)[static_cast<std::size_t>(position)];
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t index_at(std::int64_t epoch, std::int64_t position);
   /// The sample indices at positions [position, position + out.size()) of `epoch`, into `out`, under one
   /// acquisition of the lock (the planner's batch lookup: one call per run of a source, not per sample).
   /// Throws data_error as index_at does unless the whole run lies in [0, size()).
-  void index_run(std::int64_t epoch, std::int64_t position, std::span<std::int64_t> out) {
-    const auto n = static_cast<std::int64_t>(out.size());
-    if (epoch < 0 || position < 0 || n > size() || position > size() - n)
-      throw_error<data_error>(
-          "source {}: epoch {}, positions [{}, {}); expected epoch >= 0 and positions in [0, {}) (the "
-          "source's size)",
-          source_, epoch, position, position + n, size());
-    if (reader_->in_order()) {
-      for (std::size_t k = 0; k < out.size(); ++k) out[k] = position + static_cast<std::int64_t>(k);
-      return;
-    }
-    std::lock_guard lock(mutex_);
-    const auto& perm = perm_locked(epoch);
-    std::copy_n(perm.begin() + position, out.size(), out.begin());
-  }
+  HETMESH_COMPILED void index_run(std::int64_t epoch, std::int64_t position, std::span<std::int64_t> out);
   /// Metadata of sample `index`.
   [[nodiscard]] seq::sample_meta meta(std::int64_t index) const { return reader_->meta(index); }
   /// Metadata of a run of samples: out[k] = meta(indices[k]) (source_reader::meta_run).
@@ -307,24 +242,12 @@ class source_loader {
   /// The reader, for accounting and tests.
   [[nodiscard]] const source_reader& reader() const noexcept { return *reader_; }
   /// Access state in bytes: the reader's state plus the cached permutation.
-  [[nodiscard]] std::int64_t state_bytes() const {
-    std::lock_guard lock(mutex_);
-    return reader_->state_bytes() +
-           static_cast<std::int64_t>((perm_[0].capacity() + perm_[1].capacity()) * 8) +
-           static_cast<std::int64_t>(sizeof(*this));
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t state_bytes() const;
 
  private:
   // Two cached epochs: prefetching reads ahead across an epoch boundary while the previous epoch's last
   // samples are still being loaded, and recomputing a permutation per request would cost O(n) each.
-  const std::vector<std::int64_t>& perm_locked(std::int64_t epoch) {
-    for (int k = 0; k < 2; ++k)
-      if (perm_epoch_[k] == epoch) return perm_[k];
-    const int victim = perm_epoch_[0] < perm_epoch_[1] ? 0 : 1;
-    perm_[victim] = permutation(reader_->size(), epoch_seed(seed_, source_, epoch));
-    perm_epoch_[victim] = epoch;
-    return perm_[victim];
-  }
+  HETMESH_COMPILED const std::vector<std::int64_t>& perm_locked(std::int64_t epoch);
   std::unique_ptr<source_reader> reader_;
   int source_;
   std::uint64_t seed_;
@@ -335,3 +258,110 @@ class source_loader {
 };
 
 }  // namespace hetmesh::data
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED void indexed_source::meta_run(std::span<const std::int64_t> indices,
+                                               std::span<seq::sample_meta> out) const {
+  if (parts_.size() == 1) {  // the common case: one file, no search for the part
+    const auto& d = parts_.front();
+    const auto elem = static_cast<std::int64_t>(dtype_size(d.type()));
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      const auto len = d.length(underlying(indices[k]));
+      auto& m = out[k];  // every field, as meta() would return it
+      m.id = 0;
+      m.tokens = len;
+      m.item_tokens.clear();
+      m.bytes = len * elem;
+      m.owner = 0;
+    }
+    return;
+  }
+  source_reader::meta_run(indices, out);
+}
+
+HETMESH_COMPILED void indexed_source::load(std::int64_t i, sample& out) const {
+  const auto [part, local] = locate(underlying(i));
+  out.tokens.clear();
+  out.items.clear();
+  out.loss_mask.clear();  // an indexed dataset holds no loss masks
+  parts_[part].read_tokens(local, out.tokens);
+  count_read();
+}
+
+HETMESH_COMPILED void indexed_source::prefetch(std::int64_t i) const noexcept {
+  const auto [part, local] = locate(underlying(i));
+  const auto bytes = parts_[part].raw(local);
+  // The first 4 KiB: enough for the hardware prefetcher to take over on longer samples.
+  const std::size_t n = std::min<std::size_t>(bytes.size(), 1024);
+  for (std::size_t k = 0; k < n; k += 64) __builtin_prefetch(bytes.data() + k, 0, 0);
+}
+
+HETMESH_COMPILED std::int64_t indexed_source::state_bytes() const {
+  std::int64_t b =
+      sizeof(*this) + filter_bytes() +
+      static_cast<std::int64_t>(parts_.capacity() * sizeof(indexed_dataset) + starts_.capacity() * 8);
+  for (const auto& p : parts_) b += p.index_bytes();
+  return b;
+}
+
+HETMESH_COMPILED std::int64_t indexed_source::mapped_data_bytes() const {
+  std::int64_t b = 0;
+  for (const auto& p : parts_) b += p.data_bytes();
+  return b;
+}
+
+HETMESH_COMPILED seq::sample_meta indexed_source::raw_meta(std::int64_t i) const {
+  const auto [part, local] = locate(i);
+  const auto len = parts_[part].length(local);
+  return {.tokens = len,
+          .item_tokens = {},
+          .bytes = len * static_cast<std::int64_t>(dtype_size(parts_[part].type()))};
+}
+
+HETMESH_COMPILED std::int64_t source_loader::index_at(std::int64_t epoch, std::int64_t position) {
+  if (epoch < 0 || position < 0 || position >= size())
+    throw_error<data_error>(
+        "source {}: epoch {}, position {}; expected epoch >= 0 and position in [0, {}) (the source's size)",
+        source_, epoch, position, size());
+  if (reader_->in_order()) return position;
+  std::lock_guard lock(mutex_);
+  return perm_locked(epoch)[static_cast<std::size_t>(position)];
+}
+
+HETMESH_COMPILED void source_loader::index_run(std::int64_t epoch, std::int64_t position,
+                                               std::span<std::int64_t> out) {
+  const auto n = static_cast<std::int64_t>(out.size());
+  if (epoch < 0 || position < 0 || n > size() || position > size() - n)
+    throw_error<data_error>(
+        "source {}: epoch {}, positions [{}, {}); expected epoch >= 0 and positions in [0, {}) (the "
+        "source's size)",
+        source_, epoch, position, position + n, size());
+  if (reader_->in_order()) {
+    for (std::size_t k = 0; k < out.size(); ++k) out[k] = position + static_cast<std::int64_t>(k);
+    return;
+  }
+  std::lock_guard lock(mutex_);
+  const auto& perm = perm_locked(epoch);
+  std::copy_n(perm.begin() + position, out.size(), out.begin());
+}
+
+HETMESH_COMPILED std::int64_t source_loader::state_bytes() const {
+  std::lock_guard lock(mutex_);
+  return reader_->state_bytes() + static_cast<std::int64_t>((perm_[0].capacity() + perm_[1].capacity()) * 8) +
+         static_cast<std::int64_t>(sizeof(*this));
+}
+
+HETMESH_COMPILED const std::vector<std::int64_t>& source_loader::perm_locked(std::int64_t epoch) {
+  for (int k = 0; k < 2; ++k)
+    if (perm_epoch_[k] == epoch) return perm_[k];
+  const int victim = perm_epoch_[0] < perm_epoch_[1] ? 0 : 1;
+  perm_[victim] = permutation(reader_->size(), epoch_seed(seed_, source_, epoch));
+  perm_epoch_[victim] = epoch;
+  return perm_[victim];
+}
+
+}  // namespace hetmesh::data
+#endif  // HETMESH_BODIES

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 
 namespace hetmesh::data::tar {
@@ -29,7 +30,35 @@ struct member {
 
 namespace detail {
 
-inline void put_octal(char* field, std::size_t width, std::uint64_t v) {
+HETMESH_COMPILED void put_octal(char* field, std::size_t width, std::uint64_t v);
+
+HETMESH_COMPILED std::uint64_t get_octal(const char* field, std::size_t width, bool& ok);
+
+HETMESH_COMPILED std::uint64_t checksum(const unsigned char* h);
+
+}  // namespace detail
+
+/// The 512-byte ustar header of a regular file `name` of `size` bytes. Names longer than 100 bytes are
+/// split into prefix/name at a '/' as ustar allows (up to 255 bytes); otherwise invalid_argument.
+[[nodiscard]] HETMESH_COMPILED std::vector<std::byte> header(std::string_view name, std::int64_t size);
+
+/// Parses the header at `offset` of `archive`. Returns false at the end-of-archive zero block. Throws
+/// data_error (naming `path`) for a bad checksum, a bad size field or a member running past the end.
+/// `type` receives the typeflag.
+HETMESH_COMPILED bool parse_header(std::span<const std::byte> archive, std::int64_t offset,
+                                   const std::string& path, member& out, char& type);
+
+/// Lists the regular-file members of an archive in order. Cost: one pass over the headers.
+[[nodiscard]] HETMESH_COMPILED std::vector<member> list(std::span<const std::byte> archive,
+                                                        const std::string& path);
+
+}  // namespace hetmesh::data::tar
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data::tar::detail {
+
+HETMESH_COMPILED void put_octal(char* field, std::size_t width, std::uint64_t v) {
   // width-1 octal digits, zero padded, then NUL: the ustar convention.
   for (std::size_t i = width - 1; i-- > 0;) {
     field[i] = static_cast<char>('0' + (v & 7U));
@@ -38,7 +67,7 @@ inline void put_octal(char* field, std::size_t width, std::uint64_t v) {
   field[width - 1] = '\0';
 }
 
-inline std::uint64_t get_octal(const char* field, std::size_t width, bool& ok) {
+HETMESH_COMPILED std::uint64_t get_octal(const char* field, std::size_t width, bool& ok) {
   std::uint64_t v = 0;
   std::size_t i = 0;
   while (i < width && field[i] == ' ') ++i;  // some writers right-align with spaces
@@ -52,17 +81,17 @@ inline std::uint64_t get_octal(const char* field, std::size_t width, bool& ok) {
   return v;
 }
 
-inline std::uint64_t checksum(const unsigned char* h) {
+HETMESH_COMPILED std::uint64_t checksum(const unsigned char* h) {
   std::uint64_t sum = 0;
   for (int i = 0; i < 512; ++i) sum += (i >= 148 && i < 156) ? static_cast<unsigned char>(' ') : h[i];
   return sum;
 }
 
-}  // namespace detail
+}  // namespace hetmesh::data::tar::detail
 
-/// The 512-byte ustar header of a regular file `name` of `size` bytes. Names longer than 100 bytes are
-/// split into prefix/name at a '/' as ustar allows (up to 255 bytes); otherwise invalid_argument.
-[[nodiscard]] inline std::vector<std::byte> header(std::string_view name, std::int64_t size) {
+namespace hetmesh::data::tar {
+
+HETMESH_COMPILED std::vector<std::byte> header(std::string_view name, std::int64_t size) {
   std::vector<std::byte> out(block, std::byte{0});
   char* h = reinterpret_cast<char*>(out.data());
   std::string_view prefix, base = name;
@@ -92,11 +121,8 @@ inline std::uint64_t checksum(const unsigned char* h) {
   return out;
 }
 
-/// Parses the header at `offset` of `archive`. Returns false at the end-of-archive zero block. Throws
-/// data_error (naming `path`) for a bad checksum, a bad size field or a member running past the end.
-/// `type` receives the typeflag.
-inline bool parse_header(std::span<const std::byte> archive, std::int64_t offset, const std::string& path,
-                         member& out, char& type) {
+HETMESH_COMPILED bool parse_header(std::span<const std::byte> archive, std::int64_t offset,
+                                   const std::string& path, member& out, char& type) {
   const auto total = static_cast<std::int64_t>(archive.size());
   if (offset + block > total)
     throw_error<data_error>("tar '{}' is truncated: a header at byte {} needs 512 bytes, the file has {}",
@@ -128,8 +154,7 @@ inline bool parse_header(std::span<const std::byte> archive, std::int64_t offset
   return true;
 }
 
-/// Lists the regular-file members of an archive in order. Cost: one pass over the headers.
-[[nodiscard]] inline std::vector<member> list(std::span<const std::byte> archive, const std::string& path) {
+HETMESH_COMPILED std::vector<member> list(std::span<const std::byte> archive, const std::string& path) {
   std::vector<member> out{};
   std::int64_t off = 0;
   const auto total = static_cast<std::int64_t>(archive.size());
@@ -157,3 +182,4 @@ inline bool parse_header(std::span<const std::byte> archive, std::int64_t offset
 }
 
 }  // namespace hetmesh::data::tar
+#endif  // HETMESH_BODIES

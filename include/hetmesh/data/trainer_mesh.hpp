@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -43,59 +44,11 @@ inline constexpr mesh::dim data_dim{"data"};
 /// mesh::layout_choice's best().order and shape). Dims of the five LLM dims (tp cp ep dp pp) that the
 /// shape lacks have extent 1; a shape dim of extent > 1 must be in the order; one of extent 1 may be
 /// omitted. Throws invalid_argument naming the dim otherwise (unknown, repeated, extent < 1). O(dims^2).
-[[nodiscard]] inline mesh::view mesh_of_order(std::string_view order,
-                                              std::span<const std::pair<mesh::dim, std::int64_t>> shape) {
-  std::vector<mesh::view_mode> modes;
-  std::int64_t stride = 1;
-  std::vector<mesh::dim> names;
-  for (std::size_t start = 0;;) {
-    const std::size_t end = order.find('-', start);
-    const auto token = order.substr(start, end == std::string_view::npos ? end : end - start);
-    if (token.empty() || token.size() > mesh::max_dim_name)
-      throw_error<invalid_argument>(
-          "order \"{}\" has a dim name \"{}\"; expected dims joined by '-', e.g. \"{}\"", order, token,
-          mesh::megatron_order);
-    names.emplace_back(token);
-    if (end == std::string_view::npos) break;
-    start = end + 1;
-  }
-  for (const mesh::dim& d : names) {
-    for (const auto& m : modes)
-      if (m.name == d)
-        throw_error<invalid_argument>("order \"{}\" names dim '{}' twice; expected each dim once", order, d);
-    std::int64_t extent = -1;
-    for (const auto& [name, e] : shape)
-      if (name == d) extent = e;
-    if (extent < 0) {
-      if (!mesh::is_llm_dim(d))
-        throw_error<invalid_argument>(
-            "order \"{}\" names dim '{}' that the shape lacks; expected one of "
-            "tp cp ep dp pp or a dim of the shape",
-            order, d);
-      extent = 1;
-    }
-    if (extent < 1 || extent > INT_MAX)
-      throw_error<invalid_argument>("dim '{}' has extent {}; expected 1 <= extent <= {}", d, extent, INT_MAX);
-    modes.push_back({d, {mesh::atom{extent, stride}}});
-    stride *= extent;
-    if (stride > INT_MAX) throw_error<invalid_argument>("mesh \"{}\" has more than {} ranks", order, INT_MAX);
-  }
-  for (const auto& entry : shape) {
-    const auto& [name, e] = entry;  // clang 14 cannot capture a structured binding: the lambda reads entry
-    const bool listed = std::any_of(modes.begin(), modes.end(),
-                                    [&](const mesh::view_mode& m) { return m.name == entry.first; });
-    if (!listed && e != 1)
-      throw_error<invalid_argument>("dim '{}' of extent {} is missing from order \"{}\"; expected it listed",
-                                    name, e, order);
-  }
-  return mesh::view(std::move(modes), 0);
-}
+[[nodiscard]] HETMESH_COMPILED mesh::view mesh_of_order(
+    std::string_view order, std::span<const std::pair<mesh::dim, std::int64_t>> shape);
 /// A mesh from an order string and extents (see the span overload).
-[[nodiscard]] inline mesh::view mesh_of_order(
-    std::string_view order, std::initializer_list<std::pair<mesh::dim, std::int64_t>> shape) {
-  return mesh_of_order(order,
-                       std::span<const std::pair<mesh::dim, std::int64_t>>(shape.begin(), shape.size()));
-}
+[[nodiscard]] HETMESH_COMPILED mesh::view mesh_of_order(
+    std::string_view order, std::initializer_list<std::pair<mesh::dim, std::int64_t>> shape);
 
 /// The trainers' mesh, with the data-parallel index of every rank (see the file comment). A value:
 /// copyable, comparable, hashable, printable. Default: one rank. Dims of extent 1 are dropped (they
@@ -151,23 +104,15 @@ class trainer_mesh {
   /// Number of data-parallel indices: extent(ep) x extent(dp).
   [[nodiscard]] int dp_size() const noexcept { return dp_size_; }
   /// The data-parallel index of `rank`. Throws invalid_argument for a rank outside the mesh. O(1).
-  [[nodiscard]] int dp_of(int rank) const {
-    check_rank(rank);
-    return dp_of_[static_cast<std::size_t>(rank)];
-  }
+  [[nodiscard]] HETMESH_COMPILED int dp_of(int rank) const;
   /// Every rank of data-parallel index `d`, ascending; the first (coordinate 0 along every other dim) is
   /// the one that receives the data from the data plane. Throws invalid_argument for d out of range. O(1).
-  [[nodiscard]] const std::vector<int>& ranks_of(int d) const {
-    if (d < 0 || d >= dp_size_)
-      throw_error<invalid_argument>("data plane: data-parallel index {} of mesh {}; expected 0 <= index < {}",
-                                    d, mesh_.str(), dp_size_);
-    return groups_[static_cast<std::size_t>(d)];
-  }
+  [[nodiscard]] HETMESH_COMPILED const std::vector<int>& ranks_of(int d) const;
   /// The printed form: the mesh's.
-  [[nodiscard]] std::string str() const { return mesh_.str(); }
+  [[nodiscard]] HETMESH_COMPILED std::string str() const;
 
   friend bool operator==(const trainer_mesh& a, const trainer_mesh& b) { return a.mesh_ == b.mesh_; }
-  void hash_append(hasher& h) const { append(h, mesh_); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 
  private:
   template <class M>
@@ -179,18 +124,8 @@ class trainer_mesh {
   }
   // Dims of extent 1 do not change a rank's number: dropping them makes make_mesh(tp(2), dp(4)) and the
   // same mesh spelt with all five Megatron-LM dims one value.
-  static mesh::view without_unit_dims(const mesh::view& v) {
-    std::vector<mesh::view_mode> modes;
-    for (const auto& m : v.modes())
-      if (m.extent() > 1) modes.push_back(m);
-    return mesh::view(std::move(modes), v.offset());
-  }
-  void check_rank(int rank) const {
-    if (rank < 0 || rank >= world())
-      throw_error<invalid_argument>(
-          "data plane: rank {} is not a trainer of mesh {}; expected 0 <= rank < {}", rank, mesh_.str(),
-          world());
-  }
+  HETMESH_COMPILED static mesh::view without_unit_dims(const mesh::view& v);
+  HETMESH_COMPILED void check_rank(int rank) const;
 
   mesh::view mesh_;
   int dp_size_ = 1;
@@ -207,3 +142,93 @@ struct fmt::formatter<hetmesh::data::trainer_mesh> : hetmesh::empty_spec_formatt
     return hetmesh::format_to(ctx.out(), "{}", m.str());
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED mesh::view mesh_of_order(std::string_view order,
+                                          std::span<const std::pair<mesh::dim, std::int64_t>> shape) {
+  std::vector<mesh::view_mode> modes;
+  std::int64_t stride = 1;
+  std::vector<mesh::dim> names;
+  for (std::size_t start = 0;;) {
+    const std::size_t end = order.find('-', start);
+    const auto token = order.substr(start, end == std::string_view::npos ? end : end - start);
+    if (token.empty() || token.size() > mesh::max_dim_name)
+      throw_error<invalid_argument>(
+          "order \"{}\" has a dim name \"{}\"; expected dims joined by '-', e.g. \"{}\"", order, token,
+          mesh::megatron_order);
+    names.emplace_back(token);
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  for (const mesh::dim& d : names) {
+    for (const auto& m : modes)
+      if (m.name == d)
+        throw_error<invalid_argument>("order \"{}\" names dim '{}' twice; expected each dim once", order, d);
+    std::int64_t extent = -1;
+    for (const auto& [name, e] : shape)
+      if (name == d) extent = e;
+    if (extent < 0) {
+      if (!mesh::is_llm_dim(d))
+        throw_error<invalid_argument>(
+            "order \"{}\" names dim '{}' that the shape lacks; expected one of "
+            "tp cp ep dp pp or a dim of the shape",
+            order, d);
+      extent = 1;
+    }
+    if (extent < 1 || extent > INT_MAX)
+      throw_error<invalid_argument>("dim '{}' has extent {}; expected 1 <= extent <= {}", d, extent, INT_MAX);
+    modes.push_back({d, {mesh::atom{extent, stride}}});
+    stride *= extent;
+    if (stride > INT_MAX) throw_error<invalid_argument>("mesh \"{}\" has more than {} ranks", order, INT_MAX);
+  }
+  for (const auto& entry : shape) {
+    const auto& [name, e] = entry;  // clang 14 cannot capture a structured binding: the lambda reads entry
+    const bool listed = std::any_of(modes.begin(), modes.end(),
+                                    [&](const mesh::view_mode& m) { return m.name == entry.first; });
+    if (!listed && e != 1)
+      throw_error<invalid_argument>("dim '{}' of extent {} is missing from order \"{}\"; expected it listed",
+                                    name, e, order);
+  }
+  return mesh::view(std::move(modes), 0);
+}
+
+HETMESH_COMPILED mesh::view mesh_of_order(std::string_view order,
+                                          std::initializer_list<std::pair<mesh::dim, std::int64_t>> shape) {
+  return mesh_of_order(order,
+                       std::span<const std::pair<mesh::dim, std::int64_t>>(shape.begin(), shape.size()));
+}
+
+HETMESH_COMPILED int trainer_mesh::dp_of(int rank) const {
+  check_rank(rank);
+  return dp_of_[static_cast<std::size_t>(rank)];
+}
+
+HETMESH_COMPILED const std::vector<int>& trainer_mesh::ranks_of(int d) const {
+  if (d < 0 || d >= dp_size_)
+    throw_error<invalid_argument>("data plane: data-parallel index {} of mesh {}; expected 0 <= index < {}",
+                                  d, mesh_.str(), dp_size_);
+  return groups_[static_cast<std::size_t>(d)];
+}
+
+HETMESH_COMPILED std::string trainer_mesh::str() const { return mesh_.str(); }
+
+HETMESH_COMPILED void trainer_mesh::hash_append(hasher& h) const { append(h, mesh_); }
+
+HETMESH_COMPILED mesh::view trainer_mesh::without_unit_dims(const mesh::view& v) {
+  std::vector<mesh::view_mode> modes;
+  for (const auto& m : v.modes())
+    if (m.extent() > 1) modes.push_back(m);
+  return mesh::view(std::move(modes), v.offset());
+}
+
+HETMESH_COMPILED void trainer_mesh::check_rank(int rank) const {
+  if (rank < 0 || rank >= world())
+    throw_error<invalid_argument>("data plane: rank {} is not a trainer of mesh {}; expected 0 <= rank < {}",
+                                  rank, mesh_.str(), world());
+}
+
+}  // namespace hetmesh::data
+#endif  // HETMESH_BODIES

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "constructor.hpp"
 
@@ -20,7 +21,20 @@ struct wire_micro_batches {
 };
 
 /// Serialises micro-batches into one message. Local; O(bytes).
-[[nodiscard]] inline wire_micro_batches to_wire(const std::vector<thd_micro_batch>& mbs) {
+[[nodiscard]] HETMESH_COMPILED wire_micro_batches to_wire(const std::vector<thd_micro_batch>& mbs);
+
+/// The micro-batches of a message. Throws data_error when the sizes do not add up to the bytes (a
+/// message cut short or from another protocol), and what deserialize throws for a corrupt one.
+[[nodiscard]] HETMESH_COMPILED std::vector<thd_micro_batch> from_wire(std::span<const std::int64_t> sizes,
+                                                                      std::span<const std::uint8_t> bytes);
+
+}  // namespace hetmesh::data
+
+#if HETMESH_BODIES
+
+namespace hetmesh::data {
+
+HETMESH_COMPILED wire_micro_batches to_wire(const std::vector<thd_micro_batch>& mbs) {
   wire_micro_batches w;
   std::vector<std::vector<std::byte>> blobs;
   blobs.reserve(mbs.size());
@@ -39,10 +53,8 @@ struct wire_micro_batches {
   return w;
 }
 
-/// The micro-batches of a message. Throws data_error when the sizes do not add up to the bytes (a
-/// message cut short or from another protocol), and what deserialize throws for a corrupt one.
-[[nodiscard]] inline std::vector<thd_micro_batch> from_wire(std::span<const std::int64_t> sizes,
-                                                            std::span<const std::uint8_t> bytes) {
+HETMESH_COMPILED std::vector<thd_micro_batch> from_wire(std::span<const std::int64_t> sizes,
+                                                        std::span<const std::uint8_t> bytes) {
   std::int64_t total = 0;
   for (auto s : sizes) {
     if (s < 0) throw_error<data_error>("micro-batch message: a size of {} bytes; expected >= 0", s);
@@ -62,3 +74,4 @@ struct wire_micro_batches {
 }
 
 }  // namespace hetmesh::data
+#endif  // HETMESH_BODIES

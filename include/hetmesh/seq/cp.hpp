@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -39,7 +40,7 @@ struct cp_policy {
   bool pad = false;                   ///< pad documents to a multiple of 2 cp
 
   friend constexpr bool operator==(const cp_policy&, const cp_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, scheme, cp, pad); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// A run of consecutive tokens of one document held by one rank: document index (in the input),
@@ -52,7 +53,7 @@ struct cp_chunk {
   std::int64_t local_offset = 0;  ///< offset of the chunk in the rank's buffer
 
   friend constexpr bool operator==(const cp_chunk&, const cp_chunk&) = default;
-  void hash_append(hasher& h) const { append_all(h, doc, chunk, positions, local_offset); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// One rank's share.
@@ -67,9 +68,7 @@ struct cp_rank_shard {
   /// Tokens this rank holds.
   [[nodiscard]] std::int64_t tokens() const noexcept { return static_cast<std::int64_t>(token_index.size()); }
   friend bool operator==(const cp_rank_shard&, const cp_rank_shard&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, token_index, source_index, position_ids, cu_seqlens, local_docs, chunks);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The partition of one stream.
@@ -84,22 +83,141 @@ struct cp_partition {
   /// Tokens after padding (the last padded cumulative length).
   [[nodiscard]] std::int64_t padded_tokens() const noexcept { return cu_seqlens_padded.back(); }
   friend bool operator==(const cp_partition&, const cp_partition&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, policy, cu_seqlens, cu_seqlens_padded, ranks, owner_rank, owner_local);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 namespace detail {
-inline void check_cp_args(std::span<const std::int64_t> lens, int cp, const char* who) {
+HETMESH_COMPILED void check_cp_args(std::span<const std::int64_t> lens, int cp, const char* who);
+
+/// Appends a run of a document to a shard and fills the bookkeeping.
+HETMESH_COMPILED void add_run(cp_partition& p, int rank, std::int64_t doc, int chunk, token_range pos,
+                              std::int64_t unpadded_len);
+
+HETMESH_COMPILED void close_shards(cp_partition& p);
+}  // namespace detail
+
+/// Contiguous split: the stream of documents `lengths` (no padding) cut at floor(k*T/cp). Pure;
+/// O(T). Causal work is unbalanced (later ranks see longer prefixes): kept as the baseline.
+[[nodiscard]] HETMESH_COMPILED cp_partition partition_contiguous(std::span<const std::int64_t> lengths,
+                                                                 int cp);
+
+namespace detail {
+
+/// The split behind partition_thd and partition_zigzag; `who` names the caller in errors.
+HETMESH_COMPILED cp_partition partition_2cp(std::span<const std::int64_t> lengths, int cp, bool pad,
+                                            cp_scheme scheme, const char* who);
+
+}  // namespace detail
+
+/// Per-document zigzag of a packed stream (TransformerEngine THD). Each document of length L is
+/// cut into 2cp chunks of L/2cp; rank r holds, per document in stream order, chunks r then
+/// 2cp-1-r. With pad = true, a document is first padded at its end to the next multiple of 2cp
+/// (pad tokens: source_index -1, positions continuing the document, as TE's
+/// generate_positional_ids_for_cp numbers them: see padded_position_ids); with pad = false, a length
+/// not divisible by 2cp is an error (TE asserts the same), except with cp = 1, where every length
+/// passes through unchanged (TE's get_batch_on_this_cp_rank returns the batch as it is).
+/// Preconditions: cp >= 1, lengths >= 0. Postconditions: every padded-stream token is on exactly one
+/// rank; all ranks hold equal token counts and equal causal work per document. Pure; O(T).
+[[nodiscard]] HETMESH_COMPILED cp_partition partition_thd(std::span<const std::int64_t> lengths, int cp,
+                                                          bool pad = false);
+
+/// Zigzag of one sequence (Megatron-LM get_batch_on_this_cp_rank): the THD split of a single
+/// document, tagged cp_scheme::zigzag; errors name partition_zigzag. With cp = 1 and pad = false any
+/// length passes through unchanged, as Megatron's does; otherwise the length must be a multiple of
+/// 2cp, or pad = true pads it at its end to one.
+[[nodiscard]] HETMESH_COMPILED cp_partition partition_zigzag(std::int64_t length, int cp, bool pad = false);
+
+/// Position ids of a packed stream whose documents are padded at their ends to multiples of
+/// `divisibility` (2cp for THD context parallelism): each document counts 0, 1, ... through its pad
+/// tokens. Identical to TransformerEngine's generate_positional_ids_for_cp(cu_seqlens, divisibility);
+/// partition_thd(lengths, cp, true) gives every rank these ids at its token_index. Pre: cu_seqlens
+/// starts at 0 and does not decrease, divisibility >= 1 (else invalid_argument). Pure; O(padded tokens).
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> padded_position_ids(
+    std::span<const std::int64_t> cu_seqlens, std::int64_t divisibility);
+
+/// Causal attention work of one shard: the number of (query, key) pairs its queries compute under a
+/// per-document causal mask, i.e. the sum of (position + 1). Pure; O(tokens).
+[[nodiscard]] inline std::int64_t causal_work(const cp_rank_shard& sh) noexcept {
+  std::int64_t w = 0;
+  for (auto p : sh.position_ids) w += p + 1;
+  return w;
+}
+
+}  // namespace hetmesh::seq
+
+template <>
+struct fmt::formatter<hetmesh::seq::cp_scheme> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(hetmesh::seq::cp_scheme s, FormatContext& ctx) const -> decltype(ctx.out()) {
+    using hetmesh::seq::cp_scheme;
+    return hetmesh::format_to(ctx.out(), "{}",
+                              s == cp_scheme::contiguous ? "contiguous"
+                              : s == cp_scheme::zigzag   ? "zigzag"
+                                                         : "thd");
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::cp_policy> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::cp_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "cp_policy{{{}, cp={}, pad={}}}", p.scheme, p.cp, p.pad);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::cp_chunk> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::cp_chunk& c, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "d{}c{}{}@{}", c.doc, c.chunk, c.positions, c.local_offset);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::cp_rank_shard> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::cp_rank_shard& s, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "shard{{tokens={}, cu_seqlens={}, chunks={}}}", s.tokens(),
+                              s.cu_seqlens, s.chunks);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::cp_partition> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::cp_partition& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "cp_partition{{{}, cu_seqlens_padded={}, ranks={}}}", p.policy,
+                              p.cu_seqlens_padded, p.ranks);
+  }
+};
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void cp_policy::hash_append(hasher& h) const { append_all(h, scheme, cp, pad); }
+
+HETMESH_COMPILED void cp_chunk::hash_append(hasher& h) const {
+  append_all(h, doc, chunk, positions, local_offset);
+}
+
+HETMESH_COMPILED void cp_rank_shard::hash_append(hasher& h) const {
+  append_all(h, token_index, source_index, position_ids, cu_seqlens, local_docs, chunks);
+}
+
+HETMESH_COMPILED void cp_partition::hash_append(hasher& h) const {
+  append_all(h, policy, cu_seqlens, cu_seqlens_padded, ranks, owner_rank, owner_local);
+}
+
+}  // namespace hetmesh::seq
+
+namespace hetmesh::seq::detail {
+
+HETMESH_COMPILED void check_cp_args(std::span<const std::int64_t> lens, int cp, const char* who) {
   if (cp < 1) throw_error<invalid_argument>("{}: cp = {}; expected >= 1", who, cp);
   for (std::size_t i = 0; i < lens.size(); ++i)
     if (lens[i] < 0)
       throw_error<invalid_argument>("{}: document {} has length {}; expected >= 0", who, i, lens[i]);
 }
 
-/// Appends a run of a document to a shard and fills the bookkeeping.
-inline void add_run(cp_partition& p, int rank, std::int64_t doc, int chunk, token_range pos,
-                    std::int64_t unpadded_len) {
+HETMESH_COMPILED void add_run(cp_partition& p, int rank, std::int64_t doc, int chunk, token_range pos,
+                              std::int64_t unpadded_len) {
   auto& sh = p.ranks[static_cast<std::size_t>(rank)];
   if (pos.size() <= 0) return;
   const std::int64_t base = p.cu_seqlens_padded[static_cast<std::size_t>(doc)];
@@ -119,14 +237,15 @@ inline void add_run(cp_partition& p, int rank, std::int64_t doc, int chunk, toke
   }
 }
 
-inline void close_shards(cp_partition& p) {
+HETMESH_COMPILED void close_shards(cp_partition& p) {
   for (auto& sh : p.ranks) sh.cu_seqlens.push_back(sh.tokens());
 }
-}  // namespace detail
 
-/// Contiguous split: the stream of documents `lengths` (no padding) cut at floor(k*T/cp). Pure;
-/// O(T). Causal work is unbalanced (later ranks see longer prefixes): kept as the baseline.
-[[nodiscard]] inline cp_partition partition_contiguous(std::span<const std::int64_t> lengths, int cp) {
+}  // namespace hetmesh::seq::detail
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED cp_partition partition_contiguous(std::span<const std::int64_t> lengths, int cp) {
   detail::check_cp_args(lengths, cp, "partition_contiguous");
   cp_partition p;
   p.policy = {cp_scheme::contiguous, cp, false};
@@ -151,11 +270,12 @@ inline void close_shards(cp_partition& p) {
   return p;
 }
 
-namespace detail {
+}  // namespace hetmesh::seq
 
-/// The split behind partition_thd and partition_zigzag; `who` names the caller in errors.
-inline cp_partition partition_2cp(std::span<const std::int64_t> lengths, int cp, bool pad, cp_scheme scheme,
-                                  const char* who) {
+namespace hetmesh::seq::detail {
+
+HETMESH_COMPILED cp_partition partition_2cp(std::span<const std::int64_t> lengths, int cp, bool pad,
+                                            cp_scheme scheme, const char* who) {
   check_cp_args(lengths, cp, who);
   const std::int64_t n = 2 * static_cast<std::int64_t>(cp);
   // cp = 1 without padding: nothing is split, so any length passes through unchanged (Megatron's
@@ -209,38 +329,21 @@ inline cp_partition partition_2cp(std::span<const std::int64_t> lengths, int cp,
   return p;
 }
 
-}  // namespace detail
+}  // namespace hetmesh::seq::detail
 
-/// Per-document zigzag of a packed stream (TransformerEngine THD). Each document of length L is
-/// cut into 2cp chunks of L/2cp; rank r holds, per document in stream order, chunks r then
-/// 2cp-1-r. With pad = true, a document is first padded at its end to the next multiple of 2cp
-/// (pad tokens: source_index -1, positions continuing the document, as TE's
-/// generate_positional_ids_for_cp numbers them: see padded_position_ids); with pad = false, a length
-/// not divisible by 2cp is an error (TE asserts the same), except with cp = 1, where every length
-/// passes through unchanged (TE's get_batch_on_this_cp_rank returns the batch as it is).
-/// Preconditions: cp >= 1, lengths >= 0. Postconditions: every padded-stream token is on exactly one
-/// rank; all ranks hold equal token counts and equal causal work per document. Pure; O(T).
-[[nodiscard]] inline cp_partition partition_thd(std::span<const std::int64_t> lengths, int cp,
-                                                bool pad = false) {
+namespace hetmesh::seq {
+
+HETMESH_COMPILED cp_partition partition_thd(std::span<const std::int64_t> lengths, int cp, bool pad) {
   return detail::partition_2cp(lengths, cp, pad, cp_scheme::thd, "partition_thd");
 }
 
-/// Zigzag of one sequence (Megatron-LM get_batch_on_this_cp_rank): the THD split of a single
-/// document, tagged cp_scheme::zigzag; errors name partition_zigzag. With cp = 1 and pad = false any
-/// length passes through unchanged, as Megatron's does; otherwise the length must be a multiple of
-/// 2cp, or pad = true pads it at its end to one.
-[[nodiscard]] inline cp_partition partition_zigzag(std::int64_t length, int cp, bool pad = false) {
+HETMESH_COMPILED cp_partition partition_zigzag(std::int64_t length, int cp, bool pad) {
   const std::int64_t one[1] = {length};
   return detail::partition_2cp(one, cp, pad, cp_scheme::zigzag, "partition_zigzag");
 }
 
-/// Position ids of a packed stream whose documents are padded at their ends to multiples of
-/// `divisibility` (2cp for THD context parallelism): each document counts 0, 1, ... through its pad
-/// tokens. Identical to TransformerEngine's generate_positional_ids_for_cp(cu_seqlens, divisibility);
-/// partition_thd(lengths, cp, true) gives every rank these ids at its token_index. Pre: cu_seqlens
-/// starts at 0 and does not decrease, divisibility >= 1 (else invalid_argument). Pure; O(padded tokens).
-[[nodiscard]] inline std::vector<std::int64_t> padded_position_ids(std::span<const std::int64_t> cu_seqlens,
-                                                                   std::int64_t divisibility) {
+HETMESH_COMPILED std::vector<std::int64_t> padded_position_ids(std::span<const std::int64_t> cu_seqlens,
+                                                               std::int64_t divisibility) {
   if (divisibility < 1)
     throw_error<invalid_argument>("padded_position_ids: divisibility = {}; expected >= 1 (2*cp)",
                                   divisibility);
@@ -262,54 +365,5 @@ inline cp_partition partition_2cp(std::span<const std::int64_t> lengths, int cp,
   return out;
 }
 
-/// Causal attention work of one shard: the number of (query, key) pairs its queries compute under a
-/// per-document causal mask, i.e. the sum of (position + 1). Pure; O(tokens).
-[[nodiscard]] inline std::int64_t causal_work(const cp_rank_shard& sh) noexcept {
-  std::int64_t w = 0;
-  for (auto p : sh.position_ids) w += p + 1;
-  return w;
-}
-
 }  // namespace hetmesh::seq
-
-template <>
-struct fmt::formatter<hetmesh::seq::cp_scheme> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(hetmesh::seq::cp_scheme s, FormatContext& ctx) const -> decltype(ctx.out()) {
-    using hetmesh::seq::cp_scheme;
-    return hetmesh::format_to(ctx.out(), "{}",
-                              s == cp_scheme::contiguous ? "contiguous"
-                              : s == cp_scheme::zigzag   ? "zigzag"
-                                                         : "thd");
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::seq::cp_policy> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::seq::cp_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "cp_policy{{{}, cp={}, pad={}}}", p.scheme, p.cp, p.pad);
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::seq::cp_chunk> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::seq::cp_chunk& c, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "d{}c{}{}@{}", c.doc, c.chunk, c.positions, c.local_offset);
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::seq::cp_rank_shard> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::seq::cp_rank_shard& s, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "shard{{tokens={}, cu_seqlens={}, chunks={}}}", s.tokens(),
-                              s.cu_seqlens, s.chunks);
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::seq::cp_partition> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::seq::cp_partition& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "cp_partition{{{}, cu_seqlens_padded={}, ranks={}}}", p.policy,
-                              p.cu_seqlens_padded, p.ranks);
-  }
-};
+#endif  // HETMESH_BODIES

@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "types.hpp"
@@ -55,24 +56,11 @@ struct halo_plan {
   std::vector<std::vector<std::int64_t>> recv;  ///< per member: the caller's halo rows it fills, in order
 
   /// Where the token `lag` positions before local token `token` is, 1 <= lag <= k. O(1).
-  [[nodiscard]] halo_source source(std::int64_t token, int lag) const {
-    HETMESH_ASSERT(token >= 0 && token < tokens && lag >= 1 && lag <= k, "halo_plan::source: out of range");
-    const auto run = token_run[static_cast<std::size_t>(token)];
-    const auto offset = token - run_first[static_cast<std::size_t>(run)];
-    if (lag <= offset) return {halo_source::kind::local, token - lag};
-    const auto s = run_source[static_cast<std::size_t>(run * k + k + offset - lag)];
-    if (s >= 0) return {halo_source::kind::local, s};
-    if (s == -1) return {};
-    return {halo_source::kind::halo, -2 - s};
-  }
+  [[nodiscard]] HETMESH_COMPILED halo_source source(std::int64_t token, int lag) const;
   /// Whether the caller exchanges nothing with another member (every source local or zero). O(members).
   [[nodiscard]] bool local_only() const noexcept { return halo_rows == 0 && sends() == 0; }
   /// Rows the caller sends over all members. O(members).
-  [[nodiscard]] std::int64_t sends() const noexcept {
-    std::int64_t n = 0;
-    for (const auto& s : send) n += static_cast<std::int64_t>(s.size());
-    return n;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t sends() const noexcept;
 
   friend bool operator==(const halo_plan&, const halo_plan&) = default;
 };
@@ -197,3 +185,27 @@ struct halo_plan {
 #endif
 
 }  // namespace hetmesh::seq
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED halo_source halo_plan::source(std::int64_t token, int lag) const {
+  HETMESH_ASSERT(token >= 0 && token < tokens && lag >= 1 && lag <= k, "halo_plan::source: out of range");
+  const auto run = token_run[static_cast<std::size_t>(token)];
+  const auto offset = token - run_first[static_cast<std::size_t>(run)];
+  if (lag <= offset) return {halo_source::kind::local, token - lag};
+  const auto s = run_source[static_cast<std::size_t>(run * k + k + offset - lag)];
+  if (s >= 0) return {halo_source::kind::local, s};
+  if (s == -1) return {};
+  return {halo_source::kind::halo, -2 - s};
+}
+
+HETMESH_COMPILED std::int64_t halo_plan::sends() const noexcept {
+  std::int64_t n = 0;
+  for (const auto& s : send) n += static_cast<std::int64_t>(s.size());
+  return n;
+}
+
+}  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

@@ -170,8 +170,23 @@ namespace hetmesh::seq {
 /// How `plan`'s segments, over all ranks, fail to hold every token of every sequence of `seqs` exactly
 /// once (exactly_once_violation's message); empty when they do. The planners check it at heavy level
 /// (HETMESH_ASSERTION_LEVEL 3). Pure; O(segments log segments).
-[[nodiscard]] inline std::string hdp_exactly_once_violation(std::span<const seq_desc> seqs,
-                                                            const hdp_plan& plan) {
+[[nodiscard]] HETMESH_COMPILED std::string hdp_exactly_once_violation(std::span<const seq_desc> seqs,
+                                                                      const hdp_plan& plan);
+
+/// HDP end to end: hdp_shard, the placement the policy names, hdp_assemble (with the default
+/// `waves` placement this is ByteScale Alg. 1). Same contract as hdp_shard; the result is
+/// independent of the order of `seqs`. Heavy level: checks every token is assigned exactly once.
+[[nodiscard]] HETMESH_COMPILED hdp_plan plan_hdp(std::span<const seq_desc> seqs, const hdp_policy& policy,
+                                                 int pool);
+
+}  // namespace hetmesh::seq
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED std::string hdp_exactly_once_violation(std::span<const seq_desc> seqs,
+                                                        const hdp_plan& plan) {
   std::vector<id_range> expected, assigned;
   expected.reserve(seqs.size());
   for (const auto& s : seqs) expected.push_back({s.id, 0, s.length});
@@ -181,10 +196,7 @@ namespace hetmesh::seq {
   return exactly_once_violation(std::move(expected), std::move(assigned));
 }
 
-/// HDP end to end: hdp_shard, the placement the policy names, hdp_assemble (with the default
-/// `waves` placement this is ByteScale Alg. 1). Same contract as hdp_shard; the result is
-/// independent of the order of `seqs`. Heavy level: checks every token is assigned exactly once.
-[[nodiscard]] inline hdp_plan plan_hdp(std::span<const seq_desc> seqs, const hdp_policy& policy, int pool) {
+HETMESH_COMPILED hdp_plan plan_hdp(std::span<const seq_desc> seqs, const hdp_policy& policy, int pool) {
   auto sh = hdp_shard(seqs, policy, pool);
   auto pl = policy.placement == hdp_placement_kind::least_loaded ? hdp_least_loaded_placement(sh)
                                                                  : hdp_naive_placement(sh);
@@ -195,3 +207,4 @@ namespace hetmesh::seq {
 }
 
 }  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/sort.hpp"
 #include "hdp_plan.hpp"
 #include "offload.hpp"
@@ -24,35 +25,12 @@ namespace hetmesh::seq {
 /// are laid first-fit into "waves" of `pool` rank slots, each item on a contiguous range of ranks
 /// (ring = that range ascending, so a rank has at most two ring peers per item); order = wave index.
 /// Pure; O(items * waves) in the worst case, O(items) typical.
-[[nodiscard]] inline std::vector<hdp_placement> hdp_naive_placement(const hdp_sharding& sh) {
-  std::vector<hdp_placement> out(sh.items.size());
-  std::vector<int> used;  // ranks used so far in each wave
-  std::size_t first_open = 0;
-  for (std::size_t i = 0; i < sh.items.size(); ++i) {
-    const int d = sh.items[i].degree;
-    std::size_t w = first_open;
-    while (w < used.size() && used[w] + d > sh.pool) ++w;
-    if (w == used.size()) used.push_back(0);
-    out[i].order = static_cast<std::int64_t>(w);
-    out[i].ring.resize(static_cast<std::size_t>(d));
-    for (int k = 0; k < d; ++k) out[i].ring[static_cast<std::size_t>(k)] = used[w] + k;
-    used[w] += d;
-    while (first_open < used.size() && used[first_open] == sh.pool) ++first_open;
-  }
-  return out;
-}
+[[nodiscard]] HETMESH_COMPILED std::vector<hdp_placement> hdp_naive_placement(const hdp_sharding& sh);
 
 /// Modelled cost of an item on each of its ranks, as an integer (fixed point, so placements compare
 /// exactly): sum over its sequences of T(s) = model.compute(s) in nanoseconds, divided by D; when
 /// the model has no compute terms, the causal (query, key) pairs s(s+1)/2 instead. Pure; O(seqs).
-[[nodiscard]] inline std::int64_t hdp_item_cost(const hdp_item& it, const offload_model& m) {
-  const bool timed = m.timed();
-  double c = 0;
-  for (const auto& s : it.seqs)
-    c += timed ? m.compute(s.length) * 1e9
-               : 0.5 * static_cast<double>(s.length) * static_cast<double>(s.length + 1);
-  return static_cast<std::int64_t>(std::llround(c / it.degree));
-}
+[[nodiscard]] HETMESH_COMPILED std::int64_t hdp_item_cost(const hdp_item& it, const offload_model& m);
 
 namespace detail {
 
@@ -146,7 +124,42 @@ struct pair_slot {
 /// (-cost per rank, index), each on the D ranks with the least accumulated cost (ties: lowest
 /// rank), ring = those ranks ascending, order = the item's turn in this greedy order (a global
 /// order, so no deadlock). Pure; O(sum of D * log pool).
-[[nodiscard]] inline std::vector<hdp_placement> hdp_least_loaded_placement(const hdp_sharding& sh) {
+[[nodiscard]] HETMESH_COMPILED std::vector<hdp_placement> hdp_least_loaded_placement(const hdp_sharding& sh);
+
+}  // namespace hetmesh::seq
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED std::vector<hdp_placement> hdp_naive_placement(const hdp_sharding& sh) {
+  std::vector<hdp_placement> out(sh.items.size());
+  std::vector<int> used;  // ranks used so far in each wave
+  std::size_t first_open = 0;
+  for (std::size_t i = 0; i < sh.items.size(); ++i) {
+    const int d = sh.items[i].degree;
+    std::size_t w = first_open;
+    while (w < used.size() && used[w] + d > sh.pool) ++w;
+    if (w == used.size()) used.push_back(0);
+    out[i].order = static_cast<std::int64_t>(w);
+    out[i].ring.resize(static_cast<std::size_t>(d));
+    for (int k = 0; k < d; ++k) out[i].ring[static_cast<std::size_t>(k)] = used[w] + k;
+    used[w] += d;
+    while (first_open < used.size() && used[first_open] == sh.pool) ++first_open;
+  }
+  return out;
+}
+
+HETMESH_COMPILED std::int64_t hdp_item_cost(const hdp_item& it, const offload_model& m) {
+  const bool timed = m.timed();
+  double c = 0;
+  for (const auto& s : it.seqs)
+    c += timed ? m.compute(s.length) * 1e9
+               : 0.5 * static_cast<double>(s.length) * static_cast<double>(s.length + 1);
+  return static_cast<std::int64_t>(std::llround(c / it.degree));
+}
+
+HETMESH_COMPILED std::vector<hdp_placement> hdp_least_loaded_placement(const hdp_sharding& sh) {
   std::vector<std::pair<std::int64_t, std::size_t>> by_cost(sh.items.size());  // (cost, item)
   bool non_negative = true;
   std::uint64_t total = 0;  // bounds every rank's load (an item adds its cost to a rank at most once)
@@ -174,3 +187,4 @@ struct pair_slot {
 }
 
 }  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

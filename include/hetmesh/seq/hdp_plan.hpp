@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "offload.hpp"
@@ -33,7 +34,7 @@ struct hdp_policy {
   hdp_placement_kind placement = hdp_placement_kind::waves;  ///< how rings are placed on the pool
 
   friend bool operator==(const hdp_policy&, const hdp_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, capacity, offload, model, placement); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// One unit of work: either a pack of whole short sequences on one rank (degree 1, `packed`), or
@@ -47,7 +48,7 @@ struct hdp_item {
   std::int64_t tokens = 0;     ///< sum of member lengths
 
   friend bool operator==(const hdp_item&, const hdp_item&) = default;
-  void hash_append(hasher& h) const { append_all(h, index, packed, degree, offload, seqs, tokens); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Output of hdp_shard: items in canonical order (rings by (-length, id), then packs in best-fit
@@ -59,7 +60,7 @@ struct hdp_sharding {
   std::int64_t global_tokens = 0;  ///< tokens of the batch, for loss normalisation
 
   friend bool operator==(const hdp_sharding&, const hdp_sharding&) = default;
-  void hash_append(hasher& h) const { append_all(h, policy, pool, items, global_tokens); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Zigzag chunk k of 2D for a sequence of length s: [floor(k*s/2D), floor((k+1)*s/2D)). Chunks differ
@@ -70,10 +71,7 @@ struct hdp_sharding {
 }
 
 /// The two zigzag ranges the rank at ring position p holds: chunks p and 2D-1-p (one range when D==1).
-[[nodiscard]] inline std::vector<token_range> hdp_ranges(std::int64_t s, int degree, int position) {
-  if (degree == 1) return {{0, s}};
-  return {hdp_chunk(s, degree, position), hdp_chunk(s, degree, 2 * degree - 1 - position)};
-}
+[[nodiscard]] HETMESH_COMPILED std::vector<token_range> hdp_ranges(std::int64_t s, int degree, int position);
 
 /// Where an item runs: its ring (ordered pool ranks, size = degree) and an order key. Each rank runs
 /// its items by (order, item index); because that order is global, every ring's members reach it
@@ -83,7 +81,7 @@ struct hdp_placement {
   std::int64_t order = 0;  ///< global order key
 
   friend bool operator==(const hdp_placement&, const hdp_placement&) = default;
-  void hash_append(hasher& h) const { append_all(h, ring, order); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// One micro-batch on one rank: the item, this rank's place in the item's ring (the ring itself is
@@ -99,9 +97,7 @@ struct hdp_micro_batch {
   std::int64_t tokens = 0;            ///< tokens this rank holds
 
   friend bool operator==(const hdp_micro_batch&, const hdp_micro_batch&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, item, order, degree, ring_position, segments, offload_ratio, tokens);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The per-step HDP plan: equal on every rank that computes it.
@@ -113,21 +109,13 @@ struct hdp_plan {
   /// Divide each rank's summed token loss by this (then SUM-reduce gradients over the pool).
   [[nodiscard]] std::int64_t global_tokens() const noexcept { return sharding.global_tokens; }
   /// The ordered pool ranks of a micro-batch's ring; ring(mb)[mb.ring_position] is its own rank.
-  [[nodiscard]] const std::vector<int>& ring(const hdp_micro_batch& mb) const {
-    return placement[static_cast<std::size_t>(mb.item)].ring;
-  }
+  [[nodiscard]] HETMESH_COMPILED const std::vector<int>& ring(const hdp_micro_batch& mb) const;
   /// Ring neighbours of a micro-batch (send KV to next, receive from prev), as pool ranks.
-  [[nodiscard]] int next_rank(const hdp_micro_batch& mb) const {
-    const auto& r = ring(mb);
-    return r[static_cast<std::size_t>((mb.ring_position + 1) % mb.degree)];
-  }
+  [[nodiscard]] HETMESH_COMPILED int next_rank(const hdp_micro_batch& mb) const;
   /// The pool rank this micro-batch receives KV from (its ring predecessor).
-  [[nodiscard]] int prev_rank(const hdp_micro_batch& mb) const {
-    const auto& r = ring(mb);
-    return r[static_cast<std::size_t>((mb.ring_position + mb.degree - 1) % mb.degree)];
-  }
+  [[nodiscard]] HETMESH_COMPILED int prev_rank(const hdp_micro_batch& mb) const;
   friend bool operator==(const hdp_plan&, const hdp_plan&) = default;
-  void hash_append(hasher& h) const { append_all(h, sharding, placement, per_rank); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 }  // namespace hetmesh::seq
@@ -194,3 +182,49 @@ struct fmt::formatter<hetmesh::seq::hdp_plan> : hetmesh::empty_spec_formatter {
                               most);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void hdp_policy::hash_append(hasher& h) const {
+  append_all(h, capacity, offload, model, placement);
+}
+
+HETMESH_COMPILED void hdp_item::hash_append(hasher& h) const {
+  append_all(h, index, packed, degree, offload, seqs, tokens);
+}
+
+HETMESH_COMPILED void hdp_sharding::hash_append(hasher& h) const {
+  append_all(h, policy, pool, items, global_tokens);
+}
+
+HETMESH_COMPILED std::vector<token_range> hdp_ranges(std::int64_t s, int degree, int position) {
+  if (degree == 1) return {{0, s}};
+  return {hdp_chunk(s, degree, position), hdp_chunk(s, degree, 2 * degree - 1 - position)};
+}
+
+HETMESH_COMPILED void hdp_placement::hash_append(hasher& h) const { append_all(h, ring, order); }
+
+HETMESH_COMPILED void hdp_micro_batch::hash_append(hasher& h) const {
+  append_all(h, item, order, degree, ring_position, segments, offload_ratio, tokens);
+}
+
+HETMESH_COMPILED const std::vector<int>& hdp_plan::ring(const hdp_micro_batch& mb) const {
+  return placement[static_cast<std::size_t>(mb.item)].ring;
+}
+
+HETMESH_COMPILED int hdp_plan::next_rank(const hdp_micro_batch& mb) const {
+  const auto& r = ring(mb);
+  return r[static_cast<std::size_t>((mb.ring_position + 1) % mb.degree)];
+}
+
+HETMESH_COMPILED int hdp_plan::prev_rank(const hdp_micro_batch& mb) const {
+  const auto& r = ring(mb);
+  return r[static_cast<std::size_t>((mb.ring_position + mb.degree - 1) % mb.degree)];
+}
+
+HETMESH_COMPILED void hdp_plan::hash_append(hasher& h) const { append_all(h, sharding, placement, per_rank); }
+
+}  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/assert.hpp"
 #include "../core/error.hpp"
 #include "../core/exactly_once.hpp"
@@ -68,9 +69,7 @@ struct long_short_policy {
   /// plan_long_short(items, ranks, *this): one encoder micro-batch over `ranks` ranks.
   [[nodiscard]] long_short_plan plan(std::span<const seq_desc> items, int ranks) const;
   friend bool operator==(const long_short_policy&, const long_short_policy&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, max_tokens_per_rank, heads, min_split_tokens, cluster, balance_factor, encoder);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Where one encoder item runs: `degree` ranks from `first_rank` (degree 1: a short item), the
@@ -84,7 +83,7 @@ struct long_short_assignment {
   cost::fixed cost{};               ///< modelled cost
 
   friend bool operator==(const long_short_assignment&, const long_short_assignment&) = default;
-  void hash_append(hasher& h) const { append_all(h, item, degree, first_rank, splits, cost); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The plan: assignments (long items first, by (-length, id); then short ones likewise), each rank's
@@ -102,9 +101,7 @@ struct long_short_plan {
   cost::fixed balance_limit{};
 
   friend bool operator==(const long_short_plan&, const long_short_plan&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, policy, ranks, items, load, tokens, groups, balance_limit);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 namespace detail {
@@ -114,14 +111,8 @@ namespace detail {
 /// the smallest meeting memory; else 0. A group never has more ranks than the item has tokens: every
 /// piece holds at least one token, so each member of the group runs (and meets the others in) the item's
 /// collectives. O(sizes).
-[[nodiscard]] inline int long_item_degree(std::span<const int> sizes, std::int64_t length, cost::fixed c,
-                                          std::int64_t cap, cost::fixed limit) {
-  for (int g : sizes)
-    if (g <= length && ceil_div(length, g) <= cap && ceil_div(c.ticks, g) <= limit.ticks) return g;
-  for (int g : sizes)
-    if (g <= length && ceil_div(length, g) <= cap) return g;
-  return 0;
-}
+[[nodiscard]] HETMESH_COMPILED int long_item_degree(std::span<const int> sizes, std::int64_t length,
+                                                    cost::fixed c, std::int64_t cap, cost::fixed limit);
 
 /// plan_long_short's placement of long item `s` (cost `c`) split over `deg` ranks: on the aligned block
 /// of `deg` ranks with the least maximum load that has room for its share (ties: the first block), its
@@ -308,3 +299,35 @@ struct fmt::formatter<hetmesh::seq::long_short_plan> : hetmesh::empty_spec_forma
                               p.items.size(), p.groups, p.load);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void long_short_policy::hash_append(hasher& h) const {
+  append_all(h, max_tokens_per_rank, heads, min_split_tokens, cluster, balance_factor, encoder);
+}
+
+HETMESH_COMPILED void long_short_assignment::hash_append(hasher& h) const {
+  append_all(h, item, degree, first_rank, splits, cost);
+}
+
+HETMESH_COMPILED void long_short_plan::hash_append(hasher& h) const {
+  append_all(h, policy, ranks, items, load, tokens, groups, balance_limit);
+}
+
+}  // namespace hetmesh::seq
+
+namespace hetmesh::seq::detail {
+
+HETMESH_COMPILED int long_item_degree(std::span<const int> sizes, std::int64_t length, cost::fixed c,
+                                      std::int64_t cap, cost::fixed limit) {
+  for (int g : sizes)
+    if (g <= length && ceil_div(length, g) <= cap && ceil_div(c.ticks, g) <= limit.ticks) return g;
+  for (int g : sizes)
+    if (g <= length && ceil_div(length, g) <= cap) return g;
+  return 0;
+}
+
+}  // namespace hetmesh::seq::detail
+#endif  // HETMESH_BODIES

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/checked.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
@@ -44,27 +45,13 @@ struct moe_capacity {
   /// Whether no choice is ever dropped. O(1).
   [[nodiscard]] bool dropless() const noexcept { return !factor.has_value(); }
   /// Throws invalid_argument unless the factor (when given) is finite and > 0 and min_capacity >= 0.
-  void validate() const {
-    if ((factor && !(std::isfinite(*factor) && *factor > 0.0)) || min_capacity < 0)
-      throw_error<invalid_argument>(
-          "seq::moe_capacity: factor {}, min_capacity {}; expected a finite factor > 0 (or none: dropless) "
-          "and min_capacity >= 0",
-          factor ? *factor : 0.0, min_capacity);
-  }
+  HETMESH_COMPILED void validate() const;
   /// The capacity of every expert for `choices` routed choices over `experts` experts; -1 when dropless.
   /// Pre: choices >= 0, experts >= 1. Deterministic (the same double arithmetic on every rank). O(1).
-  [[nodiscard]] std::int64_t capacity(std::int64_t choices, std::int64_t experts) const {
-    validate();
-    if (!factor) return -1;
-    const double c = std::ceil(static_cast<double>(choices) / static_cast<double>(experts) * *factor);
-    if (!(c < 9.0e18))
-      throw_error<invalid_argument>("seq::moe_capacity: a capacity of {} choices; expected one within int64",
-                                    c);
-    return std::max(static_cast<std::int64_t>(c), min_capacity);
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t capacity(std::int64_t choices, std::int64_t experts) const;
 
   friend bool operator==(const moe_capacity&, const moe_capacity&) = default;
-  void hash_append(hasher& h) const { append_all(h, factor, drop, min_capacity); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Experts over the ep group: `experts` experts, `ep` ranks each holding experts/ep consecutive ones
@@ -75,14 +62,7 @@ struct moe_layout {
   int top_k = 1;             ///< experts per token (1 <= top_k <= experts)
 
   /// Throws invalid_argument (naming the values) unless ep >= 1, ep divides experts, 1 <= top_k <= experts.
-  void validate() const {
-    if (ep < 1 || experts < 1 || experts % ep != 0 || top_k < 1 || top_k > experts)
-      throw_error<invalid_argument>(
-          "seq::moe_layout: {} experts, ep {}, top_k {}; expected ep >= 1 dividing the experts and 1 <= "
-          "top_k "
-          "<= experts",
-          experts, ep, top_k);
-  }
+  HETMESH_COMPILED void validate() const;
   /// Experts each ep rank holds. O(1).
   [[nodiscard]] std::int64_t local_experts() const noexcept { return experts / ep; }
   /// The ep rank holding expert e. O(1).
@@ -91,7 +71,7 @@ struct moe_layout {
   [[nodiscard]] std::int64_t first_expert(int r) const noexcept { return r * local_experts(); }
 
   friend constexpr bool operator==(const moe_layout&, const moe_layout&) = default;
-  void hash_append(hasher& h) const { append_all(h, experts, ep, top_k); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The dispatch of one ep rank (make_moe_dispatch_plan). A *choice* is token t's j-th routed expert, id
@@ -122,22 +102,12 @@ struct moe_dispatch_plan {
     return n;
   }
   /// Choices rank r keeps for expert e. O(1).
-  [[nodiscard]] std::int64_t kept_of(int r, std::int64_t e) const {
-    return kept[static_cast<std::size_t>(r * layout.experts + e)];
-  }
+  [[nodiscard]] HETMESH_COMPILED std::int64_t kept_of(int r, std::int64_t e) const;
   /// The caller's dropped choice ids, ascending. O(tokens k).
-  [[nodiscard]] std::vector<std::int64_t> dropped() const {
-    std::vector<std::int64_t> out;
-    for (std::size_t c = 0; c < row_of_choice.size(); ++c)
-      if (row_of_choice[c] < 0) out.push_back(static_cast<std::int64_t>(c));
-    return out;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> dropped() const;
 
   friend bool operator==(const moe_dispatch_plan&, const moe_dispatch_plan&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, layout, policy, rank, tokens, capacity, kept, send_order, row_of_choice, send_counts,
-               recv_counts, expert_counts);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Routed choices per expert of one rank: result[e] = the number of entries of `experts` (token-major,
@@ -329,3 +299,59 @@ struct fmt::formatter<hetmesh::seq::moe_dispatch_plan> : hetmesh::empty_spec_for
         p.recv_counts, p.dropped().size());
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void moe_capacity::validate() const {
+  if ((factor && !(std::isfinite(*factor) && *factor > 0.0)) || min_capacity < 0)
+    throw_error<invalid_argument>(
+        "seq::moe_capacity: factor {}, min_capacity {}; expected a finite factor > 0 (or none: dropless) "
+        "and min_capacity >= 0",
+        factor ? *factor : 0.0, min_capacity);
+}
+
+HETMESH_COMPILED std::int64_t moe_capacity::capacity(std::int64_t choices, std::int64_t experts) const {
+  validate();
+  if (!factor) return -1;
+  const double c = std::ceil(static_cast<double>(choices) / static_cast<double>(experts) * *factor);
+  if (!(c < 9.0e18))
+    throw_error<invalid_argument>("seq::moe_capacity: a capacity of {} choices; expected one within int64",
+                                  c);
+  return std::max(static_cast<std::int64_t>(c), min_capacity);
+}
+
+HETMESH_COMPILED void moe_capacity::hash_append(hasher& h) const {
+  append_all(h, factor, drop, min_capacity);
+}
+
+HETMESH_COMPILED void moe_layout::validate() const {
+  if (ep < 1 || experts < 1 || experts % ep != 0 || top_k < 1 || top_k > experts)
+    throw_error<invalid_argument>(
+        "seq::moe_layout: {} experts, ep {}, top_k {}; expected ep >= 1 dividing the experts and 1 <= "
+        "top_k "
+        "<= experts",
+        experts, ep, top_k);
+}
+
+HETMESH_COMPILED void moe_layout::hash_append(hasher& h) const { append_all(h, experts, ep, top_k); }
+
+HETMESH_COMPILED std::int64_t moe_dispatch_plan::kept_of(int r, std::int64_t e) const {
+  return kept[static_cast<std::size_t>(r * layout.experts + e)];
+}
+
+HETMESH_COMPILED std::vector<std::int64_t> moe_dispatch_plan::dropped() const {
+  std::vector<std::int64_t> out;
+  for (std::size_t c = 0; c < row_of_choice.size(); ++c)
+    if (row_of_choice[c] < 0) out.push_back(static_cast<std::int64_t>(c));
+  return out;
+}
+
+HETMESH_COMPILED void moe_dispatch_plan::hash_append(hasher& h) const {
+  append_all(h, layout, policy, rank, tokens, capacity, kept, send_order, row_of_choice, send_counts,
+             recv_counts, expert_counts);
+}
+
+}  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

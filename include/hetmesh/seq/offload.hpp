@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -30,7 +31,7 @@ struct offload_policy {
   int ratio_steps = 100;  ///< ratios are multiples of 1 / ratio_steps
 
   friend constexpr bool operator==(const offload_policy&, const offload_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, enabled, ratio_steps); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The solver's answer for one sequence.
@@ -45,7 +46,7 @@ struct offload_choice {
   /// The chosen offload ratio, ratio_k / ratio_steps.
   [[nodiscard]] double ratio() const noexcept { return static_cast<double>(ratio_k) / ratio_steps; }
   friend constexpr bool operator==(const offload_choice&, const offload_choice&) = default;
-  void hash_append(hasher& h) const { append_all(h, length, ranks, ratio_steps, ratio_k); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// D(s) of Eq. 3 for a ratio r = k/steps: ceil((2 + (1-r)(l-2)) * Act(s) / (l * Act(C))), at least 1;
@@ -163,3 +164,16 @@ struct fmt::formatter<hetmesh::seq::offload_choice> : hetmesh::empty_spec_format
                               c.length, c.ranks, c.ratio(), c.ratio_max, c.ratio_lower_bound);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void offload_policy::hash_append(hasher& h) const { append_all(h, enabled, ratio_steps); }
+
+HETMESH_COMPILED void offload_choice::hash_append(hasher& h) const {
+  append_all(h, length, ranks, ratio_steps, ratio_k);
+}
+
+}  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

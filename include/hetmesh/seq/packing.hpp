@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -30,7 +31,7 @@ struct pack_policy {
   overlong_action overlong = overlong_action::error;  ///< what to do with a sequence longer than capacity
 
   friend constexpr bool operator==(const pack_policy&, const pack_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, capacity, overlong); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// One packed micro-batch: its documents in order, and cu_seqlens over them (size docs+1, from 0).
@@ -41,15 +42,9 @@ struct packed_micro_batch {
   /// Tokens of the micro-batch.
   [[nodiscard]] std::int64_t tokens() const noexcept { return cu_seqlens.empty() ? 0 : cu_seqlens.back(); }
   /// Position ids of the micro-batch's tokens: 0..len-1 for each document in turn. O(tokens).
-  [[nodiscard]] std::vector<std::int64_t> position_ids() const {
-    std::vector<std::int64_t> p;
-    p.reserve(static_cast<std::size_t>(tokens()));
-    for (const auto& d : docs)
-      for (std::int64_t i = 0; i < d.length; ++i) p.push_back(i);
-    return p;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> position_ids() const;
   friend bool operator==(const packed_micro_batch&, const packed_micro_batch&) = default;
-  void hash_append(hasher& h) const { append_all(h, docs, cu_seqlens); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The packing plan: micro-batches in creation order, and documents rejected as over-long.
@@ -59,7 +54,7 @@ struct pack_plan {
   std::vector<seq_desc> rejected;                 ///< (-length, id) order; empty unless overlong == reject
 
   friend bool operator==(const pack_plan&, const pack_plan&) = default;
-  void hash_append(hasher& h) const { append_all(h, policy, micro_batches, rejected); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Packs `docs` by best-fit decreasing into micro-batches of `policy.capacity` tokens. Documents
@@ -68,37 +63,7 @@ struct pack_plan {
 /// micro-batch or in `rejected`; every micro-batch holds <= capacity tokens. Throws capacity_error
 /// for a document longer than the capacity when policy.overlong == error (naming every such
 /// document's id, up to 8). Pure; independent of input order; O(n log n). Not collective.
-[[nodiscard]] inline pack_plan pack(std::span<const seq_desc> docs, const pack_policy& policy) {
-  if (policy.capacity < 1)
-    throw_error<invalid_argument>("pack: capacity {}; expected >= 1 token", policy.capacity);
-  check_seq_descs(docs, "pack");
-  pack_plan out;
-  out.policy = policy;
-  std::vector<seq_desc> fits;
-  fits.reserve(docs.size());
-  for (const auto& d : docs) (d.length > policy.capacity ? out.rejected : fits).push_back(d);
-  hetmesh::indirect_sort(out.rejected.begin(), out.rejected.end(), longer_first);
-  if (!out.rejected.empty() && policy.overlong == overlong_action::error) {
-    std::vector<seq_desc> shown(
-        out.rejected.begin(),
-        out.rejected.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(8, out.rejected.size())));
-    throw_error<capacity_error>(
-        "pack: {} document(s) longer than the micro-batch capacity {} (never cut; use "
-        "overlong_action::reject to list them instead): {}",
-        out.rejected.size(), policy.capacity, shown);
-  }
-  for (const auto& bin : detail::best_fit_decreasing(fits, policy.capacity)) {
-    packed_micro_batch mb;
-    std::vector<std::int64_t> lengths;
-    for (std::size_t i : bin) {
-      mb.docs.push_back(fits[i]);
-      lengths.push_back(fits[i].length);
-    }
-    mb.cu_seqlens = prefix_sums(lengths);
-    out.micro_batches.push_back(std::move(mb));
-  }
-  return out;
-}
+[[nodiscard]] HETMESH_COMPILED pack_plan pack(std::span<const seq_desc> docs, const pack_policy& policy);
 
 }  // namespace hetmesh::seq
 
@@ -133,3 +98,58 @@ struct fmt::formatter<hetmesh::seq::pack_plan> : hetmesh::empty_spec_formatter {
                               p.micro_batches.size(), p.rejected);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void pack_policy::hash_append(hasher& h) const { append_all(h, capacity, overlong); }
+
+HETMESH_COMPILED std::vector<std::int64_t> packed_micro_batch::position_ids() const {
+  std::vector<std::int64_t> p;
+  p.reserve(static_cast<std::size_t>(tokens()));
+  for (const auto& d : docs)
+    for (std::int64_t i = 0; i < d.length; ++i) p.push_back(i);
+  return p;
+}
+
+HETMESH_COMPILED void packed_micro_batch::hash_append(hasher& h) const { append_all(h, docs, cu_seqlens); }
+
+HETMESH_COMPILED void pack_plan::hash_append(hasher& h) const {
+  append_all(h, policy, micro_batches, rejected);
+}
+
+HETMESH_COMPILED pack_plan pack(std::span<const seq_desc> docs, const pack_policy& policy) {
+  if (policy.capacity < 1)
+    throw_error<invalid_argument>("pack: capacity {}; expected >= 1 token", policy.capacity);
+  check_seq_descs(docs, "pack");
+  pack_plan out;
+  out.policy = policy;
+  std::vector<seq_desc> fits;
+  fits.reserve(docs.size());
+  for (const auto& d : docs) (d.length > policy.capacity ? out.rejected : fits).push_back(d);
+  hetmesh::indirect_sort(out.rejected.begin(), out.rejected.end(), longer_first);
+  if (!out.rejected.empty() && policy.overlong == overlong_action::error) {
+    std::vector<seq_desc> shown(
+        out.rejected.begin(),
+        out.rejected.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(8, out.rejected.size())));
+    throw_error<capacity_error>(
+        "pack: {} document(s) longer than the micro-batch capacity {} (never cut; use "
+        "overlong_action::reject to list them instead): {}",
+        out.rejected.size(), policy.capacity, shown);
+  }
+  for (const auto& bin : detail::best_fit_decreasing(fits, policy.capacity)) {
+    packed_micro_batch mb;
+    std::vector<std::int64_t> lengths;
+    for (std::size_t i : bin) {
+      mb.docs.push_back(fits[i]);
+      lengths.push_back(fits[i].length);
+    }
+    mb.cu_seqlens = prefix_sums(lengths);
+    out.micro_batches.push_back(std::move(mb));
+  }
+  return out;
+}
+
+}  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
 #include "cp.hpp"
@@ -91,10 +92,10 @@ struct cp_zigzag {
   bool pad = false;  ///< pad the sequence at its end to a multiple of 2 cp
 
   /// partition_zigzag(length, cp, pad). Same contract and errors.
-  [[nodiscard]] cp_partition plan(std::int64_t length) const { return partition_zigzag(length, cp, pad); }
+  [[nodiscard]] HETMESH_COMPILED cp_partition plan(std::int64_t length) const;
   friend constexpr bool operator==(const cp_zigzag&, const cp_zigzag&) = default;
   /// Hashes the family and its parameters.
-  void hash_append(hasher& h) const { append_all(h, name, cp, pad); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Static context parallelism, TransformerEngine's THD split: each document of a packed stream in 2cp
@@ -112,12 +113,10 @@ struct cp_thd {
   bool pad = false;  ///< pad each document at its end to a multiple of 2 cp
 
   /// partition_thd(lengths, cp, pad). Same contract and errors.
-  [[nodiscard]] cp_partition plan(std::span<const std::int64_t> lengths) const {
-    return partition_thd(lengths, cp, pad);
-  }
+  [[nodiscard]] HETMESH_COMPILED cp_partition plan(std::span<const std::int64_t> lengths) const;
   friend constexpr bool operator==(const cp_thd&, const cp_thd&) = default;
   /// Hashes the family and its parameters.
-  void hash_append(hasher& h) const { append_all(h, name, cp, pad); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Baseline context parallelism: the packed stream cut into cp near-equal contiguous pieces (causal
@@ -134,12 +133,10 @@ struct cp_contiguous {
   int cp = 1;  ///< context-parallel ranks
 
   /// partition_contiguous(lengths, cp). Same contract and errors.
-  [[nodiscard]] cp_partition plan(std::span<const std::int64_t> lengths) const {
-    return partition_contiguous(lengths, cp);
-  }
+  [[nodiscard]] HETMESH_COMPILED cp_partition plan(std::span<const std::int64_t> lengths) const;
   friend constexpr bool operator==(const cp_contiguous&, const cp_contiguous&) = default;
   /// Hashes the family and its parameter.
-  void hash_append(hasher& h) const { append_all(h, name, cp); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Ulysses (DeepSpeed): tokens split over `degree` ranks, swapped by all-to-all for heads before
@@ -163,12 +160,10 @@ struct ulysses {
     return {degree, heads, kv_heads, head_dim};
   }
   /// plan_ulysses(tokens, policy()): `tokens` holds one token count per rank. Same contract and errors.
-  [[nodiscard]] ulysses_plan plan(std::span<const std::int64_t> tokens) const {
-    return plan_ulysses(tokens, policy());
-  }
+  [[nodiscard]] HETMESH_COMPILED ulysses_plan plan(std::span<const std::int64_t> tokens) const;
   friend constexpr bool operator==(const ulysses&, const ulysses&) = default;
   /// Hashes the family and its parameters.
-  void hash_append(hasher& h) const { append_all(h, name, degree, heads, kv_heads, head_dim); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// HDP offload family: no activation offloading (rings are as wide as memory demands).
@@ -179,7 +174,7 @@ struct no_offload {
   [[nodiscard]] constexpr offload_policy policy() const noexcept { return {.enabled = false}; }
   friend constexpr bool operator==(const no_offload&, const no_offload&) = default;
   /// Hashes the family.
-  void hash_append(hasher& h) const { append(h, name); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// HDP offload family: ByteScale's selective offloading; a long sequence's ring shrinks by offloading
@@ -195,7 +190,7 @@ struct selective_offload {
   }
   friend constexpr bool operator==(const selective_offload&, const selective_offload&) = default;
   /// Hashes the family and its grid.
-  void hash_append(hasher& h) const { append_all(h, name, ratio_steps); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// An HDP offload family: no_offload or selective_offload. Requirements on `O` (a value `o`):
@@ -309,6 +304,9 @@ struct fmt::formatter<hetmesh::seq::hdp<Offload>> : hetmesh::empty_spec_formatte
   }
 };
 
+#if HETMESH_BODIES
+// The library's own families, checked against their concepts where the bodies are compiled (header-only
+// translation units and the compiled part; a translation unit of a separately compiled program skips them).
 static_assert(hetmesh::seq::llm_partition<hetmesh::seq::cp_zigzag>);
 static_assert(hetmesh::seq::llm_partition<hetmesh::seq::cp_thd>);
 static_assert(hetmesh::seq::llm_partition<hetmesh::seq::cp_contiguous>);
@@ -318,3 +316,38 @@ static_assert(hetmesh::seq::llm_partition<hetmesh::seq::hdp<hetmesh::seq::no_off
 static_assert(hetmesh::seq::encoder_partition<hetmesh::seq::long_short_policy>);
 static_assert(hetmesh::seq::offload_family<hetmesh::seq::no_offload>);
 static_assert(hetmesh::seq::offload_family<hetmesh::seq::selective_offload>);
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED cp_partition cp_zigzag::plan(std::int64_t length) const {
+  return partition_zigzag(length, cp, pad);
+}
+
+HETMESH_COMPILED void cp_zigzag::hash_append(hasher& h) const { append_all(h, name, cp, pad); }
+
+HETMESH_COMPILED cp_partition cp_thd::plan(std::span<const std::int64_t> lengths) const {
+  return partition_thd(lengths, cp, pad);
+}
+
+HETMESH_COMPILED void cp_thd::hash_append(hasher& h) const { append_all(h, name, cp, pad); }
+
+HETMESH_COMPILED cp_partition cp_contiguous::plan(std::span<const std::int64_t> lengths) const {
+  return partition_contiguous(lengths, cp);
+}
+
+HETMESH_COMPILED void cp_contiguous::hash_append(hasher& h) const { append_all(h, name, cp); }
+
+HETMESH_COMPILED ulysses_plan ulysses::plan(std::span<const std::int64_t> tokens) const {
+  return plan_ulysses(tokens, policy());
+}
+
+HETMESH_COMPILED void ulysses::hash_append(hasher& h) const {
+  append_all(h, name, degree, heads, kv_heads, head_dim);
+}
+
+HETMESH_COMPILED void no_offload::hash_append(hasher& h) const { append(h, name); }
+
+HETMESH_COMPILED void selective_offload::hash_append(hasher& h) const { append_all(h, name, ratio_steps); }
+
+}  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

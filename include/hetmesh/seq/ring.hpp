@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -36,7 +37,7 @@ struct ring_pair {
   std::int64_t work = 0;               ///< work units of the pair
 
   friend constexpr bool operator==(const ring_pair&, const ring_pair&) = default;
-  void hash_append(hasher& h) const { append_all(h, q_chunk, kv_chunk, mask, work); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// One step at one ring position. Positions are indices into ring_schedule::ring.
@@ -48,7 +49,7 @@ struct ring_step {
   std::int64_t work = 0;         ///< work units of the step
 
   friend bool operator==(const ring_step&, const ring_step&) = default;
-  void hash_append(hasher& h) const { append_all(h, kv_source, send_to, recv_from, pairs, work); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The schedule of a whole ring.
@@ -65,7 +66,7 @@ struct ring_schedule {
   /// The position before p, which p receives KV from.
   [[nodiscard]] int prev(int p) const noexcept { return (p + size() - 1) % size(); }
   friend bool operator==(const ring_schedule&, const ring_schedule&) = default;
-  void hash_append(hasher& h) const { append_all(h, ring, chunks, steps, work); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Pairs (i, j), i in q, j in k, with j <= i: the area of a causal block. O(1).
@@ -227,3 +228,22 @@ struct fmt::formatter<hetmesh::seq::ring_schedule> : hetmesh::empty_spec_formatt
     return hetmesh::format_to(ctx.out(), "ring_schedule{{ring={}, work={}}}", s.ring, s.work);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void ring_pair::hash_append(hasher& h) const {
+  append_all(h, q_chunk, kv_chunk, mask, work);
+}
+
+HETMESH_COMPILED void ring_step::hash_append(hasher& h) const {
+  append_all(h, kv_source, send_to, recv_from, pairs, work);
+}
+
+HETMESH_COMPILED void ring_schedule::hash_append(hasher& h) const {
+  append_all(h, ring, chunks, steps, work);
+}
+
+}  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -24,7 +25,7 @@ struct sample_origin {
   std::int64_t epoch = 0;     ///< epoch of the source
   std::int64_t position = 0;  ///< position in the epoch's permutation
   friend constexpr bool operator==(const sample_origin&, const sample_origin&) = default;
-  void hash_append(hasher& h) const { append_all(h, source, epoch, position); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Bit layout of a sample id, a non-negative std::int64_t (bit 63 is always 0):
@@ -50,34 +51,14 @@ static_assert(sample_id_layout::position_bits + sample_id_layout::epoch_bits +
 /// The stable id of the sample at `position` of `epoch` of `source` (layout: sample_id_layout).
 /// Throws invalid_argument naming the part and its limit when a part is negative or too large.
 /// Pure; O(1). Inverse: sample_origin_of.
-[[nodiscard]] inline std::int64_t make_sample_id(std::int64_t source, std::int64_t epoch,
-                                                 std::int64_t position) {
-  using L = sample_id_layout;
-  const auto check = [](const char* what, std::int64_t v, std::int64_t max) {
-    if (v < 0 || v > max)
-      throw_error<invalid_argument>("sample id: {} = {} does not fit; expected 0 <= {} <= {}", what, v, what,
-                                    max);
-  };
-  check("source", source, L::max_source);
-  check("epoch", epoch, L::max_epoch);
-  check("position", position, L::max_position);
-  return (source << (L::position_bits + L::epoch_bits)) | (epoch << L::position_bits) | position;
-}
+[[nodiscard]] HETMESH_COMPILED std::int64_t make_sample_id(std::int64_t source, std::int64_t epoch,
+                                                           std::int64_t position);
 /// The stable id of the sample at `o` (see make_sample_id).
-[[nodiscard]] inline std::int64_t make_sample_id(const sample_origin& o) {
-  return make_sample_id(o.source, o.epoch, o.position);
-}
+[[nodiscard]] HETMESH_COMPILED std::int64_t make_sample_id(const sample_origin& o);
 
 /// The (source, epoch, position) an id was made from. Throws invalid_argument for a negative id (never
 /// made by make_sample_id). Pure; O(1).
-[[nodiscard]] inline sample_origin sample_origin_of(std::int64_t id) {
-  using L = sample_id_layout;
-  if (id < 0)
-    throw_error<invalid_argument>("sample id {} is negative; expected an id from make_sample_id", id);
-  return {.source = id >> (L::position_bits + L::epoch_bits),
-          .epoch = (id >> L::position_bits) & L::max_epoch,
-          .position = id & L::max_position};
-}
+[[nodiscard]] HETMESH_COMPILED sample_origin sample_origin_of(std::int64_t id);
 
 /// What the planners know of a sample before its bytes are read: the one record shared by data/
 /// (the data planner and source readers), balance/ (grouped reordering, reshard) and seq/.
@@ -101,8 +82,8 @@ struct sample_meta {
     return t;
   }
   /// Where the sample sits in the stream, decoded from its id.
-  [[nodiscard]] sample_origin origin() const { return sample_origin_of(id); }
-  void hash_append(hasher& h) const { append_all(h, id, tokens, item_tokens, bytes, owner); }
+  [[nodiscard]] HETMESH_COMPILED sample_origin origin() const;
+  HETMESH_COMPILED void hash_append(hasher& h) const;
   friend bool operator==(const sample_meta&, const sample_meta&) = default;
 };
 
@@ -124,3 +105,44 @@ struct fmt::formatter<hetmesh::seq::sample_meta> : hetmesh::empty_spec_formatter
                               m.tokens, m.item_tokens, m.bytes, m.owner);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void sample_origin::hash_append(hasher& h) const { append_all(h, source, epoch, position); }
+
+HETMESH_COMPILED std::int64_t make_sample_id(std::int64_t source, std::int64_t epoch, std::int64_t position) {
+  using L = sample_id_layout;
+  const auto check = [](const char* what, std::int64_t v, std::int64_t max) {
+    if (v < 0 || v > max)
+      throw_error<invalid_argument>("sample id: {} = {} does not fit; expected 0 <= {} <= {}", what, v, what,
+                                    max);
+  };
+  check("source", source, L::max_source);
+  check("epoch", epoch, L::max_epoch);
+  check("position", position, L::max_position);
+  return (source << (L::position_bits + L::epoch_bits)) | (epoch << L::position_bits) | position;
+}
+
+HETMESH_COMPILED std::int64_t make_sample_id(const sample_origin& o) {
+  return make_sample_id(o.source, o.epoch, o.position);
+}
+
+HETMESH_COMPILED sample_origin sample_origin_of(std::int64_t id) {
+  using L = sample_id_layout;
+  if (id < 0)
+    throw_error<invalid_argument>("sample id {} is negative; expected an id from make_sample_id", id);
+  return {.source = id >> (L::position_bits + L::epoch_bits),
+          .epoch = (id >> L::position_bits) & L::max_epoch,
+          .position = id & L::max_position};
+}
+
+HETMESH_COMPILED sample_origin sample_meta::origin() const { return sample_origin_of(id); }
+
+HETMESH_COMPILED void sample_meta::hash_append(hasher& h) const {
+  append_all(h, id, tokens, item_tokens, bytes, owner);
+}
+
+}  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -32,7 +33,7 @@ struct seq_desc {
   std::int64_t length = 0;  ///< tokens
 
   friend constexpr bool operator==(const seq_desc&, const seq_desc&) = default;
-  void hash_append(hasher& h) const { append_all(h, id, length); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Half-open token range [begin, end) inside one sequence.
@@ -45,7 +46,7 @@ struct token_range {
   friend constexpr bool operator==(const token_range&, const token_range&) = default;
   /// Orders ranges by (begin, end).
   friend constexpr auto operator<=>(const token_range&, const token_range&) = default;
-  void hash_append(hasher& h) const { append_all(h, begin, end); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// A piece of one sequence held by one rank: which sequence (by id) and which tokens.
@@ -54,15 +55,11 @@ struct seq_segment {
   token_range tokens;       ///< its tokens held here
 
   friend constexpr bool operator==(const seq_segment&, const seq_segment&) = default;
-  void hash_append(hasher& h) const { append_all(h, seq_id, tokens); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Builds seq_descs with ids 0..n-1 from plain lengths (convenience for callers without ids).
-[[nodiscard]] inline std::vector<seq_desc> with_index_ids(std::span<const std::int64_t> lengths) {
-  std::vector<seq_desc> out(lengths.size());
-  for (std::size_t i = 0; i < lengths.size(); ++i) out[i] = {static_cast<std::int64_t>(i), lengths[i]};
-  return out;
-}
+[[nodiscard]] HETMESH_COMPILED std::vector<seq_desc> with_index_ids(std::span<const std::int64_t> lengths);
 
 /// Validates planner input: throws invalid_argument, prefixed with `who` (the calling planner's name),
 /// naming the first sequence with a negative length or the first id that appears twice. Planners rely
@@ -133,3 +130,22 @@ struct fmt::formatter<hetmesh::seq::partition_role> : hetmesh::empty_spec_format
     return hetmesh::format_to(ctx.out(), "{}", r == hetmesh::seq::partition_role::llm ? "llm" : "encoder");
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void seq_desc::hash_append(hasher& h) const { append_all(h, id, length); }
+
+HETMESH_COMPILED void token_range::hash_append(hasher& h) const { append_all(h, begin, end); }
+
+HETMESH_COMPILED void seq_segment::hash_append(hasher& h) const { append_all(h, seq_id, tokens); }
+
+HETMESH_COMPILED std::vector<seq_desc> with_index_ids(std::span<const std::int64_t> lengths) {
+  std::vector<seq_desc> out(lengths.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i) out[i] = {static_cast<std::int64_t>(i), lengths[i]};
+  return out;
+}
+
+}  // namespace hetmesh::seq
+#endif  // HETMESH_BODIES

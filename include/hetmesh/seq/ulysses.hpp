@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -26,7 +27,7 @@ struct ulysses_policy {
   int head_dim = 1;  ///< dimension of one head
 
   friend constexpr bool operator==(const ulysses_policy&, const ulysses_policy&) = default;
-  void hash_append(hasher& h) const { append_all(h, degree, heads, kv_heads, head_dim); }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// The all-to-all plan. Element counts are per tensor (q; k and v each have the kv counts).
@@ -47,14 +48,52 @@ struct ulysses_plan {
   ///@}
 
   friend bool operator==(const ulysses_plan&, const ulysses_plan&) = default;
-  void hash_append(hasher& h) const {
-    append_all(h, policy, tokens, total_tokens, heads_per_rank, kv_heads_per_rank, kv_replication,
-               q_head_begin, kv_head_begin, q_send_counts, kv_send_counts);
-  }
+  HETMESH_COMPILED void hash_append(hasher& h) const;
 };
 
 /// Checks the head counts against the degree; throws invalid_argument naming the mismatch.
-inline void check_ulysses_heads(const ulysses_policy& p) {
+HETMESH_COMPILED void check_ulysses_heads(const ulysses_policy& p);
+
+/// Plans the all-to-all for ranks holding `tokens[r]` tokens each (uneven counts allowed; use
+/// all_to_all_v). Preconditions: tokens.size() == degree, counts >= 0; heads as in
+/// check_ulysses_heads. Pure; O(d^2).
+[[nodiscard]] HETMESH_COMPILED ulysses_plan plan_ulysses(std::span<const std::int64_t> tokens,
+                                                         const ulysses_policy& p);
+
+}  // namespace hetmesh::seq
+
+template <>
+struct fmt::formatter<hetmesh::seq::ulysses_policy> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::ulysses_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "ulysses_policy{{d={}, heads={}, kv_heads={}, head_dim={}}}",
+                              p.degree, p.heads, p.kv_heads, p.head_dim);
+  }
+};
+template <>
+struct fmt::formatter<hetmesh::seq::ulysses_plan> : hetmesh::empty_spec_formatter {
+  template <class FormatContext>
+  auto format(const hetmesh::seq::ulysses_plan& u, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(),
+                              "ulysses_plan{{{}, tokens={}, heads/rank={}, kv/rank={}, kv_repl={}}}",
+                              u.policy, u.tokens, u.heads_per_rank, u.kv_heads_per_rank, u.kv_replication);
+  }
+};
+
+#if HETMESH_BODIES
+
+namespace hetmesh::seq {
+
+HETMESH_COMPILED void ulysses_policy::hash_append(hasher& h) const {
+  append_all(h, degree, heads, kv_heads, head_dim);
+}
+
+HETMESH_COMPILED void ulysses_plan::hash_append(hasher& h) const {
+  append_all(h, policy, tokens, total_tokens, heads_per_rank, kv_heads_per_rank, kv_replication, q_head_begin,
+             kv_head_begin, q_send_counts, kv_send_counts);
+}
+
+HETMESH_COMPILED void check_ulysses_heads(const ulysses_policy& p) {
   if (p.degree < 1 || p.heads < 1 || p.kv_heads < 1 || p.head_dim < 1)
     throw_error<invalid_argument>("ulysses: degree {}, heads {}, kv_heads {}, head_dim {}; expected all >= 1",
                                   p.degree, p.heads, p.kv_heads, p.head_dim);
@@ -73,11 +112,7 @@ inline void check_ulysses_heads(const ulysses_policy& p) {
         p.kv_heads, p.degree);
 }
 
-/// Plans the all-to-all for ranks holding `tokens[r]` tokens each (uneven counts allowed; use
-/// all_to_all_v). Preconditions: tokens.size() == degree, counts >= 0; heads as in
-/// check_ulysses_heads. Pure; O(d^2).
-[[nodiscard]] inline ulysses_plan plan_ulysses(std::span<const std::int64_t> tokens,
-                                               const ulysses_policy& p) {
+HETMESH_COMPILED ulysses_plan plan_ulysses(std::span<const std::int64_t> tokens, const ulysses_policy& p) {
   check_ulysses_heads(p);
   if (static_cast<int>(tokens.size()) != p.degree)
     throw_error<invalid_argument>("plan_ulysses: {} token counts for degree {}; expected one per rank",
@@ -118,21 +153,4 @@ inline void check_ulysses_heads(const ulysses_policy& p) {
 }
 
 }  // namespace hetmesh::seq
-
-template <>
-struct fmt::formatter<hetmesh::seq::ulysses_policy> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::seq::ulysses_policy& p, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "ulysses_policy{{d={}, heads={}, kv_heads={}, head_dim={}}}",
-                              p.degree, p.heads, p.kv_heads, p.head_dim);
-  }
-};
-template <>
-struct fmt::formatter<hetmesh::seq::ulysses_plan> : hetmesh::empty_spec_formatter {
-  template <class FormatContext>
-  auto format(const hetmesh::seq::ulysses_plan& u, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(),
-                              "ulysses_plan{{{}, tokens={}, heads/rank={}, kv/rank={}, kv_repl={}}}",
-                              u.policy, u.tokens, u.heads_per_rank, u.kv_heads_per_rank, u.kv_replication);
-  }
-};
+#endif  // HETMESH_BODIES
