@@ -17,6 +17,7 @@
 #include <hetmesh/data/indexed_dataset.hpp>
 #include <hetmesh/data/webdataset.hpp>
 #include <hetmesh_tools/args.hpp>
+#include <hetmesh_tools/subcommand_main.hpp>
 
 #include "progress.hpp"
 
@@ -92,28 +93,5 @@ int run(const std::string& cmd, const std::vector<std::string>& rest) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::cerr << usage_text;
-    return 2;
-  }
-  const std::string cmd = argv[1];
-  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
-    std::cout << usage_text;
-    return 0;
-  }
-  try {
-    const int rc = run(cmd, std::vector<std::string>(argv + 2, argv + argc));
-    std::cout.flush();
-    if (!std::cout) {  // stdout onto /dev/full or a closed pipe: the report was lost, so say so
-      std::cerr << "hetmesh-data-convert: error: cannot write the report to stdout (disk full or closed?)\n";
-      return 2;
-    }
-    return rc;
-  } catch (const hetmesh::error& e) {
-    std::cerr << "hetmesh-data-convert: error: " << e.what() << '\n';
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "hetmesh-data-convert: internal error: " << e.what() << '\n';
-    return 1;
-  }
+  return hetmesh::tools::subcommand_main(argc, argv, "hetmesh-data-convert", usage_text, run);
 }

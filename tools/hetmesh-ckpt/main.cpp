@@ -15,6 +15,7 @@
 
 #include <hetmesh/train/checkpoint_store.hpp>
 #include <hetmesh_tools/args.hpp>
+#include <hetmesh_tools/subcommand_main.hpp>
 
 namespace {
 
@@ -91,27 +92,5 @@ int run(const std::string& cmd, const std::vector<std::string>& rest) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::cerr << usage_text;
-    return 2;
-  }
-  const std::string cmd = argv[1];
-  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
-    std::cout << usage_text;
-    return 0;
-  }
-  try {
-    const int rc = run(cmd, std::vector<std::string>(argv + 2, argv + argc));
-    std::cout.flush();
-    return rc;
-  } catch (const hetmesh::tools::usage_error& e) {
-    std::cerr << "hetmesh-ckpt: error: " << e.what() << '\n' << usage_text;
-    return 2;
-  } catch (const hetmesh::error& e) {
-    std::cerr << "hetmesh-ckpt: error: " << e.what() << '\n';
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "hetmesh-ckpt: internal error: " << e.what() << '\n';
-    return 2;
-  }
+  return hetmesh::tools::subcommand_main(argc, argv, "hetmesh-ckpt", usage_text, run);
 }
