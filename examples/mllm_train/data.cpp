@@ -378,7 +378,7 @@ std::string step_source::save_text() const {
 void step_source::load_text(std::string_view text, std::string_view where) {
   const auto j = hetmesh::parse_json_bounded(text, where);
   try {
-    loader_->l.restore(hetmesh::data::detail::checkpoint_from_json(loader_->l.config(), j));
+    loader_->l.restore(hetmesh::data::checkpoint_from_json(loader_->l.config(), j));
   } catch (hetmesh::error& e) {
     e.add_context(fmt::format("reading {}", where));
     throw;
