@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-# example_mllm_train's checkpoint is crash-consistent and verified (checkpoint.hpp):
+# example_mllm_train's checkpoint (the library's: train/checkpoint.hpp, docs/checkpoint.md) is
+# crash-consistent and verified:
 #  - a run resumed from a checkpoint after step 1 (steps 0 and 1 kept) and killed with SIGKILL right
-#    before each file operation of the save after step 2 in turn (HETMESH_CKPT_KILL_AT=2:K for K = 1, 2, ...
-#    until a run is not killed: the step directory, the rank files, the data position, the manifest,
-#    'latest', the fsyncs, the pruning of step 0), resumed again, prints the losses of the uninterrupted
-#    run from the step after the checkpoint `latest` names (2 or 3);
-#  - a flipped byte, a truncated rank file, a missing manifest and a FIFO in place of a rank file are
-#    refused before training, non-zero and naming the file (the NaN, Inf and counter checks are
-#    tests/mllm/checkpoint.cpp's).
+#    before each file operation of the save after step 2 in turn (the library's fault injection,
+#    HETMESH_CKPT_KILL_AT=2:K for K = 1, 2, ... until a run is not killed: the shard files and their
+#    indexes, the manifest, the renames, 'latest', the fsyncs, the pruning of step 0), resumed again,
+#    prints the losses of the uninterrupted run, bit for bit, from the step after the checkpoint `latest`
+#    names (2 or 3);
+#  - a flipped byte, a truncated shard, a missing manifest, a FIFO in place of a shard and a stray file
+#    are refused before training, non-zero and naming the file (the library's 37 damaged-checkpoint cases
+#    are tests/train/checkpoint_store.cpp's).
 # Two loopback ranks, one stage: the smallest run. Run by CTest: cmake -DEXE=... -DWORK=dir -P checkpoint_test.cmake
 cmake_minimum_required(VERSION 3.20)
 include("${CMAKE_CURRENT_LIST_DIR}/test_common.cmake")
@@ -17,19 +19,63 @@ run_or_fail("uninterrupted run" "${EXE}" ${common} --steps 4 --report "${WORK}/f
 run_or_fail("run saving steps 0 and 1" "${EXE}" ${common} --steps 2 --checkpoint-dir "${WORK}/seed")
 
 set(ckpt "${WORK}/ckpt")
-set(k 1)
-while(TRUE)
+# The save after step 2's file operations, numbered as the fault injection counts them (HETMESH_CKPT_TRACE):
+# every operation but the pieces' writes (creates, fsyncs, closes, the indexes, the manifest, the renames,
+# 'latest'), and the first, a middle and the last write; then one past the last, which must not kill.
+file(REMOVE_RECURSE "${ckpt}")
+file(COPY "${WORK}/seed/" DESTINATION "${ckpt}")
+set(ENV{HETMESH_CKPT_TRACE} 1)
+execute_process(COMMAND "${EXE}" ${common} --steps 3 --checkpoint-dir "${ckpt}" --resume
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE trace)
+unset(ENV{HETMESH_CKPT_TRACE})
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the traced run failed (${rc}): ${trace}")
+endif()
+string(REGEX MATCHALL "checkpoint save of step 2: op [0-9]+: [a-z]+" ops "${trace}")
+set(kills "")
+set(writes "")
+foreach(op IN LISTS ops)
+  string(REGEX REPLACE ".*op ([0-9]+): ([a-z]+)$" "\\1;\\2" parts "${op}")
+  list(GET parts 0 n)
+  list(GET parts 1 kind)
+  if(kind STREQUAL "write")
+    list(APPEND writes ${n})
+  else()
+    list(APPEND kills ${n})
+  endif()
+endforeach()
+list(LENGTH ops total)
+list(LENGTH kills others)
+if(others LESS 20)
+  message(FATAL_ERROR "the save after step 2 has ${others} file operations besides writes; expected the shards, "
+                      "their indexes, the manifest, 'latest', the fsyncs and the renames")
+endif()
+list(LENGTH writes nw)
+math(EXPR middle "${nw} / 2")
+list(GET writes 0 w0)
+list(GET writes ${middle} w1)
+list(GET writes -1 w2)
+math(EXPR past "${total} + 1")
+list(APPEND kills ${w0} ${w1} ${w2} ${past})
+list(REMOVE_DUPLICATES kills)
+list(SORT kills COMPARE NATURAL)
+message(STATUS "the save after step 2: ${total} file operations; killing before ${kills}")
+
+foreach(k IN LISTS kills)
   file(REMOVE_RECURSE "${ckpt}")
   file(COPY "${WORK}/seed/" DESTINATION "${ckpt}")
   set(ENV{HETMESH_CKPT_KILL_AT} 2:${k})
   execute_process(COMMAND "${EXE}" ${common} --steps 3 --checkpoint-dir "${ckpt}" --resume
                   RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
   unset(ENV{HETMESH_CKPT_KILL_AT})
-  if(rc EQUAL 0)
-    break()  # K is past the save's last operation
+  if(k EQUAL past)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "HETMESH_CKPT_KILL_AT=2:${k} is past the save's operations, yet the run failed (${rc})")
+    endif()
+    break()
   endif()
   if(NOT rc MATCHES "[Kk]illed|137")
-    message(FATAL_ERROR "kill at operation ${k}: the run failed instead (${rc}): ${err}")
+    message(FATAL_ERROR "kill at operation ${k}: the run was not killed (${rc}): ${err}")
   endif()
   # Resume from whichever step 'latest' names (1 before it moved, 2 after) and train one step.
   file(READ "${ckpt}/latest" latest)
@@ -52,15 +98,7 @@ while(TRUE)
   endif()
   message(STATUS "killed before operation ${k} of the save after step 2: resumed at step ${next}")
   expect_equal_losses("${WORK}/full.json" ${next} "${WORK}/resumed.json" 0 1 uninterrupted resumed)
-  math(EXPR k "${k} + 1")
-  if(k GREATER 200)
-    message(FATAL_ERROR "HETMESH_CKPT_KILL_AT=2:${k} still kills: the operations are not counted per save")
-  endif()
-endwhile()
-if(k LESS 20)
-  message(FATAL_ERROR "the save after step 2 has only ${k} file operations; expected the rank files, the data "
-                      "position, the manifest, 'latest', the fsyncs and the pruning")
-endif()
+endforeach()
 
 # The last run was not killed: latest is step 2, complete. Each case damages a copy and resumes from it.
 # expect_refused(<case> <regex of the error> <shell command run in the copy>)
@@ -79,11 +117,12 @@ function(expect_refused what pattern damage)
   endif()
   message(STATUS "${what}: refused: ${err}")
 endfunction()
-expect_refused(flipped_byte "rank-1.bin': checksum .*the file is corrupt"
-               "printf '\\377' | dd of=rank-1.bin bs=1 seek=5000 count=1 conv=notrunc 2>/dev/null")
-expect_refused(truncated "rank-0.bin' has 4096 bytes; the manifest says" "truncate -s 4096 rank-0.bin")
-expect_refused(no_manifest "cannot open '.*manifest'" "rm manifest")
-expect_refused(fifo "rank-0.bin' is not a regular file" "rm rank-0.bin && mkfifo rank-0.bin")
+expect_refused(flipped_byte "shard-00000.bin': checksum [0-9a-f]+; expected [0-9a-f]+"
+               "printf '\\377' | dd of=shard-00000.bin bs=1 seek=5000 count=1 conv=notrunc 2>/dev/null")
+expect_refused(truncated "shard-00000.bin' has 4096 bytes; expected" "truncate -s 4096 shard-00000.bin")
+expect_refused(no_manifest "manifest.json" "rm manifest.json")
+expect_refused(fifo "shard-00001.bin.*(not a regular file|FIFO)" "rm shard-00001.bin && mkfifo shard-00001.bin")
+expect_refused(stray_file "holds 'stray', which the manifest does not list" "touch stray")
 
 # A run without --resume into a directory holding a checkpoint is refused before it writes anything.
 file(READ "${ckpt}/latest" before)

@@ -372,6 +372,18 @@ void step_source::save(const std::filesystem::path& path) const {
 void step_source::load(const std::filesystem::path& path) {
   loader_->l.restore(hetmesh::data::load_checkpoint(path.string(), loader_->l.config()));
 }
+std::string step_source::save_text() const {
+  return hetmesh::data::checkpoint_to_json(loader_->l.config(), loader_->l.state()).dump(1);
+}
+void step_source::load_text(std::string_view text, std::string_view where) {
+  const auto j = hetmesh::parse_json_bounded(text, where);
+  try {
+    loader_->l.restore(hetmesh::data::checkpoint_from_json(loader_->l.config(), j));
+  } catch (hetmesh::error& e) {
+    e.add_context(fmt::format("reading {}", where));
+    throw;
+  }
+}
 std::int64_t step_source::step() const { return loader_->l.state().step; }
 const hetmesh::data::mixture_config& step_source::mixture() const noexcept { return loader_->l.config(); }
 

@@ -36,6 +36,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -288,6 +289,13 @@ class step_source {
   void save(const std::filesystem::path& path) const;
   /// Restores from a file save() wrote (data::load_checkpoint checks it belongs to this mixture).
   void load(const std::filesystem::path& path);
+  /// state() as the data room's checkpoint JSON text (data::checkpoint_to_json): what a model checkpoint
+  /// keeps as its "data" blob.
+  [[nodiscard]] std::string save_text() const;
+  /// Restores from text save_text() wrote; the same checks as load() (format, version, this mixture's
+  /// fingerprint, every cursor's range). Throws hetmesh::data_error or mismatch_error naming `where` and
+  /// the field.
+  void load_text(std::string_view text, std::string_view where);
   /// The step next() returns next.
   [[nodiscard]] std::int64_t step() const;
   /// The mixture it draws from (global_batch is the samples per step).

@@ -11,7 +11,7 @@
 //   [--schedule 1f1b|gpipe|interleaved-1f1b|zero-bubble|zbv] [--encoder joint|first-stage|separate]
 //   [--balancer bytescale|gap-filling|family] [--pp P] [--checkpoint-dir D] [--resume] [--report FILE.json]
 //   [--check-parity] [--out DIR] [--data-dir D] [--kill-after K] [--hosts H] [--answer-only-loss]
-//   [--tp T] [--ep E] [--zero 0|1]
+//   [--tp T] [--ep E] [--zero 0|1] [--checkpoint-every N] [--async-checkpoint]
 // --tp T splits the backbone's heads, MLP columns and vocabulary over T ranks (backbone.hpp); --ep E spreads
 // the MoE layer's 4 experts (top-2; moe_mlp.hpp) over E ranks of the pool; --zero 1 shards Adam's moments
 // over each parameter group's data-parallel ranks (train::zero1). The world is tp x pp x pool (Megatron's
@@ -23,6 +23,10 @@
 // --answer-only-loss writes image and audio captions with a loss mask (data_config::answer_only_loss: only
 // the class and its tail count, as a fine-tuning mask counts only the answer) that the data plane carries
 // to the loss.
+// --checkpoint-dir D saves a checkpoint (the library's: train::save_checkpoint, docs/checkpoint.md) after
+// every --checkpoint-every N steps (default 1) and after the last, on a background thread with
+// --async-checkpoint (train::checkpoint_writer); --resume continues from the newest one under any layout
+// (--tp, --pp, --ranks, --zero may differ: it reshards on load).
 // Exit status: 0 done; 1 --check-parity failed; 2 bad flags or combinations (one line on stderr).
 #include <cstdio>
 #include <exception>
@@ -70,10 +74,12 @@ options parse(int argc, char** argv) {
       {"--encoder", "joint|first-stage|separate", "encoder placement", &o.encoder},
       {"--balancer", "bytescale|gap-filling|family", "balancer", &o.balancer},
       {"--checkpoint-dir", "D", "where checkpoints go", &o.checkpoint_dir},
+      {"--checkpoint-every", "N", "checkpoint after every N steps (and the last)", &o.checkpoint_every, 1},
       {"--report", "FILE.json", "the run's report", &o.report},
       {"--out", "DIR", "trace and plan output", &o.out},
       {"--data-dir", "D", "where the example's sources are written", &o.data_dir},
       {"--resume", "", "resume from --checkpoint-dir", &o.resume},
+      {"--async-checkpoint", "", "write checkpoints on a background thread", &o.async_checkpoint},
       {"--check-parity", "", "rerun each step on one rank and compare", &o.check_parity},
       {"--answer-only-loss", "", "captions carry a loss mask", &o.answer_only_loss},
   };
@@ -112,10 +118,8 @@ options parse(int argc, char** argv) {
     throw usage_error(
         "--checkpoint-dir saves the data position on trainer 0; with --hosts it is the hosts' "
         "(not written): run without --hosts to checkpoint");
-  if (o.zero == 1 && !o.checkpoint_dir.empty())
-    throw usage_error(
-        "--checkpoint-dir saves Adam's moments per tensor; with --zero 1 they are sharded: run "
-        "with --zero 0 to checkpoint");
+  if (o.async_checkpoint && o.checkpoint_dir.empty())
+    throw usage_error("--async-checkpoint needs --checkpoint-dir");
   // --encoder separate: each pipeline gets as many encoder-only ranks as it has LLM ranks.
   const int width = (o.encoder == "separate" ? 2 * o.pp : o.pp) * o.tp;
   if (o.ranks % width != 0)

@@ -21,6 +21,8 @@ struct options {
   std::string backend = "loopback", partition = "hdp", schedule = "1f1b", encoder = "joint", balancer;
   std::string checkpoint_dir, report, out, data_dir;
   bool resume = false, check_parity = false;
+  int checkpoint_every = 1;       ///< checkpoint after every N steps (--checkpoint-every N; and the last)
+  bool async_checkpoint = false;  ///< write checkpoints on a background thread (--async-checkpoint)
   bool answer_only_loss = false;  ///< captions carry a loss mask (--answer-only-loss: data_config's field)
 };
 

@@ -54,6 +54,15 @@ void print_layout(const System& sys, const options& o) {
   }
 }
 
+/// The layout a checkpoint is saved under, as its manifest records it ("tp 2 pp 2 pool 2 ep 2 zero 1
+/// partition hdp schedule 1f1b encoder joint ranks 8").
+template <class System>
+std::string layout_text(const System& sys, const options& o) {
+  const auto& l = sys.layout();
+  return fmt::format("tp {} pp {} pool {} ep {} zero {} partition {} schedule {} encoder {} ranks {}", l.tp(),
+                     o.pp, l.pool(), l.ep(), o.zero, o.partition, o.schedule, o.encoder, l.world());
+}
+
 /// One rank's whole run under train::system<Partition, reference attention, Comm, Balancer, Schedule,
 /// Placement>: the trainer, the parity check at step 0 (--check-parity), the per-step line and the
 /// reports (rank 0); or, on the last --hosts ranks, a data-plane host's run. Returns the exit status (1:
@@ -83,6 +92,9 @@ int run_policies(Comm& world, const options& o, const config& mc, const data_con
   const trainer_options to{.steps = o.steps,
                            .data_dir = o.data_dir,
                            .ckpt_dir = o.checkpoint_dir,
+                           .ckpt_every = o.checkpoint_every,
+                           .ckpt_async = o.async_checkpoint,
+                           .layout = layout_text(sys, o),
                            .resume = o.resume,
                            .zero = o.zero == 1};
   run_log log(o.out, trainers.rank() == 0);
@@ -92,7 +104,10 @@ int run_policies(Comm& world, const options& o, const config& mc, const data_con
     if (o.check_parity && first) status = check_step_parity(sys, r, mc, to.seed);
     first = false;
     log.step(r);
-    if (o.kill_after >= 0 && r.step == o.kill_after) ::raise(SIGKILL);  // a crash right after a checkpoint
+    if (o.kill_after >= 0 && r.step == o.kill_after) {  // a crash right after a checkpoint
+      r.wait_checkpoint();
+      ::raise(SIGKILL);
+    }
   });
   if (trainers.rank() == 0) {
     log.finish();

@@ -4,9 +4,11 @@
 // plane (hosts.hpp: read locally, or the metadata from data-plane hosts), a pure plan, this rank's share
 // of the step under delivery by plan (the documents and encoder items its micro-batches and encoder shards
 // read, taken locally or received from the hosts), one run on it (encoders in the LLM pipeline, ring
-// attention, gradient reduction, Adam), the gathered report; a checkpoint (each rank its tensors and Adam
-// moments by tensor id, rank 0 the data position and the manifest; checkpoint.hpp) after every step when
-// asked, and a verified resume from the newest complete one.
+// attention, gradient reduction, Adam), the gathered report; a checkpoint through the library (train::capture
+// of the model's tensors by global id and tensor-parallel block and of the optimizer's state, the data
+// position as a blob; train::save_checkpoint or, asynchronously, train::checkpoint_writer) after every
+// --checkpoint-every steps when asked, and a verified resume from the newest one under any layout
+// (train::restore reshards).
 #pragma once
 
 #include <chrono>
@@ -20,10 +22,12 @@
 
 #include <hetmesh/core/cpu_time.hpp>
 #include <hetmesh/model/reference_attention.hpp>
+#include <hetmesh/run/agreement.hpp>
+#include <hetmesh/train/checkpoint.hpp>
+#include <hetmesh/train/checkpoint_state.hpp>
 #include <hetmesh/train/train.hpp>
 #include <hetmesh/train/zero.hpp>
 
-#include "mllm_train/checkpoint.hpp"
 #include "mllm_train/data.hpp"
 #include "mllm_train/hosts.hpp"
 #include "mllm_train/model.hpp"
@@ -33,11 +37,14 @@ namespace mllm {
 struct trainer_options {
   int steps = 30;                  ///< train until this step
   std::filesystem::path data_dir;  ///< where make_sources wrote the sources
-  std::filesystem::path ckpt_dir;  ///< checkpoint after every step when not empty
-  bool resume = false;             ///< continue from ckpt_dir
-  float lr = 3e-3F;                ///< Adam's learning rate
-  std::uint64_t seed = 7;          ///< the model's initialisation
-  bool zero = false;               ///< ZeRO-1: Adam's moments sharded over each group's ranks (--zero 1)
+  std::filesystem::path ckpt_dir;  ///< where checkpoints go (none when empty)
+  int ckpt_every = 1;       ///< checkpoint after every step s with (s + 1) % ckpt_every == 0, and the last
+  bool ckpt_async = false;  ///< write checkpoints on a background thread (train::checkpoint_writer)
+  std::string layout;       ///< the layout saved in each checkpoint's manifest (for people and tools)
+  bool resume = false;      ///< continue from ckpt_dir
+  float lr = 3e-3F;         ///< Adam's learning rate
+  std::uint64_t seed = 7;   ///< the model's initialisation
+  bool zero = false;        ///< ZeRO-1: Adam's moments sharded over each group's ranks (--zero 1)
 };
 
 /// The example's optimizer, Adam, replicated or under ZeRO-1 by a run-time value (one train::system::run
@@ -58,6 +65,23 @@ struct optimizer {
   /// The optimizer's state bytes on this rank (Adam's moments, or this rank's shard of them).
   [[nodiscard]] std::int64_t state_bytes() const {
     return zero ? sharded.state_bytes() : hetmesh::train::optimizer_state_bytes(replicated);
+  }
+  /// The checkpoint hook (train::saves_optimizer_state): the active optimizer's state for tensors `ts`.
+  void save_state(std::span<const hetmesh::train::checkpoint_tensor<float>> ts,
+                  hetmesh::train::rank_snapshot<float>& s) const {
+    if (zero)
+      hetmesh::train::save_optimizer_state(sharded, ts, s);
+    else
+      hetmesh::train::save_optimizer_state(replicated, ts, s);
+  }
+  /// The restore hook (train::loads_optimizer_state): the active optimizer's state for `ts` from `src`,
+  /// whatever layout saved it (ZeRO-1 takes whole-tensor moments and slices them at its next step).
+  template <class S>
+  void load_state(std::span<const hetmesh::train::checkpoint_tensor<float>> ts, const S& src) {
+    if (zero)
+      hetmesh::train::load_optimizer_state(sharded, ts, src);
+    else
+      hetmesh::train::load_optimizer_state(replicated, ts, src);
   }
   /// One step of a parameter group over its data-parallel ranks `c`. Collective over c.
   template <class C, class M, class Params, class Grads>
@@ -82,54 +106,61 @@ struct step_result {
   multimodal_model<float>* model = nullptr;  ///< this rank's model (gradients of this step still in place)
   const hetmesh::model::step_batch* batch = nullptr;  ///< the step's batch
   const step_source* data = nullptr;  ///< the step source (this step's encoder inputs); null with hosts
+  /// Waits until this step's checkpoint is committed on every rank (collective over the trainers; a
+  /// no-op without --async-checkpoint, whose save returns committed). Call it on every rank or none.
+  std::function<void()> wait_checkpoint{};
 };
 
-/// The views save_rank writes of `m`'s tensors and their Adam moments (created zero for a tensor the
-/// optimizer has not updated yet).
-inline std::vector<ckpt::tensor_view> checkpoint_views(multimodal_model<float>& m,
-                                                       hetmesh::train::adam<float>& opt) {
-  std::vector<ckpt::tensor_view> out;
-  for (auto& t : m.tensors()) {
-    auto& s = opt.moments(t.value);
-    out.push_back({t.id, t.value, s.m, s.v, s.t});
-  }
-  return out;
-}
-
-/// Restores `m`'s tensors and their Adam moments from `st` (ckpt::load_latest checked it). Throws
-/// std::runtime_error when it holds another model split.
-inline void restore_model(const ckpt::rank_state& st, multimodal_model<float>& m,
-                          hetmesh::train::adam<float>& opt) {
-  auto tensors = m.tensors();
-  if (st.size() != tensors.size())
-    throw std::runtime_error("resume: the checkpoint holds " + std::to_string(st.size()) +
-                             " tensors for this rank; its model has " + std::to_string(tensors.size()) +
-                             " (another model split)");
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    auto& s = opt.moments(tensors[i].value);
-    s.t = st.restore(i, tensors[i].id, tensors[i].value, s.m, s.v);
-  }
-}
-
-/// Where train() resumes: the verified checkpoint `latest` names under `o.ckpt_dir` (this rank's part),
-/// with the data position loaded into `data`; none without --resume. Refuses a run without --resume into
-/// a directory that already holds a checkpoint (it would be overwritten step by step).
+/// This rank's share of the checkpoint after step `step` (train::capture of the model's tensors with their
+/// tensor-parallel blocks and the optimizer's state, replicated or ZeRO-1), the "step" counter and the data
+/// position after it as the "data" blob (the data room's checkpoint JSON; every trainer holds the same).
 template <class Feed>
-std::optional<ckpt::resume_point> resume_from(const trainer_options& o, Feed& data, int rank, int ranks) {
-  if (o.ckpt_dir.empty()) return std::nullopt;
+hetmesh::train::rank_snapshot<float> checkpoint_snapshot(multimodal_model<float>& m, const optimizer& opt,
+                                                         Feed& data, std::int64_t step) {
+  auto s = hetmesh::train::capture(m.sharded_tensors(), opt);
+  s.counters["step"] = step;
+  const std::string text = data.source()->save_text();
+  const auto* bytes = reinterpret_cast<const std::byte*>(text.data());
+  s.blobs["data"] = std::vector<std::byte>(bytes, bytes + text.size());
+  return s;
+}
+
+/// Where train() starts: without --resume, step 0 (refusing a directory that already holds a checkpoint: it
+/// would be overwritten); with it, the verified checkpoint `latest` names under `o.ckpt_dir`, whatever
+/// layout saved it (train::load_checkpoint, then train::restore resharding into this rank's blocks and
+/// optimizer state, and the data position from its "data" blob). Collective over `world`: one rank's error
+/// fails every rank (run::agree_on_failure).
+template <class Comm, class Feed>
+void resume_from(Comm& world, const trainer_options& o, Feed& data, multimodal_model<float>& model,
+                 optimizer& opt) {
+  if (o.ckpt_dir.empty()) return;
+  const std::string root = o.ckpt_dir.string();
   if (!o.resume) {
-    if (const auto name = ckpt::latest_name(o.ckpt_dir); !name.empty())
-      throw std::runtime_error("checkpoint: '" + o.ckpt_dir.string() + "' already holds a checkpoint (" +
-                               name + "); pass --resume to continue it, or choose another --checkpoint-dir");
-    return std::nullopt;
+    if (const auto dir = hetmesh::train::latest_checkpoint(root))
+      throw std::runtime_error("checkpoint: '" + root + "' already holds a checkpoint (" +
+                               std::filesystem::path(*dir).filename().string() +
+                               "); pass --resume to continue it, or choose another --checkpoint-dir");
+    return;
   }
-  auto from = ckpt::load_latest(o.ckpt_dir, rank, ranks);
-  data.source()->load(from.data_file());
-  if (data.step() != from.step + 1)
-    throw std::runtime_error("resume: '" + from.data_file().string() + "' is the data position of step " +
-                             std::to_string(data.step()) + "; the model was saved after step " +
-                             std::to_string(from.step));
-  return from;
+  const auto reader = hetmesh::train::load_checkpoint(world, root);
+  std::exception_ptr failure;
+  try {
+    const auto where = "'" + reader.directory() + "' blob 'data'";
+    const auto step = reader.counter("step");
+    const auto blob = reader.blob("data");
+    if (!step || !blob)
+      throw std::runtime_error("resume: '" + reader.directory() + "' has no step or data blob");
+    hetmesh::train::restore(reader, model.sharded_tensors(), opt);
+    data.source()->load_text(std::string_view(reinterpret_cast<const char*>(blob->data()), blob->size()),
+                             where);
+    if (data.step() != *step + 1)
+      throw std::runtime_error("resume: " + where + " is the data position of step " +
+                               std::to_string(data.step()) + "; the model was saved after step " +
+                               std::to_string(*step));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  hetmesh::run::agree_on_failure(world, failure, "resume");
 }
 
 /// Trains the model of `mc` on the steps of `data` over the trainers of `sys` under its policies, calling
@@ -139,12 +170,12 @@ void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
            const std::function<void(const step_result&)>& on_step) {
   auto& world = sys.world();
   optimizer opt{.zero = o.zero, .replicated = {.lr = o.lr}, .sharded = {.inner = {.lr = o.lr}}};
-  auto from = resume_from(o, data, world.rank(), world.size());
   // The model first: the stages, tensor-parallel blocks and experts this rank holds are the system's
   // split, known before any plan.
   multimodal_model<float> model(mc, o.seed, sys.split());
-  if (from) restore_model(from->mine, model, opt.replicated);
-  from.reset();
+  resume_from(world, o, data, model, opt);
+  hetmesh::train::checkpoint_writer writer;
+  const hetmesh::train::checkpoint_options saving{.layout = o.layout};
   for (std::int64_t step = data.step(); step < o.steps; ++step) {
     const auto batch = data.next();
     const auto t0 = std::chrono::steady_clock::now();
@@ -169,18 +200,21 @@ void train(System& sys, Feed& data, const config& mc, const trainer_options& o,
                 hetmesh::train::bind_encoder(
                     model.audio, delivered_input<float>(got, batch, audio_index, data.width(audio_index))));
     const auto report = hetmesh::train::gather_report(world, stats);
-    if (!o.ckpt_dir.empty()) {  // crash-consistent (checkpoint.hpp): 'latest' moves after all is durable
-      if (world.rank() == 0) ckpt::begin_save(o.ckpt_dir, step);
-      hetmesh::comm::barrier(world);
-      ckpt::save_rank(o.ckpt_dir, step, world.rank(), checkpoint_views(model, opt.replicated));
-      hetmesh::comm::barrier(world);  // every rank's tensors are durable before the manifest names them
-      if (world.rank() == 0)
-        ckpt::commit_save(o.ckpt_dir, step, world.size(),
-                          [&](const std::filesystem::path& p) { data.source()->save(p); });
-      hetmesh::comm::barrier(world);
+    if (!o.ckpt_dir.empty() && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
+      // Crash-consistent (docs/checkpoint.md): a kill at any point leaves the previous checkpoint whole.
+      if (o.ckpt_async)
+        writer.save_async(world, o.ckpt_dir.string(), step, checkpoint_snapshot(model, opt, data, step),
+                          saving);
+      else
+        (void)hetmesh::train::save_checkpoint(world, o.ckpt_dir.string(), step,
+                                              checkpoint_snapshot(model, opt, data, step), saving);
     }
-    on_step({step, &plan, &report, plan_ms, plan_cpu_s, &model, &batch, data.source()});
+    on_step({step, &plan, &report, plan_ms, plan_cpu_s, &model, &batch, data.source(), [&] {
+               if (writer.pending()) writer.wait(world);
+             }});
   }
+  if (!o.ckpt_dir.empty())
+    writer.wait(world);  // the last checkpoint is committed (and any rank's error thrown) before returning
 }
 
 }  // namespace mllm

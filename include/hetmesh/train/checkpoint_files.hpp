@@ -166,7 +166,10 @@ void write_checkpoint_part(const std::string& tmp, int rank, std::int64_t step, 
   for (const auto& [cname, v] : s.counters) index["counters"][cname] = v;
   index["bytes"] = out.bytes();
   index["checksum"] = checksum_text(out.checksum());
-  detail::ckpt_write_text(tmp + "/" + detail::ckpt_index_name(rank), index.dump(), step);
+  // Renamed into place whole: rank 0's asynchronous commit takes the index once it exists.
+  const std::string at = tmp + "/" + detail::ckpt_index_name(rank);
+  detail::ckpt_write_text(at + ".part", index.dump(), step);
+  detail::ckpt_rename(at + ".part", at, step);
 }
 
 /// What the committing rank needs to finish a save.

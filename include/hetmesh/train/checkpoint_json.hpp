@@ -211,7 +211,7 @@ struct ckpt_json {
   const auto& ts = r.array(j, "tensors", "manifest");
   for (std::size_t i = 0; i < ts.size(); ++i) {
     const std::string p = hetmesh::format("manifest.tensors[{}]", i);
-    checkpoint_tensor t{r.integer(ts[i], "id", p, 0, big), r.integer(ts[i], "full", p, -big, big), {}};
+    manifest_tensor t{r.integer(ts[i], "id", p, 0, big), r.integer(ts[i], "full", p, -big, big), {}};
     const auto& fs = r.array(ts[i], "fields", p, 64);
     for (std::size_t k = 0; k < fs.size(); ++k) {
       if (!fs[k].is_string())

@@ -21,6 +21,7 @@
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
 #include "checkpoint_piece.hpp"
+#include "memory_source.hpp"  // block_elements
 
 namespace hetmesh::train {
 
@@ -71,7 +72,7 @@ struct checkpoint_blob_entry {
 };
 
 /// A tensor of the checkpoint: its id, its full element count and the fields saved.
-struct checkpoint_tensor {
+struct manifest_tensor {
   std::int64_t id = 0;              ///< model_tensor::id
   std::int64_t full = 0;            ///< elements of the full tensor
   std::vector<std::string> fields;  ///< "value", "adam.m", ... (sorted)
@@ -86,17 +87,12 @@ struct checkpoint_manifest {
   std::string dtype;                                 ///< "float32" or "float64"
   std::string layout;                                ///< the caller's description of the layout (opaque)
   int ranks = 0;                                     ///< ranks that saved it
-  std::vector<checkpoint_tensor> tensors;            ///< by id
+  std::vector<manifest_tensor> tensors;              ///< by id
   std::vector<checkpoint_file> files;                ///< by rank
   std::vector<checkpoint_piece_entry> pieces;        ///< every saved piece
   std::vector<checkpoint_blob_entry> blobs;          ///< every named byte string
   std::map<std::string, std::int64_t> counters;      ///< named counters ("step", "adam.t/<id>")
 };
-
-/// The elements of a block `b` of a tensor of `full` elements. Pre: check_piece_key passed.
-[[nodiscard]] constexpr std::int64_t block_elements(const tensor_shard& b, std::int64_t full) noexcept {
-  return b.rows == 0 ? full : full / b.parts;
-}
 
 /// Throws E naming `where` and the field when `k` is not a well-formed key: the full size in
 /// [1, checkpoint_max_size]; a whole-tensor block (rows = 0, part 0 of 1) or a block with rows, cols >= 1,
@@ -253,7 +249,7 @@ namespace detail {
     if (b.bytes < 0) throw_error<data_error>("{}: {}.bytes = {}; expected >= 0", where, what, b.bytes);
     place(b.file, b.offset, b.bytes, what);
   }
-  std::map<std::int64_t, const checkpoint_tensor*> tensors;
+  std::map<std::int64_t, const manifest_tensor*> tensors;
   for (std::size_t i = 0; i < m.tensors.size(); ++i) {
     const auto& t = m.tensors[i];
     if (t.id < 0 || !tensors.emplace(t.id, &t).second)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "build.hpp"
+#include "checkpoint_state.hpp"
 #include "context.hpp"
 #include "delivery.hpp"
 #include "families.hpp"
