@@ -302,6 +302,7 @@ HETMESH_COMPILED error& error::add_context(const std::string& frame) {
 
 }  // namespace hetmesh
 
+#ifndef __CUDACC__  // device code formats no messages (fmt is not included there)
 namespace hetmesh::detail {
 
 HETMESH_COMPILED std::string vformat_erased(fmt::string_view format,
@@ -311,4 +312,5 @@ HETMESH_COMPILED std::string vformat_erased(fmt::string_view format,
 }
 
 }  // namespace hetmesh::detail
+#endif
 #endif  // HETMESH_BODIES
