@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The main() of a tool with subcommands (hetmesh-data-convert, hetmesh-ckpt): the usage on no argument
 // (exit 2) and on --help / -h / help (exit 0), then `run(command, arguments)`. Its status is the exit
-// status; a usage_error prints the message and the usage (exit 2), any other hetmesh::error its message
-// (exit 2), anything else an internal error (exit 1). A report that could not reach stdout (a full disk, a
+// status; a hetmesh::error (a usage_error too) prints its message on one line (exit 2), anything else an
+// internal error (exit 1). A report that could not reach stdout (a full disk, a
 // closed pipe) is an error too (exit 2): the caller would otherwise take a lost report for a good one.
 #pragma once
 
@@ -13,8 +13,6 @@
 #include <vector>
 
 #include <hetmesh/core/error.hpp>
-
-#include <hetmesh_tools/args.hpp>
 
 namespace hetmesh::tools {
 
@@ -39,10 +37,7 @@ int subcommand_main(int argc, char** argv, std::string_view program, std::string
       return 2;
     }
     return rc;
-  } catch (const usage_error& e) {
-    std::cerr << program << ": error: " << e.what() << '\n' << usage;
-    return 2;
-  } catch (const hetmesh::error& e) {
+  } catch (const hetmesh::error& e) {  // usage_error included: one line, as scripts read it
     std::cerr << program << ": error: " << e.what() << '\n';
     return 2;
   } catch (const std::exception& e) {
