@@ -3,6 +3,7 @@
 // result file says the truth on whatever machine produced it).
 #pragma once
 
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -44,6 +45,17 @@ namespace hetmesh::bench {
   if (!l2.empty()) details += fmt::format("{}{} L2 per core", details.empty() ? "" : ", ", l2);
   if (!l3.empty()) details += fmt::format("{}{} L3", details.empty() ? "" : ", ", l3);
   return details.empty() ? out : fmt::format("{} ({})", out, details);
+}
+
+/// The 1-minute load average now (/proc/loadavg; -1 where it cannot be read): a result from a shared
+/// machine says how busy it was.
+[[nodiscard]] inline double load_average_now() {
+  double l = -1;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
 }
 
 }  // namespace hetmesh::bench

@@ -30,6 +30,7 @@
 #include <hetmesh_tools/args.hpp>
 
 #include "../support/json_file.hpp"
+#include "../support/machine.hpp"
 #include "mllm_train/demo.hpp"
 #include "mllm_train/run_policies.hpp"
 
@@ -37,16 +38,6 @@ namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-/// The 1-minute load average now (this machine is shared: say how busy it was).
-double load_average_now() {
-  double l = -1;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -132,7 +123,7 @@ int main(int argc, char** argv) try {
   o.steps = steps;
   o.data_dir = (fs::path(dir) / "data").string();
   mllm::make_sources(o.data_dir, setup.data);
-  const double load_start = load_average_now();
+  const double load_start = hetmesh::bench::load_average_now();
   const std::vector<std::string> modes = {"none", "sync", "async"};
   std::vector<std::vector<double>> times(modes.size());
   std::uintmax_t bytes = 0;
@@ -160,7 +151,7 @@ int main(int argc, char** argv) try {
   row["overhead"]["sync_vs_none"] = median(times[1]) / none - 1;
   row["overhead"]["async_vs_none"] = median(times[2]) / none - 1;
   row["target"] = "async_vs_none <= 0.05";
-  row["load_average_1min"] = {{"start", load_start}, {"end", load_average_now()}};
+  row["load_average_1min"] = {{"start", load_start}, {"end", hetmesh::bench::load_average_now()}};
   row["machine"] =
       "2-core VM shared with other builds, no GPU; 8 ranks as threads; checkpoints on local disk";
   json j;

@@ -63,6 +63,7 @@
 
 #include "../balance/byted_like.hpp"
 #include "../support/json_file.hpp"
+#include "../support/machine.hpp"
 #include "../support/workloads.hpp"
 #include "memory_row.hpp"
 #include "mllm_train/backbone.hpp"
@@ -277,16 +278,6 @@ void run_strategy(const Partition& partition, const Balancer& balancer, const ml
       for (const auto& ring : plan.rings) o.rings += ring.size() > 1 ? 1 : 0;
     }
   });
-}
-
-/// The 1-minute load average now (this machine is shared: say how busy it was).
-double load_average_now() {
-  double l = -1;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
 }
 
 double mean(const std::vector<double>& v) {
@@ -518,7 +509,7 @@ int main(int argc, char** argv) try {
            {"--seed", "N", "seed", &seed}}))
     return 2;
   const auto t_start = std::chrono::steady_clock::now();
-  const double load_start = load_average_now();
+  const double load_start = hetmesh::bench::load_average_now();
   mllm::config mc;  // the example's backbone shape (layers.hpp defaults)
   const auto dir =
       bench::workloads_dir(workloads, {"prolong_doc_lengths.txt", "bytescale_length_facts.json"});
@@ -609,10 +600,10 @@ int main(int argc, char** argv) try {
        {{"documents", 16}, {"length", 32}, {"measured_ms", pack_ms}, {"modelled_ms", pack_model_ms}}}};
   bool long_tail_modelled = true, long_tail_agrees = true;
   if (want("long-tail")) {
-    const double l0 = load_average_now();
+    const double l0 = hetmesh::bench::load_average_now();
     j["long_tail"] = long_tail_row(mc, cost, lt, dir / "bytescale_length_facts.json", long_tail_modelled,
                                    long_tail_agrees);
-    j["long_tail"]["load_average_1min"] = {{"start", l0}, {"end", load_average_now()}};
+    j["long_tail"]["load_average_1min"] = {{"start", l0}, {"end", hetmesh::bench::load_average_now()}};
   }
   if (!want("skewed")) {
     j["run_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -769,7 +760,7 @@ int main(int argc, char** argv) try {
   j["targets"] = {{"ordering_equal", same_order},
                   {"within_20_percent", within},
                   {"library_overhead_within_2_percent", worst_share <= 0.02}};
-  j["load_average_1min"] = {{"start", load_start}, {"end", load_average_now()}};
+  j["load_average_1min"] = {{"start", load_start}, {"end", hetmesh::bench::load_average_now()}};
   j["run_seconds"] = run_s;
   bench::write_json(j, out);
   return memory_ok ? 0 : 1;
