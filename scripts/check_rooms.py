@@ -36,6 +36,7 @@ ROOMS = {
     "run": ["core", "mesh", "comm", "seq", "balance", "pipeline", "data", "model"],
     "train": ["core", "mesh", "cost", "comm", "seq", "balance", "pipeline", "data", "model", "run"],
     "cuda": ["core"],
+    "libtorch": ["core", "mesh", "comm", "seq", "model", "run"],
 }
 ANYONE_MAY_INCLUDE = {"config.hpp"}  # top-level headers every room may include
 UMBRELLAS = {"hetmesh.hpp", "src.hpp"}  # top-level headers that may include every room

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs what hetmesh's build, tests and demo need, from Debian's packages. Idempotent: installs only
+# Installs what hetmesh's build, tests and demo need, from Debian's packages (libtorch-dev: the optional
+# hetmesh::torch component and its tests; docs/torch.md says why Debian's libtorch over the PyPI wheel). Idempotent: installs only
 # what is missing. The CUDA toolkit (nvcc, NCCL, CCCL) is optional: where it is absent the CUDA parts
 # are skipped with one message at configure time.
 set -euo pipefail
 
-packages=(cmake ninja-build ccache g++ clang libclang-rt-14-dev libfmt-dev doctest-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin clang-format python3 doxygen)
+packages=(cmake ninja-build ccache g++ clang libclang-rt-14-dev libfmt-dev doctest-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin clang-format python3 doxygen libtorch-dev)
 
 missing=()
 for p in "${packages[@]}"; do
