@@ -85,25 +85,6 @@ step_out<T> run_model(Sys& sys, const typename Sys::plan_type& plan, const model
   return r;
 }
 
-/// One step on `world` under the given policies, with a fresh model from `seed`.
-template <class T, class Partition, class Balancer, class Schedule, class Placement, class C>
-step_out<T> run_step(C& world, const Partition& partition, const Balancer& balancer,
-                     const train::pipeline_config<Schedule, Placement>& pc, const model::step_batch& batch,
-                     std::uint64_t seed) {
-  train::system<Partition, model::reference_attention, C, Balancer, Schedule, Placement> sys(
-      partition, balancer, pc, world);
-  const auto plan = sys.plan(batch);
-  const auto local = sys.local_stages(plan);
-  mllm::multimodal_model<T> m(test_config(), seed, plan.pipeline.num_stages, local);
-  return run_model<T>(sys, plan, batch, m);
-}
-
-template <class T, class C>
-step_out<T> run_single(C& c, const model::step_batch& batch, std::uint64_t seed) {
-  return run_step<T>(c, seq::cp_thd{.cp = 1, .pad = true}, train::family_placement{},
-                     train::pipeline_config<>{}, batch, seed);
-}
-
 /// train::check_parity's verdict on the example's model: the largest |got - ref| over the largest |ref|
 /// over every tensor (each held by some rank), the loss's relative error, the reference's tensor count.
 struct parity {
