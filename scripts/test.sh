@@ -119,6 +119,9 @@ if [ "${1:-}" != "--no-sanitize" ]; then
   cmake --build --preset tsan -j "$jobs" --target test_comm test_data test_train
   ctest --preset tsan -j "$jobs"
 
+  # ASan + UBSan on every test and example source once: the heavy binaries (tests/heavy: the same planner
+  # sources again at assertion level 3, over a third compiled part) run in the default build only, and
+  # the torch component is off (libtorch is not instrumented).
   stage asan "ASan + UBSan: build and test"
   cmake --preset asan
   cmake --build --preset asan -j "$jobs"
