@@ -64,6 +64,9 @@ struct backbone_options {
   int stages = 1;  ///< pipeline stages of the whole backbone (train::system's num_stages()); the last one
                    ///< seeds its own loss
   last_stage_output last = last_stage_output::token_losses;  ///< what the last stage's module returns
+  /// The mutation parity checks must catch: backward and backward_input seed autograd with ones instead of
+  /// the received output gradient (a stage that drops what the next stage sent). Never set it otherwise.
+  bool ignore_output_gradient = false;
 
   friend bool operator==(const backbone_options&, const backbone_options&) = default;
 };
@@ -180,7 +183,7 @@ class backbone : public detail::declared_mixing<Module> {
   void backward(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> grad_out,
                 std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, mb, backward_pass::full);
-    detail::backward_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, last_stage(ctx.stage));
+    detail::backward_pass<T>(slots_, *binding_, flat_, received(grad_out), grad_in, seeds_loss(ctx.stage));
   }
 
   /// Guarantee 3, the I pass: writes grad_in, keeps the graph for backward_weight.
@@ -188,7 +191,8 @@ class backbone : public detail::declared_mixing<Module> {
   void backward_input(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> grad_out,
                       std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, mb, backward_pass::input);
-    detail::backward_input_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, last_stage(ctx.stage));
+    detail::backward_input_pass<T>(slots_, *binding_, flat_, received(grad_out), grad_in,
+                                   seeds_loss(ctx.stage));
   }
 
   /// Guarantee 3, the W pass: adds the weight gradients of a slot whose backward_input ran; releases it.
@@ -211,7 +215,12 @@ class backbone : public detail::declared_mixing<Module> {
   void clear() noexcept { slots_.clear(); }
 
  private:
-  [[nodiscard]] bool last_stage(int stage) const noexcept { return stage + 1 == options_.stages; }
+  [[nodiscard]] bool seeds_loss(int stage) const noexcept {
+    return stage + 1 == options_.stages || options_.ignore_output_gradient;
+  }
+  [[nodiscard]] std::span<const T> received(std::span<const T> grad_out) const noexcept {
+    return options_.ignore_output_gradient ? std::span<const T>() : grad_out;
+  }
 
   template <class Ctx>
   [[nodiscard]] detail::binding_scope bind(const Ctx& ctx, const model::micro_batch_view& mb,
