@@ -392,3 +392,16 @@ TEST_CASE("system: a 2-stage zero-bubble pipeline (split backward) over CP rings
   CHECK(!m.passed);
   CHECK(m.rel_error > 1e-3);
 }
+
+TEST_CASE("system: an adapted encoder and backbone in the joint pipeline (pp 2, 1F1B) match 1 rank") {
+  using sys_t = train::system<seq::cp_zigzag, model::reference_attention, comm::loopback::communicator,
+                              train::family_placement, pipeline::one_f_one_b, pipeline::colocated_encoder>;
+  const auto r = torch_mm_parity(4, 5, [](comm::loopback::communicator& w) {
+    return sys_t(seq::cp_zigzag{.cp = 2, .pad = true}, train::family_placement{},
+                 train::pipeline_config<pipeline::one_f_one_b, pipeline::colocated_encoder>{2, {}, {}}, w);
+  });
+  MESSAGE(fmt::format("{}", r));
+  CHECK(r.passed);
+  CHECK(r.rel_error < 1e-10);
+  CHECK(r.stats.encoder_items > 0);
+}

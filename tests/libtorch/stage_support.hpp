@@ -77,7 +77,8 @@ inline std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> item_toke
 }
 
 /// The test model: `blocks` blocks spread evenly over `stages` pipeline stages, holding only the stages
-/// `local`. Stage 0 embeds the tokens (its input, the landed encoder rows, is empty here); later stages read
+/// `local`. Stage 0 embeds the tokens, the encoder rows landed in the micro-batch (its input) replacing their
+/// placeholder tokens' embeddings; later stages read
 /// the previous stage's [n][width] rows; each block is h += gelu(h W1 + b1), then h += attn(h Wq, h Wk,
 /// h Wv) Wo; the last stage returns the per-token cross-entropy of its head. Every parameter's values are a
 /// pure function of (seed, tensor id, element), so every split holds the same model. Tensor ids: 0
@@ -138,7 +139,14 @@ struct StackImpl : torch::nn::Module {
     if (call.first_stage()) {
       const auto tok = at::tensor(std::vector<std::int64_t>(mb.tokens.begin(), mb.tokens.end()),
                                   at::TensorOptions().dtype(at::kLong));
-      h = emb(tok) + x.sum() * 0;  // the (empty) input joins the graph
+      h = emb(tok);
+      std::vector<std::int64_t> rows;  // the encoder rows replace their placeholder tokens' embeddings
+      for (const auto& l : mb.encoder_outputs)
+        for (std::int64_t r = 0; r < l.item_tokens.size(); ++r) rows.push_back(l.local_offset + r);
+      const auto nr = static_cast<std::int64_t>(rows.size());
+      h = nr > 0 ? h.index_copy(0, at::tensor(rows, at::TensorOptions().dtype(at::kLong)),
+                                x.view({nr, shape.width}))
+                 : h + x.sum() * 0;  // the (empty) input joins the graph
     } else {
       h = x.view({n, shape.width});
     }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include <hetmesh/comm/loopback.hpp>
@@ -63,6 +64,62 @@ train::parity_result torch_parity(int ranks, std::uint64_t seed, MakeSys make_sy
     results[static_cast<std::size_t>(world.rank())] = train::check_parity(
         sys, batch,
         [&](int stages, std::span<const int> local) { return torch_model(seed, stages, local, mutate); });
+  });
+  return results[0];
+}
+
+/// random_step with an item of encoder 0 on every document of >= 6 tokens: a third of its tokens from
+/// token 1.
+inline model::step_batch random_mm_step(std::uint64_t seed, int docs, std::int64_t max_len) {
+  auto b = random_step(seed, docs, max_len);
+  for (std::size_t i = 0; i < b.documents.size(); ++i) {
+    auto& d = b.documents[i];
+    if (d.length() >= 6) d.items.push_back({0, static_cast<std::int64_t>(i), 1, d.length() / 3});
+  }
+  return b;
+}
+
+/// The encoder's input: a value per (item, token, feature) in [-0.5, 0.5), in the view's buffer order.
+struct item_input {
+  void operator()(const model::encoder_batch_view& v, std::span<double> in) const {
+    for (const auto& p : v.pieces)
+      for (std::int64_t t = p.tokens.begin; t < p.tokens.end; ++t)
+        for (std::int64_t f = 0; f < 8; ++f)
+          in[static_cast<std::size_t>((p.offset + t - p.tokens.begin) * 8 + f)] =
+              static_cast<double>(key_hash({static_cast<std::uint64_t>(p.item), static_cast<std::uint64_t>(t),
+                                            static_cast<std::uint64_t>(f)}) >>
+                                  11) *
+                  0x1.0p-53 -
+              0.5;
+  }
+};
+
+/// The adapted stack and an adapted encoder (ids of the encoder's k-th tensor: -1 - 10 k).
+struct torch_mm_model {
+  torch_model lm;
+  libtorch::encoder<EncImpl, double> vision;
+  torch_mm_model(std::uint64_t seed, int stages, std::span<const int> local)
+      : lm(seed, stages, local), vision(Enc(seed + 7)) {}
+  stack_stage& backbone() { return lm.stage; }
+  auto encoders() { return std::tie(vision); }
+  std::vector<train::model_tensor<double>> tensors() {
+    auto out = lm.tensors();
+    for (std::size_t k = 0; k < vision.parameters().size(); ++k)
+      out.push_back({-1 - 10 * static_cast<std::int64_t>(k), vision.parameters()[k], vision.gradients()[k]});
+    return out;
+  }
+};
+
+/// torch_parity of the multimodal model on a batch with encoder items.
+template <class MakeSys>
+train::parity_result torch_mm_parity(int ranks, std::uint64_t seed, MakeSys make_sys) {
+  const auto batch = random_mm_step(seed, 6, 16);
+  std::vector<train::parity_result> results(static_cast<std::size_t>(ranks));
+  comm::loopback::run(ranks, [&](comm::loopback::communicator& world) {
+    auto sys = make_sys(world);
+    results[static_cast<std::size_t>(world.rank())] = train::check_parity(
+        sys, batch, [&](int stages, std::span<const int> local) { return torch_mm_model(seed, stages, local); },
+        {}, item_input{});
   });
   return results[0];
 }
