@@ -28,21 +28,17 @@ at::Tensor flat_grads(torch::nn::Module& m) {
   return at::cat(g);
 }
 
-/// A stage_call outside any adapter, for the plain reference: stage `stage` of `stages` over mb.
+/// The plain reference's call: stage `stage` of `stages` over mb, attention by plain torch ops.
 struct plain_call {
-  libtorch::detail::call_binding b;
-  plain_call(const model::micro_batch_view& mb, int stage, int stages) {
-    b.batch = &mb;
-    b.stage = stage;
-    b.stages = stages;
-  }
-  [[nodiscard]] libtorch::stage_call call() { return libtorch::stage_call(b); }
+  libtorch::standalone_call c;
+  plain_call(const model::micro_batch_view& mb, int stage, int stages)
+      : c(mb, stage, stages, plain_attention_of(mb)) {}
+  [[nodiscard]] libtorch::stage_call call() { return c.call(); }
 };
 
 /// The weighted loss terms of the last stage, as the adapter makes them.
 at::Tensor weighted(const at::Tensor& losses, const model::micro_batch_view& mb) {
-  std::vector<double> w(mb.loss_weights.begin(), mb.loss_weights.end());
-  return losses * at::tensor(w) / static_cast<double>(mb.step_targets);
+  return libtorch::weight_token_losses<double>(losses, mb);
 }
 
 local_context<double> context_for(const model::micro_batch_view& mb, int stage, int* fwd = nullptr,
@@ -69,7 +65,6 @@ TEST_CASE("backbone: a middle stage gives plain libtorch's output, input and wei
   const auto in = seeded(11, n), gout = seeded(12, n);
 
   auto ref = make_stack(5, 3);
-  ref->plain = true;
   plain_call pc(mb, 1, 3);
   auto x = at::tensor(in).requires_grad_(true);
   const auto y = ref->forward(x, pc.call());
@@ -99,7 +94,6 @@ TEST_CASE("backbone: the last stage weights its token losses; split backward add
   const auto in = seeded(13, n);
 
   auto ref = make_stack(6, 2);
-  ref->plain = true;
   plain_call pc(mb, 1, 2);
   auto x = at::tensor(in).requires_grad_(true);
   const auto terms = weighted(ref->forward(x, pc.call()), mb);
@@ -136,7 +130,6 @@ TEST_CASE("backbone: a 2-stage pipeline in 1F1B order keeps the micro-batches' g
   for (int m = 0; m < kMb; ++m) batches.push_back(make_batch(20 + static_cast<std::uint64_t>(m), 11, m));
 
   auto ref = make_stack(9, 2, 4);  // two blocks per stage
-  ref->plain = true;
   for (const auto& b : batches) {
     const auto mb = b.view();
     plain_call p0(mb, 0, 2), p1(mb, 1, 2);
@@ -245,6 +238,9 @@ TEST_CASE("backbone: backward without a forward, a second forward, W before I ar
   CHECK_THROWS_WITH_AS(stage.forward(bare, mb, cspan(in), mspan(out)),
                        doctest::Contains("no attention entry"), invalid_argument);
   CHECK(stage.pending() == 0);
+  libtorch::standalone_call no_attention(mb, 1, 3);  // a standalone call without a local attention
+  CHECK_THROWS_WITH_AS((void)stage.module().forward(at::tensor(in), no_attention.call()),
+                       doctest::Contains("without a local attention"), invalid_argument);
   // wrong output size: a module output that does not fit the buffer
   CHECK_THROWS_AS(stage.forward(ctx, mb, cspan(in), mspan(out).first(5)), invalid_argument);
   CHECK(stage.pending() == 0);
@@ -279,12 +275,8 @@ TEST_CASE("flat_parameters: views share storage; span updates reach the module; 
   // gradients accumulate into the flat buffer, in place
   const auto batch = make_batch(4, block_shape{}.vocab);
   const auto mb = batch.view();
-  libtorch::detail::call_binding b;
-  b.batch = &mb;
-  m->plain = true;
-  auto once = [&] {
-    weighted(m->forward(at::zeros({0}, at::kDouble), libtorch::stage_call(b)), mb).sum().backward();
-  };
+  plain_call pc(mb, 0, 1);
+  auto once = [&] { weighted(m->forward(at::zeros({0}, at::kDouble), pc.call()), mb).sum().backward(); };
   once();
   const auto g1 = flat.grads().clone();
   CHECK(g1.abs().max().item<double>() > 1e-3);
@@ -330,11 +322,12 @@ TEST_CASE("encoder: an adapted encoder gives plain libtorch's output and gradien
   const auto in = seeded(31, n), gout = seeded(32, n);
 
   Enc ref(17);
-  ref->plain = true;
-  libtorch::detail::call_binding b;
-  b.encoder_batch = &ev;
+  const auto [doc, pos] = item_tokens(ev);
+  libtorch::standalone_call plain(
+      ev, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const model::attention_shape& sh,
+              double scale) { return plain_attention(q, k, v, doc, pos, false, sh, scale); });
   auto x = at::tensor(in).requires_grad_(true);
-  const auto y = ref->forward(x, libtorch::stage_call(b));
+  const auto y = ref->forward(x, plain.call());
   y.backward(at::tensor(gout).view_as(y));
 
   libtorch::encoder<EncImpl, double> enc(Enc(17));

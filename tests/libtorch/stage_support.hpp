@@ -38,11 +38,12 @@ struct block_shape {
 };
 
 /// Attention with plain torch ops (the reference the bridge must match): q [n][hq][d], k, v [n][hk][d];
-/// token i sees token j when doc[i] == doc[j] and (not causal, or pos[j] <= pos[i]).
-inline at::Tensor plain_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  std::span<const std::int64_t> doc_ids,
-                                  std::span<const std::int64_t> positions, bool causal,
-                                  const model::attention_shape& s, double scale) {
+/// token i sees token j when doc[i] == doc[j] and (not causal, or pos[j] <= pos[i]). Returns {out, lse}.
+inline std::pair<at::Tensor, at::Tensor> plain_attention(const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& v,
+                                                         std::span<const std::int64_t> doc_ids,
+                                                         std::span<const std::int64_t> positions, bool causal,
+                                                         const model::attention_shape& s, double scale) {
   const auto n = static_cast<std::int64_t>(doc_ids.size());
   const auto rep = s.q_heads / s.kv_heads;
   const auto kk = k.repeat_interleave(rep, 1), vv = v.repeat_interleave(rep, 1);
@@ -51,16 +52,18 @@ inline at::Tensor plain_attention(const at::Tensor& q, const at::Tensor& k, cons
   const auto pos = at::tensor(std::vector<std::int64_t>(positions.begin(), positions.end()), opts);
   auto visible = doc.view({n, 1}).eq(doc.view({1, n}));
   if (causal) visible = visible & pos.view({1, n}).le(pos.view({n, 1}));
-  auto scores = at::einsum("ihd,jhd->hij", {q, kk}) * scale;
+  auto scores =
+      at::einsum("ihd,jhd->hij", {q.view({n, s.q_heads, s.head_dim}), kk.view({n, s.q_heads, s.head_dim})}) *
+      scale;
   scores = scores.masked_fill(visible.logical_not().unsqueeze(0), -std::numeric_limits<double>::infinity());
-  return at::einsum("hij,jhd->ihd", {at::softmax(scores, -1), vv});
+  auto out = at::einsum("hij,jhd->ihd", {at::softmax(scores, -1), vv.view({n, s.q_heads, s.head_dim})});
+  return {out.reshape(q.sizes()), at::logsumexp(scores, -1).t().contiguous()};
 }
 
-/// Causal per-document attention over a micro-batch, with plain torch ops.
-inline at::Tensor plain_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const model::micro_batch_view& mb, const model::attention_shape& s,
-                                  double scale) {
-  return plain_attention(q, k, v, mb.doc_ids, mb.positions, true, s, scale);
+/// The plain reference's attention over a micro-batch: causal per document, plain torch ops.
+inline libtorch::local_attention plain_attention_of(const model::micro_batch_view& mb) {
+  return [&mb](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const model::attention_shape& s,
+               double scale) { return plain_attention(q, k, v, mb.doc_ids, mb.positions, true, s, scale); };
 }
 
 /// Per token of an encoder batch: its piece (as a document id) and its index (as a position).
@@ -89,7 +92,6 @@ struct StackImpl : torch::nn::Module {
   block_shape shape;
   int blocks = 1;
   int stages = 1;
-  bool plain = false;  ///< attention through plain torch ops instead of the call (the reference)
   torch::nn::Embedding emb{nullptr};
   torch::nn::Linear head{nullptr};
   std::map<int, std::vector<torch::nn::Linear>> layers;  ///< by block: w1, wq, wk, wv, wo
@@ -157,7 +159,7 @@ struct StackImpl : torch::nn::Module {
       const auto q = ls[1](h).view({n, a.q_heads, a.head_dim});
       const auto k = ls[2](h).view({n, a.kv_heads, a.head_dim});
       const auto v = ls[3](h).view({n, a.kv_heads, a.head_dim});
-      const auto att = plain ? plain_attention(q, k, v, mb, a, scale) : call.attention(q, k, v, a, scale);
+      const auto att = call.attention(q, k, v, a, scale);
       h = h + ls[4](att.reshape({n, a.q_heads * a.head_dim}));
     }
     if (!call.last_stage()) return h;
@@ -261,11 +263,11 @@ struct local_encoder_context
 static_assert(model::check_encoder_attention_context<local_encoder_context<double>, double>());
 
 /// A test encoder: h = x + gelu(x W1 + b1), then h + attn(h Wq, h Wk, h Wv) Wo inside each item.
+/// (Its attention_heads: 2; the plain reference passes full attention per item to a standalone_call.)
 struct EncImpl : torch::nn::Module {
   static constexpr std::string_view modality = "vision";
   std::int64_t width = 8;
   model::attention_shape attn{2, 2, 4};
-  bool plain = false;
   std::vector<torch::nn::Linear> ls;
 
   explicit EncImpl(std::uint64_t seed) {
@@ -302,13 +304,7 @@ struct EncImpl : torch::nn::Module {
     const auto k = ls[2](h).view({n, attn.kv_heads, attn.head_dim});
     const auto v = ls[3](h).view({n, attn.kv_heads, attn.head_dim});
     const double scale = 1.0 / std::sqrt(static_cast<double>(attn.head_dim));
-    at::Tensor att;
-    if (plain) {
-      const auto [doc, pos] = item_tokens(ev);
-      att = plain_attention(q, k, v, doc, pos, false, attn, scale);
-    } else {
-      att = call.attention(q, k, v, attn, scale);
-    }
+    const auto att = call.attention(q, k, v, attn, scale);
     return h + ls[4](att.reshape({n, attn.q_heads * attn.head_dim}));
   }
 };

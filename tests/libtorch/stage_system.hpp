@@ -118,8 +118,9 @@ train::parity_result torch_mm_parity(int ranks, std::uint64_t seed, MakeSys make
   comm::loopback::run(ranks, [&](comm::loopback::communicator& world) {
     auto sys = make_sys(world);
     results[static_cast<std::size_t>(world.rank())] = train::check_parity(
-        sys, batch, [&](int stages, std::span<const int> local) { return torch_mm_model(seed, stages, local); },
-        {}, item_input{});
+        sys, batch,
+        [&](int stages, std::span<const int> local) { return torch_mm_model(seed, stages, local); }, {},
+        item_input{});
   });
   return results[0];
 }
