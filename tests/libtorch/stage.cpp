@@ -71,20 +71,49 @@ TEST_CASE("backbone: a middle stage gives plain libtorch's output, input and wei
   y.backward(at::tensor(gout).view_as(y));
 
   stack_stage stage(make_stack(5, 3), {.stages = 3});
-  int fwd = 0, bwd = 0;
+  int fwd = 0, bwd = 0, fwd_b = 0, bwd_b = 0;
   const auto ctx = context_for(mb, 1, &fwd, &bwd);
+  const auto ctx_b = context_for(mb, 1, &fwd_b, &bwd_b);  // the backward call's own context
   std::vector<double> out(n), gin(n);
   stage.forward(ctx, mb, cspan(in), mspan(out));
+  CHECK(stage.module().saw_context);  // call.context<Ctx>() is the running call's
   CHECK(stage.pending() == 1);
   CHECK(stage.holds(1, 0));
   CHECK(fwd == 1);
-  stage.backward(ctx, mb, cspan(gout), mspan(gin));
+  stage.backward(ctx_b, mb, cspan(gout), mspan(gin));
   CHECK(stage.pending() == 0);
-  CHECK(bwd == 1);
+  CHECK(bwd == 0);  // the attention's backward ran with the backward call's context, not the forward's
+  CHECK(bwd_b == 1);
+  CHECK(fwd_b == 0);
   CHECK(rel_diff(at::tensor(out), y.detach()) < 1e-12);
   CHECK(rel_diff(at::tensor(gin), x.grad()) < 1e-12);
   CHECK(rel_diff(stage.flat().grads(), flat_grads(*ref)) < 1e-12);
   CHECK(stage.flat().grads().abs().max().item<double>() > 1e-3);  // not a comparison of zeros
+}
+
+TEST_CASE("backbone: float stages match plain libtorch in float") {
+  const auto batch = make_batch(9, block_shape{}.vocab);
+  const auto mb = batch.view();
+  const auto n = static_cast<std::size_t>(mb.size() * block_shape{}.width);
+  const auto ind = seeded(14, n), goutd = seeded(15, n);
+  const std::vector<float> in(ind.begin(), ind.end()), gout(goutd.begin(), goutd.end());
+  auto ref = make_stack(5, 3, 0, at::kFloat);
+  plain_call pc(mb, 1, 3);
+  auto x = at::tensor(in).requires_grad_(true);
+  const auto y = ref->forward(x, pc.call());
+  y.backward(at::tensor(gout).view_as(y));
+
+  libtorch::backbone<StackImpl, float> stage(make_stack(5, 3, 0, at::kFloat), {.stages = 3});
+  local_context<float> ctx;
+  ctx.stage = 1;
+  ctx.mb = &mb;
+  std::vector<float> out(n), gin(n);
+  stage.forward(ctx, mb, std::span<const float>(in), std::span<float>(out));
+  stage.backward(ctx, mb, std::span<const float>(gout), std::span<float>(gin));
+  CHECK(rel_diff(at::tensor(out), y.detach()) < 1e-5);
+  CHECK(rel_diff(at::tensor(gin), x.grad()) < 1e-5);
+  CHECK(rel_diff(stage.flat().grads(), flat_grads(*ref)) < 1e-5);
+  CHECK_THROWS_AS(stack_stage(make_stack(5, 3, 0, at::kFloat), {.stages = 3}), invalid_argument);  // dtype
 }
 
 TEST_CASE("backbone: the last stage weights its token losses; split backward adds what backward adds") {
@@ -353,7 +382,8 @@ TEST_CASE("encoder: an adapted encoder gives plain libtorch's output and gradien
   CHECK_THROWS_AS(enc.backward(ctx, ev, cspan(gout), mspan()), model::activation_error);
 }
 
-TEST_CASE("system: an adapted module trains under DP with a CP ring on 4 loopback ranks as on 1 rank") {
+TEST_CASE(
+    "system: an adapted module trains under DP with CP rings, and under HDP, on 4 loopback ranks as on 1") {
   for (const std::uint64_t seed : {1u, 2u}) {
     const auto r = torch_parity(4, seed, [](comm::loopback::communicator& w) {
       return train::system<seq::cp_zigzag, model::reference_attention, comm::loopback::communicator>(
@@ -363,6 +393,20 @@ TEST_CASE("system: an adapted module trains under DP with a CP ring on 4 loopbac
     CHECK(r.passed);
     CHECK(r.rel_error < 1e-10);
     CHECK(r.max_gradient > 1e-4);
+    // HDP: rings of the sizes each document needs over the pool of 4 (capacity 6 tokens a rank)
+    const auto h = torch_parity(4, seed, [](comm::loopback::communicator& w) {
+      return train::system<seq::hdp<seq::no_offload>, model::reference_attention,
+                           comm::loopback::communicator>(seq::hdp<seq::no_offload>{.capacity = 6}, w);
+    });
+    MESSAGE(fmt::format("hdp: {}", h));
+    CHECK(h.passed);
+    CHECK(h.rel_error < 1e-10);
+    const auto plan =
+        train::plan_step(seq::hdp<seq::no_offload>{.capacity = 6},
+                         model::document_descs(random_step(seed, 6, 14)), 4, train::family_placement{});
+    int widest = 0;
+    for (const auto& ring : plan.rings) widest = std::max(widest, static_cast<int>(ring.size()));
+    CHECK(widest > 1);  // some document runs over a ring of several ranks
   }
 }
 

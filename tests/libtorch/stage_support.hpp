@@ -79,6 +79,38 @@ inline std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> item_toke
   return {doc, pos};
 }
 
+/// A context of one rank: attention over the whole micro-batch with the reference kernel (a ring of one),
+/// counting its calls.
+template <class T>
+struct local_context : model::stage_context<model::communicator_archetype, model::host_activation_store<T>> {
+  const model::micro_batch_view* mb = nullptr;
+  int* forwards = nullptr;
+  int* backwards = nullptr;
+
+  [[nodiscard]] model::attention_block<T> block(const model::attention_shape& s, T scale,
+                                                std::span<const T> q, std::span<const T> k,
+                                                std::span<const T> v) const {
+    return {s,    q, k, v, mb->doc_ids, mb->positions, mb->doc_ids, mb->positions, seq::block_mask::causal,
+            scale};
+  }
+  void attention_forward(const model::attention_shape& s, T scale, std::span<const T> q, std::span<const T> k,
+                         std::span<const T> v, std::span<T> out, std::span<T> lse) const {
+    if (forwards != nullptr) ++*forwards;
+    model::reference_attention{}.forward(block(s, scale, q, k, v), {out, lse});
+  }
+  void attention_backward(const model::attention_shape& s, T scale, std::span<const T> q,
+                          std::span<const T> k, std::span<const T> v, std::span<const T> out,
+                          std::span<const T> lse, std::span<const T> dout, std::span<T> dq, std::span<T> dk,
+                          std::span<T> dv) const {
+    if (backwards != nullptr) ++*backwards;
+    std::vector<T> delta(lse.size());
+    seq::attention_delta<T>(out, dout, delta, static_cast<std::size_t>(s.head_dim));
+    for (auto g : {dq, dk, dv}) std::fill(g.begin(), g.end(), T(0));
+    model::reference_attention{}.backward(block(s, scale, q, k, v), {dout, lse, delta, dq, dk, dv});
+  }
+};
+static_assert(model::check_attention_context<local_context<double>, double>());
+
 /// The test model: `blocks` blocks spread evenly over `stages` pipeline stages, holding only the stages
 /// `local`. Stage 0 embeds the tokens, the encoder rows landed in the micro-batch (its input) replacing their
 /// placeholder tokens' embeddings; later stages read
@@ -97,7 +129,8 @@ struct StackImpl : torch::nn::Module {
   std::map<int, std::vector<torch::nn::Linear>> layers;  ///< by block: w1, wq, wk, wv, wo
   std::vector<std::int64_t> ids;
 
-  StackImpl(block_shape s, std::uint64_t seed, int num_blocks, int num_stages, std::vector<int> local)
+  StackImpl(block_shape s, std::uint64_t seed, int num_blocks, int num_stages, std::vector<int> local,
+            at::ScalarType dtype = at::kDouble)
       : shape(s), blocks(num_blocks), stages(num_stages) {
     const auto hq = s.attn.q_heads * s.attn.head_dim, hk = s.attn.kv_heads * s.attn.head_dim;
     auto lin = [](std::int64_t i, std::int64_t o, bool bias) {
@@ -117,7 +150,7 @@ struct StackImpl : torch::nn::Module {
       if (st + 1 == stages)
         add_tensors(1, (head = register_module("head", lin(s.width, s.vocab, true))).ptr());
     }
-    to(at::kDouble);
+    to(dtype);
     const torch::NoGradGuard no_grad;
     const auto params = parameters();
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -131,12 +164,15 @@ struct StackImpl : torch::nn::Module {
     }
   }
 
+  bool saw_context = false;  ///< whether a forward found its call's context as a local_context<double>
+
   [[nodiscard]] int first_block(int stage) const noexcept { return stage * blocks / stages; }
 
   at::Tensor forward(const at::Tensor& x, const libtorch::stage_call& call) {
     const auto& mb = call.batch();
     const auto n = mb.size();
     const auto& a = shape.attn;
+    saw_context = call.context<local_context<double>>() != nullptr;
     at::Tensor h;
     if (call.first_stage()) {
       const auto tok = at::tensor(std::vector<std::int64_t>(mb.tokens.begin(), mb.tokens.end()),
@@ -187,51 +223,20 @@ struct StackImpl : torch::nn::Module {
 TORCH_MODULE(Stack);
 
 /// All stages of a `stages`-stage stack of one block per stage, on one rank.
-inline Stack make_stack(std::uint64_t seed, int stages, int blocks = 0) {
+inline Stack make_stack(std::uint64_t seed, int stages, int blocks = 0, at::ScalarType dtype = at::kDouble) {
   std::vector<int> all(static_cast<std::size_t>(stages));
   for (int i = 0; i < stages; ++i) all[static_cast<std::size_t>(i)] = i;
-  return Stack(block_shape{}, seed, blocks > 0 ? blocks : stages, stages, all);
+  return Stack(block_shape{}, seed, blocks > 0 ? blocks : stages, stages, all, dtype);
 }
 
 /// A stage adapter over a stack.
 using stack_stage = libtorch::backbone<StackImpl, double>;
 
-static_assert(libtorch::backbone_module<StackImpl>);
+static_assert(libtorch::check_backbone_module<StackImpl>());
+static_assert(model::check_split_backward_stage<libtorch::backbone<StackImpl, float>, float>());
 static_assert(model::check_split_backward_stage<stack_stage, double>());
 static_assert(model::sizes_output_per_stage<stack_stage>);
 static_assert(model::declares_token_mixing<stack_stage>);
-
-/// A context of one rank: attention over the whole micro-batch with the reference kernel (a ring of one),
-/// counting its calls.
-template <class T>
-struct local_context : model::stage_context<model::communicator_archetype, model::host_activation_store<T>> {
-  const model::micro_batch_view* mb = nullptr;
-  int* forwards = nullptr;
-  int* backwards = nullptr;
-
-  [[nodiscard]] model::attention_block<T> block(const model::attention_shape& s, T scale,
-                                                std::span<const T> q, std::span<const T> k,
-                                                std::span<const T> v) const {
-    return {s,    q, k, v, mb->doc_ids, mb->positions, mb->doc_ids, mb->positions, seq::block_mask::causal,
-            scale};
-  }
-  void attention_forward(const model::attention_shape& s, T scale, std::span<const T> q, std::span<const T> k,
-                         std::span<const T> v, std::span<T> out, std::span<T> lse) const {
-    if (forwards != nullptr) ++*forwards;
-    model::reference_attention{}.forward(block(s, scale, q, k, v), {out, lse});
-  }
-  void attention_backward(const model::attention_shape& s, T scale, std::span<const T> q,
-                          std::span<const T> k, std::span<const T> v, std::span<const T> out,
-                          std::span<const T> lse, std::span<const T> dout, std::span<T> dq, std::span<T> dk,
-                          std::span<T> dv) const {
-    if (backwards != nullptr) ++*backwards;
-    std::vector<T> delta(lse.size());
-    seq::attention_delta<T>(out, dout, delta, static_cast<std::size_t>(s.head_dim));
-    for (auto g : {dq, dk, dv}) std::fill(g.begin(), g.end(), T(0));
-    model::reference_attention{}.backward(block(s, scale, q, k, v), {dout, lse, delta, dq, dk, dv});
-  }
-};
-static_assert(model::check_attention_context<local_context<double>, double>());
 
 /// A context of one encoder rank: full attention inside each piece with the reference kernel.
 template <class T>
@@ -310,7 +315,9 @@ struct EncImpl : torch::nn::Module {
 };
 TORCH_MODULE(Enc);
 
+static_assert(libtorch::check_encoder_module<EncImpl>());
 static_assert(model::check_encoder_stage<libtorch::encoder<EncImpl, double>, double>());
+static_assert(model::check_encoder_stage<libtorch::encoder<EncImpl, float>, float>());
 
 /// An encoder batch of two items (3 and 2 tokens).
 inline model::encoder_batch make_encoder_batch() {

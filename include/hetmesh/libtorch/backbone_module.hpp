@@ -52,6 +52,29 @@ concept backbone_module = std::derived_from<M, ::torch::nn::Module> &&
   { cm.output_size(mb, stage) } -> std::convertible_to<std::int64_t>;
 };
 
+/// Checks backbone_module<M> requirement by requirement: each one M misses fails a static_assert that names
+/// it. Returns true (so `static_assert(libtorch::check_backbone_module<BlockImpl>())`).
+template <class M>
+consteval bool check_backbone_module() {
+  static_assert(
+      std::derived_from<M, ::torch::nn::Module>,
+      "libtorch::backbone_module requirement 1: the module must derive from torch::nn::Module (pass "
+      "the Impl type of a TORCH_MODULE)");
+  static_assert(
+      requires(M & m, const ::at::Tensor& x, const stage_call& call) {
+        { m.forward(x, call) } -> std::convertible_to<::at::Tensor>;
+      },
+      "libtorch::backbone_module requirement 2: missing `torch::Tensor forward(const torch::Tensor& x, const "
+      "hetmesh::libtorch::stage_call& call)`");
+  static_assert(
+      requires(const M& cm, const model::micro_batch_view& mb, int stage) {
+        { cm.output_size(mb, stage) } -> std::convertible_to<std::int64_t>;
+      },
+      "libtorch::backbone_module requirement 3: missing `std::int64_t output_size(const "
+      "hetmesh::model::micro_batch_view&, int stage) const`");
+  return true;
+}
+
 /// What the module of the last pipeline stage returns.
 enum class last_stage_output {
   token_losses,  ///< one unweighted loss per local token: the adapter multiplies it by
