@@ -275,6 +275,15 @@ TEST_CASE("backbone: backward without a forward, a second forward, W before I ar
   CHECK(stage.pending() == 0);
 }
 
+TEST_CASE("backbone_options print") {
+  CHECK(fmt::format("{}", libtorch::backbone_options{.stages = 2}) ==
+        "backbone(stages=2, last=token losses)");
+  CHECK(fmt::format("{}", libtorch::backbone_options{.stages = 1,
+                                                     .last = libtorch::last_stage_output::loss_terms,
+                                                     .ignore_output_gradient = true}) ==
+        "backbone(stages=1, last=loss terms, ignores output gradients)");
+}
+
 TEST_CASE("flat_parameters: views share storage; span updates reach the module; gradients accumulate") {
   auto m = make_stack(3, 1);
   const auto before = m->parameters();

@@ -21,6 +21,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "../core/error.hpp"
+#include "../core/format.hpp"
 #include "../model/micro_batch.hpp"
 #include "../model/stage.hpp"
 #include "../model/token_mixing.hpp"
@@ -272,3 +273,27 @@ class backbone : public detail::declared_mixing<Module> {
 };
 
 }  // namespace hetmesh::libtorch
+
+/// Prints a last_stage_output as `token losses` or `loss terms`.
+template <>
+struct fmt::formatter<hetmesh::libtorch::last_stage_output> : hetmesh::empty_spec_formatter {
+  /// Writes the name.
+  template <class FormatContext>
+  auto format(hetmesh::libtorch::last_stage_output o, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(
+        ctx.out(), "{}",
+        o == hetmesh::libtorch::last_stage_output::token_losses ? "token losses" : "loss terms");
+  }
+};
+
+/// Prints backbone_options as `backbone(stages=2, last=token losses)`, with `, ignores output gradients`
+/// when the mutation is on.
+template <>
+struct fmt::formatter<hetmesh::libtorch::backbone_options> : hetmesh::empty_spec_formatter {
+  /// Writes the options.
+  template <class FormatContext>
+  auto format(const hetmesh::libtorch::backbone_options& o, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "backbone(stages={}, last={}{})", o.stages, o.last,
+                              o.ignore_output_gradient ? ", ignores output gradients" : "");
+  }
+};
