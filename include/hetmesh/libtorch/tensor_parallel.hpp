@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+// hetmesh::libtorch: run::'s tensor-parallel regions (run/tp_regions.hpp) and the vocabulary-parallel
+// cross-entropy (run/tp_vocab.hpp) as autograd functions on torch tensors, so a torch module splits its
+// layers over the tp group of its stage context (ctx.tp) as Megatron-LM does:
+//
+//   function                      forward                           backward
+//   copy_to_tp(c, x)              identity                          all-reduce (sum) of the gradient
+//   reduce_from_tp(c, x)          all-reduce (sum)                  identity
+//   gather_from_tp(c, x)          all-gather along the last dim     this rank's columns
+//   scatter_to_tp(c, x)           this rank's columns               all-gather along the last dim
+//   gather_from_sp(c, x)          all-gather along dim 0 (tokens)   reduce-scatter along dim 0
+//   reduce_scatter_to_sp(c, x)    reduce-scatter along dim 0        all-gather along dim 0
+//   vocab_parallel_cross_entropy  per-token loss over the whole     scale (softmax - one-hot), this
+//                                 vocabulary from this rank's       rank's columns, times the loss
+//                                 logit columns                     gradient
+//
+// A column-parallel linear is copy_to_tp then a local linear over this rank's output columns; a
+// row-parallel one is a local linear over this rank's input columns then reduce_from_tp. Every function is
+// collective over `c` in forward or backward as the table says (every member calls the same function on
+// tensors of the same shape, in the same order as its other collectives on `c`), and its backward runs
+// collectives too: every rank must run its backward through them in the same order (one autograd backward
+// per rank, as one loopback thread or one process). The communicator is held by pointer until backward has
+// run: it must outlive the graph. Tensors: float or double, contiguous or not (made contiguous), on the
+// communicator's memory (CPU for host communicators, CUDA for device ones; the CUDA path is untested here).
+// The EP exchange (run/moe.hpp) is not wrapped yet.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "../comm/collectives.hpp"
+#include "../run/tp_regions.hpp"
+#include "../run/tp_vocab.hpp"
+#include "tensor_memory.hpp"
+
+namespace hetmesh::libtorch {
+
+/// The memory policy of communicator C's buffers: tensor_memory for host communicators, cuda_tensor_memory
+/// for device ones.
+template <class C>
+using tensor_memory_for = std::conditional_t<std::remove_cvref_t<C>::memory == memory_space::host,
+                                             tensor_memory, cuda_tensor_memory>;
+
+namespace detail {
+
+/// Runs f(T{}) with T the element type of `t` (float or double; invalid_argument otherwise).
+template <class F>
+decltype(auto) by_dtype(const at::Tensor& t, const char* who, F&& f) {
+  if (t.scalar_type() == at::kFloat) return f(float{});
+  if (t.scalar_type() == at::kDouble) return f(double{});
+  throw_error<invalid_argument>("libtorch::{}: a tensor of {}; expected float or double", who,
+                                std::string(c10::toString(t.scalar_type())));
+}
+
+/// The elements of contiguous `t` as a span of T.
+template <class T>
+std::span<T> elements(const at::Tensor& t) {
+  return {t.data_ptr<T>(), static_cast<std::size_t>(t.numel())};
+}
+
+/// Stores and recovers the communicator of an autograd node (by address; it must outlive the graph).
+template <class C>
+void keep_comm(torch::autograd::AutogradContext* ctx, C& c) {
+  ctx->saved_data["hetmesh_comm"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&c));
+}
+template <class C>
+C& comm_of(torch::autograd::AutogradContext* ctx) {
+  return *reinterpret_cast<C*>(static_cast<std::intptr_t>(ctx->saved_data["hetmesh_comm"].toInt()));
+}
+
+/// x (any shape) all-reduced (sum) over c, as a new contiguous tensor.
+template <class C>
+at::Tensor all_reduced(C& c, const at::Tensor& x, const char* who) {
+  auto y = x.contiguous().clone();
+  by_dtype(y, who, [&](auto t) { comm::all_reduce(c, elements<decltype(t)>(y), comm::reduce_op::sum); });
+  return y;
+}
+
+/// The regions along the last dim (columns) or dim 0 (tokens), by direction.
+enum class region { gather_columns, split_columns, gather_tokens, reduce_scatter_tokens };
+
+/// Applies `r` to x over c: the output shape follows from x's and the tp size.
+template <class C>
+at::Tensor apply_region(C& c, const at::Tensor& x, region r, const char* who) {
+  const auto in = x.contiguous();
+  const int tp = c.size();
+  if (in.dim() < 1)
+    throw_error<invalid_argument>("libtorch::{}: a 0-dim tensor; expected at least one dim", who);
+  const auto last = in.size(-1), rows = last == 0 ? 0 : in.numel() / last;
+  auto sizes = in.sizes().vec();
+  const bool columns = r == region::gather_columns || r == region::split_columns;
+  const bool grow = r == region::gather_columns || r == region::gather_tokens;
+  auto& dim = columns ? sizes.back() : sizes.front();
+  if (!grow && dim % tp != 0)
+    throw_error<invalid_argument>(
+        "libtorch::{}: the split dim is {}, not divisible by the tensor-parallel size {}", who, dim, tp);
+  dim = grow ? dim * tp : dim / tp;
+  auto out = at::empty(sizes, in.options());
+  const tensor_memory_for<C> mem;
+  by_dtype(in, who, [&](auto t) {
+    using T = decltype(t);
+    const std::span<const T> src = elements<T>(in);
+    const auto dst = elements<T>(out);
+    const auto full_cols = columns ? (grow ? last * tp : last) : last;
+    const auto full_rows = columns ? rows : (grow ? rows * tp : rows);
+    switch (r) {
+      case region::gather_columns:
+        run::gather_from_tp_forward(c, src, dst, full_rows, full_cols, mem);
+        break;
+      case region::split_columns:
+        run::scatter_to_tp_forward(c, src, dst, full_rows, full_cols, mem);
+        break;
+      case region::gather_tokens:
+        run::gather_from_sp_forward(c, src, dst, full_rows, full_cols, mem);
+        break;
+      case region::reduce_scatter_tokens:
+        run::reduce_scatter_to_sp_forward(c, src, dst, full_rows, full_cols, mem);
+        break;
+    }
+  });
+  return out;
+}
+
+/// An autograd function whose forward is region F and backward region B (identity and all-reduce are
+/// written out in copy_to_tp and reduce_from_tp).
+template <class C, region F, region B>
+struct region_function : torch::autograd::Function<region_function<C, F, B>> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, C* c) {
+    keep_comm(ctx, *c);
+    return apply_region(*c, x, F, "tensor-parallel region forward");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return {apply_region(comm_of<C>(ctx), g[0], B, "tensor-parallel region backward"), at::Tensor()};
+  }
+};
+
+template <class C>
+struct copy_to_tp_function : torch::autograd::Function<copy_to_tp_function<C>> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, C* c) {
+    keep_comm(ctx, *c);
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return {all_reduced(comm_of<C>(ctx), g[0], "copy_to_tp backward"), at::Tensor()};
+  }
+};
+
+template <class C>
+struct reduce_from_tp_function : torch::autograd::Function<reduce_from_tp_function<C>> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x, C* c) {
+    return all_reduced(*c, x, "reduce_from_tp");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list g) {
+    return {g[0], at::Tensor()};
+  }
+};
+
+}  // namespace detail
+
+/// Enters a tensor-parallel region (before a column-parallel layer): forward returns x as it is (every tp
+/// rank holds the same x); backward all-reduces (sums) the input gradient over c. Collective in backward.
+template <comm::communicator C>
+at::Tensor copy_to_tp(C& c, const at::Tensor& x) {
+  return detail::copy_to_tp_function<C>::apply(x, &c);
+}
+
+/// Leaves a tensor-parallel region (after a row-parallel layer): forward returns the sum over c of every
+/// rank's partial x (a new tensor); backward passes the gradient through. Collective in forward.
+template <comm::communicator C>
+at::Tensor reduce_from_tp(C& c, const at::Tensor& x) {
+  return detail::reduce_from_tp_function<C>::apply(x, &c);
+}
+
+/// Every rank's x [..., n] concatenated along the last dim in rank order: [..., n * tp]. Backward: this
+/// rank's columns of the gradient (local). Collective in forward.
+template <comm::communicator C>
+at::Tensor gather_from_tp(C& c, const at::Tensor& x) {
+  using R = detail::region;
+  return detail::region_function<C, R::gather_columns, R::split_columns>::apply(x, &c);
+}
+
+/// This rank's block of columns of x [..., n] (equal on every rank): [..., n / tp] (n divisible by tp;
+/// invalid_argument otherwise). Backward: the gradients' blocks gathered. Collective in backward.
+template <comm::communicator C>
+at::Tensor scatter_to_tp(C& c, const at::Tensor& x) {
+  using R = detail::region;
+  return detail::region_function<C, R::split_columns, R::gather_columns>::apply(x, &c);
+}
+
+/// Sequence parallelism, before a column-parallel layer: every rank's x [t, ...] concatenated along dim 0
+/// in rank order: [t * tp, ...]. Backward: reduce-scatter (sum) of the gradient along dim 0. Collective
+/// both ways.
+template <comm::communicator C>
+at::Tensor gather_from_sp(C& c, const at::Tensor& x) {
+  using R = detail::region;
+  return detail::region_function<C, R::gather_tokens, R::reduce_scatter_tokens>::apply(x, &c);
+}
+
+/// Sequence parallelism, after a row-parallel layer: this rank's rows of the sum over c of every rank's x
+/// [t, ...]: [t / tp, ...] (t divisible by tp). Backward: the gradients gathered along dim 0. Collective
+/// both ways.
+template <comm::communicator C>
+at::Tensor reduce_scatter_to_sp(C& c, const at::Tensor& x) {
+  using R = detail::region;
+  return detail::region_function<C, R::reduce_scatter_tokens, R::gather_tokens>::apply(x, &c);
+}
+
+}  // namespace hetmesh::libtorch
