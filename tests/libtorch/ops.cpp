@@ -408,3 +408,24 @@ TEST_CASE("tensor-parallel autograd functions: gather/scatter along columns and 
     CHECK_THROWS_AS(libtorch::scatter_to_tp(c, at::randn({2, 3}, opt)), invalid_argument);
   });
 }
+
+TEST_CASE("vocab_parallel_cross_entropy on 2 ranks equals the whole-vocabulary loss and its gradient") {
+  const auto opt = at::TensorOptions().dtype(at::kDouble);
+  const auto logits = at::randn({5, 8}, opt);
+  const std::vector<std::int64_t> targets{3, 7, 0, 4, 5};
+  const std::vector<double> weights{1.0, 0.5, 0.0, 1.0, 2.0};
+  const auto dloss = at::randn({5}, opt);
+  // The plain loss over the whole vocabulary, with autograd.
+  auto whole = logits.clone().requires_grad_();
+  const auto t = at::tensor(at::ArrayRef<std::int64_t>(targets), at::TensorOptions().dtype(at::kLong));
+  const auto w = at::tensor(at::ArrayRef<double>(weights), opt);
+  const auto want = whole.logsumexp(1).sub(whole.gather(1, t.unsqueeze(1)).squeeze(1)).mul(w).div(3.0);
+  const auto dwant = torch::autograd::grad({want.mul(dloss).sum()}, {whole})[0];
+  comm::loopback::run(2, [&](comm::loopback::communicator& c) {
+    auto mine = logits.narrow(1, c.rank() * 4, 4).clone().requires_grad_();
+    const auto loss = libtorch::vocab_parallel_cross_entropy(c, mine, 8, targets, weights, 3);
+    CHECK(loss.allclose(want.detach(), 0, 1e-12));
+    const auto d = torch::autograd::grad({loss.mul(dloss).sum()}, {mine})[0];
+    CHECK(d.allclose(dwant.narrow(1, c.rank() * 4, 4), 0, 1e-12));
+  });
+}

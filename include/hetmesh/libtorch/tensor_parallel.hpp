@@ -28,8 +28,10 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "../comm/collectives.hpp"
@@ -162,7 +164,61 @@ struct reduce_from_tp_function : torch::autograd::Function<reduce_from_tp_functi
   }
 };
 
+template <class C>
+struct vocab_cross_entropy_function : torch::autograd::Function<vocab_cross_entropy_function<C>> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, C* c,
+                            std::int64_t vocab, std::span<const std::int64_t> targets,
+                            std::span<const double> weights, std::int64_t step_targets) {
+    const auto in = logits.contiguous();
+    const tensor_memory_for<C> mem;
+    at::Tensor loss = at::empty({static_cast<std::int64_t>(targets.size())}, in.options());
+    by_dtype(in, "vocab_parallel_cross_entropy", [&](auto t) {
+      using T = decltype(t);
+      run::vocab_cross_entropy_state<T, tensor_memory_for<C>> state;
+      if (in.is_cpu()) {
+        run::vocab_parallel_cross_entropy_forward(*c, vocab, std::span<const T>(elements<T>(in)), targets,
+                                                  weights, step_targets, elements<T>(loss), state, mem);
+      } else {  // the loss is host memory in run::'s contract
+        std::vector<T> host(targets.size());
+        run::vocab_parallel_cross_entropy_forward(*c, vocab, std::span<const T>(elements<T>(in)), targets,
+                                                  weights, step_targets, std::span<T>(host), state, mem);
+        mem.upload(elements<T>(loss), std::span<const T>(host));
+      }
+      ctx->saved_data["lse"] = state.lse.tensor();
+      ctx->saved_data["target"] = state.local_target.tensor();
+      ctx->saved_data["scale"] = state.scale.tensor();
+    });
+    ctx->save_for_backward({in});
+    return loss;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const auto logits = ctx->get_saved_variables()[0];
+    const auto target = ctx->saved_data["target"].toTensor();
+    const auto seen = target.ge(0);  // rows whose target column this rank holds
+    auto d = logits.sub(ctx->saved_data["lse"].toTensor().unsqueeze(1)).exp();
+    d.scatter_add_(1, target.clamp_min(0).unsqueeze(1), seen.to(d.scalar_type()).neg().unsqueeze(1));
+    d.mul_(ctx->saved_data["scale"].toTensor().mul(g[0]).unsqueeze(1));
+    return {d, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace detail
+
+/// Vocabulary-parallel cross-entropy (run::vocab_parallel_cross_entropy_forward as an autograd function):
+/// `logits` is this rank's [tokens][vocab / tp] columns (rank j holds columns [j vocab/tp, (j+1) vocab/tp));
+/// `targets` and `weights` (host, one per token, equal on every tp rank) the next tokens and their loss
+/// weights. Returns loss [tokens], equal on every rank: weights[t] (log sum over the whole vocabulary of
+/// exp(logits[t]) - logits[t][targets[t]]) / step_targets (0 where the weight is 0). Backward: this rank's
+/// columns of scale (softmax - one-hot of the target), times the loss gradient (local). Pre: vocab
+/// divisible by tp, targets in [0, vocab) where weighted, step_targets >= 1 (invalid_argument otherwise).
+/// Collective in forward (three all-reduces of [tokens]). The host spans are read during the call only.
+template <comm::communicator C>
+at::Tensor vocab_parallel_cross_entropy(C& c, const at::Tensor& logits, std::int64_t vocab,
+                                        std::span<const std::int64_t> targets,
+                                        std::span<const double> weights, std::int64_t step_targets) {
+  return detail::vocab_cross_entropy_function<C>::apply(logits, &c, vocab, targets, weights, step_targets);
+}
 
 /// Enters a tensor-parallel region (before a column-parallel layer): forward returns x as it is (every tp
 /// rank holds the same x); backward all-reduces (sums) the input gradient over c. Collective in backward.
