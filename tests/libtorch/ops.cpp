@@ -8,6 +8,7 @@
 // MLP on 2 loopback ranks the 1-rank output and gradients.
 // The torch headers come first: glog (through c10's logging) defines CHECK, which doctest's must replace.
 #include <ATen/ops/linspace.h>
+#include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tanh.h>
 #include <ATen/ops/tensor.h>
@@ -226,6 +227,7 @@ TEST_CASE("libtorch::attention_with_lse: autograd gradients equal finite differe
 }
 
 TEST_CASE("libtorch::attention_with_lse: one document by default, and empty blocks") {
+  at::manual_seed(1234);  // seeded inputs (ranks draw in turn from the one generator)
   auto q = at::randn({5, 2, 4}, at::TensorOptions().dtype(at::kDouble));
   auto k = at::randn({5, 1, 4}, at::TensorOptions().dtype(at::kDouble));
   const std::vector<std::int64_t> zeros(5, 0), pos{0, 1, 2, 3, 4};
@@ -354,6 +356,7 @@ std::vector<at::Tensor> tp_mlp(comm::loopback::communicator& c, const at::Tensor
 }  // namespace
 
 TEST_CASE("tensor-parallel autograd functions: a column-then-row MLP on 2 ranks equals 1 rank") {
+  at::manual_seed(1234);  // seeded inputs (ranks draw in turn from the one generator)
   const auto opt = at::TensorOptions().dtype(at::kDouble);
   const auto x = at::randn({5, 6}, opt), w1 = at::randn({8, 6}, opt), w2 = at::randn({6, 8}, opt),
              dy = at::randn({5, 6}, opt);
@@ -383,6 +386,7 @@ TEST_CASE("tensor-parallel autograd functions: a column-then-row MLP on 2 ranks 
 }
 
 TEST_CASE("tensor-parallel autograd functions: gather/scatter along columns and tokens are adjoint") {
+  at::manual_seed(1234);  // seeded inputs (ranks draw in turn from the one generator)
   const auto opt = at::TensorOptions().dtype(at::kDouble);
   const auto full = at::randn({4, 6}, opt), dfull = at::randn({4, 6}, opt);
   comm::loopback::run(2, [&](comm::loopback::communicator& c) {
@@ -410,6 +414,7 @@ TEST_CASE("tensor-parallel autograd functions: gather/scatter along columns and 
 }
 
 TEST_CASE("vocab_parallel_cross_entropy on 2 ranks equals the whole-vocabulary loss and its gradient") {
+  at::manual_seed(1234);  // seeded inputs (ranks draw in turn from the one generator)
   const auto opt = at::TensorOptions().dtype(at::kDouble);
   const auto logits = at::randn({5, 8}, opt);
   const std::vector<std::int64_t> targets{3, 7, 0, 4, 5};
@@ -427,5 +432,50 @@ TEST_CASE("vocab_parallel_cross_entropy on 2 ranks equals the whole-vocabulary l
     CHECK(loss.allclose(want.detach(), 0, 1e-12));
     const auto d = torch::autograd::grad({loss.mul(dloss).sum()}, {mine})[0];
     CHECK(d.allclose(dwant.narrow(1, c.rank() * 4, 4), 0, 1e-12));
+  });
+}
+
+TEST_CASE("moe_dispatch and moe_combine on 2 EP ranks equal the gated sum of the experts, with gradients") {
+  at::manual_seed(1234);  // seeded inputs (ranks draw in turn from the one generator)
+  // 4 experts over ep = 2, top 2; expert e scales its rows by e + 1. Each rank routes its own tokens.
+  const auto opt = at::TensorOptions().dtype(at::kDouble);
+  const seq::moe_layout layout{4, 2, 2};
+  const at::Tensor xs[2] = {at::randn({6, 3}, opt), at::randn({6, 3}, opt)},
+                   gs[2] = {at::rand({12}, opt), at::rand({12}, opt)},
+                   dys[2] = {at::randn({6, 3}, opt), at::randn({6, 3}, opt)};
+  comm::loopback::run(2, [&](comm::loopback::communicator& c) {
+    const auto r = static_cast<std::uint64_t>(c.rank());
+    rng g(40 + r);
+    const std::int64_t n = 6;
+    std::vector<std::int64_t> experts;
+    for (std::int64_t t = 0; t < n; ++t) {
+      const auto a = static_cast<std::int64_t>(g.below(4)),
+                 b = (a + 1 + static_cast<std::int64_t>(g.below(3))) % 4;
+      experts.push_back(a), experts.push_back(b);
+    }
+    const auto x0 = xs[r], g0 = gs[r], dy = dys[r];
+    const std::vector<double> gates_host(g0.data_ptr<double>(), g0.data_ptr<double>() + n * 2);
+    const libtorch::tensor_memory mem;
+    const auto plan = run::moe_plan(c, layout, {}, std::span<const std::int64_t>(experts),
+                                    std::span<const double>(gates_host), mem);
+    auto x = x0.clone().requires_grad_(), gates = g0.clone().requires_grad_();
+    const auto in = libtorch::moe_dispatch(c, plan, x);
+    std::vector<double> scale;
+    for (std::size_t j = 0; j < plan.expert_counts.size(); ++j)
+      scale.insert(scale.end(), static_cast<std::size_t>(plan.expert_counts[j]),
+                   static_cast<double>(layout.first_expert(c.rank()) + static_cast<std::int64_t>(j) + 1));
+    const auto s = at::tensor(at::ArrayRef<double>(scale), opt).unsqueeze(1);
+    const auto y = libtorch::moe_combine(c, plan, in.mul(s), gates);
+    const auto gr = torch::autograd::grad({y.mul(dy).sum()}, {x, gates});
+    // The same layer on this rank alone, with autograd: y[t] = sum_j gates[t j] (e_j + 1) x[t].
+    auto xr = x0.clone().requires_grad_(), gr0 = g0.clone().requires_grad_();
+    const auto e = at::tensor(at::ArrayRef<std::int64_t>(experts), at::TensorOptions().dtype(at::kLong));
+    const auto factor = gr0.mul(e.to(at::kDouble).add(1)).reshape({n, 2}).sum(1, true);
+    const auto yr = xr.mul(factor);
+    const auto want = torch::autograd::grad({yr.mul(dy).sum()}, {xr, gr0});
+    CHECK(y.allclose(yr, 0, 1e-12));
+    CHECK(gr[0].allclose(want[0], 0, 1e-12));
+    CHECK(gr[1].allclose(want[1], 0, 1e-12));
+    CHECK(plan.expert_rows() > 0);
   });
 }

@@ -22,7 +22,8 @@
 // per rank, as one loopback thread or one process). The communicator is held by pointer until backward has
 // run: it must outlive the graph. Tensors: float or double, contiguous or not (made contiguous), on the
 // communicator's memory (CPU for host communicators, CUDA for device ones; the CUDA path is untested here).
-// The EP exchange (run/moe.hpp) is not wrapped yet.
+// The EP exchange (run/moe.hpp) as moe_dispatch / moe_combine: the tokens' rows to this rank's experts and
+// the experts' gated outputs back, over ctx.ep, with the plan of run::moe_plan.
 #pragma once
 
 #include <cstdint>
@@ -32,9 +33,11 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "../comm/collectives.hpp"
+#include "../run/moe.hpp"
 #include "../run/tp_regions.hpp"
 #include "../run/tp_vocab.hpp"
 #include "tensor_memory.hpp"
@@ -203,7 +206,102 @@ struct vocab_cross_entropy_function : torch::autograd::Function<vocab_cross_entr
   }
 };
 
+/// Stores and recovers the MoE plan of an autograd node (by address; it must outlive the graph).
+inline void keep_plan(torch::autograd::AutogradContext* ctx, const seq::moe_dispatch_plan& p) {
+  ctx->saved_data["hetmesh_plan"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&p));
+}
+inline const seq::moe_dispatch_plan& plan_of(torch::autograd::AutogradContext* ctx) {
+  return *reinterpret_cast<const seq::moe_dispatch_plan*>(
+      static_cast<std::intptr_t>(ctx->saved_data["hetmesh_plan"].toInt()));
+}
+
+template <class C>
+struct moe_dispatch_function : torch::autograd::Function<moe_dispatch_function<C>> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, C* c,
+                            const seq::moe_dispatch_plan* plan) {
+    keep_comm(ctx, *c);
+    keep_plan(ctx, *plan);
+    const auto in = x.contiguous();
+    auto out = at::empty({plan->expert_rows(), in.size(-1)}, in.options());
+    by_dtype(in, "moe_dispatch", [&](auto t) {
+      using T = decltype(t);
+      run::moe_dispatch_forward(*c, *plan, in.size(-1), std::span<const T>(elements<T>(in)), elements<T>(out),
+                                tensor_memory_for<C>{});
+    });
+    ctx->saved_data["sizes"] = in.sizes().vec();
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const auto d = g[0].contiguous();
+    auto dx = at::empty(ctx->saved_data["sizes"].toIntVector(), d.options());
+    by_dtype(d, "moe_dispatch backward", [&](auto t) {
+      using T = decltype(t);
+      run::moe_dispatch_backward(comm_of<C>(ctx), plan_of(ctx), d.size(-1),
+                                 std::span<const T>(elements<T>(d)), elements<T>(dx), tensor_memory_for<C>{});
+    });
+    return {dx, at::Tensor(), at::Tensor()};
+  }
+};
+
+template <class C>
+struct moe_combine_function : torch::autograd::Function<moe_combine_function<C>> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& expert_out,
+                            const at::Tensor& gates, C* c, const seq::moe_dispatch_plan* plan) {
+    keep_comm(ctx, *c);
+    keep_plan(ctx, *plan);
+    const auto eo = expert_out.contiguous(), gt = gates.contiguous();
+    const auto w = eo.size(-1), choices = static_cast<std::int64_t>(plan->row_of_choice.size());
+    auto routed = at::empty({choices, w}, eo.options()), y = at::empty({plan->tokens, w}, eo.options());
+    by_dtype(eo, "moe_combine", [&](auto t) {
+      using T = decltype(t);
+      run::moe_combine_forward(*c, *plan, w, std::span<const T>(elements<T>(eo)),
+                               std::span<const T>(elements<T>(gt)), elements<T>(routed), elements<T>(y),
+                               tensor_memory_for<C>{});
+    });
+    ctx->save_for_backward({gt, routed});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const auto dy = g[0].contiguous();
+    const auto& plan = plan_of(ctx);
+    auto d_out = at::empty({plan.expert_rows(), dy.size(-1)}, dy.options()),
+         d_gates = at::empty_like(saved[0]);
+    by_dtype(dy, "moe_combine backward", [&](auto t) {
+      using T = decltype(t);
+      run::moe_combine_backward(comm_of<C>(ctx), plan, dy.size(-1), std::span<const T>(elements<T>(dy)),
+                                std::span<const T>(elements<T>(saved[0])),
+                                std::span<const T>(elements<T>(saved[1])), elements<T>(d_out),
+                                elements<T>(d_gates), tensor_memory_for<C>{});
+    });
+    return {d_out, d_gates, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace detail
+
+/// The EP exchange's dispatch (run::moe_dispatch_forward as an autograd function): x [plan.tokens][width]
+/// -> the rows of this rank's experts [plan.expert_rows()][width], grouped by local expert as the plan
+/// says (plan.expert_counts). Backward: run::moe_dispatch_backward (each token's gradient summed over its
+/// kept choices). `plan` is this step's run::moe_plan over `ep`; it and `ep` must outlive the graph.
+/// Collective over ep both ways.
+template <comm::communicator C>
+at::Tensor moe_dispatch(C& ep, const seq::moe_dispatch_plan& plan, const at::Tensor& x) {
+  return detail::moe_dispatch_function<C>::apply(x, &ep, &plan);
+}
+
+/// The EP exchange's combine (run::moe_combine_forward as an autograd function): the experts' outputs
+/// [plan.expert_rows()][width] (laid out as moe_dispatch left their inputs) and `gates` [plan.tokens *
+/// top_k] -> y [plan.tokens][width], y[t] = sum over t's kept choices c of gates[c] * output of c.
+/// Differentiable in both (run::moe_combine_backward). Collective over ep both ways; `plan` and `ep` must
+/// outlive the graph.
+template <comm::communicator C>
+at::Tensor moe_combine(C& ep, const seq::moe_dispatch_plan& plan, const at::Tensor& expert_out,
+                       const at::Tensor& gates) {
+  return detail::moe_combine_function<C>::apply(expert_out, gates, &ep, &plan);
+}
 
 /// Vocabulary-parallel cross-entropy (run::vocab_parallel_cross_entropy_forward as an autograd function):
 /// `logits` is this rank's [tokens][vocab / tp] columns (rank j holds columns [j vocab/tp, (j+1) vocab/tp));
