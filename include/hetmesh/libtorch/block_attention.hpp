@@ -8,8 +8,9 @@
 // batched over KV heads (the query heads of one KV head are stacked, so dk and dv sum over the group in one
 // product). With torch >= 2.2, a block of one document whose mask is full, or causal over equal query and
 // key positions, runs the forward in the fused CPU kernel (_scaled_dot_product_flash_attention_for_cpu,
-// which returns the lse); the installed torch here is 1.13, which has no fused kernel returning the lse, so
-// that branch is compiled out and untested here, and every block runs the composed ops.
+// which returns the lse); the torch CI installs (Debian's 1.13) has no fused kernel returning the lse, so
+// there that branch is compiled out and every block runs the composed ops. The fused branch was checked by
+// hand against the PyPI wheel's torch 2.15 CPU libraries (docs/torch.md), not in CI.
 #pragma once
 
 #include <cstdint>
