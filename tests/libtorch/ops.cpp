@@ -151,10 +151,16 @@ TEST_CASE("libtorch::block_attention refuses bad blocks before writing") {
   libtorch::block_attention kern;
   auto b = rb.block(seq::block_mask::causal, 0.3);
   b.q = std::span<const double>(rb.q).first(8);
-  CHECK_THROWS_AS(kern.forward(b, {out, lse}), invalid_argument);
+  CHECK_THROWS_WITH_AS(kern.forward(b, {out, lse}), doctest::Contains("q holds 8 elements; expected 192"),
+                       invalid_argument);
   CHECK_THROWS_AS(kern.forward(rb.block(seq::block_mask::none, 0.3), {out, lse}), invalid_argument);
-  CHECK_THROWS_AS(kern.forward(rb.block(seq::block_mask::full, 0.3), {out, std::span<double>(lse).first(3)}),
-                  invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      kern.forward(rb.block(seq::block_mask::full, 0.3), {out, std::span<double>(lse).first(3)}),
+      doctest::Contains("lse holds 3 elements; expected 24"), invalid_argument);
+  std::vector<double> g(rb.q.size()), small(4);
+  CHECK_THROWS_WITH_AS(
+      kern.backward(rb.block(seq::block_mask::full, 0.3), {rb.dout, lse, lse, g, small, small}),
+      doctest::Contains("dk holds 4 elements; expected 80"), invalid_argument);
   CHECK(out[0] == 7.0);
 }
 

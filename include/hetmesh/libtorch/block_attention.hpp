@@ -13,7 +13,9 @@
 // hand against the PyPI wheel's torch 2.15 CPU libraries (docs/torch.md), not in CI.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <span>
 #include <type_traits>
@@ -64,28 +66,40 @@ bool fusable(const model::attention_block<T>& b) {
   return true;
 }
 
-/// Sizes of a block (query and key tokens, heads, head size), checked against its spans.
+/// Sizes of a block (query and key tokens, heads, head size), from its metadata and shape.
 struct block_sizes {
   std::size_t nq = 0, nk = 0, hq = 1, hk = 1, dim = 1;
 };
 
-/// Throws invalid_argument, prefixed by `who`, unless b's shape is valid, its mask full or causal and its
-/// spans sized as model::attention_block describes.
+/// One span of a call and the elements it must hold.
+struct extent {
+  const char* name;  ///< the span's name in the message
+  std::size_t got;   ///< elements it holds
+  std::size_t want;  ///< elements the block needs
+};
+
+/// Throws invalid_argument, prefixed by `who`, unless b's shape is valid, its mask full or causal and every
+/// span of `extra` (besides the block's own) holds what it must; returns the block's sizes.
 template <class T>
-block_sizes check_block(const model::attention_block<T>& b, const char* who) {
+block_sizes check_block(const model::attention_block<T>& b, const char* who,
+                        std::initializer_list<extent> extra = {}) {
   model::check_attention_shape(b.shape, who);
   if (b.mask == seq::block_mask::none)
     throw_error<invalid_argument>("{}: called with block_mask::none; expected full or causal", who);
-  block_sizes d{b.q_doc.size(), b.k_doc.size(), static_cast<std::size_t>(b.shape.q_heads),
-                static_cast<std::size_t>(b.shape.kv_heads), static_cast<std::size_t>(b.shape.head_dim)};
-  if (b.q_pos.size() != d.nq || b.k_pos.size() != d.nk || b.q.size() != d.nq * d.hq * d.dim ||
-      b.k.size() != d.nk * d.hk * d.dim || b.v.size() != b.k.size())
-    throw_error<invalid_argument>(
-        "{}: {} query tokens ({} positions, q of {} elements), {} key tokens ({} positions, k of {}, v of {} "
-        "elements) for q_heads={}, kv_heads={}, head_dim={}; expected q = tokens*q_heads*head_dim and k, v "
-        "= tokens*kv_heads*head_dim",
-        who, d.nq, b.q_pos.size(), b.q.size(), d.nk, b.k_pos.size(), b.k.size(), b.v.size(), d.hq, d.hk,
-        d.dim);
+  const block_sizes d{b.q_doc.size(), b.k_doc.size(), static_cast<std::size_t>(b.shape.q_heads),
+                      static_cast<std::size_t>(b.shape.kv_heads), static_cast<std::size_t>(b.shape.head_dim)};
+  const auto q = d.nq * d.hq * d.dim, kv = d.nk * d.hk * d.dim;
+  for (const auto& e : {extent{"q_pos", b.q_pos.size(), d.nq}, extent{"k_pos", b.k_pos.size(), d.nk},
+                        extent{"q", b.q.size(), q}, extent{"k", b.k.size(), kv}, extent{"v", b.v.size(), kv}})
+    if (e.got != e.want)
+      throw_error<invalid_argument>(
+          "{}: {} holds {} elements; expected {} for {} query and {} key tokens (q_heads={}, kv_heads={}, "
+          "head_dim={})",
+          who, e.name, e.got, e.want, d.nq, d.nk, d.hq, d.hk, d.dim);
+  for (const auto& e : extra)
+    if (e.got != e.want)
+      throw_error<invalid_argument>("{}: {} holds {} elements; expected {} for {} query and {} key tokens",
+                                    who, e.name, e.got, e.want, d.nq, d.nk);
   return d;
 }
 
@@ -109,13 +123,10 @@ struct block_attention {
   template <class T>
   requires std::is_same_v<T, float> || std::is_same_v<T, double>
   void forward(const model::attention_block<T>& b, model::attention_forward_out<T> out) const {
-    const auto d = detail::check_block(b, "libtorch::block_attention::forward");
-    if (out.out.size() != b.q.size() || out.lse.size() != d.nq * d.hq)
-      throw_error<invalid_argument>(
-          "libtorch::block_attention::forward: out of {} and lse of {} elements for {} query tokens; "
-          "expected "
-          "{} and {}",
-          out.out.size(), out.lse.size(), d.nq, b.q.size(), d.nq * d.hq);
+    const auto d = detail::check_block(
+        b, "libtorch::block_attention::forward",
+        {{"out", out.out.size(), b.q.size()},
+         {"lse", out.lse.size(), b.q_doc.size() * static_cast<std::size_t>(b.shape.q_heads)}});
     const c10::NoGradGuard no_grad;
     const auto nq = static_cast<std::int64_t>(d.nq), nk = static_cast<std::int64_t>(d.nk);
     const auto hq = static_cast<std::int64_t>(d.hq), hk = static_cast<std::int64_t>(d.hk);
@@ -151,14 +162,14 @@ struct block_attention {
   template <class T>
   requires std::is_same_v<T, float> || std::is_same_v<T, double>
   void backward(const model::attention_block<T>& b, model::attention_backward_io<T> io) const {
-    const auto d = detail::check_block(b, "libtorch::block_attention::backward");
-    if (io.dout.size() != b.q.size() || io.dq.size() != b.q.size() || io.lse.size() != d.nq * d.hq ||
-        io.delta.size() != d.nq * d.hq || io.dk.size() != b.k.size() || io.dv.size() != b.k.size())
-      throw_error<invalid_argument>(
-          "libtorch::block_attention::backward: dout {}, dq {}, lse {}, delta {}, dk {}, dv {} elements; "
-          "expected dout and dq {}, lse and delta {}, dk and dv {}",
-          io.dout.size(), io.dq.size(), io.lse.size(), io.delta.size(), io.dk.size(), io.dv.size(),
-          b.q.size(), d.nq * d.hq, b.k.size());
+    const auto rows = b.q_doc.size() * static_cast<std::size_t>(b.shape.q_heads);
+    const auto d = detail::check_block(b, "libtorch::block_attention::backward",
+                                       {{"dout", io.dout.size(), b.q.size()},
+                                        {"lse", io.lse.size(), rows},
+                                        {"delta", io.delta.size(), rows},
+                                        {"dq", io.dq.size(), b.q.size()},
+                                        {"dk", io.dk.size(), b.k.size()},
+                                        {"dv", io.dv.size(), b.k.size()}});
     const c10::NoGradGuard no_grad;
     const auto nq = static_cast<std::int64_t>(d.nq), nk = static_cast<std::int64_t>(d.nk);
     const auto hq = static_cast<std::int64_t>(d.hq), hk = static_cast<std::int64_t>(d.hk);
