@@ -64,6 +64,9 @@ struct backbone_options {
   int stages = 1;  ///< pipeline stages of the whole backbone (train::system's num_stages()); the last one
                    ///< seeds its own loss
   last_stage_output last = last_stage_output::token_losses;  ///< what the last stage's module returns
+  /// The mutation parity checks must catch: backward and backward_input seed autograd with ones instead of
+  /// the received output gradient (a stage that drops what the next stage sent). Never set it otherwise.
+  bool ignore_output_gradient = false;
 
   friend bool operator==(const backbone_options&, const backbone_options&) = default;
 };
@@ -81,9 +84,16 @@ struct declared_mixing<M> {
   static constexpr model::token_mixing token_mixing = M::token_mixing;
 };
 
-/// Weights the last stage's per-token losses by loss_weights[t] / step_targets (0 where the weight is 0).
+}  // namespace detail
+
+/// The loss terms of the last stage from its module's per-token losses `y` (mb.size() elements, any shape):
+/// y[t] * loss_weights[t] / step_targets, and exactly 0 where the weight is 0 (whatever y[t] is), as a 1-D
+/// differentiable tensor of y's dtype and device: what libtorch::backbone writes under
+/// last_stage_output::token_losses. A plain libtorch loop that sums these over its micro-batches has the
+/// loss train::system reports. Pre: y.numel() == mb.size() (invalid_argument, prefixed by `who`). O(n).
 template <element T>
-::at::Tensor weight_token_losses(const ::at::Tensor& y, const model::micro_batch_view& mb, const char* who) {
+[[nodiscard]] ::at::Tensor weight_token_losses(const ::at::Tensor& y, const model::micro_batch_view& mb,
+                                               const char* who = "libtorch::weight_token_losses") {
   const auto n = mb.size();
   if (y.numel() != n)
     throw_error<invalid_argument>(
@@ -98,8 +108,6 @@ template <element T>
   const auto flat = y.reshape({-1});
   return ::at::where(w != 0, flat * w, ::at::zeros_like(flat));
 }
-}  // namespace detail
-
 /// A libtorch module as a model::backbone_stage and model::split_backward_stage of element type T (float or
 /// double). One adapter serves every local stage of a rank (call.stage() says which). Guarantees:
 ///  1. forward(ctx, mb, in, out) copies `in` into a leaf that requires grad, runs module.forward(x, call)
@@ -171,7 +179,7 @@ class backbone : public detail::declared_mixing<Module> {
     const bool last = call.last_stage() && options_.last == last_stage_output::token_losses;
     detail::forward_pass<T>(slots_, *binding_, flat_.device(), in, out, [&](const ::at::Tensor& x) {
       ::at::Tensor y = module_->forward(x, call);
-      return last ? detail::weight_token_losses<T>(y, mb, binding_->who) : y;
+      return last ? weight_token_losses<T>(y, mb, binding_->who) : y;
     });
   }
 
@@ -180,7 +188,8 @@ class backbone : public detail::declared_mixing<Module> {
   void backward(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> grad_out,
                 std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, mb, backward_pass::full);
-    detail::backward_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, last_stage(ctx.stage));
+    detail::backward_pass<T>(slots_, *binding_, flat_, received(grad_out), grad_in, seeds_loss(ctx.stage),
+                             true);
   }
 
   /// Guarantee 3, the I pass: writes grad_in, keeps the graph for backward_weight.
@@ -188,7 +197,8 @@ class backbone : public detail::declared_mixing<Module> {
   void backward_input(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> grad_out,
                       std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, mb, backward_pass::input);
-    detail::backward_input_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, last_stage(ctx.stage));
+    detail::backward_input_pass<T>(slots_, *binding_, flat_, received(grad_out), grad_in,
+                                   seeds_loss(ctx.stage));
   }
 
   /// Guarantee 3, the W pass: adds the weight gradients of a slot whose backward_input ran; releases it.
@@ -211,7 +221,12 @@ class backbone : public detail::declared_mixing<Module> {
   void clear() noexcept { slots_.clear(); }
 
  private:
-  [[nodiscard]] bool last_stage(int stage) const noexcept { return stage + 1 == options_.stages; }
+  [[nodiscard]] bool seeds_loss(int stage) const noexcept {
+    return stage + 1 == options_.stages || options_.ignore_output_gradient;
+  }
+  [[nodiscard]] std::span<const T> received(std::span<const T> grad_out) const noexcept {
+    return options_.ignore_output_gradient ? std::span<const T>() : grad_out;
+  }
 
   template <class Ctx>
   [[nodiscard]] detail::binding_scope bind(const Ctx& ctx, const model::micro_batch_view& mb,

@@ -117,7 +117,7 @@ class encoder {
   void backward(const Ctx& ctx, const model::encoder_batch_view& ev, std::span<const T> grad_out,
                 std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, ev, backward_pass::full);
-    detail::backward_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, false);
+    detail::backward_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, false, false);
   }
 
   /// The parameters' spans over the flat value buffer (model::stage_parameters).
