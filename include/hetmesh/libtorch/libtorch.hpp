@@ -6,9 +6,13 @@
 // include this header: libtorch is an optional dependency.
 #pragma once
 
+#include "attention_with_lse.hpp"
 #include "backbone_module.hpp"
+#include "block_attention.hpp"
 #include "encoder_module.hpp"
 #include "flat_parameters.hpp"
 #include "graph_slots.hpp"
 #include "stage_call.hpp"
+#include "tensor_memory.hpp"
+#include "tensor_parallel.hpp"
 #include "tensor_view.hpp"
