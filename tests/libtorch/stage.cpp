@@ -223,7 +223,8 @@ TEST_CASE("backbone: the mutation (backward ignores the received output gradient
   const auto n = static_cast<std::size_t>(mb.size() * block_shape{}.width);
   const auto in = seeded(11, n), gout = seeded(12, n);
   auto run = [&](bool mutate) {
-    stack_stage stage(make_stack(5, 3), {.stages = 3, .ignore_output_gradient = mutate});
+    mutable_stack_stage stage(make_stack(5, 3), {.stages = 3});
+    stage.mutate = mutate;
     const auto ctx = context_for(mb, 1);
     std::vector<double> out(n), gin(n);
     stage.forward(ctx, mb, cspan(in), mspan(out));
@@ -278,10 +279,9 @@ TEST_CASE("backbone: backward without a forward, a second forward, W before I ar
 TEST_CASE("backbone_options print") {
   CHECK(fmt::format("{}", libtorch::backbone_options{.stages = 2}) ==
         "backbone(stages=2, last=token losses)");
-  CHECK(fmt::format("{}", libtorch::backbone_options{.stages = 1,
-                                                     .last = libtorch::last_stage_output::loss_terms,
-                                                     .ignore_output_gradient = true}) ==
-        "backbone(stages=1, last=loss terms, ignores output gradients)");
+  CHECK(fmt::format(
+            "{}", libtorch::backbone_options{.stages = 1, .last = libtorch::last_stage_output::loss_terms}) ==
+        "backbone(stages=1, last=loss terms)");
 }
 
 TEST_CASE("flat_parameters: views share storage; span updates reach the module; gradients accumulate") {

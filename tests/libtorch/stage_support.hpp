@@ -232,6 +232,28 @@ inline Stack make_stack(std::uint64_t seed, int stages, int blocks = 0, at::Scal
 /// A stage adapter over a stack.
 using stack_stage = libtorch::backbone<StackImpl, double>;
 
+/// The mutation parity checks must catch, outside the library: an adapted stage whose backward (and
+/// backward_input) is handed ones instead of the output gradient the next stage sent, when `mutate`.
+template <class Adapter, class T>
+struct ones_for_output_gradient : Adapter {
+  using Adapter::Adapter;
+  bool mutate = false;  ///< replace the received output gradient by ones
+  template <class Ctx>
+  void backward(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> gout,
+                std::span<T> gin) {
+    const std::vector<T> ones(mutate ? gout.size() : 0, T(1));
+    Adapter::backward(ctx, mb, mutate ? std::span<const T>(ones) : gout, gin);
+  }
+  template <class Ctx>
+  void backward_input(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> gout,
+                      std::span<T> gin) {
+    const std::vector<T> ones(mutate ? gout.size() : 0, T(1));
+    Adapter::backward_input(ctx, mb, mutate ? std::span<const T>(ones) : gout, gin);
+  }
+};
+/// stack_stage with the mutation switch.
+using mutable_stack_stage = ones_for_output_gradient<stack_stage, double>;
+
 static_assert(libtorch::check_backbone_module<StackImpl>());
 static_assert(model::check_split_backward_stage<libtorch::backbone<StackImpl, float>, float>());
 static_assert(model::check_split_backward_stage<stack_stage, double>());

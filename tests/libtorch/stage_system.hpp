@@ -38,11 +38,13 @@ inline model::step_batch random_step(std::uint64_t seed, int docs, std::int64_t 
 
 /// The adapted stack as train::check_parity builds it: the stages `local` of `stages`, four blocks.
 struct torch_model {
-  stack_stage stage;
+  mutable_stack_stage stage;
   torch_model(std::uint64_t seed, int stages, std::span<const int> local, bool mutate = false)
       : stage(Stack(block_shape{}, seed, 4, stages, std::vector<int>(local.begin(), local.end())),
-              {.stages = stages, .ignore_output_gradient = mutate}) {}
-  stack_stage& backbone() { return stage; }
+              {.stages = stages}) {
+    stage.mutate = mutate;
+  }
+  mutable_stack_stage& backbone() { return stage; }
   /// (id, value, gradient) of every parameter, ids from StackImpl::ids.
   std::vector<train::model_tensor<double>> tensors() {
     std::vector<train::model_tensor<double>> out;

@@ -88,9 +88,6 @@ struct backbone_options {
   int stages = 1;  ///< pipeline stages of the whole backbone (train::system's num_stages()); the last one
                    ///< seeds its own loss
   last_stage_output last = last_stage_output::token_losses;  ///< what the last stage's module returns
-  /// The mutation parity checks must catch: backward and backward_input seed autograd with ones instead of
-  /// the received output gradient (a stage that drops what the next stage sent). Never set it otherwise.
-  bool ignore_output_gradient = false;
 
   friend bool operator==(const backbone_options&, const backbone_options&) = default;
 };
@@ -212,8 +209,7 @@ class backbone : public detail::declared_mixing<Module> {
   void backward(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> grad_out,
                 std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, mb, backward_pass::full);
-    detail::backward_pass<T>(slots_, *binding_, flat_, received(grad_out), grad_in, seeds_loss(ctx.stage),
-                             true);
+    detail::backward_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, seeds_loss(ctx.stage), true);
   }
 
   /// Guarantee 3, the I pass: writes grad_in, keeps the graph for backward_weight.
@@ -221,8 +217,7 @@ class backbone : public detail::declared_mixing<Module> {
   void backward_input(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> grad_out,
                       std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, mb, backward_pass::input);
-    detail::backward_input_pass<T>(slots_, *binding_, flat_, received(grad_out), grad_in,
-                                   seeds_loss(ctx.stage));
+    detail::backward_input_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, seeds_loss(ctx.stage));
   }
 
   /// Guarantee 3, the W pass: adds the weight gradients of a slot whose backward_input ran; releases it.
@@ -245,12 +240,7 @@ class backbone : public detail::declared_mixing<Module> {
   void clear() noexcept { slots_.clear(); }
 
  private:
-  [[nodiscard]] bool seeds_loss(int stage) const noexcept {
-    return stage + 1 == options_.stages || options_.ignore_output_gradient;
-  }
-  [[nodiscard]] std::span<const T> received(std::span<const T> grad_out) const noexcept {
-    return options_.ignore_output_gradient ? std::span<const T>() : grad_out;
-  }
+  [[nodiscard]] bool seeds_loss(int stage) const noexcept { return stage + 1 == options_.stages; }
 
   template <class Ctx>
   [[nodiscard]] detail::binding_scope bind(const Ctx& ctx, const model::micro_batch_view& mb,
@@ -286,14 +276,12 @@ struct fmt::formatter<hetmesh::libtorch::last_stage_output> : hetmesh::empty_spe
   }
 };
 
-/// Prints backbone_options as `backbone(stages=2, last=token losses)`, with `, ignores output gradients`
-/// when the mutation is on.
+/// Prints backbone_options as `backbone(stages=2, last=token losses)`.
 template <>
 struct fmt::formatter<hetmesh::libtorch::backbone_options> : hetmesh::empty_spec_formatter {
   /// Writes the options.
   template <class FormatContext>
   auto format(const hetmesh::libtorch::backbone_options& o, FormatContext& ctx) const -> decltype(ctx.out()) {
-    return hetmesh::format_to(ctx.out(), "backbone(stages={}, last={}{})", o.stages, o.last,
-                              o.ignore_output_gradient ? ", ignores output gradients" : "");
+    return hetmesh::format_to(ctx.out(), "backbone(stages={}, last={})", o.stages, o.last);
   }
 };
