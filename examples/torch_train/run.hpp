@@ -2,10 +2,10 @@
 // example_torch_train's run under one layout: the torch::nn model (model.hpp) built whole on every rank from
 // the seed, this rank's pipeline stages and both encoders wrapped by the libtorch adapters
 // (libtorch::backbone, libtorch::encoder: forward only, autograd for the backward, parameters in one flat
-// buffer per stage), trained through train::system on the data plane's steps (the mllm_train example's
-// sources) with hetmesh's Adam. With --check-reference it compares step 0's gradients and every step's
-// loss with the plain loop's (check.hpp). Each layout's train::system is compiled in a translation unit of
-// its own (run_<layout>.cpp).
+// buffer per stage), trained through train::system (attention blocks by libtorch::block_attention) on the
+// data plane's steps (the mllm_train example's sources) with hetmesh's Adam. With --check-reference it
+// compares step 0's gradients and every step's loss with the plain loop's (check.hpp). Each layout's
+// train::system is compiled in a translation unit of its own (run_<layout>.cpp).
 #pragma once
 
 #include <cstdio>
@@ -19,8 +19,8 @@
 #include <torch/torch.h>
 
 #include <hetmesh/libtorch/backbone_module.hpp>
+#include <hetmesh/libtorch/block_attention.hpp>
 #include <hetmesh/libtorch/encoder_module.hpp>
-#include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/model/stage.hpp>
 #include <hetmesh/train/train.hpp>
 
@@ -66,7 +66,8 @@ inline void add_named(std::vector<std::pair<std::string, torch::Tensor>>& out, c
   for (const auto& p : m.named_parameters()) out.emplace_back(prefix + p.key(), p.value());
 }
 
-/// One rank's run of the model under train::system<Partition, reference attention, Comm,
+/// One rank's run of the model under train::system<Partition, libtorch::block_attention (the attention
+/// kernel over torch ops), Comm,
 /// family_placement, Schedule, Placement> with pipeline `pc`: o.steps steps, each loss printed on rank 0;
 /// with `ref` (--check-reference) the comparison. Returns the exit status: 0, or 1 when the check failed.
 /// Collective over `world`.
@@ -74,8 +75,8 @@ template <class Comm, class Partition, class Schedule, class Placement>
 int run_layout(Comm& world, const options& o, const reference_run* ref, Partition partition,
                hetmesh::train::pipeline_config<Schedule, Placement> pc) {
   namespace train = hetmesh::train;
-  using system_t = train::system<Partition, hetmesh::model::reference_attention, Comm,
-                                 train::family_placement, Schedule, Placement>;
+  using system_t = train::system<Partition, hetmesh::libtorch::block_attention, Comm, train::family_placement,
+                                 Schedule, Placement>;
   torch::set_num_threads(1);  // per rank thread: the ranks are the parallelism
   system_t sys(partition, {}, pc, world, {}, {.reproducible = true});
   const bool root = world.rank() == 0;
