@@ -8,6 +8,7 @@
 // train::system is compiled in a translation unit of its own (run_<layout>.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <span>
@@ -66,6 +67,17 @@ inline void add_named(std::vector<std::pair<std::string, torch::Tensor>>& out, c
   for (const auto& p : m.named_parameters()) out.emplace_back(prefix + p.key(), p.value());
 }
 
+/// ", N documents on rings of up to R ranks" when the plan put documents above capacity on HDP rings.
+inline std::string rings(const hetmesh::train::step_stats& st) {
+  int n = 0, most = 0;
+  for (const auto& r : st.reasons)
+    if (r.kind == hetmesh::train::reason_kind::ring) {
+      ++n;
+      most = std::max(most, r.ranks);
+    }
+  return n == 0 ? std::string() : fmt::format(", {} documents on rings of up to {} ranks", n, most);
+}
+
 /// One rank's run of the model under train::system<Partition, libtorch::block_attention (the attention
 /// kernel over torch ops), Comm,
 /// family_placement, Schedule, Placement> with pipeline `pc`: o.steps steps, each loss printed on rank 0;
@@ -113,8 +125,8 @@ int run_layout(Comm& world, const options& o, const reference_run* ref, Partitio
       fmt::print("step {}: loss {:.9f}", step, stats.loss);
       if (ref != nullptr && static_cast<std::size_t>(step) < ref->losses.size())
         fmt::print(" (plain loop {:.9f})", ref->losses[static_cast<std::size_t>(step)]);
-      fmt::print(" ({} tokens, {} micro-batches, {} encoder items)\n", stats.tokens, stats.micro_batches,
-                 stats.encoder_items);
+      fmt::print(" ({} tokens, {} micro-batches, {} encoder items{})\n", stats.tokens, stats.micro_batches,
+                 stats.encoder_items, rings(stats));
     }
     if (ref == nullptr || step != 0) continue;
     // Step 0's gradients, reduced by the run and still in the flat buffers (the next run zeroes them).
