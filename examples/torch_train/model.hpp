@@ -166,8 +166,9 @@ struct multimodal_impl : torch::nn::Module {
 TORCH_MODULE_IMPL(multimodal, multimodal_impl);
 
 /// Sets every parameter of `m` from `seed` and its name: norm gains 1, biases and norm shifts uniform in
-/// [-0.1, 0.1], embeddings in [-0.5, 0.5], weights [out][in] in [-1/sqrt(in), 1/sqrt(in)]. Pure in (seed,
-/// names: call it on the whole model), so the plain loop and every rank agree. The model moves to `dtype`.
+/// [-0.1, 0.1], the token embedding in [-0.5, 0.5], linear weights [out][in] in [-1/sqrt(in), 1/sqrt(in)].
+/// Pure in (seed, names: call it on the whole model), so the plain loop and every rank agree. The model moves
+/// to `dtype`.
 inline void init_parameters(torch::nn::Module& m, std::uint64_t seed, torch::Dtype dtype) {
   m.to(dtype);
   torch::NoGradGuard no_grad;
