@@ -21,6 +21,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "../core/error.hpp"
+#include "../core/format.hpp"
 #include "../model/micro_batch.hpp"
 #include "../model/stage.hpp"
 #include "../model/token_mixing.hpp"
@@ -52,6 +53,29 @@ concept backbone_module = std::derived_from<M, ::torch::nn::Module> &&
   { cm.output_size(mb, stage) } -> std::convertible_to<std::int64_t>;
 };
 
+/// Checks backbone_module<M> requirement by requirement: each one M misses fails a static_assert that names
+/// it. Returns true (so `static_assert(libtorch::check_backbone_module<BlockImpl>())`).
+template <class M>
+consteval bool check_backbone_module() {
+  static_assert(
+      std::derived_from<M, ::torch::nn::Module>,
+      "libtorch::backbone_module requirement 1: the module must derive from torch::nn::Module (pass "
+      "the Impl type of a TORCH_MODULE)");
+  static_assert(
+      requires(M & m, const ::at::Tensor& x, const stage_call& call) {
+        { m.forward(x, call) } -> std::convertible_to<::at::Tensor>;
+      },
+      "libtorch::backbone_module requirement 2: missing `torch::Tensor forward(const torch::Tensor& x, const "
+      "hetmesh::libtorch::stage_call& call)`");
+  static_assert(
+      requires(const M& cm, const model::micro_batch_view& mb, int stage) {
+        { cm.output_size(mb, stage) } -> std::convertible_to<std::int64_t>;
+      },
+      "libtorch::backbone_module requirement 3: missing `std::int64_t output_size(const "
+      "hetmesh::model::micro_batch_view&, int stage) const`");
+  return true;
+}
+
 /// What the module of the last pipeline stage returns.
 enum class last_stage_output {
   token_losses,  ///< one unweighted loss per local token: the adapter multiplies it by
@@ -64,6 +88,9 @@ struct backbone_options {
   int stages = 1;  ///< pipeline stages of the whole backbone (train::system's num_stages()); the last one
                    ///< seeds its own loss
   last_stage_output last = last_stage_output::token_losses;  ///< what the last stage's module returns
+  /// The mutation parity checks must catch: backward and backward_input seed autograd with ones instead of
+  /// the received output gradient (a stage that drops what the next stage sent). Never set it otherwise.
+  bool ignore_output_gradient = false;
 
   friend bool operator==(const backbone_options&, const backbone_options&) = default;
 };
@@ -81,9 +108,16 @@ struct declared_mixing<M> {
   static constexpr model::token_mixing token_mixing = M::token_mixing;
 };
 
-/// Weights the last stage's per-token losses by loss_weights[t] / step_targets (0 where the weight is 0).
+}  // namespace detail
+
+/// The loss terms of the last stage from its module's per-token losses `y` (mb.size() elements, any shape):
+/// y[t] * loss_weights[t] / step_targets, and exactly 0 where the weight is 0 (whatever y[t] is), as a 1-D
+/// differentiable tensor of y's dtype and device: what libtorch::backbone writes under
+/// last_stage_output::token_losses. A plain libtorch loop that sums these over its micro-batches has the
+/// loss train::system reports. Pre: y.numel() == mb.size() (invalid_argument, prefixed by `who`). O(n).
 template <element T>
-::at::Tensor weight_token_losses(const ::at::Tensor& y, const model::micro_batch_view& mb, const char* who) {
+[[nodiscard]] ::at::Tensor weight_token_losses(const ::at::Tensor& y, const model::micro_batch_view& mb,
+                                               const char* who = "libtorch::weight_token_losses") {
   const auto n = mb.size();
   if (y.numel() != n)
     throw_error<invalid_argument>(
@@ -98,8 +132,6 @@ template <element T>
   const auto flat = y.reshape({-1});
   return ::at::where(w != 0, flat * w, ::at::zeros_like(flat));
 }
-}  // namespace detail
-
 /// A libtorch module as a model::backbone_stage and model::split_backward_stage of element type T (float or
 /// double). One adapter serves every local stage of a rank (call.stage() says which). Guarantees:
 ///  1. forward(ctx, mb, in, out) copies `in` into a leaf that requires grad, runs module.forward(x, call)
@@ -171,7 +203,7 @@ class backbone : public detail::declared_mixing<Module> {
     const bool last = call.last_stage() && options_.last == last_stage_output::token_losses;
     detail::forward_pass<T>(slots_, *binding_, flat_.device(), in, out, [&](const ::at::Tensor& x) {
       ::at::Tensor y = module_->forward(x, call);
-      return last ? detail::weight_token_losses<T>(y, mb, binding_->who) : y;
+      return last ? weight_token_losses<T>(y, mb, binding_->who) : y;
     });
   }
 
@@ -180,7 +212,8 @@ class backbone : public detail::declared_mixing<Module> {
   void backward(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> grad_out,
                 std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, mb, backward_pass::full);
-    detail::backward_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, last_stage(ctx.stage));
+    detail::backward_pass<T>(slots_, *binding_, flat_, received(grad_out), grad_in, seeds_loss(ctx.stage),
+                             true);
   }
 
   /// Guarantee 3, the I pass: writes grad_in, keeps the graph for backward_weight.
@@ -188,7 +221,8 @@ class backbone : public detail::declared_mixing<Module> {
   void backward_input(const Ctx& ctx, const model::micro_batch_view& mb, std::span<const T> grad_out,
                       std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, mb, backward_pass::input);
-    detail::backward_input_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, last_stage(ctx.stage));
+    detail::backward_input_pass<T>(slots_, *binding_, flat_, received(grad_out), grad_in,
+                                   seeds_loss(ctx.stage));
   }
 
   /// Guarantee 3, the W pass: adds the weight gradients of a slot whose backward_input ran; releases it.
@@ -211,7 +245,12 @@ class backbone : public detail::declared_mixing<Module> {
   void clear() noexcept { slots_.clear(); }
 
  private:
-  [[nodiscard]] bool last_stage(int stage) const noexcept { return stage + 1 == options_.stages; }
+  [[nodiscard]] bool seeds_loss(int stage) const noexcept {
+    return stage + 1 == options_.stages || options_.ignore_output_gradient;
+  }
+  [[nodiscard]] std::span<const T> received(std::span<const T> grad_out) const noexcept {
+    return options_.ignore_output_gradient ? std::span<const T>() : grad_out;
+  }
 
   template <class Ctx>
   [[nodiscard]] detail::binding_scope bind(const Ctx& ctx, const model::micro_batch_view& mb,
@@ -234,3 +273,27 @@ class backbone : public detail::declared_mixing<Module> {
 };
 
 }  // namespace hetmesh::libtorch
+
+/// Prints a last_stage_output as `token losses` or `loss terms`.
+template <>
+struct fmt::formatter<hetmesh::libtorch::last_stage_output> : hetmesh::empty_spec_formatter {
+  /// Writes the name.
+  template <class FormatContext>
+  auto format(hetmesh::libtorch::last_stage_output o, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(
+        ctx.out(), "{}",
+        o == hetmesh::libtorch::last_stage_output::token_losses ? "token losses" : "loss terms");
+  }
+};
+
+/// Prints backbone_options as `backbone(stages=2, last=token losses)`, with `, ignores output gradients`
+/// when the mutation is on.
+template <>
+struct fmt::formatter<hetmesh::libtorch::backbone_options> : hetmesh::empty_spec_formatter {
+  /// Writes the options.
+  template <class FormatContext>
+  auto format(const hetmesh::libtorch::backbone_options& o, FormatContext& ctx) const -> decltype(ctx.out()) {
+    return hetmesh::format_to(ctx.out(), "backbone(stages={}, last={}{})", o.stages, o.last,
+                              o.ignore_output_gradient ? ", ignores output gradients" : "");
+  }
+};

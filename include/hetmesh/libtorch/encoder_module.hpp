@@ -49,6 +49,42 @@ concept encoder_module = std::derived_from<M, ::torch::nn::Module> &&
   { m.forward(x, call) } -> std::convertible_to<::at::Tensor>;
 };
 
+/// Checks encoder_module<M> requirement by requirement, as check_backbone_module does.
+template <class M>
+consteval bool check_encoder_module() {
+  static_assert(
+      std::derived_from<M, ::torch::nn::Module>,
+      "libtorch::encoder_module requirement 1: the module must derive from torch::nn::Module (pass the "
+      "Impl type of a TORCH_MODULE)");
+  static_assert(
+      requires {
+        { M::modality } -> std::convertible_to<std::string_view>;
+      },
+      "libtorch::encoder_module requirement 2: missing `static constexpr std::string_view modality = "
+      "\"vision\";`");
+  static_assert(
+      requires(const M& cm, const model::encoder_batch_view& ev) {
+        { cm.input_size(ev) } -> std::convertible_to<std::int64_t>;
+        { cm.output_size(ev) } -> std::convertible_to<std::int64_t>;
+      },
+      "libtorch::encoder_module requirement 3: missing `std::int64_t input_size(const "
+      "hetmesh::model::encoder_batch_view&) const` or `output_size` of the same form");
+  static_assert(
+      requires(const M& cm) {
+        { cm.attention_heads() } -> std::convertible_to<int>;
+      },
+      "libtorch::encoder_module requirement 4: missing `int attention_heads() const` (0 when the encoder "
+      "mixes "
+      "no tokens across ranks)");
+  static_assert(
+      requires(M & m, const ::at::Tensor& x, const stage_call& call) {
+        { m.forward(x, call) } -> std::convertible_to<::at::Tensor>;
+      },
+      "libtorch::encoder_module requirement 5: missing `torch::Tensor forward(const torch::Tensor& x, const "
+      "hetmesh::libtorch::stage_call& call)`");
+  return true;
+}
+
 /// A libtorch module as a model::encoder_stage of element type T (float or double). Guarantees, as
 /// libtorch::backbone's 1, 2, 4 and 5, keyed by (ctx.stage: the encoder shard, ctx.micro_batch):
 ///  1. forward keeps the graph of its call until that slot's backward (a second forward of a kept slot
@@ -117,7 +153,7 @@ class encoder {
   void backward(const Ctx& ctx, const model::encoder_batch_view& ev, std::span<const T> grad_out,
                 std::span<T> grad_in) {
     const detail::binding_scope scope = bind(ctx, ev, backward_pass::full);
-    detail::backward_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, false);
+    detail::backward_pass<T>(slots_, *binding_, flat_, grad_out, grad_in, false, false);
   }
 
   /// The parameters' spans over the flat value buffer (model::stage_parameters).

@@ -151,10 +151,12 @@ void write_input_gradient(const call_binding& b, const ::at::Tensor& g, std::spa
 }
 
 /// Full backward of the slot's graph: autograd from the output gradient into the trainable parameters
-/// (flat.grads(), in place) and the input leaf; writes gin; releases the slot.
+/// (flat.grads(), in place) and the input leaf (when gin is not empty, or `always_input`: a backbone stage
+/// differentiates its input on every rank alike, as ring members must run the same nodes); writes gin;
+/// releases the slot.
 template <element T>
 void backward_pass(graph_slots& slots, call_binding& b, flat_parameters<T>& flat, std::span<const T> gout,
-                   std::span<T> gin, bool seeds_loss) {
+                   std::span<T> gin, bool seeds_loss, bool always_input) {
   auto& e = slots.find(b.stage, b.micro_batch, "backward");
   const release_scope release(slots, b.stage, b.micro_batch);
   if (e.input_done)
@@ -165,7 +167,7 @@ void backward_pass(graph_slots& slots, call_binding& b, flat_parameters<T>& flat
   const auto seed = output_seed(b, e, gout, seeds_loss, false, flat.device());
   flat.bind_gradients();
   auto inputs = flat.trainable();
-  inputs.push_back(e.input);
+  if (always_input || !gin.empty()) inputs.push_back(e.input);  // raw encoder inputs need no gradient
   if (e.output.requires_grad()) ::torch::autograd::backward({e.output}, {seed}, false, false, inputs);
   write_input_gradient(b, e.input.grad(), gin, e.input.numel(), flat.device());
 }

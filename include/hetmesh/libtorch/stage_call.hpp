@@ -11,8 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -34,6 +36,12 @@ enum class backward_pass {
   input,   ///< backward_input (I): autograd nodes with collectives keep their results for W
   weight,  ///< backward_weight (W): such nodes reuse what they kept in I
 };
+
+/// A local attention: (q, k, v, shape, scale) -> {out, lse}, computed by differentiable torch ops (no
+/// context, no collective). A standalone_call hands it to the module's call.attention, so that a module runs
+/// unchanged in a plain libtorch loop (a reference run, an evaluation) outside train::system.
+using local_attention = std::function<std::pair<::at::Tensor, ::at::Tensor>(
+    const ::at::Tensor&, const ::at::Tensor&, const ::at::Tensor&, const model::attention_shape&, double)>;
 
 namespace detail {
 
@@ -64,6 +72,7 @@ struct call_binding {
   attention_forward_fn forward = nullptr;
   attention_backward_fn backward = nullptr;
   std::vector<::at::Tensor>* anchors = nullptr;  // the forward's graph entry: inputs of collective nodes
+  const local_attention* local = nullptr;        // a standalone call's attention (then no context)
   const char* who = "libtorch";
 };
 
@@ -281,7 +290,9 @@ class stage_call {
                                                                          const ::at::Tensor& v,
                                                                          const model::attention_shape& shape,
                                                                          double scale) const {
-    check(q, k, v, shape);
+    check_sizes(q, k, v, shape);
+    if (b_->local != nullptr && *b_->local) return (*b_->local)(q, k, v, shape, scale);
+    check_context(q, k, v);
     const auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
     if (b_->anchors != nullptr) {  // the I pass of a split backward differentiates w.r.t. it
       for (const auto* t : {&qc, &kc, &vc})
@@ -309,8 +320,10 @@ class stage_call {
   }
 
  private:
-  void check(const ::at::Tensor& q, const ::at::Tensor& k, const ::at::Tensor& v,
-             const model::attention_shape& shape) const {
+  void check_context(const ::at::Tensor& q, const ::at::Tensor& k, const ::at::Tensor& v) const {
+    if (b_->local != nullptr)
+      throw_error<invalid_argument>("{}: call.attention on a standalone_call made without a local attention",
+                                    b_->who);
     if (b_->context == nullptr)
       throw_error<invalid_argument>("{}: stage_call::attention outside a forward call", b_->who);
     if (b_->forward == nullptr)
@@ -318,6 +331,14 @@ class stage_call {
           "{}: the call's context has no attention entry; expected a model::attention_context (backbone) or "
           "model::encoder_attention_context (encoder) of the adapter's element type",
           b_->who);
+    for (const auto* t : {&q, &k, &v})
+      if (t->scalar_type() != b_->dtype)
+        throw_error<invalid_argument>("{}: attention input of dtype {}; the adapter's element type is {}",
+                                      b_->who, std::string(::c10::toString(t->scalar_type())),
+                                      std::string(::c10::toString(b_->dtype)));
+  }
+  void check_sizes(const ::at::Tensor& q, const ::at::Tensor& k, const ::at::Tensor& v,
+                   const model::attention_shape& shape) const {
     model::check_attention_shape(shape, "libtorch::stage_call::attention");
     const auto n = tokens();
     const auto qn = n * shape.q_heads * shape.head_dim, kn = n * shape.kv_heads * shape.head_dim;
@@ -327,16 +348,45 @@ class stage_call {
           "elements; expected {}, {}, {}",
           b_->who, n, shape.q_heads, shape.kv_heads, shape.head_dim, q.numel(), k.numel(), v.numel(), qn, kn,
           kn);
-    for (const auto* t : {&q, &k, &v})
-      if (t->scalar_type() != b_->dtype)
-        throw_error<invalid_argument>("{}: attention input of dtype {}; the adapter's element type is {}",
-                                      b_->who, std::string(::c10::toString(t->scalar_type())),
-                                      std::string(::c10::toString(b_->dtype)));
     if (q.dim() == 0 || q.size(0) != n)
       throw_error<invalid_argument>("{}: q's first dimension must be the call's {} tokens", b_->who, n);
   }
 
   detail::call_binding* b_;
+};
+
+/// A stage_call outside the adapters and train::system: what a module's forward needs to run in a plain
+/// libtorch loop (the single-process reference of a parity check, an evaluation). Its call's attention is
+/// `attention` (differentiable torch ops, e.g. over the whole micro-batch); without one, call.attention
+/// throws. Holds the views by pointer (they outlive it); not copyable (its calls point into it).
+class standalone_call {
+ public:
+  /// A backbone call for stage `stage` of `stages` over `mb`.
+  standalone_call(const model::micro_batch_view& mb, int stage, int stages, local_attention attention = {})
+      : attention_(std::move(attention)) {
+    b_.batch = &mb;
+    b_.stage = stage;
+    b_.stages = stages;
+    b_.local = &attention_;
+    b_.who = "libtorch::standalone_call";
+  }
+  /// An encoder call over `ev`.
+  explicit standalone_call(const model::encoder_batch_view& ev, local_attention attention = {})
+      : attention_(std::move(attention)) {
+    b_.encoder_batch = &ev;
+    b_.micro_batch = ev.index;
+    b_.local = &attention_;
+    b_.who = "libtorch::standalone_call";
+  }
+  standalone_call(const standalone_call&) = delete;
+  standalone_call& operator=(const standalone_call&) = delete;
+
+  /// The call to pass to the module's forward.
+  [[nodiscard]] stage_call call() noexcept { return stage_call(b_); }
+
+ private:
+  local_attention attention_;
+  detail::call_binding b_;
 };
 
 }  // namespace hetmesh::libtorch

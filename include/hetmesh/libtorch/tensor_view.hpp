@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include <ATen/ATen.h>
+#include <fmt/ranges.h>
 
 #include "../core/error.hpp"
 
