@@ -108,7 +108,7 @@ double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
 template <class T>
 void compare_with_reference(double tol) {
   const model::attention_shape shapes[] = {{4, 2, 8}, {3, 3, 5}, {6, 1, 4}, {1, 1, 16}};
-  int empty_rows = 0;
+  int empty_rows = 0, split = 0, dense = 0;
   for (std::uint64_t seed = 1; seed <= 6; ++seed)
     for (const auto& s : shapes)
       for (auto m : {seq::block_mask::causal, seq::block_mask::full}) {
@@ -116,6 +116,11 @@ void compare_with_reference(double tol) {
         CAPTURE(s.q_heads);
         CAPTURE(static_cast<int>(m));
         const random_block<T> rb(seed, 5 + seed * 3, 4 + seed * 2, s, 1 + static_cast<int>(seed % 3));
+        // Both bodies run: document by document, and dense.
+        const libtorch::token_meta meta{rb.q_doc, rb.q_pos, rb.k_doc, rb.k_pos};
+        const auto nq = static_cast<std::int64_t>(rb.q_doc.size()),
+                   nk = static_cast<std::int64_t>(rb.k_doc.size());
+        (libtorch::detail::split_by_document(meta, nq, nk, at::kCPU).empty() ? dense : split) += 1;
         model::reference_attention ref;
         libtorch::block_attention kern;
         const auto want = run_kernel(ref, rb, m), got = run_kernel(kern, rb, m);
@@ -136,6 +141,8 @@ void compare_with_reference(double tol) {
         CHECK(again.dk == got.dk);
       }
   CHECK(empty_rows > 0);
+  CHECK(split > 0);
+  CHECK(dense > 0);
 }
 
 }  // namespace
@@ -151,10 +158,16 @@ TEST_CASE("libtorch::block_attention refuses bad blocks before writing") {
   libtorch::block_attention kern;
   auto b = rb.block(seq::block_mask::causal, 0.3);
   b.q = std::span<const double>(rb.q).first(8);
-  CHECK_THROWS_AS(kern.forward(b, {out, lse}), invalid_argument);
+  CHECK_THROWS_WITH_AS(kern.forward(b, {out, lse}), doctest::Contains("q holds 8 elements; expected 192"),
+                       invalid_argument);
   CHECK_THROWS_AS(kern.forward(rb.block(seq::block_mask::none, 0.3), {out, lse}), invalid_argument);
-  CHECK_THROWS_AS(kern.forward(rb.block(seq::block_mask::full, 0.3), {out, std::span<double>(lse).first(3)}),
-                  invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      kern.forward(rb.block(seq::block_mask::full, 0.3), {out, std::span<double>(lse).first(3)}),
+      doctest::Contains("lse holds 3 elements; expected 24"), invalid_argument);
+  std::vector<double> g(rb.q.size()), small(4);
+  CHECK_THROWS_WITH_AS(
+      kern.backward(rb.block(seq::block_mask::full, 0.3), {rb.dout, lse, lse, g, small, small}),
+      doctest::Contains("dk holds 4 elements; expected 80"), invalid_argument);
   CHECK(out[0] == 7.0);
 }
 

@@ -12,7 +12,10 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
@@ -54,8 +57,7 @@ inline at::Tensor meta_tensor(std::span<const std::int64_t> s, std::int64_t n, c
     t = at::arange(n, at::TensorOptions().dtype(at::kLong));
   else
     t = at::from_blob(const_cast<std::int64_t*>(s.data()), {static_cast<std::int64_t>(s.size())},
-                      at::TensorOptions().dtype(at::kLong))
-            .clone();  // the metadata is only valid for the call; the mask outlives nothing, but be safe
+                      at::TensorOptions().dtype(at::kLong));  // read at once: the mask is a new tensor
   return t.to(device);
 }
 
@@ -113,27 +115,17 @@ inline at::Tensor ungroup(const at::Tensor& x, std::int64_t nq, std::int64_t g) 
   return x.reshape({hk, g, nq, w}).permute({2, 0, 1, 3}).reshape({nq, hk * g, w});
 }
 
-}  // namespace detail
-
-/// Attention with its row log-sum-exp: for each query row (token i, head h), out = softmax(scale q k^T) v
-/// over the keys it sees (mask and metadata `m`, as model::attention_block) of KV head h / (q_heads /
-/// kv_heads), and lse = log sum exp of those scores; a row that sees no key gets out = 0 and lse =
-/// -infinity (and no gradient). Differentiable in q, k and v through out and lse (autograd of the composed
-/// ops; the empty rows' -infinity never reaches a gradient). q [nq][q_heads][head_dim], k and v
-/// [nk][kv_heads][head_dim], any layout (reshaped as needed), float or double, on one device.
-/// Pre: shapes as above (invalid_argument otherwise), metadata sized as token_meta says, mask full or
-/// causal. Not collective. Deterministic for a fixed number of intra-op threads. Cost: O(nq nk q_heads
-/// head_dim) time, O(nq nk q_heads) memory for the scores (saved for backward when autograd records).
-inline attention_output attention_with_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                           const token_meta& m, seq::block_mask mask, double scale) {
-  const auto g = detail::check_qkv(q, k, v);
+/// Dense attention of every query against every key under the mask of `m` (attention_with_lse's body).
+inline attention_output dense_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const token_meta& m, seq::block_mask mask, double scale) {
+  const auto g = check_qkv(q, k, v);
   const auto nq = q.size(0), nk = k.size(0), hk = k.size(1);
-  const auto vis = detail::visibility(m, nq, nk, mask, q.device());  // [nq][nk]
+  const auto vis = visibility(m, nq, nk, mask, q.device());  // [nq][nk]
   const double inf = std::numeric_limits<double>::infinity();
   if (nq == 0 || nk == 0)  // nothing to see: every row is empty
     return {q.mul(0), at::full({nq, q.size(1)}, -inf, q.options())};
-  const auto qg = detail::group_queries(q, hk, g);  // [hk][g nq][d]
-  const auto kh = k.permute({1, 0, 2});             // [hk][nk][d]
+  const auto qg = group_queries(q, hk, g);  // [hk][g nq][d]
+  const auto kh = k.permute({1, 0, 2});     // [hk][nk][d]
   const auto vh = v.permute({1, 0, 2});
   const auto hidden = vis.logical_not().repeat({g, 1});  // [g nq][nk], broadcast over hk
   auto s = qg.bmm(kh.transpose(1, 2)).mul(scale).masked_fill(hidden, -inf);
@@ -144,7 +136,86 @@ inline attention_output attention_with_lse(const at::Tensor& q, const at::Tensor
   const auto z_safe = at::where(seen, z, 1.0);
   const auto out = p.bmm(vh).div(z_safe);                        // empty rows: 0
   const auto lse = at::where(seen, z_safe.log().add(mx), -inf);  // [hk][g nq][1]
-  return {detail::ungroup(out, nq, g), detail::ungroup(lse, nq, g).squeeze(2)};
+  return {ungroup(out, nq, g), ungroup(lse, nq, g).squeeze(2)};
+}
+
+/// One document's share of a block: its query and key rows (index tensors on the block's device) and
+/// their positions as a one-document token_meta (valid while this object lives).
+struct document_part {
+  at::Tensor q_rows, k_rows;               ///< int64 row indices into the block's queries and keys
+  std::vector<std::int64_t> q_pos, k_pos;  ///< their positions
+  [[nodiscard]] token_meta meta() const { return {{}, q_pos, {}, k_pos}; }
+};
+
+/// The block split by document when that pays: two or more documents with both queries and keys, whose
+/// query-key pairs are at most three quarters of the block's; empty otherwise (then the dense body runs).
+/// Host work O((nq + nk) log(nq + nk)).
+inline std::vector<document_part> split_by_document(const token_meta& m, std::int64_t nq, std::int64_t nk,
+                                                    const at::Device& device) {
+  const auto n = [](std::span<const std::int64_t> s) { return static_cast<std::int64_t>(s.size()); };
+  if (n(m.q_doc) != nq || n(m.k_doc) != nk || (!m.q_pos.empty() && n(m.q_pos) != nq) ||
+      (!m.k_pos.empty() && n(m.k_pos) != nk) || nq == 0 || nk == 0)
+    return {};  // one document, or sizes the dense body refuses with its message
+  std::map<std::int64_t, std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> rows;
+  for (std::int64_t i = 0; i < nq; ++i) rows[m.q_doc[static_cast<std::size_t>(i)]].first.push_back(i);
+  for (std::int64_t j = 0; j < nk; ++j) {
+    const auto it = rows.find(m.k_doc[static_cast<std::size_t>(j)]);
+    if (it != rows.end()) it->second.second.push_back(j);
+  }
+  std::int64_t pairs = 0, docs = 0;
+  for (const auto& [doc, r] : rows) {
+    pairs += static_cast<std::int64_t>(r.first.size() * r.second.size());
+    docs += r.second.empty() ? 0 : 1;
+  }
+  if (docs < 2 || 4 * pairs > 3 * nq * nk) return {};
+  std::vector<document_part> parts;
+  const auto index = [&](std::vector<std::int64_t>& v) {
+    return at::from_blob(v.data(), {static_cast<std::int64_t>(v.size())},
+                         at::TensorOptions().dtype(at::kLong))
+        .clone()
+        .to(device);  // owns its indices
+  };
+  const auto pos = [](std::span<const std::int64_t> p, const std::vector<std::int64_t>& at_rows) {
+    std::vector<std::int64_t> out;
+    for (const auto i : at_rows) out.push_back(p.empty() ? i : p[static_cast<std::size_t>(i)]);
+    return out;
+  };
+  for (auto& [doc, r] : rows) {
+    if (r.second.empty()) continue;
+    parts.push_back({index(r.first), index(r.second), pos(m.q_pos, r.first), pos(m.k_pos, r.second)});
+  }
+  return parts;
+}
+
+}  // namespace detail
+
+/// Attention with its row log-sum-exp: for each query row (token i, head h), out = softmax(scale q k^T) v
+/// over the keys it sees (mask and metadata `m`, as model::attention_block) of KV head h / (q_heads /
+/// kv_heads), and lse = log sum exp of those scores; a row that sees no key gets out = 0 and lse =
+/// -infinity (and no gradient). Differentiable in q, k and v through out and lse (autograd of the composed
+/// ops; the empty rows' -infinity never reaches a gradient). q [nq][q_heads][head_dim], k and v
+/// [nk][kv_heads][head_dim], any layout (reshaped as needed), float or double, on one device.
+/// A block of several documents whose same-document pairs are at most three quarters of all pairs runs
+/// document by document (gathering each one's rows), so packed sequences cost what their documents' pairs
+/// cost. Pre: shapes as above (invalid_argument otherwise), metadata sized as token_meta says, mask full or
+/// causal. Not collective. Deterministic for a fixed number of intra-op threads. Cost: O(P q_heads
+/// head_dim) time and O(P q_heads) memory for the scores (saved for backward when autograd records), P the
+/// query-key pairs computed (nq nk, or the same-document pairs when split).
+inline attention_output attention_with_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const token_meta& m, seq::block_mask mask, double scale) {
+  detail::check_qkv(q, k, v);
+  const auto parts = detail::split_by_document(m, q.size(0), k.size(0), q.device());
+  if (parts.empty()) return detail::dense_attention(q, k, v, m, mask, scale);
+  const double inf = std::numeric_limits<double>::infinity();
+  auto out = q.new_zeros({q.size(0), q.size(1), v.size(2)});
+  auto lse = at::full({q.size(0), q.size(1)}, -inf, q.options());
+  for (const auto& d : parts) {
+    const auto r = detail::dense_attention(q.index_select(0, d.q_rows), k.index_select(0, d.k_rows),
+                                           v.index_select(0, d.k_rows), d.meta(), mask, scale);
+    out = out.index_copy(0, d.q_rows, r.out);
+    lse = lse.index_copy(0, d.q_rows, r.lse);
+  }
+  return {out, lse};
 }
 
 }  // namespace hetmesh::libtorch

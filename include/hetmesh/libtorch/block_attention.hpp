@@ -6,13 +6,19 @@
 //   P = exp(scale q k^T - lse) on visible keys, dS = P * (dout v^T - delta),
 //   dv += P^T dout, dq += scale dS k, dk += scale dS^T q,
 // batched over KV heads (the query heads of one KV head are stacked, so dk and dv sum over the group in one
-// product). With torch >= 2.2, a block of one document whose mask is full, or causal over equal query and
-// key positions, runs the forward in the fused CPU kernel (_scaled_dot_product_flash_attention_for_cpu,
-// which returns the lse); the installed torch here is 1.13, which has no fused kernel returning the lse, so
-// that branch is compiled out and untested here, and every block runs the composed ops.
+// product). Forward and backward run document by document when a block's same-document pairs are at most
+// three quarters of its pairs (packed sequences: each document's rows gathered, computed densely, added
+// back), else densely over the whole block. With torch >= 2.2, a block of one document whose mask is full, or
+// causal over equal query and key positions, runs the forward in the fused CPU kernel
+// (_scaled_dot_product_flash_attention_for_cpu, which returns the lse); the torch CI installs (Debian's 1.13)
+// has no fused kernel returning the lse, so there that branch is compiled out and every block runs the
+// composed ops. The fused branch was checked by hand against the PyPI wheel's torch 2.15 CPU libraries
+// (docs/torch.md), not in CI.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <span>
 #include <type_traits>
@@ -63,29 +69,64 @@ bool fusable(const model::attention_block<T>& b) {
   return true;
 }
 
-/// Sizes of a block (query and key tokens, heads, head size), checked against its spans.
+/// Sizes of a block (query and key tokens, heads, head size), from its metadata and shape.
 struct block_sizes {
   std::size_t nq = 0, nk = 0, hq = 1, hk = 1, dim = 1;
 };
 
-/// Throws invalid_argument, prefixed by `who`, unless b's shape is valid, its mask full or causal and its
-/// spans sized as model::attention_block describes.
+/// One span of a call and the elements it must hold.
+struct extent {
+  const char* name;  ///< the span's name in the message
+  std::size_t got;   ///< elements it holds
+  std::size_t want;  ///< elements the block needs
+};
+
+/// Throws invalid_argument, prefixed by `who`, unless b's shape is valid, its mask full or causal and every
+/// span of `extra` (besides the block's own) holds what it must; returns the block's sizes.
 template <class T>
-block_sizes check_block(const model::attention_block<T>& b, const char* who) {
+block_sizes check_block(const model::attention_block<T>& b, const char* who,
+                        std::initializer_list<extent> extra = {}) {
   model::check_attention_shape(b.shape, who);
   if (b.mask == seq::block_mask::none)
     throw_error<invalid_argument>("{}: called with block_mask::none; expected full or causal", who);
-  block_sizes d{b.q_doc.size(), b.k_doc.size(), static_cast<std::size_t>(b.shape.q_heads),
-                static_cast<std::size_t>(b.shape.kv_heads), static_cast<std::size_t>(b.shape.head_dim)};
-  if (b.q_pos.size() != d.nq || b.k_pos.size() != d.nk || b.q.size() != d.nq * d.hq * d.dim ||
-      b.k.size() != d.nk * d.hk * d.dim || b.v.size() != b.k.size())
-    throw_error<invalid_argument>(
-        "{}: {} query tokens ({} positions, q of {} elements), {} key tokens ({} positions, k of {}, v of {} "
-        "elements) for q_heads={}, kv_heads={}, head_dim={}; expected q = tokens*q_heads*head_dim and k, v "
-        "= tokens*kv_heads*head_dim",
-        who, d.nq, b.q_pos.size(), b.q.size(), d.nk, b.k_pos.size(), b.k.size(), b.v.size(), d.hq, d.hk,
-        d.dim);
+  const block_sizes d{b.q_doc.size(), b.k_doc.size(), static_cast<std::size_t>(b.shape.q_heads),
+                      static_cast<std::size_t>(b.shape.kv_heads), static_cast<std::size_t>(b.shape.head_dim)};
+  const auto q = d.nq * d.hq * d.dim, kv = d.nk * d.hk * d.dim;
+  for (const auto& e : {extent{"q_pos", b.q_pos.size(), d.nq}, extent{"k_pos", b.k_pos.size(), d.nk},
+                        extent{"q", b.q.size(), q}, extent{"k", b.k.size(), kv}, extent{"v", b.v.size(), kv}})
+    if (e.got != e.want)
+      throw_error<invalid_argument>(
+          "{}: {} holds {} elements; expected {} for {} query and {} key tokens (q_heads={}, kv_heads={}, "
+          "head_dim={})",
+          who, e.name, e.got, e.want, d.nq, d.nk, d.hq, d.hk, d.dim);
+  for (const auto& e : extra)
+    if (e.got != e.want)
+      throw_error<invalid_argument>("{}: {} holds {} elements; expected {} for {} query and {} key tokens",
+                                    who, e.name, e.got, e.want, d.nq, d.nk);
   return d;
+}
+
+/// Gradients of one block's inputs (what its backward adds).
+struct block_grads {
+  at::Tensor dq, dk, dv;  ///< [nq][hq][d], [nk][hk][d], [nk][hk][d]
+};
+
+/// The closed-form backward of a dense block (header comment) from the merged lse and delta [nq][hq].
+inline block_grads closed_form_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& dout, const at::Tensor& lse,
+                                        const at::Tensor& delta, const token_meta& m, seq::block_mask mask,
+                                        double scale) {
+  const auto nq = q.size(0), hk = k.size(1), g = q.size(1) / hk;
+  const double inf = std::numeric_limits<double>::infinity();
+  const auto qg = group_queries(q, hk, g), dog = group_queries(dout, hk, g);  // [hk][g nq][d]
+  const auto kh = k.permute({1, 0, 2}), vh = v.permute({1, 0, 2});            // [hk][nk][d]
+  const auto l = group_queries(lse.unsqueeze(2), hk, g), dl = group_queries(delta.unsqueeze(2), hk, g);
+  const auto vis = visibility(m, nq, k.size(0), mask, q.device());
+  const auto s = qg.bmm(kh.transpose(1, 2)).mul(scale).masked_fill(vis.logical_not().repeat({g, 1}), -inf);
+  const auto p = s.sub(at::where(l.eq(-inf), inf, l)).exp();  // [hk][g nq][nk]; 0 off the mask
+  const auto ds = p.mul(dog.bmm(vh.transpose(1, 2)).sub(dl));
+  return {ungroup(ds.bmm(kh).mul(scale), nq, g), ds.transpose(1, 2).bmm(qg).mul(scale).permute({1, 0, 2}),
+          p.transpose(1, 2).bmm(dog).permute({1, 0, 2})};
 }
 
 }  // namespace detail
@@ -108,13 +149,10 @@ struct block_attention {
   template <class T>
   requires std::is_same_v<T, float> || std::is_same_v<T, double>
   void forward(const model::attention_block<T>& b, model::attention_forward_out<T> out) const {
-    const auto d = detail::check_block(b, "libtorch::block_attention::forward");
-    if (out.out.size() != b.q.size() || out.lse.size() != d.nq * d.hq)
-      throw_error<invalid_argument>(
-          "libtorch::block_attention::forward: out of {} and lse of {} elements for {} query tokens; "
-          "expected "
-          "{} and {}",
-          out.out.size(), out.lse.size(), d.nq, b.q.size(), d.nq * d.hq);
+    const auto d = detail::check_block(
+        b, "libtorch::block_attention::forward",
+        {{"out", out.out.size(), b.q.size()},
+         {"lse", out.lse.size(), b.q_doc.size() * static_cast<std::size_t>(b.shape.q_heads)}});
     const c10::NoGradGuard no_grad;
     const auto nq = static_cast<std::int64_t>(d.nq), nk = static_cast<std::int64_t>(d.nk);
     const auto hq = static_cast<std::int64_t>(d.hq), hk = static_cast<std::int64_t>(d.hk);
@@ -150,34 +188,42 @@ struct block_attention {
   template <class T>
   requires std::is_same_v<T, float> || std::is_same_v<T, double>
   void backward(const model::attention_block<T>& b, model::attention_backward_io<T> io) const {
-    const auto d = detail::check_block(b, "libtorch::block_attention::backward");
-    if (io.dout.size() != b.q.size() || io.dq.size() != b.q.size() || io.lse.size() != d.nq * d.hq ||
-        io.delta.size() != d.nq * d.hq || io.dk.size() != b.k.size() || io.dv.size() != b.k.size())
-      throw_error<invalid_argument>(
-          "libtorch::block_attention::backward: dout {}, dq {}, lse {}, delta {}, dk {}, dv {} elements; "
-          "expected dout and dq {}, lse and delta {}, dk and dv {}",
-          io.dout.size(), io.dq.size(), io.lse.size(), io.delta.size(), io.dk.size(), io.dv.size(),
-          b.q.size(), d.nq * d.hq, b.k.size());
+    const auto rows = b.q_doc.size() * static_cast<std::size_t>(b.shape.q_heads);
+    const auto d = detail::check_block(b, "libtorch::block_attention::backward",
+                                       {{"dout", io.dout.size(), b.q.size()},
+                                        {"lse", io.lse.size(), rows},
+                                        {"delta", io.delta.size(), rows},
+                                        {"dq", io.dq.size(), b.q.size()},
+                                        {"dk", io.dk.size(), b.k.size()},
+                                        {"dv", io.dv.size(), b.k.size()}});
     const c10::NoGradGuard no_grad;
     const auto nq = static_cast<std::int64_t>(d.nq), nk = static_cast<std::int64_t>(d.nk);
     const auto hq = static_cast<std::int64_t>(d.hq), hk = static_cast<std::int64_t>(d.hk);
-    const auto dim = static_cast<std::int64_t>(d.dim), g = hq / hk;
-    const double scale = static_cast<double>(b.scale), inf = std::numeric_limits<double>::infinity();
-    const auto qg = detail::group_queries(detail::over_span(b.q, {nq, hq, dim}, device), hk, g);
-    const auto dog = detail::group_queries(detail::over_span(io.dout, {nq, hq, dim}, device), hk, g);
-    const auto kh = detail::over_span(b.k, {nk, hk, dim}, device).permute({1, 0, 2});  // [hk][nk][d]
-    const auto vh = detail::over_span(b.v, {nk, hk, dim}, device).permute({1, 0, 2});
-    const auto lse = detail::group_queries(detail::over_span(io.lse, {nq, hq, 1}, device), hk, g);
-    const auto delta = detail::group_queries(detail::over_span(io.delta, {nq, hq, 1}, device), hk, g);
-    const auto vis =
-        detail::visibility(token_meta{b.q_doc, b.q_pos, b.k_doc, b.k_pos}, nq, nk, b.mask, device);
-    const auto s = qg.bmm(kh.transpose(1, 2)).mul(scale).masked_fill(vis.logical_not().repeat({g, 1}), -inf);
-    const auto p = s.sub(at::where(lse.eq(-inf), inf, lse)).exp();  // [hk][g nq][nk]; 0 off the mask
-    const auto ds = p.mul(dog.bmm(vh.transpose(1, 2)).sub(delta));
-    detail::over_span(io.dv, {nk, hk, dim}, device).add_(p.transpose(1, 2).bmm(dog).permute({1, 0, 2}));
-    detail::over_span(io.dk, {nk, hk, dim}, device)
-        .add_(ds.transpose(1, 2).bmm(qg).mul(scale).permute({1, 0, 2}));
-    detail::over_span(io.dq, {nq, hq, dim}, device).add_(detail::ungroup(ds.bmm(kh).mul(scale), nq, g));
+    const auto dim = static_cast<std::int64_t>(d.dim);
+    const auto q = detail::over_span(b.q, {nq, hq, dim}, device),
+               dout = detail::over_span(io.dout, {nq, hq, dim}, device);
+    const auto k = detail::over_span(b.k, {nk, hk, dim}, device),
+               v = detail::over_span(b.v, {nk, hk, dim}, device);
+    const auto lse = detail::over_span(io.lse, {nq, hq}, device),
+               delta = detail::over_span(io.delta, {nq, hq}, device);
+    auto dq = detail::over_span(io.dq, {nq, hq, dim}, device);
+    auto dk = detail::over_span(io.dk, {nk, hk, dim}, device),
+         dv = detail::over_span(io.dv, {nk, hk, dim}, device);
+    const token_meta meta{b.q_doc, b.q_pos, b.k_doc, b.k_pos};
+    const auto scale = static_cast<double>(b.scale);
+    const auto parts = detail::split_by_document(meta, nq, nk, device);
+    if (parts.empty()) {
+      const auto r = detail::closed_form_backward(q, k, v, dout, lse, delta, meta, b.mask, scale);
+      dq.add_(r.dq), dk.add_(r.dk), dv.add_(r.dv);
+      return;
+    }
+    for (const auto& p : parts) {  // document by document: each row belongs to one, so adds never meet
+      const auto r = detail::closed_form_backward(q.index_select(0, p.q_rows), k.index_select(0, p.k_rows),
+                                                  v.index_select(0, p.k_rows), dout.index_select(0, p.q_rows),
+                                                  lse.index_select(0, p.q_rows),
+                                                  delta.index_select(0, p.q_rows), p.meta(), b.mask, scale);
+      dq.index_add_(0, p.q_rows, r.dq), dk.index_add_(0, p.k_rows, r.dk), dv.index_add_(0, p.k_rows, r.dv);
+    }
   }
 };
 
