@@ -16,10 +16,13 @@
 
 #include <torch/torch.h>
 
+#include <hetmesh/libtorch/backbone_module.hpp>
+#include <hetmesh/libtorch/encoder_module.hpp>
 #include <hetmesh/libtorch/stage_call.hpp>
 #include <hetmesh/model/attention.hpp>
 #include <hetmesh/model/encoder_batch.hpp>
 #include <hetmesh/model/micro_batch.hpp>
+#include <hetmesh/model/stage.hpp>
 #include <hetmesh/model/token_mixing.hpp>
 
 #include "torch_train/model.hpp"
@@ -89,6 +92,7 @@ struct backbone_stages_impl : torch::nn::Module {
   int stages_;
 };
 TORCH_MODULE_IMPL(backbone_stages, backbone_stages_impl);
+static_assert(hetmesh::libtorch::check_backbone_module<backbone_stages_impl>());
 
 /// One encoder as the encoder adapter calls it: feature rows [n][in] of the call's items to LLM rows.
 /// Modality: a tag with a `name` (hetmesh::model::vision_modality, audio_modality).
@@ -128,5 +132,7 @@ struct encoder_stage : torch::nn::Module {
   shape sh;
   std::int64_t in_dim;  ///< floats per token in
 };
+
+static_assert(hetmesh::libtorch::check_encoder_module<encoder_stage<hetmesh::model::vision_modality>>());
 
 }  // namespace torch_train
