@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+// example_torch_train --layout cp: static CP (zigzag over groups of 2) (runs.hpp).
+#include "torch_train/layouts.hpp"
+#include "torch_train/run.hpp"
+#include "torch_train/runs.hpp"
+
+namespace torch_train {
+
+int run_cp(loopback_comm& world, const options& o, const reference_run* ref) {
+  return run_layout(world, o, ref, static_cp, no_pipeline{});
+}
+
+}  // namespace torch_train

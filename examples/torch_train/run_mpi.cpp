@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
+// example_torch_train --backend mpi: the hdp layout (the joint 2-stage pipeline) over MPI processes
+// (runs.hpp).
+#include "torch_train/layouts.hpp"
+#include "torch_train/run.hpp"
+#include "torch_train/runs.hpp"
+
+namespace torch_train {
+
+int run_hdp(hetmesh::comm::mpi::communicator& world, const options& o, const reference_run* ref) {
+  return run_layout(world, o, ref, hdp_layout(), joint_pipeline{.pp = 2});
+}
+
+}  // namespace torch_train
