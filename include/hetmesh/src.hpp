@@ -109,3 +109,4 @@
 #include "train/pipeline_plan.hpp"
 #include "train/step_plan.hpp"
 #include "train/step_run.hpp"
+#include "train/system_mesh.hpp"
