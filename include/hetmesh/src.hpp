@@ -107,6 +107,7 @@
 #include "train/encoders.hpp"
 #include "train/families.hpp"
 #include "train/pipeline_plan.hpp"
+#include "train/report.hpp"  // gather_report's instantiations (HETMESH_INSTANTIATE)
 #include "train/step_plan.hpp"
 #include "train/step_run.hpp"
 #include "train/system_mesh.hpp"

@@ -332,7 +332,7 @@ class system {
                       Encoders... encoders) {
     detail::check_run_types<Kernel, Schedule, context_type<T>, encoder_context_type<T>, Stage, Optimizer, T,
                             Encoders...>();
-    check_token_mixing<Stage>(partition_, pool_size_, family_label(partition_));
+    check_token_mixing<Stage>(partition_, pool_size_);
     check_stage_sizes(stage, partition_, options_.mesh);
     auto& world = *world_;
     run::assert_plan_agreement(world, mem_, plan, "train step plan");
