@@ -103,6 +103,7 @@
 #include "train/checkpoint_manifest.hpp"
 #include "train/checkpoint_store.hpp"
 #include "train/delivery.hpp"
+#include "train/encoder_context.hpp"  // the encoder context's instantiations (HETMESH_INSTANTIATE)
 #include "train/encoder_domain.hpp"
 #include "train/encoders.hpp"
 #include "train/families.hpp"
