@@ -54,7 +54,9 @@ template <comm::communicator C, model::memory_policy M, class U>
 
 /// The ranks (group-local) whose hash differs from the most common one (ties: the smallest hash wins,
 /// so every rank names the same culprits). Empty when all agree. Pure; O(p log p).
-[[nodiscard]] inline std::vector<int> disagreeing_ranks(std::span<const std::uint64_t> hashes) {
+[[nodiscard]] HETMESH_COMPILED std::vector<int> disagreeing_ranks(std::span<const std::uint64_t> hashes)
+#if HETMESH_BODIES
+{
   std::map<std::uint64_t, int> votes;
   for (auto h : hashes) ++votes[h];
   std::uint64_t majority = 0;
@@ -69,6 +71,9 @@ template <comm::communicator C, model::memory_policy M, class U>
     if (hashes[r] != majority) out.push_back(static_cast<int>(r));
   return out;
 }
+#else
+    ;
+#endif
 
 /// Collective over `c`: every rank passes its own plan; all-gathers plan_hash(plan) and throws
 /// hetmesh::mismatch_error on every rank when they differ, naming the group, the disagreeing ranks

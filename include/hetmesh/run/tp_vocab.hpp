@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/format.hpp"
 #include "tp_regions.hpp"
 
@@ -41,13 +42,18 @@ struct vocab_shard {
 
 /// The entries tp rank `rank` of `tp` holds of a vocabulary of `vocab`: [rank V/tp, (rank+1) V/tp).
 /// Pre: vocab divisible by tp, 0 <= rank < tp (invalid_argument otherwise). O(1).
-[[nodiscard]] inline vocab_shard vocab_shard_of(std::int64_t vocab, int tp, int rank) {
+[[nodiscard]] HETMESH_COMPILED vocab_shard vocab_shard_of(std::int64_t vocab, int tp, int rank)
+#if HETMESH_BODIES
+{
   if (tp < 1 || rank < 0 || rank >= tp)
     throw_error<invalid_argument>("run::vocab_shard_of: rank {} of tp {}; expected 0 <= rank < tp", rank, tp);
   detail::check_tp_divides("vocab_shard_of", "the vocabulary size", vocab, tp);
   const std::int64_t n = vocab / tp;
   return {rank * n, (rank + 1) * n};
 }
+#else
+    ;
+#endif
 
 /// Vocabulary-parallel embedding forward: row t of the output = row tokens[t] of the table, summed over the
 /// tp group (the rank holding that entry contributes it, the others zeros). `table` is this rank's shard

@@ -40,7 +40,9 @@ struct slot_load {
 
 /// The slot loads of `plan` (with `batch`, the batch it was made from, for encoder tokens; may be null).
 /// Pure; O(micro-batches x chunks + documents x items).
-[[nodiscard]] inline slot_load slot_loads(const step_layout& plan, const model::step_batch* batch) {
+[[nodiscard]] HETMESH_COMPILED slot_load slot_loads(const step_layout& plan, const model::step_batch* batch)
+#if HETMESH_BODIES
+{
   slot_load l;
   const auto n = static_cast<std::size_t>(std::max(plan.slots, 1));
   l.tokens.assign(n, 0);
@@ -62,13 +64,21 @@ struct slot_load {
     x = (enc + static_cast<std::int64_t>(n) - 1) / static_cast<std::int64_t>(n);
   return l;
 }
+#else
+    ;
+#endif
 
 /// True when the batch has an encoder item.
-[[nodiscard]] inline bool has_encoder_items(const model::step_batch& b) noexcept {
+[[nodiscard]] HETMESH_COMPILED bool has_encoder_items(const model::step_batch& b) noexcept
+#if HETMESH_BODIES
+{
   for (const auto& d : b.documents)
     if (!d.items.empty()) return true;
   return false;
 }
+#else
+    ;
+#endif
 
 /// Per slot, the encoder landings of every pool rank's micro-batch in it (step_layout::encoder_landings),
 /// for `plan` and the items of `batch`, the step it was made from (only documents' ids and items are read:
