@@ -123,7 +123,8 @@
 #include "train/encoders.hpp"
 #include "train/families.hpp"
 #include "train/pipeline_plan.hpp"
-#include "train/report.hpp"  // gather_report's instantiations (HETMESH_INSTANTIATE)
+#include "train/report.hpp"        // gather_report's instantiations (HETMESH_INSTANTIATE)
+#include "train/stage_runner.hpp"  // the stage runner's instantiations (HETMESH_INSTANTIATE)
 #include "train/step_plan.hpp"
 #include "train/step_run.hpp"
 #include "train/step_stats.hpp"
