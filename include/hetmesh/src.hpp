@@ -122,6 +122,7 @@
 #include "train/encoder_domain.hpp"
 #include "train/encoders.hpp"
 #include "train/families.hpp"
+#include "train/optimizer.hpp"  // Adam's instantiations (HETMESH_INSTANTIATE)
 #include "train/pipeline_plan.hpp"
 #include "train/report.hpp"        // gather_report's instantiations (HETMESH_INSTANTIATE)
 #include "train/stage_runner.hpp"  // the stage runner's instantiations (HETMESH_INSTANTIATE)
