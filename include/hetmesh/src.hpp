@@ -87,6 +87,7 @@
 #include "run/grouped_reorder.hpp"
 #include "run/halo.hpp"
 #include "run/long_short_attention.hpp"
+#include "run/moe.hpp"                // the MoE collectives' instantiations (HETMESH_INSTANTIATE)
 #include "run/pipeline_executor.hpp"  // the executor's instantiations (HETMESH_INSTANTIATE)
 #include "run/plan_delivery.hpp"
 #include "run/records.hpp"
