@@ -173,7 +173,6 @@ HETMESH_TRAIN_RUNNER_T::stage_runner(const step_plan<Part>& plan, const step_ran
                                      const entry_type& calls, int encoders, step_stats& st, int pool_rank,
                                      double cpu0)
     : store{model::memory_activation_store<T, Memory>(*res.mem)},
-      enc_stores(static_cast<std::size_t>(encoders) + 1, model::memory_activation_store<T, Memory>(*res.mem)),
       plan_(&plan),
       rank_(&rank),
       enc_(&enc),
@@ -182,6 +181,8 @@ HETMESH_TRAIN_RUNNER_T::stage_runner(const step_plan<Part>& plan, const step_ran
       st_(&st),
       cpu0_(cpu0),
       landing_{&enc, res.mem} {
+  enc_stores.reserve(static_cast<std::size_t>(encoders) + 1);  // stores may hold move-only device buffers
+  for (int k = 0; k <= encoders; ++k) enc_stores.emplace_back(*res.mem);
   const int S = plan.pipeline.num_stages;
   for (const auto& pm : plan.per_rank[static_cast<std::size_t>(pool_rank)])
     if (pm.offload_ratio > 0)
