@@ -71,16 +71,32 @@
 #include "data/tar.hpp"
 #include "data/trainer_mesh.hpp"
 #include "data/wire.hpp"
+#include "model/activation.hpp"  // the activation stores' instantiations (HETMESH_INSTANTIATE)
+#include "model/attention.hpp"
+#include "model/document.hpp"
 #include "model/encoder_batch.hpp"
+#include "model/host_memory.hpp"
 #include "model/micro_batch.hpp"
 #include "pipeline/action.hpp"
 #include "pipeline/detail/schedule_builders.hpp"
 #include "pipeline/joint.hpp"
 #include "pipeline/lower.hpp"
+#include "run/agreement.hpp"
+#include "run/detail/ring_context.hpp"
+#include "run/detail/rows.hpp"
+#include "run/grouped_reorder.hpp"
+#include "run/halo.hpp"
 #include "run/long_short_attention.hpp"
+#include "run/moe.hpp"                // the MoE collectives' instantiations (HETMESH_INSTANTIATE)
 #include "run/pipeline_executor.hpp"  // the executor's instantiations (HETMESH_INSTANTIATE)
-#include "run/ring_attention.hpp"     // ring attention's instantiations (HETMESH_INSTANTIATE)
+#include "run/plan_delivery.hpp"
+#include "run/records.hpp"
+#include "run/ring_attention.hpp"  // ring attention's instantiations (HETMESH_INSTANTIATE)
 #include "run/ring_io.hpp"
+#include "run/tp_linear.hpp"
+#include "run/tp_regions.hpp"
+#include "run/tp_vocab.hpp"
+#include "run/ulysses.hpp"
 #include "run/ulysses_attention.hpp"  // Ulysses attention's instantiations (HETMESH_INSTANTIATE)
 #include "seq/cp.hpp"
 #include "seq/detail/best_fit.hpp"
@@ -103,9 +119,15 @@
 #include "train/checkpoint_manifest.hpp"
 #include "train/checkpoint_store.hpp"
 #include "train/delivery.hpp"
+#include "train/encoder_context.hpp"  // the encoder context's instantiations (HETMESH_INSTANTIATE)
 #include "train/encoder_domain.hpp"
 #include "train/encoders.hpp"
 #include "train/families.hpp"
+#include "train/optimizer.hpp"  // Adam's instantiations (HETMESH_INSTANTIATE)
 #include "train/pipeline_plan.hpp"
+#include "train/report.hpp"        // gather_report's instantiations (HETMESH_INSTANTIATE)
+#include "train/stage_runner.hpp"  // the stage runner's instantiations (HETMESH_INSTANTIATE)
 #include "train/step_plan.hpp"
 #include "train/step_run.hpp"
+#include "train/step_stats.hpp"
+#include "train/system_mesh.hpp"

@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "host_memory.hpp"
@@ -145,57 +146,17 @@ class memory_activation_store {
 
   /// Copies `data` (memory of M) into the slot `k`. Pre: the slot is empty (else activation_error naming
   /// it). O(data.size() + log slots).
-  void write(activation_key k, std::span<const T> data) {
-    const auto [it, fresh] = slots_.try_emplace(k);
-    if (!fresh)
-      throw_error<activation_error>(
-          "activation slot (stage {}, micro-batch {}, tensor {}) written twice; expected one write per "
-          "forward and a release after its backward",
-          k.stage, k.micro_batch, k.tensor);
-    try {
-      it->second.resize(data.size());
-      mem_.copy(it->second.span(), data);
-    } catch (...) {  // a failed write leaves the slot empty, as it was
-      slots_.erase(it);
-      throw;
-    }
-    bytes_ += static_cast<std::int64_t>(data.size() * sizeof(T));
-  }
+  void write(activation_key k, std::span<const T> data);
 
   /// The data of slot `k` (memory of M). Pre: written and not released (else activation_error naming it).
   /// O(log slots).
-  [[nodiscard]] std::span<const T> read(activation_key k) const {
-    const auto it = slots_.find(k);
-    if (it == slots_.end())
-      throw_error<activation_error>(
-          "activation slot (stage {}, micro-batch {}, tensor {}) read before it was written (or after it was "
-          "released); expected the stage's forward of that micro-batch to run first",
-          k.stage, k.micro_batch, k.tensor);
-    return it->second.span();
-  }
+  [[nodiscard]] std::span<const T> read(activation_key k) const;
 
   /// Frees slot `k`. Pre: written and not released (else activation_error naming it). O(log slots).
-  void release(activation_key k) {
-    const auto it = slots_.find(k);
-    if (it == slots_.end())
-      throw_error<activation_error>(
-          "activation slot (stage {}, micro-batch {}, tensor {}) released but holds nothing", k.stage,
-          k.micro_batch, k.tensor);
-    bytes_ -= static_cast<std::int64_t>(it->second.size() * sizeof(T));
-    slots_.erase(it);
-  }
+  void release(activation_key k);
 
   /// Frees every slot of (stage, micro_batch), whatever its tensor index; returns how many. O(log slots + k).
-  int release_all(int stage, int micro_batch) {
-    int n = 0;
-    auto it = slots_.lower_bound({stage, micro_batch, std::numeric_limits<int>::min()});
-    while (it != slots_.end() && it->first.stage == stage && it->first.micro_batch == micro_batch) {
-      bytes_ -= static_cast<std::int64_t>(it->second.size() * sizeof(T));
-      it = slots_.erase(it);
-      ++n;
-    }
-    return n;
-  }
+  int release_all(int stage, int micro_batch);
 
   /// Whether slot `k` holds data. O(log slots).
   [[nodiscard]] bool contains(activation_key k) const { return slots_.contains(k); }
@@ -211,6 +172,68 @@ class memory_activation_store {
   std::map<activation_key, typename M::template buffer<T>> slots_;
   std::int64_t bytes_ = 0;
 };
+
+template <class T, memory_policy M>
+void memory_activation_store<T, M>::write(activation_key k, std::span<const T> data) {
+  const auto [it, fresh] = slots_.try_emplace(k);
+  if (!fresh)
+    throw_error<activation_error>(
+        "activation slot (stage {}, micro-batch {}, tensor {}) written twice; expected one write per "
+        "forward and a release after its backward",
+        k.stage, k.micro_batch, k.tensor);
+  try {
+    it->second.resize(data.size());
+    mem_.copy(it->second.span(), data);
+  } catch (...) {  // a failed write leaves the slot empty, as it was
+    slots_.erase(it);
+    throw;
+  }
+  bytes_ += static_cast<std::int64_t>(data.size() * sizeof(T));
+}
+
+template <class T, memory_policy M>
+std::span<const T> memory_activation_store<T, M>::read(activation_key k) const {
+  const auto it = slots_.find(k);
+  if (it == slots_.end())
+    throw_error<activation_error>(
+        "activation slot (stage {}, micro-batch {}, tensor {}) read before it was written (or after it was "
+        "released); expected the stage's forward of that micro-batch to run first",
+        k.stage, k.micro_batch, k.tensor);
+  return it->second.span();
+}
+
+template <class T, memory_policy M>
+void memory_activation_store<T, M>::release(activation_key k) {
+  const auto it = slots_.find(k);
+  if (it == slots_.end())
+    throw_error<activation_error>(
+        "activation slot (stage {}, micro-batch {}, tensor {}) released but holds nothing", k.stage,
+        k.micro_batch, k.tensor);
+  bytes_ -= static_cast<std::int64_t>(it->second.size() * sizeof(T));
+  slots_.erase(it);
+}
+
+template <class T, memory_policy M>
+int memory_activation_store<T, M>::release_all(int stage, int micro_batch) {
+  int n = 0;
+  auto it = slots_.lower_bound({stage, micro_batch, std::numeric_limits<int>::min()});
+  while (it != slots_.end() && it->first.stage == stage && it->first.micro_batch == micro_batch) {
+    bytes_ -= static_cast<std::int64_t>(it->second.size() * sizeof(T));
+    it = slots_.erase(it);
+    ++n;
+  }
+  return n;
+}
+
+// Compiled once (HETMESH_SEPARATE_COMPILATION): the stores of float and double in host memory and on the host
+// side of host memory (train::offload_store's offloaded share). HETMESH_INSTANTIATE is `extern template` in
+// every translation unit but the one of <hetmesh/src.hpp> (config.hpp).
+#if HETMESH_SEPARATE_COMPILATION
+HETMESH_INSTANTIATE class memory_activation_store<float, host_memory>;
+HETMESH_INSTANTIATE class memory_activation_store<double, host_memory>;
+HETMESH_INSTANTIATE class memory_activation_store<float, host_side_memory<host_memory>>;
+HETMESH_INSTANTIATE class memory_activation_store<double, host_side_memory<host_memory>>;
+#endif
 
 /// The activation store in host memory: one vector per slot.
 template <class T>

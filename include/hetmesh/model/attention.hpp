@@ -29,13 +29,18 @@ struct attention_shape {
 
 /// Throws invalid_argument, prefixed by `who`, unless `s` has positive heads and head size with kv_heads
 /// dividing q_heads. O(1).
-inline void check_attention_shape(const attention_shape& s, const char* who) {
+HETMESH_COMPILED void check_attention_shape(const attention_shape& s, const char* who)
+#if HETMESH_BODIES
+{
   if (s.q_heads < 1 || s.kv_heads < 1 || s.head_dim < 1 || s.q_heads % s.kv_heads != 0)
     throw_error<invalid_argument>(
         "{}: shape q_heads={}, kv_heads={}, head_dim={}; expected positive values with kv_heads dividing "
         "q_heads",
         who, s.q_heads, s.kv_heads, s.head_dim);
 }
+#else
+    ;
+#endif
 
 /// One block: queries of one token chunk against keys/values of another. A query sees a key when both
 /// belong to the same document (equal doc ids) and, under block_mask::causal, when the key's position is

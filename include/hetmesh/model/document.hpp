@@ -54,25 +54,37 @@ struct step_batch {
 };
 
 /// Per document, its length: the input of seq::partition_thd and friends. O(documents).
-[[nodiscard]] inline std::vector<std::int64_t> document_lengths(const step_batch& b) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> document_lengths(const step_batch& b)
+#if HETMESH_BODIES
+{
   std::vector<std::int64_t> out;
   out.reserve(b.documents.size());
   for (const auto& d : b.documents) out.push_back(d.length());
   return out;
 }
+#else
+    ;
+#endif
 
 /// Per document, (id, length): the input of seq::plan_hdp. O(documents).
-[[nodiscard]] inline std::vector<seq::seq_desc> document_descs(const step_batch& b) {
+[[nodiscard]] HETMESH_COMPILED std::vector<seq::seq_desc> document_descs(const step_batch& b)
+#if HETMESH_BODIES
+{
   std::vector<seq::seq_desc> out;
   out.reserve(b.documents.size());
   for (const auto& d : b.documents) out.push_back({d.id, d.length()});
   return out;
 }
+#else
+    ;
+#endif
 
 /// Whether document `d`'s token at `pos` has a target that counts: a next token exists in the document,
 /// it is not an encoder placeholder, and the loss mask (if any) keeps it. Pre: 0 <= pos < d.length().
 /// O(items).
-[[nodiscard]] inline bool target_counts(const document& d, std::int64_t pos) noexcept {
+[[nodiscard]] HETMESH_COMPILED bool target_counts(const document& d, std::int64_t pos) noexcept
+#if HETMESH_BODIES
+{
   const std::int64_t next = pos + 1;
   if (next >= d.length()) return false;
   if (!d.loss_mask.empty() && d.loss_mask[static_cast<std::size_t>(pos)] == 0) return false;
@@ -80,11 +92,16 @@ struct step_batch {
     if (next >= it.position && next < it.position + it.tokens) return false;
   return true;
 }
+#else
+    ;
+#endif
 
 /// Validates a step's batch: throws invalid_argument naming the first document with a repeated id, a loss
 /// mask of the wrong size, an encoder item outside its document, overlapping or out of order items, a
 /// negative encoder index, or an (encoder, item id) pair used twice. Pure; O(n log n) in items and documents.
-inline void check_step_batch(const step_batch& b) {
+HETMESH_COMPILED void check_step_batch(const step_batch& b)
+#if HETMESH_BODIES
+{
   std::vector<std::int64_t> ids;
   std::vector<std::pair<int, std::int64_t>> items;
   for (std::size_t i = 0; i < b.documents.size(); ++i) {
@@ -118,5 +135,8 @@ inline void check_step_batch(const step_batch& b) {
       throw_error<invalid_argument>("step_batch: encoder {} item id {} appears twice; expected unique ids",
                                     items[i].first, items[i].second);
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::model

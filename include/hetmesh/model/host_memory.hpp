@@ -28,11 +28,16 @@ namespace hetmesh::model {
 
 namespace detail {
 
-inline void check_same_size(std::size_t a, std::size_t b, const char* what) {
+HETMESH_COMPILED void check_same_size(std::size_t a, std::size_t b, const char* what)
+#if HETMESH_BODIES
+{
   if (a != b)
     throw_error<invalid_argument>("{}: destination holds {} elements, source {}; expected equal sizes", what,
                                   a, b);
 }
+#else
+    ;
+#endif
 
 /// The CPU bodies of the memory operations, shared by host_memory and emulated_device_memory.
 struct cpu_ops {

@@ -216,7 +216,9 @@ HETMESH_COMPILED void append_run(micro_batch& mb, const step_batch& b, const ste
 #endif
 
 /// cu_seqlens over the segments: one interval per maximal group of consecutive segments of one document.
-inline void close_by_segments(micro_batch& mb) {
+HETMESH_COMPILED void close_by_segments(micro_batch& mb)
+#if HETMESH_BODIES
+{
   mb.cu_seqlens.assign(1, 0);
   mb.seqlen_docs.clear();
   for (std::size_t i = 0; i < mb.segments.size(); ++i) {
@@ -229,6 +231,9 @@ inline void close_by_segments(micro_batch& mb) {
     }
   }
 }
+#else
+    ;
+#endif
 }  // namespace detail
 
 /// Micro-batch of `rank` under a context-parallel partition of the batch (THD per document, zigzag of
@@ -350,8 +355,10 @@ make_segment_micro_batch(const step_batch& b, const step_summary& s,
 /// How the micro-batches of one step fail to hold every stream token exactly once (an
 /// exactly_once_violation message), or, failing that, every counting target exactly once; empty when
 /// they do. For tests and heavy-level checks. O(tokens log tokens).
-[[nodiscard]] inline std::string micro_batch_exactly_once_violation(const step_batch& b,
-                                                                    std::span<const micro_batch> parts) {
+[[nodiscard]] HETMESH_COMPILED std::string micro_batch_exactly_once_violation(
+    const step_batch& b, std::span<const micro_batch> parts)
+#if HETMESH_BODIES
+{
   const auto s = summarize_step(b);
   std::vector<id_range> expected{{0, 0, s.tokens}}, assigned;
   std::int64_t targets = 0;
@@ -367,6 +374,9 @@ make_segment_micro_batch(const step_batch& b, const step_summary& s,
     return hetmesh::format("the micro-batches count {} targets; the step has {}", targets, s.targets);
   return {};
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::model
 

@@ -54,7 +54,9 @@ template <comm::communicator C, model::memory_policy M, class U>
 
 /// The ranks (group-local) whose hash differs from the most common one (ties: the smallest hash wins,
 /// so every rank names the same culprits). Empty when all agree. Pure; O(p log p).
-[[nodiscard]] inline std::vector<int> disagreeing_ranks(std::span<const std::uint64_t> hashes) {
+[[nodiscard]] HETMESH_COMPILED std::vector<int> disagreeing_ranks(std::span<const std::uint64_t> hashes)
+#if HETMESH_BODIES
+{
   std::map<std::uint64_t, int> votes;
   for (auto h : hashes) ++votes[h];
   std::uint64_t majority = 0;
@@ -69,19 +71,21 @@ template <comm::communicator C, model::memory_policy M, class U>
     if (hashes[r] != majority) out.push_back(static_cast<int>(r));
   return out;
 }
+#else
+    ;
+#endif
 
-/// Collective over `c`: every rank passes its own plan; all-gathers plan_hash(plan) and throws
-/// hetmesh::mismatch_error on every rank when they differ, naming the group, the disagreeing ranks
-/// (group-local and global) with their hashes, and the majority hash expected. Deterministic; cost: one
-/// all-gather of 8 bytes per rank plus hashing the plan.
-/// With a device communicator, pass its memory policy `mem` (the overload below): the hashes travel through
-/// two small device buffers.
-template <comm::communicator C, model::memory_policy M, class Plan>
-void check_plan_agreement(C& c, const M& mem, const Plan& plan, std::string_view what = "plan") {
-  const auto all = detail::gather_to_host(c, mem, plan_hash(plan));
+namespace detail {
+
+/// Throws mismatch_error for plan hashes `all` (one per rank of a group whose global ranks are `members`)
+/// that disagree: the disagreeing ranks with their hashes and the majority hash (check_plan_agreement's
+/// message).
+[[noreturn]] HETMESH_COMPILED void throw_disagreement(std::string_view what,
+                                                      std::span<const std::uint64_t> all,
+                                                      std::span<const int> members)
+#if HETMESH_BODIES
+{
   const auto bad = disagreeing_ranks(all);
-  if (bad.empty()) return;
-  const auto members = c.ranks();
   std::vector<std::string> who;
   for (int r : bad)
     who.push_back(hetmesh::format("rank {} (global {}) has {:#018x}", r, members[static_cast<std::size_t>(r)],
@@ -96,6 +100,44 @@ void check_plan_agreement(C& c, const M& mem, const Plan& plan, std::string_view
       "{} hashes disagree across the group of {} ranks: {}; expected every rank to hold "
       "{:#018x} (the same plan from the same metadata)",
       what, all.size(), fmt::join(who, ", "), majority);
+}
+#else
+    ;
+#endif
+
+/// Throws invalid_argument naming the ranks whose flag in `all` is set (agree_on_failure's message for the
+/// ranks that did not fail; `members`: the group's global ranks).
+[[noreturn]] HETMESH_COMPILED void throw_failed_ranks(std::string_view what,
+                                                      std::span<const std::uint8_t> all,
+                                                      std::span<const int> members)
+#if HETMESH_BODIES
+{
+  std::vector<std::string> who;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (all[r] != 0) who.push_back(hetmesh::format("rank {} (global {})", r, members[r]));
+  throw_error<invalid_argument>(
+      "{}: {} of the group of {} ranks failed before it ({}; see their errors); expected every rank to "
+      "be ready, so this rank stops too instead of waiting for them",
+      what, who.size(), all.size(), fmt::join(who, ", "));
+}
+#else
+    ;
+#endif
+
+}  // namespace detail
+
+/// Collective over `c`: every rank passes its own plan; all-gathers plan_hash(plan) and throws
+/// hetmesh::mismatch_error on every rank when they differ, naming the group, the disagreeing ranks
+/// (group-local and global) with their hashes, and the majority hash expected. Deterministic; cost: one
+/// all-gather of 8 bytes per rank plus hashing the plan.
+/// With a device communicator, pass its memory policy `mem` (the overload below): the hashes travel through
+/// two small device buffers.
+template <comm::communicator C, model::memory_policy M, class Plan>
+void check_plan_agreement(C& c, const M& mem, const Plan& plan, std::string_view what = "plan") {
+  const auto all = detail::gather_to_host(c, mem, plan_hash(plan));
+  if (disagreeing_ranks(all).empty()) return;
+  const auto members = c.ranks();
+  detail::throw_disagreement(what, all, std::vector<int>(members.begin(), members.end()));
 }
 /// check_plan_agreement over a host communicator (host memory).
 template <comm::communicator C, class Plan>
@@ -116,15 +158,9 @@ template <comm::communicator C, model::memory_policy M>
 void agree_on_failure(C& c, const M& mem, const std::exception_ptr& failure, std::string_view what) {
   const auto all = detail::gather_to_host(c, mem, std::uint8_t{failure ? std::uint8_t{1} : std::uint8_t{0}});
   if (failure) std::rethrow_exception(failure);
-  std::vector<std::string> who;
+  if (std::find(all.begin(), all.end(), std::uint8_t{1}) == all.end()) return;
   const auto members = c.ranks();
-  for (std::size_t r = 0; r < all.size(); ++r)
-    if (all[r] != 0) who.push_back(hetmesh::format("rank {} (global {})", r, members[r]));
-  if (who.empty()) return;
-  throw_error<invalid_argument>(
-      "{}: {} of the group of {} ranks failed before it ({}; see their errors); expected every rank to "
-      "be ready, so this rank stops too instead of waiting for them",
-      what, who.size(), all.size(), fmt::join(who, ", "));
+  detail::throw_failed_ranks(what, all, std::vector<int>(members.begin(), members.end()));
 }
 /// agree_on_failure over a host communicator (host memory).
 template <comm::communicator C>

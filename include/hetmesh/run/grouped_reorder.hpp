@@ -47,7 +47,10 @@ struct reorder_result {
 
 /// Wire form of metadata: per sample [id, tokens, item count, item tokens...]. The owner is
 /// implied by the sender; `bytes` does not travel. O(total items).
-[[nodiscard]] inline std::vector<std::int64_t> encode_meta(std::span<const seq::sample_meta> samples) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> encode_meta(
+    std::span<const seq::sample_meta> samples)
+#if HETMESH_BODIES
+{
   std::vector<std::int64_t> out;
   for (const auto& s : samples) {
     out.push_back(s.id);
@@ -57,10 +60,15 @@ struct reorder_result {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// Inverse of encode_meta, stamping `owner`. Throws data_error on a truncated record.
-[[nodiscard]] inline std::vector<seq::sample_meta> decode_meta(std::span<const std::int64_t> wire,
-                                                               int owner) {
+[[nodiscard]] HETMESH_COMPILED std::vector<seq::sample_meta> decode_meta(std::span<const std::int64_t> wire,
+                                                                         int owner)
+#if HETMESH_BODIES
+{
   std::vector<seq::sample_meta> out;
   std::size_t k = 0;
   while (k < wire.size()) {
@@ -81,13 +89,21 @@ struct reorder_result {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 namespace detail {
-inline std::vector<std::int64_t> displs_of(std::span<const std::int64_t> counts) {
+HETMESH_COMPILED std::vector<std::int64_t> displs_of(std::span<const std::int64_t> counts)
+#if HETMESH_BODIES
+{
   std::vector<std::int64_t> d(counts.size(), 0);
   for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
   return d;
 }
+#else
+    ;
+#endif
 }  // namespace detail
 
 /// Collective over `c` (one locality group): every member passes the metadata of the samples it

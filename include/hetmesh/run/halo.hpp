@@ -25,8 +25,10 @@ inline constexpr int halo_tag = 0x5b00;
 
 namespace detail {
 
-inline void check_halo_sizes(const char* who, const seq::halo_plan& p, std::span<const int> ranks,
-                             std::int64_t width, std::size_t x, std::size_t halo) {
+HETMESH_COMPILED void check_halo_sizes(const char* who, const seq::halo_plan& p, std::span<const int> ranks,
+                                       std::int64_t width, std::size_t x, std::size_t halo)
+#if HETMESH_BODIES
+{
   if (ranks.size() != p.send.size() || width < 1 || x != static_cast<std::size_t>(p.tokens * width) ||
       halo != static_cast<std::size_t>(p.halo_rows * width))
     throw_error<invalid_argument>(
@@ -35,6 +37,9 @@ inline void check_halo_sizes(const char* who, const seq::halo_plan& p, std::span
         "of the plan), width >= 1, {} x width local and {} x width halo elements",
         who, ranks.size(), width, x, halo, p.send.size(), p.tokens, p.halo_rows);
 }
+#else
+    ;
+#endif
 
 // Packs rows `rows` of `src` [..][width] into `dst` [rows.size()][width], one copy per row.
 template <class T, class M>

@@ -57,11 +57,16 @@ inline std::int64_t piece_tokens(std::int64_t length, int degree, int t) {
 struct item_stream {
   std::vector<std::int64_t> doc, pos;
 };
-inline item_stream whole_item(std::int64_t item, std::size_t n) {
+HETMESH_COMPILED item_stream whole_item(std::int64_t item, std::size_t n)
+#if HETMESH_BODIES
+{
   item_stream s{std::vector<std::int64_t>(n, item), std::vector<std::int64_t>(n)};
   for (std::size_t i = 0; i < n; ++i) s.pos[i] = static_cast<std::int64_t>(i);
   return s;
 }
+#else
+    ;
+#endif
 
 /// The piece's Ulysses plan (its group's pieces in group order) and its tokens' documents and positions
 /// (the whole item: one document). Errors: a piece that is not the plan's split (invalid_argument).

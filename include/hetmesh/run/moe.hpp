@@ -32,12 +32,21 @@
 #include <vector>
 
 #include "../comm/collectives.hpp"
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../model/memory_policy.hpp"
 #include "../seq/moe_aux_loss.hpp"
 #include "../seq/moe_dispatch.hpp"
 #include "agreement.hpp"
 #include "detail/memory_fit.hpp"
+
+#if HETMESH_SEPARATE_COMPILATION
+#include "../comm/loopback.hpp"
+#include "../model/host_memory.hpp"
+#if HETMESH_COMPILED_MPI
+#include "../comm/mpi.hpp"
+#endif
+#endif
 
 namespace hetmesh::run {
 
@@ -364,5 +373,35 @@ template <comm::communicator C, model::memory_policy M, class T>
   return seq::moe_aux_loss(probs, std::span<const std::int64_t>(sum).first(sum.size() - 1), sum.back(),
                            layout.top_k, coeff);
 }
+
+// Compiled once (HETMESH_SEPARATE_COMPILATION): the MoE dispatch, combine and auxiliary loss over the
+// loopback communicator (and MPI's with HETMESH_COMPILED_MPI) for float and double in host memory.
+// HETMESH_INSTANTIATE is `extern template` in every translation unit but the one of <hetmesh/src.hpp>
+// (config.hpp).
+#if HETMESH_SEPARATE_COMPILATION
+#define HETMESH_RUN_MOE_INSTANCE(C, T)                                                                       \
+  HETMESH_INSTANTIATE void moe_dispatch_forward<C, T, model::host_memory>(                                   \
+      C&, const seq::moe_dispatch_plan&, std::int64_t, std::span<const T>, std::span<T>,                     \
+      const model::host_memory&);                                                                            \
+  HETMESH_INSTANTIATE void moe_dispatch_backward<C, T, model::host_memory>(                                  \
+      C&, const seq::moe_dispatch_plan&, std::int64_t, std::span<const T>, std::span<T>,                     \
+      const model::host_memory&);                                                                            \
+  HETMESH_INSTANTIATE void moe_combine_forward<C, T, model::host_memory>(                                    \
+      C&, const seq::moe_dispatch_plan&, std::int64_t, std::span<const T>, std::span<const T>, std::span<T>, \
+      std::span<T>, const model::host_memory&);                                                              \
+  HETMESH_INSTANTIATE void moe_combine_backward<C, T, model::host_memory>(                                   \
+      C&, const seq::moe_dispatch_plan&, std::int64_t, std::span<const T>, std::span<const T>,               \
+      std::span<const T>, std::span<T>, std::span<T>, const model::host_memory&);                            \
+  HETMESH_INSTANTIATE seq::moe_aux_loss_value moe_aux_loss<C, model::host_memory, T>(                        \
+      C&, const seq::moe_layout&, std::span<const std::int64_t>, std::span<const T>, double,                 \
+      const model::host_memory&);
+HETMESH_RUN_MOE_INSTANCE(comm::loopback::communicator, float)
+HETMESH_RUN_MOE_INSTANCE(comm::loopback::communicator, double)
+#if HETMESH_COMPILED_MPI
+HETMESH_RUN_MOE_INSTANCE(comm::mpi::communicator, float)
+HETMESH_RUN_MOE_INSTANCE(comm::mpi::communicator, double)
+#endif
+#undef HETMESH_RUN_MOE_INSTANCE
+#endif
 
 }  // namespace hetmesh::run

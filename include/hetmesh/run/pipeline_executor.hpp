@@ -66,7 +66,9 @@ namespace detail {
 /// stage_or_shard < max(stages, shards) and mb < num_microbatches the map is injective, so two transfers
 /// never share a tag; a tag past comm::max_user_tag is refused (capacity_error naming the stage,
 /// micro-batch and limit), never wrapped: a wrapped tag could match another transfer's message.
-inline int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb, int kind) {
+HETMESH_COMPILED int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb, int kind)
+#if HETMESH_BODIES
+{
   const std::int64_t raw = ((static_cast<std::int64_t>(stage_or_shard) * s.num_microbatches + mb) * 4 + kind);
   if (raw > comm::max_user_tag)
     throw_error<capacity_error>(
@@ -80,6 +82,9 @@ inline int pipeline_tag(const pipeline::schedule& s, int stage_or_shard, int mb,
         static_cast<std::int64_t>(comm::max_user_tag) + 1);
   return static_cast<int>(raw);
 }
+#else
+    ;
+#endif
 
 /// Collective over `c`: the plan-agreement check of `s` (run::check_plan_agreement) on any communicator.
 /// A host communicator gathers the hashes in host memory; a device communicator gathers them through
@@ -92,7 +97,9 @@ void check_schedule_agreement(C& c, M& mem, const pipeline::schedule& s, std::st
 }
 
 /// Whether `s` needs SEND/RECV actions it lacks: some data crosses ranks and no action communicates.
-inline bool lacks_transfers(const pipeline::schedule& s) {
+HETMESH_COMPILED bool lacks_transfers(const pipeline::schedule& s)
+#if HETMESH_BODIES
+{
   bool any_comm = false, crosses = false;
   std::vector<std::pair<pipeline::action, pipeline::action>> pairs;
   for (const auto& row : s.ranks)
@@ -105,6 +112,9 @@ inline bool lacks_transfers(const pipeline::schedule& s) {
     }
   return crosses && !any_comm;
 }
+#else
+    ;
+#endif
 
 /// execute_pipeline's checks before the first action (see its preconditions): the communicator's size,
 /// the schedule's agreement across ranks (collective assertion level), the sizes, the SEND/RECV actions

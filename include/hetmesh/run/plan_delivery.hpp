@@ -25,8 +25,10 @@ inline constexpr int routes_header_tag = 0x5e0;
 inline constexpr int routes_bytes_tag = 0x5e1;
 
 /// Per trainer, the indices of the parts of `plan` host `host` sends it (in the plan's order).
-inline std::vector<std::vector<std::size_t>> parts_from(const data::route_plan& plan,
-                                                        const data::source_hosts& hosts, int host) {
+HETMESH_COMPILED std::vector<std::vector<std::size_t>> parts_from(const data::route_plan& plan,
+                                                                  const data::source_hosts& hosts, int host)
+#if HETMESH_BODIES
+{
   std::vector<std::vector<std::size_t>> out(static_cast<std::size_t>(plan.trainers));
   for (std::size_t i = 0; i < plan.parts.size(); ++i) {
     const auto& p = plan.parts[i];
@@ -41,15 +43,23 @@ inline std::vector<std::vector<std::size_t>> parts_from(const data::route_plan& 
   }
   return out;
 }
+#else
+    ;
+#endif
 
-inline void check_world(int world, const data::source_hosts& hosts, const data::route_plan& plan,
-                        const char* who) {
+HETMESH_COMPILED void check_world(int world, const data::source_hosts& hosts, const data::route_plan& plan,
+                                  const char* who)
+#if HETMESH_BODIES
+{
   hosts.validate();
   if (world != hosts.trainers + hosts.hosts || plan.trainers != hosts.trainers)
     throw_error<invalid_argument>(
         "{}: a world of {} ranks, {} and a plan for {} trainers; expected trainers + hosts ranks", who, world,
         hosts, plan.trainers);
 }
+#else
+    ;
+#endif
 }  // namespace detail
 
 /// Host side of step `step`: sends every trainer the parts of `plan` it needs whose samples this host

@@ -34,11 +34,16 @@ struct record_projection {
 
 /// The encoder that takes item kind `kind` under `p` (the first whose entry is a non-empty prefix of it), or
 /// -1 when none does. O(encoders x kind length).
-[[nodiscard]] inline int encoder_of(const record_projection& p, std::string_view kind) noexcept {
+[[nodiscard]] HETMESH_COMPILED int encoder_of(const record_projection& p, std::string_view kind) noexcept
+#if HETMESH_BODIES
+{
   for (std::size_t e = 0; e < p.encoders.size(); ++e)
     if (!p.encoders[e].empty() && kind.starts_with(p.encoders[e])) return static_cast<int>(e);
   return -1;
 }
+#else
+    ;
+#endif
 
 /// The model's view of one loaded step: one model::document per sample, in the plan's order (the data
 /// plan's canonical order, so every rank that loaded the same step builds the same batch).
@@ -58,8 +63,10 @@ struct record_projection {
 /// sample was not loaded on this process (its ref is not the plan's: data::loader_options::serve_dp left
 /// it empty), when an item's kind has no encoder in p (naming the kind and the encoders) or has negative
 /// tokens, and when a sample's loss mask does not have one entry per text token. Pure; O(tokens + items).
-[[nodiscard]] inline model::step_batch to_step_batch(const data::loaded_batch& b,
-                                                     const record_projection& p) {
+[[nodiscard]] HETMESH_COMPILED model::step_batch to_step_batch(const data::loaded_batch& b,
+                                                               const record_projection& p)
+#if HETMESH_BODIES
+{
   if (b.samples.size() != b.plan.samples.size())
     throw_error<invalid_argument>(
         "run::to_step_batch: step {} has {} loaded samples for {} planned; expected one "
@@ -112,5 +119,8 @@ struct record_projection {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::run

@@ -77,14 +77,21 @@ struct ring_backward_task {
 
 /// The ring position of `rank` (a rank of the parent communicator) in `s`, or -1 when it is not a
 /// member. Pure; O(D).
-[[nodiscard]] inline int ring_position(const seq::ring_schedule& s, int rank) noexcept {
+[[nodiscard]] HETMESH_COMPILED int ring_position(const seq::ring_schedule& s, int rank) noexcept
+#if HETMESH_BODIES
+{
   const auto it = std::find(s.ring.begin(), s.ring.end(), rank);
   return it == s.ring.end() ? -1 : static_cast<int>(it - s.ring.begin());
 }
+#else
+    ;
+#endif
 
 /// Tokens position p of `s` holds (the sum of its chunk sizes). Pre: 0 <= p < s.chunks.size()
 /// (invalid_argument otherwise). Pure; O(chunks).
-[[nodiscard]] inline std::int64_t ring_tokens(const seq::ring_schedule& s, int p) {
+[[nodiscard]] HETMESH_COMPILED std::int64_t ring_tokens(const seq::ring_schedule& s, int p)
+#if HETMESH_BODIES
+{
   if (p < 0 || static_cast<std::size_t>(p) >= s.chunks.size())
     throw_error<invalid_argument>("ring_tokens: position {} of a ring of {}; expected 0 <= position < {}", p,
                                   s.chunks.size(), s.chunks.size());
@@ -92,6 +99,9 @@ struct ring_backward_task {
   for (const auto& c : s.chunks.at(static_cast<std::size_t>(p))) n += c.positions.size();
   return n;
 }
+#else
+    ;
+#endif
 
 /// Per-token document ids and positions of one ring position, in local order: what the kernel's mask
 /// reads, and what a model needs for rotary embeddings (positions within the document, TE's rule).

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <span>
 
+#include "../config.hpp"
 #include "../core/format.hpp"
 #include "tp_regions.hpp"
 
@@ -103,8 +104,10 @@ inline std::int64_t tp_rows_in(const tp_linear_options& o, std::int64_t tokens, 
   return o.sequence_parallel ? tokens / tp : tokens;
 }
 
-inline void check_linear_shape(const char* who, const tp_linear_shape& s, const tp_linear_options& o, int tp,
-                               bool column) {
+HETMESH_COMPILED void check_linear_shape(const char* who, const tp_linear_shape& s,
+                                         const tp_linear_options& o, int tp, bool column)
+#if HETMESH_BODIES
+{
   if (s.tokens < 0 || s.in < 1 || s.out < 1)
     throw_error<invalid_argument>(
         "run::{}: shape tokens {}, in {}, out {}; expected tokens >= 0, in and out >= 1", who, s.tokens, s.in,
@@ -119,6 +122,9 @@ inline void check_linear_shape(const char* who, const tp_linear_shape& s, const 
   if (!column && o.gather_output)
     throw_error<invalid_argument>("run::{}: gather_output is an option of column-parallel layers only", who);
 }
+#else
+    ;
+#endif
 
 }  // namespace detail
 

@@ -41,19 +41,29 @@ namespace hetmesh::run {
 namespace detail {
 
 /// Throws invalid_argument unless `extent` is non-negative and divisible by `tp`.
-inline void check_tp_divides(const char* who, const char* what, std::int64_t extent, int tp) {
+HETMESH_COMPILED void check_tp_divides(const char* who, const char* what, std::int64_t extent, int tp)
+#if HETMESH_BODIES
+{
   if (extent < 0 || extent % tp != 0)
     throw_error<invalid_argument>("run::{}: {} is {}, not divisible by the tensor-parallel size {}", who,
                                   what, extent, tp);
 }
+#else
+    ;
+#endif
 
 /// Throws invalid_argument unless buffer `what` holds `expected` elements (`formula` says why).
-inline void check_tp_buffer(const char* who, const char* what, std::size_t size, std::int64_t expected,
-                            const char* formula) {
+HETMESH_COMPILED void check_tp_buffer(const char* who, const char* what, std::size_t size,
+                                      std::int64_t expected, const char* formula)
+#if HETMESH_BODIES
+{
   if (expected < 0 || size != static_cast<std::size_t>(expected))
     throw_error<invalid_argument>("run::{}: {} holds {} elements; expected {} ({})", who, what, size,
                                   expected, formula);
 }
+#else
+    ;
+#endif
 
 /// full [rows][cols] from every rank's [rows][cols / tp] block of columns (rank order).
 template <comm::communicator C, class T, model::memory_policy M>

@@ -22,8 +22,17 @@
 #include <span>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/format.hpp"
 #include "tp_regions.hpp"
+
+#if HETMESH_SEPARATE_COMPILATION
+#include "../comm/loopback.hpp"
+#include "../model/host_memory.hpp"
+#if HETMESH_COMPILED_MPI
+#include "../comm/mpi.hpp"
+#endif
+#endif
 
 namespace hetmesh::run {
 
@@ -41,13 +50,18 @@ struct vocab_shard {
 
 /// The entries tp rank `rank` of `tp` holds of a vocabulary of `vocab`: [rank V/tp, (rank+1) V/tp).
 /// Pre: vocab divisible by tp, 0 <= rank < tp (invalid_argument otherwise). O(1).
-[[nodiscard]] inline vocab_shard vocab_shard_of(std::int64_t vocab, int tp, int rank) {
+[[nodiscard]] HETMESH_COMPILED vocab_shard vocab_shard_of(std::int64_t vocab, int tp, int rank)
+#if HETMESH_BODIES
+{
   if (tp < 1 || rank < 0 || rank >= tp)
     throw_error<invalid_argument>("run::vocab_shard_of: rank {} of tp {}; expected 0 <= rank < tp", rank, tp);
   detail::check_tp_divides("vocab_shard_of", "the vocabulary size", vocab, tp);
   const std::int64_t n = vocab / tp;
   return {rank * n, (rank + 1) * n};
 }
+#else
+    ;
+#endif
 
 /// Vocabulary-parallel embedding forward: row t of the output = row tokens[t] of the table, summed over the
 /// tp group (the rank holding that entry contributes it, the others zeros). `table` is this rank's shard
@@ -270,6 +284,36 @@ void vocab_parallel_cross_entropy_backward(const C& c, std::int64_t vocab, std::
                       std::span<const std::int64_t>(state.local_target.span()),
                       std::span<const T>(state.scale.span()), dlogits);
 }
+
+// Compiled once (HETMESH_SEPARATE_COMPILATION): the vocabulary-parallel embedding and cross-entropy over the
+// loopback communicator (and MPI's with HETMESH_COMPILED_MPI) for float and double in host memory with the
+// host kernel. HETMESH_INSTANTIATE is `extern template` in every translation unit but the one of
+// <hetmesh/src.hpp> (config.hpp).
+#if HETMESH_SEPARATE_COMPILATION
+#define HETMESH_RUN_VOCAB_INSTANCE(C, T)                                                                     \
+  HETMESH_INSTANTIATE void vocab_parallel_embedding_forward<C, T, model::host_memory>(                       \
+      C&, std::int64_t, std::int64_t, bool, std::span<const std::int64_t>, std::span<const T>, std::span<T>, \
+      const model::host_memory&);                                                                            \
+  HETMESH_INSTANTIATE void vocab_parallel_embedding_backward<C, T, model::host_memory>(                      \
+      C&, std::int64_t, std::int64_t, bool, std::span<const std::int64_t>, std::span<const T>, std::span<T>, \
+      const model::host_memory&);                                                                            \
+  HETMESH_INSTANTIATE void                                                                                   \
+  vocab_parallel_cross_entropy_forward<C, T, model::host_memory, host_vocab_kernel>(                         \
+      C&, std::int64_t, std::span<const T>, std::span<const std::int64_t>, std::span<const double>,          \
+      std::int64_t, std::span<T>, vocab_cross_entropy_state<T, model::host_memory>&,                         \
+      const model::host_memory&, host_vocab_kernel&&);                                                       \
+  HETMESH_INSTANTIATE void                                                                                   \
+  vocab_parallel_cross_entropy_backward<C, T, model::host_memory, host_vocab_kernel>(                        \
+      const C&, std::int64_t, std::span<const T>, const vocab_cross_entropy_state<T, model::host_memory>&,   \
+      std::span<T>, host_vocab_kernel&&);
+HETMESH_RUN_VOCAB_INSTANCE(comm::loopback::communicator, float)
+HETMESH_RUN_VOCAB_INSTANCE(comm::loopback::communicator, double)
+#if HETMESH_COMPILED_MPI
+HETMESH_RUN_VOCAB_INSTANCE(comm::mpi::communicator, float)
+HETMESH_RUN_VOCAB_INSTANCE(comm::mpi::communicator, double)
+#endif
+#undef HETMESH_RUN_VOCAB_INSTANCE
+#endif
 
 }  // namespace hetmesh::run
 

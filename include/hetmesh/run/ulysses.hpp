@@ -50,19 +50,30 @@ enum class ulysses_combine : std::uint8_t {
 
 /// Elements of one tensor of `part` on `rank` in sequence sharding: tokens[rank] x heads x head_dim.
 /// Pure; O(1).
-[[nodiscard]] inline std::int64_t ulysses_sequence_size(const seq::ulysses_plan& plan, ulysses_part part,
-                                                        int rank) {
+[[nodiscard]] HETMESH_COMPILED std::int64_t ulysses_sequence_size(const seq::ulysses_plan& plan,
+                                                                  ulysses_part part, int rank)
+#if HETMESH_BODIES
+{
   const auto& p = plan.policy;
   return plan.tokens.at(static_cast<std::size_t>(rank)) *
          (part == ulysses_part::query ? p.heads : p.kv_heads) * p.head_dim;
 }
+#else
+    ;
+#endif
 
 /// Elements of one tensor of `part` on any rank in head sharding: total_tokens x heads per rank x
 /// head_dim. Pure; O(1).
-[[nodiscard]] inline std::int64_t ulysses_head_size(const seq::ulysses_plan& plan, ulysses_part part) {
+[[nodiscard]] HETMESH_COMPILED std::int64_t ulysses_head_size(const seq::ulysses_plan& plan,
+                                                              ulysses_part part)
+#if HETMESH_BODIES
+{
   return plan.total_tokens * (part == ulysses_part::query ? plan.heads_per_rank : plan.kv_heads_per_rank) *
          plan.policy.head_dim;
 }
+#else
+    ;
+#endif
 
 namespace detail {
 /// The plan's view of one part: heads in the sequence layout, heads per rank, first head of each rank.
@@ -73,12 +84,17 @@ struct ulysses_shape {
   std::int64_t dim = 0;        // head_dim
 };
 
-inline ulysses_shape ulysses_shape_of(const seq::ulysses_plan& plan, ulysses_part part) {
+HETMESH_COMPILED ulysses_shape ulysses_shape_of(const seq::ulysses_plan& plan, ulysses_part part)
+#if HETMESH_BODIES
+{
   const bool q = part == ulysses_part::query;
   return {q ? plan.policy.heads : plan.policy.kv_heads, q ? plan.heads_per_rank : plan.kv_heads_per_rank,
           q ? std::span<const int>(plan.q_head_begin) : std::span<const int>(plan.kv_head_begin),
           plan.policy.head_dim};
 }
+#else
+    ;
+#endif
 
 template <comm::communicator C>
 void check_ulysses_args(const C& c, const seq::ulysses_plan& plan, ulysses_part part, std::size_t seq_size,

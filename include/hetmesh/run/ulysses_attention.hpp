@@ -50,7 +50,9 @@ struct ulysses_attention_input {
 namespace detail {
 
 /// The plan with head_dim 1: moves per-head scalars (lse) with the query tensors' layout.
-inline seq::ulysses_plan scalar_plan(seq::ulysses_plan p) {
+HETMESH_COMPILED seq::ulysses_plan scalar_plan(seq::ulysses_plan p)
+#if HETMESH_BODIES
+{
   for (auto& row : p.q_send_counts)
     for (auto& n : row) n /= p.policy.head_dim;
   for (auto& row : p.kv_send_counts)
@@ -58,6 +60,9 @@ inline seq::ulysses_plan scalar_plan(seq::ulysses_plan p) {
   p.policy.head_dim = 1;
   return p;
 }
+#else
+    ;
+#endif
 
 template <class T>
 void check_ulysses_attention(const seq::ulysses_plan& plan, const ulysses_attention_input<T>& in, int rank,

@@ -87,10 +87,10 @@ namespace detail {
 /// summarize_step(batch), the plan was made from document_descs(batch) (invalid_argument otherwise),
 /// 0 <= rank < plan.world. Post: over every rank, each stream token and each counting target appears
 /// exactly once. Pure; O(local tokens + documents).
-[[nodiscard]] inline std::vector<model::micro_batch> build_micro_batches(const step_layout& plan,
-                                                                         const model::step_batch& batch,
-                                                                         const model::step_summary& s,
-                                                                         int rank) {
+[[nodiscard]] HETMESH_COMPILED std::vector<model::micro_batch> build_micro_batches(
+    const step_layout& plan, const model::step_batch& batch, const model::step_summary& s, int rank)
+#if HETMESH_BODIES
+{
   if (model::document_descs(batch) != plan.documents)
     throw_error<invalid_argument>(
         "train::build_micro_batches: the step's documents do not match the plan's {} documents; expected "
@@ -98,10 +98,15 @@ namespace detail {
         plan.documents.size());
   return detail::build_rank_micro_batches(plan, batch, s, rank);
 }
+#else
+    ;
+#endif
 
 /// The ids of the documents pool rank `r` builds micro-batches over under `plan` (its micro-batches' runs),
 /// in first-use order, each once. Pre: 0 <= r < plan.world. O(r's runs x documents read).
-[[nodiscard]] inline std::vector<std::int64_t> documents_of(const step_layout& plan, int r) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> documents_of(const step_layout& plan, int r)
+#if HETMESH_BODIES
+{
   std::vector<std::int64_t> out;
   for (const auto& pm : plan.per_rank[static_cast<std::size_t>(r)])
     for (const auto& run : pm.runs) {
@@ -110,17 +115,25 @@ namespace detail {
     }
   return out;
 }
+#else
+    ;
+#endif
 
 /// The targets that count in a document of `length` tokens with encoder items `items` and no loss mask
 /// (model::target_counts' rule: a next token exists and is not a placeholder). Pure; O(items).
-[[nodiscard]] inline std::int64_t document_targets(std::int64_t length,
-                                                   std::span<const model::encoder_item> items) noexcept {
+[[nodiscard]] HETMESH_COMPILED std::int64_t document_targets(
+    std::int64_t length, std::span<const model::encoder_item> items) noexcept
+#if HETMESH_BODIES
+{
   std::int64_t n = std::max<std::int64_t>(length - 1, 0);
   for (const auto& it : items)  // placeholders at positions 1 .. length - 1 are next tokens that do not count
     n -= std::max<std::int64_t>(
         0, std::min(it.position + it.tokens, length) - std::max<std::int64_t>(it.position, 1));
   return n;
 }
+#else
+    ;
+#endif
 
 /// What one rank holds of a step under delivery by plan: the documents its micro-batches read (at least
 /// documents_of(plan, pool rank); others are ignored), any order, and the whole step's target count (the
@@ -142,22 +155,32 @@ struct rank_share {
 /// The bytes of a document's text part with its loss mask: text_bytes(d), then, when `d` has a loss mask,
 /// one byte per token (0: that token's target does not count). share_of reads both forms (8 or 9 bytes
 /// per token). O(length).
-[[nodiscard]] inline std::vector<std::uint8_t> text_part_bytes(const model::document& d) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::uint8_t> text_part_bytes(const model::document& d)
+#if HETMESH_BODIES
+{
   const auto t = text_bytes(d);
   std::vector<std::uint8_t> out(t.size() + d.loss_mask.size());
   std::copy(t.begin(), t.end(), out.begin());
   std::copy(d.loss_mask.begin(), d.loss_mask.end(), out.begin() + static_cast<std::ptrdiff_t>(t.size()));
   return out;
 }
+#else
+    ;
+#endif
 
 /// The targets of document `d` that count in the loss (model::target_counts' rule, its loss mask
 /// included). O(length x items) with a mask, O(items) without.
-[[nodiscard]] inline std::int64_t document_targets(const model::document& d) noexcept {
+[[nodiscard]] HETMESH_COMPILED std::int64_t document_targets(const model::document& d) noexcept
+#if HETMESH_BODIES
+{
   if (d.loss_mask.empty()) return document_targets(d.length(), d.items);
   std::int64_t n = 0;
   for (std::int64_t p = 0; p < d.length(); ++p) n += model::target_counts(d, p) ? 1 : 0;
   return n;
 }
+#else
+    ;
+#endif
 
 /// The rank share of a delivered share: per text part received, the document (id and tokens from its bytes,
 /// text_bytes' or text_part_bytes' encoding: with 9 bytes per token, the last length bytes are its loss

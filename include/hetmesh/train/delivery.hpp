@@ -60,20 +60,27 @@ struct rank_map {
 /// train::system's own numbering: world rank p * pool + r, no tensor parallelism; `pp` counts every
 /// pipeline rank (the depth plus a separate encoder pool's ranks). Throws invalid_argument unless pool,
 /// pp >= 1.
-[[nodiscard]] inline rank_map system_ranks(int pool, int pp) {
+[[nodiscard]] HETMESH_COMPILED rank_map system_ranks(int pool, int pp)
+#if HETMESH_BODIES
+{
   if (pool < 1 || pp < 1)
     throw_error<invalid_argument>("train::system_ranks: pool {} x pp {}; expected both >= 1", pool, pp);
   rank_map m{pool, pp, {}};
   for (int w = 0; w < pool * pp; ++w) m.ranks.push_back({w});
   return m;
 }
+#else
+    ;
+#endif
 
 /// The rank map of a trainers' mesh of any order (a mesh::layout's view, a searched order from
 /// data::mesh_of_order): the pool is cp, ep and dp flattened (cp fastest, so static CP's groups are cp
 /// consecutive pool ranks), the pipeline rank is the pp coordinate, and every other dim (tp, user dims)
 /// names peers that share their data. Throws invalid_argument for a view not over ranks 0..size-1.
 /// O(world x dims).
-[[nodiscard]] inline rank_map mesh_ranks(const mesh::view& m) {
+[[nodiscard]] HETMESH_COMPILED rank_map mesh_ranks(const mesh::view& m)
+#if HETMESH_BODIES
+{
   if (m.offset() != 0)
     throw_error<invalid_argument>("train::mesh_ranks: mesh {} starts at rank {}; expected ranks 0..{}",
                                   m.str(), m.offset(), m.size() - 1);
@@ -91,6 +98,9 @@ struct rank_map {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// mesh_ranks of a mesh::layout (any order). O(world x dims).
 template <class M>

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../comm/group_cache.hpp"
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../model/activation.hpp"
@@ -20,6 +21,14 @@
 #include "../model/encoder_batch.hpp"
 #include "../model/host_memory.hpp"
 #include "../run/long_short_attention.hpp"
+
+#if HETMESH_SEPARATE_COMPILATION
+#include "../comm/loopback.hpp"
+#include "../model/reference_attention.hpp"
+#if HETMESH_COMPILED_MPI
+#include "../comm/mpi.hpp"
+#endif
+#endif
 
 namespace hetmesh::train {
 
@@ -45,26 +54,7 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
   /// over: its item's group, ranks in group order (p.group_rank is this rank's). The first call for a
   /// group is collective over its members; later ones are look-ups. Errors: a whole item (degree 1) or no
   /// groups bound (invalid_argument).
-  [[nodiscard]] Comm& item_group(const model::encoder_piece& p, const model::encoder_batch_view& view) const {
-    if (groups == nullptr || p.degree < 2)
-      throw_error<invalid_argument>(
-          "train::encoder_context::item_group: item {} ({} ranks) at shard {} slot {}; expected a split "
-          "piece "
-          "of a call made by train::system::run",
-          p.item, p.degree, this->stage, this->micro_batch);
-    std::vector<int> members;
-    const int first = view.rank - p.group_rank - row_first;  // the group's first row position
-    for (int t = 0; t < p.degree; ++t) members.push_back(first + t);
-    if constexpr (comm::subgroup_communicator<Comm>) {
-      return groups->get(std::span<const int>(members));
-    } else {  // NCCL: groups come only from a split collective over the whole parent
-      throw_error<invalid_argument>(
-          "train::encoder_context::item_group: item {} is split over {} ranks at shard {} slot {}, but {} "
-          "makes no group of a few ranks on demand (no subgroup); expected whole items on this backend: "
-          "raise system_options::encoder_sp.max_tokens_per_rank above the longest item",
-          p.item, p.degree, this->stage, this->micro_batch, comm::describe(groups->parent()));
-    }
-  }
+  [[nodiscard]] Comm& item_group(const model::encoder_piece& p, const model::encoder_batch_view& view) const;
 
   /// Attention inside every item of `view` (full mask: each token sees every token of its item): out
   /// [tokens][q_heads][head_dim] and lse [tokens][q_heads] for q [tokens][q_heads][head_dim] and k, v
@@ -74,24 +64,14 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
   /// run::long_short_attention_forward.
   void attention_forward(const model::encoder_batch_view& view, model::attention_shape shape, T scale,
                          std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> out,
-                         std::span<T> lse) const {
-    check_bound("attention_forward");
-    run::long_short_attention_forward(
-        [&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); }, view, *kernel,
-        run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse, mem());
-  }
+                         std::span<T> lse) const;
 
   /// Backward of attention_forward: writes (overwrites) dq, dk, dv of the call's tokens. Collective as
   /// the forward, in the same order.
   void attention_backward(const model::encoder_batch_view& view, model::attention_shape shape, T scale,
                           std::span<const T> q, std::span<const T> k, std::span<const T> v,
                           std::span<const T> out, std::span<const T> lse, std::span<const T> dout,
-                          std::span<T> dq, std::span<T> dk, std::span<T> dv) const {
-    check_bound("attention_backward");
-    run::long_short_attention_backward(
-        [&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); }, view, *kernel,
-        run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk, dv, mem());
-  }
+                          std::span<T> dq, std::span<T> dk, std::span<T> dv) const;
 
  private:
   M& mem() const {
@@ -110,6 +90,65 @@ struct encoder_context : model::stage_context<Comm, model::memory_activation_sto
           who, this->stage, this->micro_batch);
   }
 };
+
+template <class Comm, class Kernel, class T, class M>
+Comm& encoder_context<Comm, Kernel, T, M>::item_group(const model::encoder_piece& p,
+                                                      const model::encoder_batch_view& view) const {
+  if (groups == nullptr || p.degree < 2)
+    throw_error<invalid_argument>(
+        "train::encoder_context::item_group: item {} ({} ranks) at shard {} slot {}; expected a split "
+        "piece "
+        "of a call made by train::system::run",
+        p.item, p.degree, this->stage, this->micro_batch);
+  std::vector<int> members;
+  const int first = view.rank - p.group_rank - row_first;  // the group's first row position
+  for (int t = 0; t < p.degree; ++t) members.push_back(first + t);
+  if constexpr (comm::subgroup_communicator<Comm>) {
+    return groups->get(std::span<const int>(members));
+  } else {  // NCCL: groups come only from a split collective over the whole parent
+    throw_error<invalid_argument>(
+        "train::encoder_context::item_group: item {} is split over {} ranks at shard {} slot {}, but {} "
+        "makes no group of a few ranks on demand (no subgroup); expected whole items on this backend: "
+        "raise system_options::encoder_sp.max_tokens_per_rank above the longest item",
+        p.item, p.degree, this->stage, this->micro_batch, comm::describe(groups->parent()));
+  }
+}
+
+template <class Comm, class Kernel, class T, class M>
+void encoder_context<Comm, Kernel, T, M>::attention_forward(const model::encoder_batch_view& view,
+                                                            model::attention_shape shape, T scale,
+                                                            std::span<const T> q, std::span<const T> k,
+                                                            std::span<const T> v, std::span<T> out,
+                                                            std::span<T> lse) const {
+  check_bound("attention_forward");
+  run::long_short_attention_forward(
+      [&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); }, view, *kernel,
+      run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse, mem());
+}
+
+template <class Comm, class Kernel, class T, class M>
+void encoder_context<Comm, Kernel, T, M>::attention_backward(
+    const model::encoder_batch_view& view, model::attention_shape shape, T scale, std::span<const T> q,
+    std::span<const T> k, std::span<const T> v, std::span<const T> out, std::span<const T> lse,
+    std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) const {
+  check_bound("attention_backward");
+  run::long_short_attention_backward(
+      [&](const model::encoder_piece& p) -> Comm& { return item_group(p, view); }, view, *kernel,
+      run::long_short_attention_input<T>{shape, scale, q, k, v}, out, lse, dout, dq, dk, dv, mem());
+}
+
+// Compiled once (HETMESH_SEPARATE_COMPILATION): the context over the loopback communicator with the reference
+// kernel in host memory, float and double (its item groups and long-short attention; MPI's with
+// HETMESH_COMPILED_MPI). HETMESH_INSTANTIATE is `extern template` in every translation unit but the one of
+// <hetmesh/src.hpp> (config.hpp).
+#if HETMESH_SEPARATE_COMPILATION
+HETMESH_INSTANTIATE struct encoder_context<comm::loopback::communicator, model::reference_attention, float>;
+HETMESH_INSTANTIATE struct encoder_context<comm::loopback::communicator, model::reference_attention, double>;
+#if HETMESH_COMPILED_MPI
+HETMESH_INSTANTIATE struct encoder_context<comm::mpi::communicator, model::reference_attention, float>;
+HETMESH_INSTANTIATE struct encoder_context<comm::mpi::communicator, model::reference_attention, double>;
+#endif
+#endif
 
 namespace detail {
 

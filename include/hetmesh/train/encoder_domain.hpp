@@ -39,12 +39,17 @@ namespace hetmesh::train {
 /// `policy` over an encoder domain whose shard rows have `pool` ranks: its node size becomes
 /// gcd(pool, devices per node), so a Ulysses group (aligned, dividing the node size) stays in one row.
 /// Errors: pool < 1 (invalid_argument). O(1).
-[[nodiscard]] inline seq::long_short_policy domain_policy(seq::long_short_policy policy, int pool) {
+[[nodiscard]] HETMESH_COMPILED seq::long_short_policy domain_policy(seq::long_short_policy policy, int pool)
+#if HETMESH_BODIES
+{
   if (pool < 1)
     throw_error<invalid_argument>("train::domain_policy: a pool of {} ranks; expected >= 1", pool);
   policy.cluster.devices_per_node = std::gcd(pool, std::max(policy.cluster.devices_per_node, 1));
   return policy;
 }
+#else
+    ;
+#endif
 
 /// The distinct items of encoder `encoder` among `landings` (one slot's), in first-landing order.
 /// O(landings log landings).
@@ -115,7 +120,9 @@ namespace hetmesh::train {
 /// in that order), a plan_reason of kind split whose cause is over_memory (more tokens than the policy's
 /// max_tokens_per_rank) or else over_balance (a cost above the long-short plan's balance_limit, with at
 /// least min_split_tokens tokens). Items run whole get none. Pure; O(domain items).
-[[nodiscard]] inline std::vector<plan_reason> split_reasons(const step_layout& plan) {
+[[nodiscard]] HETMESH_COMPILED std::vector<plan_reason> split_reasons(const step_layout& plan)
+#if HETMESH_BODIES
+{
   std::vector<plan_reason> out;
   for (std::size_t m = 0; m < plan.encoder_domain.size(); ++m)
     for (std::size_t k = 0; k < plan.encoder_domain[m].size(); ++k) {
@@ -140,13 +147,21 @@ namespace hetmesh::train {
     }
   return out;
 }
+#else
+    ;
+#endif
 
 /// Sets the split reasons of `plan` (split_reasons) after its encoder domain was planned: reasons of kind
 /// split are replaced, the others (HDP's) kept in front. O(reasons + domain items).
-inline void set_split_reasons(step_layout& plan) {
+HETMESH_COMPILED void set_split_reasons(step_layout& plan)
+#if HETMESH_BODIES
+{
   std::erase_if(plan.reasons, [](const plan_reason& r) { return r.kind == reason_kind::split; });
   for (auto& r : split_reasons(plan)) plan.reasons.push_back(r);
 }
+#else
+    ;
+#endif
 
 /// Checks that every item of encoder `encoder` that `plan`'s encoder domain splits over a group can split
 /// over it given the encoder's declared `heads` (its attention_heads(): 0 splits any way, h > 0 needs
@@ -183,10 +198,15 @@ struct domain_place {
 };
 
 /// Where domain rank `d` of `plan`'s encoder domain sits. Pre: 0 <= d < shards x plan.encoder_row(). O(1).
-[[nodiscard]] inline domain_place domain_place_of(const step_layout& plan, int d) noexcept {
+[[nodiscard]] HETMESH_COMPILED domain_place domain_place_of(const step_layout& plan, int d) noexcept
+#if HETMESH_BODIES
+{
   const int row = plan.encoder_row(), q = d % row;
   return {d / row, q, q / plan.tp, q % plan.tp};
 }
+#else
+    ;
+#endif
 
 /// Calls `f(domain_rank, tokens)` for each piece of `a` (a long-short assignment): its group's ranks in
 /// group order with their token ranges (one call, the whole item, for a short item). O(degree).
@@ -200,12 +220,17 @@ void for_each_piece(const seq::long_short_assignment& a, F&& f) {
 }
 
 /// Per encoder, item id -> its assignment in `plans` (one slot's plans). O(items log items).
-[[nodiscard]] inline std::vector<std::map<std::int64_t, const seq::long_short_assignment*>> assignment_index(
-    const std::vector<seq::long_short_plan>& plans) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::map<std::int64_t, const seq::long_short_assignment*>>
+assignment_index(const std::vector<seq::long_short_plan>& plans)
+#if HETMESH_BODIES
+{
   std::vector<std::map<std::int64_t, const seq::long_short_assignment*>> out(plans.size());
   for (std::size_t k = 0; k < plans.size(); ++k)
     for (const auto& a : plans[k].items) out[k][a.item.id] = &a;
   return out;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::train

@@ -199,22 +199,32 @@ HETMESH_COMPILED std::int64_t add_partition_ring(step_layout& l, std::span<const
 
 namespace detail {
 
-inline void check_degree(int degree, int pool, const char* who) {
+HETMESH_COMPILED void check_degree(int degree, int pool, const char* who)
+#if HETMESH_BODIES
+{
   if (degree < 1 || pool < 1 || pool % degree != 0)
     throw_error<invalid_argument>(
         "{}: degree {} over a pool of {} ranks; expected a degree >= 1 dividing the pool", who, degree, pool);
 }
+#else
+    ;
+#endif
 
 /// Appends a CP piece of group `group` (pool ranks group * cp .. group * cp + cp - 1) to the layout with
 /// add_partition_ring; `pieces` gets the piece (its planned micro-batches' source). O(piece chunks).
-inline void add_cp_piece(step_layout& l, std::vector<cp_piece>& pieces, int cp, int group,
-                         const std::vector<std::int64_t>& doc_index, std::vector<std::int64_t> ids,
-                         seq::cp_partition part) {
+HETMESH_COMPILED void add_cp_piece(step_layout& l, std::vector<cp_piece>& pieces, int cp, int group,
+                                   const std::vector<std::int64_t>& doc_index, std::vector<std::int64_t> ids,
+                                   seq::cp_partition part)
+#if HETMESH_BODIES
+{
   std::vector<int> ranks(static_cast<std::size_t>(cp));
   for (int r = 0; r < cp; ++r) ranks[static_cast<std::size_t>(r)] = group * cp + r;
   add_partition_ring(l, ranks, doc_index, part, static_cast<std::int64_t>(pieces.size()));
   pieces.push_back({group, std::move(ids), std::move(part)});
 }
+#else
+    ;
+#endif
 
 /// Static CP's planner over groups of `cp` ranks: the balancer's groups, then per group
 /// `split(group, doc indices)` -> list of (doc indices, partition) pieces it adds with add_cp_piece.
@@ -238,11 +248,17 @@ step_layout plan_groups(const partition_request& r, int cp, const B& balancer, s
 }
 
 /// The lengths of documents `idx` of the request.
-inline std::vector<std::int64_t> lengths_of(const partition_request& r, std::span<const std::int64_t> idx) {
+HETMESH_COMPILED std::vector<std::int64_t> lengths_of(const partition_request& r,
+                                                      std::span<const std::int64_t> idx)
+#if HETMESH_BODIES
+{
   std::vector<std::int64_t> out;
   for (auto i : idx) out.push_back(r.documents[static_cast<std::size_t>(i)].length);
   return out;
 }
+#else
+    ;
+#endif
 
 using piece_list = std::vector<std::pair<std::vector<std::int64_t>, seq::cp_partition>>;
 
@@ -304,7 +320,9 @@ HETMESH_COMPILED step_layout hdp_layout(const partition_request& r, const seq::h
 /// host link's unknown bandwidth, a model without compute time, or an overlap bound that saves no rank),
 /// from the sharding's policy and each item's offload choice. Packs of short documents get none. Pure;
 /// O(ring items).
-[[nodiscard]] inline std::vector<plan_reason> hdp_reasons(const seq::hdp_plan& hdp) {
+[[nodiscard]] HETMESH_COMPILED std::vector<plan_reason> hdp_reasons(const seq::hdp_plan& hdp)
+#if HETMESH_BODIES
+{
   std::vector<plan_reason> out;
   const auto& policy = hdp.sharding.policy;
   const auto& m = policy.model;
@@ -338,6 +356,9 @@ HETMESH_COMPILED step_layout hdp_layout(const partition_request& r, const seq::h
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// Static CP, Megatron-LM's zigzag: documents to dp = pool / cp groups (the balancer's place_groups), each
 /// document one micro-batch of its group, zigzagged over the group's cp ranks (seq::partition_zigzag;

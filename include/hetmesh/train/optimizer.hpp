@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 
 namespace hetmesh::train {
@@ -64,24 +65,14 @@ struct adam {
   void operator()(Params&& params, Grads&& grads) {
     auto g = std::ranges::begin(grads);
     for (auto p : params) {
-      std::span<T> ps(p);
-      std::span<T> gs(*g);
+      step(std::span<T>(p), std::span<const T>(std::span<T>(*g)));
       ++g;
-      if (gs.size() != ps.size())
-        throw_error<invalid_argument>(
-            "train::adam: a gradient of {} elements for {} parameters; expected equal", gs.size(), ps.size());
-      auto& s = moments(ps);
-      ++s.t;
-      const T c1 = T(1) - static_cast<T>(std::pow(static_cast<double>(beta1), static_cast<double>(s.t)));
-      const T c2 = T(1) - static_cast<T>(std::pow(static_cast<double>(beta2), static_cast<double>(s.t)));
-      for (std::size_t i = 0; i < ps.size(); ++i) {
-        s.m[i] = beta1 * s.m[i] + (T(1) - beta1) * gs[i];
-        s.v[i] = beta2 * s.v[i] + (T(1) - beta2) * gs[i] * gs[i];
-        const T mh = s.m[i] / c1, vh = s.v[i] / c2;
-        ps[i] -= lr * (mh / (std::sqrt(vh) + eps) + weight_decay * ps[i]);
-      }
     }
   }
+
+  /// Updates parameters `ps` in place from gradient `gs` (one tensor; operator() calls it for each). Errors:
+  /// sizes that differ (invalid_argument).
+  void step(std::span<T> ps, std::span<const T> gs);
 
   /// Bytes of the moments held (both moments of every tensor stepped so far).
   [[nodiscard]] std::int64_t state_bytes() const noexcept {
@@ -91,15 +82,43 @@ struct adam {
   }
 
   /// The moments of the tensor stored at `p` (created zero on first use; resized if its size changed).
-  adam_moments<T>& moments(std::span<const T> p) {
-    auto& s = state[p.data()];
-    if (s.m.size() != p.size()) {
-      s.m.assign(p.size(), T(0));
-      s.v.assign(p.size(), T(0));
-      s.t = 0;
-    }
-    return s;
-  }
+  adam_moments<T>& moments(std::span<const T> p);
 };
+
+template <class T>
+void adam<T>::step(std::span<T> ps, std::span<const T> gs) {
+  if (gs.size() != ps.size())
+    throw_error<invalid_argument>("train::adam: a gradient of {} elements for {} parameters; expected equal",
+                                  gs.size(), ps.size());
+  auto& s = moments(ps);
+  ++s.t;
+  const T c1 = T(1) - static_cast<T>(std::pow(static_cast<double>(beta1), static_cast<double>(s.t)));
+  const T c2 = T(1) - static_cast<T>(std::pow(static_cast<double>(beta2), static_cast<double>(s.t)));
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    s.m[i] = beta1 * s.m[i] + (T(1) - beta1) * gs[i];
+    s.v[i] = beta2 * s.v[i] + (T(1) - beta2) * gs[i] * gs[i];
+    const T mh = s.m[i] / c1, vh = s.v[i] / c2;
+    ps[i] -= lr * (mh / (std::sqrt(vh) + eps) + weight_decay * ps[i]);
+  }
+}
+
+template <class T>
+adam_moments<T>& adam<T>::moments(std::span<const T> p) {
+  auto& s = state[p.data()];
+  if (s.m.size() != p.size()) {
+    s.m.assign(p.size(), T(0));
+    s.v.assign(p.size(), T(0));
+    s.t = 0;
+  }
+  return s;
+}
+
+// Compiled once (HETMESH_SEPARATE_COMPILATION): Adam's update of float and double tensors.
+// HETMESH_INSTANTIATE is `extern template` in every translation unit but the one of <hetmesh/src.hpp>
+// (config.hpp).
+#if HETMESH_SEPARATE_COMPILATION
+HETMESH_INSTANTIATE struct adam<float>;
+HETMESH_INSTANTIATE struct adam<double>;
+#endif
 
 }  // namespace hetmesh::train

@@ -16,9 +16,12 @@
 #include <map>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
+#include "../core/function_ref.hpp"
 #include "../model/micro_batch.hpp"
 #include "../pipeline/generators.hpp"
 #include "../pipeline/joint.hpp"
@@ -40,7 +43,9 @@ struct slot_load {
 
 /// The slot loads of `plan` (with `batch`, the batch it was made from, for encoder tokens; may be null).
 /// Pure; O(micro-batches x chunks + documents x items).
-[[nodiscard]] inline slot_load slot_loads(const step_layout& plan, const model::step_batch* batch) {
+[[nodiscard]] HETMESH_COMPILED slot_load slot_loads(const step_layout& plan, const model::step_batch* batch)
+#if HETMESH_BODIES
+{
   slot_load l;
   const auto n = static_cast<std::size_t>(std::max(plan.slots, 1));
   l.tokens.assign(n, 0);
@@ -62,13 +67,21 @@ struct slot_load {
     x = (enc + static_cast<std::int64_t>(n) - 1) / static_cast<std::int64_t>(n);
   return l;
 }
+#else
+    ;
+#endif
 
 /// True when the batch has an encoder item.
-[[nodiscard]] inline bool has_encoder_items(const model::step_batch& b) noexcept {
+[[nodiscard]] HETMESH_COMPILED bool has_encoder_items(const model::step_batch& b) noexcept
+#if HETMESH_BODIES
+{
   for (const auto& d : b.documents)
     if (!d.items.empty()) return true;
   return false;
 }
+#else
+    ;
+#endif
 
 /// Per slot, the encoder landings of every pool rank's micro-batch in it (step_layout::encoder_landings),
 /// for `plan` and the items of `batch`, the step it was made from (only documents' ids and items are read:
@@ -132,19 +145,15 @@ template <pipeline::schedule_family Schedule>
   }
 }
 
-/// Sets plan.pp and plan.pipeline: `family`'s schedule for (pp, slots), where slots is the smallest count
-/// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders
-/// placed by `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation
-/// come from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). With encoder items,
-/// sets plan.encoder_landings (plan_landings), and in every case plan.encoder_sp, plan.encoder_heads
-/// (`heads`: per encoder index, its attention heads, -1 unknown) and the encoder domain's plan under them
-/// (plan_encoder_domain over the schedule's shards, each over the tp x pool ranks of its pipeline rank:
-/// `tp` sets plan.tp). Pure. Errors: pp < 1 or tp < 1 (invalid_argument); the family's (e.g. interleaved
-/// schedules' micro-batch rules) and the verifier's.
-template <pipeline::schedule_family Schedule, class Placement>
-void attach_pipeline(step_layout& plan, const Schedule& family, const Placement& placement, int pp,
-                     const model::step_batch* batch, const seq::long_short_policy& encoder_sp = {},
-                     std::span<const int> heads = {}, int tp = 1) {
+namespace detail {
+
+/// attach_pipeline's first half: checks pp and tp, sets plan.pp, plan.tp and plan.slots (raised to the
+/// smallest count the family accepts: `generate(pp, m)` throws invalid_argument for a count it refuses) and
+/// returns that schedule. Errors: attach_pipeline's.
+HETMESH_COMPILED pipeline::schedule generate_for(step_layout& plan, int pp, int tp,
+                                                 function_ref<pipeline::schedule(int, int)> generate)
+#if HETMESH_BODIES
+{
   if (pp < 1)
     throw_error<invalid_argument>("train::attach_pipeline: pp = {}; expected a pipeline depth >= 1", pp);
   if (tp < 1)
@@ -155,23 +164,31 @@ void attach_pipeline(step_layout& plan, const Schedule& family, const Placement&
   // The smallest slot count >= the plan's that the family accepts (interleaved families need micro-batch
   // counts that group evenly): the extra slots run empty on every rank.
   const int want = std::max(plan.slots, 1);
-  pipeline::schedule s;
   for (int m = want;; ++m) {
     try {
-      s = family.generate(pp, m);
+      auto s = generate(pp, m);
       plan.slots = m;
-      break;
+      return s;
     } catch (const invalid_argument&) {
       if (m >= want + 4 * pp) throw;  // no count near the plan's works: the family's own error
     }
   }
-  // A separate encoder pool is part of the world whether or not the step has encoder items: its ranks
-  // take part in every schedule (with empty encoder work when there is none).
-  static_assert(pipeline::encoder_placement<Placement>,
-                "train: the encoder placement must be a pipeline::encoder_placement (pipeline/joint.hpp: "
-                "pipeline::encoder_on_first_stage, pipeline::colocated_encoder for the joint pipeline, "
-                "pipeline::encoder_pool, or a type of the user's with `place` and `encoder_ranks`)");
-  const bool pool = placement.encoder_ranks() > 0;
+}
+#else
+    ;
+#endif
+
+/// attach_pipeline's second half: schedule `s` with the encoders placed (`place(s, costs, work)`: the
+/// placement's pipeline::add_encoder) when `pool` (a separate encoder pool) or the batch has encoder items,
+/// the landings, the encoder domain and the reasons, lowered and verified into plan.pipeline.
+HETMESH_COMPILED void finish_pipeline(
+    step_layout& plan, pipeline::schedule s, bool pool,
+    function_ref<pipeline::schedule(const pipeline::schedule&, const pipeline::cost_model&,
+                                    const pipeline::encoder_work&)>
+        place,
+    const model::step_batch* batch, const seq::long_short_policy& encoder_sp, std::span<const int> heads)
+#if HETMESH_BODIES
+{
   if (pool || (batch != nullptr && has_encoder_items(*batch))) {
     const auto load = slot_loads(plan, batch);
     auto at = [](const std::vector<std::int64_t>& v, int mb) {
@@ -195,7 +212,7 @@ void attach_pipeline(step_layout& plan, const Schedule& family, const Placement&
     pipeline::encoder_work work;
     work.forward = [load, at](int mb) { return at(load.encoder_tokens, mb); };
     work.backward = [load, at](int mb) { return 2.0 * at(load.encoder_tokens, mb); };
-    s = pipeline::add_encoder(s, placement, costs, work);
+    s = place(s, costs, work);
     if (batch != nullptr) plan.encoder_landings = plan_landings(plan, *batch);
   }
   plan.encoder_sp = encoder_sp;
@@ -205,6 +222,39 @@ void attach_pipeline(step_layout& plan, const Schedule& family, const Placement&
   set_split_reasons(plan);
   plan.pipeline = pipeline::add_send_recv(s);
   pipeline::assert_deadlock_free(plan.pipeline, "train::attach_pipeline");
+}
+#else
+    ;
+#endif
+
+}  // namespace detail
+
+/// Sets plan.pp and plan.pipeline: `family`'s schedule for (pp, slots), where slots is the smallest count
+/// >= plan.slots the family accepts (plan.slots is raised to it; the extra slots run empty), with encoders
+/// placed by `placement` when `with_encoders`, lowered and verified. Costs for the placement's simulation
+/// come from the slot loads (forward: 1 + tokens; backward 2x; encoder: its tokens). With encoder items,
+/// sets plan.encoder_landings (plan_landings), and in every case plan.encoder_sp, plan.encoder_heads
+/// (`heads`: per encoder index, its attention heads, -1 unknown) and the encoder domain's plan under them
+/// (plan_encoder_domain over the schedule's shards, each over the tp x pool ranks of its pipeline rank:
+/// `tp` sets plan.tp). Pure. Errors: pp < 1 or tp < 1 (invalid_argument); the family's (e.g. interleaved
+/// schedules' micro-batch rules) and the verifier's.
+template <pipeline::schedule_family Schedule, class Placement>
+void attach_pipeline(step_layout& plan, const Schedule& family, const Placement& placement, int pp,
+                     const model::step_batch* batch, const seq::long_short_policy& encoder_sp = {},
+                     std::span<const int> heads = {}, int tp = 1) {
+  // A separate encoder pool is part of the world whether or not the step has encoder items: its ranks
+  // take part in every schedule (with empty encoder work when there is none).
+  static_assert(pipeline::encoder_placement<Placement>,
+                "train: the encoder placement must be a pipeline::encoder_placement (pipeline/joint.hpp: "
+                "pipeline::encoder_on_first_stage, pipeline::colocated_encoder for the joint pipeline, "
+                "pipeline::encoder_pool, or a type of the user's with `place` and `encoder_ranks`)");
+  auto generate = [&](int p, int m) { return family.generate(p, m); };
+  auto place = [&](const pipeline::schedule& s, const pipeline::cost_model& costs,
+                   const pipeline::encoder_work& work) {
+    return pipeline::add_encoder(s, placement, costs, work);
+  };
+  auto s = detail::generate_for(plan, pp, tp, generate);
+  detail::finish_pipeline(plan, std::move(s), placement.encoder_ranks() > 0, place, batch, encoder_sp, heads);
 }
 
 }  // namespace hetmesh::train

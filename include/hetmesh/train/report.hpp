@@ -15,9 +15,16 @@
 #include <fmt/format.h>
 
 #include "../comm/collectives.hpp"
+#include "../config.hpp"
 #include "../core/format.hpp"
 #include "../pipeline/simulate.hpp"
 #include "system.hpp"
+#if HETMESH_SEPARATE_COMPILATION
+#include "../comm/loopback.hpp"
+#if HETMESH_COMPILED_MPI
+#include "../comm/mpi.hpp"
+#endif
+#endif
 
 namespace hetmesh::train {
 
@@ -132,6 +139,18 @@ template <comm::communicator C>
   r.cpu_actions = detail::gather_actions(world, s.cpu_actions);
   return r;
 }
+
+// Compiled once (HETMESH_SEPARATE_COMPILATION): the report over the loopback communicator (and MPI's, with
+// HETMESH_COMPILED_MPI). HETMESH_INSTANTIATE is `extern template` in every translation unit but the one of
+// <hetmesh/src.hpp> (config.hpp).
+#if HETMESH_SEPARATE_COMPILATION
+HETMESH_INSTANTIATE step_report gather_report<comm::loopback::communicator>(comm::loopback::communicator&,
+                                                                            const step_stats&);
+#if HETMESH_COMPILED_MPI
+HETMESH_INSTANTIATE step_report gather_report<comm::mpi::communicator>(comm::mpi::communicator&,
+                                                                       const step_stats&);
+#endif
+#endif
 
 }  // namespace hetmesh::train
 

@@ -55,7 +55,7 @@ template <class F>
 /// mixing and the family may split a document: a stage that mixes tokens outside the context's attention
 /// would then be silently wrong. Errors: invalid_argument naming the family and what to declare. O(1).
 template <class S, class F>
-void check_token_mixing(const F& f, int pool, std::string_view family) {
+void check_token_mixing(const F& f, int pool) {
   if constexpr (!model::declares_token_mixing<S>) {
     if (family_may_split(f, pool))
       throw_error<invalid_argument>(
@@ -64,7 +64,7 @@ void check_token_mixing(const F& f, int pool, std::string_view family) {
           "token_mixing = ...;` in the stage: model::through_attention (tokens meet only in "
           "ctx.attention_forward), model::causal_halo(k) (it also reads the k tokens before each token, "
           "through ctx.halo) or model::token_local (it mixes none)",
-          family, pool);
+          family_label(f), pool);
   }
 }
 

@@ -264,8 +264,10 @@ HETMESH_COMPILED void align_slots(step_layout& l)
 
 /// A layout over `world` pool ranks with `docs` as its documents and no micro-batch yet: where a family's
 /// planner starts. Errors: check_documents' (naming `who`), world < 1 (invalid_argument). O(docs log docs).
-[[nodiscard]] inline step_layout start_layout(std::span<const seq::seq_desc> docs, int world,
-                                              const char* who) {
+[[nodiscard]] HETMESH_COMPILED step_layout start_layout(std::span<const seq::seq_desc> docs, int world,
+                                                        const char* who)
+#if HETMESH_BODIES
+{
   detail::check_documents(docs, who);
   if (world < 1) throw_error<invalid_argument>("{}: a pool of {} ranks; expected >= 1", who, world);
   step_layout l;
@@ -274,12 +276,20 @@ HETMESH_COMPILED void align_slots(step_layout& l)
   l.per_rank.resize(static_cast<std::size_t>(world));
   return l;
 }
+#else
+    ;
+#endif
 
 /// Appends `ring` to the layout and returns its index. O(1) amortised.
-inline std::int64_t add_ring(step_layout& l, seq::ring_schedule ring) {
+HETMESH_COMPILED std::int64_t add_ring(step_layout& l, seq::ring_schedule ring)
+#if HETMESH_BODIES
+{
   l.rings.push_back(std::move(ring));
   return static_cast<std::int64_t>(l.rings.size()) - 1;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::train
 

@@ -2,9 +2,10 @@
 // hetmesh::train: one rank's run of a step plan, the part of train::system::run between the plan and the
 // reduction. A step_rank holds what this rank reads of the plan (its micro-batches by slot, built once from
 // the plan's token layouts; Ulysses' group streams; the encoder work derived from the plan's encoder
-// domain); a stage_runner is the typed callable the pipeline executor calls for each compute action (stage
-// forward and backward, encoder forward and backward, sizes), with the activation stores and the step's
-// accumulators; an encoder_landing reshards the encoder shards' rows to stage 0's order and back.
+// domain); a stage_runner (train/stage_runner.hpp) is what the pipeline executor calls for each compute
+// action (stage forward and backward, encoder forward and backward, sizes), with the activation stores and
+// the step's accumulators, reaching the user's stage through a stage_entry; an encoder_landing reshards the
+// encoder shards' rows to stage 0's order and back.
 #pragma once
 
 #include <array>

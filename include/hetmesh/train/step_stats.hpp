@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/format.hpp"
 #include "../pipeline/simulate.hpp"
 #include "step_plan.hpp"
@@ -70,11 +71,16 @@ struct step_stats {
 };
 
 /// Copies the reasons of `plan` into `st`: their count and the first step_stats::max_reasons. O(that).
-inline void record_reasons(step_stats& st, const step_layout& plan) {
+HETMESH_COMPILED void record_reasons(step_stats& st, const step_layout& plan)
+#if HETMESH_BODIES
+{
   st.reason_count = static_cast<std::int64_t>(plan.reasons.size());
   const auto n = std::min(plan.reasons.size(), step_stats::max_reasons);
   st.reasons.assign(plan.reasons.begin(), plan.reasons.begin() + static_cast<std::ptrdiff_t>(n));
 }
+#else
+    ;
+#endif
 
 /// Bytes of the tensors of a range of spans of T (a stage's parameters() or gradients()).
 template <class T, class Range>

@@ -332,7 +332,7 @@ class system {
                       Encoders... encoders) {
     detail::check_run_types<Kernel, Schedule, context_type<T>, encoder_context_type<T>, Stage, Optimizer, T,
                             Encoders...>();
-    check_token_mixing<Stage>(partition_, pool_size_, family_label(partition_));
+    check_token_mixing<Stage>(partition_, pool_size_);
     check_stage_sizes(stage, partition_, options_.mesh);
     auto& world = *world_;
     run::assert_plan_agreement(world, mem_, plan, "train step plan");
@@ -362,15 +362,18 @@ class system {
     step_stats st;
     st.plan_hash = plan.hash();
     record_reasons(st, plan);
-    detail::stage_runner<Comm, Kernel, T, Memory, part_type, Stage, Encoders...> runner(
-        plan, rank, enc, resources(plan), stage, bound, st, pool_rank, thread_cpu_seconds());
-    execute(plan, runner, st);
-    if (const auto left = runner.slots_left(); left != 0)
-      throw_error<invalid_argument>(
-          "train::system::run: the stages left {} activation slots after the step; expected every backward "
-          "to release what its forward saved",
-          left);
-    reduce_and_step(st, runner, stage, bound, std::forward<Optimizer>(optimizer));
+    using runner_type = detail::stage_runner<Comm, Kernel, T, Memory, part_type>;
+    detail::with_stage_entry<runner_type>(stage, bound, [&](const typename runner_type::entry_type& calls) {
+      runner_type runner(plan, rank, enc, resources(plan), calls, static_cast<int>(sizeof...(Encoders)), st,
+                         pool_rank, thread_cpu_seconds());
+      execute(plan, runner, st);
+      if (const auto left = runner.slots_left(); left != 0)
+        throw_error<invalid_argument>(
+            "train::system::run: the stages left {} activation slots after the step; expected every "
+            "backward to release what its forward saved",
+            left);
+      reduce_and_step(st, runner, stage, bound, std::forward<Optimizer>(optimizer));
+    });
     st.cpu_step_seconds = thread_cpu_seconds() - run_cpu0;
     return st;
   }

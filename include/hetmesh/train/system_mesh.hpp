@@ -105,28 +105,7 @@ class system_layout {
   /// product tp x pool x pipeline ranks, ep x etp not dividing the pool x tp ranks, ep > 1 with a separate
   /// encoder pool (its ranks hold no experts), and what Megatron refuses (mesh::megatron_moe_mesh: the
   /// order, pp groups that differ). O(world x families).
-  system_layout(const system_mesh& m, int world, int pipeline_ranks, int encoder_ranks = 0)
-      : mesh_(m), pipeline_ranks_(pipeline_ranks), mm_(checked(m, world, pipeline_ranks, encoder_ranks)) {
-    families_[0] = mm_.decoder_groups("tp");
-    families_[1] = mm_.decoder_groups("dp-cp");
-    families_[2] = mm_.decoder_groups("pp");
-    families_[3] = mm_.decoder_groups("cp-dp-pp");
-    families_[4] = mm_.expert_groups("ep");
-    families_[5] = mm_.expert_groups("dp");
-    families_[6] = encoder_mesh().groups(encoder_row_dim);
-    for (std::size_t f = 0; f < families_.size(); ++f) {
-      where_[f].assign(static_cast<std::size_t>(world), {-1, -1});
-      for (std::size_t g = 0; g < families_[f].size(); ++g)
-        for (std::size_t i = 0; i < families_[f][g].size(); ++i)
-          where_[f][static_cast<std::size_t>(families_[f][g][i])] = {static_cast<int>(g),
-                                                                     static_cast<int>(i)};
-    }
-    for (int w = 0; w < world; ++w)  // the encoder mesh's rows, as train/encoder_domain.hpp numbers them
-      HETMESH_ASSERT(where_[6][static_cast<std::size_t>(w)].second ==
-                         where_[1][static_cast<std::size_t>(w)].second * m.tp +
-                             where_[0][static_cast<std::size_t>(w)].second,
-                     "train::system_layout: an encoder row position that is not pool rank x tp + tp rank");
-  }
+  HETMESH_COMPILED system_layout(const system_mesh& m, int world, int pipeline_ranks, int encoder_ranks = 0);
 
   /// The mesh's values.
   [[nodiscard]] const system_mesh& mesh() const noexcept { return mesh_; }
@@ -144,13 +123,7 @@ class system_layout {
   [[nodiscard]] int ep() const noexcept { return mesh_.ep; }
 
   /// The groups of world rank `rank`. Pre: 0 <= rank < world() (invalid_argument otherwise). O(world).
-  [[nodiscard]] system_groups groups_of(int rank) const {
-    if (rank < 0 || rank >= world())
-      throw_error<invalid_argument>("train::system_layout: rank {} of a world of {}; expected 0 <= rank < {}",
-                                    rank, world(), world());
-    return {find(0, rank), find(1, rank), find(2, rank), find(3, rank),
-            find(4, rank), find(5, rank), find(6, rank)};
-  }
+  [[nodiscard]] HETMESH_COMPILED system_groups groups_of(int rank) const;
   /// Every group of family `i` (0 tp, 1 pool, 2 pipe, 3 slice, 4 ep, 5 expert dp, 6 encoder row), in
   /// Megatron's order.
   [[nodiscard]] const std::vector<std::vector<int>>& family(int i) const {
@@ -163,34 +136,15 @@ class system_layout {
   /// The encoders' mesh over the world (see the file comment): the decoder mesh with tp and the pool's dims
   /// (cp, dp, in the mesh's order) merged into `erow`, tp fastest, so that a rank's coordinate along erow
   /// is its pool rank x tp + its tp rank. O(dims).
-  [[nodiscard]] mesh::view encoder_mesh() const {
-    std::vector<mesh::dim> merged{mesh::tp};
-    const auto decoder = mm_.decoder().to_view();
-    for (std::size_t i = 0; i < decoder.dims_count(); ++i)
-      if (decoder.name(i) == mesh::cp || decoder.name(i) == mesh::dp) merged.push_back(decoder.name(i));
-    return decoder.flatten(encoder_row_dim, std::span<const mesh::dim>(merged));
-  }
+  [[nodiscard]] HETMESH_COMPILED mesh::view encoder_mesh() const;
   /// The encoder mesh and the decoder (LLM) mesh over the same devices, placed on `topo` (its world must
   /// be this layout's): which encoder rows stay inside a node, which LLM dims they span. Errors:
   /// mesh::decoupled's (a topology of another size).
-  [[nodiscard]] mesh::decoupled encoder_placement(const mesh::topology& topo) const {
-    return mesh::decoupled(encoder_mesh(), mm_.decoder(), topo);
-  }
+  [[nodiscard]] HETMESH_COMPILED mesh::decoupled encoder_placement(const mesh::topology& topo) const;
 
   /// Where the system's ranks sit, for train::plan_delivery: at (pipeline rank p, pool rank r), the world
   /// ranks of every tp coordinate (they read the same data), in tp rank order. O(world).
-  [[nodiscard]] rank_map ranks() const {
-    rank_map m{pool(), pipeline_ranks_, {}};
-    m.ranks.assign(static_cast<std::size_t>(pool() * pipeline_ranks_),
-                   std::vector<int>(static_cast<std::size_t>(tp()), -1));
-    for (int w = 0; w < world(); ++w) {
-      const auto at = [&](int f) {
-        return where_[static_cast<std::size_t>(f)][static_cast<std::size_t>(w)].second;
-      };
-      m.ranks[static_cast<std::size_t>(at(2) * pool() + at(1))][static_cast<std::size_t>(at(0))] = w;
-    }
-    return m;
-  }
+  [[nodiscard]] HETMESH_COMPILED rank_map ranks() const;
 
   friend bool operator==(const system_layout& a, const system_layout& b) {
     return a.mesh_ == b.mesh_ && a.mm_ == b.mm_ && a.pipeline_ranks_ == b.pipeline_ranks_;
@@ -200,48 +154,9 @@ class system_layout {
   static int pool_of(const std::vector<std::vector<int>>& f) {
     return f.empty() ? 0 : static_cast<int>(f.front().size());
   }
-  [[nodiscard]] system_group find(std::size_t f, int rank) const {
-    const auto [g, i] = where_[f][static_cast<std::size_t>(rank)];
-    HETMESH_ASSERT(g >= 0, "train::system_layout: a rank in no group");
-    return {families_[f][static_cast<std::size_t>(g)], g, i};
-  }
-  static mesh::megatron_moe_sizes checked(const system_mesh& m, int world, int pipeline_ranks,
-                                          int encoder_ranks) {
-    const std::pair<const char*, int> given[] = {{"tp", m.tp}, {"cp", m.cp}, {"ep", m.ep}};
-    for (const auto& [name, v] : given)
-      if (v < 1) throw_error<invalid_argument>("train::system: mesh {} = {}; expected >= 1", name, v);
-    if (m.etp < 0)
-      throw_error<invalid_argument>("train::system: mesh etp = {}; expected >= 0 (0: tp)", m.etp);
-    if (pipeline_ranks < 1 || world < 1 || world % (m.tp * pipeline_ranks) != 0)
-      throw_error<invalid_argument>(
-          "train::system: a world of {} ranks is not tp {} x pool x {} pipeline ranks; expected tp x "
-          "pipeline ranks (pp plus encoder-pool ranks) dividing the world",
-          world, m.tp, pipeline_ranks);
-    const int pool = world / (m.tp * pipeline_ranks);
-    if (pool % m.cp != 0)
-      throw_error<invalid_argument>(
-          "train::system: mesh cp = {} does not divide the pool of {} ranks; expected cp | world / (tp x "
-          "pipeline ranks)",
-          m.cp, pool);
-    const int etp = m.etp == 0 ? m.tp : m.etp;
-    if ((pool * m.tp) % (m.ep * etp) != 0)
-      throw_error<invalid_argument>(
-          "train::system: mesh ep = {} x etp = {} does not divide the {} ranks of a pipeline stage (tp {} x "
-          "pool {}); expected ep x etp | tp x pool",
-          m.ep, etp, pool * m.tp, m.tp, pool);
-    if (m.ep > 1 && encoder_ranks > 0)
-      throw_error<invalid_argument>(
-          "train::system: mesh ep = {} with {} encoder-pool ranks per pipeline; expected ep = 1 with a "
-          "separate encoder pool (its ranks hold no experts)",
-          m.ep, encoder_ranks);
-    return {.world = world,
-            .tp = m.tp,
-            .cp = m.cp,
-            .pp = pipeline_ranks,
-            .ep = m.ep,
-            .etp = etp,
-            .order = m.order};
-  }
+  [[nodiscard]] HETMESH_COMPILED system_group find(std::size_t f, int rank) const;
+  HETMESH_COMPILED static mesh::megatron_moe_sizes checked(const system_mesh& m, int world,
+                                                           int pipeline_ranks, int encoder_ranks);
 
   system_mesh mesh_;
   int pipeline_ranks_ = 1;
@@ -260,3 +175,105 @@ struct fmt::formatter<hetmesh::train::system_mesh> : hetmesh::empty_spec_formatt
                               m.etp == 0 ? m.tp : m.etp, m.order);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::train {
+
+HETMESH_COMPILED system_layout::system_layout(const system_mesh& m, int world, int pipeline_ranks,
+                                              int encoder_ranks)
+    : mesh_(m), pipeline_ranks_(pipeline_ranks), mm_(checked(m, world, pipeline_ranks, encoder_ranks)) {
+  families_[0] = mm_.decoder_groups("tp");
+  families_[1] = mm_.decoder_groups("dp-cp");
+  families_[2] = mm_.decoder_groups("pp");
+  families_[3] = mm_.decoder_groups("cp-dp-pp");
+  families_[4] = mm_.expert_groups("ep");
+  families_[5] = mm_.expert_groups("dp");
+  families_[6] = encoder_mesh().groups(encoder_row_dim);
+  for (std::size_t f = 0; f < families_.size(); ++f) {
+    where_[f].assign(static_cast<std::size_t>(world), {-1, -1});
+    for (std::size_t g = 0; g < families_[f].size(); ++g)
+      for (std::size_t i = 0; i < families_[f][g].size(); ++i)
+        where_[f][static_cast<std::size_t>(families_[f][g][i])] = {static_cast<int>(g), static_cast<int>(i)};
+  }
+  for (int w = 0; w < world; ++w)  // the encoder mesh's rows, as train/encoder_domain.hpp numbers them
+    HETMESH_ASSERT(where_[6][static_cast<std::size_t>(w)].second ==
+                       where_[1][static_cast<std::size_t>(w)].second * m.tp +
+                           where_[0][static_cast<std::size_t>(w)].second,
+                   "train::system_layout: an encoder row position that is not pool rank x tp + tp rank");
+}
+
+HETMESH_COMPILED system_groups system_layout::groups_of(int rank) const {
+  if (rank < 0 || rank >= world())
+    throw_error<invalid_argument>("train::system_layout: rank {} of a world of {}; expected 0 <= rank < {}",
+                                  rank, world(), world());
+  return {find(0, rank), find(1, rank), find(2, rank), find(3, rank),
+          find(4, rank), find(5, rank), find(6, rank)};
+}
+
+HETMESH_COMPILED mesh::view system_layout::encoder_mesh() const {
+  std::vector<mesh::dim> merged{mesh::tp};
+  const auto decoder = mm_.decoder().to_view();
+  for (std::size_t i = 0; i < decoder.dims_count(); ++i)
+    if (decoder.name(i) == mesh::cp || decoder.name(i) == mesh::dp) merged.push_back(decoder.name(i));
+  return decoder.flatten(encoder_row_dim, std::span<const mesh::dim>(merged));
+}
+
+HETMESH_COMPILED mesh::decoupled system_layout::encoder_placement(const mesh::topology& topo) const {
+  return mesh::decoupled(encoder_mesh(), mm_.decoder(), topo);
+}
+
+HETMESH_COMPILED rank_map system_layout::ranks() const {
+  rank_map m{pool(), pipeline_ranks_, {}};
+  m.ranks.assign(static_cast<std::size_t>(pool() * pipeline_ranks_),
+                 std::vector<int>(static_cast<std::size_t>(tp()), -1));
+  for (int w = 0; w < world(); ++w) {
+    const auto at = [&](int f) {
+      return where_[static_cast<std::size_t>(f)][static_cast<std::size_t>(w)].second;
+    };
+    m.ranks[static_cast<std::size_t>(at(2) * pool() + at(1))][static_cast<std::size_t>(at(0))] = w;
+  }
+  return m;
+}
+
+HETMESH_COMPILED system_group system_layout::find(std::size_t f, int rank) const {
+  const auto [g, i] = where_[f][static_cast<std::size_t>(rank)];
+  HETMESH_ASSERT(g >= 0, "train::system_layout: a rank in no group");
+  return {families_[f][static_cast<std::size_t>(g)], g, i};
+}
+
+HETMESH_COMPILED mesh::megatron_moe_sizes system_layout::checked(const system_mesh& m, int world,
+                                                                 int pipeline_ranks, int encoder_ranks) {
+  const std::pair<const char*, int> given[] = {{"tp", m.tp}, {"cp", m.cp}, {"ep", m.ep}};
+  for (const auto& [name, v] : given)
+    if (v < 1) throw_error<invalid_argument>("train::system: mesh {} = {}; expected >= 1", name, v);
+  if (m.etp < 0) throw_error<invalid_argument>("train::system: mesh etp = {}; expected >= 0 (0: tp)", m.etp);
+  if (pipeline_ranks < 1 || world < 1 || world % (m.tp * pipeline_ranks) != 0)
+    throw_error<invalid_argument>(
+        "train::system: a world of {} ranks is not tp {} x pool x {} pipeline ranks; expected tp x "
+        "pipeline ranks (pp plus encoder-pool ranks) dividing the world",
+        world, m.tp, pipeline_ranks);
+  const int pool = world / (m.tp * pipeline_ranks);
+  if (pool % m.cp != 0)
+    throw_error<invalid_argument>(
+        "train::system: mesh cp = {} does not divide the pool of {} ranks; expected cp | world / (tp x "
+        "pipeline ranks)",
+        m.cp, pool);
+  const int etp = m.etp == 0 ? m.tp : m.etp;
+  if ((pool * m.tp) % (m.ep * etp) != 0)
+    throw_error<invalid_argument>(
+        "train::system: mesh ep = {} x etp = {} does not divide the {} ranks of a pipeline stage (tp {} x "
+        "pool {}); expected ep x etp | tp x pool",
+        m.ep, etp, pool * m.tp, m.tp, pool);
+  if (m.ep > 1 && encoder_ranks > 0)
+    throw_error<invalid_argument>(
+        "train::system: mesh ep = {} with {} encoder-pool ranks per pipeline; expected ep = 1 with a "
+        "separate encoder pool (its ranks hold no experts)",
+        m.ep, encoder_ranks);
+  return {
+      .world = world, .tp = m.tp, .cp = m.cp, .pp = pipeline_ranks, .ep = m.ep, .etp = etp, .order = m.order};
+}
+
+}  // namespace hetmesh::train
+
+#endif  // HETMESH_BODIES

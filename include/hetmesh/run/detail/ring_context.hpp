@@ -51,13 +51,18 @@ struct ring_ctx {
   std::size_t tokens(int pos) const noexcept { return ntok[static_cast<std::size_t>(pos)]; }
 };
 
-inline void fill_meta(const seq::cp_chunk& c, std::vector<std::int64_t>& doc,
-                      std::vector<std::int64_t>& pos) {
+HETMESH_COMPILED void fill_meta(const seq::cp_chunk& c, std::vector<std::int64_t>& doc,
+                                std::vector<std::int64_t>& pos)
+#if HETMESH_BODIES
+{
   const auto n = static_cast<std::size_t>(c.positions.size());
   doc.assign(n, c.doc);
   pos.resize(n);
   for (std::size_t i = 0; i < n; ++i) pos[i] = c.positions.begin + static_cast<std::int64_t>(i);
 }
+#else
+    ;
+#endif
 
 template <comm::communicator C, class T>
 ring_ctx<T> make_ctx(const C& c, const seq::ring_schedule& s, const ring_attention_input<T>& in,

@@ -23,11 +23,16 @@
 namespace hetmesh::run::detail {
 
 /// Exclusive prefix sums of `counts`. O(n).
-[[nodiscard]] inline std::vector<std::int64_t> prefix(std::span<const std::int64_t> counts) {
+[[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> prefix(std::span<const std::int64_t> counts)
+#if HETMESH_BODIES
+{
   std::vector<std::int64_t> d(counts.size(), 0);
   for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
   return d;
 }
+#else
+    ;
+#endif
 
 /// comm::all_to_all_v over buffers of `c`'s memory space of any trivially copyable T (counts and
 /// displacements in elements of T, host arrays): a comm::element travels typed, anything else as bytes
