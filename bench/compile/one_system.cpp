@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // The compile-time benchmark's smallest trainer (bench/compile/run.py): one train::system type, with the
 // mllm_train example's model, planning one step, running it and gathering the report. No data plane, no
-// JSON, no reports beyond the step's: what a user's training translation unit costs when the data plane and
-// the reports live in translation units of their own. Built as an object library, so CI compiles it; never
-// run.
+// JSON, no reports beyond the step's: what a user's training translation unit costs when the data plane, the
+// reports and the model's own code live in translation units of their own. The model's code is compiled
+// once in the example's model_instances.cpp (mllm_train/model_instances.hpp declares it extern), as a
+// user compiles their layers once rather than in every trainer file; what remains here is the library's
+// share: the system's members, the step over the model's types and the header parse. Built as an object
+// library, so CI compiles it; never run.
 #include <span>
 
 #include <hetmesh/comm/loopback.hpp>
 #include <hetmesh/model/reference_attention.hpp>
 #include <hetmesh/train/train.hpp>
 
-#include "mllm_train/model.hpp"
+#include "mllm_train/model_instances.hpp"
 
 namespace bench_compile {
 

@@ -66,58 +66,7 @@ struct backbone {
   /// blocks (sp.tp_rank of sp.tp) and experts (sp.ep_rank of sp.ep), with parameters from `seed`: a tensor
   /// has the same values whichever rank or split holds it. Throws invalid_argument on a bad config or
   /// stage, or a tp or ep that does not divide what it splits (naming it). O(parameters).
-  backbone(const config& c, std::uint64_t seed, const hetmesh::train::model_split& sp)
-      : cfg(c), stages(sp.stages), tp_rank(sp.tp_rank), tp(sp.tp) {
-    check_config(c);
-    check_split(c, sp.tp, sp.ep);
-    const auto d = static_cast<std::int64_t>(c.width), v = static_cast<std::int64_t>(c.vocab),
-               f = static_cast<std::int64_t>(c.mlp_hidden);
-    const auto hq = static_cast<std::int64_t>(c.attn.q_heads * c.attn.head_dim),
-               hk = static_cast<std::int64_t>(c.attn.kv_heads * c.attn.head_dim);
-    auto inv = [](std::int64_t fan_in) { return 1.0 / std::sqrt(static_cast<double>(fan_in)); };
-    // Tensor `id`, rows x cols, whole (axis -1) or this rank's tp block along `axis`.
-    auto add = [&](int id, std::int64_t rows, std::int64_t cols, int axis, double scale,
-                   double offset = 0.0) {
-      const hetmesh::train::tensor_shard sh =
-          axis < 0 || tp == 1 ? hetmesh::train::tensor_shard{}
-                              : hetmesh::train::tensor_shard{rows, cols, axis, tp_rank, tp};
-      store.add_block(
-          id, static_cast<std::size_t>(rows * cols / sh.parts), seed, scale, offset,
-          [&](std::size_t i) { return static_cast<std::size_t>(sh.global(static_cast<std::int64_t>(i))); });
-      shards[id] = sh;
-    };
-    for (int st : sp.local) {
-      if (st < 0 || st >= stages)
-        hetmesh::throw_error<hetmesh::invalid_argument>("mllm::backbone: stage {} of {}", st, stages);
-      if (st == 0) add(0, v, d, 0, 1.0);  // vocabulary-parallel rows
-      if (st == stages - 1) {
-        add(1, d, 1, -1, 0.1, 1.0);
-        add(2, d, v, 1, inv(d));  // vocabulary-parallel columns
-      }
-      for (int b = first_block(st); b < first_block(st + 1); ++b) {
-        const int id = block_id(b);
-        add(id + 0, d, 1, -1, 0.1, 1.0);
-        add(id + 1, d, hq, 1, inv(d));
-        add(id + 2, d, hk, 1, inv(d));
-        add(id + 3, d, hk, 1, inv(d));
-        add(id + 4, hq, d, 0, inv(hq));
-        add(id + 5, d, 1, -1, 0.1, 1.0);
-        if (is_moe(b)) {
-          moe.emplace(c, id + 6, sp.tp_rank, sp.tp, sp.ep_rank, sp.ep);
-          moe->add_tensors(store, seed);
-          const auto mh = static_cast<std::int64_t>(c.moe_hidden);
-          const auto [first, count] = moe->local_experts();
-          for (auto e = first; e < first + count && tp > 1; ++e) {
-            shards[moe_mlp<T>::expert_id(e)] = {d, mh, 1, tp_rank, tp};
-            shards[moe_mlp<T>::expert_id(e) + 1] = {mh, d, 0, tp_rank, tp};
-          }
-          continue;
-        }
-        add(id + 6, d, f, 1, inv(d));
-        add(id + 7, f, d, 0, inv(f));
-      }
-    }
-  }
+  backbone(const config& c, std::uint64_t seed, const hetmesh::train::model_split& sp);
   /// The stages `local` of a backbone split into `num_stages` stages, without tensor or expert parallelism.
   backbone(const config& c, std::uint64_t seed, int num_stages, std::span<const int> local)
       : backbone(c, seed, hetmesh::train::model_split{num_stages, {local.begin(), local.end()}, 0, 1, 0, 1}) {
@@ -127,21 +76,7 @@ struct backbone {
 
   /// Throws invalid_argument, naming the flag, unless tp divides the query and key/value heads, the
   /// vocabulary and the MLP widths, and ep divides the experts. O(1).
-  static void check_split(const config& c, int tp, int ep) {
-    const std::pair<const char*, std::int64_t> by_tp[] = {{"query heads", c.attn.q_heads},
-                                                          {"key/value heads", c.attn.kv_heads},
-                                                          {"vocabulary", c.vocab},
-                                                          {"MLP hidden width", c.mlp_hidden},
-                                                          {"expert hidden width", c.moe_hidden}};
-    for (const auto& [what, n] : by_tp)
-      if (tp < 1 || n % tp != 0)
-        hetmesh::throw_error<hetmesh::invalid_argument>("--tp {} does not divide the model's {} {}", tp, n,
-                                                        what);
-    if (ep < 1 || (c.moe_experts > 0 ? c.moe_experts : 1) % ep != 0)
-      hetmesh::throw_error<hetmesh::invalid_argument>(
-          "--ep {} does not divide the model's {} experts{}", ep, c.moe_experts,
-          c.moe_experts == 0 ? " (no MoE layer: expected --ep 1)" : "");
-  }
+  static void check_split(const config& c, int tp, int ep);
   /// Whether block b's MLP is the mixture of experts (the last block, when the config has experts).
   [[nodiscard]] bool is_moe(int b) const noexcept { return cfg.moe_experts > 0 && b == cfg.blocks - 1; }
 
@@ -167,78 +102,7 @@ struct backbone {
   /// schedule order. Throws invalid_argument on mis-sized buffers or token ids outside the vocabulary.
   template <hetmesh::train::attention_context<T> Ctx>
   void forward(const Ctx& ctx, const hetmesh::model::micro_batch_view& mb, std::span<const T> in,
-               std::span<T> out) {
-    const auto s = dims(mb);
-    const auto slot = ctx.slots();
-    std::vector<T> h(s.n * s.d);
-    if (ctx.stage == 0) {
-      embed(ctx, mb, in, h);
-    } else {
-      check_size(in.size(), s.n * s.d, "mllm::backbone", "stage input");
-      std::copy(in.begin(), in.end(), h.begin());
-    }
-    std::vector<T> xn(s.n * s.d), r(s.n), q(s.n * s.hq), k(s.n * s.hk), v(s.n * s.hk), a(s.n * s.hq),
-        lse(s.n * s.heads), y(s.n * s.d), u(s.n * s.f), act(s.n * s.f);
-    for (int b = first_block(ctx.stage); b < first_block(ctx.stage + 1); ++b) {
-      const int id = block_id(b), sb = 20 * (b - first_block(ctx.stage));
-      slot.save(sb + 0, std::span<const T>(h));
-      rmsnorm_forward<T>(h, store.p(id), xn, r, s.n, s.d, cfg.norm_eps);
-      slot.save(sb + 1, std::span<const T>(r));
-      slot.save(sb + 2, std::span<const T>(xn));
-      matmul<T>(xn, store.p(id + 1), q, s.n, s.d, s.hq);  // column-parallel: this rank's heads
-      matmul<T>(xn, store.p(id + 2), k, s.n, s.d, s.hk);
-      matmul<T>(xn, store.p(id + 3), v, s.n, s.d, s.hk);
-      rope<T>(q, mb.positions, s.n, s.heads, s.hd, cfg.rope_base, 1);
-      rope<T>(k, mb.positions, s.n, s.kv_heads, s.hd, cfg.rope_base, 1);
-      ctx.attention_forward(local_attention(), scale(), q, k, v, a, lse);
-      for (int i = 0; auto* t : {&q, &k, &v, &a, &lse}) slot.save(sb + 3 + i++, std::span<const T>(*t));
-      matmul<T>(a, store.p(id + 4), y, s.n, s.hq, s.d);  // row-parallel: partial sums over tp
-      if (ctx.tp != nullptr) hetmesh::run::reduce_from_tp_forward(*ctx.tp, std::span<T>(y));
-      for (std::size_t i = 0; i < h.size(); ++i) h[i] += y[i];
-      slot.save(sb + 8, std::span<const T>(h));
-      rmsnorm_forward<T>(h, store.p(id + 5), xn, r, s.n, s.d, cfg.norm_eps);
-      slot.save(sb + 9, std::span<const T>(r));
-      slot.save(sb + 10, std::span<const T>(xn));
-      if (is_moe(b)) {
-        moe->forward(ctx, store, xn, y);
-      } else {
-        matmul<T>(xn, store.p(id + 6), u, s.n, s.d, s.f);
-        slot.save(sb + 11, std::span<const T>(u));
-        silu_forward<T>(u, act);
-        matmul<T>(act, store.p(id + 7), y, s.n, s.f, s.d);
-        if (ctx.tp != nullptr) hetmesh::run::reduce_from_tp_forward(*ctx.tp, std::span<T>(y));
-      }
-      for (std::size_t i = 0; i < h.size(); ++i) h[i] += y[i];
-    }
-    if (ctx.stage + 1 < stages) {
-      check_size(out.size(), s.n * s.d, "mllm::backbone", "stage output");
-      std::copy(h.begin(), h.end(), out.begin());
-      return;
-    }
-    check_size(out.size(), s.n, "mllm::backbone", "loss output");
-    rmsnorm_forward<T>(h, store.p(1), xn, r, s.n, s.d, cfg.norm_eps);
-    slot.save(900, std::span<const T>(h));
-    slot.save(901, std::span<const T>(r));
-    slot.save(902, std::span<const T>(xn));
-    if (s.n == 0) return;     // an empty slot (called under ep > 1 so that the experts' exchanges meet)
-    if (ctx.tp != nullptr) {  // the head's vocabulary columns, then the vocabulary-parallel cross-entropy
-      std::vector<T> logits(s.n * s.v);
-      matmul<T>(xn, store.p(2), logits, s.n, s.d, s.v);
-      auto& st = losses_[{ctx.stage, ctx.micro_batch}];
-      hetmesh::run::vocab_parallel_cross_entropy_forward(*ctx.tp, cfg.vocab, std::span<const T>(logits),
-                                                         mb.targets, mb.loss_weights, mb.step_targets, out,
-                                                         st, mem_);
-      slot.save(903, std::span<const T>(logits));
-      return;
-    }
-    std::vector<T> p(s.v);
-    for (std::size_t t = 0; t < s.n; ++t) {
-      out[t] = T(0);
-      if (mb.loss_weights[t] == 0.0) continue;
-      const T lp = softmax(std::span<const T>(xn).subspan(t * s.d, s.d), p, target(mb, t));
-      out[t] = -static_cast<T>(mb.loss_weights[t]) * lp / static_cast<T>(mb.step_targets);
-    }
-  }
+               std::span<T> out);
 
   /// Full backward: backward_input, then backward_weight.
   template <hetmesh::train::attention_context<T> Ctx>
@@ -253,113 +117,12 @@ struct backbone {
   /// (attention backward), ctx.tp and ctx.ep, in schedule order.
   template <hetmesh::train::attention_context<T> Ctx>
   void backward_input(const Ctx& ctx, const hetmesh::model::micro_batch_view& mb, std::span<const T> gout,
-                      std::span<T> gin) {
-    const auto s = dims(mb);
-    const auto slot = ctx.slots();
-    std::vector<T> dh(s.n * s.d, T(0));
-    if (ctx.stage + 1 == stages) {
-      std::vector<T> dlogits(s.n * s.v, T(0)), dxn(s.n * s.d, T(0));
-      loss_backward(ctx, mb, dlogits);
-      add_dy_wt<T>(dlogits, store.p(2), dxn, s.n, s.d, s.v);
-      if (ctx.tp != nullptr) hetmesh::run::copy_to_tp_backward(*ctx.tp, std::span<T>(dxn));
-      rmsnorm_input_grad<T>(slot.load(900), store.p(1), slot.load(901), dxn, dh, s.n, s.d);
-      slot.save(1900, std::span<const T>(dlogits));
-      slot.save(1901, std::span<const T>(dxn));
-    } else {
-      check_size(gout.size(), s.n * s.d, "mllm::backbone", "output gradient");
-      std::copy(gout.begin(), gout.end(), dh.begin());
-    }
-    std::vector<T> dact(s.n * s.f), du(s.n * s.f), dxn(s.n * s.d), da(s.n * s.hq), dq(s.n * s.hq),
-        dk(s.n * s.hk), dv(s.n * s.hk);
-    for (int b = first_block(ctx.stage + 1) - 1; b >= first_block(ctx.stage); --b) {
-      const int id = block_id(b), sb = 20 * (b - first_block(ctx.stage)), ib = 1000 + sb;
-      // MLP: dh is the gradient of the block's output (and of h1, through the residual).
-      std::fill(dxn.begin(), dxn.end(), T(0));
-      if (is_moe(b)) {
-        moe->backward_input(ctx, store, dh, dxn);
-      } else {
-        slot.save(ib + 0, std::span<const T>(dh));
-        std::fill(dact.begin(), dact.end(), T(0));
-        add_dy_wt<T>(dh, store.p(id + 7), dact, s.n, s.f, s.d);
-        silu_backward<T>(slot.load(sb + 11), dact, du);
-        slot.save(ib + 1, std::span<const T>(du));
-        add_dy_wt<T>(du, store.p(id + 6), dxn, s.n, s.d, s.f);
-        if (ctx.tp != nullptr) hetmesh::run::copy_to_tp_backward(*ctx.tp, std::span<T>(dxn));
-      }
-      slot.save(ib + 2, std::span<const T>(dxn));
-      rmsnorm_input_grad<T>(slot.load(sb + 8), store.p(id + 5), slot.load(sb + 9), dxn, dh, s.n, s.d);
-      // Attention: dh is now the gradient of h1 (and of the block's input, through the residual).
-      slot.save(ib + 3, std::span<const T>(dh));
-      std::fill(da.begin(), da.end(), T(0));
-      add_dy_wt<T>(dh, store.p(id + 4), da, s.n, s.hq, s.d);
-      ctx.attention_backward(local_attention(), scale(), slot.load(sb + 3), slot.load(sb + 4),
-                             slot.load(sb + 5), slot.load(sb + 6), slot.load(sb + 7), da, dq, dk, dv);
-      rope<T>(dq, mb.positions, s.n, s.heads, s.hd, cfg.rope_base, -1);
-      rope<T>(dk, mb.positions, s.n, s.kv_heads, s.hd, cfg.rope_base, -1);
-      slot.save(ib + 4, std::span<const T>(dq));
-      slot.save(ib + 5, std::span<const T>(dk));
-      slot.save(ib + 6, std::span<const T>(dv));
-      std::fill(dxn.begin(), dxn.end(), T(0));
-      add_dy_wt<T>(dq, store.p(id + 1), dxn, s.n, s.d, s.hq);
-      add_dy_wt<T>(dk, store.p(id + 2), dxn, s.n, s.d, s.hk);
-      add_dy_wt<T>(dv, store.p(id + 3), dxn, s.n, s.d, s.hk);
-      if (ctx.tp != nullptr) hetmesh::run::copy_to_tp_backward(*ctx.tp, std::span<T>(dxn));
-      slot.save(ib + 7, std::span<const T>(dxn));
-      rmsnorm_input_grad<T>(slot.load(sb + 0), store.p(id), slot.load(sb + 1), dxn, dh, s.n, s.d);
-    }
-    if (ctx.stage == 0) {  // encoder rows' gradients go back to the encoders; the rest stays for W
-      std::size_t rows = 0;
-      for (const auto& l : mb.encoder_outputs) rows += static_cast<std::size_t>(l.item_tokens.size());
-      check_size(gin.size(), rows * s.d, "mllm::backbone", "input gradient (encoder rows)");
-      std::size_t at = 0;
-      for (const auto& l : mb.encoder_outputs)
-        for (std::int64_t row = 0; row < l.item_tokens.size(); ++row, ++at)
-          for (std::size_t e = 0; e < s.d; ++e)
-            gin[at * s.d + e] = dh[static_cast<std::size_t>(l.local_offset + row) * s.d + e];
-      slot.save(2999, std::span<const T>(dh));
-    } else {
-      check_size(gin.size(), s.n * s.d, "mllm::backbone", "input gradient");
-      std::copy(dh.begin(), dh.end(), gin.begin());
-    }
-  }
+                      std::span<T> gin);
 
   /// W: adds the weight gradients from what forward and I saved; releases every slot of the micro-batch.
   /// Local (no communication).
   template <hetmesh::train::attention_context<T> Ctx>
-  void backward_weight(const Ctx& ctx, const hetmesh::model::micro_batch_view& mb) {
-    const auto s = dims(mb);
-    const auto slot = ctx.slots();
-    if (ctx.stage + 1 == stages) {
-      add_xt_dy<T>(slot.load(902), slot.load(1900), store.g(2), s.n, s.d, s.v);
-      rmsnorm_gain_grad<T>(slot.load(900), slot.load(901), slot.load(1901), store.g(1), s.n, s.d);
-      for (int i : {900, 901, 902, 1900, 1901}) slot.release(i);
-    }
-    std::vector<T> act(s.n * s.f);
-    for (int b = first_block(ctx.stage); b < first_block(ctx.stage + 1); ++b) {
-      const int id = block_id(b), sb = 20 * (b - first_block(ctx.stage)), ib = 1000 + sb;
-      if (is_moe(b)) {
-        moe->backward_weight(ctx, store);
-      } else {
-        silu_forward<T>(slot.load(sb + 11), act);
-        add_xt_dy<T>(act, slot.load(ib + 0), store.g(id + 7), s.n, s.f, s.d);
-        add_xt_dy<T>(slot.load(sb + 10), slot.load(ib + 1), store.g(id + 6), s.n, s.d, s.f);
-        for (int i : {sb + 11, ib + 0, ib + 1}) slot.release(i);
-      }
-      rmsnorm_gain_grad<T>(slot.load(sb + 8), slot.load(sb + 9), slot.load(ib + 2), store.g(id + 5), s.n,
-                           s.d);
-      add_xt_dy<T>(slot.load(sb + 6), slot.load(ib + 3), store.g(id + 4), s.n, s.hq, s.d);
-      add_xt_dy<T>(slot.load(sb + 2), slot.load(ib + 4), store.g(id + 1), s.n, s.d, s.hq);
-      add_xt_dy<T>(slot.load(sb + 2), slot.load(ib + 5), store.g(id + 2), s.n, s.d, s.hk);
-      add_xt_dy<T>(slot.load(sb + 2), slot.load(ib + 6), store.g(id + 3), s.n, s.d, s.hk);
-      rmsnorm_gain_grad<T>(slot.load(sb + 0), slot.load(sb + 1), slot.load(ib + 7), store.g(id), s.n, s.d);
-      for (int i = 0; i < 11; ++i) slot.release(sb + i);
-      for (int i = 2; i < 8; ++i) slot.release(ib + i);
-    }
-    if (ctx.stage == 0) {
-      embedding_grad(ctx, mb, slot.load(2999));
-      slot.release(2999);
-    }
-  }
+  void backward_weight(const Ctx& ctx, const hetmesh::model::micro_batch_view& mb);
 
   /// This rank's dense parameter tensors (every tensor but the experts'), in id order: train::system
   /// reduces their gradients over the pool.
@@ -514,5 +277,260 @@ struct backbone {
   std::map<std::pair<int, int>, hetmesh::run::vocab_cross_entropy_state<T, hetmesh::model::host_memory>>
       losses_;
 };
+
+template <class T>
+backbone<T>::backbone(const config& c, std::uint64_t seed, const hetmesh::train::model_split& sp)
+    : cfg(c), stages(sp.stages), tp_rank(sp.tp_rank), tp(sp.tp) {
+  check_config(c);
+  check_split(c, sp.tp, sp.ep);
+  const auto d = static_cast<std::int64_t>(c.width), v = static_cast<std::int64_t>(c.vocab),
+             f = static_cast<std::int64_t>(c.mlp_hidden);
+  const auto hq = static_cast<std::int64_t>(c.attn.q_heads * c.attn.head_dim),
+             hk = static_cast<std::int64_t>(c.attn.kv_heads * c.attn.head_dim);
+  auto inv = [](std::int64_t fan_in) { return 1.0 / std::sqrt(static_cast<double>(fan_in)); };
+  // Tensor `id`, rows x cols, whole (axis -1) or this rank's tp block along `axis`.
+  auto add = [&](int id, std::int64_t rows, std::int64_t cols, int axis, double scale, double offset = 0.0) {
+    const hetmesh::train::tensor_shard sh = axis < 0 || tp == 1
+                                                ? hetmesh::train::tensor_shard{}
+                                                : hetmesh::train::tensor_shard{rows, cols, axis, tp_rank, tp};
+    store.add_block(
+        id, static_cast<std::size_t>(rows * cols / sh.parts), seed, scale, offset,
+        [&](std::size_t i) { return static_cast<std::size_t>(sh.global(static_cast<std::int64_t>(i))); });
+    shards[id] = sh;
+  };
+  for (int st : sp.local) {
+    if (st < 0 || st >= stages)
+      hetmesh::throw_error<hetmesh::invalid_argument>("mllm::backbone: stage {} of {}", st, stages);
+    if (st == 0) add(0, v, d, 0, 1.0);  // vocabulary-parallel rows
+    if (st == stages - 1) {
+      add(1, d, 1, -1, 0.1, 1.0);
+      add(2, d, v, 1, inv(d));  // vocabulary-parallel columns
+    }
+    for (int b = first_block(st); b < first_block(st + 1); ++b) {
+      const int id = block_id(b);
+      add(id + 0, d, 1, -1, 0.1, 1.0);
+      add(id + 1, d, hq, 1, inv(d));
+      add(id + 2, d, hk, 1, inv(d));
+      add(id + 3, d, hk, 1, inv(d));
+      add(id + 4, hq, d, 0, inv(hq));
+      add(id + 5, d, 1, -1, 0.1, 1.0);
+      if (is_moe(b)) {
+        moe.emplace(c, id + 6, sp.tp_rank, sp.tp, sp.ep_rank, sp.ep);
+        moe->add_tensors(store, seed);
+        const auto mh = static_cast<std::int64_t>(c.moe_hidden);
+        const auto [first, count] = moe->local_experts();
+        for (auto e = first; e < first + count && tp > 1; ++e) {
+          shards[moe_mlp<T>::expert_id(e)] = {d, mh, 1, tp_rank, tp};
+          shards[moe_mlp<T>::expert_id(e) + 1] = {mh, d, 0, tp_rank, tp};
+        }
+        continue;
+      }
+      add(id + 6, d, f, 1, inv(d));
+      add(id + 7, f, d, 0, inv(f));
+    }
+  }
+}
+
+template <class T>
+void backbone<T>::check_split(const config& c, int tp, int ep) {
+  const std::pair<const char*, std::int64_t> by_tp[] = {{"query heads", c.attn.q_heads},
+                                                        {"key/value heads", c.attn.kv_heads},
+                                                        {"vocabulary", c.vocab},
+                                                        {"MLP hidden width", c.mlp_hidden},
+                                                        {"expert hidden width", c.moe_hidden}};
+  for (const auto& [what, n] : by_tp)
+    if (tp < 1 || n % tp != 0)
+      hetmesh::throw_error<hetmesh::invalid_argument>("--tp {} does not divide the model's {} {}", tp, n,
+                                                      what);
+  if (ep < 1 || (c.moe_experts > 0 ? c.moe_experts : 1) % ep != 0)
+    hetmesh::throw_error<hetmesh::invalid_argument>(
+        "--ep {} does not divide the model's {} experts{}", ep, c.moe_experts,
+        c.moe_experts == 0 ? " (no MoE layer: expected --ep 1)" : "");
+}
+
+template <class T>
+template <hetmesh::train::attention_context<T> Ctx>
+void backbone<T>::forward(const Ctx& ctx, const hetmesh::model::micro_batch_view& mb, std::span<const T> in,
+                          std::span<T> out) {
+  const auto s = dims(mb);
+  const auto slot = ctx.slots();
+  std::vector<T> h(s.n * s.d);
+  if (ctx.stage == 0) {
+    embed(ctx, mb, in, h);
+  } else {
+    check_size(in.size(), s.n * s.d, "mllm::backbone", "stage input");
+    std::copy(in.begin(), in.end(), h.begin());
+  }
+  std::vector<T> xn(s.n * s.d), r(s.n), q(s.n * s.hq), k(s.n * s.hk), v(s.n * s.hk), a(s.n * s.hq),
+      lse(s.n * s.heads), y(s.n * s.d), u(s.n * s.f), act(s.n * s.f);
+  for (int b = first_block(ctx.stage); b < first_block(ctx.stage + 1); ++b) {
+    const int id = block_id(b), sb = 20 * (b - first_block(ctx.stage));
+    slot.save(sb + 0, std::span<const T>(h));
+    rmsnorm_forward<T>(h, store.p(id), xn, r, s.n, s.d, cfg.norm_eps);
+    slot.save(sb + 1, std::span<const T>(r));
+    slot.save(sb + 2, std::span<const T>(xn));
+    matmul<T>(xn, store.p(id + 1), q, s.n, s.d, s.hq);  // column-parallel: this rank's heads
+    matmul<T>(xn, store.p(id + 2), k, s.n, s.d, s.hk);
+    matmul<T>(xn, store.p(id + 3), v, s.n, s.d, s.hk);
+    rope<T>(q, mb.positions, s.n, s.heads, s.hd, cfg.rope_base, 1);
+    rope<T>(k, mb.positions, s.n, s.kv_heads, s.hd, cfg.rope_base, 1);
+    ctx.attention_forward(local_attention(), scale(), q, k, v, a, lse);
+    for (int i = 0; auto* t : {&q, &k, &v, &a, &lse}) slot.save(sb + 3 + i++, std::span<const T>(*t));
+    matmul<T>(a, store.p(id + 4), y, s.n, s.hq, s.d);  // row-parallel: partial sums over tp
+    if (ctx.tp != nullptr) hetmesh::run::reduce_from_tp_forward(*ctx.tp, std::span<T>(y));
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+    slot.save(sb + 8, std::span<const T>(h));
+    rmsnorm_forward<T>(h, store.p(id + 5), xn, r, s.n, s.d, cfg.norm_eps);
+    slot.save(sb + 9, std::span<const T>(r));
+    slot.save(sb + 10, std::span<const T>(xn));
+    if (is_moe(b)) {
+      moe->forward(ctx, store, xn, y);
+    } else {
+      matmul<T>(xn, store.p(id + 6), u, s.n, s.d, s.f);
+      slot.save(sb + 11, std::span<const T>(u));
+      silu_forward<T>(u, act);
+      matmul<T>(act, store.p(id + 7), y, s.n, s.f, s.d);
+      if (ctx.tp != nullptr) hetmesh::run::reduce_from_tp_forward(*ctx.tp, std::span<T>(y));
+    }
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+  }
+  if (ctx.stage + 1 < stages) {
+    check_size(out.size(), s.n * s.d, "mllm::backbone", "stage output");
+    std::copy(h.begin(), h.end(), out.begin());
+    return;
+  }
+  check_size(out.size(), s.n, "mllm::backbone", "loss output");
+  rmsnorm_forward<T>(h, store.p(1), xn, r, s.n, s.d, cfg.norm_eps);
+  slot.save(900, std::span<const T>(h));
+  slot.save(901, std::span<const T>(r));
+  slot.save(902, std::span<const T>(xn));
+  if (s.n == 0) return;     // an empty slot (called under ep > 1 so that the experts' exchanges meet)
+  if (ctx.tp != nullptr) {  // the head's vocabulary columns, then the vocabulary-parallel cross-entropy
+    std::vector<T> logits(s.n * s.v);
+    matmul<T>(xn, store.p(2), logits, s.n, s.d, s.v);
+    auto& st = losses_[{ctx.stage, ctx.micro_batch}];
+    hetmesh::run::vocab_parallel_cross_entropy_forward(*ctx.tp, cfg.vocab, std::span<const T>(logits),
+                                                       mb.targets, mb.loss_weights, mb.step_targets, out, st,
+                                                       mem_);
+    slot.save(903, std::span<const T>(logits));
+    return;
+  }
+  std::vector<T> p(s.v);
+  for (std::size_t t = 0; t < s.n; ++t) {
+    out[t] = T(0);
+    if (mb.loss_weights[t] == 0.0) continue;
+    const T lp = softmax(std::span<const T>(xn).subspan(t * s.d, s.d), p, target(mb, t));
+    out[t] = -static_cast<T>(mb.loss_weights[t]) * lp / static_cast<T>(mb.step_targets);
+  }
+}
+
+template <class T>
+template <hetmesh::train::attention_context<T> Ctx>
+void backbone<T>::backward_input(const Ctx& ctx, const hetmesh::model::micro_batch_view& mb,
+                                 std::span<const T> gout, std::span<T> gin) {
+  const auto s = dims(mb);
+  const auto slot = ctx.slots();
+  std::vector<T> dh(s.n * s.d, T(0));
+  if (ctx.stage + 1 == stages) {
+    std::vector<T> dlogits(s.n * s.v, T(0)), dxn(s.n * s.d, T(0));
+    loss_backward(ctx, mb, dlogits);
+    add_dy_wt<T>(dlogits, store.p(2), dxn, s.n, s.d, s.v);
+    if (ctx.tp != nullptr) hetmesh::run::copy_to_tp_backward(*ctx.tp, std::span<T>(dxn));
+    rmsnorm_input_grad<T>(slot.load(900), store.p(1), slot.load(901), dxn, dh, s.n, s.d);
+    slot.save(1900, std::span<const T>(dlogits));
+    slot.save(1901, std::span<const T>(dxn));
+  } else {
+    check_size(gout.size(), s.n * s.d, "mllm::backbone", "output gradient");
+    std::copy(gout.begin(), gout.end(), dh.begin());
+  }
+  std::vector<T> dact(s.n * s.f), du(s.n * s.f), dxn(s.n * s.d), da(s.n * s.hq), dq(s.n * s.hq),
+      dk(s.n * s.hk), dv(s.n * s.hk);
+  for (int b = first_block(ctx.stage + 1) - 1; b >= first_block(ctx.stage); --b) {
+    const int id = block_id(b), sb = 20 * (b - first_block(ctx.stage)), ib = 1000 + sb;
+    // MLP: dh is the gradient of the block's output (and of h1, through the residual).
+    std::fill(dxn.begin(), dxn.end(), T(0));
+    if (is_moe(b)) {
+      moe->backward_input(ctx, store, dh, dxn);
+    } else {
+      slot.save(ib + 0, std::span<const T>(dh));
+      std::fill(dact.begin(), dact.end(), T(0));
+      add_dy_wt<T>(dh, store.p(id + 7), dact, s.n, s.f, s.d);
+      silu_backward<T>(slot.load(sb + 11), dact, du);
+      slot.save(ib + 1, std::span<const T>(du));
+      add_dy_wt<T>(du, store.p(id + 6), dxn, s.n, s.d, s.f);
+      if (ctx.tp != nullptr) hetmesh::run::copy_to_tp_backward(*ctx.tp, std::span<T>(dxn));
+    }
+    slot.save(ib + 2, std::span<const T>(dxn));
+    rmsnorm_input_grad<T>(slot.load(sb + 8), store.p(id + 5), slot.load(sb + 9), dxn, dh, s.n, s.d);
+    // Attention: dh is now the gradient of h1 (and of the block's input, through the residual).
+    slot.save(ib + 3, std::span<const T>(dh));
+    std::fill(da.begin(), da.end(), T(0));
+    add_dy_wt<T>(dh, store.p(id + 4), da, s.n, s.hq, s.d);
+    ctx.attention_backward(local_attention(), scale(), slot.load(sb + 3), slot.load(sb + 4),
+                           slot.load(sb + 5), slot.load(sb + 6), slot.load(sb + 7), da, dq, dk, dv);
+    rope<T>(dq, mb.positions, s.n, s.heads, s.hd, cfg.rope_base, -1);
+    rope<T>(dk, mb.positions, s.n, s.kv_heads, s.hd, cfg.rope_base, -1);
+    slot.save(ib + 4, std::span<const T>(dq));
+    slot.save(ib + 5, std::span<const T>(dk));
+    slot.save(ib + 6, std::span<const T>(dv));
+    std::fill(dxn.begin(), dxn.end(), T(0));
+    add_dy_wt<T>(dq, store.p(id + 1), dxn, s.n, s.d, s.hq);
+    add_dy_wt<T>(dk, store.p(id + 2), dxn, s.n, s.d, s.hk);
+    add_dy_wt<T>(dv, store.p(id + 3), dxn, s.n, s.d, s.hk);
+    if (ctx.tp != nullptr) hetmesh::run::copy_to_tp_backward(*ctx.tp, std::span<T>(dxn));
+    slot.save(ib + 7, std::span<const T>(dxn));
+    rmsnorm_input_grad<T>(slot.load(sb + 0), store.p(id), slot.load(sb + 1), dxn, dh, s.n, s.d);
+  }
+  if (ctx.stage == 0) {  // encoder rows' gradients go back to the encoders; the rest stays for W
+    std::size_t rows = 0;
+    for (const auto& l : mb.encoder_outputs) rows += static_cast<std::size_t>(l.item_tokens.size());
+    check_size(gin.size(), rows * s.d, "mllm::backbone", "input gradient (encoder rows)");
+    std::size_t at = 0;
+    for (const auto& l : mb.encoder_outputs)
+      for (std::int64_t row = 0; row < l.item_tokens.size(); ++row, ++at)
+        for (std::size_t e = 0; e < s.d; ++e)
+          gin[at * s.d + e] = dh[static_cast<std::size_t>(l.local_offset + row) * s.d + e];
+    slot.save(2999, std::span<const T>(dh));
+  } else {
+    check_size(gin.size(), s.n * s.d, "mllm::backbone", "input gradient");
+    std::copy(dh.begin(), dh.end(), gin.begin());
+  }
+}
+
+template <class T>
+template <hetmesh::train::attention_context<T> Ctx>
+void backbone<T>::backward_weight(const Ctx& ctx, const hetmesh::model::micro_batch_view& mb) {
+  const auto s = dims(mb);
+  const auto slot = ctx.slots();
+  if (ctx.stage + 1 == stages) {
+    add_xt_dy<T>(slot.load(902), slot.load(1900), store.g(2), s.n, s.d, s.v);
+    rmsnorm_gain_grad<T>(slot.load(900), slot.load(901), slot.load(1901), store.g(1), s.n, s.d);
+    for (int i : {900, 901, 902, 1900, 1901}) slot.release(i);
+  }
+  std::vector<T> act(s.n * s.f);
+  for (int b = first_block(ctx.stage); b < first_block(ctx.stage + 1); ++b) {
+    const int id = block_id(b), sb = 20 * (b - first_block(ctx.stage)), ib = 1000 + sb;
+    if (is_moe(b)) {
+      moe->backward_weight(ctx, store);
+    } else {
+      silu_forward<T>(slot.load(sb + 11), act);
+      add_xt_dy<T>(act, slot.load(ib + 0), store.g(id + 7), s.n, s.f, s.d);
+      add_xt_dy<T>(slot.load(sb + 10), slot.load(ib + 1), store.g(id + 6), s.n, s.d, s.f);
+      for (int i : {sb + 11, ib + 0, ib + 1}) slot.release(i);
+    }
+    rmsnorm_gain_grad<T>(slot.load(sb + 8), slot.load(sb + 9), slot.load(ib + 2), store.g(id + 5), s.n, s.d);
+    add_xt_dy<T>(slot.load(sb + 6), slot.load(ib + 3), store.g(id + 4), s.n, s.hq, s.d);
+    add_xt_dy<T>(slot.load(sb + 2), slot.load(ib + 4), store.g(id + 1), s.n, s.d, s.hq);
+    add_xt_dy<T>(slot.load(sb + 2), slot.load(ib + 5), store.g(id + 2), s.n, s.d, s.hk);
+    add_xt_dy<T>(slot.load(sb + 2), slot.load(ib + 6), store.g(id + 3), s.n, s.d, s.hk);
+    rmsnorm_gain_grad<T>(slot.load(sb + 0), slot.load(sb + 1), slot.load(ib + 7), store.g(id), s.n, s.d);
+    for (int i = 0; i < 11; ++i) slot.release(sb + i);
+    for (int i = 2; i < 8; ++i) slot.release(ib + i);
+  }
+  if (ctx.stage == 0) {
+    embedding_grad(ctx, mb, slot.load(2999));
+    slot.release(2999);
+  }
+}
 
 }  // namespace mllm

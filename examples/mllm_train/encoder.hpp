@@ -35,23 +35,7 @@ struct encoder_layers {
 
   /// The layers of `c` for `in_width` features per token, tensor ids from `tensor_base`, parameters from
   /// `seed` (equal on every rank). Throws invalid_argument on a bad config. O(parameters).
-  encoder_layers(const config& c, std::uint64_t seed, int tensor_base_, std::int64_t in_width_)
-      : cfg(c), in_width(in_width_), tensor_base(tensor_base_) {
-    check_config(c);
-    const auto i = static_cast<std::size_t>(in_width), e = static_cast<std::size_t>(c.enc_width),
-               h = static_cast<std::size_t>(c.enc_hidden), d = static_cast<std::size_t>(c.width);
-    store.add(tensor_base + 0, i * e, seed, 1.0 / std::sqrt(static_cast<double>(i)));
-    store.add(tensor_base + 1, e, seed, 0.1);
-    for (int l = 0; l < c.enc_layers; ++l) {
-      store.add(tensor_base + 100 + 5 * l, e, seed, 0.1, 1.0);
-      for (int m = 1; m <= 4; ++m)
-        store.add(tensor_base + 100 + 5 * l + m, e * e, seed, 1.0 / std::sqrt(static_cast<double>(e)));
-      store.add(tensor_base + 10 + 3 * l, e, seed, 0.1, 1.0);
-      store.add(tensor_base + 11 + 3 * l, e * h, seed, 1.0 / std::sqrt(static_cast<double>(e)));
-      store.add(tensor_base + 12 + 3 * l, h * e, seed, 1.0 / std::sqrt(static_cast<double>(h)));
-    }
-    store.add(tensor_base + 99, e * d, seed, 1.0 / std::sqrt(static_cast<double>(e)));
-  }
+  encoder_layers(const config& c, std::uint64_t seed, int tensor_base_, std::int64_t in_width_);
 
   /// ev.size() tokens of in_width features.
   [[nodiscard]] std::int64_t input_size(const hetmesh::model::encoder_batch_view& ev) const noexcept {
@@ -69,86 +53,13 @@ struct encoder_layers {
   /// + d_enc) + D) * d_enc + layers * item tokens^2 * d_enc).
   template <class Ctx>
   void forward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev, std::span<const T> in,
-               std::span<T> out) {
-    const auto s = dims(ev);
-    check_size(in.size(), s.n * s.i, "mllm::encoder", "input");
-    check_size(out.size(), s.n * s.d, "mllm::encoder", "output");
-    const auto slot = ctx.slots();
-    slot.save(0, in);
-    std::vector<T> x(s.n * s.e), xn(s.n * s.e), rstd(s.n), u(s.n * s.h), a(s.n * s.h), y(s.n * s.e);
-    matmul<T>(in, store.p(tensor_base + 0), x, s.n, s.i, s.e);
-    const auto b = store.p(tensor_base + 1);
-    for (std::size_t t = 0; t < s.n; ++t)
-      for (std::size_t j = 0; j < s.e; ++j) x[t * s.e + j] += b[j];
-    std::vector<T> q(s.n * s.e), k(s.n * s.e), v(s.n * s.e), o(s.n * s.e), lse(s.n * heads());
-    for (int l = 0; l < cfg.enc_layers; ++l) {
-      const int at = tensor_base + 100 + 5 * l;  // attention inside items
-      rmsnorm_forward<T>(x, store.p(at), xn, rstd, s.n, s.e, cfg.norm_eps);
-      matmul<T>(xn, store.p(at + 1), q, s.n, s.e, s.e);
-      matmul<T>(xn, store.p(at + 2), k, s.n, s.e, s.e);
-      matmul<T>(xn, store.p(at + 3), v, s.n, s.e, s.e);
-      ctx.attention_forward(ev, shape(), scale(), std::span<const T>(q), std::span<const T>(k),
-                            std::span<const T>(v), std::span<T>(o), std::span<T>(lse));
-      matmul<T>(o, store.p(at + 4), y, s.n, s.e, s.e);
-      int t = 200 + 8 * l;
-      for (const auto* saved : {&x, &rstd, &q, &k, &v, &o, &lse}) slot.save(t++, std::span<const T>(*saved));
-      for (std::size_t j = 0; j < x.size(); ++j) x[j] += y[j];
-      const int id = tensor_base + 10 + 3 * l;  // the MLP
-      rmsnorm_forward<T>(x, store.p(id), xn, rstd, s.n, s.e, cfg.norm_eps);
-      matmul<T>(xn, store.p(id + 1), u, s.n, s.e, s.h);
-      silu_forward<T>(u, a);
-      matmul<T>(a, store.p(id + 2), y, s.n, s.h, s.e);
-      slot.save(10 + 4 * l, std::span<const T>(x));
-      slot.save(11 + 4 * l, std::span<const T>(rstd));
-      slot.save(12 + 4 * l, std::span<const T>(u));
-      for (std::size_t k = 0; k < x.size(); ++k) x[k] += y[k];
-    }
-    slot.save(99, std::span<const T>(x));
-    matmul<T>(x, store.p(tensor_base + 99), out, s.n, s.e, s.d);
-  }
+               std::span<T> out);
 
   /// Adds every weight gradient for output gradient `gout`; writes the input gradient into `gin` unless it
   /// is empty (raw features need none). Releases every slot forward saved. O(as forward).
   template <class Ctx>
   void backward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev, std::span<const T> gout,
-                std::span<T> gin) {
-    const auto s = dims(ev);
-    check_size(gout.size(), s.n * s.d, "mllm::encoder", "output gradient");
-    const auto slot = ctx.slots();
-    std::vector<T> dx(s.n * s.e, T(0)), xn(s.n * s.e), a(s.n * s.h), da(s.n * s.h, T(0)), du(s.n * s.h),
-        dxn(s.n * s.e), scratch(s.n);
-    add_xt_dy<T>(slot.load(99), gout, store.g(tensor_base + 99), s.n, s.e, s.d);
-    add_dy_wt<T>(gout, store.p(tensor_base + 99), dx, s.n, s.e, s.d);
-    slot.release(99);
-    for (int l = cfg.enc_layers - 1; l >= 0; --l) {
-      const int id = tensor_base + 10 + 3 * l;
-      const auto x = slot.load(10 + 4 * l), rstd = slot.load(11 + 4 * l), u = slot.load(12 + 4 * l);
-      rmsnorm_forward<T>(x, store.p(id), xn, scratch, s.n, s.e, cfg.norm_eps);  // xn again
-      silu_forward<T>(u, a);
-      add_xt_dy<T>(a, dx, store.g(id + 2), s.n, s.h, s.e);  // dx: the gradient of the layer's output
-      std::fill(da.begin(), da.end(), T(0));
-      add_dy_wt<T>(dx, store.p(id + 2), da, s.n, s.h, s.e);
-      silu_backward<T>(u, da, du);
-      add_xt_dy<T>(xn, du, store.g(id + 1), s.n, s.e, s.h);
-      std::fill(dxn.begin(), dxn.end(), T(0));
-      add_dy_wt<T>(du, store.p(id + 1), dxn, s.n, s.e, s.h);
-      rmsnorm_gain_grad<T>(x, rstd, dxn, store.g(id), s.n, s.e);
-      rmsnorm_input_grad<T>(x, store.p(id), rstd, dxn, dx, s.n, s.e);  // adds onto the residual's
-      for (int k = 0; k < 3; ++k) slot.release(10 + 4 * l + k);
-      attention_backward(ctx, ev, l, dx);
-    }
-    const auto in = slot.load(0);
-    add_xt_dy<T>(in, dx, store.g(tensor_base + 0), s.n, s.i, s.e);
-    auto db = store.g(tensor_base + 1);
-    for (std::size_t t = 0; t < s.n; ++t)
-      for (std::size_t j = 0; j < s.e; ++j) db[j] += dx[t * s.e + j];
-    if (!gin.empty()) {
-      check_size(gin.size(), s.n * s.i, "mllm::encoder", "input gradient");
-      std::fill(gin.begin(), gin.end(), T(0));
-      add_dy_wt<T>(dx, store.p(tensor_base + 0), gin, s.n, s.i, s.e);
-    }
-    slot.release(0);
-  }
+                std::span<T> gin);
 
   /// Parameter tensors, in id order.
   [[nodiscard]] std::vector<std::span<T>> parameters() { return store.parameters(); }
@@ -200,6 +111,109 @@ struct encoder_layers {
             static_cast<std::size_t>(cfg.width)};
   }
 };
+
+template <class T>
+encoder_layers<T>::encoder_layers(const config& c, std::uint64_t seed, int tensor_base_,
+                                  std::int64_t in_width_)
+    : cfg(c), in_width(in_width_), tensor_base(tensor_base_) {
+  check_config(c);
+  const auto i = static_cast<std::size_t>(in_width), e = static_cast<std::size_t>(c.enc_width),
+             h = static_cast<std::size_t>(c.enc_hidden), d = static_cast<std::size_t>(c.width);
+  store.add(tensor_base + 0, i * e, seed, 1.0 / std::sqrt(static_cast<double>(i)));
+  store.add(tensor_base + 1, e, seed, 0.1);
+  for (int l = 0; l < c.enc_layers; ++l) {
+    store.add(tensor_base + 100 + 5 * l, e, seed, 0.1, 1.0);
+    for (int m = 1; m <= 4; ++m)
+      store.add(tensor_base + 100 + 5 * l + m, e * e, seed, 1.0 / std::sqrt(static_cast<double>(e)));
+    store.add(tensor_base + 10 + 3 * l, e, seed, 0.1, 1.0);
+    store.add(tensor_base + 11 + 3 * l, e * h, seed, 1.0 / std::sqrt(static_cast<double>(e)));
+    store.add(tensor_base + 12 + 3 * l, h * e, seed, 1.0 / std::sqrt(static_cast<double>(h)));
+  }
+  store.add(tensor_base + 99, e * d, seed, 1.0 / std::sqrt(static_cast<double>(e)));
+}
+
+template <class T>
+template <class Ctx>
+void encoder_layers<T>::forward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev,
+                                std::span<const T> in, std::span<T> out) {
+  const auto s = dims(ev);
+  check_size(in.size(), s.n * s.i, "mllm::encoder", "input");
+  check_size(out.size(), s.n * s.d, "mllm::encoder", "output");
+  const auto slot = ctx.slots();
+  slot.save(0, in);
+  std::vector<T> x(s.n * s.e), xn(s.n * s.e), rstd(s.n), u(s.n * s.h), a(s.n * s.h), y(s.n * s.e);
+  matmul<T>(in, store.p(tensor_base + 0), x, s.n, s.i, s.e);
+  const auto b = store.p(tensor_base + 1);
+  for (std::size_t t = 0; t < s.n; ++t)
+    for (std::size_t j = 0; j < s.e; ++j) x[t * s.e + j] += b[j];
+  std::vector<T> q(s.n * s.e), k(s.n * s.e), v(s.n * s.e), o(s.n * s.e), lse(s.n * heads());
+  for (int l = 0; l < cfg.enc_layers; ++l) {
+    const int at = tensor_base + 100 + 5 * l;  // attention inside items
+    rmsnorm_forward<T>(x, store.p(at), xn, rstd, s.n, s.e, cfg.norm_eps);
+    matmul<T>(xn, store.p(at + 1), q, s.n, s.e, s.e);
+    matmul<T>(xn, store.p(at + 2), k, s.n, s.e, s.e);
+    matmul<T>(xn, store.p(at + 3), v, s.n, s.e, s.e);
+    ctx.attention_forward(ev, shape(), scale(), std::span<const T>(q), std::span<const T>(k),
+                          std::span<const T>(v), std::span<T>(o), std::span<T>(lse));
+    matmul<T>(o, store.p(at + 4), y, s.n, s.e, s.e);
+    int t = 200 + 8 * l;
+    for (const auto* saved : {&x, &rstd, &q, &k, &v, &o, &lse}) slot.save(t++, std::span<const T>(*saved));
+    for (std::size_t j = 0; j < x.size(); ++j) x[j] += y[j];
+    const int id = tensor_base + 10 + 3 * l;  // the MLP
+    rmsnorm_forward<T>(x, store.p(id), xn, rstd, s.n, s.e, cfg.norm_eps);
+    matmul<T>(xn, store.p(id + 1), u, s.n, s.e, s.h);
+    silu_forward<T>(u, a);
+    matmul<T>(a, store.p(id + 2), y, s.n, s.h, s.e);
+    slot.save(10 + 4 * l, std::span<const T>(x));
+    slot.save(11 + 4 * l, std::span<const T>(rstd));
+    slot.save(12 + 4 * l, std::span<const T>(u));
+    for (std::size_t k = 0; k < x.size(); ++k) x[k] += y[k];
+  }
+  slot.save(99, std::span<const T>(x));
+  matmul<T>(x, store.p(tensor_base + 99), out, s.n, s.e, s.d);
+}
+
+template <class T>
+template <class Ctx>
+void encoder_layers<T>::backward(const Ctx& ctx, const hetmesh::model::encoder_batch_view& ev,
+                                 std::span<const T> gout, std::span<T> gin) {
+  const auto s = dims(ev);
+  check_size(gout.size(), s.n * s.d, "mllm::encoder", "output gradient");
+  const auto slot = ctx.slots();
+  std::vector<T> dx(s.n * s.e, T(0)), xn(s.n * s.e), a(s.n * s.h), da(s.n * s.h, T(0)), du(s.n * s.h),
+      dxn(s.n * s.e), scratch(s.n);
+  add_xt_dy<T>(slot.load(99), gout, store.g(tensor_base + 99), s.n, s.e, s.d);
+  add_dy_wt<T>(gout, store.p(tensor_base + 99), dx, s.n, s.e, s.d);
+  slot.release(99);
+  for (int l = cfg.enc_layers - 1; l >= 0; --l) {
+    const int id = tensor_base + 10 + 3 * l;
+    const auto x = slot.load(10 + 4 * l), rstd = slot.load(11 + 4 * l), u = slot.load(12 + 4 * l);
+    rmsnorm_forward<T>(x, store.p(id), xn, scratch, s.n, s.e, cfg.norm_eps);  // xn again
+    silu_forward<T>(u, a);
+    add_xt_dy<T>(a, dx, store.g(id + 2), s.n, s.h, s.e);  // dx: the gradient of the layer's output
+    std::fill(da.begin(), da.end(), T(0));
+    add_dy_wt<T>(dx, store.p(id + 2), da, s.n, s.h, s.e);
+    silu_backward<T>(u, da, du);
+    add_xt_dy<T>(xn, du, store.g(id + 1), s.n, s.e, s.h);
+    std::fill(dxn.begin(), dxn.end(), T(0));
+    add_dy_wt<T>(du, store.p(id + 1), dxn, s.n, s.e, s.h);
+    rmsnorm_gain_grad<T>(x, rstd, dxn, store.g(id), s.n, s.e);
+    rmsnorm_input_grad<T>(x, store.p(id), rstd, dxn, dx, s.n, s.e);  // adds onto the residual's
+    for (int k = 0; k < 3; ++k) slot.release(10 + 4 * l + k);
+    attention_backward(ctx, ev, l, dx);
+  }
+  const auto in = slot.load(0);
+  add_xt_dy<T>(in, dx, store.g(tensor_base + 0), s.n, s.i, s.e);
+  auto db = store.g(tensor_base + 1);
+  for (std::size_t t = 0; t < s.n; ++t)
+    for (std::size_t j = 0; j < s.e; ++j) db[j] += dx[t * s.e + j];
+  if (!gin.empty()) {
+    check_size(gin.size(), s.n * s.i, "mllm::encoder", "input gradient");
+    std::fill(gin.begin(), gin.end(), T(0));
+    add_dy_wt<T>(dx, store.p(tensor_base + 0), gin, s.n, s.i, s.e);
+  }
+  slot.release(0);
+}
 
 /// An encoder for modality `Modality` (a tag with a `name`: hetmesh::model::vision_modality,
 /// audio_modality): encoder_layers with tensor ids from 10000 for vision, 20000 for audio, 30000 for any

@@ -19,6 +19,7 @@
 #include <hetmesh/train/train.hpp>
 
 #include "mllm_train/hosts.hpp"
+#include "mllm_train/model_instances.hpp"
 #include "mllm_train/options.hpp"
 #include "mllm_train/report.hpp"
 #include "mllm_train/trainer.hpp"

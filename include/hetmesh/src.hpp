@@ -130,4 +130,5 @@
 #include "train/step_plan.hpp"
 #include "train/step_run.hpp"
 #include "train/step_stats.hpp"
+#include "train/system_comms.hpp"  // the system's communicators' instantiations (HETMESH_INSTANTIATE)
 #include "train/system_mesh.hpp"

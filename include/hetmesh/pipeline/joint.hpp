@@ -147,13 +147,18 @@ struct encoder_work {
 
 namespace detail {
 
-inline void check_llm(const schedule& s, std::string_view who) {
+HETMESH_COMPILED void check_llm(const schedule& s, std::string_view who)
+#if HETMESH_BODIES
+{
   if (s.num_encoder_shards() != 0)
     throw_error<invalid_argument>(
         "pipeline {}: the input schedule already has {} encoder shards; expected an LLM-only "
         "schedule",
         who, s.num_encoder_shards());
 }
+#else
+    ;
+#endif
 
 }  // namespace detail
 

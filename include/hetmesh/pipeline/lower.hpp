@@ -114,11 +114,16 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
 }
 
 /// The schedule without its communication actions (compute and REDUCE_GRAD kept, order kept). Pure.
-[[nodiscard]] inline schedule strip_comm(const schedule& s) {
+[[nodiscard]] HETMESH_COMPILED schedule strip_comm(const schedule& s)
+#if HETMESH_BODIES
+{
   schedule out = s;
   for (auto& row : out.ranks) std::erase_if(row, [](const action& a) { return is_comm(a.type); });
   return out;
 }
+#else
+    ;
+#endif
 
 /// Lowers a schedule to compute + communication, PyTorch's `_add_send_recv` algorithm (see the file
 /// comment), extended to the encoder transfers (EF outputs to stage 0's rank, embedding gradients back).

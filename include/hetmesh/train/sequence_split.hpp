@@ -68,16 +68,17 @@ void check_token_mixing(const F& f, int pool) {
   }
 }
 
-/// Refuses backbone stage `s` under family `f` and mesh `m` when the stage's declared sizes do not split
-/// over the mesh, naming the dimension (each optional, read when the stage has it):
+/// Refuses backbone stage `s` under mesh `m` and attention groups of `group` ranks (the plan's attention
+/// mechanism's group size: a Ulysses degree, whichever family plans it; 0 for rings) when the stage's
+/// declared sizes do not split over them, naming the dimension (each optional, read when the stage has it):
 ///  - `s.attention_heads()` (int): the query heads of its attention layers, split over tp: tp must divide
-///    them, and under seq::ulysses (degree > 1) degree x tp must divide them;
+///    them, and with groups of more than one rank group x tp must divide them (heads exchanged in groups);
 ///  - `s.split_vocabulary()` (std::int64_t): the vocabulary of a vocabulary-parallel embedding and loss,
 ///    split over tp;
 ///  - `s.experts()` (int): the experts of each MoE layer, split over ep.
 /// Errors: invalid_argument. O(1).
-template <class S, class F>
-void check_stage_sizes(const S& s, const F& f, const system_mesh& m) {
+template <class S>
+void check_stage_sizes(const S& s, int group, const system_mesh& m) {
   if constexpr (requires {
                   { s.attention_heads() } -> std::convertible_to<int>;
                 }) {
@@ -87,12 +88,11 @@ void check_stage_sizes(const S& s, const F& f, const system_mesh& m) {
           "train::system: mesh tp = {} does not divide the stage's {} attention heads; expected tp | heads "
           "(each tp rank runs heads / tp of them)",
           m.tp, h);
-    if constexpr (std::same_as<F, seq::ulysses>)
-      if (f.degree > 1 && h % (f.degree * m.tp) != 0)
-        throw_error<invalid_argument>(
-            "train::system: Ulysses degree {} x mesh tp = {} does not divide the stage's {} attention heads; "
-            "expected degree x tp | heads (each group splits a tp rank's heads / tp over its degree)",
-            f.degree, m.tp, h);
+    if (group > 1 && h % (group * m.tp) != 0)
+      throw_error<invalid_argument>(
+          "train::system: Ulysses degree {} x mesh tp = {} does not divide the stage's {} attention heads; "
+          "expected degree x tp | heads (each group splits a tp rank's heads / tp over its degree)",
+          group, m.tp, h);
   }
   if constexpr (requires {
                   { s.split_vocabulary() } -> std::convertible_to<std::int64_t>;

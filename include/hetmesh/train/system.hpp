@@ -62,6 +62,7 @@
 #include "step_plan.hpp"
 #include "step_run.hpp"
 #include "step_stats.hpp"
+#include "system_comms.hpp"
 #include "system_config.hpp"
 #include "system_mesh.hpp"
 #include "zero.hpp"
@@ -156,20 +157,9 @@ class system {
         requires { comm::split(world, 0, 0); },
         "train::system: Comm must split (comm::split: a backend split or subgroup) for the pipeline's "
         "communicators");
-    // The pipeline's communicator (its pp LLM ranks, then its encoder-pool ranks) and, when the world has
-    // more than one pipeline rank, the pool at this pipeline rank.
-    pipe_.emplace(comm::split(world, groups_.pipe.index, groups_.pipe.position));
-    const bool tp = layout_->tp() > 1;
-    if (pp + enc > 1 || tp) pool_.emplace(comm::split(world, groups_.pool.index, groups_.pool.position));
-    if (tp) {  // one tp = 1 system per tp coordinate, and the stages' tp group across them
-      slice_.emplace(comm::split(world, groups_.slice.index, groups_.slice.position));
-      tp_.emplace(comm::split(world, groups_.tp.index, groups_.tp.position));
-      row_.emplace(comm::split(world, groups_.row.index, groups_.row.position));
-    }
-    if (layout_->ep() > 1) {  // the stages' ctx.ep, and the ranks holding the same experts
-      ep_.emplace(comm::split(world, groups_.ep.index, groups_.ep.position));
-      edp_.emplace(comm::split(world, groups_.expert_dp.index, groups_.expert_dp.position));
-    }
+    // The pipeline's communicator (its pp LLM ranks, then its encoder-pool ranks), the pool at this pipeline
+    // rank when the world has more than one, and the tp and ep families (train/system_comms.hpp).
+    comms_.emplace(world, *layout_, groups_, pp + enc);
   }
 
   /// The step plan for documents `docs` (id, length in stream order) over the pool, with the pipeline
@@ -333,7 +323,9 @@ class system {
     detail::check_run_types<Kernel, Schedule, context_type<T>, encoder_context_type<T>, Stage, Optimizer, T,
                             Encoders...>();
     check_token_mixing<Stage>(partition_, pool_size_);
-    check_stage_sizes(stage, partition_, options_.mesh);
+    check_stage_sizes(
+        stage, detail::attention_binding<typename part_type::attention, Comm>::group_size(plan.partition),
+        options_.mesh);
     auto& world = *world_;
     run::assert_plan_agreement(world, mem_, plan, "train step plan");
     if (plan.world != pool_size_ || plan.pp != pipeline_.pp)
@@ -389,7 +381,7 @@ class system {
           "dividing the pool",
           d, pool_size_);
     if (!group_ || group_degree_ != d) {
-      Comm& pool = pool_ ? *pool_ : *world_;
+      Comm& pool = comms_->pool ? *comms_->pool : *world_;
       group_.emplace(comm::split(pool, pool.rank() / d, pool.rank() % d));
       group_degree_ = d;
     }
@@ -397,8 +389,8 @@ class system {
   }
 
   detail::step_resources<Comm, Kernel, Memory> resources(const plan_type&) {
-    Comm& pool = pool_ ? *pool_ : *world_;
-    Comm& row = row_ ? *row_ : pool;  // tp = 1: the row is the pool
+    Comm& pool = comms_->pool ? *comms_->pool : *world_;
+    Comm& row = comms_->row ? *comms_->row : pool;  // tp = 1: the row is the pool
     if (!item_groups_) item_groups_.emplace(row);
     return {&pool,
             group_ ? &*group_ : nullptr,
@@ -407,8 +399,8 @@ class system {
             &mem_,
             options_.attention,
             pool_size_,
-            tp_ ? &*tp_ : nullptr,
-            ep_ ? &*ep_ : nullptr,
+            comms_->tp ? &*comms_->tp : nullptr,
+            comms_->ep ? &*comms_->ep : nullptr,
             &row,
             groups_.row.size()};
   }
@@ -416,7 +408,7 @@ class system {
   // Runs the plan's schedule on this pipeline with the runner's calls; the step's wall and CPU times.
   template <class Runner>
   void execute(const plan_type& plan, Runner& runner, step_stats& st) {
-    detail::execute_step(*world_, *pipe_, plan.pipeline, runner, mem_, st);
+    detail::execute_step(*world_, *comms_->pipe, plan.pipeline, runner, mem_, st);
   }
 
   // Sums the stage's gradients over the pool and the encoders' over the world, and the step's counts; then
@@ -427,8 +419,8 @@ class system {
   void reduce_and_step(step_stats& st, Runner& runner, Stage& stage, Bound& bound, Optimizer&& optimizer) {
     using T = typename Runner::context_type::value_type;
     constexpr bool sharded = sharded_optimizer<Optimizer>;
-    Comm& pool = pool_ ? *pool_ : *world_;
-    Comm& slice = slice_ ? *slice_ : *world_;  // the stats: this tp coordinate's ranks
+    Comm& pool = comms_->pool ? *comms_->pool : *world_;
+    Comm& slice = comms_->slice ? *comms_->slice : *world_;  // the stats: this tp coordinate's ranks
     const auto t2 = std::chrono::steady_clock::now();
     const double reduce_cpu0 = thread_cpu_seconds();
     // The stage's dense parameters over the pool, its experts' over the ranks holding the same experts,
@@ -437,7 +429,7 @@ class system {
       f(pool, stage.parameters(), stage.gradients());
       if constexpr (has_expert_parameters<Stage>)  // a stage without experts this time has no such group
         if (auto ps = stage.expert_parameters(); !std::ranges::empty(ps))
-          f(edp_ ? *edp_ : pool, ps, stage.expert_gradients());
+          f(comms_->edp ? *comms_->edp : pool, ps, stage.expert_gradients());
       std::apply([&](auto&... e) { (f(*world_, e.stage->parameters(), e.stage->gradients()), ...); }, bound);
     };
     if constexpr (!sharded)
@@ -448,8 +440,8 @@ class system {
     // the encoder items over the world (each encoded once in the world).
     sum_host_values_over_ranks(slice, mem_, std::span<double>(runner.sums), options_.reproducible);
     const std::span<std::int64_t> counts(runner.counts);
-    sum_host_values_over_ranks(slice, mem_, slice_ ? counts.first(2) : counts, options_.reproducible);
-    if (slice_) sum_host_values_over_ranks(*world_, mem_, counts.subspan(2), options_.reproducible);
+    sum_host_values_over_ranks(slice, mem_, comms_->slice ? counts.first(2) : counts, options_.reproducible);
+    if (comms_->slice) sum_host_values_over_ranks(*world_, mem_, counts.subspan(2), options_.reproducible);
     st.reduce_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
     st.cpu_comm_seconds += thread_cpu_seconds() - reduce_cpu0;
     st.loss = runner.sums[0];
@@ -481,16 +473,10 @@ class system {
   Memory mem_{};
   int pool_size_ = 1;
   int group_degree_ = 0;
-  std::optional<Comm> pool_;   // pp > 1: the ranks of this pipeline rank (ring attention, stage gradients)
-  std::optional<Comm> pipe_;   // this pipeline's ranks in pipeline order (the schedule's transfers)
   std::optional<Comm> group_;  // attention over groups: this rank's group of the pool, in stream order
-  std::optional<Comm> slice_;  // tp > 1: this tp coordinate's ranks (a whole tp = 1 system)
-  std::optional<Comm> tp_;     // tp > 1: the stages' ctx.tp
-  std::optional<Comm> ep_;     // ep > 1: the stages' ctx.ep
-  std::optional<Comm> edp_;    // ep > 1: the ranks holding the same experts (expert gradients)
+  std::optional<detail::system_comms<Comm>> comms_;     // the groups' communicators
   std::optional<system_layout> layout_;                 // the mesh and its group families
   system_groups groups_;                                // this rank's groups
-  std::optional<Comm> row_;                             // tp > 1: the encoder row (tp x pool ranks)
   std::optional<comm::group_cache<Comm>> item_groups_;  // encoder items' Ulysses groups in the row
 };
 

@@ -81,7 +81,9 @@ HETMESH_COMPILED int megatron_group_size(std::string_view name, int pp, int m, i
 
 /// Megatron-LM's schedule table: virtual micro-batch k -> (micro-batch, chunk). Micro-batches go in
 /// groups of g; within a group all of chunk 0, then all of chunk 1, ...; the last group takes the rest.
-inline std::vector<std::pair<int, int>> schedule_table(int m, int v, int g) {
+HETMESH_COMPILED std::vector<std::pair<int, int>> schedule_table(int m, int v, int g)
+#if HETMESH_BODIES
+{
   std::vector<std::pair<int, int>> table;
   table.reserve(static_cast<std::size_t>(m) * static_cast<std::size_t>(v));
   for (int lo = 0; lo < m; lo += g) {
@@ -91,13 +93,18 @@ inline std::vector<std::pair<int, int>> schedule_table(int m, int v, int g) {
   }
   return table;
 }
+#else
+    ;
+#endif
 
 /// The per-rank order shared by 1F1B, interleaved 1F1B and the zero-bubble family: `warmup` forwards,
 /// then F/B pairs, then the remaining backwards. With `zb`, backwards are I and each W follows the
 /// (k - n1f1b)-th I; the remaining W close the list.
-inline std::vector<action> one_f_one_b_rank(int pp, int v, int rank, int m,
-                                            const std::vector<std::pair<int, int>>& table, int warmup,
-                                            bool zb, int n1f1b) {
+HETMESH_COMPILED std::vector<action> one_f_one_b_rank(int pp, int v, int rank, int m,
+                                                      const std::vector<std::pair<int, int>>& table,
+                                                      int warmup, bool zb, int n1f1b)
+#if HETMESH_BODIES
+{
   const int total_f = m * v;
   std::vector<action> ops;
   ops.reserve(static_cast<std::size_t>(total_f) * (zb ? 3U : 2U));
@@ -124,9 +131,14 @@ inline std::vector<action> one_f_one_b_rank(int pp, int v, int rank, int m,
   }
   return ops;
 }
+#else
+    ;
+#endif
 
 /// An empty schedule of `stages` stages over pp ranks in `layout`, M micro-batches, one list per rank.
-inline schedule make_empty(std::string name, int pp, int stages, int m, stage_layout layout) {
+HETMESH_COMPILED schedule make_empty(std::string name, int pp, int stages, int m, stage_layout layout)
+#if HETMESH_BODIES
+{
   schedule s;
   s.name = std::move(name);
   s.num_ranks = pp;
@@ -136,5 +148,8 @@ inline schedule make_empty(std::string name, int pp, int stages, int m, stage_la
   s.ranks.resize(static_cast<std::size_t>(pp));
   return s;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::pipeline::detail
