@@ -14,17 +14,23 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "../config.hpp"
 #include "collectives.hpp"
 #include "communicator.hpp"
 
 namespace hetmesh::comm {
 
 /// Position of `rank` in `ring`, or nullopt. O(ring size).
-[[nodiscard]] inline std::optional<int> ring_position(std::span<const int> ring, int rank) noexcept {
+[[nodiscard]] HETMESH_COMPILED std::optional<int> ring_position(std::span<const int> ring, int rank) noexcept
+#if HETMESH_BODIES
+{
   const auto it = std::find(ring.begin(), ring.end(), rank);
   if (it == ring.end()) return std::nullopt;
   return static_cast<int>(it - ring.begin());
 }
+#else
+    ;
+#endif
 
 /// One step of a ring: the caller, at position i of `ring`, sends `send` to ring[i+1] and receives
 /// `recv` from ring[i-1] (indices modulo the ring size), as one batch on the parent `c`; no
@@ -62,7 +68,10 @@ void ring_exchange(C& c, std::span<const int> ring, std::span<const T> send, std
 /// (its predecessors and successors) across all `rings`: the number of connections a step of these
 /// rings opens, which is what a per-ring communicator design would multiply. Pure; O(total ring size
 /// log). Pre: every ring's ranks in [0, nranks).
-[[nodiscard]] inline std::vector<int> ring_peer_counts(std::span<const std::vector<int>> rings, int nranks) {
+[[nodiscard]] HETMESH_COMPILED std::vector<int> ring_peer_counts(std::span<const std::vector<int>> rings,
+                                                                 int nranks)
+#if HETMESH_BODIES
+{
   if (nranks < 1) throw_error<invalid_argument>("ring_peer_counts: {} ranks; expected at least 1", nranks);
   std::vector<std::set<int>> peers(static_cast<std::size_t>(nranks));
   for (const auto& ring : rings) {
@@ -81,5 +90,8 @@ void ring_exchange(C& c, std::span<const int> ring, std::span<const T> send, std
   for (std::size_t r = 0; r < out.size(); ++r) out[r] = static_cast<int>(peers[r].size());
   return out;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::comm

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -100,30 +101,11 @@ class decoupled {
   /// The LLM rank on the same device as encoder rank r (the identity, by construction), checked.
   [[nodiscard]] int llm_rank_of_encoder_rank(int r) const { return llm_.rank_of(llm_.coord_of(r)); }
   /// The encoder rank at `llm_coord`'s device: llm rank -> encoder rank (inverse of the above).
-  [[nodiscard]] int encoder_rank_of_llm_coord(std::span<const std::int64_t> llm_coord) const {
-    return encoder_.rank_of(encoder_.coord_of(llm_.rank_of(llm_coord)));
-  }
+  [[nodiscard]] HETMESH_COMPILED int encoder_rank_of_llm_coord(std::span<const std::int64_t> llm_coord) const;
 
   /// Every encoder group along `dims`, with its node count and the LLM dims its devices vary along.
   /// Pure; O(world * dims).
-  [[nodiscard]] std::vector<group_placement> encoder_groups(std::span<const dim> dims) const {
-    std::vector<group_placement> out;
-    for (auto& g : encoder_.groups(dims)) {
-      group_placement p{std::move(g), 1, {}};
-      p.nodes = topo_.nodes_spanned(p.ranks);
-      const auto c0 = llm_.coord_of(p.ranks.front());
-      for (std::size_t i = 0; i < llm_.dims_count(); ++i) {
-        for (int r : p.ranks) {
-          if (llm_.coord_of(r)[i] != c0[i]) {
-            p.llm_dims.push_back(llm_.name(i));
-            break;
-          }
-        }
-      }
-      out.push_back(std::move(p));
-    }
-    return out;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<group_placement> encoder_groups(std::span<const dim> dims) const;
   /// The groups of the encoder mesh along `dims`, each with where it lands on the cluster. O(world).
   template <class... D>
   requires(std::convertible_to<const D&, dim>&&...)
@@ -133,11 +115,7 @@ class decoupled {
   }
 
   /// How many encoder groups along `dims` lie inside one node.
-  [[nodiscard]] std::size_t encoder_groups_in_node(std::span<const dim> dims) const {
-    std::size_t n = 0;
-    for (const auto& g : encoder_groups(dims)) n += g.in_node() ? 1 : 0;
-    return n;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::size_t encoder_groups_in_node(std::span<const dim> dims) const;
 
   friend bool operator==(const decoupled&, const decoupled&) = default;
   void hash_append(hasher& h) const { append_all(h, encoder_, llm_, topo_); }
@@ -198,3 +176,40 @@ struct fmt::formatter<hetmesh::mesh::decoupled> : hetmesh::empty_spec_formatter 
     return out;
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::mesh {
+
+HETMESH_COMPILED int decoupled::encoder_rank_of_llm_coord(std::span<const std::int64_t> llm_coord) const {
+  return encoder_.rank_of(encoder_.coord_of(llm_.rank_of(llm_coord)));
+}
+
+HETMESH_COMPILED std::vector<group_placement> decoupled::encoder_groups(std::span<const dim> dims) const {
+  std::vector<group_placement> out;
+  for (auto& g : encoder_.groups(dims)) {
+    group_placement p{std::move(g), 1, {}};
+    p.nodes = topo_.nodes_spanned(p.ranks);
+    const auto c0 = llm_.coord_of(p.ranks.front());
+    for (std::size_t i = 0; i < llm_.dims_count(); ++i) {
+      for (int r : p.ranks) {
+        if (llm_.coord_of(r)[i] != c0[i]) {
+          p.llm_dims.push_back(llm_.name(i));
+          break;
+        }
+      }
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+HETMESH_COMPILED std::size_t decoupled::encoder_groups_in_node(std::span<const dim> dims) const {
+  std::size_t n = 0;
+  for (const auto& g : encoder_groups(dims)) n += g.in_node() ? 1 : 0;
+  return n;
+}
+
+}  // namespace hetmesh::mesh
+
+#endif  // HETMESH_BODIES

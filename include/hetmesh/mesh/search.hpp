@@ -130,18 +130,30 @@ struct layout_choice {
 
 namespace detail {
 
-inline std::string format_bytes(double b) {
+HETMESH_COMPILED std::string format_bytes(double b)
+#if HETMESH_BODIES
+{
   if (b >= 1e9) return hetmesh::format("{:.2f} GB", b / 1e9);
   if (b >= 1e6) return hetmesh::format("{:.2f} MB", b / 1e6);
   if (b >= 1e3) return hetmesh::format("{:.2f} kB", b / 1e3);
   return hetmesh::format("{:.0f} B", b);
 }
-inline std::string format_ns(std::int64_t ns) {
+#else
+    ;
+#endif
+HETMESH_COMPILED std::string format_ns(std::int64_t ns)
+#if HETMESH_BODIES
+{
   return hetmesh::format("{:.3f} ms", static_cast<double>(ns) / 1e6);
 }
+#else
+    ;
+#endif
 
 // The most nodes any group of a compact dim (extent e, stride s) occupies in a world of w ranks.
-inline int max_nodes_spanned(std::int64_t e, std::int64_t s, std::int64_t w, const topology& t) {
+HETMESH_COMPILED int max_nodes_spanned(std::int64_t e, std::int64_t s, std::int64_t w, const topology& t)
+#if HETMESH_BODIES
+{
   int worst = 1;
   std::vector<std::int64_t> nodes(static_cast<std::size_t>(e));
   for (std::int64_t base = 0; base < w; ++base) {
@@ -153,9 +165,14 @@ inline int max_nodes_spanned(std::int64_t e, std::int64_t s, std::int64_t w, con
   }
   return worst;
 }
+#else
+    ;
+#endif
 
-inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>& dims, const traffic& load,
-                                const topology& t, combine total) {
+HETMESH_COMPILED candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>& dims,
+                                          const traffic& load, const topology& t, combine total)
+#if HETMESH_BODIES
+{
   candidate c;
   std::int64_t stride = 1, w = 1;
   for (const auto& d : dims) w *= d.second;
@@ -184,6 +201,9 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
   }
   return c;
 }
+#else
+    ;
+#endif
 
 }  // namespace detail
 
@@ -192,9 +212,11 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
 /// dims of extent > 1; each violation throws invalid_argument naming it. Pure and deterministic: ties
 /// in modelled time (integer nanoseconds) go to the order closest to the baseline (lexicographic on
 /// each position's index in the baseline). Cost: O(n! * n * world).
-[[nodiscard]] inline layout_choice search_layout(std::vector<std::pair<dim, std::int64_t>> shape,
-                                                 const traffic& load, const topology& topo,
-                                                 const search_options& options = {}) {
+[[nodiscard]] HETMESH_COMPILED layout_choice search_layout(std::vector<std::pair<dim, std::int64_t>> shape,
+                                                           const traffic& load, const topology& topo,
+                                                           const search_options& options = {})
+#if HETMESH_BODIES
+{
   topo.validate();
   std::int64_t world = 1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -283,6 +305,9 @@ inline candidate evaluate_order(const std::vector<std::pair<dim, std::int64_t>>&
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// The same search for the dims and extents of a mesh (its own order is ignored).
 template <mesh_like Mesh>
@@ -293,7 +318,8 @@ template <mesh_like Mesh>
   return search_layout(std::move(shape), load, topo, options);
 }
 
-inline std::string layout_choice::explain() const {
+#if HETMESH_BODIES
+HETMESH_COMPILED std::string layout_choice::explain() const {
   const candidate& b = best();
   const candidate& m = baseline();
   auto list = [](const candidate& c, bool inside) {
@@ -330,6 +356,7 @@ inline std::string layout_choice::explain() const {
   if (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
 }
+#endif
 
 }  // namespace hetmesh::mesh
 

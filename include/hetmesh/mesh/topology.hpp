@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -64,61 +65,23 @@ struct topology {
 
   /// Throws invalid_argument naming the field unless counts are >= 1, bandwidths > 0, latencies >= 0
   /// and nodes * devices_per_node fits an int. O(1).
-  void validate() const {
-    if (nodes < 1 || devices_per_node < 1) {
-      throw_error<invalid_argument>("topology has {} nodes x {} devices per node: expected both >= 1", nodes,
-                                    devices_per_node);
-    }
-    if (static_cast<std::int64_t>(nodes) * devices_per_node > INT_MAX) {
-      throw_error<invalid_argument>("topology has more than {} devices: expected an int rank", INT_MAX);
-    }
-    if (!(intra_bw_gbps > 0) || !(inter_bw_gbps > 0)) {
-      throw_error<invalid_argument>(
-          "topology bandwidths are {} (intra) and {} (inter) GB/s: expected both > 0", intra_bw_gbps,
-          inter_bw_gbps);
-    }
-    if (!(intra_latency_us >= 0) || !(inter_latency_us >= 0)) {
-      throw_error<invalid_argument>("topology latencies are {} (intra) and {} (inter) us: expected both >= 0",
-                                    intra_latency_us, inter_latency_us);
-    }
-  }
+  HETMESH_COMPILED void validate() const;
 
   /// nodes * devices_per_node.
   [[nodiscard]] int world() const noexcept { return nodes * devices_per_node; }
 
   /// The node of `rank`. Throws invalid_argument when rank is outside [0, world()).
-  [[nodiscard]] int node_of(int rank) const {
-    if (rank < 0 || rank >= world()) {
-      throw_error<invalid_argument>("rank {} is outside the topology's {} devices: expected 0 <= rank < {}",
-                                    rank, world(), world());
-    }
-    return rank / devices_per_node;
-  }
+  [[nodiscard]] HETMESH_COMPILED int node_of(int rank) const;
   /// The device index of `rank` within its node.
-  [[nodiscard]] int local_of(int rank) const {
-    (void)node_of(rank);
-    return rank % devices_per_node;
-  }
+  [[nodiscard]] HETMESH_COMPILED int local_of(int rank) const;
   /// Whether ranks `a` and `b` are on the same node.
   [[nodiscard]] bool same_node(int a, int b) const { return node_of(a) == node_of(b); }
 
   /// The ranks on `node`, ascending.
-  [[nodiscard]] std::vector<int> ranks_of_node(int node) const {
-    if (node < 0 || node >= nodes) {
-      throw_error<invalid_argument>("node {} is outside the topology: expected 0 <= node < {}", node, nodes);
-    }
-    std::vector<int> r(static_cast<std::size_t>(devices_per_node));
-    for (int i = 0; i < devices_per_node; ++i) r[static_cast<std::size_t>(i)] = node * devices_per_node + i;
-    return r;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<int> ranks_of_node(int node) const;
 
   /// How many distinct nodes the ranks of `group` occupy. O(n log n).
-  [[nodiscard]] int nodes_spanned(std::span<const int> group) const {
-    std::vector<int> n;
-    for (int r : group) n.push_back(node_of(r));
-    std::sort(n.begin(), n.end());
-    return static_cast<int>(std::unique(n.begin(), n.end()) - n.begin());
-  }
+  [[nodiscard]] HETMESH_COMPILED int nodes_spanned(std::span<const int> group) const;
   /// True when every rank of `group` is on one node (its traffic stays on the intra-node links).
   [[nodiscard]] bool within_one_node(std::span<const int> group) const { return nodes_spanned(group) <= 1; }
 
@@ -136,13 +99,9 @@ struct topology {
     return false;
   }
   /// The link between ranks a and b (intra for a rank and itself). Ranks as in crosses_nodes. O(1).
-  [[nodiscard]] link between(int a, int b) const {
-    return a / devices_per_node == b / devices_per_node ? intra() : inter();
-  }
+  [[nodiscard]] HETMESH_COMPILED link between(int a, int b) const;
   /// The slowest link any ring or pairwise algorithm over `group` uses. Ranks as in crosses_nodes.
-  [[nodiscard]] link bottleneck(std::span<const int> group) const {
-    return crosses_nodes(group) ? inter() : intra();
-  }
+  [[nodiscard]] HETMESH_COMPILED link bottleneck(std::span<const int> group) const;
 
   friend bool operator==(const topology&, const topology&) = default;
   void hash_append(hasher& h) const {
@@ -169,3 +128,66 @@ struct fmt::formatter<hetmesh::mesh::topology> : hetmesh::empty_spec_formatter {
         t.devices_per_node, t.intra_bw_gbps, t.intra_latency_us, t.inter_bw_gbps, t.inter_latency_us);
   }
 };
+
+#if HETMESH_BODIES
+
+namespace hetmesh::mesh {
+
+HETMESH_COMPILED void topology::validate() const {
+  if (nodes < 1 || devices_per_node < 1) {
+    throw_error<invalid_argument>("topology has {} nodes x {} devices per node: expected both >= 1", nodes,
+                                  devices_per_node);
+  }
+  if (static_cast<std::int64_t>(nodes) * devices_per_node > INT_MAX) {
+    throw_error<invalid_argument>("topology has more than {} devices: expected an int rank", INT_MAX);
+  }
+  if (!(intra_bw_gbps > 0) || !(inter_bw_gbps > 0)) {
+    throw_error<invalid_argument>("topology bandwidths are {} (intra) and {} (inter) GB/s: expected both > 0",
+                                  intra_bw_gbps, inter_bw_gbps);
+  }
+  if (!(intra_latency_us >= 0) || !(inter_latency_us >= 0)) {
+    throw_error<invalid_argument>("topology latencies are {} (intra) and {} (inter) us: expected both >= 0",
+                                  intra_latency_us, inter_latency_us);
+  }
+}
+
+HETMESH_COMPILED int topology::node_of(int rank) const {
+  if (rank < 0 || rank >= world()) {
+    throw_error<invalid_argument>("rank {} is outside the topology's {} devices: expected 0 <= rank < {}",
+                                  rank, world(), world());
+  }
+  return rank / devices_per_node;
+}
+
+HETMESH_COMPILED int topology::local_of(int rank) const {
+  (void)node_of(rank);
+  return rank % devices_per_node;
+}
+
+HETMESH_COMPILED std::vector<int> topology::ranks_of_node(int node) const {
+  if (node < 0 || node >= nodes) {
+    throw_error<invalid_argument>("node {} is outside the topology: expected 0 <= node < {}", node, nodes);
+  }
+  std::vector<int> r(static_cast<std::size_t>(devices_per_node));
+  for (int i = 0; i < devices_per_node; ++i) r[static_cast<std::size_t>(i)] = node * devices_per_node + i;
+  return r;
+}
+
+HETMESH_COMPILED int topology::nodes_spanned(std::span<const int> group) const {
+  std::vector<int> n;
+  for (int r : group) n.push_back(node_of(r));
+  std::sort(n.begin(), n.end());
+  return static_cast<int>(std::unique(n.begin(), n.end()) - n.begin());
+}
+
+HETMESH_COMPILED link topology::between(int a, int b) const {
+  return a / devices_per_node == b / devices_per_node ? intra() : inter();
+}
+
+HETMESH_COMPILED link topology::bottleneck(std::span<const int> group) const {
+  return crosses_nodes(group) ? inter() : intra();
+}
+
+}  // namespace hetmesh::mesh
+
+#endif  // HETMESH_BODIES

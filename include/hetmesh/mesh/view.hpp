@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "../core/format.hpp"
 #include "../core/hash.hpp"
@@ -64,7 +65,9 @@ namespace detail {
 
 /// The ranks base + sum_k c_k * stride_k for all digits, first atom fastest (colexicographic, the
 /// order Megatron-LM's generate_masked_orthogonal_rank_groups uses). Cost: O(n * atoms).
-inline std::vector<int> enumerate_atoms(std::span<const atom> atoms, std::int64_t base) {
+HETMESH_COMPILED std::vector<int> enumerate_atoms(std::span<const atom> atoms, std::int64_t base)
+#if HETMESH_BODIES
+{
   std::int64_t n = 1;
   for (const atom& a : atoms) n *= a.extent;
   std::vector<int> out;
@@ -79,8 +82,13 @@ inline std::vector<int> enumerate_atoms(std::span<const atom> atoms, std::int64_
   }
   return out;
 }
+#else
+    ;
+#endif
 
-inline std::string join_dims(const std::vector<view_mode>& modes) {
+HETMESH_COMPILED std::string join_dims(const std::vector<view_mode>& modes)
+#if HETMESH_BODIES
+{
   std::string s;
   for (const view_mode& m : modes) {
     if (!s.empty()) s += ", ";
@@ -88,6 +96,9 @@ inline std::string join_dims(const std::vector<view_mode>& modes) {
   }
   return s;
 }
+#else
+    ;
+#endif
 
 }  // namespace detail
 
@@ -101,36 +112,7 @@ class view {
   /// Pre: distinct non-empty names; every atom extent >= 1; the atoms of all modes are those of a
   /// sub-layout of a compact layout (true for every view the library builds), so that rank ->
   /// coordinate can be inverted greedily. Throws invalid_argument on duplicate names or extents < 1.
-  view(std::vector<view_mode> modes, std::int64_t offset) : modes_(std::move(modes)), offset_(offset) {
-    std::int64_t size = 1;
-    for (std::size_t i = 0; i < modes_.size(); ++i) {
-      for (std::size_t j = 0; j < i; ++j) {
-        if (modes_[i].name == modes_[j].name) {
-          throw_error<invalid_argument>("mesh has dim '{}' twice (dims: {}): expected distinct dims",
-                                        modes_[i].name, detail::join_dims(modes_));
-        }
-      }
-      for (const atom& a : modes_[i].atoms) {
-        if (a.extent < 1) {
-          throw_error<invalid_argument>("dim '{}' has extent {}: expected a positive extent", modes_[i].name,
-                                        a.extent);
-        }
-        size *= a.extent;
-        if (size > INT_MAX)
-          throw_error<invalid_argument>("mesh has more than {} ranks: expected an int rank", INT_MAX);
-      }
-    }
-    size_ = size;
-    for (std::size_t i = 0; i < modes_.size(); ++i) {
-      for (std::size_t k = 0; k < modes_[i].atoms.size(); ++k) {
-        if (modes_[i].atoms[k].extent > 1) sorted_.push_back({i, k});
-      }
-    }
-    // Largest stride first, for the greedy inverse in coord_of.
-    hetmesh::indirect_sort(sorted_.begin(), sorted_.end(), [&](const slot& a, const slot& b) {
-      return atom_at(a).stride > atom_at(b).stride;
-    });
-  }
+  HETMESH_COMPILED view(std::vector<view_mode> modes, std::int64_t offset);
 
   /// Number of ranks. O(1).
   [[nodiscard]] std::int64_t size() const noexcept { return size_; }
@@ -151,13 +133,7 @@ class view {
     return std::any_of(modes_.begin(), modes_.end(), [&](const view_mode& m) { return m.name == d; });
   }
   /// Position of d. Throws invalid_argument naming the mesh's dims when it has no dim d.
-  [[nodiscard]] std::size_t index_of(const dim& d) const {
-    for (std::size_t i = 0; i < modes_.size(); ++i) {
-      if (modes_[i].name == d) return i;
-    }
-    throw_error<invalid_argument>("mesh {} has no dim '{}': expected one of {}", str(), d,
-                                  detail::join_dims(modes_));
-  }
+  [[nodiscard]] HETMESH_COMPILED std::size_t index_of(const dim& d) const;
 
   /// True when `rank` belongs to this view. O(atoms).
   [[nodiscard]] bool contains(int rank) const noexcept {
@@ -166,38 +142,14 @@ class view {
   }
 
   /// The coordinate of `rank`, one entry per mode. Throws invalid_argument when the view lacks rank.
-  [[nodiscard]] std::vector<std::int64_t> coord_of(int rank) const {
-    std::vector<std::int64_t> c;
-    if (!decompose(rank, c)) {
-      throw_error<invalid_argument>("rank {} is not in mesh {}: expected one of its {} ranks", rank, str(),
-                                    size_);
-    }
-    return c;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<std::int64_t> coord_of(int rank) const;
   /// Coordinate of `rank` along dim `d`. Pre: has(d), rank in range.
   [[nodiscard]] std::int64_t coord_of(int rank, const dim& d) const { return coord_of(rank)[index_of(d)]; }
 
   /// The rank at `coord`. Throws invalid_argument on a wrong number of entries or an entry out of range.
-  [[nodiscard]] int rank_of(std::span<const std::int64_t> coord) const {
-    if (coord.size() != modes_.size()) {
-      throw_error<invalid_argument>("coordinate has {} entries for mesh {}: expected {}", coord.size(), str(),
-                                    modes_.size());
-    }
-    std::int64_t r = offset_;
-    for (std::size_t i = 0; i < modes_.size(); ++i) {
-      if (coord[i] < 0 || coord[i] >= modes_[i].extent()) {
-        throw_error<invalid_argument>(
-            "coordinate {} along dim '{}' of mesh {}: expected 0 <= coordinate < {}", coord[i],
-            modes_[i].name, str(), modes_[i].extent());
-      }
-      r += modes_[i].contribution(coord[i]);
-    }
-    return static_cast<int>(r);
-  }
+  [[nodiscard]] HETMESH_COMPILED int rank_of(std::span<const std::int64_t> coord) const;
   /// The rank at `coord` (one index per dim, in order). Pre: in range; otherwise invalid_argument.
-  [[nodiscard]] int rank_of(std::initializer_list<std::int64_t> coord) const {
-    return rank_of(std::span<const std::int64_t>(coord.begin(), coord.size()));
-  }
+  [[nodiscard]] HETMESH_COMPILED int rank_of(std::initializer_list<std::int64_t> coord) const;
 
   /// Every rank of the view, first mode fastest. O(size).
   [[nodiscard]] std::vector<int> ranks() const { return detail::enumerate_atoms(all_atoms(), offset_); }
@@ -206,17 +158,7 @@ class view {
   /// ordered with the first listed dim fastest (within a flattened dim, its first atom fastest).
   /// Listing dims in mesh order gives Megatron-LM's order for the same group. Pre: rank in the view,
   /// dims distinct and present (else invalid_argument). Pure; O(group size * dims).
-  [[nodiscard]] std::vector<int> group_of(int rank, std::span<const dim> dims) const {
-    const auto c = coord_of(rank);
-    const auto picked = pick(dims);
-    std::int64_t base = rank;
-    std::vector<atom> atoms;
-    for (std::size_t i : picked) {
-      base -= modes_[i].contribution(c[i]);
-      atoms.insert(atoms.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
-    }
-    return detail::enumerate_atoms(atoms, base);
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<int> group_of(int rank, std::span<const dim> dims) const;
   /// The group of `rank` along `dims`: the ranks that differ from it only in those coordinates, in group
   /// order. Pure. O(group size).
   template <class... D>
@@ -229,20 +171,7 @@ class view {
   /// All groups along `dims`: they partition the view; each is ordered as in group_of; groups are
   /// listed with the remaining dims varying first-mode-fastest (Megatron-LM's order). Pure;
   /// O(size * dims).
-  [[nodiscard]] std::vector<std::vector<int>> groups(std::span<const dim> dims) const {
-    const auto picked = pick(dims);
-    std::vector<atom> inside, outside;
-    for (std::size_t i : picked) inside.insert(inside.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
-    for (std::size_t i = 0; i < modes_.size(); ++i) {
-      if (std::find(picked.begin(), picked.end(), i) == picked.end()) {
-        outside.insert(outside.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
-      }
-    }
-    std::vector<std::vector<int>> out;
-    for (int base : detail::enumerate_atoms(outside, offset_))
-      out.push_back(detail::enumerate_atoms(inside, base));
-    return out;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<std::vector<int>> groups(std::span<const dim> dims) const;
   /// Every group along `dims`, each in group order. Pure. O(world).
   template <class... D>
   requires(std::convertible_to<const D&, dim>&&...)
@@ -255,23 +184,7 @@ class view {
   /// over the merged dims first-listed-fastest, and it takes the place of the innermost merged dim.
   /// Ranks are unchanged: group_of(r, name) == group_of(r, dims...). Throws invalid_argument when a
   /// dim is absent or repeated, or `name` clashes with a dim that remains. O(dims).
-  [[nodiscard]] view flatten(const dim& name, std::span<const dim> dims) const {
-    const auto picked = pick(dims);
-    if (picked.empty())
-      throw_error<invalid_argument>("flatten into '{}' got no dims: expected at least one", name);
-    view_mode merged{name, {}};
-    for (std::size_t i : picked)
-      merged.atoms.insert(merged.atoms.end(), modes_[i].atoms.begin(), modes_[i].atoms.end());
-    const std::size_t place = *std::min_element(picked.begin(), picked.end());
-    std::vector<view_mode> out;
-    for (std::size_t i = 0; i < modes_.size(); ++i) {
-      if (i == place)
-        out.push_back(merged);
-      else if (std::find(picked.begin(), picked.end(), i) == picked.end())
-        out.push_back(modes_[i]);
-    }
-    return view(std::move(out), offset_);
-  }
+  [[nodiscard]] HETMESH_COMPILED view flatten(const dim& name, std::span<const dim> dims) const;
   /// A view with `dims` merged into one dim `name` (the first listed varies fastest). Pre: distinct dims of
   /// this view.
   template <class... D>
@@ -284,68 +197,17 @@ class view {
   /// The sub-mesh where each listed dim is fixed at the given coordinate (e.g. {{pp, 0}}: the first
   /// pipeline stage). Its dims are the rest, in order. Throws invalid_argument for an absent or
   /// repeated dim or a coordinate out of range. O(dims).
-  [[nodiscard]] view submesh(std::span<const std::pair<dim, std::int64_t>> fixed) const {
-    std::vector<dim> names;
-    for (const auto& f : fixed) names.push_back(f.first);
-    const auto picked = pick(names);
-    std::int64_t offset = offset_;
-    for (std::size_t k = 0; k < picked.size(); ++k) {
-      const view_mode& m = modes_[picked[k]];
-      if (fixed[k].second < 0 || fixed[k].second >= m.extent()) {
-        throw_error<invalid_argument>(
-            "submesh fixes dim '{}' at {} in mesh {}: expected 0 <= coordinate < {}", m.name, fixed[k].second,
-            str(), m.extent());
-      }
-      offset += m.contribution(fixed[k].second);
-    }
-    std::vector<view_mode> out;
-    for (std::size_t i = 0; i < modes_.size(); ++i) {
-      if (std::find(picked.begin(), picked.end(), i) == picked.end()) out.push_back(modes_[i]);
-    }
-    return view(std::move(out), offset);
-  }
+  [[nodiscard]] HETMESH_COMPILED view submesh(std::span<const std::pair<dim, std::int64_t>> fixed) const;
   /// The sub-mesh with the given dims fixed at the given coordinates. Pre: dims of this view, coordinates in
   /// range.
-  [[nodiscard]] view submesh(std::initializer_list<std::pair<dim, std::int64_t>> fixed) const {
-    return submesh(std::span<const std::pair<dim, std::int64_t>>(fixed.begin(), fixed.size()));
-  }
+  [[nodiscard]] HETMESH_COMPILED view
+  submesh(std::initializer_list<std::pair<dim, std::int64_t>> fixed) const;
 
   /// The dims joined by '-', innermost first ("tp-cp-dp").
-  [[nodiscard]] std::string order_string() const {
-    std::string s;
-    for (const view_mode& m : modes_) {
-      if (!s.empty()) s += '-';
-      s += m.name.name();
-    }
-    return s;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::string order_string() const;
 
   /// The printed form: `(tp=8,dp_cp=(2,4)):(1,(8,32))+16`. O(dims).
-  [[nodiscard]] std::string str() const {
-    std::string e, s;
-    for (const view_mode& m : modes_) {
-      if (!e.empty()) {
-        e += ',';
-        s += ',';
-      }
-      e += hetmesh::format("{}=", m.name.name());
-      if (m.atoms.size() == 1) {
-        e += hetmesh::format("{}", m.atoms[0].extent);
-        s += hetmesh::format("{}", m.atoms[0].stride);
-      } else {
-        std::vector<std::int64_t> ex, st;
-        for (const atom& a : m.atoms) {
-          ex.push_back(a.extent);
-          st.push_back(a.stride);
-        }
-        e += hetmesh::format("({})", fmt::join(ex, ","));
-        s += hetmesh::format("({})", fmt::join(st, ","));
-      }
-    }
-    std::string out = "(" + e + "):(" + s + ")";
-    if (offset_ != 0) out += hetmesh::format("+{}", offset_);
-    return out;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::string str() const;
 
   friend bool operator==(const view& a, const view& b) {
     return a.modes_ == b.modes_ && a.offset_ == b.offset_;
@@ -366,53 +228,14 @@ class view {
     return modes_[i];
   }
 
-  [[nodiscard]] std::vector<atom> all_atoms() const {
-    std::vector<atom> a;
-    for (const view_mode& m : modes_) a.insert(a.end(), m.atoms.begin(), m.atoms.end());
-    return a;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<atom> all_atoms() const;
 
   // Positions of `dims`, in the order given; throws for an absent or repeated dim.
-  [[nodiscard]] std::vector<std::size_t> pick(std::span<const dim> dims) const {
-    std::vector<std::size_t> out;
-    for (std::size_t k = 0; k < dims.size(); ++k) {
-      for (std::size_t j = 0; j < k; ++j) {
-        if (dims[j] == dims[k]) {
-          throw_error<invalid_argument>("dim '{}' is listed twice: expected distinct dims of mesh {}",
-                                        dims[k], str());
-        }
-      }
-      out.push_back(index_of(dims[k]));
-    }
-    return out;
-  }
+  [[nodiscard]] HETMESH_COMPILED std::vector<std::size_t> pick(std::span<const dim> dims) const;
 
   // Greedy inverse, largest stride first: exact because each stride exceeds the span of all smaller
   // atoms (the view is a sub-layout of a compact layout).
-  bool decompose(int rank, std::vector<std::int64_t>& coord) const {
-    coord.assign(modes_.size(), 0);
-    std::int64_t rest = static_cast<std::int64_t>(rank) - offset_;
-    if (rest < 0) return false;
-    std::vector<std::int64_t> digit(sorted_.size());
-    for (std::size_t k = 0; k < sorted_.size(); ++k) {
-      const atom& a = atom_at(sorted_[k]);
-      digit[k] = rest / a.stride;
-      if (digit[k] >= a.extent) return false;
-      rest -= digit[k] * a.stride;
-    }
-    if (rest != 0) return false;
-    for (std::size_t i = 0; i < modes_.size(); ++i) {
-      std::int64_t c = 0, scale = 1;
-      for (std::size_t a = 0; a < modes_[i].atoms.size(); ++a) {
-        for (std::size_t k = 0; k < sorted_.size(); ++k) {
-          if (sorted_[k].mode == i && sorted_[k].index == a) c += digit[k] * scale;
-        }
-        scale *= modes_[i].atoms[a].extent;
-      }
-      coord[i] = c;
-    }
-    return true;
-  }
+  HETMESH_COMPILED bool decompose(int rank, std::vector<std::int64_t>& coord) const;
 
   std::vector<view_mode> modes_;
   std::int64_t offset_ = 0;
@@ -469,3 +292,5 @@ struct fmt::formatter<hetmesh::mesh::view> : hetmesh::empty_spec_formatter {
     return hetmesh::format_to(ctx.out(), "{}", v.str());
   }
 };
+
+#include "detail/view_impl.hpp"  // the members' bodies (HETMESH_BODIES)

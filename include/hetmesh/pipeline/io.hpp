@@ -16,13 +16,16 @@
 
 #include <fmt/format.h>
 
+#include "../config.hpp"
 #include "../core/error.hpp"
 #include "action.hpp"
 
 namespace hetmesh::pipeline {
 
 /// The schedule as PyTorch CSV text: row r holds rank r's actions. Pure; O(actions).
-[[nodiscard]] inline std::string to_csv(const schedule& s) {
+[[nodiscard]] HETMESH_COMPILED std::string to_csv(const schedule& s)
+#if HETMESH_BODIES
+{
   std::string out;
   for (const auto& row : s.ranks) {
     for (std::size_t i = 0; i < row.size(); ++i) {
@@ -33,6 +36,9 @@ namespace hetmesh::pipeline {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 namespace detail {
 
@@ -41,7 +47,9 @@ namespace detail {
 /// RESHARD (FSDP). hetmesh's IR derives the first three from the schedule and has no FSDP, so from_csv
 /// skips them; to_compute_comms_csv writes the waits. The text must have the action form
 /// `<stage><TYPE>[<microbatch>]`.
-[[nodiscard]] inline bool is_pytorch_runtime_marker(std::string_view field) noexcept {
+[[nodiscard]] HETMESH_COMPILED bool is_pytorch_runtime_marker(std::string_view field) noexcept
+#if HETMESH_BODIES
+{
   while (!field.empty() && (field.front() == ' ' || field.front() == '\t')) field.remove_prefix(1);
   while (!field.empty() && (field.back() == ' ' || field.back() == '\t' || field.back() == '\r'))
     field.remove_suffix(1);
@@ -57,6 +65,9 @@ namespace detail {
   const bool no_mb = type == "WAIT_REDUCE_GRAD" || type == "UNSHARD" || type == "RESHARD";
   return (needs_mb && j < field.size()) || (no_mb && j == field.size());
 }
+#else
+    ;
+#endif
 
 }  // namespace detail
 
@@ -69,7 +80,9 @@ namespace detail {
 /// and `WAIT_REDUCE_GRAD` right after each `REDUCE_GRAD`. No UNSHARD/RESHARD (those are for FSDP
 /// stages, which this CSV does not prepare). Throws invalid_argument when the schedule holds encoder
 /// actions (PyTorch has none). Pure; O(actions * sends in flight).
-[[nodiscard]] inline std::string to_compute_comms_csv(const schedule& s) {
+[[nodiscard]] HETMESH_COMPILED std::string to_compute_comms_csv(const schedule& s)
+#if HETMESH_BODIES
+{
   std::string out;
   std::vector<action> pending;
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
@@ -110,6 +123,9 @@ namespace detail {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// Parses PyTorch CSV text into a schedule. Row r is rank r; empty fields (PyTorch's None) are skipped,
 /// and so are PyTorch's runtime markers WAIT_SEND_F, WAIT_SEND_B, WAIT_REDUCE_GRAD, UNSHARD and RESHARD
@@ -118,7 +134,9 @@ namespace detail {
 /// The stage-to-rank map, stage count and micro-batch count are inferred from the compute actions, as
 /// PyTorch's `_validate_schedule` infers them; a stage seen on two ranks is an error naming both.
 /// `name` labels the result. Throws invalid_argument on malformed text. Pure; O(length).
-[[nodiscard]] inline schedule from_csv(std::string_view text, std::string name = "csv") {
+[[nodiscard]] HETMESH_COMPILED schedule from_csv(std::string_view text, std::string name = "csv")
+#if HETMESH_BODIES
+{
   schedule s;
   s.name = std::move(name);
   std::size_t pos = 0;
@@ -215,10 +233,15 @@ namespace detail {
   s.num_ranks = llm_ranks;
   return s;
 }
+#else
+    ;
+#endif
 
 /// The compute actions of one rank, space separated ("0F0 0F1 0B0 ..."): what `hetmesh-plan pipeline`
 /// prints. Communication actions are left out. Pure.
-[[nodiscard]] inline std::string compute_text(const schedule& s, int rank) {
+[[nodiscard]] HETMESH_COMPILED std::string compute_text(const schedule& s, int rank)
+#if HETMESH_BODIES
+{
   std::string out;
   for (const auto& a : s.ranks.at(static_cast<std::size_t>(rank))) {
     if (!is_compute(a.type) && a.type != action_type::reduce_grad) continue;
@@ -227,10 +250,15 @@ namespace detail {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 /// PyTorch's `_format_pipeline_order` grid: a header of "Rank r" columns, then one "Step k:" row per
 /// position, each cell the rank's k-th action (empty when the rank has fewer). Pure; O(actions).
-[[nodiscard]] inline std::string format_pipeline_order(const schedule& s) {
+[[nodiscard]] HETMESH_COMPILED std::string format_pipeline_order(const schedule& s)
+#if HETMESH_BODIES
+{
   std::size_t steps = 0;
   for (const auto& r : s.ranks) steps = std::max(steps, r.size());
   const std::size_t nr = s.ranks.size();
@@ -261,5 +289,8 @@ namespace detail {
   }
   return out;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::pipeline

@@ -75,8 +75,10 @@ class action_flags {
 };
 
 /// comm_pairs of one action that is not OVERLAP_F_B, appended to `out`.
-inline void append_comm_pairs(const schedule& s, const action& a,
-                              std::vector<std::pair<action, action>>& out) {
+HETMESH_COMPILED void append_comm_pairs(const schedule& s, const action& a,
+                                        std::vector<std::pair<action, action>>& out)
+#if HETMESH_BODIES
+{
   const int mb = a.microbatch;
   switch (a.type) {
     case action_type::forward:
@@ -100,6 +102,9 @@ inline void append_comm_pairs(const schedule& s, const action& a,
       break;
   }
 }
+#else
+    ;
+#endif
 }  // namespace detail
 
 /// The (send, recv) pairs compute action `a` produces under schedule `s`, written to `out` (cleared
@@ -108,10 +113,16 @@ inline void append_comm_pairs(const schedule& s, const action& a,
 /// stage, then encoder-shard order); O(encoder shards). An OVERLAP_F_B action's pairs are its forward
 /// half's, then its backward half's. Used by add_send_recv and by the executor
 /// (run/pipeline_executor.hpp) to tell whether a schedule's data crosses ranks.
-inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair<action, action>>& out) {
+HETMESH_COMPILED void comm_pairs(const schedule& s, const action& a,
+                                 std::vector<std::pair<action, action>>& out)
+#if HETMESH_BODIES
+{
   out.clear();
   for (const action& p : parts(a)) detail::append_comm_pairs(s, p, out);
 }
+#else
+    ;
+#endif
 
 /// The schedule without its communication actions (compute and REDUCE_GRAD kept, order kept). Pure.
 [[nodiscard]] HETMESH_COMPILED schedule strip_comm(const schedule& s)
@@ -229,7 +240,9 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
 /// the OVERLAP_F_B whose backward half it is),
 /// so data-parallel gradient reduction overlaps the rest of the rank's cool-down. Existing
 /// REDUCE_GRAD actions are dropped first. Pure; O(actions).
-[[nodiscard]] inline schedule add_reduce_grad(const schedule& in) {
+[[nodiscard]] HETMESH_COMPILED schedule add_reduce_grad(const schedule& in)
+#if HETMESH_BODIES
+{
   schedule out = in;
   for (auto& row : out.ranks)
     std::erase_if(row, [](const action& a) { return a.type == action_type::reduce_grad; });
@@ -251,5 +264,8 @@ inline void comm_pairs(const schedule& s, const action& a, std::vector<std::pair
   }
   return out;
 }
+#else
+    ;
+#endif
 
 }  // namespace hetmesh::pipeline
